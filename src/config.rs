@@ -1,0 +1,255 @@
+//! Engine configuration: the server-wide defaults (from the seeds), the per-session
+//! overrides a host may send, and the resolved [`Settings`] one session runs with.
+//!
+//! This file holds plain values only. Reading flags and `COMPACTD_*` environment variables
+//! happens in `cli.rs`; validation of client-sent overrides happens in `server/convert.rs`.
+
+/// Tokens kept free for the model's answer when `limit.input` is not given (seed 02).
+pub const OUTPUT_TOKEN_MAX: u64 = 32_000;
+/// OpenCode today reserves `min(COMPACTION_BUFFER, limit.output)` below usable input.
+pub const COMPACTION_BUFFER: u64 = 20_000;
+/// Default overflow threshold, a ratio of usable input (research note: 92%).
+pub const DEFAULT_THRESHOLD: f64 = 0.92;
+/// PRUNE_PROTECT: the newest tool output tokens prune never touches (seed 01).
+pub const PRUNE_PROTECT: u64 = 40_000;
+/// PRUNE_MINIMUM: prune commits only when it saves more than this (seed 01).
+pub const PRUNE_MINIMUM: u64 = 20_000;
+/// User turns at the end prune never touches (seed 01).
+pub const PROTECT_TURNS: u32 = 2;
+/// Tools whose output prune never clears (seed 01).
+pub const PRUNE_PROTECTED_TOOLS: &[&str] = &["skill"];
+/// What a cleared tool output reads as in the context (research note).
+pub const PLACEHOLDER: &str = "[Old tool result content cleared]";
+/// What a pending or running tool reads as in the context (OpenCode `toModelMessages`).
+pub const INTERRUPTED: &str = "[Tool execution was interrupted]";
+/// How a user `compaction` part reads in the context (OpenCode `toModelMessages`).
+pub const COMPACTION_PROMPT_TEXT: &str = "What did we do so far?";
+
+/// How cached prompt tokens are counted when `tokens.total` is absent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CacheCounting {
+    /// `input` excludes cache reads (Anthropic; OpenCode's stored usage): add them.
+    #[default]
+    Separate,
+    /// `input` already includes cache reads (OpenAI raw usage): do not add them again.
+    Included,
+}
+
+impl CacheCounting {
+    /// The formula's name, shown in overflow reports.
+    pub fn formula(self) -> &'static str {
+        match self {
+            CacheCounting::Separate => "input+cache.read+output",
+            CacheCounting::Included => "input+output",
+        }
+    }
+}
+
+/// Tokens held back below usable input before the ratio applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reserved {
+    /// A fixed number of tokens (compactd default: 0).
+    Fixed(u64),
+    /// OpenCode today: `min(20000, limit.output)`.
+    OpenCode,
+}
+
+/// Named overflow settings a session can pick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OverflowPreset {
+    /// Ratio 0.92, reserved 0.
+    Compactd,
+    /// Ratio 1.0, reserved `min(20000, limit.output)`: what OpenCode does today.
+    OpenCode,
+}
+
+/// Server-wide defaults every session starts from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// Overflow detection and automatic compaction (`COMPACTD_DISABLE_AUTOCOMPACT`).
+    pub auto_compact: bool,
+    /// Automatic prune after finished assistant messages (`COMPACTD_DISABLE_PRUNE`).
+    pub prune: bool,
+    /// Overflow threshold ratio of usable input.
+    pub threshold: f64,
+    /// Buffer below usable input.
+    pub reserved: Reserved,
+    /// Cache counting rule.
+    pub cache_counting: CacheCounting,
+    /// PRUNE_PROTECT.
+    pub prune_protect: u64,
+    /// PRUNE_MINIMUM.
+    pub prune_minimum: u64,
+    /// Tools prune never clears.
+    pub protected_tools: Vec<String>,
+    /// User turns prune never touches.
+    pub protect_turns: u32,
+    /// Placeholder for cleared outputs.
+    pub placeholder: String,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            auto_compact: true,
+            prune: true,
+            threshold: DEFAULT_THRESHOLD,
+            reserved: Reserved::Fixed(0),
+            cache_counting: CacheCounting::Separate,
+            prune_protect: PRUNE_PROTECT,
+            prune_minimum: PRUNE_MINIMUM,
+            protected_tools: PRUNE_PROTECTED_TOOLS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            protect_turns: PROTECT_TURNS,
+            placeholder: PLACEHOLDER.to_string(),
+        }
+    }
+}
+
+/// What a host may override per session; `None` inherits the server value.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SessionOverrides {
+    /// Applied first, then the fields below.
+    pub preset: Option<OverflowPreset>,
+    /// Overflow detection / auto compaction.
+    pub auto_compact: Option<bool>,
+    /// Automatic prune.
+    pub prune: Option<bool>,
+    /// Threshold ratio.
+    pub threshold: Option<f64>,
+    /// Fixed reserved buffer.
+    pub reserved: Option<u64>,
+    /// Cache counting rule.
+    pub cache_counting: Option<CacheCounting>,
+    /// PRUNE_PROTECT.
+    pub prune_protect: Option<u64>,
+    /// PRUNE_MINIMUM.
+    pub prune_minimum: Option<u64>,
+    /// Protected tools (replaces the server list).
+    pub protected_tools: Option<Vec<String>>,
+    /// Protected user turns.
+    pub protect_turns: Option<u32>,
+}
+
+impl SessionOverrides {
+    /// Overlays `newer` on `self`: fields `newer` sets win, the rest stay.
+    pub fn merge(&mut self, newer: &SessionOverrides) {
+        macro_rules! take {
+            ($($f:ident),*) => { $( if newer.$f.is_some() { self.$f = newer.$f.clone(); } )* };
+        }
+        take!(
+            preset,
+            auto_compact,
+            prune,
+            threshold,
+            reserved,
+            cache_counting,
+            prune_protect,
+            prune_minimum,
+            protected_tools,
+            protect_turns
+        );
+    }
+}
+
+/// The settings one session runs with: server config with its overrides applied.
+pub type Settings = EngineConfig;
+
+impl EngineConfig {
+    /// Resolves a session's settings: the server config, then the preset, then overrides.
+    pub fn resolve(&self, o: &SessionOverrides) -> Settings {
+        let mut s = self.clone();
+        match o.preset {
+            Some(OverflowPreset::OpenCode) => {
+                s.threshold = 1.0;
+                s.reserved = Reserved::OpenCode;
+            }
+            Some(OverflowPreset::Compactd) => {
+                s.threshold = DEFAULT_THRESHOLD;
+                s.reserved = Reserved::Fixed(0);
+            }
+            None => {}
+        }
+        if let Some(v) = o.auto_compact {
+            s.auto_compact = v;
+        }
+        if let Some(v) = o.prune {
+            s.prune = v;
+        }
+        if let Some(v) = o.threshold {
+            s.threshold = v;
+        }
+        if let Some(v) = o.reserved {
+            s.reserved = Reserved::Fixed(v);
+        }
+        if let Some(v) = o.cache_counting {
+            s.cache_counting = v;
+        }
+        if let Some(v) = o.prune_protect {
+            s.prune_protect = v;
+        }
+        if let Some(v) = o.prune_minimum {
+            s.prune_minimum = v;
+        }
+        if let Some(v) = &o.protected_tools {
+            s.protected_tools = v.clone();
+        }
+        if let Some(v) = o.protect_turns {
+            s.protect_turns = v;
+        }
+        s
+    }
+
+    /// True when prune must leave this tool's output alone.
+    pub fn is_protected_tool(&self, tool: &str) -> bool {
+        self.protected_tools.iter().any(|t| t == tool)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_seed_constants() {
+        let c = EngineConfig::default();
+        assert_eq!(c.threshold, 0.92);
+        assert_eq!(c.prune_protect, 40_000);
+        assert_eq!(c.prune_minimum, 20_000);
+        assert_eq!(c.protected_tools, vec!["skill".to_string()]);
+        assert_eq!(c.protect_turns, 2);
+        assert_eq!(c.placeholder, "[Old tool result content cleared]");
+        assert_eq!(c.reserved, Reserved::Fixed(0));
+    }
+
+    #[test]
+    fn opencode_preset_then_override() {
+        let base = EngineConfig::default();
+        let o = SessionOverrides {
+            preset: Some(OverflowPreset::OpenCode),
+            prune_minimum: Some(5),
+            ..Default::default()
+        };
+        let s = base.resolve(&o);
+        assert_eq!(s.threshold, 1.0);
+        assert_eq!(s.reserved, Reserved::OpenCode);
+        assert_eq!(s.prune_minimum, 5);
+        assert_eq!(s.prune_protect, 40_000);
+    }
+
+    #[test]
+    fn merge_keeps_unset_fields() {
+        let mut a = SessionOverrides {
+            threshold: Some(0.5),
+            ..Default::default()
+        };
+        a.merge(&SessionOverrides {
+            prune: Some(false),
+            ..Default::default()
+        });
+        assert_eq!(a.threshold, Some(0.5));
+        assert_eq!(a.prune, Some(false));
+    }
+}

@@ -1,0 +1,207 @@
+//! The model context: what the host should send next.
+//!
+//! Starts at the last completed compaction boundary (seed 02 `filterCompacted`), replaces
+//! cleared outputs with the placeholder, and renders the rest as OpenCode's
+//! `toModelMessages` does: pending/running tools become an error result
+//! `[Tool execution was interrupted]`, errored assistant messages are skipped (unless
+//! aborted with content), ignored text is dropped, and messages left with nothing but
+//! `step-start` are dropped. Two shapes: native messages/parts, and OpenAI
+//! chat-completions `messages` a host can send as is.
+
+use serde_json::{Value, json};
+
+use super::session::{Message, Session, StoredPart};
+use crate::config::{COMPACTION_PROMPT_TEXT, INTERRUPTED};
+use crate::session::{PartKind, Role, ToolStatus};
+
+/// The rendered context.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContextView {
+    /// Messages to send, with parts rewritten for the model.
+    pub messages: Vec<Message>,
+    /// Estimated tokens of those messages.
+    pub tokens: u64,
+    /// The message the context starts at when a compaction boundary exists.
+    pub boundary_message_id: Option<String>,
+}
+
+/// Text a user `subtask` part reads as (OpenCode `toModelMessages`).
+const SUBTASK_TEXT: &str = "The following tool was executed by the user";
+
+impl Session {
+    /// Builds the context view. Costs O(messages in the context), never touches the
+    /// messages before the boundary.
+    pub fn build_context(&self) -> ContextView {
+        let start = self.boundary.unwrap_or(0);
+        let placeholder = &self.settings.placeholder;
+        let mut tokens = 0;
+        let mut messages = Vec::new();
+        for msg in &self.messages[start..] {
+            if !keeps_message(msg) {
+                continue;
+            }
+            let mut parts = Vec::with_capacity(msg.parts.len());
+            for stored in &msg.parts {
+                if let Some(p) = render_part(stored, placeholder) {
+                    tokens += self.context_tokens_of(stored);
+                    parts.push(p);
+                }
+            }
+            if parts
+                .iter()
+                .all(|p| matches!(p.part.kind, PartKind::StepStart { .. }))
+            {
+                continue;
+            }
+            messages.push(Message {
+                info: msg.info.clone(),
+                parts,
+            });
+        }
+        ContextView {
+            messages,
+            tokens,
+            boundary_message_id: self.boundary.map(|i| self.messages[i].info.id.clone()),
+        }
+    }
+}
+
+/// OpenCode skips errored assistant messages unless they were aborted with real content.
+fn keeps_message(msg: &Message) -> bool {
+    let Some(err) = &msg.info.error else {
+        return true;
+    };
+    if msg.info.role != Role::Assistant {
+        return true;
+    }
+    err.name == "MessageAbortedError"
+        && msg.parts.iter().any(|p| {
+            !matches!(
+                p.part.kind,
+                PartKind::StepStart { .. } | PartKind::Reasoning(_)
+            )
+        })
+}
+
+/// A part as the model sees it, or `None` when it is not sent at all.
+fn render_part(stored: &StoredPart, placeholder: &str) -> Option<StoredPart> {
+    match &stored.part.kind {
+        PartKind::Text(t) if t.ignored => None,
+        PartKind::Tool(tool) => {
+            let mut out = stored.clone();
+            let PartKind::Tool(t) = &mut out.part.kind else {
+                return None;
+            };
+            match tool.state.status {
+                ToolStatus::Completed if tool.state.time.compacted.is_some() => {
+                    t.state.output = placeholder.to_string();
+                    t.state.attachments.clear();
+                }
+                ToolStatus::Pending | ToolStatus::Running => {
+                    t.state.status = ToolStatus::Error;
+                    t.state.error = INTERRUPTED.to_string();
+                }
+                _ => {}
+            }
+            Some(out)
+        }
+        _ => Some(stored.clone()),
+    }
+}
+
+impl ContextView {
+    /// The context as OpenAI chat-completions `messages`: user content, assistant text with
+    /// `tool_calls` (one assistant message per model step), then one `tool` message per call.
+    pub fn to_openai(&self) -> Value {
+        let mut out = Vec::new();
+        for msg in &self.messages {
+            match msg.info.role {
+                Role::User => {
+                    if let Some(m) = user_message(msg) {
+                        out.push(m);
+                    }
+                }
+                Role::Assistant => assistant_messages(msg, &mut out),
+            }
+        }
+        Value::Array(out)
+    }
+}
+
+fn user_message(msg: &Message) -> Option<Value> {
+    let mut content = Vec::new();
+    for stored in &msg.parts {
+        match &stored.part.kind {
+            PartKind::Text(t) => content.push(json!({"type": "text", "text": t.text})),
+            PartKind::Compaction(_) => {
+                content.push(json!({"type": "text", "text": COMPACTION_PROMPT_TEXT}))
+            }
+            PartKind::Subtask(_) => content.push(json!({"type": "text", "text": SUBTASK_TEXT})),
+            // Text files and directories arrive as synthetic text parts already (OpenCode).
+            PartKind::File(f) if f.mime == "text/plain" || f.mime == "application/x-directory" => {}
+            PartKind::File(f) if f.mime.starts_with("image/") => {
+                content.push(json!({"type": "image_url", "image_url": {"url": f.url}}))
+            }
+            PartKind::File(f) => content.push(json!({
+                "type": "text",
+                "text": format!("[File: {} ({})]", f.filename, f.mime),
+            })),
+            _ => {}
+        }
+    }
+    match content.len() {
+        0 => None,
+        1 if content[0]["type"] == "text" => {
+            Some(json!({"role": "user", "content": content[0]["text"].clone()}))
+        }
+        _ => Some(json!({"role": "user", "content": content})),
+    }
+}
+
+/// Splits an assistant message at `step-start` parts: each model step is one assistant
+/// message followed by its tool results, as the provider saw it.
+fn assistant_messages(msg: &Message, out: &mut Vec<Value>) {
+    let mut text = Vec::new();
+    let mut calls = Vec::new();
+    let mut results = Vec::new();
+    let flush = |text: &mut Vec<String>,
+                 calls: &mut Vec<Value>,
+                 results: &mut Vec<Value>,
+                 out: &mut Vec<Value>| {
+        if text.is_empty() && calls.is_empty() {
+            return;
+        }
+        let mut m = json!({"role": "assistant", "content": Value::Null});
+        if !text.is_empty() {
+            m["content"] = Value::String(text.join("\n\n"));
+        }
+        if !calls.is_empty() {
+            m["tool_calls"] = Value::Array(std::mem::take(calls));
+        }
+        text.clear();
+        out.push(m);
+        out.append(results);
+    };
+    for stored in &msg.parts {
+        match &stored.part.kind {
+            PartKind::StepStart { .. } => flush(&mut text, &mut calls, &mut results, out),
+            PartKind::Text(t) => text.push(t.text.clone()),
+            PartKind::Tool(t) => {
+                calls.push(json!({
+                    "id": t.call_id,
+                    "type": "function",
+                    "function": {"name": t.tool, "arguments": t.state.input.to_string()},
+                }));
+                let content = match t.state.status {
+                    ToolStatus::Completed => t.state.output.clone(),
+                    ToolStatus::Error => t.state.error.clone(),
+                    ToolStatus::Pending | ToolStatus::Running => INTERRUPTED.to_string(),
+                };
+                results
+                    .push(json!({"role": "tool", "tool_call_id": t.call_id, "content": content}));
+            }
+            _ => {}
+        }
+    }
+    flush(&mut text, &mut calls, &mut results, out);
+}

@@ -1,0 +1,79 @@
+//! The pure core: everything compactd decides, as functions over a [`Session`] value.
+//!
+//! Architecture invariant: nothing in `engine/` does I/O, reads the clock or the
+//! environment, or knows about tokio, tonic or HTTP. Time comes in as an argument
+//! (`now_ms`), configuration as a value. That makes every decision reproducible in a
+//! unit test and in `compactd replay`.
+//!
+//! Reading order: `session.rs` (the value and `apply`), `overflow.rs`, `prune.rs`,
+//! `context.rs`, then [`step`] below, which strings them together as the server does
+//! after every update.
+
+mod context;
+mod error;
+mod estimate;
+mod overflow;
+mod prune;
+mod session;
+
+pub use context::ContextView;
+pub use error::{ApplyError, ErrorKind};
+pub use estimate::{PartEstimate, estimate};
+pub use overflow::{Crossed, OverflowCheck, Trigger, check, max_output, usable_input, used_tokens};
+pub use prune::{
+    Candidate, PruneIndex, PruneMode, PrunePlan, PruneReport, PrunedPart, eligible_end,
+    reference_scan,
+};
+pub use session::{Applied, Message, Session, StoredPart, Update};
+
+use crate::config::EngineConfig;
+
+/// Something the engine noticed while applying an update, for the host to hear about.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// The session is over (or predicted over) its threshold.
+    Overflow(OverflowCheck),
+    /// Automatic prune cleared old outputs.
+    Pruned(PruneReport),
+}
+
+/// The result of one update: what it did and what the engine noticed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepReport {
+    /// What the update changed.
+    pub applied: Applied,
+    /// Events in the order they happened.
+    pub events: Vec<Event>,
+}
+
+/// Applies an update and runs the automatic checks, as the server does for every update:
+/// after a usage report or a finished assistant message, check overflow; after a finished
+/// assistant message, prune (unless automatic prune is off). The PRUNE_MINIMUM guard keeps
+/// the automatic prune from churning.
+pub fn step(
+    session: &mut Session,
+    update: Update,
+    config: &EngineConfig,
+    now_ms: i64,
+) -> Result<StepReport, ApplyError> {
+    let applied = session.apply(update, config)?;
+    let mut events = Vec::new();
+    if applied.finished || applied.usage_reported {
+        let trigger = if applied.finished {
+            Trigger::Finished
+        } else {
+            Trigger::Usage
+        };
+        let check = session.check_overflow(trigger);
+        if check.overflow {
+            events.push(Event::Overflow(check));
+        }
+    }
+    if applied.finished && session.settings().prune {
+        let report = session.prune(PruneMode::Commit, now_ms);
+        if report.committed {
+            events.push(Event::Pruned(report));
+        }
+    }
+    Ok(StepReport { applied, events })
+}

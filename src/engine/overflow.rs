@@ -1,0 +1,173 @@
+//! Overflow detection (seed 02 `isOverflow`, with compactd's ratio and prediction).
+//!
+//! - Auto compaction off → never overflow, on every path. Context 0 → never (unlimited).
+//! - used = `tokens.total` when the provider gives it, else `input + cache.read + output`
+//!   (or `input + output` when the provider's input already includes cache reads).
+//! - usable = `limit.input`, else `context − min(limit.output, 32000)` (32000 when 0).
+//! - threshold = floor((usable − reserved) × ratio); default ratio 0.92, reserved 0.
+//!   OpenCode today is ratio 1.0 with reserved = min(20000, max output): the `OpenCode`
+//!   preset.
+//! - predicted = used + context tokens added since that report (minus tokens pruned since).
+//!   Overflow when `used` or `predicted` is above the threshold.
+
+use super::session::Session;
+use crate::config::{COMPACTION_BUFFER, CacheCounting, OUTPUT_TOKEN_MAX, Reserved, Settings};
+use crate::session::{ModelLimits, TokenUsage};
+
+/// What ran the check (reported with the numbers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// A usage report arrived.
+    Usage,
+    /// An assistant message finished.
+    Finished,
+    /// The host asked.
+    Request,
+}
+
+impl Trigger {
+    /// Name in events.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Trigger::Usage => "usage",
+            Trigger::Finished => "finished",
+            Trigger::Request => "request",
+        }
+    }
+}
+
+/// Which figure crossed the threshold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Crossed {
+    /// The last reported usage.
+    Used,
+    /// The predicted next request.
+    Predicted,
+}
+
+/// The decision and every number behind it, so a user can see why it fired.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OverflowCheck {
+    /// The decision.
+    pub overflow: bool,
+    /// Tokens of the last reported usage.
+    pub used: u64,
+    /// Predicted size of the next request.
+    pub predicted: u64,
+    /// Usable input before `reserved`.
+    pub usable: u64,
+    /// Reserved buffer.
+    pub reserved: u64,
+    /// Ratio applied.
+    pub ratio: f64,
+    /// floor((usable − reserved) × ratio).
+    pub threshold: u64,
+    /// Counting rule used for `used`.
+    pub counting: &'static str,
+    /// What crossed, when something did.
+    pub crossed: Option<Crossed>,
+    /// Why no decision could be made (auto off, unlimited context).
+    pub reason: Option<&'static str>,
+    /// What ran the check.
+    pub trigger: Trigger,
+}
+
+/// Max output tokens as OpenCode's `maxOutputTokens`: min(limit.output, 32000), or 32000.
+pub fn max_output(limits: &ModelLimits) -> u64 {
+    match limits.output {
+        0 => OUTPUT_TOKEN_MAX,
+        n => n.min(OUTPUT_TOKEN_MAX),
+    }
+}
+
+/// Usable input: `limit.input`, else `context − max_output`.
+pub fn usable_input(limits: &ModelLimits) -> u64 {
+    if limits.input > 0 {
+        limits.input
+    } else {
+        limits.context.saturating_sub(max_output(limits))
+    }
+}
+
+/// Tokens one usage report stands for, and the rule used.
+pub fn used_tokens(u: &TokenUsage, rule: CacheCounting) -> (u64, &'static str) {
+    if let Some(total) = u.total.filter(|t| *t > 0) {
+        return (total, "total");
+    }
+    let cache = match rule {
+        CacheCounting::Separate => u.cache_read,
+        CacheCounting::Included => 0,
+    };
+    (u.input + cache + u.output, rule.formula())
+}
+
+/// The pure decision from numbers: the session method below only gathers them.
+pub fn check(
+    limits: &ModelLimits,
+    s: &Settings,
+    last: Option<&TokenUsage>,
+    delta: i64,
+    trigger: Trigger,
+) -> OverflowCheck {
+    let (used, counting) = match last {
+        Some(u) => used_tokens(u, s.cache_counting),
+        None => (0, s.cache_counting.formula()),
+    };
+    let predicted = (used as i64).saturating_add(delta).max(0) as u64;
+    let usable = usable_input(limits);
+    let reserved = match s.reserved {
+        Reserved::Fixed(n) => n,
+        Reserved::OpenCode => COMPACTION_BUFFER.min(max_output(limits)),
+    };
+    let threshold = (usable.saturating_sub(reserved) as f64 * s.ratio_clamped()).floor() as u64;
+    let mut c = OverflowCheck {
+        overflow: false,
+        used,
+        predicted,
+        usable,
+        reserved,
+        ratio: s.threshold,
+        threshold,
+        counting,
+        crossed: None,
+        reason: None,
+        trigger,
+    };
+    if !s.auto_compact {
+        c.reason = Some("auto compaction is off");
+        return c;
+    }
+    if limits.context == 0 {
+        c.reason = Some("unlimited context (limit.context = 0)");
+        return c;
+    }
+    c.crossed = if used > threshold {
+        Some(Crossed::Used)
+    } else if predicted > threshold {
+        Some(Crossed::Predicted)
+    } else {
+        None
+    };
+    c.overflow = c.crossed.is_some();
+    c
+}
+
+impl Settings {
+    /// The ratio as used in arithmetic; validated to (0, 1] at the boundary.
+    fn ratio_clamped(&self) -> f64 {
+        self.threshold.clamp(0.0, 1.0)
+    }
+}
+
+impl Session {
+    /// Runs the overflow check on the session's current figures.
+    pub fn check_overflow(&self, trigger: Trigger) -> OverflowCheck {
+        check(
+            &self.info.limits,
+            &self.settings,
+            self.usage.last.as_ref(),
+            self.usage.delta,
+            trigger,
+        )
+    }
+}

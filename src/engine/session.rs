@@ -1,0 +1,463 @@
+//! The [`Session`] value: messages and parts in arrival order, plus the running figures
+//! (token totals, usage since the last report, prune window, compaction boundary) that
+//! keep every per-update decision independent of session length.
+//!
+//! `apply` is the only way to change a session from outside the engine. It validates
+//! first and mutates after, so a rejected update leaves the session exactly as it was.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::error::ApplyError;
+use super::estimate::{PartEstimate, estimate};
+use super::prune::PruneIndex;
+use crate::config::{EngineConfig, Settings};
+use crate::session::{MessageInfo, Part, PartKind, Role, SessionInfo, TokenUsage};
+use crate::tokens::TokenCounter;
+
+/// One change to a session, already validated for shape by the boundary that decoded it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Update {
+    /// Open the session or change its title, model, limits, overrides and todos.
+    Configure(SessionInfo),
+    /// Insert a message, or update it in place (position of first arrival is kept).
+    UpsertMessage(MessageInfo),
+    /// Insert a part at the end of its message, or update it in place.
+    UpsertPart(Part),
+    /// Remove a part.
+    DeletePart {
+        /// Owning message.
+        message_id: String,
+        /// Part to remove.
+        part_id: String,
+    },
+    /// Provider usage of the latest request; optionally stored on an assistant message.
+    ReportUsage {
+        /// Assistant message to store the usage on.
+        message_id: Option<String>,
+        /// The usage.
+        tokens: TokenUsage,
+    },
+}
+
+impl Update {
+    /// Short name for logs, acks and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Update::Configure(_) => "open",
+            Update::UpsertMessage(_) => "upsert_message",
+            Update::UpsertPart(_) => "upsert_part",
+            Update::DeletePart { .. } => "delete_part",
+            Update::ReportUsage { .. } => "report_usage",
+        }
+    }
+}
+
+/// What an applied update did, so the caller knows which checks to run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// A new session, message or part was created.
+    pub created: bool,
+    /// An assistant message became finished (triggers overflow check and auto prune).
+    pub finished: bool,
+    /// New provider usage was recorded (triggers an overflow check).
+    pub usage_reported: bool,
+}
+
+/// A message and its parts, as held by the session.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    /// Message info.
+    pub info: MessageInfo,
+    /// Parts in arrival order, each with its cached estimate.
+    pub parts: Vec<StoredPart>,
+}
+
+/// A part with the token estimate computed when it was written.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredPart {
+    /// The part.
+    pub part: Part,
+    /// Cached estimate.
+    pub est: PartEstimate,
+}
+
+impl StoredPart {
+    /// True when prune has cleared this part's output from the context.
+    pub fn is_compacted(&self) -> bool {
+        matches!(&self.part.kind, PartKind::Tool(t) if t.state.time.compacted.is_some())
+    }
+}
+
+/// Usage bookkeeping behind the overflow check.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct UsageState {
+    /// Last reported usage.
+    pub last: Option<TokenUsage>,
+    /// Context tokens added (positive) or removed (negative) since that report.
+    pub delta: i64,
+}
+
+/// A session: the unit the store owns and the engine computes on.
+#[derive(Debug, Clone)]
+pub struct Session {
+    pub(crate) info: SessionInfo,
+    pub(crate) settings: Settings,
+    pub(crate) counter: Arc<dyn TokenCounter>,
+    /// Tokens of the placeholder that replaces a cleared output.
+    pub(crate) placeholder_tokens: u64,
+    pub(crate) messages: Vec<Message>,
+    by_id: HashMap<String, usize>,
+    /// Positions of user messages, ascending (turn counting without a scan).
+    pub(crate) users: Vec<usize>,
+    /// Position of the user message that opens the context (last completed compaction).
+    pub(crate) boundary: Option<usize>,
+    pub(crate) usage: UsageState,
+    pub(crate) prune: PruneIndex,
+    /// Context-view tokens of all messages.
+    pub(crate) tokens: u64,
+    parts: usize,
+    pub(crate) compacted: usize,
+}
+
+impl Session {
+    /// A new, empty session with settings resolved from `config` and the info's overrides.
+    pub fn new(info: SessionInfo, config: &EngineConfig, counter: Arc<dyn TokenCounter>) -> Self {
+        let settings = config.resolve(&info.config);
+        let placeholder_tokens = counter.count(&settings.placeholder);
+        Session {
+            info,
+            settings,
+            counter,
+            placeholder_tokens,
+            messages: Vec::new(),
+            by_id: HashMap::new(),
+            users: Vec::new(),
+            boundary: None,
+            usage: UsageState::default(),
+            prune: PruneIndex::default(),
+            tokens: 0,
+            parts: 0,
+            compacted: 0,
+        }
+    }
+
+    /// Session info (id, model, limits, overrides, todos).
+    pub fn info(&self) -> &SessionInfo {
+        &self.info
+    }
+
+    /// The settings the session runs with.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Messages in arrival order.
+    pub fn messages(&self) -> &[Message] {
+        &self.messages
+    }
+
+    /// Number of parts held.
+    pub fn part_count(&self) -> usize {
+        self.parts
+    }
+
+    /// Number of tool parts whose output prune has cleared.
+    pub fn compacted_count(&self) -> usize {
+        self.compacted
+    }
+
+    /// Context-view tokens of every message held (before the boundary too).
+    pub fn total_tokens(&self) -> u64 {
+        self.tokens
+    }
+
+    /// Position of a message by id.
+    pub fn position(&self, message_id: &str) -> Option<usize> {
+        self.by_id.get(message_id).copied()
+    }
+
+    /// The token counter every figure of this session comes from.
+    pub fn counter(&self) -> &dyn TokenCounter {
+        self.counter.as_ref()
+    }
+
+    /// Applies one update. On error nothing changed.
+    pub fn apply(&mut self, update: Update, config: &EngineConfig) -> Result<Applied, ApplyError> {
+        match update {
+            Update::Configure(info) => Ok(self.configure(info, config)),
+            Update::UpsertMessage(info) => self.upsert_message(info),
+            Update::UpsertPart(part) => self.upsert_part(part),
+            Update::DeletePart {
+                message_id,
+                part_id,
+            } => self.delete_part(&message_id, &part_id),
+            Update::ReportUsage { message_id, tokens } => {
+                self.report_usage(message_id.as_deref(), tokens)
+            }
+        }
+    }
+
+    fn configure(&mut self, info: SessionInfo, config: &EngineConfig) -> Applied {
+        if !info.title.is_empty() {
+            self.info.title = info.title;
+        }
+        if info.model.is_some() {
+            self.info.model = info.model;
+        }
+        if info.limits != Default::default() {
+            self.info.limits = info.limits;
+        }
+        if !info.todos.is_empty() {
+            self.info.todos = info.todos;
+        }
+        self.info.extra.extend(info.extra);
+        self.info.config.merge(&info.config);
+        let settings = config.resolve(&self.info.config);
+        if settings != self.settings {
+            self.settings = settings;
+            self.placeholder_tokens = self.counter.count(&self.settings.placeholder);
+            self.recount_all();
+            self.prune.invalidate();
+        }
+        Applied::default()
+    }
+
+    fn upsert_message(&mut self, info: MessageInfo) -> Result<Applied, ApplyError> {
+        let Some(idx) = self.position(&info.id) else {
+            return Ok(self.insert_message(info));
+        };
+        let old = &self.messages[idx].info;
+        if old.role != info.role {
+            return Err(ApplyError::precondition(
+                "message.role",
+                format!(
+                    "message {} is a {} message; its role cannot change to {}",
+                    info.id,
+                    old.role.as_str(),
+                    info.role.as_str()
+                ),
+            ));
+        }
+        let finished = info.is_finished() && !old.is_finished();
+        let usage = info.role == Role::Assistant
+            && info.tokens.is_some_and(|t| !t.is_empty())
+            && info.tokens != old.tokens;
+        let boundary_moved = old.summary != info.summary
+            || old.finish.is_empty() != info.finish.is_empty()
+            || old.error.is_some() != info.error.is_some()
+            || old.parent_id != info.parent_id;
+        let tokens = info.tokens;
+        self.messages[idx].info = info;
+        if boundary_moved {
+            self.recompute_boundary();
+            self.prune.touch(idx);
+        }
+        if usage {
+            self.record_usage(tokens.unwrap_or_default());
+        }
+        Ok(Applied {
+            created: false,
+            finished,
+            usage_reported: usage,
+        })
+    }
+
+    fn insert_message(&mut self, info: MessageInfo) -> Applied {
+        let idx = self.messages.len();
+        let finished = info.is_finished();
+        let usage = info.role == Role::Assistant && info.tokens.is_some_and(|t| !t.is_empty());
+        let tokens = info.tokens;
+        let summary = info.is_summary();
+        if info.role == Role::User {
+            self.users.push(idx);
+        }
+        self.by_id.insert(info.id.clone(), idx);
+        self.messages.push(Message {
+            info,
+            parts: Vec::new(),
+        });
+        if summary {
+            self.recompute_boundary();
+        }
+        if usage {
+            self.record_usage(tokens.unwrap_or_default());
+        }
+        Applied {
+            created: true,
+            finished,
+            usage_reported: usage,
+        }
+    }
+
+    fn upsert_part(&mut self, part: Part) -> Result<Applied, ApplyError> {
+        let Some(idx) = self.position(&part.message_id) else {
+            return Err(ApplyError::precondition(
+                "part.message_id",
+                format!(
+                    "message {} does not exist; upsert the message first",
+                    part.message_id
+                ),
+            ));
+        };
+        let est = estimate(&part, self.counter.as_ref());
+        let is_tool = matches!(part.kind, PartKind::Tool(_));
+        let is_compaction = matches!(part.kind, PartKind::Compaction(_));
+        let step_usage = match &part.kind {
+            PartKind::StepFinish(s) => s.tokens.filter(|t| !t.is_empty()),
+            _ => None,
+        };
+        let new = StoredPart { part, est };
+        let new_tokens = self.context_tokens_of(&new);
+        let new_compacted = new.is_compacted();
+        let parts = &self.messages[idx].parts;
+        let existing = parts.iter().position(|p| p.part.id == new.part.id);
+        let (old_tokens, old_compacted, was_tool, was_compaction) = match existing {
+            Some(i) => {
+                let old = &parts[i];
+                (
+                    self.context_tokens_of(old),
+                    old.is_compacted(),
+                    matches!(old.part.kind, PartKind::Tool(_)),
+                    matches!(old.part.kind, PartKind::Compaction(_)),
+                )
+            }
+            None => (0, false, false, false),
+        };
+        let created = existing.is_none();
+        match existing {
+            Some(i) => self.messages[idx].parts[i] = new,
+            None => self.messages[idx].parts.push(new),
+        }
+        self.parts += usize::from(created);
+        self.adjust_tokens(old_tokens, new_tokens);
+        self.compacted = self.compacted - usize::from(old_compacted) + usize::from(new_compacted);
+        if is_tool || was_tool {
+            self.prune.touch(idx);
+        }
+        if is_compaction || was_compaction {
+            self.recompute_boundary();
+        }
+        if let Some(tokens) = step_usage {
+            self.record_usage(tokens);
+        }
+        Ok(Applied {
+            created,
+            finished: false,
+            usage_reported: step_usage.is_some(),
+        })
+    }
+
+    fn delete_part(&mut self, message_id: &str, part_id: &str) -> Result<Applied, ApplyError> {
+        let Some(idx) = self.position(message_id) else {
+            return Err(ApplyError::not_found(
+                "message_id",
+                format!("message {message_id} does not exist"),
+            ));
+        };
+        let Some(i) = self.messages[idx]
+            .parts
+            .iter()
+            .position(|p| p.part.id == part_id)
+        else {
+            return Err(ApplyError::not_found(
+                "part_id",
+                format!("part {part_id} does not exist in message {message_id}"),
+            ));
+        };
+        let old = self.messages[idx].parts.remove(i);
+        let old_tokens = self.context_tokens_of(&old);
+        self.parts -= 1;
+        self.adjust_tokens(old_tokens, 0);
+        self.compacted -= usize::from(old.is_compacted());
+        match old.part.kind {
+            PartKind::Tool(_) => self.prune.touch(idx),
+            PartKind::Compaction(_) => self.recompute_boundary(),
+            _ => {}
+        }
+        Ok(Applied::default())
+    }
+
+    fn report_usage(
+        &mut self,
+        message_id: Option<&str>,
+        tokens: TokenUsage,
+    ) -> Result<Applied, ApplyError> {
+        if let Some(id) = message_id.filter(|id| !id.is_empty()) {
+            let Some(idx) = self.position(id) else {
+                return Err(ApplyError::not_found(
+                    "usage.message_id",
+                    format!("message {id} does not exist"),
+                ));
+            };
+            let info = &mut self.messages[idx].info;
+            if info.role != Role::Assistant {
+                return Err(ApplyError::precondition(
+                    "usage.message_id",
+                    format!("message {id} is a user message; usage belongs to assistant messages"),
+                ));
+            }
+            info.tokens = Some(tokens);
+        }
+        self.record_usage(tokens);
+        Ok(Applied {
+            created: false,
+            finished: false,
+            usage_reported: true,
+        })
+    }
+
+    /// A provider report is the new baseline of the next request's size.
+    fn record_usage(&mut self, tokens: TokenUsage) {
+        self.usage = UsageState {
+            last: Some(tokens),
+            delta: 0,
+        };
+    }
+
+    /// Context-view tokens of one stored part under the current settings.
+    pub(crate) fn context_tokens_of(&self, p: &StoredPart) -> u64 {
+        p.est.in_context(p.is_compacted(), self.placeholder_tokens)
+    }
+
+    /// Moves the running totals from `old` to `new` context tokens.
+    pub(crate) fn adjust_tokens(&mut self, old: u64, new: u64) {
+        self.tokens = self.tokens - old + new;
+        self.usage.delta += new as i64 - old as i64;
+    }
+
+    /// Re-derives the context total after the placeholder changed (settings change only).
+    fn recount_all(&mut self) {
+        let total: u64 = self
+            .messages
+            .iter()
+            .flat_map(|m| &m.parts)
+            .map(|p| self.context_tokens_of(p))
+            .sum();
+        self.usage.delta += total as i64 - self.tokens as i64;
+        self.tokens = total;
+    }
+
+    /// Finds the newest completed compaction, as seed 02's `filterCompacted` walks it:
+    /// newest first, a completed summary names its parent; the first user message that is
+    /// such a parent and holds a compaction part opens the context. Runs only when a
+    /// summary or compaction part changes, never per ordinary update.
+    fn recompute_boundary(&mut self) {
+        let mut completed: Vec<&str> = Vec::new();
+        self.boundary = None;
+        for (i, m) in self.messages.iter().enumerate().rev() {
+            if m.info.role == Role::User
+                && completed.contains(&m.info.id.as_str())
+                && m.parts
+                    .iter()
+                    .any(|p| matches!(p.part.kind, PartKind::Compaction(_)))
+            {
+                self.boundary = Some(i);
+                return;
+            }
+            if m.info.is_completed_summary() {
+                completed.push(&m.info.parent_id);
+            }
+        }
+    }
+}

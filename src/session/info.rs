@@ -1,0 +1,56 @@
+//! Session-level info: identity, model, limits, todo list.
+
+use super::Extra;
+use crate::config::SessionOverrides;
+
+/// Who a session talks to, so reports and (later) the compaction model can name it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ModelRef {
+    /// Provider, e.g. `openai`.
+    pub provider_id: String,
+    /// Model, e.g. `gpt-5.3-codex`.
+    pub model_id: String,
+}
+
+/// The model's token limits; overflow is measured against them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ModelLimits {
+    /// Whole window; 0 means unlimited (overflow never reported).
+    pub context: u64,
+    /// Input limit; when non-zero it is the usable input.
+    pub input: u64,
+    /// Output limit, reserved out of the window when `input` is 0.
+    pub output: u64,
+}
+
+/// One todo item, carried verbatim (OpenCode's `todowrite` state).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Todo {
+    /// Item id.
+    pub id: String,
+    /// What to do.
+    pub content: String,
+    /// `pending`, `in_progress`, `completed`, ...
+    pub status: String,
+    /// `high`, `medium`, `low`.
+    pub priority: String,
+}
+
+/// Session info as the host describes it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SessionInfo {
+    /// Session id (required, non-empty).
+    pub id: String,
+    /// Human title.
+    pub title: String,
+    /// Model the session uses.
+    pub model: Option<ModelRef>,
+    /// Model limits for overflow detection.
+    pub limits: ModelLimits,
+    /// Per-session overrides of the server config.
+    pub config: SessionOverrides,
+    /// The session's todo list.
+    pub todos: Vec<Todo>,
+    /// Unmodelled fields (from imports).
+    pub extra: Extra,
+}

@@ -1,0 +1,18 @@
+//! Domain types of a session, mirroring OpenCode's message model: session info, message
+//! `info` and `parts`. They are plain values: no wire format (prost types stop in
+//! `server/`), no I/O and no behaviour beyond small accessors. The behaviour lives in
+//! `engine/`.
+
+mod info;
+mod message;
+mod part;
+
+pub use info::{ModelLimits, ModelRef, SessionInfo, Todo};
+pub use message::{MessageError, MessageInfo, MessageTime, Role, TokenUsage};
+pub use part::{
+    AgentPart, CompactionPart, FilePart, Part, PartKind, PartTime, PatchPart, ReasoningPart,
+    RetryPart, StepFinishPart, SubtaskPart, TextPart, ToolPart, ToolState, ToolStatus, ToolTime,
+};
+
+/// JSON object holding fields compactd does not model, kept so nothing a host sent is lost.
+pub type Extra = serde_json::Map<String, serde_json::Value>;

@@ -1,0 +1,68 @@
+//! Token counting. Every count in compactd (overflow prediction, prune, context totals,
+//! reports) goes through one [`TokenCounter`], so the numbers always agree with each other.
+//!
+//! The default is OpenCode's heuristic: `round(len / 4)` where `len` is the string's
+//! length in UTF-16 code units (JavaScript's `String.length`), so prune decisions match
+//! OpenCode's exactly. A real BPE tokenizer plugs in behind the same trait.
+
+use std::fmt::Debug;
+
+/// Counts tokens of a text. Implementations must be pure and cheap to share.
+pub trait TokenCounter: Debug + Send + Sync {
+    /// Estimated tokens of `text`.
+    fn count(&self, text: &str) -> u64;
+    /// Name shown in reports (`chars/4`, `o200k`, ...).
+    fn name(&self) -> &'static str;
+}
+
+/// OpenCode's `Token.estimate`: `max(0, round(len / 4))` with JavaScript string lengths.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CharsPerToken;
+
+/// Characters per token of the heuristic (seed 01 `CHARS_PER_TOKEN`).
+pub const CHARS_PER_TOKEN: u64 = 4;
+
+impl TokenCounter for CharsPerToken {
+    fn count(&self, text: &str) -> u64 {
+        let len = utf16_len(text);
+        // Math.round on a non-negative x.25/x.5/x.75 rounds half up: (len + 2) / 4.
+        (len + CHARS_PER_TOKEN / 2) / CHARS_PER_TOKEN
+    }
+
+    fn name(&self) -> &'static str {
+        "chars/4"
+    }
+}
+
+/// Length in UTF-16 code units, as JavaScript's `String.length` reports it.
+pub fn utf16_len(text: &str) -> u64 {
+    if text.is_ascii() {
+        return text.len() as u64;
+    }
+    text.chars().map(|c| c.len_utf16() as u64).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounds_like_math_round() {
+        let c = CharsPerToken;
+        assert_eq!(c.count(""), 0);
+        assert_eq!(c.count("a"), 0); // 0.25
+        assert_eq!(c.count("ab"), 1); // 0.5 rounds up
+        assert_eq!(c.count("abc"), 1); // 0.75
+        assert_eq!(c.count("abcd"), 1);
+        assert_eq!(c.count("abcdef"), 2); // 1.5 rounds up
+        assert_eq!(c.count(&"x".repeat(80_000)), 20_000);
+    }
+
+    #[test]
+    fn counts_utf16_units() {
+        // "é" is one UTF-16 unit (two UTF-8 bytes); "😀" is two units (four bytes).
+        assert_eq!(utf16_len("é"), 1);
+        assert_eq!(utf16_len("😀"), 2);
+        assert_eq!(CharsPerToken.count("éééé"), 1);
+    }
+}
