@@ -77,3 +77,6 @@ pub fn step(
     }
     Ok(StepReport { applied, events })
 }
+
+#[cfg(test)]
+mod tests;

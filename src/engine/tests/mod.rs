@@ -1,0 +1,1 @@
+//! Engine unit and property tests (written against the seeds, beside the pure code).
