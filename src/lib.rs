@@ -15,7 +15,11 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod cli;
 pub mod config;
 pub mod engine;
+pub mod server;
 pub mod session;
+pub mod store;
 pub mod tokens;
+pub mod trace;

@@ -1,1 +1,137 @@
-fn main() {}
+//! The `compactd` binary: parses the command line, sets up logging, and runs `serve` or
+//! `replay`. Bad configuration stops the start with one clear line before any port is bound.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use compactd::cli::{Cli, Command, LogFormat, ReplayArgs, ServeArgs};
+use compactd::server::{self, ServerOptions};
+use compactd::store::Store;
+use compactd::tokens::CharsPerToken;
+use compactd::trace;
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(args) => serve(args),
+        Command::Replay(args) => replay(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("compactd: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_env("COMPACTD_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Pretty => builder.init(),
+    }
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let config = args.engine.to_config()?;
+    if args.max_update_bytes == 0 {
+        anyhow::bail!("--max-update-bytes: must be above 0");
+    }
+    init_logging(args.log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("--listen {}: cannot bind", args.listen))?;
+        tracing::info!(
+            listen = %listener.local_addr()?,
+            threshold = config.threshold,
+            prune = config.prune,
+            auto_compact = config.auto_compact,
+            llm = "not configured",
+            "starting compactd {}",
+            env!("CARGO_PKG_VERSION")
+        );
+        let store = Arc::new(Store::new(config, Arc::new(CharsPerToken)));
+        let options = ServerOptions {
+            max_update_bytes: args.max_update_bytes,
+        };
+        server::serve(listener, store, options, shutdown_signal()).await?;
+        tracing::info!("compactd stopped");
+        Ok(())
+    })
+}
+
+/// Resolves on SIGINT or SIGTERM (Kubernetes sends SIGTERM), logging which arrived.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            tracing::info!(signal = "SIGINT", "shutting down");
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+                tracing::info!(signal = "SIGTERM", "shutting down");
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+fn replay(args: ReplayArgs) -> anyhow::Result<()> {
+    match write_replay(&args, &mut std::io::stdout().lock()) {
+        // A closed pipe (`compactd replay … | head`) is the reader's choice, not a failure.
+        Err(e)
+            if e.downcast_ref::<std::io::Error>().map(|e| e.kind())
+                == Some(std::io::ErrorKind::BrokenPipe) =>
+        {
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+fn write_replay(args: &ReplayArgs, out: &mut impl std::io::Write) -> anyhow::Result<()> {
+    let config = args.engine.to_config()?;
+    for path in &args.files {
+        let json =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let mut export =
+            trace::parse_export(&json).with_context(|| format!("parsing {}", path.display()))?;
+        let stripped = if args.keep_compacted {
+            0
+        } else {
+            trace::strip_compacted(&mut export)
+        };
+        writeln!(out, "== {}", path.display())?;
+        if stripped > 0 {
+            writeln!(
+                out,
+                "(removed {stripped} time.compacted marks from the file; compactd prunes afresh)"
+            )?;
+        }
+        let report =
+            trace::replay::replay(&export, args.limits(), &config, Arc::new(CharsPerToken));
+        writeln!(out, "{report}")?;
+    }
+    Ok(())
+}

@@ -205,3 +205,16 @@ fn assistant_messages(msg: &Message, out: &mut Vec<Value>) {
     }
     flush(&mut text, &mut calls, &mut results, out);
 }
+
+impl Session {
+    /// Estimated tokens of the context view without building it.
+    pub fn context_tokens(&self) -> u64 {
+        let start = self.boundary.unwrap_or(0);
+        self.messages[start..]
+            .iter()
+            .filter(|m| keeps_message(m))
+            .flat_map(|m| &m.parts)
+            .map(|p| self.context_tokens_of(p))
+            .sum()
+    }
+}

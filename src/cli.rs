@@ -1,0 +1,204 @@
+//! Command-line interface: flags, their `COMPACTD_*` environment twins, and the mapping
+//! into [`EngineConfig`] and server options. Only this file reads the environment
+//! (through clap), so the rest of the crate takes configuration as values.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::config::{CacheCounting, EngineConfig, OverflowPreset, Reserved, SessionOverrides};
+use crate::server::DEFAULT_MAX_UPDATE_BYTES;
+use crate::session::ModelLimits;
+
+/// Environment variable that turns automatic compaction (and overflow reports) off.
+pub const ENV_DISABLE_AUTOCOMPACT: &str = "COMPACTD_DISABLE_AUTOCOMPACT";
+/// Environment variable that turns automatic prune off.
+pub const ENV_DISABLE_PRUNE: &str = "COMPACTD_DISABLE_PRUNE";
+
+/// compactd: keeps LLM agent conversations inside their context window.
+#[derive(Debug, Parser)]
+#[command(name = "compactd", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the gRPC sidecar.
+    Serve(ServeArgs),
+    /// Feed an `opencode export` file through the engine and print what compactd would do.
+    Replay(ReplayArgs),
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Pretty,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Overflow presets selectable from the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PresetArg {
+    /// Ratio 0.92, reserved 0.
+    Compactd,
+    /// OpenCode today: ratio 1.0, reserved min(20000, limit.output).
+    Opencode,
+}
+
+/// Cache counting rules selectable from the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CacheArg {
+    /// `input` excludes cache reads: used = input + cache.read + output.
+    Separate,
+    /// `input` includes cache reads: used = input + output.
+    Included,
+}
+
+/// Engine settings shared by `serve` and `replay`.
+#[derive(Debug, Clone, Args)]
+pub struct EngineArgs {
+    /// Overflow threshold as a ratio of usable input, in (0, 1].
+    #[arg(long, env = "COMPACTD_THRESHOLD", default_value_t = crate::config::DEFAULT_THRESHOLD)]
+    pub threshold: f64,
+    /// Tokens reserved below usable input before the ratio applies.
+    #[arg(long, env = "COMPACTD_RESERVED", default_value_t = 0)]
+    pub reserved: u64,
+    /// Overflow preset; applied before --threshold/--reserved given explicitly.
+    #[arg(long, env = "COMPACTD_PRESET", value_enum)]
+    pub preset: Option<PresetArg>,
+    /// How cached prompt tokens are counted.
+    #[arg(long, env = "COMPACTD_CACHE_COUNTING", value_enum, default_value_t = CacheArg::Separate)]
+    pub cache_counting: CacheArg,
+    /// PRUNE_PROTECT: newest tool-output tokens never pruned.
+    #[arg(long, env = "COMPACTD_PRUNE_PROTECT", default_value_t = crate::config::PRUNE_PROTECT)]
+    pub prune_protect: u64,
+    /// PRUNE_MINIMUM: prune commits only when it saves more than this.
+    #[arg(long, env = "COMPACTD_PRUNE_MINIMUM", default_value_t = crate::config::PRUNE_MINIMUM)]
+    pub prune_minimum: u64,
+    /// Tools whose output is never pruned (comma separated).
+    #[arg(
+        long,
+        env = "COMPACTD_PROTECTED_TOOLS",
+        value_delimiter = ',',
+        default_value = "skill"
+    )]
+    pub protected_tools: Vec<String>,
+    /// User turns at the end prune never touches.
+    #[arg(long, env = "COMPACTD_PROTECT_TURNS", default_value_t = crate::config::PROTECT_TURNS)]
+    pub protect_turns: u32,
+    /// Turn automatic compaction and overflow reports off.
+    #[arg(long, env = ENV_DISABLE_AUTOCOMPACT)]
+    pub disable_autocompact: bool,
+    /// Turn automatic prune off (explicit Prune calls still run).
+    #[arg(long, env = ENV_DISABLE_PRUNE)]
+    pub disable_prune: bool,
+}
+
+/// `compactd serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "COMPACTD_LISTEN", default_value = "127.0.0.1:50051")]
+    pub listen: SocketAddr,
+    /// Log format.
+    #[arg(long, env = "COMPACTD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Pretty)]
+    pub log_format: LogFormat,
+    /// Largest update accepted, in bytes (RESOURCE_EXHAUSTED beyond it).
+    #[arg(long, env = "COMPACTD_MAX_UPDATE_BYTES", default_value_t = DEFAULT_MAX_UPDATE_BYTES)]
+    pub max_update_bytes: usize,
+    /// Engine settings.
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+/// `compactd replay`.
+#[derive(Debug, Clone, Args)]
+pub struct ReplayArgs {
+    /// `opencode export` JSON files.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// Model context window in tokens.
+    #[arg(long, default_value_t = 128_000)]
+    pub context: u64,
+    /// Model input limit (0: derive from context and output).
+    #[arg(long, default_value_t = 0)]
+    pub input: u64,
+    /// Model output limit.
+    #[arg(long, default_value_t = 32_000)]
+    pub output: u64,
+    /// Keep the `time.compacted` marks in the file instead of starting unpruned.
+    #[arg(long)]
+    pub keep_compacted: bool,
+    /// Engine settings.
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+impl ReplayArgs {
+    /// The model limits to replay with.
+    pub fn limits(&self) -> ModelLimits {
+        ModelLimits {
+            context: self.context,
+            input: self.input,
+            output: self.output,
+        }
+    }
+}
+
+/// A flag value that cannot work, named with the flag.
+#[derive(Debug, thiserror::Error)]
+#[error("--{flag}: {message}")]
+pub struct ConfigError {
+    /// Flag name (its env twin is listed in `--help`).
+    pub flag: &'static str,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl EngineArgs {
+    /// Validates the flags and builds the engine config.
+    pub fn to_config(&self) -> Result<EngineConfig, ConfigError> {
+        if !(self.threshold > 0.0 && self.threshold <= 1.0) {
+            return Err(ConfigError {
+                flag: "threshold",
+                message: format!("{} is not in (0, 1]", self.threshold),
+            });
+        }
+        let base = EngineConfig {
+            auto_compact: !self.disable_autocompact,
+            prune: !self.disable_prune,
+            threshold: self.threshold,
+            reserved: Reserved::Fixed(self.reserved),
+            cache_counting: match self.cache_counting {
+                CacheArg::Separate => CacheCounting::Separate,
+                CacheArg::Included => CacheCounting::Included,
+            },
+            prune_protect: self.prune_protect,
+            prune_minimum: self.prune_minimum,
+            protected_tools: self
+                .protected_tools
+                .iter()
+                .filter(|t| !t.is_empty())
+                .cloned()
+                .collect(),
+            protect_turns: self.protect_turns,
+            ..EngineConfig::default()
+        };
+        let preset = match self.preset {
+            None => return Ok(base),
+            Some(PresetArg::Compactd) => OverflowPreset::Compactd,
+            Some(PresetArg::Opencode) => OverflowPreset::OpenCode,
+        };
+        Ok(base.resolve(&SessionOverrides {
+            preset: Some(preset),
+            ..Default::default()
+        }))
+    }
+}

@@ -1,0 +1,715 @@
+//! Protobuf ↔ domain conversion, and the one place client fields are validated.
+//!
+//! `*_from_pb` functions check every field a client controls and return a [`Rejection`]
+//! naming the field (relative to the message converted; callers prefix it). `*_to_pb`
+//! functions are total. JSON travels as `google.protobuf.Struct`; numbers become doubles,
+//! as in protobuf's own JSON mapping.
+
+use std::collections::BTreeMap;
+
+use prost_types::value::Kind;
+use serde_json::{Map, Number, Value};
+
+use super::pb;
+use super::status::Rejection;
+use crate::config::{CacheCounting, OverflowPreset, SessionOverrides};
+use crate::engine::{ContextView, Crossed, Message, OverflowCheck, PruneReport, Session};
+use crate::session::{
+    AgentPart, CompactionPart, FilePart, MessageError, MessageInfo, MessageTime, ModelLimits,
+    ModelRef, Part, PartKind, PartTime, PatchPart, ReasoningPart, RetryPart, Role, SessionInfo,
+    StepFinishPart, SubtaskPart, TextPart, Todo, TokenUsage, ToolPart, ToolState, ToolStatus,
+    ToolTime,
+};
+
+/// Longest id accepted (session, message, part): ids are keys, not payloads.
+pub const MAX_ID_BYTES: usize = 256;
+
+fn check_id(field: &str, id: &str) -> Result<(), Rejection> {
+    if id.is_empty() {
+        return Err(Rejection::invalid(field, "required"));
+    }
+    if id.len() > MAX_ID_BYTES {
+        return Err(Rejection::invalid(
+            field,
+            format!(
+                "{} bytes long; ids are at most {MAX_ID_BYTES} bytes",
+                id.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+// ---- JSON ↔ Struct ----
+
+/// `google.protobuf.Value` → JSON.
+pub fn value_from_pb(v: prost_types::Value) -> Value {
+    match v.kind {
+        None | Some(Kind::NullValue(_)) => Value::Null,
+        Some(Kind::BoolValue(b)) => Value::Bool(b),
+        Some(Kind::NumberValue(n)) => number(n),
+        Some(Kind::StringValue(s)) => Value::String(s),
+        Some(Kind::StructValue(s)) => Value::Object(struct_from_pb(s)),
+        Some(Kind::ListValue(l)) => Value::Array(l.values.into_iter().map(value_from_pb).collect()),
+    }
+}
+
+/// Whole doubles become JSON integers, so `{"limit": 10}` round-trips as written.
+fn number(n: f64) -> Value {
+    if n.fract() == 0.0 && n.abs() < 9.0e15 {
+        Value::Number(Number::from(n as i64))
+    } else {
+        Number::from_f64(n).map_or(Value::Null, Value::Number)
+    }
+}
+
+/// `google.protobuf.Struct` → JSON object.
+pub fn struct_from_pb(s: prost_types::Struct) -> Map<String, Value> {
+    s.fields
+        .into_iter()
+        .map(|(k, v)| (k, value_from_pb(v)))
+        .collect()
+}
+
+/// JSON → `google.protobuf.Value`.
+pub fn value_to_pb(v: &Value) -> prost_types::Value {
+    let kind = match v {
+        Value::Null => Kind::NullValue(0),
+        Value::Bool(b) => Kind::BoolValue(*b),
+        Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
+        Value::String(s) => Kind::StringValue(s.clone()),
+        Value::Array(a) => Kind::ListValue(prost_types::ListValue {
+            values: a.iter().map(value_to_pb).collect(),
+        }),
+        Value::Object(o) => Kind::StructValue(struct_to_pb(o)),
+    };
+    prost_types::Value { kind: Some(kind) }
+}
+
+/// JSON object → `google.protobuf.Struct`.
+pub fn struct_to_pb(o: &Map<String, Value>) -> prost_types::Struct {
+    prost_types::Struct {
+        fields: o
+            .iter()
+            .map(|(k, v)| (k.clone(), value_to_pb(v)))
+            .collect::<BTreeMap<_, _>>(),
+    }
+}
+
+/// Any JSON as a Struct: objects as they are, anything else under `"value"`.
+fn any_to_struct(v: &Value) -> prost_types::Struct {
+    match v {
+        Value::Object(o) => struct_to_pb(o),
+        other => {
+            let mut m = Map::new();
+            m.insert("value".into(), other.clone());
+            struct_to_pb(&m)
+        }
+    }
+}
+
+fn opt_struct(v: Option<prost_types::Struct>) -> Option<Value> {
+    v.map(|s| Value::Object(struct_from_pb(s)))
+}
+
+fn opt_struct_to_pb(v: &Option<Value>) -> Option<prost_types::Struct> {
+    v.as_ref().map(any_to_struct)
+}
+
+fn extra_to_pb(o: &Map<String, Value>) -> Option<prost_types::Struct> {
+    (!o.is_empty()).then(|| struct_to_pb(o))
+}
+
+// ---- session info ----
+
+/// Session info from the wire. `fallback_id` is used when `info.id` is empty (the stream
+/// carries the id beside the update).
+pub fn session_from_pb(s: pb::SessionInfo, fallback_id: &str) -> Result<SessionInfo, Rejection> {
+    let id = if s.id.is_empty() {
+        fallback_id.to_string()
+    } else {
+        s.id
+    };
+    check_id("id", &id)?;
+    if !fallback_id.is_empty() && id != fallback_id {
+        return Err(Rejection::invalid(
+            "id",
+            format!("{id:?} differs from the update's session_id {fallback_id:?}"),
+        ));
+    }
+    let config = match s.config {
+        Some(c) => overrides_from_pb(c).map_err(|r| r.within("config"))?,
+        None => SessionOverrides::default(),
+    };
+    Ok(SessionInfo {
+        id,
+        title: s.title,
+        model: s.model.map(model_from_pb),
+        limits: s.limits.map(limits_from_pb).unwrap_or_default(),
+        config,
+        todos: s
+            .todos
+            .into_iter()
+            .map(|t| Todo {
+                id: t.id,
+                content: t.content,
+                status: t.status,
+                priority: t.priority,
+            })
+            .collect(),
+        extra: s.extra.map(struct_from_pb).unwrap_or_default(),
+    })
+}
+
+/// Per-session overrides from the wire, validated.
+pub fn overrides_from_pb(c: pb::SessionConfig) -> Result<SessionOverrides, Rejection> {
+    if let Some(t) = c.threshold
+        && !(t > 0.0 && t <= 1.0)
+    {
+        return Err(Rejection::invalid(
+            "threshold",
+            format!("{t} is not in (0, 1]"),
+        ));
+    }
+    if let Some(t) = c.protect_turns
+        && t > 1000
+    {
+        return Err(Rejection::invalid(
+            "protect_turns",
+            format!("{t} is over 1000"),
+        ));
+    }
+    let cache_counting = match pb::CacheCounting::try_from(c.cache_counting) {
+        Ok(pb::CacheCounting::Unspecified) => None,
+        Ok(pb::CacheCounting::Separate) => Some(CacheCounting::Separate),
+        Ok(pb::CacheCounting::Included) => Some(CacheCounting::Included),
+        Err(_) => {
+            return Err(Rejection::invalid(
+                "cache_counting",
+                format!("unknown value {}", c.cache_counting),
+            ));
+        }
+    };
+    let preset = match pb::OverflowPreset::try_from(c.preset) {
+        Ok(pb::OverflowPreset::Unspecified) => None,
+        Ok(pb::OverflowPreset::Compactd) => Some(OverflowPreset::Compactd),
+        Ok(pb::OverflowPreset::Opencode) => Some(OverflowPreset::OpenCode),
+        Err(_) => {
+            return Err(Rejection::invalid(
+                "preset",
+                format!("unknown value {}", c.preset),
+            ));
+        }
+    };
+    Ok(SessionOverrides {
+        preset,
+        auto_compact: c.auto_compact,
+        prune: c.prune,
+        threshold: c.threshold,
+        reserved: c.reserved,
+        cache_counting,
+        prune_protect: c.prune_protect,
+        prune_minimum: c.prune_minimum,
+        protected_tools: c.protected_tools.map(|l| l.values),
+        protect_turns: c.protect_turns,
+    })
+}
+
+fn overrides_to_pb(o: &SessionOverrides) -> pb::SessionConfig {
+    pb::SessionConfig {
+        auto_compact: o.auto_compact,
+        prune: o.prune,
+        threshold: o.threshold,
+        reserved: o.reserved,
+        cache_counting: match o.cache_counting {
+            None => pb::CacheCounting::Unspecified,
+            Some(CacheCounting::Separate) => pb::CacheCounting::Separate,
+            Some(CacheCounting::Included) => pb::CacheCounting::Included,
+        } as i32,
+        prune_protect: o.prune_protect,
+        prune_minimum: o.prune_minimum,
+        protected_tools: o
+            .protected_tools
+            .clone()
+            .map(|values| pb::StringList { values }),
+        protect_turns: o.protect_turns,
+        preset: match o.preset {
+            None => pb::OverflowPreset::Unspecified,
+            Some(OverflowPreset::Compactd) => pb::OverflowPreset::Compactd,
+            Some(OverflowPreset::OpenCode) => pb::OverflowPreset::Opencode,
+        } as i32,
+    }
+}
+
+/// Limits from the wire.
+pub fn limits_from_pb(l: pb::ModelLimits) -> ModelLimits {
+    ModelLimits {
+        context: l.context,
+        input: l.input,
+        output: l.output,
+    }
+}
+
+fn limits_to_pb(l: &ModelLimits) -> pb::ModelLimits {
+    pb::ModelLimits {
+        context: l.context,
+        input: l.input,
+        output: l.output,
+    }
+}
+
+fn model_from_pb(m: pb::ModelRef) -> ModelRef {
+    ModelRef {
+        provider_id: m.provider_id,
+        model_id: m.model_id,
+    }
+}
+
+fn model_to_pb(m: &ModelRef) -> pb::ModelRef {
+    pb::ModelRef {
+        provider_id: m.provider_id.clone(),
+        model_id: m.model_id.clone(),
+    }
+}
+
+/// Session info to the wire.
+pub fn session_to_pb(s: &SessionInfo) -> pb::SessionInfo {
+    pb::SessionInfo {
+        id: s.id.clone(),
+        title: s.title.clone(),
+        model: s.model.as_ref().map(model_to_pb),
+        limits: Some(limits_to_pb(&s.limits)),
+        config: Some(overrides_to_pb(&s.config)),
+        todos: s
+            .todos
+            .iter()
+            .map(|t| pb::Todo {
+                id: t.id.clone(),
+                content: t.content.clone(),
+                status: t.status.clone(),
+                priority: t.priority.clone(),
+            })
+            .collect(),
+        extra: extra_to_pb(&s.extra),
+    }
+}
+
+// ---- messages ----
+
+/// Message info from the wire.
+pub fn message_from_pb(m: pb::MessageInfo) -> Result<MessageInfo, Rejection> {
+    check_id("id", &m.id)?;
+    let role = Role::parse(&m.role).ok_or_else(|| {
+        Rejection::invalid(
+            "role",
+            format!("unknown role {:?}; expected user or assistant", m.role),
+        )
+    })?;
+    let time = m.time.unwrap_or_default();
+    Ok(MessageInfo {
+        id: m.id,
+        role,
+        parent_id: m.parent_id,
+        time: MessageTime {
+            created: time.created,
+            completed: time.completed,
+        },
+        summary: m.summary,
+        mode: m.mode,
+        agent: m.agent,
+        finish: m.finish,
+        tokens: m.tokens.map(usage_from_pb),
+        cost: m.cost,
+        error: m.error.map(|e| MessageError {
+            name: e.name,
+            data: opt_struct(e.data).unwrap_or(Value::Null),
+        }),
+        model: m.model.map(model_from_pb),
+        extra: m.extra.map(struct_from_pb).unwrap_or_default(),
+    })
+}
+
+/// Message info to the wire.
+pub fn message_info_to_pb(m: &MessageInfo) -> pb::MessageInfo {
+    pb::MessageInfo {
+        id: m.id.clone(),
+        role: m.role.as_str().to_string(),
+        parent_id: m.parent_id.clone(),
+        time: Some(pb::MessageTime {
+            created: m.time.created,
+            completed: m.time.completed,
+        }),
+        summary: m.summary,
+        mode: m.mode.clone(),
+        agent: m.agent.clone(),
+        finish: m.finish.clone(),
+        tokens: m.tokens.as_ref().map(usage_to_pb),
+        cost: m.cost,
+        error: m.error.as_ref().map(|e| pb::MessageError {
+            name: e.name.clone(),
+            data: (!e.data.is_null()).then(|| any_to_struct(&e.data)),
+        }),
+        model: m.model.as_ref().map(model_to_pb),
+        extra: extra_to_pb(&m.extra),
+    }
+}
+
+/// A stored message (info + parts) to the wire.
+pub fn message_to_pb(m: &Message) -> pb::Message {
+    pb::Message {
+        info: Some(message_info_to_pb(&m.info)),
+        parts: m.parts.iter().map(|p| part_to_pb(&p.part)).collect(),
+    }
+}
+
+/// Usage from the wire.
+pub fn usage_from_pb(t: pb::TokenUsage) -> TokenUsage {
+    let cache = t.cache.unwrap_or_default();
+    TokenUsage {
+        total: t.total,
+        input: t.input,
+        output: t.output,
+        reasoning: t.reasoning,
+        cache_read: cache.read,
+        cache_write: cache.write,
+    }
+}
+
+fn usage_to_pb(t: &TokenUsage) -> pb::TokenUsage {
+    pb::TokenUsage {
+        total: t.total,
+        input: t.input,
+        output: t.output,
+        reasoning: t.reasoning,
+        cache: Some(pb::CacheTokens {
+            read: t.cache_read,
+            write: t.cache_write,
+        }),
+    }
+}
+
+// ---- parts ----
+
+/// A part from the wire.
+pub fn part_from_pb(p: pb::Part) -> Result<Part, Rejection> {
+    use pb::part::Kind as K;
+    check_id("id", &p.id)?;
+    check_id("message_id", &p.message_id)?;
+    let Some(kind) = p.kind else {
+        return Err(Rejection::invalid(
+            "kind",
+            "required: one of text, reasoning, tool, step_start, step_finish, file, snapshot, patch, agent, subtask, retry, compaction",
+        ));
+    };
+    let kind = match kind {
+        K::Text(t) => PartKind::Text(TextPart {
+            text: t.text,
+            synthetic: t.synthetic,
+            ignored: t.ignored,
+            time: t.time.map(time_from_pb),
+            metadata: opt_struct(t.metadata),
+        }),
+        K::Reasoning(r) => PartKind::Reasoning(ReasoningPart {
+            text: r.text,
+            time: r.time.map(time_from_pb),
+            metadata: opt_struct(r.metadata),
+        }),
+        K::Tool(t) => PartKind::Tool(Box::new(tool_from_pb(t).map_err(|r| r.within("tool"))?)),
+        K::StepStart(s) => PartKind::StepStart {
+            snapshot: s.snapshot,
+        },
+        K::StepFinish(s) => PartKind::StepFinish(StepFinishPart {
+            reason: s.reason,
+            snapshot: s.snapshot,
+            cost: s.cost,
+            tokens: s.tokens.map(usage_from_pb),
+        }),
+        K::File(f) => PartKind::File(file_from_pb(f)),
+        K::Snapshot(s) => PartKind::Snapshot {
+            snapshot: s.snapshot,
+        },
+        K::Patch(p) => PartKind::Patch(PatchPart {
+            hash: p.hash,
+            files: p.files,
+        }),
+        K::Agent(a) => PartKind::Agent(AgentPart {
+            name: a.name,
+            source: opt_struct(a.source),
+        }),
+        K::Subtask(s) => PartKind::Subtask(SubtaskPart {
+            prompt: s.prompt,
+            description: s.description,
+            agent: s.agent,
+            model: s.model.map(model_from_pb),
+            command: s.command,
+        }),
+        K::Retry(r) => PartKind::Retry(RetryPart {
+            attempt: r.attempt,
+            error: opt_struct(r.error),
+            created: r.created,
+        }),
+        K::Compaction(c) => PartKind::Compaction(CompactionPart {
+            auto: c.auto,
+            overflow: c.overflow,
+            tail_start_id: c.tail_start_id,
+        }),
+    };
+    Ok(Part {
+        id: p.id,
+        message_id: p.message_id,
+        kind,
+        extra: p.extra.map(struct_from_pb).unwrap_or_default(),
+    })
+}
+
+fn tool_from_pb(t: pb::ToolPart) -> Result<ToolPart, Rejection> {
+    if t.tool.is_empty() {
+        return Err(Rejection::invalid("tool", "required: the tool name"));
+    }
+    let Some(st) = t.state else {
+        return Err(Rejection::invalid("state", "required"));
+    };
+    let status = ToolStatus::parse(&st.status).ok_or_else(|| {
+        Rejection::invalid(
+            "state.status",
+            format!(
+                "unknown status {:?}; expected pending, running, completed or error",
+                st.status
+            ),
+        )
+    })?;
+    let time = st.time.unwrap_or_default();
+    Ok(ToolPart {
+        call_id: t.call_id,
+        tool: t.tool,
+        state: ToolState {
+            status,
+            input: Value::Object(st.input.map(struct_from_pb).unwrap_or_default()),
+            output: st.output,
+            error: st.error,
+            title: st.title,
+            metadata: opt_struct(st.metadata),
+            time: ToolTime {
+                start: time.start,
+                end: time.end,
+                compacted: time.compacted,
+            },
+            attachments: st.attachments.into_iter().map(file_from_pb).collect(),
+            raw: st.raw,
+        },
+        metadata: opt_struct(t.metadata),
+    })
+}
+
+fn file_from_pb(f: pb::FilePart) -> FilePart {
+    FilePart {
+        mime: f.mime,
+        filename: f.filename,
+        url: f.url,
+        source: opt_struct(f.source),
+        size: f.size,
+    }
+}
+
+fn file_to_pb(f: &FilePart) -> pb::FilePart {
+    pb::FilePart {
+        mime: f.mime.clone(),
+        filename: f.filename.clone(),
+        url: f.url.clone(),
+        source: opt_struct_to_pb(&f.source),
+        size: f.size,
+    }
+}
+
+fn time_from_pb(t: pb::PartTime) -> PartTime {
+    PartTime {
+        start: t.start,
+        end: t.end,
+    }
+}
+
+fn time_to_pb(t: &PartTime) -> pb::PartTime {
+    pb::PartTime {
+        start: t.start,
+        end: t.end,
+    }
+}
+
+/// A part to the wire.
+pub fn part_to_pb(p: &Part) -> pb::Part {
+    use pb::part::Kind as K;
+    let kind = match &p.kind {
+        PartKind::Text(t) => K::Text(pb::TextPart {
+            text: t.text.clone(),
+            synthetic: t.synthetic,
+            ignored: t.ignored,
+            time: t.time.as_ref().map(time_to_pb),
+            metadata: opt_struct_to_pb(&t.metadata),
+        }),
+        PartKind::Reasoning(r) => K::Reasoning(pb::ReasoningPart {
+            text: r.text.clone(),
+            time: r.time.as_ref().map(time_to_pb),
+            metadata: opt_struct_to_pb(&r.metadata),
+        }),
+        PartKind::Tool(t) => K::Tool(pb::ToolPart {
+            call_id: t.call_id.clone(),
+            tool: t.tool.clone(),
+            state: Some(pb::ToolState {
+                status: t.state.status.as_str().to_string(),
+                input: Some(any_to_struct(&t.state.input)),
+                output: t.state.output.clone(),
+                error: t.state.error.clone(),
+                title: t.state.title.clone(),
+                metadata: opt_struct_to_pb(&t.state.metadata),
+                time: Some(pb::ToolTime {
+                    start: t.state.time.start,
+                    end: t.state.time.end,
+                    compacted: t.state.time.compacted,
+                }),
+                attachments: t.state.attachments.iter().map(file_to_pb).collect(),
+                raw: t.state.raw.clone(),
+            }),
+            metadata: opt_struct_to_pb(&t.metadata),
+        }),
+        PartKind::StepStart { snapshot } => K::StepStart(pb::StepStartPart {
+            snapshot: snapshot.clone(),
+        }),
+        PartKind::StepFinish(s) => K::StepFinish(pb::StepFinishPart {
+            reason: s.reason.clone(),
+            snapshot: s.snapshot.clone(),
+            cost: s.cost,
+            tokens: s.tokens.as_ref().map(usage_to_pb),
+        }),
+        PartKind::File(f) => K::File(file_to_pb(f)),
+        PartKind::Snapshot { snapshot } => K::Snapshot(pb::SnapshotPart {
+            snapshot: snapshot.clone(),
+        }),
+        PartKind::Patch(p) => K::Patch(pb::PatchPart {
+            hash: p.hash.clone(),
+            files: p.files.clone(),
+        }),
+        PartKind::Agent(a) => K::Agent(pb::AgentPart {
+            name: a.name.clone(),
+            source: opt_struct_to_pb(&a.source),
+        }),
+        PartKind::Subtask(s) => K::Subtask(pb::SubtaskPart {
+            prompt: s.prompt.clone(),
+            description: s.description.clone(),
+            agent: s.agent.clone(),
+            model: s.model.as_ref().map(model_to_pb),
+            command: s.command.clone(),
+        }),
+        PartKind::Retry(r) => K::Retry(pb::RetryPart {
+            attempt: r.attempt,
+            error: opt_struct_to_pb(&r.error),
+            created: r.created,
+        }),
+        PartKind::Compaction(c) => K::Compaction(pb::CompactionPart {
+            auto: c.auto,
+            overflow: c.overflow,
+            tail_start_id: c.tail_start_id.clone(),
+        }),
+    };
+    pb::Part {
+        id: p.id.clone(),
+        message_id: p.message_id.clone(),
+        kind: Some(kind),
+        extra: extra_to_pb(&p.extra),
+    }
+}
+
+// ---- reports ----
+
+/// Overflow check to the wire.
+pub fn overflow_to_pb(c: &OverflowCheck) -> pb::OverflowCheck {
+    pb::OverflowCheck {
+        overflow: c.overflow,
+        used: c.used,
+        predicted: c.predicted,
+        usable: c.usable,
+        reserved: c.reserved,
+        ratio: c.ratio,
+        threshold: c.threshold,
+        counting: c.counting.to_string(),
+        crossed: match c.crossed {
+            Some(Crossed::Used) => "used",
+            Some(Crossed::Predicted) => "predicted",
+            None => "",
+        }
+        .to_string(),
+        reason: c.reason.unwrap_or_default().to_string(),
+        trigger: c.trigger.as_str().to_string(),
+    }
+}
+
+/// Prune report to the wire.
+pub fn prune_to_pb(r: &PruneReport) -> pb::PruneReport {
+    pb::PruneReport {
+        committed: r.committed,
+        dry_run: r.dry_run,
+        tokens_saved: r.tokens_saved,
+        tokens_scanned: r.tokens_scanned,
+        parts: r
+            .parts
+            .iter()
+            .map(|p| pb::PrunedPart {
+                message_id: p.message_id.clone(),
+                part_id: p.part_id.clone(),
+                call_id: p.call_id.clone(),
+                tool: p.tool.clone(),
+                tokens: p.tokens,
+            })
+            .collect(),
+        reason: r.reason.clone().unwrap_or_default(),
+        prune_protect: r.prune_protect,
+        prune_minimum: r.prune_minimum,
+    }
+}
+
+/// The context view to the wire, in the shapes asked for.
+pub fn context_to_pb(
+    v: &ContextView,
+    session_messages: usize,
+    format: pb::ContextFormat,
+) -> pb::Context {
+    let native = format != pb::ContextFormat::Openai;
+    let openai = format != pb::ContextFormat::Native;
+    let openai_messages = openai.then(|| match v.to_openai() {
+        Value::Array(a) => prost_types::ListValue {
+            values: a.iter().map(value_to_pb).collect(),
+        },
+        _ => prost_types::ListValue::default(),
+    });
+    pb::Context {
+        messages: if native {
+            v.messages.iter().map(message_to_pb).collect()
+        } else {
+            Vec::new()
+        },
+        openai_messages,
+        estimated_tokens: v.tokens,
+        boundary_message_id: v.boundary_message_id.clone().unwrap_or_default(),
+        session_messages: session_messages as u32,
+        context_messages: v.messages.len() as u32,
+    }
+}
+
+/// A session's summary line.
+pub fn summary_to_pb(s: &Session, created: bool) -> pb::SessionSummary {
+    let info = s.info();
+    pb::SessionSummary {
+        id: info.id.clone(),
+        title: info.title.clone(),
+        model: info.model.as_ref().map(model_to_pb),
+        limits: Some(limits_to_pb(&info.limits)),
+        messages: s.messages().len() as u32,
+        parts: s.part_count() as u32,
+        estimated_tokens: s.total_tokens(),
+        context_tokens: s.context_tokens(),
+        compacted_parts: s.compacted_count() as u32,
+        overflow: Some(overflow_to_pb(
+            &s.check_overflow(crate::engine::Trigger::Request),
+        )),
+        created,
+    }
+}

@@ -1,0 +1,105 @@
+//! The gRPC shell: `compactd.v1.Sessions`, `grpc.health.v1.Health` and server reflection
+//! (v1 and v1alpha), served on a listener the caller owns until the caller's shutdown
+//! future resolves.
+//!
+//! Architecture invariant: protobuf types live here and nowhere else. `convert.rs` is the
+//! only file that maps them to domain types and the only place client fields are
+//! validated; `status.rs` is the only place errors become gRPC codes.
+
+mod convert;
+mod ops;
+pub mod pb;
+mod service;
+mod status;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+
+pub use ops::DEFAULT_MAX_UPDATE_BYTES;
+pub use service::SessionsService;
+
+use crate::store::Store;
+
+/// Transport-level cap as a multiple of `max_update_bytes`: updates between the two get
+/// a clear `RESOURCE_EXHAUSTED` from compactd; only absurd ones are cut by the transport.
+const TRANSPORT_SLACK: usize = 4;
+
+/// How the server is run.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// Largest update accepted (`RESOURCE_EXHAUSTED` beyond it).
+    pub max_update_bytes: usize,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions {
+            max_update_bytes: DEFAULT_MAX_UPDATE_BYTES,
+        }
+    }
+}
+
+/// Serves every service on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    store: Arc<Store>,
+    options: ServerOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let addr: Option<SocketAddr> = listener.local_addr().ok();
+    let transport_max = options.max_update_bytes.saturating_mul(TRANSPORT_SLACK);
+    let sessions = pb::sessions_server::SessionsServer::new(SessionsService::new(
+        store,
+        options.max_update_bytes,
+    ))
+    .max_decoding_message_size(transport_max)
+    .max_encoding_message_size(usize::MAX);
+
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<pb::sessions_server::SessionsServer<SessionsService>>()
+        .await;
+    health_reporter
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| ServeError::Reflection(e.to_string()))?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .map_err(|e| ServeError::Reflection(e.to_string()))?;
+
+    tracing::info!(addr = ?addr, max_update_bytes = options.max_update_bytes, "compactd serving");
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .trace_fn(|req| tracing::info_span!("rpc", rpc = %req.uri().path()))
+        .add_service(health)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(sessions)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await
+        .map_err(ServeError::Transport)
+}
+
+/// Why the server stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The compiled-in descriptor sets were rejected (a build defect).
+    #[error("reflection descriptors are invalid: {0}")]
+    Reflection(String),
+    /// The transport failed (listener error).
+    #[error("transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}

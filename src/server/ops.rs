@@ -1,0 +1,303 @@
+//! Operations shared by the stream and the unary twins: decode a request into an [`Op`],
+//! queue it on the session's actor, and turn the engine's answer into wire events.
+//!
+//! Queuing and waiting are separate ([`submit`] returns a [`Pending`]) so the stream can
+//! keep many updates in flight (to different sessions) while still acking in order.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use prost::Message as _;
+use tokio::sync::oneshot;
+
+use super::convert;
+use super::pb;
+use super::pb::server_event::Event as Ev;
+use super::status::Rejection;
+use crate::engine::{self, Event, PruneMode, Trigger, Update};
+use crate::session::SessionInfo;
+use crate::store::Store;
+
+/// Default largest update accepted (`max_update_bytes`).
+pub const DEFAULT_MAX_UPDATE_BYTES: usize = 16 * 1024 * 1024;
+
+/// A decoded request for one session.
+#[derive(Debug)]
+pub enum Op {
+    /// Open or reconfigure.
+    Open(SessionInfo),
+    /// Change the session.
+    Apply(Update),
+    /// Build the context.
+    Context(pb::ContextFormat),
+    /// Run prune.
+    Prune {
+        /// Report only.
+        dry_run: bool,
+    },
+    /// Run the overflow check.
+    CheckOverflow,
+}
+
+impl Op {
+    /// Name used in acks, logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Op::Open(_) => "open",
+            Op::Apply(u) => u.kind(),
+            Op::Context(_) => "get_context",
+            Op::Prune { .. } => "prune",
+            Op::CheckOverflow => "check_overflow",
+        }
+    }
+}
+
+/// The result of one op: events for the client (the ack or error is added by the caller).
+pub type Outcome = Result<(Vec<Ev>, bool), Rejection>;
+
+/// An op in flight: already answered, or waiting on its session's actor.
+pub enum Pending {
+    /// Answered without the actor (validation errors, session creation).
+    Ready(Outcome),
+    /// Queued on the actor.
+    Queued(oneshot::Receiver<Outcome>),
+}
+
+impl Pending {
+    /// Waits for the outcome.
+    pub async fn outcome(self, session_id: &str) -> Outcome {
+        match self {
+            Pending::Ready(o) => o,
+            Pending::Queued(rx) => rx.await.map_err(|_| {
+                Rejection::from(crate::store::StoreError::Closed(session_id.to_string()))
+            })?,
+        }
+    }
+}
+
+/// Rejects an update larger than `max` bytes, naming the limit.
+pub fn check_size(len: usize, max: usize) -> Result<(), Rejection> {
+    if len > max {
+        return Err(Rejection::too_large(
+            "",
+            format!("update is {len} bytes, over the max_update_bytes limit of {max} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+/// Decodes a stream update. Field names in errors are relative to the update
+/// (`upsert_part.tool.state.status`).
+pub fn decode_update(u: pb::ClientUpdate, max: usize) -> Result<Op, Rejection> {
+    use pb::client_update::Update as U;
+    check_size(u.encoded_len(), max)?;
+    if u.session_id.is_empty() {
+        return Err(Rejection::invalid("session_id", "required"));
+    }
+    let Some(update) = u.update else {
+        return Err(Rejection::invalid(
+            "update",
+            "required: one of open, upsert_message, upsert_part, delete_part, report_usage, get_context, prune, check_overflow",
+        ));
+    };
+    Ok(match update {
+        U::Open(info) => {
+            Op::Open(convert::session_from_pb(info, &u.session_id).map_err(|r| r.within("open"))?)
+        }
+        U::UpsertMessage(m) => Op::Apply(Update::UpsertMessage(
+            convert::message_from_pb(m).map_err(|r| r.within("upsert_message"))?,
+        )),
+        U::UpsertPart(p) => Op::Apply(Update::UpsertPart(
+            convert::part_from_pb(p).map_err(|r| r.within("upsert_part"))?,
+        )),
+        U::DeletePart(r) => {
+            op_delete(r.message_id, r.part_id).map_err(|e| e.within("delete_part"))?
+        }
+        U::ReportUsage(r) => op_usage(r).map_err(|e| e.within("report_usage"))?,
+        U::GetContext(c) => Op::Context(context_format(c.format)?),
+        U::Prune(p) => Op::Prune { dry_run: p.dry_run },
+        U::CheckOverflow(_) => Op::CheckOverflow,
+    })
+}
+
+/// Decodes a delete.
+pub fn op_delete(message_id: String, part_id: String) -> Result<Op, Rejection> {
+    if message_id.is_empty() {
+        return Err(Rejection::invalid("message_id", "required"));
+    }
+    if part_id.is_empty() {
+        return Err(Rejection::invalid("part_id", "required"));
+    }
+    Ok(Op::Apply(Update::DeletePart {
+        message_id,
+        part_id,
+    }))
+}
+
+/// Decodes a usage report.
+pub fn op_usage(r: pb::UsageReport) -> Result<Op, Rejection> {
+    let Some(tokens) = r.tokens else {
+        return Err(Rejection::invalid("tokens", "required"));
+    };
+    let message_id = (!r.message_id.is_empty()).then_some(r.message_id);
+    Ok(Op::Apply(Update::ReportUsage {
+        message_id,
+        tokens: convert::usage_from_pb(tokens),
+    }))
+}
+
+/// Validates a context format value.
+pub fn context_format(v: i32) -> Result<pb::ContextFormat, Rejection> {
+    pb::ContextFormat::try_from(v)
+        .map_err(|_| Rejection::invalid("format", format!("unknown context format {v}")))
+}
+
+/// Queues `op` for `session_id`. Returns once the op is in the session's mailbox (or
+/// answered), so the caller may queue the next one before this one completes.
+pub async fn submit(store: &Store, session_id: &str, op: Op) -> Pending {
+    let handle = match &op {
+        Op::Open(info) => {
+            let (handle, created) = store.open(info.clone());
+            if created {
+                return Pending::Ready(Ok((Vec::new(), true)));
+            }
+            handle
+        }
+        _ => match store.get(session_id) {
+            Ok(h) => h,
+            Err(e) => return Pending::Ready(Err(e.into())),
+        },
+    };
+    match op {
+        Op::Open(info) => {
+            queue(&handle, move |s, c| {
+                engine::step(s, Update::Configure(info), c, now_ms())
+                    .map(|_| (Vec::new(), false))
+                    .map_err(Rejection::from)
+            })
+            .await
+        }
+        Op::Apply(update) => {
+            queue(&handle, move |s, c| {
+                let report = engine::step(s, update, c, now_ms())?;
+                let events = report.events.iter().map(event_to_pb).collect();
+                Ok((events, report.applied.created))
+            })
+            .await
+        }
+        Op::Context(format) => {
+            queue(&handle, move |s, _| {
+                let view = s.build_context();
+                Ok((
+                    vec![Ev::Context(convert::context_to_pb(
+                        &view,
+                        s.messages().len(),
+                        format,
+                    ))],
+                    false,
+                ))
+            })
+            .await
+        }
+        Op::Prune { dry_run } => {
+            queue(&handle, move |s, _| {
+                let mode = if dry_run {
+                    PruneMode::DryRun
+                } else {
+                    PruneMode::Commit
+                };
+                let report = s.prune(mode, now_ms());
+                Ok((vec![Ev::PruneReport(convert::prune_to_pb(&report))], false))
+            })
+            .await
+        }
+        Op::CheckOverflow => {
+            queue(&handle, move |s, _| {
+                let check = s.check_overflow(Trigger::Request);
+                Ok((
+                    vec![Ev::OverflowCheck(convert::overflow_to_pb(&check))],
+                    false,
+                ))
+            })
+            .await
+        }
+    }
+}
+
+async fn queue<F>(handle: &crate::store::SessionHandle, f: F) -> Pending
+where
+    F: FnOnce(&mut engine::Session, &crate::config::EngineConfig) -> Outcome + Send + 'static,
+{
+    match handle.submit(f).await {
+        Ok(rx) => Pending::Queued(rx),
+        Err(e) => Pending::Ready(Err(e.into())),
+    }
+}
+
+/// An engine event as a wire event.
+pub fn event_to_pb(e: &Event) -> Ev {
+    match e {
+        Event::Overflow(c) => Ev::Overflow(convert::overflow_to_pb(c)),
+        Event::Pruned(r) => Ev::Pruned(convert::prune_to_pb(r)),
+    }
+}
+
+/// Wraps an outcome into the events a stream client sees: the events, then the ack or
+/// the error, all carrying `seq`.
+pub fn to_server_events(
+    seq: u64,
+    session_id: &str,
+    kind: &str,
+    outcome: Outcome,
+) -> Vec<pb::ServerEvent> {
+    let wrap = |event| pb::ServerEvent {
+        seq,
+        session_id: session_id.to_string(),
+        event: Some(event),
+    };
+    match outcome {
+        Ok((events, created)) => {
+            let mut out: Vec<_> = events.into_iter().map(wrap).collect();
+            out.push(wrap(Ev::Ack(pb::Ack {
+                kind: kind.to_string(),
+                created,
+            })));
+            out
+        }
+        Err(r) => vec![wrap(Ev::Error(pb::Error {
+            code: code_name(r.code).to_string(),
+            message: r.message,
+            field: r.field,
+        }))],
+    }
+}
+
+/// The canonical upper-snake name of a status code.
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code as C;
+    match code {
+        C::Ok => "OK",
+        C::Cancelled => "CANCELLED",
+        C::Unknown => "UNKNOWN",
+        C::InvalidArgument => "INVALID_ARGUMENT",
+        C::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        C::NotFound => "NOT_FOUND",
+        C::AlreadyExists => "ALREADY_EXISTS",
+        C::PermissionDenied => "PERMISSION_DENIED",
+        C::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        C::FailedPrecondition => "FAILED_PRECONDITION",
+        C::Aborted => "ABORTED",
+        C::OutOfRange => "OUT_OF_RANGE",
+        C::Unimplemented => "UNIMPLEMENTED",
+        C::Internal => "INTERNAL",
+        C::Unavailable => "UNAVAILABLE",
+        C::DataLoss => "DATA_LOSS",
+        C::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// Wall clock in epoch ms: the shell reads the clock, the engine gets it as an argument.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}

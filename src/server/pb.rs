@@ -1,0 +1,9 @@
+//! Generated protobuf types and service stubs for `compactd.v1`, and the encoded
+//! descriptor set served by reflection.
+#![allow(missing_docs, clippy::all)]
+
+tonic::include_proto!("compactd.v1");
+
+/// Encoded `FileDescriptorSet` of the compactd protos, for server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/compactd_descriptor.bin"));

@@ -1,0 +1,381 @@
+//! The `compactd.v1.Sessions` service: the main stream and its unary twins. Handlers
+//! only decode, call `ops`, and encode; every decision is the engine's.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
+
+use super::convert;
+use super::ops::{self, Op, Pending};
+use super::pb;
+use super::pb::server_event::Event as Ev;
+use super::status::Rejection;
+use crate::engine::Update;
+use crate::store::Store;
+use crate::trace;
+
+/// Events buffered per stream before the server stops reading that client's updates.
+const EVENT_BUFFER: usize = 1024;
+/// Updates a stream may have in flight (queued on actors, not yet acked).
+const IN_FLIGHT: usize = 256;
+
+/// Outbound event stream of `Stream`.
+pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::ServerEvent, Status>> + Send>>;
+
+/// The service state: the store and the per-update size limit.
+#[derive(Debug, Clone)]
+pub struct SessionsService {
+    store: Arc<Store>,
+    max_update_bytes: usize,
+}
+
+impl SessionsService {
+    /// A service over `store`.
+    pub fn new(store: Arc<Store>, max_update_bytes: usize) -> Self {
+        SessionsService {
+            store,
+            max_update_bytes,
+        }
+    }
+
+    /// Runs a unary op and returns its events, or the rejection as a status.
+    async fn run(&self, session_id: &str, op: Op) -> Result<(Vec<Ev>, bool), Status> {
+        let kind = op.kind();
+        let outcome = ops::submit(&self.store, session_id, op)
+            .await
+            .outcome(session_id)
+            .await;
+        if let Err(r) = &outcome {
+            tracing::debug!(session_id, kind, code = ?r.code, field = %r.field, "rejected");
+        }
+        outcome.map_err(Status::from)
+    }
+
+    async fn update(
+        &self,
+        session_id: &str,
+        op: Op,
+    ) -> Result<Response<pb::UpdateResponse>, Status> {
+        let kind = op.kind();
+        let (events, created) = self.run(session_id, op).await?;
+        let events = ops::to_server_events(0, session_id, kind, Ok((events, created)));
+        Ok(Response::new(pb::UpdateResponse { events }))
+    }
+
+    async fn summary(&self, session_id: &str, created: bool) -> Result<pb::SessionSummary, Status> {
+        let handle = self.store.get(session_id).map_err(Rejection::from)?;
+        handle
+            .call(move |s, _| convert::summary_to_pb(s, created))
+            .await
+            .map_err(|e| Status::from(Rejection::from(e)))
+    }
+
+    fn check_size<T: prost::Message>(&self, req: &T) -> Result<(), Status> {
+        ops::check_size(req.encoded_len(), self.max_update_bytes).map_err(Status::from)
+    }
+}
+
+#[tonic::async_trait]
+impl pb::sessions_server::Sessions for SessionsService {
+    type StreamStream = EventStream;
+
+    async fn stream(
+        &self,
+        request: Request<Streaming<pb::ClientUpdate>>,
+    ) -> Result<Response<EventStream>, Status> {
+        let peer = request
+            .remote_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        let mut inbound = request.into_inner();
+        let (out_tx, out_rx) = mpsc::channel(EVENT_BUFFER);
+        let (order_tx, mut order_rx) =
+            mpsc::channel::<(u64, String, &'static str, Pending)>(IN_FLIGHT);
+        let store = self.store.clone();
+        let max = self.max_update_bytes;
+        let span = tracing::info_span!("stream", %peer);
+
+        // Reader: decode each update and queue it on its session's actor, in order.
+        tokio::spawn(
+            async move {
+                loop {
+                    let update = match inbound.message().await {
+                        Ok(Some(u)) => u,
+                        Ok(None) => break,
+                        Err(status) => {
+                            tracing::debug!(%status, "stream read ended");
+                            break;
+                        }
+                    };
+                    let (seq, session_id) = (update.seq, update.session_id.clone());
+                    let pending = match ops::decode_update(update, max) {
+                        Ok(op) => {
+                            let kind = op.kind();
+                            tracing::trace!(seq, %session_id, kind, "update");
+                            (kind, ops::submit(&store, &session_id, op).await)
+                        }
+                        Err(r) => ("invalid", Pending::Ready(Err(r))),
+                    };
+                    if order_tx
+                        .send((seq, session_id, pending.0, pending.1))
+                        .await
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+            }
+            .instrument(span.clone()),
+        );
+
+        // Writer: wait for each outcome in submission order and send its events.
+        tokio::spawn(
+            async move {
+                while let Some((seq, session_id, kind, pending)) = order_rx.recv().await {
+                    let outcome = pending.outcome(&session_id).await;
+                    if let Err(r) = &outcome {
+                        tracing::debug!(seq, %session_id, code = ?r.code, field = %r.field, message = %r.message, "update rejected");
+                    }
+                    for event in ops::to_server_events(seq, &session_id, kind, outcome) {
+                        if out_tx.send(Ok(event)).await.is_err() {
+                            return; // the client went away
+                        }
+                    }
+                }
+            }
+            .instrument(span),
+        );
+        Ok(Response::new(Box::pin(ReceiverStream::new(out_rx))))
+    }
+
+    async fn open_session(
+        &self,
+        request: Request<pb::OpenSessionRequest>,
+    ) -> Result<Response<pb::SessionSummary>, Status> {
+        let req = request.into_inner();
+        self.check_size(&req)?;
+        let Some(info) = req.session else {
+            return Err(Rejection::invalid("session", "required").into());
+        };
+        let info =
+            convert::session_from_pb(info, "").map_err(|r| Status::from(r.within("session")))?;
+        let id = info.id.clone();
+        let (_, created) = self.run(&id, Op::Open(info)).await?;
+        Ok(Response::new(self.summary(&id, created).await?))
+    }
+
+    async fn upsert_message(
+        &self,
+        request: Request<pb::UpsertMessageRequest>,
+    ) -> Result<Response<pb::UpdateResponse>, Status> {
+        let req = request.into_inner();
+        self.check_size(&req)?;
+        require_session(&req.session_id)?;
+        let Some(m) = req.message else {
+            return Err(Rejection::invalid("message", "required").into());
+        };
+        let info = convert::message_from_pb(m).map_err(|r| Status::from(r.within("message")))?;
+        self.update(&req.session_id, Op::Apply(Update::UpsertMessage(info)))
+            .await
+    }
+
+    async fn upsert_part(
+        &self,
+        request: Request<pb::UpsertPartRequest>,
+    ) -> Result<Response<pb::UpdateResponse>, Status> {
+        let req = request.into_inner();
+        self.check_size(&req)?;
+        require_session(&req.session_id)?;
+        let Some(p) = req.part else {
+            return Err(Rejection::invalid("part", "required").into());
+        };
+        let part = convert::part_from_pb(p).map_err(|r| Status::from(r.within("part")))?;
+        self.update(&req.session_id, Op::Apply(Update::UpsertPart(part)))
+            .await
+    }
+
+    async fn delete_part(
+        &self,
+        request: Request<pb::DeletePartRequest>,
+    ) -> Result<Response<pb::UpdateResponse>, Status> {
+        let req = request.into_inner();
+        require_session(&req.session_id)?;
+        let op = ops::op_delete(req.message_id, req.part_id)?;
+        self.update(&req.session_id, op).await
+    }
+
+    async fn report_usage(
+        &self,
+        request: Request<pb::ReportUsageRequest>,
+    ) -> Result<Response<pb::UpdateResponse>, Status> {
+        let req = request.into_inner();
+        require_session(&req.session_id)?;
+        let Some(usage) = req.usage else {
+            return Err(Rejection::invalid("usage", "required").into());
+        };
+        let op = ops::op_usage(usage).map_err(|r| Status::from(r.within("usage")))?;
+        self.update(&req.session_id, op).await
+    }
+
+    async fn get_context(
+        &self,
+        request: Request<pb::GetContextRequest>,
+    ) -> Result<Response<pb::Context>, Status> {
+        let req = request.into_inner();
+        require_session(&req.session_id)?;
+        let format = ops::context_format(req.format)?;
+        match self
+            .run(&req.session_id, Op::Context(format))
+            .await?
+            .0
+            .pop()
+        {
+            Some(Ev::Context(c)) => Ok(Response::new(c)),
+            _ => Err(Status::internal("context reply missing")),
+        }
+    }
+
+    async fn prune(
+        &self,
+        request: Request<pb::PruneRequest>,
+    ) -> Result<Response<pb::PruneReport>, Status> {
+        let req = request.into_inner();
+        require_session(&req.session_id)?;
+        match self
+            .run(
+                &req.session_id,
+                Op::Prune {
+                    dry_run: req.dry_run,
+                },
+            )
+            .await?
+            .0
+            .pop()
+        {
+            Some(Ev::PruneReport(r)) => Ok(Response::new(r)),
+            _ => Err(Status::internal("prune reply missing")),
+        }
+    }
+
+    async fn check_overflow(
+        &self,
+        request: Request<pb::CheckOverflowRequest>,
+    ) -> Result<Response<pb::OverflowCheck>, Status> {
+        let req = request.into_inner();
+        require_session(&req.session_id)?;
+        match self.run(&req.session_id, Op::CheckOverflow).await?.0.pop() {
+            Some(Ev::OverflowCheck(c)) => Ok(Response::new(c)),
+            _ => Err(Status::internal("overflow reply missing")),
+        }
+    }
+
+    async fn get_session(
+        &self,
+        request: Request<pb::GetSessionRequest>,
+    ) -> Result<Response<pb::GetSessionResponse>, Status> {
+        let req = request.into_inner();
+        require_session(&req.session_id)?;
+        let handle = self.store.get(&req.session_id).map_err(Rejection::from)?;
+        let resp = handle
+            .call(|s, _| pb::GetSessionResponse {
+                info: Some(convert::session_to_pb(s.info())),
+                messages: s.messages().iter().map(convert::message_to_pb).collect(),
+                summary: Some(convert::summary_to_pb(s, false)),
+            })
+            .await
+            .map_err(Rejection::from)?;
+        Ok(Response::new(resp))
+    }
+
+    async fn list_sessions(
+        &self,
+        _request: Request<pb::ListSessionsRequest>,
+    ) -> Result<Response<pb::ListSessionsResponse>, Status> {
+        // Queue every request first, then collect: one slow session does not serialize the rest.
+        let mut pending = Vec::new();
+        for h in self.store.list() {
+            if let Ok(rx) = h.submit(|s, _| convert::summary_to_pb(s, false)).await {
+                pending.push(rx);
+            }
+        }
+        let mut sessions = Vec::with_capacity(pending.len());
+        for rx in pending {
+            if let Ok(s) = rx.await {
+                sessions.push(s);
+            }
+        }
+        sessions.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(Response::new(pb::ListSessionsResponse { sessions }))
+    }
+
+    async fn delete_session(
+        &self,
+        request: Request<pb::DeleteSessionRequest>,
+    ) -> Result<Response<pb::DeleteSessionResponse>, Status> {
+        let req = request.into_inner();
+        require_session(&req.session_id)?;
+        if !self.store.remove(&req.session_id) {
+            return Err(Rejection::from(crate::store::StoreError::NotFound(req.session_id)).into());
+        }
+        tracing::info!(session_id = %req.session_id, "session deleted");
+        Ok(Response::new(pb::DeleteSessionResponse { deleted: true }))
+    }
+
+    async fn import_session(
+        &self,
+        request: Request<pb::ImportSessionRequest>,
+    ) -> Result<Response<pb::SessionSummary>, Status> {
+        let req = request.into_inner();
+        self.check_size(&req)?;
+        if req.export_json.is_empty() {
+            return Err(Rejection::invalid(
+                "export_json",
+                "required: an `opencode export` JSON document",
+            )
+            .into());
+        }
+        let overrides = match req.config {
+            Some(c) => {
+                convert::overrides_from_pb(c).map_err(|r| Status::from(r.within("config")))?
+            }
+            None => Default::default(),
+        };
+        let limits = req.limits.map(convert::limits_from_pb).unwrap_or_default();
+        let store = self.store.clone();
+        let id_override = req.session_id;
+        // Parsing a multi-megabyte export is CPU work: keep it off the async workers.
+        let session = tokio::task::spawn_blocking(move || -> Result<_, Rejection> {
+            let mut export = trace::parse_export(&req.export_json)?;
+            if !id_override.is_empty() {
+                export.info.id = id_override;
+            }
+            if export.info.id.len() > convert::MAX_ID_BYTES {
+                return Err(Rejection::invalid("session_id", "longer than 256 bytes"));
+            }
+            let session = trace::load(export, limits, overrides, store.config(), store.counter())
+                .map_err(|e| Rejection::from(e).within("export_json"))?;
+            Ok(session)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("import task failed: {e}")))??;
+        let id = session.info().id.clone();
+        let (messages, parts) = (session.messages().len(), session.part_count());
+        self.store
+            .insert(session, req.replace)
+            .map_err(Rejection::from)?;
+        tracing::info!(session_id = %id, messages, parts, "session imported");
+        Ok(Response::new(self.summary(&id, true).await?))
+    }
+}
+
+fn require_session(id: &str) -> Result<(), Status> {
+    if id.is_empty() {
+        return Err(Rejection::invalid("session_id", "required").into());
+    }
+    Ok(())
+}

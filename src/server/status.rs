@@ -1,0 +1,93 @@
+//! The one place errors become gRPC statuses. Every message names the field or the
+//! limit at fault, and never carries a secret.
+
+use tonic::{Code, Status};
+
+use crate::engine::{ApplyError, ErrorKind};
+use crate::store::StoreError;
+use crate::trace::ImportError;
+
+/// A rejected request, before it becomes a `Status` (unary) or an error event (stream).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// Status code.
+    pub code: Code,
+    /// The offending field, dotted, when one is to blame.
+    pub field: String,
+    /// Human message.
+    pub message: String,
+}
+
+impl Rejection {
+    /// A malformed or missing field.
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Rejection {
+            code: Code::InvalidArgument,
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    /// An update over a size limit.
+    pub fn too_large(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Rejection {
+            code: Code::ResourceExhausted,
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    /// Same rejection with `prefix.` put before the field (stream updates name the oneof).
+    pub fn within(mut self, prefix: &str) -> Self {
+        if !self.field.is_empty() && !prefix.is_empty() {
+            self.field = format!("{prefix}.{}", self.field);
+        }
+        self
+    }
+}
+
+impl From<ApplyError> for Rejection {
+    fn from(e: ApplyError) -> Self {
+        let code = match e.kind {
+            ErrorKind::InvalidArgument => Code::InvalidArgument,
+            ErrorKind::NotFound => Code::NotFound,
+            ErrorKind::FailedPrecondition => Code::FailedPrecondition,
+        };
+        Rejection {
+            code,
+            field: e.field,
+            message: e.message,
+        }
+    }
+}
+
+impl From<StoreError> for Rejection {
+    fn from(e: StoreError) -> Self {
+        let code = match e {
+            StoreError::NotFound(_) => Code::NotFound,
+            StoreError::AlreadyExists(_) => Code::AlreadyExists,
+            StoreError::Closed(_) => Code::Aborted,
+        };
+        Rejection {
+            code,
+            field: "session_id".into(),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl From<ImportError> for Rejection {
+    fn from(e: ImportError) -> Self {
+        Rejection::invalid(format!("export_json.{}", e.path), e.message)
+    }
+}
+
+impl From<Rejection> for Status {
+    fn from(r: Rejection) -> Status {
+        if r.field.is_empty() {
+            Status::new(r.code, r.message)
+        } else {
+            Status::new(r.code, format!("{}: {}", r.field, r.message))
+        }
+    }
+}

@@ -1,0 +1,411 @@
+//! `opencode export` JSON → domain types.
+//!
+//! The document is `{"info": Session.Info, "messages": [{"info": Message, "parts": [..]}],
+//! "todos"?: [..]}` (field list in `shared/traces/README.md`). Each object is taken apart
+//! field by field: known fields are typed, every other field is kept in `extra`, so a newer
+//! OpenCode build's additions survive a round trip instead of being rejected.
+//!
+//! A user message's `summary` is OpenCode's UI summary object and lands in `extra`; only an
+//! assistant's boolean `summary` is the compaction flag.
+
+use serde_json::{Map, Value};
+use thiserror::Error;
+
+use crate::session::{
+    AgentPart, CompactionPart, Extra, FilePart, MessageError, MessageInfo, MessageTime, ModelRef,
+    Part, PartKind, PartTime, PatchPart, ReasoningPart, RetryPart, Role, SessionInfo,
+    StepFinishPart, SubtaskPart, TextPart, Todo, TokenUsage, ToolPart, ToolState, ToolStatus,
+    ToolTime,
+};
+
+/// A parsed export: session info and messages with their parts, in document order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Export {
+    /// Session info (limits are not in exports; the caller supplies them).
+    pub info: SessionInfo,
+    /// Messages in order, each with its parts.
+    pub messages: Vec<(MessageInfo, Vec<Part>)>,
+}
+
+/// Why an export could not be read. `path` names the offending JSON location.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{path}: {message}")]
+pub struct ImportError {
+    /// JSON path, e.g. `messages[3].parts[1].state.status`.
+    pub path: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+fn err(path: &str, message: impl Into<String>) -> ImportError {
+    ImportError {
+        path: path.to_string(),
+        message: message.into(),
+    }
+}
+
+/// Parses an export document.
+pub fn parse_export(json: &str) -> Result<Export, ImportError> {
+    let doc: Value = serde_json::from_str(json).map_err(|e| err("$", format!("not JSON: {e}")))?;
+    from_value(doc)
+}
+
+/// Maps an already parsed export document.
+pub fn from_value(doc: Value) -> Result<Export, ImportError> {
+    let Value::Object(mut doc) = doc else {
+        return Err(err("$", "expected an object with `info` and `messages`"));
+    };
+    let info = match doc.remove("info") {
+        Some(Value::Object(o)) => o,
+        _ => return Err(err("info", "missing or not an object")),
+    };
+    let mut info = session_info(info)?;
+    if let Some(todos) = doc.remove("todos") {
+        info.todos = todo_list(todos, "todos")?;
+    }
+    let messages = match doc.remove("messages") {
+        Some(Value::Array(a)) => a,
+        _ => return Err(err("messages", "missing or not an array")),
+    };
+    let mut out = Vec::with_capacity(messages.len());
+    for (i, m) in messages.into_iter().enumerate() {
+        let path = format!("messages[{i}]");
+        let Value::Object(mut m) = m else {
+            return Err(err(&path, "not an object"));
+        };
+        let Some(Value::Object(minfo)) = m.remove("info") else {
+            return Err(err(&format!("{path}.info"), "missing or not an object"));
+        };
+        let minfo = message_info(minfo, &format!("{path}.info"))?;
+        let parts = match m.remove("parts") {
+            Some(Value::Array(a)) => a,
+            None => Vec::new(),
+            Some(_) => return Err(err(&format!("{path}.parts"), "not an array")),
+        };
+        let mut ps = Vec::with_capacity(parts.len());
+        for (j, p) in parts.into_iter().enumerate() {
+            let ppath = format!("{path}.parts[{j}]");
+            let Value::Object(p) = p else {
+                return Err(err(&ppath, "not an object"));
+            };
+            ps.push(part(p, &minfo.id, &ppath)?);
+        }
+        out.push((minfo, ps));
+    }
+    info.extra.extend(doc);
+    Ok(Export {
+        info,
+        messages: out,
+    })
+}
+
+fn session_info(mut o: Map<String, Value>) -> Result<SessionInfo, ImportError> {
+    let id = string(&mut o, "id");
+    if id.is_empty() {
+        return Err(err("info.id", "missing"));
+    }
+    let title = string(&mut o, "title");
+    Ok(SessionInfo {
+        id,
+        title,
+        extra: o,
+        ..SessionInfo::default()
+    })
+}
+
+fn todo_list(v: Value, path: &str) -> Result<Vec<Todo>, ImportError> {
+    let Value::Array(items) = v else {
+        return Err(err(path, "not an array"));
+    };
+    Ok(items
+        .into_iter()
+        .map(|t| {
+            let mut o = match t {
+                Value::Object(o) => o,
+                _ => Map::new(),
+            };
+            Todo {
+                id: string(&mut o, "id"),
+                content: string(&mut o, "content"),
+                status: string(&mut o, "status"),
+                priority: string(&mut o, "priority"),
+            }
+        })
+        .collect())
+}
+
+fn message_info(mut o: Map<String, Value>, path: &str) -> Result<MessageInfo, ImportError> {
+    let id = string(&mut o, "id");
+    if id.is_empty() {
+        return Err(err(&format!("{path}.id"), "missing"));
+    }
+    let role_s = string(&mut o, "role");
+    let role = Role::parse(&role_s).ok_or_else(|| {
+        err(
+            &format!("{path}.role"),
+            format!("unknown role {role_s:?} (user|assistant)"),
+        )
+    })?;
+    let mut info = MessageInfo::new(id, role);
+    info.parent_id = string(&mut o, "parentID");
+    if let Some(Value::Object(mut t)) = o.remove("time") {
+        info.time = MessageTime {
+            created: int(&mut t, "created"),
+            completed: opt_int(&mut t, "completed"),
+        };
+        if !t.is_empty() {
+            o.insert("time".into(), Value::Object(t));
+        }
+    }
+    match o.remove("summary") {
+        Some(Value::Bool(b)) => info.summary = b,
+        Some(other) => {
+            o.insert("summary".into(), other);
+        }
+        None => {}
+    }
+    info.mode = string(&mut o, "mode");
+    info.agent = string(&mut o, "agent");
+    info.finish = string(&mut o, "finish");
+    info.tokens = o.remove("tokens").and_then(token_usage);
+    info.cost = o.remove("cost").and_then(|v| v.as_f64()).unwrap_or(0.0);
+    info.error = match o.remove("error") {
+        Some(Value::Object(mut e)) => {
+            let name = string(&mut e, "name");
+            let data = e.remove("data").unwrap_or(Value::Null);
+            Some(MessageError { name, data })
+        }
+        Some(Value::Null) | None => None,
+        Some(other) => Some(MessageError {
+            name: "UnknownError".into(),
+            data: other,
+        }),
+    };
+    // User messages carry `model {providerID, modelID}`; assistants carry them flat.
+    info.model = match o.remove("model") {
+        Some(Value::Object(mut m)) => Some(ModelRef {
+            provider_id: string(&mut m, "providerID"),
+            model_id: string(&mut m, "modelID"),
+        }),
+        _ => {
+            let provider_id = string(&mut o, "providerID");
+            let model_id = string(&mut o, "modelID");
+            (!provider_id.is_empty() || !model_id.is_empty()).then_some(ModelRef {
+                provider_id,
+                model_id,
+            })
+        }
+    };
+    o.remove("sessionID");
+    info.extra = o;
+    Ok(info)
+}
+
+fn token_usage(v: Value) -> Option<TokenUsage> {
+    let Value::Object(mut t) = v else { return None };
+    let (read, write) = match t.remove("cache") {
+        Some(Value::Object(mut c)) => (uint(&mut c, "read"), uint(&mut c, "write")),
+        _ => (0, 0),
+    };
+    Some(TokenUsage {
+        total: t
+            .remove("total")
+            .and_then(|v| v.as_f64())
+            .map(|f| f.max(0.0) as u64),
+        input: uint(&mut t, "input"),
+        output: uint(&mut t, "output"),
+        reasoning: uint(&mut t, "reasoning"),
+        cache_read: read,
+        cache_write: write,
+    })
+}
+
+fn part(mut o: Map<String, Value>, message_id: &str, path: &str) -> Result<Part, ImportError> {
+    let id = string(&mut o, "id");
+    if id.is_empty() {
+        return Err(err(&format!("{path}.id"), "missing"));
+    }
+    let mid = string(&mut o, "messageID");
+    let message_id = if mid.is_empty() {
+        message_id.to_string()
+    } else {
+        mid
+    };
+    o.remove("sessionID");
+    let ty = string(&mut o, "type");
+    let kind = match ty.as_str() {
+        "text" => PartKind::Text(TextPart {
+            text: string(&mut o, "text"),
+            synthetic: boolean(&mut o, "synthetic"),
+            ignored: boolean(&mut o, "ignored"),
+            time: part_time(&mut o),
+            metadata: o.remove("metadata"),
+        }),
+        "reasoning" => PartKind::Reasoning(ReasoningPart {
+            text: string(&mut o, "text"),
+            time: part_time(&mut o),
+            metadata: o.remove("metadata"),
+        }),
+        "tool" => PartKind::Tool(Box::new(tool_part(&mut o, path)?)),
+        "step-start" => PartKind::StepStart {
+            snapshot: string(&mut o, "snapshot"),
+        },
+        "step-finish" => PartKind::StepFinish(StepFinishPart {
+            reason: string(&mut o, "reason"),
+            snapshot: string(&mut o, "snapshot"),
+            cost: o.remove("cost").and_then(|v| v.as_f64()).unwrap_or(0.0),
+            tokens: o.remove("tokens").and_then(token_usage),
+        }),
+        "file" => PartKind::File(file_part(&mut o)),
+        "snapshot" => PartKind::Snapshot {
+            snapshot: string(&mut o, "snapshot"),
+        },
+        "patch" => PartKind::Patch(PatchPart {
+            hash: string(&mut o, "hash"),
+            files: match o.remove("files") {
+                Some(Value::Array(a)) => a
+                    .into_iter()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect(),
+                _ => Vec::new(),
+            },
+        }),
+        "agent" => PartKind::Agent(AgentPart {
+            name: string(&mut o, "name"),
+            source: o.remove("source"),
+        }),
+        "subtask" => PartKind::Subtask(SubtaskPart {
+            prompt: string(&mut o, "prompt"),
+            description: string(&mut o, "description"),
+            agent: string(&mut o, "agent"),
+            model: match o.remove("model") {
+                Some(Value::Object(mut m)) => Some(ModelRef {
+                    provider_id: string(&mut m, "providerID"),
+                    model_id: string(&mut m, "modelID"),
+                }),
+                _ => None,
+            },
+            command: string(&mut o, "command"),
+        }),
+        "retry" => PartKind::Retry(RetryPart {
+            attempt: uint(&mut o, "attempt") as u32,
+            error: o.remove("error"),
+            created: match o.remove("time") {
+                Some(Value::Object(mut t)) => int(&mut t, "created"),
+                _ => 0,
+            },
+        }),
+        "compaction" => PartKind::Compaction(CompactionPart {
+            auto: boolean(&mut o, "auto"),
+            overflow: boolean(&mut o, "overflow"),
+            tail_start_id: string(&mut o, "tail_start_id"),
+        }),
+        other => {
+            return Err(err(
+                &format!("{path}.type"),
+                format!("unknown part type {other:?}"),
+            ));
+        }
+    };
+    Ok(Part {
+        id,
+        message_id,
+        kind,
+        extra: o,
+    })
+}
+
+fn tool_part(o: &mut Map<String, Value>, path: &str) -> Result<ToolPart, ImportError> {
+    let call_id = string(o, "callID");
+    let tool = string(o, "tool");
+    let Some(Value::Object(mut st)) = o.remove("state") else {
+        return Err(err(&format!("{path}.state"), "missing or not an object"));
+    };
+    let status_s = string(&mut st, "status");
+    let status = ToolStatus::parse(&status_s).ok_or_else(|| {
+        err(
+            &format!("{path}.state.status"),
+            format!("unknown status {status_s:?} (pending|running|completed|error)"),
+        )
+    })?;
+    let mut state = ToolState::new(status);
+    if let Some(input) = st.remove("input") {
+        state.input = input;
+    }
+    state.output = string(&mut st, "output");
+    state.error = string(&mut st, "error");
+    state.title = string(&mut st, "title");
+    state.raw = string(&mut st, "raw");
+    state.metadata = st.remove("metadata");
+    if let Some(Value::Object(mut t)) = st.remove("time") {
+        state.time = ToolTime {
+            start: int(&mut t, "start"),
+            end: opt_int(&mut t, "end"),
+            compacted: opt_int(&mut t, "compacted"),
+        };
+    }
+    if let Some(Value::Array(a)) = st.remove("attachments") {
+        state.attachments = a
+            .into_iter()
+            .filter_map(|v| match v {
+                Value::Object(mut f) => Some(file_part(&mut f)),
+                _ => None,
+            })
+            .collect();
+    }
+    if !st.is_empty() {
+        o.insert("state".into(), Value::Object(st));
+    }
+    Ok(ToolPart {
+        call_id,
+        tool,
+        state,
+        metadata: o.remove("metadata"),
+    })
+}
+
+fn file_part(o: &mut Map<String, Value>) -> FilePart {
+    FilePart {
+        mime: string(o, "mime"),
+        filename: string(o, "filename"),
+        url: string(o, "url"),
+        source: o.remove("source"),
+        size: uint(o, "size"),
+    }
+}
+
+fn part_time(o: &mut Map<String, Value>) -> Option<PartTime> {
+    match o.remove("time") {
+        Some(Value::Object(mut t)) => Some(PartTime {
+            start: int(&mut t, "start"),
+            end: opt_int(&mut t, "end"),
+        }),
+        _ => None,
+    }
+}
+
+fn string(o: &mut Extra, key: &str) -> String {
+    match o.remove(key) {
+        Some(Value::String(s)) => s,
+        Some(Value::Null) | None => String::new(),
+        Some(other) => other.to_string(),
+    }
+}
+
+fn boolean(o: &mut Extra, key: &str) -> bool {
+    matches!(o.remove(key), Some(Value::Bool(true)))
+}
+
+fn uint(o: &mut Extra, key: &str) -> u64 {
+    o.remove(key)
+        .and_then(|v| v.as_f64())
+        .map_or(0, |f| f.max(0.0) as u64)
+}
+
+fn int(o: &mut Extra, key: &str) -> i64 {
+    opt_int(o, key).unwrap_or(0)
+}
+
+fn opt_int(o: &mut Extra, key: &str) -> Option<i64> {
+    o.remove(key).and_then(|v| v.as_f64()).map(|f| f as i64)
+}

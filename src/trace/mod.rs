@@ -1,0 +1,56 @@
+//! OpenCode export files: import into a [`Session`] and replay through the engine.
+//!
+//! Import is a load, not live traffic: every message and part is applied in document
+//! order with [`Session::apply`], so the incremental state (prune window, usage, boundary)
+//! is rebuilt exactly as if the updates had streamed in, but no automatic prune runs and
+//! no events are produced. Replay ([`replay`]) is the opposite: it feeds the same messages
+//! through [`crate::engine::step`] one by one, as a live host would, and reports what
+//! compactd would have done.
+
+mod import;
+pub mod replay;
+
+use std::sync::Arc;
+
+pub use import::{Export, ImportError, parse_export};
+
+use crate::config::{EngineConfig, SessionOverrides};
+use crate::engine::{ApplyError, Session, Update};
+use crate::session::{ModelLimits, PartKind};
+use crate::tokens::TokenCounter;
+
+/// Builds a session from a parsed export. `limits` and `overrides` come from the caller:
+/// exports carry neither.
+pub fn load(
+    export: Export,
+    limits: ModelLimits,
+    overrides: SessionOverrides,
+    config: &EngineConfig,
+    counter: Arc<dyn TokenCounter>,
+) -> Result<Session, ApplyError> {
+    let mut info = export.info;
+    info.limits = limits;
+    info.config = overrides;
+    let mut session = Session::new(info, config, counter);
+    for (minfo, parts) in export.messages {
+        session.apply(Update::UpsertMessage(minfo), config)?;
+        for p in parts {
+            session.apply(Update::UpsertPart(p), config)?;
+        }
+    }
+    Ok(session)
+}
+
+/// Removes every `time.compacted` mark, so a session pruned by OpenCode can be pruned
+/// again by compactd and the two decisions compared.
+pub fn strip_compacted(export: &mut Export) -> usize {
+    let mut n = 0;
+    for (_, parts) in &mut export.messages {
+        for p in parts {
+            if let PartKind::Tool(t) = &mut p.kind {
+                n += usize::from(t.state.time.compacted.take().is_some());
+            }
+        }
+    }
+    n
+}
