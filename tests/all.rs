@@ -1,0 +1,4 @@
+//! One integration-test binary (keeps link time down on a 2-core CI).
+
+mod conformance;
+mod walkthrough;

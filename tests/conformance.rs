@@ -1,0 +1,1 @@
+//! Import of every trace and conformance with OpenCode's own prune. (Being written.)
