@@ -332,13 +332,24 @@ impl pb::sessions_server::Sessions for SessionsService {
     ) -> Result<Response<pb::SessionSummary>, Status> {
         let req = request.into_inner();
         self.check_size(&req)?;
-        if req.export_json.is_empty() {
-            return Err(Rejection::invalid(
-                "export_json",
-                "required: an `opencode export` JSON document",
-            )
-            .into());
-        }
+        let document = match (req.export_json.is_empty(), req.export) {
+            (false, None) => Document::Text(req.export_json),
+            (true, Some(s)) => {
+                Document::Object(serde_json::Value::Object(convert::struct_from_pb(s)))
+            }
+            (false, Some(_)) => {
+                return Err(
+                    Rejection::invalid("export", "set export_json or export, not both").into(),
+                );
+            }
+            (true, None) => {
+                return Err(Rejection::invalid(
+                    "export_json",
+                    "required: an `opencode export` JSON document (export_json as text or export as an object)",
+                )
+                .into());
+            }
+        };
         let overrides = match req.config {
             Some(c) => {
                 convert::overrides_from_pb(c).map_err(|r| Status::from(r.within("config")))?
@@ -350,7 +361,12 @@ impl pb::sessions_server::Sessions for SessionsService {
         let id_override = req.session_id;
         // Parsing a multi-megabyte export is CPU work: keep it off the async workers.
         let session = tokio::task::spawn_blocking(move || -> Result<_, Rejection> {
-            let mut export = trace::parse_export(&req.export_json)?;
+            let mut export = match document {
+                Document::Text(t) => trace::parse_export(&t)?,
+                Document::Object(v) => {
+                    trace::from_value(v).map_err(|e| Rejection::from(e).within_root("export"))?
+                }
+            };
             if !id_override.is_empty() {
                 export.info.id = id_override;
             }
@@ -371,6 +387,12 @@ impl pb::sessions_server::Sessions for SessionsService {
         tracing::info!(session_id = %id, messages, parts, "session imported");
         Ok(Response::new(self.summary(&id, true).await?))
     }
+}
+
+/// The export document as the client sent it.
+enum Document {
+    Text(String),
+    Object(serde_json::Value),
 }
 
 fn require_session(id: &str) -> Result<(), Status> {

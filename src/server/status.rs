@@ -46,6 +46,16 @@ impl Rejection {
     }
 }
 
+impl Rejection {
+    /// Replaces the leading `export_json` of an import error's field with `root`.
+    pub fn within_root(mut self, root: &str) -> Self {
+        if let Some(rest) = self.field.strip_prefix("export_json") {
+            self.field = format!("{root}{rest}");
+        }
+        self
+    }
+}
+
 impl From<ApplyError> for Rejection {
     fn from(e: ApplyError) -> Self {
         let code = match e.kind {

@@ -12,7 +12,7 @@ pub mod replay;
 
 use std::sync::Arc;
 
-pub use import::{Export, ImportError, parse_export};
+pub use import::{Export, ImportError, from_value, parse_export};
 
 use crate::config::{EngineConfig, SessionOverrides};
 use crate::engine::{ApplyError, Session, Update};

