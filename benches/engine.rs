@@ -1,1 +1,212 @@
-fn main() {}
+//! Engine cost of one update on sessions of 100, 1,000 and 10,000 messages built from the
+//! shared real traces (messages cycled with fresh ids). The figures must not grow with
+//! session length: estimates are cached per part, usage is a running sum, and the prune
+//! decision is an incremental window.
+//!
+//! Run: `cargo bench --bench engine`. Each session keeps growing while it is measured (as
+//! a live one does), so automatic prune commits happen at their natural rate and their cost
+//! is included, amortized.
+
+use std::cell::Cell;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use compactd::config::EngineConfig;
+use compactd::engine::{Session, Update, step};
+use compactd::session::{
+    MessageInfo, ModelLimits, Part, PartKind, Role, TextPart, TokenUsage, ToolPart, ToolState,
+    ToolStatus,
+};
+use compactd::tokens::CharsPerToken;
+use compactd::trace::{self, Export};
+
+fn main() {
+    divan::main();
+}
+
+const SIZES: &[usize] = &[100, 1_000, 10_000];
+
+/// All messages of all traces, in file order.
+fn corpus() -> Vec<(MessageInfo, Vec<Part>)> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/traces");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("shared/traces readable")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    files.sort();
+    let mut all = Vec::new();
+    for f in files {
+        let mut export =
+            trace::parse_export(&std::fs::read_to_string(&f).expect("read")).expect("parse");
+        trace::strip_compacted(&mut export);
+        all.extend(export.messages);
+    }
+    all
+}
+
+/// A session of exactly `n` messages, cycling the corpus with unique ids.
+fn session_of(n: usize) -> Session {
+    let corpus = corpus();
+    let mut messages = Vec::with_capacity(n);
+    for i in 0..n {
+        let (info, parts) = &corpus[i % corpus.len()];
+        let round = i / corpus.len();
+        let mut info = info.clone();
+        info.id = format!("{}~{round}", info.id);
+        let parts = parts
+            .iter()
+            .map(|p| {
+                let mut p = p.clone();
+                p.id = format!("{}~{round}", p.id);
+                p.message_id = info.id.clone();
+                p
+            })
+            .collect();
+        messages.push((info, parts));
+    }
+    let export = Export {
+        info: Default::default(),
+        messages,
+    };
+    let mut export = export;
+    export.info.id = format!("bench-{n}");
+    let limits = ModelLimits {
+        context: 200_000,
+        input: 0,
+        output: 32_000,
+    };
+    let mut s = trace::load(
+        export,
+        limits,
+        Default::default(),
+        &EngineConfig::default(),
+        Arc::new(CharsPerToken),
+    )
+    .expect("load");
+    // Settle: the first prune after an import scans the whole history once.
+    let _ = s.prune(compactd::engine::PruneMode::Commit, 0);
+    s
+}
+
+fn output_of(bytes: usize) -> String {
+    let line =
+        "src/engine/prune.rs:42:    let tokens = stored.est.output; // realistic grep-ish line\n";
+    line.repeat(bytes / line.len() + 1)
+}
+
+struct Feeder {
+    session: Session,
+    config: EngineConfig,
+    next: Cell<u64>,
+    output: String,
+}
+
+impl Feeder {
+    fn new(n: usize) -> Feeder {
+        Feeder {
+            session: session_of(n),
+            config: EngineConfig::default(),
+            next: Cell::new(0),
+            output: output_of(4_096),
+        }
+    }
+
+    fn id(&self, kind: &str) -> String {
+        let n = self.next.get();
+        self.next.set(n + 1);
+        format!("bench_{kind}_{n}")
+    }
+
+    fn apply(&mut self, u: Update) {
+        let r = step(&mut self.session, u, &self.config, 1);
+        divan::black_box(r.expect("bench update applies"));
+    }
+
+    fn user(&mut self) -> String {
+        let id = self.id("msg");
+        self.apply(Update::UpsertMessage(MessageInfo::new(
+            id.clone(),
+            Role::User,
+        )));
+        let pid = self.id("prt");
+        self.apply(Update::UpsertPart(Part {
+            id: pid,
+            message_id: id.clone(),
+            kind: PartKind::Text(TextPart {
+                text: "continue with the next file".into(),
+                ..Default::default()
+            }),
+            extra: Default::default(),
+        }));
+        id
+    }
+
+    fn assistant(&mut self, parent: &str) -> MessageInfo {
+        let mut info = MessageInfo::new(self.id("msg"), Role::Assistant);
+        info.parent_id = parent.to_string();
+        self.apply(Update::UpsertMessage(info.clone()));
+        info
+    }
+
+    fn tool(&mut self, message_id: &str) {
+        let mut state = ToolState::new(ToolStatus::Completed);
+        state.output = self.output.clone();
+        let call = self.id("call");
+        self.apply(Update::UpsertPart(Part {
+            id: self.id("prt"),
+            message_id: message_id.to_string(),
+            kind: PartKind::Tool(Box::new(ToolPart {
+                call_id: call,
+                tool: "grep".into(),
+                state,
+                metadata: None,
+            })),
+            extra: Default::default(),
+        }));
+    }
+
+    fn finish(&mut self, mut info: MessageInfo) {
+        info.finish = "tool-calls".into();
+        info.tokens = Some(TokenUsage {
+            input: 50_000,
+            output: 300,
+            ..Default::default()
+        });
+        self.apply(Update::UpsertMessage(info));
+    }
+}
+
+/// One tool part with a 4 KB output written into an open assistant message.
+#[divan::bench(args = SIZES)]
+fn upsert_tool_part(bencher: divan::Bencher, n: usize) {
+    let mut f = Feeder::new(n);
+    let user = f.user();
+    let open = f.assistant(&user);
+    bencher.bench_local(|| f.tool(&open.id));
+}
+
+/// An assistant message finishing: usage recorded, overflow check, prune decision (and
+/// the occasional commit).
+#[divan::bench(args = SIZES)]
+fn finish_assistant_message(bencher: divan::Bencher, n: usize) {
+    let mut f = Feeder::new(n);
+    let user = f.user();
+    bencher.bench_local(|| {
+        let info = f.assistant(&user);
+        f.tool(&info.id);
+        f.finish(info);
+    });
+}
+
+/// A whole turn: user message + text, assistant message, one tool call, finish (6 updates).
+#[divan::bench(args = SIZES)]
+fn full_turn(bencher: divan::Bencher, n: usize) {
+    let mut f = Feeder::new(n);
+    bencher.bench_local(|| {
+        let user = f.user();
+        let info = f.assistant(&user);
+        f.tool(&info.id);
+        f.finish(info);
+    });
+}

@@ -5,7 +5,7 @@
 //! `apply` is the only way to change a session from outside the engine. It validates
 //! first and mutates after, so a rejected update leaves the session exactly as it was.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::error::ApplyError;
@@ -112,6 +112,8 @@ pub struct Session {
     pub(crate) users: Vec<usize>,
     /// Position of the user message that opens the context (last completed compaction).
     pub(crate) boundary: Option<usize>,
+    /// Parent ids of completed summaries (so a late compaction part finds its summary).
+    completed_parents: HashSet<String>,
     pub(crate) usage: UsageState,
     pub(crate) prune: PruneIndex,
     /// Context-view tokens of all messages.
@@ -134,6 +136,7 @@ impl Session {
             by_id: HashMap::new(),
             users: Vec::new(),
             boundary: None,
+            completed_parents: HashSet::new(),
             usage: UsageState::default(),
             prune: PruneIndex::default(),
             tokens: 0,
@@ -243,15 +246,21 @@ impl Session {
         let usage = info.role == Role::Assistant
             && info.tokens.is_some_and(|t| !t.is_empty())
             && info.tokens != old.tokens;
-        let boundary_moved = old.summary != info.summary
-            || old.finish.is_empty() != info.finish.is_empty()
-            || old.error.is_some() != info.error.is_some()
-            || old.parent_id != info.parent_id;
+        // Only summary messages move the boundary or stop prune; ordinary messages finishing
+        // must not cost a scan.
+        let summary_changed = old.is_summary() != info.is_summary();
+        let was_completed = old.is_completed_summary().then(|| old.parent_id.clone());
+        let now_completed = info.is_completed_summary().then(|| info.parent_id.clone());
         let tokens = info.tokens;
         self.messages[idx].info = info;
-        if boundary_moved {
-            self.recompute_boundary();
+        if summary_changed {
             self.prune.touch(idx);
+        }
+        match (was_completed, now_completed) {
+            (None, Some(parent)) => self.summary_completed(parent),
+            (Some(a), Some(b)) if a == b => {}
+            (Some(_), _) => self.recompute_boundary(),
+            (None, None) => {}
         }
         if usage {
             self.record_usage(tokens.unwrap_or_default());
@@ -268,7 +277,7 @@ impl Session {
         let finished = info.is_finished();
         let usage = info.role == Role::Assistant && info.tokens.is_some_and(|t| !t.is_empty());
         let tokens = info.tokens;
-        let summary = info.is_summary();
+        let completed = info.is_completed_summary().then(|| info.parent_id.clone());
         if info.role == Role::User {
             self.users.push(idx);
         }
@@ -277,8 +286,8 @@ impl Session {
             info,
             parts: Vec::new(),
         });
-        if summary {
-            self.recompute_boundary();
+        if let Some(parent) = completed {
+            self.summary_completed(parent);
         }
         if usage {
             self.record_usage(tokens.unwrap_or_default());
@@ -335,8 +344,10 @@ impl Session {
         if is_tool || was_tool {
             self.prune.touch(idx);
         }
-        if is_compaction || was_compaction {
+        if was_compaction && !is_compaction {
             self.recompute_boundary();
+        } else if is_compaction && !was_compaction {
+            self.compaction_part_added(idx);
         }
         if let Some(tokens) = step_usage {
             self.record_usage(tokens);
@@ -438,13 +449,48 @@ impl Session {
         self.tokens = total;
     }
 
+    /// A summary completed: its parent opens the context if it holds a compaction part and
+    /// is newer than the current boundary. O(1).
+    fn summary_completed(&mut self, parent: String) {
+        if let Some(p) = self.position(&parent) {
+            self.offer_boundary(p);
+        }
+        self.completed_parents.insert(parent);
+    }
+
+    /// A compaction part arrived on message `idx`: it opens the context if a completed
+    /// summary already answers that message. O(1).
+    fn compaction_part_added(&mut self, idx: usize) {
+        if self.completed_parents.contains(&self.messages[idx].info.id) {
+            self.offer_boundary(idx);
+        }
+    }
+
+    fn offer_boundary(&mut self, idx: usize) {
+        let m = &self.messages[idx];
+        let is_start = m.info.role == Role::User
+            && m.parts
+                .iter()
+                .any(|p| matches!(p.part.kind, PartKind::Compaction(_)));
+        if is_start && self.boundary.is_none_or(|b| idx > b) {
+            self.boundary = Some(idx);
+        }
+    }
+
     /// Finds the newest completed compaction, as seed 02's `filterCompacted` walks it:
     /// newest first, a completed summary names its parent; the first user message that is
-    /// such a parent and holds a compaction part opens the context. Runs only when a
-    /// summary or compaction part changes, never per ordinary update.
+    /// such a parent and holds a compaction part opens the context. A full scan, run only
+    /// when a compaction is undone (a summary loses `finish` or gains an error, a
+    /// compaction part is deleted): never on ordinary updates.
     fn recompute_boundary(&mut self) {
         let mut completed: Vec<&str> = Vec::new();
         self.boundary = None;
+        self.completed_parents = self
+            .messages
+            .iter()
+            .filter(|m| m.info.is_completed_summary())
+            .map(|m| m.info.parent_id.clone())
+            .collect();
         for (i, m) in self.messages.iter().enumerate().rev() {
             if m.info.role == Role::User
                 && completed.contains(&m.info.id.as_str())
