@@ -338,7 +338,7 @@ impl Session {
             dry_run: mode == PruneMode::DryRun,
             tokens_saved: plan.pruned,
             tokens_scanned: plan.pruned + plan.protected,
-            parts: plan.prune.iter().map(|c| self.describe(c)).collect(),
+            parts: plan.prune.iter().filter_map(|c| self.describe(c)).collect(),
             reason: None,
             prune_protect: self.settings.prune_protect,
             prune_minimum: minimum,
@@ -369,32 +369,36 @@ impl Session {
         report
     }
 
-    fn describe(&self, c: &Candidate) -> PrunedPart {
-        let stored = &self.messages[c.msg].parts[c.part];
-        let (call_id, tool) = match &stored.part.kind {
-            PartKind::Tool(t) => (t.call_id.clone(), t.tool.clone()),
-            _ => Default::default(),
+    fn describe(&self, c: &Candidate) -> Option<PrunedPart> {
+        let stored = self.messages.get(c.msg)?.parts.get(c.part)?;
+        let PartKind::Tool(t) = &stored.part.kind else {
+            return None;
         };
-        PrunedPart {
+        Some(PrunedPart {
             message_id: stored.part.message_id.clone(),
             part_id: stored.part.id.clone(),
-            call_id,
-            tool,
+            call_id: t.call_id.clone(),
+            tool: t.tool.clone(),
             tokens: c.tokens,
-        }
+        })
     }
 
     fn mark_compacted(&mut self, c: &Candidate, now_ms: i64) {
         let placeholder = self.placeholder_tokens;
-        let stored = &mut self.messages[c.msg].parts[c.part];
+        let Some(stored) = self
+            .messages
+            .get_mut(c.msg)
+            .and_then(|m| m.parts.get_mut(c.part))
+        else {
+            debug_assert!(false, "prune candidate {c:?} points nowhere");
+            return;
+        };
         let PartKind::Tool(tool) = &mut stored.part.kind else {
             return;
         };
         tool.state.time.compacted = Some(now_ms);
-        let (old, new) = (
-            stored.est.in_context(false, placeholder),
-            stored.est.in_context(true, placeholder),
-        );
+        let old = stored.est.in_context(false, placeholder);
+        let new = stored.est.in_context(true, placeholder);
         self.compacted += 1;
         self.adjust_tokens(old, new);
     }

@@ -381,10 +381,11 @@ impl Session {
         self.parts -= 1;
         self.adjust_tokens(old_tokens, 0);
         self.compacted -= usize::from(old.is_compacted());
-        match old.part.kind {
-            PartKind::Tool(_) => self.prune.touch(idx),
-            PartKind::Compaction(_) => self.recompute_boundary(),
-            _ => {}
+        // Removing any part shifts the positions of the parts after it, which the prune
+        // window may hold: always invalidate it (deletions are rare).
+        self.prune.touch(idx);
+        if matches!(old.part.kind, PartKind::Compaction(_)) {
+            self.recompute_boundary();
         }
         Ok(Applied::default())
     }

@@ -11,6 +11,7 @@ mod ops;
 pub mod pb;
 mod service;
 mod status;
+mod stream;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -1,17 +1,12 @@
 //! The `compactd.v1.Sessions` service: the main stream and its unary twins. Handlers
 //! only decode, call `ops`, and encode; every decision is the engine's.
 
-use std::pin::Pin;
 use std::sync::Arc;
 
-use tokio::sync::mpsc;
-use tokio_stream::Stream;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
-use tracing::Instrument;
 
 use super::convert;
-use super::ops::{self, Op, Pending};
+use super::ops::{self, Op};
 use super::pb;
 use super::pb::server_event::Event as Ev;
 use super::status::Rejection;
@@ -19,13 +14,7 @@ use crate::engine::Update;
 use crate::store::Store;
 use crate::trace;
 
-/// Events buffered per stream before the server stops reading that client's updates.
-const EVENT_BUFFER: usize = 1024;
-/// Updates a stream may have in flight (queued on actors, not yet acked).
-const IN_FLIGHT: usize = 256;
-
-/// Outbound event stream of `Stream`.
-pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::ServerEvent, Status>> + Send>>;
+pub use super::stream::EventStream;
 
 /// The service state: the store and the per-update size limit.
 #[derive(Debug, Clone)]
@@ -92,65 +81,9 @@ impl pb::sessions_server::Sessions for SessionsService {
             .remote_addr()
             .map(|a| a.to_string())
             .unwrap_or_default();
-        let mut inbound = request.into_inner();
-        let (out_tx, out_rx) = mpsc::channel(EVENT_BUFFER);
-        let (order_tx, mut order_rx) =
-            mpsc::channel::<(u64, String, &'static str, Pending)>(IN_FLIGHT);
-        let store = self.store.clone();
-        let max = self.max_update_bytes;
-        let span = tracing::info_span!("stream", %peer);
-
-        // Reader: decode each update and queue it on its session's actor, in order.
-        tokio::spawn(
-            async move {
-                loop {
-                    let update = match inbound.message().await {
-                        Ok(Some(u)) => u,
-                        Ok(None) => break,
-                        Err(status) => {
-                            tracing::debug!(%status, "stream read ended");
-                            break;
-                        }
-                    };
-                    let (seq, session_id) = (update.seq, update.session_id.clone());
-                    let pending = match ops::decode_update(update, max) {
-                        Ok(op) => {
-                            let kind = op.kind();
-                            tracing::trace!(seq, %session_id, kind, "update");
-                            (kind, ops::submit(&store, &session_id, op).await)
-                        }
-                        Err(r) => ("invalid", Pending::Ready(Err(r))),
-                    };
-                    if order_tx
-                        .send((seq, session_id, pending.0, pending.1))
-                        .await
-                        .is_err()
-                    {
-                        break;
-                    }
-                }
-            }
-            .instrument(span.clone()),
-        );
-
-        // Writer: wait for each outcome in submission order and send its events.
-        tokio::spawn(
-            async move {
-                while let Some((seq, session_id, kind, pending)) = order_rx.recv().await {
-                    let outcome = pending.outcome(&session_id).await;
-                    if let Err(r) = &outcome {
-                        tracing::debug!(seq, %session_id, code = ?r.code, field = %r.field, message = %r.message, "update rejected");
-                    }
-                    for event in ops::to_server_events(seq, &session_id, kind, outcome) {
-                        if out_tx.send(Ok(event)).await.is_err() {
-                            return; // the client went away
-                        }
-                    }
-                }
-            }
-            .instrument(span),
-        );
-        Ok(Response::new(Box::pin(ReceiverStream::new(out_rx))))
+        let inbound = request.into_inner();
+        let events = super::stream::run(self.store.clone(), inbound, self.max_update_bytes, peer);
+        Ok(Response::new(events))
     }
 
     async fn open_session(

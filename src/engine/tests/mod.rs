@@ -10,6 +10,7 @@
 //! assistant s1 summary            a finished compaction summary (summary: true)
 //! assistant a3 unfinished error=MessageAbortedError
 //! user u2 compaction:c1           user message holding a compaction part
+//! user u3 ignored:t3=5            an ignored text part (also: reasoning:ID=N, step:ID)
 //! ```
 //!
 //! Sizes are tokens of the chars/4 heuristic: `N` tokens are `4 × N` ASCII characters.
@@ -28,8 +29,8 @@ use super::{
 };
 use crate::config::{EngineConfig, SessionOverrides};
 use crate::session::{
-    CompactionPart, Extra, MessageError, MessageInfo, ModelLimits, Part, PartKind, Role,
-    SessionInfo, TextPart, ToolPart, ToolState, ToolStatus,
+    CompactionPart, Extra, MessageError, MessageInfo, ModelLimits, Part, PartKind, ReasoningPart,
+    Role, SessionInfo, TextPart, ToolPart, ToolState, ToolStatus,
 };
 use crate::tokens::{CharsPerToken, TokenCounter};
 
@@ -264,6 +265,21 @@ fn parse_part(msg: &str, word: &str) -> Part {
     let body = chars(tokens * 4);
     match kind {
         "text" => text(msg, id, &body),
+        "ignored" => {
+            let mut p = text(msg, id, &body);
+            if let PartKind::Text(t) = &mut p.kind {
+                t.ignored = true;
+            }
+            p
+        }
+        "reasoning" => part(
+            msg,
+            id,
+            PartKind::Reasoning(ReasoningPart {
+                text: body,
+                ..Default::default()
+            }),
+        ),
         "compaction" => compaction(msg, id),
         "step" => step_start(msg, id),
         tool_name => {
@@ -402,9 +418,22 @@ pub(super) fn tokens_from_scratch(s: &Session) -> u64 {
         .iter()
         .flat_map(|m| &m.parts)
         .map(|p| {
-            let compacted =
-                matches!(&p.part.kind, PartKind::Tool(t) if t.state.time.compacted.is_some());
+            // Only a completed output can be cleared (and replaced by the placeholder).
+            let compacted = matches!(&p.part.kind, PartKind::Tool(t)
+                if t.state.status == ToolStatus::Completed && t.state.time.compacted.is_some());
             estimate(&p.part, &counter).in_context(compacted, placeholder)
+        })
+        .sum()
+}
+
+/// A context view's tokens recomputed from its rendered parts.
+pub(super) fn view_tokens_from_parts(view: &super::ContextView) -> u64 {
+    view.messages
+        .iter()
+        .flat_map(|m| &m.parts)
+        .map(|p| {
+            let e = estimate(&p.part, &CharsPerToken);
+            e.base + e.output
         })
         .sum()
 }

@@ -1,1 +1,769 @@
+//! Overflow detection: seed 02 `isOverflow` with compactd's ratio, reserve and prediction.
 
+use super::*;
+use crate::config::{CacheCounting, OverflowPreset, Settings};
+use crate::engine::{
+    Crossed, Event, OverflowCheck, Trigger, check, max_output, step, usable_input,
+};
+use crate::session::{StepFinishPart, TokenUsage};
+
+fn lim(context: u64, input: u64, output: u64) -> ModelLimits {
+    ModelLimits {
+        context,
+        input,
+        output,
+    }
+}
+
+/// Usage with `input`, `cache.read` and `output`; reasoning and cache writes are set to
+/// values that must never be counted.
+fn usage(input: u64, cache_read: u64, output: u64) -> TokenUsage {
+    TokenUsage {
+        total: None,
+        input,
+        output,
+        reasoning: 7_777,
+        cache_read,
+        cache_write: 99_999,
+    }
+}
+
+fn total(total: u64) -> TokenUsage {
+    TokenUsage {
+        total: Some(total),
+        ..usage(999_999, 999_999, 999_999)
+    }
+}
+
+fn settings(o: SessionOverrides) -> Settings {
+    config().resolve(&o)
+}
+
+const DEFAULT: SessionOverrides = SessionOverrides {
+    preset: None,
+    auto_compact: None,
+    prune: None,
+    threshold: None,
+    reserved: None,
+    cache_counting: None,
+    prune_protect: None,
+    prune_minimum: None,
+    protected_tools: None,
+    protect_turns: None,
+};
+
+const INCLUDED: SessionOverrides = SessionOverrides {
+    cache_counting: Some(CacheCounting::Included),
+    ..DEFAULT
+};
+
+const OPENCODE: SessionOverrides = SessionOverrides {
+    preset: Some(OverflowPreset::OpenCode),
+    ..DEFAULT
+};
+
+/// The figures of a check, compared whole.
+#[derive(Debug, PartialEq)]
+struct Figures {
+    used: u64,
+    predicted: u64,
+    counting: &'static str,
+    usable: u64,
+    reserved: u64,
+    threshold: u64,
+    crossed: Option<Crossed>,
+    overflow: bool,
+}
+
+fn figures(c: &OverflowCheck) -> Figures {
+    Figures {
+        used: c.used,
+        predicted: c.predicted,
+        counting: c.counting,
+        usable: c.usable,
+        reserved: c.reserved,
+        threshold: c.threshold,
+        crossed: c.crossed,
+        overflow: c.overflow,
+    }
+}
+
+struct Case {
+    name: &'static str,
+    limits: ModelLimits,
+    overrides: SessionOverrides,
+    last: Option<TokenUsage>,
+    delta: i64,
+    // expected
+    used: u64,
+    counting: &'static str,
+    usable: u64,
+    reserved: u64,
+    threshold: u64,
+    crossed: Option<Crossed>,
+}
+
+fn check_cases(cases: Vec<Case>) {
+    for c in cases {
+        let got = check(
+            &c.limits,
+            &settings(c.overrides.clone()),
+            c.last.as_ref(),
+            c.delta,
+            Trigger::Request,
+        );
+        let want = Figures {
+            used: c.used,
+            predicted: (c.used as i64 + c.delta).max(0) as u64,
+            counting: c.counting,
+            usable: c.usable,
+            reserved: c.reserved,
+            threshold: c.threshold,
+            crossed: c.crossed,
+            overflow: c.crossed.is_some(),
+        };
+        assert_eq!(figures(&got), want, "case {:?}", c.name);
+        assert_eq!(got.reason, None, "case {:?}", c.name);
+        assert_eq!(got.trigger, Trigger::Request);
+    }
+}
+
+const SEP: &str = "input+cache.read+output";
+
+/// context 200000, output 32000: usable 168000, threshold floor(168000 × 0.92) = 154560.
+#[test]
+fn threshold_boundary_and_counting_rules() {
+    let l = lim(200_000, 0, 32_000);
+    let case = |name, overrides, last: TokenUsage, used, counting, crossed| Case {
+        name,
+        limits: l,
+        overrides,
+        last: Some(last),
+        delta: 0,
+        used,
+        counting,
+        usable: 168_000,
+        reserved: 0,
+        threshold: 154_560,
+        crossed,
+    };
+    check_cases(vec![
+        case(
+            "just below",
+            DEFAULT,
+            usage(100_000, 50_000, 4_559),
+            154_559,
+            SEP,
+            None,
+        ),
+        case(
+            "at",
+            DEFAULT,
+            usage(100_000, 50_000, 4_560),
+            154_560,
+            SEP,
+            None,
+        ),
+        case(
+            "just above",
+            DEFAULT,
+            usage(100_000, 50_000, 4_561),
+            154_561,
+            SEP,
+            Some(Crossed::Used),
+        ),
+        case(
+            "cache read counted once more (separate)",
+            DEFAULT,
+            usage(154_560, 1, 0),
+            154_561,
+            SEP,
+            Some(Crossed::Used),
+        ),
+        case(
+            "cache included: at",
+            INCLUDED,
+            usage(154_560, 50_000, 0),
+            154_560,
+            "input+output",
+            None,
+        ),
+        case(
+            "cache included: just above",
+            INCLUDED,
+            usage(154_560, 50_000, 1),
+            154_561,
+            "input+output",
+            Some(Crossed::Used),
+        ),
+        case(
+            "total preferred: just above",
+            DEFAULT,
+            total(154_561),
+            154_561,
+            "total",
+            Some(Crossed::Used),
+        ),
+        case(
+            "total preferred: at",
+            INCLUDED,
+            total(154_560),
+            154_560,
+            "total",
+            None,
+        ),
+        case(
+            "total preferred over a huge sum",
+            DEFAULT,
+            total(10),
+            10,
+            "total",
+            None,
+        ),
+    ]);
+}
+
+#[test]
+fn usable_input_rules() {
+    let row = |name, limits: ModelLimits, usable, threshold| Case {
+        name,
+        limits,
+        overrides: DEFAULT,
+        last: Some(usage(threshold, 0, 0)),
+        delta: 0,
+        used: threshold,
+        counting: SEP,
+        usable,
+        reserved: 0,
+        threshold,
+        crossed: None,
+    };
+    check_cases(vec![
+        // limit.input wins over context − output: floor(150000 × 0.92).
+        row(
+            "limit.input",
+            lim(200_000, 150_000, 32_000),
+            150_000,
+            138_000,
+        ),
+        // output 0 → 32000 reserved out of the window.
+        row("output 0", lim(200_000, 0, 0), 168_000, 154_560),
+        // output below the cap: 200000 − 8192 = 191808; floor(176463.36).
+        row("output 8192", lim(200_000, 0, 8_192), 191_808, 176_463),
+        // output above the cap is capped at 32000.
+        row("output 100000", lim(200_000, 0, 100_000), 168_000, 154_560),
+        row(
+            "output exactly 32000",
+            lim(128_000, 0, 32_000),
+            96_000,
+            88_320,
+        ),
+    ]);
+    assert_eq!(
+        [0, 8_192, 32_000, 32_001, 100_000].map(|o| max_output(&lim(1, 0, o))),
+        [32_000, 8_192, 32_000, 32_000, 32_000]
+    );
+    assert_eq!(usable_input(&lim(10_000, 0, 0)), 0, "never below zero");
+    // One token above each threshold overflows.
+    for (limits, threshold) in [
+        (lim(200_000, 150_000, 32_000), 138_000),
+        (lim(200_000, 0, 8_192), 176_463),
+    ] {
+        let c = check(
+            &limits,
+            &settings(DEFAULT),
+            Some(&usage(threshold + 1, 0, 0)),
+            0,
+            Trigger::Request,
+        );
+        assert_eq!(c.crossed, Some(Crossed::Used), "{limits:?}");
+    }
+}
+
+#[test]
+fn reserved_ratio_and_opencode_preset() {
+    let row = |name, limits, overrides, usable, reserved, threshold| Case {
+        name,
+        limits,
+        overrides,
+        last: Some(usage(threshold + 1, 0, 0)),
+        delta: 0,
+        used: threshold + 1,
+        counting: SEP,
+        usable,
+        reserved,
+        threshold,
+        crossed: Some(Crossed::Used),
+    };
+    let fixed = |n| SessionOverrides {
+        reserved: Some(n),
+        ..DEFAULT
+    };
+    let ratio = |r| SessionOverrides {
+        threshold: Some(r),
+        ..DEFAULT
+    };
+    check_cases(vec![
+        // floor((168000 − 10000) × 0.92) = 145360.
+        row(
+            "fixed reserve",
+            lim(200_000, 0, 32_000),
+            fixed(10_000),
+            168_000,
+            10_000,
+            145_360,
+        ),
+        row(
+            "ratio 0.5",
+            lim(200_000, 0, 32_000),
+            ratio(0.5),
+            168_000,
+            0,
+            84_000,
+        ),
+        row(
+            "ratio 1.0",
+            lim(200_000, 0, 32_000),
+            ratio(1.0),
+            168_000,
+            0,
+            168_000,
+        ),
+        // OpenCode: ratio 1.0, reserved min(20000, max output).
+        row(
+            "opencode, output 32000",
+            lim(200_000, 0, 32_000),
+            OPENCODE,
+            168_000,
+            20_000,
+            148_000,
+        ),
+        row(
+            "opencode, output 8192",
+            lim(200_000, 0, 8_192),
+            OPENCODE,
+            191_808,
+            8_192,
+            183_616,
+        ),
+        row(
+            "opencode, output 0 (max output 32000)",
+            lim(200_000, 0, 0),
+            OPENCODE,
+            168_000,
+            20_000,
+            148_000,
+        ),
+        row(
+            "opencode, output 64000 (capped)",
+            lim(400_000, 0, 64_000),
+            OPENCODE,
+            368_000,
+            20_000,
+            348_000,
+        ),
+        row(
+            "opencode with limit.input",
+            lim(128_000, 100_000, 16_384),
+            OPENCODE,
+            100_000,
+            16_384,
+            83_616,
+        ),
+        row(
+            "opencode preset, reserved overridden",
+            lim(200_000, 0, 32_000),
+            SessionOverrides {
+                reserved: Some(5_000),
+                ..OPENCODE
+            },
+            168_000,
+            5_000,
+            163_000,
+        ),
+    ]);
+    let s = settings(OPENCODE);
+    assert_eq!(s.threshold, 1.0);
+    assert_eq!(settings(DEFAULT).threshold, 0.92);
+    // Just below / at the OpenCode threshold: no overflow.
+    for used in [147_999, 148_000] {
+        let c = check(
+            &lim(200_000, 0, 32_000),
+            &s,
+            Some(&usage(used, 0, 0)),
+            0,
+            Trigger::Request,
+        );
+        assert!(!c.overflow, "used {used}");
+    }
+}
+
+/// floor((usable − reserved) × ratio) is exact arithmetic: 168000 × 0.7 = 117600, so a
+/// request of exactly 117600 tokens is at the threshold, not above it.
+#[test]
+fn threshold_is_the_exact_floor_for_decimal_ratios() {
+    let cases = [
+        (lim(200_000, 0, 32_000), 0.7, 117_600),
+        (lim(200_000, 100_000, 0), 0.57, 57_000),
+        (lim(200_000, 100_000, 0), 0.29, 29_000),
+    ];
+    for (limits, ratio, threshold) in cases {
+        let s = settings(SessionOverrides {
+            threshold: Some(ratio),
+            ..DEFAULT
+        });
+        let c = check(
+            &limits,
+            &s,
+            Some(&usage(threshold, 0, 0)),
+            0,
+            Trigger::Request,
+        );
+        assert_eq!(
+            (c.threshold, c.overflow),
+            (threshold, false),
+            "ratio {ratio} of {}",
+            c.usable
+        );
+    }
+}
+
+#[test]
+fn predicted_next_request() {
+    let l = lim(200_000, 0, 32_000); // threshold 154560
+    let row = |name, last: Option<TokenUsage>, delta, used, crossed| Case {
+        name,
+        limits: l,
+        overrides: DEFAULT,
+        last,
+        delta,
+        used,
+        counting: SEP,
+        usable: 168_000,
+        reserved: 0,
+        threshold: 154_560,
+        crossed,
+    };
+    check_cases(vec![
+        row(
+            "predicted at",
+            Some(usage(154_550, 0, 0)),
+            10,
+            154_550,
+            None,
+        ),
+        row(
+            "predicted crosses, used does not",
+            Some(usage(154_550, 0, 0)),
+            11,
+            154_550,
+            Some(Crossed::Predicted),
+        ),
+        row(
+            "used crosses even when pruned below",
+            Some(usage(154_561, 0, 0)),
+            -5_000,
+            154_561,
+            Some(Crossed::Used),
+        ),
+        row(
+            "pruned since the report",
+            Some(usage(150_000, 0, 0)),
+            -200_000,
+            150_000,
+            None,
+        ),
+        row(
+            "no report yet: all added tokens",
+            None,
+            154_561,
+            0,
+            Some(Crossed::Predicted),
+        ),
+        row("no report yet: at", None, 154_560, 0, None),
+    ]);
+}
+
+#[test]
+fn auto_off_never_overflows() {
+    let off = settings(SessionOverrides {
+        auto_compact: Some(false),
+        ..DEFAULT
+    });
+    for (last, delta) in [
+        (Some(usage(10_000_000, 10_000_000, 10_000_000)), 0),
+        (Some(total(u64::MAX / 4)), 0),
+        (Some(usage(10, 0, 0)), 50_000_000),
+        (None, 50_000_000),
+    ] {
+        let c = check(
+            &lim(200_000, 0, 32_000),
+            &off,
+            last.as_ref(),
+            delta,
+            Trigger::Usage,
+        );
+        assert_eq!(
+            (c.overflow, c.crossed, c.reason),
+            (false, None, Some("auto compaction is off"))
+        );
+    }
+}
+
+#[test]
+fn unlimited_context_never_overflows() {
+    for limits in [lim(0, 0, 0), lim(0, 100, 0), lim(0, 0, 8_192)] {
+        let c = check(
+            &limits,
+            &settings(DEFAULT),
+            Some(&usage(10_000_000, 0, 0)),
+            10_000_000,
+            Trigger::Usage,
+        );
+        assert_eq!(
+            (c.overflow, c.crossed, c.reason),
+            (false, None, Some("unlimited context (limit.context = 0)")),
+            "{limits:?}"
+        );
+    }
+}
+
+// ---- through the session and `step` --------------------------------------------------
+
+fn report_usage(u: TokenUsage) -> Update {
+    Update::ReportUsage {
+        message_id: None,
+        tokens: u,
+    }
+}
+
+fn limited(overrides: SessionOverrides) -> Session {
+    let mut s = new_session(overrides, lim(200_000, 0, 32_000));
+    for u in parse("user u1 text:t1=10\nassistant a1 unfinished") {
+        apply(&mut s, u);
+    }
+    s
+}
+
+fn overflow_events(r: &crate::engine::StepReport) -> Vec<OverflowCheck> {
+    r.events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Overflow(c) => Some(c.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn step_reports_overflow_above_threshold_only() {
+    let mut s = limited(DEFAULT);
+    let r = step(&mut s, report_usage(usage(154_560, 0, 0)), &config(), NOW).unwrap();
+    assert!(r.applied.usage_reported);
+    assert_eq!(r.events, vec![], "at the threshold");
+
+    let r = step(&mut s, report_usage(usage(154_000, 0, 561)), &config(), NOW).unwrap();
+    let expected = OverflowCheck {
+        overflow: true,
+        used: 154_561,
+        predicted: 154_561,
+        usable: 168_000,
+        reserved: 0,
+        ratio: 0.92,
+        threshold: 154_560,
+        counting: SEP,
+        crossed: Some(Crossed::Used),
+        reason: None,
+        trigger: Trigger::Usage,
+    };
+    assert_eq!(r.events, vec![Event::Overflow(expected)]);
+
+    let r = step(&mut s, report_usage(usage(154_559, 0, 0)), &config(), NOW).unwrap();
+    assert_eq!(r.events, vec![], "just below");
+}
+
+#[test]
+fn step_checks_on_finished_message_and_step_finish_usage() {
+    let mut s = limited(DEFAULT);
+    // A step-finish part carries the usage of its request.
+    let finish = Part {
+        id: "sf1".into(),
+        message_id: "a1".into(),
+        kind: PartKind::StepFinish(StepFinishPart {
+            reason: "tool-calls".into(),
+            tokens: Some(usage(160_000, 0, 0)),
+            ..Default::default()
+        }),
+        extra: Extra::new(),
+    };
+    let r = step(&mut s, Update::UpsertPart(finish), &config(), NOW).unwrap();
+    assert_eq!(
+        overflow_events(&r)
+            .iter()
+            .map(|c| (c.used, c.trigger))
+            .collect::<Vec<_>>(),
+        vec![(160_000, Trigger::Usage)]
+    );
+
+    // The message finishing with its own tokens is checked as `finished`.
+    let mut a1 = assistant("a1", "u1");
+    a1.tokens = Some(usage(100_000, 60_000, 1));
+    let r = step(&mut s, Update::UpsertMessage(a1), &config(), NOW).unwrap();
+    assert!(r.applied.finished && r.applied.usage_reported);
+    assert_eq!(
+        overflow_events(&r)
+            .iter()
+            .map(|c| (c.used, c.trigger, c.crossed))
+            .collect::<Vec<_>>(),
+        vec![(160_001, Trigger::Finished, Some(Crossed::Used))]
+    );
+}
+
+#[test]
+fn report_usage_is_stored_on_the_message() {
+    let mut s = limited(DEFAULT);
+    let u = usage(1, 2, 3);
+    apply(
+        &mut s,
+        Update::ReportUsage {
+            message_id: Some("a1".into()),
+            tokens: u,
+        },
+    );
+    assert_eq!(s.messages[1].info.tokens, Some(u));
+    assert_eq!(s.check_overflow(Trigger::Request).used, 6);
+    // Usage belongs to assistant messages.
+    let err = s.apply(
+        Update::ReportUsage {
+            message_id: Some("u1".into()),
+            tokens: u,
+        },
+        &config(),
+    );
+    assert!(err.is_err());
+}
+
+#[test]
+fn auto_off_is_false_on_every_step_path() {
+    let off = SessionOverrides {
+        auto_compact: Some(false),
+        ..DEFAULT
+    };
+    let huge = usage(50_000_000, 0, 0);
+    let mut s = limited(off);
+    let mut finished = assistant("a1", "u1");
+    finished.tokens = Some(huge);
+    let sf = Part {
+        id: "sf".into(),
+        message_id: "a1".into(),
+        kind: PartKind::StepFinish(StepFinishPart {
+            tokens: Some(huge),
+            ..Default::default()
+        }),
+        extra: Extra::new(),
+    };
+    for u in [
+        report_usage(huge),
+        Update::UpsertPart(sf),
+        Update::UpsertPart(tool("a1", "p1", "read", &chars(4_000_000))),
+        Update::UpsertMessage(finished),
+    ] {
+        let r = step(&mut s, u, &config(), NOW).unwrap();
+        assert_eq!(overflow_events(&r), vec![]);
+        let c = s.check_overflow(Trigger::Request);
+        assert_eq!(
+            (c.overflow, c.reason),
+            (false, Some("auto compaction is off"))
+        );
+    }
+    // Turning it on by Configure brings the same numbers over the threshold.
+    apply(
+        &mut s,
+        Update::Configure(SessionInfo {
+            id: "ses_test".into(),
+            config: SessionOverrides {
+                auto_compact: Some(true),
+                ..DEFAULT
+            },
+            ..Default::default()
+        }),
+    );
+    assert!(s.check_overflow(Trigger::Request).overflow);
+}
+
+#[test]
+fn unlimited_context_is_false_through_step() {
+    let mut s = new_session(DEFAULT, lim(0, 0, 0));
+    for u in parse("user u1\nassistant a1 unfinished") {
+        apply(&mut s, u);
+    }
+    let r = step(
+        &mut s,
+        report_usage(usage(50_000_000, 0, 0)),
+        &config(),
+        NOW,
+    )
+    .unwrap();
+    assert_eq!(r.events, vec![]);
+}
+
+/// predicted = last usage + context tokens added since − tokens pruned since.
+#[test]
+fn prediction_follows_session_tokens() {
+    let small_prune = SessionOverrides {
+        prune_protect: Some(100),
+        prune_minimum: Some(10),
+        ..DEFAULT
+    };
+    let mut s = limited(small_prune);
+    apply(&mut s, report_usage(usage(154_000, 0, 0)));
+    let at_report = s.total_tokens();
+    let c = s.check_overflow(Trigger::Request);
+    assert_eq!((c.used, c.predicted, c.overflow), (154_000, 154_000, false));
+
+    for u in parse(
+        "
+        assistant a2 read:p1=300 read:p2=200 text:t2=7
+        user u2
+        user u3
+        ",
+    ) {
+        apply(&mut s, u);
+    }
+    let added = s.total_tokens() - at_report;
+    // Three tool inputs `{}` (1 token each) are not counted here: two tools → 2.
+    assert_eq!(added, 300 + 200 + 7 + 2);
+    let c = s.check_overflow(Trigger::Request);
+    assert_eq!(
+        (c.used, c.predicted, c.crossed),
+        (154_000, 154_000 + added, None)
+    );
+
+    apply(
+        &mut s,
+        Update::UpsertPart(tool("a2", "p3", "read", &chars(4 * 60))),
+    );
+    let c = s.check_overflow(Trigger::Request);
+    assert_eq!(
+        (c.predicted, c.crossed),
+        (154_000 + added + 61, Some(Crossed::Predicted))
+    );
+
+    // Prune clears p1 and p2 (p3 60 protected): 500 tokens become 2 placeholders (8 each).
+    let r = s.prune(PruneMode::Commit, NOW);
+    assert_eq!(
+        (part_ids(&r), r.tokens_saved),
+        (vec!["p1".into(), "p2".into()], 500)
+    );
+    let c = s.check_overflow(Trigger::Request);
+    assert_eq!(
+        (c.predicted, c.crossed),
+        (154_000 + added + 61 - 500 + 16, None)
+    );
+    assert_eq!(c.predicted, 154_000 + s.total_tokens() - at_report);
+
+    // A new report is the new baseline.
+    apply(&mut s, report_usage(usage(1_000, 0, 0)));
+    let c = s.check_overflow(Trigger::Request);
+    assert_eq!((c.used, c.predicted), (1_000, 1_000));
+}

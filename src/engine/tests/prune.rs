@@ -710,9 +710,35 @@ fn index_agrees_after_deleting_a_text_part_before_a_candidate() {
         },
     );
     assert_index_agrees(&mut s, "deleting text t1 before p1");
-    let r = s.prune(PruneMode::Commit, NOW);
-    assert_eq!(part_ids(&r), vec!["p1".to_string()]);
-    assert_eq!(compacted_at(&s, NOW), vec!["p1".to_string()]);
+}
+
+/// The same deletion, seen from the outside: the commit must stamp the parts the seed
+/// picks (p1 only with PRUNE_PROTECT 50: p2 is the protected newest output; both with 0).
+#[test]
+fn commit_after_deleting_a_text_part_marks_the_right_parts() {
+    for (protect, want) in [(50, vec!["p1"]), (0, vec!["p1", "p2"])] {
+        let mut s = session_with(
+            "
+            user u1
+            assistant a1 text:t1=5 read:p1=60 read:p2=50
+            user u2
+            user u3
+            ",
+            overrides(protect, 0),
+        );
+        // The host (or an earlier update) made the index current before the deletion.
+        assert_eq!(part_ids(&s.prune(PruneMode::DryRun, NOW)), want);
+        apply(
+            &mut s,
+            Update::DeletePart {
+                message_id: "a1".into(),
+                part_id: "t1".into(),
+            },
+        );
+        let r = s.prune(PruneMode::Commit, NOW);
+        assert_eq!(part_ids(&r), want, "PRUNE_PROTECT {protect}");
+        assert_eq!(compacted_at(&s, NOW), want, "PRUNE_PROTECT {protect}");
+    }
 }
 
 #[test]
