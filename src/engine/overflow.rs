@@ -119,7 +119,7 @@ pub fn check(
         Reserved::Fixed(n) => n,
         Reserved::OpenCode => COMPACTION_BUFFER.min(max_output(limits)),
     };
-    let threshold = (usable.saturating_sub(reserved) as f64 * s.ratio_clamped()).floor() as u64;
+    let threshold = floor_ratio(usable.saturating_sub(reserved), s.ratio_clamped());
     let mut c = OverflowCheck {
         overflow: false,
         used,
@@ -150,6 +150,19 @@ pub fn check(
     };
     c.overflow = c.crossed.is_some();
     c
+}
+
+/// `floor(tokens × ratio)` as a person computes it: 168000 × 0.7 is 117600, although the
+/// binary product is 117599.99999999999. Products within a millionth of a token of an
+/// integer are taken as that integer.
+fn floor_ratio(tokens: u64, ratio: f64) -> u64 {
+    let product = tokens as f64 * ratio;
+    let nearest = product.round();
+    if (product - nearest).abs() < 1e-6 {
+        nearest as u64
+    } else {
+        product.floor() as u64
+    }
 }
 
 impl Settings {

@@ -84,8 +84,12 @@ pub struct StoredPart {
 
 impl StoredPart {
     /// True when prune has cleared this part's output from the context.
+    /// Only a completed output can be cleared: a stamp on a pending, running or failed
+    /// call (which OpenCode never writes) changes nothing in the context.
     pub fn is_compacted(&self) -> bool {
-        matches!(&self.part.kind, PartKind::Tool(t) if t.state.time.compacted.is_some())
+        matches!(&self.part.kind, PartKind::Tool(t)
+            if t.state.status == crate::session::ToolStatus::Completed
+                && t.state.time.compacted.is_some())
     }
 }
 

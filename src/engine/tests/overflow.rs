@@ -39,28 +39,19 @@ fn settings(o: SessionOverrides) -> Settings {
     config().resolve(&o)
 }
 
-const DEFAULT: SessionOverrides = SessionOverrides {
-    preset: None,
-    auto_compact: None,
-    prune: None,
-    threshold: None,
-    reserved: None,
-    cache_counting: None,
-    prune_protect: None,
-    prune_minimum: None,
-    protected_tools: None,
-    protect_turns: None,
-};
+fn included() -> SessionOverrides {
+    SessionOverrides {
+        cache_counting: Some(CacheCounting::Included),
+        ..Default::default()
+    }
+}
 
-const INCLUDED: SessionOverrides = SessionOverrides {
-    cache_counting: Some(CacheCounting::Included),
-    ..DEFAULT
-};
-
-const OPENCODE: SessionOverrides = SessionOverrides {
-    preset: Some(OverflowPreset::OpenCode),
-    ..DEFAULT
-};
+fn opencode() -> SessionOverrides {
+    SessionOverrides {
+        preset: Some(OverflowPreset::OpenCode),
+        ..Default::default()
+    }
+}
 
 /// The figures of a check, compared whole.
 #[derive(Debug, PartialEq)]
@@ -150,7 +141,7 @@ fn threshold_boundary_and_counting_rules() {
     check_cases(vec![
         case(
             "just below",
-            DEFAULT,
+            SessionOverrides::default(),
             usage(100_000, 50_000, 4_559),
             154_559,
             SEP,
@@ -158,7 +149,7 @@ fn threshold_boundary_and_counting_rules() {
         ),
         case(
             "at",
-            DEFAULT,
+            SessionOverrides::default(),
             usage(100_000, 50_000, 4_560),
             154_560,
             SEP,
@@ -166,7 +157,7 @@ fn threshold_boundary_and_counting_rules() {
         ),
         case(
             "just above",
-            DEFAULT,
+            SessionOverrides::default(),
             usage(100_000, 50_000, 4_561),
             154_561,
             SEP,
@@ -174,7 +165,7 @@ fn threshold_boundary_and_counting_rules() {
         ),
         case(
             "cache read counted once more (separate)",
-            DEFAULT,
+            SessionOverrides::default(),
             usage(154_560, 1, 0),
             154_561,
             SEP,
@@ -182,7 +173,7 @@ fn threshold_boundary_and_counting_rules() {
         ),
         case(
             "cache included: at",
-            INCLUDED,
+            included(),
             usage(154_560, 50_000, 0),
             154_560,
             "input+output",
@@ -190,7 +181,7 @@ fn threshold_boundary_and_counting_rules() {
         ),
         case(
             "cache included: just above",
-            INCLUDED,
+            included(),
             usage(154_560, 50_000, 1),
             154_561,
             "input+output",
@@ -198,7 +189,7 @@ fn threshold_boundary_and_counting_rules() {
         ),
         case(
             "total preferred: just above",
-            DEFAULT,
+            SessionOverrides::default(),
             total(154_561),
             154_561,
             "total",
@@ -206,7 +197,7 @@ fn threshold_boundary_and_counting_rules() {
         ),
         case(
             "total preferred: at",
-            INCLUDED,
+            included(),
             total(154_560),
             154_560,
             "total",
@@ -214,7 +205,7 @@ fn threshold_boundary_and_counting_rules() {
         ),
         case(
             "total preferred over a huge sum",
-            DEFAULT,
+            SessionOverrides::default(),
             total(10),
             10,
             "total",
@@ -228,7 +219,7 @@ fn usable_input_rules() {
     let row = |name, limits: ModelLimits, usable, threshold| Case {
         name,
         limits,
-        overrides: DEFAULT,
+        overrides: SessionOverrides::default(),
         last: Some(usage(threshold, 0, 0)),
         delta: 0,
         used: threshold,
@@ -271,7 +262,7 @@ fn usable_input_rules() {
     ] {
         let c = check(
             &limits,
-            &settings(DEFAULT),
+            &settings(SessionOverrides::default()),
             Some(&usage(threshold + 1, 0, 0)),
             0,
             Trigger::Request,
@@ -297,11 +288,11 @@ fn reserved_ratio_and_opencode_preset() {
     };
     let fixed = |n| SessionOverrides {
         reserved: Some(n),
-        ..DEFAULT
+        ..Default::default()
     };
     let ratio = |r| SessionOverrides {
         threshold: Some(r),
-        ..DEFAULT
+        ..Default::default()
     };
     check_cases(vec![
         // floor((168000 − 10000) × 0.92) = 145360.
@@ -333,7 +324,7 @@ fn reserved_ratio_and_opencode_preset() {
         row(
             "opencode, output 32000",
             lim(200_000, 0, 32_000),
-            OPENCODE,
+            opencode(),
             168_000,
             20_000,
             148_000,
@@ -341,7 +332,7 @@ fn reserved_ratio_and_opencode_preset() {
         row(
             "opencode, output 8192",
             lim(200_000, 0, 8_192),
-            OPENCODE,
+            opencode(),
             191_808,
             8_192,
             183_616,
@@ -349,7 +340,7 @@ fn reserved_ratio_and_opencode_preset() {
         row(
             "opencode, output 0 (max output 32000)",
             lim(200_000, 0, 0),
-            OPENCODE,
+            opencode(),
             168_000,
             20_000,
             148_000,
@@ -357,7 +348,7 @@ fn reserved_ratio_and_opencode_preset() {
         row(
             "opencode, output 64000 (capped)",
             lim(400_000, 0, 64_000),
-            OPENCODE,
+            opencode(),
             368_000,
             20_000,
             348_000,
@@ -365,7 +356,7 @@ fn reserved_ratio_and_opencode_preset() {
         row(
             "opencode with limit.input",
             lim(128_000, 100_000, 16_384),
-            OPENCODE,
+            opencode(),
             100_000,
             16_384,
             83_616,
@@ -375,16 +366,16 @@ fn reserved_ratio_and_opencode_preset() {
             lim(200_000, 0, 32_000),
             SessionOverrides {
                 reserved: Some(5_000),
-                ..OPENCODE
+                ..opencode()
             },
             168_000,
             5_000,
             163_000,
         ),
     ]);
-    let s = settings(OPENCODE);
+    let s = settings(opencode());
     assert_eq!(s.threshold, 1.0);
-    assert_eq!(settings(DEFAULT).threshold, 0.92);
+    assert_eq!(settings(SessionOverrides::default()).threshold, 0.92);
     // Just below / at the OpenCode threshold: no overflow.
     for used in [147_999, 148_000] {
         let c = check(
@@ -410,7 +401,7 @@ fn threshold_is_the_exact_floor_for_decimal_ratios() {
     for (limits, ratio, threshold) in cases {
         let s = settings(SessionOverrides {
             threshold: Some(ratio),
-            ..DEFAULT
+            ..Default::default()
         });
         let c = check(
             &limits,
@@ -434,7 +425,7 @@ fn predicted_next_request() {
     let row = |name, last: Option<TokenUsage>, delta, used, crossed| Case {
         name,
         limits: l,
-        overrides: DEFAULT,
+        overrides: SessionOverrides::default(),
         last,
         delta,
         used,
@@ -488,7 +479,7 @@ fn predicted_next_request() {
 fn auto_off_never_overflows() {
     let off = settings(SessionOverrides {
         auto_compact: Some(false),
-        ..DEFAULT
+        ..Default::default()
     });
     for (last, delta) in [
         (Some(usage(10_000_000, 10_000_000, 10_000_000)), 0),
@@ -515,7 +506,7 @@ fn unlimited_context_never_overflows() {
     for limits in [lim(0, 0, 0), lim(0, 100, 0), lim(0, 0, 8_192)] {
         let c = check(
             &limits,
-            &settings(DEFAULT),
+            &settings(SessionOverrides::default()),
             Some(&usage(10_000_000, 0, 0)),
             10_000_000,
             Trigger::Usage,
@@ -557,7 +548,7 @@ fn overflow_events(r: &crate::engine::StepReport) -> Vec<OverflowCheck> {
 
 #[test]
 fn step_reports_overflow_above_threshold_only() {
-    let mut s = limited(DEFAULT);
+    let mut s = limited(SessionOverrides::default());
     let r = step(&mut s, report_usage(usage(154_560, 0, 0)), &config(), NOW).unwrap();
     assert!(r.applied.usage_reported);
     assert_eq!(r.events, vec![], "at the threshold");
@@ -584,7 +575,7 @@ fn step_reports_overflow_above_threshold_only() {
 
 #[test]
 fn step_checks_on_finished_message_and_step_finish_usage() {
-    let mut s = limited(DEFAULT);
+    let mut s = limited(SessionOverrides::default());
     // A step-finish part carries the usage of its request.
     let finish = Part {
         id: "sf1".into(),
@@ -621,7 +612,7 @@ fn step_checks_on_finished_message_and_step_finish_usage() {
 
 #[test]
 fn report_usage_is_stored_on_the_message() {
-    let mut s = limited(DEFAULT);
+    let mut s = limited(SessionOverrides::default());
     let u = usage(1, 2, 3);
     apply(
         &mut s,
@@ -647,7 +638,7 @@ fn report_usage_is_stored_on_the_message() {
 fn auto_off_is_false_on_every_step_path() {
     let off = SessionOverrides {
         auto_compact: Some(false),
-        ..DEFAULT
+        ..Default::default()
     };
     let huge = usage(50_000_000, 0, 0);
     let mut s = limited(off);
@@ -683,7 +674,7 @@ fn auto_off_is_false_on_every_step_path() {
             id: "ses_test".into(),
             config: SessionOverrides {
                 auto_compact: Some(true),
-                ..DEFAULT
+                ..Default::default()
             },
             ..Default::default()
         }),
@@ -693,7 +684,7 @@ fn auto_off_is_false_on_every_step_path() {
 
 #[test]
 fn unlimited_context_is_false_through_step() {
-    let mut s = new_session(DEFAULT, lim(0, 0, 0));
+    let mut s = new_session(SessionOverrides::default(), lim(0, 0, 0));
     for u in parse("user u1\nassistant a1 unfinished") {
         apply(&mut s, u);
     }
@@ -713,7 +704,7 @@ fn prediction_follows_session_tokens() {
     let small_prune = SessionOverrides {
         prune_protect: Some(100),
         prune_minimum: Some(10),
-        ..DEFAULT
+        ..Default::default()
     };
     let mut s = limited(small_prune);
     apply(&mut s, report_usage(usage(154_000, 0, 0)));
@@ -731,7 +722,7 @@ fn prediction_follows_session_tokens() {
         apply(&mut s, u);
     }
     let added = s.total_tokens() - at_report;
-    // Three tool inputs `{}` (1 token each) are not counted here: two tools → 2.
+    // Outputs and text, plus each tool's input `{}` (1 token): 2.
     assert_eq!(added, 300 + 200 + 7 + 2);
     let c = s.check_overflow(Trigger::Request);
     assert_eq!(
