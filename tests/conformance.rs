@@ -211,3 +211,37 @@ fn imported_session_prune_matches_reference_scan() {
         assert_eq!(report.tokens_saved, plan.pruned, "{}", path.display());
     }
 }
+
+#[test]
+fn unknown_export_fields_are_kept() {
+    let export = load(&traces_dir().join("opencode-silent-panda.json"));
+    // Session, message and part fields compactd does not model survive in `extra`.
+    assert_eq!(export.info.extra["slug"], "silent-panda");
+    assert!(export.info.extra.contains_key("projectID"));
+    let (user, user_parts) = &export.messages[0];
+    assert_eq!(user.extra["variant"], "xhigh");
+    // A user message's `summary` is OpenCode's UI object, not the compaction flag.
+    assert!(!user.summary);
+    assert!(user.extra["summary"]["title"].is_string());
+    let file = user_parts
+        .iter()
+        .find(|p| p.kind.type_name() == "file")
+        .expect("a file part");
+    match &file.kind {
+        PartKind::File(f) => assert_eq!(
+            f.source.as_ref().expect("source")["path"],
+            "docs/external/duckdb/"
+        ),
+        _ => unreachable!("filtered on type"),
+    }
+    let (assistant, _) = &export.messages[1];
+    assert_eq!(
+        assistant.extra["path"]["cwd"],
+        "/Users/alex/repos/vfp/dark-factory"
+    );
+    let t = assistant.tokens.expect("tokens");
+    assert_eq!(
+        (t.total, t.input, t.output, t.reasoning),
+        (Some(17969), 17490, 479, 341)
+    );
+}
