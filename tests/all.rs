@@ -1,4 +1,6 @@
 //! One integration-test binary (keeps link time down on a 2-core CI).
 
+mod common;
 mod conformance;
+mod grpc;
 mod walkthrough;

@@ -21,7 +21,8 @@ pub enum ErrorKind {
 pub struct ApplyError {
     /// Which status the client gets.
     pub kind: ErrorKind,
-    /// The offending field, dotted (`part.message_id`).
+    /// The offending field, dotted, relative to the update's payload (`message_id` of a
+    /// part); the server prefixes it with the request field (`part.` or `upsert_part.`).
     pub field: String,
     /// What is wrong, for a human.
     pub message: String,

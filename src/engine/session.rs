@@ -237,7 +237,7 @@ impl Session {
         let old = &self.messages[idx].info;
         if old.role != info.role {
             return Err(ApplyError::precondition(
-                "message.role",
+                "role",
                 format!(
                     "message {} is a {} message; its role cannot change to {}",
                     info.id,
@@ -306,7 +306,7 @@ impl Session {
     fn upsert_part(&mut self, part: Part) -> Result<Applied, ApplyError> {
         let Some(idx) = self.position(&part.message_id) else {
             return Err(ApplyError::precondition(
-                "part.message_id",
+                "message_id",
                 format!(
                     "message {} does not exist; upsert the message first",
                     part.message_id
@@ -402,14 +402,14 @@ impl Session {
         if let Some(id) = message_id.filter(|id| !id.is_empty()) {
             let Some(idx) = self.position(id) else {
                 return Err(ApplyError::not_found(
-                    "usage.message_id",
+                    "message_id",
                     format!("message {id} does not exist"),
                 ));
             };
             let info = &mut self.messages[idx].info;
             if info.role != Role::Assistant {
                 return Err(ApplyError::precondition(
-                    "usage.message_id",
+                    "message_id",
                     format!("message {id} is a user message; usage belongs to assistant messages"),
                 ));
             }

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 
 pub use ops::DEFAULT_MAX_UPDATE_BYTES;
 pub use service::SessionsService;
@@ -80,6 +80,9 @@ pub async fn serve(
         .build_v1alpha()
         .map_err(|e| ServeError::Reflection(e.to_string()))?;
 
+    // Small request/response exchanges must not wait on Nagle's algorithm (23 ms per
+    // unary call on loopback without this).
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     tracing::info!(addr = ?addr, max_update_bytes = options.max_update_bytes, "compactd serving");
     tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
@@ -89,7 +92,7 @@ pub async fn serve(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(sessions)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(incoming, shutdown)
         .await
         .map_err(ServeError::Transport)
 }

@@ -58,8 +58,8 @@ pub type Outcome = Result<(Vec<Ev>, bool), Rejection>;
 pub enum Pending {
     /// Answered without the actor (validation errors, session creation).
     Ready(Outcome),
-    /// Queued on the actor.
-    Queued(oneshot::Receiver<Outcome>),
+    /// Queued on the actor; engine rejections get the field prefix when they arrive.
+    Queued(oneshot::Receiver<Outcome>, &'static str),
 }
 
 impl Pending {
@@ -67,9 +67,12 @@ impl Pending {
     pub async fn outcome(self, session_id: &str) -> Outcome {
         match self {
             Pending::Ready(o) => o,
-            Pending::Queued(rx) => rx.await.map_err(|_| {
-                Rejection::from(crate::store::StoreError::Closed(session_id.to_string()))
-            })?,
+            Pending::Queued(rx, prefix) => rx
+                .await
+                .map_err(|_| {
+                    Rejection::from(crate::store::StoreError::Closed(session_id.to_string()))
+                })?
+                .map_err(|r| r.within(prefix)),
         }
     }
 }
@@ -113,7 +116,9 @@ pub fn decode_update(u: pb::ClientUpdate, max: usize) -> Result<Op, Rejection> {
             op_delete(r.message_id, r.part_id).map_err(|e| e.within("delete_part"))?
         }
         U::ReportUsage(r) => op_usage(r).map_err(|e| e.within("report_usage"))?,
-        U::GetContext(c) => Op::Context(context_format(c.format)?),
+        U::GetContext(c) => {
+            Op::Context(context_format(c.format).map_err(|r| r.within("get_context"))?)
+        }
         U::Prune(p) => Op::Prune { dry_run: p.dry_run },
         U::CheckOverflow(_) => Op::CheckOverflow,
     })
@@ -151,9 +156,43 @@ pub fn context_format(v: i32) -> Result<pb::ContextFormat, Rejection> {
         .map_err(|_| Rejection::invalid("format", format!("unknown context format {v}")))
 }
 
+/// Where a request's payload sits, so an engine rejection names the field as the client
+/// wrote it: `upsert_part.message_id` on the stream, `part.message_id` in `UpsertPart`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// A `ClientUpdate` on the stream: fields under the update's oneof name.
+    Stream,
+    /// A unary request: fields under the request's payload field.
+    Unary,
+}
+
+impl Op {
+    /// The field the op's payload sits in, for error names.
+    fn payload_field(&self, scope: Scope) -> &'static str {
+        match (scope, self) {
+            (Scope::Stream, op) => op.kind(),
+            (Scope::Unary, Op::Open(_)) => "session",
+            (Scope::Unary, Op::Apply(Update::UpsertMessage(_))) => "message",
+            (Scope::Unary, Op::Apply(Update::UpsertPart(_))) => "part",
+            (Scope::Unary, Op::Apply(Update::ReportUsage { .. })) => "usage",
+            (Scope::Unary, _) => "",
+        }
+    }
+}
+
 /// Queues `op` for `session_id`. Returns once the op is in the session's mailbox (or
 /// answered), so the caller may queue the next one before this one completes.
-pub async fn submit(store: &Store, session_id: &str, op: Op) -> Pending {
+pub async fn submit(store: &Store, session_id: &str, op: Op, scope: Scope) -> Pending {
+    let prefix = op.payload_field(scope);
+    match submit_op(store, session_id, op).await {
+        // `session_id` sits beside the payload, not in it.
+        Pending::Ready(Err(r)) if r.field != "session_id" => Pending::Ready(Err(r.within(prefix))),
+        Pending::Queued(rx, _) => Pending::Queued(rx, prefix),
+        other => other,
+    }
+}
+
+async fn submit_op(store: &Store, session_id: &str, op: Op) -> Pending {
     let handle = match &op {
         Op::Open(info) => {
             let (handle, created) = store.open(info.clone());
@@ -228,7 +267,7 @@ where
     F: FnOnce(&mut engine::Session, &crate::config::EngineConfig) -> Outcome + Send + 'static,
 {
     match handle.submit(f).await {
-        Ok(rx) => Pending::Queued(rx),
+        Ok(rx) => Pending::Queued(rx, ""),
         Err(e) => Pending::Ready(Err(e.into())),
     }
 }

@@ -35,7 +35,7 @@ impl SessionsService {
     /// Runs a unary op and returns its events, or the rejection as a status.
     async fn run(&self, session_id: &str, op: Op) -> Result<(Vec<Ev>, bool), Status> {
         let kind = op.kind();
-        let outcome = ops::submit(&self.store, session_id, op)
+        let outcome = ops::submit(&self.store, session_id, op, ops::Scope::Unary)
             .await
             .outcome(session_id)
             .await;
@@ -294,6 +294,10 @@ impl pb::sessions_server::Sessions for SessionsService {
         let id_override = req.session_id;
         // Parsing a multi-megabyte export is CPU work: keep it off the async workers.
         let session = tokio::task::spawn_blocking(move || -> Result<_, Rejection> {
+            let root = match document {
+                Document::Text(_) => "export_json",
+                Document::Object(_) => "export",
+            };
             let mut export = match document {
                 Document::Text(t) => trace::parse_export(&t)?,
                 Document::Object(v) => {
@@ -307,7 +311,7 @@ impl pb::sessions_server::Sessions for SessionsService {
                 return Err(Rejection::invalid("session_id", "longer than 256 bytes"));
             }
             let session = trace::load(export, limits, overrides, store.config(), store.counter())
-                .map_err(|e| Rejection::from(e).within("export_json"))?;
+                .map_err(|e| Rejection::from(e).within(root))?;
             Ok(session)
         })
         .await

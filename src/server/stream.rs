@@ -69,7 +69,10 @@ pub fn run(
                     Ok(op) => {
                         let kind = op.kind();
                         tracing::trace!(seq, %session_id, kind, "update");
-                        (kind, ops::submit(&store, &session_id, op).await)
+                        (
+                            kind,
+                            ops::submit(&store, &session_id, op, ops::Scope::Stream).await,
+                        )
                     }
                     Err(r) => ("invalid", Pending::Ready(Err(r))),
                 };

@@ -1,0 +1,12 @@
+//! The gRPC API end to end: a real server on 127.0.0.1:0 and real tonic clients.
+//!
+//! The modules live in this directory (not as `tests/<name>.rs`) so Cargo does not also
+//! build each of them as a separate test binary that cannot see `common`.
+
+mod concurrency;
+mod health;
+mod import;
+mod overflow;
+mod prune;
+mod stream;
+mod unary;
