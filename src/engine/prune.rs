@@ -52,10 +52,18 @@ pub fn eligible_end(users: &[usize], len: usize, turns: u32) -> Option<usize> {
 /// The seed's algorithm, literally: newest first from `end`, stop at a summary or a
 /// compacted output.
 pub fn reference_scan(messages: &[Message], end: Option<usize>, s: &Settings) -> PrunePlan {
+    scan(messages, end, s).0
+}
+
+/// The literal scan, also returning the protected candidates (oldest first), which the
+/// incremental index keeps so its window can slide over them later.
+fn scan(messages: &[Message], end: Option<usize>, s: &Settings) -> (PrunePlan, Vec<Candidate>) {
     let mut plan = PrunePlan::default();
-    let Some(end) = end else { return plan };
+    let mut protected = Vec::new();
+    let Some(end) = end else {
+        return (plan, protected);
+    };
     let mut total = 0u64;
-    let mut newest_first = Vec::new();
     'messages: for (mi, msg) in messages[..=end].iter().enumerate().rev() {
         if msg.info.role == Role::Assistant && msg.info.summary {
             break;
@@ -73,23 +81,24 @@ pub fn reference_scan(messages: &[Message], end: Option<usize>, s: &Settings) ->
             if tool.state.time.compacted.is_some() {
                 break 'messages;
             }
-            let tokens = stored.est.output;
-            total += tokens;
+            let c = Candidate {
+                msg: mi,
+                part: pi,
+                tokens: stored.est.output,
+            };
+            total += c.tokens;
             if total > s.prune_protect {
-                plan.pruned += tokens;
-                newest_first.push(Candidate {
-                    msg: mi,
-                    part: pi,
-                    tokens,
-                });
+                plan.pruned += c.tokens;
+                plan.prune.push(c);
             } else {
-                plan.protected += tokens;
+                plan.protected += c.tokens;
+                protected.push(c);
             }
         }
     }
-    newest_first.reverse();
-    plan.prune = newest_first;
-    plan
+    plan.prune.reverse();
+    protected.reverse();
+    (plan, protected)
 }
 
 /// Incremental prune state: the candidates between the last stop point (summary or
@@ -153,11 +162,10 @@ impl PruneIndex {
     }
 
     fn rebuild(&mut self, messages: &[Message], end: Option<usize>, s: &Settings) {
-        let plan = reference_scan(messages, end, s);
+        let (plan, protected) = scan(messages, end, s);
         let mut cands = plan.prune;
         let window = cands.len();
-        // The protected candidates are needed too: the window slides over them later.
-        cands.extend(protected_candidates(messages, end, s));
+        cands.extend(protected);
         *self = PruneIndex {
             end,
             cands,
@@ -235,44 +243,6 @@ impl PruneIndex {
         self.window = 0;
         self.pruned = 0;
     }
-}
-
-/// The protected candidates the reference scan saw, oldest first.
-fn protected_candidates(
-    messages: &[Message],
-    end: Option<usize>,
-    s: &Settings,
-) -> impl Iterator<Item = Candidate> {
-    let mut out = Vec::new();
-    let mut total = 0u64;
-    if let Some(end) = end {
-        'messages: for (mi, msg) in messages[..=end].iter().enumerate().rev() {
-            if msg.info.role == Role::Assistant && msg.info.summary {
-                break;
-            }
-            for (pi, stored) in msg.parts.iter().enumerate().rev() {
-                let PartKind::Tool(tool) = &stored.part.kind else {
-                    continue;
-                };
-                if tool.state.status != ToolStatus::Completed || s.is_protected_tool(&tool.tool) {
-                    continue;
-                }
-                if tool.state.time.compacted.is_some() {
-                    break 'messages;
-                }
-                total += stored.est.output;
-                if total > s.prune_protect {
-                    break 'messages;
-                }
-                out.push(Candidate {
-                    msg: mi,
-                    part: pi,
-                    tokens: stored.est.output,
-                });
-            }
-        }
-    }
-    out.into_iter().rev()
 }
 
 /// Whether a prune run may change the session.
