@@ -28,9 +28,9 @@ const SIZES: &[usize] = &[100, 1_000, 10_000];
 
 /// All messages of all traces, in file order.
 fn corpus() -> Vec<(MessageInfo, Vec<Part>)> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/traces");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/traces");
     let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .expect("shared/traces readable")
+        .expect("tests/data/traces readable")
         .map(|e| e.expect("entry").path())
         .filter(|p| p.extension().is_some_and(|e| e == "json"))
         .collect();

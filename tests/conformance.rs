@@ -15,12 +15,12 @@ use compactd::tokens::CharsPerToken;
 use compactd::trace::{self, Export, replay::replay};
 
 fn traces_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/traces")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/traces")
 }
 
 fn traces() -> Vec<PathBuf> {
     let mut files: Vec<_> = std::fs::read_dir(traces_dir())
-        .expect("shared/traces is readable")
+        .expect("tests/data/traces is readable")
         .map(|e| e.expect("dir entry").path())
         .filter(|p| p.extension().is_some_and(|e| e == "json"))
         .collect();

@@ -1,7 +1,7 @@
 //! `opencode export` JSON → domain types.
 //!
 //! The document is `{"info": Session.Info, "messages": [{"info": Message, "parts": [..]}],
-//! "todos"?: [..]}` (field list in `shared/traces/README.md`). Each object is taken apart
+//! "todos"?: [..]}` (field list in `tests/data/traces/README.md`). Each object is taken apart
 //! field by field: known fields are typed, every other field is kept in `extra`, so a newer
 //! OpenCode build's additions survive a round trip instead of being rejected.
 //!

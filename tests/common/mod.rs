@@ -657,7 +657,7 @@ pub fn json_to_value(v: &serde_json::Value) -> prost_types::Value {
 
 /// The shared `opencode export` traces, sorted by name.
 pub fn trace_files() -> Vec<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/traces");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/traces");
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{} is readable: {e}", dir.display()))
         .map(|e| e.expect("dir entry").path())
