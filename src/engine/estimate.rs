@@ -13,6 +13,9 @@ pub struct PartEstimate {
     pub base: u64,
     /// Tokens of a completed tool's `state.output` (what prune weighs and may clear).
     pub output: u64,
+    /// The part of `base` a model writes when the part is in an assistant message (text,
+    /// reasoning, tool call input): the provider's `output` usage already counts it.
+    pub generated: u64,
 }
 
 impl PartEstimate {
@@ -26,29 +29,19 @@ impl PartEstimate {
 pub fn estimate(part: &Part, counter: &dyn TokenCounter) -> PartEstimate {
     match &part.kind {
         PartKind::Text(t) if t.ignored => PartEstimate::default(),
-        PartKind::Text(t) => PartEstimate {
-            base: counter.count(&t.text),
-            output: 0,
-        },
-        PartKind::Reasoning(r) => PartEstimate {
-            base: counter.count(&r.text),
-            output: 0,
-        },
+        PartKind::Text(t) => generated(counter.count(&t.text)),
+        PartKind::Reasoning(r) => generated(counter.count(&r.text)),
         PartKind::Tool(tool) => {
             let input = counter.count(&tool.state.input.to_string());
-            match tool.state.status {
-                ToolStatus::Completed => PartEstimate {
-                    base: input,
-                    output: counter.count(&tool.state.output),
-                },
-                ToolStatus::Error => PartEstimate {
-                    base: input + counter.count(&tool.state.error),
-                    output: 0,
-                },
-                ToolStatus::Pending | ToolStatus::Running => PartEstimate {
-                    base: input + counter.count(INTERRUPTED),
-                    output: 0,
-                },
+            let (extra, output) = match tool.state.status {
+                ToolStatus::Completed => (0, counter.count(&tool.state.output)),
+                ToolStatus::Error => (counter.count(&tool.state.error), 0),
+                ToolStatus::Pending | ToolStatus::Running => (counter.count(INTERRUPTED), 0),
+            };
+            PartEstimate {
+                base: input + extra,
+                output,
+                generated: input,
             }
         }
         PartKind::File(f) => {
@@ -60,16 +53,19 @@ pub fn estimate(part: &Part, counter: &dyn TokenCounter) -> PartEstimate {
             };
             PartEstimate {
                 base: counter.count(body),
-                output: 0,
+                ..PartEstimate::default()
             }
         }
-        PartKind::Subtask(s) => PartEstimate {
-            base: counter.count(&s.prompt) + counter.count(&s.description),
-            output: 0,
-        },
+        PartKind::Subtask(s) => {
+            let base = counter.count(&s.prompt) + counter.count(&s.description);
+            PartEstimate {
+                base,
+                ..PartEstimate::default()
+            }
+        }
         PartKind::Compaction(_) => PartEstimate {
             base: counter.count(COMPACTION_PROMPT_TEXT),
-            output: 0,
+            ..PartEstimate::default()
         },
         PartKind::StepStart { .. }
         | PartKind::StepFinish(_)
@@ -77,5 +73,14 @@ pub fn estimate(part: &Part, counter: &dyn TokenCounter) -> PartEstimate {
         | PartKind::Patch(_)
         | PartKind::Agent(_)
         | PartKind::Retry(_) => PartEstimate::default(),
+    }
+}
+
+/// A part whose tokens are all model-written when it sits in an assistant message.
+fn generated(tokens: u64) -> PartEstimate {
+    PartEstimate {
+        base: tokens,
+        output: 0,
+        generated: tokens,
     }
 }

@@ -8,6 +8,8 @@
 //!   OpenCode today is ratio 1.0 with reserved = min(20000, max output): the `OpenCode`
 //!   preset.
 //! - predicted = used + context tokens added since that report (minus tokens pruned since).
+//!   A report describes the request that started the current step, so what the model did
+//!   not write since that request began (tool results) is not in it and counts as added.
 //!   Overflow when `used` or `predicted` is above the threshold.
 
 use super::session::Session;

@@ -100,6 +100,11 @@ pub(crate) struct UsageState {
     pub last: Option<TokenUsage>,
     /// Context tokens added (positive) or removed (negative) since that report.
     pub delta: i64,
+    /// Context tokens the model did not write (tool results, user text, ...) added since
+    /// the current request started (a `step-start`, a new assistant message, or a report).
+    /// A report does not cover them: tool results of a step arrive before its
+    /// `step-finish` but are input to the next request.
+    pub since_request: i64,
 }
 
 /// A session: the unit the store owns and the engine computes on.
@@ -284,6 +289,8 @@ impl Session {
         let completed = info.is_completed_summary().then(|| info.parent_id.clone());
         if info.role == Role::User {
             self.users.push(idx);
+        } else {
+            self.usage.since_request = 0; // a new assistant message is a new request
         }
         self.by_id.insert(info.id.clone(), idx);
         self.messages.push(Message {
@@ -320,14 +327,18 @@ impl Session {
             PartKind::StepFinish(s) => s.tokens.filter(|t| !t.is_empty()),
             _ => None,
         };
+        let is_step_start = matches!(part.kind, PartKind::StepStart { .. });
+        let assistant = self.messages[idx].info.role == Role::Assistant;
         let new = StoredPart { part, est };
         let new_tokens = self.context_tokens_of(&new);
+        let new_unwritten = self.unwritten_tokens(&new, assistant);
         let new_compacted = new.is_compacted();
         let parts = &self.messages[idx].parts;
         let existing = parts.iter().position(|p| p.part.id == new.part.id);
         let (old_tokens, old_compacted, was_tool, was_compaction) = match existing {
             Some(i) => {
                 let old = &parts[i];
+                self.usage.since_request -= self.unwritten_tokens(old, assistant) as i64;
                 (
                     self.context_tokens_of(old),
                     old.is_compacted(),
@@ -338,6 +349,10 @@ impl Session {
             None => (0, false, false, false),
         };
         let created = existing.is_none();
+        if created && is_step_start {
+            self.usage.since_request = 0; // the model is being called again
+        }
+        self.usage.since_request += new_unwritten as i64;
         match existing {
             Some(i) => self.messages[idx].parts[i] = new,
             None => self.messages[idx].parts.push(new),
@@ -382,6 +397,8 @@ impl Session {
         };
         let old = self.messages[idx].parts.remove(i);
         let old_tokens = self.context_tokens_of(&old);
+        let assistant = self.messages[idx].info.role == Role::Assistant;
+        self.usage.since_request -= self.unwritten_tokens(&old, assistant) as i64;
         self.parts -= 1;
         self.adjust_tokens(old_tokens, 0);
         self.compacted -= usize::from(old.is_compacted());
@@ -423,12 +440,26 @@ impl Session {
         })
     }
 
-    /// A provider report is the new baseline of the next request's size.
+    /// A provider report is the new baseline of the next request's size; what the model did
+    /// not write since that request started is not in it. The same report twice (a
+    /// `step-finish` and then its message) is one report.
     fn record_usage(&mut self, tokens: TokenUsage) {
+        if self.usage.last == Some(tokens) {
+            return;
+        }
+        let pending = self.usage.since_request;
         self.usage = UsageState {
             last: Some(tokens),
-            delta: 0,
+            delta: pending,
+            since_request: 0,
         };
+    }
+
+    /// Context tokens of a part that no provider usage covers yet: all of it, except what
+    /// the model wrote in an assistant message (counted in the report's `output`).
+    fn unwritten_tokens(&self, p: &StoredPart, assistant: bool) -> u64 {
+        let written = if assistant { p.est.generated } else { 0 };
+        self.context_tokens_of(p).saturating_sub(written)
     }
 
     /// Context-view tokens of one stored part under the current settings.

@@ -202,12 +202,37 @@ async fn new_tool_output_after_a_report_crosses_as_predicted() {
         (70_000, 75_001, THRESHOLD)
     );
 
-    // A new report is the new baseline: the prediction restarts from it.
+    // The next request starts (a new assistant message) and its report is the new
+    // baseline: it covers t1, so the prediction restarts from it.
+    s.expect_ack(sid, upsert_message(assistant_msg("a2", "u1")))
+        .await;
     let events = s.request(sid, report_usage(usage(60_000))).await;
     assert_eq!(kinds(&events), ["ack"]);
     let check = check_overflow(&mut c, sid).await;
     assert_eq!((check.used, check.predicted), (60_000, 60_000));
     assert!(!check.overflow);
+}
+
+#[tokio::test]
+async fn a_report_does_not_cover_tool_results_of_its_own_request() {
+    let server = start_server().await;
+    let mut s = server.stream().await;
+    let mut c = server.client().await;
+    let sid = "o-step";
+    s.expect_ack(sid, open(session_with_limits(sid, CONTEXT, OUTPUT)))
+        .await;
+    s.expect_ack(sid, upsert_message(user_msg("u1"))).await;
+    s.expect_ack(sid, upsert_message(assistant_msg("a1", "u1")))
+        .await;
+    // The tool result arrives before the usage of the request that asked for it.
+    s.expect_ack(
+        sid,
+        upsert_part(tool_part("a1", "t1", "bash", &output_of("t1", 20_000))),
+    )
+    .await;
+    s.expect_ack(sid, report_usage(usage(10_000))).await;
+    let check = check_overflow(&mut c, sid).await;
+    assert_eq!((check.used, check.predicted), (10_000, 15_000));
 }
 
 #[tokio::test]

@@ -753,8 +753,58 @@ fn prediction_follows_session_tokens() {
     );
     assert_eq!(c.predicted, 154_000 + s.total_tokens() - at_report);
 
-    // A new report is the new baseline.
+    // A new report is the new baseline, but it does not cover what the model did not write
+    // since the current request began (a2's creation): the tool outputs p1, p2, p3 (300 +
+    // 200 + 60, counted as written; prune cleared p1/p2 later, which errs high). Their
+    // `{}` inputs were written by the model and are in the reported output.
     apply(&mut s, report_usage(usage(1_000, 0, 0)));
     let c = s.check_overflow(Trigger::Request);
-    assert_eq!((c.used, c.predicted), (1_000, 1_000));
+    assert_eq!((c.used, c.predicted), (1_000, 1_000 + 560));
+    // The same report again changes nothing.
+    apply(&mut s, report_usage(usage(1_000, 0, 0)));
+    assert_eq!(s.check_overflow(Trigger::Request).predicted, 1_000 + 560);
+}
+
+/// OpenCode writes a step's tool results before its `step-finish` (which carries the
+/// step's usage). The usage describes the request that started the step, so the results
+/// must stay in the prediction; a new `step-start` begins the next request.
+#[test]
+fn step_results_written_before_step_finish_stay_predicted() {
+    let mut s = new_session(SessionOverrides::default(), lim(200_000, 0, 32_000));
+    for u in [
+        Update::UpsertMessage(user("u1")),
+        Update::UpsertMessage(assistant("a1", "u1")),
+        Update::UpsertPart(step_start("a1", "s1")),
+        Update::UpsertPart(tool("a1", "p1", "bash", &chars(4 * 50_000))),
+        Update::UpsertPart(step_finish("a1", "f1", usage(20_000, 300, 0))),
+    ] {
+        apply(&mut s, u);
+    }
+    let c = s.check_overflow(Trigger::Request);
+    // 50,000 output tokens of p1 are input to the next request; its `{}` input (1 token)
+    // was written by the model and is in the reported output.
+    assert_eq!((c.used, c.predicted), (20_300, 20_300 + 50_000));
+
+    // The next step starts: its usage covers p1.
+    for u in [
+        Update::UpsertPart(step_start("a1", "s2")),
+        Update::UpsertPart(step_finish("a1", "f2", usage(70_400, 100, 0))),
+    ] {
+        apply(&mut s, u);
+    }
+    let c = s.check_overflow(Trigger::Request);
+    assert_eq!((c.used, c.predicted), (70_500, 70_500));
+}
+
+fn step_finish(msg: &str, id: &str, tokens: TokenUsage) -> Part {
+    Part {
+        id: id.into(),
+        message_id: msg.into(),
+        kind: PartKind::StepFinish(StepFinishPart {
+            reason: "tool-calls".into(),
+            tokens: Some(tokens),
+            ..Default::default()
+        }),
+        extra: Extra::new(),
+    }
 }
