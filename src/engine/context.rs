@@ -32,11 +32,42 @@ impl Session {
     /// Builds the context view. Costs O(messages in the context), never touches the
     /// messages before the boundary.
     pub fn build_context(&self) -> ContextView {
-        let start = self.boundary.unwrap_or(0);
+        let mut view = self.view_of(&self.context_order());
+        view.boundary_message_id = self
+            .boundary
+            .map(|b| self.messages[b.start].info.id.clone());
+        view
+    }
+
+    /// Positions of the messages the context holds, in the order they are sent.
+    ///
+    /// Without a compaction: every message. After one (boundary `B` = the compaction's user
+    /// message, `S` = its summary): `B`, `S`, then every message from the compaction part's
+    /// `tail_start_id` on (the verbatim tail and whatever arrived while the compaction ran,
+    /// which sit before `B` in arrival order), skipping `B` and `S`; without a tail, every
+    /// message after `B`. This is seed 02's `filterCompacted` extended with OpenCode's tail.
+    pub(crate) fn context_order(&self) -> Vec<usize> {
+        let len = self.messages.len();
+        let Some(b) = self.boundary else {
+            return (0..len).collect();
+        };
+        let from = tail_start_id(&self.messages[b.start])
+            .and_then(|id| self.position(id))
+            .filter(|&t| t != b.start && t != b.summary)
+            .unwrap_or(b.start + 1);
+        let mut order = Vec::with_capacity(len.saturating_sub(from) + 2);
+        order.extend([b.start, b.summary]);
+        order.extend((from..len).filter(|&i| i != b.start && i != b.summary));
+        order
+    }
+
+    /// Renders the given messages (positions, in order) as the model sees them.
+    pub(crate) fn view_of(&self, order: &[usize]) -> ContextView {
         let placeholder = &self.settings.placeholder;
         let mut tokens = 0;
-        let mut messages = Vec::new();
-        for msg in &self.messages[start..] {
+        let mut messages = Vec::with_capacity(order.len());
+        for &i in order {
+            let msg = &self.messages[i];
             if !keeps_message(msg) {
                 continue;
             }
@@ -61,9 +92,17 @@ impl Session {
         ContextView {
             messages,
             tokens,
-            boundary_message_id: self.boundary.map(|i| self.messages[i].info.id.clone()),
+            boundary_message_id: None,
         }
     }
+}
+
+/// The `tail_start_id` of a message's compaction part, when set.
+fn tail_start_id(m: &Message) -> Option<&str> {
+    m.parts.iter().find_map(|p| match &p.part.kind {
+        PartKind::Compaction(c) if !c.tail_start_id.is_empty() => Some(c.tail_start_id.as_str()),
+        _ => None,
+    })
 }
 
 /// OpenCode skips errored assistant messages unless they were aborted with real content.
@@ -209,9 +248,9 @@ fn assistant_messages(msg: &Message, out: &mut Vec<Value>) {
 impl Session {
     /// Estimated tokens of the context view without building it.
     pub fn context_tokens(&self) -> u64 {
-        let start = self.boundary.unwrap_or(0);
-        self.messages[start..]
-            .iter()
+        self.context_order()
+            .into_iter()
+            .map(|i| &self.messages[i])
             .filter(|m| keeps_message(m))
             .flat_map(|m| &m.parts)
             .map(|p| self.context_tokens_of(p))

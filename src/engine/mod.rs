@@ -9,6 +9,7 @@
 //! `context.rs`, then [`step`] below, which strings them together as the server does
 //! after every update.
 
+mod compaction;
 mod context;
 mod error;
 mod estimate;
@@ -16,6 +17,10 @@ mod overflow;
 mod prune;
 mod session;
 
+pub use compaction::{
+    AUTO_CONTINUE, COMPACTION_AGENT, CommitIds, Committed, CompactionError, CompactionPlan,
+    CompactionRequest, SummaryOutcome, TailOptions, default_tail_tokens,
+};
 pub use context::ContextView;
 pub use error::{ApplyError, ErrorKind};
 pub use estimate::{PartEstimate, estimate};

@@ -5,7 +5,7 @@
 //! `apply` is the only way to change a session from outside the engine. It validates
 //! first and mutates after, so a rejected update leaves the session exactly as it was.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::error::ApplyError;
@@ -93,6 +93,16 @@ impl StoredPart {
     }
 }
 
+/// The last completed compaction: the user message that opened it (with the compaction
+/// part) and its summary. The context starts here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Boundary {
+    /// The compaction's user message.
+    pub start: usize,
+    /// Its completed summary (assistant, `summary: true`).
+    pub summary: usize,
+}
+
 /// Usage bookkeeping behind the overflow check.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct UsageState {
@@ -120,9 +130,10 @@ pub struct Session {
     /// Positions of user messages, ascending (turn counting without a scan).
     pub(crate) users: Vec<usize>,
     /// Position of the user message that opens the context (last completed compaction).
-    pub(crate) boundary: Option<usize>,
-    /// Parent ids of completed summaries (so a late compaction part finds its summary).
-    completed_parents: HashSet<String>,
+    pub(crate) boundary: Option<Boundary>,
+    /// Parent id → position of its newest completed summary (so a late compaction part
+    /// finds its summary).
+    completed_parents: HashMap<String, usize>,
     pub(crate) usage: UsageState,
     pub(crate) prune: PruneIndex,
     /// Context-view tokens of all messages.
@@ -145,7 +156,7 @@ impl Session {
             by_id: HashMap::new(),
             users: Vec::new(),
             boundary: None,
-            completed_parents: HashSet::new(),
+            completed_parents: HashMap::new(),
             usage: UsageState::default(),
             prune: PruneIndex::default(),
             tokens: 0,
@@ -266,7 +277,7 @@ impl Session {
             self.prune.touch(idx);
         }
         match (was_completed, now_completed) {
-            (None, Some(parent)) => self.summary_completed(parent),
+            (None, Some(parent)) => self.summary_completed(parent, idx),
             (Some(a), Some(b)) if a == b => {}
             (Some(_), _) => self.recompute_boundary(),
             (None, None) => {}
@@ -298,7 +309,7 @@ impl Session {
             parts: Vec::new(),
         });
         if let Some(parent) = completed {
-            self.summary_completed(parent);
+            self.summary_completed(parent, idx);
         }
         if usage {
             self.record_usage(tokens.unwrap_or_default());
@@ -485,31 +496,28 @@ impl Session {
         self.tokens = total;
     }
 
-    /// A summary completed: its parent opens the context if it holds a compaction part and
-    /// is newer than the current boundary. O(1).
-    fn summary_completed(&mut self, parent: String) {
+    /// A summary (at `summary`) completed: its parent opens the context if it holds a
+    /// compaction part and is newer than the current boundary. O(1).
+    fn summary_completed(&mut self, parent: String, summary: usize) {
         if let Some(p) = self.position(&parent) {
-            self.offer_boundary(p);
+            self.offer_boundary(p, summary);
         }
-        self.completed_parents.insert(parent);
+        self.completed_parents.insert(parent, summary);
     }
 
     /// A compaction part arrived on message `idx`: it opens the context if a completed
     /// summary already answers that message. O(1).
     fn compaction_part_added(&mut self, idx: usize) {
-        if self.completed_parents.contains(&self.messages[idx].info.id) {
-            self.offer_boundary(idx);
+        if let Some(&summary) = self.completed_parents.get(&self.messages[idx].info.id) {
+            self.offer_boundary(idx, summary);
         }
     }
 
-    fn offer_boundary(&mut self, idx: usize) {
-        let m = &self.messages[idx];
-        let is_start = m.info.role == Role::User
-            && m.parts
-                .iter()
-                .any(|p| matches!(p.part.kind, PartKind::Compaction(_)));
-        if is_start && self.boundary.is_none_or(|b| idx > b) {
-            self.boundary = Some(idx);
+    fn offer_boundary(&mut self, start: usize, summary: usize) {
+        if has_compaction_part(&self.messages[start])
+            && self.boundary.is_none_or(|b| start > b.start)
+        {
+            self.boundary = Some(Boundary { start, summary });
         }
     }
 
@@ -519,27 +527,28 @@ impl Session {
     /// when a compaction is undone (a summary loses `finish` or gains an error, a
     /// compaction part is deleted): never on ordinary updates.
     fn recompute_boundary(&mut self) {
-        let mut completed: Vec<&str> = Vec::new();
         self.boundary = None;
-        self.completed_parents = self
-            .messages
-            .iter()
-            .filter(|m| m.info.is_completed_summary())
-            .map(|m| m.info.parent_id.clone())
-            .collect();
-        for (i, m) in self.messages.iter().enumerate().rev() {
-            if m.info.role == Role::User
-                && completed.contains(&m.info.id.as_str())
-                && m.parts
-                    .iter()
-                    .any(|p| matches!(p.part.kind, PartKind::Compaction(_)))
-            {
-                self.boundary = Some(i);
-                return;
-            }
+        self.completed_parents.clear();
+        for (i, m) in self.messages.iter().enumerate() {
             if m.info.is_completed_summary() {
-                completed.push(&m.info.parent_id);
+                self.completed_parents.insert(m.info.parent_id.clone(), i);
+            }
+        }
+        for (i, m) in self.messages.iter().enumerate().rev() {
+            if let Some(&summary) = self.completed_parents.get(&m.info.id)
+                && has_compaction_part(m)
+            {
+                self.boundary = Some(Boundary { start: i, summary });
+                return;
             }
         }
     }
+}
+
+/// True for a user message that opens a compaction.
+fn has_compaction_part(m: &Message) -> bool {
+    m.info.role == Role::User
+        && m.parts
+            .iter()
+            .any(|p| matches!(p.part.kind, PartKind::Compaction(_)))
 }

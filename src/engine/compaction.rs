@@ -1,0 +1,396 @@
+//! The pure half of compaction: deciding what the summarizer sees, and recording its
+//! summary exactly as OpenCode does. The LLM call itself lives in `summarize/`.
+//!
+//! - [`Session::plan_compaction`] splits the context into the *head* (summarized) and the
+//!   *verbatim tail* (the last `tail_turns` user turns, at most `preserve_recent_tokens`),
+//!   and picks up the previous summary so it is folded in rather than summarized again.
+//! - [`Session::commit_compaction`] appends, through the ordinary `apply` path, the user
+//!   message with a `compaction` part (recording `tail_start_id`), the summary assistant
+//!   message (`summary: true`, mode/agent `compaction`, finished) with compactd's
+//!   deterministic anchors (todos, protected tool outputs) after the model's text, and on
+//!   auto compaction the synthetic `Continue if you have next steps`. From then on the
+//!   context starts at that boundary and prune stops at the summary.
+//!
+//! Nothing here reads a clock or makes ids: both come in as arguments.
+
+use super::error::ApplyError;
+use super::session::{Session, Update};
+use crate::config::EngineConfig;
+use crate::session::{
+    CompactionPart, MessageInfo, MessageTime, ModelRef, Part, PartKind, Role, TextPart, TokenUsage,
+};
+
+/// Text of the synthetic user message after an automatic compaction (seed 02).
+pub const AUTO_CONTINUE: &str = "Continue if you have next steps";
+/// Mode and agent of a summary message (seed 02).
+pub const COMPACTION_AGENT: &str = "compaction";
+
+/// How a compaction was asked for, decided when it begins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompactionRequest {
+    /// What to keep verbatim.
+    pub tail: TailOptions,
+    /// Started automatically (vs `/compact`): adds the auto-continue message.
+    pub auto: bool,
+    /// Started because the context overflowed.
+    pub overflow: bool,
+}
+
+/// What to keep verbatim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TailOptions {
+    /// User turns kept after the summary (0: none).
+    pub turns: u32,
+    /// Most tokens the tail may hold; older turns are summarized instead.
+    pub max_tokens: u64,
+}
+
+/// OpenCode's verbatim-tail budget: 25% of usable input, clamped to 2,000–15,000.
+pub fn default_tail_tokens(usable_input: u64) -> u64 {
+    (usable_input / 4).clamp(2_000, 15_000)
+}
+
+/// What a compaction summarizes and keeps, decided when it begins.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompactionPlan {
+    /// Positions of the messages summarized, in context order.
+    pub head: Vec<usize>,
+    /// Position of the first message kept verbatim.
+    pub tail_start: Option<usize>,
+    /// Messages held when the compaction began; later ones stay after the summary.
+    pub covers: usize,
+    /// Text of the summary the context currently starts with, folded into the new one.
+    pub previous_summary: Option<String>,
+    /// Estimated tokens of the head (what the summary replaces).
+    pub head_tokens: u64,
+    /// Estimated tokens of the whole context when the compaction began.
+    pub tokens_before: u64,
+    /// How it was asked for.
+    pub request: CompactionRequest,
+}
+
+/// Why a compaction cannot start or cannot be recorded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CompactionError {
+    /// Everything in the context is the verbatim tail (or the context is empty).
+    #[error("nothing to compact: the context holds only the verbatim tail")]
+    NothingToCompact,
+    /// The model returned no text.
+    #[error("the summary is empty")]
+    EmptySummary,
+    /// The summary would not make the context smaller.
+    #[error("the summary ({summary} tokens) is not smaller than what it replaces ({head} tokens)")]
+    NotSmaller {
+        /// Summary tokens.
+        summary: u64,
+        /// Head tokens.
+        head: u64,
+    },
+    /// Recording the messages failed (an id collided).
+    #[error("recording the summary failed: {0}")]
+    Apply(#[from] ApplyError),
+}
+
+/// Ids for the messages a commit creates; the caller makes them unique.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitIds {
+    /// Prefix every created id starts with (e.g. `cmp_<n>`).
+    pub prefix: String,
+}
+
+impl CommitIds {
+    fn id(&self, what: &str) -> String {
+        format!("{}_{what}", self.prefix)
+    }
+}
+
+/// The model's answer, as the summarizer received it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SummaryOutcome {
+    /// The summary text.
+    pub text: String,
+    /// Usage the provider reported for the compaction request, if any.
+    pub usage: Option<TokenUsage>,
+    /// Cost, when a price is configured.
+    pub cost: f64,
+    /// The model that wrote it.
+    pub model: Option<ModelRef>,
+}
+
+/// What a commit recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Committed {
+    /// The compaction's user message.
+    pub user_message_id: String,
+    /// The summary message.
+    pub summary_message_id: String,
+    /// Context tokens before and after.
+    pub tokens_before: u64,
+    /// Context tokens after the commit.
+    pub tokens_after: u64,
+    /// Tokens of the summary message (model text plus anchors).
+    pub summary_tokens: u64,
+}
+
+impl Session {
+    /// Decides what a compaction beginning now would summarize and keep.
+    pub fn plan_compaction(
+        &self,
+        request: CompactionRequest,
+    ) -> Result<CompactionPlan, CompactionError> {
+        let mut order = self.context_order();
+        let tokens_before = self.context_tokens();
+        let mut previous_summary = None;
+        if let Some(b) = self.boundary {
+            previous_summary = Some(self.text_of(b.summary));
+            order.retain(|&i| i != b.start && i != b.summary);
+        }
+        let tail_start = self.tail_start(&order, request.tail);
+        let head: Vec<usize> = match tail_start {
+            Some(t) => order.iter().copied().take_while(|&i| i != t).collect(),
+            None => order,
+        };
+        if head.is_empty() {
+            return Err(CompactionError::NothingToCompact);
+        }
+        let head_tokens = head.iter().map(|&i| self.message_tokens(i)).sum();
+        Ok(CompactionPlan {
+            head,
+            tail_start,
+            covers: self.messages.len(),
+            previous_summary,
+            head_tokens,
+            tokens_before,
+            request,
+        })
+    }
+
+    /// The earliest of the last `turns` user messages whose suffix fits the budget.
+    fn tail_start(&self, order: &[usize], tail: TailOptions) -> Option<usize> {
+        if tail.turns == 0 {
+            return None;
+        }
+        let mut suffix = 0u64;
+        let mut turns = 0;
+        let mut start = None;
+        for &i in order.iter().rev() {
+            suffix += self.message_tokens(i);
+            if suffix > tail.max_tokens {
+                break;
+            }
+            if self.messages[i].info.role == Role::User {
+                start = Some(i);
+                turns += 1;
+                if turns == tail.turns {
+                    break;
+                }
+            }
+        }
+        start
+    }
+
+    fn message_tokens(&self, i: usize) -> u64 {
+        self.messages[i]
+            .parts
+            .iter()
+            .map(|p| self.context_tokens_of(p))
+            .sum()
+    }
+
+    /// Text parts of a message, joined (the summary text of a summary message).
+    fn text_of(&self, i: usize) -> String {
+        let texts: Vec<&str> = self.messages[i]
+            .parts
+            .iter()
+            .filter_map(|p| match &p.part.kind {
+                PartKind::Text(t) if !t.ignored => Some(t.text.as_str()),
+                _ => None,
+            })
+            .collect();
+        texts.join("\n\n")
+    }
+
+    /// Text compactd appends after the model's summary, verbatim: the session's todo list
+    /// and the outputs of protected tools in the head. Deterministic: the model cannot
+    /// drop or garble them.
+    pub fn anchors(&self, plan: &CompactionPlan) -> String {
+        let mut out = String::new();
+        if !self.info.todos.is_empty() {
+            out.push_str("## Todo list (carried verbatim by compactd)\n");
+            for t in &self.info.todos {
+                out.push_str(&format!("- [{}] {}", t.status, t.content));
+                if !t.priority.is_empty() {
+                    out.push_str(&format!(" ({})", t.priority));
+                }
+                out.push('\n');
+            }
+        }
+        let mut protected = String::new();
+        for &i in &plan.head {
+            for p in &self.messages[i].parts {
+                if let PartKind::Tool(t) = &p.part.kind
+                    && self.settings.is_protected_tool(&t.tool)
+                    && !t.state.output.is_empty()
+                {
+                    protected.push_str(&format!(
+                        "### {} ({})\n{}\n",
+                        t.tool, t.call_id, t.state.output
+                    ));
+                }
+            }
+        }
+        if !protected.is_empty() {
+            if !out.is_empty() {
+                out.push('\n');
+            }
+            out.push_str("## Protected tool outputs (carried verbatim by compactd)\n");
+            out.push_str(&protected);
+        }
+        out
+    }
+
+    /// Records a finished compaction. Checks the summary first (non-empty, smaller than
+    /// the head it replaces); on error the session is unchanged.
+    pub fn commit_compaction(
+        &mut self,
+        plan: &CompactionPlan,
+        outcome: &SummaryOutcome,
+        ids: &CommitIds,
+        now_ms: i64,
+        config: &EngineConfig,
+    ) -> Result<Committed, CompactionError> {
+        let model_text = outcome.text.trim();
+        if model_text.is_empty() {
+            return Err(CompactionError::EmptySummary);
+        }
+        let model_tokens = self.counter.count(model_text);
+        if model_tokens >= plan.head_tokens {
+            return Err(CompactionError::NotSmaller {
+                summary: model_tokens,
+                head: plan.head_tokens,
+            });
+        }
+        let (auto, overflow) = (plan.request.auto, plan.request.overflow);
+        let anchors = self.anchors(plan);
+        let text = if anchors.is_empty() {
+            model_text.to_string()
+        } else {
+            format!("{model_text}\n\n{anchors}")
+        };
+        // The first message not summarized: the tail, or whatever arrived meanwhile.
+        let tail_start_id = plan
+            .tail_start
+            .or((plan.covers < self.messages.len()).then_some(plan.covers))
+            .map(|i| self.messages[i].info.id.clone())
+            .unwrap_or_default();
+
+        let user_id = ids.id("user");
+        let summary_id = ids.id("summary");
+        let mut updates = Vec::new();
+        let mut user = MessageInfo::new(user_id.clone(), Role::User);
+        user.time = MessageTime {
+            created: now_ms,
+            completed: None,
+        };
+        user.agent = self.last_user_agent();
+        user.model = self.info.model.clone();
+        updates.push(Update::UpsertMessage(user));
+        updates.push(Update::UpsertPart(Part {
+            id: ids.id("compaction"),
+            message_id: user_id.clone(),
+            kind: PartKind::Compaction(CompactionPart {
+                auto,
+                overflow,
+                tail_start_id,
+            }),
+            extra: Default::default(),
+        }));
+        let mut summary = MessageInfo::new(summary_id.clone(), Role::Assistant);
+        summary.parent_id = user_id.clone();
+        summary.summary = true;
+        summary.mode = COMPACTION_AGENT.into();
+        summary.agent = COMPACTION_AGENT.into();
+        summary.time = MessageTime {
+            created: now_ms,
+            completed: Some(now_ms),
+        };
+        summary.tokens = outcome.usage;
+        summary.cost = outcome.cost;
+        summary.model = outcome.model.clone();
+        // Unfinished first, text, then finished: the order a live host uses, so the
+        // boundary moves only once the summary is complete.
+        updates.push(Update::UpsertMessage(MessageInfo {
+            finish: String::new(),
+            ..summary.clone()
+        }));
+        updates.push(Update::UpsertPart(Part {
+            id: ids.id("summary_text"),
+            message_id: summary_id.clone(),
+            kind: PartKind::Text(TextPart {
+                text,
+                ..Default::default()
+            }),
+            extra: Default::default(),
+        }));
+        updates.push(Update::UpsertMessage(MessageInfo {
+            finish: "stop".into(),
+            ..summary
+        }));
+        if auto {
+            let cont_id = ids.id("continue");
+            let mut cont = MessageInfo::new(cont_id.clone(), Role::User);
+            cont.time = MessageTime {
+                created: now_ms,
+                completed: None,
+            };
+            cont.agent = self.last_user_agent();
+            updates.push(Update::UpsertMessage(cont));
+            updates.push(Update::UpsertPart(Part {
+                id: ids.id("continue_text"),
+                message_id: cont_id,
+                kind: PartKind::Text(TextPart {
+                    text: AUTO_CONTINUE.into(),
+                    synthetic: true,
+                    ..Default::default()
+                }),
+                extra: Default::default(),
+            }));
+        }
+        // Ids are fresh, so nothing below can collide with the session's messages; check
+        // anyway so a reused prefix fails cleanly before anything changes.
+        if self.position(&user_id).is_some() || self.position(&summary_id).is_some() {
+            return Err(ApplyError::precondition(
+                "compaction_id",
+                format!("ids {} are taken", ids.prefix),
+            )
+            .into());
+        }
+        for u in updates {
+            self.apply(u, config)?;
+        }
+        let tokens_after = self.context_tokens();
+        // The last report described the old context: the next request is the new one.
+        self.usage = super::session::UsageState {
+            last: None,
+            delta: tokens_after as i64,
+            since_request: 0,
+        };
+        let summary_tokens = self
+            .position(&summary_id)
+            .map_or(0, |i| self.message_tokens(i));
+        Ok(Committed {
+            user_message_id: user_id,
+            summary_message_id: summary_id,
+            tokens_before: plan.tokens_before,
+            tokens_after,
+            summary_tokens,
+        })
+    }
+
+    fn last_user_agent(&self) -> String {
+        self.users
+            .last()
+            .map(|&i| self.messages[i].info.agent.clone())
+            .unwrap_or_default()
+    }
+}

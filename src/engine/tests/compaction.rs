@@ -1,0 +1,338 @@
+//! Compaction planning and commit: the verbatim tail, folding the previous summary,
+//! deterministic anchors, messages that arrive while the summarizer runs, and rejections
+//! that leave the session untouched.
+
+use super::*;
+use crate::engine::{
+    AUTO_CONTINUE, CommitIds, CompactionError, CompactionPlan, CompactionRequest, SummaryOutcome,
+    TailOptions, Trigger,
+};
+use crate::session::{Todo, TokenUsage};
+
+const TAIL: TailOptions = TailOptions {
+    turns: 2,
+    max_tokens: 15_000,
+};
+
+fn req(tail: TailOptions, auto: bool) -> CompactionRequest {
+    CompactionRequest {
+        tail,
+        auto,
+        overflow: auto,
+    }
+}
+
+fn outcome(text: &str) -> SummaryOutcome {
+    SummaryOutcome {
+        text: text.into(),
+        usage: Some(TokenUsage {
+            input: 900,
+            output: 40,
+            ..Default::default()
+        }),
+        cost: 0.0,
+        model: None,
+    }
+}
+
+fn ids(n: u32) -> CommitIds {
+    CommitIds {
+        prefix: format!("cmp{n}"),
+    }
+}
+
+fn commit(
+    s: &mut Session,
+    plan: &CompactionPlan,
+    text: &str,
+    auto: bool,
+    n: u32,
+) -> crate::engine::Committed {
+    {
+        let mut plan = plan.clone();
+        plan.request.auto = auto;
+        plan.request.overflow = auto;
+        s.commit_compaction(&plan, &outcome(text), &ids(n), NOW, &config())
+    }
+    .unwrap_or_else(|e| panic!("commit failed: {e}"))
+}
+
+/// Ids of the context's messages, in order.
+fn context_ids(s: &Session) -> Vec<String> {
+    s.build_context()
+        .messages
+        .iter()
+        .map(|m| m.info.id.clone())
+        .collect()
+}
+
+fn ids_of(s: &Session, positions: &[usize]) -> Vec<String> {
+    positions
+        .iter()
+        .map(|&i| s.messages()[i].info.id.clone())
+        .collect()
+}
+
+const FIXTURE: &str = "
+    user u1 text:t1=10
+    assistant a1 read:p1=3000
+    user u2 text:t2=10
+    assistant a2 bash:p2=200
+    user u3 text:t3=10
+    assistant a3 text:t4=50
+";
+
+#[test]
+fn tail_keeps_the_last_two_user_turns() {
+    let s = session(FIXTURE);
+    let plan = s.plan_compaction(req(TAIL, true)).expect("plan");
+    assert_eq!(ids_of(&s, &plan.head), ["u1", "a1"]);
+    assert_eq!(
+        plan.tail_start.map(|i| s.messages()[i].info.id.clone()),
+        Some("u2".into())
+    );
+    assert_eq!(plan.previous_summary, None);
+    assert_eq!(plan.covers, 6);
+    assert_eq!(plan.tokens_before, s.context_tokens());
+}
+
+#[test]
+fn tail_budget_drops_turns_that_do_not_fit() {
+    let s = session(FIXTURE);
+    // u2..a3 hold ~280 tokens; u3..a3 ~60.
+    let plan = s
+        .plan_compaction(req(
+            TailOptions {
+                turns: 2,
+                max_tokens: 100,
+            },
+            true,
+        ))
+        .expect("plan");
+    assert_eq!(ids_of(&s, &plan.head), ["u1", "a1", "u2", "a2"]);
+    // Nothing fits: everything is summarized.
+    let plan = s
+        .plan_compaction(req(
+            TailOptions {
+                turns: 2,
+                max_tokens: 10,
+            },
+            true,
+        ))
+        .expect("plan");
+    assert_eq!(plan.tail_start, None);
+    assert_eq!(plan.head.len(), 6);
+    // No tail asked for.
+    let plan = s
+        .plan_compaction(req(
+            TailOptions {
+                turns: 0,
+                max_tokens: 15_000,
+            },
+            true,
+        ))
+        .expect("plan");
+    assert_eq!(plan.head.len(), 6);
+}
+
+#[test]
+fn nothing_to_compact_when_everything_is_tail() {
+    let s = session("user u1 text:t1=10\nassistant a1 text:t2=10");
+    assert_eq!(
+        s.plan_compaction(req(TAIL, true)),
+        Err(CompactionError::NothingToCompact)
+    );
+}
+
+#[test]
+fn commit_records_opencodes_shape_and_the_context_starts_at_it() {
+    let mut s = session(FIXTURE);
+    let plan = s.plan_compaction(req(TAIL, true)).expect("plan");
+    let before = s.context_tokens();
+    let done = commit(&mut s, &plan, "We fixed the parser; next: tests.", true, 1);
+
+    let user = &s.messages()[s.position(&done.user_message_id).unwrap()];
+    assert_eq!(user.info.role, Role::User);
+    match &user.parts[0].part.kind {
+        PartKind::Compaction(c) => {
+            assert!(c.auto && c.overflow);
+            assert_eq!(c.tail_start_id, "u2");
+        }
+        other => panic!("expected a compaction part, got {other:?}"),
+    }
+    let summary = &s.messages()[s.position(&done.summary_message_id).unwrap()];
+    assert!(summary.info.summary);
+    assert_eq!(
+        (summary.info.mode.as_str(), summary.info.agent.as_str()),
+        ("compaction", "compaction")
+    );
+    assert_eq!(summary.info.parent_id, done.user_message_id);
+    assert_eq!(summary.info.finish, "stop");
+    assert_eq!(summary.info.tokens.map(|t| t.input), Some(900));
+
+    // Context: compaction message, summary, verbatim tail, then the auto-continue.
+    assert_eq!(
+        context_ids(&s),
+        [
+            "cmp1_user",
+            "cmp1_summary",
+            "u2",
+            "a2",
+            "u3",
+            "a3",
+            "cmp1_continue"
+        ]
+    );
+    let view = s.build_context();
+    assert_eq!(view.boundary_message_id.as_deref(), Some("cmp1_user"));
+    let openai = view.to_openai();
+    assert_eq!(
+        openai[0],
+        serde_json::json!({"role": "user", "content": "What did we do so far?"})
+    );
+    assert_eq!(openai[1]["content"], "We fixed the parser; next: tests.");
+    let last = &openai[openai.as_array().unwrap().len() - 1];
+    assert_eq!(last["content"], AUTO_CONTINUE);
+
+    assert_eq!(done.tokens_before, before);
+    assert_eq!(done.tokens_after, s.context_tokens());
+    assert!(done.tokens_after < done.tokens_before);
+}
+
+#[test]
+fn manual_commit_has_no_continue_message() {
+    let mut s = session(FIXTURE);
+    let plan = s.plan_compaction(req(TAIL, true)).expect("plan");
+    commit(&mut s, &plan, "summary", false, 1);
+    assert_eq!(
+        context_ids(&s),
+        ["cmp1_user", "cmp1_summary", "u2", "a2", "u3", "a3"]
+    );
+}
+
+#[test]
+fn messages_arriving_while_the_summary_is_written_stay_after_it() {
+    let mut s = session(FIXTURE);
+    let plan = s
+        .plan_compaction(req(
+            TailOptions {
+                turns: 0,
+                max_tokens: 0,
+            },
+            true,
+        ))
+        .expect("plan");
+    for u in parse("user u4 text:t5=10\nassistant a4 grep:p3=40") {
+        apply(&mut s, u);
+    }
+    commit(&mut s, &plan, "summary of u1..a3", false, 1);
+    // No tail: everything up to the start is summarized; u4/a4 arrived meanwhile.
+    assert_eq!(context_ids(&s), ["cmp1_user", "cmp1_summary", "u4", "a4"]);
+}
+
+#[test]
+fn a_second_compaction_folds_the_first_summary() {
+    let mut s = session(FIXTURE);
+    let plan = s.plan_compaction(req(TAIL, true)).expect("plan");
+    commit(&mut s, &plan, "first summary", true, 1);
+    for u in parse(
+        "user u4 text:t5=10\nassistant a4 read:p4=900\nuser u5 text:t6=10\nassistant a5 text:t7=5",
+    ) {
+        apply(&mut s, u);
+    }
+    let plan = s.plan_compaction(req(TAIL, true)).expect("plan");
+    assert_eq!(plan.previous_summary.as_deref(), Some("first summary"));
+    // The old boundary pair is represented by the previous summary, not summarized again.
+    // The last two user turns (u4, u5) are the new verbatim tail.
+    assert_eq!(
+        ids_of(&s, &plan.head),
+        ["u2", "a2", "u3", "a3", "cmp1_continue"]
+    );
+    commit(&mut s, &plan, "second summary", false, 2);
+    assert_eq!(
+        context_ids(&s),
+        ["cmp2_user", "cmp2_summary", "u4", "a4", "u5", "a5"]
+    );
+}
+
+#[test]
+fn todos_and_protected_outputs_are_carried_verbatim() {
+    let mut s = session(
+        "
+        user u1 text:t1=10
+        assistant a1 skill:k1=30 read:p1=3000
+        user u2 text:t2=10
+        assistant a2 text:t3=5
+        user u3 text:t4=10
+        ",
+    );
+    let mut info = s.info().clone();
+    info.todos = vec![Todo {
+        id: "1".into(),
+        content: "write the migration".into(),
+        status: "in_progress".into(),
+        priority: "high".into(),
+    }];
+    apply(&mut s, Update::Configure(info));
+    let plan = s.plan_compaction(req(TAIL, true)).expect("plan");
+    let skill_output = match &find(&s, "k1").kind {
+        PartKind::Tool(t) => t.state.output.clone(),
+        _ => unreachable!(),
+    };
+    commit(&mut s, &plan, "model summary", false, 1);
+    let view = s.build_context();
+    let text = match &view.messages[1].parts[0].part.kind {
+        PartKind::Text(t) => t.text.clone(),
+        other => panic!("summary text expected, got {other:?}"),
+    };
+    assert!(text.starts_with("model summary\n\n## Todo list"), "{text}");
+    assert!(
+        text.contains("- [in_progress] write the migration (high)"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("### skill (call_k1)\n{skill_output}")),
+        "{text}"
+    );
+}
+
+#[test]
+fn empty_or_larger_summaries_are_rejected_and_change_nothing() {
+    let mut s = session(FIXTURE);
+    let plan = s.plan_compaction(req(TAIL, true)).expect("plan");
+    let before = s.messages().to_vec();
+    let err = s.commit_compaction(&plan, &outcome("  \n"), &ids(1), NOW, &config());
+    assert_eq!(err, Err(CompactionError::EmptySummary));
+    let huge = chars(4 * 3_100);
+    let err = s.commit_compaction(&plan, &outcome(&huge), &ids(1), NOW, &config());
+    assert!(
+        matches!(err, Err(CompactionError::NotSmaller { .. })),
+        "{err:?}"
+    );
+    assert_eq!(s.messages(), &before[..]);
+}
+
+#[test]
+fn prune_stops_at_the_summary_and_usage_restarts_from_the_new_context() {
+    let mut s = session(FIXTURE);
+    apply(
+        &mut s,
+        Update::ReportUsage {
+            message_id: None,
+            tokens: TokenUsage {
+                input: 150_000,
+                ..Default::default()
+            },
+        },
+    );
+    let plan = s.plan_compaction(req(TAIL, true)).expect("plan");
+    commit(&mut s, &plan, "summary", true, 1);
+    let c = s.check_overflow(Trigger::Request);
+    assert_eq!((c.used, c.predicted), (0, s.context_tokens()));
+    // Nothing before the summary is a prune candidate any more.
+    for u in parse("user u9 text:t9=1\nassistant a9 text:t10=1\nuser u10 text:t11=1") {
+        apply(&mut s, u);
+    }
+    assert_eq!(reference(&s).prune, vec![]);
+    assert_index_agrees(&mut s, "after a compaction");
+}
