@@ -4,12 +4,15 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{CacheCounting, EngineConfig, OverflowPreset, Reserved, SessionOverrides};
-use crate::server::DEFAULT_MAX_UPDATE_BYTES;
+use crate::server::{CompactionConfig, DEFAULT_MAX_UPDATE_BYTES};
 use crate::session::ModelLimits;
+use crate::summarize::{ApiKey, LlmConfig, OpenAiSummarizer, Summarizer};
 
 /// Environment variable that turns automatic compaction (and overflow reports) off.
 pub const ENV_DISABLE_AUTOCOMPACT: &str = "COMPACTD_DISABLE_AUTOCOMPACT";
@@ -116,6 +119,89 @@ pub struct ServeArgs {
     /// Engine settings.
     #[command(flatten)]
     pub engine: EngineArgs,
+    /// Compaction model settings.
+    #[command(flatten)]
+    pub llm: LlmArgs,
+}
+
+/// The compaction model: any OpenAI-compatible chat-completions endpoint.
+#[derive(Debug, Clone, Args)]
+pub struct LlmArgs {
+    /// Base URL, e.g. https://api.openai.com/v1 or http://127.0.0.1:8080/v1. Without it,
+    /// compaction reports FAILED_PRECONDITION and everything else works.
+    #[arg(long, env = "COMPACTD_LLM_BASE_URL")]
+    pub llm_base_url: Option<String>,
+    /// Model name sent to the endpoint.
+    #[arg(long, env = "COMPACTD_LLM_MODEL")]
+    pub llm_model: Option<String>,
+    /// File holding the API key (preferred over the environment variable).
+    #[arg(long, env = "COMPACTD_LLM_API_KEY_FILE")]
+    pub llm_api_key_file: Option<PathBuf>,
+    /// API key. Never logged; its value is hidden from --help.
+    #[arg(
+        long = "llm-api-key",
+        env = "COMPACTD_LLM_API_KEY",
+        hide_env_values = true,
+        hide = true
+    )]
+    pub llm_api_key: Option<String>,
+    /// Deadline for one summary, retries included, in seconds.
+    #[arg(long, env = "COMPACTD_LLM_TIMEOUT_SECS", default_value_t = 120)]
+    pub llm_timeout_secs: u64,
+    /// Retries for 429/5xx/connection errors before the first token.
+    #[arg(long, env = "COMPACTD_LLM_MAX_RETRIES", default_value_t = 3)]
+    pub llm_max_retries: u32,
+    /// User turns kept verbatim after a summary.
+    #[arg(long, env = "COMPACTD_TAIL_TURNS", default_value_t = 2)]
+    pub tail_turns: u32,
+    /// Token budget of the verbatim tail (default: 25% of usable input, 2000–15000).
+    #[arg(long, env = "COMPACTD_TAIL_TOKENS")]
+    pub tail_tokens: Option<u64>,
+}
+
+impl LlmArgs {
+    /// Validates the flags and builds the compaction settings (reads the key file).
+    pub fn to_config(&self) -> Result<CompactionConfig, ConfigError> {
+        let summarizer: Option<Arc<dyn Summarizer>> = match &self.llm_base_url {
+            None => None,
+            Some(url) => {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    return Err(ConfigError {
+                        flag: "llm-base-url",
+                        message: format!("{url:?} is not an http(s) URL"),
+                    });
+                }
+                let Some(model) = self.llm_model.clone().filter(|m| !m.is_empty()) else {
+                    return Err(ConfigError {
+                        flag: "llm-model",
+                        message: "required with --llm-base-url".into(),
+                    });
+                };
+                let mut cfg = LlmConfig::new(url.clone(), model);
+                cfg.api_key = match (&self.llm_api_key_file, &self.llm_api_key) {
+                    (Some(path), _) => {
+                        Some(ApiKey::new(std::fs::read_to_string(path).map_err(|e| {
+                            ConfigError {
+                                flag: "llm-api-key-file",
+                                message: format!("cannot read {}: {e}", path.display()),
+                            }
+                        })?))
+                    }
+                    (None, Some(k)) if !k.is_empty() => Some(ApiKey::new(k.clone())),
+                    _ => None,
+                };
+                cfg.timeout = Duration::from_secs(self.llm_timeout_secs.max(1));
+                cfg.max_retries = self.llm_max_retries;
+                Some(Arc::new(OpenAiSummarizer::new(cfg)))
+            }
+        };
+        Ok(CompactionConfig {
+            summarizer,
+            tail_turns: self.tail_turns,
+            tail_tokens: self.tail_tokens,
+            ..CompactionConfig::default()
+        })
+    }
 }
 
 /// `compactd replay`.

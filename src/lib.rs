@@ -21,5 +21,6 @@ pub mod engine;
 pub mod server;
 pub mod session;
 pub mod store;
+pub mod summarize;
 pub mod tokens;
 pub mod trace;

@@ -41,6 +41,7 @@ fn init_logging(format: LogFormat) {
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let config = args.engine.to_config()?;
+    let compaction = args.llm.to_config()?;
     if args.max_update_bytes == 0 {
         anyhow::bail!("--max-update-bytes: must be above 0");
     }
@@ -58,14 +59,13 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             threshold = config.threshold,
             prune = config.prune,
             auto_compact = config.auto_compact,
-            llm = "not configured",
+            llm = compaction.summarizer.as_ref().map_or("not configured", |s| s.model()),
+            llm_base_url = args.llm.llm_base_url.as_deref().map_or("", |u| if u.contains('@') { "[url with credentials]" } else { u }),
             "starting compactd {}",
             env!("CARGO_PKG_VERSION")
         );
         let store = Arc::new(Store::new(config, Arc::new(CharsPerToken)));
-        let options = ServerOptions {
-            max_update_bytes: args.max_update_bytes,
-        };
+        let options = ServerOptions { max_update_bytes: args.max_update_bytes, compaction };
         server::serve(listener, store, options, shutdown_signal()).await?;
         tracing::info!("compactd stopped");
         Ok(())

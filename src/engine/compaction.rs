@@ -165,6 +165,12 @@ impl Session {
         })
     }
 
+    /// The head as the summarizer sees it: rendered like the context (placeholders for
+    /// cleared outputs, interrupted tools as errors).
+    pub fn head_view(&self, plan: &CompactionPlan) -> super::ContextView {
+        self.view_of(&plan.head)
+    }
+
     /// The earliest of the last `turns` user messages whose suffix fits the budget.
     fn tail_start(&self, order: &[usize], tail: TailOptions) -> Option<usize> {
         if tail.turns == 0 {

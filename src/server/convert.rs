@@ -375,7 +375,8 @@ pub fn usage_from_pb(t: pb::TokenUsage) -> TokenUsage {
     }
 }
 
-fn usage_to_pb(t: &TokenUsage) -> pb::TokenUsage {
+/// Usage to the wire.
+pub fn usage_to_pb(t: &TokenUsage) -> pb::TokenUsage {
     pb::TokenUsage {
         total: t.total,
         input: t.input,

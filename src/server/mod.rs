@@ -6,7 +6,9 @@
 //! only file that maps them to domain types and the only place client fields are
 //! validated; `status.rs` is the only place errors become gRPC codes.
 
+mod compaction;
 mod convert;
+pub mod hub;
 mod ops;
 pub mod pb;
 mod service;
@@ -21,6 +23,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 
+pub use hub::{CompactionConfig, Hub};
 pub use ops::DEFAULT_MAX_UPDATE_BYTES;
 pub use service::SessionsService;
 
@@ -35,12 +38,15 @@ const TRANSPORT_SLACK: usize = 4;
 pub struct ServerOptions {
     /// Largest update accepted (`RESOURCE_EXHAUSTED` beyond it).
     pub max_update_bytes: usize,
+    /// Summarizer and compaction settings.
+    pub compaction: CompactionConfig,
 }
 
 impl Default for ServerOptions {
     fn default() -> Self {
         ServerOptions {
             max_update_bytes: DEFAULT_MAX_UPDATE_BYTES,
+            compaction: CompactionConfig::default(),
         }
     }
 }
@@ -54,8 +60,9 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     let addr: Option<SocketAddr> = listener.local_addr().ok();
     let transport_max = options.max_update_bytes.saturating_mul(TRANSPORT_SLACK);
+    let hub = Arc::new(Hub::new(store, options.compaction.clone()));
     let sessions = pb::sessions_server::SessionsServer::new(SessionsService::new(
-        store,
+        hub,
         options.max_update_bytes,
     ))
     .max_decoding_message_size(transport_max)

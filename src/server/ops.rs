@@ -4,18 +4,19 @@
 //! Queuing and waiting are separate ([`submit`] returns a [`Pending`]) so the stream can
 //! keep many updates in flight (to different sessions) while still acking in order.
 
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use prost::Message as _;
 use tokio::sync::oneshot;
 
 use super::convert;
+use super::hub::Hub;
 use super::pb;
 use super::pb::server_event::Event as Ev;
 use super::status::Rejection;
 use crate::engine::{self, Event, PruneMode, Trigger, Update};
 use crate::session::SessionInfo;
-use crate::store::Store;
 
 /// Default largest update accepted (`max_update_bytes`).
 pub const DEFAULT_MAX_UPDATE_BYTES: usize = 16 * 1024 * 1024;
@@ -36,6 +37,8 @@ pub enum Op {
     },
     /// Run the overflow check.
     CheckOverflow,
+    /// Start a manual compaction (handled by the stream itself, which owns its events).
+    Compact(super::compaction::Options),
 }
 
 impl Op {
@@ -47,6 +50,7 @@ impl Op {
             Op::Context(_) => "get_context",
             Op::Prune { .. } => "prune",
             Op::CheckOverflow => "check_overflow",
+            Op::Compact(_) => "compact",
         }
     }
 }
@@ -121,6 +125,7 @@ pub fn decode_update(u: pb::ClientUpdate, max: usize) -> Result<Op, Rejection> {
         }
         U::Prune(p) => Op::Prune { dry_run: p.dry_run },
         U::CheckOverflow(_) => Op::CheckOverflow,
+        U::Compact(o) => Op::Compact(o.into()),
     })
 }
 
@@ -182,9 +187,9 @@ impl Op {
 
 /// Queues `op` for `session_id`. Returns once the op is in the session's mailbox (or
 /// answered), so the caller may queue the next one before this one completes.
-pub async fn submit(store: &Store, session_id: &str, op: Op, scope: Scope) -> Pending {
+pub async fn submit(hub: &Arc<Hub>, session_id: &str, op: Op, scope: Scope) -> Pending {
     let prefix = op.payload_field(scope);
-    match submit_op(store, session_id, op).await {
+    match submit_op(hub, session_id, op).await {
         // `session_id` sits beside the payload, not in it.
         Pending::Ready(Err(r)) if r.field != "session_id" => Pending::Ready(Err(r.within(prefix))),
         Pending::Queued(rx, _) => Pending::Queued(rx, prefix),
@@ -192,7 +197,8 @@ pub async fn submit(store: &Store, session_id: &str, op: Op, scope: Scope) -> Pe
     }
 }
 
-async fn submit_op(store: &Store, session_id: &str, op: Op) -> Pending {
+async fn submit_op(hub: &Arc<Hub>, session_id: &str, op: Op) -> Pending {
+    let store = &hub.store;
     let handle = match &op {
         Op::Open(info) => {
             let (handle, created) = store.open(info.clone());
@@ -216,12 +222,24 @@ async fn submit_op(store: &Store, session_id: &str, op: Op) -> Pending {
             .await
         }
         Op::Apply(update) => {
+            let hub = hub.clone();
+            let sid = session_id.to_string();
             queue(&handle, move |s, c| {
                 let report = engine::step(s, update, c, now_ms())?;
-                let events = report.events.iter().map(event_to_pb).collect();
+                let events: Vec<Ev> = report.events.iter().map(event_to_pb).collect();
+                for e in &report.events {
+                    hub.publish(&sid, bus_event(e));
+                }
                 Ok((events, report.applied.created))
             })
             .await
+        }
+        Op::Compact(options) => {
+            // Outside a stream (which starts compactions itself) there is no sink.
+            match super::compaction::start(hub, session_id, options, None, None).await {
+                Ok(started) => Pending::Ready(Ok((vec![Ev::Compaction(started)], false))),
+                Err(r) => Pending::Ready(Err(r)),
+            }
         }
         Op::Context(format) => {
             queue(&handle, move |s, _| {
@@ -269,6 +287,14 @@ where
     match handle.submit(f).await {
         Ok(rx) => Pending::Queued(rx, ""),
         Err(e) => Pending::Ready(Err(e.into())),
+    }
+}
+
+/// An engine event as a watcher sees it.
+fn bus_event(e: &Event) -> pb::session_event::Event {
+    match e {
+        Event::Overflow(c) => pb::session_event::Event::Overflow(convert::overflow_to_pb(c)),
+        Event::Pruned(r) => pb::session_event::Event::Pruned(convert::prune_to_pb(r)),
     }
 }
 

@@ -1,11 +1,17 @@
 //! The `compactd.v1.Sessions` service: the main stream and its unary twins. Handlers
 //! only decode, call `ops`, and encode; every decision is the engine's.
 
+use std::pin::Pin;
 use std::sync::Arc;
 
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
+use super::compaction::{self, Sink};
 use super::convert;
+use super::hub::Hub;
 use super::ops::{self, Op};
 use super::pb;
 use super::pb::server_event::Event as Ev;
@@ -16,18 +22,20 @@ use crate::trace;
 
 pub use super::stream::EventStream;
 
-/// The service state: the store and the per-update size limit.
+/// The service state: the shared hub and the per-update size limit.
 #[derive(Debug, Clone)]
 pub struct SessionsService {
+    hub: Arc<Hub>,
     store: Arc<Store>,
     max_update_bytes: usize,
 }
 
 impl SessionsService {
-    /// A service over `store`.
-    pub fn new(store: Arc<Store>, max_update_bytes: usize) -> Self {
+    /// A service over `hub`.
+    pub fn new(hub: Arc<Hub>, max_update_bytes: usize) -> Self {
         SessionsService {
-            store,
+            store: hub.store.clone(),
+            hub,
             max_update_bytes,
         }
     }
@@ -35,7 +43,7 @@ impl SessionsService {
     /// Runs a unary op and returns its events, or the rejection as a status.
     async fn run(&self, session_id: &str, op: Op) -> Result<(Vec<Ev>, bool), Status> {
         let kind = op.kind();
-        let outcome = ops::submit(&self.store, session_id, op, ops::Scope::Unary)
+        let outcome = ops::submit(&self.hub, session_id, op, ops::Scope::Unary)
             .await
             .outcome(session_id)
             .await;
@@ -69,9 +77,82 @@ impl SessionsService {
     }
 }
 
+/// Outbound stream of `Compact`.
+pub type CompactionStream = Pin<Box<dyn Stream<Item = Result<pb::CompactionEvent, Status>> + Send>>;
+/// Outbound stream of `Subscribe`.
+pub type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::SessionEvent, Status>> + Send>>;
+
 #[tonic::async_trait]
 impl pb::sessions_server::Sessions for SessionsService {
     type StreamStream = EventStream;
+    type CompactStream = CompactionStream;
+    type SubscribeStream = WatchStream;
+
+    async fn compact(
+        &self,
+        request: Request<pb::CompactRequest>,
+    ) -> Result<Response<CompactionStream>, Status> {
+        let req = request.into_inner();
+        require_session(&req.session_id)?;
+        let (tx, rx) = mpsc::channel(256);
+        let options = req.options.unwrap_or_default().into();
+        let started = compaction::start(
+            &self.hub,
+            &req.session_id,
+            options,
+            Some(Sink::owning(tx.clone())),
+            None,
+        )
+        .await?;
+        // The receiver is ours until we return it; this send cannot fail.
+        let _ = tx.send(started).await;
+        drop(tx);
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx).map(Ok))))
+    }
+
+    async fn subscribe(
+        &self,
+        request: Request<pb::SubscribeRequest>,
+    ) -> Result<Response<WatchStream>, Status> {
+        let only = request.into_inner().session_id;
+        if !only.is_empty() {
+            self.store.get(&only).map_err(Rejection::from)?;
+        }
+        let mut bus = self.hub.bus.subscribe();
+        let (tx, rx) = mpsc::channel(256);
+        tokio::spawn(async move {
+            loop {
+                let event = match bus.recv().await {
+                    Ok(e) => e,
+                    Err(broadcast::error::RecvError::Closed) => return,
+                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                        let status = Status::resource_exhausted(format!(
+                            "watcher fell {n} events behind (the bus keeps {}); subscribe again",
+                            super::hub::BUS_CAPACITY
+                        ));
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
+                };
+                if !only.is_empty() && event.session_id != only {
+                    continue;
+                }
+                // A full buffer means the watcher is not reading: drop it, never wait.
+                match tx.try_send(Ok((*event).clone())) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        let status = Status::resource_exhausted(
+                            "watcher is not reading its events; dropped",
+                        );
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => return,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
 
     async fn stream(
         &self,
@@ -82,7 +163,7 @@ impl pb::sessions_server::Sessions for SessionsService {
             .map(|a| a.to_string())
             .unwrap_or_default();
         let inbound = request.into_inner();
-        let events = super::stream::run(self.store.clone(), inbound, self.max_update_bytes, peer);
+        let events = super::stream::run(self.hub.clone(), inbound, self.max_update_bytes, peer);
         Ok(Response::new(events))
     }
 

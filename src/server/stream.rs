@@ -6,18 +6,21 @@
 //! Backpressure: the outbound buffer and the in-flight queue are bounded, so a client that
 //! stops reading its events stops being read from (HTTP/2 flow control does the rest).
 
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 use tracing::Instrument;
 
-use super::ops::{self, Pending};
+use super::compaction::{self, Sink};
+use super::hub::Hub;
+use super::ops::{self, Op, Pending};
 use super::pb;
-use crate::store::Store;
+use super::pb::server_event::Event as Ev;
 
 /// Events buffered per stream before the writer waits for the client.
 const EVENT_BUFFER: usize = 1024;
@@ -29,12 +32,13 @@ pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::ServerEvent, Status>
 
 /// What the reader hands the writer, in arrival order.
 enum Slot {
-    /// An update in flight.
+    /// An update in flight; `go` releases a compaction's events once the ack is out.
     Update {
         seq: u64,
         session_id: String,
         kind: &'static str,
         pending: Pending,
+        go: Option<oneshot::Sender<()>>,
     },
     /// The inbound stream broke (e.g. a message over the transport limit): end the
     /// response with this status once everything before it is answered.
@@ -43,12 +47,14 @@ enum Slot {
 
 /// Starts the reader and writer tasks for one stream and returns its events.
 pub fn run(
-    store: Arc<Store>,
+    hub: Arc<Hub>,
     mut inbound: Streaming<pb::ClientUpdate>,
     max_update_bytes: usize,
     peer: String,
 ) -> EventStream {
     let (out_tx, out_rx) = mpsc::channel(EVENT_BUFFER);
+    // Events of compactions started from this stream, after their start was acked.
+    let (cmp_tx, mut cmp_rx) = mpsc::channel::<pb::CompactionEvent>(EVENT_BUFFER);
     let (slot_tx, mut slot_rx) = mpsc::channel::<Slot>(IN_FLIGHT);
     let span = tracing::info_span!("stream", %peer);
 
@@ -65,22 +71,35 @@ pub fn run(
                     }
                 };
                 let (seq, session_id) = (update.seq, update.session_id.clone());
-                let (kind, pending) = match ops::decode_update(update, max_update_bytes) {
+                let (kind, pending, go) = match ops::decode_update(update, max_update_bytes) {
+                    Ok(Op::Compact(options)) => {
+                        // Its events follow on this stream once the start is acked.
+                        let (go_tx, go_rx) = oneshot::channel();
+                        let sink = Sink::listening(cmp_tx.clone());
+                        let started =
+                            compaction::start(&hub, &session_id, options, Some(sink), Some(go_rx))
+                                .await;
+                        let pending =
+                            Pending::Ready(started.map(|e| (vec![Ev::Compaction(e)], false)));
+                        ("compact", pending, Some(go_tx))
+                    }
                     Ok(op) => {
                         let kind = op.kind();
                         tracing::trace!(seq, %session_id, kind, "update");
                         (
                             kind,
-                            ops::submit(&store, &session_id, op, ops::Scope::Stream).await,
+                            ops::submit(&hub, &session_id, op, ops::Scope::Stream).await,
+                            None,
                         )
                     }
-                    Err(r) => ("invalid", Pending::Ready(Err(r))),
+                    Err(r) => ("invalid", Pending::Ready(Err(r)), None),
                 };
                 let slot = Slot::Update {
                     seq,
                     session_id,
                     kind,
                     pending,
+                    go,
                 };
                 if slot_tx.send(slot).await.is_err() {
                     break; // the writer stopped: the client went away
@@ -92,21 +111,53 @@ pub fn run(
 
     tokio::spawn(
         async move {
-            while let Some(slot) = slot_rx.recv().await {
-                let (seq, session_id, kind, pending) = match slot {
-                    Slot::Update { seq, session_id, kind, pending } => (seq, session_id, kind, pending),
-                    Slot::Failed(status) => {
-                        let _ = out_tx.send(Err(status)).await;
-                        return;
+            // Compaction id → seq of the update that started it.
+            let mut started_by: HashMap<String, u64> = HashMap::new();
+            let (mut slots_open, mut compactions_open) = (true, true);
+            while slots_open || compactions_open {
+                tokio::select! {
+                    biased;
+                    slot = slot_rx.recv(), if slots_open => {
+                        let Some(slot) = slot else { slots_open = false; continue };
+                        let (seq, session_id, kind, pending, go) = match slot {
+                            Slot::Update { seq, session_id, kind, pending, go } => (seq, session_id, kind, pending, go),
+                            Slot::Failed(status) => {
+                                let _ = out_tx.send(Err(status)).await;
+                                return;
+                            }
+                        };
+                        let outcome = pending.outcome(&session_id).await;
+                        match &outcome {
+                            Err(r) => tracing::debug!(seq, %session_id, code = ?r.code, field = %r.field, message = %r.message, "update rejected"),
+                            Ok((events, _)) => {
+                                for e in events {
+                                    if let Ev::Compaction(c) = e {
+                                        started_by.insert(c.compaction_id.clone(), seq);
+                                    }
+                                }
+                            }
+                        }
+                        for event in ops::to_server_events(seq, &session_id, kind, outcome) {
+                            if out_tx.send(Ok(event)).await.is_err() {
+                                return; // the client went away
+                            }
+                        }
+                        if let Some(go) = go {
+                            let _ = go.send(());
+                        }
                     }
-                };
-                let outcome = pending.outcome(&session_id).await;
-                if let Err(r) = &outcome {
-                    tracing::debug!(seq, %session_id, code = ?r.code, field = %r.field, message = %r.message, "update rejected");
-                }
-                for event in ops::to_server_events(seq, &session_id, kind, outcome) {
-                    if out_tx.send(Ok(event)).await.is_err() {
-                        return; // the client went away
+                    ev = cmp_rx.recv(), if compactions_open => {
+                        let Some(ev) = ev else { compactions_open = false; continue };
+                        let done = matches!(ev.event, Some(pb::compaction_event::Event::Compacted(_) | pb::compaction_event::Event::Failed(_)));
+                        let seq = if done { started_by.remove(&ev.compaction_id) } else { started_by.get(&ev.compaction_id).copied() };
+                        let event = pb::ServerEvent {
+                            seq: seq.unwrap_or(0),
+                            session_id: ev.session_id.clone(),
+                            event: Some(Ev::Compaction(ev)),
+                        };
+                        if out_tx.send(Ok(event)).await.is_err() {
+                            return;
+                        }
                     }
                 }
             }

@@ -1,0 +1,344 @@
+//! Running a compaction: claim the session's slot, plan inside the session actor, stream
+//! the summary from the summarizer in a task of its own (so the session keeps applying
+//! updates), then commit inside the actor and announce `session.compacted`.
+//!
+//! Every event goes to the `Subscribe` bus and to the caller's sink (the `Compact` response
+//! or the main stream). A failure at any point commits nothing: the session is exactly as
+//! it was, plus whatever updates arrived meanwhile.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::{mpsc, oneshot};
+use tonic::Code;
+
+use super::hub::{Hub, Running};
+use super::ops::now_ms;
+use super::pb;
+use super::pb::compaction_event::Event as Ce;
+use super::status::Rejection;
+use crate::engine::{
+    CommitIds, CompactionError, CompactionPlan, CompactionRequest, ContextView, usable_input,
+};
+use crate::summarize::{Progress, SummarizeError, SummaryRequest, prompt};
+
+/// Where a compaction's events go besides the bus.
+#[derive(Debug, Clone)]
+pub struct Sink {
+    tx: mpsc::Sender<pb::CompactionEvent>,
+    /// The caller owns the compaction: when it stops listening, the compaction stops.
+    cancel_on_drop: bool,
+}
+
+impl Sink {
+    /// A sink whose closing cancels the compaction (the `Compact` RPC).
+    pub fn owning(tx: mpsc::Sender<pb::CompactionEvent>) -> Sink {
+        Sink {
+            tx,
+            cancel_on_drop: true,
+        }
+    }
+
+    /// A sink that only listens (the main stream).
+    pub fn listening(tx: mpsc::Sender<pb::CompactionEvent>) -> Sink {
+        Sink {
+            tx,
+            cancel_on_drop: false,
+        }
+    }
+}
+
+/// What the caller asked for.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Appended to the prompt.
+    pub instructions: String,
+    /// Replaces the summary prompt.
+    pub prompt: String,
+    /// User turns kept verbatim.
+    pub tail_turns: Option<u32>,
+    /// Started automatically.
+    pub auto: bool,
+    /// Started because the context overflowed.
+    pub overflow: bool,
+}
+
+impl From<pb::CompactOptions> for Options {
+    fn from(o: pb::CompactOptions) -> Self {
+        Options {
+            instructions: o.instructions,
+            prompt: o.prompt,
+            tail_turns: o.tail_turns,
+            auto: false,
+            overflow: false,
+        }
+    }
+}
+
+/// Starts a compaction of `session_id` and returns its `started` event. The rest of the
+/// events follow on `sink` (once `go` fires, when given) and on the bus.
+pub async fn start(
+    hub: &Arc<Hub>,
+    session_id: &str,
+    options: Options,
+    sink: Option<Sink>,
+    go: Option<oneshot::Receiver<()>>,
+) -> Result<pb::CompactionEvent, Rejection> {
+    let Some(summarizer) = hub.compaction.summarizer.clone() else {
+        return Err(precondition(SummarizeError::NotConfigured.to_string()));
+    };
+    let handle = hub.store.get(session_id)?;
+    let running = hub.claim(session_id).map_err(|r| {
+        precondition(format!(
+            "compaction {} is already running for session {session_id}",
+            r.id
+        ))
+    })?;
+    let cfg = hub.compaction.clone();
+    let (auto, overflow, turns) = (options.auto, options.overflow, options.tail_turns);
+    let planned = handle
+        .call(move |s, _| {
+            let tail = cfg.tail(turns, usable_input(&s.info().limits));
+            let plan = s.plan_compaction(CompactionRequest {
+                tail,
+                auto,
+                overflow,
+            })?;
+            let head = s.head_view(&plan);
+            let tail_id = plan
+                .tail_start
+                .map(|i| s.messages()[i].info.id.clone())
+                .unwrap_or_default();
+            Ok::<_, CompactionError>((plan, head, tail_id))
+        })
+        .await;
+    let (plan, head, tail_id) = match planned {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => {
+            hub.release(session_id, &running.id);
+            return Err(precondition(e.to_string()));
+        }
+        Err(e) => {
+            hub.release(session_id, &running.id);
+            return Err(e.into());
+        }
+    };
+    let started = event(
+        session_id,
+        &running.id,
+        Ce::Started(pb::CompactionStarted {
+            auto,
+            tokens_in: plan.head_tokens,
+            head_messages: plan.head.len() as u32,
+            tail_start_id: tail_id,
+            model: summarizer.model().to_string(),
+            tokens_before: plan.tokens_before,
+        }),
+    );
+    hub.publish(
+        session_id,
+        pb::session_event::Event::Compaction(started.clone()),
+    );
+    tracing::info!(session_id, compaction_id = %running.id, auto, tokens_in = plan.head_tokens, "compaction started");
+    let job = Job {
+        hub: hub.clone(),
+        session_id: session_id.to_string(),
+        running,
+        plan,
+        head,
+        options,
+        sink,
+        summarizer,
+        deltas: 0,
+    };
+    tokio::spawn(async move {
+        if let Some(go) = go {
+            let _ = go.await;
+        }
+        job.run().await;
+    });
+    Ok(started)
+}
+
+/// A compaction in its own task.
+struct Job {
+    hub: Arc<Hub>,
+    session_id: String,
+    running: Running,
+    plan: CompactionPlan,
+    head: ContextView,
+    options: Options,
+    sink: Option<Sink>,
+    summarizer: Arc<dyn crate::summarize::Summarizer>,
+    deltas: u32,
+}
+
+impl Job {
+    async fn run(mut self) {
+        let began = Instant::now();
+        let outcome = self.summarize().await;
+        let result = match outcome {
+            Ok(o) => self.commit(o, began).await,
+            Err(e) => Err(failed(&e)),
+        };
+        let ev = match result {
+            Ok(done) => {
+                tracing::info!(session_id = %self.session_id, compaction_id = %self.running.id, tokens_before = done.tokens_before, tokens_after = done.tokens_after, duration_ms = done.duration_ms, "session.compacted");
+                Ce::Compacted(done)
+            }
+            Err(f) => {
+                tracing::warn!(session_id = %self.session_id, compaction_id = %self.running.id, kind = %f.kind, reason = %f.reason, "compaction failed");
+                Ce::Failed(f)
+            }
+        };
+        self.emit(ev).await;
+        self.hub.release(&self.session_id, &self.running.id);
+    }
+
+    async fn summarize(&mut self) -> Result<crate::engine::SummaryOutcome, SummarizeError> {
+        let mut prompts = self.hub.compaction.prompts.clone();
+        if !self.options.prompt.is_empty() {
+            prompts.prompt = self.options.prompt.clone();
+        }
+        let messages = prompt::build_messages(
+            &self.head,
+            self.plan.previous_summary.as_deref(),
+            &prompts,
+            Some(&self.options.instructions),
+        );
+        let (ptx, mut prx) = mpsc::channel(64);
+        let summarizer = self.summarizer.clone();
+        let cancel = self.running.cancel.clone();
+        let fut = summarizer.summarize(SummaryRequest { messages }, ptx, cancel);
+        tokio::pin!(fut);
+        let result = loop {
+            tokio::select! {
+                r = &mut fut => break r,
+                Some(p) = prx.recv() => self.progress(p).await,
+            }
+        };
+        // Deltas sent just before the end are still queued: deliver them in order.
+        while let Ok(p) = prx.try_recv() {
+            self.progress(p).await;
+        }
+        result
+    }
+
+    async fn progress(&mut self, p: Progress) {
+        let ev = match p {
+            Progress::Delta(text) => {
+                let index = self.deltas;
+                self.deltas += 1;
+                Ce::Delta(pb::SummaryDelta { text, index })
+            }
+            Progress::Retrying {
+                attempt,
+                reason,
+                delay,
+            } => Ce::Retrying(pb::CompactionRetrying {
+                attempt,
+                reason,
+                delay_ms: delay.as_millis() as u64,
+            }),
+        };
+        self.emit(ev).await;
+    }
+
+    async fn commit(
+        &self,
+        outcome: crate::engine::SummaryOutcome,
+        began: Instant,
+    ) -> Result<pb::SessionCompacted, pb::CompactionFailed> {
+        let handle = self
+            .hub
+            .store
+            .get(&self.session_id)
+            .map_err(|e| pb::CompactionFailed {
+                reason: e.to_string(),
+                retryable: false,
+                kind: "session_gone".into(),
+            })?;
+        let plan = self.plan.clone();
+        let ids = CommitIds {
+            prefix: self.running.id.clone(),
+        };
+        let usage = outcome.usage;
+        let cost = outcome.cost;
+        let committed = handle
+            .call(move |s, cfg| s.commit_compaction(&plan, &outcome, &ids, now_ms(), cfg))
+            .await
+            .map_err(|e| pb::CompactionFailed {
+                reason: e.to_string(),
+                retryable: false,
+                kind: "session_gone".into(),
+            })?;
+        let done = committed.map_err(|e| pb::CompactionFailed {
+            reason: e.to_string(),
+            retryable: false,
+            kind: match e {
+                CompactionError::EmptySummary => "empty_summary",
+                CompactionError::NotSmaller { .. } => "not_smaller",
+                CompactionError::NothingToCompact => "nothing_to_compact",
+                CompactionError::Apply(_) => "commit",
+            }
+            .into(),
+        })?;
+        Ok(pb::SessionCompacted {
+            user_message_id: done.user_message_id,
+            summary_message_id: done.summary_message_id,
+            tokens_before: done.tokens_before,
+            tokens_after: done.tokens_after,
+            summary_tokens: done.summary_tokens,
+            usage: usage.as_ref().map(super::convert::usage_to_pb),
+            cost,
+            duration_ms: began.elapsed().as_millis() as u64,
+            auto: self.plan.request.auto,
+        })
+    }
+
+    async fn emit(&self, ev: Ce) {
+        let e = event(&self.session_id, &self.running.id, ev);
+        self.hub.publish(
+            &self.session_id,
+            pb::session_event::Event::Compaction(e.clone()),
+        );
+        if let Some(sink) = &self.sink
+            && sink.tx.send(e).await.is_err()
+            && sink.cancel_on_drop
+        {
+            self.running.cancel.cancel();
+        }
+    }
+}
+
+fn event(session_id: &str, id: &str, ev: Ce) -> pb::CompactionEvent {
+    pb::CompactionEvent {
+        session_id: session_id.to_string(),
+        compaction_id: id.to_string(),
+        event: Some(ev),
+    }
+}
+
+fn failed(e: &SummarizeError) -> pb::CompactionFailed {
+    pb::CompactionFailed {
+        reason: e.to_string(),
+        retryable: e.retryable(),
+        kind: match e {
+            SummarizeError::NotConfigured => "not_configured",
+            SummarizeError::Request { .. } => "request",
+            SummarizeError::Broken(_) => "broken_stream",
+            SummarizeError::Malformed(_) => "malformed",
+            SummarizeError::Timeout(_) => "timeout",
+            SummarizeError::Cancelled => "cancelled",
+        }
+        .into(),
+    }
+}
+
+fn precondition(message: String) -> Rejection {
+    Rejection {
+        code: Code::FailedPrecondition,
+        field: String::new(),
+        message,
+    }
+}

@@ -1,0 +1,252 @@
+//! [`OpenAiSummarizer`]: streaming chat completions through async-openai against any
+//! OpenAI-compatible base URL, with retries (429, 5xx, connection errors) before the first
+//! token, a deadline for the whole summary, and cancellation that drops the HTTP request.
+//!
+//! Responses are read as raw JSON (async-openai's "bring your own types") so servers that
+//! omit optional fields still work; a stream counts as complete only when a choice reports
+//! a `finish_reason`.
+
+use std::time::{Duration, Instant};
+
+use async_openai::Client;
+use async_openai::config::OpenAIConfig;
+use async_openai::error::OpenAIError;
+use futures::StreamExt;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{LlmConfig, Progress, SummarizeError, Summarizer, SummaryRequest};
+use crate::engine::SummaryOutcome;
+use crate::session::{ModelRef, TokenUsage};
+
+/// Longest wait between retries.
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(8);
+
+/// Summarizer for OpenAI-compatible chat-completions endpoints.
+#[derive(Debug)]
+pub struct OpenAiSummarizer {
+    client: Client<OpenAIConfig>,
+    config: LlmConfig,
+}
+
+impl OpenAiSummarizer {
+    /// A summarizer for `config`.
+    pub fn new(config: LlmConfig) -> OpenAiSummarizer {
+        let mut oc = OpenAIConfig::new().with_api_base(config.base_url.trim_end_matches('/'));
+        // async-openai sends a bearer header only when a key is set; local servers need none.
+        oc = oc.with_api_key(config.api_key.as_ref().map_or("", |k| k.expose()));
+        OpenAiSummarizer {
+            client: Client::with_config(oc),
+            config,
+        }
+    }
+
+    /// Some providers echo the key in error text; it never leaves this type.
+    fn scrub(&self, e: SummarizeError) -> SummarizeError {
+        let Some(key) = self
+            .config
+            .api_key
+            .as_ref()
+            .map(|k| k.expose())
+            .filter(|k| !k.is_empty())
+        else {
+            return e;
+        };
+        let clean = |m: String| m.replace(key, "[redacted]");
+        match e {
+            SummarizeError::Request {
+                status,
+                message,
+                retryable,
+            } => SummarizeError::Request {
+                status,
+                message: clean(message),
+                retryable,
+            },
+            SummarizeError::Broken(m) => SummarizeError::Broken(clean(m)),
+            SummarizeError::Malformed(m) => SummarizeError::Malformed(clean(m)),
+            other => other,
+        }
+    }
+
+    fn body(&self, request: &SummaryRequest) -> Value {
+        json!({
+            "model": self.config.model,
+            "messages": request.messages,
+            "stream": true,
+            "stream_options": {"include_usage": true},
+        })
+    }
+
+    /// One attempt: open the stream, forward deltas, collect text, usage and finish reason.
+    async fn attempt(
+        &self,
+        body: &Value,
+        progress: &mpsc::Sender<Progress>,
+        started: &mut bool,
+    ) -> Result<SummaryOutcome, SummarizeError> {
+        let mut stream = self
+            .client
+            .chat()
+            .create_stream_byot::<&Value, Value>(body)
+            .await
+            .map_err(|e| request_error(e, false))?;
+        let mut text = String::new();
+        let mut usage = None;
+        let mut finished = false;
+        while let Some(item) = stream.next().await {
+            let chunk = item.map_err(|e| request_error(e, *started))?;
+            if let Some(u) = chunk.get("usage").filter(|u| u.is_object()) {
+                usage = Some(TokenUsage {
+                    input: u["prompt_tokens"].as_u64().unwrap_or(0),
+                    output: u["completion_tokens"].as_u64().unwrap_or(0),
+                    total: u["total_tokens"].as_u64(),
+                    ..Default::default()
+                });
+            }
+            let Some(choices) = chunk.get("choices").and_then(Value::as_array) else {
+                return Err(SummarizeError::Malformed(
+                    "a chunk without `choices`".into(),
+                ));
+            };
+            for choice in choices {
+                if let Some(delta) = choice["delta"]["content"]
+                    .as_str()
+                    .filter(|d| !d.is_empty())
+                {
+                    *started = true;
+                    text.push_str(delta);
+                    // A closed receiver means the caller stopped listening; keep going so
+                    // the summary can still be committed.
+                    let _ = progress.send(Progress::Delta(delta.to_string())).await;
+                }
+                if choice["finish_reason"].is_string() {
+                    finished = true;
+                }
+            }
+        }
+        if !finished {
+            let what = "the stream ended before the model finished".to_string();
+            return Err(if *started {
+                SummarizeError::Broken(what)
+            } else {
+                SummarizeError::Request {
+                    status: None,
+                    message: what,
+                    retryable: true,
+                }
+            });
+        }
+        let (pin, pout) = self.config.price_per_mtok;
+        let cost = usage.map_or(0.0, |u| {
+            (u.input as f64 * pin + u.output as f64 * pout) / 1e6
+        });
+        Ok(SummaryOutcome {
+            text,
+            usage,
+            cost,
+            model: Some(ModelRef {
+                provider_id: "openai-compatible".into(),
+                model_id: self.config.model.clone(),
+            }),
+        })
+    }
+
+    async fn with_retries(
+        &self,
+        request: SummaryRequest,
+        progress: mpsc::Sender<Progress>,
+    ) -> Result<SummaryOutcome, SummarizeError> {
+        let body = self.body(&request);
+        let mut attempt = 1;
+        loop {
+            let mut started = false;
+            match self.attempt(&body, &progress, &mut started).await {
+                Ok(outcome) => return Ok(outcome),
+                Err(e) if !started && e.retryable() && attempt <= self.config.max_retries => {
+                    let delay = self
+                        .config
+                        .retry_base
+                        .saturating_mul(1 << (attempt - 1).min(16))
+                        .min(MAX_RETRY_DELAY);
+                    attempt += 1;
+                    tracing::warn!(attempt, delay_ms = delay.as_millis() as u64, error = %e, "compaction request failed; retrying");
+                    let _ = progress
+                        .send(Progress::Retrying {
+                            attempt,
+                            reason: e.to_string(),
+                            delay,
+                        })
+                        .await;
+                    tokio::time::sleep(delay).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Summarizer for OpenAiSummarizer {
+    async fn summarize(
+        &self,
+        request: SummaryRequest,
+        progress: mpsc::Sender<Progress>,
+        cancel: CancellationToken,
+    ) -> Result<SummaryOutcome, SummarizeError> {
+        let started = Instant::now();
+        let timeout = self.config.timeout;
+        // Dropping the future drops the HTTP response, which closes the connection.
+        let result = tokio::select! {
+            _ = cancel.cancelled() => Err(SummarizeError::Cancelled),
+            r = tokio::time::timeout(timeout, self.with_retries(request, progress)) => {
+                r.unwrap_or_else(|_| {
+                    tracing::warn!(elapsed_ms = started.elapsed().as_millis() as u64, "compaction timed out");
+                    Err(SummarizeError::Timeout(timeout))
+                })
+            }
+        };
+        result.map_err(|e| self.scrub(e))
+    }
+
+    fn model(&self) -> &str {
+        &self.config.model
+    }
+}
+
+/// Maps a client error; `started` tells whether summary text had arrived.
+fn request_error(e: OpenAIError, started: bool) -> SummarizeError {
+    match e {
+        OpenAIError::ApiError(r) => {
+            let status = r.status_code.as_u16();
+            SummarizeError::Request {
+                status: Some(status),
+                message: format!("{status}: {}", r.api_error.message),
+                retryable: status == 429 || status >= 500,
+            }
+        }
+        OpenAIError::Reqwest(e) if started => SummarizeError::Broken(e.without_url().to_string()),
+        OpenAIError::Reqwest(e) => SummarizeError::Request {
+            status: e.status().map(|s| s.as_u16()),
+            retryable: e.is_connect()
+                || e.is_timeout()
+                || e.is_request()
+                || e.status()
+                    .is_some_and(|s| s.as_u16() == 429 || s.is_server_error()),
+            message: e.without_url().to_string(),
+        },
+        OpenAIError::StreamError(e) if started => SummarizeError::Broken(e.to_string()),
+        OpenAIError::StreamError(e) => SummarizeError::Request {
+            status: None,
+            message: e.to_string(),
+            retryable: true,
+        },
+        OpenAIError::JSONDeserialize(e, _) => SummarizeError::Malformed(e.to_string()),
+        other => SummarizeError::Request {
+            status: None,
+            message: other.to_string(),
+            retryable: false,
+        },
+    }
+}

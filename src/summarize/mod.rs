@@ -1,0 +1,169 @@
+//! The compaction agent's LLM side: a [`Summarizer`] streams a summary for prepared
+//! `messages`, reporting deltas as they arrive. The pure parts (what to ask) are in
+//! `prompt.rs`; `llm.rs` only talks HTTP (async-openai) and never sees session state.
+//!
+//! Architecture invariant: nothing here touches a `Session`; the store prepares the request
+//! inside the session actor and commits the result there.
+
+mod llm;
+pub mod prompt;
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+pub use llm::OpenAiSummarizer;
+pub use prompt::PromptConfig;
+
+use crate::engine::SummaryOutcome;
+
+/// An API key. `Debug` and `Display` never show it, so it cannot reach logs, errors or
+/// events by accident.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    /// Wraps a key (trailing newlines from key files are trimmed).
+    pub fn new(key: impl Into<String>) -> ApiKey {
+        ApiKey(key.into().trim().to_string())
+    }
+
+    /// The key itself, for the one place that sends it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ApiKey([redacted])")
+    }
+}
+
+impl fmt::Display for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+/// Where and how to reach the compaction model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlmConfig {
+    /// OpenAI-compatible base URL, e.g. `https://api.openai.com/v1` or
+    /// `http://127.0.0.1:8080/v1`.
+    pub base_url: String,
+    /// Model name sent in the request.
+    pub model: String,
+    /// API key (sent as a bearer token), when the endpoint needs one.
+    pub api_key: Option<ApiKey>,
+    /// Deadline for a whole summary, retries included.
+    pub timeout: Duration,
+    /// Retries for 429/5xx/connection errors before the first token.
+    pub max_retries: u32,
+    /// First retry delay; doubles each time (capped at 8 s).
+    pub retry_base: Duration,
+    /// Price per million input / output tokens, to report cost (0: no cost).
+    pub price_per_mtok: (f64, f64),
+}
+
+impl LlmConfig {
+    /// A config with compactd's defaults for everything but the endpoint and model.
+    pub fn new(base_url: impl Into<String>, model: impl Into<String>) -> LlmConfig {
+        LlmConfig {
+            base_url: base_url.into(),
+            model: model.into(),
+            api_key: None,
+            timeout: Duration::from_secs(120),
+            max_retries: 3,
+            retry_base: Duration::from_millis(500),
+            price_per_mtok: (0.0, 0.0),
+        }
+    }
+}
+
+/// One compaction request, ready to send.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SummaryRequest {
+    /// Chat-completions messages (see `prompt::build_messages`).
+    pub messages: Vec<serde_json::Value>,
+}
+
+/// Progress while a summary streams.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Progress {
+    /// Summary text, in order; the deltas concatenate to the summary.
+    Delta(String),
+    /// A retryable failure before the first token; retrying after `delay`.
+    Retrying {
+        /// Attempt about to start (2 for the first retry).
+        attempt: u32,
+        /// What failed.
+        reason: String,
+        /// Wait before it.
+        delay: Duration,
+    },
+}
+
+/// Why a summary could not be produced. Messages never contain the API key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SummarizeError {
+    /// No endpoint configured. The caller should configure one; nothing else is affected.
+    #[error(
+        "no LLM endpoint is configured: start compactd with --llm-base-url and --llm-model (COMPACTD_LLM_BASE_URL, COMPACTD_LLM_MODEL), and an API key in COMPACTD_LLM_API_KEY or --llm-api-key-file if the endpoint needs one"
+    )]
+    NotConfigured,
+    /// The endpoint refused or failed the request (after retries when retryable).
+    #[error("LLM request failed: {message}")]
+    Request {
+        /// HTTP status, when there was a response.
+        status: Option<u16>,
+        /// What went wrong.
+        message: String,
+        /// Worth trying again later.
+        retryable: bool,
+    },
+    /// The stream broke after text arrived; nothing is committed.
+    #[error("the LLM stream broke after the summary started: {0}")]
+    Broken(String),
+    /// The endpoint sent something that is not a chat-completions stream.
+    #[error("malformed LLM stream: {0}")]
+    Malformed(String),
+    /// The whole summary took longer than the configured timeout.
+    #[error("the summary took longer than {0:?}")]
+    Timeout(Duration),
+    /// The client cancelled the compaction.
+    #[error("cancelled")]
+    Cancelled,
+}
+
+impl SummarizeError {
+    /// Whether trying the same compaction again later may succeed.
+    pub fn retryable(&self) -> bool {
+        match self {
+            SummarizeError::Request { retryable, .. } => *retryable,
+            SummarizeError::Broken(_) | SummarizeError::Timeout(_) => true,
+            SummarizeError::NotConfigured
+            | SummarizeError::Malformed(_)
+            | SummarizeError::Cancelled => false,
+        }
+    }
+}
+
+/// Writes summaries. One implementation talks to OpenAI-compatible endpoints; tests use
+/// the same one against a real local HTTP server.
+#[tonic::async_trait]
+pub trait Summarizer: Send + Sync + fmt::Debug {
+    /// Streams a summary for `request`, sending deltas to `progress` as they arrive. Stops
+    /// (and drops the HTTP request) when `cancel` fires.
+    async fn summarize(
+        &self,
+        request: SummaryRequest,
+        progress: mpsc::Sender<Progress>,
+        cancel: CancellationToken,
+    ) -> Result<SummaryOutcome, SummarizeError>;
+
+    /// Model name, for events.
+    fn model(&self) -> &str;
+}
