@@ -211,10 +211,13 @@ impl Job {
         let cancel = self.running.cancel.clone();
         let fut = summarizer.summarize(SummaryRequest { messages }, ptx, cancel);
         tokio::pin!(fut);
+        let owner = self.sink.clone().filter(|s| s.cancel_on_drop);
         let result = loop {
             tokio::select! {
                 r = &mut fut => break r,
                 Some(p) = prx.recv() => self.progress(p).await,
+                // The caller hung up while the model is silent: stop the request now.
+                _ = closed(&owner), if !self.running.cancel.is_cancelled() => self.running.cancel.cancel(),
             }
         };
         // Deltas sent just before the end are still queued: deliver them in order.
@@ -308,6 +311,14 @@ impl Job {
         {
             self.running.cancel.cancel();
         }
+    }
+}
+
+/// Resolves when an owning caller stops listening; never for other callers.
+async fn closed(owner: &Option<Sink>) {
+    match owner {
+        Some(sink) => sink.tx.closed().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use async_openai::Client;
 use async_openai::config::OpenAIConfig;
 use async_openai::error::OpenAIError;
+use async_openai::middleware::ReqwestService;
 use futures::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -36,10 +37,10 @@ impl OpenAiSummarizer {
         let mut oc = OpenAIConfig::new().with_api_base(config.base_url.trim_end_matches('/'));
         // async-openai sends a bearer header only when a key is set; local servers need none.
         oc = oc.with_api_key(config.api_key.as_ref().map_or("", |k| k.expose()));
-        OpenAiSummarizer {
-            client: Client::with_config(oc),
-            config,
-        }
+        // async-openai's default stack retries 429/5xx on its own; compactd owns retries
+        // (bounded by its deadline and reported as events), so use the bare transport.
+        let client = Client::with_config(oc).with_http_service(ReqwestService::default());
+        OpenAiSummarizer { client, config }
     }
 
     /// Some providers echo the key in error text; it never leaves this type.

@@ -7,6 +7,7 @@
 
 #![allow(dead_code)]
 
+pub mod fake_llm;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -232,6 +233,7 @@ pub fn kind(e: &pb::ServerEvent) -> &'static str {
         Some(Event::Context(_)) => "context",
         Some(Event::PruneReport(_)) => "prune_report",
         Some(Event::OverflowCheck(_)) => "overflow_check",
+        Some(Event::Compaction(_)) => "compaction",
         None => "none",
     }
 }

@@ -3,7 +3,9 @@
 //! The modules live in this directory (not as `tests/<name>.rs`) so Cargo does not also
 //! build each of them as a separate test binary that cannot see `common`.
 
+mod compaction;
 mod concurrency;
+mod fake_llm_selftest;
 mod health;
 mod import;
 mod overflow;

@@ -518,6 +518,7 @@ async fn state_rejections_name_the_field_relative_to_the_update() {
 async fn an_update_over_max_update_bytes_is_rejected_and_the_stream_stays_open() {
     let server = start_server_with_options(ServerOptions {
         max_update_bytes: 1024,
+        ..Default::default()
     })
     .await;
     let mut client = server.client().await;

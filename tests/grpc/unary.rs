@@ -667,6 +667,7 @@ async fn updates_that_do_not_fit_the_session_are_failed_preconditions() {
 async fn requests_over_max_update_bytes_are_resource_exhausted() {
     let server = start_server_with_options(ServerOptions {
         max_update_bytes: 1024,
+        ..Default::default()
     })
     .await;
     let mut c = server.client().await;

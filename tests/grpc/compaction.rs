@@ -1,0 +1,478 @@
+//! Compaction over gRPC against a real OpenAI-compatible HTTP server (the fake in
+//! `common::fake_llm`): streamed deltas, `session.compacted`, the context afterwards,
+//! failures that change nothing, concurrency and cancellation.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use compactd::server::pb;
+use compactd::server::pb::compaction_event::Event as Ce;
+use compactd::server::{CompactionConfig, ServerOptions};
+use compactd::summarize::{ApiKey, LlmConfig, OpenAiSummarizer};
+use tokio_stream::StreamExt;
+
+use crate::common::fake_llm::{FakeLlm, Reply};
+use crate::common::*;
+
+const SECRET: &str = "sk-test-SECRET-0123456789";
+const SID: &str = "cmp";
+
+async fn server_with_llm(fake: &FakeLlm) -> TestServer {
+    let mut llm = LlmConfig::new(fake.base_url(), "fake-model");
+    llm.api_key = Some(ApiKey::new(SECRET));
+    llm.retry_base = Duration::from_millis(5);
+    llm.timeout = Duration::from_secs(20);
+    let compaction = CompactionConfig {
+        summarizer: Some(Arc::new(OpenAiSummarizer::new(llm))),
+        ..Default::default()
+    };
+    start_server_with_options(ServerOptions {
+        compaction,
+        ..Default::default()
+    })
+    .await
+}
+
+/// Three user turns; a1's first output is already cleared by prune (host-set stamp).
+async fn seed_session(client: &mut Client, sid: &str) {
+    open_session(client, session_with_limits(sid, 100_000, 20_000)).await;
+    for (u, a, n) in [("u1", "a1", 1), ("u2", "a2", 2), ("u3", "a3", 3)] {
+        put_message(client, sid, user_msg(u)).await;
+        put_part(
+            client,
+            sid,
+            text_part(u, &format!("{u}-t"), &format!("user turn {n}")),
+        )
+        .await;
+        put_message(client, sid, assistant_msg(a, u)).await;
+        put_part(
+            client,
+            sid,
+            tool_part(
+                a,
+                &format!("{a}-read"),
+                "read",
+                &output_of(&format!("{a}-read"), 4_000),
+            ),
+        )
+        .await;
+        put_message(client, sid, finished(assistant_msg(a, u))).await;
+    }
+    let mut cleared = tool_part("a1", "a1-old", "bash", &output_of("ORIGINAL-a1-old", 2_000));
+    if let Some(pb::part::Kind::Tool(t)) = &mut cleared.kind {
+        t.state.as_mut().expect("state").time = Some(pb::ToolTime {
+            start: 1,
+            end: Some(2),
+            compacted: Some(3),
+        });
+    }
+    put_part(client, sid, cleared).await;
+}
+
+async fn compact(
+    client: &mut Client,
+    sid: &str,
+    instructions: &str,
+) -> Result<Vec<pb::CompactionEvent>, tonic::Status> {
+    let request = pb::CompactRequest {
+        session_id: sid.into(),
+        options: Some(pb::CompactOptions {
+            instructions: instructions.into(),
+            ..Default::default()
+        }),
+    };
+    let mut stream = client.compact(request).await?.into_inner();
+    let mut events = Vec::new();
+    while let Some(e) = stream.next().await {
+        events.push(e?);
+    }
+    Ok(events)
+}
+
+fn names(events: &[pb::CompactionEvent]) -> Vec<&'static str> {
+    events
+        .iter()
+        .map(|e| match &e.event {
+            Some(Ce::Started(_)) => "started",
+            Some(Ce::Delta(_)) => "delta",
+            Some(Ce::Compacted(_)) => "compacted",
+            Some(Ce::Failed(_)) => "failed",
+            Some(Ce::Retrying(_)) => "retrying",
+            None => "none",
+        })
+        .collect()
+}
+
+fn deltas(events: &[pb::CompactionEvent]) -> String {
+    events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Some(Ce::Delta(d)) => Some(d.text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn failure(events: &[pb::CompactionEvent]) -> &pb::CompactionFailed {
+    match events.last().and_then(|e| e.event.as_ref()) {
+        Some(Ce::Failed(f)) => f,
+        other => panic!("expected a failure last, got {other:?}"),
+    }
+}
+
+fn text_of(m: &pb::Message) -> String {
+    m.parts
+        .iter()
+        .filter_map(|p| match &p.kind {
+            Some(pb::part::Kind::Text(t)) => Some(t.text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn manual_compaction_streams_commits_and_reshapes_the_context() {
+    let fake = FakeLlm::start(vec![Reply::text([
+        "The user ",
+        "wants the parser fixed. ",
+        "Next: run tests.",
+    ])])
+    .await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    let mut watch = client
+        .subscribe(pb::SubscribeRequest {
+            session_id: SID.into(),
+        })
+        .await
+        .expect("subscribe")
+        .into_inner();
+
+    let events = compact(&mut client, SID, "focus on the failing test")
+        .await
+        .expect("compact");
+    assert_eq!(
+        names(&events),
+        ["started", "delta", "delta", "delta", "compacted"]
+    );
+    let indexes: Vec<u32> = events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Some(Ce::Delta(d)) => Some(d.index),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(indexes, [0, 1, 2]);
+    let summary = deltas(&events);
+    assert_eq!(summary, "The user wants the parser fixed. Next: run tests.");
+    let Some(Ce::Compacted(done)) = &events[4].event else {
+        unreachable!()
+    };
+    assert!(done.tokens_after < done.tokens_before, "{done:?}");
+    assert_eq!(
+        done.usage.as_ref().map(|u| u.input),
+        Some(10),
+        "usage from the stream"
+    );
+    assert!(!done.auto);
+
+    // The committed summary is exactly the streamed text (no anchors in this session).
+    let session = get_session(&mut client, SID).await;
+    let stored = session
+        .messages
+        .iter()
+        .find(|m| {
+            m.info
+                .as_ref()
+                .is_some_and(|i| i.id == done.summary_message_id)
+        })
+        .expect("summary stored");
+    let info = stored.info.as_ref().expect("info");
+    assert!(info.summary);
+    assert_eq!(
+        (
+            info.mode.as_str(),
+            info.agent.as_str(),
+            info.finish.as_str()
+        ),
+        ("compaction", "compaction", "stop")
+    );
+    assert_eq!(info.parent_id, done.user_message_id);
+    assert_eq!(text_of(stored), summary);
+
+    // Context: the compaction message, the summary, then the verbatim tail (u2 on).
+    let ctx = get_context(&mut client, SID).await;
+    let ids: Vec<&str> = ctx
+        .messages
+        .iter()
+        .map(|m| m.info.as_ref().expect("info").id.as_str())
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            done.user_message_id.as_str(),
+            done.summary_message_id.as_str(),
+            "u2",
+            "a2",
+            "u3",
+            "a3"
+        ]
+    );
+    assert_eq!(ctx.boundary_message_id, done.user_message_id);
+    match &ctx.messages[0].parts[0].kind {
+        Some(pb::part::Kind::Compaction(c)) => {
+            assert_eq!((c.auto, c.tail_start_id.as_str()), (false, "u2"))
+        }
+        other => panic!("compaction part expected, got {other:?}"),
+    }
+
+    // What the model was sent: the prompt, the head with cleared outputs as placeholders,
+    // the extra instructions; the key only in the Authorization header.
+    let req = fake.last_request();
+    assert_eq!(
+        req.header("authorization"),
+        Some(format!("Bearer {SECRET}").as_str())
+    );
+    assert_eq!(req.body["model"], "fake-model");
+    assert_eq!(req.body["stream_options"]["include_usage"], true);
+    let texts = req.message_texts();
+    assert!(
+        texts[0].contains("Provide a detailed but concise summary"),
+        "{}",
+        texts[0]
+    );
+    assert!(texts[1].contains("user turn 1"), "head holds turn 1");
+    assert!(
+        texts[1].contains("[Old tool result content cleared]"),
+        "cleared output as placeholder"
+    );
+    assert!(
+        !texts[1].contains("ORIGINAL-a1-old"),
+        "cleared output not sent"
+    );
+    assert!(
+        !texts[1].contains("user turn 2"),
+        "the tail is not summarized"
+    );
+    assert!(
+        texts
+            .last()
+            .expect("prompt")
+            .ends_with("Additional instructions: focus on the failing test")
+    );
+
+    // The watcher saw the same compaction end with session.compacted.
+    let mut seen = Vec::new();
+    while let Some(e) = watch.next().await {
+        let e = e.expect("watch event");
+        let done = matches!(&e.event, Some(pb::session_event::Event::Compaction(c)) if matches!(c.event, Some(Ce::Compacted(_))));
+        seen.push(e);
+        if done {
+            break;
+        }
+    }
+    assert!(seen.iter().all(|e| e.session_id == SID));
+    assert!(
+        !format!("{events:?}{seen:?}").contains("SECRET"),
+        "the key never reaches events"
+    );
+}
+
+#[tokio::test]
+async fn without_an_endpoint_compaction_is_a_failed_precondition_and_nothing_else_breaks() {
+    let server = start_server().await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    let err = compact(&mut client, SID, "")
+        .await
+        .expect_err("no endpoint");
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        err.message().contains("--llm-base-url"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(get_context(&mut client, SID).await.context_messages, 6);
+}
+
+#[tokio::test]
+async fn a_server_error_before_the_first_token_is_retried() {
+    let fake = FakeLlm::start(vec![Reply::status(500), Reply::text(["short summary"])]).await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    let events = compact(&mut client, SID, "").await.expect("compact");
+    assert_eq!(
+        names(&events),
+        ["started", "retrying", "delta", "compacted"]
+    );
+    let Some(Ce::Retrying(r)) = &events[1].event else {
+        unreachable!()
+    };
+    assert_eq!(r.attempt, 2);
+    assert!(r.reason.contains("500"), "{}", r.reason);
+    assert_eq!(fake.request_count(), 2);
+}
+
+#[tokio::test]
+async fn broken_malformed_or_oversized_summaries_change_nothing() {
+    let big = output_of("summary", 40_000);
+    for (reply, kind) in [
+        (
+            Reply::disconnect_after(["partial ", "summary"]),
+            "broken_stream",
+        ),
+        (Reply::Malformed, "malformed"),
+        (Reply::text([big.as_str()]), "not_smaller"),
+        (Reply::text(["   "]), "empty_summary"),
+    ] {
+        let fake = FakeLlm::start(vec![reply]).await;
+        let server = server_with_llm(&fake).await;
+        let mut client = server.client().await;
+        seed_session(&mut client, SID).await;
+        let before = get_session(&mut client, SID).await;
+        let events = compact(&mut client, SID, "").await.expect("compact runs");
+        let f = failure(&events);
+        assert_eq!(f.kind, kind, "{f:?}");
+        assert!(!f.reason.contains(SECRET));
+        assert_eq!(
+            get_session(&mut client, SID).await,
+            before,
+            "{kind}: the session is unchanged"
+        );
+    }
+}
+
+#[tokio::test]
+async fn one_compaction_at_a_time_and_updates_keep_flowing() {
+    let fake = FakeLlm::start(vec![Reply::slow(
+        ["slow ", "summary ", "text"],
+        Duration::from_millis(150),
+    )])
+    .await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    let mut other = server.client().await;
+    open_session(&mut other, session("other")).await;
+
+    let mut running = client.clone();
+    let first = tokio::spawn(async move { compact(&mut running, SID, "").await });
+    fake.wait_for_requests(1).await;
+
+    let err = compact(&mut client, SID, "")
+        .await
+        .expect_err("second compaction");
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        err.message().contains("already running"),
+        "{}",
+        err.message()
+    );
+
+    // The session and another one keep applying updates while the summary streams.
+    let mut s = server.stream().await;
+    s.expect_ack(SID, upsert_message(user_msg("u4"))).await;
+    s.expect_ack(
+        SID,
+        upsert_part(text_part("u4", "u4-t", "arrived during compaction")),
+    )
+    .await;
+    s.expect_ack("other", upsert_message(user_msg("o1"))).await;
+    assert!(
+        fake.active_connections() > 0,
+        "still summarizing while those were acked"
+    );
+
+    let events = first.await.expect("task").expect("compact");
+    let Some(Ce::Compacted(done)) = &events.last().expect("events").event else {
+        panic!("{events:?}")
+    };
+    let ctx = get_context(&mut client, SID).await;
+    let ids: Vec<&str> = ctx
+        .messages
+        .iter()
+        .map(|m| m.info.as_ref().expect("info").id.as_str())
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            done.user_message_id.as_str(),
+            done.summary_message_id.as_str(),
+            "u2",
+            "a2",
+            "u3",
+            "a3",
+            "u4"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn dropping_compact_cancels_the_llm_request_and_frees_the_session() {
+    let fake = FakeLlm::start(vec![Reply::Hang]).await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    let before = get_session(&mut client, SID).await;
+    let request = pb::CompactRequest {
+        session_id: SID.into(),
+        options: None,
+    };
+    let mut stream = client.compact(request).await.expect("compact").into_inner();
+    assert!(matches!(
+        stream.next().await,
+        Some(Ok(pb::CompactionEvent {
+            event: Some(Ce::Started(_)),
+            ..
+        }))
+    ));
+    fake.wait_for_active(1).await;
+    drop(stream);
+    fake.wait_for_cancelled(1).await;
+
+    // Nothing committed, and a new compaction may start once the old one is gone.
+    assert_eq!(get_session(&mut client, SID).await, before);
+    fake.push(Reply::text(["after cancel"]));
+    let events = loop {
+        match compact(&mut client, SID, "").await {
+            Err(e) if e.message().contains("already running") => tokio::task::yield_now().await,
+            other => break other.expect("compact"),
+        }
+    };
+    assert_eq!(names(&events).last(), Some(&"compacted"));
+}
+
+#[tokio::test]
+async fn compaction_from_the_main_stream_follows_its_ack() {
+    let fake = FakeLlm::start(vec![Reply::text(["stream ", "summary"])]).await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    let mut s = server.stream().await;
+    let seq = s
+        .send(
+            SID,
+            pb::client_update::Update::Compact(pb::CompactOptions::default()),
+        )
+        .await;
+    assert_eq!(kinds(&s.reply(seq).await), ["compaction", "ack"]);
+    let mut text = String::new();
+    loop {
+        let e = s.next_event().await;
+        assert_eq!(
+            e.seq, seq,
+            "compaction events carry the seq that started them"
+        );
+        match e.event {
+            Some(pb::server_event::Event::Compaction(c)) => match c.event {
+                Some(Ce::Delta(d)) => text.push_str(&d.text),
+                Some(Ce::Compacted(_)) => break,
+                other => panic!("unexpected {other:?}"),
+            },
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(text, "stream summary");
+}
