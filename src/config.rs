@@ -22,6 +22,11 @@ pub const PRUNE_PROTECTED_TOOLS: &[&str] = &["skill"];
 pub const PLACEHOLDER: &str = "[Old tool result content cleared]";
 /// What a pending or running tool reads as in the context (OpenCode `toModelMessages`).
 pub const INTERRUPTED: &str = "[Tool execution was interrupted]";
+/// Finished assistant messages to wait after a compaction that left the context over the
+/// threshold, before compacting automatically again.
+pub const AUTO_COOLDOWN: u32 = 2;
+/// Consecutive failed automatic compactions that pause auto-compaction for a session.
+pub const BREAKER_FAILURES: u32 = 3;
 /// How a user `compaction` part reads in the context (OpenCode `toModelMessages`).
 pub const COMPACTION_PROMPT_TEXT: &str = "What did we do so far?";
 
@@ -86,6 +91,10 @@ pub struct EngineConfig {
     pub protect_turns: u32,
     /// Placeholder for cleared outputs.
     pub placeholder: String,
+    /// Cooldown after a compaction that did not fix the overflow (finished messages).
+    pub auto_cooldown: u32,
+    /// Consecutive automatic failures that pause auto-compaction (0: never pause).
+    pub breaker_failures: u32,
 }
 
 impl Default for EngineConfig {
@@ -104,6 +113,8 @@ impl Default for EngineConfig {
                 .collect(),
             protect_turns: PROTECT_TURNS,
             placeholder: PLACEHOLDER.to_string(),
+            auto_cooldown: AUTO_COOLDOWN,
+            breaker_failures: BREAKER_FAILURES,
         }
     }
 }

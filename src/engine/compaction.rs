@@ -380,6 +380,7 @@ impl Session {
             last: None,
             delta: tokens_after as i64,
             since_request: 0,
+            pruned: 0,
         };
         let summary_tokens = self
             .position(&summary_id)
@@ -391,6 +392,50 @@ impl Session {
             tokens_after,
             summary_tokens,
         })
+    }
+
+    /// Called after each finished (non-summary) assistant message: counts the cooldown
+    /// down and says whether an overflowing session may start an automatic compaction.
+    pub fn auto_compaction_allowed(&mut self, overflow: bool) -> bool {
+        if self.auto.cooldown_left > 0 {
+            self.auto.cooldown_left -= 1;
+            return false;
+        }
+        overflow && !self.auto_compaction_paused()
+    }
+
+    /// True once `breaker_failures` automatic compactions failed in a row.
+    pub fn auto_compaction_paused(&self) -> bool {
+        let limit = self.settings.breaker_failures;
+        limit > 0 && self.auto.failures >= limit
+    }
+
+    /// Records how a compaction ended. A success (or any manual compaction attempt that
+    /// succeeds) closes the breaker; a success that leaves the context over the threshold
+    /// starts the cooldown; an automatic failure counts toward the breaker. Returns true
+    /// when this failure paused auto-compaction.
+    pub fn record_compaction(&mut self, auto: bool, ok: bool) -> bool {
+        if ok {
+            self.auto.failures = 0;
+            let still_over = self.check_overflow(super::Trigger::Request).overflow;
+            self.auto.cooldown_left = if still_over {
+                self.settings.auto_cooldown
+            } else {
+                0
+            };
+            return false;
+        }
+        if !auto {
+            return false;
+        }
+        let was_paused = self.auto_compaction_paused();
+        self.auto.failures += 1;
+        !was_paused && self.auto_compaction_paused()
+    }
+
+    /// Loop-protection state, for reports.
+    pub fn auto_state(&self) -> super::AutoState {
+        self.auto
     }
 
     fn last_user_agent(&self) -> String {

@@ -29,7 +29,7 @@ pub use prune::{
     Candidate, PruneIndex, PruneMode, PrunePlan, PruneReport, PrunedPart, eligible_end,
     reference_scan,
 };
-pub use session::{Applied, Message, Session, StoredPart, Update};
+pub use session::{Applied, AutoState, Message, Session, StoredPart, Update};
 
 use crate::config::EngineConfig;
 
@@ -40,6 +40,9 @@ pub enum Event {
     Overflow(OverflowCheck),
     /// Automatic prune cleared old outputs.
     Pruned(PruneReport),
+    /// Still over the threshold after prune, auto-compaction on and not held back by the
+    /// cooldown or the circuit breaker: the shell should start an automatic compaction.
+    CompactionNeeded(OverflowCheck),
 }
 
 /// The result of one update: what it did and what the engine noticed.
@@ -78,6 +81,12 @@ pub fn step(
         let report = session.prune(PruneMode::Commit, now_ms);
         if report.committed {
             events.push(Event::Pruned(report));
+        }
+    }
+    if applied.finished && !applied.summary && session.settings().auto_compact {
+        let check = session.check_overflow(Trigger::Finished);
+        if session.auto_compaction_allowed(check.overflow) {
+            events.push(Event::CompactionNeeded(check));
         }
     }
     Ok(StepReport { applied, events })

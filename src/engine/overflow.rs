@@ -177,12 +177,19 @@ impl Settings {
 impl Session {
     /// Runs the overflow check on the session's current figures.
     pub fn check_overflow(&self, trigger: Trigger) -> OverflowCheck {
-        check(
+        let mut c = check(
             &self.info.limits,
             &self.settings,
             self.usage.last.as_ref(),
             self.usage.delta,
             trigger,
-        )
+        );
+        // Prune cleared outputs that the last report counted: that request is history, and
+        // the next one is the prediction (which subtracts what was cleared).
+        if self.usage.pruned > 0 && c.crossed == Some(Crossed::Used) && c.predicted <= c.threshold {
+            c.crossed = None;
+            c.overflow = false;
+        }
+        c
     }
 }

@@ -370,6 +370,7 @@ impl Session {
         let old = stored.est.in_context(false, placeholder);
         let new = stored.est.in_context(true, placeholder);
         self.compacted += 1;
+        self.usage.pruned += old.saturating_sub(new);
         self.adjust_tokens(old, new);
     }
 }

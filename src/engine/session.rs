@@ -62,6 +62,8 @@ pub struct Applied {
     pub finished: bool,
     /// New provider usage was recorded (triggers an overflow check).
     pub usage_reported: bool,
+    /// The finished message is a compaction summary (never triggers another compaction).
+    pub summary: bool,
 }
 
 /// A message and its parts, as held by the session.
@@ -103,6 +105,16 @@ pub(crate) struct Boundary {
     pub summary: usize,
 }
 
+/// Loop protection of automatic compaction: a cooldown after a compaction that did not
+/// bring the context under the threshold, and a circuit breaker after repeated failures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AutoState {
+    /// Finished assistant messages to wait before compacting automatically again.
+    pub cooldown_left: u32,
+    /// Consecutive failed automatic compactions.
+    pub failures: u32,
+}
+
 /// Usage bookkeeping behind the overflow check.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct UsageState {
@@ -115,6 +127,9 @@ pub(crate) struct UsageState {
     /// A report does not cover them: tool results of a step arrive before its
     /// `step-finish` but are input to the next request.
     pub since_request: i64,
+    /// Context tokens prune cleared since that report: when non-zero the report describes
+    /// a request bigger than the next one will be.
+    pub pruned: u64,
 }
 
 /// A session: the unit the store owns and the engine computes on.
@@ -135,6 +150,8 @@ pub struct Session {
     /// finds its summary).
     completed_parents: HashMap<String, usize>,
     pub(crate) usage: UsageState,
+    /// Loop protection of automatic compaction.
+    pub(crate) auto: AutoState,
     pub(crate) prune: PruneIndex,
     /// Context-view tokens of all messages.
     pub(crate) tokens: u64,
@@ -158,6 +175,7 @@ impl Session {
             boundary: None,
             completed_parents: HashMap::new(),
             usage: UsageState::default(),
+            auto: AutoState::default(),
             prune: PruneIndex::default(),
             tokens: 0,
             parts: 0,
@@ -263,6 +281,7 @@ impl Session {
             ));
         }
         let finished = info.is_finished() && !old.is_finished();
+        let summary = info.is_summary();
         let usage = info.role == Role::Assistant
             && info.tokens.is_some_and(|t| !t.is_empty())
             && info.tokens != old.tokens;
@@ -289,12 +308,14 @@ impl Session {
             created: false,
             finished,
             usage_reported: usage,
+            summary,
         })
     }
 
     fn insert_message(&mut self, info: MessageInfo) -> Applied {
         let idx = self.messages.len();
         let finished = info.is_finished();
+        let summary = info.is_summary();
         let usage = info.role == Role::Assistant && info.tokens.is_some_and(|t| !t.is_empty());
         let tokens = info.tokens;
         let completed = info.is_completed_summary().then(|| info.parent_id.clone());
@@ -318,6 +339,7 @@ impl Session {
             created: true,
             finished,
             usage_reported: usage,
+            summary,
         }
     }
 
@@ -384,8 +406,8 @@ impl Session {
         }
         Ok(Applied {
             created,
-            finished: false,
             usage_reported: step_usage.is_some(),
+            ..Applied::default()
         })
     }
 
@@ -445,9 +467,8 @@ impl Session {
         }
         self.record_usage(tokens);
         Ok(Applied {
-            created: false,
-            finished: false,
             usage_reported: true,
+            ..Applied::default()
         })
     }
 
@@ -463,6 +484,7 @@ impl Session {
             last: Some(tokens),
             delta: pending,
             since_request: 0,
+            pruned: 0,
         };
     }
 

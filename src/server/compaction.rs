@@ -63,6 +63,17 @@ pub struct Options {
     pub overflow: bool,
 }
 
+impl Options {
+    /// An automatic compaction, started because the session overflows.
+    pub fn automatic() -> Options {
+        Options {
+            auto: true,
+            overflow: true,
+            ..Options::default()
+        }
+    }
+}
+
 impl From<pb::CompactOptions> for Options {
     fn from(o: pb::CompactOptions) -> Self {
         Options {
@@ -181,18 +192,33 @@ impl Job {
             Ok(o) => self.commit(o, began).await,
             Err(e) => Err(failed(&e)),
         };
+        let paused = self.record(result.is_ok()).await;
         let ev = match result {
             Ok(done) => {
                 tracing::info!(session_id = %self.session_id, compaction_id = %self.running.id, tokens_before = done.tokens_before, tokens_after = done.tokens_after, duration_ms = done.duration_ms, "session.compacted");
                 Ce::Compacted(done)
             }
-            Err(f) => {
-                tracing::warn!(session_id = %self.session_id, compaction_id = %self.running.id, kind = %f.kind, reason = %f.reason, "compaction failed");
+            Err(mut f) => {
+                f.auto_compaction_paused = paused;
+                tracing::warn!(session_id = %self.session_id, compaction_id = %self.running.id, kind = %f.kind, reason = %f.reason, paused, "compaction failed");
                 Ce::Failed(f)
             }
         };
         self.emit(ev).await;
         self.hub.release(&self.session_id, &self.running.id);
+    }
+
+    /// Feeds the outcome to the session's loop protection; true when it paused
+    /// auto-compaction.
+    async fn record(&self, ok: bool) -> bool {
+        let auto = self.plan.request.auto;
+        let Ok(handle) = self.hub.store.get(&self.session_id) else {
+            return false;
+        };
+        handle
+            .call(move |s, _| s.record_compaction(auto, ok))
+            .await
+            .unwrap_or(false)
     }
 
     async fn summarize(&mut self) -> Result<crate::engine::SummaryOutcome, SummarizeError> {
@@ -256,11 +282,7 @@ impl Job {
             .hub
             .store
             .get(&self.session_id)
-            .map_err(|e| pb::CompactionFailed {
-                reason: e.to_string(),
-                retryable: false,
-                kind: "session_gone".into(),
-            })?;
+            .map_err(|e| fail("session_gone", e.to_string(), false))?;
         let plan = self.plan.clone();
         let ids = CommitIds {
             prefix: self.running.id.clone(),
@@ -270,21 +292,15 @@ impl Job {
         let committed = handle
             .call(move |s, cfg| s.commit_compaction(&plan, &outcome, &ids, now_ms(), cfg))
             .await
-            .map_err(|e| pb::CompactionFailed {
-                reason: e.to_string(),
-                retryable: false,
-                kind: "session_gone".into(),
-            })?;
-        let done = committed.map_err(|e| pb::CompactionFailed {
-            reason: e.to_string(),
-            retryable: false,
-            kind: match e {
+            .map_err(|e| fail("session_gone", e.to_string(), false))?;
+        let done = committed.map_err(|e| {
+            let kind = match e {
                 CompactionError::EmptySummary => "empty_summary",
                 CompactionError::NotSmaller { .. } => "not_smaller",
                 CompactionError::NothingToCompact => "nothing_to_compact",
                 CompactionError::Apply(_) => "commit",
-            }
-            .into(),
+            };
+            fail(kind, e.to_string(), false)
         })?;
         Ok(pb::SessionCompacted {
             user_message_id: done.user_message_id,
@@ -331,18 +347,23 @@ fn event(session_id: &str, id: &str, ev: Ce) -> pb::CompactionEvent {
 }
 
 fn failed(e: &SummarizeError) -> pb::CompactionFailed {
+    let kind = match e {
+        SummarizeError::NotConfigured => "not_configured",
+        SummarizeError::Request { .. } => "request",
+        SummarizeError::Broken(_) => "broken_stream",
+        SummarizeError::Malformed(_) => "malformed",
+        SummarizeError::Timeout(_) => "timeout",
+        SummarizeError::Cancelled => "cancelled",
+    };
+    fail(kind, e.to_string(), e.retryable())
+}
+
+fn fail(kind: &str, reason: String, retryable: bool) -> pb::CompactionFailed {
     pb::CompactionFailed {
-        reason: e.to_string(),
-        retryable: e.retryable(),
-        kind: match e {
-            SummarizeError::NotConfigured => "not_configured",
-            SummarizeError::Request { .. } => "request",
-            SummarizeError::Broken(_) => "broken_stream",
-            SummarizeError::Malformed(_) => "malformed",
-            SummarizeError::Timeout(_) => "timeout",
-            SummarizeError::Cancelled => "cancelled",
-        }
-        .into(),
+        reason,
+        retryable,
+        kind: kind.into(),
+        auto_compaction_paused: false,
     }
 }
 

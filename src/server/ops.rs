@@ -56,7 +56,28 @@ impl Op {
 }
 
 /// The result of one op: events for the client (the ack or error is added by the caller).
-pub type Outcome = Result<(Vec<Ev>, bool), Rejection>;
+pub type Outcome = Result<Done, Rejection>;
+
+/// What an applied op produced.
+#[derive(Debug, Default)]
+pub struct Done {
+    /// Events for the client, before the ack.
+    pub events: Vec<Ev>,
+    /// The op created something (session, message, part).
+    pub created: bool,
+    /// The engine asks for an automatic compaction (started after the ack).
+    pub compact: bool,
+}
+
+impl Done {
+    /// Just these events.
+    pub fn events(events: Vec<Ev>) -> Done {
+        Done {
+            events,
+            ..Done::default()
+        }
+    }
+}
 
 /// An op in flight: already answered, or waiting on its session's actor.
 pub enum Pending {
@@ -203,7 +224,10 @@ async fn submit_op(hub: &Arc<Hub>, session_id: &str, op: Op) -> Pending {
         Op::Open(info) => {
             let (handle, created) = store.open(info.clone());
             if created {
-                return Pending::Ready(Ok((Vec::new(), true)));
+                return Pending::Ready(Ok(Done {
+                    created: true,
+                    ..Done::default()
+                }));
             }
             handle
         }
@@ -216,7 +240,7 @@ async fn submit_op(hub: &Arc<Hub>, session_id: &str, op: Op) -> Pending {
         Op::Open(info) => {
             queue(&handle, move |s, c| {
                 engine::step(s, Update::Configure(info), c, now_ms())
-                    .map(|_| (Vec::new(), false))
+                    .map(|_| Done::default())
                     .map_err(Rejection::from)
             })
             .await
@@ -226,32 +250,36 @@ async fn submit_op(hub: &Arc<Hub>, session_id: &str, op: Op) -> Pending {
             let sid = session_id.to_string();
             queue(&handle, move |s, c| {
                 let report = engine::step(s, update, c, now_ms())?;
-                let events: Vec<Ev> = report.events.iter().map(event_to_pb).collect();
+                let mut done = Done {
+                    created: report.applied.created,
+                    ..Done::default()
+                };
                 for e in &report.events {
-                    hub.publish(&sid, bus_event(e));
+                    done.compact |= matches!(e, Event::CompactionNeeded(_));
+                    if let Some(b) = bus_event(e) {
+                        hub.publish(&sid, b);
+                    }
+                    done.events.extend(event_to_pb(e));
                 }
-                Ok((events, report.applied.created))
+                Ok(done)
             })
             .await
         }
         Op::Compact(options) => {
             // Outside a stream (which starts compactions itself) there is no sink.
             match super::compaction::start(hub, session_id, options, None, None).await {
-                Ok(started) => Pending::Ready(Ok((vec![Ev::Compaction(started)], false))),
+                Ok(started) => Pending::Ready(Ok(Done::events(vec![Ev::Compaction(started)]))),
                 Err(r) => Pending::Ready(Err(r)),
             }
         }
         Op::Context(format) => {
             queue(&handle, move |s, _| {
                 let view = s.build_context();
-                Ok((
-                    vec![Ev::Context(convert::context_to_pb(
-                        &view,
-                        s.messages().len(),
-                        format,
-                    ))],
-                    false,
-                ))
+                Ok(Done::events(vec![Ev::Context(convert::context_to_pb(
+                    &view,
+                    s.messages().len(),
+                    format,
+                ))]))
             })
             .await
         }
@@ -263,17 +291,18 @@ async fn submit_op(hub: &Arc<Hub>, session_id: &str, op: Op) -> Pending {
                     PruneMode::Commit
                 };
                 let report = s.prune(mode, now_ms());
-                Ok((vec![Ev::PruneReport(convert::prune_to_pb(&report))], false))
+                Ok(Done::events(vec![Ev::PruneReport(convert::prune_to_pb(
+                    &report,
+                ))]))
             })
             .await
         }
         Op::CheckOverflow => {
             queue(&handle, move |s, _| {
                 let check = s.check_overflow(Trigger::Request);
-                Ok((
-                    vec![Ev::OverflowCheck(convert::overflow_to_pb(&check))],
-                    false,
-                ))
+                Ok(Done::events(vec![Ev::OverflowCheck(
+                    convert::overflow_to_pb(&check),
+                )]))
             })
             .await
         }
@@ -290,19 +319,23 @@ where
     }
 }
 
-/// An engine event as a watcher sees it.
-fn bus_event(e: &Event) -> pb::session_event::Event {
+/// An engine event as a watcher sees it; `None` for signals meant for the server.
+fn bus_event(e: &Event) -> Option<pb::session_event::Event> {
     match e {
-        Event::Overflow(c) => pb::session_event::Event::Overflow(convert::overflow_to_pb(c)),
-        Event::Pruned(r) => pb::session_event::Event::Pruned(convert::prune_to_pb(r)),
+        Event::Overflow(c) => Some(pb::session_event::Event::Overflow(convert::overflow_to_pb(
+            c,
+        ))),
+        Event::Pruned(r) => Some(pb::session_event::Event::Pruned(convert::prune_to_pb(r))),
+        Event::CompactionNeeded(_) => None,
     }
 }
 
 /// An engine event as a wire event.
-pub fn event_to_pb(e: &Event) -> Ev {
+pub fn event_to_pb(e: &Event) -> Option<Ev> {
     match e {
-        Event::Overflow(c) => Ev::Overflow(convert::overflow_to_pb(c)),
-        Event::Pruned(r) => Ev::Pruned(convert::prune_to_pb(r)),
+        Event::Overflow(c) => Some(Ev::Overflow(convert::overflow_to_pb(c))),
+        Event::Pruned(r) => Some(Ev::Pruned(convert::prune_to_pb(r))),
+        Event::CompactionNeeded(_) => None,
     }
 }
 
@@ -320,7 +353,9 @@ pub fn to_server_events(
         event: Some(event),
     };
     match outcome {
-        Ok((events, created)) => {
+        Ok(Done {
+            events, created, ..
+        }) => {
             let mut out: Vec<_> = events.into_iter().map(wrap).collect();
             out.push(wrap(Ev::Ack(pb::Ack {
                 kind: kind.to_string(),

@@ -41,7 +41,7 @@ impl SessionsService {
     }
 
     /// Runs a unary op and returns its events, or the rejection as a status.
-    async fn run(&self, session_id: &str, op: Op) -> Result<(Vec<Ev>, bool), Status> {
+    async fn run(&self, session_id: &str, op: Op) -> Result<ops::Done, Status> {
         let kind = op.kind();
         let outcome = ops::submit(&self.hub, session_id, op, ops::Scope::Unary)
             .await
@@ -59,8 +59,21 @@ impl SessionsService {
         op: Op,
     ) -> Result<Response<pb::UpdateResponse>, Status> {
         let kind = op.kind();
-        let (events, created) = self.run(session_id, op).await?;
-        let events = ops::to_server_events(0, session_id, kind, Ok((events, created)));
+        let done = self.run(session_id, op).await?;
+        if done.compact {
+            // No stream to follow: the compaction's events go to Subscribe watchers.
+            let hub = self.hub.clone();
+            let sid = session_id.to_string();
+            tokio::spawn(async move {
+                if let Err(r) =
+                    compaction::start(&hub, &sid, compaction::Options::automatic(), None, None)
+                        .await
+                {
+                    tracing::debug!(session_id = %sid, reason = %r.message, "automatic compaction not started");
+                }
+            });
+        }
+        let events = ops::to_server_events(0, session_id, kind, Ok(done));
         Ok(Response::new(pb::UpdateResponse { events }))
     }
 
@@ -179,7 +192,7 @@ impl pb::sessions_server::Sessions for SessionsService {
         let info =
             convert::session_from_pb(info, "").map_err(|r| Status::from(r.within("session")))?;
         let id = info.id.clone();
-        let (_, created) = self.run(&id, Op::Open(info)).await?;
+        let created = self.run(&id, Op::Open(info)).await?.created;
         Ok(Response::new(self.summary(&id, created).await?))
     }
 
@@ -246,7 +259,7 @@ impl pb::sessions_server::Sessions for SessionsService {
         match self
             .run(&req.session_id, Op::Context(format))
             .await?
-            .0
+            .events
             .pop()
         {
             Some(Ev::Context(c)) => Ok(Response::new(c)),
@@ -268,7 +281,7 @@ impl pb::sessions_server::Sessions for SessionsService {
                 },
             )
             .await?
-            .0
+            .events
             .pop()
         {
             Some(Ev::PruneReport(r)) => Ok(Response::new(r)),
@@ -282,7 +295,12 @@ impl pb::sessions_server::Sessions for SessionsService {
     ) -> Result<Response<pb::OverflowCheck>, Status> {
         let req = request.into_inner();
         require_session(&req.session_id)?;
-        match self.run(&req.session_id, Op::CheckOverflow).await?.0.pop() {
+        match self
+            .run(&req.session_id, Op::CheckOverflow)
+            .await?
+            .events
+            .pop()
+        {
             Some(Ev::OverflowCheck(c)) => Ok(Response::new(c)),
             _ => Err(Status::internal("overflow reply missing")),
         }

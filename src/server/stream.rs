@@ -18,7 +18,7 @@ use tracing::Instrument;
 
 use super::compaction::{self, Sink};
 use super::hub::Hub;
-use super::ops::{self, Op, Pending};
+use super::ops::{self, Done, Op, Pending};
 use super::pb;
 use super::pb::server_event::Event as Ev;
 
@@ -56,6 +56,7 @@ pub fn run(
     // Events of compactions started from this stream, after their start was acked.
     let (cmp_tx, mut cmp_rx) = mpsc::channel::<pb::CompactionEvent>(EVENT_BUFFER);
     let (slot_tx, mut slot_rx) = mpsc::channel::<Slot>(IN_FLIGHT);
+    let (hub_w, cmp_tx_w) = (hub.clone(), cmp_tx.clone());
     let span = tracing::info_span!("stream", %peer);
 
     tokio::spawn(
@@ -80,7 +81,7 @@ pub fn run(
                             compaction::start(&hub, &session_id, options, Some(sink), Some(go_rx))
                                 .await;
                         let pending =
-                            Pending::Ready(started.map(|e| (vec![Ev::Compaction(e)], false)));
+                            Pending::Ready(started.map(|e| Done::events(vec![Ev::Compaction(e)])));
                         ("compact", pending, Some(go_tx))
                     }
                     Ok(op) => {
@@ -111,6 +112,7 @@ pub fn run(
 
     tokio::spawn(
         async move {
+            let mut auto_tx = Some(cmp_tx_w);
             // Compaction id → seq of the update that started it.
             let mut started_by: HashMap<String, u64> = HashMap::new();
             let (mut slots_open, mut compactions_open) = (true, true);
@@ -118,7 +120,11 @@ pub fn run(
                 tokio::select! {
                     biased;
                     slot = slot_rx.recv(), if slots_open => {
-                        let Some(slot) = slot else { slots_open = false; continue };
+                        let Some(slot) = slot else {
+                            slots_open = false;
+                            auto_tx = None; // no more updates: let the channel close when compactions end
+                            continue;
+                        };
                         let (seq, session_id, kind, pending, go) = match slot {
                             Slot::Update { seq, session_id, kind, pending, go } => (seq, session_id, kind, pending, go),
                             Slot::Failed(status) => {
@@ -127,10 +133,12 @@ pub fn run(
                             }
                         };
                         let outcome = pending.outcome(&session_id).await;
+                        let mut auto = false;
                         match &outcome {
                             Err(r) => tracing::debug!(seq, %session_id, code = ?r.code, field = %r.field, message = %r.message, "update rejected"),
-                            Ok((events, _)) => {
-                                for e in events {
+                            Ok(done) => {
+                                auto = done.compact;
+                                for e in &done.events {
                                     if let Ev::Compaction(c) = e {
                                         started_by.insert(c.compaction_id.clone(), seq);
                                     }
@@ -144,6 +152,21 @@ pub fn run(
                         }
                         if let Some(go) = go {
                             let _ = go.send(());
+                        }
+                        // The update left the session overflowing: compact it, and let this
+                        // stream follow (its events carry the update's seq).
+                        if let (true, Some(tx)) = (auto, &auto_tx) {
+                            let sink = Sink::listening(tx.clone());
+                            match compaction::start(&hub_w, &session_id, compaction::Options::automatic(), Some(sink), None).await {
+                                Ok(started) => {
+                                    started_by.insert(started.compaction_id.clone(), seq);
+                                    let event = pb::ServerEvent { seq, session_id: session_id.clone(), event: Some(Ev::Compaction(started)) };
+                                    if out_tx.send(Ok(event)).await.is_err() {
+                                        return;
+                                    }
+                                }
+                                Err(r) => tracing::debug!(%session_id, reason = %r.message, "automatic compaction not started"),
+                            }
                         }
                     }
                     ev = cmp_rx.recv(), if compactions_open => {

@@ -476,3 +476,107 @@ async fn compaction_from_the_main_stream_follows_its_ack() {
     }
     assert_eq!(text, "stream summary");
 }
+
+// ---- automatic compaction -------------------------------------------------------------
+
+/// Finishes assistant message `id` (answering u3) reporting `input` tokens: the update a
+/// host sends when a model step ends.
+async fn finish_reporting(s: &mut EventStream, sid: &str, id: &str, input: u64) -> u64 {
+    s.expect_ack(sid, upsert_message(assistant_msg(id, "u3")))
+        .await;
+    let mut done = finished(assistant_msg(id, "u3"));
+    done.tokens = Some(usage(input));
+    s.send(sid, upsert_message(done)).await
+}
+
+/// Collects compaction events (all carrying `seq`) until one ends the compaction.
+async fn follow(s: &mut EventStream, seq: u64) -> Vec<pb::CompactionEvent> {
+    let mut out = Vec::new();
+    loop {
+        let e = s.next_event().await;
+        assert_eq!(e.seq, seq, "{e:?}");
+        let Some(pb::server_event::Event::Compaction(c)) = e.event else {
+            panic!("expected a compaction event, got {e:?}")
+        };
+        let end = matches!(c.event, Some(Ce::Compacted(_) | Ce::Failed(_)));
+        out.push(c);
+        if end {
+            return out;
+        }
+    }
+}
+
+async fn overflowing_session(server: &TestServer, sid: &str) -> EventStream {
+    let mut client = server.client().await;
+    seed_session(&mut client, sid).await;
+    // 20k window, 4k output: usable 16,000, threshold 14,720.
+    open_session(&mut client, session_with_limits(sid, 20_000, 4_000)).await;
+    server.stream().await
+}
+
+#[tokio::test]
+async fn overflow_that_prune_cannot_fix_compacts_automatically_on_the_stream() {
+    let fake = FakeLlm::start(vec![Reply::text(["auto ", "summary"])]).await;
+    let server = server_with_llm(&fake).await;
+    let mut s = overflowing_session(&server, SID).await;
+
+    // Below the threshold: nothing happens.
+    let seq = finish_reporting(&mut s, SID, "b1", 14_000).await;
+    assert_eq!(kinds(&s.reply(seq).await), ["ack"]);
+    assert_eq!(fake.request_count(), 0);
+
+    // Over it: the overflow event and the ack, then the compaction follows with that seq.
+    let seq = finish_reporting(&mut s, SID, "b2", 19_000).await;
+    assert_eq!(kinds(&s.reply(seq).await), ["overflow", "ack"]);
+    let events = follow(&mut s, seq).await;
+    assert_eq!(names(&events), ["started", "delta", "delta", "compacted"]);
+    let Some(Ce::Started(started)) = &events[0].event else {
+        unreachable!()
+    };
+    assert!(started.auto);
+    let Some(Ce::Compacted(done)) = &events[3].event else {
+        unreachable!()
+    };
+    assert!(done.auto);
+
+    // The context ends with the synthetic auto-continue message.
+    let mut client = server.client().await;
+    let ctx = get_context(&mut client, SID).await;
+    let last = ctx.messages.last().expect("messages");
+    assert_eq!(text_of(last), "Continue if you have next steps");
+    assert_eq!(ctx.messages[1].info.as_ref().map(|i| i.summary), Some(true));
+}
+
+#[tokio::test]
+async fn three_failed_automatic_compactions_pause_auto_compaction() {
+    let fake = FakeLlm::start(vec![Reply::status(400)]).await;
+    let server = server_with_llm(&fake).await;
+    let mut s = overflowing_session(&server, SID).await;
+    for (i, id) in ["b1", "b2", "b3"].into_iter().enumerate() {
+        let seq = finish_reporting(&mut s, SID, id, 19_000).await;
+        assert_eq!(kinds(&s.reply(seq).await), ["overflow", "ack"]);
+        let events = follow(&mut s, seq).await;
+        let f = failure(&events);
+        assert_eq!(f.kind, "request", "{f:?}");
+        assert!(!f.retryable, "a 400 is not worth retrying");
+        assert_eq!(f.auto_compaction_paused, i == 2, "attempt {i}: {f:?}");
+    }
+    assert_eq!(fake.request_count(), 3, "a 400 is not retried");
+
+    // Paused: still reported as overflowing, but no compaction starts.
+    let seq = finish_reporting(&mut s, SID, "b4", 19_000).await;
+    assert_eq!(kinds(&s.reply(seq).await), ["overflow", "ack"]);
+    let seq = s.send(SID, upsert_message(user_msg("u5"))).await;
+    assert_eq!(
+        kinds(&s.reply(seq).await),
+        ["ack"],
+        "no compaction event came in between"
+    );
+    assert_eq!(fake.request_count(), 3);
+
+    // A successful manual compaction closes the breaker.
+    fake.push(Reply::text(["manual summary"]));
+    let mut client = server.client().await;
+    let events = compact(&mut client, SID, "").await.expect("compact");
+    assert_eq!(names(&events).last(), Some(&"compacted"));
+}

@@ -336,3 +336,173 @@ fn prune_stops_at_the_summary_and_usage_restarts_from_the_new_context() {
     assert_eq!(reference(&s).prune, vec![]);
     assert_index_agrees(&mut s, "after a compaction");
 }
+
+// ---- automatic compaction -------------------------------------------------------------
+
+/// A session with a 20k window (usable 16k, threshold 14,720) and three user turns.
+fn overflowing() -> Session {
+    let mut s = new_session(
+        SessionOverrides::default(),
+        ModelLimits {
+            context: 20_000,
+            input: 0,
+            output: 4_000,
+        },
+    );
+    for u in parse(FIXTURE) {
+        apply(&mut s, u);
+    }
+    s
+}
+
+/// Finishes a new assistant message reporting `input` tokens; returns the events.
+fn finish_with_usage(s: &mut Session, id: &str, input: u64) -> Vec<crate::engine::Event> {
+    let mut a = assistant(id, "u3");
+    a.finish.clear();
+    apply(s, Update::UpsertMessage(a.clone()));
+    a.finish = "stop".into();
+    a.tokens = Some(TokenUsage {
+        input,
+        ..Default::default()
+    });
+    crate::engine::step(s, Update::UpsertMessage(a), &config(), NOW)
+        .expect("step")
+        .events
+}
+
+fn needs_compaction(events: &[crate::engine::Event]) -> bool {
+    events
+        .iter()
+        .any(|e| matches!(e, crate::engine::Event::CompactionNeeded(_)))
+}
+
+#[test]
+fn a_finished_message_over_the_threshold_asks_for_compaction() {
+    let mut s = overflowing();
+    assert!(
+        !needs_compaction(&finish_with_usage(&mut s, "b1", 14_720)),
+        "at the threshold"
+    );
+    assert!(
+        needs_compaction(&finish_with_usage(&mut s, "b2", 14_721)),
+        "one token over"
+    );
+}
+
+#[test]
+fn summaries_and_auto_off_never_ask() {
+    let mut s = overflowing();
+    let mut sm = summary("s9", "u3");
+    sm.finish.clear();
+    apply(&mut s, Update::UpsertMessage(sm.clone()));
+    sm.finish = "stop".into();
+    sm.tokens = Some(TokenUsage {
+        input: 19_000,
+        ..Default::default()
+    });
+    let events = crate::engine::step(&mut s, Update::UpsertMessage(sm), &config(), NOW)
+        .expect("step")
+        .events;
+    assert!(
+        !needs_compaction(&events),
+        "a summary never triggers another compaction"
+    );
+
+    let mut off = new_session(
+        SessionOverrides {
+            auto_compact: Some(false),
+            ..Default::default()
+        },
+        ModelLimits {
+            context: 20_000,
+            input: 0,
+            output: 4_000,
+        },
+    );
+    for u in parse(FIXTURE) {
+        apply(&mut off, u);
+    }
+    assert!(!needs_compaction(&finish_with_usage(
+        &mut off, "b1", 19_000
+    )));
+}
+
+#[test]
+fn prune_that_fixes_the_overflow_prevents_compaction() {
+    // Old outputs (turn 1) are large; pruning them brings the prediction under the
+    // threshold, so the stale report alone must not trigger a compaction.
+    let mut s = new_session(
+        SessionOverrides {
+            prune_protect: Some(100),
+            prune_minimum: Some(100),
+            ..Default::default()
+        },
+        ModelLimits {
+            context: 20_000,
+            input: 0,
+            output: 4_000,
+        },
+    );
+    for u in parse(
+        "
+        user u1 text:t1=10
+        assistant a1 read:p1=6000
+        user u2 text:t2=10
+        assistant a2 bash:p2=50
+        user u3 text:t3=10
+        ",
+    ) {
+        apply(&mut s, u);
+    }
+    let events = finish_with_usage(&mut s, "b1", 14_800);
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, crate::engine::Event::Pruned(_))),
+        "{events:?}"
+    );
+    assert!(!needs_compaction(&events), "{events:?}");
+    assert!(!s.check_overflow(Trigger::Request).overflow);
+}
+
+#[test]
+fn cooldown_after_a_compaction_that_left_the_session_over() {
+    let mut s = overflowing();
+    assert!(needs_compaction(&finish_with_usage(&mut s, "b1", 19_000)));
+    // The compaction succeeded, but a new report still says over: cool down for 2.
+    apply(
+        &mut s,
+        Update::ReportUsage {
+            message_id: None,
+            tokens: TokenUsage {
+                input: 19_500,
+                ..Default::default()
+            },
+        },
+    );
+    assert!(!s.record_compaction(true, true));
+    assert!(!needs_compaction(&finish_with_usage(&mut s, "b2", 19_000)));
+    assert!(!needs_compaction(&finish_with_usage(&mut s, "b3", 19_000)));
+    assert!(
+        needs_compaction(&finish_with_usage(&mut s, "b4", 19_000)),
+        "cooldown over"
+    );
+}
+
+#[test]
+fn three_automatic_failures_pause_until_a_success() {
+    let mut s = overflowing();
+    assert!(!s.record_compaction(true, false));
+    assert!(!s.record_compaction(true, false));
+    assert!(s.record_compaction(true, false), "the third failure pauses");
+    assert!(s.auto_compaction_paused());
+    assert!(!needs_compaction(&finish_with_usage(&mut s, "b1", 19_000)));
+    // Manual failures do not count; a manual success resumes.
+    assert!(!s.record_compaction(false, false));
+    assert!(!s.record_compaction(false, true));
+    assert!(!s.auto_compaction_paused());
+    // That success left the session over the threshold, so the cooldown runs first.
+    assert!(!needs_compaction(&finish_with_usage(&mut s, "b2", 19_000)));
+    assert!(!needs_compaction(&finish_with_usage(&mut s, "b3", 19_000)));
+    assert!(needs_compaction(&finish_with_usage(&mut s, "b4", 19_000)));
+}
