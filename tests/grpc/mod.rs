@@ -10,5 +10,6 @@ mod health;
 mod import;
 mod overflow;
 mod prune;
+mod secrets;
 mod stream;
 mod unary;
