@@ -222,6 +222,13 @@ pub struct ReplayArgs {
     /// Keep the `time.compacted` marks in the file instead of starting unpruned.
     #[arg(long)]
     pub keep_compacted: bool,
+    /// Run full compactions against this OpenAI-compatible base URL when prune cannot fix
+    /// an overflow (key from COMPACTD_LLM_API_KEY).
+    #[arg(long, value_name = "BASE_URL")]
+    pub summarize_with: Option<String>,
+    /// Model name for --summarize-with.
+    #[arg(long, default_value = "local")]
+    pub summarize_model: String,
     /// Engine settings.
     #[command(flatten)]
     pub engine: EngineArgs,

@@ -129,9 +129,69 @@ fn write_replay(args: &ReplayArgs, out: &mut impl std::io::Write) -> anyhow::Res
                 "(removed {stripped} time.compacted marks from the file; compactd prunes afresh)"
             )?;
         }
-        let report =
-            trace::replay::replay(&export, args.limits(), &config, Arc::new(CharsPerToken));
+        let report = match &args.summarize_with {
+            None => trace::replay::replay(&export, args.limits(), &config, Arc::new(CharsPerToken)),
+            Some(url) => {
+                let mut compactor = llm_compactor(url, &args.summarize_model)?;
+                trace::replay::replay_with(
+                    &export,
+                    args.limits(),
+                    &config,
+                    Arc::new(CharsPerToken),
+                    Some(&mut compactor),
+                )
+            }
+        };
         writeln!(out, "{report}")?;
     }
     Ok(())
+}
+
+/// A replay compactor backed by a real OpenAI-compatible endpoint.
+fn llm_compactor(
+    url: &str,
+    model: &str,
+) -> anyhow::Result<
+    impl FnMut(
+        &compactd::engine::Session,
+        &compactd::engine::CompactionPlan,
+        &compactd::engine::ContextView,
+    ) -> Result<compactd::engine::SummaryOutcome, String>,
+> {
+    use compactd::summarize::{
+        ApiKey, LlmConfig, OpenAiSummarizer, Summarizer, SummaryRequest, prompt,
+    };
+    let mut cfg = LlmConfig::new(url, model);
+    cfg.api_key = std::env::var("COMPACTD_LLM_API_KEY")
+        .ok()
+        .filter(|k| !k.is_empty())
+        .map(ApiKey::new);
+    let summarizer = OpenAiSummarizer::new(cfg);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    Ok(
+        move |_: &compactd::engine::Session,
+              plan: &compactd::engine::CompactionPlan,
+              head: &compactd::engine::ContextView| {
+            let messages = prompt::build_messages(
+                head,
+                plan.previous_summary.as_deref(),
+                &Default::default(),
+                None,
+            );
+            runtime.block_on(async {
+                let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+                let run = summarizer.summarize(SummaryRequest { messages }, tx, Default::default());
+                tokio::pin!(run);
+                loop {
+                    tokio::select! {
+                        r = &mut run => break r.map_err(|e| e.to_string()),
+                        Some(_) = rx.recv() => {}
+                    }
+                }
+            })
+        },
+    )
 }

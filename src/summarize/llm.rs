@@ -227,7 +227,7 @@ fn request_error(e: OpenAIError, started: bool) -> SummarizeError {
                 retryable: status == 429 || status >= 500,
             }
         }
-        OpenAIError::Reqwest(e) if started => SummarizeError::Broken(e.without_url().to_string()),
+        OpenAIError::Reqwest(e) if started => SummarizeError::Broken(chain(e.without_url())),
         OpenAIError::Reqwest(e) => SummarizeError::Request {
             status: e.status().map(|s| s.as_u16()),
             retryable: e.is_connect()
@@ -235,7 +235,7 @@ fn request_error(e: OpenAIError, started: bool) -> SummarizeError {
                 || e.is_request()
                 || e.status()
                     .is_some_and(|s| s.as_u16() == 429 || s.is_server_error()),
-            message: e.without_url().to_string(),
+            message: chain(e.without_url()),
         },
         OpenAIError::StreamError(e) if started => SummarizeError::Broken(e.to_string()),
         OpenAIError::StreamError(e) => SummarizeError::Request {
@@ -250,4 +250,17 @@ fn request_error(e: OpenAIError, started: bool) -> SummarizeError {
             retryable: false,
         },
     }
+}
+
+/// An error with its causes ("error sending request: connection refused"), so the event
+/// says what actually failed.
+fn chain(e: impl std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    out
 }

@@ -11,7 +11,10 @@ use std::sync::Arc;
 
 use super::Export;
 use crate::config::EngineConfig;
-use crate::engine::{Crossed, Event, Session, Update, step};
+use crate::engine::{
+    CommitIds, CompactionPlan, CompactionRequest, ContextView, Crossed, Event, Session,
+    SummaryOutcome, TailOptions, Update, default_tail_tokens, step, usable_input,
+};
 use crate::session::{ModelLimits, Role};
 use crate::tokens::TokenCounter;
 
@@ -34,7 +37,25 @@ pub struct Row {
     pub pruned_parts: usize,
     /// Tokens cleared at this step.
     pub pruned_tokens: u64,
+    /// A compaction ran after this step (only with a compactor).
+    pub compaction: Option<CompactionRow>,
 }
+
+/// What a compaction during a replay did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompactionRow {
+    /// Context tokens before and after (equal when it failed).
+    pub tokens_before: u64,
+    /// Context tokens after.
+    pub tokens_after: u64,
+    /// Why it failed, when it did.
+    pub error: Option<String>,
+}
+
+/// Writes a summary for a planned compaction (e.g. by calling an LLM). Given the session
+/// as it is, the plan and the head as the summarizer should see it.
+pub type Compactor<'a> =
+    dyn FnMut(&Session, &CompactionPlan, &ContextView) -> Result<SummaryOutcome, String> + 'a;
 
 /// The whole replay.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,6 +94,18 @@ pub fn replay(
     config: &EngineConfig,
     counter: Arc<dyn TokenCounter>,
 ) -> Report {
+    replay_with(export, limits, config, counter, None)
+}
+
+/// Like [`replay`], running a full compaction through `compactor` whenever the engine asks
+/// for one (overflow that prune cannot fix).
+pub fn replay_with(
+    export: &Export,
+    limits: ModelLimits,
+    config: &EngineConfig,
+    counter: Arc<dyn TokenCounter>,
+    mut compactor: Option<&mut Compactor<'_>>,
+) -> Report {
     let mut info = export.info.clone();
     info.limits = limits;
     let mut live = Session::new(info.clone(), config, counter.clone());
@@ -83,16 +116,25 @@ pub fn replay(
     };
     let mut baseline = Session::new(info, &baseline_cfg, counter);
     let mut rows = Vec::new();
+    let mut compacted_once = false;
     for (minfo, parts) in &export.messages {
         let now = minfo.time.completed.unwrap_or(minfo.time.created);
         let mut events = Vec::new();
+        let stale_usage = compacted_once;
         let mut feed = |update: Update| {
+            let _ = baseline.apply(update.clone(), &baseline_cfg);
+            // After a compaction the recorded usage describes the original, uncompacted run:
+            // the replayed session goes by its prediction instead.
+            let update = if stale_usage {
+                without_usage(update)
+            } else {
+                update
+            };
             // Exports are well formed; an update the engine refuses is reported and skipped.
-            match step(&mut live, update.clone(), config, now) {
+            match step(&mut live, update, config, now) {
                 Ok(r) => events.extend(r.events),
                 Err(e) => tracing::warn!(error = %e, "replay: update refused"),
             }
-            let _ = baseline.apply(update, &baseline_cfg);
         };
         let assistant = minfo.role == Role::Assistant;
         let mut first = minfo.clone();
@@ -116,8 +158,19 @@ pub fn replay(
             Event::Pruned(r) => (acc.0 + r.parts.len(), acc.1 + r.tokens_saved),
             _ => acc,
         });
+        let needed = events
+            .iter()
+            .any(|e| matches!(e, Event::CompactionNeeded(_)));
+        let compaction = match (&mut compactor, needed) {
+            (Some(compact), true) => {
+                Some(run_compaction(&mut live, compact, config, now, rows.len()))
+            }
+            _ => None,
+        };
+        compacted_once |= compaction.as_ref().is_some_and(|c| c.error.is_none());
         rows.push(Row {
             step: rows.len() + 1,
+            compaction,
             message_id: minfo.id.clone(),
             baseline: baseline.build_context().tokens,
             pruned: live.build_context().tokens,
@@ -164,11 +217,24 @@ impl fmt::Display for Report {
                 Some(Crossed::Predicted) => "PREDICTED",
                 None => "",
             };
-            let pruned = if r.pruned_parts > 0 {
+            let mut pruned = if r.pruned_parts > 0 {
                 format!("{}/{}t", r.pruned_parts, r.pruned_tokens)
             } else {
                 String::new()
             };
+            match &r.compaction {
+                Some(CompactionRow {
+                    tokens_before,
+                    tokens_after,
+                    error: None,
+                }) => {
+                    pruned.push_str(&format!(" COMPACTED {tokens_before}->{tokens_after}"));
+                }
+                Some(CompactionRow { error: Some(e), .. }) => {
+                    pruned.push_str(&format!(" COMPACTION FAILED: {e}"));
+                }
+                None => {}
+            }
             writeln!(
                 f,
                 "{:>5}  {:<32}  {:>10}  {:>10}  {:>10}  {:>9}  {:>8}",
@@ -194,6 +260,68 @@ impl fmt::Display for Report {
             tokens,
             overflows.join(",")
         )
+    }
+}
+
+/// The update without provider usage (message tokens, step-finish tokens).
+fn without_usage(update: Update) -> Update {
+    match update {
+        Update::UpsertMessage(mut m) => {
+            m.tokens = None;
+            Update::UpsertMessage(m)
+        }
+        Update::UpsertPart(mut p) => {
+            if let crate::session::PartKind::StepFinish(f) = &mut p.kind {
+                f.tokens = None;
+            }
+            Update::UpsertPart(p)
+        }
+        other => other,
+    }
+}
+
+/// Plans, summarizes (through the compactor) and commits one automatic compaction.
+fn run_compaction(
+    live: &mut Session,
+    compact: &mut Compactor<'_>,
+    config: &EngineConfig,
+    now: i64,
+    step: usize,
+) -> CompactionRow {
+    let tail = TailOptions {
+        turns: 2,
+        max_tokens: default_tail_tokens(usable_input(&live.info().limits)),
+    };
+    let request = CompactionRequest {
+        tail,
+        auto: true,
+        overflow: true,
+    };
+    let before = live.context_tokens();
+    let result = live
+        .plan_compaction(request)
+        .map_err(|e| e.to_string())
+        .and_then(|plan| {
+            let head = live.head_view(&plan);
+            let outcome = compact(live, &plan, &head)?;
+            let ids = CommitIds {
+                prefix: format!("replay_cmp_{step}"),
+            };
+            live.commit_compaction(&plan, &outcome, &ids, now, config)
+                .map_err(|e| e.to_string())
+        });
+    live.record_compaction(true, result.is_ok());
+    match result {
+        Ok(done) => CompactionRow {
+            tokens_before: before,
+            tokens_after: done.tokens_after,
+            error: None,
+        },
+        Err(e) => CompactionRow {
+            tokens_before: before,
+            tokens_after: before,
+            error: Some(e),
+        },
     }
 }
 

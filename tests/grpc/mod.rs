@@ -10,6 +10,7 @@ mod health;
 mod import;
 mod overflow;
 mod prune;
+mod replay_cli;
 mod secrets;
 mod stream;
 mod unary;
