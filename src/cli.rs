@@ -151,6 +151,16 @@ pub struct LlmArgs {
     /// Retries for 429/5xx/connection errors before the first token.
     #[arg(long, env = "COMPACTD_LLM_MAX_RETRIES", default_value_t = 3)]
     pub llm_max_retries: u32,
+    /// The compaction model's context window in tokens; longer histories are summarized in
+    /// chunks (without it, compactd splits only when the endpoint refuses for length).
+    #[arg(long, env = "COMPACTD_LLM_CONTEXT_TOKENS")]
+    pub llm_context_tokens: Option<u64>,
+    /// Price per million input tokens, to report compaction cost.
+    #[arg(long, env = "COMPACTD_LLM_PRICE_INPUT", default_value_t = 0.0)]
+    pub llm_price_input: f64,
+    /// Price per million output tokens, to report compaction cost.
+    #[arg(long, env = "COMPACTD_LLM_PRICE_OUTPUT", default_value_t = 0.0)]
+    pub llm_price_output: f64,
     /// User turns kept verbatim after a summary.
     #[arg(long, env = "COMPACTD_TAIL_TURNS", default_value_t = 2)]
     pub tail_turns: u32,
@@ -192,6 +202,14 @@ impl LlmArgs {
                 };
                 cfg.timeout = Duration::from_secs(self.llm_timeout_secs.max(1));
                 cfg.max_retries = self.llm_max_retries;
+                cfg.context_tokens = self.llm_context_tokens;
+                if self.llm_price_input < 0.0 || self.llm_price_output < 0.0 {
+                    return Err(ConfigError {
+                        flag: "llm-price-input",
+                        message: "prices cannot be negative".into(),
+                    });
+                }
+                cfg.price_per_mtok = (self.llm_price_input, self.llm_price_output);
                 Some(Arc::new(OpenAiSummarizer::new(cfg)))
             }
         };

@@ -161,6 +161,8 @@ pub async fn start(
         sink,
         summarizer,
         deltas: 0,
+        chunks: 0,
+        dropped_chars: 0,
     };
     tokio::spawn(async move {
         if let Some(go) = go {
@@ -182,6 +184,9 @@ struct Job {
     sink: Option<Sink>,
     summarizer: Arc<dyn crate::summarize::Summarizer>,
     deltas: u32,
+    /// Requests the summary took, and characters dropped as a last resort.
+    chunks: u32,
+    dropped_chars: u64,
 }
 
 impl Job {
@@ -221,17 +226,91 @@ impl Job {
             .unwrap_or(false)
     }
 
+    /// Summarizes the head: in one request when it fits the compaction model's window, else
+    /// chunk by chunk into a rolling summary. A refusal for length halves the chunk size
+    /// and starts over (at most `MAX_SPLITS` times).
     async fn summarize(&mut self) -> Result<crate::engine::SummaryOutcome, SummarizeError> {
         let mut prompts = self.hub.compaction.prompts.clone();
         if !self.options.prompt.is_empty() {
             prompts.prompt = self.options.prompt.clone();
         }
-        let messages = prompt::build_messages(
-            &self.head,
+        let instructions = self.options.instructions.clone();
+        let blocks = prompt::transcript_blocks(&self.head);
+        let total: usize = blocks.iter().map(String::len).sum();
+        let overhead = prompt::overhead_chars(
             self.plan.previous_summary.as_deref(),
             &prompts,
-            Some(&self.options.instructions),
+            Some(&instructions),
         );
+        let mut max_chars = match self.summarizer.context_tokens() {
+            Some(window) => chunk_chars(window, overhead)?,
+            None => total.max(1),
+        };
+        for _ in 0..MAX_SPLITS {
+            let chunks = prompt::split(&blocks, max_chars);
+            match self.fold(&chunks.chunks, &prompts, &instructions).await {
+                Err(SummarizeError::TooLong(why)) if max_chars > MIN_CHUNK_CHARS => {
+                    max_chars /= 2;
+                    tracing::info!(session_id = %self.session_id, compaction_id = %self.running.id, max_chars, reason = %why, "compaction request too long; splitting the head further");
+                }
+                Ok(outcome) => {
+                    self.chunks = chunks.chunks.len() as u32;
+                    self.dropped_chars = chunks.dropped_chars as u64;
+                    return Ok(outcome);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(SummarizeError::TooLong(format!(
+            "still too long after splitting the head {MAX_SPLITS} times (chunks of {max_chars} characters)"
+        )))
+    }
+
+    /// Folds the chunks into one summary, oldest first; only the last one streams.
+    async fn fold(
+        &mut self,
+        chunks: &[String],
+        prompts: &crate::summarize::PromptConfig,
+        instructions: &str,
+    ) -> Result<crate::engine::SummaryOutcome, SummarizeError> {
+        let mut running = self.plan.previous_summary.clone();
+        let mut usage = crate::session::TokenUsage::default();
+        let mut cost = 0.0;
+        let mut last_outcome = None;
+        for (i, chunk) in chunks.iter().enumerate() {
+            let last = i + 1 == chunks.len();
+            let messages = prompt::build_messages_for(
+                chunk,
+                running.as_deref(),
+                prompts,
+                last.then_some(instructions),
+            );
+            let outcome = self.request(messages, last).await?;
+            if let Some(u) = outcome.usage {
+                usage.input += u.input;
+                usage.output += u.output;
+            }
+            cost += outcome.cost;
+            running = Some(outcome.text.clone());
+            last_outcome = Some(outcome);
+        }
+        let mut outcome =
+            last_outcome.ok_or_else(|| SummarizeError::Malformed("nothing to summarize".into()))?;
+        if chunks.len() > 1 {
+            usage.total = Some(usage.input + usage.output);
+            outcome.usage = Some(usage);
+            outcome.cost = cost;
+        }
+        Ok(outcome)
+    }
+
+    /// One request; its deltas reach the caller only when `stream` is set (intermediate
+    /// chunk summaries are not the committed text).
+    async fn request(
+        &mut self,
+        messages: Vec<serde_json::Value>,
+        stream: bool,
+    ) -> Result<crate::engine::SummaryOutcome, SummarizeError> {
         let (ptx, mut prx) = mpsc::channel(64);
         let summarizer = self.summarizer.clone();
         let cancel = self.running.cancel.clone();
@@ -241,20 +320,21 @@ impl Job {
         let result = loop {
             tokio::select! {
                 r = &mut fut => break r,
-                Some(p) = prx.recv() => self.progress(p).await,
+                Some(p) = prx.recv() => self.progress(p, stream).await,
                 // The caller hung up while the model is silent: stop the request now.
                 _ = closed(&owner), if !self.running.cancel.is_cancelled() => self.running.cancel.cancel(),
             }
         };
         // Deltas sent just before the end are still queued: deliver them in order.
         while let Ok(p) = prx.try_recv() {
-            self.progress(p).await;
+            self.progress(p, stream).await;
         }
         result
     }
 
-    async fn progress(&mut self, p: Progress) {
+    async fn progress(&mut self, p: Progress, stream: bool) {
         let ev = match p {
+            Progress::Delta(_) if !stream => return,
             Progress::Delta(text) => {
                 let index = self.deltas;
                 self.deltas += 1;
@@ -312,6 +392,8 @@ impl Job {
             cost,
             duration_ms: began.elapsed().as_millis() as u64,
             auto: self.plan.request.auto,
+            chunks: self.chunks,
+            dropped_chars: self.dropped_chars,
         })
     }
 
@@ -328,6 +410,25 @@ impl Job {
             self.running.cancel.cancel();
         }
     }
+}
+
+/// Times the chunk size may halve after the endpoint refuses a request for length.
+const MAX_SPLITS: usize = 4;
+/// Smallest chunk worth sending.
+const MIN_CHUNK_CHARS: usize = 2_000;
+
+/// Characters of transcript per request for a model with `window` tokens: a quarter kept
+/// for the answer, an eighth for the rolling summary, the rest minus the prompt's own
+/// size, at 3 characters per token (logs tokenize denser than chars/4).
+fn chunk_chars(window: u64, overhead_chars: usize) -> Result<usize, SummarizeError> {
+    let room = (window as usize * 5 / 8).saturating_sub(overhead_chars / 3);
+    let chars = room * 3;
+    if chars < MIN_CHUNK_CHARS {
+        return Err(SummarizeError::TooLong(format!(
+            "the compaction model's window ({window} tokens) leaves no room for the conversation"
+        )));
+    }
+    Ok(chars)
 }
 
 /// Resolves when an owning caller stops listening; never for other callers.
@@ -353,6 +454,7 @@ fn failed(e: &SummarizeError) -> pb::CompactionFailed {
         SummarizeError::Broken(_) => "broken_stream",
         SummarizeError::Malformed(_) => "malformed",
         SummarizeError::Timeout(_) => "timeout",
+        SummarizeError::TooLong(_) => "too_long",
         SummarizeError::Cancelled => "cancelled",
     };
     fail(kind, e.to_string(), e.retryable())

@@ -67,6 +67,7 @@ impl OpenAiSummarizer {
             },
             SummarizeError::Broken(m) => SummarizeError::Broken(clean(m)),
             SummarizeError::Malformed(m) => SummarizeError::Malformed(clean(m)),
+            SummarizeError::TooLong(m) => SummarizeError::TooLong(clean(m)),
             other => other,
         }
     }
@@ -214,11 +215,18 @@ impl Summarizer for OpenAiSummarizer {
     fn model(&self) -> &str {
         &self.config.model
     }
+
+    fn context_tokens(&self) -> Option<u64> {
+        self.config.context_tokens
+    }
 }
 
 /// Maps a client error; `started` tells whether summary text had arrived.
 fn request_error(e: OpenAIError, started: bool) -> SummarizeError {
     match e {
+        OpenAIError::ApiError(r) if too_long(r.status_code.as_u16(), &r.api_error) => {
+            SummarizeError::TooLong(r.api_error.message)
+        }
         OpenAIError::ApiError(r) => {
             let status = r.status_code.as_u16();
             SummarizeError::Request {
@@ -250,6 +258,17 @@ fn request_error(e: OpenAIError, started: bool) -> SummarizeError {
             retryable: false,
         },
     }
+}
+
+/// A refusal because the request does not fit the model's window (OpenAI's
+/// `context_length_exceeded`, or the wording other servers use).
+fn too_long(status: u16, e: &async_openai::error::ApiError) -> bool {
+    let message = e.message.to_ascii_lowercase();
+    (status == 400 || status == 413)
+        && (e.code.as_deref() == Some("context_length_exceeded")
+            || message.contains("context length")
+            || message.contains("context window")
+            || message.contains("too many tokens"))
 }
 
 /// An error with its causes ("error sending request: connection refused"), so the event

@@ -66,6 +66,9 @@ pub struct LlmConfig {
     pub retry_base: Duration,
     /// Price per million input / output tokens, to report cost (0: no cost).
     pub price_per_mtok: (f64, f64),
+    /// The compaction model's context window in tokens, when known: longer heads are
+    /// summarized in chunks up front instead of waiting for the endpoint to refuse them.
+    pub context_tokens: Option<u64>,
 }
 
 impl LlmConfig {
@@ -79,6 +82,7 @@ impl LlmConfig {
             max_retries: 3,
             retry_base: Duration::from_millis(500),
             price_per_mtok: (0.0, 0.0),
+            context_tokens: None,
         }
     }
 }
@@ -130,6 +134,10 @@ pub enum SummarizeError {
     /// The endpoint sent something that is not a chat-completions stream.
     #[error("malformed LLM stream: {0}")]
     Malformed(String),
+    /// The request is longer than the model's context window; compactd splits the head
+    /// into smaller chunks and tries again.
+    #[error("the request exceeds the model's context window: {0}")]
+    TooLong(String),
     /// The whole summary took longer than the configured timeout.
     #[error("the summary took longer than {0:?}")]
     Timeout(Duration),
@@ -143,7 +151,9 @@ impl SummarizeError {
     pub fn retryable(&self) -> bool {
         match self {
             SummarizeError::Request { retryable, .. } => *retryable,
-            SummarizeError::Broken(_) | SummarizeError::Timeout(_) => true,
+            SummarizeError::Broken(_) | SummarizeError::Timeout(_) | SummarizeError::TooLong(_) => {
+                true
+            }
             SummarizeError::NotConfigured
             | SummarizeError::Malformed(_)
             | SummarizeError::Cancelled => false,
@@ -166,4 +176,7 @@ pub trait Summarizer: Send + Sync + fmt::Debug {
 
     /// Model name, for events.
     fn model(&self) -> &str;
+
+    /// The model's context window in tokens, when configured.
+    fn context_tokens(&self) -> Option<u64>;
 }

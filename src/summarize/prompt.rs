@@ -80,18 +80,33 @@ pub fn build_messages(
     cfg: &PromptConfig,
     instructions: Option<&str>,
 ) -> Vec<Value> {
+    build_messages_for(
+        &transcript_blocks(head).concat(),
+        previous_summary,
+        cfg,
+        instructions,
+    )
+}
+
+/// Builds the request for a transcript (the whole head, or one chunk of it).
+pub fn build_messages_for(
+    transcript: &str,
+    previous_summary: Option<&str>,
+    cfg: &PromptConfig,
+    instructions: Option<&str>,
+) -> Vec<Value> {
     let mut system = cfg.system.clone();
     if !cfg.template.is_empty() {
         system.push_str("\n\n");
         system.push_str(&cfg.template);
     }
-    let mut transcript = String::new();
+    let mut text = String::new();
     if let Some(prev) = previous_summary {
-        transcript.push_str("=== Summary of the earlier conversation ===\n");
-        transcript.push_str(prev);
-        transcript.push_str("\n\n=== Newer conversation ===\n");
+        text.push_str("=== Summary of the earlier conversation ===\n");
+        text.push_str(prev);
+        text.push_str("\n\n=== Newer conversation ===\n");
     }
-    render_transcript(head, &mut transcript);
+    text.push_str(transcript);
     let mut ask = cfg.prompt.clone();
     if previous_summary.is_some() {
         ask.push_str("\n\n");
@@ -103,15 +118,76 @@ pub fn build_messages(
     }
     vec![
         json!({"role": "system", "content": system}),
-        json!({"role": "user", "content": transcript}),
+        json!({"role": "user", "content": text}),
         json!({"role": "user", "content": ask}),
     ]
 }
 
-/// The head as a readable transcript: one block per message, tool calls with their
+/// Characters of the request apart from the transcript (system, prompt, previous summary).
+pub fn overhead_chars(
+    previous_summary: Option<&str>,
+    cfg: &PromptConfig,
+    instructions: Option<&str>,
+) -> usize {
+    build_messages_for("", previous_summary, cfg, instructions)
+        .iter()
+        .map(|m| m["content"].as_str().map_or(0, str::len))
+        .sum()
+}
+
+/// The head cut into chunks of at most `max_chars` characters, at message boundaries.
+/// A single message longer than that keeps its newest `max_chars` characters (the last
+/// resort: the oldest text is dropped, and counted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chunks {
+    /// Transcript chunks, oldest first.
+    pub chunks: Vec<String>,
+    /// Characters dropped from messages too long for any chunk.
+    pub dropped_chars: usize,
+}
+
+/// Splits transcript blocks (one per message) into chunks of at most `max_chars`.
+pub fn split(blocks: &[String], max_chars: usize) -> Chunks {
+    let max_chars = max_chars.max(1);
+    let mut chunks = Vec::new();
+    let mut current = String::new();
+    let mut dropped = 0;
+    for block in blocks {
+        let block = if block.len() > max_chars {
+            let marker = format!(
+                "[... {} earlier characters dropped by compactd]\n",
+                block.len() - max_chars
+            );
+            let keep = max_chars.saturating_sub(marker.len());
+            let mut cut = block.len() - keep;
+            while !block.is_char_boundary(cut) {
+                cut += 1;
+            }
+            dropped += cut;
+            format!("{marker}{}", &block[cut..])
+        } else {
+            block.clone()
+        };
+        if !current.is_empty() && current.len() + block.len() > max_chars {
+            chunks.push(std::mem::take(&mut current));
+        }
+        current.push_str(&block);
+    }
+    if !current.is_empty() || chunks.is_empty() {
+        chunks.push(current);
+    }
+    Chunks {
+        chunks,
+        dropped_chars: dropped,
+    }
+}
+
+/// The head as a readable transcript, one block per message: tool calls with their
 /// (possibly cleared) results.
-pub fn render_transcript(view: &ContextView, out: &mut String) {
+pub fn transcript_blocks(view: &ContextView) -> Vec<String> {
+    let mut blocks = Vec::with_capacity(view.messages.len());
     for msg in &view.messages {
+        let mut out = String::new();
         out.push_str(match msg.info.role {
             Role::User => "--- user ---\n",
             Role::Assistant if msg.info.summary => "--- summary ---\n",
@@ -142,5 +218,68 @@ pub fn render_transcript(view: &ContextView, out: &mut String) {
             }
         }
         out.push('\n');
+        blocks.push(out);
+    }
+    blocks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn blocks(sizes: &[usize]) -> Vec<String> {
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| format!("{}", (b'a' + i as u8) as char).repeat(n))
+            .collect()
+    }
+
+    #[test]
+    fn packs_whole_messages_up_to_the_limit() {
+        let c = split(&blocks(&[40, 40, 40, 10]), 100);
+        assert_eq!(
+            c.chunks.iter().map(String::len).collect::<Vec<_>>(),
+            [80, 50]
+        );
+        assert_eq!(c.dropped_chars, 0);
+        assert_eq!(
+            c.chunks.concat(),
+            blocks(&[40, 40, 40, 10]).concat(),
+            "nothing lost or reordered"
+        );
+    }
+
+    #[test]
+    fn an_oversized_message_keeps_its_newest_text_and_counts_the_rest() {
+        let mut big = "old ".repeat(100);
+        big.push_str("NEWEST");
+        let c = split(&[big.clone()], 120);
+        assert_eq!(c.chunks.len(), 1);
+        assert!(c.chunks[0].len() <= 120, "{}", c.chunks[0].len());
+        assert!(c.chunks[0].ends_with("NEWEST"));
+        assert!(c.chunks[0].starts_with("[... "));
+        let kept = &c.chunks[0][c.chunks[0].find('\n').map_or(0, |n| n + 1)..];
+        assert_eq!(
+            c.dropped_chars + kept.len(),
+            big.len(),
+            "kept + dropped = the original"
+        );
+        assert!(big.ends_with(kept));
+    }
+
+    #[test]
+    fn the_fold_request_carries_the_running_summary_and_instructions() {
+        let m = build_messages_for(
+            "--- user ---\nhi\n",
+            Some("earlier"),
+            &PromptConfig::default(),
+            Some("keep paths"),
+        );
+        let body = m[1]["content"].as_str().unwrap_or_default();
+        assert!(body.starts_with("=== Summary of the earlier conversation ===\nearlier"));
+        let ask = m[2]["content"].as_str().unwrap_or_default();
+        assert!(ask.contains(FOLD_INSTRUCTION));
+        assert!(ask.ends_with("Additional instructions: keep paths"));
     }
 }

@@ -580,3 +580,117 @@ async fn three_failed_automatic_compactions_pause_auto_compaction() {
     let events = compact(&mut client, SID, "").await.expect("compact");
     assert_eq!(names(&events).last(), Some(&"compacted"));
 }
+
+// ---- histories longer than the compaction model's window -----------------------------
+
+async fn server_with(fake: &FakeLlm, tune: impl FnOnce(&mut LlmConfig)) -> TestServer {
+    let mut llm = LlmConfig::new(fake.base_url(), "fake-model");
+    llm.retry_base = Duration::from_millis(5);
+    tune(&mut llm);
+    let compaction = CompactionConfig {
+        summarizer: Some(Arc::new(OpenAiSummarizer::new(llm))),
+        ..Default::default()
+    };
+    start_server_with_options(ServerOptions {
+        compaction,
+        ..Default::default()
+    })
+    .await
+}
+
+/// A head of ~20 kB: ten turns with 2 kB outputs, the last two turns kept verbatim.
+async fn long_session(client: &mut Client, sid: &str) {
+    open_session(client, session_with_limits(sid, 200_000, 20_000)).await;
+    for i in 0..10 {
+        let (u, a) = (format!("u{i}"), format!("a{i}"));
+        put_message(client, sid, user_msg(&u)).await;
+        put_part(
+            client,
+            sid,
+            text_part(&u, &format!("{u}t"), &format!("turn {i}")),
+        )
+        .await;
+        put_message(client, sid, finished(assistant_msg(&a, &u))).await;
+        put_part(
+            client,
+            sid,
+            tool_part(&a, &format!("{a}r"), "read", &output_of(&a, 2_000)),
+        )
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn a_head_longer_than_the_model_window_is_folded_in_chunks() {
+    // The endpoint refuses prompts over 9,000 characters; compactd knows its window.
+    let fake = FakeLlm::start(vec![Reply::context_too_long(9_000)]).await;
+    let server = server_with(&fake, |c| c.context_tokens = Some(4_000)).await;
+    let mut client = server.client().await;
+    long_session(&mut client, SID).await;
+    let events = compact(&mut client, SID, "").await.expect("compact");
+    let Some(Ce::Compacted(done)) = &events.last().and_then(|e| e.event.clone()) else {
+        panic!("{events:?}")
+    };
+    let requests = fake.requests();
+    assert!(requests.len() >= 2, "chunked: {} requests", requests.len());
+    assert_eq!(done.chunks as usize, requests.len());
+    assert_eq!(done.dropped_chars, 0);
+    for r in &requests {
+        assert!(
+            r.prompt_chars() <= 9_000,
+            "every request fits: {}",
+            r.prompt_chars()
+        );
+    }
+    // Later chunks fold the rolling summary; only the final summary streams.
+    assert!(
+        requests[1].message_texts()[1]
+            .starts_with("=== Summary of the earlier conversation ===\nsummary #1")
+    );
+    let last = format!("summary #{}", requests.len());
+    assert_eq!(deltas(&events), last);
+    let session = get_session(&mut client, SID).await;
+    let stored = session
+        .messages
+        .iter()
+        .find(|m| {
+            m.info
+                .as_ref()
+                .is_some_and(|i| i.id == done.summary_message_id)
+        })
+        .expect("summary");
+    assert_eq!(text_of(stored), last);
+}
+
+#[tokio::test]
+async fn a_refusal_for_length_splits_the_head_and_tries_again() {
+    // No window configured: the first (whole-head) request is refused, then chunks fit.
+    let fake = FakeLlm::start(vec![Reply::context_too_long(7_000)]).await;
+    let server = server_with(&fake, |_| {}).await;
+    let mut client = server.client().await;
+    long_session(&mut client, SID).await;
+    let events = compact(&mut client, SID, "").await.expect("compact");
+    let Some(Ce::Compacted(done)) = &events.last().and_then(|e| e.event.clone()) else {
+        panic!("{events:?}")
+    };
+    assert!(done.chunks >= 2, "{done:?}");
+    let refused = fake
+        .requests()
+        .iter()
+        .filter(|r| r.prompt_chars() > 7_000)
+        .count();
+    assert!(refused >= 1, "the whole head was tried first");
+}
+
+#[tokio::test]
+async fn a_summary_slower_than_the_timeout_fails_and_changes_nothing() {
+    let fake = FakeLlm::start(vec![Reply::Hang]).await;
+    let server = server_with(&fake, |c| c.timeout = Duration::from_millis(300)).await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    let before = get_session(&mut client, SID).await;
+    let events = compact(&mut client, SID, "").await.expect("compact");
+    let f = failure(&events);
+    assert_eq!((f.kind.as_str(), f.retryable), ("timeout", true), "{f:?}");
+    assert_eq!(get_session(&mut client, SID).await, before);
+}
