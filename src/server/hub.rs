@@ -112,6 +112,15 @@ impl Hub {
         Ok(r)
     }
 
+    /// Cancels the session's running compaction; returns its id.
+    pub fn cancel(&self, session_id: &str) -> Option<String> {
+        let map = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(session_id).map(|r| {
+            r.cancel.cancel();
+            r.id.clone()
+        })
+    }
+
     /// Frees the session's compaction slot if `id` holds it.
     pub fn release(&self, session_id: &str, id: &str) {
         let mut map = self.running.lock().unwrap_or_else(|e| e.into_inner());

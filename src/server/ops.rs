@@ -39,6 +39,8 @@ pub enum Op {
     CheckOverflow,
     /// Start a manual compaction (handled by the stream itself, which owns its events).
     Compact(super::compaction::Options),
+    /// Stop the running compaction.
+    CancelCompaction,
 }
 
 impl Op {
@@ -51,6 +53,7 @@ impl Op {
             Op::Prune { .. } => "prune",
             Op::CheckOverflow => "check_overflow",
             Op::Compact(_) => "compact",
+            Op::CancelCompaction => "cancel_compaction",
         }
     }
 }
@@ -147,6 +150,7 @@ pub fn decode_update(u: pb::ClientUpdate, max: usize) -> Result<Op, Rejection> {
         U::Prune(p) => Op::Prune { dry_run: p.dry_run },
         U::CheckOverflow(_) => Op::CheckOverflow,
         U::Compact(o) => Op::Compact(o.into()),
+        U::CancelCompaction(_) => Op::CancelCompaction,
     })
 }
 
@@ -272,6 +276,17 @@ async fn submit_op(hub: &Arc<Hub>, session_id: &str, op: Op) -> Pending {
                 Err(r) => Pending::Ready(Err(r)),
             }
         }
+        Op::CancelCompaction => match hub.cancel(session_id) {
+            Some(id) => {
+                tracing::info!(session_id, compaction_id = %id, "compaction cancelled by the client");
+                Pending::Ready(Ok(Done::default()))
+            }
+            None => Pending::Ready(Err(Rejection {
+                code: tonic::Code::NotFound,
+                field: String::new(),
+                message: format!("no compaction is running for session {session_id}"),
+            })),
+        },
         Op::Context(format) => {
             queue(&handle, move |s, _| {
                 let view = s.build_context();

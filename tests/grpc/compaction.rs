@@ -694,3 +694,47 @@ async fn a_summary_slower_than_the_timeout_fails_and_changes_nothing() {
     assert_eq!((f.kind.as_str(), f.retryable), ("timeout", true), "{f:?}");
     assert_eq!(get_session(&mut client, SID).await, before);
 }
+
+#[tokio::test]
+async fn a_cancel_on_the_main_stream_stops_the_llm_request() {
+    let fake = FakeLlm::start(vec![Reply::Hang]).await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    let before = get_session(&mut client, SID).await;
+    let mut s = server.stream().await;
+
+    let cancel = || pb::client_update::Update::CancelCompaction(pb::CancelCompaction {});
+    let seq = s.send(SID, cancel()).await;
+    let none = s.reply(seq).await;
+    assert_eq!(error(&none).code, "NOT_FOUND", "nothing to cancel yet");
+
+    let started = s
+        .send(
+            SID,
+            pb::client_update::Update::Compact(pb::CompactOptions::default()),
+        )
+        .await;
+    assert_eq!(kinds(&s.reply(started).await), ["compaction", "ack"]);
+    fake.wait_for_active(1).await;
+    let seq = s.send(SID, cancel()).await;
+    // The ack and the compaction's end may interleave; collect both.
+    let mut acked = false;
+    let mut failed = None;
+    while !(acked && failed.is_some()) {
+        let e = s.next_event().await;
+        match e.event {
+            Some(pb::server_event::Event::Ack(_)) if e.seq == seq => acked = true,
+            Some(pb::server_event::Event::Compaction(c)) => {
+                assert_eq!(e.seq, started);
+                if let Some(Ce::Failed(f)) = c.event {
+                    failed = Some(f);
+                }
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(failed.map(|f| f.kind), Some("cancelled".to_string()));
+    fake.wait_for_cancelled(1).await;
+    assert_eq!(get_session(&mut client, SID).await, before);
+}
