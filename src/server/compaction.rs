@@ -415,14 +415,16 @@ impl Job {
 /// Times the chunk size may halve after the endpoint refuses a request for length.
 const MAX_SPLITS: usize = 4;
 /// Smallest chunk worth sending.
-const MIN_CHUNK_CHARS: usize = 2_000;
+const MIN_CHUNK_CHARS: usize = 1_000;
 
 /// Characters of transcript per request for a model with `window` tokens: a quarter kept
-/// for the answer, an eighth for the rolling summary, the rest minus the prompt's own
-/// size, at 3 characters per token (logs tokenize denser than chars/4).
+/// for the answer (`max_tokens`), a quarter for the rolling summary (an earlier answer),
+/// the rest minus the prompt's own size, at 2 characters per token. Pessimistic on purpose: logs, JSON and code tokenize
+/// far denser than prose, and small local models have small vocabularies (SmolLM2 went
+/// over its window at 3 characters per token).
 fn chunk_chars(window: u64, overhead_chars: usize) -> Result<usize, SummarizeError> {
-    let room = (window as usize * 5 / 8).saturating_sub(overhead_chars / 3);
-    let chars = room * 3;
+    let room = (window as usize / 2).saturating_sub(overhead_chars / 2);
+    let chars = room * 2;
     if chars < MIN_CHUNK_CHARS {
         return Err(SummarizeError::TooLong(format!(
             "the compaction model's window ({window} tokens) leaves no room for the conversation"

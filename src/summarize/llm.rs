@@ -73,12 +73,18 @@ impl OpenAiSummarizer {
     }
 
     fn body(&self, request: &SummaryRequest) -> Value {
-        json!({
+        let mut body = json!({
             "model": self.config.model,
             "messages": request.messages,
             "stream": true,
             "stream_options": {"include_usage": true},
-        })
+        });
+        // With a known window, cap the answer at the quarter the chunk budget keeps for it
+        // (small models otherwise write until their context is full).
+        if let Some(window) = self.config.context_tokens {
+            body["max_tokens"] = json!(window / 4);
+        }
+        body
     }
 
     /// One attempt: open the stream, forward deltas, collect text, usage and finish reason.
@@ -97,8 +103,10 @@ impl OpenAiSummarizer {
         let mut text = String::new();
         let mut usage = None;
         let mut finished = false;
+        let mut chunks = 0usize;
         while let Some(item) = stream.next().await {
             let chunk = item.map_err(|e| request_error(e, *started))?;
+            chunks += 1;
             if let Some(u) = chunk.get("usage").filter(|u| u.is_object()) {
                 usage = Some(TokenUsage {
                     input: u["prompt_tokens"].as_u64().unwrap_or(0),
@@ -127,6 +135,14 @@ impl OpenAiSummarizer {
                     finished = true;
                 }
             }
+        }
+        if chunks == 0 {
+            // llama.cpp's Python server answers a prompt longer than its context this way.
+            return Err(SummarizeError::Request {
+                status: None,
+                message: "the endpoint answered with an empty stream (llama.cpp servers do this when the prompt exceeds their context: set --llm-context-tokens below the server's window)".into(),
+                retryable: true,
+            });
         }
         if !finished {
             let what = "the stream ended before the model finished".to_string();

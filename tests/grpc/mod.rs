@@ -5,6 +5,7 @@
 
 mod compaction;
 mod concurrency;
+mod e2e_llm;
 mod fake_llm_selftest;
 mod health;
 mod import;
