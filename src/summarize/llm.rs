@@ -25,10 +25,23 @@ use crate::session::{ModelRef, TokenUsage};
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(8);
 
 /// Summarizer for OpenAI-compatible chat-completions endpoints.
-#[derive(Debug)]
 pub struct OpenAiSummarizer {
     client: Client<OpenAIConfig>,
     config: LlmConfig,
+}
+
+/// Written by hand so no dependency's `Debug` can ever print the key.
+impl std::fmt::Debug for OpenAiSummarizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenAiSummarizer")
+            .field("base_url", &self.config.base_url)
+            .field("model", &self.config.model)
+            .field(
+                "api_key",
+                &self.config.api_key.as_ref().map(|_| "[redacted]"),
+            )
+            .finish()
+    }
 }
 
 impl OpenAiSummarizer {
