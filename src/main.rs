@@ -159,7 +159,7 @@ fn llm_compactor(
     ) -> Result<compactd::engine::SummaryOutcome, String>,
 > {
     use compactd::summarize::{
-        ApiKey, LlmConfig, OpenAiSummarizer, Summarizer, SummaryRequest, prompt,
+        ApiKey, LlmConfig, OpenAiSummarizer, SummaryRequest, prompt, summarize_quietly,
     };
     let mut cfg = LlmConfig::new(url, model);
     cfg.api_key = std::env::var("COMPACTD_LLM_API_KEY")
@@ -181,17 +181,9 @@ fn llm_compactor(
                 &Default::default(),
                 None,
             );
-            runtime.block_on(async {
-                let (tx, mut rx) = tokio::sync::mpsc::channel(64);
-                let run = summarizer.summarize(SummaryRequest { messages }, tx, Default::default());
-                tokio::pin!(run);
-                loop {
-                    tokio::select! {
-                        r = &mut run => break r.map_err(|e| e.to_string()),
-                        Some(_) = rx.recv() => {}
-                    }
-                }
-            })
+            runtime
+                .block_on(summarize_quietly(&summarizer, SummaryRequest { messages }))
+                .map_err(|e| e.to_string())
         },
     )
 }

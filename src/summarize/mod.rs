@@ -180,3 +180,20 @@ pub trait Summarizer: Send + Sync + fmt::Debug {
     /// The model's context window in tokens, when configured.
     fn context_tokens(&self) -> Option<u64>;
 }
+
+/// Runs `summarizer` to the end, discarding progress: for callers that only want the
+/// summary (the replay), not the stream.
+pub async fn summarize_quietly(
+    summarizer: &dyn Summarizer,
+    request: SummaryRequest,
+) -> Result<SummaryOutcome, SummarizeError> {
+    let (tx, mut rx) = mpsc::channel(64);
+    let run = summarizer.summarize(request, tx, CancellationToken::new());
+    tokio::pin!(run);
+    loop {
+        tokio::select! {
+            r = &mut run => return r,
+            Some(_) = rx.recv() => {}
+        }
+    }
+}

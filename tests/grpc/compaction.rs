@@ -18,10 +18,18 @@ const SECRET: &str = "sk-test-SECRET-0123456789";
 const SID: &str = "cmp";
 
 async fn server_with_llm(fake: &FakeLlm) -> TestServer {
+    server_with(fake, |llm| {
+        llm.api_key = Some(ApiKey::new(SECRET));
+        llm.timeout = Duration::from_secs(20);
+    })
+    .await
+}
+
+/// A server whose summarizer talks to `fake`, with fast retries and `tune` applied.
+async fn server_with(fake: &FakeLlm, tune: impl FnOnce(&mut LlmConfig)) -> TestServer {
     let mut llm = LlmConfig::new(fake.base_url(), "fake-model");
-    llm.api_key = Some(ApiKey::new(SECRET));
     llm.retry_base = Duration::from_millis(5);
-    llm.timeout = Duration::from_secs(20);
+    tune(&mut llm);
     let compaction = CompactionConfig {
         summarizer: Some(Arc::new(OpenAiSummarizer::new(llm))),
         ..Default::default()
@@ -582,21 +590,6 @@ async fn three_failed_automatic_compactions_pause_auto_compaction() {
 }
 
 // ---- histories longer than the compaction model's window -----------------------------
-
-async fn server_with(fake: &FakeLlm, tune: impl FnOnce(&mut LlmConfig)) -> TestServer {
-    let mut llm = LlmConfig::new(fake.base_url(), "fake-model");
-    llm.retry_base = Duration::from_millis(5);
-    tune(&mut llm);
-    let compaction = CompactionConfig {
-        summarizer: Some(Arc::new(OpenAiSummarizer::new(llm))),
-        ..Default::default()
-    };
-    start_server_with_options(ServerOptions {
-        compaction,
-        ..Default::default()
-    })
-    .await
-}
 
 /// A head of ~20 kB: ten turns with 2 kB outputs, the last two turns kept verbatim.
 async fn long_session(client: &mut Client, sid: &str) {
