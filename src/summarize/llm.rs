@@ -1,6 +1,6 @@
 //! [`OpenAiSummarizer`]: streaming chat completions through async-openai against any
 //! OpenAI-compatible base URL, with retries (429, 5xx, connection errors) before the first
-//! token, a deadline for the whole summary, and cancellation that drops the HTTP request.
+//! token (waiting as long as a 429/503's `Retry-After` asks), a deadline for the whole summary, and cancellation that drops the HTTP request.
 //!
 //! Responses are read as raw JSON (async-openai's "bring your own types") so servers that
 //! omit optional fields still work; a stream counts as complete only when a choice reports
@@ -11,18 +11,20 @@ use std::time::{Duration, Instant};
 use async_openai::Client;
 use async_openai::config::OpenAIConfig;
 use async_openai::error::OpenAIError;
-use async_openai::middleware::ReqwestService;
 use futures::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{LlmConfig, Progress, SummarizeError, Summarizer, SummaryRequest};
+use super::{LlmConfig, Progress, SummarizeError, Summarizer, SummaryRequest, retry_after};
 use crate::engine::SummaryOutcome;
 use crate::session::{ModelRef, TokenUsage};
 
 /// Longest wait between retries.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(8);
+
+/// Longest wait compactd accepts from a server's `Retry-After`.
+const MAX_HINTED_DELAY: Duration = Duration::from_secs(60);
 
 /// Summarizer for OpenAI-compatible chat-completions endpoints.
 pub struct OpenAiSummarizer {
@@ -50,9 +52,7 @@ impl OpenAiSummarizer {
         let mut oc = OpenAIConfig::new().with_api_base(config.base_url.trim_end_matches('/'));
         // async-openai sends a bearer header only when a key is set; local servers need none.
         oc = oc.with_api_key(config.api_key.as_ref().map_or("", |k| k.expose()));
-        // async-openai's default stack retries 429/5xx on its own; compactd owns retries
-        // (bounded by its deadline and reported as events), so use the bare transport.
-        let client = Client::with_config(oc).with_http_service(ReqwestService::default());
+        let client = retry_after::client(oc);
         OpenAiSummarizer { client, config }
     }
 
@@ -193,14 +193,21 @@ impl OpenAiSummarizer {
         let mut attempt = 1;
         loop {
             let mut started = false;
-            match self.attempt(&body, &progress, &mut started).await {
+            let (result, hint) =
+                retry_after::scoped(self.attempt(&body, &progress, &mut started)).await;
+            match result {
                 Ok(outcome) => return Ok(outcome),
                 Err(e) if !started && e.retryable() && attempt <= self.config.max_retries => {
-                    let delay = self
+                    let backoff = self
                         .config
                         .retry_base
                         .saturating_mul(1 << (attempt - 1).min(16))
                         .min(MAX_RETRY_DELAY);
+                    // The server's own hint wins when it asks for longer; the deadline
+                    // still bounds the whole compaction.
+                    let delay = hint
+                        .map_or(backoff, |h| h.max(backoff))
+                        .min(MAX_HINTED_DELAY);
                     attempt += 1;
                     tracing::warn!(attempt, delay_ms = delay.as_millis() as u64, error = %e, "compaction request failed; retrying");
                     let _ = progress

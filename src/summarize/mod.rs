@@ -7,6 +7,7 @@
 
 mod llm;
 pub mod prompt;
+mod retry_after;
 
 use std::fmt;
 use std::time::Duration;

@@ -324,6 +324,26 @@ async fn a_server_error_before_the_first_token_is_retried() {
 }
 
 #[tokio::test]
+async fn a_rate_limit_waits_as_long_as_retry_after_asks() {
+    // The test server retries after 5 ms on its own; the 429 asks for a full second.
+    let fake = FakeLlm::start(vec![Reply::rate_limited(1), Reply::text(["short summary"])]).await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    let events = compact(&mut client, SID, "").await.expect("compact");
+    assert_eq!(
+        names(&events),
+        ["started", "retrying", "delta", "compacted"]
+    );
+    let Some(Ce::Retrying(r)) = &events[1].event else {
+        unreachable!()
+    };
+    assert_eq!(r.delay_ms, 1000, "Retry-After: 1 is honoured");
+    assert!(r.reason.contains("429"), "{}", r.reason);
+    assert_eq!(fake.request_count(), 2);
+}
+
+#[tokio::test]
 async fn broken_malformed_or_oversized_summaries_change_nothing() {
     let big = output_of("summary", 40_000);
     for (reply, kind) in [
