@@ -12,7 +12,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::config::{CacheCounting, EngineConfig, OverflowPreset, Reserved, SessionOverrides};
 use crate::server::{CompactionConfig, DEFAULT_MAX_UPDATE_BYTES};
 use crate::session::ModelLimits;
-use crate::summarize::{ApiKey, LlmConfig, OpenAiSummarizer, Summarizer};
+use crate::summarize::{ApiKey, LlmConfig, OpenAiSummarizer, PromptConfig, Summarizer};
 
 /// Environment variable that turns automatic compaction (and overflow reports) off.
 pub const ENV_DISABLE_AUTOCOMPACT: &str = "COMPACTD_DISABLE_AUTOCOMPACT";
@@ -167,6 +167,16 @@ pub struct LlmArgs {
     /// Token budget of the verbatim tail (default: 25% of usable input, 2000–15000).
     #[arg(long, env = "COMPACTD_TAIL_TOKENS")]
     pub tail_tokens: Option<u64>,
+    /// File replacing the compaction agent's system prompt (seed 02's directive).
+    #[arg(long, env = "COMPACTD_COMPACTION_SYSTEM_FILE")]
+    pub compaction_system_file: Option<PathBuf>,
+    /// File replacing the summary prompt (seed 02's default summary prompt).
+    #[arg(long, env = "COMPACTD_COMPACTION_PROMPT_FILE")]
+    pub compaction_prompt_file: Option<PathBuf>,
+    /// File replacing the summary template (Objective / Important details / …); an empty
+    /// file means no template.
+    #[arg(long, env = "COMPACTD_COMPACTION_TEMPLATE_FILE")]
+    pub compaction_template_file: Option<PathBuf>,
 }
 
 impl LlmArgs {
@@ -213,11 +223,45 @@ impl LlmArgs {
                 Some(Arc::new(OpenAiSummarizer::new(cfg)))
             }
         };
+        let mut prompts = PromptConfig::default();
+        for (flag, path, field) in [
+            (
+                "compaction-system-file",
+                &self.compaction_system_file,
+                &mut prompts.system,
+            ),
+            (
+                "compaction-prompt-file",
+                &self.compaction_prompt_file,
+                &mut prompts.prompt,
+            ),
+            (
+                "compaction-template-file",
+                &self.compaction_template_file,
+                &mut prompts.template,
+            ),
+        ] {
+            if let Some(path) = path {
+                *field = std::fs::read_to_string(path)
+                    .map_err(|e| ConfigError {
+                        flag,
+                        message: format!("cannot read {}: {e}", path.display()),
+                    })?
+                    .trim()
+                    .to_string();
+            }
+        }
+        if prompts.prompt.is_empty() {
+            return Err(ConfigError {
+                flag: "compaction-prompt-file",
+                message: "the summary prompt cannot be empty".into(),
+            });
+        }
         Ok(CompactionConfig {
             summarizer,
             tail_turns: self.tail_turns,
             tail_tokens: self.tail_tokens,
-            ..CompactionConfig::default()
+            prompts,
         })
     }
 }
@@ -311,5 +355,58 @@ impl EngineArgs {
             preset: Some(preset),
             ..Default::default()
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn llm_args(extra: &[&str]) -> LlmArgs {
+        let mut argv = vec!["compactd", "serve"];
+        argv.extend_from_slice(extra);
+        match Cli::try_parse_from(argv).expect("flags parse").command {
+            Command::Serve(s) => s.llm,
+            Command::Replay(_) => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn prompt_files_replace_the_defaults() {
+        let dir = std::env::temp_dir().join(format!("compactd-cli-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let prompt = dir.join("prompt.txt");
+        let template = dir.join("template.txt");
+        std::fs::write(&prompt, "Summarize for the on-call engineer.\n").expect("write");
+        std::fs::write(&template, "").expect("write");
+        let cfg = llm_args(&[
+            "--compaction-prompt-file",
+            prompt.to_str().expect("utf-8 path"),
+            "--compaction-template-file",
+            template.to_str().expect("utf-8 path"),
+        ])
+        .to_config()
+        .expect("valid");
+        assert_eq!(cfg.prompts.prompt, "Summarize for the on-call engineer.");
+        assert_eq!(cfg.prompts.template, "", "an empty file means no template");
+        assert_eq!(cfg.prompts.system, PromptConfig::default().system);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn an_unreadable_or_empty_prompt_names_its_flag() {
+        let err = llm_args(&["--compaction-system-file", "/nonexistent/compactd/system"])
+            .to_config()
+            .expect_err("missing file");
+        assert_eq!(err.flag, "compaction-system-file");
+        assert!(err.message.contains("/nonexistent/compactd/system"));
+
+        let empty = std::env::temp_dir().join(format!("compactd-empty-{}", std::process::id()));
+        std::fs::write(&empty, "  \n").expect("write");
+        let err = llm_args(&["--compaction-prompt-file", empty.to_str().expect("utf-8")])
+            .to_config()
+            .expect_err("empty prompt");
+        assert_eq!(err.flag, "compaction-prompt-file");
+        std::fs::remove_file(&empty).ok();
     }
 }

@@ -142,6 +142,8 @@ pub struct SessionOverrides {
     pub protected_tools: Option<Vec<String>>,
     /// Protected user turns.
     pub protect_turns: Option<u32>,
+    /// Model the summarizer endpoint is asked for (read by the server, not the engine).
+    pub compaction_model: Option<String>,
 }
 
 impl SessionOverrides {
@@ -160,7 +162,8 @@ impl SessionOverrides {
             prune_protect,
             prune_minimum,
             protected_tools,
-            protect_turns
+            protect_turns,
+            compaction_model
         );
     }
 }

@@ -182,7 +182,13 @@ fn llm_compactor(
                 None,
             );
             runtime
-                .block_on(summarize_quietly(&summarizer, SummaryRequest { messages }))
+                .block_on(summarize_quietly(
+                    &summarizer,
+                    SummaryRequest {
+                        messages,
+                        model: None,
+                    },
+                ))
                 .map_err(|e| e.to_string())
         },
     )

@@ -55,6 +55,12 @@ pub struct Options {
     pub instructions: String,
     /// Replaces the summary prompt.
     pub prompt: String,
+    /// Replaces the compaction agent's system prompt.
+    pub system: String,
+    /// Replaces the summary template.
+    pub template: String,
+    /// Model for this compaction (wins over the session's `compaction_model`).
+    pub model: String,
     /// User turns kept verbatim.
     pub tail_turns: Option<u32>,
     /// Started automatically.
@@ -79,6 +85,9 @@ impl From<pb::CompactOptions> for Options {
         Options {
             instructions: o.instructions,
             prompt: o.prompt,
+            system: o.system,
+            template: o.template,
+            model: o.model,
             tail_turns: o.tail_turns,
             auto: false,
             overflow: false,
@@ -120,10 +129,11 @@ pub async fn start(
                 .tail_start
                 .map(|i| s.messages()[i].info.id.clone())
                 .unwrap_or_default();
-            Ok::<_, CompactionError>((plan, head, tail_id))
+            let model = s.info().config.compaction_model.clone();
+            Ok::<_, CompactionError>((plan, head, tail_id, model))
         })
         .await;
-    let (plan, head, tail_id) = match planned {
+    let (plan, head, tail_id, session_model) = match planned {
         Ok(Ok(p)) => p,
         Ok(Err(e)) => {
             hub.release(session_id, &running.id);
@@ -134,6 +144,9 @@ pub async fn start(
             return Err(e.into());
         }
     };
+    let model = Some(options.model.clone())
+        .filter(|m| !m.is_empty())
+        .or(session_model);
     let started = event(
         session_id,
         &running.id,
@@ -142,7 +155,9 @@ pub async fn start(
             tokens_in: plan.head_tokens,
             head_messages: plan.head.len() as u32,
             tail_start_id: tail_id,
-            model: summarizer.model().to_string(),
+            model: model
+                .clone()
+                .unwrap_or_else(|| summarizer.model().to_string()),
             tokens_before: plan.tokens_before,
         }),
     );
@@ -160,6 +175,7 @@ pub async fn start(
         options,
         sink,
         summarizer,
+        model,
         deltas: 0,
         chunks: 0,
         dropped_chars: 0,
@@ -183,6 +199,8 @@ struct Job {
     options: Options,
     sink: Option<Sink>,
     summarizer: Arc<dyn crate::summarize::Summarizer>,
+    /// Model override for the endpoint (None: the summarizer's own).
+    model: Option<String>,
     deltas: u32,
     /// Requests the summary took, and characters dropped as a last resort.
     chunks: u32,
@@ -231,8 +249,14 @@ impl Job {
     /// and starts over (at most `MAX_SPLITS` times).
     async fn summarize(&mut self) -> Result<crate::engine::SummaryOutcome, SummarizeError> {
         let mut prompts = self.hub.compaction.prompts.clone();
-        if !self.options.prompt.is_empty() {
-            prompts.prompt = self.options.prompt.clone();
+        for (field, over) in [
+            (&mut prompts.prompt, &self.options.prompt),
+            (&mut prompts.system, &self.options.system),
+            (&mut prompts.template, &self.options.template),
+        ] {
+            if !over.is_empty() {
+                field.clone_from(over);
+            }
         }
         let instructions = self.options.instructions.clone();
         let blocks = prompt::transcript_blocks(&self.head);
@@ -314,7 +338,14 @@ impl Job {
         let (ptx, mut prx) = mpsc::channel(64);
         let summarizer = self.summarizer.clone();
         let cancel = self.running.cancel.clone();
-        let fut = summarizer.summarize(SummaryRequest { messages }, ptx, cancel);
+        let fut = summarizer.summarize(
+            SummaryRequest {
+                messages,
+                model: self.model.clone(),
+            },
+            ptx,
+            cancel,
+        );
         tokio::pin!(fut);
         let owner = self.sink.clone().filter(|s| s.cancel_on_drop);
         let result = loop {

@@ -212,6 +212,7 @@ pub fn overrides_from_pb(c: pb::SessionConfig) -> Result<SessionOverrides, Rejec
         prune_minimum: c.prune_minimum,
         protected_tools: c.protected_tools.map(|l| l.values),
         protect_turns: c.protect_turns,
+        compaction_model: c.compaction_model.filter(|m| !m.is_empty()),
     })
 }
 
@@ -233,6 +234,7 @@ fn overrides_to_pb(o: &SessionOverrides) -> pb::SessionConfig {
             .clone()
             .map(|values| pb::StringList { values }),
         protect_turns: o.protect_turns,
+        compaction_model: o.compaction_model.clone(),
         preset: match o.preset {
             None => pb::OverflowPreset::Unspecified,
             Some(OverflowPreset::Compactd) => pb::OverflowPreset::Compactd,

@@ -87,7 +87,7 @@ impl OpenAiSummarizer {
 
     fn body(&self, request: &SummaryRequest) -> Value {
         let mut body = json!({
-            "model": self.config.model,
+            "model": request.model.as_deref().unwrap_or(&self.config.model),
             "messages": request.messages,
             "stream": true,
             "stream_options": {"include_usage": true},
@@ -179,7 +179,7 @@ impl OpenAiSummarizer {
             cost,
             model: Some(ModelRef {
                 provider_id: "openai-compatible".into(),
-                model_id: self.config.model.clone(),
+                model_id: body["model"].as_str().unwrap_or_default().to_string(),
             }),
         })
     }

@@ -93,6 +93,8 @@ impl LlmConfig {
 pub struct SummaryRequest {
     /// Chat-completions messages (see `prompt::build_messages`).
     pub messages: Vec<serde_json::Value>,
+    /// Model to ask for instead of the configured one (per session or per request).
+    pub model: Option<String>,
 }
 
 /// Progress while a summary streams.

@@ -344,6 +344,81 @@ async fn a_rate_limit_waits_as_long_as_retry_after_asks() {
 }
 
 #[tokio::test]
+async fn the_compaction_model_and_prompts_can_be_chosen_per_session_and_per_request() {
+    let fake = FakeLlm::start(vec![Reply::text(["first"]), Reply::text(["second"])]).await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    open_session(
+        &mut client,
+        session_with_config(
+            SID,
+            100_000,
+            20_000,
+            pb::SessionConfig {
+                compaction_model: Some("session-model".into()),
+                ..Default::default()
+            },
+        ),
+    )
+    .await;
+
+    // The session's compaction model replaces the server's; prompts stay the defaults.
+    let events = compact(&mut client, SID, "").await.expect("compact");
+    let Some(Ce::Started(started)) = &events[0].event else {
+        panic!("started first: {events:?}")
+    };
+    assert_eq!(started.model, "session-model");
+    let req = fake.last_request();
+    assert_eq!(req.body["model"], "session-model");
+    assert!(
+        req.message_texts()[0].contains("Objective"),
+        "default template"
+    );
+
+    // A request's own model and prompts win over both.
+    let request = pb::CompactRequest {
+        session_id: SID.into(),
+        options: Some(pb::CompactOptions {
+            model: "request-model".into(),
+            system: "SYSTEM-OVERRIDE".into(),
+            template: "TEMPLATE-OVERRIDE".into(),
+            prompt: "PROMPT-OVERRIDE".into(),
+            tail_turns: Some(0),
+            ..Default::default()
+        }),
+    };
+    let mut stream = client.compact(request).await.expect("compact").into_inner();
+    let mut last = None;
+    while let Some(e) = stream.next().await {
+        last = Some(e.expect("event"));
+    }
+    assert!(
+        matches!(last.and_then(|e| e.event), Some(Ce::Compacted(_))),
+        "second compaction commits"
+    );
+    let req = fake.last_request();
+    assert_eq!(req.body["model"], "request-model");
+    let texts = req.message_texts();
+    assert_eq!(texts[0], "SYSTEM-OVERRIDE\n\nTEMPLATE-OVERRIDE");
+    assert!(
+        texts.last().expect("prompt").starts_with("PROMPT-OVERRIDE"),
+        "{texts:?}"
+    );
+
+    // The committed summary says which model wrote it.
+    let session = get_session(&mut client, SID).await;
+    let summary = session
+        .messages
+        .iter()
+        .rev()
+        .find(|m| m.info.as_ref().is_some_and(|i| i.summary))
+        .expect("a summary message");
+    let model = summary.info.as_ref().and_then(|i| i.model.clone());
+    assert_eq!(model.map(|m| m.model_id).as_deref(), Some("request-model"));
+}
+
+#[tokio::test]
 async fn broken_malformed_or_oversized_summaries_change_nothing() {
     let big = output_of("summary", 40_000);
     for (reply, kind) in [
