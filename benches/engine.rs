@@ -137,6 +137,7 @@ impl Feeder {
                 text: "continue with the next file".into(),
                 ..Default::default()
             }),
+            mark: None,
             extra: Default::default(),
         }));
         id
@@ -162,6 +163,7 @@ impl Feeder {
                 state,
                 metadata: None,
             })),
+            mark: None,
             extra: Default::default(),
         }));
     }

@@ -29,6 +29,29 @@ pub const AUTO_COOLDOWN: u32 = 2;
 pub const BREAKER_FAILURES: u32 = 3;
 /// How a user `compaction` part reads in the context (OpenCode `toModelMessages`).
 pub const COMPACTION_PROMPT_TEXT: &str = "What did we do so far?";
+/// Tools the aggressive strategies never clear for age or size (ACP's list without
+/// `write`/`edit`, which seed 03's one-file-one-view supersedes).
+pub const STRATEGY_PROTECTED_TOOLS: &[&str] = &[
+    "task",
+    "todowrite",
+    "todoread",
+    "skill",
+    "batch",
+    "plan_enter",
+    "plan_exit",
+];
+/// `pruneFiles`: attachments older than this many user turns become breadcrumbs (the
+/// last 2 turns are never touched).
+pub const FILE_AGE_TURNS: usize = 2;
+/// `truncateOldErrors`: errors older than this many user turns keep their first line.
+pub const ERROR_AGE_TURNS: usize = 3;
+/// `pruneUserCodeBlocks`: user code blocks older than this many user turns are truncated.
+pub const CODE_BLOCK_AGE_TURNS: usize = 5;
+
+use std::collections::BTreeMap;
+
+use crate::engine::strategies::DEFAULT_SNAPSHOT_TOOLS;
+pub use crate::engine::strategies::{Strategy, StrategyPreset, StrategySet};
 
 /// How cached prompt tokens are counted when `tokens.total` is absent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -68,6 +91,10 @@ pub enum OverflowPreset {
     OpenCode,
 }
 
+fn strings(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
 /// Server-wide defaults every session starts from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineConfig {
@@ -95,6 +122,14 @@ pub struct EngineConfig {
     pub auto_cooldown: u32,
     /// Consecutive automatic failures that pause auto-compaction (0: never pause).
     pub breaker_failures: u32,
+    /// Aggressive strategies that are on (default: all, ACP's `compact` preset).
+    pub strategies: StrategySet,
+    /// Tools the strategies never clear for age or size.
+    pub strategy_protected_tools: Vec<String>,
+    /// Files (globs over normalized paths) whose operations are never superseded.
+    pub protected_file_globs: Vec<String>,
+    /// Tools whose outputs are snapshots (`pruneSnapshots`).
+    pub snapshot_tools: Vec<String>,
 }
 
 impl Default for EngineConfig {
@@ -115,6 +150,10 @@ impl Default for EngineConfig {
             placeholder: PLACEHOLDER.to_string(),
             auto_cooldown: AUTO_COOLDOWN,
             breaker_failures: BREAKER_FAILURES,
+            strategies: StrategySet::all(),
+            strategy_protected_tools: strings(STRATEGY_PROTECTED_TOOLS),
+            protected_file_globs: Vec::new(),
+            snapshot_tools: strings(DEFAULT_SNAPSHOT_TOOLS),
         }
     }
 }
@@ -144,6 +183,16 @@ pub struct SessionOverrides {
     pub protect_turns: Option<u32>,
     /// Model the summarizer endpoint is asked for (read by the server, not the engine).
     pub compaction_model: Option<String>,
+    /// Strategy preset applied before the switches.
+    pub strategy_preset: Option<StrategyPreset>,
+    /// Per-strategy switches (newer switches win strategy by strategy).
+    pub strategies: BTreeMap<Strategy, bool>,
+    /// Strategy-protected tools (replaces the server list).
+    pub strategy_protected_tools: Option<Vec<String>>,
+    /// Protected file globs (replaces the server list).
+    pub protected_file_globs: Option<Vec<String>>,
+    /// Snapshot tools (replaces the server list).
+    pub snapshot_tools: Option<Vec<String>>,
 }
 
 impl SessionOverrides {
@@ -163,8 +212,14 @@ impl SessionOverrides {
             prune_minimum,
             protected_tools,
             protect_turns,
-            compaction_model
+            compaction_model,
+            strategy_preset,
+            strategy_protected_tools,
+            protected_file_globs,
+            snapshot_tools
         );
+        self.strategies
+            .extend(newer.strategies.iter().map(|(k, v)| (*k, *v)));
     }
 }
 
@@ -213,7 +268,29 @@ impl EngineConfig {
         if let Some(v) = o.protect_turns {
             s.protect_turns = v;
         }
+        if let Some(p) = o.strategy_preset {
+            s.strategies = StrategySet::preset(p);
+        }
+        for (st, on) in &o.strategies {
+            s.strategies = s.strategies.with(*st, *on);
+        }
+        if let Some(v) = &o.strategy_protected_tools {
+            s.strategy_protected_tools = v.clone();
+        }
+        if let Some(v) = &o.protected_file_globs {
+            s.protected_file_globs = v.clone();
+        }
+        if let Some(v) = &o.snapshot_tools {
+            s.snapshot_tools = v.clone();
+        }
         s
+    }
+
+    /// True when the aggressive strategies must leave this tool's calls alone.
+    pub fn is_strategy_protected(&self, tool: &str) -> bool {
+        self.strategy_protected_tools
+            .iter()
+            .any(|t| t.eq_ignore_ascii_case(tool))
     }
 
     /// True when prune must leave this tool's output alone.

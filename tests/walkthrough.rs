@@ -165,14 +165,42 @@ fn readme_walkthrough_works_against_the_real_binary() {
     assert_eq!(dry["parts"], real["parts"], "dry run and real prune agree");
     assert_eq!(real["parts"].as_array().map(Vec::len), Some(2));
 
+    // The strategies (on by default) marked what newer calls made stale: the read of
+    // invoice.py before its edits, the first of two identical test runs.
+    let marked = real["marked"].as_array().expect("strategies marked parts");
+    assert!(
+        marked
+            .iter()
+            .any(|m| m["strategy"] == "aggressiveFilePrune" && m["tool"] == "read"),
+        "{real}"
+    );
+    assert!(
+        marked.iter().all(|m| m["supersededBy"].is_string()),
+        "{real}"
+    );
+    assert_eq!(dry["marked"], real["marked"], "dry run and real run agree");
+
     let context = json(&outs[8]);
-    let cleared = context["openaiMessages"]
+    let tool_contents: Vec<&str> = context["openaiMessages"]
         .as_array()
         .expect("openai messages")
         .iter()
-        .filter(|m| m["role"] == "tool" && m["content"] == "[Old tool result content cleared]")
+        .filter(|m| m["role"] == "tool")
+        .filter_map(|m| m["content"].as_str())
+        .collect();
+    let cleared = tool_contents
+        .iter()
+        .filter(|c| **c == "[Old tool result content cleared]")
         .count();
-    assert_eq!(cleared, 2);
+    let superseded = tool_contents
+        .iter()
+        .filter(|c| c.starts_with("[Superseded by a newer call: "))
+        .count();
+    assert_eq!(superseded, marked.len(), "{tool_contents:?}");
+    assert!(
+        cleared >= 1,
+        "prune cleared what no strategy had: {tool_contents:?}"
+    );
 
     let session = json(&outs[9]);
     let compacted: Vec<&serde_json::Value> = session["messages"]

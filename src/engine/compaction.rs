@@ -309,6 +309,7 @@ impl Session {
                 overflow,
                 tail_start_id,
             }),
+            mark: None,
             extra: Default::default(),
         }));
         let mut summary = MessageInfo::new(summary_id.clone(), Role::Assistant);
@@ -336,6 +337,7 @@ impl Session {
                 text,
                 ..Default::default()
             }),
+            mark: None,
             extra: Default::default(),
         }));
         updates.push(Update::UpsertMessage(MessageInfo {
@@ -359,6 +361,7 @@ impl Session {
                     synthetic: true,
                     ..Default::default()
                 }),
+                mark: None,
                 extra: Default::default(),
             }));
         }

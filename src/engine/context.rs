@@ -5,11 +5,13 @@
 //! `toModelMessages` does: pending/running tools become an error result
 //! `[Tool execution was interrupted]`, errored assistant messages are skipped (unless
 //! aborted with content), ignored text is dropped, and messages left with nothing but
-//! `step-start` are dropped. Two shapes: native messages/parts, and OpenAI
+//! `step-start` are dropped. Each part reads as `render.rs` says (placeholders, strategy
+//! rewrites). Two shapes: native messages/parts, and OpenAI
 //! chat-completions `messages` a host can send as is.
 
 use serde_json::{Value, json};
 
+use super::render::render;
 use super::session::{Message, Session, StoredPart};
 use crate::config::{COMPACTION_PROMPT_TEXT, INTERRUPTED};
 use crate::session::{PartKind, Role, ToolStatus};
@@ -51,19 +53,35 @@ impl Session {
         let Some(b) = self.boundary else {
             return (0..len).collect();
         };
-        let from = tail_start_id(&self.messages[b.start])
-            .and_then(|id| self.position(id))
-            .filter(|&t| t != b.start && t != b.summary)
-            .unwrap_or(b.start + 1);
+        let from = self.context_from();
         let mut order = Vec::with_capacity(len.saturating_sub(from) + 2);
         order.extend([b.start, b.summary]);
         order.extend((from..len).filter(|&i| i != b.start && i != b.summary));
         order
     }
 
+    /// First position of the context after the boundary's own two messages (0 without a
+    /// compaction): messages before it, other than `B` and `S`, are summarized.
+    pub(crate) fn context_from(&self) -> usize {
+        let Some(b) = self.boundary else {
+            return 0;
+        };
+        tail_start_id(&self.messages[b.start])
+            .and_then(|id| self.position(id))
+            .filter(|&t| t != b.start && t != b.summary)
+            .unwrap_or(b.start + 1)
+    }
+
+    /// True when message `i` is in the context.
+    pub(crate) fn in_context(&self, i: usize) -> bool {
+        i >= self.context_from()
+            || self
+                .boundary
+                .is_some_and(|b| i == b.start || i == b.summary)
+    }
+
     /// Renders the given messages (positions, in order) as the model sees them.
     pub(crate) fn view_of(&self, order: &[usize]) -> ContextView {
-        let placeholder = &self.settings.placeholder;
         let mut tokens = 0;
         let mut messages = Vec::with_capacity(order.len());
         for &i in order {
@@ -73,9 +91,13 @@ impl Session {
             }
             let mut parts = Vec::with_capacity(msg.parts.len());
             for stored in &msg.parts {
-                if let Some(p) = render_part(stored, placeholder) {
+                if let Some(part) = render(&stored.part, &self.settings) {
                     tokens += self.context_tokens_of(stored);
-                    parts.push(p);
+                    parts.push(StoredPart {
+                        part,
+                        est: stored.est,
+                        reduced: stored.reduced,
+                    });
                 }
             }
             if parts
@@ -120,32 +142,6 @@ fn keeps_message(msg: &Message) -> bool {
                 PartKind::StepStart { .. } | PartKind::Reasoning(_)
             )
         })
-}
-
-/// A part as the model sees it, or `None` when it is not sent at all.
-fn render_part(stored: &StoredPart, placeholder: &str) -> Option<StoredPart> {
-    match &stored.part.kind {
-        PartKind::Text(t) if t.ignored => None,
-        PartKind::Tool(tool) => {
-            let mut out = stored.clone();
-            let PartKind::Tool(t) = &mut out.part.kind else {
-                return None;
-            };
-            match tool.state.status {
-                ToolStatus::Completed if tool.state.time.compacted.is_some() => {
-                    t.state.output = placeholder.to_string();
-                    t.state.attachments.clear();
-                }
-                ToolStatus::Pending | ToolStatus::Running => {
-                    t.state.status = ToolStatus::Error;
-                    t.state.error = INTERRUPTED.to_string();
-                }
-                _ => {}
-            }
-            Some(out)
-        }
-        _ => Some(stored.clone()),
-    }
 }
 
 impl ContextView {
@@ -224,7 +220,14 @@ fn assistant_messages(msg: &Message, out: &mut Vec<Value>) {
     for stored in &msg.parts {
         match &stored.part.kind {
             PartKind::StepStart { .. } => flush(&mut text, &mut calls, &mut results, out),
-            PartKind::Text(t) => text.push(t.text.clone()),
+            // Text after tool calls starts the next step, with or without a step marker
+            // (`pruneStepMarkers` drops them).
+            PartKind::Text(t) => {
+                if !calls.is_empty() {
+                    flush(&mut text, &mut calls, &mut results, out);
+                }
+                text.push(t.text.clone())
+            }
             PartKind::Tool(t) => {
                 calls.push(json!({
                     "id": t.call_id,

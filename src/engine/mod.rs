@@ -15,7 +15,9 @@ mod error;
 mod estimate;
 mod overflow;
 mod prune;
+mod render;
 mod session;
+pub mod strategies;
 
 pub use compaction::{
     AUTO_CONTINUE, COMPACTION_AGENT, CommitIds, Committed, CompactionError, CompactionPlan,
@@ -79,7 +81,7 @@ pub fn step(
     }
     if applied.finished && session.settings().prune {
         let report = session.prune(PruneMode::Commit, now_ms);
-        if report.committed {
+        if report.changed() {
             events.push(Event::Pruned(report));
         }
     }

@@ -13,7 +13,9 @@
 //!
 //! Committing marks parts with `time.compacted`; outputs are kept (lazy deletion).
 
+use super::render::active_mark;
 use super::session::{Message, Session};
+use super::strategies::{Strategy, StrategyRun};
 use crate::config::Settings;
 use crate::session::{PartKind, Role, ToolStatus};
 
@@ -288,6 +290,16 @@ pub struct PruneReport {
     pub prune_protect: u64,
     /// PRUNE_MINIMUM used.
     pub prune_minimum: u64,
+    /// What the aggressive strategies did (or would do) in the same run, including the
+    /// inputs `pruneToolInputs` stripped from the outputs prune cleared.
+    pub strategies: StrategyRun,
+}
+
+impl PruneReport {
+    /// True when the run changed the session (prune committed or a strategy marked).
+    pub fn changed(&self) -> bool {
+        !self.dry_run && (self.committed || !self.strategies.parts.is_empty())
+    }
 }
 
 impl Session {
@@ -297,9 +309,12 @@ impl Session {
         self.prune.pending()
     }
 
-    /// Runs prune. Commits (marks `time.compacted = now_ms`) only when the saving exceeds
-    /// PRUNE_MINIMUM and `mode` is `Commit`; a dry run reports exactly what a commit would do.
+    /// Runs the aggressive strategies, then prune. Prune commits (marks
+    /// `time.compacted = now_ms`) only when its saving exceeds PRUNE_MINIMUM; the
+    /// strategies commit whatever they decided. Nothing is marked unless `mode` is
+    /// `Commit`; a dry run reports exactly what a commit would do.
     pub fn prune(&mut self, mode: PruneMode, now_ms: i64) -> PruneReport {
+        let strategies = self.run_strategies(mode == PruneMode::Commit, now_ms);
         self.prune.sync(&self.messages, &self.users, &self.settings);
         let plan = self.prune.plan();
         let minimum = self.settings.prune_minimum;
@@ -312,6 +327,7 @@ impl Session {
             reason: None,
             prune_protect: self.settings.prune_protect,
             prune_minimum: minimum,
+            strategies,
         };
         if plan.pruned <= minimum {
             report.reason = Some(if plan.prune.is_empty() {
@@ -327,13 +343,48 @@ impl Session {
             });
             return report;
         }
+        let mut inputs = (0u32, 0u64);
         if mode == PruneMode::DryRun {
+            let marked: std::collections::HashSet<(&str, &str)> = report
+                .strategies
+                .parts
+                .iter()
+                .map(|m| (m.message_id.as_str(), m.part_id.as_str()))
+                .collect();
+            for c in &plan.prune {
+                let Some(stored) = self.messages.get(c.msg).and_then(|m| m.parts.get(c.part))
+                else {
+                    continue;
+                };
+                if marked.contains(&(stored.part.message_id.as_str(), stored.part.id.as_str()))
+                    || stored.part.mark.is_some()
+                {
+                    continue;
+                }
+                let mut part = stored.part.clone();
+                if let PartKind::Tool(t) = &mut part.kind {
+                    t.state.time.compacted = Some(now_ms);
+                }
+                let saved = self
+                    .rendered_tokens(&part, false)
+                    .saturating_sub(self.rendered_tokens(&part, true));
+                inputs.0 += u32::from(saved > 0);
+                inputs.1 += saved;
+            }
+            report
+                .strategies
+                .add(Strategy::PruneToolInputs, inputs.0, inputs.1);
             report.reason = Some("dry run".to_string());
             return report;
         }
         for c in &plan.prune {
-            self.mark_compacted(c, now_ms);
+            let saved = self.mark_compacted(c, now_ms);
+            inputs.0 += u32::from(saved > 0);
+            inputs.1 += saved;
         }
+        report
+            .strategies
+            .add(Strategy::PruneToolInputs, inputs.0, inputs.1);
         self.prune.committed();
         report.committed = true;
         report
@@ -353,24 +404,37 @@ impl Session {
         })
     }
 
-    fn mark_compacted(&mut self, c: &Candidate, now_ms: i64) {
-        let placeholder = self.placeholder_tokens;
+    /// Marks one output cleared; returns the input tokens `pruneToolInputs` stripped with it.
+    fn mark_compacted(&mut self, c: &Candidate, now_ms: i64) -> u64 {
         let Some(stored) = self
             .messages
             .get_mut(c.msg)
             .and_then(|m| m.parts.get_mut(c.part))
         else {
             debug_assert!(false, "prune candidate {c:?} points nowhere");
-            return;
+            return 0;
         };
         let PartKind::Tool(tool) = &mut stored.part.kind else {
-            return;
+            return 0;
         };
         tool.state.time.compacted = Some(now_ms);
-        let old = stored.est.in_context(false, placeholder);
-        let new = stored.est.in_context(true, placeholder);
+        let stored = &self.messages[c.msg].parts[c.part];
+        let old = stored
+            .reduced
+            .unwrap_or(stored.est.base + stored.est.output);
+        // A part a strategy already reduced keeps reading as the strategy made it.
+        let (unstripped, new) = if active_mark(&stored.part, &self.settings).is_some() {
+            (old, old)
+        } else {
+            (
+                self.rendered_tokens(&stored.part, false),
+                self.rendered_tokens(&stored.part, true),
+            )
+        };
+        self.messages[c.msg].parts[c.part].reduced = Some(new);
         self.compacted += 1;
         self.usage.pruned += old.saturating_sub(new);
         self.adjust_tokens(old, new);
+        unstripped.saturating_sub(new)
     }
 }

@@ -11,6 +11,8 @@ use std::sync::Arc;
 use super::error::ApplyError;
 use super::estimate::{PartEstimate, estimate};
 use super::prune::PruneIndex;
+use super::render::{is_compacted, is_reduced, render_with};
+use super::strategies::Tracker;
 use crate::config::{EngineConfig, Settings};
 use crate::session::{MessageInfo, Part, PartKind, Role, SessionInfo, TokenUsage};
 use crate::tokens::TokenCounter;
@@ -80,8 +82,11 @@ pub struct Message {
 pub struct StoredPart {
     /// The part.
     pub part: Part,
-    /// Cached estimate.
+    /// Cached estimate of the part as stored.
     pub est: PartEstimate,
+    /// Context tokens of the part as rendered, when prune or a strategy reduced it
+    /// (computed once, when the mark is set).
+    pub reduced: Option<u64>,
 }
 
 impl StoredPart {
@@ -89,9 +94,7 @@ impl StoredPart {
     /// Only a completed output can be cleared: a stamp on a pending, running or failed
     /// call (which OpenCode never writes) changes nothing in the context.
     pub fn is_compacted(&self) -> bool {
-        matches!(&self.part.kind, PartKind::Tool(t)
-            if t.state.status == crate::session::ToolStatus::Completed
-                && t.state.time.compacted.is_some())
+        is_compacted(&self.part)
     }
 }
 
@@ -153,6 +156,8 @@ pub struct Session {
     /// Loop protection of automatic compaction.
     pub(crate) auto: AutoState,
     pub(crate) prune: PruneIndex,
+    /// Incremental state of the aggressive strategies.
+    pub(crate) tracker: Tracker,
     /// Context-view tokens of all messages.
     pub(crate) tokens: u64,
     parts: usize,
@@ -164,6 +169,7 @@ impl Session {
     pub fn new(info: SessionInfo, config: &EngineConfig, counter: Arc<dyn TokenCounter>) -> Self {
         let settings = config.resolve(&info.config);
         let placeholder_tokens = counter.count(&settings.placeholder);
+        let tracker = Tracker::new(&settings);
         Session {
             info,
             settings,
@@ -177,6 +183,7 @@ impl Session {
             usage: UsageState::default(),
             auto: AutoState::default(),
             prune: PruneIndex::default(),
+            tracker,
             tokens: 0,
             parts: 0,
             compacted: 0,
@@ -260,6 +267,7 @@ impl Session {
             self.placeholder_tokens = self.counter.count(&self.settings.placeholder);
             self.recount_all();
             self.prune.invalidate();
+            self.tracker.invalidate();
         }
         Applied::default()
     }
@@ -325,10 +333,15 @@ impl Session {
             self.usage.since_request = 0; // a new assistant message is a new request
         }
         self.by_id.insert(info.id.clone(), idx);
+        let user = info.role == Role::User;
         self.messages.push(Message {
             info,
             parts: Vec::new(),
         });
+        if user {
+            self.tracker
+                .on_user_message(&self.messages, &self.users, &self.settings);
+        }
         if let Some(parent) = completed {
             self.summary_completed(parent, idx);
         }
@@ -353,6 +366,7 @@ impl Session {
                 ),
             ));
         };
+        let mut part = part;
         let est = estimate(&part, self.counter.as_ref());
         let is_tool = matches!(part.kind, PartKind::Tool(_));
         let is_compaction = matches!(part.kind, PartKind::Compaction(_));
@@ -362,12 +376,20 @@ impl Session {
         };
         let is_step_start = matches!(part.kind, PartKind::StepStart { .. });
         let assistant = self.messages[idx].info.role == Role::Assistant;
-        let new = StoredPart { part, est };
+        let parts = &self.messages[idx].parts;
+        let existing = parts.iter().position(|p| p.part.id == part.id);
+        // A strategy's mark is compactd's decision: a host re-sending the part (which
+        // knows nothing of marks) keeps it.
+        if let Some(i) = existing
+            && part.mark.is_none()
+        {
+            part.mark = parts[i].part.mark.clone();
+        }
+        let reduced = self.reduced_tokens(&part);
+        let new = StoredPart { part, est, reduced };
         let new_tokens = self.context_tokens_of(&new);
         let new_unwritten = self.unwritten_tokens(&new, assistant);
         let new_compacted = new.is_compacted();
-        let parts = &self.messages[idx].parts;
-        let existing = parts.iter().position(|p| p.part.id == new.part.id);
         let (old_tokens, old_compacted, was_tool, was_compaction) = match existing {
             Some(i) => {
                 let old = &parts[i];
@@ -386,10 +408,18 @@ impl Session {
             self.usage.since_request = 0; // the model is being called again
         }
         self.usage.since_request += new_unwritten as i64;
-        match existing {
-            Some(i) => self.messages[idx].parts[i] = new,
-            None => self.messages[idx].parts.push(new),
-        }
+        let at = match existing {
+            Some(i) => {
+                self.messages[idx].parts[i] = new;
+                i
+            }
+            None => {
+                self.messages[idx].parts.push(new);
+                self.messages[idx].parts.len() - 1
+            }
+        };
+        self.tracker
+            .on_part(&self.messages, idx, at, &self.settings);
         self.parts += usize::from(created);
         self.adjust_tokens(old_tokens, new_tokens);
         self.compacted = self.compacted - usize::from(old_compacted) + usize::from(new_compacted);
@@ -497,7 +527,26 @@ impl Session {
 
     /// Context-view tokens of one stored part under the current settings.
     pub(crate) fn context_tokens_of(&self, p: &StoredPart) -> u64 {
-        p.est.in_context(p.is_compacted(), self.placeholder_tokens)
+        p.reduced.unwrap_or(p.est.base + p.est.output)
+    }
+
+    /// Tokens of the part as rendered, when prune or a strategy reduced it.
+    pub(crate) fn reduced_tokens(&self, part: &Part) -> Option<u64> {
+        is_reduced(part, &self.settings).then(|| self.rendered_tokens(part, true))
+    }
+
+    /// Tokens of the part as rendered, with the input-leak fix as `strip_inputs` says
+    /// (and only if the strategy is on).
+    pub(crate) fn rendered_tokens(&self, part: &Part, strip_inputs: bool) -> u64 {
+        let strip = strip_inputs
+            && self
+                .settings
+                .strategies
+                .has(super::strategies::Strategy::PruneToolInputs);
+        render_with(part, &self.settings, strip).map_or(0, |r| {
+            let e = estimate(&r, self.counter.as_ref());
+            e.base + e.output
+        })
     }
 
     /// Moves the running totals from `old` to `new` context tokens.
@@ -506,8 +555,14 @@ impl Session {
         self.usage.delta += new as i64 - old as i64;
     }
 
-    /// Re-derives the context total after the placeholder changed (settings change only).
+    /// Re-derives the context total after the settings changed (placeholder, strategies).
     fn recount_all(&mut self) {
+        for mi in 0..self.messages.len() {
+            for pi in 0..self.messages[mi].parts.len() {
+                let reduced = self.reduced_tokens(&self.messages[mi].parts[pi].part);
+                self.messages[mi].parts[pi].reduced = reduced;
+            }
+        }
         let total: u64 = self
             .messages
             .iter()

@@ -12,13 +12,13 @@ use serde_json::{Map, Number, Value};
 
 use super::pb;
 use super::status::Rejection;
-use crate::config::{CacheCounting, OverflowPreset, SessionOverrides};
+use crate::config::{CacheCounting, OverflowPreset, SessionOverrides, Strategy, StrategyPreset};
 use crate::engine::{ContextView, Crossed, Message, OverflowCheck, PruneReport, Session};
 use crate::session::{
     AgentPart, CompactionPart, FilePart, MessageError, MessageInfo, MessageTime, ModelLimits,
     ModelRef, Part, PartKind, PartTime, PatchPart, ReasoningPart, RetryPart, Role, SessionInfo,
-    StepFinishPart, SubtaskPart, TextPart, Todo, TokenUsage, ToolPart, ToolState, ToolStatus,
-    ToolTime,
+    StepFinishPart, StrategyMark, SubtaskPart, TextPart, Todo, TokenUsage, ToolPart, ToolState,
+    ToolStatus, ToolTime,
 };
 
 /// Longest id accepted (session, message, part): ids are keys, not payloads.
@@ -190,6 +190,24 @@ pub fn overrides_from_pb(c: pb::SessionConfig) -> Result<SessionOverrides, Rejec
             ));
         }
     };
+    let strategy_preset = match c.strategy_preset.trim() {
+        "" => None,
+        name => Some(
+            name.parse::<StrategyPreset>()
+                .map_err(|e| Rejection::invalid("strategy_preset", e))?,
+        ),
+    };
+    let mut strategies = BTreeMap::new();
+    for (name, on) in &c.strategies {
+        let st = name
+            .parse::<Strategy>()
+            .map_err(|e| Rejection::invalid("strategies", e.to_string()))?;
+        strategies.insert(st, *on);
+    }
+    let protected_file_globs = c.protected_file_globs.map(|l| l.values);
+    if let Some(globs) = &protected_file_globs {
+        check_globs("protected_file_globs", globs)?;
+    }
     let preset = match pb::OverflowPreset::try_from(c.preset) {
         Ok(pb::OverflowPreset::Unspecified) => None,
         Ok(pb::OverflowPreset::Compactd) => Some(OverflowPreset::Compactd),
@@ -213,7 +231,21 @@ pub fn overrides_from_pb(c: pb::SessionConfig) -> Result<SessionOverrides, Rejec
         protected_tools: c.protected_tools.map(|l| l.values),
         protect_turns: c.protect_turns,
         compaction_model: c.compaction_model.filter(|m| !m.is_empty()),
+        strategy_preset,
+        strategies,
+        strategy_protected_tools: c.strategy_protected_tools.map(|l| l.values),
+        protected_file_globs,
+        snapshot_tools: c.snapshot_tools.map(|l| l.values),
     })
+}
+
+/// Glob patterns, each checked so a bad one is rejected where it enters.
+pub fn check_globs(field: &str, patterns: &[String]) -> Result<(), Rejection> {
+    for p in patterns {
+        globset::Glob::new(p)
+            .map_err(|e| Rejection::invalid(field, format!("{p:?} is not a valid glob: {e}")))?;
+    }
+    Ok(())
 }
 
 fn overrides_to_pb(o: &SessionOverrides) -> pb::SessionConfig {
@@ -235,6 +267,29 @@ fn overrides_to_pb(o: &SessionOverrides) -> pb::SessionConfig {
             .map(|values| pb::StringList { values }),
         protect_turns: o.protect_turns,
         compaction_model: o.compaction_model.clone(),
+        strategy_preset: match o.strategy_preset {
+            None => String::new(),
+            Some(StrategyPreset::Compact) => "compact".into(),
+            Some(StrategyPreset::Balanced) => "balanced".into(),
+            Some(StrategyPreset::Verbose) => "verbose".into(),
+        },
+        strategies: o
+            .strategies
+            .iter()
+            .map(|(k, v)| (k.name().to_string(), *v))
+            .collect(),
+        strategy_protected_tools: o
+            .strategy_protected_tools
+            .clone()
+            .map(|values| pb::StringList { values }),
+        protected_file_globs: o
+            .protected_file_globs
+            .clone()
+            .map(|values| pb::StringList { values }),
+        snapshot_tools: o
+            .snapshot_tools
+            .clone()
+            .map(|values| pb::StringList { values }),
         preset: match o.preset {
             None => pb::OverflowPreset::Unspecified,
             Some(OverflowPreset::Compactd) => pb::OverflowPreset::Compactd,
@@ -457,10 +512,25 @@ pub fn part_from_pb(p: pb::Part) -> Result<Part, Rejection> {
             tail_start_id: c.tail_start_id,
         }),
     };
+    let mark = match p.mark {
+        None => None,
+        Some(m) => {
+            let strategy = m
+                .strategy
+                .parse::<Strategy>()
+                .map_err(|e| Rejection::invalid("mark.strategy", e.to_string()))?;
+            Some(StrategyMark {
+                strategy: strategy.name().to_string(),
+                superseded_by: m.superseded_by,
+                time: m.time,
+            })
+        }
+    };
     Ok(Part {
         id: p.id,
         message_id: p.message_id,
         kind,
+        mark,
         extra: p.extra.map(struct_from_pb).unwrap_or_default(),
     })
 }
@@ -618,6 +688,11 @@ pub fn part_to_pb(p: &Part) -> pb::Part {
         message_id: p.message_id.clone(),
         kind: Some(kind),
         extra: extra_to_pb(&p.extra),
+        mark: p.mark.as_ref().map(|m| pb::StrategyMark {
+            strategy: m.strategy.clone(),
+            superseded_by: m.superseded_by.clone(),
+            time: m.time,
+        }),
     }
 }
 
@@ -666,6 +741,32 @@ pub fn prune_to_pb(r: &PruneReport) -> pb::PruneReport {
         reason: r.reason.clone().unwrap_or_default(),
         prune_protect: r.prune_protect,
         prune_minimum: r.prune_minimum,
+        strategies: r
+            .strategies
+            .savings
+            .iter()
+            .map(|s| pb::StrategySaving {
+                strategy: s.strategy.name().to_string(),
+                parts: s.parts,
+                tokens: s.tokens,
+            })
+            .collect(),
+        strategy_tokens_saved: r.strategies.tokens(),
+        marked: r
+            .strategies
+            .parts
+            .iter()
+            .map(|m| pb::MarkedPart {
+                message_id: m.message_id.clone(),
+                part_id: m.part_id.clone(),
+                part_type: m.part_type.to_string(),
+                tool: m.tool.clone(),
+                call_id: m.call_id.clone(),
+                strategy: m.strategy.name().to_string(),
+                superseded_by: m.superseded_by.clone(),
+                tokens: m.tokens,
+            })
+            .collect(),
     }
 }
 

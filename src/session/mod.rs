@@ -11,7 +11,8 @@ pub use info::{ModelLimits, ModelRef, SessionInfo, Todo};
 pub use message::{MessageError, MessageInfo, MessageTime, Role, TokenUsage};
 pub use part::{
     AgentPart, CompactionPart, FilePart, Part, PartKind, PartTime, PatchPart, ReasoningPart,
-    RetryPart, StepFinishPart, SubtaskPart, TextPart, ToolPart, ToolState, ToolStatus, ToolTime,
+    RetryPart, StepFinishPart, StrategyMark, SubtaskPart, TextPart, ToolPart, ToolState,
+    ToolStatus, ToolTime,
 };
 
 /// JSON object holding fields compactd does not model, kept so nothing a host sent is lost.

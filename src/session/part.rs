@@ -13,8 +13,22 @@ pub struct Part {
     pub message_id: String,
     /// Typed content.
     pub kind: PartKind,
+    /// A pruning strategy's decision about this part (compactd's, like `time.compacted`
+    /// is prune's); the content is kept and only the context view changes.
+    pub mark: Option<StrategyMark>,
     /// Unmodelled fields.
     pub extra: Extra,
+}
+
+/// Lazy deletion by a strategy: which one decided, and for a supersede, the newer call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StrategyMark {
+    /// The strategy's config name (`aggressiveFilePrune`, `truncateOldErrors`, ...).
+    pub strategy: String,
+    /// Call id of the newer call that made this one stale (empty for age strategies).
+    pub superseded_by: String,
+    /// When the mark was set (epoch ms).
+    pub time: i64,
 }
 
 /// Every part type OpenCode emits.

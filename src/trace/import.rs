@@ -311,6 +311,7 @@ fn part(mut o: Map<String, Value>, message_id: &str, path: &str) -> Result<Part,
         id,
         message_id,
         kind,
+        mark: None,
         extra: o,
     })
 }

@@ -388,6 +388,17 @@ pub fn tool_part_with_status(
             state: Some(pb::ToolState {
                 status: status.to_string(),
                 output: output.to_string(),
+                // A distinct input per call: identical calls would be deduplicated by
+                // `supersedeDuplicates` (tested on its own in tests/grpc/strategies.rs).
+                input: Some(prost_types::Struct {
+                    fields: [(
+                        "id".to_string(),
+                        prost_types::Value {
+                            kind: Some(prost_types::value::Kind::StringValue(id.to_string())),
+                        },
+                    )]
+                    .into(),
+                }),
                 title: format!("{tool} {id}"),
                 time: Some(pb::ToolTime {
                     start: 1_700_000_000_002,
@@ -399,6 +410,7 @@ pub fn tool_part_with_status(
             metadata: None,
         })),
         extra: None,
+        mark: None,
     }
 }
 
@@ -411,6 +423,7 @@ pub fn text_part(message_id: &str, id: &str, text: &str) -> pb::Part {
             ..Default::default()
         })),
         extra: None,
+        mark: None,
     }
 }
 

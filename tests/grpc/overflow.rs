@@ -176,14 +176,14 @@ async fn new_tool_output_after_a_report_crosses_as_predicted() {
     let a = s.expect_ack(sid, report_usage(usage(70_000))).await;
     assert_eq!(a.kind, "report_usage");
 
-    // 20000 chars = 5000 tokens of output, plus 1 token of tool input ("{}").
+    // 20000 chars = 5000 tokens of output, plus 3 tokens of tool input (`{"id":"t1"}`).
     s.expect_ack(
         sid,
         upsert_part(tool_part("a1", "t1", "bash", &output_of("t1", 20_000))),
     )
     .await;
     let check = check_overflow(&mut c, sid).await;
-    assert_eq!((check.used, check.predicted), (70_000, 75_001));
+    assert_eq!((check.used, check.predicted), (70_000, 75_003));
     assert!(check.overflow, "the request check sees the prediction too");
     assert_eq!(check.crossed, "predicted");
 
@@ -199,7 +199,7 @@ async fn new_tool_output_after_a_report_crosses_as_predicted() {
     assert_eq!(o.trigger, "finished");
     assert_eq!(
         (o.used, o.predicted, o.threshold),
-        (70_000, 75_001, THRESHOLD)
+        (70_000, 75_003, THRESHOLD)
     );
 
     // The next request starts (a new assistant message) and its report is the new

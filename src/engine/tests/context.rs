@@ -439,6 +439,7 @@ fn openai_user_content_parts() {
             url: url.into(),
             ..Default::default()
         }),
+        mark: None,
         extra: Extra::new(),
     };
     for u in [

@@ -39,8 +39,13 @@ use crate::tokens::{CharsPerToken, TokenCounter};
 pub(super) const NOW: i64 = 1_705_512_345_678;
 
 /// Server config every test runs with (the seed defaults).
+/// The server defaults with the aggressive strategies off: these tests check OpenCode's
+/// layers (seeds 01/02) on their own; `strategies/` tests turn them on.
 pub(super) fn config() -> EngineConfig {
-    EngineConfig::default()
+    EngineConfig {
+        strategies: crate::config::StrategySet::NONE,
+        ..EngineConfig::default()
+    }
 }
 
 /// An empty session with the given overrides and limits, counting chars/4.
@@ -108,6 +113,7 @@ fn part(msg: &str, id: &str, kind: PartKind) -> Part {
         id: id.into(),
         message_id: msg.into(),
         kind,
+        mark: None,
         extra: Extra::new(),
     }
 }
@@ -340,6 +346,8 @@ pub(super) fn without_stamps(s: &Session, at: i64) -> Vec<super::Message> {
         if let PartKind::Tool(t) = &mut p.part.kind {
             if t.state.time.compacted == Some(at) {
                 t.state.time.compacted = None;
+                // The rendered size that comes with the stamp.
+                p.reduced = None;
             }
         }
     }

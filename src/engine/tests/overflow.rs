@@ -585,6 +585,7 @@ fn step_checks_on_finished_message_and_step_finish_usage() {
             tokens: Some(usage(160_000, 0, 0)),
             ..Default::default()
         }),
+        mark: None,
         extra: Extra::new(),
     };
     let r = step(&mut s, Update::UpsertPart(finish), &config(), NOW).unwrap();
@@ -651,6 +652,7 @@ fn auto_off_is_false_on_every_step_path() {
             tokens: Some(huge),
             ..Default::default()
         }),
+        mark: None,
         extra: Extra::new(),
     };
     for u in [
@@ -805,6 +807,7 @@ fn step_finish(msg: &str, id: &str, tokens: TokenUsage) -> Part {
             tokens: Some(tokens),
             ..Default::default()
         }),
+        mark: None,
         extra: Extra::new(),
     }
 }

@@ -556,6 +556,7 @@ fn finished_assistant_runs_auto_prune() {
         reason: None,
         prune_protect: 40_000,
         prune_minimum: 20_000,
+        strategies: Default::default(),
     };
     assert_eq!(report.events, vec![Event::Pruned(expected)]);
     assert_eq!(compacted_at(&s, NOW), vec!["p1".to_string()]);

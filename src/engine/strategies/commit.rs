@@ -1,0 +1,169 @@
+//! Committing the strategies' pending decisions: each is checked against the session as it
+//! is now (the part still exists, is in the context, is not already compacted or marked,
+//! is not protected, and the rewrite really shrinks it), then marked, and its saving is
+//! reported by strategy. A dry run computes exactly what a commit would do.
+
+use std::collections::HashSet;
+
+use super::{PartRef, Strategy};
+use crate::engine::session::Session;
+use crate::session::{PartKind, StrategyMark};
+
+/// Parts and tokens one strategy saved in a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StrategySaving {
+    /// The strategy.
+    pub strategy: Strategy,
+    /// Parts it marked (for `pruneToolInputs`: inputs it stripped).
+    pub parts: u32,
+    /// Context tokens it removed.
+    pub tokens: u64,
+}
+
+/// A part a strategy marked (or would mark).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MarkedPart {
+    /// Message id.
+    pub message_id: String,
+    /// Part id.
+    pub part_id: String,
+    /// Part type (`tool`, `file`, `text`).
+    pub part_type: &'static str,
+    /// Tool name and call id, for tool parts.
+    pub tool: String,
+    /// Provider call id, for tool parts.
+    pub call_id: String,
+    /// The strategy.
+    pub strategy: Strategy,
+    /// The newer call, for supersede strategies.
+    pub superseded_by: String,
+    /// Context tokens removed (the strategy's and the input-leak fix's together).
+    pub tokens: u64,
+}
+
+/// What the strategies did (or would do) in one prune run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StrategyRun {
+    /// Savings by strategy, in [`Strategy::ALL`] order, only strategies that saved.
+    pub savings: Vec<StrategySaving>,
+    /// The parts, in decision order.
+    pub parts: Vec<MarkedPart>,
+}
+
+impl StrategyRun {
+    /// Adds `tokens` (and `parts`) to `strategy`'s saving.
+    pub fn add(&mut self, strategy: Strategy, parts: u32, tokens: u64) {
+        if parts == 0 && tokens == 0 {
+            return;
+        }
+        match self.savings.iter_mut().find(|s| s.strategy == strategy) {
+            Some(s) => {
+                s.parts += parts;
+                s.tokens += tokens;
+            }
+            None => {
+                self.savings.push(StrategySaving {
+                    strategy,
+                    parts,
+                    tokens,
+                });
+                self.savings
+                    .sort_by_key(|s| Strategy::ALL.iter().position(|x| *x == s.strategy));
+            }
+        }
+    }
+
+    /// Context tokens removed by every strategy together.
+    pub fn tokens(&self) -> u64 {
+        self.savings.iter().map(|s| s.tokens).sum()
+    }
+
+    /// True when nothing was (or would be) marked.
+    pub fn is_empty(&self) -> bool {
+        self.parts.is_empty() && self.savings.is_empty()
+    }
+}
+
+impl Session {
+    /// Applies (or, with `commit` false, evaluates) every pending strategy decision.
+    pub(crate) fn run_strategies(&mut self, commit: bool, now_ms: i64) -> StrategyRun {
+        let mut run = StrategyRun::default();
+        if self.settings.strategies.is_empty() {
+            return run;
+        }
+        if self.tracker.is_dirty() {
+            self.tracker
+                .rebuild(&self.messages, &self.users, &self.settings);
+        }
+        let pending = if commit {
+            self.tracker.take_pending()
+        } else {
+            self.tracker.pending().to_vec()
+        };
+        let mut done: HashSet<PartRef> = HashSet::new();
+        for p in pending {
+            if done.contains(&p.at)
+                || !self.settings.strategies.has(p.strategy)
+                || !self.in_context(p.at.msg)
+            {
+                continue;
+            }
+            let Some(pi) = self.messages[p.at.msg]
+                .parts
+                .iter()
+                .position(|s| s.part.id == p.at.part)
+            else {
+                continue; // deleted since
+            };
+            let stored = &self.messages[p.at.msg].parts[pi];
+            if stored.part.mark.is_some() || stored.is_compacted() {
+                continue; // compaction awareness: never processed twice
+            }
+            if let PartKind::Tool(t) = &stored.part.kind
+                && self.settings.is_strategy_protected(&t.tool)
+                && p.strategy != Strategy::SupersedeTodos
+            {
+                continue;
+            }
+            let old = self.context_tokens_of(stored);
+            let mut candidate = stored.part.clone();
+            candidate.mark = Some(StrategyMark {
+                strategy: p.strategy.name().to_string(),
+                superseded_by: p.by.clone(),
+                time: now_ms,
+            });
+            let unstripped = self.rendered_tokens(&candidate, false);
+            let new = self.rendered_tokens(&candidate, true);
+            if new >= old {
+                continue; // never larger: a rewrite that does not shrink is not applied
+            }
+            let own = old - unstripped.min(old);
+            let inputs = (old - new) - own;
+            run.add(p.strategy, 1, own);
+            run.add(Strategy::PruneToolInputs, u32::from(inputs > 0), inputs);
+            let (tool, call_id) = match &candidate.kind {
+                PartKind::Tool(t) => (t.tool.clone(), t.call_id.clone()),
+                _ => (String::new(), String::new()),
+            };
+            run.parts.push(MarkedPart {
+                message_id: candidate.message_id.clone(),
+                part_id: candidate.id.clone(),
+                part_type: candidate.kind.type_name(),
+                tool,
+                call_id,
+                strategy: p.strategy,
+                superseded_by: p.by,
+                tokens: old - new,
+            });
+            done.insert(p.at.clone());
+            if commit {
+                let stored = &mut self.messages[p.at.msg].parts[pi];
+                stored.part = candidate;
+                stored.reduced = Some(new);
+                self.adjust_tokens(old, new);
+                self.usage.pruned += old - new;
+            }
+        }
+        run
+    }
+}

@@ -1,0 +1,128 @@
+//! Strategy 10, `aggressiveFilePrune` (one file, one view): the paths a file operation
+//! touches. Any read, write, edit or patch of a path supersedes every earlier operation on
+//! the same path; a call touching several paths is superseded once all of them are.
+
+use serde_json::Value;
+
+use super::tool_is;
+
+/// Tools that read or change one file named in their input.
+const SINGLE_FILE_TOOLS: &[&str] = &[
+    "read",
+    "write",
+    "edit",
+    "multiedit",
+    "view",
+    "str_replace_editor",
+    "notebookedit",
+    "notebookread",
+];
+
+/// Tools whose input is a patch naming the files it changes.
+const PATCH_TOOLS: &[&str] = &["apply_patch", "patch"];
+
+/// Normalized paths a call operates on (empty: not a file operation).
+pub fn file_paths(tool: &str, input: &Value) -> Vec<String> {
+    if tool_is(tool, SINGLE_FILE_TOOLS) {
+        let path = ["filePath", "file_path", "path", "notebook_path"]
+            .iter()
+            .find_map(|k| input.get(k).and_then(Value::as_str));
+        return path
+            .map(normalize)
+            .filter(|p| !p.is_empty())
+            .into_iter()
+            .collect();
+    }
+    if tool_is(tool, PATCH_TOOLS) {
+        let text = ["patchText", "patch", "input", "diff"]
+            .iter()
+            .find_map(|k| input.get(k).and_then(Value::as_str))
+            .unwrap_or_default();
+        let mut paths: Vec<String> = patch_paths(text).map(normalize).collect();
+        paths.sort();
+        paths.dedup();
+        paths.retain(|p| !p.is_empty());
+        return paths;
+    }
+    Vec::new()
+}
+
+/// Paths named by an OpenCode/Codex patch (`*** Update File: p`) or a unified diff
+/// (`+++ b/p`).
+fn patch_paths(text: &str) -> impl Iterator<Item = &str> {
+    text.lines().filter_map(|line| {
+        for prefix in [
+            "*** Update File:",
+            "*** Add File:",
+            "*** Delete File:",
+            "*** Move to:",
+        ] {
+            if let Some(p) = line.strip_prefix(prefix) {
+                return Some(p.trim());
+            }
+        }
+        let p = line.strip_prefix("+++ ")?.trim();
+        (p != "/dev/null").then(|| p.strip_prefix("b/").unwrap_or(p))
+    })
+}
+
+/// Lexical normalization: `./a//b/../c` → `a/c`; a leading `/` is kept.
+pub fn normalize(path: &str) -> String {
+    let path = path.trim();
+    let absolute = path.starts_with('/');
+    let mut out: Vec<&str> = Vec::new();
+    for seg in path.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." if out.last().is_some_and(|s| *s != "..") => {
+                out.pop();
+            }
+            ".." if absolute => {}
+            s => out.push(s),
+        }
+    }
+    let joined = out.join("/");
+    if absolute {
+        format!("/{joined}")
+    } else {
+        joined
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn single_file_tools_name_their_path() {
+        assert_eq!(
+            file_paths("read", &json!({"filePath": "./src//a/../b.rs"})),
+            ["src/b.rs"]
+        );
+        assert_eq!(
+            file_paths("Edit", &json!({"file_path": "/x/y.rs"})),
+            ["/x/y.rs"]
+        );
+        assert!(file_paths("bash", &json!({"command": "cat a"})).is_empty());
+        assert!(file_paths("read", &json!({})).is_empty());
+    }
+
+    #[test]
+    fn patches_name_every_file() {
+        let patch = "*** Begin Patch\n*** Update File: src/a.rs\n@@\n-x\n+y\n*** Add File: src/b.rs\n+z\n*** End Patch";
+        assert_eq!(
+            file_paths("apply_patch", &json!({"patchText": patch})),
+            ["src/a.rs", "src/b.rs"]
+        );
+        let diff = "--- a/x.txt\n+++ b/x.txt\n@@ -1 +1 @@\n-a\n+b\n";
+        assert_eq!(file_paths("patch", &json!({"patch": diff})), ["x.txt"]);
+    }
+
+    #[test]
+    fn normalization_is_lexical() {
+        assert_eq!(normalize("/a/./b/../../c"), "/c");
+        assert_eq!(normalize("../a"), "../a");
+        assert_eq!(normalize("/../a"), "/a");
+    }
+}

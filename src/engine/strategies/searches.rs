@@ -1,0 +1,51 @@
+//! Base layer, `supersedeSearches`: a `glob` keyed by path + pattern, a `grep` by path +
+//! pattern + include; the newest search of the same key supersedes the earlier ones
+//! (whatever else differs in their inputs).
+
+use serde_json::Value;
+
+use super::files::normalize;
+use super::tool_is;
+
+/// The supersede key of a search call (`None`: not one).
+pub fn search_key(tool: &str, input: &Value) -> Option<String> {
+    let field = |k: &str| input.get(k).and_then(Value::as_str).unwrap_or_default();
+    let path = normalize(field("path"));
+    if tool_is(tool, &["glob"]) {
+        return Some(format!("glob:{path}\u{0}{}", field("pattern")));
+    }
+    if tool_is(tool, &["grep"]) {
+        return Some(format!(
+            "grep:{path}\u{0}{}\u{0}{}",
+            field("pattern"),
+            field("include")
+        ));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn globs_and_greps_key_by_their_query() {
+        let a = search_key(
+            "grep",
+            &json!({"path": "./src", "pattern": "fn main", "include": "*.rs"}),
+        );
+        let b = search_key(
+            "grep",
+            &json!({"path": "src", "pattern": "fn main", "include": "*.rs"}),
+        );
+        let c = search_key("grep", &json!({"path": "src", "pattern": "fn main"}));
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert_ne!(
+            search_key("glob", &json!({"pattern": "*.rs"})),
+            search_key("glob", &json!({"pattern": "*.ts"}))
+        );
+        assert_eq!(search_key("read", &json!({})), None);
+    }
+}

@@ -1,0 +1,45 @@
+//! Strategy 3, `pruneSourceUrls`: a `webfetch` of a url, or a `websearch` of a query,
+//! supersedes every earlier fetch of the same url / search of the same query.
+
+use serde_json::Value;
+
+use super::tool_is;
+
+/// The supersede key of a fetch or search call (`None`: neither).
+pub fn url_key(tool: &str, input: &Value) -> Option<String> {
+    let field = |k: &str| input.get(k).and_then(Value::as_str).map(str::trim);
+    if tool_is(tool, &["webfetch", "web_fetch", "fetch"]) {
+        let url = field("url")?;
+        // The fragment never reaches the server: same document.
+        let url = url.split('#').next().unwrap_or(url);
+        return (!url.is_empty()).then(|| format!("url:{url}"));
+    }
+    if tool_is(tool, &["websearch", "web_search"]) {
+        let query = field("query")?;
+        return (!query.is_empty()).then(|| format!("search:{query}"));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn fetches_key_by_url_and_searches_by_query() {
+        assert_eq!(
+            url_key(
+                "webfetch",
+                &json!({"url": " https://x.dev/a#top ", "format": "markdown"})
+            ),
+            Some("url:https://x.dev/a".into())
+        );
+        assert_eq!(
+            url_key("websearch", &json!({"query": "tonic keepalive"})),
+            Some("search:tonic keepalive".into())
+        );
+        assert_eq!(url_key("read", &json!({"url": "x"})), None);
+        assert_eq!(url_key("webfetch", &json!({})), None);
+    }
+}

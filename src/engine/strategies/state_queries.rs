@@ -1,0 +1,96 @@
+//! Strategy 4, `stateQuerySupersede`: commands that only report the current state
+//! (`ls`, `find`, `pwd`, `git status|branch|log`, `tree`: seed 03's patterns, matched on
+//! the trimmed bash command) keep only their newest run of the same command. OpenCode's
+//! `list` tool is the same query by another name.
+
+use serde_json::Value;
+
+use super::tool_is;
+
+/// The supersede key of a state query (`None`: not one).
+pub fn query_key(tool: &str, input: &Value) -> Option<String> {
+    if tool_is(tool, &["list", "ls"]) {
+        let path = input.get("path").and_then(Value::as_str).unwrap_or(".");
+        return Some(format!("state:ls {}", path.trim()));
+    }
+    if !tool_is(
+        tool,
+        &["bash", "shell", "execute_bash", "run_shell_command"],
+    ) {
+        return None;
+    }
+    let command = input
+        .get("command")
+        .or_else(|| input.get("cmd"))
+        .and_then(Value::as_str)?;
+    // One command, whitespace collapsed ("git  status" and "git status" are one query).
+    let words: Vec<&str> = command.split_whitespace().collect();
+    is_state_query(&words).then(|| format!("state:{}", words.join(" ")))
+}
+
+/// Seed 03's patterns: `^ls\s`, `^ls$`, `^find\s`, `^pwd$`, `^git\s+status`,
+/// `^git\s+branch`, `^git\s+log`, `^tree\s`, `^tree$`.
+fn is_state_query(words: &[&str]) -> bool {
+    match words {
+        ["ls" | "tree", ..] => true,
+        ["find", _, ..] => true,
+        ["pwd"] => true,
+        ["git", sub, ..] => {
+            sub.starts_with("status") || sub.starts_with("branch") || sub.starts_with("log")
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn key(cmd: &str) -> Option<String> {
+        query_key("bash", &json!({"command": cmd}))
+    }
+
+    #[test]
+    fn the_seed_patterns_match() {
+        for cmd in [
+            "ls",
+            "ls -la src",
+            "find . -name '*.rs'",
+            "pwd",
+            "git status",
+            "git  status -s",
+            "git branch -a",
+            "git log --oneline -5",
+            "tree",
+            "tree src",
+        ] {
+            assert!(key(cmd).is_some(), "{cmd}");
+        }
+        assert_eq!(key("  git   status  "), key("git status"));
+    }
+
+    #[test]
+    fn other_commands_do_not() {
+        for cmd in [
+            "cargo test",
+            "lsof -i",
+            "find",
+            "pwd && ls",
+            "git diff",
+            "echo ls",
+            "treesize",
+        ] {
+            assert_eq!(key(cmd), None, "{cmd}");
+        }
+        assert_eq!(query_key("read", &json!({"command": "ls"})), None);
+    }
+
+    #[test]
+    fn the_list_tool_is_a_state_query_of_its_path() {
+        assert_eq!(
+            query_key("list", &json!({"path": "src"})),
+            Some("state:ls src".into())
+        );
+    }
+}

@@ -1,0 +1,361 @@
+//! The state the strategies keep between updates, so no decision ever rescans the session:
+//! the newest holder of every supersede key (file path, url, state query, snapshot, todo,
+//! search, identical input), failed calls waiting for a successful retry, the calls that
+//! touch several files, and how far each age strategy has looked. Decisions wait in
+//! `pending` until the next prune run commits them.
+//!
+//! "Newer" is by position in the session (message, then part), not by arrival, so a
+//! rebuild from the messages (an import, a settings change) reaches the same decisions as
+//! the updates did live.
+
+use std::collections::HashMap;
+
+use globset::{Glob, GlobSet, GlobSetBuilder};
+
+use super::file_masking::inlined_breadcrumb;
+use super::files::file_paths;
+use super::retries::call_hash;
+use super::searches::search_key;
+use super::snapshots::snapshot_key;
+use super::source_urls::url_key;
+use super::state_queries::query_key;
+use super::todos::todo_key;
+use super::{Strategy, truncate_code_blocks};
+use crate::config::{CODE_BLOCK_AGE_TURNS, ERROR_AGE_TURNS, FILE_AGE_TURNS, Settings};
+use crate::engine::session::Message;
+use crate::session::{Part, PartKind, Role, ToolPart, ToolStatus};
+
+/// A part by message position and part id (part positions shift when a part is deleted).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PartRef {
+    /// Message position.
+    pub msg: usize,
+    /// Part id.
+    pub part: String,
+}
+
+/// A decision waiting for the next commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pending {
+    /// The part to mark.
+    pub at: PartRef,
+    /// The strategy that decided.
+    pub strategy: Strategy,
+    /// Call id of the newer call (supersede strategies), else empty.
+    pub by: String,
+}
+
+/// The newest call seen for a key.
+#[derive(Debug, Clone)]
+struct Holder {
+    at: PartRef,
+    /// (message, part) position when registered: the order "newer" means.
+    order: (usize, usize),
+    call: String,
+    /// Never cleared for age or size (protected tool or file glob).
+    protected: bool,
+}
+
+/// Age strategies and the user turns a message must be older than.
+const AGED: [(Strategy, usize); 3] = [
+    (Strategy::PruneFiles, FILE_AGE_TURNS),
+    (Strategy::TruncateOldErrors, ERROR_AGE_TURNS),
+    (Strategy::PruneUserCodeBlocks, CODE_BLOCK_AGE_TURNS),
+];
+
+/// Incremental strategy state of one session.
+#[derive(Debug, Clone, Default)]
+pub struct Tracker {
+    latest: HashMap<(Strategy, String), Holder>,
+    /// Failed calls by call hash, waiting for a successful call with the same input.
+    failed: HashMap<u128, Vec<Holder>>,
+    /// Newest successful call by call hash (a failure placed before it is a retry too).
+    succeeded: HashMap<u128, Holder>,
+    /// Paths of multi-file calls not yet superseded; the call goes when none is left.
+    remaining: HashMap<PartRef, Vec<String>>,
+    pending: Vec<Pending>,
+    /// Per age strategy: messages before this position have been looked at.
+    aged: [usize; 3],
+    globs: GlobSet,
+    dirty: bool,
+}
+
+impl Tracker {
+    /// Empty state for `s`.
+    pub fn new(s: &Settings) -> Tracker {
+        Tracker {
+            globs: compile_globs(&s.protected_file_globs),
+            ..Tracker::default()
+        }
+    }
+
+    /// Forgets everything; the next commit rebuilds from the messages (settings changed).
+    pub fn invalidate(&mut self) {
+        self.dirty = true;
+    }
+
+    /// True when the state must be rebuilt before it is used.
+    pub fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
+    /// Decisions not yet committed, oldest first.
+    pub fn pending(&self) -> &[Pending] {
+        &self.pending
+    }
+
+    /// Takes the pending decisions for a commit.
+    pub fn take_pending(&mut self) -> Vec<Pending> {
+        std::mem::take(&mut self.pending)
+    }
+
+    /// Rebuilds the state from the messages, exactly as the updates would have built it.
+    pub fn rebuild(&mut self, messages: &[Message], users: &[usize], s: &Settings) {
+        *self = Tracker::new(s);
+        for (mi, m) in messages.iter().enumerate() {
+            for (pi, stored) in m.parts.iter().enumerate() {
+                if let PartKind::Tool(t) = &stored.part.kind {
+                    self.on_tool(mi, pi, &stored.part, t, s);
+                }
+            }
+        }
+        self.advance_ages(messages, users, s);
+    }
+
+    /// A part was written at `messages[msg].parts[part]`.
+    pub fn on_part(&mut self, messages: &[Message], msg: usize, part: usize, s: &Settings) {
+        if self.dirty || s.strategies.is_empty() {
+            return;
+        }
+        let m = &messages[msg];
+        let stored = &m.parts[part].part;
+        if let PartKind::Tool(t) = &stored.kind {
+            self.on_tool(msg, part, stored, t, s);
+        }
+        // A late write to a message an age strategy has already passed.
+        for (k, (strategy, _)) in AGED.iter().enumerate() {
+            if msg < self.aged[k] && s.strategies.has(*strategy) {
+                self.age_check(*strategy, msg, m, stored, s);
+            }
+        }
+    }
+
+    /// A user message arrived: older messages may have crossed an age threshold.
+    pub fn on_user_message(&mut self, messages: &[Message], users: &[usize], s: &Settings) {
+        if self.dirty || s.strategies.is_empty() {
+            return;
+        }
+        self.advance_ages(messages, users, s);
+    }
+
+    fn advance_ages(&mut self, messages: &[Message], users: &[usize], s: &Settings) {
+        for (k, (strategy, turns)) in AGED.iter().enumerate() {
+            if !s.strategies.has(*strategy) || users.len() < *turns {
+                continue;
+            }
+            // Messages before the `turns`-th user message from the end have at least
+            // `turns` user turns after them.
+            let target = users[users.len() - turns];
+            for (mi, m) in messages.iter().enumerate().take(target).skip(self.aged[k]) {
+                for stored in &m.parts {
+                    self.age_check(*strategy, mi, m, &stored.part, s);
+                }
+            }
+            self.aged[k] = self.aged[k].max(target);
+        }
+    }
+
+    /// Queues `part` (in the aged message `m`) when the age strategy applies to it.
+    fn age_check(
+        &mut self,
+        strategy: Strategy,
+        msg: usize,
+        m: &Message,
+        part: &Part,
+        s: &Settings,
+    ) {
+        let applies = match (strategy, &part.kind) {
+            (Strategy::PruneFiles, PartKind::File(_)) => true,
+            (Strategy::PruneFiles, PartKind::Text(t)) => {
+                m.info.role == Role::User
+                    && m.parts
+                        .iter()
+                        .any(|p| matches!(p.part.kind, PartKind::File(_)))
+                    && inlined_breadcrumb(t).is_some()
+            }
+            (Strategy::TruncateOldErrors, PartKind::Tool(t)) => {
+                t.state.status == ToolStatus::Error && !s.is_strategy_protected(&t.tool)
+            }
+            (Strategy::PruneUserCodeBlocks, PartKind::Text(t)) => {
+                m.info.role == Role::User
+                    && !t.synthetic
+                    && t.text.contains("```")
+                    && truncate_code_blocks(&t.text).is_some()
+            }
+            _ => false,
+        };
+        if applies {
+            self.queue(
+                PartRef {
+                    msg,
+                    part: part.id.clone(),
+                },
+                strategy,
+                String::new(),
+            );
+        }
+    }
+
+    /// Registers a tool call in a final state (completed or failed).
+    fn on_tool(&mut self, msg: usize, pi: usize, part: &Part, t: &ToolPart, s: &Settings) {
+        let on = |st: Strategy| s.strategies.has(st);
+        if !matches!(t.state.status, ToolStatus::Completed | ToolStatus::Error) {
+            return;
+        }
+        let paths = file_paths(&t.tool, &t.state.input);
+        let holder = Holder {
+            at: PartRef {
+                msg,
+                part: part.id.clone(),
+            },
+            order: (msg, pi),
+            call: t.call_id.clone(),
+            protected: s.is_strategy_protected(&t.tool)
+                || paths.iter().any(|p| self.globs.is_match(p)),
+        };
+        let hash = (on(Strategy::SupersedeDuplicates) || on(Strategy::PruneRetryParts))
+            .then(|| call_hash(&t.tool, &t.state.input));
+        if t.state.status == ToolStatus::Error {
+            if let Some(hash) = hash.filter(|_| on(Strategy::PruneRetryParts)) {
+                self.failed_call(hash, holder);
+            }
+            return;
+        }
+        let mut keys: Vec<(Strategy, String)> = Vec::new();
+        let mut add = |st: Strategy, key: Option<String>| {
+            if let Some(key) = key.filter(|_| on(st)) {
+                keys.push((st, key));
+            }
+        };
+        add(Strategy::SupersedeTodos, todo_key(&t.tool));
+        add(Strategy::PruneSourceUrls, url_key(&t.tool, &t.state.input));
+        add(
+            Strategy::StateQuerySupersede,
+            query_key(&t.tool, &t.state.input),
+        );
+        add(
+            Strategy::PruneSnapshots,
+            snapshot_key(&t.tool, &s.snapshot_tools),
+        );
+        add(
+            Strategy::SupersedeSearches,
+            search_key(&t.tool, &t.state.input),
+        );
+        for p in &paths {
+            add(Strategy::AggressiveFilePrune, Some(format!("file:{p}")));
+        }
+        if let Some(hash) = hash {
+            add(
+                Strategy::SupersedeDuplicates,
+                Some(format!("call:{hash:032x}")),
+            );
+            if on(Strategy::PruneRetryParts) {
+                self.succeeded_call(hash, &holder);
+            }
+        }
+        if paths.len() > 1 && on(Strategy::AggressiveFilePrune) {
+            self.remaining
+                .entry(holder.at.clone())
+                .or_insert_with(|| paths.clone());
+        }
+        for (st, key) in keys {
+            self.offer(st, key, holder.clone());
+        }
+    }
+
+    /// `h` holds `key` now, unless a newer holder already does (then `h` is the stale one).
+    fn offer(&mut self, st: Strategy, key: String, h: Holder) {
+        let path = (st == Strategy::AggressiveFilePrune).then(|| key["file:".len()..].to_string());
+        let stale = match self.latest.get_mut(&(st, key.clone())) {
+            None => {
+                self.latest.insert((st, key), h);
+                return;
+            }
+            Some(l) if l.at == h.at => {
+                *l = h;
+                return;
+            }
+            Some(l) if l.order > h.order => (h, l.call.clone()),
+            Some(l) => {
+                let by = h.call.clone();
+                (std::mem::replace(l, h), by)
+            }
+        };
+        self.supersede(st, stale.0, stale.1, path.as_deref());
+    }
+
+    fn supersede(&mut self, st: Strategy, victim: Holder, by: String, path: Option<&str>) {
+        // Protected calls are never cleared; a newer todo state still replaces an older one.
+        if victim.protected && st != Strategy::SupersedeTodos {
+            return;
+        }
+        if let (Some(path), Some(left)) = (path, self.remaining.get_mut(&victim.at)) {
+            left.retain(|p| p != path);
+            if !left.is_empty() {
+                return;
+            }
+        }
+        self.queue(victim.at, st, by);
+    }
+
+    fn failed_call(&mut self, hash: u128, h: Holder) {
+        if let Some(ok) = self.succeeded.get(&hash).filter(|ok| ok.order > h.order) {
+            let by = ok.call.clone();
+            self.supersede(Strategy::PruneRetryParts, h, by, None);
+            return;
+        }
+        let list = self.failed.entry(hash).or_default();
+        if !list.iter().any(|f| f.at == h.at) {
+            list.push(h);
+        }
+    }
+
+    fn succeeded_call(&mut self, hash: u128, h: &Holder) {
+        if self
+            .succeeded
+            .get(&hash)
+            .is_none_or(|ok| ok.order <= h.order)
+        {
+            self.succeeded.insert(hash, h.clone());
+        }
+        let Some(list) = self.failed.get_mut(&hash) else {
+            return;
+        };
+        let (older, newer): (Vec<Holder>, Vec<Holder>) =
+            list.drain(..).partition(|f| f.order < h.order);
+        if newer.is_empty() {
+            self.failed.remove(&hash);
+        } else {
+            self.failed.insert(hash, newer);
+        }
+        for f in older {
+            self.supersede(Strategy::PruneRetryParts, f, h.call.clone(), None);
+        }
+    }
+
+    fn queue(&mut self, at: PartRef, strategy: Strategy, by: String) {
+        self.pending.push(Pending { at, strategy, by });
+    }
+}
+
+/// Protected file globs; a pattern that does not compile protects nothing (patterns are
+/// validated where they enter: flags and session overrides).
+fn compile_globs(patterns: &[String]) -> GlobSet {
+    let mut b = GlobSetBuilder::new();
+    for p in patterns {
+        if let Ok(g) = Glob::new(p) {
+            b.add(g);
+        }
+    }
+    b.build().unwrap_or_else(|_| GlobSet::empty())
+}
