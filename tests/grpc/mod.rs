@@ -4,6 +4,7 @@
 //! build each of them as a separate test binary that cannot see `common`.
 
 mod compaction;
+mod compaction_more;
 mod concurrency;
 mod e2e_llm;
 mod fake_llm_selftest;
