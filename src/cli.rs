@@ -9,7 +9,10 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::{CacheCounting, EngineConfig, OverflowPreset, Reserved, SessionOverrides};
+use crate::config::{
+    CacheCounting, EngineConfig, OverflowPreset, Reserved, SessionOverrides, StrategyPreset,
+    StrategySet,
+};
 use crate::server::{CompactionConfig, DEFAULT_MAX_UPDATE_BYTES};
 use crate::session::ModelLimits;
 use crate::summarize::{ApiKey, LlmConfig, OpenAiSummarizer, PromptConfig, Summarizer};
@@ -102,6 +105,36 @@ pub struct EngineArgs {
     /// Turn automatic prune off (explicit Prune calls still run).
     #[arg(long, env = ENV_DISABLE_PRUNE)]
     pub disable_prune: bool,
+    /// Aggressive strategy preset: compact (all on), balanced (all but user code and error
+    /// truncation), verbose (none).
+    #[arg(long, env = "COMPACTD_STRATEGY_PRESET", default_value = "compact")]
+    pub strategy_preset: String,
+    /// Exactly these strategies on (comma separated, camelCase or snake_case names);
+    /// overrides the preset.
+    #[arg(long, env = "COMPACTD_STRATEGIES", conflicts_with = "no_strategies")]
+    pub strategies: Option<String>,
+    /// No aggressive strategy (OpenCode's prune alone).
+    #[arg(long, env = "COMPACTD_NO_STRATEGIES")]
+    pub no_strategies: bool,
+    /// Tools the strategies never clear for age or size (comma separated).
+    #[arg(
+        long,
+        env = "COMPACTD_STRATEGY_PROTECTED_TOOLS",
+        value_delimiter = ',',
+        default_value = "task,todowrite,todoread,skill,batch,plan_enter,plan_exit"
+    )]
+    pub strategy_protected_tools: Vec<String>,
+    /// Globs of files whose operations are never superseded (comma separated).
+    #[arg(long, env = "COMPACTD_PROTECTED_FILE_GLOBS", value_delimiter = ',')]
+    pub protected_file_globs: Vec<String>,
+    /// Tools whose outputs are snapshots of the whole state (comma separated).
+    #[arg(
+        long,
+        env = "COMPACTD_SNAPSHOT_TOOLS",
+        value_delimiter = ',',
+        default_value = "browser_snapshot,browser_take_screenshot,take_snapshot,take_screenshot,screenshot,snapshot"
+    )]
+    pub snapshot_tools: Vec<String>,
 }
 
 /// `compactd serve`.
@@ -317,7 +350,35 @@ pub struct ConfigError {
     pub message: String,
 }
 
+fn non_empty(list: &[String]) -> Vec<String> {
+    list.iter()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
 impl EngineArgs {
+    /// The strategies on: `--no-strategies`, else `--strategies`, else the preset.
+    pub fn strategy_set(&self) -> Result<StrategySet, ConfigError> {
+        if self.no_strategies {
+            return Ok(StrategySet::NONE);
+        }
+        if let Some(list) = &self.strategies {
+            return StrategySet::parse_list(list).map_err(|e| ConfigError {
+                flag: "strategies",
+                message: e.to_string(),
+            });
+        }
+        let preset = self
+            .strategy_preset
+            .parse::<StrategyPreset>()
+            .map_err(|message| ConfigError {
+                flag: "strategy-preset",
+                message,
+            })?;
+        Ok(StrategySet::preset(preset))
+    }
+
     /// Validates the flags and builds the engine config.
     pub fn to_config(&self) -> Result<EngineConfig, ConfigError> {
         if !(self.threshold > 0.0 && self.threshold <= 1.0) {
@@ -344,8 +405,20 @@ impl EngineArgs {
                 .cloned()
                 .collect(),
             protect_turns: self.protect_turns,
+            strategies: self.strategy_set()?,
+            strategy_protected_tools: non_empty(&self.strategy_protected_tools),
+            protected_file_globs: non_empty(&self.protected_file_globs),
+            snapshot_tools: non_empty(&self.snapshot_tools),
             ..EngineConfig::default()
         };
+        for g in &base.protected_file_globs {
+            if let Err(e) = globset::Glob::new(g) {
+                return Err(ConfigError {
+                    flag: "protected-file-globs",
+                    message: format!("{g:?} is not a valid glob: {e}"),
+                });
+            }
+        }
         let preset = match self.preset {
             None => return Ok(base),
             Some(PresetArg::Compactd) => OverflowPreset::Compactd,

@@ -61,8 +61,11 @@ pub struct CompactionPlan {
     pub covers: usize,
     /// Text of the summary the context currently starts with, folded into the new one.
     pub previous_summary: Option<String>,
-    /// Estimated tokens of the head (what the summary replaces).
+    /// Estimated tokens of the head (what the model summarizes).
     pub head_tokens: u64,
+    /// Estimated tokens the new summary replaces in the context: the head, plus the
+    /// previous compaction's two messages when a summary is folded in.
+    pub replaced_tokens: u64,
     /// Estimated tokens of the whole context when the compaction began.
     pub tokens_before: u64,
     /// How it was asked for.
@@ -141,8 +144,10 @@ impl Session {
         let mut order = self.context_order();
         let tokens_before = self.context_tokens();
         let mut previous_summary = None;
+        let mut previous_tokens = 0;
         if let Some(b) = self.boundary {
             previous_summary = Some(self.text_of(b.summary));
+            previous_tokens = self.message_tokens(b.start) + self.message_tokens(b.summary);
             order.retain(|&i| i != b.start && i != b.summary);
         }
         let tail_start = self.tail_start(&order, request.tail);
@@ -153,8 +158,9 @@ impl Session {
         if head.is_empty() {
             return Err(CompactionError::NothingToCompact);
         }
-        let head_tokens = head.iter().map(|&i| self.message_tokens(i)).sum();
+        let head_tokens: u64 = head.iter().map(|&i| self.message_tokens(i)).sum();
         Ok(CompactionPlan {
+            replaced_tokens: head_tokens + previous_tokens,
             head,
             tail_start,
             covers: self.messages.len(),
@@ -256,7 +262,8 @@ impl Session {
     }
 
     /// Records a finished compaction. Checks the summary first (non-empty, smaller than
-    /// the head it replaces); on error the session is unchanged.
+    /// what it replaces: the head and any previous summary); on error the session is
+    /// unchanged.
     pub fn commit_compaction(
         &mut self,
         plan: &CompactionPlan,
@@ -270,10 +277,10 @@ impl Session {
             return Err(CompactionError::EmptySummary);
         }
         let model_tokens = self.counter.count(model_text);
-        if model_tokens >= plan.head_tokens {
+        if model_tokens >= plan.replaced_tokens {
             return Err(CompactionError::NotSmaller {
                 summary: model_tokens,
-                head: plan.head_tokens,
+                head: plan.replaced_tokens,
             });
         }
         let (auto, overflow) = (plan.request.auto, plan.request.overflow);

@@ -4,7 +4,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
@@ -133,6 +133,9 @@ impl pb::sessions_server::Sessions for SessionsService {
         }
         let mut bus = self.hub.bus.subscribe();
         let (tx, rx) = mpsc::channel(256);
+        // The closing status travels apart from the events: a watcher that stopped reading
+        // has a full buffer, and dropping it must not wait for room there.
+        let (end_tx, end_rx) = oneshot::channel::<Status>();
         tokio::spawn(async move {
             loop {
                 let event = match bus.recv().await {
@@ -143,7 +146,7 @@ impl pb::sessions_server::Sessions for SessionsService {
                             "watcher fell {n} events behind (the bus keeps {}); subscribe again",
                             super::hub::BUS_CAPACITY
                         ));
-                        let _ = tx.send(Err(status)).await;
+                        let _ = end_tx.send(status);
                         return;
                     }
                 };
@@ -151,20 +154,24 @@ impl pb::sessions_server::Sessions for SessionsService {
                     continue;
                 }
                 // A full buffer means the watcher is not reading: drop it, never wait.
-                match tx.try_send(Ok((*event).clone())) {
+                match tx.try_send((*event).clone()) {
                     Ok(()) => {}
                     Err(mpsc::error::TrySendError::Full(_)) => {
                         let status = Status::resource_exhausted(
                             "watcher is not reading its events; dropped",
                         );
-                        let _ = tx.send(Err(status)).await;
+                        let _ = end_tx.send(status);
                         return;
                     }
                     Err(mpsc::error::TrySendError::Closed(_)) => return,
                 }
             }
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        // Events already buffered are delivered first; then the closing status, if any.
+        let end =
+            futures::stream::once(async move { end_rx.await.ok() }).filter_map(|s| s.map(Err));
+        let events = ReceiverStream::new(rx).map(Ok);
+        Ok(Response::new(Box::pin(events.chain(end))))
     }
 
     async fn stream(

@@ -1,6 +1,7 @@
 //! `compactd replay`: feeds an export through the engine message by message, as a live
-//! host would, and reports per step the context size without compactd and with prune,
-//! the provider-reported usage, and where overflow fired.
+//! host would, and reports per step the context size in three lanes (without compactd,
+//! OpenCode's prune only, prune plus the aggressive strategies as configured), what each
+//! strategy saved, the provider-reported usage, and where overflow fired.
 //!
 //! Each assistant message is sent as the host sends it: info first (unfinished), then its
 //! parts (a `step-finish` part is a usage report), then the info again, finished, which
@@ -10,7 +11,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::Export;
-use crate::config::EngineConfig;
+use crate::config::{EngineConfig, StrategySet};
+use crate::engine::strategies::StrategyRun;
 use crate::engine::{
     CommitIds, CompactionPlan, CompactionRequest, ContextView, Crossed, Event, Session,
     SummaryOutcome, TailOptions, Update, default_tail_tokens, step, usable_input,
@@ -27,8 +29,12 @@ pub struct Row {
     pub message_id: String,
     /// Context tokens with no compactd at all.
     pub baseline: u64,
-    /// Context tokens after compactd's prune.
+    /// Context tokens with OpenCode's prune alone (no strategy).
+    pub prune_only: u64,
+    /// Context tokens with compactd as configured (prune and strategies).
     pub pruned: u64,
+    /// What the strategies marked at this step, by strategy.
+    pub strategies: StrategyRun,
     /// Provider-reported usage of the step (0 when the export has none).
     pub reported: u64,
     /// Overflow fired at this step: what crossed.
@@ -84,6 +90,15 @@ impl Report {
             (p + r.pruned_parts, t + r.pruned_tokens)
         })
     }
+
+    /// What each strategy saved over the whole replay (tokens at the time of marking).
+    pub fn strategy_totals(&self) -> StrategyRun {
+        let mut total = StrategyRun::default();
+        for s in self.rows.iter().flat_map(|r| &r.strategies.savings) {
+            total.add(s.strategy, s.parts, s.tokens);
+        }
+        total
+    }
 }
 
 /// Replays `export` with the given limits. The clock is the message's own creation time,
@@ -114,6 +129,12 @@ pub fn replay_with(
         auto_compact: false,
         ..config.clone()
     };
+    let prune_only_cfg = EngineConfig {
+        strategies: StrategySet::NONE,
+        auto_compact: false,
+        ..config.clone()
+    };
+    let mut prune_only = Session::new(info.clone(), &prune_only_cfg, counter.clone());
     let mut baseline = Session::new(info, &baseline_cfg, counter);
     let mut rows = Vec::new();
     let mut compacted_once = false;
@@ -123,6 +144,7 @@ pub fn replay_with(
         let stale_usage = compacted_once;
         let mut feed = |update: Update| {
             let _ = baseline.apply(update.clone(), &baseline_cfg);
+            let _ = step(&mut prune_only, update.clone(), &prune_only_cfg, now);
             // After a compaction the recorded usage describes the original, uncompacted run:
             // the replayed session goes by its prediction instead.
             let update = if stale_usage {
@@ -154,10 +176,20 @@ pub fn replay_with(
             Event::Overflow(c) => c.crossed,
             _ => None,
         });
-        let (pruned_parts, pruned_tokens) = events.iter().fold((0, 0), |acc, e| match e {
-            Event::Pruned(r) => (acc.0 + r.parts.len(), acc.1 + r.tokens_saved),
-            _ => acc,
-        });
+        let (mut pruned_parts, mut pruned_tokens) = (0, 0);
+        let mut strategies = StrategyRun::default();
+        for e in &events {
+            if let Event::Pruned(r) = e {
+                if r.committed {
+                    pruned_parts += r.parts.len();
+                    pruned_tokens += r.tokens_saved;
+                }
+                for s in &r.strategies.savings {
+                    strategies.add(s.strategy, s.parts, s.tokens);
+                }
+                strategies.parts.extend(r.strategies.parts.iter().cloned());
+            }
+        }
         let needed = events
             .iter()
             .any(|e| matches!(e, Event::CompactionNeeded(_)));
@@ -173,7 +205,9 @@ pub fn replay_with(
             compaction,
             message_id: minfo.id.clone(),
             baseline: baseline.build_context().tokens,
+            prune_only: prune_only.build_context().tokens,
             pruned: live.build_context().tokens,
+            strategies,
             reported: minfo
                 .tokens
                 .map(|t| crate::engine::used_tokens(&t, live.settings().cache_counting).0)
@@ -208,8 +242,15 @@ impl fmt::Display for Report {
         )?;
         writeln!(
             f,
-            "{:>5}  {:<32}  {:>10}  {:>10}  {:>10}  {:>9}  {:>8}",
-            "step", "message", "no-compactd", "with-prune", "reported", "overflow", "pruned"
+            "{:>5}  {:<32}  {:>11}  {:>10}  {:>10}  {:>10}  {:>9}  {:<16}  strategies",
+            "step",
+            "message",
+            "no-compactd",
+            "prune-only",
+            "compactd",
+            "reported",
+            "overflow",
+            "pruned"
         )?;
         for r in &self.rows {
             let overflow = match r.overflow {
@@ -235,16 +276,24 @@ impl fmt::Display for Report {
                 }
                 None => {}
             }
+            let strategies: Vec<String> = r
+                .strategies
+                .savings
+                .iter()
+                .map(|s| format!("{} {}/{}t", s.strategy, s.parts, s.tokens))
+                .collect();
             writeln!(
                 f,
-                "{:>5}  {:<32}  {:>10}  {:>10}  {:>10}  {:>9}  {:>8}",
+                "{:>5}  {:<32}  {:>11}  {:>10}  {:>10}  {:>10}  {:>9}  {:<16}  {}",
                 r.step,
                 truncate(&r.message_id, 32),
                 r.baseline,
+                r.prune_only,
                 r.pruned,
                 r.reported,
                 overflow,
-                pruned
+                pruned,
+                strategies.join(", ")
             )?;
         }
         let last = self.rows.last();
@@ -252,14 +301,30 @@ impl fmt::Display for Report {
         let overflows: Vec<String> = self.overflow_steps().map(|r| r.step.to_string()).collect();
         writeln!(
             f,
-            "total: steps {}  final context no-compactd {}  with-prune {}  pruned {} outputs / {} tokens  overflow at steps [{}]",
+            "total: steps {}  final context no-compactd {}  prune-only {}  compactd {}  prune cleared {} outputs / {} tokens  overflow at steps [{}]",
             self.rows.len(),
             last.map_or(0, |r| r.baseline),
+            last.map_or(0, |r| r.prune_only),
             last.map_or(0, |r| r.pruned),
             parts,
             tokens,
             overflows.join(",")
-        )
+        )?;
+        let totals = self.strategy_totals();
+        if totals.savings.is_empty() {
+            return writeln!(f, "strategies: nothing to mark");
+        }
+        writeln!(f, "strategies (parts / tokens removed when marked):")?;
+        for s in &totals.savings {
+            writeln!(
+                f,
+                "  {:<22} {:>5} / {:>7}",
+                s.strategy.name(),
+                s.parts,
+                s.tokens
+            )?;
+        }
+        Ok(())
     }
 }
 

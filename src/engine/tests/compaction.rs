@@ -256,6 +256,31 @@ fn a_second_compaction_folds_the_first_summary() {
 }
 
 #[test]
+fn a_folded_summary_only_has_to_be_smaller_than_the_head_and_the_summary_it_replaces() {
+    // Found by the gRPC tests: a long first summary and a short new head made every
+    // accurate folded summary fail as "not smaller than the head".
+    let mut s = session(FIXTURE);
+    let plan = s.plan_compaction(req(TAIL, true)).expect("plan");
+    let first = chars(2_500 * 4); // a 2,500-token summary of a 3,011-token head
+    commit(&mut s, &plan, &first, false, 1);
+    for u in parse(
+        "user u4 text:t5=10\nassistant a4 text:t8=5\nuser u5 text:t6=10\nassistant a5 text:t7=5",
+    ) {
+        apply(&mut s, u);
+    }
+    let plan = s.plan_compaction(req(TAIL, false)).expect("plan");
+    assert!(
+        plan.head_tokens < 1_500,
+        "the new head is small: {}",
+        plan.head_tokens
+    );
+    assert!(plan.replaced_tokens > 2_500, "{}", plan.replaced_tokens);
+    let folded = chars(1_500 * 4); // bigger than the head, smaller than all it replaces
+    let done = s.commit_compaction(&plan, &outcome(&folded), &ids(2), NOW, &config());
+    assert!(done.is_ok(), "{done:?}");
+}
+
+#[test]
 fn todos_and_protected_outputs_are_carried_verbatim() {
     let mut s = session(
         "
