@@ -324,6 +324,10 @@ pub struct ReplayArgs {
     /// Model name for --summarize-with.
     #[arg(long, default_value = "local")]
     pub summarize_model: String,
+    /// Write a chart of context tokens per step to this file (.svg, or .html for a page);
+    /// with several files, each chart gets the trace's name as a suffix.
+    #[arg(long, value_name = "PATH")]
+    pub chart: Option<PathBuf>,
     /// Engine settings.
     #[command(flatten)]
     pub engine: EngineArgs,

@@ -112,6 +112,7 @@ fn replay(args: ReplayArgs) -> anyhow::Result<()> {
 
 fn write_replay(args: &ReplayArgs, out: &mut impl std::io::Write) -> anyhow::Result<()> {
     let config = args.engine.to_config()?;
+    let mut reports = Vec::new();
     for path in &args.files {
         let json =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -143,8 +144,45 @@ fn write_replay(args: &ReplayArgs, out: &mut impl std::io::Write) -> anyhow::Res
             }
         };
         writeln!(out, "{report}")?;
+        let name = path.file_stem().map_or_else(
+            || report.session_id.clone(),
+            |s| s.to_string_lossy().into_owned(),
+        );
+        if let Some(chart) = &args.chart {
+            let target = chart_path(chart, &name, args.files.len() > 1);
+            let title = format!(
+                "{name}: context tokens per step (window {}, threshold {})",
+                report.limits.context, report.threshold
+            );
+            let body = if target.extension().is_some_and(|e| e == "html") {
+                trace::chart::html(&report, &title)
+            } else {
+                trace::chart::svg(&report, &title)
+            };
+            std::fs::write(&target, body)
+                .with_context(|| format!("writing {}", target.display()))?;
+            writeln!(out, "chart: {}", target.display())?;
+        }
+        reports.push((name, report));
+    }
+    if reports.len() > 1 {
+        writeln!(out, "{}", trace::replay::summary_table(&reports))?;
     }
     Ok(())
+}
+
+/// `chart.svg` for one trace; `chart-<name>.svg` for each of several.
+fn chart_path(chart: &std::path::Path, name: &str, several: bool) -> std::path::PathBuf {
+    if !several {
+        return chart.to_path_buf();
+    }
+    let stem = chart
+        .file_stem()
+        .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+    let ext = chart
+        .extension()
+        .map_or_else(|| "svg".to_string(), |e| e.to_string_lossy().into_owned());
+    chart.with_file_name(format!("{stem}-{name}.{ext}"))
 }
 
 /// A replay compactor backed by a real OpenAI-compatible endpoint.

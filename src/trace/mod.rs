@@ -7,6 +7,7 @@
 //! through [`crate::engine::step`] one by one, as a live host would, and reports what
 //! compactd would have done.
 
+pub mod chart;
 mod import;
 pub mod replay;
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use super::Export;
 use crate::config::{EngineConfig, StrategySet};
-use crate::engine::strategies::StrategyRun;
+use crate::engine::strategies::{Strategy, StrategyRun};
 use crate::engine::{
     CommitIds, CompactionPlan, CompactionRequest, ContextView, Crossed, Event, Session,
     SummaryOutcome, TailOptions, Update, default_tail_tokens, step, usable_input,
@@ -326,6 +326,49 @@ impl fmt::Display for Report {
         }
         Ok(())
     }
+}
+
+/// A Markdown table comparing several replays: final context in the three lanes and what
+/// each strategy removed (tokens, parts), one row per trace.
+pub fn summary_table(reports: &[(String, Report)]) -> String {
+    let used: Vec<Strategy> = Strategy::ALL
+        .into_iter()
+        .filter(|st| {
+            reports.iter().any(|(_, r)| {
+                r.strategy_totals()
+                    .savings
+                    .iter()
+                    .any(|s| s.strategy == *st)
+            })
+        })
+        .collect();
+    let mut out = String::from("| trace | steps | no compactd | prune only | prune + strategies |");
+    for st in &used {
+        out.push_str(&format!(" {} |", st.name()));
+    }
+    out.push_str("\n|---|---:|---:|---:|---:|");
+    out.push_str(&"---:|".repeat(used.len()));
+    out.push('\n');
+    for (name, r) in reports {
+        let last = r.rows.last();
+        let (base, prune, all) = last.map_or((0, 0, 0), |l| (l.baseline, l.prune_only, l.pruned));
+        out.push_str(&format!(
+            "| {name} | {} | {} | {} | {} |",
+            r.rows.len(),
+            base,
+            prune,
+            all
+        ));
+        let totals = r.strategy_totals();
+        for st in &used {
+            match totals.savings.iter().find(|s| s.strategy == *st) {
+                Some(s) => out.push_str(&format!(" {} ({}) |", s.tokens, s.parts)),
+                None => out.push_str(" – |"),
+            }
+        }
+        out.push('\n');
+    }
+    out
 }
 
 /// The update without provider usage (message tokens, step-finish tokens).
