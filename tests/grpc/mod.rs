@@ -14,5 +14,6 @@ mod overflow;
 mod prune;
 mod replay_cli;
 mod secrets;
+mod strategies;
 mod stream;
 mod unary;
