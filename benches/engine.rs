@@ -104,12 +104,42 @@ struct Feeder {
 
 impl Feeder {
     fn new(n: usize) -> Feeder {
+        Feeder::with_config(n, EngineConfig::default())
+    }
+
+    /// A feeder whose session and updates run with `config` (same session content).
+    fn with_config(n: usize, config: EngineConfig) -> Feeder {
+        let mut session = session_of(n);
+        // Re-resolve the settings from `config` (a Configure with no changes does that).
+        let info = session.info().clone();
+        let _ = session.apply(Update::Configure(info), &config);
+        let _ = session.prune(compactd::engine::PruneMode::Commit, 0);
         Feeder {
-            session: session_of(n),
-            config: EngineConfig::default(),
+            session,
+            config,
             next: Cell::new(0),
             output: output_of(4_096),
         }
+    }
+
+    /// A completed call of `tool` with `input` and a 4 KB output.
+    fn call(&mut self, message_id: &str, tool: &str, input: serde_json::Value) {
+        let mut state = ToolState::new(ToolStatus::Completed);
+        state.output = self.output.clone();
+        state.input = input;
+        let call = self.id("call");
+        self.apply(Update::UpsertPart(Part {
+            id: self.id("prt"),
+            message_id: message_id.to_string(),
+            kind: PartKind::Tool(Box::new(ToolPart {
+                call_id: call,
+                tool: tool.into(),
+                state,
+                metadata: None,
+            })),
+            mark: None,
+            extra: Default::default(),
+        }));
     }
 
     fn id(&self, kind: &str) -> String {
@@ -199,6 +229,46 @@ fn finish_assistant_message(bencher: divan::Bencher, n: usize) {
         f.tool(&info.id);
         f.finish(info);
     });
+}
+
+/// A turn the strategies act on: read one of 50 files, `git status`, edit the next file,
+/// finish (8 updates); reads and edits of a file supersede its earlier operations, each
+/// `git status` the previous one. Compare with `strategy_turn_off` for their cost.
+#[divan::bench(args = SIZES)]
+fn strategy_turn(bencher: divan::Bencher, n: usize) {
+    let mut f = Feeder::new(n);
+    let mut i = 0usize;
+    bencher.bench_local(|| strategy_step(&mut f, &mut i));
+}
+
+/// `strategy_turn` with every strategy off (OpenCode's prune alone).
+#[divan::bench(args = SIZES)]
+fn strategy_turn_off(bencher: divan::Bencher, n: usize) {
+    let config = EngineConfig {
+        strategies: compactd::config::StrategySet::NONE,
+        ..EngineConfig::default()
+    };
+    let mut f = Feeder::with_config(n, config);
+    let mut i = 0usize;
+    bencher.bench_local(|| strategy_step(&mut f, &mut i));
+}
+
+fn strategy_step(f: &mut Feeder, i: &mut usize) {
+    *i += 1;
+    let user = f.user();
+    let info = f.assistant(&user);
+    let file = |k: usize| serde_json::json!({"filePath": format!("src/module_{}.rs", k % 50)});
+    f.call(&info.id, "read", file(*i));
+    f.call(
+        &info.id,
+        "bash",
+        serde_json::json!({"command": "git status"}),
+    );
+    let mut edit = file(*i + 1);
+    edit["oldString"] = "fn old() {}".into();
+    edit["newString"] = "fn new() {}".into();
+    f.call(&info.id, "edit", edit);
+    f.finish(info);
 }
 
 /// A whole turn: user message + text, assistant message, one tool call, finish (6 updates).

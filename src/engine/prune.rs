@@ -361,13 +361,10 @@ impl Session {
                 {
                     continue;
                 }
-                let mut part = stored.part.clone();
-                if let PartKind::Tool(t) = &mut part.kind {
-                    t.state.time.compacted = Some(now_ms);
-                }
+                let part = &stored.part;
                 let saved = self
-                    .rendered_tokens(&part, false)
-                    .saturating_sub(self.rendered_tokens(&part, true));
+                    .rendered_tokens_as(part, None, true, false)
+                    .saturating_sub(self.rendered_tokens_as(part, None, true, true));
                 inputs.0 += u32::from(saved > 0);
                 inputs.1 += saved;
             }

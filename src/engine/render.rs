@@ -8,7 +8,7 @@ use super::strategies::{
     truncate_code_blocks, truncate_error,
 };
 use crate::config::{INTERRUPTED, Settings};
-use crate::session::{Part, PartKind, TextPart, ToolStatus};
+use crate::session::{Part, PartKind, StrategyMark, TextPart, ToolPart, ToolState, ToolStatus};
 
 /// The strategy a part's mark names, when that strategy is on.
 pub(crate) fn active_mark(part: &Part, s: &Settings) -> Option<Strategy> {
@@ -36,70 +36,120 @@ pub(crate) fn render(part: &Part, s: &Settings) -> Option<Part> {
 
 /// [`render`] with the input-leak fix forced on or off (to attribute its saving).
 pub(crate) fn render_with(part: &Part, s: &Settings, strip_inputs: bool) -> Option<Part> {
+    render_as(
+        part,
+        part.mark.as_ref(),
+        is_compacted(part),
+        s,
+        strip_inputs,
+    )
+}
+
+/// Renders `part` as if it carried `mark` and prune's stamp as `compacted` says, without
+/// copying content the rendering replaces (a superseded 100 KB output is never cloned).
+pub(crate) fn render_as(
+    part: &Part,
+    mark: Option<&StrategyMark>,
+    compacted: bool,
+    s: &Settings,
+    strip_inputs: bool,
+) -> Option<Part> {
     if s.strategies.has(Strategy::PruneStepMarkers) && is_step_marker(&part.kind) {
         return None;
     }
-    let mark = active_mark(part, s);
+    let active = mark
+        .and_then(|m| m.strategy.parse::<Strategy>().ok())
+        .filter(|st| s.strategies.has(*st));
+    let with_kind = |kind: PartKind| Part {
+        id: part.id.clone(),
+        message_id: part.message_id.clone(),
+        kind,
+        mark: part.mark.clone(),
+        extra: part.extra.clone(),
+    };
     match &part.kind {
         PartKind::Text(t) if t.ignored => None,
         PartKind::Text(t) => {
-            let rewritten = match mark {
+            let rewritten = match active {
                 Some(Strategy::PruneUserCodeBlocks) => truncate_code_blocks(&t.text),
                 Some(Strategy::PruneFiles) => inlined_breadcrumb(t),
                 _ => None,
             };
-            let mut out = part.clone();
-            if let (Some(text), PartKind::Text(t)) = (rewritten, &mut out.kind) {
-                t.text = text;
-            }
-            Some(out)
+            Some(match rewritten {
+                Some(text) => with_kind(PartKind::Text(TextPart {
+                    text,
+                    synthetic: t.synthetic,
+                    ignored: t.ignored,
+                    time: t.time,
+                    metadata: t.metadata.clone(),
+                })),
+                None => part.clone(),
+            })
         }
-        PartKind::File(f) if mark == Some(Strategy::PruneFiles) => Some(Part {
-            kind: PartKind::Text(TextPart {
+        PartKind::File(f) if active == Some(Strategy::PruneFiles) => {
+            Some(with_kind(PartKind::Text(TextPart {
                 text: file_breadcrumb(f),
                 synthetic: true,
                 ..TextPart::default()
-            }),
-            ..part.clone()
-        }),
-        PartKind::Tool(_) => {
-            let compacted = is_compacted(part);
-            let mut out = part.clone();
-            let PartKind::Tool(t) = &mut out.kind else {
-                return None;
-            };
-            let superseded = mark
-                .filter(|st| st.supersedes())
-                .and(part.mark.as_ref())
+            })))
+        }
+        PartKind::Tool(tool) => {
+            let st = &tool.state;
+            let superseded = active
+                .filter(|a| a.supersedes())
+                .and(mark)
                 .map(|m| superseded_text(&m.superseded_by));
-            match t.state.status {
+            let compacted = compacted && st.status == ToolStatus::Completed;
+            let mut status = st.status;
+            let mut output = None;
+            let mut error = None;
+            match st.status {
                 ToolStatus::Completed => {
                     if let Some(text) = &superseded {
-                        t.state.output = text.clone();
-                        t.state.attachments.clear();
+                        output = Some(text.clone());
                     } else if compacted {
-                        t.state.output = s.placeholder.clone();
-                        t.state.attachments.clear();
+                        output = Some(s.placeholder.clone());
                     }
                 }
                 ToolStatus::Error => {
                     if let Some(text) = &superseded {
-                        t.state.error = text.clone();
-                    } else if mark == Some(Strategy::TruncateOldErrors)
-                        && let Some(short) = truncate_error(&t.state.error)
-                    {
-                        t.state.error = short;
+                        error = Some(text.clone());
+                    } else if active == Some(Strategy::TruncateOldErrors) {
+                        error = truncate_error(&st.error);
                     }
                 }
                 ToolStatus::Pending | ToolStatus::Running => {
-                    t.state.status = ToolStatus::Error;
-                    t.state.error = INTERRUPTED.to_string();
+                    status = ToolStatus::Error;
+                    error = Some(INTERRUPTED.to_string());
                 }
             }
-            if strip_inputs && (superseded.is_some() || compacted) {
-                t.state.input = strip_input(&t.state.input);
-            }
-            Some(out)
+            let replaced = output.is_some();
+            let input = if strip_inputs && (superseded.is_some() || compacted) {
+                strip_input(&st.input)
+            } else {
+                st.input.clone()
+            };
+            let state = ToolState {
+                status,
+                input,
+                output: output.unwrap_or_else(|| st.output.clone()),
+                error: error.unwrap_or_else(|| st.error.clone()),
+                title: st.title.clone(),
+                metadata: st.metadata.clone(),
+                time: st.time,
+                attachments: if replaced {
+                    Vec::new()
+                } else {
+                    st.attachments.clone()
+                },
+                raw: st.raw.clone(),
+            };
+            Some(with_kind(PartKind::Tool(Box::new(ToolPart {
+                call_id: tool.call_id.clone(),
+                tool: tool.tool.clone(),
+                state,
+                metadata: tool.metadata.clone(),
+            }))))
         }
         _ => Some(part.clone()),
     }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use super::error::ApplyError;
 use super::estimate::{PartEstimate, estimate};
 use super::prune::PruneIndex;
-use super::render::{is_compacted, is_reduced, render_with};
+use super::render::{is_compacted, is_reduced, render_as};
 use super::strategies::Tracker;
 use crate::config::{EngineConfig, Settings};
 use crate::session::{MessageInfo, Part, PartKind, Role, SessionInfo, TokenUsage};
@@ -538,12 +538,24 @@ impl Session {
     /// Tokens of the part as rendered, with the input-leak fix as `strip_inputs` says
     /// (and only if the strategy is on).
     pub(crate) fn rendered_tokens(&self, part: &Part, strip_inputs: bool) -> u64 {
+        self.rendered_tokens_as(part, part.mark.as_ref(), is_compacted(part), strip_inputs)
+    }
+
+    /// [`Self::rendered_tokens`] as if the part carried `mark` and prune's stamp as
+    /// `compacted` says (nothing is cloned that the rendering replaces).
+    pub(crate) fn rendered_tokens_as(
+        &self,
+        part: &Part,
+        mark: Option<&crate::session::StrategyMark>,
+        compacted: bool,
+        strip_inputs: bool,
+    ) -> u64 {
         let strip = strip_inputs
             && self
                 .settings
                 .strategies
                 .has(super::strategies::Strategy::PruneToolInputs);
-        render_with(part, &self.settings, strip).map_or(0, |r| {
+        render_as(part, mark, compacted, &self.settings, strip).map_or(0, |r| {
             let e = estimate(&r, self.counter.as_ref());
             e.base + e.output
         })

@@ -126,14 +126,14 @@ impl Session {
                 continue;
             }
             let old = self.context_tokens_of(stored);
-            let mut candidate = stored.part.clone();
-            candidate.mark = Some(StrategyMark {
+            let mark = StrategyMark {
                 strategy: p.strategy.name().to_string(),
                 superseded_by: p.by.clone(),
                 time: now_ms,
-            });
-            let unstripped = self.rendered_tokens(&candidate, false);
-            let new = self.rendered_tokens(&candidate, true);
+            };
+            let part = &stored.part;
+            let unstripped = self.rendered_tokens_as(part, Some(&mark), false, false);
+            let new = self.rendered_tokens_as(part, Some(&mark), false, true);
             if new >= old {
                 continue; // never larger: a rewrite that does not shrink is not applied
             }
@@ -141,14 +141,14 @@ impl Session {
             let inputs = (old - new) - own;
             run.add(p.strategy, 1, own);
             run.add(Strategy::PruneToolInputs, u32::from(inputs > 0), inputs);
-            let (tool, call_id) = match &candidate.kind {
+            let (tool, call_id) = match &part.kind {
                 PartKind::Tool(t) => (t.tool.clone(), t.call_id.clone()),
                 _ => (String::new(), String::new()),
             };
             run.parts.push(MarkedPart {
-                message_id: candidate.message_id.clone(),
-                part_id: candidate.id.clone(),
-                part_type: candidate.kind.type_name(),
+                message_id: part.message_id.clone(),
+                part_id: part.id.clone(),
+                part_type: part.kind.type_name(),
                 tool,
                 call_id,
                 strategy: p.strategy,
@@ -158,7 +158,7 @@ impl Session {
             done.insert(p.at.clone());
             if commit {
                 let stored = &mut self.messages[p.at.msg].parts[pi];
-                stored.part = candidate;
+                stored.part.mark = Some(mark);
                 stored.reduced = Some(new);
                 self.adjust_tokens(old, new);
                 self.usage.pruned += old - new;
