@@ -22,6 +22,7 @@ mod context;
 mod overflow;
 mod props;
 mod prune;
+mod strategies;
 
 use std::sync::Arc;
 
@@ -442,6 +443,21 @@ pub(super) fn view_tokens_from_parts(view: &super::ContextView) -> u64 {
         .flat_map(|m| &m.parts)
         .map(|p| {
             let e = estimate(&p.part, &CharsPerToken);
+            e.base + e.output
+        })
+        .sum()
+}
+
+/// Context tokens of every part as it reads now (prune placeholders, strategy marks and
+/// the input-leak fix applied), rendered and counted from scratch: what `total_tokens`
+/// must be with the strategies on (no cached `reduced` figure is used).
+pub(super) fn rendered_tokens_from_scratch(s: &Session) -> u64 {
+    s.messages
+        .iter()
+        .flat_map(|m| &m.parts)
+        .filter_map(|p| super::render::render(&p.part, &s.settings))
+        .map(|r| {
+            let e = estimate(&r, &CharsPerToken);
             e.base + e.output
         })
         .sum()
