@@ -357,7 +357,7 @@ impl Session {
                     continue;
                 };
                 if marked.contains(&(stored.part.message_id.as_str(), stored.part.id.as_str()))
-                    || stored.part.mark.is_some()
+                    || active_mark(&stored.part, &self.settings).is_some()
                 {
                     continue;
                 }
@@ -419,14 +419,12 @@ impl Session {
         let old = stored
             .reduced
             .unwrap_or(stored.est.base + stored.est.output);
-        // A part a strategy already reduced keeps reading as the strategy made it.
-        let (unstripped, new) = if active_mark(&stored.part, &self.settings).is_some() {
-            (old, old)
+        let new = self.rendered_tokens(&stored.part, true);
+        // A part a strategy already reduced had its input stripped then, not now.
+        let unstripped = if active_mark(&stored.part, &self.settings).is_some() {
+            new
         } else {
-            (
-                self.rendered_tokens(&stored.part, false),
-                self.rendered_tokens(&stored.part, true),
-            )
+            self.rendered_tokens(&stored.part, false)
         };
         self.messages[c.msg].parts[c.part].reduced = Some(new);
         self.compacted += 1;

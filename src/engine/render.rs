@@ -4,8 +4,8 @@
 //! parts and the summarizer's input all come from here, so they cannot disagree.
 
 use super::strategies::{
-    Strategy, file_breadcrumb, inlined_breadcrumb, is_step_marker, strip_input, superseded_text,
-    truncate_code_blocks, truncate_error,
+    Strategy, file_breadcrumb, inlined_breadcrumb, is_inlined_file, is_step_marker, strip_input,
+    superseded_text, truncate_code_blocks, truncate_error,
 };
 use crate::config::{INTERRUPTED, Settings};
 use crate::session::{Part, PartKind, StrategyMark, TextPart, ToolPart, ToolState, ToolStatus};
@@ -86,7 +86,7 @@ pub(crate) fn render_as(
                 None => part.clone(),
             })
         }
-        PartKind::File(f) if active == Some(Strategy::PruneFiles) => {
+        PartKind::File(f) if active == Some(Strategy::PruneFiles) && !is_inlined_file(&f.mime) => {
             Some(with_kind(PartKind::Text(TextPart {
                 text: file_breadcrumb(f),
                 synthetic: true,
@@ -105,14 +105,18 @@ pub(crate) fn render_as(
             let mut error = None;
             match st.status {
                 ToolStatus::Completed => {
+                    // A supersede note never makes a tiny output longer, and a superseded
+                    // part reads as its strategy made it even once prune clears it too.
                     if let Some(text) = &superseded {
-                        output = Some(text.clone());
+                        if text.len() < st.output.len() {
+                            output = Some(text.clone());
+                        }
                     } else if compacted {
                         output = Some(s.placeholder.clone());
                     }
                 }
                 ToolStatus::Error => {
-                    if let Some(text) = &superseded {
+                    if let Some(text) = superseded.as_ref().filter(|t| t.len() < st.error.len()) {
                         error = Some(text.clone());
                     } else if active == Some(Strategy::TruncateOldErrors) {
                         error = truncate_error(&st.error);

@@ -468,6 +468,12 @@ impl Session {
         // Removing any part shifts the positions of the parts after it, which the prune
         // window may hold: always invalidate it (deletions are rare).
         self.prune.touch(idx);
+        if let PartKind::Tool(t) = &old.part.kind {
+            // The strategies' state may hold this call: rebuild it, and give back their
+            // content to the calls it superseded (one scan; deletions are rare).
+            self.tracker.invalidate();
+            self.unmark_superseded_by(&t.call_id);
+        }
         if matches!(old.part.kind, PartKind::Compaction(_)) {
             self.recompute_boundary();
         }
@@ -565,6 +571,29 @@ impl Session {
     pub(crate) fn adjust_tokens(&mut self, old: u64, new: u64) {
         self.tokens = self.tokens - old + new;
         self.usage.delta += new as i64 - old as i64;
+    }
+
+    /// Removes the marks naming `call_id` as the newer call (it was deleted).
+    fn unmark_superseded_by(&mut self, call_id: &str) {
+        for mi in 0..self.messages.len() {
+            for pi in 0..self.messages[mi].parts.len() {
+                let stored = &self.messages[mi].parts[pi];
+                if stored
+                    .part
+                    .mark
+                    .as_ref()
+                    .is_none_or(|m| m.superseded_by != call_id)
+                {
+                    continue;
+                }
+                let old = self.context_tokens_of(stored);
+                self.messages[mi].parts[pi].part.mark = None;
+                let reduced = self.reduced_tokens(&self.messages[mi].parts[pi].part);
+                self.messages[mi].parts[pi].reduced = reduced;
+                let new = self.context_tokens_of(&self.messages[mi].parts[pi]);
+                self.adjust_tokens(old, new);
+            }
+        }
     }
 
     /// Re-derives the context total after the settings changed (placeholder, strategies).

@@ -6,6 +6,7 @@
 use std::collections::HashSet;
 
 use super::{PartRef, Strategy};
+use crate::engine::render::active_mark;
 use crate::engine::session::Session;
 use crate::session::{PartKind, StrategyMark};
 
@@ -95,11 +96,14 @@ impl Session {
             self.tracker
                 .rebuild(&self.messages, &self.users, &self.settings);
         }
-        let pending = if commit {
+        let mut pending = if commit {
             self.tracker.take_pending()
         } else {
             self.tracker.pending().to_vec()
         };
+        // Supersedes first: when a part is both stale and old, it is superseded, whichever
+        // decision arrived first (a restart or import then decides the same).
+        pending.sort_by_key(|p| !p.strategy.supersedes());
         let mut done: HashSet<PartRef> = HashSet::new();
         for p in pending {
             if done.contains(&p.at)
@@ -116,8 +120,15 @@ impl Session {
                 continue; // deleted since
             };
             let stored = &self.messages[p.at.msg].parts[pi];
-            if stored.part.mark.is_some() || stored.is_compacted() {
+            if stored.is_compacted() {
                 continue; // compaction awareness: never processed twice
+            }
+            // One mark per part. A supersede (the part is stale) outranks an age rewrite
+            // (the part is old), so the order decisions arrive in does not matter; a mark
+            // whose strategy is off no longer counts.
+            match active_mark(&stored.part, &self.settings) {
+                Some(current) if current.supersedes() || !p.strategy.supersedes() => continue,
+                _ => {}
             }
             if let PartKind::Tool(t) = &stored.part.kind
                 && self.settings.is_strategy_protected(&t.tool)

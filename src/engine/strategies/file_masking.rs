@@ -8,6 +8,12 @@ use crate::session::{FilePart, TextPart};
 /// Synthetic text shorter than this is a note about an attachment, not its content.
 const MIN_INLINED_CHARS: usize = 1024;
 
+/// True for attachments OpenCode inlines as synthetic text instead of sending the file
+/// (text files, directories): their file part never reaches the model.
+pub fn is_inlined_file(mime: &str) -> bool {
+    mime == "text/plain" || mime == "application/x-directory"
+}
+
 /// The breadcrumb a file reads as.
 pub fn breadcrumb(name: &str, bytes: usize) -> String {
     format!("[File: {name}, {}KB]", (bytes + 512) / 1024)

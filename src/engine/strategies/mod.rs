@@ -38,7 +38,7 @@ mod tracker;
 pub use code_blocks::truncate_code_blocks;
 pub use commit::{MarkedPart, StrategyRun, StrategySaving};
 pub use errors::truncate_error;
-pub use file_masking::{breadcrumb, file_breadcrumb, inlined_breadcrumb};
+pub use file_masking::{breadcrumb, file_breadcrumb, inlined_breadcrumb, is_inlined_file};
 pub use files::file_paths;
 pub use input_leak::strip_input;
 pub use snapshots::DEFAULT_SNAPSHOT_TOOLS;

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
-use super::file_masking::inlined_breadcrumb;
+use super::file_masking::{inlined_breadcrumb, is_inlined_file};
 use super::files::file_paths;
 use super::retries::call_hash;
 use super::searches::search_key;
@@ -175,7 +175,9 @@ impl Tracker {
         s: &Settings,
     ) {
         let applies = match (strategy, &part.kind) {
-            (Strategy::PruneFiles, PartKind::File(_)) => true,
+            // Text files and directories reach the model as synthetic text parts (masked
+            // below); the file part itself is never sent.
+            (Strategy::PruneFiles, PartKind::File(f)) => !is_inlined_file(&f.mime),
             (Strategy::PruneFiles, PartKind::Text(t)) => {
                 m.info.role == Role::User
                     && m.parts
@@ -184,7 +186,11 @@ impl Tracker {
                     && inlined_breadcrumb(t).is_some()
             }
             (Strategy::TruncateOldErrors, PartKind::Tool(t)) => {
-                t.state.status == ToolStatus::Error && !s.is_strategy_protected(&t.tool)
+                t.state.status == ToolStatus::Error
+                    && !s.is_strategy_protected(&t.tool)
+                    && !file_paths(&t.tool, &t.state.input)
+                        .iter()
+                        .any(|p| self.globs.is_match(p))
             }
             (Strategy::PruneUserCodeBlocks, PartKind::Text(t)) => {
                 m.info.role == Role::User
