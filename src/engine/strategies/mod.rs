@@ -174,15 +174,18 @@ impl FromStr for Strategy {
 
     /// Accepts ACP's camelCase name and its snake_case twin, in any case.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        // Marks carry the exact name: no allocation on that (hot) path.
+        if let Some(st) = Strategy::ALL.into_iter().find(|st| st.name() == s) {
+            return Ok(st);
+        }
         let wanted: String = s
             .trim()
             .chars()
             .filter(|c| *c != '_' && *c != '-')
-            .collect::<String>()
-            .to_ascii_lowercase();
+            .collect();
         Strategy::ALL
             .into_iter()
-            .find(|st| st.name().to_ascii_lowercase() == wanted)
+            .find(|st| st.name().eq_ignore_ascii_case(&wanted))
             .ok_or_else(|| UnknownStrategy(s.to_string()))
     }
 }
