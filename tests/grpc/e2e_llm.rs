@@ -153,7 +153,17 @@ async fn a_real_model_compacts_a_real_trace() {
     let mut done = finished(assistant_msg("e2e-a", &last_user));
     done.tokens = Some(usage(3_900));
     let seq = s.send("e2e", upsert_message(done)).await;
-    assert_eq!(kinds(&s.reply(seq).await), ["overflow", "ack"]);
+    // The strategies supersede the trace's one stale file read (not enough to fix the
+    // overflow), then compaction starts.
+    let reply = s.reply(seq).await;
+    assert_eq!(kinds(&reply), ["overflow", "pruned", "ack"]);
+    assert!(
+        pruned(&reply)[0]
+            .marked
+            .iter()
+            .any(|m| m.strategy == "aggressiveFilePrune"),
+        "{reply:?}"
+    );
 
     let mut text = String::new();
     let compacted = loop {
