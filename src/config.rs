@@ -27,6 +27,8 @@ pub const INTERRUPTED: &str = "[Tool execution was interrupted]";
 pub const AUTO_COOLDOWN: u32 = 2;
 /// Consecutive failed automatic compactions that pause auto-compaction for a session.
 pub const BREAKER_FAILURES: u32 = 3;
+/// The synthetic user message after an automatic compaction (seed 02).
+pub const AUTO_CONTINUE_TEXT: &str = "Continue if you have next steps";
 /// How a user `compaction` part reads in the context (OpenCode `toModelMessages`).
 pub const COMPACTION_PROMPT_TEXT: &str = "What did we do so far?";
 /// Tools the aggressive strategies never clear for age or size (ACP's list without
@@ -118,6 +120,8 @@ pub struct EngineConfig {
     pub protect_turns: u32,
     /// Placeholder for cleared outputs.
     pub placeholder: String,
+    /// Text of the synthetic user message after an automatic compaction.
+    pub auto_continue: String,
     /// Cooldown after a compaction that did not fix the overflow (finished messages).
     pub auto_cooldown: u32,
     /// Consecutive automatic failures that pause auto-compaction (0: never pause).
@@ -148,6 +152,7 @@ impl Default for EngineConfig {
                 .collect(),
             protect_turns: PROTECT_TURNS,
             placeholder: PLACEHOLDER.to_string(),
+            auto_continue: AUTO_CONTINUE_TEXT.to_string(),
             auto_cooldown: AUTO_COOLDOWN,
             breaker_failures: BREAKER_FAILURES,
             strategies: StrategySet::all(),

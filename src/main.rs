@@ -5,8 +5,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
-use clap::Parser;
-use compactd::cli::{Cli, Command, LogFormat, ReplayArgs, ServeArgs};
+use compactd::cli::{self, Command, LogFormat, ReplayArgs, ServeArgs};
 use compactd::server::{self, ServerOptions};
 use compactd::store::Store;
 use compactd::tokens::CharsPerToken;
@@ -14,10 +13,22 @@ use compactd::trace;
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Serve(args) => serve(args),
-        Command::Replay(args) => replay(args),
+    let layered = match cli::parse_layered(std::env::args_os().collect()) {
+        Ok(l) => l,
+        Err(cli::LayerError::Clap(e)) => e.exit(),
+        Err(e) => {
+            eprintln!("compactd: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(text) = layered.config_output() {
+        print!("{text}");
+        return ExitCode::SUCCESS;
+    }
+    let result = match &layered.cli.command {
+        Command::Serve(args) => serve(args.clone(), &layered),
+        Command::Replay(args) => replay(args.clone()),
+        Command::Config(_) => Ok(()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -26,6 +37,16 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// A bad setting, named with its flag and the layer it came from.
+fn with_source(e: cli::ConfigError, layered: &cli::Layered) -> anyhow::Error {
+    anyhow::anyhow!(
+        "--{} ({}): {}",
+        e.flag,
+        layered.source_of(e.flag),
+        e.message
+    )
 }
 
 fn init_logging(format: LogFormat) {
@@ -39,9 +60,12 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let config = args.engine.to_config()?;
-    let compaction = args.llm.to_config()?;
+fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
+    let config = args
+        .engine
+        .to_config()
+        .map_err(|e| with_source(e, layered))?;
+    let compaction = args.llm.to_config().map_err(|e| with_source(e, layered))?;
     if args.max_update_bytes == 0 {
         anyhow::bail!("--max-update-bytes: must be above 0");
     }

@@ -21,7 +21,7 @@ use crate::session::{
 };
 
 /// Text of the synthetic user message after an automatic compaction (seed 02).
-pub const AUTO_CONTINUE: &str = "Continue if you have next steps";
+pub const AUTO_CONTINUE: &str = crate::config::AUTO_CONTINUE_TEXT;
 /// Mode and agent of a summary message (seed 02).
 pub const COMPACTION_AGENT: &str = "compaction";
 
@@ -364,7 +364,7 @@ impl Session {
                 id: ids.id("continue_text"),
                 message_id: cont_id,
                 kind: PartKind::Text(TextPart {
-                    text: AUTO_CONTINUE.into(),
+                    text: self.settings.auto_continue.clone(),
                     synthetic: true,
                     ..Default::default()
                 }),

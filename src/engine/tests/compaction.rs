@@ -531,3 +531,40 @@ fn three_automatic_failures_pause_until_a_success() {
     assert!(!needs_compaction(&finish_with_usage(&mut s, "b3", 19_000)));
     assert!(needs_compaction(&finish_with_usage(&mut s, "b4", 19_000)));
 }
+
+#[test]
+fn the_auto_continue_text_comes_from_the_settings() {
+    let cfg = EngineConfig {
+        auto_continue: "Go on with the plan.".into(),
+        ..config()
+    };
+    let mut s = Session::new(
+        SessionInfo {
+            id: "ses_cont".into(),
+            ..Default::default()
+        },
+        &cfg,
+        std::sync::Arc::new(crate::tokens::CharsPerToken),
+    );
+    for u in parse(FIXTURE) {
+        s.apply(u, &cfg).expect("fixture applies");
+    }
+    let plan = s.plan_compaction(req(TAIL, true)).expect("plan");
+    s.commit_compaction(&plan, &outcome("summary"), &ids(1), NOW, &cfg)
+        .expect("commit");
+    let texts: Vec<String> = s
+        .build_context()
+        .messages
+        .iter()
+        .flat_map(|m| &m.parts)
+        .filter_map(|p| match &p.part.kind {
+            PartKind::Text(t) => Some(t.text.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        texts.iter().any(|t| t == "Go on with the plan."),
+        "{texts:?}"
+    );
+    assert!(!texts.iter().any(|t| t == "Continue if you have next steps"));
+}

@@ -9,6 +9,10 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+mod layers;
+
+pub use layers::{LayerError, Layered, Source, parse_layered, print_config};
+
 use crate::config::{
     CacheCounting, EngineConfig, OverflowPreset, Reserved, SessionOverrides, StrategyPreset,
     StrategySet,
@@ -38,6 +42,17 @@ pub enum Command {
     Serve(ServeArgs),
     /// Feed an `opencode export` file through the engine and print what compactd would do.
     Replay(ReplayArgs),
+    /// Inspect the configuration.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+/// `compactd config ...`.
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Print the effective `serve` configuration as TOML, each value with its source
+    /// (default, file, env, flag); secrets redacted. Takes the same flags as `serve`.
+    Print(ServeArgs),
 }
 
 /// Log output format.
@@ -105,6 +120,12 @@ pub struct EngineArgs {
     /// Turn automatic prune off (explicit Prune calls still run).
     #[arg(long, env = ENV_DISABLE_PRUNE)]
     pub disable_prune: bool,
+    /// What a cleared tool output reads as in the context.
+    #[arg(long, env = "COMPACTD_PLACEHOLDER", default_value = crate::config::PLACEHOLDER)]
+    pub placeholder: String,
+    /// The synthetic user message after an automatic compaction.
+    #[arg(long, env = "COMPACTD_AUTO_CONTINUE_TEXT", default_value = crate::config::AUTO_CONTINUE_TEXT)]
+    pub auto_continue_text: String,
     /// Aggressive strategy preset: compact (all on), balanced (all but user code and error
     /// truncation), verbose (none).
     #[arg(long, env = "COMPACTD_STRATEGY_PRESET", default_value = "compact")]
@@ -140,6 +161,9 @@ pub struct EngineArgs {
 /// `compactd serve`.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
+    /// TOML file with settings (keys are the flag names); env and flags override it.
+    #[arg(long, env = "COMPACTD_CONFIG", value_name = "PATH")]
+    pub config: Option<PathBuf>,
     /// Address to listen on.
     #[arg(long, env = "COMPACTD_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
@@ -391,6 +415,17 @@ impl EngineArgs {
                 message: format!("{} is not in (0, 1]", self.threshold),
             });
         }
+        for (flag, text) in [
+            ("placeholder", &self.placeholder),
+            ("auto-continue-text", &self.auto_continue_text),
+        ] {
+            if text.trim().is_empty() {
+                return Err(ConfigError {
+                    flag,
+                    message: "cannot be empty".into(),
+                });
+            }
+        }
         let base = EngineConfig {
             auto_compact: !self.disable_autocompact,
             prune: !self.disable_prune,
@@ -410,6 +445,8 @@ impl EngineArgs {
                 .collect(),
             protect_turns: self.protect_turns,
             strategies: self.strategy_set()?,
+            placeholder: self.placeholder.clone(),
+            auto_continue: self.auto_continue_text.clone(),
             strategy_protected_tools: non_empty(&self.strategy_protected_tools),
             protected_file_globs: non_empty(&self.protected_file_globs),
             snapshot_tools: non_empty(&self.snapshot_tools),
@@ -444,7 +481,7 @@ mod tests {
         argv.extend_from_slice(extra);
         match Cli::try_parse_from(argv).expect("flags parse").command {
             Command::Serve(s) => s.llm,
-            Command::Replay(_) => unreachable!(),
+            Command::Replay(_) | Command::Config(_) => unreachable!(),
         }
     }
 

@@ -1,0 +1,370 @@
+//! Layered configuration for `serve`: built-in defaults < TOML file (`--config`,
+//! `COMPACTD_CONFIG`) < `COMPACTD_*` environment < flags.
+//!
+//! clap already resolves env < flags and knows where each value came from. The file is a
+//! flat TOML table whose keys are the flag names (`prune_protect` or `prune-protect`); its
+//! values are handed to clap as flags for exactly the settings neither env nor the command
+//! line set, so one parser validates every layer and the source of each value is known.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use clap::parser::ValueSource;
+use clap::{ArgAction, ArgMatches, CommandFactory, FromArgMatches};
+
+use super::{Cli, Command, ConfigCommand};
+
+/// Where a setting's value came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// Built-in default.
+    Default,
+    /// The TOML file.
+    File(PathBuf),
+    /// An environment variable.
+    Env(String),
+    /// The command line.
+    Flag,
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Default => f.write_str("default"),
+            Source::File(p) => write!(f, "file {}", p.display()),
+            Source::Env(name) => write!(f, "env {name}"),
+            Source::Flag => f.write_str("flag"),
+        }
+    }
+}
+
+/// The parsed command line with every layer applied.
+#[derive(Debug)]
+pub struct Layered {
+    /// The command, as if every setting had been given as a flag.
+    pub cli: Cli,
+    /// Source of each `serve` setting by flag name (empty for other commands).
+    pub sources: BTreeMap<String, Source>,
+    /// Effective raw values of each `serve` setting by flag name (for `config print`).
+    pub values: BTreeMap<String, Vec<String>>,
+}
+
+impl Layered {
+    /// Where `flag` (a long name, e.g. `threshold`) got its value.
+    pub fn source_of(&self, flag: &str) -> Source {
+        self.sources.get(flag).cloned().unwrap_or(Source::Default)
+    }
+}
+
+/// A configuration error that names the key and where it came from.
+#[derive(Debug)]
+pub enum LayerError {
+    /// Help, version or a command-line error clap reports (and exits with) itself.
+    Clap(clap::Error),
+    /// A problem in the configuration file.
+    File(String),
+}
+
+impl fmt::Display for LayerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LayerError::Clap(e) => write!(f, "{e}"),
+            LayerError::File(m) => f.write_str(m),
+        }
+    }
+}
+
+/// Parses `argv` with the configuration file applied under env and flags.
+pub fn parse_layered(argv: Vec<OsString>) -> Result<Layered, LayerError> {
+    let first = Cli::command()
+        .try_get_matches_from(&argv)
+        .map_err(|e| LayerError::Clap(annotate_env(e)))?;
+    let Some((sub, serve)) = serve_matches(&first) else {
+        let cli = Cli::from_arg_matches(&first).map_err(LayerError::Clap)?;
+        return Ok(Layered {
+            cli,
+            sources: BTreeMap::new(),
+            values: BTreeMap::new(),
+        });
+    };
+    let file = serve.get_one::<PathBuf>("config").cloned();
+    let mut extras: Vec<(String, Vec<String>)> = Vec::new();
+    if let Some(path) = &file {
+        extras = file_flags(path, serve, &sub)?;
+    }
+    let mut full = argv.clone();
+    let at = insert_position(&argv, &sub);
+    for (flag, args) in extras.iter().rev() {
+        let _ = flag;
+        for a in args.iter().rev() {
+            full.insert(at, OsString::from(a));
+        }
+    }
+    let matches = match Cli::command().try_get_matches_from(&full) {
+        Ok(m) => m,
+        Err(e) => {
+            // Name the file key that broke it, when one did.
+            let path = file.as_deref().unwrap_or(Path::new(""));
+            for (flag, args) in &extras {
+                let mut probe: Vec<OsString> = argv[..at].to_vec();
+                probe.extend(args.iter().map(OsString::from));
+                if let Err(one) = Cli::command().try_get_matches_from(&probe) {
+                    return Err(LayerError::File(format!(
+                        "{}: key `{}`: {}",
+                        path.display(),
+                        flag.replace('-', "_"),
+                        first_line(&one.to_string()).trim_start_matches("error: ")
+                    )));
+                }
+            }
+            return Err(LayerError::Clap(annotate_env(e)));
+        }
+    };
+    let (_, serve) = serve_matches(&matches).ok_or_else(|| {
+        LayerError::File("internal: the subcommand changed while applying the file".into())
+    })?;
+    let from_file: Vec<&str> = extras.iter().map(|(f, _)| f.as_str()).collect();
+    let mut sources = BTreeMap::new();
+    let mut values = BTreeMap::new();
+    for arg in serve_command(&sub).get_arguments() {
+        let Some(long) = arg.get_long() else { continue };
+        let id = arg.get_id().as_str();
+        let source = if from_file.contains(&long) {
+            Source::File(file.clone().unwrap_or_default())
+        } else {
+            match serve.value_source(id) {
+                Some(ValueSource::CommandLine) => Source::Flag,
+                Some(ValueSource::EnvVariable) => Source::Env(
+                    arg.get_env()
+                        .map(|e| e.to_string_lossy().into_owned())
+                        .unwrap_or_default(),
+                ),
+                _ => Source::Default,
+            }
+        };
+        sources.insert(long.to_string(), source);
+        let raw: Vec<String> = serve
+            .get_raw(id)
+            .map(|vs| vs.map(|v| v.to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        values.insert(long.to_string(), raw);
+    }
+    let cli = Cli::from_arg_matches(&matches).map_err(LayerError::Clap)?;
+    Ok(Layered {
+        cli,
+        sources,
+        values,
+    })
+}
+
+/// The `serve`-shaped matches (`serve` or `config print`) and the subcommand path.
+fn serve_matches(m: &ArgMatches) -> Option<(Vec<&'static str>, &ArgMatches)> {
+    match m.subcommand() {
+        Some(("serve", s)) => Some((vec!["serve"], s)),
+        Some(("config", c)) => match c.subcommand() {
+            Some(("print", p)) => Some((vec!["config", "print"], p)),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+fn serve_command(sub: &[&str]) -> clap::Command {
+    let mut cmd = Cli::command();
+    for name in sub {
+        cmd = match cmd.find_subcommand(name) {
+            Some(c) => c.clone(),
+            None => return cmd,
+        };
+    }
+    cmd
+}
+
+/// Where flags can be inserted: right after the subcommand name(s).
+fn insert_position(argv: &[OsString], sub: &[&str]) -> usize {
+    let mut at = 1;
+    for name in sub {
+        while at < argv.len() && argv[at] != *name {
+            at += 1;
+        }
+        at += 1;
+    }
+    at.min(argv.len())
+}
+
+/// Reads the TOML file and turns each key not set by env or flag into flag arguments.
+fn file_flags(
+    path: &Path,
+    serve: &ArgMatches,
+    sub: &[&str],
+) -> Result<Vec<(String, Vec<String>)>, LayerError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| LayerError::File(format!("--config {}: {e}", path.display())))?;
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| LayerError::File(format!("{}: {e}", path.display())))?;
+    let cmd = serve_command(sub);
+    let mut out = Vec::new();
+    for (key, value) in &table {
+        let flag = key.replace('_', "-");
+        let arg = cmd
+            .get_arguments()
+            .find(|a| a.get_long() == Some(flag.as_str()) && flag != "config")
+            .ok_or_else(|| {
+                LayerError::File(format!(
+                    "{}: unknown key `{key}` (keys are the flag names of `compactd serve --help`)",
+                    path.display()
+                ))
+            })?;
+        let id = arg.get_id().as_str();
+        if matches!(
+            serve.value_source(id),
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        ) {
+            continue; // a higher layer set it
+        }
+        let bad = |what: &str| LayerError::File(format!("{}: key `{key}`: {what}", path.display()));
+        let args = match (arg.get_action(), value) {
+            (ArgAction::SetTrue, toml::Value::Boolean(true)) => vec![format!("--{flag}")],
+            (ArgAction::SetTrue, toml::Value::Boolean(false)) => continue,
+            (ArgAction::SetTrue, _) => return Err(bad("expected true or false")),
+            (_, toml::Value::Array(items)) => {
+                let items: Vec<String> = items
+                    .iter()
+                    .map(scalar)
+                    .collect::<Option<_>>()
+                    .ok_or_else(|| bad("a list of plain values expected"))?;
+                if arg.get_value_delimiter().is_none() {
+                    return Err(bad("takes one value, not a list"));
+                }
+                vec![format!("--{flag}={}", items.join(","))]
+            }
+            (_, v) => {
+                let v = scalar(v)
+                    .ok_or_else(|| bad("a plain value expected (string, number, boolean)"))?;
+                vec![format!("--{flag}={v}")]
+            }
+        };
+        out.push((flag, args));
+    }
+    Ok(out)
+}
+
+fn scalar(v: &toml::Value) -> Option<String> {
+    match v {
+        toml::Value::String(s) => Some(s.clone()),
+        toml::Value::Integer(i) => Some(i.to_string()),
+        toml::Value::Float(f) => Some(f.to_string()),
+        toml::Value::Boolean(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+/// A value clap refused: say which environment variable it came from, when one did.
+fn annotate_env(e: clap::Error) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue};
+    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else {
+        return e;
+    };
+    let long = arg
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .trim_start_matches("--");
+    let env = Cli::command()
+        .get_subcommands()
+        .flat_map(|s| s.get_arguments().cloned().collect::<Vec<_>>())
+        .find(|a| a.get_long() == Some(long))
+        .and_then(|a| a.get_env().map(|e| e.to_string_lossy().into_owned()));
+    let Some(env) = env.filter(|name| std::env::var_os(name).is_some()) else {
+        return e;
+    };
+    let in_argv =
+        std::env::args().any(|a| a == format!("--{long}") || a.starts_with(&format!("--{long}=")));
+    if in_argv {
+        return e;
+    }
+    let mut cmd = Cli::command();
+    cmd.error(
+        e.kind(),
+        format!(
+            "{} (from env {env})",
+            first_line(&e.to_string()).trim_start_matches("error: ")
+        ),
+    )
+}
+
+fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or_default().to_string()
+}
+
+/// `compactd config print`: the effective settings as TOML, each with its source.
+pub fn print_config(l: &Layered) -> String {
+    let mut out = String::from("# compactd serve: effective configuration (value  # source)\n");
+    let cmd = serve_command(&["serve"]);
+    for arg in cmd.get_arguments() {
+        let Some(long) = arg.get_long() else { continue };
+        if long == "config" || long == "help" || long == "version" {
+            continue;
+        }
+        let key = long.replace('-', "_");
+        let raw = l.values.get(long).cloned().unwrap_or_default();
+        let source = l.source_of(long);
+        let secret = long.contains("api-key") && !long.ends_with("file");
+        let value = if secret {
+            if raw.is_empty() {
+                "\"\"".to_string()
+            } else {
+                "\"[redacted]\"".to_string()
+            }
+        } else if arg.get_action().takes_values() {
+            if arg.get_value_delimiter().is_some() {
+                let items: Vec<String> = raw
+                    .iter()
+                    .flat_map(|r| r.split(','))
+                    .filter(|s| !s.is_empty())
+                    .map(toml_scalar)
+                    .collect();
+                format!("[{}]", items.join(", "))
+            } else {
+                match raw.first() {
+                    Some(v) => toml_scalar(v),
+                    None => {
+                        out.push_str(&format!("# {key} is not set  # {source}\n"));
+                        continue;
+                    }
+                }
+            }
+        } else {
+            (!raw.is_empty() && raw.iter().all(|v| v == "true")).to_string()
+        };
+        out.push_str(&format!("{key} = {value}  # {source}\n"));
+    }
+    out
+}
+
+/// A value as TOML: numbers and booleans bare, everything else a quoted string.
+fn toml_scalar(v: &str) -> String {
+    if v.parse::<i64>().is_ok()
+        || v.parse::<f64>().is_ok_and(f64::is_finite)
+        || v == "true"
+        || v == "false"
+    {
+        v.to_string()
+    } else {
+        // A JSON string literal is a valid TOML basic string.
+        serde_json::Value::String(v.to_string()).to_string()
+    }
+}
+
+impl Layered {
+    /// The config command's output, when this is one.
+    pub fn config_output(&self) -> Option<String> {
+        match &self.cli.command {
+            Command::Config(ConfigCommand::Print(_)) => Some(print_config(self)),
+            _ => None,
+        }
+    }
+}

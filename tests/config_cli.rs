@@ -1,0 +1,169 @@
+//! Layered configuration through the real binary: defaults < TOML file < env < flags,
+//! `compactd config print` with sources and redacted secrets, and errors that name the
+//! key and where it came from.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn compactd(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_compactd"));
+    cmd.args(args);
+    // Only what the test sets: no COMPACTD_* from the caller's environment.
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("COMPACTD_")) {
+        cmd.env_remove(k);
+    }
+    cmd.envs(env.iter().copied());
+    let out = cmd.output().expect("compactd runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn config_file(name: &str, body: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("compactd-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join(name);
+    std::fs::write(&path, body).expect("write config");
+    path
+}
+
+/// The printed line of `key`.
+fn line<'a>(printed: &'a str, key: &str) -> &'a str {
+    printed
+        .lines()
+        .find(|l| l.starts_with(&format!("{key} = ")))
+        .unwrap_or_else(|| panic!("no {key} in\n{printed}"))
+}
+
+#[test]
+fn file_then_env_then_flags_each_win_over_the_one_before() {
+    let file = config_file(
+        "layers.toml",
+        "threshold = 0.8\nprune_protect = 30000\nprune-minimum = 5000\nprotected_tools = [\"skill\", \"task\"]\ndisable_prune = true\n",
+    );
+    let path = file.to_str().expect("utf-8");
+    let (ok, out, err) = compactd(
+        &["config", "print", "--config", path, "--threshold", "0.85"],
+        &[("COMPACTD_PRUNE_PROTECT", "35000")],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(line(&out, "threshold"), "threshold = 0.85  # flag");
+    assert_eq!(
+        line(&out, "prune_protect"),
+        "prune_protect = 35000  # env COMPACTD_PRUNE_PROTECT"
+    );
+    assert_eq!(
+        line(&out, "prune_minimum"),
+        format!("prune_minimum = 5000  # file {path}")
+    );
+    assert_eq!(
+        line(&out, "protected_tools"),
+        format!("protected_tools = [\"skill\", \"task\"]  # file {path}")
+    );
+    assert_eq!(
+        line(&out, "disable_prune"),
+        format!("disable_prune = true  # file {path}")
+    );
+    assert_eq!(line(&out, "protect_turns"), "protect_turns = 2  # default");
+
+    // The file can come from the environment too.
+    let (ok, out, _) = compactd(&["config", "print"], &[("COMPACTD_CONFIG", path)]);
+    assert!(ok);
+    assert_eq!(
+        line(&out, "threshold"),
+        format!("threshold = 0.8  # file {path}")
+    );
+}
+
+#[test]
+fn the_printed_configuration_is_itself_a_valid_config_file_without_secrets() {
+    let file = config_file(
+        "secret.toml",
+        "llm_base_url = \"http://127.0.0.1:9/v1\"\nllm_model = \"m\"\nllm_api_key = \"sk-FILE-SECRET-42\"\n",
+    );
+    let (ok, out, err) = compactd(
+        &["config", "print", "--config", file.to_str().expect("utf-8")],
+        &[],
+    );
+    assert!(ok, "{err}");
+    assert!(!out.contains("sk-FILE-SECRET-42"), "{out}");
+    assert!(line(&out, "llm_api_key").contains("[redacted]"));
+    // Fed back as a config file (minus the redacted key), it gives the same values.
+    let replay: String = out
+        .lines()
+        .filter(|l| !l.starts_with("llm_api_key"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let again = config_file("again.toml", &replay);
+    let (ok, out2, err) = compactd(
+        &[
+            "config",
+            "print",
+            "--config",
+            again.to_str().expect("utf-8"),
+        ],
+        &[],
+    );
+    assert!(ok, "{err}");
+    let values = |s: &str| -> Vec<String> {
+        s.lines()
+            .filter(|l| !l.starts_with('#') && !l.starts_with("llm_api_key"))
+            .map(|l| l.split("  # ").next().unwrap_or_default().to_string())
+            .collect()
+    };
+    assert_eq!(values(&out), values(&out2));
+}
+
+#[test]
+fn bad_settings_stop_the_start_naming_the_key_and_its_source() {
+    let unknown = config_file("unknown.toml", "thresold = 0.8\n");
+    let (ok, _, err) = compactd(
+        &["serve", "--config", unknown.to_str().expect("utf-8")],
+        &[],
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("unknown key `thresold`") && err.contains("unknown.toml"),
+        "{err}"
+    );
+
+    let typed = config_file("typed.toml", "threshold = \"high\"\n");
+    let (ok, _, err) = compactd(&["serve", "--config", typed.to_str().expect("utf-8")], &[]);
+    assert!(!ok);
+    assert!(
+        err.contains("key `threshold`") && err.contains("typed.toml"),
+        "{err}"
+    );
+
+    let range = config_file("range.toml", "threshold = 1.5\n");
+    let (ok, _, err) = compactd(&["serve", "--config", range.to_str().expect("utf-8")], &[]);
+    assert!(!ok);
+    assert!(
+        err.contains("--threshold (file ") && err.contains("range.toml"),
+        "{err}"
+    );
+
+    let (ok, _, err) = compactd(&["serve"], &[("COMPACTD_THRESHOLD", "2")]);
+    assert!(!ok);
+    assert!(
+        err.contains("--threshold (env COMPACTD_THRESHOLD)"),
+        "{err}"
+    );
+
+    let (ok, _, err) = compactd(&["serve"], &[("COMPACTD_THRESHOLD", "abc")]);
+    assert!(!ok);
+    assert!(err.contains("from env COMPACTD_THRESHOLD"), "{err}");
+
+    let (ok, _, err) = compactd(&["serve", "--config", "/nonexistent/compactd.toml"], &[]);
+    assert!(!ok);
+    assert!(err.contains("/nonexistent/compactd.toml"), "{err}");
+
+    let (ok, _, err) = compactd(&["serve", "--placeholder", "  "], &[]);
+    assert!(!ok);
+    assert!(
+        err.contains("--placeholder (flag): cannot be empty"),
+        "{err}"
+    );
+}
