@@ -89,7 +89,11 @@ fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
             env!("CARGO_PKG_VERSION")
         );
         let store = Arc::new(Store::new(config, Arc::new(CharsPerToken)));
-        let options = ServerOptions { max_update_bytes: args.max_update_bytes, compaction };
+        let options = ServerOptions {
+            max_update_bytes: args.max_update_bytes,
+            compaction,
+            drain_timeout: std::time::Duration::from_secs(args.drain_timeout_secs),
+        };
         server::serve(listener, store, options, shutdown_signal()).await?;
         tracing::info!("compactd stopped");
         Ok(())

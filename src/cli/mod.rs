@@ -170,6 +170,10 @@ pub struct ServeArgs {
     /// Log format.
     #[arg(long, env = "COMPACTD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Pretty)]
     pub log_format: LogFormat,
+    /// On SIGTERM/SIGINT, seconds running compactions get to finish before the streams
+    /// close (health turns NOT_SERVING at once).
+    #[arg(long, env = "COMPACTD_DRAIN_TIMEOUT_SECS", default_value_t = 20)]
+    pub drain_timeout_secs: u64,
     /// Largest update accepted, in bytes (RESOURCE_EXHAUSTED beyond it).
     #[arg(long, env = "COMPACTD_MAX_UPDATE_BYTES", default_value_t = DEFAULT_MAX_UPDATE_BYTES)]
     pub max_update_bytes: usize,

@@ -107,6 +107,13 @@ pub async fn start(
     let Some(summarizer) = hub.compaction.summarizer.clone() else {
         return Err(precondition(SummarizeError::NotConfigured.to_string()));
     };
+    if hub.is_draining() {
+        return Err(Rejection {
+            code: tonic::Code::Unavailable,
+            field: String::new(),
+            message: "compactd is draining and starts no new compactions".into(),
+        });
+    }
     let handle = hub.store.get(session_id)?;
     let running = hub.claim(session_id).map_err(|r| {
         precondition(format!(

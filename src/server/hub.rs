@@ -74,6 +74,10 @@ pub struct Hub {
     /// never across an await.
     running: Mutex<HashMap<String, Running>>,
     next_id: AtomicU64,
+    /// Fires when the drain begins: no new streams or compactions.
+    draining: CancellationToken,
+    /// Fires when the drain closes the open streams (with `UNAVAILABLE`).
+    closing: CancellationToken,
 }
 
 impl Hub {
@@ -86,7 +90,69 @@ impl Hub {
             compaction,
             running: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
+            draining: CancellationToken::new(),
+            closing: CancellationToken::new(),
         }
+    }
+
+    /// True once the drain began (new streams and compactions are refused).
+    pub fn is_draining(&self) -> bool {
+        self.draining.is_cancelled()
+    }
+
+    /// Fires when open streams must end.
+    pub fn closing(&self) -> CancellationToken {
+        self.closing.clone()
+    }
+
+    /// Drains: refuses new streams and compactions, lets running compactions finish for
+    /// up to `deadline` (then cancels them: a cancelled compaction changes nothing), and
+    /// closes the open streams. Returns how many compactions had to be cancelled.
+    pub async fn drain(&self, deadline: std::time::Duration) -> usize {
+        self.draining.cancel();
+        let until = tokio::time::Instant::now() + deadline;
+        if self.running_count() > 0 {
+            tracing::info!(
+                running = self.running_count(),
+                deadline_secs = deadline.as_secs(),
+                "draining: waiting for running compactions"
+            );
+        }
+        loop {
+            let left = self.running_count();
+            if left == 0 {
+                break;
+            }
+            if tokio::time::Instant::now() >= until {
+                {
+                    let map = self.running.lock().unwrap_or_else(|e| e.into_inner());
+                    for r in map.values() {
+                        r.cancel.cancel();
+                    }
+                }
+                tracing::warn!(
+                    cancelled = left,
+                    "drain deadline reached; cancelling compactions"
+                );
+                // Give the cancelled jobs a moment to report before the streams close.
+                let grace = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+                while self.running_count() > 0 && tokio::time::Instant::now() < grace {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                self.closing.cancel();
+                return left;
+            }
+            tokio::time::sleep(
+                std::time::Duration::from_millis(50).min(until - tokio::time::Instant::now()),
+            )
+            .await;
+        }
+        self.closing.cancel();
+        0
+    }
+
+    fn running_count(&self) -> usize {
+        self.running.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     /// Sends an event to the watchers (none listening is fine).

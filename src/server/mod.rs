@@ -8,6 +8,7 @@
 
 mod compaction;
 mod convert;
+mod drain;
 pub mod hub;
 mod ops;
 pub mod pb;
@@ -40,18 +41,27 @@ pub struct ServerOptions {
     pub max_update_bytes: usize,
     /// Summarizer and compaction settings.
     pub compaction: CompactionConfig,
+    /// How long a drain lets running compactions finish before cancelling them.
+    pub drain_timeout: Duration,
 }
+
+/// Default of [`ServerOptions::drain_timeout`] (under Kubernetes' default 30 s grace).
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
 
 impl Default for ServerOptions {
     fn default() -> Self {
         ServerOptions {
             max_update_bytes: DEFAULT_MAX_UPDATE_BYTES,
             compaction: CompactionConfig::default(),
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
         }
     }
 }
 
-/// Serves every service on `listener` until `shutdown` resolves.
+/// Serves every service on `listener` until `shutdown` resolves, then drains: health
+/// turns NOT_SERVING, new streams and compactions are refused with `UNAVAILABLE`, running
+/// compactions get `drain_timeout` to finish, open streams end with `UNAVAILABLE`, and
+/// the call returns once the connections are closed.
 pub async fn serve(
     listener: TcpListener,
     store: Arc<Store>,
@@ -61,6 +71,7 @@ pub async fn serve(
     let addr: Option<SocketAddr> = listener.local_addr().ok();
     let transport_max = options.max_update_bytes.saturating_mul(TRANSPORT_SLACK);
     let hub = Arc::new(Hub::new(store, options.compaction.clone()));
+    let drain_hub = hub.clone();
     let sessions = pb::sessions_server::SessionsServer::new(SessionsService::new(
         hub,
         options.max_update_bytes,
@@ -75,6 +86,24 @@ pub async fn serve(
     health_reporter
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
+
+    let reporter = health_reporter.clone();
+    let deadline = options.drain_timeout;
+    let shutdown = async move {
+        shutdown.await;
+        tracing::info!(deadline_secs = deadline.as_secs(), "draining");
+        reporter
+            .set_not_serving::<pb::sessions_server::SessionsServer<SessionsService>>()
+            .await;
+        reporter
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
+        let cancelled = drain_hub.drain(deadline).await;
+        tracing::info!(
+            cancelled_compactions = cancelled,
+            "drained; closing connections"
+        );
+    };
 
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)

@@ -105,6 +105,9 @@ impl pb::sessions_server::Sessions for SessionsService {
         &self,
         request: Request<pb::CompactRequest>,
     ) -> Result<Response<CompactionStream>, Status> {
+        if self.hub.is_draining() {
+            return Err(super::drain::refused());
+        }
         let req = request.into_inner();
         require_session(&req.session_id)?;
         let (tx, rx) = mpsc::channel(256);
@@ -127,6 +130,9 @@ impl pb::sessions_server::Sessions for SessionsService {
         &self,
         request: Request<pb::SubscribeRequest>,
     ) -> Result<Response<WatchStream>, Status> {
+        if self.hub.is_draining() {
+            return Err(super::drain::refused());
+        }
         let only = request.into_inner().session_id;
         if !only.is_empty() {
             self.store.get(&only).map_err(Rejection::from)?;
@@ -171,20 +177,29 @@ impl pb::sessions_server::Sessions for SessionsService {
         let end =
             futures::stream::once(async move { end_rx.await.ok() }).filter_map(|s| s.map(Err));
         let events = ReceiverStream::new(rx).map(Ok);
-        Ok(Response::new(Box::pin(events.chain(end))))
+        Ok(Response::new(super::drain::until_closed(
+            Box::pin(events.chain(end)),
+            self.hub.closing(),
+        )))
     }
 
     async fn stream(
         &self,
         request: Request<Streaming<pb::ClientUpdate>>,
     ) -> Result<Response<EventStream>, Status> {
+        if self.hub.is_draining() {
+            return Err(super::drain::refused());
+        }
         let peer = request
             .remote_addr()
             .map(|a| a.to_string())
             .unwrap_or_default();
         let inbound = request.into_inner();
         let events = super::stream::run(self.hub.clone(), inbound, self.max_update_bytes, peer);
-        Ok(Response::new(events))
+        Ok(Response::new(super::drain::until_closed(
+            events,
+            self.hub.closing(),
+        )))
     }
 
     async fn open_session(

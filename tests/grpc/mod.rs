@@ -6,6 +6,7 @@
 mod compaction;
 mod compaction_more;
 mod concurrency;
+mod drain;
 mod e2e_llm;
 mod fake_llm_selftest;
 mod health;

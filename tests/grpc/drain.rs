@@ -1,0 +1,194 @@
+//! Graceful drain of the real binary: SIGTERM during a running compaction turns health
+//! NOT_SERVING, refuses new streams with UNAVAILABLE, lets the compaction finish (or
+//! cancels it at the deadline), ends open streams with UNAVAILABLE and exits 0.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use compactd::server::pb;
+use compactd::server::pb::compaction_event::Event as Ce;
+use tokio_stream::StreamExt;
+use tonic_health::pb::health_check_response::ServingStatus;
+
+use crate::common::fake_llm::{FakeLlm, Reply};
+use crate::common::*;
+
+const SID: &str = "drain";
+
+/// Starts the binary against `fake`; returns it and its address.
+fn start(fake: &FakeLlm, drain_secs: u64) -> (Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_compactd"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
+        .args(["--drain-timeout-secs", &drain_secs.to_string()])
+        .env("COMPACTD_LLM_BASE_URL", fake.base_url())
+        .env("COMPACTD_LLM_MODEL", "fake-model")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("compactd starts");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let addr = loop {
+        let line = lines.next().expect("a start line").expect("utf-8");
+        let v: serde_json::Value = serde_json::from_str(&line).expect("json log");
+        if let Some(listen) = v["fields"]["listen"].as_str() {
+            break listen.to_string();
+        }
+    };
+    // Keep draining stderr so the child never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines.map_while(Result::ok) {});
+    (child, addr)
+}
+
+fn sigterm(child: &Child) {
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+}
+
+async fn wait_exit(mut child: Child) -> std::process::ExitStatus {
+    for _ in 0..200 {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return status;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = child.kill();
+    panic!("compactd did not exit within 10 s of the drain");
+}
+
+async fn seed(client: &mut Client) {
+    open_session(client, session_with_limits(SID, 100_000, 20_000)).await;
+    for (u, a) in [("u1", "a1"), ("u2", "a2"), ("u3", "a3")] {
+        put_message(client, SID, user_msg(u)).await;
+        put_part(client, SID, text_part(u, &format!("{u}-t"), "work on it")).await;
+        put_message(client, SID, assistant_msg(a, u)).await;
+        let out = output_of(&format!("{a}-out"), 4_000);
+        put_part(client, SID, tool_part(a, &format!("{a}-t"), "bash", &out)).await;
+        put_message(client, SID, finished(assistant_msg(a, u))).await;
+    }
+}
+
+async fn health(addr: &str) -> ServingStatus {
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut h = tonic_health::pb::health_client::HealthClient::new(channel);
+    let r = h
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("health answers while draining")
+        .into_inner();
+    ServingStatus::try_from(r.status).expect("status")
+}
+
+#[tokio::test]
+async fn sigterm_lets_the_running_compaction_finish_then_closes_streams_and_exits_0() {
+    // A summary that takes ~1.2 s to stream.
+    let chunks: Vec<String> = (0..12).map(|i| format!("part {i}. ")).collect();
+    let fake = FakeLlm::start(vec![Reply::slow(chunks, Duration::from_millis(100))]).await;
+    let (child, addr) = start(&fake, 10);
+    let mut client = pb::sessions_client::SessionsClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect");
+    seed(&mut client).await;
+    assert_eq!(health(&addr).await, ServingStatus::Serving);
+
+    // An open main stream, and a compaction under way.
+    let (tx, rx) = tokio::sync::mpsc::channel::<pb::ClientUpdate>(8);
+    let mut main = client
+        .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("stream")
+        .into_inner();
+    let mut compact = client
+        .compact(pb::CompactRequest {
+            session_id: SID.into(),
+            options: None,
+        })
+        .await
+        .expect("compact")
+        .into_inner();
+    let first = compact.next().await.expect("an event").expect("ok");
+    assert!(matches!(first.event, Some(Ce::Started(_))), "{first:?}");
+
+    sigterm(&child);
+    // Health turns NOT_SERVING while the compaction still runs.
+    let mut status = ServingStatus::Serving;
+    for _ in 0..40 {
+        status = health(&addr).await;
+        if status == ServingStatus::NotServing {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(status, ServingStatus::NotServing);
+    // New streams and compactions are refused.
+    let (_tx2, rx2) = tokio::sync::mpsc::channel::<pb::ClientUpdate>(1);
+    let refused = client
+        .stream(tokio_stream::wrappers::ReceiverStream::new(rx2))
+        .await
+        .expect_err("no new stream while draining");
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+
+    // The running compaction completes and commits.
+    let mut last = None;
+    while let Some(e) = compact.next().await {
+        last = Some(e.expect("compaction events"));
+    }
+    assert!(
+        matches!(last.and_then(|e| e.event), Some(Ce::Compacted(_))),
+        "the compaction finished during the drain"
+    );
+    // Then the open stream ends with UNAVAILABLE.
+    let end = loop {
+        match main.next().await {
+            Some(Ok(_)) => continue,
+            Some(Err(status)) => break status,
+            None => panic!("the stream ended without a status"),
+        }
+    };
+    assert_eq!(end.code(), tonic::Code::Unavailable, "{end:?}");
+    assert!(end.message().contains("shutting down"), "{end:?}");
+    drop(tx);
+    let exit = wait_exit(child).await;
+    assert!(exit.success(), "{exit:?}");
+}
+
+#[tokio::test]
+async fn a_compaction_still_running_at_the_deadline_is_cancelled_and_the_process_exits_0() {
+    let fake = FakeLlm::start(vec![Reply::Hang]).await;
+    let (child, addr) = start(&fake, 1);
+    let mut client = pb::sessions_client::SessionsClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect");
+    seed(&mut client).await;
+    let mut compact = client
+        .compact(pb::CompactRequest {
+            session_id: SID.into(),
+            options: None,
+        })
+        .await
+        .expect("compact")
+        .into_inner();
+    let first = compact.next().await.expect("an event").expect("ok");
+    assert!(matches!(first.event, Some(Ce::Started(_))));
+    sigterm(&child);
+    let mut last = None;
+    while let Some(Ok(e)) = compact.next().await {
+        last = Some(e);
+    }
+    match last.and_then(|e| e.event) {
+        Some(Ce::Failed(f)) => assert_eq!(f.kind, "cancelled", "{f:?}"),
+        other => panic!("expected a cancelled compaction, got {other:?}"),
+    }
+    fake.wait_for_cancelled(1).await; // the HTTP request was dropped
+    let exit = wait_exit(child).await;
+    assert!(exit.success(), "{exit:?}");
+}
