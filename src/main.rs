@@ -74,30 +74,72 @@ fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    let auth = args.auth().map_err(|e| with_source(e, layered))?;
+    let uds_mode = args.uds_mode().map_err(|e| with_source(e, layered))?;
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("--listen {}: cannot bind", args.listen))?;
-        tracing::info!(
-            listen = %listener.local_addr()?,
-            threshold = config.threshold,
-            prune = config.prune,
-            auto_compact = config.auto_compact,
-            llm = compaction.summarizer.as_ref().map_or("not configured", |s| s.model()),
-            llm_base_url = args.llm.llm_base_url.as_deref().map_or("", |u| if u.contains('@') { "[url with credentials]" } else { u }),
-            "starting compactd {}",
-            env!("CARGO_PKG_VERSION")
-        );
-        let store = Arc::new(Store::new(config, Arc::new(CharsPerToken)));
+        let store = Arc::new(Store::new(config.clone(), Arc::new(CharsPerToken)));
+        let authenticated = auth.token.is_some();
         let options = ServerOptions {
             max_update_bytes: args.max_update_bytes,
-            compaction,
+            compaction: compaction.clone(),
             drain_timeout: std::time::Duration::from_secs(args.drain_timeout_secs),
+            auth,
         };
-        server::serve(listener, store, options, shutdown_signal()).await?;
+        let started = |listen: String| {
+            tracing::info!(
+                listen = %listen,
+                threshold = config.threshold,
+                prune = config.prune,
+                auto_compact = config.auto_compact,
+                authenticated,
+                llm = compaction.summarizer.as_ref().map_or("not configured", |s| s.model()),
+                llm_base_url = args.llm.llm_base_url.as_deref().map_or("", |u| if u.contains('@') { "[url with credentials]" } else { u }),
+                "starting compactd {}",
+                env!("CARGO_PKG_VERSION")
+            );
+        };
+        match &args.listen {
+            cli::ListenAddr::Tcp(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("--listen {addr}: cannot bind"))?;
+                started(listener.local_addr()?.to_string());
+                server::serve(listener, store, options, shutdown_signal()).await?;
+            }
+            #[cfg(unix)]
+            cli::ListenAddr::Unix(path) => {
+                let listener = bind_unix(path, uds_mode)?;
+                started(format!("unix:{}", path.display()));
+                server::serve_unix(listener, store, options, shutdown_signal()).await?;
+                let _ = std::fs::remove_file(path);
+            }
+            #[cfg(not(unix))]
+            cli::ListenAddr::Unix(_) => anyhow::bail!("--listen unix: needs a Unix system"),
+        }
         tracing::info!("compactd stopped");
         Ok(())
     })
+}
+
+/// Binds a Unix socket at `path` with file mode `mode`, replacing a stale socket file
+/// (but never another kind of file).
+#[cfg(unix)]
+fn bind_unix(path: &std::path::Path, mode: u32) -> anyhow::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        anyhow::ensure!(
+            meta.file_type().is_socket(),
+            "--listen unix:{}: exists and is not a socket",
+            path.display()
+        );
+        std::fs::remove_file(path)
+            .with_context(|| format!("removing stale socket {}", path.display()))?;
+    }
+    let listener = tokio::net::UnixListener::bind(path)
+        .with_context(|| format!("--listen unix:{}: cannot bind", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("setting mode {mode:o} on {}", path.display()))?;
+    Ok(listener)
 }
 
 /// Resolves on SIGINT or SIGTERM (Kubernetes sends SIGTERM), logging which arrived.

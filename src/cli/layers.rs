@@ -312,7 +312,7 @@ pub fn print_config(l: &Layered) -> String {
         let key = long.replace('-', "_");
         let raw = l.values.get(long).cloned().unwrap_or_default();
         let source = l.source_of(long);
-        let secret = long.contains("api-key") && !long.ends_with("file");
+        let secret = (long.contains("api-key") || long == "auth-token") && !long.ends_with("file");
         let value = if secret {
             if raw.is_empty() {
                 "\"\"".to_string()

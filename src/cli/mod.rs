@@ -158,15 +158,106 @@ pub struct EngineArgs {
     pub snapshot_tools: Vec<String>,
 }
 
+/// Where `serve` listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenAddr {
+    /// A TCP address.
+    Tcp(SocketAddr),
+    /// A Unix domain socket path.
+    Unix(PathBuf),
+}
+
+impl std::str::FromStr for ListenAddr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Some(path) = s.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err("unix: needs a socket path".into());
+            }
+            return Ok(ListenAddr::Unix(PathBuf::from(path)));
+        }
+        s.parse()
+            .map(ListenAddr::Tcp)
+            .map_err(|e| format!("{s:?} is neither host:port nor unix:/path ({e})"))
+    }
+}
+
+impl std::fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListenAddr::Tcp(a) => write!(f, "{a}"),
+            ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
+impl ServeArgs {
+    /// The authentication settings (reads the token file).
+    pub fn auth(&self) -> Result<crate::server::AuthConfig, ConfigError> {
+        let token = match (&self.auth_token_file, &self.auth_token) {
+            (Some(path), _) => {
+                let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+                    flag: "auth-token-file",
+                    message: format!("cannot read {}: {e}", path.display()),
+                })?;
+                Some(crate::server::BearerToken::new(&text).ok_or(ConfigError {
+                    flag: "auth-token-file",
+                    message: format!("{} is empty", path.display()),
+                })?)
+            }
+            (None, Some(t)) => crate::server::BearerToken::new(t),
+            (None, None) => None,
+        };
+        Ok(crate::server::AuthConfig {
+            token,
+            protect_health: self.auth_protect_health,
+            open_reflection: self.auth_open_reflection,
+        })
+    }
+
+    /// The Unix socket's file mode.
+    pub fn uds_mode(&self) -> Result<u32, ConfigError> {
+        u32::from_str_radix(self.uds_mode.trim_start_matches("0o"), 8)
+            .ok()
+            .filter(|m| *m <= 0o777)
+            .ok_or(ConfigError {
+                flag: "uds-mode",
+                message: format!("{:?} is not an octal file mode such as 600", self.uds_mode),
+            })
+    }
+}
+
 /// `compactd serve`.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// TOML file with settings (keys are the flag names); env and flags override it.
     #[arg(long, env = "COMPACTD_CONFIG", value_name = "PATH")]
     pub config: Option<PathBuf>,
-    /// Address to listen on.
+    /// Address to listen on: `host:port`, or `unix:/path/to.sock` for a Unix socket.
     #[arg(long, env = "COMPACTD_LISTEN", default_value = "127.0.0.1:50051")]
-    pub listen: SocketAddr,
+    pub listen: ListenAddr,
+    /// File mode of the Unix socket (octal).
+    #[arg(long, env = "COMPACTD_UDS_MODE", default_value = "600")]
+    pub uds_mode: String,
+    /// File holding the bearer token every client must send (`authorization: Bearer
+    /// <token>`); without it (or COMPACTD_AUTH_TOKEN) there is no authentication.
+    #[arg(long, env = "COMPACTD_AUTH_TOKEN_FILE", value_name = "PATH")]
+    pub auth_token_file: Option<PathBuf>,
+    /// The bearer token. Never logged; its value is hidden from --help.
+    #[arg(
+        long = "auth-token",
+        env = "COMPACTD_AUTH_TOKEN",
+        hide_env_values = true,
+        hide = true
+    )]
+    pub auth_token: Option<String>,
+    /// With a token: health checks need it too (by default they stay open for probes).
+    #[arg(long, env = "COMPACTD_AUTH_PROTECT_HEALTH")]
+    pub auth_protect_health: bool,
+    /// With a token: leave server reflection open (by default it needs the token).
+    #[arg(long, env = "COMPACTD_AUTH_OPEN_REFLECTION")]
+    pub auth_open_reflection: bool,
     /// Log format.
     #[arg(long, env = "COMPACTD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Pretty)]
     pub log_format: LogFormat,

@@ -6,6 +6,7 @@
 //! only file that maps them to domain types and the only place client fields are
 //! validated; `status.rs` is the only place errors become gRPC codes.
 
+pub mod auth;
 mod compaction;
 mod convert;
 mod drain;
@@ -24,6 +25,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 
+pub use auth::{AuthConfig, BearerToken};
 pub use hub::{CompactionConfig, Hub};
 pub use ops::DEFAULT_MAX_UPDATE_BYTES;
 pub use service::SessionsService;
@@ -43,6 +45,8 @@ pub struct ServerOptions {
     pub compaction: CompactionConfig,
     /// How long a drain lets running compactions finish before cancelling them.
     pub drain_timeout: Duration,
+    /// Bearer-token authentication (off unless a token is set).
+    pub auth: AuthConfig,
 }
 
 /// Default of [`ServerOptions::drain_timeout`] (under Kubernetes' default 30 s grace).
@@ -54,14 +58,12 @@ impl Default for ServerOptions {
             max_update_bytes: DEFAULT_MAX_UPDATE_BYTES,
             compaction: CompactionConfig::default(),
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            auth: AuthConfig::default(),
         }
     }
 }
 
-/// Serves every service on `listener` until `shutdown` resolves, then drains: health
-/// turns NOT_SERVING, new streams and compactions are refused with `UNAVAILABLE`, running
-/// compactions get `drain_timeout` to finish, open streams end with `UNAVAILABLE`, and
-/// the call returns once the connections are closed.
+/// Serves on a TCP listener; see [`serve_incoming`].
 pub async fn serve(
     listener: TcpListener,
     store: Arc<Store>,
@@ -69,6 +71,49 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let addr: Option<SocketAddr> = listener.local_addr().ok();
+    tracing::info!(addr = ?addr, max_update_bytes = options.max_update_bytes, "compactd serving");
+    // Small request/response exchanges must not wait on Nagle's algorithm (23 ms per
+    // unary call on loopback without this).
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    serve_incoming(incoming, store, options, shutdown).await
+}
+
+/// Serves on a Unix domain socket (its file mode is the caller's business).
+#[cfg(unix)]
+pub async fn serve_unix(
+    listener: tokio::net::UnixListener,
+    store: Arc<Store>,
+    options: ServerOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    tracing::info!(
+        max_update_bytes = options.max_update_bytes,
+        "compactd serving on a unix socket"
+    );
+    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    serve_incoming(incoming, store, options, shutdown).await
+}
+
+/// Serves every service on `incoming` until `shutdown` resolves, then drains: health
+/// turns NOT_SERVING, new streams and compactions are refused with `UNAVAILABLE`, running
+/// compactions get `drain_timeout` to finish, open streams end with `UNAVAILABLE`, and
+/// the call returns once the connections are closed.
+pub async fn serve_incoming<I, IO, IE>(
+    incoming: I,
+    store: Arc<Store>,
+    options: ServerOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError>
+where
+    I: tokio_stream::Stream<Item = Result<IO, IE>> + Send + 'static,
+    IO: tokio::io::AsyncRead
+        + tokio::io::AsyncWrite
+        + tonic::transport::server::Connected
+        + Unpin
+        + Send
+        + 'static,
+    IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let transport_max = options.max_update_bytes.saturating_mul(TRANSPORT_SLACK);
     let hub = Arc::new(Hub::new(store, options.compaction.clone()));
     let drain_hub = hub.clone();
@@ -89,6 +134,8 @@ pub async fn serve(
 
     let reporter = health_reporter.clone();
     let deadline = options.drain_timeout;
+    let drained = Arc::new(tokio::sync::Notify::new());
+    let drained_tx = drained.clone();
     let shutdown = async move {
         shutdown.await;
         tracing::info!(deadline_secs = deadline.as_secs(), "draining");
@@ -103,6 +150,7 @@ pub async fn serve(
             cancelled_compactions = cancelled,
             "drained; closing connections"
         );
+        drained_tx.notify_one();
     };
 
     let reflection_v1 = tonic_reflection::server::Builder::configure()
@@ -116,11 +164,22 @@ pub async fn serve(
         .build_v1alpha()
         .map_err(|e| ServeError::Reflection(e.to_string()))?;
 
-    // Small request/response exchanges must not wait on Nagle's algorithm (23 ms per
-    // unary call on loopback without this).
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    tracing::info!(addr = ?addr, max_update_bytes = options.max_update_bytes, "compactd serving");
-    tonic::transport::Server::builder()
+    let token = options.auth.token.clone();
+    let guard = |on: bool| auth::interceptor(token.clone().filter(|_| on));
+    let health = tonic::service::interceptor::InterceptedService::new(
+        health,
+        guard(options.auth.protect_health),
+    );
+    let reflection_v1 = tonic::service::interceptor::InterceptedService::new(
+        reflection_v1,
+        guard(!options.auth.open_reflection),
+    );
+    let reflection_v1alpha = tonic::service::interceptor::InterceptedService::new(
+        reflection_v1alpha,
+        guard(!options.auth.open_reflection),
+    );
+    let sessions = tonic::service::interceptor::InterceptedService::new(sessions, guard(true));
+    let server = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .trace_fn(|req| tracing::info_span!("rpc", rpc = %req.uri().path()))
@@ -128,10 +187,24 @@ pub async fn serve(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(sessions)
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
-        .map_err(ServeError::Transport)
+        .serve_with_incoming_shutdown(incoming, shutdown);
+    // After the drain, connections get a few seconds to close; a client that never
+    // answers the GOAWAY must not hold the exit past Kubernetes' grace period.
+    let linger = async {
+        drained.notified().await;
+        tokio::time::sleep(CONNECTION_LINGER).await;
+    };
+    tokio::select! {
+        r = server => r.map_err(ServeError::Transport),
+        _ = linger => {
+            tracing::warn!(linger_secs = CONNECTION_LINGER.as_secs(), "connections still open after the drain; exiting anyway");
+            Ok(())
+        }
+    }
 }
+
+/// How long connections may stay open after a drain before the server returns anyway.
+const CONNECTION_LINGER: Duration = Duration::from_secs(3);
 
 /// Why the server stopped with an error.
 #[derive(Debug, thiserror::Error)]

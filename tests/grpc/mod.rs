@@ -3,6 +3,7 @@
 //! The modules live in this directory (not as `tests/<name>.rs`) so Cargo does not also
 //! build each of them as a separate test binary that cannot see `common`.
 
+mod auth;
 mod compaction;
 mod compaction_more;
 mod concurrency;

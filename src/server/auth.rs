@@ -1,0 +1,81 @@
+//! Optional bearer-token authentication: every `compactd.v1.Sessions` call (and, as
+//! configured, health and reflection) must carry `authorization: Bearer <token>`. The
+//! comparison is constant-time; the token never appears in logs, errors or `Debug`.
+
+use std::sync::Arc;
+
+use subtle::ConstantTimeEq;
+use tonic::{Request, Status};
+
+/// The expected header value, `Bearer <token>`.
+#[derive(Clone)]
+pub struct BearerToken(Arc<[u8]>);
+
+impl BearerToken {
+    /// A token (surrounding whitespace, such as a file's newline, is not part of it).
+    pub fn new(token: &str) -> Option<BearerToken> {
+        let token = token.trim();
+        (!token.is_empty()).then(|| BearerToken(format!("Bearer {token}").into_bytes().into()))
+    }
+
+    /// True when `header` is exactly `Bearer <token>`, compared in constant time.
+    fn accepts(&self, header: &[u8]) -> bool {
+        bool::from(self.0.as_ref().ct_eq(header))
+    }
+}
+
+impl std::fmt::Debug for BearerToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BearerToken([redacted])")
+    }
+}
+
+/// Who must authenticate.
+#[derive(Debug, Clone, Default)]
+pub struct AuthConfig {
+    /// The token; `None` turns authentication off.
+    pub token: Option<BearerToken>,
+    /// Health checks need the token too (off by default: probes cannot send one).
+    pub protect_health: bool,
+    /// Reflection is open without the token (off by default).
+    pub open_reflection: bool,
+}
+
+/// An interceptor that checks the token (or lets everything through when `token` is None).
+pub fn interceptor(
+    token: Option<BearerToken>,
+) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone {
+    move |req: Request<()>| {
+        let Some(token) = &token else {
+            return Ok(req);
+        };
+        let header = req
+            .metadata()
+            .get("authorization")
+            .map(|v| v.as_bytes())
+            .unwrap_or_default();
+        if token.accepts(header) {
+            Ok(req)
+        } else {
+            Err(Status::unauthenticated(
+                "missing or wrong bearer token (send `authorization: Bearer <token>`)",
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_exact_header_passes() {
+        let t = BearerToken::new(" s3cret\n").expect("token");
+        assert!(t.accepts(b"Bearer s3cret"));
+        assert!(!t.accepts(b"Bearer s3cre"));
+        assert!(!t.accepts(b"bearer s3cret"));
+        assert!(!t.accepts(b""));
+        assert!(BearerToken::new("  ").is_none());
+        assert!(!format!("{t:?}").contains("s3cret"));
+    }
+}

@@ -1,0 +1,197 @@
+//! Bearer-token authentication over TCP (in-process server) and over a Unix domain socket
+//! (the real binary): missing and wrong tokens get UNAUTHENTICATED, the right one works,
+//! health stays open for probes unless configured otherwise, the socket is mode 0600, and
+//! the token never reaches the logs.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use compactd::server::pb::sessions_client::SessionsClient;
+use compactd::server::{AuthConfig, BearerToken, ServerOptions, pb};
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::common::*;
+
+const TOKEN: &str = "tok-3f9a-SECRET-d41c";
+
+/// Adds `authorization: Bearer <token>` to every call.
+#[derive(Clone)]
+struct Bearer(&'static str);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        let value: MetadataValue<_> = format!("Bearer {}", self.0).parse().expect("ascii");
+        req.metadata_mut().insert("authorization", value);
+        Ok(req)
+    }
+}
+
+type Authed = SessionsClient<tonic::service::interceptor::InterceptedService<Channel, Bearer>>;
+
+fn with_token(channel: Channel, token: &'static str) -> Authed {
+    SessionsClient::with_interceptor(channel, Bearer(token))
+}
+
+async fn health_status(channel: Channel) -> Result<i32, tonic::Status> {
+    tonic_health::pb::health_client::HealthClient::new(channel)
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .map(|r| r.into_inner().status)
+}
+
+#[tokio::test]
+async fn over_tcp_only_the_right_token_gets_in_and_health_stays_open() {
+    let server = start_server_with_options(ServerOptions {
+        auth: AuthConfig {
+            token: BearerToken::new(TOKEN),
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await;
+    let channel = server.channel().await;
+
+    let mut anonymous = SessionsClient::new(channel.clone());
+    let err = anonymous
+        .list_sessions(pb::ListSessionsRequest {})
+        .await
+        .expect_err("no token");
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    assert!(!err.message().contains(TOKEN));
+
+    let mut wrong = with_token(channel.clone(), "tok-3f9a-SECRET-d41");
+    let err = wrong
+        .list_sessions(pb::ListSessionsRequest {})
+        .await
+        .expect_err("wrong token");
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+
+    let mut right = with_token(channel.clone(), TOKEN);
+    right
+        .open_session(pb::OpenSessionRequest {
+            session: Some(session("authed")),
+        })
+        .await
+        .expect("the right token works");
+    let listed = right
+        .list_sessions(pb::ListSessionsRequest {})
+        .await
+        .expect("list")
+        .into_inner();
+    assert_eq!(listed.sessions.len(), 1);
+
+    // Probes cannot send a token: health answers without one.
+    assert_eq!(health_status(channel).await.expect("health open"), 1);
+}
+
+#[tokio::test]
+async fn health_can_require_the_token_too() {
+    let server = start_server_with_options(ServerOptions {
+        auth: AuthConfig {
+            token: BearerToken::new(TOKEN),
+            protect_health: true,
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await;
+    let err = health_status(server.channel().await)
+        .await
+        .expect_err("health needs the token");
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn over_a_unix_socket_with_a_token_file() {
+    use std::os::unix::fs::PermissionsExt;
+
+    let dir = std::env::temp_dir().join(format!("compactd-uds-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let sock = dir.join("compactd.sock");
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token file");
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_compactd"))
+        .args(["serve", "--log-format", "json"])
+        .arg("--listen")
+        .arg(format!("unix:{}", sock.display()))
+        .arg("--auth-token-file")
+        .arg(&token_file)
+        .env("COMPACTD_LOG", "debug")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("compactd starts");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let mut log = String::new();
+    loop {
+        let line = lines.next().expect("a start line").expect("utf-8");
+        log.push_str(&line);
+        if line.contains("\"listen\"") {
+            break;
+        }
+    }
+    let reader = std::thread::spawn(move || {
+        let mut rest = String::new();
+        for line in lines.map_while(Result::ok) {
+            rest.push_str(&line);
+            rest.push('\n');
+        }
+        rest
+    });
+    let mode = std::fs::metadata(&sock)
+        .expect("socket exists")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600, "the socket is private by default");
+
+    let path = sock.clone();
+    let channel = Endpoint::try_from("http://localhost")
+        .expect("endpoint")
+        .connect_timeout(Duration::from_secs(5))
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        }))
+        .await
+        .expect("connect over the socket");
+
+    let err = SessionsClient::new(channel.clone())
+        .list_sessions(pb::ListSessionsRequest {})
+        .await
+        .expect_err("no token");
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    let mut right = with_token(channel, TOKEN);
+    right
+        .open_session(pb::OpenSessionRequest {
+            session: Some(session("over-uds")),
+        })
+        .await
+        .expect("the token from the file (newline trimmed) works");
+
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    // Wait without blocking the runtime (the client answers the server's GOAWAY).
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status:?}");
+    log.push_str(&reader.join().expect("log reader"));
+    assert!(!log.contains(TOKEN), "the token never reaches the logs");
+    assert!(!sock.exists(), "the socket file is removed on exit");
+    std::fs::remove_dir_all(&dir).ok();
+}
