@@ -314,11 +314,11 @@ pub fn print_config(l: &Layered) -> String {
         let source = l.source_of(long);
         let secret = (long.contains("api-key") || long == "auth-token") && !long.ends_with("file");
         let value = if secret {
-            if raw.is_empty() {
-                "\"\"".to_string()
-            } else {
-                "\"[redacted]\"".to_string()
+            if raw.iter().all(|v| v.is_empty()) {
+                out.push_str(&format!("# {key} is not set  # {source}\n"));
+                continue;
             }
+            "\"[redacted]\"".to_string()
         } else if arg.get_action().takes_values() {
             if arg.get_value_delimiter().is_some() {
                 let items: Vec<String> = raw
