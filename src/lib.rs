@@ -22,5 +22,6 @@ pub mod server;
 pub mod session;
 pub mod store;
 pub mod summarize;
+pub mod telemetry;
 pub mod tokens;
 pub mod trace;

@@ -85,9 +85,26 @@ fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
             drain_timeout: std::time::Duration::from_secs(args.drain_timeout_secs),
             auth,
         };
+        let metrics_stop = tokio_util::sync::CancellationToken::new();
+        let mut metrics_addr = String::new();
+        if let Some(addr) = args.metrics_listen {
+            let handle = compactd::telemetry::install().map_err(|e| anyhow::anyhow!("--metrics-listen: {e}"))?;
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("--metrics-listen {addr}: cannot bind"))?;
+            metrics_addr = listener.local_addr()?.to_string();
+            compactd::telemetry::sessions(0);
+            let stop = metrics_stop.clone();
+            tokio::spawn(async move {
+                if let Err(e) = compactd::telemetry::serve(listener, handle, stop.cancelled_owned()).await {
+                    tracing::error!(error = %e, "metrics endpoint stopped");
+                }
+            });
+        }
         let started = |listen: String| {
             tracing::info!(
                 listen = %listen,
+                metrics_listen = %metrics_addr,
                 threshold = config.threshold,
                 prune = config.prune,
                 auto_compact = config.auto_compact,
@@ -116,6 +133,7 @@ fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
             #[cfg(not(unix))]
             cli::ListenAddr::Unix(_) => anyhow::bail!("--listen unix: needs a Unix system"),
         }
+        metrics_stop.cancel();
         tracing::info!("compactd stopped");
         Ok(())
     })

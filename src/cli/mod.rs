@@ -261,6 +261,9 @@ pub struct ServeArgs {
     /// Log format.
     #[arg(long, env = "COMPACTD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Pretty)]
     pub log_format: LogFormat,
+    /// Serve Prometheus metrics on this address (`GET /metrics`); off when unset.
+    #[arg(long, env = "COMPACTD_METRICS_LISTEN", value_name = "HOST:PORT")]
+    pub metrics_listen: Option<SocketAddr>,
     /// On SIGTERM/SIGINT, seconds running compactions get to finish before the streams
     /// close (health turns NOT_SERVING at once).
     #[arg(long, env = "COMPACTD_DRAIN_TIMEOUT_SECS", default_value_t = 20)]

@@ -57,6 +57,7 @@ pub fn interceptor(
         if token.accepts(header) {
             Ok(req)
         } else {
+            crate::telemetry::rejected(tonic::Code::Unauthenticated);
             Err(Status::unauthenticated(
                 "missing or wrong bearer token (send `authorization: Bearer <token>`)",
             ))

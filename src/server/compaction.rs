@@ -223,6 +223,17 @@ impl Job {
             Err(e) => Err(failed(&e)),
         };
         let paused = self.record(result.is_ok()).await;
+        match &result {
+            Ok(done) => crate::telemetry::compaction(
+                "compacted",
+                self.plan.request.auto,
+                began.elapsed(),
+                done.usage.as_ref().map(|u| (u.input, u.output)),
+            ),
+            Err(f) => {
+                crate::telemetry::compaction(&f.kind, self.plan.request.auto, began.elapsed(), None)
+            }
+        }
         let ev = match result {
             Ok(done) => {
                 tracing::info!(session_id = %self.session_id, compaction_id = %self.running.id, tokens_before = done.tokens_before, tokens_after = done.tokens_after, duration_ms = done.duration_ms, "session.compacted");

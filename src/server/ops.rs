@@ -228,6 +228,7 @@ async fn submit_op(hub: &Arc<Hub>, session_id: &str, op: Op) -> Pending {
         Op::Open(info) => {
             let (handle, created) = store.open(info.clone());
             if created {
+                crate::telemetry::sessions(store.len());
                 return Pending::Ready(Ok(Done {
                     created: true,
                     ..Done::default()
@@ -253,12 +254,21 @@ async fn submit_op(hub: &Arc<Hub>, session_id: &str, op: Op) -> Pending {
             let hub = hub.clone();
             let sid = session_id.to_string();
             queue(&handle, move |s, c| {
-                let report = engine::step(s, update, c, now_ms())?;
+                let kind = update.kind();
+                let began = std::time::Instant::now();
+                let report = engine::step(s, update, c, now_ms());
+                crate::telemetry::update(kind, report.is_ok(), began.elapsed());
+                let report = report?;
                 let mut done = Done {
                     created: report.applied.created,
                     ..Done::default()
                 };
                 for e in &report.events {
+                    match e {
+                        Event::Overflow(check) => crate::telemetry::overflow(check),
+                        Event::Pruned(r) => crate::telemetry::pruned(r, "auto"),
+                        _ => {}
+                    }
                     done.compact |= matches!(e, Event::CompactionNeeded(_));
                     if let Some(b) = bus_event(e) {
                         hub.publish(&sid, b);
@@ -306,6 +316,7 @@ async fn submit_op(hub: &Arc<Hub>, session_id: &str, op: Op) -> Pending {
                     PruneMode::Commit
                 };
                 let report = s.prune(mode, now_ms());
+                crate::telemetry::pruned(&report, "request");
                 Ok(Done::events(vec![Ev::PruneReport(convert::prune_to_pb(
                     &report,
                 ))]))
@@ -379,7 +390,10 @@ pub fn to_server_events(
             out
         }
         Err(r) => vec![wrap(Ev::Error(pb::Error {
-            code: code_name(r.code).to_string(),
+            code: {
+                crate::telemetry::rejected(r.code);
+                code_name(r.code).to_string()
+            },
             message: r.message,
             field: r.field,
         }))],
@@ -387,28 +401,7 @@ pub fn to_server_events(
 }
 
 /// The canonical upper-snake name of a status code.
-pub fn code_name(code: tonic::Code) -> &'static str {
-    use tonic::Code as C;
-    match code {
-        C::Ok => "OK",
-        C::Cancelled => "CANCELLED",
-        C::Unknown => "UNKNOWN",
-        C::InvalidArgument => "INVALID_ARGUMENT",
-        C::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        C::NotFound => "NOT_FOUND",
-        C::AlreadyExists => "ALREADY_EXISTS",
-        C::PermissionDenied => "PERMISSION_DENIED",
-        C::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        C::FailedPrecondition => "FAILED_PRECONDITION",
-        C::Aborted => "ABORTED",
-        C::OutOfRange => "OUT_OF_RANGE",
-        C::Unimplemented => "UNIMPLEMENTED",
-        C::Internal => "INTERNAL",
-        C::Unavailable => "UNAVAILABLE",
-        C::DataLoss => "DATA_LOSS",
-        C::Unauthenticated => "UNAUTHENTICATED",
-    }
-}
+pub use crate::telemetry::code_name;
 
 /// Wall clock in epoch ms: the shell reads the clock, the engine gets it as an argument.
 pub fn now_ms() -> i64 {

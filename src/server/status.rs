@@ -94,6 +94,7 @@ impl From<ImportError> for Rejection {
 
 impl From<Rejection> for Status {
     fn from(r: Rejection) -> Status {
+        crate::telemetry::rejected(r.code);
         if r.field.is_empty() {
             Status::new(r.code, r.message)
         } else {

@@ -12,6 +12,7 @@ mod e2e_llm;
 mod fake_llm_selftest;
 mod health;
 mod import;
+mod metrics;
 mod overflow;
 mod prune;
 mod replay_cli;

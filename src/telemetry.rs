@@ -1,0 +1,197 @@
+//! Prometheus metrics: every name compactd exports, the one place each is recorded, and
+//! the `/metrics` endpoint on its own port (`--metrics-listen`).
+//!
+//! The recorder is process-global (the `metrics` crate's design); it is installed once,
+//! and recording before that (or without it) costs a branch and does nothing.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::engine::{Crossed, OverflowCheck, PruneReport};
+
+/// Seconds buckets of the update latency histogram (engine work per update is µs).
+const UPDATE_BUCKETS: &[f64] = &[
+    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025,
+    0.1,
+];
+/// Seconds buckets of the compaction duration histogram (LLM calls take seconds).
+const COMPACTION_BUCKETS: &[f64] = &[0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the global recorder (once; later calls return the same handle).
+pub fn install() -> Result<PrometheusHandle, String> {
+    if let Some(h) = HANDLE.get() {
+        return Ok(h.clone());
+    }
+    let recorder = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full("compactd_update_duration_seconds".into()),
+            UPDATE_BUCKETS,
+        )
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full("compactd_compaction_duration_seconds".into()),
+                COMPACTION_BUCKETS,
+            )
+        })
+        .map_err(|e| e.to_string())?
+        .build_recorder();
+    let handle = recorder.handle();
+    // Another thread may have won the race: then its recorder is the global one.
+    if metrics::set_global_recorder(recorder).is_ok() {
+        let _ = HANDLE.set(handle);
+    }
+    describe();
+    HANDLE
+        .get()
+        .cloned()
+        .ok_or_else(|| "a metrics recorder was installed outside compactd".to_string())
+}
+
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_gauge!("compactd_sessions", "Sessions held in memory.");
+    describe_counter!(
+        "compactd_updates_total",
+        "Session updates applied, by kind and result."
+    );
+    describe_histogram!(
+        "compactd_update_duration_seconds",
+        metrics::Unit::Seconds,
+        "Engine time per update (apply, overflow check, prune), by kind."
+    );
+    describe_counter!(
+        "compactd_overflow_detections_total",
+        "Overflow detections, by what crossed the threshold (used or predicted)."
+    );
+    describe_counter!(
+        "compactd_prune_runs_total",
+        "Prune runs that changed a session, by trigger."
+    );
+    describe_counter!(
+        "compactd_tokens_saved_total",
+        "Context tokens removed, by layer (prune, or the strategy's name)."
+    );
+    describe_counter!(
+        "compactd_compactions_total",
+        "Compactions finished, by outcome (compacted or the failure kind) and auto."
+    );
+    describe_histogram!(
+        "compactd_compaction_duration_seconds",
+        metrics::Unit::Seconds,
+        "Wall time of a compaction, by outcome."
+    );
+    describe_counter!(
+        "compactd_compaction_llm_tokens_total",
+        "Tokens the compaction model reported, by direction (input, output)."
+    );
+    describe_counter!(
+        "compactd_rejected_requests_total",
+        "Requests and updates refused, by gRPC code."
+    );
+}
+
+/// The number of sessions held changed.
+pub fn sessions(n: usize) {
+    gauge!("compactd_sessions").set(n as f64);
+}
+
+/// One update went through the engine.
+pub fn update(kind: &'static str, ok: bool, took: Duration) {
+    let result = if ok { "ok" } else { "rejected" };
+    counter!("compactd_updates_total", "kind" => kind, "result" => result).increment(1);
+    histogram!("compactd_update_duration_seconds", "kind" => kind).record(took.as_secs_f64());
+}
+
+/// An overflow was detected.
+pub fn overflow(check: &OverflowCheck) {
+    let crossed = match check.crossed {
+        Some(Crossed::Used) => "used",
+        Some(Crossed::Predicted) => "predicted",
+        None => "none",
+    };
+    counter!("compactd_overflow_detections_total", "crossed" => crossed).increment(1);
+}
+
+/// A prune run changed the session (`trigger`: `auto` or `request`).
+pub fn pruned(report: &PruneReport, trigger: &'static str) {
+    if !report.changed() {
+        return;
+    }
+    counter!("compactd_prune_runs_total", "trigger" => trigger).increment(1);
+    if report.committed {
+        counter!("compactd_tokens_saved_total", "layer" => "prune").increment(report.tokens_saved);
+    }
+    for s in &report.strategies.savings {
+        counter!("compactd_tokens_saved_total", "layer" => s.strategy.name()).increment(s.tokens);
+    }
+}
+
+/// A compaction finished (`outcome`: `compacted`, or the failure kind).
+pub fn compaction(outcome: &str, auto: bool, took: Duration, llm: Option<(u64, u64)>) {
+    let auto = if auto { "true" } else { "false" };
+    counter!("compactd_compactions_total", "outcome" => outcome.to_string(), "auto" => auto)
+        .increment(1);
+    histogram!("compactd_compaction_duration_seconds", "outcome" => outcome.to_string())
+        .record(took.as_secs_f64());
+    if let Some((input, output)) = llm {
+        counter!("compactd_compaction_llm_tokens_total", "direction" => "input").increment(input);
+        counter!("compactd_compaction_llm_tokens_total", "direction" => "output").increment(output);
+    }
+}
+
+/// A request or update was refused with `code`.
+pub fn rejected(code: tonic::Code) {
+    counter!("compactd_rejected_requests_total", "code" => code_name(code)).increment(1);
+}
+
+/// The canonical upper-snake name of a status code (`RESOURCE_EXHAUSTED`).
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code as C;
+    match code {
+        C::Ok => "OK",
+        C::Cancelled => "CANCELLED",
+        C::Unknown => "UNKNOWN",
+        C::InvalidArgument => "INVALID_ARGUMENT",
+        C::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        C::NotFound => "NOT_FOUND",
+        C::AlreadyExists => "ALREADY_EXISTS",
+        C::PermissionDenied => "PERMISSION_DENIED",
+        C::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        C::FailedPrecondition => "FAILED_PRECONDITION",
+        C::Aborted => "ABORTED",
+        C::OutOfRange => "OUT_OF_RANGE",
+        C::Unimplemented => "UNIMPLEMENTED",
+        C::Internal => "INTERNAL",
+        C::Unavailable => "UNAVAILABLE",
+        C::DataLoss => "DATA_LOSS",
+        C::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// Serves `GET /metrics` (Prometheus text format) on `listener` until `shutdown`.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    handle: PrometheusHandle,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let handle = handle.clone();
+            async move {
+                (
+                    [("content-type", "text/plain; version=0.0.4")],
+                    handle.render(),
+                )
+            }
+        }),
+    );
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}

@@ -1,0 +1,205 @@
+//! `/metrics` of the real binary (its own process, so every counter starts at zero):
+//! scraped over HTTP before and after updates, a strategy run, an overflow, a rejected
+//! request and a compaction.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use compactd::server::pb;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_stream::StreamExt;
+
+use crate::common::fake_llm::{FakeLlm, Reply};
+use crate::common::*;
+
+const SID: &str = "m";
+
+/// The binary with metrics on an ephemeral port: (child, grpc address, metrics address).
+fn start(fake: &FakeLlm) -> (Child, String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_compactd"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
+        .args(["--metrics-listen", "127.0.0.1:0"])
+        .env("COMPACTD_LLM_BASE_URL", fake.base_url())
+        .env("COMPACTD_LLM_MODEL", "fake-model")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("compactd starts");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let (grpc, metrics) = loop {
+        let line = lines.next().expect("a start line").expect("utf-8");
+        let v: serde_json::Value = serde_json::from_str(&line).expect("json log");
+        if let (Some(g), Some(m)) = (
+            v["fields"]["listen"].as_str(),
+            v["fields"]["metrics_listen"].as_str(),
+        ) {
+            break (g.to_string(), m.to_string());
+        }
+    };
+    std::thread::spawn(move || for _ in lines.map_while(Result::ok) {});
+    (child, grpc, metrics)
+}
+
+async fn scrape(addr: &str) -> String {
+    let mut tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("metrics port");
+    tcp.write_all(b"GET /metrics HTTP/1.1\r\nHost: compactd\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("request");
+    let mut body = String::new();
+    tcp.read_to_string(&mut body).await.expect("response");
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    body
+}
+
+/// The value of the sample `name{labels}` (labels in the exporter's order), or 0.
+fn value(text: &str, sample: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(sample) && l[sample.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+fn call(message: &str, id: &str, tool: &str, input: serde_json::Value) -> pb::Part {
+    let mut p = tool_part(message, id, tool, &output_of(id, 8_000));
+    if let Some(pb::part::Kind::Tool(t)) = &mut p.kind {
+        t.state.as_mut().expect("state").input = Some(json_to_struct(&input));
+    }
+    p
+}
+
+#[tokio::test]
+async fn counters_move_as_updates_prunes_overflows_rejections_and_compactions_happen() {
+    let fake = FakeLlm::start(vec![Reply::text(["short summary"])]).await;
+    let (mut child, grpc, metrics) = start(&fake);
+    let before = scrape(&metrics).await;
+    assert_eq!(value(&before, "compactd_sessions"), 0.0);
+
+    let mut c = pb::sessions_client::SessionsClient::connect(format!("http://{grpc}"))
+        .await
+        .expect("connect");
+    open_session(&mut c, session_with_limits(SID, 100_000, 20_000)).await;
+    let file = serde_json::json!({"filePath": "src/lib.rs"});
+    for (u, a) in [("u1", "a1"), ("u2", "a2"), ("u3", "a3")] {
+        put_message(&mut c, SID, user_msg(u)).await;
+        put_part(&mut c, SID, text_part(u, &format!("{u}-t"), "again")).await;
+        put_message(&mut c, SID, assistant_msg(a, u)).await;
+        put_part(
+            &mut c,
+            SID,
+            call(a, &format!("{a}-r"), "read", file.clone()),
+        )
+        .await;
+        put_message(&mut c, SID, finished(assistant_msg(a, u))).await;
+    }
+    // Usage over the threshold (0.92 × 80,000): one overflow detection.
+    let mut last = finished(assistant_msg("a3", "u3"));
+    last.tokens = Some(usage(75_000));
+    put_message(&mut c, SID, last).await;
+    // A rejected request.
+    let missing = c
+        .get_context(pb::GetContextRequest {
+            session_id: "nope".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("no such session");
+    assert_eq!(missing.code(), tonic::Code::NotFound);
+    // A manual compaction.
+    let mut stream = c
+        .compact(pb::CompactRequest {
+            session_id: SID.into(),
+            options: None,
+        })
+        .await
+        .expect("compact")
+        .into_inner();
+    while stream.next().await.is_some() {}
+
+    let after = scrape(&metrics).await;
+    assert_eq!(value(&after, "compactd_sessions"), 1.0, "{after}");
+    assert_eq!(
+        value(
+            &after,
+            "compactd_updates_total{kind=\"upsert_message\",result=\"ok\"}"
+        ),
+        10.0,
+        "{after}"
+    );
+    assert_eq!(
+        value(
+            &after,
+            "compactd_update_duration_seconds_count{kind=\"upsert_part\"}"
+        ),
+        6.0,
+        "{after}"
+    );
+    assert_eq!(
+        value(
+            &after,
+            "compactd_overflow_detections_total{crossed=\"used\"}"
+        ),
+        1.0,
+        "{after}"
+    );
+    // The reads of one file: each newer read supersedes the older.
+    assert_eq!(
+        value(&after, "compactd_prune_runs_total{trigger=\"auto\"}"),
+        2.0,
+        "{after}"
+    );
+    assert!(
+        value(
+            &after,
+            "compactd_tokens_saved_total{layer=\"aggressiveFilePrune\"}"
+        ) > 3_000.0,
+        "{after}"
+    );
+    assert_eq!(
+        value(
+            &after,
+            "compactd_rejected_requests_total{code=\"NOT_FOUND\"}"
+        ),
+        1.0,
+        "{after}"
+    );
+    assert_eq!(
+        value(
+            &after,
+            "compactd_compactions_total{outcome=\"compacted\",auto=\"false\"}"
+        ),
+        1.0,
+        "{after}"
+    );
+    assert_eq!(
+        value(
+            &after,
+            "compactd_compaction_duration_seconds_count{outcome=\"compacted\"}"
+        ),
+        1.0,
+        "{after}"
+    );
+    assert!(
+        value(
+            &after,
+            "compactd_compaction_llm_tokens_total{direction=\"input\"}"
+        ) > 0.0,
+        "{after}"
+    );
+    assert!(after.contains("# HELP compactd_updates_total"));
+
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    for _ in 0..100 {
+        if child.try_wait().expect("wait").is_some() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = child.kill();
+    panic!("compactd did not exit");
+}
