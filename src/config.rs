@@ -27,6 +27,8 @@ pub const INTERRUPTED: &str = "[Tool execution was interrupted]";
 pub const AUTO_COOLDOWN: u32 = 2;
 /// Consecutive failed automatic compactions that pause auto-compaction for a session.
 pub const BREAKER_FAILURES: u32 = 3;
+/// Default limit of parts in one message (a real step has tens).
+pub const MAX_PARTS_PER_MESSAGE: usize = 10_000;
 /// The synthetic user message after an automatic compaction (seed 02).
 pub const AUTO_CONTINUE_TEXT: &str = "Continue if you have next steps";
 /// How a user `compaction` part reads in the context (OpenCode `toModelMessages`).
@@ -122,6 +124,8 @@ pub struct EngineConfig {
     pub placeholder: String,
     /// Text of the synthetic user message after an automatic compaction.
     pub auto_continue: String,
+    /// Parts one message may hold (0: no limit).
+    pub max_parts_per_message: usize,
     /// Cooldown after a compaction that did not fix the overflow (finished messages).
     pub auto_cooldown: u32,
     /// Consecutive automatic failures that pause auto-compaction (0: never pause).
@@ -153,6 +157,7 @@ impl Default for EngineConfig {
             protect_turns: PROTECT_TURNS,
             placeholder: PLACEHOLDER.to_string(),
             auto_continue: AUTO_CONTINUE_TEXT.to_string(),
+            max_parts_per_message: MAX_PARTS_PER_MESSAGE,
             auto_cooldown: AUTO_COOLDOWN,
             breaker_failures: BREAKER_FAILURES,
             strategies: StrategySet::all(),

@@ -77,13 +77,17 @@ fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
     let auth = args.auth().map_err(|e| with_source(e, layered))?;
     let uds_mode = args.uds_mode().map_err(|e| with_source(e, layered))?;
     runtime.block_on(async move {
-        let store = Arc::new(Store::new(config.clone(), Arc::new(CharsPerToken)));
+        let store = Arc::new(
+            Store::new(config.clone(), Arc::new(CharsPerToken)).with_max_sessions(args.max_sessions),
+        );
         let authenticated = auth.token.is_some();
         let options = ServerOptions {
             max_update_bytes: args.max_update_bytes,
             compaction: compaction.clone(),
             drain_timeout: std::time::Duration::from_secs(args.drain_timeout_secs),
             auth,
+            idle_ttl: (args.session_idle_ttl_secs > 0)
+                .then(|| std::time::Duration::from_secs(args.session_idle_ttl_secs)),
         };
         let metrics_stop = tokio_util::sync::CancellationToken::new();
         let mut metrics_addr = String::new();

@@ -90,6 +90,10 @@ fn describe() {
         "Tokens the compaction model reported, by direction (input, output)."
     );
     describe_counter!(
+        "compactd_sessions_evicted_total",
+        "Sessions removed from memory, by reason (idle)."
+    );
+    describe_counter!(
         "compactd_rejected_requests_total",
         "Requests and updates refused, by gRPC code."
     );
@@ -98,6 +102,11 @@ fn describe() {
 /// The number of sessions held changed.
 pub fn sessions(n: usize) {
     gauge!("compactd_sessions").set(n as f64);
+}
+
+/// A session was evicted (`reason`: `idle`).
+pub fn evicted(reason: &'static str) {
+    counter!("compactd_sessions_evicted_total", "reason" => reason).increment(1);
 }
 
 /// One update went through the engine.

@@ -97,6 +97,9 @@ pub struct EngineArgs {
     /// How cached prompt tokens are counted.
     #[arg(long, env = "COMPACTD_CACHE_COUNTING", value_enum, default_value_t = CacheArg::Separate)]
     pub cache_counting: CacheArg,
+    /// Parts one message may hold; one more is RESOURCE_EXHAUSTED (0: no limit).
+    #[arg(long, env = "COMPACTD_MAX_PARTS_PER_MESSAGE", default_value_t = crate::config::MAX_PARTS_PER_MESSAGE)]
+    pub max_parts_per_message: usize,
     /// PRUNE_PROTECT: newest tool-output tokens never pruned.
     #[arg(long, env = "COMPACTD_PRUNE_PROTECT", default_value_t = crate::config::PRUNE_PROTECT)]
     pub prune_protect: u64,
@@ -261,6 +264,12 @@ pub struct ServeArgs {
     /// Log format.
     #[arg(long, env = "COMPACTD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Pretty)]
     pub log_format: LogFormat,
+    /// Sessions held at most; opening one more is RESOURCE_EXHAUSTED (0: no limit).
+    #[arg(long, env = "COMPACTD_MAX_SESSIONS", default_value_t = 10_000)]
+    pub max_sessions: usize,
+    /// Evict sessions no update or request touched for this many seconds (0: never).
+    #[arg(long, env = "COMPACTD_SESSION_IDLE_TTL_SECS", default_value_t = 86_400)]
+    pub session_idle_ttl_secs: u64,
     /// Serve Prometheus metrics on this address (`GET /metrics`); off when unset.
     #[arg(long, env = "COMPACTD_METRICS_LISTEN", value_name = "HOST:PORT")]
     pub metrics_listen: Option<SocketAddr>,
@@ -544,6 +553,7 @@ impl EngineArgs {
             protect_turns: self.protect_turns,
             strategies: self.strategy_set()?,
             placeholder: self.placeholder.clone(),
+            max_parts_per_message: self.max_parts_per_message,
             auto_continue: self.auto_continue_text.clone(),
             strategy_protected_tools: non_empty(&self.strategy_protected_tools),
             protected_file_globs: non_empty(&self.protected_file_globs),

@@ -13,6 +13,8 @@ pub enum ErrorKind {
     /// The session is not in a state that allows the update (`FAILED_PRECONDITION`),
     /// e.g. a part for a message that was never sent. Send the missing piece first.
     FailedPrecondition,
+    /// A configured limit would be exceeded (`RESOURCE_EXHAUSTED`).
+    ResourceExhausted,
 }
 
 /// A rejected update. The session is unchanged when this is returned.
@@ -42,6 +44,15 @@ impl ApplyError {
     pub fn not_found(field: impl Into<String>, message: impl Into<String>) -> Self {
         ApplyError {
             kind: ErrorKind::NotFound,
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    /// A limit reached.
+    pub fn exhausted(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ApplyError {
+            kind: ErrorKind::ResourceExhausted,
             field: field.into(),
             message: message.into(),
         }

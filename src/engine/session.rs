@@ -404,6 +404,16 @@ impl Session {
             None => (0, false, false, false),
         };
         let created = existing.is_none();
+        let max = self.settings.max_parts_per_message;
+        if created && max > 0 && self.messages[idx].parts.len() >= max {
+            return Err(ApplyError::exhausted(
+                "id",
+                format!(
+                    "message {} already holds {max} parts (max_parts_per_message)",
+                    self.messages[idx].info.id
+                ),
+            ));
+        }
         if created && is_step_start {
             self.usage.since_request = 0; // the model is being called again
         }

@@ -47,6 +47,8 @@ pub struct ServerOptions {
     pub drain_timeout: Duration,
     /// Bearer-token authentication (off unless a token is set).
     pub auth: AuthConfig,
+    /// Sessions untouched this long are evicted (None: never).
+    pub idle_ttl: Option<Duration>,
 }
 
 /// Default of [`ServerOptions::drain_timeout`] (under Kubernetes' default 30 s grace).
@@ -59,6 +61,7 @@ impl Default for ServerOptions {
             compaction: CompactionConfig::default(),
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             auth: AuthConfig::default(),
+            idle_ttl: None,
         }
     }
 }
@@ -117,6 +120,9 @@ where
     let transport_max = options.max_update_bytes.saturating_mul(TRANSPORT_SLACK);
     let hub = Arc::new(Hub::new(store, options.compaction.clone()));
     let drain_hub = hub.clone();
+    if let Some(ttl) = options.idle_ttl {
+        tokio::spawn(reap_idle(hub.clone(), ttl));
+    }
     let sessions = pb::sessions_server::SessionsServer::new(SessionsService::new(
         hub,
         options.max_update_bytes,
@@ -200,6 +206,37 @@ where
             tracing::warn!(linger_secs = CONNECTION_LINGER.as_secs(), "connections still open after the drain; exiting anyway");
             Ok(())
         }
+    }
+}
+
+/// Evicts sessions idle longer than `ttl`, checking a few times per TTL, until the drain
+/// closes the server. Each eviction is an event (`evicted`), a metric and a log line.
+async fn reap_idle(hub: Arc<Hub>, ttl: Duration) {
+    let every = (ttl / 4).clamp(Duration::from_millis(50), Duration::from_secs(30));
+    let closing = hub.closing();
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = closing.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let evicted = hub.store.evict_idle(ttl);
+        if evicted.is_empty() {
+            continue;
+        }
+        for (id, idle_ms) in &evicted {
+            tracing::info!(session_id = %id, idle_ms, "session evicted (idle)");
+            crate::telemetry::evicted("idle");
+            hub.publish(
+                id,
+                pb::session_event::Event::Evicted(pb::SessionEvicted {
+                    reason: "idle".into(),
+                    idle_ms: *idle_ms,
+                }),
+            );
+        }
+        crate::telemetry::sessions(hub.store.len());
     }
 }
 

@@ -226,7 +226,10 @@ async fn submit_op(hub: &Arc<Hub>, session_id: &str, op: Op) -> Pending {
     let store = &hub.store;
     let handle = match &op {
         Op::Open(info) => {
-            let (handle, created) = store.open(info.clone());
+            let (handle, created) = match store.open(info.clone()) {
+                Ok(h) => h,
+                Err(e) => return Pending::Ready(Err(e.into())),
+            };
             if created {
                 crate::telemetry::sessions(store.len());
                 return Pending::Ready(Ok(Done {

@@ -62,6 +62,7 @@ impl From<ApplyError> for Rejection {
             ErrorKind::InvalidArgument => Code::InvalidArgument,
             ErrorKind::NotFound => Code::NotFound,
             ErrorKind::FailedPrecondition => Code::FailedPrecondition,
+            ErrorKind::ResourceExhausted => Code::ResourceExhausted,
         };
         Rejection {
             code,
@@ -77,6 +78,7 @@ impl From<StoreError> for Rejection {
             StoreError::NotFound(_) => Code::NotFound,
             StoreError::AlreadyExists(_) => Code::AlreadyExists,
             StoreError::Closed(_) => Code::Aborted,
+            StoreError::Full(_) => Code::ResourceExhausted,
         };
         Rejection {
             code,

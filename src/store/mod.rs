@@ -12,6 +12,7 @@
 //! the engine's [`Session`] value.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use thiserror::Error;
@@ -42,6 +43,9 @@ pub enum StoreError {
     /// The session was deleted while the request was queued. Retrying reopens nothing.
     #[error("session {0} was deleted")]
     Closed(String),
+    /// Creating the session would exceed `max_sessions`.
+    #[error("max_sessions ({0}) reached: delete sessions or raise --max-sessions")]
+    Full(usize),
 }
 
 /// A cheap, cloneable address of one session's actor.
@@ -49,6 +53,8 @@ pub enum StoreError {
 pub struct SessionHandle {
     id: Arc<str>,
     tx: mpsc::Sender<Job>,
+    /// When a job was last queued (epoch ms), for the idle TTL.
+    last_used: Arc<AtomicI64>,
 }
 
 impl SessionHandle {
@@ -65,6 +71,7 @@ impl SessionHandle {
         R: Send + 'static,
         F: FnOnce(&mut Session, &EngineConfig) -> R + Send + 'static,
     {
+        self.last_used.store(now_ms(), Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         let job: Job = Box::new(move |s, c| {
             // The caller may have gone away; the job's effect on the session stands.
@@ -96,6 +103,8 @@ pub struct Store {
     config: Arc<EngineConfig>,
     counter: Arc<dyn TokenCounter>,
     mailbox: usize,
+    /// Sessions held at most (0: no limit).
+    max_sessions: usize,
 }
 
 impl Store {
@@ -106,7 +115,32 @@ impl Store {
             config: Arc::new(config),
             counter,
             mailbox: DEFAULT_MAILBOX,
+            max_sessions: 0,
         }
+    }
+
+    /// This store holding at most `max` sessions (0: no limit).
+    pub fn with_max_sessions(mut self, max: usize) -> Store {
+        self.max_sessions = max;
+        self
+    }
+
+    /// Removes the sessions no job touched for `ttl`; returns their ids and idle times.
+    pub fn evict_idle(&self, ttl: std::time::Duration) -> Vec<(String, u64)> {
+        let now = now_ms();
+        let ttl = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        let mut map = self.write();
+        let idle: Vec<(String, u64)> = map
+            .iter()
+            .filter_map(|(id, h)| {
+                let idle = now.saturating_sub(h.last_used.load(Ordering::Relaxed));
+                (idle >= ttl).then(|| (id.clone(), u64::try_from(idle).unwrap_or(0)))
+            })
+            .collect();
+        for (id, _) in &idle {
+            map.remove(id);
+        }
+        idle
     }
 
     /// The server-wide engine config.
@@ -129,19 +163,22 @@ impl Store {
 
     /// Returns the existing session's handle, or creates the session from `info`.
     /// The flag is true when it was created (the caller then has nothing to configure).
-    pub fn open(&self, info: SessionInfo) -> (SessionHandle, bool) {
+    pub fn open(&self, info: SessionInfo) -> Result<(SessionHandle, bool), StoreError> {
         if let Some(h) = self.read().get(&info.id) {
-            return (h.clone(), false);
+            return Ok((h.clone(), false));
         }
         let mut map = self.write();
         if let Some(h) = map.get(&info.id) {
-            return (h.clone(), false);
+            return Ok((h.clone(), false));
+        }
+        if self.max_sessions > 0 && map.len() >= self.max_sessions {
+            return Err(StoreError::Full(self.max_sessions));
         }
         let id = info.id.clone();
         let session = Session::new(info, &self.config, self.counter.clone());
         let handle = self.spawn(session);
         map.insert(id, handle.clone());
-        (handle, true)
+        Ok((handle, true))
     }
 
     /// Adds a fully built session (from an import). Fails when the id is taken unless
@@ -151,6 +188,9 @@ impl Store {
         let mut map = self.write();
         if map.contains_key(&id) && !replace {
             return Err(StoreError::AlreadyExists(id));
+        }
+        if !map.contains_key(&id) && self.max_sessions > 0 && map.len() >= self.max_sessions {
+            return Err(StoreError::Full(self.max_sessions));
         }
         let handle = self.spawn(session);
         map.insert(id, handle.clone());
@@ -192,7 +232,11 @@ impl Store {
             }
             .instrument(span),
         );
-        SessionHandle { id, tx }
+        SessionHandle {
+            id,
+            tx,
+            last_used: Arc::new(AtomicI64::new(now_ms())),
+        }
     }
 
     // A poisoned lock means a panic while holding it; the map itself is still consistent
@@ -204,4 +248,11 @@ impl Store {
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, SessionHandle>> {
         self.sessions.write().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// Wall clock in epoch ms (the store's only clock: idle times).
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }

@@ -98,11 +98,16 @@ pub async fn start_server_with_config(config: EngineConfig) -> TestServer {
 
 /// A server with custom options and engine config, chars/4 token counting.
 pub async fn start_server_with(options: ServerOptions, config: EngineConfig) -> TestServer {
+    start_server_on(Store::new(config, Arc::new(CharsPerToken)), options).await
+}
+
+/// A server over a store the test built (limits).
+pub async fn start_server_on(store: Store, options: ServerOptions) -> TestServer {
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind 127.0.0.1:0");
     let addr = listener.local_addr().expect("local addr");
-    let store = Arc::new(Store::new(config, Arc::new(CharsPerToken)));
+    let store = Arc::new(store);
     let (tx, rx) = oneshot::channel::<()>();
     tokio::spawn(async move {
         serve(listener, store, options, async {

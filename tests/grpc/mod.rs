@@ -12,6 +12,7 @@ mod e2e_llm;
 mod fake_llm_selftest;
 mod health;
 mod import;
+mod limits;
 mod metrics;
 mod overflow;
 mod prune;
