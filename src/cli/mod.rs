@@ -270,6 +270,10 @@ pub struct ServeArgs {
     /// Evict sessions no update or request touched for this many seconds (0: never).
     #[arg(long, env = "COMPACTD_SESSION_IDLE_TTL_SECS", default_value_t = 86_400)]
     pub session_idle_ttl_secs: u64,
+    /// A Stream client that leaves its event buffer (1024 events) full this many seconds
+    /// is disconnected with RESOURCE_EXHAUSTED; its sessions are kept.
+    #[arg(long, env = "COMPACTD_SLOW_READER_GRACE_SECS", default_value_t = 10)]
+    pub slow_reader_grace_secs: u64,
     /// Serve Prometheus metrics on this address (`GET /metrics`); off when unset.
     #[arg(long, env = "COMPACTD_METRICS_LISTEN", value_name = "HOST:PORT")]
     pub metrics_listen: Option<SocketAddr>,

@@ -61,6 +61,9 @@ pub struct Running {
     pub cancel: CancellationToken,
 }
 
+/// Default of [`Hub::slow_reader_grace`].
+pub const DEFAULT_SLOW_READER_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Shared server state.
 #[derive(Debug)]
 pub struct Hub {
@@ -70,6 +73,8 @@ pub struct Hub {
     pub bus: broadcast::Sender<Arc<pb::SessionEvent>>,
     /// Compaction settings.
     pub compaction: CompactionConfig,
+    /// How long a `Stream` may leave its event buffer full before it is closed.
+    pub slow_reader_grace: std::time::Duration,
     /// Session id → its running compaction. A std mutex: held for one map operation,
     /// never across an await.
     running: Mutex<HashMap<String, Running>>,
@@ -88,6 +93,7 @@ impl Hub {
             store,
             bus,
             compaction,
+            slow_reader_grace: DEFAULT_SLOW_READER_GRACE,
             running: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             draining: CancellationToken::new(),

@@ -49,6 +49,9 @@ pub struct ServerOptions {
     pub auth: AuthConfig,
     /// Sessions untouched this long are evicted (None: never).
     pub idle_ttl: Option<Duration>,
+    /// How long a `Stream` client may leave its event buffer full before the stream is
+    /// closed with `RESOURCE_EXHAUSTED`.
+    pub slow_reader_grace: Duration,
 }
 
 /// Default of [`ServerOptions::drain_timeout`] (under Kubernetes' default 30 s grace).
@@ -62,6 +65,7 @@ impl Default for ServerOptions {
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             auth: AuthConfig::default(),
             idle_ttl: None,
+            slow_reader_grace: hub::DEFAULT_SLOW_READER_GRACE,
         }
     }
 }
@@ -118,7 +122,9 @@ where
     IE: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let transport_max = options.max_update_bytes.saturating_mul(TRANSPORT_SLACK);
-    let hub = Arc::new(Hub::new(store, options.compaction.clone()));
+    let mut hub = Hub::new(store, options.compaction.clone());
+    hub.slow_reader_grace = options.slow_reader_grace;
+    let hub = Arc::new(hub);
     let drain_hub = hub.clone();
     if let Some(ttl) = options.idle_ttl {
         tokio::spawn(reap_idle(hub.clone(), ttl));

@@ -4,7 +4,9 @@
 //! own order is its actor's mailbox order, and acks leave in the order updates arrived.
 //!
 //! Backpressure: the outbound buffer and the in-flight queue are bounded, so a client that
-//! stops reading its events stops being read from (HTTP/2 flow control does the rest).
+//! stops reading its events stops being read from (HTTP/2 flow control does the rest); if
+//! the buffer stays full for the hub's `slow_reader_grace`, the stream ends with
+//! `RESOURCE_EXHAUSTED` and nothing else waits on that client.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -52,7 +54,10 @@ pub fn run(
     max_update_bytes: usize,
     peer: String,
 ) -> EventStream {
-    let (out_tx, out_rx) = mpsc::channel(EVENT_BUFFER);
+    let (out_tx, out_rx) = mpsc::channel::<pb::ServerEvent>(EVENT_BUFFER);
+    let (end_tx, end_rx) = oneshot::channel::<Status>();
+    let mut end_tx = Some(end_tx);
+    let grace = hub.slow_reader_grace;
     // Events of compactions started from this stream, after their start was acked.
     let (cmp_tx, mut cmp_rx) = mpsc::channel::<pb::CompactionEvent>(EVENT_BUFFER);
     let (slot_tx, mut slot_rx) = mpsc::channel::<Slot>(IN_FLIGHT);
@@ -128,7 +133,7 @@ pub fn run(
                         let (seq, session_id, kind, pending, go) = match slot {
                             Slot::Update { seq, session_id, kind, pending, go } => (seq, session_id, kind, pending, go),
                             Slot::Failed(status) => {
-                                let _ = out_tx.send(Err(status)).await;
+                                let _ = end_tx.take().map(|e| e.send(status));
                                 return;
                             }
                         };
@@ -146,8 +151,8 @@ pub fn run(
                             }
                         }
                         for event in ops::to_server_events(seq, &session_id, kind, outcome) {
-                            if out_tx.send(Ok(event)).await.is_err() {
-                                return; // the client went away
+                            if !deliver(&out_tx, &mut end_tx, event, grace).await {
+                                return; // the client went away or stopped reading
                             }
                         }
                         if let Some(go) = go {
@@ -161,7 +166,7 @@ pub fn run(
                                 Ok(started) => {
                                     started_by.insert(started.compaction_id.clone(), seq);
                                     let event = pb::ServerEvent { seq, session_id: session_id.clone(), event: Some(Ev::Compaction(started)) };
-                                    if out_tx.send(Ok(event)).await.is_err() {
+                                    if !deliver(&out_tx, &mut end_tx, event, grace).await {
                                         return;
                                     }
                                 }
@@ -178,7 +183,7 @@ pub fn run(
                             session_id: ev.session_id.clone(),
                             event: Some(Ev::Compaction(ev)),
                         };
-                        if out_tx.send(Ok(event)).await.is_err() {
+                        if !deliver(&out_tx, &mut end_tx, event, grace).await {
                             return;
                         }
                     }
@@ -187,5 +192,43 @@ pub fn run(
         }
         .instrument(span),
     );
-    Box::pin(ReceiverStream::new(out_rx))
+    // Events already buffered first; then the closing status, if the stream ended with one.
+    let end = futures::StreamExt::filter_map(
+        futures::stream::once(async move { end_rx.await.ok() }),
+        |s| async move { s.map(Err) },
+    );
+    Box::pin(futures::StreamExt::chain(
+        futures::StreamExt::map(ReceiverStream::new(out_rx), Ok),
+        end,
+    ))
+}
+
+/// Sends one event, waiting at most `grace` for room in the buffer. A client that leaves
+/// the buffer full that long is not reading: the stream ends with `RESOURCE_EXHAUSTED`
+/// (after the buffered events) and its sessions are left exactly as the acks said.
+async fn deliver(
+    out: &mpsc::Sender<pb::ServerEvent>,
+    end: &mut Option<oneshot::Sender<Status>>,
+    event: pb::ServerEvent,
+    grace: std::time::Duration,
+) -> bool {
+    match tokio::time::timeout(grace, out.send(event)).await {
+        Ok(Ok(())) => true,
+        Ok(Err(_)) => false, // the client went away
+        Err(_) => {
+            tracing::warn!(
+                buffered = EVENT_BUFFER,
+                grace_ms = grace.as_millis() as u64,
+                "client is not reading its events; closing the stream"
+            );
+            crate::telemetry::rejected(tonic::Code::ResourceExhausted);
+            if let Some(e) = end.take() {
+                let _ = e.send(Status::resource_exhausted(format!(
+                    "client is not reading its events ({EVENT_BUFFER} buffered for {} ms); stream closed, the sessions are intact",
+                    grace.as_millis()
+                )));
+            }
+            false
+        }
+    }
 }

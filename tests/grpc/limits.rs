@@ -127,3 +127,77 @@ async fn idle_sessions_are_evicted_with_an_event_and_busy_ones_stay() {
     assert_status(gone, tonic::Code::NotFound, "idle");
     get_context(&mut c, "busy").await;
 }
+
+#[tokio::test]
+async fn a_stream_client_that_stops_reading_is_disconnected_and_its_session_kept() {
+    let server = start_server_with_options(ServerOptions {
+        slow_reader_grace: Duration::from_millis(300),
+        ..Default::default()
+    })
+    .await;
+    let mut c = server.client().await;
+    open_session(&mut c, session("slow")).await;
+    // A ~12 KB context: each answer to a context request is that big.
+    put_message(&mut c, "slow", user_msg("u0")).await;
+    put_part(
+        &mut c,
+        "slow",
+        text_part("u0", "big", &output_of("big", 12_000)),
+    )
+    .await;
+    let (tx, rx) = tokio::sync::mpsc::channel::<pb::ClientUpdate>(64);
+    let mut events = c
+        .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("stream")
+        .into_inner();
+    // Ask for far more than the event buffer and the HTTP/2 windows hold, reading
+    // nothing back. The sender blocks once the server stops reading from this stream.
+    let sender = tokio::spawn(async move {
+        for i in 0..5_000u64 {
+            let update = pb::ClientUpdate {
+                seq: i + 1,
+                session_id: "slow".into(),
+                update: Some(pb::client_update::Update::GetContext(
+                    pb::ContextOptions::default(),
+                )),
+            };
+            if tx.send(update).await.is_err() {
+                break;
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+
+    // Another client is not held up meanwhile.
+    let mut other = server.client().await;
+    open_session(&mut other, session("other")).await;
+    put_message(&mut other, "other", user_msg("x")).await;
+
+    // Reading now: the buffered events, then the closing status.
+    let mut acked = 0u64;
+    let status = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match events.next().await {
+                Some(Ok(_)) => acked += 1,
+                Some(Err(status)) => break status,
+                None => panic!("the stream ended without a status"),
+            }
+        }
+    })
+    .await
+    .expect("the stream ends");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("not reading"), "{status:?}");
+    assert!(acked >= 1000, "the buffered events came first: {acked}");
+    assert!(
+        acked < 5_000,
+        "the stream ended before every request was answered"
+    );
+    sender.abort();
+
+    // The session is intact and takes more.
+    assert_eq!(get_session(&mut c, "slow").await.messages.len(), 1);
+    put_message(&mut c, "slow", user_msg("after")).await;
+    assert_eq!(get_session(&mut c, "slow").await.messages.len(), 2);
+}
