@@ -76,6 +76,7 @@ fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     let auth = args.auth().map_err(|e| with_source(e, layered))?;
     let uds_mode = args.uds_mode().map_err(|e| with_source(e, layered))?;
+    let tls = args.tls().map_err(|e| with_source(e, layered))?;
     runtime.block_on(async move {
         let store = Arc::new(
             Store::new(config.clone(), Arc::new(CharsPerToken)).with_max_sessions(args.max_sessions),
@@ -89,6 +90,7 @@ fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
             idle_ttl: (args.session_idle_ttl_secs > 0)
                 .then(|| std::time::Duration::from_secs(args.session_idle_ttl_secs)),
             slow_reader_grace: std::time::Duration::from_secs(args.slow_reader_grace_secs.max(1)),
+            tls,
         };
         let metrics_stop = tokio_util::sync::CancellationToken::new();
         let mut metrics_addr = String::new();

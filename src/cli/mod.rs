@@ -219,6 +219,29 @@ impl ServeArgs {
         })
     }
 
+    /// The TLS settings (reads the PEM files), or None for plaintext.
+    pub fn tls(&self) -> Result<Option<tonic::transport::ServerTlsConfig>, ConfigError> {
+        let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
+            return Ok(None);
+        };
+        let read = |flag: &'static str, path: &PathBuf| {
+            std::fs::read(path).map_err(|e| ConfigError {
+                flag,
+                message: format!("cannot read {}: {e}", path.display()),
+            })
+        };
+        let identity =
+            tonic::transport::Identity::from_pem(read("tls-cert", cert)?, read("tls-key", key)?);
+        let mut tls = tonic::transport::ServerTlsConfig::new().identity(identity);
+        if let Some(ca) = &self.tls_client_ca {
+            tls = tls.client_ca_root(tonic::transport::Certificate::from_pem(read(
+                "tls-client-ca",
+                ca,
+            )?));
+        }
+        Ok(Some(tls))
+    }
+
     /// The Unix socket's file mode.
     pub fn uds_mode(&self) -> Result<u32, ConfigError> {
         u32::from_str_radix(self.uds_mode.trim_start_matches("0o"), 8)
@@ -264,6 +287,30 @@ pub struct ServeArgs {
     /// Log format.
     #[arg(long, env = "COMPACTD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Pretty)]
     pub log_format: LogFormat,
+    /// PEM certificate chain for TLS (with --tls-key); plaintext without it.
+    #[arg(
+        long,
+        env = "COMPACTD_TLS_CERT",
+        value_name = "PATH",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for TLS.
+    #[arg(
+        long,
+        env = "COMPACTD_TLS_KEY",
+        value_name = "PATH",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA bundle: clients must present a certificate it signed (mutual TLS).
+    #[arg(
+        long,
+        env = "COMPACTD_TLS_CLIENT_CA",
+        value_name = "PATH",
+        requires = "tls_cert"
+    )]
+    pub tls_client_ca: Option<PathBuf>,
     /// Sessions held at most; opening one more is RESOURCE_EXHAUSTED (0: no limit).
     #[arg(long, env = "COMPACTD_MAX_SESSIONS", default_value_t = 10_000)]
     pub max_sessions: usize,

@@ -52,6 +52,8 @@ pub struct ServerOptions {
     /// How long a `Stream` client may leave its event buffer full before the stream is
     /// closed with `RESOURCE_EXHAUSTED`.
     pub slow_reader_grace: Duration,
+    /// TLS (and, with a client CA, mutual TLS); plaintext when None.
+    pub tls: Option<tonic::transport::ServerTlsConfig>,
 }
 
 /// Default of [`ServerOptions::drain_timeout`] (under Kubernetes' default 30 s grace).
@@ -66,6 +68,7 @@ impl Default for ServerOptions {
             auth: AuthConfig::default(),
             idle_ttl: None,
             slow_reader_grace: hub::DEFAULT_SLOW_READER_GRACE,
+            tls: None,
         }
     }
 }
@@ -191,7 +194,11 @@ where
         guard(!options.auth.open_reflection),
     );
     let sessions = tonic::service::interceptor::InterceptedService::new(sessions, guard(true));
-    let server = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = options.tls.clone() {
+        builder = builder.tls_config(tls).map_err(ServeError::Transport)?;
+    }
+    let server = builder
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .trace_fn(|req| tracing::info_span!("rpc", rpc = %req.uri().path()))

@@ -20,4 +20,5 @@ mod replay_cli;
 mod secrets;
 mod strategies;
 mod stream;
+mod tls;
 mod unary;
