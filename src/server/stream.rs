@@ -91,12 +91,11 @@ pub fn run(
                     }
                     Ok(op) => {
                         let kind = op.kind();
-                        tracing::trace!(seq, %session_id, kind, "update");
-                        (
-                            kind,
-                            ops::submit(&hub, &session_id, op, ops::Scope::Stream).await,
-                            None,
-                        )
+                        let span = tracing::debug_span!("update", seq, session_id = %session_id, kind);
+                        let pending = ops::submit(&hub, &session_id, op, ops::Scope::Stream)
+                            .instrument(span)
+                            .await;
+                        (kind, pending, None)
                     }
                     Err(r) => ("invalid", Pending::Ready(Err(r)), None),
                 };

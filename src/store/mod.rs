@@ -221,7 +221,7 @@ impl Store {
         let (tx, mut rx) = mpsc::channel::<Job>(self.mailbox);
         let id: Arc<str> = Arc::from(session.info().id.as_str());
         let config = self.config.clone();
-        let span = tracing::debug_span!("session", session_id = %id);
+        let span = tracing::info_span!("session", session_id = %id);
         tokio::spawn(
             async move {
                 tracing::debug!("session actor started");
