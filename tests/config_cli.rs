@@ -167,3 +167,32 @@ fn bad_settings_stop_the_start_naming_the_key_and_its_source() {
         "{err}"
     );
 }
+
+#[test]
+fn secrets_stay_out_of_config_errors_and_urls_lose_their_credentials() {
+    // A broken line holding a key: the error names the line, never quotes it.
+    let broken = config_file(
+        "broken.toml",
+        "threshold = 0.9\nllm_api_key = \"sk-LEAK-123\n",
+    );
+    let (ok, _, err) = compactd(&["serve", "--config", broken.to_str().expect("utf-8")], &[]);
+    assert!(!ok);
+    assert!(err.contains("line 2"), "{err}");
+    assert!(!err.contains("sk-LEAK-123"), "{err}");
+
+    let (ok, out, err) = compactd(
+        &[
+            "config",
+            "print",
+            "--llm-base-url",
+            "https://user:p4ss@gateway.example/v1",
+        ],
+        &[],
+    );
+    assert!(ok, "{err}");
+    assert!(!out.contains("p4ss"), "{out}");
+    assert!(
+        line(&out, "llm_base_url").contains("https://[redacted]@gateway.example/v1"),
+        "{out}"
+    );
+}

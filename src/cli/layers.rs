@@ -202,9 +202,15 @@ fn file_flags(
 ) -> Result<Vec<(String, Vec<String>)>, LayerError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| LayerError::File(format!("--config {}: {e}", path.display())))?;
-    let table: toml::Table = text
-        .parse()
-        .map_err(|e: toml::de::Error| LayerError::File(format!("{}: {e}", path.display())))?;
+    // toml's Display quotes the offending line, which may hold a secret: report the
+    // message and the line number only.
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        let line = e
+            .span()
+            .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1)
+            .map_or_else(String::new, |l| format!(" (line {l})"));
+        LayerError::File(format!("{}{line}: {}", path.display(), e.message()))
+    })?;
     let cmd = serve_command(sub);
     let mut out = Vec::new();
     for (key, value) in &table {
@@ -313,6 +319,7 @@ pub fn print_config(l: &Layered) -> String {
         let raw = l.values.get(long).cloned().unwrap_or_default();
         let source = l.source_of(long);
         let secret = (long.contains("api-key") || long == "auth-token") && !long.ends_with("file");
+        let raw: Vec<String> = raw.iter().map(|v| without_userinfo(v)).collect();
         let value = if secret {
             if raw.iter().all(|v| v.is_empty()) {
                 out.push_str(&format!("# {key} is not set  # {source}\n"));
@@ -366,5 +373,17 @@ impl Layered {
             Command::Config(ConfigCommand::Print(_)) => Some(print_config(self)),
             _ => None,
         }
+    }
+}
+
+/// A URL with its `user:password@` part redacted (other values unchanged).
+fn without_userinfo(v: &str) -> String {
+    let Some((scheme, rest)) = v.split_once("://") else {
+        return v.to_string();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://[redacted]@{}", &rest[at + 1..]),
+        None => v.to_string(),
     }
 }

@@ -478,10 +478,13 @@ impl Session {
         // Removing any part shifts the positions of the parts after it, which the prune
         // window may hold: always invalidate it (deletions are rare).
         self.prune.touch(idx);
-        if let PartKind::Tool(t) = &old.part.kind {
-            // The strategies' state may hold this call: rebuild it, and give back their
-            // content to the calls it superseded (one scan; deletions are rare).
-            self.tracker.invalidate();
+        // The strategies' state holds part positions (which this shifts) and maybe this
+        // call: rebuild it at the next commit (deletions are rare).
+        self.tracker.invalidate();
+        if let PartKind::Tool(t) = &old.part.kind
+            && !t.call_id.is_empty()
+        {
+            // Give back their content to the calls it superseded (one scan).
             self.unmark_superseded_by(&t.call_id);
         }
         if matches!(old.part.kind, PartKind::Compaction(_)) {
@@ -592,7 +595,7 @@ impl Session {
                     .part
                     .mark
                     .as_ref()
-                    .is_none_or(|m| m.superseded_by != call_id)
+                    .is_none_or(|m| m.superseded_by.is_empty() || m.superseded_by != call_id)
                 {
                     continue;
                 }

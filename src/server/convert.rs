@@ -17,8 +17,8 @@ use crate::engine::{ContextView, Crossed, Message, OverflowCheck, PruneReport, S
 use crate::session::{
     AgentPart, CompactionPart, FilePart, MessageError, MessageInfo, MessageTime, ModelLimits,
     ModelRef, Part, PartKind, PartTime, PatchPart, ReasoningPart, RetryPart, Role, SessionInfo,
-    StepFinishPart, StrategyMark, SubtaskPart, TextPart, Todo, TokenUsage, ToolPart, ToolState,
-    ToolStatus, ToolTime,
+    StepFinishPart, SubtaskPart, TextPart, Todo, TokenUsage, ToolPart, ToolState, ToolStatus,
+    ToolTime,
 };
 
 /// Longest id accepted (session, message, part): ids are keys, not payloads.
@@ -512,25 +512,13 @@ pub fn part_from_pb(p: pb::Part) -> Result<Part, Rejection> {
             tail_start_id: c.tail_start_id,
         }),
     };
-    let mark = match p.mark {
-        None => None,
-        Some(m) => {
-            let strategy = m
-                .strategy
-                .parse::<Strategy>()
-                .map_err(|e| Rejection::invalid("mark.strategy", e.to_string()))?;
-            Some(StrategyMark {
-                strategy: strategy.name().to_string(),
-                superseded_by: m.superseded_by,
-                time: m.time,
-            })
-        }
-    };
+    // Marks are compactd's own decisions: one sent by a client is ignored (a part sent
+    // back from GetSession keeps its mark, which the session already holds).
     Ok(Part {
         id: p.id,
         message_id: p.message_id,
         kind,
-        mark,
+        mark: None,
         extra: p.extra.map(struct_from_pb).unwrap_or_default(),
     })
 }

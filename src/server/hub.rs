@@ -116,7 +116,9 @@ impl Hub {
     /// closes the open streams. Returns how many compactions had to be cancelled.
     pub async fn drain(&self, deadline: std::time::Duration) -> usize {
         self.draining.cancel();
-        let until = tokio::time::Instant::now() + deadline;
+        // A huge configured deadline means "wait as long as it takes" (a day is plenty).
+        let until =
+            tokio::time::Instant::now() + deadline.min(std::time::Duration::from_secs(86_400));
         if self.running_count() > 0 {
             tracing::info!(
                 running = self.running_count(),

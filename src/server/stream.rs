@@ -91,7 +91,8 @@ pub fn run(
                     }
                     Ok(op) => {
                         let kind = op.kind();
-                        let span = tracing::debug_span!("update", seq, session_id = %session_id, kind);
+                        let span =
+                            tracing::debug_span!("update", seq, session_id = %session_id, kind);
                         let pending = ops::submit(&hub, &session_id, op, ops::Scope::Stream)
                             .instrument(span)
                             .await;

@@ -16,7 +16,7 @@ pub fn is_inlined_file(mime: &str) -> bool {
 
 /// The breadcrumb a file reads as.
 pub fn breadcrumb(name: &str, bytes: usize) -> String {
-    format!("[File: {name}, {}KB]", (bytes + 512) / 1024)
+    format!("[File: {name}, {}KB]", bytes.saturating_add(512) / 1024)
 }
 
 /// The breadcrumb for a `file` part.
@@ -105,5 +105,20 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(inlined_breadcrumb(&note), None);
+    }
+}
+
+#[cfg(test)]
+mod overflow_tests {
+    use super::*;
+
+    #[test]
+    fn an_absurd_client_size_does_not_overflow() {
+        let f = FilePart {
+            filename: "x.bin".into(),
+            size: u64::MAX,
+            ..Default::default()
+        };
+        assert!(file_breadcrumb(&f).starts_with("[File: x.bin, "));
     }
 }

@@ -74,6 +74,8 @@ pub struct Tracker {
     /// Paths of multi-file calls not yet superseded; the call goes when none is left.
     remaining: HashMap<PartRef, Vec<String>>,
     pending: Vec<Pending>,
+    /// What `pending` holds, so a part re-sent N times is queued once.
+    queued: std::collections::HashSet<(PartRef, Strategy)>,
     /// Per age strategy: messages before this position have been looked at.
     aged: [usize; 3],
     globs: GlobSet,
@@ -106,6 +108,7 @@ impl Tracker {
 
     /// Takes the pending decisions for a commit.
     pub fn take_pending(&mut self) -> Vec<Pending> {
+        self.queued.clear();
         std::mem::take(&mut self.pending)
     }
 
@@ -350,7 +353,9 @@ impl Tracker {
     }
 
     fn queue(&mut self, at: PartRef, strategy: Strategy, by: String) {
-        self.pending.push(Pending { at, strategy, by });
+        if self.queued.insert((at.clone(), strategy)) {
+            self.pending.push(Pending { at, strategy, by });
+        }
     }
 }
 

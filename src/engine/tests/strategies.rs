@@ -2773,3 +2773,43 @@ proptest! {
         prop_assert_eq!(d.s.total_tokens(), imported.total_tokens());
     }
 }
+
+/// Found in review: positions recorded before a non-tool part was deleted made the newest
+/// read look older than the one before it.
+#[test]
+fn deleting_non_tool_parts_does_not_reorder_the_calls() {
+    let body = file_body(30);
+    let mut s = open(SessionOverrides::default());
+    put(&mut s, Update::UpsertMessage(user("u1")));
+    put(
+        &mut s,
+        Update::UpsertPart(text("u1", "u1_t", "Read x twice.")),
+    );
+    put(&mut s, Update::UpsertMessage(assistant("a1", "u1")));
+    put(
+        &mut s,
+        Update::UpsertPart(text("a1", "t1", "thinking out loud")),
+    );
+    put(&mut s, Update::UpsertPart(text("a1", "t2", "more")));
+    put(
+        &mut s,
+        Update::UpsertPart(read("a1", "r1", "src/x.rs", &body)),
+    );
+    for id in ["t1", "t2"] {
+        put(
+            &mut s,
+            Update::DeletePart {
+                message_id: "a1".into(),
+                part_id: id.into(),
+            },
+        );
+    }
+    put(
+        &mut s,
+        Update::UpsertPart(read("a1", "r2", "src/x.rs", &body)),
+    );
+    commit(&mut s, NOW);
+    expect_marks(&s, &[("r1", St::AggressiveFilePrune, "r2")]);
+    let again = commit(&mut s, NOW);
+    assert!(again.report.strategies.parts.is_empty());
+}
