@@ -207,7 +207,10 @@ fn file_flags(
     let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
         let line = e
             .span()
-            .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1)
+            .map(|s| {
+                let upto = &text.as_bytes()[..s.start.min(text.len())];
+                upto.iter().filter(|b| **b == b'\n').count() + 1
+            })
             .map_or_else(String::new, |l| format!(" (line {l})"));
         LayerError::File(format!("{}{line}: {}", path.display(), e.message()))
     })?;
