@@ -7,6 +7,7 @@
 
 #![allow(dead_code)]
 
+pub mod binary;
 pub mod fake_llm;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -685,4 +686,34 @@ pub fn trace_files() -> Vec<PathBuf> {
         .collect();
     files.sort();
     files
+}
+
+// ---- compaction events ----
+
+/// The kind of each compaction event, in order.
+pub fn names(events: &[pb::CompactionEvent]) -> Vec<&'static str> {
+    use pb::compaction_event::Event as Ce;
+    events
+        .iter()
+        .map(|e| match &e.event {
+            Some(Ce::Started(_)) => "started",
+            Some(Ce::Delta(_)) => "delta",
+            Some(Ce::Compacted(_)) => "compacted",
+            Some(Ce::Failed(_)) => "failed",
+            Some(Ce::Retrying(_)) => "retrying",
+            None => "none",
+        })
+        .collect()
+}
+
+/// The summary deltas, concatenated.
+pub fn deltas(events: &[pb::CompactionEvent]) -> String {
+    use pb::compaction_event::Event as Ce;
+    events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Some(Ce::Delta(d)) => Some(d.text.as_str()),
+            _ => None,
+        })
+        .collect()
 }

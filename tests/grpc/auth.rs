@@ -3,8 +3,6 @@
 //! health stays open for probes unless configured otherwise, the socket is mode 0600, and
 //! the token never reaches the logs.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use compactd::server::pb::sessions_client::SessionsClient;
@@ -12,6 +10,7 @@ use compactd::server::{AuthConfig, BearerToken, ServerOptions, pb};
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::common::binary::Binary;
 use crate::common::*;
 
 const TOKEN: &str = "tok-3f9a-SECRET-d41c";
@@ -116,34 +115,17 @@ async fn over_a_unix_socket_with_a_token_file() {
     let token_file = dir.join("token");
     std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token file");
 
-    let mut child = Command::new(env!("CARGO_BIN_EXE_compactd"))
-        .args(["serve", "--log-format", "json"])
-        .arg("--listen")
-        .arg(format!("unix:{}", sock.display()))
-        .arg("--auth-token-file")
-        .arg(&token_file)
-        .env("COMPACTD_LOG", "debug")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("compactd starts");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let mut log = String::new();
-    loop {
-        let line = lines.next().expect("a start line").expect("utf-8");
-        log.push_str(&line);
-        if line.contains("\"listen\"") {
-            break;
-        }
-    }
-    let reader = std::thread::spawn(move || {
-        let mut rest = String::new();
-        for line in lines.map_while(Result::ok) {
-            rest.push_str(&line);
-            rest.push('\n');
-        }
-        rest
-    });
+    let listen = format!("unix:{}", sock.display());
+    let mut bin = Binary::start(
+        &[
+            "--listen",
+            &listen,
+            "--auth-token-file",
+            token_file.to_str().expect("utf-8 path"),
+        ],
+        &[("COMPACTD_LOG", "debug")],
+    );
+    assert_eq!(bin.addr, listen);
     let mode = std::fs::metadata(&sock)
         .expect("socket exists")
         .permissions()
@@ -179,18 +161,10 @@ async fn over_a_unix_socket_with_a_token_file() {
         .await
         .expect("the token from the file (newline trimmed) works");
 
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    // Wait without blocking the runtime (the client answers the server's GOAWAY).
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            break s;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    bin.sigterm();
+    let status = bin.wait_exit().await;
     assert!(status.success(), "{status:?}");
-    log.push_str(&reader.join().expect("log reader"));
+    let log = bin.finish();
     assert!(!log.contains(TOKEN), "the token never reaches the logs");
     assert!(!sock.exists(), "the socket file is removed on exit");
     std::fs::remove_dir_all(&dir).ok();

@@ -97,30 +97,6 @@ async fn compact(
     Ok(events)
 }
 
-fn names(events: &[pb::CompactionEvent]) -> Vec<&'static str> {
-    events
-        .iter()
-        .map(|e| match &e.event {
-            Some(Ce::Started(_)) => "started",
-            Some(Ce::Delta(_)) => "delta",
-            Some(Ce::Compacted(_)) => "compacted",
-            Some(Ce::Failed(_)) => "failed",
-            Some(Ce::Retrying(_)) => "retrying",
-            None => "none",
-        })
-        .collect()
-}
-
-fn deltas(events: &[pb::CompactionEvent]) -> String {
-    events
-        .iter()
-        .filter_map(|e| match &e.event {
-            Some(Ce::Delta(d)) => Some(d.text.as_str()),
-            _ => None,
-        })
-        .collect()
-}
-
 fn failure(events: &[pb::CompactionEvent]) -> &pb::CompactionFailed {
     match events.last().and_then(|e| e.event.as_ref()) {
         Some(Ce::Failed(f)) => f,

@@ -5,9 +5,7 @@
 //! cost, the API key read from a file by the real binary, and the context's shape after
 //! an automatic compaction with messages arriving while the summary is written.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use compactd::server::pb;
@@ -18,6 +16,7 @@ use compactd::summarize::{ApiKey, LlmConfig, OpenAiSummarizer};
 use prost::Message as _;
 use tokio_stream::StreamExt;
 
+use crate::common::binary::Binary;
 use crate::common::fake_llm::{FakeLlm, Reply};
 use crate::common::*;
 
@@ -111,30 +110,6 @@ async fn compact(client: &mut Client, sid: &str) -> Vec<pb::CompactionEvent> {
     compact_with(client, sid, opts(None))
         .await
         .expect("Compact runs")
-}
-
-fn names(events: &[pb::CompactionEvent]) -> Vec<&'static str> {
-    events
-        .iter()
-        .map(|e| match &e.event {
-            Some(Ce::Started(_)) => "started",
-            Some(Ce::Delta(_)) => "delta",
-            Some(Ce::Compacted(_)) => "compacted",
-            Some(Ce::Failed(_)) => "failed",
-            Some(Ce::Retrying(_)) => "retrying",
-            None => "none",
-        })
-        .collect()
-}
-
-fn deltas(events: &[pb::CompactionEvent]) -> String {
-    events
-        .iter()
-        .filter_map(|e| match &e.event {
-            Some(Ce::Delta(d)) => Some(d.text.as_str()),
-            _ => None,
-        })
-        .collect()
 }
 
 fn compacted(events: &[pb::CompactionEvent]) -> &pb::SessionCompacted {
@@ -785,37 +760,16 @@ async fn the_api_key_is_read_from_a_file_without_its_newline_and_never_logged() 
     let key_file = dir.join(format!("compactd-key-{}.txt", std::process::id()));
     std::fs::write(&key_file, format!("{KEY}\n")).expect("write the key file");
 
-    let mut child = Command::new(env!("CARGO_BIN_EXE_compactd"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
-        .arg("--llm-api-key-file")
-        .arg(&key_file)
-        .env("COMPACTD_LOG", "debug")
-        .env("COMPACTD_LLM_BASE_URL", fake.base_url())
-        .env("COMPACTD_LLM_MODEL", "fake-model")
-        .env_remove("COMPACTD_LLM_API_KEY")
-        .env_remove("COMPACTD_LLM_API_KEY_FILE")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("compactd starts");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let log = Arc::new(Mutex::new(String::new()));
-    let addr = loop {
-        let line = lines.next().expect("a start line").expect("utf-8");
-        log.lock().unwrap().push_str(&line);
-        let v: serde_json::Value = serde_json::from_str(&line).expect("json log");
-        if let Some(listen) = v["fields"]["listen"].as_str() {
-            break listen.to_string();
-        }
-    };
-    let sink = log.clone();
-    let reader = std::thread::spawn(move || {
-        for line in lines.map_while(Result::ok) {
-            let mut l = sink.lock().unwrap();
-            l.push_str(&line);
-            l.push('\n');
-        }
-    });
+    let key_arg = key_file.to_str().expect("utf-8 path");
+    let bin = Binary::start(
+        &["--llm-api-key-file", key_arg],
+        &[
+            ("COMPACTD_LOG", "debug"),
+            ("COMPACTD_LLM_BASE_URL", &fake.base_url()),
+            ("COMPACTD_LLM_MODEL", "fake-model"),
+        ],
+    );
+    let addr = bin.addr.clone();
 
     let mut client = pb::sessions_client::SessionsClient::connect(format!("http://{addr}"))
         .await
@@ -829,16 +783,13 @@ async fn the_api_key_is_read_from_a_file_without_its_newline_and_never_logged() 
         .map(str::to_owned);
     let session = get_session(&mut client, "k").await;
 
-    child.kill().expect("kill");
-    child.wait().expect("wait");
-    reader.join().expect("log reader");
+    let log = bin.finish();
     let _ = std::fs::remove_file(&key_file);
     assert_eq!(
         auth.as_deref(),
         Some(format!("Bearer {KEY}").as_str()),
         "the key as written, without the file's trailing newline"
     );
-    let log = log.lock().unwrap().clone();
     assert!(log.contains("session.compacted"), "logging works: {log}");
     for (what, text) in [
         ("logs", log),

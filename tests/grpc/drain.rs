@@ -2,8 +2,6 @@
 //! NOT_SERVING, refuses new streams with UNAVAILABLE, lets the compaction finish (or
 //! cancels it at the deadline), ends open streams with UNAVAILABLE and exits 0.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use compactd::server::pb;
@@ -11,52 +9,22 @@ use compactd::server::pb::compaction_event::Event as Ce;
 use tokio_stream::StreamExt;
 use tonic_health::pb::health_check_response::ServingStatus;
 
+use crate::common::binary::Binary;
 use crate::common::fake_llm::{FakeLlm, Reply};
 use crate::common::*;
 
 const SID: &str = "drain";
 
-/// Starts the binary against `fake`; returns it and its address.
-fn start(fake: &FakeLlm, drain_secs: u64) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_compactd"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
-        .args(["--drain-timeout-secs", &drain_secs.to_string()])
-        .env("COMPACTD_LLM_BASE_URL", fake.base_url())
-        .env("COMPACTD_LLM_MODEL", "fake-model")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("compactd starts");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let addr = loop {
-        let line = lines.next().expect("a start line").expect("utf-8");
-        let v: serde_json::Value = serde_json::from_str(&line).expect("json log");
-        if let Some(listen) = v["fields"]["listen"].as_str() {
-            break listen.to_string();
-        }
-    };
-    // Keep draining stderr so the child never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines.map_while(Result::ok) {});
-    (child, addr)
-}
-
-fn sigterm(child: &Child) {
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(status.success());
-}
-
-async fn wait_exit(mut child: Child) -> std::process::ExitStatus {
-    for _ in 0..200 {
-        if let Some(status) = child.try_wait().expect("wait") {
-            return status;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let _ = child.kill();
-    panic!("compactd did not exit within 10 s of the drain");
+/// Starts the binary against `fake` with the given drain deadline.
+fn start(fake: &FakeLlm, drain_secs: u64) -> Binary {
+    let secs = drain_secs.to_string();
+    Binary::start(
+        &["--drain-timeout-secs", &secs],
+        &[
+            ("COMPACTD_LLM_BASE_URL", &fake.base_url()),
+            ("COMPACTD_LLM_MODEL", "fake-model"),
+        ],
+    )
 }
 
 async fn seed(client: &mut Client) {
@@ -93,7 +61,8 @@ async fn sigterm_lets_the_running_compaction_finish_then_closes_streams_and_exit
     // A summary that takes ~1.2 s to stream.
     let chunks: Vec<String> = (0..12).map(|i| format!("part {i}. ")).collect();
     let fake = FakeLlm::start(vec![Reply::slow(chunks, Duration::from_millis(100))]).await;
-    let (child, addr) = start(&fake, 10);
+    let mut bin = start(&fake, 10);
+    let addr = bin.addr.clone();
     let mut client = pb::sessions_client::SessionsClient::connect(format!("http://{addr}"))
         .await
         .expect("connect");
@@ -118,7 +87,7 @@ async fn sigterm_lets_the_running_compaction_finish_then_closes_streams_and_exit
     let first = compact.next().await.expect("an event").expect("ok");
     assert!(matches!(first.event, Some(Ce::Started(_))), "{first:?}");
 
-    sigterm(&child);
+    bin.sigterm();
     // Health turns NOT_SERVING while the compaction still runs.
     let mut status = ServingStatus::Serving;
     for _ in 0..40 {
@@ -157,14 +126,15 @@ async fn sigterm_lets_the_running_compaction_finish_then_closes_streams_and_exit
     assert_eq!(end.code(), tonic::Code::Unavailable, "{end:?}");
     assert!(end.message().contains("shutting down"), "{end:?}");
     drop(tx);
-    let exit = wait_exit(child).await;
+    let exit = bin.wait_exit().await;
     assert!(exit.success(), "{exit:?}");
 }
 
 #[tokio::test]
 async fn a_compaction_still_running_at_the_deadline_is_cancelled_and_the_process_exits_0() {
     let fake = FakeLlm::start(vec![Reply::Hang]).await;
-    let (child, addr) = start(&fake, 1);
+    let mut bin = start(&fake, 1);
+    let addr = bin.addr.clone();
     let mut client = pb::sessions_client::SessionsClient::connect(format!("http://{addr}"))
         .await
         .expect("connect");
@@ -179,7 +149,7 @@ async fn a_compaction_still_running_at_the_deadline_is_cancelled_and_the_process
         .into_inner();
     let first = compact.next().await.expect("an event").expect("ok");
     assert!(matches!(first.event, Some(Ce::Started(_))));
-    sigterm(&child);
+    bin.sigterm();
     let mut last = None;
     while let Some(Ok(e)) = compact.next().await {
         last = Some(e);
@@ -189,6 +159,6 @@ async fn a_compaction_still_running_at_the_deadline_is_cancelled_and_the_process
         other => panic!("expected a cancelled compaction, got {other:?}"),
     }
     fake.wait_for_cancelled(1).await; // the HTTP request was dropped
-    let exit = wait_exit(child).await;
+    let exit = bin.wait_exit().await;
     assert!(exit.success(), "{exit:?}");
 }

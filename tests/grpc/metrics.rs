@@ -2,44 +2,15 @@
 //! scraped over HTTP before and after updates, a strategy run, an overflow, a rejected
 //! request and a compaction.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
-
 use compactd::server::pb;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_stream::StreamExt;
 
+use crate::common::binary::Binary;
 use crate::common::fake_llm::{FakeLlm, Reply};
 use crate::common::*;
 
 const SID: &str = "m";
-
-/// The binary with metrics on an ephemeral port: (child, grpc address, metrics address).
-fn start(fake: &FakeLlm) -> (Child, String, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_compactd"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
-        .args(["--metrics-listen", "127.0.0.1:0"])
-        .env("COMPACTD_LLM_BASE_URL", fake.base_url())
-        .env("COMPACTD_LLM_MODEL", "fake-model")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("compactd starts");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let (grpc, metrics) = loop {
-        let line = lines.next().expect("a start line").expect("utf-8");
-        let v: serde_json::Value = serde_json::from_str(&line).expect("json log");
-        if let (Some(g), Some(m)) = (
-            v["fields"]["listen"].as_str(),
-            v["fields"]["metrics_listen"].as_str(),
-        ) {
-            break (g.to_string(), m.to_string());
-        }
-    };
-    std::thread::spawn(move || for _ in lines.map_while(Result::ok) {});
-    (child, grpc, metrics)
-}
 
 async fn scrape(addr: &str) -> String {
     let mut tcp = tokio::net::TcpStream::connect(addr)
@@ -74,7 +45,17 @@ fn call(message: &str, id: &str, tool: &str, input: serde_json::Value) -> pb::Pa
 #[tokio::test]
 async fn counters_move_as_updates_prunes_overflows_rejections_and_compactions_happen() {
     let fake = FakeLlm::start(vec![Reply::text(["short summary"])]).await;
-    let (mut child, grpc, metrics) = start(&fake);
+    let mut bin = Binary::start(
+        &["--metrics-listen", "127.0.0.1:0"],
+        &[
+            ("COMPACTD_LLM_BASE_URL", &fake.base_url()),
+            ("COMPACTD_LLM_MODEL", "fake-model"),
+        ],
+    );
+    let (grpc, metrics) = (
+        bin.addr.clone(),
+        bin.metrics.clone().expect("metrics address"),
+    );
     let before = scrape(&metrics).await;
     assert_eq!(value(&before, "compactd_sessions"), 0.0);
 
@@ -191,15 +172,6 @@ async fn counters_move_as_updates_prunes_overflows_rejections_and_compactions_ha
     );
     assert!(after.contains("# HELP compactd_updates_total"));
 
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    for _ in 0..100 {
-        if child.try_wait().expect("wait").is_some() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let _ = child.kill();
-    panic!("compactd did not exit");
+    bin.sigterm();
+    assert!(bin.wait_exit().await.success());
 }

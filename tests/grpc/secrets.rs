@@ -2,14 +2,13 @@
 //! binary runs with the key in its environment and verbose logging, against an endpoint
 //! that echoes the key back in its error (as some providers do).
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 
 use compactd::server::pb;
 use compactd::server::pb::compaction_event::Event as Ce;
 use tokio_stream::StreamExt;
 
+use crate::common::binary::Binary;
 use crate::common::fake_llm::{FakeLlm, Reply, error_body};
 use crate::common::*;
 
@@ -30,34 +29,16 @@ async fn the_api_key_stays_out_of_logs_events_errors_and_help() {
     }])
     .await;
 
-    let mut child = Command::new(env!("CARGO_BIN_EXE_compactd"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
-        .env("COMPACTD_LOG", "debug")
-        .env("COMPACTD_LLM_BASE_URL", fake.base_url())
-        .env("COMPACTD_LLM_MODEL", "fake-model")
-        .env("COMPACTD_LLM_API_KEY", KEY)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("compactd starts");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let log = Arc::new(Mutex::new(String::new()));
-    let addr = loop {
-        let line = lines.next().expect("a start line").expect("utf-8");
-        log.lock().unwrap().push_str(&line);
-        let v: serde_json::Value = serde_json::from_str(&line).expect("json log");
-        if let Some(listen) = v["fields"]["listen"].as_str() {
-            break listen.to_string();
-        }
-    };
-    let sink = log.clone();
-    let reader = std::thread::spawn(move || {
-        for line in lines.map_while(Result::ok) {
-            let mut l = sink.lock().unwrap();
-            l.push_str(&line);
-            l.push('\n');
-        }
-    });
+    let bin = Binary::start(
+        &[],
+        &[
+            ("COMPACTD_LOG", "debug"),
+            ("COMPACTD_LLM_BASE_URL", &fake.base_url()),
+            ("COMPACTD_LLM_MODEL", "fake-model"),
+            ("COMPACTD_LLM_API_KEY", KEY),
+        ],
+    );
+    let addr = bin.addr.clone();
 
     let mut client = pb::sessions_client::SessionsClient::connect(format!("http://{addr}"))
         .await
@@ -105,10 +86,7 @@ async fn the_api_key_stays_out_of_logs_events_errors_and_help() {
     );
     let session = get_session(&mut client, "k").await;
 
-    child.kill().expect("kill");
-    child.wait().expect("wait");
-    reader.join().expect("log reader");
-    let log = log.lock().unwrap().clone();
+    let log = bin.finish();
     assert!(
         log.contains("compaction failed"),
         "the failure was logged: {log}"
