@@ -200,10 +200,7 @@ impl ServeArgs {
     pub fn auth(&self) -> Result<crate::server::AuthConfig, ConfigError> {
         let token = match (&self.auth_token_file, &self.auth_token) {
             (Some(path), _) => {
-                let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-                    flag: "auth-token-file",
-                    message: format!("cannot read {}: {e}", path.display()),
-                })?;
+                let text = read_text("auth-token-file", path)?;
                 Some(crate::server::BearerToken::new(&text).ok_or(ConfigError {
                     flag: "auth-token-file",
                     message: format!("{} is empty", path.display()),
@@ -224,12 +221,7 @@ impl ServeArgs {
         let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
             return Ok(None);
         };
-        let read = |flag: &'static str, path: &PathBuf| {
-            std::fs::read(path).map_err(|e| ConfigError {
-                flag,
-                message: format!("cannot read {}: {e}", path.display()),
-            })
-        };
+        let read = |flag, path| read_text(flag, path).map(String::into_bytes);
         let identity =
             tonic::transport::Identity::from_pem(read("tls-cert", cert)?, read("tls-key", key)?);
         let mut tls = tonic::transport::ServerTlsConfig::new().identity(identity);
@@ -414,14 +406,7 @@ impl LlmArgs {
                 };
                 let mut cfg = LlmConfig::new(url.clone(), model);
                 cfg.api_key = match (&self.llm_api_key_file, &self.llm_api_key) {
-                    (Some(path), _) => {
-                        Some(ApiKey::new(std::fs::read_to_string(path).map_err(|e| {
-                            ConfigError {
-                                flag: "llm-api-key-file",
-                                message: format!("cannot read {}: {e}", path.display()),
-                            }
-                        })?))
-                    }
+                    (Some(path), _) => Some(ApiKey::new(read_text("llm-api-key-file", path)?)),
                     (None, Some(k)) if !k.is_empty() => Some(ApiKey::new(k.clone())),
                     _ => None,
                 };
@@ -457,13 +442,7 @@ impl LlmArgs {
             ),
         ] {
             if let Some(path) = path {
-                *field = std::fs::read_to_string(path)
-                    .map_err(|e| ConfigError {
-                        flag,
-                        message: format!("cannot read {}: {e}", path.display()),
-                    })?
-                    .trim()
-                    .to_string();
+                *field = read_text(flag, path)?.trim().to_string();
             }
         }
         if prompts.prompt.is_empty() {
@@ -534,6 +513,14 @@ pub struct ConfigError {
     pub flag: &'static str,
     /// What is wrong.
     pub message: String,
+}
+
+/// A file a flag names, read whole; the error names the flag and the file.
+fn read_text(flag: &'static str, path: &std::path::Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|e| ConfigError {
+        flag,
+        message: format!("cannot read {}: {e}", path.display()),
+    })
 }
 
 fn non_empty(list: &[String]) -> Vec<String> {
