@@ -79,7 +79,7 @@ fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
     let tls = args.tls().map_err(|e| with_source(e, layered))?;
     runtime.block_on(async move {
         let store = Arc::new(
-            Store::new(config.clone(), Arc::new(CharsPerToken)).with_max_sessions(args.max_sessions),
+            Store::new(config.clone(), Arc::new(CharsPerToken)).with_limits(args.limits()),
         );
         let authenticated = auth.token.is_some();
         let options = ServerOptions {
@@ -102,8 +102,13 @@ fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
             metrics_addr = listener.local_addr()?.to_string();
             compactd::telemetry::sessions(0);
             let stop = metrics_stop.clone();
+            let sampled = store.clone();
+            let sample = move || {
+                compactd::telemetry::sessions(sampled.len());
+                compactd::telemetry::memory(sampled.held_bytes(), sampled.limits().memory_budget);
+            };
             tokio::spawn(async move {
-                if let Err(e) = compactd::telemetry::serve(listener, handle, stop.cancelled_owned()).await {
+                if let Err(e) = compactd::telemetry::serve(listener, handle, sample, stop.cancelled_owned()).await {
                     tracing::error!(error = %e, "metrics endpoint stopped");
                 }
             });

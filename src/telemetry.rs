@@ -55,6 +55,16 @@ pub fn install() -> Result<PrometheusHandle, String> {
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};
     describe_gauge!("compactd_sessions", "Sessions held in memory.");
+    describe_gauge!(
+        "compactd_bytes_held",
+        metrics::Unit::Bytes,
+        "Bytes all sessions hold (what --memory-budget counts)."
+    );
+    describe_gauge!(
+        "compactd_memory_budget_bytes",
+        metrics::Unit::Bytes,
+        "The configured --memory-budget (0: no limit)."
+    );
     describe_counter!(
         "compactd_updates_total",
         "Session updates applied, by kind and result."
@@ -102,6 +112,13 @@ fn describe() {
 /// The number of sessions held changed.
 pub fn sessions(n: usize) {
     gauge!("compactd_sessions").set(n as f64);
+}
+
+/// The store's memory figures, read at each scrape (they move with every update, so
+/// they are sampled rather than pushed).
+pub fn memory(held: u64, budget: u64) {
+    gauge!("compactd_bytes_held").set(held as f64);
+    gauge!("compactd_memory_budget_bytes").set(budget as f64);
 }
 
 /// A session was evicted (`reason`: `idle`).
@@ -182,16 +199,19 @@ pub fn code_name(code: tonic::Code) -> &'static str {
     }
 }
 
-/// Serves `GET /metrics` (Prometheus text format) on `listener` until `shutdown`.
+/// Serves `GET /metrics` (Prometheus text format) on `listener` until `shutdown`;
+/// `sample` runs before each render to set the gauges that are read, not pushed.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     handle: PrometheusHandle,
+    sample: impl Fn() + Clone + Send + Sync + 'static,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = axum::Router::new().route(
         "/metrics",
         axum::routing::get(move || {
             let handle = handle.clone();
+            sample();
             async move {
                 (
                     [("content-type", "text/plain; version=0.0.4")],

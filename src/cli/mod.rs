@@ -19,6 +19,7 @@ use crate::config::{
 };
 use crate::server::{CompactionConfig, DEFAULT_MAX_UPDATE_BYTES};
 use crate::session::ModelLimits;
+use crate::store::{DEFAULT_MAX_SESSION_BYTES, DEFAULT_MEMORY_BUDGET, Limits};
 use crate::summarize::{ApiKey, LlmConfig, OpenAiSummarizer, PromptConfig, Summarizer};
 
 /// Environment variable that turns automatic compaction (and overflow reports) off.
@@ -196,6 +197,15 @@ impl std::fmt::Display for ListenAddr {
 }
 
 impl ServeArgs {
+    /// The store's limits.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_sessions: self.max_sessions,
+            max_session_bytes: self.max_session_bytes,
+            memory_budget: self.memory_budget,
+        }
+    }
+
     /// The authentication settings (reads the token file).
     pub fn auth(&self) -> Result<crate::server::AuthConfig, ConfigError> {
         let token = match (&self.auth_token_file, &self.auth_token) {
@@ -306,6 +316,15 @@ pub struct ServeArgs {
     /// Sessions held at most; opening one more is RESOURCE_EXHAUSTED (0: no limit).
     #[arg(long, env = "COMPACTD_MAX_SESSIONS", default_value_t = 10_000)]
     pub max_sessions: usize,
+    /// Bytes one session may hold (messages, parts, indexes); an update beyond it is
+    /// RESOURCE_EXHAUSTED naming the limit (0: no limit).
+    #[arg(long, env = "COMPACTD_MAX_SESSION_BYTES", default_value_t = DEFAULT_MAX_SESSION_BYTES, value_name = "BYTES")]
+    pub max_session_bytes: u64,
+    /// Bytes all sessions may hold together; updates and new sessions beyond it are
+    /// RESOURCE_EXHAUSTED naming the limit (0: no limit). Keep it below the container's
+    /// memory limit.
+    #[arg(long, env = "COMPACTD_MEMORY_BUDGET", default_value_t = DEFAULT_MEMORY_BUDGET, value_name = "BYTES")]
+    pub memory_budget: u64,
     /// Evict sessions no update or request touched for this many seconds (0: never).
     #[arg(long, env = "COMPACTD_SESSION_IDLE_TTL_SECS", default_value_t = 86_400)]
     pub session_idle_ttl_secs: u64,

@@ -97,6 +97,7 @@ impl Session {
                         part,
                         est: stored.est,
                         reduced: stored.reduced,
+                        bytes: stored.bytes,
                     });
                 }
             }

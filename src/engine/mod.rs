@@ -13,6 +13,7 @@ mod compaction;
 mod context;
 mod error;
 mod estimate;
+mod memory;
 mod overflow;
 mod prune;
 mod render;
@@ -26,6 +27,7 @@ pub use compaction::{
 pub use context::ContextView;
 pub use error::{ApplyError, ErrorKind};
 pub use estimate::{PartEstimate, estimate};
+pub use memory::ByteLimit;
 pub use overflow::{Crossed, OverflowCheck, Trigger, check, max_output, usable_input, used_tokens};
 pub use prune::{
     Candidate, PruneIndex, PruneMode, PrunePlan, PruneReport, PrunedPart, eligible_end,

@@ -10,6 +10,9 @@ use std::sync::Arc;
 
 use super::error::ApplyError;
 use super::estimate::{PartEstimate, estimate};
+use super::memory::{
+    ByteLimit, message_bytes, part_bytes, part_slot_growth, part_slots_bytes, session_bytes,
+};
 use super::prune::PruneIndex;
 use super::render::{is_compacted, is_reduced, render_as};
 use super::strategies::Tracker;
@@ -87,6 +90,8 @@ pub struct StoredPart {
     /// Context tokens of the part as rendered, when prune or a strategy reduced it
     /// (computed once, when the mark is set).
     pub reduced: Option<u64>,
+    /// Bytes the part holds (computed when written; see `memory.rs`).
+    pub bytes: u64,
 }
 
 impl StoredPart {
@@ -144,7 +149,7 @@ pub struct Session {
     /// Tokens of the placeholder that replaces a cleared output.
     pub(crate) placeholder_tokens: u64,
     pub(crate) messages: Vec<Message>,
-    by_id: HashMap<String, usize>,
+    pub(crate) by_id: HashMap<String, usize>,
     /// Positions of user messages, ascending (turn counting without a scan).
     pub(crate) users: Vec<usize>,
     /// Position of the user message that opens the context (last completed compaction).
@@ -162,6 +167,12 @@ pub struct Session {
     pub(crate) tokens: u64,
     parts: usize,
     pub(crate) compacted: usize,
+    /// Heap bytes of the content (see `memory.rs`).
+    pub(crate) bytes: u64,
+    /// Slots allocated in all part vectors (their capacities summed).
+    pub(crate) part_slots: usize,
+    /// The most bytes the session may hold after the next update.
+    pub(crate) byte_limit: ByteLimit,
 }
 
 impl Session {
@@ -170,6 +181,7 @@ impl Session {
         let settings = config.resolve(&info.config);
         let placeholder_tokens = counter.count(&settings.placeholder);
         let tracker = Tracker::new(&settings);
+        let bytes = session_bytes(&info, &settings);
         Session {
             info,
             settings,
@@ -187,6 +199,9 @@ impl Session {
             tokens: 0,
             parts: 0,
             compacted: 0,
+            bytes,
+            part_slots: 0,
+            byte_limit: ByteLimit::NONE,
         }
     }
 
@@ -233,7 +248,7 @@ impl Session {
     /// Applies one update. On error nothing changed.
     pub fn apply(&mut self, update: Update, config: &EngineConfig) -> Result<Applied, ApplyError> {
         match update {
-            Update::Configure(info) => Ok(self.configure(info, config)),
+            Update::Configure(info) => self.configure(info, config),
             Update::UpsertMessage(info) => self.upsert_message(info),
             Update::UpsertPart(part) => self.upsert_part(part),
             Update::DeletePart {
@@ -246,22 +261,33 @@ impl Session {
         }
     }
 
-    fn configure(&mut self, info: SessionInfo, config: &EngineConfig) -> Applied {
+    fn configure(
+        &mut self,
+        info: SessionInfo,
+        config: &EngineConfig,
+    ) -> Result<Applied, ApplyError> {
+        // Built aside (configure is rare) so a refused update changes nothing.
+        let mut next = self.info.clone();
         if !info.title.is_empty() {
-            self.info.title = info.title;
+            next.title = info.title;
         }
         if info.model.is_some() {
-            self.info.model = info.model;
+            next.model = info.model;
         }
         if info.limits != Default::default() {
-            self.info.limits = info.limits;
+            next.limits = info.limits;
         }
         if !info.todos.is_empty() {
-            self.info.todos = info.todos;
+            next.todos = info.todos;
         }
-        self.info.extra.extend(info.extra);
-        self.info.config.merge(&info.config);
-        let settings = config.resolve(&self.info.config);
+        next.extra.extend(info.extra);
+        next.config.merge(&info.config);
+        let settings = config.resolve(&next.config);
+        let old = session_bytes(&self.info, &self.settings);
+        let new = session_bytes(&next, &settings);
+        self.check_growth("", old, new)?;
+        self.adjust_bytes(old, new);
+        self.info = next;
         if settings != self.settings {
             self.settings = settings;
             self.placeholder_tokens = self.counter.count(&self.settings.placeholder);
@@ -269,11 +295,15 @@ impl Session {
             self.prune.invalidate();
             self.tracker.invalidate();
         }
-        Applied::default()
+        Ok(Applied::default())
     }
 
     fn upsert_message(&mut self, info: MessageInfo) -> Result<Applied, ApplyError> {
         let Some(idx) = self.position(&info.id) else {
+            let bytes = message_bytes(&info);
+            let slots = self.message_slot_growth(info.role == Role::User);
+            self.check_growth("", 0, bytes + slots)?;
+            self.adjust_bytes(0, bytes);
             return Ok(self.insert_message(info));
         };
         let old = &self.messages[idx].info;
@@ -299,6 +329,9 @@ impl Session {
         let was_completed = old.is_completed_summary().then(|| old.parent_id.clone());
         let now_completed = info.is_completed_summary().then(|| info.parent_id.clone());
         let tokens = info.tokens;
+        let (old_bytes, new_bytes) = (message_bytes(old), message_bytes(&info));
+        self.check_growth("", old_bytes, new_bytes)?;
+        self.adjust_bytes(old_bytes, new_bytes);
         self.messages[idx].info = info;
         if summary_changed {
             self.prune.touch(idx);
@@ -386,7 +419,19 @@ impl Session {
             part.mark = parts[i].part.mark.clone();
         }
         let reduced = self.reduced_tokens(&part);
-        let new = StoredPart { part, est, reduced };
+        let bytes = part_bytes(&part);
+        let new = StoredPart {
+            part,
+            est,
+            reduced,
+            bytes,
+        };
+        let old_bytes = existing.map_or(0, |i| parts[i].bytes);
+        let slots = match existing {
+            Some(_) => 0,
+            None => part_slots_bytes(part_slot_growth(parts, parts.capacity())),
+        };
+        self.check_growth("", old_bytes, bytes + slots)?;
         let new_tokens = self.context_tokens_of(&new);
         let new_unwritten = self.unwritten_tokens(&new, assistant);
         let new_compacted = new.is_compacted();
@@ -424,14 +469,18 @@ impl Session {
                 i
             }
             None => {
-                self.messages[idx].parts.push(new);
-                self.messages[idx].parts.len() - 1
+                let parts = &mut self.messages[idx].parts;
+                let before = parts.capacity();
+                parts.push(new);
+                self.part_slots += parts.capacity() - before;
+                parts.len() - 1
             }
         };
         self.tracker
             .on_part(&self.messages, idx, at, &self.settings);
         self.parts += usize::from(created);
         self.adjust_tokens(old_tokens, new_tokens);
+        self.adjust_bytes(old_bytes, bytes);
         self.compacted = self.compacted - usize::from(old_compacted) + usize::from(new_compacted);
         if is_tool || was_tool {
             self.prune.touch(idx);
@@ -474,6 +523,7 @@ impl Session {
         self.usage.since_request -= self.unwritten_tokens(&old, assistant) as i64;
         self.parts -= 1;
         self.adjust_tokens(old_tokens, 0);
+        self.adjust_bytes(old.bytes, 0);
         self.compacted -= usize::from(old.is_compacted());
         // Removing any part shifts the positions of the parts after it, which the prune
         // window may hold: always invalidate it (deletions are rare).

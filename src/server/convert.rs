@@ -799,6 +799,7 @@ pub fn summary_to_pb(s: &Session, created: bool) -> pb::SessionSummary {
         estimated_tokens: s.total_tokens(),
         context_tokens: s.context_tokens(),
         compacted_parts: s.compacted_count() as u32,
+        held_bytes: s.held_bytes(),
         overflow: Some(overflow_to_pb(
             &s.check_overflow(crate::engine::Trigger::Request),
         )),

@@ -78,7 +78,9 @@ impl From<StoreError> for Rejection {
             StoreError::NotFound(_) => Code::NotFound,
             StoreError::AlreadyExists(_) => Code::AlreadyExists,
             StoreError::Closed(_) => Code::Aborted,
-            StoreError::Full(_) => Code::ResourceExhausted,
+            StoreError::Full(_)
+            | StoreError::SessionTooLarge { .. }
+            | StoreError::OverBudget { .. } => Code::ResourceExhausted,
         };
         Rejection {
             code,

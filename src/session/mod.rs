@@ -6,6 +6,7 @@
 mod info;
 mod message;
 mod part;
+mod size;
 
 pub use info::{ModelLimits, ModelRef, SessionInfo, Todo};
 pub use message::{MessageError, MessageInfo, MessageTime, Role, TokenUsage};
@@ -14,6 +15,8 @@ pub use part::{
     RetryPart, StepFinishPart, StrategyMark, SubtaskPart, TextPart, ToolPart, ToolState,
     ToolStatus, ToolTime,
 };
+pub use size::HeapSize;
+pub(crate) use size::{hash_capacity_after_insert, hash_table_bytes, vec_capacity_after_push};
 
 /// JSON object holding fields compactd does not model, kept so nothing a host sent is lost.
 pub type Extra = serde_json::Map<String, serde_json::Value>;

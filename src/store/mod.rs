@@ -12,7 +12,7 @@
 //! the engine's [`Session`] value.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use thiserror::Error;
@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
 use crate::config::EngineConfig;
-use crate::engine::Session;
+use crate::engine::{ByteLimit, Session};
 use crate::session::SessionInfo;
 use crate::tokens::TokenCounter;
 
@@ -30,6 +30,12 @@ type Job = Box<dyn FnOnce(&mut Session, &EngineConfig) + Send>;
 /// Default mailbox depth per session: enough to pipeline a burst, small enough that a
 /// stuck session pushes back on its own clients only.
 pub const DEFAULT_MAILBOX: usize = 256;
+
+/// Default `max_session_bytes`: far above any real session (the largest trace we hold
+/// is under 4 MiB of JSON), low enough that one runaway host cannot take the process.
+pub const DEFAULT_MAX_SESSION_BYTES: u64 = 256 << 20;
+/// Default `memory_budget`: what a sidecar container of 3 GiB can give its sessions.
+pub const DEFAULT_MEMORY_BUDGET: u64 = 2 << 30;
 
 /// Why the store could not serve a request.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -46,6 +52,65 @@ pub enum StoreError {
     /// Creating the session would exceed `max_sessions`.
     #[error("max_sessions ({0}) reached: delete sessions or raise --max-sessions")]
     Full(usize),
+    /// The imported session alone holds more than `max_session_bytes`.
+    #[error(
+        "max_session_bytes ({limit} bytes) reached: the session would hold {bytes} bytes; import fewer messages or raise --max-session-bytes"
+    )]
+    SessionTooLarge {
+        /// Bytes the session would hold.
+        bytes: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// All sessions together would hold more than `memory_budget`.
+    #[error(
+        "memory_budget ({budget} bytes) reached: sessions hold {held} bytes and this one needs {bytes}; delete sessions or raise --memory-budget"
+    )]
+    OverBudget {
+        /// Bytes the new session needs.
+        bytes: u64,
+        /// Bytes all sessions hold now.
+        held: u64,
+        /// The budget.
+        budget: u64,
+    },
+}
+
+/// What the store holds at most; 0 means no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// Sessions held.
+    pub max_sessions: usize,
+    /// Bytes one session holds (messages, parts and their indexes).
+    pub max_session_bytes: u64,
+    /// Bytes all sessions hold together.
+    pub memory_budget: u64,
+}
+
+impl Limits {
+    /// The byte limit of a session holding `own` bytes while all sessions hold `total`:
+    /// whichever of `max_session_bytes` and the rest of the budget binds first.
+    pub fn byte_limit(&self, own: u64, total: u64) -> ByteLimit {
+        let mut limit = ByteLimit::NONE;
+        if self.max_session_bytes > 0 {
+            limit = ByteLimit {
+                bytes: self.max_session_bytes,
+                name: "max_session_bytes",
+                value: self.max_session_bytes,
+            };
+        }
+        if self.memory_budget > 0 {
+            let room = own.saturating_add(self.memory_budget.saturating_sub(total));
+            if room < limit.bytes {
+                limit = ByteLimit {
+                    bytes: room,
+                    name: "memory_budget",
+                    value: self.memory_budget,
+                };
+            }
+        }
+        limit
+    }
 }
 
 /// A cheap, cloneable address of one session's actor.
@@ -55,12 +120,19 @@ pub struct SessionHandle {
     tx: mpsc::Sender<Job>,
     /// When a job was last queued (epoch ms), for the idle TTL.
     last_used: Arc<AtomicI64>,
+    /// Bytes the session holds, as of its last job.
+    bytes: Arc<AtomicU64>,
 }
 
 impl SessionHandle {
     /// Session id.
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// Bytes the session holds, as of its last finished job.
+    pub fn held_bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
     }
 
     /// Queues `f` behind every job already queued and returns where its result will land.
@@ -103,8 +175,9 @@ pub struct Store {
     config: Arc<EngineConfig>,
     counter: Arc<dyn TokenCounter>,
     mailbox: usize,
-    /// Sessions held at most (0: no limit).
-    max_sessions: usize,
+    limits: Limits,
+    /// Bytes all session actors hold (each adds its own changes after every job).
+    held: Arc<AtomicU64>,
 }
 
 impl Store {
@@ -115,14 +188,53 @@ impl Store {
             config: Arc::new(config),
             counter,
             mailbox: DEFAULT_MAILBOX,
-            max_sessions: 0,
+            limits: Limits::default(),
+            held: Arc::new(AtomicU64::new(0)),
         }
     }
 
     /// This store holding at most `max` sessions (0: no limit).
     pub fn with_max_sessions(mut self, max: usize) -> Store {
-        self.max_sessions = max;
+        self.limits.max_sessions = max;
         self
+    }
+
+    /// This store with all of `limits`.
+    pub fn with_limits(mut self, limits: Limits) -> Store {
+        self.limits = limits;
+        self
+    }
+
+    /// The limits this store enforces.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Bytes all sessions hold (including sessions just deleted whose queued jobs still
+    /// run: their memory is still in use).
+    pub fn held_bytes(&self) -> u64 {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// Refuses a new session of `bytes` when the budget is spent; `freed` is what a
+    /// replaced session gives back.
+    fn admit(&self, bytes: u64, freed: u64) -> Result<(), StoreError> {
+        let l = self.limits;
+        if l.max_session_bytes > 0 && bytes > l.max_session_bytes {
+            return Err(StoreError::SessionTooLarge {
+                bytes,
+                limit: l.max_session_bytes,
+            });
+        }
+        let held = self.held_bytes().saturating_sub(freed);
+        if l.memory_budget > 0 && held.saturating_add(bytes) > l.memory_budget {
+            return Err(StoreError::OverBudget {
+                bytes,
+                held,
+                budget: l.memory_budget,
+            });
+        }
+        Ok(())
     }
 
     /// Removes the sessions no job touched for `ttl`; returns their ids and idle times.
@@ -171,11 +283,12 @@ impl Store {
         if let Some(h) = map.get(&info.id) {
             return Ok((h.clone(), false));
         }
-        if self.max_sessions > 0 && map.len() >= self.max_sessions {
-            return Err(StoreError::Full(self.max_sessions));
+        if self.limits.max_sessions > 0 && map.len() >= self.limits.max_sessions {
+            return Err(StoreError::Full(self.limits.max_sessions));
         }
         let id = info.id.clone();
         let session = Session::new(info, &self.config, self.counter.clone());
+        self.admit(session.held_bytes(), 0)?;
         let handle = self.spawn(session);
         map.insert(id, handle.clone());
         Ok((handle, true))
@@ -189,9 +302,12 @@ impl Store {
         if map.contains_key(&id) && !replace {
             return Err(StoreError::AlreadyExists(id));
         }
-        if !map.contains_key(&id) && self.max_sessions > 0 && map.len() >= self.max_sessions {
-            return Err(StoreError::Full(self.max_sessions));
+        let max = self.limits.max_sessions;
+        if !map.contains_key(&id) && max > 0 && map.len() >= max {
+            return Err(StoreError::Full(max));
         }
+        let freed = map.get(&id).map_or(0, SessionHandle::held_bytes);
+        self.admit(session.held_bytes(), freed)?;
         let handle = self.spawn(session);
         map.insert(id, handle.clone());
         Ok(handle)
@@ -222,12 +338,27 @@ impl Store {
         let id: Arc<str> = Arc::from(session.info().id.as_str());
         let config = self.config.clone();
         let span = tracing::info_span!("session", session_id = %id);
+        let limits = self.limits;
+        let held = self.held.clone();
+        let mut last = session.held_bytes();
+        held.fetch_add(last, Ordering::Relaxed);
+        let bytes = Arc::new(AtomicU64::new(last));
+        let own = bytes.clone();
         tokio::spawn(
             async move {
                 tracing::debug!("session actor started");
                 while let Some(job) = rx.recv().await {
+                    session.set_byte_limit(limits.byte_limit(last, held.load(Ordering::Relaxed)));
                     job(&mut session, &config);
+                    let now = session.held_bytes();
+                    if now != last {
+                        // Two atomic adds, never a scan: the store's total follows each job.
+                        held.fetch_add(now.wrapping_sub(last), Ordering::Relaxed);
+                        own.store(now, Ordering::Relaxed);
+                        last = now;
+                    }
                 }
+                held.fetch_sub(last, Ordering::Relaxed);
                 tracing::debug!("session actor stopped");
             }
             .instrument(span),
@@ -236,6 +367,7 @@ impl Store {
             id,
             tx,
             last_used: Arc::new(AtomicI64::new(now_ms())),
+            bytes,
         }
     }
 

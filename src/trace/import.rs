@@ -108,7 +108,7 @@ fn session_info(mut o: Map<String, Value>) -> Result<SessionInfo, ImportError> {
     Ok(SessionInfo {
         id,
         title,
-        extra: o,
+        extra: compact(o),
         ..SessionInfo::default()
     })
 }
@@ -197,7 +197,7 @@ fn message_info(mut o: Map<String, Value>, path: &str) -> Result<MessageInfo, Im
         }
     };
     o.remove("sessionID");
-    info.extra = o;
+    info.extra = compact(o);
     Ok(info)
 }
 
@@ -312,8 +312,18 @@ fn part(mut o: Map<String, Value>, message_id: &str, path: &str) -> Result<Part,
         message_id,
         kind,
         mark: None,
-        extra: o,
+        extra: compact(o),
     })
+}
+
+/// The fields left after the known ones were taken out, in a map of their own size (the
+/// parsed object keeps the capacity of every field it had).
+fn compact(o: Extra) -> Extra {
+    if o.is_empty() {
+        Extra::new()
+    } else {
+        o.into_iter().collect()
+    }
 }
 
 fn tool_part(o: &mut Map<String, Value>, path: &str) -> Result<ToolPart, ImportError> {

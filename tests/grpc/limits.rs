@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use compactd::config::EngineConfig;
 use compactd::server::{ServerOptions, pb};
-use compactd::store::Store;
+use compactd::store::{Limits, Store};
 use compactd::tokens::CharsPerToken;
 use tokio_stream::StreamExt;
 
@@ -49,6 +49,185 @@ async fn max_sessions_refuses_one_more_and_the_others_keep_working() {
     .await
     .expect("delete");
     open_session(&mut c, session("s3")).await;
+}
+
+/// Adds 10 kB text parts to `sid` until one is refused; returns that status and the
+/// session as it was just before.
+async fn fill(c: &mut Client, sid: &str, msg: &str) -> (tonic::Status, pb::GetSessionResponse) {
+    for i in 0..200 {
+        let before = get_session(c, sid).await;
+        let r = c
+            .upsert_part(pb::UpsertPartRequest {
+                session_id: sid.into(),
+                part: Some(text_part(
+                    msg,
+                    &format!("{msg}-t{i}"),
+                    &output_of("f", 10_000),
+                )),
+            })
+            .await;
+        if let Err(status) = r {
+            return (status, before);
+        }
+    }
+    panic!("{sid}: 2 MB of parts and no limit reached");
+}
+
+fn held(s: &pb::GetSessionResponse) -> u64 {
+    s.summary.as_ref().expect("summary").held_bytes
+}
+
+#[tokio::test]
+async fn max_session_bytes_refuses_growth_past_it_and_leaves_the_session_as_it_was() {
+    let limits = Limits {
+        max_session_bytes: 64 * 1024,
+        ..Limits::default()
+    };
+    let store = Store::new(EngineConfig::default(), Arc::new(CharsPerToken)).with_limits(limits);
+    let server = start_server_on(store, ServerOptions::default()).await;
+    let mut c = server.client().await;
+    open_session(&mut c, session("big")).await;
+    open_session(&mut c, session("other")).await;
+    put_message(&mut c, "big", user_msg("u1")).await;
+    let (status, before) = fill(&mut c, "big", "u1").await;
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().contains("max_session_bytes (65536 bytes)"),
+        "{status:?}"
+    );
+    assert!(
+        status.message().contains("--max-session-bytes"),
+        "{status:?}"
+    );
+    let after = get_session(&mut c, "big").await;
+    assert_eq!(after, before, "the refused part changed nothing");
+    assert!(held(&after) <= 64 * 1024, "{}", held(&after));
+    assert!(held(&after) > 40 * 1024, "{}", held(&after));
+    // Shrinking is always allowed: the host can clean up a full session.
+    put_part(&mut c, "big", text_part("u1", "u1-t0", "short now")).await;
+    assert!(held(&get_session(&mut c, "big").await) < held(&after));
+    // The same update over the stream is an error event; the stream goes on.
+    let mut stream = server.stream().await;
+    let events = stream
+        .request(
+            "big",
+            upsert_part(text_part("u1", "u1-huge", &output_of("h", 70_000))),
+        )
+        .await;
+    assert!(
+        error(&events).message.contains("max_session_bytes"),
+        "{events:?}"
+    );
+    stream
+        .expect_ack("other", upsert_message(user_msg("o1")))
+        .await;
+    // Other sessions are not affected.
+    put_part(
+        &mut c,
+        "other",
+        text_part("o1", "o-t", &output_of("o", 10_000)),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn the_memory_budget_refuses_growth_and_new_sessions_until_memory_is_freed() {
+    let limits = Limits {
+        memory_budget: 100 * 1024,
+        ..Limits::default()
+    };
+    let store = Store::new(EngineConfig::default(), Arc::new(CharsPerToken)).with_limits(limits);
+    let server = start_server_on(store, ServerOptions::default()).await;
+    let mut c = server.client().await;
+    open_session(&mut c, session("a")).await;
+    open_session(&mut c, session("b")).await;
+    put_message(&mut c, "a", user_msg("ua")).await;
+    put_message(&mut c, "b", user_msg("ub")).await;
+    let (status, before) = fill(&mut c, "a", "ua").await;
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().contains("memory_budget (102400 bytes)"),
+        "{status:?}"
+    );
+    assert_eq!(get_session(&mut c, "a").await, before, "nothing changed");
+    let sessions = c
+        .list_sessions(pb::ListSessionsRequest {})
+        .await
+        .expect("list")
+        .into_inner()
+        .sessions;
+    let total: u64 = sessions.iter().map(|s| s.held_bytes).sum();
+    assert!(total <= 100 * 1024, "{total}");
+    // The budget is shared: `b` cannot grow by 10 kB either, nor can `c` open with more
+    // than is left.
+    let grow = c
+        .upsert_part(pb::UpsertPartRequest {
+            session_id: "b".into(),
+            part: Some(text_part("ub", "b-t", &output_of("b", 10_000))),
+        })
+        .await;
+    assert_status(grow, tonic::Code::ResourceExhausted, "memory_budget");
+    // Deleting `a` gives its memory back to the others.
+    c.delete_session(pb::DeleteSessionRequest {
+        session_id: "a".into(),
+    })
+    .await
+    .expect("delete");
+    let mut grown = false;
+    for _ in 0..100 {
+        let r = c
+            .upsert_part(pb::UpsertPartRequest {
+                session_id: "b".into(),
+                part: Some(text_part("ub", "b-t", &output_of("b", 10_000))),
+            })
+            .await;
+        if r.is_ok() {
+            grown = true;
+            break;
+        }
+        // The deleted session's actor hands its bytes back when its last job is done.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(grown, "b could not grow after a was deleted");
+}
+
+#[tokio::test]
+async fn a_spent_memory_budget_refuses_new_sessions_and_imports() {
+    let limits = Limits {
+        memory_budget: 1024,
+        ..Limits::default()
+    };
+    let store = Store::new(EngineConfig::default(), Arc::new(CharsPerToken)).with_limits(limits);
+    let server = start_server_on(store, ServerOptions::default()).await;
+    let mut c = server.client().await;
+    let open = c
+        .open_session(pb::OpenSessionRequest {
+            session: Some(session("s")),
+        })
+        .await;
+    assert_status(
+        open,
+        tonic::Code::ResourceExhausted,
+        "memory_budget (1024 bytes)",
+    );
+    let import = c
+        .import_session(pb::ImportSessionRequest {
+            export_json: std::fs::read_to_string(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/examples/session.json"
+            ))
+            .expect("example"),
+            session_id: "i".into(),
+            ..Default::default()
+        })
+        .await;
+    assert_status(import, tonic::Code::ResourceExhausted, "memory_budget");
+    // The server still answers.
+    let list = c
+        .list_sessions(pb::ListSessionsRequest {})
+        .await
+        .expect("list");
+    assert!(list.into_inner().sessions.is_empty());
 }
 
 #[tokio::test]

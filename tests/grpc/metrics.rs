@@ -58,6 +58,7 @@ async fn counters_move_as_updates_prunes_overflows_rejections_and_compactions_ha
     );
     let before = scrape(&metrics).await;
     assert_eq!(value(&before, "compactd_sessions"), 0.0);
+    assert_eq!(value(&before, "compactd_bytes_held"), 0.0, "{before}");
 
     let mut c = pb::sessions_client::SessionsClient::connect(format!("http://{grpc}"))
         .await
@@ -102,6 +103,15 @@ async fn counters_move_as_updates_prunes_overflows_rejections_and_compactions_ha
 
     let after = scrape(&metrics).await;
     assert_eq!(value(&after, "compactd_sessions"), 1.0, "{after}");
+    // Three 8 kB outputs and the rest of the session are held; the budget is the
+    // default 2 GiB.
+    let held = value(&after, "compactd_bytes_held");
+    assert!((24_000.0..1_000_000.0).contains(&held), "{after}");
+    assert_eq!(
+        value(&after, "compactd_memory_budget_bytes"),
+        2_147_483_648.0,
+        "{after}"
+    );
     assert_eq!(
         value(
             &after,

@@ -19,6 +19,7 @@
 
 mod compaction;
 mod context;
+mod memory;
 mod overflow;
 mod props;
 mod prune;

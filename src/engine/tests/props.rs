@@ -363,6 +363,7 @@ fn check_invariants(s: &mut Session) -> Result<(), TestCaseError> {
 
     // Running figures equal a recount from scratch.
     prop_assert_eq!(s.total_tokens(), tokens_from_scratch(s));
+    prop_assert_eq!(s.held_bytes(), s.held_bytes_from_scratch());
     let parts: Vec<&crate::engine::StoredPart> = s.messages.iter().flat_map(|m| &m.parts).collect();
     prop_assert_eq!(s.part_count(), parts.len());
     prop_assert_eq!(

@@ -1,0 +1,243 @@
+//! Memory test: 1,000 sessions of realistic size, built from the real traces in
+//! `tests/data/traces/`, held in one store under the default memory budget.
+//!
+//! Its own test binary because it installs a counting global allocator: the bytes the
+//! store says it holds are checked against the bytes the process really allocated for
+//! them, and the report (printed; run with `--nocapture` to see it) sets both against the
+//! raw text the sessions carry.
+//!
+//! `COMPACTD_MEMORY_SESSIONS` changes the number of sessions (default 1,000).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use compactd::config::EngineConfig;
+use compactd::session::{ModelLimits, Part, PartKind};
+use compactd::store::{DEFAULT_MAX_SESSION_BYTES, DEFAULT_MEMORY_BUDGET, Limits, Store};
+use compactd::tokens::CharsPerToken;
+use compactd::trace::{Export, load, parse_export};
+
+/// The system allocator, counting the bytes currently allocated.
+struct Counting;
+
+static ALLOCATED: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call is forwarded to `System` unchanged; the counter is only arithmetic.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: same contract as the caller's.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            ALLOCATED.fetch_add(layout.size(), Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) };
+        ALLOCATED.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: same contract as the caller's.
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            ALLOCATED.fetch_add(new_size, Ordering::Relaxed);
+            ALLOCATED.fetch_sub(layout.size(), Ordering::Relaxed);
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocated() -> usize {
+    ALLOCATED.load(Ordering::Relaxed)
+}
+
+fn traces() -> Vec<(String, String)> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/traces");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("tests/data/traces")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|p| {
+            let name = p
+                .file_stem()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            (name, std::fs::read_to_string(&p).expect("trace"))
+        })
+        .collect()
+}
+
+/// The text a part carries for the model: what an agent host would have to keep anyway.
+fn text_bytes(p: &Part) -> usize {
+    match &p.kind {
+        PartKind::Text(t) => t.text.len(),
+        PartKind::Reasoning(r) => r.text.len(),
+        PartKind::Tool(t) => {
+            let s = &t.state;
+            s.input.to_string().len() + s.output.len() + s.error.len() + s.title.len()
+        }
+        PartKind::Subtask(s) => s.prompt.len() + s.description.len(),
+        _ => 0,
+    }
+}
+
+struct Template {
+    name: String,
+    export: Export,
+    json_bytes: usize,
+    text_bytes: usize,
+}
+
+fn mib(b: usize) -> f64 {
+    b as f64 / (1024.0 * 1024.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_real_sessions_fit_the_default_budget_and_the_count_matches_the_allocator() {
+    let n: usize = std::env::var("COMPACTD_MEMORY_SESSIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000);
+    let templates: Vec<Template> = traces()
+        .into_iter()
+        .map(|(name, json)| {
+            let export = parse_export(&json).expect("trace parses");
+            let text_bytes = export
+                .messages
+                .iter()
+                .flat_map(|(_, parts)| parts)
+                .map(text_bytes)
+                .sum();
+            Template {
+                name,
+                json_bytes: json.len(),
+                text_bytes,
+                export,
+            }
+        })
+        .collect();
+    assert_eq!(templates.len(), 10, "the ten shared traces");
+
+    let config = EngineConfig::default();
+    let limits = Limits {
+        max_sessions: 10_000,
+        max_session_bytes: DEFAULT_MAX_SESSION_BYTES,
+        memory_budget: DEFAULT_MEMORY_BUDGET,
+    };
+    let store = Store::new(config.clone(), Arc::new(CharsPerToken)).with_limits(limits);
+
+    // One row per trace: bytes the store counts for one session of it, bytes the
+    // allocator saw that session take, and what the session carries.
+    let mut rows = Vec::new();
+    let (mut json_total, mut text_total) = (0usize, 0usize);
+    let before = allocated();
+    for i in 0..n {
+        let t = &templates[i % templates.len()];
+        let start = allocated();
+        let mut export = t.export.clone();
+        export.info.id = format!("{}-{i}", t.name);
+        let session = load(
+            export,
+            ModelLimits {
+                context: 200_000,
+                input: 0,
+                output: 32_000,
+            },
+            Default::default(),
+            &config,
+            Arc::new(CharsPerToken),
+        )
+        .expect("trace loads");
+        let counted = session.held_bytes();
+        let real = allocated() - start;
+        store
+            .insert(session, false)
+            .unwrap_or_else(|e| panic!("session {i} of {n} refused: {e}"));
+        json_total += t.json_bytes;
+        text_total += t.text_bytes;
+        if i < templates.len() {
+            rows.push((t.name.clone(), t.json_bytes, t.text_bytes, counted, real));
+        }
+    }
+    // Let the actors start and report their figures (they add them as they spawn).
+    tokio::task::yield_now().await;
+    let real_total = allocated() - before;
+    let held = store.held_bytes();
+
+    println!(
+        "\n{:<32} {:>10} {:>10} {:>12} {:>12} {:>7} {:>7}",
+        "trace (one session)", "json", "text", "held", "allocated", "held/t", "held/a"
+    );
+    for (name, json, text, counted, real) in &rows {
+        println!(
+            "{:<32} {:>10} {:>10} {:>12} {:>12} {:>7.2} {:>7.2}",
+            name,
+            json,
+            text,
+            counted,
+            real,
+            *counted as f64 / *text as f64,
+            *counted as f64 / *real as f64
+        );
+    }
+    println!(
+        "\n{n} sessions: raw json {:.1} MiB, raw text {:.1} MiB, held {:.1} MiB ({:.2}x text), \
+         allocated {:.1} MiB (held/allocated {:.2}), budget {:.0} MiB",
+        mib(json_total),
+        mib(text_total),
+        mib(held as usize),
+        held as f64 / text_total as f64,
+        mib(real_total),
+        held as f64 / real_total as f64,
+        mib(DEFAULT_MEMORY_BUDGET as usize),
+    );
+
+    assert_eq!(store.len(), n);
+    assert!(
+        held <= DEFAULT_MEMORY_BUDGET,
+        "{held} bytes held > budget {DEFAULT_MEMORY_BUDGET}"
+    );
+    // The figure the limits act on is honest: within 20% of what was really allocated,
+    // per trace and in total.
+    for (name, _, _, counted, real) in &rows {
+        let ratio = *counted as f64 / *real as f64;
+        assert!(
+            (0.8..=1.2).contains(&ratio),
+            "{name}: counted {counted} vs allocated {real} ({ratio:.2})"
+        );
+    }
+    let ratio = held as f64 / real_total as f64;
+    assert!(
+        (0.8..=1.2).contains(&ratio),
+        "store counts {held} bytes, the allocator saw {real_total} ({ratio:.2})"
+    );
+    // Every session is held once: deleting them all gives the memory back.
+    let ids: Vec<String> = store.list().iter().map(|h| h.id().to_string()).collect();
+    for id in ids {
+        store.remove(&id);
+    }
+    for _ in 0..100 {
+        if store.held_bytes() == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        store.held_bytes(),
+        0,
+        "bytes still counted after every delete"
+    );
+}
