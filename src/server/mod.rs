@@ -16,6 +16,7 @@ pub mod pb;
 mod service;
 mod status;
 mod stream;
+pub mod transport;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -84,7 +85,9 @@ pub async fn serve(
     tracing::info!(addr = ?addr, max_update_bytes = options.max_update_bytes, "compactd serving");
     // Small request/response exchanges must not wait on Nagle's algorithm (23 ms per
     // unary call on loopback without this).
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let incoming = TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .with_keepalive(Some(transport::TCP_KEEPALIVE));
     serve_incoming(incoming, store, options, shutdown).await
 }
 
@@ -194,13 +197,11 @@ where
         guard(!options.auth.open_reflection),
     );
     let sessions = tonic::service::interceptor::InterceptedService::new(sessions, guard(true));
-    let mut builder = tonic::transport::Server::builder();
+    let mut builder = transport::configure(tonic::transport::Server::builder());
     if let Some(tls) = options.tls.clone() {
         builder = builder.tls_config(tls).map_err(ServeError::Transport)?;
     }
     let server = builder
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .trace_fn(|req| tracing::info_span!("rpc", rpc = %req.uri().path()))
         .add_service(health)
         .add_service(reflection_v1)

@@ -21,4 +21,5 @@ mod secrets;
 mod strategies;
 mod stream;
 mod tls;
+mod transport;
 mod unary;

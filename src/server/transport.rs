@@ -1,0 +1,56 @@
+//! HTTP/2 and TCP settings of the gRPC listener, set explicitly rather than inherited
+//! from hyper's defaults, so what a misbehaving client can make compactd hold or do is
+//! written down in one place.
+//!
+//! What each bounds:
+//! - receive windows: how much a client can push before compactd has read it (a large
+//!   update still arrives, in window-sized steps, up to the message size cap);
+//! - concurrent streams: how many RPCs one connection can have open;
+//! - header list size: the metadata one request may carry (an auth header is tiny);
+//! - reset-stream caps: the "rapid reset" pattern (open and cancel streams in a loop);
+//! - keepalive: a peer that vanished without a FIN is noticed within 40 s (HTTP/2 PING)
+//!   and TCP keepalive catches what PINGs cannot reach.
+//!
+//! A client that stops reading its own responses is bounded separately: its streams'
+//! send windows stop the transport, and the event buffer plus `--slow-reader-grace-secs`
+//! close the stream (`hub.rs`).
+
+use std::time::Duration;
+
+use tonic::transport::Server;
+
+/// Receive window of one stream.
+pub const STREAM_WINDOW: u32 = 1 << 20;
+/// Receive window of one connection (all its streams together).
+pub const CONNECTION_WINDOW: u32 = 4 << 20;
+/// RPCs one connection may have open at once (tonic's default is no limit). A host needs
+/// one `Stream`, a `Subscribe` and a few unary calls or `Compact`s in flight.
+pub const MAX_CONCURRENT_STREAMS: u32 = 256;
+/// Bytes of request metadata (headers) accepted.
+pub const MAX_HEADER_LIST_SIZE: u32 = 16 << 10;
+/// Streams a client may open and reset before compactd has accepted them.
+pub const MAX_PENDING_ACCEPT_RESETS: usize = 20;
+/// Streams compactd resets for a client's protocol errors before closing the connection.
+pub const MAX_LOCAL_ERROR_RESETS: usize = 256;
+/// HTTP/2 PING interval on an idle connection, and how long to wait for the answer.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// How long a keepalive PING may go unanswered before the connection is closed.
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// TCP keepalive probe delay on accepted sockets.
+pub const TCP_KEEPALIVE: Duration = Duration::from_secs(60);
+
+/// Applies every setting above to a server builder.
+pub fn configure(builder: Server) -> Server {
+    builder
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        // A fixed window: the adaptive one grows with the client's bandwidth-delay
+        // estimate, which a client controls.
+        .http2_adaptive_window(Some(false))
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+        .http2_max_header_list_size(MAX_HEADER_LIST_SIZE)
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESETS))
+        .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+}

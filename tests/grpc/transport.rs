@@ -1,0 +1,74 @@
+//! The HTTP/2 settings a client sees on the wire (read with the `h2` crate, below tonic),
+//! and a request over the header limit refused without harming the server.
+
+use std::future::poll_fn;
+use std::time::Duration;
+
+use compactd::server::pb;
+use compactd::server::transport::{MAX_CONCURRENT_STREAMS, MAX_HEADER_LIST_SIZE, STREAM_WINDOW};
+
+use crate::common::*;
+
+#[tokio::test]
+async fn the_server_advertises_its_stream_limit_and_receive_window() {
+    let server = start_server().await;
+    let tcp = tokio::net::TcpStream::connect(server.addr)
+        .await
+        .expect("connect");
+    // The client's own send buffer (400 KiB by default) must not be what limits.
+    let (client, mut conn) = h2::client::Builder::new()
+        .max_send_buffer_size(64 << 20)
+        .handshake::<_, tonic::codegen::Bytes>(tcp)
+        .await
+        .expect("h2 handshake");
+    // Drive the connection until the server's SETTINGS have arrived.
+    let _ = tokio::time::timeout(Duration::from_millis(300), &mut conn).await;
+    assert_eq!(
+        conn.max_concurrent_send_streams(),
+        MAX_CONCURRENT_STREAMS as usize
+    );
+    tokio::spawn(conn);
+    let mut client = client.ready().await.expect("ready");
+    let request = http::Request::post(format!(
+        "http://{}/compactd.v1.Sessions/Stream",
+        server.addr
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .expect("request");
+    let (_response, mut send) = client.send_request(request, false).expect("send");
+    // Ask for far more than the window: what is granted is the server's stream window
+    // (the connection window, 4 MiB, is larger).
+    send.reserve_capacity(64 << 20);
+    let granted = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match poll_fn(|cx| send.poll_capacity(cx)).await {
+                Some(Ok(_)) if send.capacity() >= STREAM_WINDOW as usize => break send.capacity(),
+                Some(Ok(_)) => continue,
+                other => panic!("no capacity: {other:?}"),
+            }
+        }
+    })
+    .await
+    .expect("window granted");
+    assert_eq!(granted, STREAM_WINDOW as usize);
+}
+
+#[tokio::test]
+async fn request_metadata_over_the_header_limit_is_refused_and_the_server_goes_on() {
+    let server = start_server().await;
+    let mut c = server.client().await;
+    let mut request = tonic::Request::new(pb::ListSessionsRequest {});
+    request.metadata_mut().insert(
+        "x-padding",
+        "x".repeat(2 * MAX_HEADER_LIST_SIZE as usize)
+            .parse()
+            .expect("ascii metadata"),
+    );
+    let refused = c.list_sessions(request).await;
+    assert!(refused.is_err(), "32 KiB of headers accepted");
+    // A fresh client (the refused one's connection may be gone) is served as before.
+    let mut c = server.client().await;
+    open_session(&mut c, session("after")).await;
+}
