@@ -203,6 +203,16 @@ pub struct SessionOverrides {
     pub protected_file_globs: Option<Vec<String>>,
     /// Snapshot tools (replaces the server list).
     pub snapshot_tools: Option<Vec<String>>,
+    /// What a cleared tool output reads as.
+    pub placeholder: Option<String>,
+    /// Text of the synthetic user message after an automatic compaction.
+    pub auto_continue: Option<String>,
+    /// Compaction agent's system prompt (read by the server, not the engine).
+    pub compaction_system: Option<String>,
+    /// Summary prompt (read by the server).
+    pub compaction_prompt: Option<String>,
+    /// Summary template (read by the server).
+    pub compaction_template: Option<String>,
 }
 
 impl SessionOverrides {
@@ -226,7 +236,12 @@ impl SessionOverrides {
             strategy_preset,
             strategy_protected_tools,
             protected_file_globs,
-            snapshot_tools
+            snapshot_tools,
+            placeholder,
+            auto_continue,
+            compaction_system,
+            compaction_prompt,
+            compaction_template
         );
         self.strategies
             .extend(newer.strategies.iter().map(|(k, v)| (*k, *v)));
@@ -292,6 +307,12 @@ impl EngineConfig {
         }
         if let Some(v) = &o.snapshot_tools {
             s.snapshot_tools = v.clone();
+        }
+        if let Some(v) = &o.placeholder {
+            s.placeholder = v.clone();
+        }
+        if let Some(v) = &o.auto_continue {
+            s.auto_continue = v.clone();
         }
         s
     }

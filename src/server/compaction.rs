@@ -100,7 +100,7 @@ impl From<pb::CompactOptions> for Options {
 pub async fn start(
     hub: &Arc<Hub>,
     session_id: &str,
-    options: Options,
+    mut options: Options,
     sink: Option<Sink>,
     go: Option<oneshot::Receiver<()>>,
 ) -> Result<pb::CompactionEvent, Rejection> {
@@ -136,11 +136,10 @@ pub async fn start(
                 .tail_start
                 .map(|i| s.messages()[i].info.id.clone())
                 .unwrap_or_default();
-            let model = s.info().config.compaction_model.clone();
-            Ok::<_, CompactionError>((plan, head, tail_id, model))
+            Ok::<_, CompactionError>((plan, head, tail_id, s.info().config.clone()))
         })
         .await;
-    let (plan, head, tail_id, session_model) = match planned {
+    let (plan, head, tail_id, session) = match planned {
         Ok(Ok(p)) => p,
         Ok(Err(e)) => {
             hub.release(session_id, &running.id);
@@ -151,9 +150,21 @@ pub async fn start(
             return Err(e.into());
         }
     };
+    // The request's model and prompts win over the session's, which win over the server's.
+    for (field, session) in [
+        (&mut options.system, session.compaction_system),
+        (&mut options.prompt, session.compaction_prompt),
+        (&mut options.template, session.compaction_template),
+    ] {
+        if field.is_empty()
+            && let Some(v) = session
+        {
+            *field = v;
+        }
+    }
     let model = Some(options.model.clone())
         .filter(|m| !m.is_empty())
-        .or(session_model);
+        .or(session.compaction_model);
     let started = event(
         session_id,
         &running.id,

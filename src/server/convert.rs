@@ -236,7 +236,62 @@ pub fn overrides_from_pb(c: pb::SessionConfig) -> Result<SessionOverrides, Rejec
         strategy_protected_tools: c.strategy_protected_tools.map(|l| l.values),
         protected_file_globs,
         snapshot_tools: c.snapshot_tools.map(|l| l.values),
+        placeholder: text_setting("placeholder", c.placeholder, MAX_PLACEHOLDER, true)?,
+        auto_continue: text_setting("auto_continue", c.auto_continue, MAX_AUTO_CONTINUE, true)?,
+        compaction_system: text_setting(
+            "compaction_system",
+            c.compaction_system,
+            MAX_PROMPT,
+            false,
+        )?,
+        compaction_prompt: text_setting(
+            "compaction_prompt",
+            c.compaction_prompt,
+            MAX_PROMPT,
+            false,
+        )?,
+        compaction_template: text_setting(
+            "compaction_template",
+            c.compaction_template,
+            MAX_PROMPT,
+            false,
+        )?,
     })
+}
+
+/// Longest `placeholder` a session may set.
+const MAX_PLACEHOLDER: usize = 1 << 10;
+/// Longest `auto_continue` a session may set.
+const MAX_AUTO_CONTINUE: usize = 4 << 10;
+/// Longest prompt or template a session may set.
+const MAX_PROMPT: usize = 64 << 10;
+
+/// A text override: at most `max` bytes; empty is refused when `required` (the engine
+/// would render nothing) and means "inherit" otherwise.
+fn text_setting(
+    field: &str,
+    value: Option<String>,
+    max: usize,
+    required: bool,
+) -> Result<Option<String>, Rejection> {
+    let Some(v) = value else { return Ok(None) };
+    if v.len() > max {
+        return Err(Rejection::invalid(
+            field,
+            format!("{} bytes; at most {max}", v.len()),
+        ));
+    }
+    if v.trim().is_empty() {
+        return if required {
+            Err(Rejection::invalid(
+                field,
+                "must not be empty (unset it to inherit)",
+            ))
+        } else {
+            Ok(None)
+        };
+    }
+    Ok(Some(v))
 }
 
 /// Glob patterns, each checked so a bad one is rejected where it enters.
@@ -267,6 +322,11 @@ fn overrides_to_pb(o: &SessionOverrides) -> pb::SessionConfig {
             .map(|values| pb::StringList { values }),
         protect_turns: o.protect_turns,
         compaction_model: o.compaction_model.clone(),
+        placeholder: o.placeholder.clone(),
+        auto_continue: o.auto_continue.clone(),
+        compaction_system: o.compaction_system.clone(),
+        compaction_prompt: o.compaction_prompt.clone(),
+        compaction_template: o.compaction_template.clone(),
         strategy_preset: match o.strategy_preset {
             None => String::new(),
             Some(StrategyPreset::Compact) => "compact".into(),

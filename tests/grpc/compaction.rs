@@ -627,6 +627,55 @@ async fn overflow_that_prune_cannot_fix_compacts_automatically_on_the_stream() {
 }
 
 #[tokio::test]
+async fn a_session_sets_its_own_continue_text_and_compaction_prompts() {
+    let fake = FakeLlm::start(vec![Reply::text(["auto summary"])]).await;
+    let server = server_with_llm(&fake).await;
+    let mut s = overflowing_session(&server, SID).await;
+    let mut client = server.client().await;
+    open_session(
+        &mut client,
+        session_with_config(
+            SID,
+            20_000,
+            4_000,
+            pb::SessionConfig {
+                auto_continue: Some("Go on with the plan.".into()),
+                compaction_system: Some("SESSION-SYSTEM".into()),
+                compaction_template: Some("SESSION-TEMPLATE".into()),
+                ..Default::default()
+            },
+        ),
+    )
+    .await;
+    let seq = finish_reporting(&mut s, SID, "b1", 19_000).await;
+    assert_eq!(kinds(&s.reply(seq).await), ["overflow", "ack"]);
+    let events = follow(&mut s, seq).await;
+    assert!(
+        matches!(
+            events.last().and_then(|e| e.event.as_ref()),
+            Some(Ce::Compacted(_))
+        ),
+        "{events:?}"
+    );
+    // The summary was asked for with the session's prompts (the server's default prompt
+    // is kept: the session did not set one).
+    let texts = fake.last_request().message_texts();
+    assert_eq!(texts[0], "SESSION-SYSTEM\n\nSESSION-TEMPLATE");
+    // The context ends with the session's continue text.
+    let ctx = get_context(&mut client, SID).await;
+    let last = ctx.messages.last().expect("messages");
+    assert_eq!(text_of(last), "Go on with the plan.");
+    // And the settings read back as set.
+    let info = get_session(&mut client, SID).await.info.expect("info");
+    let config = info.config.expect("config");
+    assert_eq!(
+        config.auto_continue.as_deref(),
+        Some("Go on with the plan.")
+    );
+    assert_eq!(config.compaction_system.as_deref(), Some("SESSION-SYSTEM"));
+}
+
+#[tokio::test]
 async fn three_failed_automatic_compactions_pause_auto_compaction() {
     let fake = FakeLlm::start(vec![Reply::status(400)]).await;
     let server = server_with_llm(&fake).await;

@@ -326,6 +326,55 @@ async fn automatic_prune_can_be_turned_off_per_session() {
 }
 
 #[tokio::test]
+async fn a_session_chooses_its_own_placeholder_and_empty_texts_are_refused() {
+    let server = start_server().await;
+    let mut c = server.client().await;
+    let sid = "p-own";
+    build_prunable(
+        &mut c,
+        pb::SessionInfo {
+            config: Some(pb::SessionConfig {
+                placeholder: Some("[gone: re-run the tool]".into()),
+                ..Default::default()
+            }),
+            ..session(sid)
+        },
+    )
+    .await;
+    let ev = put_message(&mut c, sid, finished(assistant_msg("a3", "u3"))).await;
+    assert_expected_report(pruned(&ev)[0]);
+    let shown = outputs(&get_context(&mut c, sid).await.messages);
+    for id in EXPECTED_PRUNED {
+        assert_eq!(shown[id].0, "[gone: re-run the tool]", "{id}");
+    }
+    // An empty placeholder would erase outputs silently; an oversized one is refused too.
+    // Either way the session keeps its settings.
+    for (bad, why) in [
+        (" ".to_string(), "must not be empty"),
+        ("x".repeat(2_000), "at most 1024"),
+    ] {
+        let r = c
+            .open_session(pb::OpenSessionRequest {
+                session: Some(pb::SessionInfo {
+                    config: Some(pb::SessionConfig {
+                        placeholder: Some(bad),
+                        ..Default::default()
+                    }),
+                    ..session(sid)
+                }),
+            })
+            .await;
+        let status = assert_status(r, tonic::Code::InvalidArgument, "placeholder");
+        assert!(status.message().contains(why), "{status:?}");
+    }
+    let info = get_session(&mut c, sid).await.info.expect("info");
+    assert_eq!(
+        info.config.and_then(|c| c.placeholder).as_deref(),
+        Some("[gone: re-run the tool]")
+    );
+}
+
+#[tokio::test]
 async fn nothing_is_committed_unless_the_saving_is_above_prune_minimum() {
     let server = start_server().await;
     let mut c = server.client().await;
