@@ -150,7 +150,8 @@ pub fn pruned(report: &PruneReport, trigger: &'static str) {
     }
     counter!("compactd_prune_runs_total", "trigger" => trigger).increment(1);
     if report.committed {
-        counter!("compactd_tokens_saved_total", "layer" => "prune").increment(report.tokens_saved);
+        counter!("compactd_tokens_saved_total", "layer" => "prune")
+            .increment(report.context_tokens_saved.max(0).unsigned_abs());
     }
     for s in &report.strategies.savings {
         counter!("compactd_tokens_saved_total", "layer" => s.strategy.name()).increment(s.tokens);

@@ -17,7 +17,7 @@ use super::render::active_mark;
 use super::session::{Message, Session};
 use super::strategies::{Strategy, StrategyRun};
 use crate::config::Settings;
-use crate::session::{PartKind, Role, ToolStatus};
+use crate::session::{PartKind, Role, StrategyMark, ToolStatus};
 
 /// One prunable tool output: a completed, unprotected tool part in the eligible region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -278,8 +278,15 @@ pub struct PruneReport {
     pub committed: bool,
     /// The run was a dry run.
     pub dry_run: bool,
-    /// Tokens the (would-be) cleared outputs held.
+    /// Tokens the (would-be) cleared outputs held: the seed's figure, which PRUNE_MINIMUM
+    /// is compared with.
     pub tokens_saved: u64,
+    /// Context tokens prune's own clearing removed (or would remove). Lower than
+    /// `tokens_saved` when a strategy had already shortened an output, and negative when
+    /// the placeholder is longer than the tiny outputs it replaced (OpenCode renders it
+    /// regardless); with the strategies' savings it is the run's whole change, counted
+    /// once.
+    pub context_tokens_saved: i64,
     /// Tool output tokens scanned (protected + prunable).
     pub tokens_scanned: u64,
     /// The (would-be) cleared outputs, oldest first.
@@ -322,6 +329,7 @@ impl Session {
             committed: false,
             dry_run: mode == PruneMode::DryRun,
             tokens_saved: plan.pruned,
+            context_tokens_saved: 0,
             tokens_scanned: plan.pruned + plan.protected,
             parts: plan.prune.iter().filter_map(|c| self.describe(c)).collect(),
             reason: None,
@@ -344,30 +352,48 @@ impl Session {
             return report;
         }
         let mut inputs = (0u32, 0u64);
+        let mut own = 0i64;
         if mode == PruneMode::DryRun {
-            let marked: std::collections::HashSet<(&str, &str)> = report
+            // What a commit would do, part by part, without marking: the strategies' marks
+            // of this run are applied in thought (they come first in a commit).
+            let marked: std::collections::HashMap<(&str, &str), StrategyMark> = report
                 .strategies
                 .parts
                 .iter()
-                .map(|m| (m.message_id.as_str(), m.part_id.as_str()))
+                .map(|m| {
+                    let mark = StrategyMark {
+                        strategy: m.strategy.name().to_string(),
+                        superseded_by: m.superseded_by.clone(),
+                        time: now_ms,
+                    };
+                    ((m.message_id.as_str(), m.part_id.as_str()), mark)
+                })
                 .collect();
             for c in &plan.prune {
                 let Some(stored) = self.messages.get(c.msg).and_then(|m| m.parts.get(c.part))
                 else {
                     continue;
                 };
-                if marked.contains(&(stored.part.message_id.as_str(), stored.part.id.as_str()))
-                    || active_mark(&stored.part, &self.settings).is_some()
-                {
+                let part = &stored.part;
+                let key = (part.message_id.as_str(), part.id.as_str());
+                if let Some(mark) = marked.get(&key) {
+                    own += signed(self.rendered_tokens_as(part, Some(mark), false, true))
+                        - signed(self.rendered_tokens_as(part, Some(mark), true, true));
                     continue;
                 }
-                let part = &stored.part;
-                let saved = self
-                    .rendered_tokens_as(part, None, true, false)
-                    .saturating_sub(self.rendered_tokens_as(part, None, true, true));
+                if active_mark(part, &self.settings).is_some() {
+                    own += signed(self.context_tokens_of(stored))
+                        - signed(self.rendered_tokens_as(part, part.mark.as_ref(), true, true));
+                    continue;
+                }
+                let unstripped = self.rendered_tokens_as(part, None, true, false);
+                let saved =
+                    unstripped.saturating_sub(self.rendered_tokens_as(part, None, true, true));
+                own += signed(self.context_tokens_of(stored)) - signed(unstripped);
                 inputs.0 += u32::from(saved > 0);
                 inputs.1 += saved;
             }
+            report.context_tokens_saved = own;
             report
                 .strategies
                 .add(Strategy::PruneToolInputs, inputs.0, inputs.1);
@@ -375,10 +401,12 @@ impl Session {
             return report;
         }
         for c in &plan.prune {
-            let saved = self.mark_compacted(c, now_ms);
+            let (saved, total) = self.mark_compacted(c, now_ms);
             inputs.0 += u32::from(saved > 0);
             inputs.1 += saved;
+            own += total - signed(saved);
         }
+        report.context_tokens_saved = own;
         report
             .strategies
             .add(Strategy::PruneToolInputs, inputs.0, inputs.1);
@@ -401,18 +429,19 @@ impl Session {
         })
     }
 
-    /// Marks one output cleared; returns the input tokens `pruneToolInputs` stripped with it.
-    fn mark_compacted(&mut self, c: &Candidate, now_ms: i64) -> u64 {
+    /// Marks one output cleared; returns the input tokens `pruneToolInputs` stripped with it
+    /// and the context tokens removed in all (negative when the placeholder is longer).
+    fn mark_compacted(&mut self, c: &Candidate, now_ms: i64) -> (u64, i64) {
         let Some(stored) = self
             .messages
             .get_mut(c.msg)
             .and_then(|m| m.parts.get_mut(c.part))
         else {
             debug_assert!(false, "prune candidate {c:?} points nowhere");
-            return 0;
+            return (0, 0);
         };
         let PartKind::Tool(tool) = &mut stored.part.kind else {
-            return 0;
+            return (0, 0);
         };
         tool.state.time.compacted = Some(now_ms);
         let stored = &self.messages[c.msg].parts[c.part];
@@ -430,6 +459,11 @@ impl Session {
         self.compacted += 1;
         self.usage.pruned += old.saturating_sub(new);
         self.adjust_tokens(old, new);
-        unstripped.saturating_sub(new)
+        (unstripped.saturating_sub(new), signed(old) - signed(new))
     }
+}
+
+/// Token counts fit i64 (a context is far below 2^63 tokens).
+fn signed(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }

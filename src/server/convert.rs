@@ -774,6 +774,7 @@ pub fn prune_to_pb(r: &PruneReport) -> pb::PruneReport {
         committed: r.committed,
         dry_run: r.dry_run,
         tokens_saved: r.tokens_saved,
+        context_tokens_saved: r.context_tokens_saved,
         tokens_scanned: r.tokens_scanned,
         parts: r
             .parts

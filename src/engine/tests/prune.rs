@@ -545,6 +545,8 @@ fn finished_assistant_runs_auto_prune() {
         committed: true,
         dry_run: false,
         tokens_saved: 30_000,
+        // The output leaves the context; the placeholder takes its place.
+        context_tokens_saved: 30_000 - CharsPerToken.count(crate::config::PLACEHOLDER) as i64,
         tokens_scanned: 70_000,
         parts: vec![PrunedPart {
             message_id: "a1".into(),

@@ -511,6 +511,36 @@ fn t35_input_leak_a_call_cleared_by_prune_keeps_only_its_path() {
 }
 
 #[test]
+fn prune_counts_only_what_is_left_of_an_output_a_strategy_already_shortened() {
+    let mut sc = Script::with(SessionOverrides {
+        prune_protect: Some(0),
+        prune_minimum: Some(0),
+        ..Default::default()
+    });
+    let (old, new) = (file_body(8_000), file_body(6_000));
+    sc.user("u1", "Read it twice.")
+        .assistant("a1", vec![read("a1", "r1", "src/lib.rs", &old)])
+        .assistant("a2", vec![read("a2", "r2", "src/lib.rs", &new)])
+        .user("u2", "ok")
+        .user("u3", "ok");
+    let run = sc.commit();
+    assert!(run.report.committed);
+    assert_eq!(part_ids(&run.report), ["r1", "r2"]);
+    // The seed's figure weighs both outputs in full...
+    assert_eq!(run.report.tokens_saved, count(&old) + count(&new));
+    // ...but r1 was already down to its supersede note: prune's own saving is r2's output
+    // giving way to the placeholder, and with the strategies' it is the whole change.
+    assert_eq!(
+        run.report.context_tokens_saved,
+        (count(&new) - count(PLACEHOLDER)) as i64
+    );
+    assert_eq!(
+        run.before.tokens - run.after.tokens,
+        run.report.context_tokens_saved as u64 + run.report.strategies.tokens()
+    );
+}
+
+#[test]
 fn t36_one_file_one_view_any_operation_supersedes_all_earlier_ones() {
     let v1 = file_body(60);
     let mut sc = Script::new();
@@ -2594,11 +2624,28 @@ impl Driver {
                 self.now += 1;
                 let dry = self.s.clone().prune(PruneMode::DryRun, self.now);
                 let before = self.s.build_context();
+                let total = self.s.total_tokens();
                 let report = self.s.prune(PruneMode::Commit, self.now);
                 let after = self.s.build_context();
                 prop_assert_eq!(&dry.strategies, &report.strategies, "dry run vs commit");
                 prop_assert_eq!(&dry.parts, &report.parts);
+                // Prune's own saving and the strategies' add up to the whole reduction,
+                // each token counted once (a dry run says the same, if prune would commit).
                 check_run(&mut self.s, &before, &after, Some(&report), self.now)?;
+                let own = if report.committed {
+                    report.context_tokens_saved
+                } else {
+                    0
+                };
+                prop_assert_eq!(
+                    total as i64 - self.s.total_tokens() as i64,
+                    own + report.strategies.tokens() as i64,
+                    "{:#?}",
+                    report
+                );
+                if report.committed {
+                    prop_assert_eq!(dry.context_tokens_saved, report.context_tokens_saved);
+                }
             }
         }
         Ok(())
