@@ -212,6 +212,7 @@ async fn deliver(
     event: pb::ServerEvent,
     grace: std::time::Duration,
 ) -> bool {
+    let seq = event.seq;
     match tokio::time::timeout(grace, out.send(event)).await {
         Ok(Ok(())) => true,
         Ok(Err(_)) => false, // the client went away
@@ -219,12 +220,17 @@ async fn deliver(
             tracing::warn!(
                 buffered = EVENT_BUFFER,
                 grace_ms = grace.as_millis() as u64,
+                unsent_from_seq = seq,
                 "client is not reading its events; closing the stream"
             );
             crate::telemetry::rejected(tonic::Code::ResourceExhausted);
             if let Some(e) = end.take() {
+                // The buffered events reach the client before this status; what follows
+                // them was processed but never reported, so say where that starts.
                 let _ = e.send(Status::resource_exhausted(format!(
-                    "client is not reading its events ({EVENT_BUFFER} buffered for {} ms); stream closed, the sessions are intact",
+                    "client is not reading its events ({EVENT_BUFFER} buffered for {} ms); stream closed. \
+                     Events of seq {seq} and later were not all sent: the updates compactd had read were applied \
+                     as usual (GetSession shows each session's state before you resend)",
                     grace.as_millis()
                 )));
             }

@@ -354,11 +354,14 @@ async fn a_stream_client_that_stops_reading_is_disconnected_and_its_session_kept
     put_message(&mut other, "other", user_msg("x")).await;
 
     // Reading now: the buffered events, then the closing status.
-    let mut acked = 0u64;
+    let (mut acked, mut last_seq) = (0u64, 0u64);
     let status = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             match events.next().await {
-                Some(Ok(_)) => acked += 1,
+                Some(Ok(e)) => {
+                    acked += 1;
+                    last_seq = e.seq;
+                }
                 Some(Err(status)) => break status,
                 None => panic!("the stream ended without a status"),
             }
@@ -368,6 +371,19 @@ async fn a_stream_client_that_stops_reading_is_disconnected_and_its_session_kept
     .expect("the stream ends");
     assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
     assert!(status.message().contains("not reading"), "{status:?}");
+    // It says where the unsent answers start: at the last update some of whose events
+    // were delivered, or the one after it.
+    let from: u64 = status
+        .message()
+        .split("Events of seq ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no seq in {status:?}"));
+    assert!(
+        from == last_seq || from == last_seq + 1,
+        "{status:?} after seq {last_seq}"
+    );
     assert!(acked >= 1000, "the buffered events came first: {acked}");
     assert!(
         acked < 5_000,
