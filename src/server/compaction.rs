@@ -107,19 +107,21 @@ pub async fn start(
     let Some(summarizer) = hub.compaction.summarizer.clone() else {
         return Err(precondition(SummarizeError::NotConfigured.to_string()));
     };
+    let draining = || Rejection {
+        code: tonic::Code::Unavailable,
+        field: String::new(),
+        message: "compactd is draining and starts no new compactions".into(),
+    };
     if hub.is_draining() {
-        return Err(Rejection {
-            code: tonic::Code::Unavailable,
-            field: String::new(),
-            message: "compactd is draining and starts no new compactions".into(),
-        });
+        return Err(draining());
     }
     let handle = hub.store.get(session_id)?;
-    let running = hub.claim(session_id).map_err(|r| {
-        precondition(format!(
+    let running = hub.claim(session_id).map_err(|refused| match refused {
+        super::hub::Refused::Draining => draining(),
+        super::hub::Refused::Busy(r) => precondition(format!(
             "compaction {} is already running for session {session_id}",
             r.id
-        ))
+        )),
     })?;
     let cfg = hub.compaction.clone();
     let (auto, overflow, turns) = (options.auto, options.overflow, options.tail_turns);

@@ -115,7 +115,12 @@ impl Hub {
     /// up to `deadline` (then cancels them: a cancelled compaction changes nothing), and
     /// closes the open streams. Returns how many compactions had to be cancelled.
     pub async fn drain(&self, deadline: std::time::Duration) -> usize {
-        self.draining.cancel();
+        {
+            // Under the slot lock: a `claim` either ran before (and is waited for below)
+            // or sees the drain and refuses.
+            let _slots = self.running.lock().unwrap_or_else(|e| e.into_inner());
+            self.draining.cancel();
+        }
         // A huge configured deadline means "wait as long as it takes" (a day is plenty).
         let until =
             tokio::time::Instant::now() + deadline.min(std::time::Duration::from_secs(86_400));
@@ -171,11 +176,15 @@ impl Hub {
         }));
     }
 
-    /// Claims the session's compaction slot, or names the compaction holding it.
-    pub fn claim(&self, session_id: &str) -> Result<Running, Running> {
+    /// Claims the session's compaction slot; refused while draining or when another
+    /// compaction holds it (named in the error).
+    pub fn claim(&self, session_id: &str) -> Result<Running, Refused> {
         let mut map = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        if self.draining.is_cancelled() {
+            return Err(Refused::Draining);
+        }
         if let Some(r) = map.get(session_id) {
-            return Err(r.clone());
+            return Err(Refused::Busy(r.clone()));
         }
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         let r = Running {
@@ -202,4 +211,13 @@ impl Hub {
             map.remove(session_id);
         }
     }
+}
+
+/// Why a compaction slot was not claimed.
+#[derive(Debug, Clone)]
+pub enum Refused {
+    /// The server is draining and starts no new compactions.
+    Draining,
+    /// This compaction is already running for the session.
+    Busy(Running),
 }

@@ -12,7 +12,7 @@
 //! the engine's [`Session`] value.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use thiserror::Error;
@@ -118,10 +118,12 @@ impl Limits {
 pub struct SessionHandle {
     id: Arc<str>,
     tx: mpsc::Sender<Job>,
-    /// When a job was last queued (epoch ms), for the idle TTL.
+    /// When a job was last queued (ms on the store's monotonic clock), for the idle TTL.
     last_used: Arc<AtomicI64>,
     /// Bytes the session holds, as of its last job.
     bytes: Arc<AtomicU64>,
+    /// Set while the idle reaper removes the session (see `evict_idle`).
+    evicting: Arc<AtomicBool>,
 }
 
 impl SessionHandle {
@@ -143,7 +145,12 @@ impl SessionHandle {
         R: Send + 'static,
         F: FnOnce(&mut Session, &EngineConfig) -> R + Send + 'static,
     {
-        self.last_used.store(now_ms(), Ordering::Relaxed);
+        // Paired with `evict_idle`: either the reaper sees this use and keeps the
+        // session, or this sees the reaper and refuses (never a job on an evicted session).
+        self.last_used.store(now_ms(), Ordering::SeqCst);
+        if self.evicting.load(Ordering::SeqCst) {
+            return Err(StoreError::NotFound(self.id.to_string()));
+        }
         let (tx, rx) = oneshot::channel();
         let job: Job = Box::new(move |s, c| {
             // The caller may have gone away; the job's effect on the session stands.
@@ -245,8 +252,20 @@ impl Store {
         let idle: Vec<(String, u64)> = map
             .iter()
             .filter_map(|(id, h)| {
-                let idle = now.saturating_sub(h.last_used.load(Ordering::Relaxed));
-                (idle >= ttl).then(|| (id.clone(), u64::try_from(idle).unwrap_or(0)))
+                let idle_since =
+                    |h: &SessionHandle| now_ms().max(now) - h.last_used.load(Ordering::SeqCst);
+                if idle_since(h) < ttl {
+                    return None;
+                }
+                // Announce the eviction, then look again: a `submit` that raced past the
+                // first look is either seen here (the session stays) or sees the flag.
+                h.evicting.store(true, Ordering::SeqCst);
+                let idle = idle_since(h);
+                if idle < ttl {
+                    h.evicting.store(false, Ordering::SeqCst);
+                    return None;
+                }
+                Some((id.clone(), u64::try_from(idle).unwrap_or(0)))
             })
             .collect();
         for (id, _) in &idle {
@@ -368,6 +387,7 @@ impl Store {
             tx,
             last_used: Arc::new(AtomicI64::new(now_ms())),
             bytes,
+            evicting: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -382,9 +402,71 @@ impl Store {
     }
 }
 
-/// Wall clock in epoch ms (the store's only clock: idle times).
+/// Milliseconds on a monotonic clock (the store's only clock: idle times). Monotonic so a
+/// wall-clock step (NTP, a suspended laptop's clock catching up) cannot evict every
+/// session at once.
 fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let start = START.get_or_init(std::time::Instant::now);
+    i64::try_from(start.elapsed().as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokens::CharsPerToken;
+
+    fn info(id: &str) -> SessionInfo {
+        SessionInfo {
+            id: id.into(),
+            ..SessionInfo::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_handle_taken_before_an_eviction_cannot_reach_the_evicted_session() {
+        let store = Store::new(EngineConfig::default(), Arc::new(CharsPerToken));
+        let (handle, _) = store.open(info("s")).expect("open");
+        handle.call(|_, _| ()).await.expect("in use");
+        let evicted = store.evict_idle(std::time::Duration::ZERO);
+        assert_eq!(evicted.len(), 1);
+        assert!(matches!(store.get("s"), Err(StoreError::NotFound(_))));
+        // The old handle's update is refused rather than applied to a session no one can
+        // see any more.
+        let late = handle.call(|_, _| ()).await;
+        assert_eq!(late, Err(StoreError::NotFound("s".into())));
+    }
+
+    #[tokio::test]
+    async fn sessions_used_within_the_ttl_are_kept() {
+        let store = Store::new(EngineConfig::default(), Arc::new(CharsPerToken));
+        let (handle, _) = store.open(info("s")).expect("open");
+        handle.call(|_, _| ()).await.expect("in use");
+        assert!(
+            store
+                .evict_idle(std::time::Duration::from_secs(60))
+                .is_empty()
+        );
+        handle.call(|_, _| ()).await.expect("still served");
+        assert_eq!(store.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn the_total_follows_every_session_and_returns_to_zero() {
+        let store = Store::new(EngineConfig::default(), Arc::new(CharsPerToken));
+        let (a, _) = store.open(info("a")).expect("open");
+        let (b, _) = store.open(info("b")).expect("open");
+        let held = a.held_bytes() + b.held_bytes();
+        assert!(held > 0);
+        assert_eq!(store.held_bytes(), held);
+        store.remove("a");
+        drop(a);
+        for _ in 0..100 {
+            if store.held_bytes() == b.held_bytes() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert_eq!(store.held_bytes(), b.held_bytes());
+    }
 }
