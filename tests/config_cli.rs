@@ -78,6 +78,34 @@ fn file_then_env_then_flags_each_win_over_the_one_before() {
 }
 
 #[test]
+fn a_higher_layer_wins_over_a_file_setting_it_excludes() {
+    // The file turns every strategy off; the environment picks one. That is an override,
+    // not a conflict: env wins, as it would for the same key.
+    let file = config_file("exclusive.toml", "no_strategies = true\n");
+    let path = file.to_str().expect("utf-8");
+    let (ok, out, err) = compactd(
+        &["config", "print", "--config", path],
+        &[("COMPACTD_STRATEGIES", "pruneToolInputs")],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(
+        line(&out, "strategies"),
+        "strategies = \"pruneToolInputs\"  # env COMPACTD_STRATEGIES"
+    );
+    assert_eq!(
+        line(&out, "no_strategies"),
+        "no_strategies = false  # default"
+    );
+    // Within one layer it still is a conflict, named as such.
+    let (ok, _, err) = compactd(
+        &["config", "print", "--no-strategies"],
+        &[("COMPACTD_STRATEGIES", "pruneToolInputs")],
+    );
+    assert!(!ok);
+    assert!(err.contains("cannot be used with"), "{err}");
+}
+
+#[test]
 fn the_printed_configuration_is_itself_a_valid_config_file_without_secrets() {
     let file = config_file(
         "secret.toml",

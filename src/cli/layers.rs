@@ -228,11 +228,19 @@ fn file_flags(
                 ))
             })?;
         let id = arg.get_id().as_str();
-        if matches!(
-            serve.value_source(id),
-            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
-        ) {
+        let higher = |id: &str| {
+            matches!(
+                serve.value_source(id),
+                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+            )
+        };
+        if higher(id) {
             continue; // a higher layer set it
+        }
+        // A higher layer set a setting this one excludes (`strategies` against
+        // `no_strategies`): the higher layer wins, not a conflict error.
+        if excluded_by(&cmd, arg).any(higher) {
+            continue;
         }
         let bad = |what: &str| LayerError::File(format!("{}: key `{key}`: {what}", path.display()));
         let args = match (arg.get_action(), value) {
@@ -259,6 +267,17 @@ fn file_flags(
         out.push((flag, args));
     }
     Ok(out)
+}
+
+/// Ids of the arguments that cannot be used with `arg`, whichever side declared it.
+fn excluded_by<'a>(cmd: &'a clap::Command, arg: &'a clap::Arg) -> impl Iterator<Item = &'a str> {
+    cmd.get_arguments()
+        .filter(move |other| {
+            other.get_id() != arg.get_id()
+                && (cmd.get_arg_conflicts_with(arg).contains(other)
+                    || cmd.get_arg_conflicts_with(other).contains(&arg))
+        })
+        .map(|other| other.get_id().as_str())
 }
 
 fn scalar(v: &toml::Value) -> Option<String> {
