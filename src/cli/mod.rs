@@ -403,6 +403,14 @@ pub struct LlmArgs {
     /// file means no template.
     #[arg(long, env = "COMPACTD_COMPACTION_TEMPLATE_FILE")]
     pub compaction_template_file: Option<PathBuf>,
+    /// Models a session's `compaction_model` or a request's `model` may name (comma
+    /// separated); others are PERMISSION_DENIED. Empty: any model the endpoint serves.
+    #[arg(
+        long,
+        env = "COMPACTD_COMPACTION_ALLOWED_MODELS",
+        value_delimiter = ','
+    )]
+    pub compaction_allowed_models: Vec<String>,
 }
 
 impl LlmArgs {
@@ -475,6 +483,7 @@ impl LlmArgs {
             tail_turns: self.tail_turns,
             tail_tokens: self.tail_tokens,
             prompts,
+            allowed_models: non_empty(&self.compaction_allowed_models),
         })
     }
 }

@@ -167,6 +167,13 @@ pub async fn start(
     let model = Some(options.model.clone())
         .filter(|m| !m.is_empty())
         .or(session.compaction_model);
+    // Checked at use too: the allow-list may have changed since the session was opened.
+    if let Some(m) = &model
+        && let Err(r) = hub.compaction.check_model("options.model", m)
+    {
+        hub.release(session_id, &running.id);
+        return Err(r);
+    }
     let started = event(
         session_id,
         &running.id,

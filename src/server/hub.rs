@@ -9,6 +9,7 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use super::pb;
+use super::status::Rejection;
 use crate::engine::TailOptions;
 use crate::store::Store;
 use crate::summarize::{PromptConfig, Summarizer};
@@ -27,6 +28,8 @@ pub struct CompactionConfig {
     pub tail_turns: u32,
     /// Token budget of the verbatim tail; `None`: 25% of usable input, clamped 2k–15k.
     pub tail_tokens: Option<u64>,
+    /// Models sessions and requests may pick (empty: any). The operator pays for them.
+    pub allowed_models: Vec<String>,
 }
 
 impl Default for CompactionConfig {
@@ -36,11 +39,27 @@ impl Default for CompactionConfig {
             prompts: PromptConfig::default(),
             tail_turns: 2,
             tail_tokens: None,
+            allowed_models: Vec::new(),
         }
     }
 }
 
 impl CompactionConfig {
+    /// Refuses a client-chosen compaction model outside `allowed_models` (field names it).
+    pub fn check_model(&self, field: &str, model: &str) -> Result<(), Rejection> {
+        if self.allowed_models.is_empty() || self.allowed_models.iter().any(|m| m == model) {
+            return Ok(());
+        }
+        Err(Rejection {
+            code: tonic::Code::PermissionDenied,
+            field: field.to_string(),
+            message: format!(
+                "model {model:?} is not in --compaction-allowed-models ({})",
+                self.allowed_models.join(", ")
+            ),
+        })
+    }
+
     /// Tail options for a session with the given usable input.
     pub fn tail(&self, turns: Option<u32>, usable_input: u64) -> TailOptions {
         TailOptions {

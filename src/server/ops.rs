@@ -226,6 +226,11 @@ async fn submit_op(hub: &Arc<Hub>, session_id: &str, op: Op) -> Pending {
     let store = &hub.store;
     let handle = match &op {
         Op::Open(info) => {
+            if let Some(m) = &info.config.compaction_model
+                && let Err(r) = hub.compaction.check_model("config.compaction_model", m)
+            {
+                return Pending::Ready(Err(r));
+            }
             let (handle, created) = match store.open(info.clone()) {
                 Ok(h) => h,
                 Err(e) => return Pending::Ready(Err(e.into())),

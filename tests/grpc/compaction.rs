@@ -395,6 +395,76 @@ async fn the_compaction_model_and_prompts_can_be_chosen_per_session_and_per_requ
 }
 
 #[tokio::test]
+async fn models_outside_the_operators_allow_list_are_refused() {
+    let fake = FakeLlm::start(vec![Reply::text(["cheap summary"])]).await;
+    let mut llm = LlmConfig::new(fake.base_url(), "fake-model");
+    llm.retry_base = Duration::from_millis(5);
+    let server = start_server_with_options(ServerOptions {
+        compaction: CompactionConfig {
+            summarizer: Some(Arc::new(OpenAiSummarizer::new(llm))),
+            allowed_models: vec!["cheap".into()],
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    // A session cannot pick an expensive compaction model...
+    let open = client
+        .open_session(pb::OpenSessionRequest {
+            session: Some(session_with_config(
+                SID,
+                100_000,
+                20_000,
+                pb::SessionConfig {
+                    compaction_model: Some("expensive".into()),
+                    ..Default::default()
+                },
+            )),
+        })
+        .await;
+    let status = assert_status(
+        open,
+        tonic::Code::PermissionDenied,
+        "session.config.compaction_model",
+    );
+    assert!(
+        status
+            .message()
+            .contains("--compaction-allowed-models (cheap)"),
+        "{status:?}"
+    );
+    // ...nor can one request; the session is as it was and an allowed model works.
+    let before = get_session(&mut client, SID).await;
+    let request = |model: &str| pb::CompactRequest {
+        session_id: SID.into(),
+        options: Some(pb::CompactOptions {
+            model: model.into(),
+            ..Default::default()
+        }),
+    };
+    let refused = client.compact(request("expensive")).await;
+    assert_status(refused, tonic::Code::PermissionDenied, "options.model");
+    assert_eq!(get_session(&mut client, SID).await, before);
+    assert_eq!(fake.request_count(), 0);
+    let mut stream = client
+        .compact(request("cheap"))
+        .await
+        .expect("allowed")
+        .into_inner();
+    let mut last = None;
+    while let Some(e) = stream.next().await {
+        last = Some(e.expect("event"));
+    }
+    assert!(
+        matches!(last.and_then(|e| e.event), Some(Ce::Compacted(_))),
+        "the allowed model compacts"
+    );
+    assert_eq!(fake.last_request().body["model"], "cheap");
+}
+
+#[tokio::test]
 async fn broken_malformed_or_oversized_summaries_change_nothing() {
     let big = output_of("summary", 40_000);
     for (reply, kind) in [
