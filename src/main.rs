@@ -22,6 +22,14 @@ fn main() -> ExitCode {
         }
     };
     if let Some(text) = layered.config_output() {
+        // What `serve` would refuse, `config print` refuses too (no file is read but the
+        // engine settings; TLS, key and token files are checked at start).
+        if let Command::Config(cli::ConfigCommand::Print(args)) = &layered.cli.command
+            && let Err(e) = args.engine.to_config()
+        {
+            eprintln!("compactd: {:#}", with_source(e, &layered));
+            return ExitCode::from(2);
+        }
         print!("{text}");
         return ExitCode::SUCCESS;
     }

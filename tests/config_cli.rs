@@ -96,13 +96,25 @@ fn a_higher_layer_wins_over_a_file_setting_it_excludes() {
         line(&out, "no_strategies"),
         "no_strategies = false  # default"
     );
+    // A switch set off by a higher layer excludes nothing: the file's list stands.
+    let file = config_file("list.toml", "strategies = \"pruneToolInputs\"\n");
+    let path = file.to_str().expect("utf-8");
+    let (ok, out, err) = compactd(
+        &["config", "print", "--config", path],
+        &[("COMPACTD_NO_STRATEGIES", "false")],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(
+        line(&out, "strategies"),
+        format!("strategies = \"pruneToolInputs\"  # file {path}")
+    );
     // Within one layer it still is a conflict, named as such.
     let (ok, _, err) = compactd(
         &["config", "print", "--no-strategies"],
         &[("COMPACTD_STRATEGIES", "pruneToolInputs")],
     );
     assert!(!ok);
-    assert!(err.contains("cannot be used with"), "{err}");
+    assert!(err.contains("cannot be used with --no-strategies"), "{err}");
 }
 
 #[test]

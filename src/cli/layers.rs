@@ -239,7 +239,16 @@ fn file_flags(
         }
         // A higher layer set a setting this one excludes (`strategies` against
         // `no_strategies`): the higher layer wins, not a conflict error.
-        if excluded_by(&cmd, arg).any(higher) {
+        // (A switch excludes only when on: COMPACTD_NO_STRATEGIES=false excludes nothing.)
+        let on = |id: &str| {
+            higher(id)
+                && cmd.get_arguments().any(|a| {
+                    a.get_id() == id
+                        && (!matches!(a.get_action(), ArgAction::SetTrue)
+                            || serve.get_one::<bool>(id).copied().unwrap_or(false))
+                })
+        };
+        if excluded_by(id).any(on) {
             continue;
         }
         let bad = |what: &str| LayerError::File(format!("{}: key `{key}`: {what}", path.display()));
@@ -269,15 +278,21 @@ fn file_flags(
     Ok(out)
 }
 
-/// Ids of the arguments that cannot be used with `arg`, whichever side declared it.
-fn excluded_by<'a>(cmd: &'a clap::Command, arg: &'a clap::Arg) -> impl Iterator<Item = &'a str> {
-    cmd.get_arguments()
-        .filter(move |other| {
-            other.get_id() != arg.get_id()
-                && (cmd.get_arg_conflicts_with(arg).contains(other)
-                    || cmd.get_arg_conflicts_with(other).contains(&arg))
-        })
-        .map(|other| other.get_id().as_str())
+/// Settings that exclude each other (by argument id); `cli::EngineArgs::strategy_set`
+/// refuses both set in one layer.
+const EXCLUSIVE: &[(&str, &str)] = &[("strategies", "no_strategies")];
+
+/// Ids of the arguments that cannot be used with `id`.
+fn excluded_by(id: &str) -> impl Iterator<Item = &'static str> + '_ {
+    EXCLUSIVE.iter().filter_map(move |&(a, b)| {
+        if a == id {
+            Some(b)
+        } else if b == id {
+            Some(a)
+        } else {
+            None
+        }
+    })
 }
 
 fn scalar(v: &toml::Value) -> Option<String> {

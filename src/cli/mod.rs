@@ -136,7 +136,9 @@ pub struct EngineArgs {
     pub strategy_preset: String,
     /// Exactly these strategies on (comma separated, camelCase or snake_case names);
     /// overrides the preset.
-    #[arg(long, env = "COMPACTD_STRATEGIES", conflicts_with = "no_strategies")]
+    // Not a clap `conflicts_with`: clap counts COMPACTD_NO_STRATEGIES=false as present.
+    // `strategy_set` refuses the pair; the config layers let a higher layer's one win.
+    #[arg(long, env = "COMPACTD_STRATEGIES")]
     pub strategies: Option<String>,
     /// No aggressive strategy (OpenCode's prune alone).
     #[arg(long, env = "COMPACTD_NO_STRATEGIES")]
@@ -561,6 +563,12 @@ fn non_empty(list: &[String]) -> Vec<String> {
 impl EngineArgs {
     /// The strategies on: `--no-strategies`, else `--strategies`, else the preset.
     pub fn strategy_set(&self) -> Result<StrategySet, ConfigError> {
+        if self.no_strategies && self.strategies.is_some() {
+            return Err(ConfigError {
+                flag: "strategies",
+                message: "cannot be used with --no-strategies (pick one)".into(),
+            });
+        }
         if self.no_strategies {
             return Ok(StrategySet::NONE);
         }

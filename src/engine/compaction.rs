@@ -381,9 +381,16 @@ impl Session {
             )
             .into());
         }
-        for u in updates {
-            self.apply(u, config)?;
-        }
+        // All or nothing: the byte limits are checked once for the whole commit (an upper
+        // bound of what it adds), so no update in the middle can be refused and leave a
+        // compaction without its summary.
+        self.check_growth("", 0, self.growth_of(&updates))?;
+        let limit = std::mem::take(&mut self.byte_limit);
+        let applied = updates
+            .into_iter()
+            .try_for_each(|u| self.apply(u, config).map(drop));
+        self.byte_limit = limit;
+        applied?;
         let tokens_after = self.context_tokens();
         // The last report described the old context: the next request is the new one.
         self.usage = super::session::UsageState {

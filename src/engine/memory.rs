@@ -9,6 +9,7 @@
 use std::mem::size_of;
 
 use super::error::ApplyError;
+use super::session::Update;
 use super::session::{Message, Session, StoredPart};
 use crate::config::EngineConfig;
 use crate::session::{
@@ -135,7 +136,8 @@ impl Session {
         }
         let hint = match limit.name {
             "memory_budget" => "delete sessions or raise --memory-budget",
-            _ => "compact or delete the session, or raise --max-session-bytes",
+            // Compaction keeps the history (it adds a summary), so it frees nothing here.
+            _ => "delete parts or the session, or raise --max-session-bytes",
         };
         Err(ApplyError::exhausted(
             field,
@@ -168,6 +170,63 @@ impl Session {
             + content
             + (messages + by_id + users) as u64
             + part_slots_bytes(slots)
+    }
+
+    /// At most the bytes `updates` add to this session when applied in order (new messages
+    /// and parts only; replacing an info counts it again): the containers' growth for the
+    /// new messages included.
+    pub(crate) fn growth_of(&self, updates: &[Update]) -> u64 {
+        let mut content = 0u64;
+        let (mut messages, mut users) = (0usize, 0usize);
+        let mut fresh = std::collections::HashMap::new();
+        for u in updates {
+            match u {
+                Update::UpsertMessage(info) => {
+                    content += message_bytes(info);
+                    if self.position(&info.id).is_none()
+                        && fresh.insert(info.id.as_str(), (0usize, 0usize)).is_none()
+                    {
+                        messages += 1;
+                        users += usize::from(info.role == crate::session::Role::User);
+                    }
+                }
+                Update::UpsertPart(p) => {
+                    content += part_bytes(p);
+                    if let Some((len, cap)) = fresh.get_mut(p.message_id.as_str()) {
+                        // A new message's part vector (length, capacity) as the pushes grow it.
+                        let grown = vec_capacity_after_push(*len, *cap, size_of::<StoredPart>());
+                        content += part_slots_bytes(grown - *cap);
+                        (*len, *cap) = (*len + 1, grown);
+                    } else if let Some(i) = self.position(&p.message_id) {
+                        let parts = &self.messages[i].parts;
+                        content += part_slots_bytes(part_slot_growth(parts, parts.capacity()));
+                    }
+                }
+                _ => {}
+            }
+        }
+        let grow = |len: usize, cap: usize, n: usize, elem: usize| {
+            let mut c = cap;
+            for k in 0..n {
+                c = vec_capacity_after_push(len + k, c, elem);
+            }
+            (c - cap) * elem
+        };
+        let m = &self.messages;
+        let mut slots = grow(m.len(), m.capacity(), messages, size_of::<Message>())
+            + grow(
+                self.users.len(),
+                self.users.capacity(),
+                users,
+                size_of::<usize>(),
+            );
+        let slot = size_of::<(String, usize)>();
+        let mut cap = self.by_id.capacity();
+        for k in 0..messages {
+            cap = hash_capacity_after_insert(self.by_id.len() + k, cap);
+        }
+        slots += hash_table_bytes(cap, slot) - hash_table_bytes(self.by_id.capacity(), slot);
+        content + slots as u64
     }
 
     /// Moves the held-bytes figure from `old` to `new`.

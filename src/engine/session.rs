@@ -141,7 +141,7 @@ pub(crate) struct UsageState {
 }
 
 /// A session: the unit the store owns and the engine computes on.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Session {
     pub(crate) info: SessionInfo,
     pub(crate) settings: Settings,
@@ -173,6 +173,58 @@ pub struct Session {
     pub(crate) part_slots: usize,
     /// The most bytes the session may hold after the next update.
     pub(crate) byte_limit: ByteLimit,
+}
+
+impl Clone for Session {
+    /// A copy whose byte figure describes the copy: cloned vectors hold exactly their
+    /// length, so the part slots are recounted. Every field is named (no `..`), so a new
+    /// field cannot be forgotten here.
+    fn clone(&self) -> Self {
+        let Session {
+            info,
+            settings,
+            counter,
+            placeholder_tokens,
+            messages,
+            by_id,
+            users,
+            boundary,
+            completed_parents,
+            usage,
+            auto,
+            prune,
+            tracker,
+            tokens,
+            parts,
+            compacted,
+            bytes,
+            part_slots: _,
+            byte_limit,
+        } = self;
+        let messages = messages.clone();
+        let part_slots = messages.iter().map(|m| m.parts.capacity()).sum();
+        Session {
+            info: info.clone(),
+            settings: settings.clone(),
+            counter: counter.clone(),
+            placeholder_tokens: *placeholder_tokens,
+            messages,
+            by_id: by_id.clone(),
+            users: users.clone(),
+            boundary: *boundary,
+            completed_parents: completed_parents.clone(),
+            usage: *usage,
+            auto: *auto,
+            prune: prune.clone(),
+            tracker: tracker.clone(),
+            tokens: *tokens,
+            parts: *parts,
+            compacted: *compacted,
+            bytes: *bytes,
+            part_slots,
+            byte_limit: *byte_limit,
+        }
+    }
 }
 
 impl Session {

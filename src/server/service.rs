@@ -412,6 +412,12 @@ impl pb::sessions_server::Sessions for SessionsService {
             }
             None => Default::default(),
         };
+        if let Some(m) = &overrides.compaction_model {
+            self.hub
+                .compaction
+                .check_model("config.compaction_model", m)
+                .map_err(Status::from)?;
+        }
         let limits = req.limits.map(convert::limits_from_pb).unwrap_or_default();
         let store = self.store.clone();
         let id_override = req.session_id;

@@ -12,7 +12,7 @@
 //! the engine's [`Session`] value.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use thiserror::Error;
@@ -26,6 +26,25 @@ use crate::tokens::TokenCounter;
 
 /// Jobs a session actor runs, in order, with exclusive access to the session.
 type Job = Box<dyn FnOnce(&mut Session, &EngineConfig) + Send>;
+
+/// One actor's share of the store's byte total, returned when the actor ends.
+struct Counted {
+    held: Arc<AtomicU64>,
+    last: u64,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.held.fetch_sub(self.last, Ordering::Relaxed);
+    }
+}
+
+/// A session the idle reaper has not evicted.
+const KEPT: u8 = 0;
+/// The idle reaper is deciding (between its two looks at the last use).
+const DECIDING: u8 = 1;
+/// The idle reaper removed the session.
+const EVICTED: u8 = 2;
 
 /// Default mailbox depth per session: enough to pipeline a burst, small enough that a
 /// stuck session pushes back on its own clients only.
@@ -122,8 +141,8 @@ pub struct SessionHandle {
     last_used: Arc<AtomicI64>,
     /// Bytes the session holds, as of its last job.
     bytes: Arc<AtomicU64>,
-    /// Set while the idle reaper removes the session (see `evict_idle`).
-    evicting: Arc<AtomicBool>,
+    /// The idle reaper's verdict: [`KEPT`], [`DECIDING`] or [`EVICTED`] (see `evict_idle`).
+    eviction: Arc<AtomicU8>,
 }
 
 impl SessionHandle {
@@ -146,10 +165,16 @@ impl SessionHandle {
         F: FnOnce(&mut Session, &EngineConfig) -> R + Send + 'static,
     {
         // Paired with `evict_idle`: either the reaper sees this use and keeps the
-        // session, or this sees the reaper and refuses (never a job on an evicted session).
+        // session, or this sees the eviction and refuses (never a job on an evicted
+        // session, never a refusal for a kept one).
         self.last_used.store(now_ms(), Ordering::SeqCst);
-        if self.evicting.load(Ordering::SeqCst) {
-            return Err(StoreError::NotFound(self.id.to_string()));
+        loop {
+            match self.eviction.load(Ordering::SeqCst) {
+                KEPT => break,
+                EVICTED => return Err(StoreError::NotFound(self.id.to_string())),
+                // The reaper is between its two looks (a few loads under its lock).
+                _ => tokio::task::yield_now().await,
+            }
         }
         let (tx, rx) = oneshot::channel();
         let job: Job = Box::new(move |s, c| {
@@ -257,14 +282,16 @@ impl Store {
                 if idle_since(h) < ttl {
                     return None;
                 }
-                // Announce the eviction, then look again: a `submit` that raced past the
-                // first look is either seen here (the session stays) or sees the flag.
-                h.evicting.store(true, Ordering::SeqCst);
+                // Announce the decision, then look again: a `submit` that raced past the
+                // first look is either seen here (the session stays) or waits for the
+                // verdict and sees the eviction.
+                h.eviction.store(DECIDING, Ordering::SeqCst);
                 let idle = idle_since(h);
                 if idle < ttl {
-                    h.evicting.store(false, Ordering::SeqCst);
+                    h.eviction.store(KEPT, Ordering::SeqCst);
                     return None;
                 }
+                h.eviction.store(EVICTED, Ordering::SeqCst);
                 Some((id.clone(), u64::try_from(idle).unwrap_or(0)))
             })
             .collect();
@@ -359,25 +386,30 @@ impl Store {
         let span = tracing::info_span!("session", session_id = %id);
         let limits = self.limits;
         let held = self.held.clone();
-        let mut last = session.held_bytes();
+        let last = session.held_bytes();
         held.fetch_add(last, Ordering::Relaxed);
         let bytes = Arc::new(AtomicU64::new(last));
         let own = bytes.clone();
         tokio::spawn(
             async move {
                 tracing::debug!("session actor started");
+                // Gives the session's bytes back however the actor ends (a panicking job
+                // included), so the budget never counts a session that is gone.
+                let mut counted = Counted { held, last };
                 while let Some(job) = rx.recv().await {
-                    session.set_byte_limit(limits.byte_limit(last, held.load(Ordering::Relaxed)));
+                    let total = counted.held.load(Ordering::Relaxed);
+                    session.set_byte_limit(limits.byte_limit(counted.last, total));
                     job(&mut session, &config);
                     let now = session.held_bytes();
-                    if now != last {
+                    if now != counted.last {
                         // Two atomic adds, never a scan: the store's total follows each job.
-                        held.fetch_add(now.wrapping_sub(last), Ordering::Relaxed);
+                        counted
+                            .held
+                            .fetch_add(now.wrapping_sub(counted.last), Ordering::Relaxed);
                         own.store(now, Ordering::Relaxed);
-                        last = now;
+                        counted.last = now;
                     }
                 }
-                held.fetch_sub(last, Ordering::Relaxed);
                 tracing::debug!("session actor stopped");
             }
             .instrument(span),
@@ -387,7 +419,7 @@ impl Store {
             tx,
             last_used: Arc::new(AtomicI64::new(now_ms())),
             bytes,
-            evicting: Arc::new(AtomicBool::new(false)),
+            eviction: Arc::new(AtomicU8::new(KEPT)),
         }
     }
 

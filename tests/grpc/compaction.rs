@@ -435,6 +435,27 @@ async fn models_outside_the_operators_allow_list_are_refused() {
             .contains("--compaction-allowed-models (cheap)"),
         "{status:?}"
     );
+    // ...nor an imported one...
+    let import = client
+        .import_session(pb::ImportSessionRequest {
+            export_json: std::fs::read_to_string(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/examples/session.json"
+            ))
+            .expect("example"),
+            session_id: "imported".into(),
+            config: Some(pb::SessionConfig {
+                compaction_model: Some("expensive".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await;
+    assert_status(
+        import,
+        tonic::Code::PermissionDenied,
+        "config.compaction_model",
+    );
     // ...nor can one request; the session is as it was and an allowed model works.
     let before = get_session(&mut client, SID).await;
     let request = |model: &str| pb::CompactRequest {

@@ -338,6 +338,42 @@ fn empty_or_larger_summaries_are_rejected_and_change_nothing() {
 }
 
 #[test]
+fn a_commit_over_the_byte_limit_adds_nothing_and_one_under_it_adds_all() {
+    let base = session(FIXTURE);
+    let plan = base.clone().plan_compaction(req(TAIL, true)).expect("plan");
+    // What the commit really adds, with no limit.
+    let mut free = base.clone();
+    let start = free.held_bytes();
+    free.commit_compaction(&plan, &outcome("summary"), &ids(1), NOW, &config())
+        .expect("commit");
+    let added = free.held_bytes() - start;
+    let limit = |bytes| crate::engine::ByteLimit {
+        bytes,
+        name: "max_session_bytes",
+        value: bytes,
+    };
+    // One byte short: the first updates alone would fit, but the commit is refused
+    // before any of them, so no compaction part is left without its summary.
+    let mut s = base.clone();
+    let held = s.held_bytes();
+    assert_eq!(held, s.held_bytes_from_scratch(), "a clone counts itself");
+    s.set_byte_limit(limit(held + added - 1));
+    let err = s.commit_compaction(&plan, &outcome("summary"), &ids(1), NOW, &config());
+    assert!(
+        matches!(&err, Err(CompactionError::Apply(e)) if e.message.contains("max_session_bytes")),
+        "{err:?}"
+    );
+    assert_eq!(s.messages(), base.messages());
+    assert_eq!(s.held_bytes(), held);
+    // With room: every update lands, the summary included.
+    s.set_byte_limit(limit(held + 2 * added));
+    s.commit_compaction(&plan, &outcome("summary"), &ids(1), NOW, &config())
+        .expect("fits");
+    assert_eq!(s.messages().len(), free.messages().len());
+    assert_eq!(s.held_bytes(), free.held_bytes());
+}
+
+#[test]
 fn prune_stops_at_the_summary_and_usage_restarts_from_the_new_context() {
     let mut s = session(FIXTURE);
     apply(
