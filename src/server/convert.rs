@@ -21,7 +21,8 @@ use crate::session::{
     ToolTime,
 };
 
-/// Longest id accepted (session, message, part): ids are keys, not payloads.
+/// Longest id accepted (session, message, part, tool call): ids are keys, not payloads
+/// (a call id is also copied onto every part a newer call supersedes).
 pub const MAX_ID_BYTES: usize = 256;
 
 fn check_id(field: &str, id: &str) -> Result<(), Rejection> {
@@ -599,6 +600,10 @@ fn tool_from_pb(t: pb::ToolPart) -> Result<ToolPart, Rejection> {
             ),
         )
     })?;
+    // Optional (OpenCode always sends one), but bounded like every id.
+    if !t.call_id.is_empty() {
+        check_id("call_id", &t.call_id)?;
+    }
     let time = st.time.unwrap_or_default();
     Ok(ToolPart {
         call_id: t.call_id,

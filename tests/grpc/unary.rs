@@ -391,6 +391,20 @@ async fn invalid_arguments_are_rejected_naming_the_field() {
         Code::InvalidArgument,
         "part.tool.state.status",
     );
+    // A call id is copied onto the parts a newer call supersedes: bounded like ids.
+    let mut long_call = tool_part("a1", "t1", "read", "o");
+    if let Some(pb::part::Kind::Tool(t)) = &mut long_call.kind {
+        t.call_id = "c".repeat(257);
+    }
+    assert_status(
+        c.upsert_part(pb::UpsertPartRequest {
+            session_id: sid.into(),
+            part: Some(long_call),
+        })
+        .await,
+        Code::InvalidArgument,
+        "part.tool.call_id",
+    );
     let mut part_no_id = text_part("u1", "p", "t");
     part_no_id.id.clear();
     assert_status(
