@@ -108,7 +108,6 @@ fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("--metrics-listen {addr}: cannot bind"))?;
             metrics_addr = listener.local_addr()?.to_string();
-            compactd::telemetry::sessions(0);
             let stop = metrics_stop.clone();
             let sampled = store.clone();
             let sample = move || {

@@ -109,7 +109,7 @@ fn describe() {
     );
 }
 
-/// The number of sessions held changed.
+/// The number of sessions held (sampled at each scrape).
 pub fn sessions(n: usize) {
     gauge!("compactd_sessions").set(n as f64);
 }

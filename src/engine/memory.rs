@@ -90,30 +90,45 @@ impl Session {
         self.bytes + self.container_bytes()
     }
 
-    /// The top-level vectors and maps, by capacity (what is really allocated).
-    fn container_bytes(&self) -> u64 {
+    /// The top-level vectors and maps, by capacity (what is really allocated), with
+    /// `part_slots` slots in the part vectors.
+    fn container_bytes_with(&self, part_slots: usize) -> u64 {
         let messages = self.messages.capacity() * size_of::<Message>();
         let by_id = hash_table_bytes(self.by_id.capacity(), size_of::<(String, usize)>());
         let users = self.users.capacity() * size_of::<usize>();
-        (messages + by_id + users) as u64 + part_slots_bytes(self.part_slots)
+        (messages + by_id + users) as u64 + part_slots_bytes(part_slots)
+    }
+
+    fn container_bytes(&self) -> u64 {
+        self.container_bytes_with(self.part_slots)
     }
 
     /// Bytes the top-level containers grow by when one more message (a user message if
     /// `user`) is inserted: the limits check it before the insert.
     pub(crate) fn message_slot_growth(&self, user: bool) -> u64 {
-        let grow = |len, cap, elem| (vec_capacity_after_push(len, cap, elem) - cap) * elem;
-        let (m, u) = (&self.messages, &self.users);
-        let messages = grow(m.len(), m.capacity(), size_of::<Message>());
-        let users = if user {
-            grow(u.len(), u.capacity(), size_of::<usize>())
-        } else {
-            0
+        self.containers_growth(1, usize::from(user))
+    }
+
+    /// Bytes the top-level containers grow by when `messages` more messages, `users` of
+    /// them user messages, are inserted.
+    fn containers_growth(&self, messages: usize, users: usize) -> u64 {
+        let grow = |len: usize, cap: usize, n: usize, elem: usize| {
+            let mut c = cap;
+            for k in 0..n {
+                c = vec_capacity_after_push(len + k, c, elem);
+            }
+            (c - cap) * elem
         };
+        let (m, u) = (&self.messages, &self.users);
+        let vectors = grow(m.len(), m.capacity(), messages, size_of::<Message>())
+            + grow(u.len(), u.capacity(), users, size_of::<usize>());
         let slot = size_of::<(String, usize)>();
-        let cap = self.by_id.capacity();
-        let by_id = hash_table_bytes(hash_capacity_after_insert(self.by_id.len(), cap), slot)
-            - hash_table_bytes(cap, slot);
-        (messages + users + by_id) as u64
+        let mut cap = self.by_id.capacity();
+        for k in 0..messages {
+            cap = hash_capacity_after_insert(self.by_id.len() + k, cap);
+        }
+        let by_id = hash_table_bytes(cap, slot) - hash_table_bytes(self.by_id.capacity(), slot);
+        (vectors + by_id) as u64
     }
 
     /// Sets the most bytes the session may hold after the next updates. The store sets it
@@ -163,13 +178,7 @@ impl Session {
             })
             .sum();
         let slots: usize = self.messages.iter().map(|m| m.parts.capacity()).sum();
-        let messages = self.messages.capacity() * size_of::<Message>();
-        let by_id = hash_table_bytes(self.by_id.capacity(), size_of::<(String, usize)>());
-        let users = self.users.capacity() * size_of::<usize>();
-        session_bytes(&self.info, &self.settings)
-            + content
-            + (messages + by_id + users) as u64
-            + part_slots_bytes(slots)
+        session_bytes(&self.info, &self.settings) + content + self.container_bytes_with(slots)
     }
 
     /// At most the bytes `updates` add to this session when applied in order (new messages
@@ -205,28 +214,7 @@ impl Session {
                 _ => {}
             }
         }
-        let grow = |len: usize, cap: usize, n: usize, elem: usize| {
-            let mut c = cap;
-            for k in 0..n {
-                c = vec_capacity_after_push(len + k, c, elem);
-            }
-            (c - cap) * elem
-        };
-        let m = &self.messages;
-        let mut slots = grow(m.len(), m.capacity(), messages, size_of::<Message>())
-            + grow(
-                self.users.len(),
-                self.users.capacity(),
-                users,
-                size_of::<usize>(),
-            );
-        let slot = size_of::<(String, usize)>();
-        let mut cap = self.by_id.capacity();
-        for k in 0..messages {
-            cap = hash_capacity_after_insert(self.by_id.len() + k, cap);
-        }
-        slots += hash_table_bytes(cap, slot) - hash_table_bytes(self.by_id.capacity(), slot);
-        content + slots as u64
+        content + self.containers_growth(messages, users)
     }
 
     /// Moves the held-bytes figure from `old` to `new`.

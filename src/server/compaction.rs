@@ -107,17 +107,13 @@ pub async fn start(
     let Some(summarizer) = hub.compaction.summarizer.clone() else {
         return Err(precondition(SummarizeError::NotConfigured.to_string()));
     };
-    let draining = || Rejection {
-        code: tonic::Code::Unavailable,
-        field: String::new(),
-        message: "compactd is draining and starts no new compactions".into(),
-    };
-    if hub.is_draining() {
-        return Err(draining());
-    }
     let handle = hub.store.get(session_id)?;
     let running = hub.claim(session_id).map_err(|refused| match refused {
-        super::hub::Refused::Draining => draining(),
+        super::hub::Refused::Draining => Rejection {
+            code: tonic::Code::Unavailable,
+            field: String::new(),
+            message: "compactd is draining and starts no new compactions".into(),
+        },
         super::hub::Refused::Busy(r) => precondition(format!(
             "compaction {} is already running for session {session_id}",
             r.id

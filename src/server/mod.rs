@@ -250,7 +250,6 @@ async fn reap_idle(hub: Arc<Hub>, ttl: Duration) {
                 }),
             );
         }
-        crate::telemetry::sessions(hub.store.len());
     }
 }
 

@@ -236,7 +236,6 @@ async fn submit_op(hub: &Arc<Hub>, session_id: &str, op: Op) -> Pending {
                 Err(e) => return Pending::Ready(Err(e.into())),
             };
             if created {
-                crate::telemetry::sessions(store.len());
                 return Pending::Ready(Ok(Done {
                     created: true,
                     ..Done::default()

@@ -374,7 +374,6 @@ impl pb::sessions_server::Sessions for SessionsService {
         let req = request.into_inner();
         require_session(&req.session_id)?;
         let removed = self.store.remove(&req.session_id);
-        crate::telemetry::sessions(self.store.len());
         if !removed {
             return Err(Rejection::from(crate::store::StoreError::NotFound(req.session_id)).into());
         }
@@ -450,7 +449,6 @@ impl pb::sessions_server::Sessions for SessionsService {
         self.store
             .insert(session, req.replace)
             .map_err(Rejection::from)?;
-        crate::telemetry::sessions(self.store.len());
         tracing::info!(session_id = %id, messages, parts, "session imported");
         Ok(Response::new(self.summary(&id, true).await?))
     }

@@ -103,6 +103,28 @@ pub async fn start_server_with(options: ServerOptions, config: EngineConfig) -> 
 }
 
 /// A server over a store the test built (limits).
+/// A server with default settings whose store enforces `limits`.
+pub async fn start_server_with_limits(limits: compactd::store::Limits) -> TestServer {
+    start_server_on(
+        Store::new(EngineConfig::default(), Arc::new(CharsPerToken)).with_limits(limits),
+        ServerOptions::default(),
+    )
+    .await
+}
+
+/// An import of the repository's example export (`examples/session.json`) as `session_id`.
+pub fn example_import(session_id: &str) -> pb::ImportSessionRequest {
+    pb::ImportSessionRequest {
+        export_json: std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/session.json"
+        ))
+        .expect("example"),
+        session_id: session_id.into(),
+        ..Default::default()
+    }
+}
+
 pub async fn start_server_on(store: Store, options: ServerOptions) -> TestServer {
     let listener = TcpListener::bind("127.0.0.1:0")
         .await

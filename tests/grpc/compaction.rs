@@ -438,17 +438,11 @@ async fn models_outside_the_operators_allow_list_are_refused() {
     // ...nor an imported one...
     let import = client
         .import_session(pb::ImportSessionRequest {
-            export_json: std::fs::read_to_string(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/examples/session.json"
-            ))
-            .expect("example"),
-            session_id: "imported".into(),
             config: Some(pb::SessionConfig {
                 compaction_model: Some("expensive".into()),
                 ..Default::default()
             }),
-            ..Default::default()
+            ..example_import("imported")
         })
         .await;
     assert_status(

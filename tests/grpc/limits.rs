@@ -27,17 +27,7 @@ async fn max_sessions_refuses_one_more_and_the_others_keep_working() {
     let status = assert_status(third, tonic::Code::ResourceExhausted, "max_sessions (2)");
     assert!(status.message().contains("--max-sessions"), "{status:?}");
     // An import is a new session too.
-    let import = c
-        .import_session(pb::ImportSessionRequest {
-            export_json: std::fs::read_to_string(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/examples/session.json"
-            ))
-            .expect("example"),
-            session_id: "s4".into(),
-            ..Default::default()
-        })
-        .await;
+    let import = c.import_session(example_import("s4")).await;
     assert_status(import, tonic::Code::ResourceExhausted, "max_sessions");
     // Existing sessions still take updates; reopening one is not a new session.
     put_message(&mut c, "s1", user_msg("u1")).await;
@@ -83,8 +73,7 @@ async fn max_session_bytes_refuses_growth_past_it_and_leaves_the_session_as_it_w
         max_session_bytes: 64 * 1024,
         ..Limits::default()
     };
-    let store = Store::new(EngineConfig::default(), Arc::new(CharsPerToken)).with_limits(limits);
-    let server = start_server_on(store, ServerOptions::default()).await;
+    let server = start_server_with_limits(limits).await;
     let mut c = server.client().await;
     open_session(&mut c, session("big")).await;
     open_session(&mut c, session("other")).await;
@@ -136,8 +125,7 @@ async fn the_memory_budget_refuses_growth_and_new_sessions_until_memory_is_freed
         memory_budget: 100 * 1024,
         ..Limits::default()
     };
-    let store = Store::new(EngineConfig::default(), Arc::new(CharsPerToken)).with_limits(limits);
-    let server = start_server_on(store, ServerOptions::default()).await;
+    let server = start_server_with_limits(limits).await;
     let mut c = server.client().await;
     open_session(&mut c, session("a")).await;
     open_session(&mut c, session("b")).await;
@@ -197,8 +185,7 @@ async fn a_spent_memory_budget_refuses_new_sessions_and_imports() {
         memory_budget: 1024,
         ..Limits::default()
     };
-    let store = Store::new(EngineConfig::default(), Arc::new(CharsPerToken)).with_limits(limits);
-    let server = start_server_on(store, ServerOptions::default()).await;
+    let server = start_server_with_limits(limits).await;
     let mut c = server.client().await;
     let open = c
         .open_session(pb::OpenSessionRequest {
@@ -210,17 +197,7 @@ async fn a_spent_memory_budget_refuses_new_sessions_and_imports() {
         tonic::Code::ResourceExhausted,
         "memory_budget (1024 bytes)",
     );
-    let import = c
-        .import_session(pb::ImportSessionRequest {
-            export_json: std::fs::read_to_string(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/examples/session.json"
-            ))
-            .expect("example"),
-            session_id: "i".into(),
-            ..Default::default()
-        })
-        .await;
+    let import = c.import_session(example_import("i")).await;
     assert_status(import, tonic::Code::ResourceExhausted, "memory_budget");
     // The server still answers.
     let list = c
