@@ -12,11 +12,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use compactd::config::EngineConfig;
-use compactd::engine::{Session, Update, step};
-use compactd::session::{
+use compactd::domain::{
     MessageInfo, ModelLimits, Part, PartKind, Role, TextPart, TokenUsage, ToolPart, ToolState,
     ToolStatus,
 };
+use compactd::engine::{Session, Update, step};
 use compactd::tokens::CharsPerToken;
 use compactd::trace::{self, Export};
 

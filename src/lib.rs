@@ -17,9 +17,9 @@
 
 pub mod cli;
 pub mod config;
+pub mod domain;
 pub mod engine;
 pub mod server;
-pub mod session;
 pub mod store;
 pub mod summarize;
 pub mod telemetry;

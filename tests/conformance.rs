@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use compactd::config::EngineConfig;
+use compactd::domain::{ModelLimits, PartKind};
 use compactd::engine::{PruneMode, reference_scan};
-use compactd::session::{ModelLimits, PartKind};
 use compactd::tokens::CharsPerToken;
 use compactd::trace::{self, Export, replay::replay};
 
@@ -196,7 +196,7 @@ fn imported_session_prune_matches_reference_scan() {
             .messages()
             .iter()
             .enumerate()
-            .filter(|(_, m)| m.info.role == compactd::session::Role::User)
+            .filter(|(_, m)| m.info.role == compactd::domain::Role::User)
             .map(|(i, _)| i)
             .collect();
         let end = compactd::engine::eligible_end(&users, session.messages().len(), 2);

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use compactd::config::EngineConfig;
-use compactd::session::{ModelLimits, Part, PartKind};
+use compactd::domain::{ModelLimits, Part, PartKind};
 use compactd::store::{DEFAULT_MAX_SESSION_BYTES, DEFAULT_MEMORY_BUDGET, Limits, Store};
 use compactd::tokens::CharsPerToken;
 use compactd::trace::{Export, load, parse_export};

@@ -17,8 +17,8 @@ use crate::config::{
     CacheCounting, EngineConfig, OverflowPreset, Reserved, SessionOverrides, StrategyPreset,
     StrategySet,
 };
+use crate::domain::ModelLimits;
 use crate::server::{CompactionConfig, DEFAULT_MAX_UPDATE_BYTES};
-use crate::session::ModelLimits;
 use crate::store::{DEFAULT_MAX_SESSION_BYTES, DEFAULT_MEMORY_BUDGET, Limits};
 use crate::summarize::{ApiKey, LlmConfig, OpenAiSummarizer, PromptConfig, Summarizer};
 

@@ -16,7 +16,7 @@
 use super::error::ApplyError;
 use super::session::{Session, Update};
 use crate::config::EngineConfig;
-use crate::session::{
+use crate::domain::{
     CompactionPart, MessageInfo, MessageTime, ModelRef, Part, PartKind, Role, TextPart, TokenUsage,
 };
 

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use super::render::render;
 use super::session::{Message, Session, StoredPart};
 use crate::config::{COMPACTION_PROMPT_TEXT, INTERRUPTED};
-use crate::session::{PartKind, Role, ToolStatus};
+use crate::domain::{PartKind, Role, ToolStatus};
 
 /// The rendered context.
 #[derive(Debug, Clone, PartialEq)]

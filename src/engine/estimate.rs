@@ -2,7 +2,7 @@
 //! so no step ever re-counts old outputs.
 
 use crate::config::{COMPACTION_PROMPT_TEXT, INTERRUPTED};
-use crate::session::{Part, PartKind, ToolStatus};
+use crate::domain::{Part, PartKind, ToolStatus};
 use crate::tokens::TokenCounter;
 
 /// Cached token figures of one part.

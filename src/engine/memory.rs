@@ -12,7 +12,7 @@ use super::error::ApplyError;
 use super::session::Update;
 use super::session::{Message, Session, StoredPart};
 use crate::config::EngineConfig;
-use crate::session::{
+use crate::domain::{
     HeapSize, MessageInfo, Part, SessionInfo, hash_capacity_after_insert, hash_table_bytes,
     vec_capacity_after_push,
 };
@@ -196,7 +196,7 @@ impl Session {
                         && fresh.insert(info.id.as_str(), (0usize, 0usize)).is_none()
                     {
                         messages += 1;
-                        users += usize::from(info.role == crate::session::Role::User);
+                        users += usize::from(info.role == crate::domain::Role::User);
                     }
                 }
                 Update::UpsertPart(p) => {

@@ -14,7 +14,7 @@
 
 use super::session::Session;
 use crate::config::{COMPACTION_BUFFER, CacheCounting, OUTPUT_TOKEN_MAX, Reserved, Settings};
-use crate::session::{ModelLimits, TokenUsage};
+use crate::domain::{ModelLimits, TokenUsage};
 
 /// What ran the check (reported with the numbers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,7 +17,7 @@ use super::render::active_mark;
 use super::session::{Message, Session};
 use super::strategies::{Strategy, StrategyRun};
 use crate::config::Settings;
-use crate::session::{PartKind, Role, StrategyMark, ToolStatus};
+use crate::domain::{PartKind, Role, StrategyMark, ToolStatus};
 
 /// One prunable tool output: a completed, unprotected tool part in the eligible region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -362,7 +362,7 @@ impl Session {
                 .iter()
                 .map(|m| {
                     let mark = StrategyMark {
-                        strategy: m.strategy.name().to_string(),
+                        strategy: m.strategy,
                         superseded_by: m.superseded_by.clone(),
                         time: now_ms,
                     };

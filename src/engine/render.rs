@@ -8,12 +8,11 @@ use super::strategies::{
     superseded_text, truncate_code_blocks, truncate_error,
 };
 use crate::config::{INTERRUPTED, Settings};
-use crate::session::{Part, PartKind, StrategyMark, TextPart, ToolPart, ToolState, ToolStatus};
+use crate::domain::{Part, PartKind, StrategyMark, TextPart, ToolPart, ToolState, ToolStatus};
 
 /// The strategy a part's mark names, when that strategy is on.
 pub(crate) fn active_mark(part: &Part, s: &Settings) -> Option<Strategy> {
-    let mark = part.mark.as_ref()?;
-    let st = mark.strategy.parse::<Strategy>().ok()?;
+    let st = part.mark.as_ref()?.strategy;
     s.strategies.has(st).then_some(st)
 }
 
@@ -57,9 +56,7 @@ pub(crate) fn render_as(
     if s.strategies.has(Strategy::PruneStepMarkers) && is_step_marker(&part.kind) {
         return None;
     }
-    let active = mark
-        .and_then(|m| m.strategy.parse::<Strategy>().ok())
-        .filter(|st| s.strategies.has(*st));
+    let active = mark.map(|m| m.strategy).filter(|st| s.strategies.has(*st));
     let with_kind = |kind: PartKind| Part {
         id: part.id.clone(),
         message_id: part.message_id.clone(),

@@ -17,7 +17,7 @@ use super::prune::PruneIndex;
 use super::render::{is_compacted, is_reduced, render_as};
 use super::strategies::Tracker;
 use crate::config::{EngineConfig, Settings};
-use crate::session::{MessageInfo, Part, PartKind, Role, SessionInfo, TokenUsage};
+use crate::domain::{MessageInfo, Part, PartKind, Role, SessionInfo, TokenUsage};
 use crate::tokens::TokenCounter;
 
 /// One change to a session, already validated for shape by the boundary that decoded it.
@@ -667,7 +667,7 @@ impl Session {
     pub(crate) fn rendered_tokens_as(
         &self,
         part: &Part,
-        mark: Option<&crate::session::StrategyMark>,
+        mark: Option<&crate::domain::StrategyMark>,
         compacted: bool,
         strip_inputs: bool,
     ) -> u64 {

@@ -332,7 +332,7 @@ impl Job {
         instructions: &str,
     ) -> Result<crate::engine::SummaryOutcome, SummarizeError> {
         let mut running = self.plan.previous_summary.clone();
-        let mut usage = crate::session::TokenUsage::default();
+        let mut usage = crate::domain::TokenUsage::default();
         let mut cost = 0.0;
         let mut last_outcome = None;
         for (i, chunk) in chunks.iter().enumerate() {

@@ -13,13 +13,13 @@ use serde_json::{Map, Number, Value};
 use super::pb;
 use super::status::Rejection;
 use crate::config::{CacheCounting, OverflowPreset, SessionOverrides, Strategy, StrategyPreset};
-use crate::engine::{ContextView, Crossed, Message, OverflowCheck, PruneReport, Session};
-use crate::session::{
+use crate::domain::{
     AgentPart, CompactionPart, FilePart, MessageError, MessageInfo, MessageTime, ModelLimits,
     ModelRef, Part, PartKind, PartTime, PatchPart, ReasoningPart, RetryPart, Role, SessionInfo,
     StepFinishPart, SubtaskPart, TextPart, Todo, TokenUsage, ToolPart, ToolState, ToolStatus,
     ToolTime,
 };
+use crate::engine::{ContextView, Crossed, Message, OverflowCheck, PruneReport, Session};
 
 /// Longest id accepted (session, message, part, tool call): ids are keys, not payloads
 /// (a call id is also copied onto every part a newer call supersedes).
@@ -742,7 +742,7 @@ pub fn part_to_pb(p: &Part) -> pb::Part {
         kind: Some(kind),
         extra: extra_to_pb(&p.extra),
         mark: p.mark.as_ref().map(|m| pb::StrategyMark {
-            strategy: m.strategy.clone(),
+            strategy: m.strategy.name().to_string(),
             superseded_by: m.superseded_by.clone(),
             time: m.time,
         }),

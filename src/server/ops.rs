@@ -15,8 +15,8 @@ use super::hub::Hub;
 use super::pb;
 use super::pb::server_event::Event as Ev;
 use super::status::Rejection;
+use crate::domain::SessionInfo;
 use crate::engine::{self, Event, PruneMode, Trigger, Update};
-use crate::session::SessionInfo;
 
 /// Default largest update accepted (`max_update_bytes`).
 pub const DEFAULT_MAX_UPDATE_BYTES: usize = 16 * 1024 * 1024;

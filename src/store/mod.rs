@@ -20,8 +20,8 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
 use crate::config::EngineConfig;
+use crate::domain::SessionInfo;
 use crate::engine::{ByteLimit, Session};
-use crate::session::SessionInfo;
 use crate::tokens::TokenCounter;
 
 /// Jobs a session actor runs, in order, with exclusive access to the session.

@@ -17,8 +17,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{LlmConfig, Progress, SummarizeError, Summarizer, SummaryRequest, retry_after};
+use crate::domain::{ModelRef, TokenUsage};
 use crate::engine::SummaryOutcome;
-use crate::session::{ModelRef, TokenUsage};
 
 /// Longest wait between retries.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(8);

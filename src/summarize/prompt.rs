@@ -8,8 +8,8 @@
 
 use serde_json::{Value, json};
 
+use crate::domain::{PartKind, Role, ToolStatus};
 use crate::engine::ContextView;
-use crate::session::{PartKind, Role, ToolStatus};
 
 /// Seed 02's compaction agent directive (the system prompt).
 pub const COMPACTION_AGENT_PROMPT: &str =

@@ -11,7 +11,7 @@
 use serde_json::{Map, Value};
 use thiserror::Error;
 
-use crate::session::{
+use crate::domain::{
     AgentPart, CompactionPart, Extra, FilePart, MessageError, MessageInfo, MessageTime, ModelRef,
     Part, PartKind, PartTime, PatchPart, ReasoningPart, RetryPart, Role, SessionInfo,
     StepFinishPart, SubtaskPart, TextPart, Todo, TokenUsage, ToolPart, ToolState, ToolStatus,

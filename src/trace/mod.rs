@@ -16,8 +16,8 @@ use std::sync::Arc;
 pub use import::{Export, ImportError, from_value, parse_export};
 
 use crate::config::{EngineConfig, SessionOverrides};
+use crate::domain::{ModelLimits, PartKind};
 use crate::engine::{ApplyError, Session, Update};
-use crate::session::{ModelLimits, PartKind};
 use crate::tokens::TokenCounter;
 
 /// Builds a session from a parsed export. `limits` and `overrides` come from the caller:

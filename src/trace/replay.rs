@@ -12,12 +12,12 @@ use std::sync::Arc;
 
 use super::Export;
 use crate::config::{EngineConfig, StrategySet};
+use crate::domain::{ModelLimits, Role};
 use crate::engine::strategies::{Strategy, StrategyRun};
 use crate::engine::{
     CommitIds, CompactionPlan, CompactionRequest, ContextView, Crossed, Event, Session,
     SummaryOutcome, TailOptions, Update, default_tail_tokens, step, usable_input,
 };
-use crate::session::{ModelLimits, Role};
 use crate::tokens::TokenCounter;
 
 /// One finished assistant message.
@@ -379,7 +379,7 @@ fn without_usage(update: Update) -> Update {
             Update::UpsertMessage(m)
         }
         Update::UpsertPart(mut p) => {
-            if let crate::session::PartKind::StepFinish(f) = &mut p.kind {
+            if let crate::domain::PartKind::StepFinish(f) = &mut p.kind {
                 f.tokens = None;
             }
             Update::UpsertPart(p)

@@ -6,9 +6,9 @@
 use std::collections::HashSet;
 
 use super::{PartRef, Strategy};
+use crate::domain::{PartKind, StrategyMark};
 use crate::engine::render::active_mark;
 use crate::engine::session::Session;
-use crate::session::{PartKind, StrategyMark};
 
 /// Parts and tokens one strategy saved in a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,7 +138,7 @@ impl Session {
             }
             let old = self.context_tokens_of(stored);
             let mark = StrategyMark {
-                strategy: p.strategy.name().to_string(),
+                strategy: p.strategy,
                 superseded_by: p.by.clone(),
                 time: now_ms,
             };

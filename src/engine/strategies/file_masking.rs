@@ -3,7 +3,7 @@
 //! `file` parts carrying data, and the synthetic text parts in which OpenCode inlines an
 //! attached file's content (`<path>…</path><type>file</type><content>…`).
 
-use crate::session::{FilePart, TextPart};
+use crate::domain::{FilePart, TextPart};
 
 /// Synthetic text shorter than this is a note about an attachment, not its content.
 const MIN_INLINED_CHARS: usize = 1024;

@@ -3,16 +3,6 @@
 //! stale. Which tools are snapshot tools is configurable; names match exactly or after an
 //! MCP server prefix (`playwright_browser_snapshot`).
 
-/// Snapshot tools out of the box (Playwright MCP, Chrome DevTools MCP, generic names).
-pub const DEFAULT_SNAPSHOT_TOOLS: &[&str] = &[
-    "browser_snapshot",
-    "browser_take_screenshot",
-    "take_snapshot",
-    "take_screenshot",
-    "screenshot",
-    "snapshot",
-];
-
 /// The supersede key shared by every snapshot tool (`None`: not a snapshot tool).
 pub fn snapshot_key(tool: &str, snapshot_tools: &[String]) -> Option<String> {
     let tool = tool.to_ascii_lowercase();
@@ -29,7 +19,7 @@ mod tests {
 
     #[test]
     fn snapshot_tools_match_with_or_without_a_server_prefix() {
-        let tools: Vec<String> = DEFAULT_SNAPSHOT_TOOLS
+        let tools: Vec<String> = crate::config::DEFAULT_SNAPSHOT_TOOLS
             .iter()
             .map(|s| s.to_string())
             .collect();

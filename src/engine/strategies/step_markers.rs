@@ -2,7 +2,7 @@
 //! not content; with the strategy on they never reach the context. A rendering rule, so
 //! nothing is marked. (The OpenAI rendering finds step boundaries without them.)
 
-use crate::session::PartKind;
+use crate::domain::PartKind;
 
 /// True for the parts the strategy drops from the context.
 pub fn is_step_marker(kind: &PartKind) -> bool {

@@ -3,11 +3,11 @@
 //! that leave the session untouched.
 
 use super::*;
+use crate::domain::{Todo, TokenUsage};
 use crate::engine::{
     AUTO_CONTINUE, CommitIds, CompactionError, CompactionPlan, CompactionRequest, SummaryOutcome,
     TailOptions, Trigger,
 };
-use crate::session::{Todo, TokenUsage};
 
 const TAIL: TailOptions = TailOptions {
     turns: 2,

@@ -5,8 +5,8 @@ use serde_json::json;
 
 use super::*;
 use crate::config::{COMPACTION_PROMPT_TEXT, INTERRUPTED, PLACEHOLDER};
+use crate::domain::FilePart;
 use crate::engine::ContextView;
-use crate::session::FilePart;
 
 /// Builds the fixture and compares the boundary and the ids of the messages sent, each
 /// with the ids of its parts.

@@ -31,7 +31,7 @@ use super::{
     PruneMode, PrunePlan, PruneReport, Session, Update, eligible_end, estimate, reference_scan,
 };
 use crate::config::{EngineConfig, SessionOverrides};
-use crate::session::{
+use crate::domain::{
     CompactionPart, Extra, MessageError, MessageInfo, ModelLimits, Part, PartKind, ReasoningPart,
     Role, SessionInfo, TextPart, ToolPart, ToolState, ToolStatus,
 };

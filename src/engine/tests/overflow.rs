@@ -2,10 +2,10 @@
 
 use super::*;
 use crate::config::{CacheCounting, OverflowPreset, Settings};
+use crate::domain::{StepFinishPart, TokenUsage};
 use crate::engine::{
     Crossed, Event, OverflowCheck, Trigger, check, max_output, step, usable_input,
 };
-use crate::session::{StepFinishPart, TokenUsage};
 
 fn lim(context: u64, input: u64, output: u64) -> ModelLimits {
     ModelLimits {

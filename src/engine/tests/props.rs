@@ -298,7 +298,7 @@ impl Driver {
             Op::Usage { tokens } => {
                 self.step(Update::ReportUsage {
                     message_id: None,
-                    tokens: crate::session::TokenUsage {
+                    tokens: crate::domain::TokenUsage {
                         input: tokens.into(),
                         ..Default::default()
                     },

@@ -19,9 +19,9 @@ use super::*;
 use crate::config::{
     CODE_BLOCK_AGE_TURNS, ERROR_AGE_TURNS, FILE_AGE_TURNS, PLACEHOLDER, StrategyPreset, StrategySet,
 };
+use crate::domain::{FilePart, StepFinishPart};
 use crate::engine::strategies::{Strategy as St, superseded_text};
 use crate::engine::{ContextView, Event, step};
-use crate::session::{FilePart, StepFinishPart};
 
 // ---- fixtures ------------------------------------------------------------------------
 
@@ -214,12 +214,8 @@ fn commit(s: &mut Session, now: i64) -> Run {
         let stored = find(s, &m.part_id);
         let mark = stored.mark.expect("a reported part is marked");
         assert_eq!(
-            (
-                mark.strategy.as_str(),
-                mark.superseded_by.as_str(),
-                mark.time
-            ),
-            (m.strategy.name(), m.superseded_by.as_str(), now)
+            (mark.strategy, mark.superseded_by.as_str(), mark.time),
+            (m.strategy, m.superseded_by.as_str(), now)
         );
     }
     for saving in &run.savings {
@@ -331,7 +327,7 @@ fn marks(s: &Session) -> BTreeMap<String, (String, String)> {
             let m = p.part.mark.as_ref()?;
             Some((
                 p.part.id.clone(),
-                (m.strategy.clone(), m.superseded_by.clone()),
+                (m.strategy.name().to_string(), m.superseded_by.clone()),
             ))
         })
         .collect()
@@ -2682,7 +2678,7 @@ fn check_run(
         for m in &run.parts {
             let mark = find(s, &m.part_id).mark.expect("reported parts are marked");
             prop_assert_eq!(mark.time, now);
-            prop_assert_eq!(mark.strategy.as_str(), m.strategy.name());
+            prop_assert_eq!(mark.strategy, m.strategy);
         }
     }
     check_marks(s)?;
@@ -2713,7 +2709,7 @@ fn check_marks(s: &Session) -> Result<(), TestCaseError> {
             .count();
         for (pi, p) in m.parts.iter().enumerate() {
             let Some(mark) = &p.part.mark else { continue };
-            let st: St = mark.strategy.parse().expect("known strategy");
+            let st: St = mark.strategy;
             let threshold = match st {
                 St::PruneFiles => Some(FILE_AGE_TURNS),
                 St::TruncateOldErrors => Some(ERROR_AGE_TURNS),

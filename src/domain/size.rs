@@ -314,7 +314,7 @@ impl HeapSize for SessionInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::session::{ToolStatus, ToolTime};
+    use crate::domain::{ToolStatus, ToolTime};
 
     #[test]
     fn strings_count_their_capacity() {

@@ -3,6 +3,7 @@
 use super::Extra;
 use super::info::ModelRef;
 use super::message::TokenUsage;
+use crate::config::Strategy;
 
 /// A part with its identity; `kind` holds the typed content.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,8 +24,8 @@ pub struct Part {
 /// Lazy deletion by a strategy: which one decided, and for a supersede, the newer call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StrategyMark {
-    /// The strategy's config name (`aggressiveFilePrune`, `truncateOldErrors`, ...).
-    pub strategy: String,
+    /// The strategy that set the mark.
+    pub strategy: Strategy,
     /// Call id of the newer call that made this one stale (empty for age strategies).
     pub superseded_by: String,
     /// When the mark was set (epoch ms).

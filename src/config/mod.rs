@@ -54,8 +54,10 @@ pub const CODE_BLOCK_AGE_TURNS: usize = 5;
 
 use std::collections::BTreeMap;
 
-use crate::engine::strategies::DEFAULT_SNAPSHOT_TOOLS;
-pub use crate::engine::strategies::{Strategy, StrategyPreset, StrategySet};
+mod strategy;
+pub use strategy::{
+    DEFAULT_SNAPSHOT_TOOLS, Strategy, StrategyPreset, StrategySet, UnknownStrategy,
+};
 
 /// How cached prompt tokens are counted when `tokens.total` is absent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
