@@ -14,7 +14,9 @@
 //! Nothing here reads a clock or makes ids: both come in as arguments.
 
 use super::error::ApplyError;
-use super::session::{Session, Update};
+use super::footprint::ByteLimit;
+use super::session::Session;
+use super::update::Update;
 use crate::config::EngineConfig;
 use crate::domain::{
     CompactionPart, MessageInfo, MessageTime, ModelRef, Part, PartKind, Role, TextPart, TokenUsage,
@@ -145,7 +147,7 @@ impl Session {
         let tokens_before = self.context_tokens();
         let mut previous_summary = None;
         let mut previous_tokens = 0;
-        if let Some(b) = self.boundary {
+        if let Some(b) = self.boundary() {
             previous_summary = Some(self.text_of(b.summary));
             previous_tokens = self.message_tokens(b.start) + self.message_tokens(b.summary);
             order.retain(|&i| i != b.start && i != b.summary);
@@ -163,7 +165,7 @@ impl Session {
             replaced_tokens: head_tokens + previous_tokens,
             head,
             tail_start,
-            covers: self.messages.len(),
+            covers: self.messages().len(),
             previous_summary,
             head_tokens,
             tokens_before,
@@ -190,7 +192,7 @@ impl Session {
             if suffix > tail.max_tokens {
                 break;
             }
-            if self.messages[i].info.role == Role::User {
+            if self.messages()[i].info.role == Role::User {
                 start = Some(i);
                 turns += 1;
                 if turns == tail.turns {
@@ -202,16 +204,16 @@ impl Session {
     }
 
     fn message_tokens(&self, i: usize) -> u64 {
-        self.messages[i]
+        self.messages()[i]
             .parts
             .iter()
-            .map(|p| self.context_tokens_of(p))
+            .map(|p| p.context_tokens())
             .sum()
     }
 
     /// Text parts of a message, joined (the summary text of a summary message).
     fn text_of(&self, i: usize) -> String {
-        let texts: Vec<&str> = self.messages[i]
+        let texts: Vec<&str> = self.messages()[i]
             .parts
             .iter()
             .filter_map(|p| match &p.part.kind {
@@ -227,9 +229,9 @@ impl Session {
     /// drop or garble them.
     pub fn anchors(&self, plan: &CompactionPlan) -> String {
         let mut out = String::new();
-        if !self.info.todos.is_empty() {
+        if !self.info().todos.is_empty() {
             out.push_str("## Todo list (carried verbatim by compactd)\n");
-            for t in &self.info.todos {
+            for t in &self.info().todos {
                 out.push_str(&format!("- [{}] {}", t.status, t.content));
                 if !t.priority.is_empty() {
                     out.push_str(&format!(" ({})", t.priority));
@@ -239,9 +241,9 @@ impl Session {
         }
         let mut protected = String::new();
         for &i in &plan.head {
-            for p in &self.messages[i].parts {
+            for p in &self.messages()[i].parts {
                 if let PartKind::Tool(t) = &p.part.kind
-                    && self.settings.is_protected_tool(&t.tool)
+                    && self.settings().is_protected_tool(&t.tool)
                     && !t.state.output.is_empty()
                 {
                     protected.push_str(&format!(
@@ -276,7 +278,7 @@ impl Session {
         if model_text.is_empty() {
             return Err(CompactionError::EmptySummary);
         }
-        let model_tokens = self.counter.count(model_text);
+        let model_tokens = self.counter().count(model_text);
         if model_tokens >= plan.replaced_tokens {
             return Err(CompactionError::NotSmaller {
                 summary: model_tokens,
@@ -293,8 +295,8 @@ impl Session {
         // The first message not summarized: the tail, or whatever arrived meanwhile.
         let tail_start_id = plan
             .tail_start
-            .or((plan.covers < self.messages.len()).then_some(plan.covers))
-            .map(|i| self.messages[i].info.id.clone())
+            .or((plan.covers < self.messages().len()).then_some(plan.covers))
+            .map(|i| self.messages()[i].info.id.clone())
             .unwrap_or_default();
 
         let user_id = ids.id("user");
@@ -306,7 +308,7 @@ impl Session {
             completed: None,
         };
         user.agent = self.last_user_agent();
-        user.model = self.info.model.clone();
+        user.model = self.info().model.clone();
         updates.push(Update::UpsertMessage(user));
         updates.push(Update::UpsertPart(Part {
             id: ids.id("compaction"),
@@ -364,7 +366,7 @@ impl Session {
                 id: ids.id("continue_text"),
                 message_id: cont_id,
                 kind: PartKind::Text(TextPart {
-                    text: self.settings.auto_continue.clone(),
+                    text: self.settings().auto_continue.clone(),
                     synthetic: true,
                     ..Default::default()
                 }),
@@ -385,20 +387,16 @@ impl Session {
         // bound of what it adds), so no update in the middle can be refused and leave a
         // compaction without its summary.
         self.check_growth("", 0, self.growth_of(&updates))?;
-        let limit = std::mem::take(&mut self.byte_limit);
+        let limit = self.byte_limit();
+        self.set_byte_limit(ByteLimit::NONE);
         let applied = updates
             .into_iter()
             .try_for_each(|u| self.apply(u, config).map(drop));
-        self.byte_limit = limit;
+        self.set_byte_limit(limit);
         applied?;
         let tokens_after = self.context_tokens();
         // The last report described the old context: the next request is the new one.
-        self.usage = super::session::UsageState {
-            last: None,
-            delta: tokens_after as i64,
-            since_request: 0,
-            pruned: 0,
-        };
+        self.compaction_committed(tokens_after);
         let summary_tokens = self
             .position(&summary_id)
             .map_or(0, |i| self.message_tokens(i));
@@ -414,17 +412,13 @@ impl Session {
     /// Called after each finished (non-summary) assistant message: counts the cooldown
     /// down and says whether an overflowing session may start an automatic compaction.
     pub fn auto_compaction_allowed(&mut self, overflow: bool) -> bool {
-        if self.auto.cooldown_left > 0 {
-            self.auto.cooldown_left -= 1;
-            return false;
-        }
-        overflow && !self.auto_compaction_paused()
+        let cooled_down = self.auto_mut().finished_message();
+        cooled_down && overflow && !self.auto_compaction_paused()
     }
 
     /// True once `breaker_failures` automatic compactions failed in a row.
     pub fn auto_compaction_paused(&self) -> bool {
-        let limit = self.settings.breaker_failures;
-        limit > 0 && self.auto.failures >= limit
+        self.auto_state().paused(self.settings().breaker_failures)
     }
 
     /// Records how a compaction ended. A success (or any manual compaction attempt that
@@ -433,32 +427,27 @@ impl Session {
     /// when this failure paused auto-compaction.
     pub fn record_compaction(&mut self, auto: bool, ok: bool) -> bool {
         if ok {
-            self.auto.failures = 0;
             let still_over = self.check_overflow(super::Trigger::Request).overflow;
-            self.auto.cooldown_left = if still_over {
-                self.settings.auto_cooldown
+            let cooldown = if still_over {
+                self.settings().auto_cooldown
             } else {
                 0
             };
+            self.auto_mut().succeeded(cooldown);
             return false;
         }
         if !auto {
             return false;
         }
         let was_paused = self.auto_compaction_paused();
-        self.auto.failures += 1;
+        self.auto_mut().failed();
         !was_paused && self.auto_compaction_paused()
     }
 
-    /// Loop-protection state, for reports.
-    pub fn auto_state(&self) -> super::AutoState {
-        self.auto
-    }
-
     fn last_user_agent(&self) -> String {
-        self.users
+        self.users()
             .last()
-            .map(|&i| self.messages[i].info.agent.clone())
+            .map(|&i| self.messages()[i].info.agent.clone())
             .unwrap_or_default()
     }
 }

@@ -12,7 +12,8 @@
 use serde_json::{Value, json};
 
 use super::render::render;
-use super::session::{Message, Session, StoredPart};
+use super::session::Session;
+use super::stored::{Message, StoredPart};
 use crate::config::{COMPACTION_PROMPT_TEXT, INTERRUPTED};
 use crate::domain::{PartKind, Role, ToolStatus};
 
@@ -36,8 +37,8 @@ impl Session {
     pub fn build_context(&self) -> ContextView {
         let mut view = self.view_of(&self.context_order());
         view.boundary_message_id = self
-            .boundary
-            .map(|b| self.messages[b.start].info.id.clone());
+            .boundary()
+            .map(|b| self.messages()[b.start].info.id.clone());
         view
     }
 
@@ -49,8 +50,8 @@ impl Session {
     /// which sit before `B` in arrival order), skipping `B` and `S`; without a tail, every
     /// message after `B`. This is seed 02's `filterCompacted` extended with OpenCode's tail.
     pub(crate) fn context_order(&self) -> Vec<usize> {
-        let len = self.messages.len();
-        let Some(b) = self.boundary else {
+        let len = self.messages().len();
+        let Some(b) = self.boundary() else {
             return (0..len).collect();
         };
         let from = self.context_from();
@@ -63,10 +64,10 @@ impl Session {
     /// First position of the context after the boundary's own two messages (0 without a
     /// compaction): messages before it, other than `B` and `S`, are summarized.
     pub(crate) fn context_from(&self) -> usize {
-        let Some(b) = self.boundary else {
+        let Some(b) = self.boundary() else {
             return 0;
         };
-        tail_start_id(&self.messages[b.start])
+        tail_start_id(&self.messages()[b.start])
             .and_then(|id| self.position(id))
             .filter(|&t| t != b.start && t != b.summary)
             .unwrap_or(b.start + 1)
@@ -76,7 +77,7 @@ impl Session {
     pub(crate) fn in_context(&self, i: usize) -> bool {
         i >= self.context_from()
             || self
-                .boundary
+                .boundary()
                 .is_some_and(|b| i == b.start || i == b.summary)
     }
 
@@ -85,14 +86,14 @@ impl Session {
         let mut tokens = 0;
         let mut messages = Vec::with_capacity(order.len());
         for &i in order {
-            let msg = &self.messages[i];
+            let msg = &self.messages()[i];
             if !keeps_message(msg) {
                 continue;
             }
             let mut parts = Vec::with_capacity(msg.parts.len());
             for stored in &msg.parts {
-                if let Some(part) = render(&stored.part, &self.settings) {
-                    tokens += self.context_tokens_of(stored);
+                if let Some(part) = render(&stored.part, self.settings()) {
+                    tokens += stored.context_tokens();
                     parts.push(StoredPart {
                         part,
                         est: stored.est,
@@ -254,10 +255,10 @@ impl Session {
     pub fn context_tokens(&self) -> u64 {
         self.context_order()
             .into_iter()
-            .map(|i| &self.messages[i])
+            .map(|i| &self.messages()[i])
             .filter(|m| keeps_message(m))
             .flat_map(|m| &m.parts)
-            .map(|p| self.context_tokens_of(p))
+            .map(|p| p.context_tokens())
             .sum()
     }
 }

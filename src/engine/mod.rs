@@ -9,17 +9,24 @@
 //! `context.rs`, then [`step`] below, which strings them together as the server does
 //! after every update.
 
+mod auto;
 mod compaction;
 mod context;
 mod error;
 mod estimate;
+mod footprint;
 mod memory;
 mod overflow;
 mod prune;
+mod prune_index;
 mod render;
 mod session;
+mod stored;
 pub mod strategies;
+mod totals;
+mod update;
 
+pub use auto::AutoState;
 pub use compaction::{
     AUTO_CONTINUE, COMPACTION_AGENT, CommitIds, Committed, CompactionError, CompactionPlan,
     CompactionRequest, SummaryOutcome, TailOptions, default_tail_tokens,
@@ -27,13 +34,13 @@ pub use compaction::{
 pub use context::ContextView;
 pub use error::{ApplyError, ErrorKind};
 pub use estimate::{PartEstimate, estimate};
-pub use memory::ByteLimit;
+pub use footprint::ByteLimit;
 pub use overflow::{Crossed, OverflowCheck, Trigger, check, max_output, usable_input, used_tokens};
-pub use prune::{
-    Candidate, PruneIndex, PruneMode, PrunePlan, PruneReport, PrunedPart, eligible_end,
-    reference_scan,
-};
-pub use session::{Applied, AutoState, Message, Session, StoredPart, Update};
+pub use prune::{PruneMode, PruneReport, PrunedPart};
+pub use prune_index::{Candidate, PruneIndex, PrunePlan, eligible_end, reference_scan};
+pub use session::Session;
+pub use stored::{Message, StoredPart};
+pub use update::{Applied, Update};
 
 use crate::config::EngineConfig;
 

@@ -100,7 +100,9 @@ pub fn used_tokens(u: &TokenUsage, rule: CacheCounting) -> (u64, &'static str) {
         CacheCounting::Separate => u.cache_read,
         CacheCounting::Included => 0,
     };
-    (u.input + cache + u.output, rule.formula())
+    // Client-sent numbers: a sum past u64 saturates (and is an overflow), never wraps.
+    let used = u.input.saturating_add(cache).saturating_add(u.output);
+    (used, rule.formula())
 }
 
 /// The pure decision from numbers: the session method below only gathers them.
@@ -115,7 +117,7 @@ pub fn check(
         Some(u) => used_tokens(u, s.cache_counting),
         None => (0, s.cache_counting.formula()),
     };
-    let predicted = (used as i64).saturating_add(delta).max(0) as u64;
+    let predicted = predict(used, delta);
     let usable = usable_input(limits);
     let reserved = match s.reserved {
         Reserved::Fixed(n) => n,
@@ -154,6 +156,16 @@ pub fn check(
     c
 }
 
+/// `used + delta`, clamped to `0..=u64::MAX` (both can be anywhere in their range: `used`
+/// comes from the client).
+fn predict(used: u64, delta: i64) -> u64 {
+    if delta >= 0 {
+        used.saturating_add(delta.unsigned_abs())
+    } else {
+        used.saturating_sub(delta.unsigned_abs())
+    }
+}
+
 /// `floor(tokens × ratio)` as a person computes it: 168000 × 0.7 is 117600, although the
 /// binary product is 117599.99999999999. Products within a millionth of a token of an
 /// integer are taken as that integer.
@@ -178,15 +190,18 @@ impl Session {
     /// Runs the overflow check on the session's current figures.
     pub fn check_overflow(&self, trigger: Trigger) -> OverflowCheck {
         let mut c = check(
-            &self.info.limits,
-            &self.settings,
-            self.usage.last.as_ref(),
-            self.usage.delta,
+            &self.info().limits,
+            self.settings(),
+            self.usage().last(),
+            self.usage().delta(),
             trigger,
         );
         // Prune cleared outputs that the last report counted: that request is history, and
         // the next one is the prediction (which subtracts what was cleared).
-        if self.usage.pruned > 0 && c.crossed == Some(Crossed::Used) && c.predicted <= c.threshold {
+        if self.usage().pruned() > 0
+            && c.crossed == Some(Crossed::Used)
+            && c.predicted <= c.threshold
+        {
             c.crossed = None;
             c.overflow = false;
         }

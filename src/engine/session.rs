@@ -4,104 +4,30 @@
 //!
 //! `apply` is the only way to change a session from outside the engine. It validates
 //! first and mutates after, so a rejected update leaves the session exactly as it was.
+//!
+//! Invariant: the fields are private to this file. The other engine files read through
+//! accessors and change a part's rendering only through [`Session::rerender`], so the
+//! running figures ([`Totals`]) have one writer and always equal a recount.
 
 use std::collections::HashMap;
+use std::mem::size_of;
 use std::sync::Arc;
 
+use super::auto::AutoState;
 use super::error::ApplyError;
-use super::estimate::{PartEstimate, estimate};
-use super::memory::{
-    ByteLimit, message_bytes, part_bytes, part_slot_growth, part_slots_bytes, session_bytes,
+use super::estimate::estimate;
+use super::footprint::{
+    ByteLimit, info_bytes, message_bytes, part_bytes, part_slot_growth, part_slots_bytes,
 };
-use super::prune::PruneIndex;
+use super::prune_index::{PruneIndex, PrunePlan};
 use super::render::{is_compacted, is_reduced, render_as};
-use super::strategies::Tracker;
-use crate::config::{EngineConfig, Settings};
-use crate::domain::{MessageInfo, Part, PartKind, Role, SessionInfo, TokenUsage};
+use super::stored::{Message, StoredPart};
+use super::strategies::{Pending, Tracker};
+use super::totals::{PartFigures, Totals, UsageState};
+use super::update::{Applied, Update};
+use crate::config::{EngineConfig, Settings, Strategy};
+use crate::domain::{MessageInfo, Part, PartKind, Role, SessionInfo, StrategyMark, TokenUsage};
 use crate::tokens::TokenCounter;
-
-/// One change to a session, already validated for shape by the boundary that decoded it.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Update {
-    /// Open the session or change its title, model, limits, overrides and todos.
-    Configure(SessionInfo),
-    /// Insert a message, or update it in place (position of first arrival is kept).
-    UpsertMessage(MessageInfo),
-    /// Insert a part at the end of its message, or update it in place.
-    UpsertPart(Part),
-    /// Remove a part.
-    DeletePart {
-        /// Owning message.
-        message_id: String,
-        /// Part to remove.
-        part_id: String,
-    },
-    /// Provider usage of the latest request; optionally stored on an assistant message.
-    ReportUsage {
-        /// Assistant message to store the usage on.
-        message_id: Option<String>,
-        /// The usage.
-        tokens: TokenUsage,
-    },
-}
-
-impl Update {
-    /// Short name for logs, acks and metrics.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Update::Configure(_) => "open",
-            Update::UpsertMessage(_) => "upsert_message",
-            Update::UpsertPart(_) => "upsert_part",
-            Update::DeletePart { .. } => "delete_part",
-            Update::ReportUsage { .. } => "report_usage",
-        }
-    }
-}
-
-/// What an applied update did, so the caller knows which checks to run.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Applied {
-    /// A new session, message or part was created.
-    pub created: bool,
-    /// An assistant message became finished (triggers overflow check and auto prune).
-    pub finished: bool,
-    /// New provider usage was recorded (triggers an overflow check).
-    pub usage_reported: bool,
-    /// The finished message is a compaction summary (never triggers another compaction).
-    pub summary: bool,
-}
-
-/// A message and its parts, as held by the session.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Message {
-    /// Message info.
-    pub info: MessageInfo,
-    /// Parts in arrival order, each with its cached estimate.
-    pub parts: Vec<StoredPart>,
-}
-
-/// A part with the token estimate computed when it was written.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StoredPart {
-    /// The part.
-    pub part: Part,
-    /// Cached estimate of the part as stored.
-    pub est: PartEstimate,
-    /// Context tokens of the part as rendered, when prune or a strategy reduced it
-    /// (computed once, when the mark is set).
-    pub reduced: Option<u64>,
-    /// Bytes the part holds (computed when written; see `memory.rs`).
-    pub bytes: u64,
-}
-
-impl StoredPart {
-    /// True when prune has cleared this part's output from the context.
-    /// Only a completed output can be cleared: a stamp on a pending, running or failed
-    /// call (which OpenCode never writes) changes nothing in the context.
-    pub fn is_compacted(&self) -> bool {
-        is_compacted(&self.part)
-    }
-}
 
 /// The last completed compaction: the user message that opened it (with the compaction
 /// part) and its summary. The context starts here.
@@ -113,66 +39,59 @@ pub(crate) struct Boundary {
     pub summary: usize,
 }
 
-/// Loop protection of automatic compaction: a cooldown after a compaction that did not
-/// bring the context under the threshold, and a circuit breaker after repeated failures.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct AutoState {
-    /// Finished assistant messages to wait before compacting automatically again.
-    pub cooldown_left: u32,
-    /// Consecutive failed automatic compactions.
-    pub failures: u32,
+/// How [`Session::rerender`] changes a part's rendering.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Rendering {
+    /// A strategy's mark is set (`Some`) or removed (`None`).
+    Mark(Option<StrategyMark>),
+    /// Prune clears the output at this time (`time.compacted`).
+    Cleared(i64),
 }
 
-/// Usage bookkeeping behind the overflow check.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct UsageState {
-    /// Last reported usage.
-    pub last: Option<TokenUsage>,
-    /// Context tokens added (positive) or removed (negative) since that report.
-    pub delta: i64,
-    /// Context tokens the model did not write (tool results, user text, ...) added since
-    /// the current request started (a `step-start`, a new assistant message, or a report).
-    /// A report does not cover them: tool results of a step arrive before its
-    /// `step-finish` but are input to the next request.
-    pub since_request: i64,
-    /// Context tokens prune cleared since that report: when non-zero the report describes
-    /// a request bigger than the next one will be.
-    pub pruned: u64,
+/// Undo log of a trial run (a prune dry run): the prior rendering of every part
+/// [`Session::rerender`] changed, and the figures before the first change.
+#[derive(Debug, Clone)]
+struct Journal {
+    totals: Totals,
+    parts: Vec<PriorRendering>,
+}
+
+/// A part's rendering before a trial changed it.
+#[derive(Debug, Clone)]
+struct PriorRendering {
+    msg: usize,
+    pi: usize,
+    mark: Option<StrategyMark>,
+    compacted_at: Option<i64>,
+    reduced: Option<u64>,
 }
 
 /// A session: the unit the store owns and the engine computes on.
 #[derive(Debug)]
 pub struct Session {
-    pub(crate) info: SessionInfo,
-    pub(crate) settings: Settings,
-    pub(crate) counter: Arc<dyn TokenCounter>,
-    /// Tokens of the placeholder that replaces a cleared output.
-    pub(crate) placeholder_tokens: u64,
-    pub(crate) messages: Vec<Message>,
-    pub(crate) by_id: HashMap<String, usize>,
+    info: SessionInfo,
+    settings: Settings,
+    counter: Arc<dyn TokenCounter>,
+    messages: Vec<Message>,
+    by_id: HashMap<String, usize>,
     /// Positions of user messages, ascending (turn counting without a scan).
-    pub(crate) users: Vec<usize>,
+    users: Vec<usize>,
     /// Position of the user message that opens the context (last completed compaction).
-    pub(crate) boundary: Option<Boundary>,
+    boundary: Option<Boundary>,
     /// Parent id → position of its newest completed summary (so a late compaction part
     /// finds its summary).
     completed_parents: HashMap<String, usize>,
-    pub(crate) usage: UsageState,
+    /// Token, part and byte totals and the usage bookkeeping.
+    totals: Totals,
     /// Loop protection of automatic compaction.
-    pub(crate) auto: AutoState,
-    pub(crate) prune: PruneIndex,
+    auto: AutoState,
+    prune: PruneIndex,
     /// Incremental state of the aggressive strategies.
-    pub(crate) tracker: Tracker,
-    /// Context-view tokens of all messages.
-    pub(crate) tokens: u64,
-    parts: usize,
-    pub(crate) compacted: usize,
-    /// Heap bytes of the content (see `memory.rs`).
-    pub(crate) bytes: u64,
-    /// Slots allocated in all part vectors (their capacities summed).
-    pub(crate) part_slots: usize,
+    tracker: Tracker,
     /// The most bytes the session may hold after the next update.
-    pub(crate) byte_limit: ByteLimit,
+    byte_limit: ByteLimit,
+    /// Set during a trial run, which is rolled back at its end.
+    journal: Option<Journal>,
 }
 
 impl Clone for Session {
@@ -184,22 +103,17 @@ impl Clone for Session {
             info,
             settings,
             counter,
-            placeholder_tokens,
             messages,
             by_id,
             users,
             boundary,
             completed_parents,
-            usage,
+            totals,
             auto,
             prune,
             tracker,
-            tokens,
-            parts,
-            compacted,
-            bytes,
-            part_slots: _,
             byte_limit,
+            journal: _,
         } = self;
         let messages = messages.clone();
         let part_slots = messages.iter().map(|m| m.parts.capacity()).sum();
@@ -207,53 +121,47 @@ impl Clone for Session {
             info: info.clone(),
             settings: settings.clone(),
             counter: counter.clone(),
-            placeholder_tokens: *placeholder_tokens,
             messages,
             by_id: by_id.clone(),
             users: users.clone(),
             boundary: *boundary,
             completed_parents: completed_parents.clone(),
-            usage: *usage,
+            totals: totals.with_part_slots(part_slots),
             auto: *auto,
             prune: prune.clone(),
             tracker: tracker.clone(),
-            tokens: *tokens,
-            parts: *parts,
-            compacted: *compacted,
-            bytes: *bytes,
-            part_slots,
             byte_limit: *byte_limit,
+            journal: None,
         }
     }
+}
+
+/// Bytes an empty session holds: the value, its info and its resolved settings.
+fn session_bytes(info: &SessionInfo, settings: &Settings) -> u64 {
+    (size_of::<Session>() as u64).saturating_add(info_bytes(info, settings))
 }
 
 impl Session {
     /// A new, empty session with settings resolved from `config` and the info's overrides.
     pub fn new(info: SessionInfo, config: &EngineConfig, counter: Arc<dyn TokenCounter>) -> Self {
         let settings = config.resolve(&info.config);
-        let placeholder_tokens = counter.count(&settings.placeholder);
         let tracker = Tracker::new(&settings);
         let bytes = session_bytes(&info, &settings);
         Session {
             info,
             settings,
             counter,
-            placeholder_tokens,
             messages: Vec::new(),
             by_id: HashMap::new(),
             users: Vec::new(),
             boundary: None,
             completed_parents: HashMap::new(),
-            usage: UsageState::default(),
+            totals: Totals::new(bytes),
             auto: AutoState::default(),
             prune: PruneIndex::default(),
             tracker,
-            tokens: 0,
-            parts: 0,
-            compacted: 0,
-            bytes,
-            part_slots: 0,
             byte_limit: ByteLimit::NONE,
+            journal: None,
         }
     }
 
@@ -272,19 +180,24 @@ impl Session {
         &self.messages
     }
 
+    /// Positions of the user messages, ascending.
+    pub fn users(&self) -> &[usize] {
+        &self.users
+    }
+
     /// Number of parts held.
     pub fn part_count(&self) -> usize {
-        self.parts
+        self.totals.parts()
     }
 
     /// Number of tool parts whose output prune has cleared.
     pub fn compacted_count(&self) -> usize {
-        self.compacted
+        self.totals.compacted()
     }
 
     /// Context-view tokens of every message held (before the boundary too).
     pub fn total_tokens(&self) -> u64 {
-        self.tokens
+        self.totals.tokens()
     }
 
     /// Position of a message by id.
@@ -295,6 +208,160 @@ impl Session {
     /// The token counter every figure of this session comes from.
     pub fn counter(&self) -> &dyn TokenCounter {
         self.counter.as_ref()
+    }
+
+    /// Loop-protection state of automatic compaction.
+    pub fn auto_state(&self) -> AutoState {
+        self.auto
+    }
+
+    /// The last completed compaction, where the context starts.
+    pub(crate) fn boundary(&self) -> Option<Boundary> {
+        self.boundary
+    }
+
+    /// The usage bookkeeping behind the overflow check.
+    pub(crate) fn usage(&self) -> &UsageState {
+        self.totals.usage()
+    }
+
+    /// The running figures (bytes and slots for the memory limits).
+    pub(crate) fn totals(&self) -> &Totals {
+        &self.totals
+    }
+
+    /// Capacities of the message and user-position vectors (they count toward the bytes
+    /// held).
+    pub(crate) fn capacities(&self) -> (usize, usize) {
+        (self.messages.capacity(), self.users.capacity())
+    }
+
+    /// The message id map (its capacity counts toward the bytes held).
+    pub(crate) fn ids(&self) -> &HashMap<String, usize> {
+        &self.by_id
+    }
+
+    /// The most bytes the session may hold after the next update.
+    pub(crate) fn byte_limit(&self) -> ByteLimit {
+        self.byte_limit
+    }
+
+    /// Sets the most bytes the session may hold after the next updates. The store sets it
+    /// before each job from `max_session_bytes` and what is left of `memory_budget`.
+    pub fn set_byte_limit(&mut self, limit: ByteLimit) {
+        self.byte_limit = limit;
+    }
+
+    /// Loop protection of automatic compaction, for the compaction events.
+    pub(crate) fn auto_mut(&mut self) -> &mut AutoState {
+        &mut self.auto
+    }
+
+    /// Brings the prune window up to date and returns its plan.
+    pub(crate) fn prune_plan(&mut self) -> PrunePlan {
+        self.prune.sync(&self.messages, &self.users, &self.settings);
+        self.prune.plan()
+    }
+
+    /// Tokens a prune would clear right now (after bringing the window up to date).
+    pub(crate) fn prune_plan_pending(&mut self) -> u64 {
+        self.prune.sync(&self.messages, &self.users, &self.settings);
+        self.prune.pending()
+    }
+
+    /// The plan's outputs were cleared: only the protection window remains.
+    pub(crate) fn prune_plan_committed(&mut self) {
+        self.prune.committed();
+    }
+
+    /// The strategies' decisions waiting for the next commit; `take` empties the queue.
+    pub(crate) fn strategy_decisions(&mut self, take: bool) -> Vec<Pending> {
+        if self.tracker.is_dirty() {
+            self.tracker
+                .rebuild(&self.messages, &self.users, &self.settings);
+        }
+        if take {
+            self.tracker.take_pending()
+        } else {
+            self.tracker.pending().to_vec()
+        }
+    }
+
+    /// A compaction committed: the next request is the new context.
+    pub(crate) fn compaction_committed(&mut self, tokens_after: u64) {
+        self.totals.compaction_committed(tokens_after);
+    }
+
+    /// Changes how the part at (`msg`, `pi`) renders and moves the running figures with
+    /// it: the one writer of a part's mark, prune stamp and rendered size after the part
+    /// was written. A `reduction` (prune or a strategy clearing content) counts toward
+    /// what the last report over-states. Returns the part's context tokens before and
+    /// after. During a trial run the prior rendering is journaled, to be rolled back.
+    pub(crate) fn rerender(
+        &mut self,
+        msg: usize,
+        pi: usize,
+        change: Rendering,
+        reduction: bool,
+    ) -> (u64, u64) {
+        let Some(stored) = self.messages.get(msg).and_then(|m| m.parts.get(pi)) else {
+            debug_assert!(false, "rerender of a part that does not exist: {msg}/{pi}");
+            return (0, 0);
+        };
+        let old = stored.context_tokens();
+        let was_compacted = stored.is_compacted();
+        if let Some(journal) = &mut self.journal {
+            let compacted_at = match &stored.part.kind {
+                PartKind::Tool(t) => t.state.time.compacted,
+                _ => None,
+            };
+            journal.parts.push(PriorRendering {
+                msg,
+                pi,
+                mark: stored.part.mark.clone(),
+                compacted_at,
+                reduced: stored.reduced,
+            });
+        }
+        let part = &mut self.messages[msg].parts[pi].part;
+        match change {
+            Rendering::Mark(mark) => part.mark = mark,
+            Rendering::Cleared(at) => {
+                if let PartKind::Tool(t) = &mut part.kind {
+                    t.state.time.compacted = Some(at);
+                }
+            }
+        }
+        let reduced = self.reduced_tokens(&self.messages[msg].parts[pi].part);
+        let stored = &mut self.messages[msg].parts[pi];
+        stored.reduced = reduced;
+        let (new, now_compacted) = (stored.context_tokens(), stored.is_compacted());
+        self.totals
+            .rendering_changed((old, new), (was_compacted, now_compacted), reduction);
+        (old, new)
+    }
+
+    /// Runs `trial` and then undoes every rendering change it made: a dry run takes the
+    /// same path as the commit it previews. `trial` must change the session only through
+    /// [`Self::rerender`].
+    pub(crate) fn trial<T>(&mut self, trial: impl FnOnce(&mut Session) -> T) -> T {
+        self.journal = Some(Journal {
+            totals: self.totals,
+            parts: Vec::new(),
+        });
+        let out = trial(self);
+        if let Some(journal) = self.journal.take() {
+            for prior in journal.parts.into_iter().rev() {
+                let stored = &mut self.messages[prior.msg].parts[prior.pi];
+                stored.part.mark = prior.mark;
+                if let PartKind::Tool(t) = &mut stored.part.kind {
+                    t.state.time.compacted = prior.compacted_at;
+                }
+                stored.reduced = prior.reduced;
+            }
+            self.totals = journal.totals;
+        }
+        out
     }
 
     /// Applies one update. On error nothing changed.
@@ -338,11 +405,10 @@ impl Session {
         let old = session_bytes(&self.info, &self.settings);
         let new = session_bytes(&next, &settings);
         self.check_growth("", old, new)?;
-        self.adjust_bytes(old, new);
+        self.totals.bytes_changed(old, new);
         self.info = next;
         if settings != self.settings {
             self.settings = settings;
-            self.placeholder_tokens = self.counter.count(&self.settings.placeholder);
             self.recount_all();
             self.prune.invalidate();
             self.tracker.invalidate();
@@ -354,8 +420,8 @@ impl Session {
         let Some(idx) = self.position(&info.id) else {
             let bytes = message_bytes(&info);
             let slots = self.message_slot_growth(info.role == Role::User);
-            self.check_growth("", 0, bytes + slots)?;
-            self.adjust_bytes(0, bytes);
+            self.check_growth("", 0, bytes.saturating_add(slots))?;
+            self.totals.bytes_changed(0, bytes);
             return Ok(self.insert_message(info));
         };
         let old = &self.messages[idx].info;
@@ -383,7 +449,7 @@ impl Session {
         let tokens = info.tokens;
         let (old_bytes, new_bytes) = (message_bytes(old), message_bytes(&info));
         self.check_growth("", old_bytes, new_bytes)?;
-        self.adjust_bytes(old_bytes, new_bytes);
+        self.totals.bytes_changed(old_bytes, new_bytes);
         self.messages[idx].info = info;
         if summary_changed {
             self.prune.touch(idx);
@@ -395,7 +461,7 @@ impl Session {
             (None, None) => {}
         }
         if usage {
-            self.record_usage(tokens.unwrap_or_default());
+            self.totals.usage_reported(tokens.unwrap_or_default());
         }
         Ok(Applied {
             created: false,
@@ -415,7 +481,7 @@ impl Session {
         if info.role == Role::User {
             self.users.push(idx);
         } else {
-            self.usage.since_request = 0; // a new assistant message is a new request
+            self.totals.request_started(); // a new assistant message is a new request
         }
         self.by_id.insert(info.id.clone(), idx);
         let user = info.role == Role::User;
@@ -431,7 +497,7 @@ impl Session {
             self.summary_completed(parent, idx);
         }
         if usage {
-            self.record_usage(tokens.unwrap_or_default());
+            self.totals.usage_reported(tokens.unwrap_or_default());
         }
         Applied {
             created: true,
@@ -483,26 +549,10 @@ impl Session {
             Some(_) => 0,
             None => part_slots_bytes(part_slot_growth(parts, parts.capacity())),
         };
-        self.check_growth("", old_bytes, bytes + slots)?;
-        let new_tokens = self.context_tokens_of(&new);
-        let new_unwritten = self.unwritten_tokens(&new, assistant);
-        let new_compacted = new.is_compacted();
-        let (old_tokens, old_compacted, was_tool, was_compaction) = match existing {
-            Some(i) => {
-                let old = &parts[i];
-                self.usage.since_request -= self.unwritten_tokens(old, assistant) as i64;
-                (
-                    self.context_tokens_of(old),
-                    old.is_compacted(),
-                    matches!(old.part.kind, PartKind::Tool(_)),
-                    matches!(old.part.kind, PartKind::Compaction(_)),
-                )
-            }
-            None => (0, false, false, false),
-        };
+        self.check_growth("", old_bytes, bytes.saturating_add(slots))?;
         let created = existing.is_none();
         let max = self.settings.max_parts_per_message;
-        if created && max > 0 && self.messages[idx].parts.len() >= max {
+        if created && max > 0 && parts.len() >= max {
             return Err(ApplyError::exhausted(
                 "id",
                 format!(
@@ -511,10 +561,18 @@ impl Session {
                 ),
             ));
         }
+        let old = existing.map(|i| &parts[i]);
+        let old_figures = old.map(|o| self.figures_of(o, assistant));
+        let (was_tool, was_compaction) = old.map_or((false, false), |o| {
+            (
+                matches!(o.part.kind, PartKind::Tool(_)),
+                matches!(o.part.kind, PartKind::Compaction(_)),
+            )
+        });
+        let new_figures = self.figures_of(&new, assistant);
         if created && is_step_start {
-            self.usage.since_request = 0; // the model is being called again
+            self.totals.request_started(); // the model is being called again
         }
-        self.usage.since_request += new_unwritten as i64;
         let at = match existing {
             Some(i) => {
                 self.messages[idx].parts[i] = new;
@@ -524,16 +582,13 @@ impl Session {
                 let parts = &mut self.messages[idx].parts;
                 let before = parts.capacity();
                 parts.push(new);
-                self.part_slots += parts.capacity() - before;
+                self.totals.slots_grew(parts.capacity() - before);
                 parts.len() - 1
             }
         };
         self.tracker
             .on_part(&self.messages, idx, at, &self.settings);
-        self.parts += usize::from(created);
-        self.adjust_tokens(old_tokens, new_tokens);
-        self.adjust_bytes(old_bytes, bytes);
-        self.compacted = self.compacted - usize::from(old_compacted) + usize::from(new_compacted);
+        self.totals.part_changed(old_figures, Some(new_figures));
         if is_tool || was_tool {
             self.prune.touch(idx);
         }
@@ -543,7 +598,7 @@ impl Session {
             self.compaction_part_added(idx);
         }
         if let Some(tokens) = step_usage {
-            self.record_usage(tokens);
+            self.totals.usage_reported(tokens);
         }
         Ok(Applied {
             created,
@@ -570,13 +625,9 @@ impl Session {
             ));
         };
         let old = self.messages[idx].parts.remove(i);
-        let old_tokens = self.context_tokens_of(&old);
         let assistant = self.messages[idx].info.role == Role::Assistant;
-        self.usage.since_request -= self.unwritten_tokens(&old, assistant) as i64;
-        self.parts -= 1;
-        self.adjust_tokens(old_tokens, 0);
-        self.adjust_bytes(old.bytes, 0);
-        self.compacted -= usize::from(old.is_compacted());
+        let figures = self.figures_of(&old, assistant);
+        self.totals.part_changed(Some(figures), None);
         // Removing any part shifts the positions of the parts after it, which the prune
         // window may hold: always invalidate it (deletions are rare).
         self.prune.touch(idx);
@@ -616,39 +667,24 @@ impl Session {
             }
             info.tokens = Some(tokens);
         }
-        self.record_usage(tokens);
+        self.totals.usage_reported(tokens);
         Ok(Applied {
             usage_reported: true,
             ..Applied::default()
         })
     }
 
-    /// A provider report is the new baseline of the next request's size; what the model did
-    /// not write since that request started is not in it. The same report twice (a
-    /// `step-finish` and then its message) is one report.
-    fn record_usage(&mut self, tokens: TokenUsage) {
-        if self.usage.last == Some(tokens) {
-            return;
-        }
-        let pending = self.usage.since_request;
-        self.usage = UsageState {
-            last: Some(tokens),
-            delta: pending,
-            since_request: 0,
-            pruned: 0,
-        };
-    }
-
-    /// Context tokens of a part that no provider usage covers yet: all of it, except what
-    /// the model wrote in an assistant message (counted in the report's `output`).
-    fn unwritten_tokens(&self, p: &StoredPart, assistant: bool) -> u64 {
+    /// What a stored part of an `assistant` (or user) message adds to the running
+    /// figures: what the model wrote there is covered by the next report's `output`.
+    fn figures_of(&self, p: &StoredPart, assistant: bool) -> PartFigures {
+        let tokens = p.context_tokens();
         let written = if assistant { p.est.generated } else { 0 };
-        self.context_tokens_of(p).saturating_sub(written)
-    }
-
-    /// Context-view tokens of one stored part under the current settings.
-    pub(crate) fn context_tokens_of(&self, p: &StoredPart) -> u64 {
-        p.reduced.unwrap_or(p.est.base + p.est.output)
+        PartFigures {
+            tokens,
+            unwritten: tokens.saturating_sub(written),
+            compacted: p.is_compacted(),
+            bytes: p.bytes,
+        }
     }
 
     /// Tokens of the part as rendered, when prune or a strategy reduced it.
@@ -667,66 +703,41 @@ impl Session {
     pub(crate) fn rendered_tokens_as(
         &self,
         part: &Part,
-        mark: Option<&crate::domain::StrategyMark>,
+        mark: Option<&StrategyMark>,
         compacted: bool,
         strip_inputs: bool,
     ) -> u64 {
-        let strip = strip_inputs
-            && self
-                .settings
-                .strategies
-                .has(super::strategies::Strategy::PruneToolInputs);
+        let strip = strip_inputs && self.settings.strategies.has(Strategy::PruneToolInputs);
         render_as(part, mark, compacted, &self.settings, strip).map_or(0, |r| {
             let e = estimate(&r, self.counter.as_ref());
-            e.base + e.output
+            e.base.saturating_add(e.output)
         })
-    }
-
-    /// Moves the running totals from `old` to `new` context tokens.
-    pub(crate) fn adjust_tokens(&mut self, old: u64, new: u64) {
-        self.tokens = self.tokens - old + new;
-        self.usage.delta += new as i64 - old as i64;
     }
 
     /// Removes the marks naming `call_id` as the newer call (it was deleted).
     fn unmark_superseded_by(&mut self, call_id: &str) {
         for mi in 0..self.messages.len() {
             for pi in 0..self.messages[mi].parts.len() {
-                let stored = &self.messages[mi].parts[pi];
-                if stored
-                    .part
-                    .mark
-                    .as_ref()
-                    .is_none_or(|m| m.superseded_by.is_empty() || m.superseded_by != call_id)
-                {
-                    continue;
+                let by = self.messages[mi].parts[pi].part.mark.as_ref();
+                if by.is_some_and(|m| !m.superseded_by.is_empty() && m.superseded_by == call_id) {
+                    self.rerender(mi, pi, Rendering::Mark(None), false);
                 }
-                let old = self.context_tokens_of(stored);
-                self.messages[mi].parts[pi].part.mark = None;
-                let reduced = self.reduced_tokens(&self.messages[mi].parts[pi].part);
-                self.messages[mi].parts[pi].reduced = reduced;
-                let new = self.context_tokens_of(&self.messages[mi].parts[pi]);
-                self.adjust_tokens(old, new);
             }
         }
     }
 
     /// Re-derives the context total after the settings changed (placeholder, strategies).
     fn recount_all(&mut self) {
+        let mut total = 0u64;
         for mi in 0..self.messages.len() {
             for pi in 0..self.messages[mi].parts.len() {
                 let reduced = self.reduced_tokens(&self.messages[mi].parts[pi].part);
-                self.messages[mi].parts[pi].reduced = reduced;
+                let stored = &mut self.messages[mi].parts[pi];
+                stored.reduced = reduced;
+                total = total.saturating_add(stored.context_tokens());
             }
         }
-        let total: u64 = self
-            .messages
-            .iter()
-            .flat_map(|m| &m.parts)
-            .map(|p| self.context_tokens_of(p))
-            .sum();
-        self.usage.delta += total as i64 - self.tokens as i64;
-        self.tokens = total;
+        self.totals.recounted(total);
     }
 
     /// A summary (at `summary`) completed: its parent opens the context if it holds a

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use super::{PartRef, Strategy};
 use crate::domain::{PartKind, StrategyMark};
 use crate::engine::render::active_mark;
-use crate::engine::session::Session;
+use crate::engine::session::{Rendering, Session};
 
 /// Parts and tokens one strategy saved in a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,57 +86,50 @@ impl StrategyRun {
 }
 
 impl Session {
-    /// Applies (or, with `commit` false, evaluates) every pending strategy decision.
+    /// Applies every pending strategy decision. With `commit` false the decisions stay
+    /// queued (a dry run, which rolls the marks back).
     pub(crate) fn run_strategies(&mut self, commit: bool, now_ms: i64) -> StrategyRun {
         let mut run = StrategyRun::default();
-        if self.settings.strategies.is_empty() {
+        if self.settings().strategies.is_empty() {
             return run;
         }
-        if self.tracker.is_dirty() {
-            self.tracker
-                .rebuild(&self.messages, &self.users, &self.settings);
-        }
-        let mut pending = if commit {
-            self.tracker.take_pending()
-        } else {
-            self.tracker.pending().to_vec()
-        };
+        let mut pending = self.strategy_decisions(commit);
         // Supersedes first: when a part is both stale and old, it is superseded, whichever
         // decision arrived first (a restart or import then decides the same).
         pending.sort_by_key(|p| !p.strategy.supersedes());
         let mut done: HashSet<PartRef> = HashSet::new();
         for p in pending {
             if done.contains(&p.at)
-                || !self.settings.strategies.has(p.strategy)
+                || !self.settings().strategies.has(p.strategy)
                 || !self.in_context(p.at.msg)
             {
                 continue;
             }
-            let Some(pi) = self.messages[p.at.msg]
+            let Some(pi) = self.messages()[p.at.msg]
                 .parts
                 .iter()
                 .position(|s| s.part.id == p.at.part)
             else {
                 continue; // deleted since
             };
-            let stored = &self.messages[p.at.msg].parts[pi];
+            let stored = &self.messages()[p.at.msg].parts[pi];
             if stored.is_compacted() {
                 continue; // compaction awareness: never processed twice
             }
             // One mark per part. A supersede (the part is stale) outranks an age rewrite
             // (the part is old), so the order decisions arrive in does not matter; a mark
             // whose strategy is off no longer counts.
-            match active_mark(&stored.part, &self.settings) {
+            match active_mark(&stored.part, self.settings()) {
                 Some(current) if current.supersedes() || !p.strategy.supersedes() => continue,
                 _ => {}
             }
             if let PartKind::Tool(t) = &stored.part.kind
-                && self.settings.is_strategy_protected(&t.tool)
+                && self.settings().is_strategy_protected(&t.tool)
                 && p.strategy != Strategy::SupersedeTodos
             {
                 continue;
             }
-            let old = self.context_tokens_of(stored);
+            let old = stored.context_tokens();
             let mark = StrategyMark {
                 strategy: p.strategy,
                 superseded_by: p.by.clone(),
@@ -167,13 +160,7 @@ impl Session {
                 tokens: old - new,
             });
             done.insert(p.at.clone());
-            if commit {
-                let stored = &mut self.messages[p.at.msg].parts[pi];
-                stored.part.mark = Some(mark);
-                stored.reduced = Some(new);
-                self.adjust_tokens(old, new);
-                self.usage.pruned += old - new;
-            }
+            self.rerender(p.at.msg, pi, Rendering::Mark(Some(mark)), true);
         }
         run
     }

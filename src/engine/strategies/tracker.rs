@@ -23,7 +23,7 @@ use super::todos::todo_key;
 use super::{Strategy, truncate_code_blocks};
 use crate::config::{CODE_BLOCK_AGE_TURNS, ERROR_AGE_TURNS, FILE_AGE_TURNS, Settings};
 use crate::domain::{Part, PartKind, Role, ToolPart, ToolStatus};
-use crate::engine::session::Message;
+use crate::engine::stored::Message;
 
 /// A part by message position and part id (part positions shift when a part is deleted).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

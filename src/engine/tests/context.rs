@@ -132,7 +132,7 @@ fn latest_compaction_wins() {
 fn boundary_follows_late_updates() {
     let mut s = session(&COMPACTED.replace("{summary}", "summary unfinished"));
     assert_eq!(s.build_context().boundary_message_id, None);
-    let mut s2 = s.messages[s.position("s2").unwrap()].info.clone();
+    let mut s2 = s.messages()[s.position("s2").unwrap()].info.clone();
     s2.finish = "stop".into();
     apply(&mut s, Update::UpsertMessage(s2.clone()));
     assert_eq!(s.build_context().boundary_message_id.as_deref(), Some("u2"));

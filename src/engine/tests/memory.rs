@@ -19,7 +19,7 @@ fn growth_past_the_limit_is_refused_and_changes_nothing() {
     s.set_byte_limit(limited(held + 2_000));
     // 1 kB fits.
     apply(&mut s, Update::UpsertPart(text("u1", "t2", &chars(1_000))));
-    let (before, bytes) = (s.messages.clone(), s.held_bytes());
+    let (before, bytes) = (s.messages().to_vec(), s.held_bytes());
     let err = s
         .apply(
             Update::UpsertPart(text("u1", "t3", &chars(4_000))),
@@ -34,13 +34,13 @@ fn growth_past_the_limit_is_refused_and_changes_nothing() {
         )),
         "{err}"
     );
-    assert_eq!(s.messages, before);
+    assert_eq!(s.messages(), before);
     assert_eq!(s.held_bytes(), bytes);
     // A message is refused the same way (its info is big here).
     let mut big = user("u2");
     big.extra.insert("blob".into(), chars(4_000).into());
     assert!(s.apply(Update::UpsertMessage(big), &config()).is_err());
-    assert_eq!(s.messages, before);
+    assert_eq!(s.messages(), before);
     // Replacing a part with a smaller one, and deleting one, are always allowed.
     s.set_byte_limit(limited(0));
     apply(&mut s, Update::UpsertPart(text("u1", "t2", "short")));

@@ -203,7 +203,7 @@ pub(super) fn state_mut(p: &mut Part) -> &mut ToolState {
 
 /// A stored part by id.
 pub(super) fn find(s: &Session, part_id: &str) -> Part {
-    s.messages
+    s.messages()
         .iter()
         .flat_map(|m| &m.parts)
         .find(|p| p.part.id == part_id)
@@ -309,14 +309,13 @@ fn parse_part(msg: &str, word: &str) -> Part {
 
 /// The plan the seed's literal algorithm gives for the session as it is now.
 pub(super) fn reference(s: &Session) -> PrunePlan {
-    let end = eligible_end(&s.users, s.messages.len(), s.settings.protect_turns);
-    reference_scan(&s.messages, end, &s.settings)
+    let end = eligible_end(s.users(), s.messages().len(), s.settings().protect_turns);
+    reference_scan(s.messages(), end, s.settings())
 }
 
 /// Brings the incremental index up to date and returns its plan.
 pub(super) fn index_plan(s: &mut Session) -> PrunePlan {
-    s.prune.sync(&s.messages, &s.users, &s.settings);
-    s.prune.plan()
+    s.prune_plan()
 }
 
 /// Asserts the incremental index and the reference scan give the same plan.
@@ -333,7 +332,7 @@ pub(super) fn part_ids(r: &PruneReport) -> Vec<String> {
 
 /// Ids of the tool parts stamped `time.compacted == at`, in session order.
 pub(super) fn compacted_at(s: &Session, at: i64) -> Vec<String> {
-    s.messages
+    s.messages()
         .iter()
         .flat_map(|m| &m.parts)
         .filter(|p| matches!(&p.part.kind, PartKind::Tool(t) if t.state.time.compacted == Some(at)))
@@ -343,7 +342,7 @@ pub(super) fn compacted_at(s: &Session, at: i64) -> Vec<String> {
 
 /// The session's messages with every `time.compacted` stamped at `at` removed.
 pub(super) fn without_stamps(s: &Session, at: i64) -> Vec<super::Message> {
-    let mut messages = s.messages.clone();
+    let mut messages = s.messages().to_vec();
     for p in messages.iter_mut().flat_map(|m| &mut m.parts) {
         if let PartKind::Tool(t) = &mut p.part.kind {
             if t.state.time.compacted == Some(at) {
@@ -388,7 +387,7 @@ pub(super) fn check_prune_with(
 ) {
     let mut s = session_with(fixture, overrides);
     assert_index_agrees(&mut s, "building the fixture");
-    let before = s.messages.clone();
+    let before = s.messages().to_vec();
 
     let dry = s.clone().prune(PruneMode::DryRun, NOW);
     let report = s.prune(PruneMode::Commit, NOW);
@@ -424,8 +423,8 @@ pub(super) fn check_prune_with(
 /// Context tokens of every part, recomputed from scratch (what `total_tokens` must be).
 pub(super) fn tokens_from_scratch(s: &Session) -> u64 {
     let counter = CharsPerToken;
-    let placeholder = counter.count(&s.settings.placeholder);
-    s.messages
+    let placeholder = counter.count(&s.settings().placeholder);
+    s.messages()
         .iter()
         .flat_map(|m| &m.parts)
         .map(|p| {
@@ -453,10 +452,10 @@ pub(super) fn view_tokens_from_parts(view: &super::ContextView) -> u64 {
 /// the input-leak fix applied), rendered and counted from scratch: what `total_tokens`
 /// must be with the strategies on (no cached `reduced` figure is used).
 pub(super) fn rendered_tokens_from_scratch(s: &Session) -> u64 {
-    s.messages
+    s.messages()
         .iter()
         .flat_map(|m| &m.parts)
-        .filter_map(|p| super::render::render(&p.part, &s.settings))
+        .filter_map(|p| super::render::render(&p.part, s.settings()))
         .map(|r| {
             let e = estimate(&r, &CharsPerToken);
             e.base + e.output

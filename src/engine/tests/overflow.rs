@@ -622,7 +622,7 @@ fn report_usage_is_stored_on_the_message() {
             tokens: u,
         },
     );
-    assert_eq!(s.messages[1].info.tokens, Some(u));
+    assert_eq!(s.messages()[1].info.tokens, Some(u));
     assert_eq!(s.check_overflow(Trigger::Request).used, 6);
     // Usage belongs to assistant messages.
     let err = s.apply(

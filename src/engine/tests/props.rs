@@ -149,7 +149,7 @@ impl Driver {
 
     fn parts(&self) -> Vec<Part> {
         self.s
-            .messages
+            .messages()
             .iter()
             .flat_map(|m| &m.parts)
             .map(|p| p.part.clone())
@@ -218,7 +218,7 @@ impl Driver {
                 self.step(Update::UpsertPart(p));
             }
             Op::Text { chars: n } => {
-                let Some(msg) = self.s.messages.last().map(|m| m.info.id.clone()) else {
+                let Some(msg) = self.s.messages().last().map(|m| m.info.id.clone()) else {
                     return;
                 };
                 let pid = self.id("t");
@@ -228,7 +228,9 @@ impl Driver {
                 let Some(id) = self.last_assistant.clone() else {
                     return;
                 };
-                let mut info = self.s.messages[self.s.position(&id).unwrap()].info.clone();
+                let mut info = self.s.messages()[self.s.position(&id).unwrap()]
+                    .info
+                    .clone();
                 info.finish = "stop".into();
                 self.step(Update::UpsertMessage(info));
             }
@@ -272,7 +274,7 @@ impl Driver {
             Op::ToggleSummary { pick } => {
                 let assistants: Vec<MessageInfo> = self
                     .s
-                    .messages
+                    .messages()
                     .iter()
                     .filter(|m| m.info.role == Role::Assistant)
                     .map(|m| m.info.clone())
@@ -319,12 +321,12 @@ fn check_invariants(s: &mut Session) -> Result<(), TestCaseError> {
     prop_assert_eq!(&plan, &want, "index vs reference_scan");
 
     // The plan obeys the seed, stated without the reference scan.
-    let settings = s.settings.clone();
-    let end = eligible_end(&s.users, s.messages.len(), settings.protect_turns);
+    let settings = s.settings().clone();
+    let end = eligible_end(s.users(), s.messages().len(), settings.protect_turns);
     for c in &plan.prune {
         let end = end.expect("candidates only exist in an eligible region");
         prop_assert!(c.msg <= end);
-        let stored = &s.messages[c.msg].parts[c.part];
+        let stored = &s.messages()[c.msg].parts[c.part];
         let PartKind::Tool(t) = &stored.part.kind else {
             return Err(TestCaseError::fail(format!("{c:?} is not a tool part")));
         };
@@ -333,7 +335,7 @@ fn check_invariants(s: &mut Session) -> Result<(), TestCaseError> {
         prop_assert!(!settings.is_protected_tool(&t.tool), "protected {}", t.tool);
         prop_assert_eq!(c.tokens, CharsPerToken.count(&t.state.output));
         // Not in the last `protect_turns` user turns: that many user messages from here on.
-        let users_from_here = s.messages[c.msg..]
+        let users_from_here = s.messages()[c.msg..]
             .iter()
             .filter(|m| m.info.role == Role::User)
             .count();
@@ -345,7 +347,7 @@ fn check_invariants(s: &mut Session) -> Result<(), TestCaseError> {
         );
         // Never older than a summary (up to the eligible end).
         prop_assert!(
-            !s.messages[c.msg + 1..=end]
+            !s.messages()[c.msg + 1..=end]
                 .iter()
                 .any(|m| m.info.role == Role::Assistant && m.info.summary),
             "{} is older than a summary",
@@ -364,7 +366,8 @@ fn check_invariants(s: &mut Session) -> Result<(), TestCaseError> {
     // Running figures equal a recount from scratch.
     prop_assert_eq!(s.total_tokens(), tokens_from_scratch(s));
     prop_assert_eq!(s.held_bytes(), s.held_bytes_from_scratch());
-    let parts: Vec<&crate::engine::StoredPart> = s.messages.iter().flat_map(|m| &m.parts).collect();
+    let parts: Vec<&crate::engine::StoredPart> =
+        s.messages().iter().flat_map(|m| &m.parts).collect();
     prop_assert_eq!(s.part_count(), parts.len());
     prop_assert_eq!(
         s.compacted_count(),
@@ -375,9 +378,9 @@ fn check_invariants(s: &mut Session) -> Result<(), TestCaseError> {
 
     // Dry run = commit, and a second commit changes nothing (on a copy).
     let mut a = s.clone();
-    let before = a.messages.clone();
+    let before = a.messages().to_vec();
     let dry = a.prune(PruneMode::DryRun, PROBE);
-    prop_assert_eq!(&a.messages, &before, "a dry run changed the session");
+    prop_assert_eq!(&a.messages(), &before, "a dry run changed the session");
     let commit = a.prune(PruneMode::Commit, PROBE);
     prop_assert_eq!(
         (&dry.parts, dry.tokens_saved, dry.tokens_scanned),
@@ -399,10 +402,14 @@ fn check_invariants(s: &mut Session) -> Result<(), TestCaseError> {
         "commit changed more than stamps"
     );
     prop_assert_eq!(a.total_tokens(), tokens_from_scratch(&a));
-    let after = a.messages.clone();
+    let after = a.messages().to_vec();
     let second = a.prune(PruneMode::Commit, PROBE);
     prop_assert!(!second.committed);
-    prop_assert_eq!(&a.messages, &after, "the second commit changed the session");
+    prop_assert_eq!(
+        &a.messages(),
+        &after,
+        "the second commit changed the session"
+    );
     let want = reference(&a);
     prop_assert_eq!(
         index_plan(&mut a),

@@ -474,13 +474,13 @@ fn pruning_twice_changes_nothing_the_second_time() {
         ",
     );
     assert!(s.prune(PruneMode::Commit, NOW).committed);
-    let after = s.messages.clone();
+    let after = s.messages().to_vec();
     let second = s.prune(PruneMode::Commit, NOW + 1);
     assert_eq!(
         (second.committed, second.parts.len(), second.tokens_saved),
         (false, 0, 0)
     );
-    assert_eq!(s.messages, after);
+    assert_eq!(s.messages(), after);
 }
 
 #[test]
@@ -494,7 +494,7 @@ fn dry_run_changes_nothing() {
         user u3
         ",
     );
-    let before = s.messages.clone();
+    let before = s.messages().to_vec();
     let total = s.total_tokens();
     let r = s.prune(PruneMode::DryRun, NOW);
     assert_eq!(
@@ -502,7 +502,7 @@ fn dry_run_changes_nothing() {
         (true, false, vec!["p1".to_string()], 30_000)
     );
     assert_eq!(r.reason.as_deref(), Some("dry run"));
-    assert_eq!(s.messages, before);
+    assert_eq!(s.messages(), before);
     assert_eq!(s.total_tokens(), total);
 }
 
@@ -784,14 +784,14 @@ fn index_agrees_after_settings_change() {
 #[test]
 fn index_agrees_after_late_summary_flag() {
     let mut s = check_index_along(LONG, overrides(100, 10));
-    let mut a3 = s.messages[s.position("a3").unwrap()].info.clone();
+    let mut a3 = s.messages()[s.position("a3").unwrap()].info.clone();
     a3.summary = true;
     apply(&mut s, Update::UpsertMessage(a3.clone()));
     assert_index_agrees(&mut s, "a3 became a summary");
     a3.summary = false;
     apply(&mut s, Update::UpsertMessage(a3));
     assert_index_agrees(&mut s, "a3 is no summary again");
-    let mut s5 = s.messages[s.position("s5").unwrap()].info.clone();
+    let mut s5 = s.messages()[s.position("s5").unwrap()].info.clone();
     s5.summary = false;
     apply(&mut s, Update::UpsertMessage(s5));
     assert_index_agrees(&mut s, "s5 is no summary any more");

@@ -1,0 +1,46 @@
+//! How the session holds its content: each message with its parts, each part with the
+//! figures computed once when it was written (token estimate, rendered size when reduced,
+//! bytes held). Only `Session` hands out mutable access, so only it changes them.
+
+use super::estimate::PartEstimate;
+use super::render::is_compacted;
+use crate::domain::{MessageInfo, Part};
+
+/// A message and its parts, as held by the session.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    /// Message info.
+    pub info: MessageInfo,
+    /// Parts in arrival order, each with its cached estimate.
+    pub parts: Vec<StoredPart>,
+}
+
+/// A part with the token estimate computed when it was written.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredPart {
+    /// The part.
+    pub part: Part,
+    /// Cached estimate of the part as stored.
+    pub est: PartEstimate,
+    /// Context tokens of the part as rendered, when prune or a strategy reduced it
+    /// (computed once, when the mark is set).
+    pub reduced: Option<u64>,
+    /// Bytes the part holds (computed when written; see `memory.rs`).
+    pub bytes: u64,
+}
+
+impl StoredPart {
+    /// True when prune has cleared this part's output from the context.
+    /// Only a completed output can be cleared: a stamp on a pending, running or failed
+    /// call (which OpenCode never writes) changes nothing in the context.
+    pub fn is_compacted(&self) -> bool {
+        is_compacted(&self.part)
+    }
+
+    /// Context-view tokens of the part: its rendering when prune or a strategy reduced it,
+    /// its stored content otherwise.
+    pub fn context_tokens(&self) -> u64 {
+        self.reduced
+            .unwrap_or_else(|| self.est.base.saturating_add(self.est.output))
+    }
+}

@@ -1,0 +1,270 @@
+//! The session's running figures: context tokens, parts, cleared outputs, bytes held and
+//! the usage bookkeeping behind the overflow check. They make every per-update decision
+//! independent of session length, so they must never drift from a recount: the fields
+//! are private to this file and change only through the named events below, which the
+//! session calls (`session.rs` is their one caller).
+
+use crate::domain::TokenUsage;
+
+/// Usage bookkeeping behind the overflow check.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct UsageState {
+    /// Last reported usage.
+    last: Option<TokenUsage>,
+    /// Context tokens added (positive) or removed (negative) since that report.
+    delta: i64,
+    /// Context tokens the model did not write (tool results, user text, ...) added since
+    /// the current request started (a `step-start`, a new assistant message, or a report).
+    /// A report does not cover them: tool results of a step arrive before its
+    /// `step-finish` but are input to the next request.
+    since_request: i64,
+    /// Context tokens prune and the strategies cleared since that report: when non-zero
+    /// the report describes a request bigger than the next one will be.
+    pruned: u64,
+}
+
+impl UsageState {
+    /// The last reported usage, if any since the last compaction.
+    pub(crate) fn last(&self) -> Option<&TokenUsage> {
+        self.last.as_ref()
+    }
+
+    /// Context tokens added (or removed, negative) since the last report.
+    pub(crate) fn delta(&self) -> i64 {
+        self.delta
+    }
+
+    /// Context tokens cleared since the last report.
+    pub(crate) fn pruned(&self) -> u64 {
+        self.pruned
+    }
+}
+
+/// What one stored part contributes to the running figures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct PartFigures {
+    /// Context-view tokens.
+    pub tokens: u64,
+    /// Of those, tokens no provider report covers yet (all but what the model wrote).
+    pub unwritten: u64,
+    /// Prune has cleared its output.
+    pub compacted: bool,
+    /// Bytes it holds.
+    pub bytes: u64,
+}
+
+/// The running figures of one session.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Totals {
+    /// Context-view tokens of all messages.
+    tokens: u64,
+    /// Parts held.
+    parts: usize,
+    /// Tool parts whose output prune cleared.
+    compacted: usize,
+    /// Heap bytes of the content (see `memory.rs`).
+    bytes: u64,
+    /// Slots allocated in all part vectors (their capacities summed).
+    part_slots: usize,
+    usage: UsageState,
+}
+
+/// `n` as a signed token figure (contexts are far below 2^63 tokens; saturates).
+fn signed(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl Totals {
+    /// The figures of an empty session holding `bytes`.
+    pub(crate) fn new(bytes: u64) -> Totals {
+        Totals {
+            bytes,
+            ..Totals::default()
+        }
+    }
+
+    /// Context-view tokens of all messages.
+    pub(crate) fn tokens(&self) -> u64 {
+        self.tokens
+    }
+
+    /// Parts held.
+    pub(crate) fn parts(&self) -> usize {
+        self.parts
+    }
+
+    /// Tool parts whose output prune cleared.
+    pub(crate) fn compacted(&self) -> usize {
+        self.compacted
+    }
+
+    /// Heap bytes of the content.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Slots allocated in all part vectors.
+    pub(crate) fn part_slots(&self) -> usize {
+        self.part_slots
+    }
+
+    /// The usage bookkeeping.
+    pub(crate) fn usage(&self) -> &UsageState {
+        &self.usage
+    }
+
+    /// The same figures for a copy whose part vectors hold `slots` slots.
+    pub(crate) fn with_part_slots(self, slots: usize) -> Totals {
+        Totals {
+            part_slots: slots,
+            ..self
+        }
+    }
+
+    /// A part was written, replaced or deleted (`None`: absent before or after).
+    pub(crate) fn part_changed(&mut self, old: Option<PartFigures>, new: Option<PartFigures>) {
+        let (o, n) = (old.unwrap_or_default(), new.unwrap_or_default());
+        match (old.is_some(), new.is_some()) {
+            (false, true) => self.parts = self.parts.saturating_add(1),
+            (true, false) => self.parts = self.parts.saturating_sub(1),
+            _ => {}
+        }
+        self.usage.since_request = self
+            .usage
+            .since_request
+            .saturating_sub(signed(o.unwritten))
+            .saturating_add(signed(n.unwritten));
+        self.move_tokens(o.tokens, n.tokens);
+        self.move_compacted(o.compacted, n.compacted);
+        self.bytes_changed(o.bytes, n.bytes);
+    }
+
+    /// A part's rendering changed (a strategy's mark set or removed, prune's stamp): its
+    /// context tokens move from `old` to `new`. A `reduction` (prune or a strategy clearing
+    /// content) also counts toward what the last report over-states.
+    pub(crate) fn rendering_changed(
+        &mut self,
+        (old, new): (u64, u64),
+        (was_compacted, now_compacted): (bool, bool),
+        reduction: bool,
+    ) {
+        self.move_tokens(old, new);
+        self.move_compacted(was_compacted, now_compacted);
+        if reduction {
+            self.usage.pruned = self.usage.pruned.saturating_add(old.saturating_sub(new));
+        }
+    }
+
+    /// Bytes held outside parts (session or message info) moved from `old` to `new`.
+    pub(crate) fn bytes_changed(&mut self, old: u64, new: u64) {
+        self.bytes = self.bytes.saturating_sub(old).saturating_add(new);
+    }
+
+    /// The part vectors grew by `slots` slots.
+    pub(crate) fn slots_grew(&mut self, slots: usize) {
+        self.part_slots = self.part_slots.saturating_add(slots);
+    }
+
+    /// The model is called again (a new assistant message or a `step-start`): what was
+    /// added so far is input to this request, which its report will cover.
+    pub(crate) fn request_started(&mut self) {
+        self.usage.since_request = 0;
+    }
+
+    /// A provider report is the new baseline of the next request's size; what the model
+    /// did not write since that request started is not in it. The same report twice (a
+    /// `step-finish` and then its message) is one report.
+    pub(crate) fn usage_reported(&mut self, tokens: TokenUsage) {
+        if self.usage.last == Some(tokens) {
+            return;
+        }
+        self.usage = UsageState {
+            last: Some(tokens),
+            delta: self.usage.since_request,
+            since_request: 0,
+            pruned: 0,
+        };
+    }
+
+    /// A compaction committed: the last report described the old context, and the next
+    /// request is the new one, of `tokens_after` context tokens.
+    pub(crate) fn compaction_committed(&mut self, tokens_after: u64) {
+        self.usage = UsageState {
+            delta: signed(tokens_after),
+            ..UsageState::default()
+        };
+    }
+
+    /// Every part was re-rendered (the settings changed): the context holds `total` tokens.
+    pub(crate) fn recounted(&mut self, total: u64) {
+        self.move_tokens(self.tokens, total);
+    }
+
+    fn move_tokens(&mut self, old: u64, new: u64) {
+        self.tokens = self.tokens.saturating_sub(old).saturating_add(new);
+        self.usage.delta = self
+            .usage
+            .delta
+            .saturating_add(signed(new).saturating_sub(signed(old)));
+    }
+
+    fn move_compacted(&mut self, was: bool, now: bool) {
+        self.compacted = match (was, now) {
+            (false, true) => self.compacted.saturating_add(1),
+            (true, false) => self.compacted.saturating_sub(1),
+            _ => self.compacted,
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn figures(tokens: u64, unwritten: u64, compacted: bool) -> PartFigures {
+        PartFigures {
+            tokens,
+            unwritten,
+            compacted,
+            bytes: 10,
+        }
+    }
+
+    #[test]
+    fn a_part_written_replaced_and_deleted_leaves_nothing_behind() {
+        let mut t = Totals::new(100);
+        t.part_changed(None, Some(figures(50, 50, false)));
+        assert_eq!((t.tokens(), t.parts(), t.bytes()), (50, 1, 110));
+        t.part_changed(Some(figures(50, 50, false)), Some(figures(70, 20, true)));
+        assert_eq!((t.tokens(), t.parts(), t.compacted()), (70, 1, 1));
+        t.part_changed(Some(figures(70, 20, true)), None);
+        assert_eq!(t, Totals::new(100));
+    }
+
+    #[test]
+    fn a_report_takes_what_the_model_did_not_write_as_its_delta() {
+        let mut t = Totals::default();
+        t.part_changed(None, Some(figures(30, 12, false)));
+        let usage = TokenUsage {
+            input: 1000,
+            ..TokenUsage::default()
+        };
+        t.usage_reported(usage);
+        assert_eq!((t.usage().delta(), t.usage().last()), (12, Some(&usage)));
+        // The same report twice is one report.
+        t.part_changed(None, Some(figures(5, 5, false)));
+        t.usage_reported(usage);
+        assert_eq!(t.usage().delta(), 17);
+    }
+
+    #[test]
+    fn reductions_count_toward_pruned_and_saturate() {
+        let mut t = Totals::default();
+        t.part_changed(None, Some(figures(100, 100, false)));
+        t.rendering_changed((100, 8), (false, true), true);
+        assert_eq!((t.tokens(), t.compacted(), t.usage().pruned()), (8, 1, 92));
+        // Figures that do not add up saturate instead of wrapping.
+        t.rendering_changed((u64::MAX, 0), (true, false), false);
+        assert_eq!((t.tokens(), t.compacted()), (0, 0));
+    }
+}
