@@ -203,7 +203,7 @@ fn bad_settings_stop_the_start_naming_the_key_and_its_source() {
     let (ok, _, err) = compactd(&["serve", "--placeholder", "  "], &[]);
     assert!(!ok);
     assert!(
-        err.contains("--placeholder (flag): cannot be empty"),
+        err.contains("--placeholder (flag): must not be empty"),
         "{err}"
     );
 }

@@ -545,6 +545,18 @@ pub struct ConfigError {
     pub message: String,
 }
 
+/// The flag that sets a config key (the rules name keys; a flag user reads flags).
+fn flag_of(key: &'static str) -> &'static str {
+    match key {
+        "threshold" => "threshold",
+        "protect_turns" => "protect-turns",
+        "placeholder" => "placeholder",
+        "auto_continue" => "auto-continue-text",
+        "protected_file_globs" => "protected-file-globs",
+        other => other,
+    }
+}
+
 /// A file a flag names, read whole; the error names the flag and the file.
 fn read_text(flag: &'static str, path: &std::path::Path) -> Result<String, ConfigError> {
     std::fs::read_to_string(path).map_err(|e| ConfigError {
@@ -590,23 +602,6 @@ impl EngineArgs {
 
     /// Validates the flags and builds the engine config.
     pub fn to_config(&self) -> Result<EngineConfig, ConfigError> {
-        if !(self.threshold > 0.0 && self.threshold <= 1.0) {
-            return Err(ConfigError {
-                flag: "threshold",
-                message: format!("{} is not in (0, 1]", self.threshold),
-            });
-        }
-        for (flag, text) in [
-            ("placeholder", &self.placeholder),
-            ("auto-continue-text", &self.auto_continue_text),
-        ] {
-            if text.trim().is_empty() {
-                return Err(ConfigError {
-                    flag,
-                    message: "cannot be empty".into(),
-                });
-            }
-        }
         let base = EngineConfig {
             auto_compact: !self.disable_autocompact,
             prune: !self.disable_prune,
@@ -634,14 +629,10 @@ impl EngineArgs {
             snapshot_tools: non_empty(&self.snapshot_tools),
             ..EngineConfig::default()
         };
-        for g in &base.protected_file_globs {
-            if let Err(e) = globset::Glob::new(g) {
-                return Err(ConfigError {
-                    flag: "protected-file-globs",
-                    message: format!("{g:?} is not a valid glob: {e}"),
-                });
-            }
-        }
+        base.validate().map_err(|e| ConfigError {
+            flag: flag_of(e.key),
+            message: e.message,
+        })?;
         let preset = match self.preset {
             None => return Ok(base),
             Some(PresetArg::Compactd) => OverflowPreset::Compactd,

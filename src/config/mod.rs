@@ -1,8 +1,9 @@
 //! Engine configuration: the server-wide defaults (from the seeds), the per-session
 //! overrides a host may send, and the resolved [`Settings`] one session runs with.
 //!
-//! This file holds plain values only. Reading flags and `COMPACTD_*` environment variables
-//! happens in `cli.rs`; validation of client-sent overrides happens in `server/convert.rs`.
+//! Plain values and their rules: reading flags, `COMPACTD_*` environment variables and the
+//! config file happens in `cli/`; every range rule lives in `validate.rs`, called by the
+//! CLI and the gRPC conversion alike; strategy names and presets are in `strategy.rs`.
 
 /// Tokens kept free for the model's answer when `limit.input` is not given (seed 02).
 pub const OUTPUT_TOKEN_MAX: u64 = 32_000;
@@ -55,8 +56,12 @@ pub const CODE_BLOCK_AGE_TURNS: usize = 5;
 use std::collections::BTreeMap;
 
 mod strategy;
+mod validate;
 pub use strategy::{
     DEFAULT_SNAPSHOT_TOOLS, Strategy, StrategyPreset, StrategySet, UnknownStrategy,
+};
+pub use validate::{
+    InvalidSetting, MAX_AUTO_CONTINUE, MAX_PLACEHOLDER, MAX_PROMPT, MAX_PROTECT_TURNS,
 };
 
 /// How cached prompt tokens are counted when `tokens.total` is absent.

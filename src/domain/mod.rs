@@ -7,6 +7,7 @@ mod info;
 mod message;
 mod part;
 mod size;
+mod validate;
 
 pub use info::{ModelLimits, ModelRef, SessionInfo, Todo};
 pub use message::{MessageError, MessageInfo, MessageTime, Role, TokenUsage};
@@ -17,6 +18,7 @@ pub use part::{
 };
 pub use size::HeapSize;
 pub(crate) use size::{hash_capacity_after_insert, hash_table_bytes, vec_capacity_after_push};
+pub use validate::{InvalidField, MAX_ID_BYTES, MAX_JSON_DEPTH, check_id};
 
 /// JSON object holding fields compactd does not model, kept so nothing a host sent is lost.
 pub type Extra = serde_json::Map<String, serde_json::Value>;

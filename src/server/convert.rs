@@ -1,8 +1,9 @@
-//! Protobuf ↔ domain conversion, and the one place client fields are validated.
+//! Protobuf ↔ domain conversion.
 //!
-//! `*_from_pb` functions check every field a client controls and return a [`Rejection`]
-//! naming the field (relative to the message converted; callers prefix it). `*_to_pb`
-//! functions are total. JSON travels as `google.protobuf.Struct`; numbers become doubles,
+//! `*_from_pb` functions refuse what does not convert (an unknown enum value, a missing
+//! oneof) and then run the domain's and the config's own `validate()` (the one home of
+//! every rule), returning a [`Rejection`] naming the field (relative to the message
+//! converted; callers prefix it). `*_to_pb` functions are total. JSON travels as `google.protobuf.Struct`; numbers become doubles,
 //! as in protobuf's own JSON mapping.
 
 use std::collections::BTreeMap;
@@ -12,33 +13,30 @@ use serde_json::{Map, Number, Value};
 
 use super::pb;
 use super::status::Rejection;
-use crate::config::{CacheCounting, OverflowPreset, SessionOverrides, Strategy, StrategyPreset};
+use crate::config::{
+    CacheCounting, InvalidSetting, OverflowPreset, SessionOverrides, Strategy, StrategyPreset,
+};
 use crate::domain::{
-    AgentPart, CompactionPart, FilePart, MessageError, MessageInfo, MessageTime, ModelLimits,
-    ModelRef, Part, PartKind, PartTime, PatchPart, ReasoningPart, RetryPart, Role, SessionInfo,
-    StepFinishPart, SubtaskPart, TextPart, Todo, TokenUsage, ToolPart, ToolState, ToolStatus,
-    ToolTime,
+    AgentPart, CompactionPart, FilePart, InvalidField, MessageError, MessageInfo, MessageTime,
+    ModelLimits, ModelRef, Part, PartKind, PartTime, PatchPart, ReasoningPart, RetryPart, Role,
+    SessionInfo, StepFinishPart, SubtaskPart, TextPart, Todo, TokenUsage, ToolPart, ToolState,
+    ToolStatus, ToolTime,
 };
 use crate::engine::{ContextView, Crossed, Message, OverflowCheck, PruneReport, Session};
 
-/// Longest id accepted (session, message, part, tool call): ids are keys, not payloads
-/// (a call id is also copied onto every part a newer call supersedes).
-pub const MAX_ID_BYTES: usize = 256;
+/// Longest id accepted; the rule itself is the domain's ([`crate::domain::MAX_ID_BYTES`]).
+pub use crate::domain::MAX_ID_BYTES;
 
-fn check_id(field: &str, id: &str) -> Result<(), Rejection> {
-    if id.is_empty() {
-        return Err(Rejection::invalid(field, "required"));
+impl From<InvalidField> for Rejection {
+    fn from(e: InvalidField) -> Self {
+        Rejection::invalid(e.field, e.message)
     }
-    if id.len() > MAX_ID_BYTES {
-        return Err(Rejection::invalid(
-            field,
-            format!(
-                "{} bytes long; ids are at most {MAX_ID_BYTES} bytes",
-                id.len()
-            ),
-        ));
+}
+
+impl From<InvalidSetting> for Rejection {
+    fn from(e: InvalidSetting) -> Self {
+        Rejection::invalid(e.key, e.message)
     }
-    Ok(())
 }
 
 // ---- JSON ↔ Struct ----
@@ -131,7 +129,6 @@ pub fn session_from_pb(s: pb::SessionInfo, fallback_id: &str) -> Result<SessionI
     } else {
         s.id
     };
-    check_id("id", &id)?;
     if !fallback_id.is_empty() && id != fallback_id {
         return Err(Rejection::invalid(
             "id",
@@ -139,10 +136,10 @@ pub fn session_from_pb(s: pb::SessionInfo, fallback_id: &str) -> Result<SessionI
         ));
     }
     let config = match s.config {
-        Some(c) => overrides_from_pb(c).map_err(|r| r.within("config"))?,
+        Some(c) => convert_overrides(c).map_err(|r| r.within("config"))?,
         None => SessionOverrides::default(),
     };
-    Ok(SessionInfo {
+    let info = SessionInfo {
         id,
         title: s.title,
         model: s.model.map(model_from_pb),
@@ -159,27 +156,20 @@ pub fn session_from_pb(s: pb::SessionInfo, fallback_id: &str) -> Result<SessionI
             })
             .collect(),
         extra: s.extra.map(struct_from_pb).unwrap_or_default(),
-    })
+    };
+    info.validate()?;
+    Ok(info)
 }
 
 /// Per-session overrides from the wire, validated.
 pub fn overrides_from_pb(c: pb::SessionConfig) -> Result<SessionOverrides, Rejection> {
-    if let Some(t) = c.threshold
-        && !(t > 0.0 && t <= 1.0)
-    {
-        return Err(Rejection::invalid(
-            "threshold",
-            format!("{t} is not in (0, 1]"),
-        ));
-    }
-    if let Some(t) = c.protect_turns
-        && t > 1000
-    {
-        return Err(Rejection::invalid(
-            "protect_turns",
-            format!("{t} is over 1000"),
-        ));
-    }
+    let o = convert_overrides(c)?;
+    o.validate()?;
+    Ok(o)
+}
+
+/// Per-session overrides from the wire, converted but not yet validated.
+fn convert_overrides(c: pb::SessionConfig) -> Result<SessionOverrides, Rejection> {
     let cache_counting = match pb::CacheCounting::try_from(c.cache_counting) {
         Ok(pb::CacheCounting::Unspecified) => None,
         Ok(pb::CacheCounting::Separate) => Some(CacheCounting::Separate),
@@ -206,9 +196,6 @@ pub fn overrides_from_pb(c: pb::SessionConfig) -> Result<SessionOverrides, Rejec
         strategies.insert(st, *on);
     }
     let protected_file_globs = c.protected_file_globs.map(|l| l.values);
-    if let Some(globs) = &protected_file_globs {
-        check_globs("protected_file_globs", globs)?;
-    }
     let preset = match pb::OverflowPreset::try_from(c.preset) {
         Ok(pb::OverflowPreset::Unspecified) => None,
         Ok(pb::OverflowPreset::Compactd) => Some(OverflowPreset::Compactd),
@@ -237,71 +224,13 @@ pub fn overrides_from_pb(c: pb::SessionConfig) -> Result<SessionOverrides, Rejec
         strategy_protected_tools: c.strategy_protected_tools.map(|l| l.values),
         protected_file_globs,
         snapshot_tools: c.snapshot_tools.map(|l| l.values),
-        placeholder: text_setting("placeholder", c.placeholder, MAX_PLACEHOLDER, true)?,
-        auto_continue: text_setting("auto_continue", c.auto_continue, MAX_AUTO_CONTINUE, true)?,
-        compaction_system: text_setting(
-            "compaction_system",
-            c.compaction_system,
-            MAX_PROMPT,
-            false,
-        )?,
-        compaction_prompt: text_setting(
-            "compaction_prompt",
-            c.compaction_prompt,
-            MAX_PROMPT,
-            false,
-        )?,
-        compaction_template: text_setting(
-            "compaction_template",
-            c.compaction_template,
-            MAX_PROMPT,
-            false,
-        )?,
+        placeholder: c.placeholder,
+        auto_continue: c.auto_continue,
+        // An empty prompt on the wire means "inherit".
+        compaction_system: c.compaction_system.filter(|v| !v.trim().is_empty()),
+        compaction_prompt: c.compaction_prompt.filter(|v| !v.trim().is_empty()),
+        compaction_template: c.compaction_template.filter(|v| !v.trim().is_empty()),
     })
-}
-
-/// Longest `placeholder` a session may set.
-const MAX_PLACEHOLDER: usize = 1 << 10;
-/// Longest `auto_continue` a session may set.
-const MAX_AUTO_CONTINUE: usize = 4 << 10;
-/// Longest prompt or template a session may set.
-const MAX_PROMPT: usize = 64 << 10;
-
-/// A text override: at most `max` bytes; empty is refused when `required` (the engine
-/// would render nothing) and means "inherit" otherwise.
-fn text_setting(
-    field: &str,
-    value: Option<String>,
-    max: usize,
-    required: bool,
-) -> Result<Option<String>, Rejection> {
-    let Some(v) = value else { return Ok(None) };
-    if v.len() > max {
-        return Err(Rejection::invalid(
-            field,
-            format!("{} bytes; at most {max}", v.len()),
-        ));
-    }
-    if v.trim().is_empty() {
-        return if required {
-            Err(Rejection::invalid(
-                field,
-                "must not be empty (unset it to inherit)",
-            ))
-        } else {
-            Ok(None)
-        };
-    }
-    Ok(Some(v))
-}
-
-/// Glob patterns, each checked so a bad one is rejected where it enters.
-pub fn check_globs(field: &str, patterns: &[String]) -> Result<(), Rejection> {
-    for p in patterns {
-        globset::Glob::new(p)
-            .map_err(|e| Rejection::invalid(field, format!("{p:?} is not a valid glob: {e}")))?;
-    }
-    Ok(())
 }
 
 fn overrides_to_pb(o: &SessionOverrides) -> pb::SessionConfig {
@@ -416,7 +345,6 @@ pub fn session_to_pb(s: &SessionInfo) -> pb::SessionInfo {
 
 /// Message info from the wire.
 pub fn message_from_pb(m: pb::MessageInfo) -> Result<MessageInfo, Rejection> {
-    check_id("id", &m.id)?;
     let role = Role::parse(&m.role).ok_or_else(|| {
         Rejection::invalid(
             "role",
@@ -424,7 +352,7 @@ pub fn message_from_pb(m: pb::MessageInfo) -> Result<MessageInfo, Rejection> {
         )
     })?;
     let time = m.time.unwrap_or_default();
-    Ok(MessageInfo {
+    let info = MessageInfo {
         id: m.id,
         role,
         parent_id: m.parent_id,
@@ -444,7 +372,9 @@ pub fn message_from_pb(m: pb::MessageInfo) -> Result<MessageInfo, Rejection> {
         }),
         model: m.model.map(model_from_pb),
         extra: m.extra.map(struct_from_pb).unwrap_or_default(),
-    })
+    };
+    info.validate()?;
+    Ok(info)
 }
 
 /// Message info to the wire.
@@ -512,8 +442,6 @@ pub fn usage_to_pb(t: &TokenUsage) -> pb::TokenUsage {
 /// A part from the wire.
 pub fn part_from_pb(p: pb::Part) -> Result<Part, Rejection> {
     use pb::part::Kind as K;
-    check_id("id", &p.id)?;
-    check_id("message_id", &p.message_id)?;
     let Some(kind) = p.kind else {
         return Err(Rejection::invalid(
             "kind",
@@ -575,19 +503,18 @@ pub fn part_from_pb(p: pb::Part) -> Result<Part, Rejection> {
     };
     // Marks are compactd's own decisions: one sent by a client is ignored (a part sent
     // back from GetSession keeps its mark, which the session already holds).
-    Ok(Part {
+    let part = Part {
         id: p.id,
         message_id: p.message_id,
         kind,
         mark: None,
         extra: p.extra.map(struct_from_pb).unwrap_or_default(),
-    })
+    };
+    part.validate()?;
+    Ok(part)
 }
 
 fn tool_from_pb(t: pb::ToolPart) -> Result<ToolPart, Rejection> {
-    if t.tool.is_empty() {
-        return Err(Rejection::invalid("tool", "required: the tool name"));
-    }
     let Some(st) = t.state else {
         return Err(Rejection::invalid("state", "required"));
     };
@@ -600,10 +527,6 @@ fn tool_from_pb(t: pb::ToolPart) -> Result<ToolPart, Rejection> {
             ),
         )
     })?;
-    // Optional (OpenCode always sends one), but bounded like every id.
-    if !t.call_id.is_empty() {
-        check_id("call_id", &t.call_id)?;
-    }
     let time = st.time.unwrap_or_default();
     Ok(ToolPart {
         call_id: t.call_id,
@@ -872,3 +795,7 @@ pub fn summary_to_pb(s: &Session, created: bool) -> pb::SessionSummary {
         created,
     }
 }
+
+#[cfg(test)]
+#[path = "convert_tests.rs"]
+mod tests;

@@ -12,10 +12,10 @@ use serde_json::{Map, Value};
 use thiserror::Error;
 
 use crate::domain::{
-    AgentPart, CompactionPart, Extra, FilePart, MessageError, MessageInfo, MessageTime, ModelRef,
-    Part, PartKind, PartTime, PatchPart, ReasoningPart, RetryPart, Role, SessionInfo,
-    StepFinishPart, SubtaskPart, TextPart, Todo, TokenUsage, ToolPart, ToolState, ToolStatus,
-    ToolTime,
+    AgentPart, CompactionPart, Extra, FilePart, InvalidField, MessageError, MessageInfo,
+    MessageTime, ModelRef, Part, PartKind, PartTime, PatchPart, ReasoningPart, RetryPart, Role,
+    SessionInfo, StepFinishPart, SubtaskPart, TextPart, Todo, TokenUsage, ToolPart, ToolState,
+    ToolStatus, ToolTime,
 };
 
 /// A parsed export: session info and messages with their parts, in document order.
@@ -42,6 +42,12 @@ fn err(path: &str, message: impl Into<String>) -> ImportError {
         path: path.to_string(),
         message: message.into(),
     }
+}
+
+/// The domain's own rules (ids bounded, call ids present, JSON depth), applied to what an
+/// import built exactly as to what a Stream update carries; the error names the JSON path.
+fn checked(r: Result<(), InvalidField>, path: &str) -> Result<(), ImportError> {
+    r.map_err(|e| err(&format!("{path}.{}", e.field), e.message))
 }
 
 /// Parses an export document.
@@ -77,6 +83,7 @@ pub fn from_value(doc: Value) -> Result<Export, ImportError> {
             return Err(err(&format!("{path}.info"), "missing or not an object"));
         };
         let minfo = message_info(minfo, &format!("{path}.info"))?;
+        checked(minfo.validate(), &format!("{path}.info"))?;
         let parts = match m.remove("parts") {
             Some(Value::Array(a)) => a,
             None => Vec::new(),
@@ -88,7 +95,9 @@ pub fn from_value(doc: Value) -> Result<Export, ImportError> {
             let Value::Object(p) = p else {
                 return Err(err(&ppath, "not an object"));
             };
-            ps.push(part(p, &minfo.id, &ppath)?);
+            let p = part(p, &minfo.id, &ppath)?;
+            checked(p.validate(), &ppath)?;
+            ps.push(p);
         }
         out.push((minfo, ps));
     }

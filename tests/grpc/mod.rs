@@ -23,3 +23,4 @@ mod stream;
 mod tls;
 mod transport;
 mod unary;
+mod validation;

@@ -1,0 +1,194 @@
+//! The one home of every range and format rule on settings, for the server config (flags,
+//! environment, file) and for the per-session overrides a client sends alike. Callers map
+//! [`InvalidSetting::key`] to their own spelling (a flag, a proto field path).
+
+use thiserror::Error;
+
+use super::{EngineConfig, SessionOverrides};
+
+/// Longest placeholder text (server or session).
+pub const MAX_PLACEHOLDER: usize = 1 << 10;
+/// Longest auto-continue text (server or session).
+pub const MAX_AUTO_CONTINUE: usize = 4 << 10;
+/// Longest compaction prompt or template a session may set.
+pub const MAX_PROMPT: usize = 64 << 10;
+/// Most user turns prune can be told to protect.
+pub const MAX_PROTECT_TURNS: u32 = 1000;
+
+/// A setting out of range, named by its key (`threshold`, `protected_file_globs`, ...).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{key}: {message}")]
+pub struct InvalidSetting {
+    /// The setting's key, as in the config file and `SessionConfig`.
+    pub key: &'static str,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+fn invalid(key: &'static str, message: impl Into<String>) -> InvalidSetting {
+    InvalidSetting {
+        key,
+        message: message.into(),
+    }
+}
+
+fn threshold(t: f64) -> Result<(), InvalidSetting> {
+    if t > 0.0 && t <= 1.0 {
+        Ok(())
+    } else {
+        Err(invalid("threshold", format!("{t} is not in (0, 1]")))
+    }
+}
+
+fn protect_turns(t: u32) -> Result<(), InvalidSetting> {
+    if t > MAX_PROTECT_TURNS {
+        return Err(invalid(
+            "protect_turns",
+            format!("{t} is over {MAX_PROTECT_TURNS}"),
+        ));
+    }
+    Ok(())
+}
+
+/// A text that is rendered into the context: not blank, at most `max` bytes.
+fn text(key: &'static str, v: &str, max: usize) -> Result<(), InvalidSetting> {
+    if v.trim().is_empty() {
+        return Err(invalid(key, "must not be empty"));
+    }
+    prompt(key, v, max)
+}
+
+/// A text that may be anything up to `max` bytes.
+fn prompt(key: &'static str, v: &str, max: usize) -> Result<(), InvalidSetting> {
+    if v.len() > max {
+        return Err(invalid(key, format!("{} bytes; at most {max}", v.len())));
+    }
+    Ok(())
+}
+
+/// Glob patterns over normalized paths, each compiled once here so a bad one is refused
+/// where it enters.
+fn globs(key: &'static str, patterns: &[String]) -> Result<(), InvalidSetting> {
+    for p in patterns {
+        globset::Glob::new(p)
+            .map_err(|e| invalid(key, format!("{p:?} is not a valid glob: {e}")))?;
+    }
+    Ok(())
+}
+
+impl EngineConfig {
+    /// Checks every setting; the first one out of range is named.
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
+        threshold(self.threshold)?;
+        protect_turns(self.protect_turns)?;
+        text("placeholder", &self.placeholder, MAX_PLACEHOLDER)?;
+        text("auto_continue", &self.auto_continue, MAX_AUTO_CONTINUE)?;
+        globs("protected_file_globs", &self.protected_file_globs)
+    }
+}
+
+impl SessionOverrides {
+    /// Checks every override that is set; the first one out of range is named.
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
+        if let Some(t) = self.threshold {
+            threshold(t)?;
+        }
+        if let Some(t) = self.protect_turns {
+            protect_turns(t)?;
+        }
+        if let Some(v) = &self.placeholder {
+            text("placeholder", v, MAX_PLACEHOLDER)?;
+        }
+        if let Some(v) = &self.auto_continue {
+            text("auto_continue", v, MAX_AUTO_CONTINUE)?;
+        }
+        for (key, v) in [
+            ("compaction_system", &self.compaction_system),
+            ("compaction_prompt", &self.compaction_prompt),
+            ("compaction_template", &self.compaction_template),
+        ] {
+            if let Some(v) = v {
+                prompt(key, v, MAX_PROMPT)?;
+            }
+        }
+        if let Some(g) = &self.protected_file_globs {
+            globs("protected_file_globs", g)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_are_valid() {
+        assert_eq!(EngineConfig::default().validate(), Ok(()));
+        assert_eq!(SessionOverrides::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn each_rule_names_its_key() {
+        let bad = [
+            SessionOverrides {
+                threshold: Some(0.0),
+                ..Default::default()
+            },
+            SessionOverrides {
+                threshold: Some(f64::NAN),
+                ..Default::default()
+            },
+            SessionOverrides {
+                protect_turns: Some(1001),
+                ..Default::default()
+            },
+            SessionOverrides {
+                placeholder: Some("  ".into()),
+                ..Default::default()
+            },
+            SessionOverrides {
+                auto_continue: Some("x".repeat(MAX_AUTO_CONTINUE + 1)),
+                ..Default::default()
+            },
+            SessionOverrides {
+                compaction_prompt: Some("x".repeat(MAX_PROMPT + 1)),
+                ..Default::default()
+            },
+            SessionOverrides {
+                protected_file_globs: Some(vec!["src/[".into()]),
+                ..Default::default()
+            },
+        ];
+        let keys: Vec<&str> = bad
+            .iter()
+            .map(|o| o.validate().expect_err("invalid").key)
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "threshold",
+                "threshold",
+                "protect_turns",
+                "placeholder",
+                "auto_continue",
+                "compaction_prompt",
+                "protected_file_globs"
+            ]
+        );
+    }
+
+    #[test]
+    fn server_config_follows_the_same_rules() {
+        let c = EngineConfig {
+            threshold: 1.5,
+            ..EngineConfig::default()
+        };
+        assert_eq!(c.validate().expect_err("invalid").key, "threshold");
+        let c = EngineConfig {
+            placeholder: String::new(),
+            ..EngineConfig::default()
+        };
+        assert_eq!(c.validate().expect_err("invalid").key, "placeholder");
+    }
+}

@@ -1,0 +1,281 @@
+//! Every input the proto conversion refuses, as a table: what is sent, the code and the
+//! field path the client reads back.
+
+use std::collections::HashMap;
+
+use tonic::Code;
+
+use crate::domain::MAX_JSON_DEPTH;
+
+use super::*;
+
+fn tool(call_id: &str, tool: &str, status: &str) -> pb::Part {
+    pb::Part {
+        id: "p1".into(),
+        message_id: "m1".into(),
+        kind: Some(pb::part::Kind::Tool(pb::ToolPart {
+            call_id: call_id.into(),
+            tool: tool.into(),
+            state: Some(pb::ToolState {
+                status: status.into(),
+                ..Default::default()
+            }),
+            metadata: None,
+        })),
+        extra: None,
+        mark: None,
+    }
+}
+
+fn text(id: &str, message_id: &str) -> pb::Part {
+    pb::Part {
+        id: id.into(),
+        message_id: message_id.into(),
+        kind: Some(pb::part::Kind::Text(pb::TextPart::default())),
+        extra: None,
+        mark: None,
+    }
+}
+
+fn message(id: &str, role: &str) -> pb::MessageInfo {
+    pb::MessageInfo {
+        id: id.into(),
+        role: role.into(),
+        ..Default::default()
+    }
+}
+
+fn session(config: pb::SessionConfig) -> pb::SessionInfo {
+    pb::SessionInfo {
+        id: "s".into(),
+        config: Some(config),
+        ..Default::default()
+    }
+}
+
+fn deep(depth: usize) -> prost_types::Struct {
+    let mut s = prost_types::Struct::default();
+    for _ in 0..depth {
+        s = prost_types::Struct {
+            fields: [(
+                "a".to_string(),
+                prost_types::Value {
+                    kind: Some(Kind::StructValue(s)),
+                },
+            )]
+            .into(),
+        };
+    }
+    s
+}
+
+type Outcome = Result<(), Rejection>;
+
+fn part(p: pb::Part) -> Outcome {
+    part_from_pb(p).map(drop)
+}
+
+fn info(s: pb::SessionInfo) -> Outcome {
+    session_from_pb(s, "").map(drop)
+}
+
+#[test]
+fn every_refusal_names_its_field() {
+    let long = "x".repeat(MAX_ID_BYTES + 1);
+    let mut no_state = tool("c1", "read", "completed");
+    if let Some(pb::part::Kind::Tool(t)) = &mut no_state.kind {
+        t.state = None;
+    }
+    let mut deep_input = tool("c1", "read", "completed");
+    if let Some(pb::part::Kind::Tool(t)) = &mut deep_input.kind {
+        t.state.as_mut().expect("state").input = Some(deep(MAX_JSON_DEPTH + 1));
+    }
+    let deep_extra = pb::Part {
+        extra: Some(deep(MAX_JSON_DEPTH + 1)),
+        ..text("p1", "m1")
+    };
+    let cases: Vec<(&str, Outcome, &str)> = vec![
+        ("part without id", part(text("", "m1")), "id"),
+        ("part id too long", part(text(&long, "m1")), "id"),
+        ("part without message", part(text("p1", "")), "message_id"),
+        (
+            "part message id too long",
+            part(text("p1", &long)),
+            "message_id",
+        ),
+        (
+            "part without kind",
+            part(pb::Part {
+                kind: None,
+                ..text("p1", "m1")
+            }),
+            "kind",
+        ),
+        (
+            "tool without name",
+            part(tool("c1", "", "completed")),
+            "tool.tool",
+        ),
+        (
+            "tool without call id",
+            part(tool("", "read", "completed")),
+            "tool.call_id",
+        ),
+        (
+            "call id too long",
+            part(tool(&long, "read", "completed")),
+            "tool.call_id",
+        ),
+        ("tool without state", part(no_state), "tool.state"),
+        (
+            "unknown tool status",
+            part(tool("c1", "read", "done")),
+            "tool.state.status",
+        ),
+        ("tool input too deep", part(deep_input), "tool.state.input"),
+        ("part extra too deep", part(deep_extra), "extra"),
+        (
+            "message without id",
+            message_from_pb(message("", "user")).map(drop),
+            "id",
+        ),
+        (
+            "message id too long",
+            message_from_pb(message(&long, "user")).map(drop),
+            "id",
+        ),
+        (
+            "unknown role",
+            message_from_pb(message("m1", "system")).map(drop),
+            "role",
+        ),
+        (
+            "parent id too long",
+            message_from_pb(pb::MessageInfo {
+                parent_id: long.clone(),
+                ..message("m1", "assistant")
+            })
+            .map(drop),
+            "parent_id",
+        ),
+        (
+            "session id too long",
+            info(pb::SessionInfo {
+                id: long.clone(),
+                ..Default::default()
+            }),
+            "id",
+        ),
+        ("session without id", info(pb::SessionInfo::default()), "id"),
+        (
+            "session id differs from the update's",
+            session_from_pb(
+                pb::SessionInfo {
+                    id: "a".into(),
+                    ..Default::default()
+                },
+                "b",
+            )
+            .map(drop),
+            "id",
+        ),
+        (
+            "threshold above 1",
+            info(session(pb::SessionConfig {
+                threshold: Some(1.5),
+                ..Default::default()
+            })),
+            "config.threshold",
+        ),
+        (
+            "protect_turns too high",
+            info(session(pb::SessionConfig {
+                protect_turns: Some(5000),
+                ..Default::default()
+            })),
+            "config.protect_turns",
+        ),
+        (
+            "blank placeholder",
+            info(session(pb::SessionConfig {
+                placeholder: Some(" ".into()),
+                ..Default::default()
+            })),
+            "config.placeholder",
+        ),
+        (
+            "oversized prompt",
+            info(session(pb::SessionConfig {
+                compaction_prompt: Some("x".repeat(crate::config::MAX_PROMPT + 1)),
+                ..Default::default()
+            })),
+            "config.compaction_prompt",
+        ),
+        (
+            "bad glob",
+            info(session(pb::SessionConfig {
+                protected_file_globs: Some(pb::StringList {
+                    values: vec!["src/[".into()],
+                }),
+                ..Default::default()
+            })),
+            "config.protected_file_globs",
+        ),
+        (
+            "unknown strategy",
+            info(session(pb::SessionConfig {
+                strategies: HashMap::from([("pruneEverything".to_string(), true)]),
+                ..Default::default()
+            })),
+            "config.strategies",
+        ),
+        (
+            "unknown strategy preset",
+            info(session(pb::SessionConfig {
+                strategy_preset: "loud".into(),
+                ..Default::default()
+            })),
+            "config.strategy_preset",
+        ),
+        (
+            "unknown cache counting",
+            info(session(pb::SessionConfig {
+                cache_counting: 99,
+                ..Default::default()
+            })),
+            "config.cache_counting",
+        ),
+        (
+            "unknown overflow preset",
+            info(session(pb::SessionConfig {
+                preset: 99,
+                ..Default::default()
+            })),
+            "config.preset",
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for (what, outcome, field) in cases {
+        match outcome {
+            Err(r) if r.code == Code::InvalidArgument && r.field == field => {}
+            other => wrong.push(format!("{what}: expected {field}, got {other:?}")),
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn an_empty_prompt_inherits_but_an_empty_placeholder_is_refused() {
+    let o = overrides_from_pb(pb::SessionConfig {
+        compaction_prompt: Some(String::new()),
+        ..Default::default()
+    })
+    .expect("valid");
+    assert_eq!(o.compaction_prompt, None);
+    let r = overrides_from_pb(pb::SessionConfig {
+        placeholder: Some(String::new()),
+        ..Default::default()
+    })
+    .expect_err("blank placeholder");
+    assert_eq!(r.field, "placeholder");
+}

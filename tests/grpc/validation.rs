@@ -1,0 +1,232 @@
+//! Input validation over gRPC: client numbers saturate instead of wrapping, every id is
+//! bounded on every path (import included), a tool call needs its call id, and JSON
+//! nesting is limited so that whatever is accepted reads back with a standard protobuf
+//! client (this one: prost with its default recursion limit of 100).
+
+use compactd::domain::{MAX_ID_BYTES, MAX_JSON_DEPTH};
+use compactd::server::pb;
+use serde_json::{Value, json};
+use tonic::Code;
+
+use crate::common::*;
+
+/// `{"a": {"a": ... 1}}`, `depth` objects deep, as a protobuf Struct.
+fn nested_struct(depth: usize) -> prost_types::Struct {
+    assert!(depth >= 1);
+    let mut inner = prost_types::Value {
+        kind: Some(prost_types::value::Kind::NumberValue(1.0)),
+    };
+    for _ in 1..depth {
+        inner = prost_types::Value {
+            kind: Some(prost_types::value::Kind::StructValue(prost_types::Struct {
+                fields: [("a".to_string(), inner)].into(),
+            })),
+        };
+    }
+    prost_types::Struct {
+        fields: [("a".to_string(), inner)].into(),
+    }
+}
+
+/// Depth of nested objects in a JSON value read back.
+fn json_depth(v: &Value) -> usize {
+    match v {
+        Value::Object(o) => 1 + o.values().map(json_depth).max().unwrap_or(0),
+        Value::Array(a) => 1 + a.iter().map(json_depth).max().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+fn with_input(mut p: pb::Part, input: prost_types::Struct) -> pb::Part {
+    if let Some(pb::part::Kind::Tool(t)) = &mut p.kind {
+        t.state.as_mut().expect("state").input = Some(input);
+    }
+    p
+}
+
+async fn session_with_one_message(c: &mut Client, id: &str) {
+    open_session(c, session_with_limits(id, 100_000, 10_000)).await;
+    put_message(c, id, user_msg("u1")).await;
+    put_message(c, id, assistant_msg("a1", "u1")).await;
+}
+
+#[tokio::test]
+async fn a_usage_report_of_u64_max_saturates_and_overflows() {
+    let server = start_server().await;
+    let mut c = server.client().await;
+    session_with_one_message(&mut c, "big").await;
+    // input + cache.read + output would wrap to 1 in u64 arithmetic.
+    let huge = pb::TokenUsage {
+        input: u64::MAX,
+        output: 1,
+        cache: Some(pb::CacheTokens { read: 1, write: 0 }),
+        ..Default::default()
+    };
+    let events = put_usage(&mut c, "big", huge).await;
+    let checks = overflows(&events);
+    assert_eq!(checks.len(), 1, "the report overflows: {events:?}");
+    assert_eq!((checks[0].used, checks[0].overflow), (u64::MAX, true));
+    assert_eq!(checks[0].predicted, u64::MAX);
+
+    let check = check_overflow(&mut c, "big").await;
+    assert_eq!((check.used, check.overflow), (u64::MAX, true));
+    // The session goes on: the next update is applied and acked.
+    put_part(&mut c, "big", text_part("u1", "t1", "still here")).await;
+}
+
+#[tokio::test]
+async fn an_empty_call_id_is_refused_and_the_session_is_unchanged() {
+    let server = start_server().await;
+    let mut c = server.client().await;
+    session_with_one_message(&mut c, "s").await;
+    let before = get_session(&mut c, "s").await;
+    let mut p = tool_part("a1", "p1", "read", "out");
+    if let Some(pb::part::Kind::Tool(t)) = &mut p.kind {
+        t.call_id.clear();
+    }
+    let res = c
+        .upsert_part(pb::UpsertPartRequest {
+            session_id: "s".into(),
+            part: Some(p),
+        })
+        .await;
+    assert_status(res, Code::InvalidArgument, "part.tool.call_id: required");
+    assert_eq!(get_session(&mut c, "s").await, before);
+}
+
+#[tokio::test]
+async fn tool_input_depth_is_limited_and_the_deepest_accepted_reads_back() {
+    let server = start_server().await;
+    let mut c = server.client().await;
+    session_with_one_message(&mut c, "deep").await;
+    let before = get_session(&mut c, "deep").await;
+
+    let too_deep = with_input(
+        tool_part("a1", "p1", "read", "out"),
+        nested_struct(MAX_JSON_DEPTH + 1),
+    );
+    let res = c
+        .upsert_part(pb::UpsertPartRequest {
+            session_id: "deep".into(),
+            part: Some(too_deep),
+        })
+        .await;
+    let status = assert_status(res, Code::InvalidArgument, "part.tool.state.input");
+    assert!(
+        status
+            .message()
+            .contains(&format!("deeper than {MAX_JSON_DEPTH}")),
+        "{status:?}"
+    );
+    assert_eq!(get_session(&mut c, "deep").await, before);
+
+    let deepest = with_input(
+        tool_part("a1", "p2", "read", "out"),
+        nested_struct(MAX_JSON_DEPTH),
+    );
+    put_part(&mut c, "deep", deepest).await;
+    // Both reads decode in this client (prost's default recursion limit) and carry the
+    // input whole.
+    let got = get_session(&mut c, "deep").await;
+    let input = tool_state(find_part(&got.messages, "p2"))
+        .input
+        .clone()
+        .expect("input");
+    let input = Value::Object(
+        input
+            .fields
+            .iter()
+            .map(|(k, v)| (k.clone(), value_to_json(v)))
+            .collect(),
+    );
+    assert_eq!(json_depth(&input), MAX_JSON_DEPTH);
+    let context = get_context(&mut c, "deep").await;
+    let input = tool_state(find_part(&context.messages, "p2"))
+        .input
+        .as_ref()
+        .expect("input in the context");
+    assert_eq!(input.fields.len(), 1);
+    let openai = c
+        .get_context(pb::GetContextRequest {
+            session_id: "deep".into(),
+            format: pb::ContextFormat::Openai as i32,
+        })
+        .await
+        .expect("GetContext in OpenAI shape decodes")
+        .into_inner();
+    assert!(openai.openai_messages.is_some());
+}
+
+/// The example export with one id replaced by a 257-byte one, or a call id emptied.
+fn example_with(edit: impl FnOnce(&mut Value)) -> pb::ImportSessionRequest {
+    let mut doc: Value =
+        serde_json::from_str(include_str!("../../examples/session.json")).expect("example JSON");
+    edit(&mut doc);
+    pb::ImportSessionRequest {
+        session_id: "imported".into(),
+        export_json: doc.to_string(),
+        limits: Some(limits(16_000, 4_000)),
+        ..Default::default()
+    }
+}
+
+/// Position (message, part) of the example's first tool part.
+fn first_tool(doc: &Value) -> (usize, usize) {
+    for (i, m) in doc["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .enumerate()
+    {
+        for (j, p) in m["parts"].as_array().expect("parts").iter().enumerate() {
+            if p["type"] == "tool" {
+                return (i, j);
+            }
+        }
+    }
+    panic!("the example has a tool part");
+}
+
+#[tokio::test]
+async fn import_bounds_every_id_and_requires_call_ids() {
+    let server = start_server().await;
+    let mut c = server.client().await;
+    let long = "x".repeat(MAX_ID_BYTES + 1);
+    let doc: Value =
+        serde_json::from_str(include_str!("../../examples/session.json")).expect("example JSON");
+    let (mi, pi) = first_tool(&doc);
+    let cases: Vec<(pb::ImportSessionRequest, String)> = vec![
+        (
+            example_with(|d| d["messages"][0]["info"]["id"] = json!(long)),
+            "export_json.messages[0].info.id".to_string(),
+        ),
+        (
+            example_with(|d| d["messages"][0]["parts"][0]["id"] = json!(long)),
+            "export_json.messages[0].parts[0].id".to_string(),
+        ),
+        (
+            example_with(|d| d["messages"][mi]["parts"][pi]["callID"] = json!(long)),
+            format!("export_json.messages[{mi}].parts[{pi}].tool.call_id"),
+        ),
+        (
+            example_with(|d| d["messages"][mi]["parts"][pi]["callID"] = json!("")),
+            format!("export_json.messages[{mi}].parts[{pi}].tool.call_id: required"),
+        ),
+    ];
+    for (req, field) in cases {
+        let status = assert_status(c.import_session(req).await, Code::InvalidArgument, &field);
+        if !field.ends_with("required") {
+            assert!(status.message().contains("257 bytes"), "{status:?}");
+        }
+    }
+    // Nothing was imported by the refused requests; the untouched example imports.
+    let list = c
+        .list_sessions(pb::ListSessionsRequest {})
+        .await
+        .expect("ListSessions")
+        .into_inner();
+    assert!(list.sessions.is_empty(), "{list:?}");
+    c.import_session(example_with(|_| {}))
+        .await
+        .expect("the example imports");
+}
