@@ -1,0 +1,651 @@
+//! The rules every strategy follows: idempotence, the last two user turns, protected tools and files, switches and presets, dry run, live vs import.
+
+use super::*;
+
+#[test]
+fn rule_idempotence_a_second_commit_marks_nothing_and_changes_nothing() {
+    let mut s = import(&rich_messages(), SessionOverrides::default());
+    commit(&mut s, NOW);
+    let messages = s.messages().to_vec();
+    let view = s.build_context();
+
+    let again = commit(&mut s, NOW + 1);
+    assert!(again.report.strategies.is_empty(), "{:?}", again.report);
+    assert_eq!(s.messages(), messages.as_slice());
+    assert_eq!(s.build_context(), view);
+
+    // A settings change rebuilds the strategy state from the messages: the same decisions,
+    // all already applied.
+    put(
+        &mut s,
+        Update::Configure(SessionInfo {
+            id: "ses_strat".into(),
+            config: SessionOverrides {
+                prune_minimum: Some(30_000),
+                ..Default::default()
+            },
+            ..Default::default()
+        }),
+    );
+    let rebuilt = commit(&mut s, NOW + 2);
+    assert!(rebuilt.report.strategies.is_empty(), "{:?}", rebuilt.report);
+    assert_eq!(s.messages(), messages.as_slice());
+    assert_eq!(s.build_context(), view);
+    assert!(s.prune(PruneMode::DryRun, NOW + 3).strategies.is_empty());
+}
+
+#[test]
+fn rule_age_strategies_respect_their_thresholds_and_never_touch_the_last_two_turns() {
+    let mut sc = Script::new();
+    for n in 1..=8usize {
+        let u = format!("u{n}");
+        let a = format!("a{n}");
+        sc.user_with(
+            &u,
+            &format!("Case {n}:\n```python\n{}```", "print(1)\n".repeat(10)),
+            vec![file(
+                &u,
+                &format!("f{n}"),
+                "shot.png",
+                "image/png",
+                &png(8_000),
+            )],
+        )
+        .assistant(
+            &a,
+            vec![failed(
+                &a,
+                &format!("e{n}"),
+                "bash",
+                json!({ "command": format!("pytest tests/test_{n}.py") }),
+                &stack_error("AssertionError: 1 != 2", 15),
+            )],
+        );
+        sc.commit();
+        // A part of turn k is `n - k` user turns old: files go at 2, errors at 3, user
+        // code at 5; the last two turns (age 0 and 1) are never touched.
+        let mut expected = Vec::new();
+        for k in 1..=n {
+            let age = n - k;
+            if age >= FILE_AGE_TURNS {
+                expected.push((format!("f{k}"), St::PruneFiles));
+            }
+            if age >= ERROR_AGE_TURNS {
+                expected.push((format!("e{k}"), St::TruncateOldErrors));
+            }
+            if age >= CODE_BLOCK_AGE_TURNS {
+                expected.push((format!("u{k}_t"), St::PruneUserCodeBlocks));
+            }
+        }
+        let expected: Vec<(&str, St, &str)> = expected
+            .iter()
+            .map(|(id, st)| (id.as_str(), *st, ""))
+            .collect();
+        assert_eq!(marks(&sc.s), want(&expected), "after {n} user turns");
+    }
+}
+
+#[test]
+fn rule_age_thresholds_are_the_seed_values() {
+    assert_eq!(
+        (FILE_AGE_TURNS, ERROR_AGE_TURNS, CODE_BLOCK_AGE_TURNS),
+        (2, 3, 5)
+    );
+}
+
+#[test]
+fn rule_protected_tools_and_files_are_never_marked_but_todos_are_superseded() {
+    let page = "Result line.\n".repeat(100);
+    let mut sc = Script::with(SessionOverrides {
+        protected_file_globs: Some(vec!["Cargo.toml".into(), "secrets/**".into()]),
+        ..Default::default()
+    });
+    let list1 = todos(&[("One", "pending"), ("Two", "pending"), ("Three", "pending")]);
+    let list2 = todos(&[
+        ("One", "completed"),
+        ("Two", "pending"),
+        ("Three", "pending"),
+    ]);
+    sc.user("u1", "Explore.")
+        .assistant(
+            "a1",
+            vec![
+                call(
+                    "a1",
+                    "k1",
+                    "task",
+                    json!({ "description": "explore", "prompt": "find the bug" }),
+                    &page,
+                ),
+                call(
+                    "a1",
+                    "k2",
+                    "task",
+                    json!({ "description": "explore", "prompt": "find the bug" }),
+                    &page,
+                ),
+                call("a1", "s1", "skill", json!({ "name": "rust" }), &page),
+                call("a1", "s2", "skill", json!({ "name": "rust" }), &page),
+                read("a1", "c1", "Cargo.toml", &page),
+                read("a1", "c2", "./Cargo.toml", &page),
+                read("a1", "x1", "secrets/api/key.txt", &page),
+                call(
+                    "a1",
+                    "x2",
+                    "write",
+                    json!({ "filePath": "secrets/api/key.txt", "content": "k".repeat(900) }),
+                    "Wrote file successfully.",
+                ),
+                failed(
+                    "a1",
+                    "k3",
+                    "task",
+                    json!({ "description": "fix", "prompt": "fix it" }),
+                    &stack_error("Error: subagent failed", 20),
+                ),
+                call("a1", "t1", "todowrite", list1.clone(), &list1.to_string()),
+            ],
+        )
+        .user("u2", "Go on.")
+        .assistant(
+            "a2",
+            vec![call(
+                "a2",
+                "t2",
+                "todowrite",
+                list2.clone(),
+                &list2.to_string(),
+            )],
+        );
+    for n in 3..=6 {
+        sc.user(&format!("u{n}"), "next");
+    }
+    let run = sc.commit();
+    expect_marks(&sc.s, &[("t1", St::SupersedeTodos, "t2")]);
+    assert_eq!(state(shown(&run.after, "k1")).output, page);
+    assert_eq!(state(shown(&run.after, "c1")).output, page);
+    assert_eq!(
+        state(shown(&run.after, "k3")).error,
+        stack_error("Error: subagent failed", 20)
+    );
+}
+
+#[test]
+
+fn rule_protected_files_errors_are_not_truncated_for_age() {
+    // Issue 5: "Protected means never cleared for age or size" — tools and file globs.
+    let mut sc = Script::with(SessionOverrides {
+        protected_file_globs: Some(vec!["Cargo.toml".into()]),
+        ..Default::default()
+    });
+    sc.user("u1", "Bump the version.").assistant(
+        "a1",
+        vec![failed(
+            "a1",
+            "e1",
+            "edit",
+            json!({ "filePath": "Cargo.toml", "oldString": "0.1.0", "newString": "0.2.0" }),
+            &stack_error("Error: oldString not found in content", 20),
+        )],
+    );
+    for n in 2..=4 {
+        sc.user(&format!("u{n}"), "next");
+    }
+    sc.commit();
+    expect_no_marks(&sc.s);
+}
+
+#[test]
+fn rule_protected_tools_are_configurable() {
+    let body = file_body(40);
+    let page = "Result line.\n".repeat(100);
+    let mut sc = Script::with(SessionOverrides {
+        strategy_protected_tools: Some(vec!["Read".into()]),
+        ..Default::default()
+    });
+    sc.user("u1", "Go.").assistant(
+        "a1",
+        vec![
+            read("a1", "r1", "src/a.rs", &body),
+            read("a1", "r2", "src/a.rs", &body),
+            call("a1", "k1", "task", json!({ "prompt": "explore" }), &page),
+            call("a1", "k2", "task", json!({ "prompt": "explore" }), &page),
+        ],
+    );
+    sc.commit();
+    // The list replaces the default: reads are protected now, tasks no longer.
+    expect_marks(&sc.s, &[("k1", St::SupersedeDuplicates, "k2")]);
+}
+
+#[test]
+fn rule_switches_a_strategy_off_by_either_name_is_not_applied() {
+    let listing = "drwxr-xr-x src\n".repeat(40);
+    let body = file_body(40);
+    let build = |o: SessionOverrides| {
+        let mut sc = Script::with(o);
+        sc.user("u1", "Look.").assistant(
+            "a1",
+            vec![
+                read("a1", "r1", "src/a.rs", &body),
+                call(
+                    "a1",
+                    "r2",
+                    "read",
+                    json!({ "filePath": "src/a.rs", "offset": 0 }),
+                    &body,
+                ),
+                bash("a1", "l1", "ls -la", &listing),
+                call(
+                    "a1",
+                    "l2",
+                    "bash",
+                    json!({ "command": "ls -la", "description": "again" }),
+                    &listing,
+                ),
+            ],
+        );
+        sc.commit();
+        sc
+    };
+    let all = build(SessionOverrides::default());
+    expect_marks(
+        &all.s,
+        &[
+            ("r1", St::AggressiveFilePrune, "r2"),
+            ("l1", St::StateQuerySupersede, "l2"),
+        ],
+    );
+    let snake = build(switches(&[("aggressive_file_prune", false)]));
+    expect_marks(&snake.s, &[("l1", St::StateQuerySupersede, "l2")]);
+    let camel = build(switches(&[("stateQuerySupersede", false)]));
+    expect_marks(&camel.s, &[("r1", St::AggressiveFilePrune, "r2")]);
+}
+
+fn configure(s: &mut Session, o: SessionOverrides) {
+    put(
+        s,
+        Update::Configure(SessionInfo {
+            id: "ses_strat".into(),
+            config: o,
+            ..Default::default()
+        }),
+    );
+}
+
+#[test]
+fn rule_switches_turning_a_strategy_off_after_marks_restores_the_content() {
+    let body = file_body(40);
+    let listing = "drwxr-xr-x src\n".repeat(40);
+    let msgs = || -> Vec<(MessageInfo, Vec<Part>)> {
+        vec![
+            (user("u1"), vec![text("u1", "u1_t", "Look.")]),
+            (
+                assistant("a1", "u1"),
+                vec![
+                    read("a1", "r1", "src/a.rs", &body),
+                    call(
+                        "a1",
+                        "r2",
+                        "read",
+                        json!({ "filePath": "src/a.rs", "offset": 0 }),
+                        &body,
+                    ),
+                    bash("a1", "l1", "ls -la", &listing),
+                    bash("a1", "l2", "ls -la", &listing),
+                ],
+            ),
+        ]
+    };
+    let mut s = import(&msgs(), SessionOverrides::default());
+    let marked = commit(&mut s, NOW).after;
+    expect_marks(
+        &s,
+        &[
+            ("r1", St::AggressiveFilePrune, "r2"),
+            ("l1", St::StateQuerySupersede, "l2"),
+        ],
+    );
+
+    // Off: r1 reads as it was (the mark stays, inactive), the figures follow at once.
+    configure(&mut s, switches(&[("aggressiveFilePrune", false)]));
+    let view = s.build_context();
+    assert_eq!(state(shown(&view, "r1")).output, body);
+    assert_eq!(state(shown(&view, "l1")).output, superseded_text("call_l2"));
+    assert!(find(&s, "r1").mark.is_some(), "marks are lazy");
+    assert_eq!(s.total_tokens(), rendered_tokens_from_scratch(&s));
+    assert_eq!(view.tokens, view_tokens_from_parts(&view));
+    let mut off_from_start = import(&msgs(), switches(&[("aggressiveFilePrune", false)]));
+    commit(&mut off_from_start, NOW);
+    let off = off_from_start.build_context();
+    assert_eq!(view.to_openai(), off.to_openai());
+    assert_eq!(view.tokens, off.tokens);
+    let again = commit(&mut s, NOW + 1);
+    assert!(again.report.strategies.is_empty());
+
+    // On again: the mark applies again without a new decision.
+    configure(&mut s, switches(&[("aggressive_file_prune", true)]));
+    assert_eq!(s.build_context(), marked);
+    assert_eq!(s.total_tokens(), rendered_tokens_from_scratch(&s));
+    assert!(commit(&mut s, NOW + 2).report.strategies.is_empty());
+}
+
+#[test]
+
+fn rule_switches_turning_a_strategy_off_lets_the_others_decide() {
+    // r1 and r2 are identical reads: one-file-one-view marks r1 first. With it off, the
+    // duplicate rule (on) should supersede r1, as it does when the strategy was off from
+    // the start (and as a re-import with these settings would).
+    let body = file_body(40);
+    let msgs = vec![
+        (user("u1"), vec![text("u1", "u1_t", "Look.")]),
+        (
+            assistant("a1", "u1"),
+            vec![
+                read("a1", "r1", "src/a.rs", &body),
+                read("a1", "r2", "src/a.rs", &body),
+            ],
+        ),
+    ];
+    let mut s = import(&msgs, SessionOverrides::default());
+    commit(&mut s, NOW);
+    expect_marks(&s, &[("r1", St::AggressiveFilePrune, "r2")]);
+    configure(&mut s, switches(&[("aggressiveFilePrune", false)]));
+    commit(&mut s, NOW + 1);
+
+    let mut fresh = import(&msgs, switches(&[("aggressiveFilePrune", false)]));
+    commit(&mut fresh, NOW + 1);
+    expect_marks(&fresh, &[("r1", St::SupersedeDuplicates, "r2")]);
+    assert_eq!(
+        state(shown(&s.build_context(), "r1")).output,
+        superseded_text("call_r2")
+    );
+}
+
+#[test]
+
+fn rule_switches_a_marked_part_never_reads_larger_than_its_original() {
+    // The write was marked only because, inputs stripped, it shrank. Without the fix the
+    // note (longer than "Wrote file successfully.") is added on top of the full input.
+    let content = "A".repeat(5000);
+    let msgs = vec![
+        (user("u1"), vec![text("u1", "u1_t", "Write, then read.")]),
+        (
+            assistant("a1", "u1"),
+            vec![
+                call(
+                    "a1",
+                    "w1",
+                    "write",
+                    json!({ "filePath": "test.txt", "content": content }),
+                    "Wrote file successfully.",
+                ),
+                read("a1", "r1", "test.txt", &content),
+            ],
+        ),
+    ];
+    let mut s = import(&msgs, SessionOverrides::default());
+    commit(&mut s, NOW);
+    expect_marks(&s, &[("w1", St::AggressiveFilePrune, "r1")]);
+    configure(&mut s, switches(&[("pruneToolInputs", false)]));
+    let unmarked = import(&msgs, switches(&[("pruneToolInputs", false)]));
+    let view = s.build_context();
+    assert!(
+        part_tokens(&view, "w1") <= part_tokens(&unmarked.build_context(), "w1"),
+        "w1 reads {} tokens marked vs {} unmarked",
+        part_tokens(&view, "w1"),
+        part_tokens(&unmarked.build_context(), "w1")
+    );
+}
+
+#[test]
+fn rule_presets_balanced_and_verbose() {
+    let msgs = rich_messages();
+    let preset = |p: StrategyPreset| SessionOverrides {
+        strategy_preset: Some(p),
+        ..Default::default()
+    };
+
+    // balanced: everything but user code and error truncation.
+    let mut balanced = import(&msgs, preset(StrategyPreset::Balanced));
+    commit(&mut balanced, NOW);
+    let mut expected = rich_marks();
+    expected.remove("u1_t");
+    expected.remove("e2");
+    assert_eq!(marks(&balanced), expected);
+
+    // compact is the default.
+    let mut compact = import(&msgs, preset(StrategyPreset::Compact));
+    commit(&mut compact, NOW);
+    assert_eq!(marks(&compact), rich_marks());
+
+    // verbose: nothing; the context is the one without strategies (step markers too).
+    let mut verbose = import(&msgs, preset(StrategyPreset::Verbose));
+    let run = commit(&mut verbose, NOW);
+    expect_no_marks(&verbose);
+    assert!(run.report.strategies.is_empty());
+    let mut none = import(&msgs, SessionOverrides::default());
+    configure(
+        &mut none,
+        SessionOverrides {
+            strategy_preset: Some(StrategyPreset::Verbose),
+            ..Default::default()
+        },
+    );
+    assert_eq!(run.after, none.build_context());
+    let plain = {
+        let mut s = Session::new(
+            SessionInfo {
+                id: "ses_plain".into(),
+                ..Default::default()
+            },
+            &config(),
+            Arc::new(CharsPerToken),
+        );
+        for (info, parts) in &msgs {
+            put(&mut s, Update::UpsertMessage(info.clone()));
+            for p in parts {
+                put(&mut s, Update::UpsertPart(p.clone()));
+            }
+        }
+        s
+    };
+    assert_eq!(run.after.to_openai(), plain.build_context().to_openai());
+    assert_eq!(run.after.tokens, plain.build_context().tokens);
+    assert_eq!(
+        StrategySet::preset(StrategyPreset::Verbose),
+        config().strategies
+    );
+
+    // A preset, then switches.
+    let mut files_only = import(
+        &msgs,
+        SessionOverrides {
+            strategy_preset: Some(StrategyPreset::Verbose),
+            strategies: [(St::PruneFiles, true)].into_iter().collect(),
+            ..Default::default()
+        },
+    );
+    commit(&mut files_only, NOW);
+    expect_marks(&files_only, &[("f1", St::PruneFiles, "")]);
+}
+
+#[test]
+fn rule_dry_run_reports_exactly_what_the_commit_does_and_changes_nothing() {
+    let mut s = import(&rich_messages(), SessionOverrides::default());
+    let messages = s.messages().to_vec();
+    let view = s.build_context();
+    let dry = s.prune(PruneMode::DryRun, NOW);
+    assert!(dry.dry_run && !dry.changed());
+    assert_eq!(
+        s.messages(),
+        messages.as_slice(),
+        "a dry run changed the session"
+    );
+    assert_eq!(s.build_context(), view);
+    assert_eq!(dry.strategies.parts.len(), rich_marks().len());
+
+    let run = commit(&mut s, NOW);
+    assert_eq!(dry.strategies, run.report.strategies);
+    let reported: BTreeMap<String, (String, String)> = dry
+        .strategies
+        .parts
+        .iter()
+        .map(|m| {
+            (
+                m.part_id.clone(),
+                (m.strategy.name().to_string(), m.superseded_by.clone()),
+            )
+        })
+        .collect();
+    assert_eq!(reported, marks(&s));
+    assert_eq!(view.tokens - run.after.tokens, dry.strategies.tokens());
+}
+
+#[test]
+
+fn rule_dry_run_equals_commit_when_a_marked_part_is_cleared_by_prune() {
+    let content = "A".repeat(5000);
+    let msgs = vec![
+        (user("u1"), vec![text("u1", "u1_t", "Write, then read.")]),
+        (
+            assistant("a1", "u1"),
+            vec![
+                call(
+                    "a1",
+                    "w1",
+                    "write",
+                    json!({ "filePath": "test.txt", "content": content }),
+                    "Wrote file successfully.",
+                ),
+                read("a1", "r1", "test.txt", &content),
+            ],
+        ),
+        (user("u2"), vec![text("u2", "u2_t", "ok")]),
+        (user("u3"), vec![text("u3", "u3_t", "ok")]),
+    ];
+    let mut s = import(&msgs, SessionOverrides::default());
+    commit(&mut s, NOW);
+    expect_marks(&s, &[("w1", St::AggressiveFilePrune, "r1")]);
+    configure(
+        &mut s,
+        SessionOverrides {
+            prune_protect: Some(0),
+            prune_minimum: Some(0),
+            strategies: [(St::AggressiveFilePrune, false)].into_iter().collect(),
+            ..Default::default()
+        },
+    );
+    let dry = s.clone().prune(PruneMode::DryRun, NOW + 1);
+    let run = commit(&mut s, NOW + 1);
+    assert!(run.report.committed);
+    assert_eq!(dry.strategies, run.report.strategies);
+}
+
+#[test]
+fn rule_rebuild_live_and_import_end_with_the_same_marks_and_context() {
+    let msgs = rich_messages();
+    let mut imported = import(&msgs, SessionOverrides::default());
+    commit(&mut imported, NOW);
+    let mut lived = live(&msgs, SessionOverrides::default());
+    // The last message finished through `step`: nothing is left to commit.
+    assert!(commit(&mut lived, NOW).report.strategies.is_empty());
+    assert_eq!(marks(&lived), rich_marks());
+    assert_eq!(marks(&imported), marks(&lived));
+    let (a, b) = (lived.build_context(), imported.build_context());
+    assert_eq!(timeless(&a), timeless(&b));
+    assert_eq!(a.to_openai(), b.to_openai());
+    assert_eq!(lived.total_tokens(), imported.total_tokens());
+}
+
+#[test]
+
+fn rule_a_supersede_is_undone_when_the_newer_call_is_deleted() {
+    // E.g. the user reverts the turn that read the file again: the host deletes its parts.
+    let body = file_body(60);
+    let mut sc = Script::new();
+    sc.user("u1", "Read a.rs.")
+        .assistant("a1", vec![read("a1", "r1", "src/a.rs", &body)])
+        .user("u2", "Again.")
+        .assistant("a2", vec![read("a2", "r2", "src/a.rs", &body)]);
+    sc.commit();
+    expect_marks(&sc.s, &[("r1", St::AggressiveFilePrune, "r2")]);
+    put(
+        &mut sc.s,
+        Update::DeletePart {
+            message_id: "a2".into(),
+            part_id: "r2".into(),
+        },
+    );
+    sc.commit();
+    // The only view of the file left must be readable.
+    assert_eq!(state(shown(&sc.s.build_context(), "r1")).output, body);
+}
+
+#[test]
+
+fn rule_rebuild_a_late_retry_gives_the_same_decision_live_and_imported() {
+    // The failed read ages past 3 user turns; then its successful retry arrives in the
+    // same (older) assistant message. Live, the age decision came first; imported, the
+    // retry sits before the newer user messages and comes first.
+    let mut s = open(SessionOverrides::default());
+    put(&mut s, Update::UpsertMessage(user("u1")));
+    put(
+        &mut s,
+        Update::UpsertPart(text("u1", "u1_t", "Read the readme.")),
+    );
+    put(&mut s, Update::UpsertMessage(assistant("a1", "u1")));
+    put(
+        &mut s,
+        Update::UpsertPart(failed(
+            "a1",
+            "e1",
+            "read",
+            json!({ "filePath": "README.md" }),
+            &stack_error("Error: EBUSY README.md", 20),
+        )),
+    );
+    for n in 2..=4 {
+        let u = format!("u{n}");
+        put(&mut s, Update::UpsertMessage(user(&u)));
+        put(
+            &mut s,
+            Update::UpsertPart(text(&u, &format!("{u}_t"), "next")),
+        );
+    }
+    put(
+        &mut s,
+        Update::UpsertPart(read("a1", "k1", "README.md", &file_body(40))),
+    );
+    commit(&mut s, NOW);
+    let mut imported = import(&final_messages(&s), SessionOverrides::default());
+    commit(&mut imported, NOW);
+    assert_eq!(marks(&s), marks(&imported));
+}
+
+/// Documented: the strategies are part of the automatic prune layer. With automatic
+/// prune off (`prune: false`, `COMPACTD_DISABLE_PRUNE`) nothing is marked live; an
+/// explicit prune run applies them.
+#[test]
+fn rule_switches_strategies_follow_the_automatic_prune_switch() {
+    let body = file_body(40);
+    let msgs = vec![
+        (user("u1"), vec![text("u1", "u1_t", "Read a.rs twice.")]),
+        (
+            assistant("a1", "u1"),
+            vec![
+                read("a1", "r1", "src/a.rs", &body),
+                read("a1", "r2", "src/a.rs", &body),
+            ],
+        ),
+    ];
+    let mut s = live(
+        &msgs,
+        SessionOverrides {
+            prune: Some(false),
+            ..Default::default()
+        },
+    );
+    expect_marks(&s, &[]);
+    commit(&mut s, NOW);
+    expect_marks(&s, &[("r1", St::AggressiveFilePrune, "r2")]);
+}
