@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod binary;
+pub mod compaction;
 pub mod fake_llm;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -611,6 +612,17 @@ pub async fn prune(client: &mut Client, session_id: &str, dry_run: bool) -> pb::
         .into_inner()
 }
 
+/// `Subscribe` to the events of `session_id` (empty: of every session).
+pub async fn subscribe(client: &mut Client, session_id: &str) -> Streaming<pb::SessionEvent> {
+    client
+        .subscribe(pb::SubscribeRequest {
+            session_id: session_id.to_string(),
+        })
+        .await
+        .expect("Subscribe")
+        .into_inner()
+}
+
 /// Asserts a unary call failed with `code` and a message naming `needle`.
 pub fn assert_status<T: std::fmt::Debug>(
     result: Result<T, tonic::Status>,
@@ -644,6 +656,34 @@ pub fn find_part<'a>(messages: &'a [pb::Message], id: &str) -> &'a pb::Part {
         .flat_map(|m| &m.parts)
         .find(|p| p.id == id)
         .unwrap_or_else(|| panic!("part {id} not found"))
+}
+
+/// The text parts of a message, concatenated.
+pub fn text_of(m: &pb::Message) -> String {
+    m.parts
+        .iter()
+        .filter_map(|p| match &p.kind {
+            Some(pb::part::Kind::Text(t)) => Some(t.text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The ids of the context's messages, in order.
+pub fn context_ids(ctx: &pb::Context) -> Vec<String> {
+    ctx.messages
+        .iter()
+        .map(|m| m.info.as_ref().expect("message info").id.clone())
+        .collect()
+}
+
+/// The stored message with `id`, or panic.
+pub fn stored_message<'a>(session: &'a pb::GetSessionResponse, id: &str) -> &'a pb::Message {
+    session
+        .messages
+        .iter()
+        .find(|m| m.info.as_ref().is_some_and(|i| i.id == id))
+        .unwrap_or_else(|| panic!("message {id} is stored"))
 }
 
 /// A protobuf `ListValue` as JSON.

@@ -5,7 +5,6 @@
 
 mod auth;
 mod compaction;
-mod compaction_more;
 mod concurrency;
 mod drain;
 mod e2e_llm;

@@ -1,0 +1,168 @@
+//! Failures of the summary request: server errors and rate limits retried, retries
+//! exhausted, a stream cut after tokens, timeouts before and during the stream, broken,
+//! malformed, oversized or empty summaries; none of them changes the session.
+
+use std::time::Duration;
+
+use compactd::server::pb::compaction_event::Event as Ce;
+
+use crate::common::compaction::*;
+use crate::common::fake_llm::{FakeLlm, Reply};
+use crate::common::*;
+
+#[tokio::test]
+async fn a_server_error_before_the_first_token_is_retried() {
+    let fake = FakeLlm::start(vec![Reply::status(500), Reply::text(["short summary"])]).await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_session_with_cleared_output(&mut client, SID).await;
+    let events = compact(&mut client, SID).await;
+    assert_eq!(
+        names(&events),
+        ["started", "retrying", "delta", "compacted"]
+    );
+    let Some(Ce::Retrying(r)) = &events[1].event else {
+        unreachable!()
+    };
+    assert_eq!(r.attempt, 2);
+    assert!(r.reason.contains("500"), "{}", r.reason);
+    assert_eq!(fake.request_count(), 2);
+}
+
+#[tokio::test]
+async fn a_rate_limit_waits_as_long_as_retry_after_asks() {
+    // The test server retries after 5 ms on its own; the 429 asks for a full second.
+    let fake = FakeLlm::start(vec![Reply::rate_limited(1), Reply::text(["short summary"])]).await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_session_with_cleared_output(&mut client, SID).await;
+    let events = compact(&mut client, SID).await;
+    assert_eq!(
+        names(&events),
+        ["started", "retrying", "delta", "compacted"]
+    );
+    let Some(Ce::Retrying(r)) = &events[1].event else {
+        unreachable!()
+    };
+    assert_eq!(r.delay_ms, 1000, "Retry-After: 1 is honoured");
+    assert!(r.reason.contains("429"), "{}", r.reason);
+    assert_eq!(fake.request_count(), 2);
+}
+#[tokio::test]
+async fn a_server_error_that_keeps_coming_exhausts_the_retries_and_changes_nothing() {
+    const MAX_RETRIES: u32 = 2;
+    let fake = FakeLlm::start(vec![Reply::status(500)]).await;
+    let server = server_with(&fake, |c| c.max_retries = MAX_RETRIES).await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    let before = get_session(&mut client, SID).await;
+
+    let events = compact(&mut client, SID).await;
+    assert_eq!(
+        names(&events),
+        ["started", "retrying", "retrying", "failed"]
+    );
+    let attempts: Vec<u32> = events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Some(Ce::Retrying(r)) => Some(r.attempt),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(attempts, [2, 3]);
+    let f = failure(&events);
+    assert_eq!((f.kind.as_str(), f.retryable), ("request", true), "{f:?}");
+    assert!(f.reason.contains("500"), "{}", f.reason);
+    assert!(!f.auto_compaction_paused, "a manual failure pauses nothing");
+    assert_eq!(fake.request_count(), 1 + MAX_RETRIES as usize);
+    assert_unchanged(&before, &get_session(&mut client, SID).await, "500s");
+}
+
+#[tokio::test]
+async fn a_stream_cut_after_tokens_is_not_retried_and_changes_nothing() {
+    // Were it retried, the second reply would succeed and commit.
+    let fake = FakeLlm::start(vec![
+        Reply::disconnect_after(["partial ", "summary"]),
+        Reply::text(["a retry must not happen"]),
+    ])
+    .await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    let before = get_session(&mut client, SID).await;
+
+    let events = compact(&mut client, SID).await;
+    assert_eq!(names(&events), ["started", "delta", "delta", "failed"]);
+    assert_eq!(deltas(&events), "partial summary");
+    let f = failure(&events);
+    assert_eq!(f.kind, "broken_stream", "{f:?}");
+    assert_eq!(fake.request_count(), 1, "no retry once tokens arrived");
+    assert_unchanged(&before, &get_session(&mut client, SID).await, "cut");
+}
+
+#[tokio::test]
+async fn a_timeout_while_tokens_are_streaming_fails_and_changes_nothing() {
+    // A token every 250 ms, twenty of them; the whole summary may take 600 ms.
+    let chunks: Vec<String> = (0..20).map(|i| format!("t{i} ")).collect();
+    let fake = FakeLlm::start(vec![Reply::slow(chunks, Duration::from_millis(250))]).await;
+    let server = server_with(&fake, |c| c.timeout = Duration::from_millis(600)).await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    let before = get_session(&mut client, SID).await;
+
+    let events = compact(&mut client, SID).await;
+    let n = names(&events);
+    assert_eq!(n.first(), Some(&"started"));
+    assert!(
+        n.contains(&"delta"),
+        "some tokens streamed before the deadline: {n:?}"
+    );
+    assert!(n.len() < 20, "the deadline cut the stream short: {n:?}");
+    let f = failure(&events);
+    assert_eq!((f.kind.as_str(), f.retryable), ("timeout", true), "{f:?}");
+    assert_eq!(fake.request_count(), 1, "a timeout is not retried");
+    assert_unchanged(&before, &get_session(&mut client, SID).await, "timeout");
+    fake.wait_for_cancelled(1).await; // the HTTP request was dropped, not left running
+}
+
+#[tokio::test]
+async fn a_summary_slower_than_the_timeout_fails_and_changes_nothing() {
+    let fake = FakeLlm::start(vec![Reply::Hang]).await;
+    let server = server_with(&fake, |c| c.timeout = Duration::from_millis(300)).await;
+    let mut client = server.client().await;
+    seed_session_with_cleared_output(&mut client, SID).await;
+    let before = get_session(&mut client, SID).await;
+    let events = compact(&mut client, SID).await;
+    let f = failure(&events);
+    assert_eq!((f.kind.as_str(), f.retryable), ("timeout", true), "{f:?}");
+    assert_eq!(get_session(&mut client, SID).await, before);
+}
+
+#[tokio::test]
+async fn broken_malformed_or_oversized_summaries_change_nothing() {
+    let big = output_of("summary", 40_000);
+    for (reply, kind) in [
+        (
+            Reply::disconnect_after(["partial ", "summary"]),
+            "broken_stream",
+        ),
+        (Reply::Malformed, "malformed"),
+        (Reply::text([big.as_str()]), "not_smaller"),
+        (Reply::text(["   "]), "empty_summary"),
+    ] {
+        let fake = FakeLlm::start(vec![reply]).await;
+        let server = server_with_llm(&fake).await;
+        let mut client = server.client().await;
+        seed_session_with_cleared_output(&mut client, SID).await;
+        let before = get_session(&mut client, SID).await;
+        let events = compact(&mut client, SID).await;
+        let f = failure(&events);
+        assert_eq!(f.kind, kind, "{f:?}");
+        assert!(!f.reason.contains(SECRET));
+        assert_eq!(
+            get_session(&mut client, SID).await,
+            before,
+            "{kind}: the session is unchanged"
+        );
+    }
+}

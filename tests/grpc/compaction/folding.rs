@@ -1,0 +1,168 @@
+//! Histories bigger than one summary request: the previous summary folded into the next
+//! compaction, and heads longer than the compaction model's window folded in chunks.
+
+use compactd::server::pb;
+use compactd::server::pb::compaction_event::Event as Ce;
+
+use crate::common::compaction::*;
+use crate::common::fake_llm::{FakeLlm, Reply};
+use crate::common::*;
+
+/// A head of ~20 kB: ten turns with 2 kB outputs, the last two turns kept verbatim.
+async fn long_session(client: &mut Client, sid: &str) {
+    open_session(client, session_with_limits(sid, 200_000, 20_000)).await;
+    for i in 0..10 {
+        let (u, a) = (format!("u{i}"), format!("a{i}"));
+        put_message(client, sid, user_msg(&u)).await;
+        put_part(
+            client,
+            sid,
+            text_part(&u, &format!("{u}t"), &format!("turn {i}")),
+        )
+        .await;
+        put_message(client, sid, finished(assistant_msg(&a, &u))).await;
+        put_part(
+            client,
+            sid,
+            tool_part(&a, &format!("{a}r"), "read", &output_of(&a, 2_000)),
+        )
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn a_second_compaction_folds_the_previous_summary_in() {
+    const FIRST: &str = "FIRST-SUMMARY: the parser drops trailing commas in src/parse.rs";
+    let fake = FakeLlm::start(vec![
+        Reply::text([FIRST]),
+        Reply::text(["SECOND-SUMMARY ", "combined"]),
+    ])
+    .await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+
+    let first = compact(&mut client, SID).await;
+    let first_done = compacted(&first).clone();
+    // Nothing new arrived: the second compaction summarizes the old tail (tail_turns 0).
+    let second = compact_with(
+        &mut client,
+        SID,
+        pb::CompactOptions {
+            tail_turns: Some(0),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("second Compact");
+    let done = compacted(&second);
+    assert_eq!(fake.request_count(), 2);
+
+    let req = fake.last_request();
+    let texts = req.message_texts();
+    assert!(
+        texts[1].starts_with(&format!(
+            "=== Summary of the earlier conversation ===\n{FIRST}"
+        )),
+        "the first summary opens the transcript: {}",
+        texts[1]
+    );
+    assert!(
+        texts[1].contains("=== Newer conversation ==="),
+        "{}",
+        texts[1]
+    );
+    assert!(texts[1].contains("user turn 2") && texts[1].contains("user turn 3"));
+    assert!(
+        !texts[1].contains("user turn 1"),
+        "nothing before the previous summary is sent again"
+    );
+    assert_eq!(
+        texts[1].matches(FIRST).count(),
+        1,
+        "the previous summary is folded in once, not also summarized as a message"
+    );
+    let ask = texts.last().expect("prompt");
+    assert!(
+        ask.contains("newer conversation") && ask.contains("combines it"),
+        "the fold instruction: {ask}"
+    );
+    // The first request had nothing to fold.
+    let first_req = &fake.requests()[0];
+    assert!(!first_req.message_texts()[1].contains("=== Summary of the earlier"));
+    assert!(!first_req.message_texts()[2].contains("newer conversation"));
+
+    // Afterwards the context is the second compaction and its summary, nothing else.
+    let ctx = get_context(&mut client, SID).await;
+    assert_eq!(
+        context_ids(&ctx),
+        [
+            done.user_message_id.clone(),
+            done.summary_message_id.clone()
+        ]
+    );
+    assert_eq!(text_of(&ctx.messages[1]), "SECOND-SUMMARY combined");
+    assert_eq!(ctx.boundary_message_id, done.user_message_id);
+    assert!(
+        !context_ids(&ctx).contains(&first_done.summary_message_id),
+        "the first summary left the context"
+    );
+    assert!(
+        !format!("{ctx:?}").contains("FIRST-SUMMARY"),
+        "no trace of the first summary in the context"
+    );
+}
+
+#[tokio::test]
+async fn a_head_longer_than_the_model_window_is_folded_in_chunks() {
+    // The endpoint refuses prompts over 9,000 characters; compactd knows its window.
+    let fake = FakeLlm::start(vec![Reply::context_too_long(9_000)]).await;
+    let server = server_with(&fake, |c| c.context_tokens = Some(4_000)).await;
+    let mut client = server.client().await;
+    long_session(&mut client, SID).await;
+    let events = compact(&mut client, SID).await;
+    let Some(Ce::Compacted(done)) = &events.last().and_then(|e| e.event.clone()) else {
+        panic!("{events:?}")
+    };
+    let requests = fake.requests();
+    assert!(requests.len() >= 2, "chunked: {} requests", requests.len());
+    assert_eq!(done.chunks as usize, requests.len());
+    assert_eq!(done.dropped_chars, 0);
+    for r in &requests {
+        assert!(
+            r.prompt_chars() <= 9_000,
+            "every request fits: {}",
+            r.prompt_chars()
+        );
+    }
+    // Later chunks fold the rolling summary; only the final summary streams.
+    assert!(
+        requests[1].message_texts()[1]
+            .starts_with("=== Summary of the earlier conversation ===\nsummary #1")
+    );
+    let last = format!("summary #{}", requests.len());
+    assert_eq!(deltas(&events), last);
+    let session = get_session(&mut client, SID).await;
+    let stored = stored_message(&session, &done.summary_message_id);
+    assert_eq!(text_of(stored), last);
+}
+
+#[tokio::test]
+async fn a_refusal_for_length_splits_the_head_and_tries_again() {
+    // No window configured: the first (whole-head) request is refused, then chunks fit.
+    let fake = FakeLlm::start(vec![Reply::context_too_long(7_000)]).await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    long_session(&mut client, SID).await;
+    let events = compact(&mut client, SID).await;
+    let Some(Ce::Compacted(done)) = &events.last().and_then(|e| e.event.clone()) else {
+        panic!("{events:?}")
+    };
+    assert!(done.chunks >= 2, "{done:?}");
+    let refused = fake
+        .requests()
+        .iter()
+        .filter(|r| r.prompt_chars() > 7_000)
+        .count();
+    assert!(refused >= 1, "the whole head was tried first");
+}
