@@ -12,8 +12,8 @@ use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 use tonic::Code;
 
+use super::clock::now_ms;
 use super::hub::{Hub, Running};
-use super::ops::now_ms;
 use super::pb;
 use super::pb::compaction_event::Event as Ce;
 use super::status::Rejection;

@@ -207,7 +207,7 @@ impl Hub {
         }
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         let r = Running {
-            id: format!("cmp_{}_{n}", super::ops::now_ms()),
+            id: format!("cmp_{}_{n}", super::clock::now_ms()),
             cancel: CancellationToken::new(),
         };
         map.insert(session_id.to_string(), r.clone());

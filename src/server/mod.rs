@@ -7,6 +7,7 @@
 //! validated; `status.rs` is the only place errors become gRPC codes.
 
 pub mod auth;
+mod clock;
 mod compaction;
 mod convert;
 mod drain;

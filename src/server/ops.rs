@@ -5,11 +5,11 @@
 //! keep many updates in flight (to different sessions) while still acking in order.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use prost::Message as _;
 use tokio::sync::oneshot;
 
+use super::clock::now_ms;
 use super::convert;
 use super::hub::Hub;
 use super::pb;
@@ -396,23 +396,6 @@ pub fn to_server_events(
             })));
             out
         }
-        Err(r) => vec![wrap(Ev::Error(pb::Error {
-            code: {
-                crate::telemetry::rejected(r.code);
-                code_name(r.code).to_string()
-            },
-            message: r.message,
-            field: r.field,
-        }))],
+        Err(r) => vec![wrap(Ev::Error(r.into()))],
     }
-}
-
-/// The canonical upper-snake name of a status code.
-pub use crate::telemetry::code_name;
-
-/// Wall clock in epoch ms: the shell reads the clock, the engine gets it as an argument.
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
