@@ -72,8 +72,9 @@ pub struct Options {
 }
 
 impl Options {
-    /// An automatic compaction, started because the session overflows.
-    pub fn automatic() -> Options {
+    /// An automatic compaction, started because the session overflows (only
+    /// [`start_automatic`] starts one).
+    fn automatic() -> Options {
         Options {
             auto: true,
             overflow: true,
@@ -93,6 +94,25 @@ impl From<pb::CompactOptions> for Options {
             tail_turns: o.tail_turns,
             auto: false,
             overflow: false,
+        }
+    }
+}
+
+/// Starts the automatic compaction an update asked for (the engine's `CompactionNeeded`):
+/// the one place automatic compactions begin. The stream passes a sink to follow its
+/// events; the unary twins pass none (Subscribe watchers still see them). A compaction that
+/// cannot start (none configured, one already running, draining) is only logged: the
+/// update that asked for it has succeeded.
+pub async fn start_automatic(
+    hub: &Arc<Hub>,
+    session_id: &str,
+    sink: Option<Sink>,
+) -> Option<pb::CompactionEvent> {
+    match start(hub, session_id, Options::automatic(), sink, None).await {
+        Ok(started) => Some(started),
+        Err(r) => {
+            tracing::debug!(session_id, reason = %r.message, "automatic compaction not started");
+            None
         }
     }
 }

@@ -14,6 +14,8 @@ mod drain;
 pub mod hub;
 mod ops;
 pub mod pb;
+mod reply;
+mod request;
 mod service;
 mod status;
 mod stream;
@@ -29,7 +31,7 @@ use tonic::transport::server::TcpIncoming;
 
 pub use auth::{AuthConfig, BearerToken};
 pub use hub::{CompactionConfig, Hub};
-pub use ops::DEFAULT_MAX_UPDATE_BYTES;
+pub use request::DEFAULT_MAX_UPDATE_BYTES;
 pub use service::SessionsService;
 
 use crate::store::Store;
