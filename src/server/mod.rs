@@ -11,6 +11,7 @@ mod clock;
 mod compaction;
 mod convert;
 mod drain;
+mod evict;
 pub mod hub;
 mod ops;
 pub mod pb;
@@ -136,7 +137,8 @@ where
     let hub = Arc::new(hub);
     let drain_hub = hub.clone();
     if let Some(ttl) = options.idle_ttl {
-        tokio::spawn(reap_idle(hub.clone(), ttl));
+        let evictions = hub.store.evict_idle_after(ttl);
+        tokio::spawn(evict::announce(hub.clone(), evictions));
     }
     let sessions = pb::sessions_server::SessionsServer::new(SessionsService::new(
         hub,
@@ -222,36 +224,6 @@ where
         _ = linger => {
             tracing::warn!(linger_secs = CONNECTION_LINGER.as_secs(), "connections still open after the drain; exiting anyway");
             Ok(())
-        }
-    }
-}
-
-/// Evicts sessions idle longer than `ttl`, checking a few times per TTL, until the drain
-/// closes the server. Each eviction is an event (`evicted`), a metric and a log line.
-async fn reap_idle(hub: Arc<Hub>, ttl: Duration) {
-    let every = (ttl / 4).clamp(Duration::from_millis(50), Duration::from_secs(30));
-    let closing = hub.closing();
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = closing.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        let evicted = hub.store.evict_idle(ttl);
-        if evicted.is_empty() {
-            continue;
-        }
-        for (id, idle_ms) in &evicted {
-            tracing::info!(session_id = %id, idle_ms, "session evicted (idle)");
-            crate::telemetry::evicted("idle");
-            hub.publish(
-                id,
-                pb::session_event::Event::Evicted(pb::SessionEvicted {
-                    reason: "idle".into(),
-                    idle_ms: *idle_ms,
-                }),
-            );
         }
     }
 }
