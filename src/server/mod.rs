@@ -5,6 +5,25 @@
 //! Architecture invariant: protobuf types live here and nowhere else. `convert.rs` is the
 //! only file that maps them to domain types and the only place client fields are
 //! validated; `status.rs` is the only place errors become gRPC codes.
+//!
+//! # Reading order
+//! Follow one update from the wire to the engine and back:
+//! 1. `mod.rs` (this file): serving, the drain, and what runs beside the services.
+//! 2. `service.rs`: the RPC handlers. Unary handlers decode, call one `ops` function,
+//!    and encode the typed reply it returns.
+//! 3. `stream.rs`: the `Stream` RPC. A reader queues each update; a writer answers them
+//!    in arrival order and follows the compactions the stream started.
+//! 4. `request.rs`: a client request decoded into an `Op` (with `convert.rs`).
+//! 5. `ops.rs`: an op queued on its session's actor (`store`), answering the engine's
+//!    typed reply (step report, context view, prune report, overflow check).
+//! 6. `reply.rs`: a reply turned into the stream's events and ack.
+//! 7. `compaction.rs`: a compaction claimed, planned, summarized (`summarize::chunk`)
+//!    and committed; `start_automatic` is where every automatic compaction begins.
+//! 8. `hub.rs`: the shared state: store, `Subscribe` bus, compaction slots, drain.
+//!
+//! Then the edges: `convert.rs` (protobuf ↔ domain), `status.rs` (errors → codes),
+//! `drain.rs` (closing streams), `evict.rs` (idle evictions announced), `clock.rs` (the
+//! wall clock), `auth.rs`, `transport.rs` (HTTP/2 settings) and `pb.rs` (generated).
 
 pub mod auth;
 mod clock;
