@@ -1,6 +1,8 @@
 //! The compaction agent's LLM side: a [`Summarizer`] streams a summary for prepared
 //! `messages`, reporting deltas as they arrive. The pure parts (what to ask) are in
-//! `prompt.rs`; `llm.rs` only talks HTTP (async-openai) and never sees session state.
+//! `prompt.rs`; `chunk.rs` decides how a head too long for one request is split and
+//! folded (the server and the replay both go through it); `llm.rs` only talks HTTP
+//! (async-openai) and never sees session state.
 //!
 //! Architecture invariant: nothing here touches a `Session`; the store prepares the request
 //! inside the session actor and commits the result there.
