@@ -292,7 +292,9 @@ fn chart_path(chart: &std::path::Path, name: &str, several: bool) -> std::path::
     chart.with_file_name(format!("{stem}-{name}.{ext}"))
 }
 
-/// A replay compactor backed by a real OpenAI-compatible endpoint.
+/// A replay compactor backed by a real OpenAI-compatible endpoint. It summarizes the head
+/// as the server does (`summarize::chunk`): in chunks when the model's window
+/// (COMPACTD_LLM_CONTEXT_TOKENS) is known or the endpoint refuses a request for length.
 fn llm_compactor(
     url: &str,
     model: &str,
@@ -304,14 +306,23 @@ fn llm_compactor(
     ) -> Result<compactd::engine::SummaryOutcome, String>,
 > {
     use compactd::summarize::{
-        ApiKey, LlmConfig, OpenAiSummarizer, SummaryRequest, prompt, summarize_quietly,
+        ApiKey, LlmConfig, OpenAiSummarizer, PromptConfig, Quiet, Summarizer, chunk,
     };
     let mut cfg = LlmConfig::new(url, model);
     cfg.api_key = std::env::var("COMPACTD_LLM_API_KEY")
         .ok()
         .filter(|k| !k.is_empty())
         .map(ApiKey::new);
+    cfg.context_tokens = match std::env::var("COMPACTD_LLM_CONTEXT_TOKENS") {
+        Ok(v) if !v.trim().is_empty() => Some(
+            v.trim()
+                .parse()
+                .with_context(|| format!("COMPACTD_LLM_CONTEXT_TOKENS={v:?}"))?,
+        ),
+        _ => None,
+    };
     let summarizer = OpenAiSummarizer::new(cfg);
+    let prompts = PromptConfig::default();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -320,20 +331,19 @@ fn llm_compactor(
         move |_: &compactd::engine::Session,
               plan: &compactd::engine::CompactionPlan,
               head: &compactd::engine::ContextView| {
-            let messages = prompt::build_messages(
-                head,
-                plan.previous_summary.as_deref(),
-                &Default::default(),
-                None,
-            );
+            let options = chunk::Options {
+                previous_summary: plan.previous_summary.as_deref(),
+                prompts: &prompts,
+                instructions: "",
+                window: summarizer.context_tokens(),
+            };
             runtime
-                .block_on(summarize_quietly(
-                    &summarizer,
-                    SummaryRequest {
-                        messages,
-                        model: None,
-                    },
+                .block_on(chunk::summarize_head(
+                    head,
+                    options,
+                    &mut Quiet::new(&summarizer),
                 ))
+                .map(|summary| summary.outcome)
                 .map_err(|e| e.to_string())
         },
     )

@@ -6,21 +6,23 @@
 //! or the main stream). A failure at any point commits nothing: the session is exactly as
 //! it was, plus whatever updates arrived meanwhile.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
 use tonic::Code;
 
+use super::clock::now_ms;
 use super::hub::{Hub, Running};
-use super::ops::now_ms;
 use super::pb;
 use super::pb::compaction_event::Event as Ce;
 use super::status::Rejection;
 use crate::engine::{
-    CommitIds, CompactionError, CompactionPlan, CompactionRequest, ContextView, usable_input,
+    CommitIds, CompactionError, CompactionPlan, CompactionRequest, ContextView, SummaryOutcome,
+    usable_input,
 };
-use crate::summarize::{Progress, SummarizeError, SummaryRequest, prompt};
+use crate::summarize::{Progress, SummarizeError, Summarizer, SummaryRequest, chunk};
 
 /// Where a compaction's events go besides the bus.
 #[derive(Debug, Clone)]
@@ -70,8 +72,9 @@ pub struct Options {
 }
 
 impl Options {
-    /// An automatic compaction, started because the session overflows.
-    pub fn automatic() -> Options {
+    /// An automatic compaction, started because the session overflows (only
+    /// [`start_automatic`] starts one).
+    fn automatic() -> Options {
         Options {
             auto: true,
             overflow: true,
@@ -91,6 +94,25 @@ impl From<pb::CompactOptions> for Options {
             tail_turns: o.tail_turns,
             auto: false,
             overflow: false,
+        }
+    }
+}
+
+/// Starts the automatic compaction an update asked for (the engine's `CompactionNeeded`):
+/// the one place automatic compactions begin. The stream passes a sink to follow its
+/// events; the unary twins pass none (Subscribe watchers still see them). A compaction that
+/// cannot start (none configured, one already running, draining) is only logged: the
+/// update that asked for it has succeeded.
+pub async fn start_automatic(
+    hub: &Arc<Hub>,
+    session_id: &str,
+    sink: Option<Sink>,
+) -> Option<pb::CompactionEvent> {
+    match start(hub, session_id, Options::automatic(), sink, None).await {
+        Ok(started) => Some(started),
+        Err(r) => {
+            tracing::debug!(session_id, reason = %r.message, "automatic compaction not started");
+            None
         }
     }
 }
@@ -176,7 +198,7 @@ pub async fn start(
         Ce::Started(pb::CompactionStarted {
             auto,
             tokens_in: plan.head_tokens,
-            head_messages: plan.head.len() as u32,
+            head_messages: u32::try_from(plan.head.len()).unwrap_or(u32::MAX),
             tail_start_id: tail_id,
             model: model
                 .clone()
@@ -190,18 +212,18 @@ pub async fn start(
     );
     tracing::info!(session_id, compaction_id = %running.id, auto, tokens_in = plan.head_tokens, "compaction started");
     let job = Job {
-        hub: hub.clone(),
-        session_id: session_id.to_string(),
-        running,
         plan,
         head,
         options,
-        sink,
-        summarizer,
-        model,
-        deltas: 0,
-        chunks: 0,
-        dropped_chars: 0,
+        link: Link {
+            hub: hub.clone(),
+            session_id: session_id.to_string(),
+            running,
+            sink,
+            summarizer,
+            model,
+            deltas: 0,
+        },
     };
     tokio::spawn(async move {
         if let Some(go) = go {
@@ -212,22 +234,25 @@ pub async fn start(
     Ok(started)
 }
 
-/// A compaction in its own task.
+/// A compaction in its own task: what it summarizes, and its link to the world.
 struct Job {
-    hub: Arc<Hub>,
-    session_id: String,
-    running: Running,
     plan: CompactionPlan,
     head: ContextView,
     options: Options,
+    link: Link,
+}
+
+/// Where a compaction's requests go (the summarizer) and its events come out (the bus
+/// and the caller's sink).
+struct Link {
+    hub: Arc<Hub>,
+    session_id: String,
+    running: Running,
     sink: Option<Sink>,
-    summarizer: Arc<dyn crate::summarize::Summarizer>,
+    summarizer: Arc<dyn Summarizer>,
     /// Model override for the endpoint (None: the summarizer's own).
     model: Option<String>,
     deltas: u32,
-    /// Requests the summary took, and characters dropped as a last resort.
-    chunks: u32,
-    dropped_chars: u64,
 }
 
 impl Job {
@@ -235,10 +260,11 @@ impl Job {
         let began = Instant::now();
         let outcome = self.summarize().await;
         let result = match outcome {
-            Ok(o) => self.commit(o, began).await,
+            Ok(summary) => self.commit(summary, began).await,
             Err(e) => Err(failed(&e)),
         };
         let paused = self.record(result.is_ok()).await;
+        let link = &mut self.link;
         match &result {
             Ok(done) => crate::telemetry::compaction(
                 "compacted",
@@ -252,24 +278,24 @@ impl Job {
         }
         let ev = match result {
             Ok(done) => {
-                tracing::info!(session_id = %self.session_id, compaction_id = %self.running.id, tokens_before = done.tokens_before, tokens_after = done.tokens_after, duration_ms = done.duration_ms, "session.compacted");
+                tracing::info!(session_id = %link.session_id, compaction_id = %link.running.id, tokens_before = done.tokens_before, tokens_after = done.tokens_after, duration_ms = done.duration_ms, "session.compacted");
                 Ce::Compacted(done)
             }
             Err(mut f) => {
                 f.auto_compaction_paused = paused;
-                tracing::warn!(session_id = %self.session_id, compaction_id = %self.running.id, kind = %f.kind, reason = %f.reason, paused, "compaction failed");
+                tracing::warn!(session_id = %link.session_id, compaction_id = %link.running.id, kind = %f.kind, reason = %f.reason, paused, "compaction failed");
                 Ce::Failed(f)
             }
         };
-        self.emit(ev).await;
-        self.hub.release(&self.session_id, &self.running.id);
+        link.emit(ev).await;
+        link.hub.release(&link.session_id, &link.running.id);
     }
 
     /// Feeds the outcome to the session's loop protection; true when it paused
     /// auto-compaction.
     async fn record(&self, ok: bool) -> bool {
         let auto = self.plan.request.auto;
-        let Ok(handle) = self.hub.store.get(&self.session_id) else {
+        let Ok(handle) = self.link.hub.store.get(&self.link.session_id) else {
             return false;
         };
         handle
@@ -278,11 +304,10 @@ impl Job {
             .unwrap_or(false)
     }
 
-    /// Summarizes the head: in one request when it fits the compaction model's window, else
-    /// chunk by chunk into a rolling summary. A refusal for length halves the chunk size
-    /// and starts over (at most `MAX_SPLITS` times).
-    async fn summarize(&mut self) -> Result<crate::engine::SummaryOutcome, SummarizeError> {
-        let mut prompts = self.hub.compaction.prompts.clone();
+    /// Summarizes the head with the request's prompts (over the server's), chunked and
+    /// folded as `summarize::chunk` decides.
+    async fn summarize(&mut self) -> Result<chunk::Summary, SummarizeError> {
+        let mut prompts = self.link.hub.compaction.prompts.clone();
         for (field, over) in [
             (&mut prompts.prompt, &self.options.prompt),
             (&mut prompts.system, &self.options.system),
@@ -292,83 +317,84 @@ impl Job {
                 field.clone_from(over);
             }
         }
-        let instructions = self.options.instructions.clone();
-        let blocks = prompt::transcript_blocks(&self.head);
-        let total: usize = blocks.iter().map(String::len).sum();
-        let overhead = prompt::overhead_chars(
-            self.plan.previous_summary.as_deref(),
-            &prompts,
-            Some(&instructions),
-        );
-        let mut max_chars = match self.summarizer.context_tokens() {
-            Some(window) => chunk_chars(window, overhead)?,
-            None => total.max(1),
+        let options = chunk::Options {
+            previous_summary: self.plan.previous_summary.as_deref(),
+            prompts: &prompts,
+            instructions: &self.options.instructions,
+            window: self.link.summarizer.context_tokens(),
         };
-        for _ in 0..MAX_SPLITS {
-            let chunks = prompt::split(&blocks, max_chars);
-            match self.fold(&chunks.chunks, &prompts, &instructions).await {
-                Err(SummarizeError::TooLong(why)) if max_chars > MIN_CHUNK_CHARS => {
-                    max_chars /= 2;
-                    tracing::info!(session_id = %self.session_id, compaction_id = %self.running.id, max_chars, reason = %why, "compaction request too long; splitting the head further");
-                }
-                Ok(outcome) => {
-                    self.chunks = chunks.chunks.len() as u32;
-                    self.dropped_chars = chunks.dropped_chars as u64;
-                    return Ok(outcome);
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Err(SummarizeError::TooLong(format!(
-            "still too long after splitting the head {MAX_SPLITS} times (chunks of {max_chars} characters)"
-        )))
+        chunk::summarize_head(&self.head, options, &mut self.link).await
     }
 
-    /// Folds the chunks into one summary, oldest first; only the last one streams.
-    async fn fold(
+    async fn commit(
+        &self,
+        summary: chunk::Summary,
+        began: Instant,
+    ) -> Result<pb::SessionCompacted, pb::CompactionFailed> {
+        let link = &self.link;
+        let handle = link
+            .hub
+            .store
+            .get(&link.session_id)
+            .map_err(|e| fail("session_gone", e.to_string(), false))?;
+        let plan = self.plan.clone();
+        let ids = CommitIds {
+            prefix: link.running.id.clone(),
+        };
+        let outcome = summary.outcome;
+        let usage = outcome.usage;
+        let cost = outcome.cost;
+        let committed = handle
+            .call(move |s, cfg| s.commit_compaction(&plan, &outcome, &ids, now_ms(), cfg))
+            .await
+            .map_err(|e| fail("session_gone", e.to_string(), false))?;
+        let done = committed.map_err(|e| {
+            let kind = match e {
+                CompactionError::EmptySummary => "empty_summary",
+                CompactionError::NotSmaller { .. } => "not_smaller",
+                CompactionError::NothingToCompact => "nothing_to_compact",
+                CompactionError::Apply(_) => "commit",
+            };
+            fail(kind, e.to_string(), false)
+        })?;
+        Ok(pb::SessionCompacted {
+            user_message_id: done.user_message_id,
+            summary_message_id: done.summary_message_id,
+            tokens_before: done.tokens_before,
+            tokens_after: done.tokens_after,
+            summary_tokens: done.summary_tokens,
+            usage: usage.as_ref().map(super::convert::usage_to_pb),
+            cost,
+            duration_ms: millis(began.elapsed()),
+            auto: self.plan.request.auto,
+            chunks: summary.chunks,
+            dropped_chars: summary.dropped_chars,
+        })
+    }
+}
+
+impl chunk::Requester for Link {
+    fn request(
         &mut self,
-        chunks: &[String],
-        prompts: &crate::summarize::PromptConfig,
-        instructions: &str,
-    ) -> Result<crate::engine::SummaryOutcome, SummarizeError> {
-        let mut running = self.plan.previous_summary.clone();
-        let mut usage = crate::domain::TokenUsage::default();
-        let mut cost = 0.0;
-        let mut last_outcome = None;
-        for (i, chunk) in chunks.iter().enumerate() {
-            let last = i + 1 == chunks.len();
-            let messages = prompt::build_messages_for(
-                chunk,
-                running.as_deref(),
-                prompts,
-                last.then_some(instructions),
-            );
-            let outcome = self.request(messages, last).await?;
-            if let Some(u) = outcome.usage {
-                usage.input += u.input;
-                usage.output += u.output;
-            }
-            cost += outcome.cost;
-            running = Some(outcome.text.clone());
-            last_outcome = Some(outcome);
-        }
-        let mut outcome =
-            last_outcome.ok_or_else(|| SummarizeError::Malformed("nothing to summarize".into()))?;
-        if chunks.len() > 1 {
-            usage.total = Some(usage.input + usage.output);
-            outcome.usage = Some(usage);
-            outcome.cost = cost;
-        }
-        Ok(outcome)
+        messages: Vec<serde_json::Value>,
+        last: bool,
+    ) -> impl Future<Output = Result<SummaryOutcome, SummarizeError>> + Send {
+        self.send(messages, last)
     }
 
+    fn splitting(&mut self, max_chars: usize, reason: &str) {
+        tracing::info!(session_id = %self.session_id, compaction_id = %self.running.id, max_chars, reason, "compaction request too long; splitting the head further");
+    }
+}
+
+impl Link {
     /// One request; its deltas reach the caller only when `stream` is set (intermediate
     /// chunk summaries are not the committed text).
-    async fn request(
+    async fn send(
         &mut self,
         messages: Vec<serde_json::Value>,
         stream: bool,
-    ) -> Result<crate::engine::SummaryOutcome, SummarizeError> {
+    ) -> Result<SummaryOutcome, SummarizeError> {
         let (ptx, mut prx) = mpsc::channel(64);
         let summarizer = self.summarizer.clone();
         let cancel = self.running.cancel.clone();
@@ -402,7 +428,7 @@ impl Job {
             Progress::Delta(_) if !stream => return,
             Progress::Delta(text) => {
                 let index = self.deltas;
-                self.deltas += 1;
+                self.deltas = self.deltas.saturating_add(1);
                 Ce::Delta(pb::SummaryDelta { text, index })
             }
             Progress::Retrying {
@@ -412,54 +438,10 @@ impl Job {
             } => Ce::Retrying(pb::CompactionRetrying {
                 attempt,
                 reason,
-                delay_ms: delay.as_millis() as u64,
+                delay_ms: millis(delay),
             }),
         };
         self.emit(ev).await;
-    }
-
-    async fn commit(
-        &self,
-        outcome: crate::engine::SummaryOutcome,
-        began: Instant,
-    ) -> Result<pb::SessionCompacted, pb::CompactionFailed> {
-        let handle = self
-            .hub
-            .store
-            .get(&self.session_id)
-            .map_err(|e| fail("session_gone", e.to_string(), false))?;
-        let plan = self.plan.clone();
-        let ids = CommitIds {
-            prefix: self.running.id.clone(),
-        };
-        let usage = outcome.usage;
-        let cost = outcome.cost;
-        let committed = handle
-            .call(move |s, cfg| s.commit_compaction(&plan, &outcome, &ids, now_ms(), cfg))
-            .await
-            .map_err(|e| fail("session_gone", e.to_string(), false))?;
-        let done = committed.map_err(|e| {
-            let kind = match e {
-                CompactionError::EmptySummary => "empty_summary",
-                CompactionError::NotSmaller { .. } => "not_smaller",
-                CompactionError::NothingToCompact => "nothing_to_compact",
-                CompactionError::Apply(_) => "commit",
-            };
-            fail(kind, e.to_string(), false)
-        })?;
-        Ok(pb::SessionCompacted {
-            user_message_id: done.user_message_id,
-            summary_message_id: done.summary_message_id,
-            tokens_before: done.tokens_before,
-            tokens_after: done.tokens_after,
-            summary_tokens: done.summary_tokens,
-            usage: usage.as_ref().map(super::convert::usage_to_pb),
-            cost,
-            duration_ms: began.elapsed().as_millis() as u64,
-            auto: self.plan.request.auto,
-            chunks: self.chunks,
-            dropped_chars: self.dropped_chars,
-        })
     }
 
     async fn emit(&self, ev: Ce) {
@@ -477,25 +459,9 @@ impl Job {
     }
 }
 
-/// Times the chunk size may halve after the endpoint refuses a request for length.
-const MAX_SPLITS: usize = 4;
-/// Smallest chunk worth sending.
-const MIN_CHUNK_CHARS: usize = 1_000;
-
-/// Characters of transcript per request for a model with `window` tokens: a quarter kept
-/// for the answer (`max_tokens`), a quarter for the rolling summary (an earlier answer),
-/// the rest minus the prompt's own size, at 2 characters per token. Pessimistic on purpose: logs, JSON and code tokenize
-/// far denser than prose, and small local models have small vocabularies (SmolLM2 went
-/// over its window at 3 characters per token).
-fn chunk_chars(window: u64, overhead_chars: usize) -> Result<usize, SummarizeError> {
-    let room = (window as usize / 2).saturating_sub(overhead_chars / 2);
-    let chars = room * 2;
-    if chars < MIN_CHUNK_CHARS {
-        return Err(SummarizeError::TooLong(format!(
-            "the compaction model's window ({window} tokens) leaves no room for the conversation"
-        )));
-    }
-    Ok(chars)
+/// A duration in whole milliseconds, saturating.
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Resolves when an owning caller stops listening; never for other callers.

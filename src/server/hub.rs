@@ -4,9 +4,12 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tokio_util::task::task_tracker::TaskTrackerToken;
 
 use super::pb;
 use super::status::Rejection;
@@ -80,8 +83,19 @@ pub struct Running {
     pub cancel: CancellationToken,
 }
 
+/// A claimed compaction slot: the compaction, and its place in the drain's count
+/// (given back when the slot is released).
+#[derive(Debug)]
+struct Slot {
+    running: Running,
+    _tracked: TaskTrackerToken,
+}
+
+/// How long cancelled compactions get to report before the drain closes the streams.
+const CANCEL_GRACE: Duration = Duration::from_secs(2);
+
 /// Default of [`Hub::slow_reader_grace`].
-pub const DEFAULT_SLOW_READER_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+pub const DEFAULT_SLOW_READER_GRACE: Duration = Duration::from_secs(10);
 
 /// Shared server state.
 #[derive(Debug)]
@@ -93,10 +107,12 @@ pub struct Hub {
     /// Compaction settings.
     pub compaction: CompactionConfig,
     /// How long a `Stream` may leave its event buffer full before it is closed.
-    pub slow_reader_grace: std::time::Duration,
+    pub slow_reader_grace: Duration,
     /// Session id → its running compaction. A std mutex: held for one map operation,
     /// never across an await.
-    running: Mutex<HashMap<String, Running>>,
+    running: Mutex<HashMap<String, Slot>>,
+    /// Counts the claimed slots, so the drain waits for the last one without polling.
+    compactions: TaskTracker,
     next_id: AtomicU64,
     /// Fires when the drain begins: no new streams or compactions.
     draining: CancellationToken,
@@ -114,6 +130,7 @@ impl Hub {
             compaction,
             slow_reader_grace: DEFAULT_SLOW_READER_GRACE,
             running: Mutex::new(HashMap::new()),
+            compactions: TaskTracker::new(),
             next_id: AtomicU64::new(1),
             draining: CancellationToken::new(),
             closing: CancellationToken::new(),
@@ -133,58 +150,47 @@ impl Hub {
     /// Drains: refuses new streams and compactions, lets running compactions finish for
     /// up to `deadline` (then cancels them: a cancelled compaction changes nothing), and
     /// closes the open streams. Returns how many compactions had to be cancelled.
-    pub async fn drain(&self, deadline: std::time::Duration) -> usize {
+    pub async fn drain(&self, deadline: Duration) -> usize {
         {
             // Under the slot lock: a `claim` either ran before (and is waited for below)
             // or sees the drain and refuses.
-            let _slots = self.running.lock().unwrap_or_else(|e| e.into_inner());
+            let _slots = self.slots();
             self.draining.cancel();
         }
-        // A huge configured deadline means "wait as long as it takes" (a day is plenty).
-        let until =
-            tokio::time::Instant::now() + deadline.min(std::time::Duration::from_secs(86_400));
-        if self.running_count() > 0 {
+        self.compactions.close();
+        let running = self.compactions.len();
+        if running > 0 {
             tracing::info!(
-                running = self.running_count(),
+                running,
                 deadline_secs = deadline.as_secs(),
                 "draining: waiting for running compactions"
             );
         }
-        loop {
-            let left = self.running_count();
-            if left == 0 {
-                break;
-            }
-            if tokio::time::Instant::now() >= until {
-                {
-                    let map = self.running.lock().unwrap_or_else(|e| e.into_inner());
-                    for r in map.values() {
-                        r.cancel.cancel();
-                    }
+        // A huge configured deadline means "wait as long as it takes" (a day is plenty).
+        let deadline = deadline.min(Duration::from_secs(86_400));
+        let mut cancelled = 0;
+        if tokio::time::timeout(deadline, self.compactions.wait())
+            .await
+            .is_err()
+        {
+            {
+                let slots = self.slots();
+                for slot in slots.values() {
+                    slot.running.cancel.cancel();
                 }
-                tracing::warn!(
-                    cancelled = left,
-                    "drain deadline reached; cancelling compactions"
-                );
-                // Give the cancelled jobs a moment to report before the streams close.
-                let grace = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
-                while self.running_count() > 0 && tokio::time::Instant::now() < grace {
-                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                }
-                self.closing.cancel();
-                return left;
+                cancelled = slots.len();
             }
-            tokio::time::sleep(
-                std::time::Duration::from_millis(50).min(until - tokio::time::Instant::now()),
-            )
-            .await;
+            tracing::warn!(cancelled, "drain deadline reached; cancelling compactions");
+            // Give the cancelled jobs a moment to report before the streams close.
+            let _ = tokio::time::timeout(CANCEL_GRACE, self.compactions.wait()).await;
         }
         self.closing.cancel();
-        0
+        cancelled
     }
 
-    fn running_count(&self) -> usize {
-        self.running.lock().unwrap_or_else(|e| e.into_inner()).len()
+    fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<String, Slot>> {
+        // Poisoned only by a panic while held; every change is one insert or remove.
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Sends an event to the watchers (none listening is fine).
@@ -198,36 +204,42 @@ impl Hub {
     /// Claims the session's compaction slot; refused while draining or when another
     /// compaction holds it (named in the error).
     pub fn claim(&self, session_id: &str) -> Result<Running, Refused> {
-        let mut map = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = self.slots();
         if self.draining.is_cancelled() {
             return Err(Refused::Draining);
         }
-        if let Some(r) = map.get(session_id) {
-            return Err(Refused::Busy(r.clone()));
+        if let Some(slot) = slots.get(session_id) {
+            return Err(Refused::Busy(slot.running.clone()));
         }
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let r = Running {
-            id: format!("cmp_{}_{n}", super::ops::now_ms()),
+        let running = Running {
+            id: format!("cmp_{}_{n}", super::clock::now_ms()),
             cancel: CancellationToken::new(),
         };
-        map.insert(session_id.to_string(), r.clone());
-        Ok(r)
+        slots.insert(
+            session_id.to_string(),
+            Slot {
+                running: running.clone(),
+                _tracked: self.compactions.token(),
+            },
+        );
+        Ok(running)
     }
 
     /// Cancels the session's running compaction; returns its id.
     pub fn cancel(&self, session_id: &str) -> Option<String> {
-        let map = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        map.get(session_id).map(|r| {
-            r.cancel.cancel();
-            r.id.clone()
+        self.slots().get(session_id).map(|slot| {
+            slot.running.cancel.cancel();
+            slot.running.id.clone()
         })
     }
 
-    /// Frees the session's compaction slot if `id` holds it.
+    /// Frees the session's compaction slot if `id` holds it (a drain waiting for it
+    /// wakes when the last slot is freed).
     pub fn release(&self, session_id: &str, id: &str) {
-        let mut map = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        if map.get(session_id).is_some_and(|r| r.id == id) {
-            map.remove(session_id);
+        let mut slots = self.slots();
+        if slots.get(session_id).is_some_and(|s| s.running.id == id) {
+            slots.remove(session_id);
         }
     }
 }

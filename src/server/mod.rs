@@ -5,14 +5,37 @@
 //! Architecture invariant: protobuf types live here and nowhere else. `convert.rs` is the
 //! only file that maps them to domain types and the only place client fields are
 //! validated; `status.rs` is the only place errors become gRPC codes.
+//!
+//! # Reading order
+//! Follow one update from the wire to the engine and back:
+//! 1. `mod.rs` (this file): serving, the drain, and what runs beside the services.
+//! 2. `service.rs`: the RPC handlers. Unary handlers decode, call one `ops` function,
+//!    and encode the typed reply it returns.
+//! 3. `stream.rs`: the `Stream` RPC. A reader queues each update; a writer answers them
+//!    in arrival order and follows the compactions the stream started.
+//! 4. `request.rs`: a client request decoded into an `Op` (with `convert.rs`).
+//! 5. `ops.rs`: an op queued on its session's actor (`store`), answering the engine's
+//!    typed reply (step report, context view, prune report, overflow check).
+//! 6. `reply.rs`: a reply turned into the stream's events and ack.
+//! 7. `compaction.rs`: a compaction claimed, planned, summarized (`summarize::chunk`)
+//!    and committed; `start_automatic` is where every automatic compaction begins.
+//! 8. `hub.rs`: the shared state: store, `Subscribe` bus, compaction slots, drain.
+//!
+//! Then the edges: `convert.rs` (protobuf ↔ domain), `status.rs` (errors → codes),
+//! `drain.rs` (closing streams), `evict.rs` (idle evictions announced), `clock.rs` (the
+//! wall clock), `auth.rs`, `transport.rs` (HTTP/2 settings) and `pb.rs` (generated).
 
 pub mod auth;
+mod clock;
 mod compaction;
 mod convert;
 mod drain;
+mod evict;
 pub mod hub;
 mod ops;
 pub mod pb;
+mod reply;
+mod request;
 mod service;
 mod status;
 mod stream;
@@ -28,7 +51,7 @@ use tonic::transport::server::TcpIncoming;
 
 pub use auth::{AuthConfig, BearerToken};
 pub use hub::{CompactionConfig, Hub};
-pub use ops::DEFAULT_MAX_UPDATE_BYTES;
+pub use request::DEFAULT_MAX_UPDATE_BYTES;
 pub use service::SessionsService;
 
 use crate::store::Store;
@@ -133,7 +156,8 @@ where
     let hub = Arc::new(hub);
     let drain_hub = hub.clone();
     if let Some(ttl) = options.idle_ttl {
-        tokio::spawn(reap_idle(hub.clone(), ttl));
+        let evictions = hub.store.evict_idle_after(ttl);
+        tokio::spawn(evict::announce(hub.clone(), evictions));
     }
     let sessions = pb::sessions_server::SessionsServer::new(SessionsService::new(
         hub,
@@ -219,36 +243,6 @@ where
         _ = linger => {
             tracing::warn!(linger_secs = CONNECTION_LINGER.as_secs(), "connections still open after the drain; exiting anyway");
             Ok(())
-        }
-    }
-}
-
-/// Evicts sessions idle longer than `ttl`, checking a few times per TTL, until the drain
-/// closes the server. Each eviction is an event (`evicted`), a metric and a log line.
-async fn reap_idle(hub: Arc<Hub>, ttl: Duration) {
-    let every = (ttl / 4).clamp(Duration::from_millis(50), Duration::from_secs(30));
-    let closing = hub.closing();
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = closing.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        let evicted = hub.store.evict_idle(ttl);
-        if evicted.is_empty() {
-            continue;
-        }
-        for (id, idle_ms) in &evicted {
-            tracing::info!(session_id = %id, idle_ms, "session evicted (idle)");
-            crate::telemetry::evicted("idle");
-            hub.publish(
-                id,
-                pb::session_event::Event::Evicted(pb::SessionEvicted {
-                    reason: "idle".into(),
-                    idle_ms: *idle_ms,
-                }),
-            );
         }
     }
 }

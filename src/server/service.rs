@@ -12,9 +12,10 @@ use tonic::{Request, Response, Status, Streaming};
 use super::compaction::{self, Sink};
 use super::convert;
 use super::hub::Hub;
-use super::ops::{self, Op};
+use super::ops;
 use super::pb;
-use super::pb::server_event::Event as Ev;
+use super::reply::{self, Reply};
+use super::request::{check_size, context_format, delete_update, usage_update};
 use super::status::Rejection;
 use crate::engine::Update;
 use crate::store::Store;
@@ -40,40 +41,36 @@ impl SessionsService {
         }
     }
 
-    /// Runs a unary op and returns its events, or the rejection as a status.
-    async fn run(&self, session_id: &str, op: Op) -> Result<ops::Done, Status> {
-        let kind = op.kind();
-        let outcome = ops::submit(&self.hub, session_id, op, ops::Scope::Unary)
-            .await
-            .outcome(session_id)
-            .await;
+    /// Waits for a unary op's reply, or turns its rejection into a status.
+    async fn answer<T>(
+        &self,
+        session_id: &str,
+        kind: &str,
+        pending: ops::Pending<T>,
+    ) -> Result<T, Status> {
+        let outcome = pending.outcome(session_id).await;
         if let Err(r) = &outcome {
             tracing::debug!(session_id, kind, code = ?r.code, field = %r.field, "rejected");
         }
         outcome.map_err(Status::from)
     }
 
+    /// Applies an update and answers its events and ack; an automatic compaction it asks
+    /// for runs on its own (no stream to follow it: Subscribe watchers see its events).
     async fn update(
         &self,
         session_id: &str,
-        op: Op,
+        update: Update,
     ) -> Result<Response<pb::UpdateResponse>, Status> {
-        let kind = op.kind();
-        let done = self.run(session_id, op).await?;
-        if done.compact {
-            // No stream to follow: the compaction's events go to Subscribe watchers.
+        let kind = update.kind();
+        let pending = ops::apply(&self.hub, session_id, update).await;
+        let report = self.answer(session_id, kind, pending).await?;
+        if reply::needs_compaction(&report) {
             let hub = self.hub.clone();
             let sid = session_id.to_string();
-            tokio::spawn(async move {
-                if let Err(r) =
-                    compaction::start(&hub, &sid, compaction::Options::automatic(), None, None)
-                        .await
-                {
-                    tracing::debug!(session_id = %sid, reason = %r.message, "automatic compaction not started");
-                }
-            });
+            tokio::spawn(async move { compaction::start_automatic(&hub, &sid, None).await });
         }
-        let events = ops::to_server_events(0, session_id, kind, Ok(done));
+        let events = reply::to_server_events(0, session_id, kind, Ok(Reply::Stepped(report)));
         Ok(Response::new(pb::UpdateResponse { events }))
     }
 
@@ -86,7 +83,7 @@ impl SessionsService {
     }
 
     fn check_size<T: prost::Message>(&self, req: &T) -> Result<(), Status> {
-        ops::check_size(req.encoded_len(), self.max_update_bytes).map_err(Status::from)
+        check_size(req.encoded_len(), self.max_update_bytes).map_err(Status::from)
     }
 }
 
@@ -214,7 +211,8 @@ impl pb::sessions_server::Sessions for SessionsService {
         let info =
             convert::session_from_pb(info, "").map_err(|r| Status::from(r.within("session")))?;
         let id = info.id.clone();
-        let created = self.run(&id, Op::Open(info)).await?.created;
+        let pending = ops::open(&self.hub, info).await;
+        let created = self.answer(&id, "open", pending).await?.created;
         Ok(Response::new(self.summary(&id, created).await?))
     }
 
@@ -229,7 +227,7 @@ impl pb::sessions_server::Sessions for SessionsService {
             return Err(Rejection::invalid("message", "required").into());
         };
         let info = convert::message_from_pb(m).map_err(|r| Status::from(r.within("message")))?;
-        self.update(&req.session_id, Op::Apply(Update::UpsertMessage(info)))
+        self.update(&req.session_id, Update::UpsertMessage(info))
             .await
     }
 
@@ -244,8 +242,7 @@ impl pb::sessions_server::Sessions for SessionsService {
             return Err(Rejection::invalid("part", "required").into());
         };
         let part = convert::part_from_pb(p).map_err(|r| Status::from(r.within("part")))?;
-        self.update(&req.session_id, Op::Apply(Update::UpsertPart(part)))
-            .await
+        self.update(&req.session_id, Update::UpsertPart(part)).await
     }
 
     async fn delete_part(
@@ -254,8 +251,8 @@ impl pb::sessions_server::Sessions for SessionsService {
     ) -> Result<Response<pb::UpdateResponse>, Status> {
         let req = request.into_inner();
         require_session(&req.session_id)?;
-        let op = ops::op_delete(req.message_id, req.part_id)?;
-        self.update(&req.session_id, op).await
+        let update = delete_update(req.message_id, req.part_id)?;
+        self.update(&req.session_id, update).await
     }
 
     async fn report_usage(
@@ -267,8 +264,8 @@ impl pb::sessions_server::Sessions for SessionsService {
         let Some(usage) = req.usage else {
             return Err(Rejection::invalid("usage", "required").into());
         };
-        let op = ops::op_usage(usage).map_err(|r| Status::from(r.within("usage")))?;
-        self.update(&req.session_id, op).await
+        let update = usage_update(usage).map_err(|r| Status::from(r.within("usage")))?;
+        self.update(&req.session_id, update).await
     }
 
     async fn get_context(
@@ -277,16 +274,10 @@ impl pb::sessions_server::Sessions for SessionsService {
     ) -> Result<Response<pb::Context>, Status> {
         let req = request.into_inner();
         require_session(&req.session_id)?;
-        let format = ops::context_format(req.format)?;
-        match self
-            .run(&req.session_id, Op::Context(format))
-            .await?
-            .events
-            .pop()
-        {
-            Some(Ev::Context(c)) => Ok(Response::new(c)),
-            _ => Err(Status::internal("context reply missing")),
-        }
+        let format = context_format(req.format)?;
+        let pending = ops::context(&self.hub, &req.session_id, format).await;
+        let context = self.answer(&req.session_id, "get_context", pending).await?;
+        Ok(Response::new(context.to_pb()))
     }
 
     async fn prune(
@@ -295,20 +286,9 @@ impl pb::sessions_server::Sessions for SessionsService {
     ) -> Result<Response<pb::PruneReport>, Status> {
         let req = request.into_inner();
         require_session(&req.session_id)?;
-        match self
-            .run(
-                &req.session_id,
-                Op::Prune {
-                    dry_run: req.dry_run,
-                },
-            )
-            .await?
-            .events
-            .pop()
-        {
-            Some(Ev::PruneReport(r)) => Ok(Response::new(r)),
-            _ => Err(Status::internal("prune reply missing")),
-        }
+        let pending = ops::prune(&self.hub, &req.session_id, req.dry_run).await;
+        let report = self.answer(&req.session_id, "prune", pending).await?;
+        Ok(Response::new(convert::prune_to_pb(&report)))
     }
 
     async fn check_overflow(
@@ -317,15 +297,11 @@ impl pb::sessions_server::Sessions for SessionsService {
     ) -> Result<Response<pb::OverflowCheck>, Status> {
         let req = request.into_inner();
         require_session(&req.session_id)?;
-        match self
-            .run(&req.session_id, Op::CheckOverflow)
-            .await?
-            .events
-            .pop()
-        {
-            Some(Ev::OverflowCheck(c)) => Ok(Response::new(c)),
-            _ => Err(Status::internal("overflow reply missing")),
-        }
+        let pending = ops::check_overflow(&self.hub, &req.session_id).await;
+        let check = self
+            .answer(&req.session_id, "check_overflow", pending)
+            .await?;
+        Ok(Response::new(convert::overflow_to_pb(&check)))
     }
 
     async fn get_session(

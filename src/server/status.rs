@@ -3,8 +3,10 @@
 
 use tonic::{Code, Status};
 
+use super::pb;
 use crate::engine::{ApplyError, ErrorKind};
 use crate::store::StoreError;
+use crate::telemetry::code_name;
 use crate::trace::ImportError;
 
 /// A rejected request, before it becomes a `Status` (unary) or an error event (stream).
@@ -103,6 +105,18 @@ impl From<Rejection> for Status {
             Status::new(r.code, r.message)
         } else {
             Status::new(r.code, format!("{}: {}", r.field, r.message))
+        }
+    }
+}
+
+/// A rejection as the stream reports it: an error event in place of the update's ack.
+impl From<Rejection> for pb::Error {
+    fn from(r: Rejection) -> pb::Error {
+        crate::telemetry::rejected(r.code);
+        pb::Error {
+            code: code_name(r.code).to_string(),
+            message: r.message,
+            field: r.field,
         }
     }
 }

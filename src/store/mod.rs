@@ -9,42 +9,23 @@
 //! than an async one here.
 //!
 //! The store knows nothing of gRPC; it hands out [`SessionHandle`]s and runs closures over
-//! the engine's [`Session`] value.
+//! the engine's [`Session`] value. The actor and its handle are in `actor.rs`, with the
+//! idle eviction each actor performs on itself.
+
+mod actor;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use thiserror::Error;
-use tokio::sync::{mpsc, oneshot};
-use tracing::Instrument;
+use tokio::sync::mpsc;
 
 use crate::config::EngineConfig;
 use crate::domain::SessionInfo;
 use crate::engine::{ByteLimit, Session};
 use crate::tokens::TokenCounter;
-
-/// Jobs a session actor runs, in order, with exclusive access to the session.
-type Job = Box<dyn FnOnce(&mut Session, &EngineConfig) + Send>;
-
-/// One actor's share of the store's byte total, returned when the actor ends.
-struct Counted {
-    held: Arc<AtomicU64>,
-    last: u64,
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.held.fetch_sub(self.last, Ordering::Relaxed);
-    }
-}
-
-/// A session the idle reaper has not evicted.
-const KEPT: u8 = 0;
-/// The idle reaper is deciding (between its two looks at the last use).
-const DECIDING: u8 = 1;
-/// The idle reaper removed the session.
-const EVICTED: u8 = 2;
 
 /// Default mailbox depth per session: enough to pipeline a burst, small enough that a
 /// stuck session pushes back on its own clients only.
@@ -132,78 +113,61 @@ impl Limits {
     }
 }
 
-/// A cheap, cloneable address of one session's actor.
-#[derive(Clone, Debug)]
-pub struct SessionHandle {
-    id: Arc<str>,
-    tx: mpsc::Sender<Job>,
-    /// When a job was last queued (ms on the store's monotonic clock), for the idle TTL.
-    last_used: Arc<AtomicI64>,
-    /// Bytes the session holds, as of its last job.
-    bytes: Arc<AtomicU64>,
-    /// The idle reaper's verdict: [`KEPT`], [`DECIDING`] or [`EVICTED`] (see `evict_idle`).
-    eviction: Arc<AtomicU8>,
+pub use actor::SessionHandle;
+
+/// A session that evicted itself after the idle TTL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Evicted {
+    /// Its id.
+    pub session_id: String,
+    /// How long it had received no job.
+    pub idle: Duration,
 }
 
-impl SessionHandle {
-    /// Session id.
-    pub fn id(&self) -> &str {
-        &self.id
+/// What the store's actors share with it: the map of handles and the idle policy.
+#[derive(Debug, Default)]
+struct Shared {
+    sessions: RwLock<HashMap<String, SessionHandle>>,
+    /// Idle TTL and where evictions are announced (None: sessions are never evicted).
+    idle: RwLock<Option<Idle>>,
+}
+
+#[derive(Debug)]
+struct Idle {
+    ttl: Duration,
+    announce: mpsc::UnboundedSender<Evicted>,
+}
+
+impl Shared {
+    /// The idle TTL, while someone listens for evictions.
+    fn idle_ttl(&self) -> Option<Duration> {
+        let idle = self.idle.read().unwrap_or_else(|e| e.into_inner());
+        idle.as_ref()
+            .filter(|i| !i.announce.is_closed())
+            .map(|i| i.ttl)
     }
 
-    /// Bytes the session holds, as of its last finished job.
-    pub fn held_bytes(&self) -> u64 {
-        self.bytes.load(Ordering::Relaxed)
+    /// Where evictions are announced, when idle eviction is on.
+    fn evictions(&self) -> Option<mpsc::UnboundedSender<Evicted>> {
+        let idle = self.idle.read().unwrap_or_else(|e| e.into_inner());
+        idle.as_ref().map(|i| i.announce.clone())
     }
 
-    /// Queues `f` behind every job already queued and returns where its result will land.
-    /// Awaiting only the queueing (not the result) lets a stream pipeline updates to
-    /// several sessions while keeping each session's order.
-    pub async fn submit<R, F>(&self, f: F) -> Result<oneshot::Receiver<R>, StoreError>
-    where
-        R: Send + 'static,
-        F: FnOnce(&mut Session, &EngineConfig) -> R + Send + 'static,
-    {
-        // Paired with `evict_idle`: either the reaper sees this use and keeps the
-        // session, or this sees the eviction and refuses (never a job on an evicted
-        // session, never a refusal for a kept one).
-        self.last_used.store(now_ms(), Ordering::SeqCst);
-        loop {
-            match self.eviction.load(Ordering::SeqCst) {
-                KEPT => break,
-                EVICTED => return Err(StoreError::NotFound(self.id.to_string())),
-                // The reaper is between its two looks (a few loads under its lock).
-                _ => tokio::task::yield_now().await,
-            }
-        }
-        let (tx, rx) = oneshot::channel();
-        let job: Job = Box::new(move |s, c| {
-            // The caller may have gone away; the job's effect on the session stands.
-            let _ = tx.send(f(s, c));
-        });
-        self.tx
-            .send(job)
-            .await
-            .map_err(|_| StoreError::Closed(self.id.to_string()))?;
-        Ok(rx)
+    // A poisoned lock means a panic while holding it; the map itself is still consistent
+    // (every mutation is a single insert/remove), so keep serving.
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, SessionHandle>> {
+        self.sessions.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Runs `f` on the session and waits for its result.
-    pub async fn call<R, F>(&self, f: F) -> Result<R, StoreError>
-    where
-        R: Send + 'static,
-        F: FnOnce(&mut Session, &EngineConfig) -> R + Send + 'static,
-    {
-        let rx = self.submit(f).await?;
-        rx.await
-            .map_err(|_| StoreError::Closed(self.id.to_string()))
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, SessionHandle>> {
+        self.sessions.write().unwrap_or_else(|e| e.into_inner())
     }
 }
 
 /// All sessions held by this process.
 #[derive(Debug)]
 pub struct Store {
-    sessions: RwLock<HashMap<String, SessionHandle>>,
+    shared: Arc<Shared>,
     config: Arc<EngineConfig>,
     counter: Arc<dyn TokenCounter>,
     mailbox: usize,
@@ -216,7 +180,7 @@ impl Store {
     /// An empty store whose sessions use `config` and `counter`.
     pub fn new(config: EngineConfig, counter: Arc<dyn TokenCounter>) -> Store {
         Store {
-            sessions: RwLock::new(HashMap::new()),
+            shared: Arc::default(),
             config: Arc::new(config),
             counter,
             mailbox: DEFAULT_MAILBOX,
@@ -269,36 +233,15 @@ impl Store {
         Ok(())
     }
 
-    /// Removes the sessions no job touched for `ttl`; returns their ids and idle times.
-    pub fn evict_idle(&self, ttl: std::time::Duration) -> Vec<(String, u64)> {
-        let now = now_ms();
-        let ttl = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
-        let mut map = self.write();
-        let idle: Vec<(String, u64)> = map
-            .iter()
-            .filter_map(|(id, h)| {
-                let idle_since =
-                    |h: &SessionHandle| now_ms().max(now) - h.last_used.load(Ordering::SeqCst);
-                if idle_since(h) < ttl {
-                    return None;
-                }
-                // Announce the decision, then look again: a `submit` that raced past the
-                // first look is either seen here (the session stays) or waits for the
-                // verdict and sees the eviction.
-                h.eviction.store(DECIDING, Ordering::SeqCst);
-                let idle = idle_since(h);
-                if idle < ttl {
-                    h.eviction.store(KEPT, Ordering::SeqCst);
-                    return None;
-                }
-                h.eviction.store(EVICTED, Ordering::SeqCst);
-                Some((id.clone(), u64::try_from(idle).unwrap_or(0)))
-            })
-            .collect();
-        for (id, _) in &idle {
-            map.remove(id);
-        }
-        idle
+    /// From now on, a session whose actor receives no job for `ttl` evicts itself, and
+    /// each eviction is announced on the returned receiver. Dropping the receiver stops
+    /// the evictions (the server drops it when it closes). Sessions already idle start
+    /// their clock at their next job. Replaces an earlier call's TTL and receiver.
+    pub fn evict_idle_after(&self, ttl: Duration) -> mpsc::UnboundedReceiver<Evicted> {
+        // Unbounded: one message per evicted session, and sessions are bounded.
+        let (announce, evictions) = mpsc::unbounded_channel();
+        *self.shared.idle.write().unwrap_or_else(|e| e.into_inner()) = Some(Idle { ttl, announce });
+        evictions
     }
 
     /// The server-wide engine config.
@@ -379,126 +322,25 @@ impl Store {
         self.len() == 0
     }
 
-    fn spawn(&self, mut session: Session) -> SessionHandle {
-        let (tx, mut rx) = mpsc::channel::<Job>(self.mailbox);
-        let id: Arc<str> = Arc::from(session.info().id.as_str());
-        let config = self.config.clone();
-        let span = tracing::info_span!("session", session_id = %id);
-        let limits = self.limits;
-        let held = self.held.clone();
-        let last = session.held_bytes();
-        held.fetch_add(last, Ordering::Relaxed);
-        let bytes = Arc::new(AtomicU64::new(last));
-        let own = bytes.clone();
-        tokio::spawn(
-            async move {
-                tracing::debug!("session actor started");
-                // Gives the session's bytes back however the actor ends (a panicking job
-                // included), so the budget never counts a session that is gone.
-                let mut counted = Counted { held, last };
-                while let Some(job) = rx.recv().await {
-                    let total = counted.held.load(Ordering::Relaxed);
-                    session.set_byte_limit(limits.byte_limit(counted.last, total));
-                    job(&mut session, &config);
-                    let now = session.held_bytes();
-                    if now != counted.last {
-                        // Two atomic adds, never a scan: the store's total follows each job.
-                        counted
-                            .held
-                            .fetch_add(now.wrapping_sub(counted.last), Ordering::Relaxed);
-                        own.store(now, Ordering::Relaxed);
-                        counted.last = now;
-                    }
-                }
-                tracing::debug!("session actor stopped");
-            }
-            .instrument(span),
-        );
-        SessionHandle {
-            id,
-            tx,
-            last_used: Arc::new(AtomicI64::new(now_ms())),
-            bytes,
-            eviction: Arc::new(AtomicU8::new(KEPT)),
-        }
+    fn spawn(&self, session: Session) -> SessionHandle {
+        actor::spawn(
+            session,
+            &self.shared,
+            self.config.clone(),
+            self.mailbox,
+            self.limits,
+            self.held.clone(),
+        )
     }
 
-    // A poisoned lock means a panic while holding it; the map itself is still consistent
-    // (every mutation is a single insert/remove), so keep serving.
     fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, SessionHandle>> {
-        self.sessions.read().unwrap_or_else(|e| e.into_inner())
+        self.shared.read()
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, SessionHandle>> {
-        self.sessions.write().unwrap_or_else(|e| e.into_inner())
+        self.shared.write()
     }
-}
-
-/// Milliseconds on a monotonic clock (the store's only clock: idle times). Monotonic so a
-/// wall-clock step (NTP, a suspended laptop's clock catching up) cannot evict every
-/// session at once.
-fn now_ms() -> i64 {
-    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    let start = START.get_or_init(std::time::Instant::now);
-    i64::try_from(start.elapsed().as_millis()).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::tokens::CharsPerToken;
-
-    fn info(id: &str) -> SessionInfo {
-        SessionInfo {
-            id: id.into(),
-            ..SessionInfo::default()
-        }
-    }
-
-    #[tokio::test]
-    async fn a_handle_taken_before_an_eviction_cannot_reach_the_evicted_session() {
-        let store = Store::new(EngineConfig::default(), Arc::new(CharsPerToken));
-        let (handle, _) = store.open(info("s")).expect("open");
-        handle.call(|_, _| ()).await.expect("in use");
-        let evicted = store.evict_idle(std::time::Duration::ZERO);
-        assert_eq!(evicted.len(), 1);
-        assert!(matches!(store.get("s"), Err(StoreError::NotFound(_))));
-        // The old handle's update is refused rather than applied to a session no one can
-        // see any more.
-        let late = handle.call(|_, _| ()).await;
-        assert_eq!(late, Err(StoreError::NotFound("s".into())));
-    }
-
-    #[tokio::test]
-    async fn sessions_used_within_the_ttl_are_kept() {
-        let store = Store::new(EngineConfig::default(), Arc::new(CharsPerToken));
-        let (handle, _) = store.open(info("s")).expect("open");
-        handle.call(|_, _| ()).await.expect("in use");
-        assert!(
-            store
-                .evict_idle(std::time::Duration::from_secs(60))
-                .is_empty()
-        );
-        handle.call(|_, _| ()).await.expect("still served");
-        assert_eq!(store.len(), 1);
-    }
-
-    #[tokio::test]
-    async fn the_total_follows_every_session_and_returns_to_zero() {
-        let store = Store::new(EngineConfig::default(), Arc::new(CharsPerToken));
-        let (a, _) = store.open(info("a")).expect("open");
-        let (b, _) = store.open(info("b")).expect("open");
-        let held = a.held_bytes() + b.held_bytes();
-        assert!(held > 0);
-        assert_eq!(store.held_bytes(), held);
-        store.remove("a");
-        drop(a);
-        for _ in 0..100 {
-            if store.held_bytes() == b.held_bytes() {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
-        assert_eq!(store.held_bytes(), b.held_bytes());
-    }
-}
+mod tests;

@@ -209,7 +209,7 @@ impl OpenAiSummarizer {
                         .map_or(backoff, |h| h.max(backoff))
                         .min(MAX_HINTED_DELAY);
                     attempt += 1;
-                    tracing::warn!(attempt, delay_ms = delay.as_millis() as u64, error = %e, "compaction request failed; retrying");
+                    tracing::warn!(attempt, delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX), error = %e, "compaction request failed; retrying");
                     let _ = progress
                         .send(Progress::Retrying {
                             attempt,
@@ -240,7 +240,7 @@ impl Summarizer for OpenAiSummarizer {
             _ = cancel.cancelled() => Err(SummarizeError::Cancelled),
             r = tokio::time::timeout(timeout, self.with_retries(request, progress)) => {
                 r.unwrap_or_else(|_| {
-                    tracing::warn!(elapsed_ms = started.elapsed().as_millis() as u64, "compaction timed out");
+                    tracing::warn!(elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX), "compaction timed out");
                     Err(SummarizeError::Timeout(timeout))
                 })
             }

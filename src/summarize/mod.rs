@@ -1,10 +1,13 @@
 //! The compaction agent's LLM side: a [`Summarizer`] streams a summary for prepared
 //! `messages`, reporting deltas as they arrive. The pure parts (what to ask) are in
-//! `prompt.rs`; `llm.rs` only talks HTTP (async-openai) and never sees session state.
+//! `prompt.rs`; `chunk.rs` decides how a head too long for one request is split and
+//! folded (the server and the replay both go through it); `llm.rs` only talks HTTP
+//! (async-openai) and never sees session state.
 //!
 //! Architecture invariant: nothing here touches a `Session`; the store prepares the request
 //! inside the session actor and commits the result there.
 
+pub mod chunk;
 mod llm;
 pub mod prompt;
 mod retry_after;
@@ -182,6 +185,36 @@ pub trait Summarizer: Send + Sync + fmt::Debug {
 
     /// The model's context window in tokens, when configured.
     fn context_tokens(&self) -> Option<u64>;
+}
+
+/// A [`chunk::Requester`] that waits for each answer and discards progress: for callers
+/// that only want the summary (the replay), not the stream.
+#[derive(Debug, Clone, Copy)]
+pub struct Quiet<'a> {
+    summarizer: &'a dyn Summarizer,
+}
+
+impl<'a> Quiet<'a> {
+    /// Requests through `summarizer`, with its own model.
+    pub fn new(summarizer: &'a dyn Summarizer) -> Quiet<'a> {
+        Quiet { summarizer }
+    }
+}
+
+impl chunk::Requester for Quiet<'_> {
+    fn request(
+        &mut self,
+        messages: Vec<serde_json::Value>,
+        _last: bool,
+    ) -> impl std::future::Future<Output = Result<SummaryOutcome, SummarizeError>> + Send {
+        summarize_quietly(
+            self.summarizer,
+            SummaryRequest {
+                messages,
+                model: None,
+            },
+        )
+    }
 }
 
 /// Runs `summarizer` to the end, discarding progress: for callers that only want the

@@ -1,0 +1,134 @@
+//! What a client asked, decoded: a stream update (or a unary request's payload) becomes
+//! an [`Op`] with domain types inside, or a [`Rejection`] naming the field at fault.
+//! Nothing here touches a session; `ops.rs` runs the ops.
+
+use prost::Message as _;
+
+use super::compaction;
+use super::convert;
+use super::pb;
+use super::status::Rejection;
+use crate::domain::SessionInfo;
+use crate::engine::Update;
+
+/// Default largest update accepted (`max_update_bytes`).
+pub const DEFAULT_MAX_UPDATE_BYTES: usize = 16 * 1024 * 1024;
+
+/// A decoded request for one session.
+#[derive(Debug)]
+pub enum Op {
+    /// Open or reconfigure.
+    Open(SessionInfo),
+    /// Change the session.
+    Apply(Update),
+    /// Build the context.
+    Context(pb::ContextFormat),
+    /// Run prune.
+    Prune {
+        /// Report only.
+        dry_run: bool,
+    },
+    /// Run the overflow check.
+    CheckOverflow,
+    /// Start a manual compaction (the stream starts it itself, with its own sink).
+    Compact(compaction::Options),
+    /// Stop the running compaction.
+    CancelCompaction,
+}
+
+impl Op {
+    /// Name used in acks, logs and metrics; on the stream, also the field a rejection's
+    /// field name sits under (`upsert_part.message_id`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Op::Open(_) => "open",
+            Op::Apply(u) => u.kind(),
+            Op::Context(_) => "get_context",
+            Op::Prune { .. } => "prune",
+            Op::CheckOverflow => "check_overflow",
+            Op::Compact(_) => "compact",
+            Op::CancelCompaction => "cancel_compaction",
+        }
+    }
+}
+
+/// Rejects an update larger than `max` bytes, naming the limit.
+pub fn check_size(len: usize, max: usize) -> Result<(), Rejection> {
+    if len > max {
+        return Err(Rejection::too_large(
+            "",
+            format!("update is {len} bytes, over the max_update_bytes limit of {max} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+/// Decodes a stream update. Field names in errors are relative to the update
+/// (`upsert_part.tool.state.status`).
+pub fn decode_update(u: pb::ClientUpdate, max: usize) -> Result<Op, Rejection> {
+    use pb::client_update::Update as U;
+    check_size(u.encoded_len(), max)?;
+    if u.session_id.is_empty() {
+        return Err(Rejection::invalid("session_id", "required"));
+    }
+    let Some(update) = u.update else {
+        return Err(Rejection::invalid(
+            "update",
+            "required: one of open, upsert_message, upsert_part, delete_part, report_usage, get_context, prune, check_overflow",
+        ));
+    };
+    Ok(match update {
+        U::Open(info) => {
+            Op::Open(convert::session_from_pb(info, &u.session_id).map_err(|r| r.within("open"))?)
+        }
+        U::UpsertMessage(m) => Op::Apply(Update::UpsertMessage(
+            convert::message_from_pb(m).map_err(|r| r.within("upsert_message"))?,
+        )),
+        U::UpsertPart(p) => Op::Apply(Update::UpsertPart(
+            convert::part_from_pb(p).map_err(|r| r.within("upsert_part"))?,
+        )),
+        U::DeletePart(r) => {
+            Op::Apply(delete_update(r.message_id, r.part_id).map_err(|e| e.within("delete_part"))?)
+        }
+        U::ReportUsage(r) => Op::Apply(usage_update(r).map_err(|e| e.within("report_usage"))?),
+        U::GetContext(c) => {
+            Op::Context(context_format(c.format).map_err(|r| r.within("get_context"))?)
+        }
+        U::Prune(p) => Op::Prune { dry_run: p.dry_run },
+        U::CheckOverflow(_) => Op::CheckOverflow,
+        U::Compact(o) => Op::Compact(o.into()),
+        U::CancelCompaction(_) => Op::CancelCompaction,
+    })
+}
+
+/// Decodes a delete.
+pub fn delete_update(message_id: String, part_id: String) -> Result<Update, Rejection> {
+    if message_id.is_empty() {
+        return Err(Rejection::invalid("message_id", "required"));
+    }
+    if part_id.is_empty() {
+        return Err(Rejection::invalid("part_id", "required"));
+    }
+    Ok(Update::DeletePart {
+        message_id,
+        part_id,
+    })
+}
+
+/// Decodes a usage report.
+pub fn usage_update(r: pb::UsageReport) -> Result<Update, Rejection> {
+    let Some(tokens) = r.tokens else {
+        return Err(Rejection::invalid("tokens", "required"));
+    };
+    let message_id = (!r.message_id.is_empty()).then_some(r.message_id);
+    Ok(Update::ReportUsage {
+        message_id,
+        tokens: convert::usage_from_pb(tokens),
+    })
+}
+
+/// Validates a context format value.
+pub fn context_format(v: i32) -> Result<pb::ContextFormat, Rejection> {
+    pb::ContextFormat::try_from(v)
+        .map_err(|_| Rejection::invalid("format", format!("unknown context format {v}")))
+}

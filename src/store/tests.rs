@@ -1,0 +1,141 @@
+//! The store's own guarantees: idle actors evict themselves without losing a racing
+//! update, and the byte total follows every session.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc::error::TryRecvError;
+
+use super::*;
+use crate::domain::SessionInfo;
+use crate::tokens::CharsPerToken;
+
+fn info(id: &str) -> SessionInfo {
+    SessionInfo {
+        id: id.into(),
+        ..SessionInfo::default()
+    }
+}
+
+fn store() -> Store {
+    Store::new(EngineConfig::default(), Arc::new(CharsPerToken))
+}
+
+async fn next_eviction(evictions: &mut mpsc::UnboundedReceiver<Evicted>) -> Evicted {
+    tokio::time::timeout(Duration::from_secs(5), evictions.recv())
+        .await
+        .expect("an eviction in time")
+        .expect("the store is alive")
+}
+
+#[tokio::test]
+async fn an_idle_session_evicts_itself_and_a_handle_taken_before_cannot_reach_it() {
+    let store = store();
+    let mut evictions = store.evict_idle_after(Duration::from_millis(50));
+    let (handle, _) = store.open(info("s")).expect("open");
+    handle.call(|_, _| ()).await.expect("in use");
+    let evicted = next_eviction(&mut evictions).await;
+    assert_eq!(evicted.session_id, "s");
+    assert!(evicted.idle >= Duration::from_millis(50), "{evicted:?}");
+    assert!(matches!(store.get("s"), Err(StoreError::NotFound(_))));
+    // The old handle's update is refused rather than applied to a session no one can
+    // see any more.
+    let late = handle.call(|_, _| ()).await;
+    assert_eq!(late, Err(StoreError::NotFound("s".into())));
+}
+
+#[tokio::test]
+async fn sessions_used_within_the_ttl_are_kept() {
+    let store = store();
+    let mut evictions = store.evict_idle_after(Duration::from_millis(200));
+    let (handle, _) = store.open(info("s")).expect("open");
+    for _ in 0..10 {
+        handle.call(|_, _| ()).await.expect("still served");
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    assert_eq!(evictions.try_recv(), Err(TryRecvError::Empty));
+    assert_eq!(store.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::await_holding_lock,
+    reason = "the map lock is held on purpose while the update is queued"
+)]
+async fn an_update_queued_while_the_actor_decides_keeps_the_session() {
+    let store = store();
+    let mut evictions = store.evict_idle_after(Duration::from_millis(30));
+    let (handle, _) = store.open(info("s")).expect("open");
+    let result = {
+        // Holding the map lock: the actor's TTL runs out and it waits here to leave.
+        let _map = store.write();
+        std::thread::sleep(Duration::from_millis(150));
+        // An update through a handle taken before: queued while the actor decides.
+        handle.submit(|_, _| 42).await.expect("queued")
+    };
+    assert_eq!(result.await, Ok(42), "the update ran");
+    assert!(store.get("s").is_ok(), "and the session stayed");
+    assert_eq!(evictions.try_recv(), Err(TryRecvError::Empty));
+    // Left alone again, it goes.
+    assert_eq!(next_eviction(&mut evictions).await.session_id, "s");
+}
+
+#[tokio::test]
+async fn a_deleted_session_is_not_announced_as_evicted() {
+    let store = store();
+    let mut evictions = store.evict_idle_after(Duration::from_millis(30));
+    let (handle, _) = store.open(info("gone")).expect("open");
+    let (_other, _) = store.open(info("idle")).expect("open");
+    assert!(store.remove("gone"));
+    assert_eq!(next_eviction(&mut evictions).await.session_id, "idle");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(evictions.try_recv(), Err(TryRecvError::Empty));
+    // Its remaining handle still reaches the actor, as before idle eviction existed.
+    handle.call(|_, _| ()).await.expect("queued jobs still run");
+}
+
+#[tokio::test]
+async fn without_a_listener_no_session_is_evicted() {
+    let store = store();
+    let evictions = store.evict_idle_after(Duration::from_millis(30));
+    drop(evictions);
+    let (handle, _) = store.open(info("s")).expect("open");
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    assert!(store.get("s").is_ok());
+    handle.call(|_, _| ()).await.expect("served");
+}
+
+#[tokio::test]
+async fn the_total_follows_every_session_and_returns_to_zero() {
+    let store = store();
+    let (a, _) = store.open(info("a")).expect("open");
+    let (b, _) = store.open(info("b")).expect("open");
+    let held = a.held_bytes() + b.held_bytes();
+    assert!(held > 0);
+    assert_eq!(store.held_bytes(), held);
+    store.remove("a");
+    drop(a);
+    for _ in 0..100 {
+        if store.held_bytes() == b.held_bytes() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(store.held_bytes(), b.held_bytes());
+}
+
+#[tokio::test]
+async fn an_evicted_session_gives_its_bytes_back() {
+    let store = store();
+    let mut evictions = store.evict_idle_after(Duration::from_millis(30));
+    let (a, _) = store.open(info("a")).expect("open");
+    assert!(store.held_bytes() > 0);
+    next_eviction(&mut evictions).await;
+    drop(a);
+    for _ in 0..100 {
+        if store.held_bytes() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(store.held_bytes(), 0);
+}
