@@ -1,16 +1,24 @@
 //! compactd: a gRPC sidecar that keeps LLM agent conversations inside their context window.
 //!
-//! # Layout (read in this order)
-//! - [`session`]: the domain types (session info, messages, parts), mirroring OpenCode.
+//! # Tour (layers, lowest first; ARCHITECTURE.md has the full map)
+//! - [`config`]: settings. Seed constants, server defaults, per-session overrides, strategy
+//!   names and presets, and `validate()`, the one home of every range rule.
 //! - [`tokens`]: the one [`tokens::TokenCounter`] every figure comes from.
-//! - [`config`]: seed constants, server defaults, per-session overrides.
-//! - [`engine`]: the pure core. Overflow detection, OpenCode's prune, the context view,
+//! - [`domain`]: the wire/domain model mirroring OpenCode (session info, messages, parts,
+//!   marks) and its own `validate()` (ids, call ids, JSON depth).
+//! - [`engine`]: the pure core. The [`engine::Session`] value, overflow detection, OpenCode's
+//!   prune and the aggressive strategies, the context view, compaction planning and commit,
 //!   and [`engine::step`], which runs them after every update. No I/O.
-//! - [`trace`]: import of `opencode export` JSON and the replay report.
 //! - [`store`]: in-memory sessions, one actor (ordered writer) per session.
+//! - [`summarize`]: the compaction agent's LLM side (prompts, chunking and folding, streaming).
 //! - [`server`]: the tonic services; the only place that knows protobuf.
+//! - [`trace`]: import of `opencode export` JSON and the replay report.
+//! - [`cli`]: flags, environment and config file, layered.
+//! - [`telemetry`]: Prometheus metrics.
 //!
-//! The engine never depends on `store` or `server`; `store` never depends on `server`.
+//! A module imports only from its own layer or below:
+//! `config, tokens < domain < engine < store, summarize < server, trace, cli, telemetry`
+//! (checked in CI by `scripts/rust_imports.py`).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -24,9 +24,6 @@ use crate::domain::{
 };
 use crate::engine::{ContextView, Crossed, Message, OverflowCheck, PruneReport, Session};
 
-/// Longest id accepted; the rule itself is the domain's ([`crate::domain::MAX_ID_BYTES`]).
-pub use crate::domain::MAX_ID_BYTES;
-
 impl From<InvalidField> for Rejection {
     fn from(e: InvalidField) -> Self {
         Rejection::invalid(e.field, e.message)

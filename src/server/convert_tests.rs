@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use tonic::Code;
 
-use crate::domain::MAX_JSON_DEPTH;
+use crate::domain::{MAX_ID_BYTES, MAX_JSON_DEPTH};
 
 use super::*;
 

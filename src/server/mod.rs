@@ -3,8 +3,9 @@
 //! future resolves.
 //!
 //! Architecture invariant: protobuf types live here and nowhere else. `convert.rs` is the
-//! only file that maps them to domain types and the only place client fields are
-//! validated; `status.rs` is the only place errors become gRPC codes.
+//! only file that maps them to domain types (calling the domain's and the config's own
+//! `validate()`, the one home of every rule); `status.rs` is the only place errors become
+//! gRPC codes.
 //!
 //! # Reading order
 //! Follow one update from the wire to the engine and back:

@@ -411,9 +411,7 @@ impl pb::sessions_server::Sessions for SessionsService {
             if !id_override.is_empty() {
                 export.info.id = id_override;
             }
-            if export.info.id.len() > convert::MAX_ID_BYTES {
-                return Err(Rejection::invalid("session_id", "longer than 256 bytes"));
-            }
+            crate::domain::check_id("session_id", &export.info.id)?;
             let session = trace::load(export, limits, overrides, store.config(), store.counter())
                 .map_err(|e| Rejection::from(e).within(root))?;
             Ok(session)
