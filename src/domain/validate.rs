@@ -18,8 +18,9 @@ pub const MAX_ID_BYTES: usize = 256;
 /// Deepest JSON nesting accepted in a tool input, metadata or unmodelled field (`{}` is
 /// depth 1). Each JSON object level costs three protobuf message levels
 /// (`Value` → `Struct` → map entry), and a part sits about ten levels deep in a
-/// `GetSession` reply: 28 levels stay within the recursion limit of 100 that prost,
-/// Python's protobuf and grpc-js's decoders apply, so whatever is accepted reads back.
+/// `GetSession` reply: 28 levels stay within the default recursion limit of 100 of
+/// prost and of Python's protobuf, so whatever is accepted reads back (a request 33 levels
+/// deep no longer decodes at all: `tests/grpc/validation.rs`).
 pub const MAX_JSON_DEPTH: usize = 28;
 
 /// A field of a domain value that is missing, too long or too deep.
