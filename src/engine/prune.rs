@@ -72,11 +72,6 @@ impl PruneReport {
 }
 
 impl Session {
-    /// Tokens a prune would clear right now; the cheap per-update decision.
-    pub fn prune_pending(&mut self) -> u64 {
-        self.prune_plan_pending()
-    }
-
     /// Runs the aggressive strategies, then prune. Prune commits (marks
     /// `time.compacted = now_ms`) only when its saving exceeds PRUNE_MINIMUM; the
     /// strategies commit whatever they decided. A dry run is the same run, rolled back at

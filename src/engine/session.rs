@@ -263,8 +263,9 @@ impl Session {
         self.prune.plan()
     }
 
-    /// Tokens a prune would clear right now (after bringing the window up to date).
-    pub(crate) fn prune_plan_pending(&mut self) -> u64 {
+    /// Tokens a prune would clear right now; the cheap per-update decision (the window is
+    /// brought up to date first).
+    pub fn prune_pending(&mut self) -> u64 {
         self.prune.sync(&self.messages, &self.users, &self.settings);
         self.prune.pending()
     }
