@@ -230,8 +230,10 @@ fn write_replay(args: &ReplayArgs, out: &mut impl std::io::Write) -> anyhow::Res
         } else {
             trace::strip_compacted(&mut export)
         };
-        writeln!(out, "== {}", path.display())?;
-        if stripped > 0 {
+        if !args.json {
+            writeln!(out, "== {}", path.display())?;
+        }
+        if stripped > 0 && !args.json {
             writeln!(
                 out,
                 "(removed {stripped} time.compacted marks from the file; compactd prunes afresh)"
@@ -250,7 +252,9 @@ fn write_replay(args: &ReplayArgs, out: &mut impl std::io::Write) -> anyhow::Res
                 )
             }
         };
-        writeln!(out, "{report}")?;
+        if !args.json {
+            writeln!(out, "{report}")?;
+        }
         let name = path.file_stem().map_or_else(
             || report.session_id.clone(),
             |s| s.to_string_lossy().into_owned(),
@@ -268,13 +272,25 @@ fn write_replay(args: &ReplayArgs, out: &mut impl std::io::Write) -> anyhow::Res
             };
             std::fs::write(&target, body)
                 .with_context(|| format!("writing {}", target.display()))?;
-            writeln!(out, "chart: {}", target.display())?;
+            if !args.json {
+                writeln!(out, "chart: {}", target.display())?;
+            }
         }
         reports.push((name, report));
+    }
+    if args.json {
+        let doc = trace::replay::json_document(&reports, config.cache_model);
+        writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+        return Ok(());
     }
     if reports.len() > 1 {
         writeln!(out, "{}", trace::replay::summary_table(&reports))?;
     }
+    writeln!(
+        out,
+        "{}",
+        trace::replay::lanes_table(&reports, config.cache_model)
+    )?;
     Ok(())
 }
 

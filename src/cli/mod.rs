@@ -14,7 +14,7 @@ mod layers;
 pub use layers::{LayerError, Layered, Source, parse_layered, print_config};
 
 use crate::config::{
-    CacheCounting, EngineConfig, OverflowPreset, Reserved, SessionOverrides, StrategyPreset,
+    CacheCounting, CacheModel, EngineConfig, OverflowPreset, Reserved, SessionOverrides, StrategyPreset,
     StrategySet,
 };
 use crate::domain::ModelLimits;
@@ -130,9 +130,9 @@ pub struct EngineArgs {
     /// The synthetic user message after an automatic compaction.
     #[arg(long, env = "COMPACTD_AUTO_CONTINUE_TEXT", default_value = crate::config::AUTO_CONTINUE_TEXT)]
     pub auto_continue_text: String,
-    /// Aggressive strategy preset: compact (all on), balanced (all but user code and error
-    /// truncation), verbose (none).
-    #[arg(long, env = "COMPACTD_STRATEGY_PRESET", default_value = "compact")]
+    /// Strategy preset: compactd (every strategy), compact (ACP's thirteen), balanced
+    /// (ACP's but user code and error truncation), verbose (none).
+    #[arg(long, env = "COMPACTD_STRATEGY_PRESET", default_value = "compactd")]
     pub strategy_preset: String,
     /// Exactly these strategies on (comma separated, camelCase or snake_case names);
     /// overrides the preset.
@@ -162,6 +162,17 @@ pub struct EngineArgs {
         default_value = "browser_snapshot,browser_take_screenshot,take_snapshot,take_screenshot,screenshot,snapshot"
     )]
     pub snapshot_tools: Vec<String>,
+    /// maskObservations: the newest tool results that always read in full.
+    #[arg(long, env = "COMPACTD_MASK_KEEP", default_value_t = crate::config::MASK_KEEP)]
+    pub mask_keep: u32,
+    /// capLargeOutputs: the share of usable input one tool output may fill, in (0, 1].
+    #[arg(long, env = "COMPACTD_OUTPUT_CAP", default_value_t = crate::config::OUTPUT_CAP)]
+    pub output_cap: f64,
+    /// The provider's prompt-cache prices, which every rewrite of the prompt's past is
+    /// weighed against (and `replay` prices requests with): anthropic, openai, none
+    /// (apply at once) or custom:READ:WRITE:TTL_SECONDS.
+    #[arg(long, env = "COMPACTD_CACHE_MODEL", default_value = "anthropic", value_parser = parse_cache_model)]
+    pub cache_model: CacheModel,
 }
 
 /// Where `serve` listens.
@@ -515,6 +526,10 @@ pub struct ReplayArgs {
     /// Model name for --summarize-with.
     #[arg(long, default_value = "local")]
     pub summarize_model: String,
+    /// Print one JSON document (per trace and in total, per lane: prompt_tokens, cost,
+    /// cache_breaks, references, dangling_references, compactions) instead of tables.
+    #[arg(long)]
+    pub json: bool,
     /// Write a chart of context tokens per step to this file (.svg, or .html for a page);
     /// with several files, each chart gets the trace's name as a suffix.
     #[arg(long, value_name = "PATH")]
@@ -535,6 +550,10 @@ impl ReplayArgs {
     }
 }
 
+fn parse_cache_model(s: &str) -> Result<CacheModel, String> {
+    s.parse()
+}
+
 /// A flag value that cannot work, named with the flag.
 #[derive(Debug, thiserror::Error)]
 #[error("--{flag}: {message}")]
@@ -553,6 +572,9 @@ fn flag_of(key: &'static str) -> &'static str {
         "placeholder" => "placeholder",
         "auto_continue" => "auto-continue-text",
         "protected_file_globs" => "protected-file-globs",
+        "mask_keep" => "mask-keep",
+        "output_cap" => "output-cap",
+        "cache_model" => "cache-model",
         other => other,
     }
 }
@@ -627,6 +649,9 @@ impl EngineArgs {
             strategy_protected_tools: non_empty(&self.strategy_protected_tools),
             protected_file_globs: non_empty(&self.protected_file_globs),
             snapshot_tools: non_empty(&self.snapshot_tools),
+            mask_keep: self.mask_keep,
+            output_cap: self.output_cap,
+            cache_model: self.cache_model,
             ..EngineConfig::default()
         };
         base.validate().map_err(|e| ConfigError {

@@ -48,6 +48,10 @@ pub const STRATEGY_PROTECTED_TOOLS: &[&str] = &[
 /// `pruneFiles`: attachments older than this many user turns become breadcrumbs (the
 /// last 2 turns are never touched).
 pub const FILE_AGE_TURNS: usize = 2;
+/// `maskObservations`: the newest tool results that always read in full.
+pub const MASK_KEEP: u32 = 10;
+/// `capLargeOutputs`: an output above this share of usable input reads as head + tail.
+pub const OUTPUT_CAP: f64 = 0.1;
 /// `truncateOldErrors`: errors older than this many user turns keep their first line.
 pub const ERROR_AGE_TURNS: usize = 3;
 /// `pruneUserCodeBlocks`: user code blocks older than this many user turns are truncated.
@@ -55,13 +59,15 @@ pub const CODE_BLOCK_AGE_TURNS: usize = 5;
 
 use std::collections::BTreeMap;
 
+mod cache;
 mod strategy;
 mod validate;
+pub use cache::CacheModel;
 pub use strategy::{
     DEFAULT_SNAPSHOT_TOOLS, Strategy, StrategyPreset, StrategySet, UnknownStrategy,
 };
 pub use validate::{
-    InvalidSetting, MAX_AUTO_CONTINUE, MAX_PLACEHOLDER, MAX_PROMPT, MAX_PROTECT_TURNS,
+    InvalidSetting, MAX_AUTO_CONTINUE, MAX_MASK_KEEP, MAX_PLACEHOLDER, MAX_PROMPT, MAX_PROTECT_TURNS,
 };
 
 /// How cached prompt tokens are counted when `tokens.total` is absent.
@@ -145,6 +151,13 @@ pub struct EngineConfig {
     pub protected_file_globs: Vec<String>,
     /// Tools whose outputs are snapshots (`pruneSnapshots`).
     pub snapshot_tools: Vec<String>,
+    /// `maskObservations`: the newest tool results never masked.
+    pub mask_keep: u32,
+    /// `capLargeOutputs`: the share of usable input one output may fill.
+    pub output_cap: f64,
+    /// The provider's prompt-cache prices, which the scheduler weighs every rewrite of
+    /// the prompt's past against (`none`: apply at once).
+    pub cache_model: CacheModel,
 }
 
 impl Default for EngineConfig {
@@ -171,6 +184,9 @@ impl Default for EngineConfig {
             strategy_protected_tools: strings(STRATEGY_PROTECTED_TOOLS),
             protected_file_globs: Vec::new(),
             snapshot_tools: strings(DEFAULT_SNAPSHOT_TOOLS),
+            mask_keep: MASK_KEEP,
+            output_cap: OUTPUT_CAP,
+            cache_model: CacheModel::ANTHROPIC,
         }
     }
 }
@@ -220,6 +236,12 @@ pub struct SessionOverrides {
     pub compaction_prompt: Option<String>,
     /// Summary template (read by the server).
     pub compaction_template: Option<String>,
+    /// `maskObservations`: newest tool results never masked.
+    pub mask_keep: Option<u32>,
+    /// `capLargeOutputs`: share of usable input one output may fill.
+    pub output_cap: Option<f64>,
+    /// Prompt-cache prices the scheduler weighs rewrites against.
+    pub cache_model: Option<CacheModel>,
 }
 
 impl SessionOverrides {
@@ -248,7 +270,10 @@ impl SessionOverrides {
             auto_continue,
             compaction_system,
             compaction_prompt,
-            compaction_template
+            compaction_template,
+            mask_keep,
+            output_cap,
+            cache_model
         );
         self.strategies
             .extend(newer.strategies.iter().map(|(k, v)| (*k, *v)));
@@ -266,6 +291,8 @@ impl EngineConfig {
             Some(OverflowPreset::OpenCode) => {
                 s.threshold = 1.0;
                 s.reserved = Reserved::OpenCode;
+                // OpenCode prunes as soon as it decides: no cache-aware holding.
+                s.cache_model = CacheModel::NONE;
             }
             Some(OverflowPreset::Compactd) => {
                 s.threshold = DEFAULT_THRESHOLD;
@@ -320,6 +347,15 @@ impl EngineConfig {
         }
         if let Some(v) = &o.auto_continue {
             s.auto_continue = v.clone();
+        }
+        if let Some(v) = o.mask_keep {
+            s.mask_keep = v;
+        }
+        if let Some(v) = o.output_cap {
+            s.output_cap = v;
+        }
+        if let Some(v) = o.cache_model {
+            s.cache_model = v;
         }
         s
     }

@@ -44,11 +44,35 @@ pub enum Strategy {
     SupersedeTodos,
     /// Base layer: `glob`/`grep` of the same path + pattern (+ include) keep the newest.
     SupersedeSearches,
+    /// compactd: tool outputs older than the newest `mask_keep` tool results read as a
+    /// short placeholder naming the tool, the call id and the size (observation masking).
+    MaskObservations,
+    /// compactd: one output above `output_cap` of usable input reads as head + tail.
+    CapLargeOutputs,
 }
 
 impl Strategy {
     /// Every strategy, in report order (seed 03's ten, then the base layer).
-    pub const ALL: [Strategy; 13] = [
+    pub const ALL: [Strategy; 15] = [
+        Strategy::PruneToolInputs,
+        Strategy::PruneStepMarkers,
+        Strategy::PruneSourceUrls,
+        Strategy::StateQuerySupersede,
+        Strategy::PruneSnapshots,
+        Strategy::PruneRetryParts,
+        Strategy::PruneFiles,
+        Strategy::PruneUserCodeBlocks,
+        Strategy::TruncateOldErrors,
+        Strategy::AggressiveFilePrune,
+        Strategy::SupersedeDuplicates,
+        Strategy::SupersedeTodos,
+        Strategy::SupersedeSearches,
+        Strategy::MaskObservations,
+        Strategy::CapLargeOutputs,
+    ];
+
+    /// ACP's strategies (seed 03's ten and the base layer), without compactd's own.
+    pub const ACP: [Strategy; 13] = [
         Strategy::PruneToolInputs,
         Strategy::PruneStepMarkers,
         Strategy::PruneSourceUrls,
@@ -80,6 +104,8 @@ impl Strategy {
             Strategy::SupersedeDuplicates => "supersedeDuplicates",
             Strategy::SupersedeTodos => "supersedeTodos",
             Strategy::SupersedeSearches => "supersedeSearches",
+            Strategy::MaskObservations => "maskObservations",
+            Strategy::CapLargeOutputs => "capLargeOutputs",
         }
     }
 
@@ -110,6 +136,16 @@ impl Strategy {
                 | Strategy::SupersedeTodos
                 | Strategy::SupersedeSearches
         )
+    }
+
+    /// Which mark wins when two strategies want the same part: a supersede (the part is
+    /// stale) outranks masking (the part is old), which outranks a shortening.
+    pub fn rank(self) -> u8 {
+        match self {
+            s if s.supersedes() => 3,
+            Strategy::MaskObservations => 2,
+            _ => 1,
+        }
     }
 
     fn bit(self) -> u16 {
@@ -165,9 +201,16 @@ impl StrategySet {
     /// No strategy.
     pub const NONE: StrategySet = StrategySet(0);
 
-    /// Every strategy (ACP's `compact` preset, the default: opt-out).
+    /// Every strategy, ACP's and compactd's (the default: opt-out).
     pub fn all() -> StrategySet {
         Strategy::ALL
+            .iter()
+            .fold(StrategySet::NONE, |s, st| s.with(*st, true))
+    }
+
+    /// ACP's strategies alone (its `compact` preset).
+    pub fn acp() -> StrategySet {
+        Strategy::ACP
             .iter()
             .fold(StrategySet::NONE, |s, st| s.with(*st, true))
     }
@@ -175,8 +218,9 @@ impl StrategySet {
     /// The set a preset names.
     pub fn preset(p: StrategyPreset) -> StrategySet {
         match p {
-            StrategyPreset::Compact => StrategySet::all(),
-            StrategyPreset::Balanced => StrategySet::all()
+            StrategyPreset::Compactd => StrategySet::all(),
+            StrategyPreset::Compact => StrategySet::acp(),
+            StrategyPreset::Balanced => StrategySet::acp()
                 .with(Strategy::PruneUserCodeBlocks, false)
                 .with(Strategy::TruncateOldErrors, false),
             StrategyPreset::Verbose => StrategySet::NONE,
@@ -232,10 +276,12 @@ impl fmt::Debug for StrategySet {
     }
 }
 
-/// ACP's presets.
+/// ACP's presets, and compactd's default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StrategyPreset {
-    /// All strategies (default).
+    /// Every strategy, ACP's and compactd's (default).
+    Compactd,
+    /// ACP's strategies (ACP's default).
     Compact,
     /// All but user code block and error truncation.
     Balanced,
@@ -248,11 +294,12 @@ impl FromStr for StrategyPreset {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.trim().to_ascii_lowercase().as_str() {
+            "compactd" => Ok(StrategyPreset::Compactd),
             "compact" => Ok(StrategyPreset::Compact),
             "balanced" => Ok(StrategyPreset::Balanced),
             "verbose" => Ok(StrategyPreset::Verbose),
             other => Err(format!(
-                "unknown strategy preset {other:?} (compact, balanced, verbose)"
+                "unknown strategy preset {other:?} (compactd, compact, balanced, verbose)"
             )),
         }
     }
@@ -278,13 +325,16 @@ mod tests {
     #[test]
     fn presets_follow_acp() {
         assert_eq!(
-            StrategySet::preset(StrategyPreset::Compact),
+            StrategySet::preset(StrategyPreset::Compactd),
             StrategySet::all()
         );
+        let acp = StrategySet::preset(StrategyPreset::Compact);
+        assert_eq!(acp.iter().count(), Strategy::ACP.len());
+        assert!(!acp.has(Strategy::MaskObservations));
         let balanced = StrategySet::preset(StrategyPreset::Balanced);
         assert!(!balanced.has(Strategy::PruneUserCodeBlocks));
         assert!(!balanced.has(Strategy::TruncateOldErrors));
-        assert_eq!(balanced.iter().count(), Strategy::ALL.len() - 2);
+        assert_eq!(balanced.iter().count(), Strategy::ACP.len() - 2);
         assert!(StrategySet::preset(StrategyPreset::Verbose).is_empty());
     }
 

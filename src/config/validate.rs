@@ -4,7 +4,7 @@
 
 use thiserror::Error;
 
-use super::{EngineConfig, SessionOverrides};
+use super::{CacheModel, EngineConfig, SessionOverrides};
 
 /// Longest placeholder text (server or session).
 pub const MAX_PLACEHOLDER: usize = 1 << 10;
@@ -50,6 +50,28 @@ fn protect_turns(t: u32) -> Result<(), InvalidSetting> {
     Ok(())
 }
 
+/// Most tool results `maskObservations` can be told to keep.
+pub const MAX_MASK_KEEP: u32 = 100_000;
+
+fn mask_keep(n: u32) -> Result<(), InvalidSetting> {
+    if n > MAX_MASK_KEEP {
+        return Err(invalid("mask_keep", format!("{n} is over {MAX_MASK_KEEP}")));
+    }
+    Ok(())
+}
+
+fn output_cap(share: f64) -> Result<(), InvalidSetting> {
+    if share > 0.0 && share <= 1.0 {
+        Ok(())
+    } else {
+        Err(invalid("output_cap", format!("{share} is not in (0, 1]")))
+    }
+}
+
+fn cache_model(m: &CacheModel) -> Result<(), InvalidSetting> {
+    m.check().map_err(|e| invalid("cache_model", e))
+}
+
 /// A text that is rendered into the context: not blank, at most `max` bytes.
 fn text(key: &'static str, v: &str, max: usize) -> Result<(), InvalidSetting> {
     if v.trim().is_empty() {
@@ -83,6 +105,9 @@ impl EngineConfig {
         protect_turns(self.protect_turns)?;
         text("placeholder", &self.placeholder, MAX_PLACEHOLDER)?;
         text("auto_continue", &self.auto_continue, MAX_AUTO_CONTINUE)?;
+        mask_keep(self.mask_keep)?;
+        output_cap(self.output_cap)?;
+        cache_model(&self.cache_model)?;
         globs("protected_file_globs", &self.protected_file_globs)
     }
 }
@@ -113,6 +138,15 @@ impl SessionOverrides {
         }
         if let Some(g) = &self.protected_file_globs {
             globs("protected_file_globs", g)?;
+        }
+        if let Some(n) = self.mask_keep {
+            mask_keep(n)?;
+        }
+        if let Some(v) = self.output_cap {
+            output_cap(v)?;
+        }
+        if let Some(m) = &self.cache_model {
+            cache_model(m)?;
         }
         Ok(())
     }
@@ -159,6 +193,22 @@ mod tests {
                 protected_file_globs: Some(vec!["src/[".into()]),
                 ..Default::default()
             },
+            SessionOverrides {
+                mask_keep: Some(MAX_MASK_KEEP + 1),
+                ..Default::default()
+            },
+            SessionOverrides {
+                output_cap: Some(0.0),
+                ..Default::default()
+            },
+            SessionOverrides {
+                cache_model: Some(CacheModel {
+                    read: f64::NAN,
+                    write: 1.0,
+                    ttl_ms: 0,
+                }),
+                ..Default::default()
+            },
         ];
         let keys: Vec<&str> = bad
             .iter()
@@ -173,7 +223,10 @@ mod tests {
                 "placeholder",
                 "auto_continue",
                 "compaction_prompt",
-                "protected_file_globs"
+                "protected_file_globs",
+                "mask_keep",
+                "output_cap",
+                "cache_model"
             ]
         );
     }

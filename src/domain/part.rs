@@ -30,6 +30,8 @@ pub struct StrategyMark {
     pub superseded_by: String,
     /// When the mark was set (epoch ms).
     pub time: i64,
+    /// Characters of the original kept (head and tail) for `capLargeOutputs`; 0 otherwise.
+    pub keep: u64,
 }
 
 /// Every part type OpenCode emits.

@@ -20,9 +20,11 @@ mod overflow;
 mod prune;
 mod prune_index;
 mod render;
+pub mod scheduler;
 mod session;
 mod stored;
 pub mod strategies;
+mod token_index;
 mod totals;
 mod update;
 
@@ -88,8 +90,14 @@ pub fn step(
             events.push(Event::Overflow(check));
         }
     }
+    if let Some(at) = applied.user_at
+        && session.settings().prune
+        && let Some(report) = session.commit_if_cold(at, now_ms)
+    {
+        events.push(Event::Pruned(report));
+    }
     if applied.finished && session.settings().prune {
-        let report = session.prune(PruneMode::Commit, now_ms);
+        let (report, _) = session.auto_commit(now_ms);
         if report.changed() {
             events.push(Event::Pruned(report));
         }

@@ -5,6 +5,7 @@
 
 use super::prune_index::Candidate;
 use super::render::active_mark;
+use super::scheduler::Scope;
 use super::session::{Rendering, Session};
 use super::strategies::{Strategy, StrategyRun};
 use crate::domain::PartKind;
@@ -79,9 +80,9 @@ impl Session {
     /// would do because it is one.
     pub fn prune(&mut self, mode: PruneMode, now_ms: i64) -> PruneReport {
         match mode {
-            PruneMode::Commit => self.prune_run(now_ms, true),
+            PruneMode::Commit => self.prune_run(now_ms, true, Scope::All),
             PruneMode::DryRun => {
-                let mut report = self.trial(|s| s.prune_run(now_ms, false));
+                let mut report = self.trial(|s| s.prune_run(now_ms, false, Scope::All));
                 report.dry_run = true;
                 if report.committed {
                     report.committed = false;
@@ -92,10 +93,16 @@ impl Session {
         }
     }
 
+    /// A committing run limited to `scope` (the cache-aware scheduler's choice).
+    pub(crate) fn prune_scoped(&mut self, now_ms: i64, scope: Scope) -> PruneReport {
+        self.prune_run(now_ms, true, scope)
+    }
+
     /// One prune run; `commit` false keeps the strategies' queue and the prune window as
-    /// they are (the caller rolls the marks back).
-    fn prune_run(&mut self, now_ms: i64, commit: bool) -> PruneReport {
-        let strategies = self.run_strategies(commit, now_ms);
+    /// they are (the caller rolls the marks back). Within [`Scope::Fresh`] prune's own
+    /// clearing (which only reaches parts already sent) waits.
+    pub(crate) fn prune_run(&mut self, now_ms: i64, commit: bool, scope: Scope) -> PruneReport {
+        let strategies = self.run_strategies(commit, now_ms, scope);
         let plan = self.prune_plan();
         let settings = self.settings();
         let minimum = settings.prune_minimum;
@@ -111,6 +118,10 @@ impl Session {
             prune_minimum: minimum,
             strategies,
         };
+        if scope == Scope::Fresh && !plan.prune.is_empty() {
+            report.reason = Some("held by the cache scheduler: the rewrite would cost more than it saves".into());
+            return report;
+        }
         if plan.pruned <= minimum {
             report.reason = Some(if plan.prune.is_empty() {
                 format!(

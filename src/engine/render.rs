@@ -4,7 +4,7 @@
 //! parts and the summarizer's input all come from here, so they cannot disagree.
 
 use super::strategies::{
-    Strategy, file_breadcrumb, inlined_breadcrumb, is_inlined_file, is_step_marker, strip_input,
+    Strategy, capped_text, file_breadcrumb, masked_text, inlined_breadcrumb, is_inlined_file, is_step_marker, strip_input,
     superseded_text, truncate_code_blocks, truncate_error,
 };
 use crate::config::{INTERRUPTED, Settings};
@@ -108,8 +108,19 @@ pub(crate) fn render_as(
                         if text.len() < st.output.len() {
                             output = Some(text.clone());
                         }
+                    } else if active == Some(Strategy::MaskObservations) {
+                        // Names the call, so the model can ask for it back (prune's
+                        // placeholder does not).
+                        let text = masked_text(&tool.tool, &tool.call_id, st.output.len());
+                        if text.len() < st.output.len() {
+                            output = Some(text);
+                        } else if compacted {
+                            output = Some(s.placeholder.clone());
+                        }
                     } else if compacted {
                         output = Some(s.placeholder.clone());
+                    } else if active == Some(Strategy::CapLargeOutputs) {
+                        output = mark.and_then(|m| capped_text(&st.output, m.keep, &tool.call_id));
                     }
                 }
                 ToolStatus::Error => {

@@ -20,9 +20,12 @@ use super::footprint::{
     ByteLimit, info_bytes, message_bytes, part_bytes, part_slot_growth, part_slots_bytes,
 };
 use super::prune_index::{PruneIndex, PrunePlan};
+use super::scheduler::RequestLog;
+use super::token_index::TokenIndex;
 use super::render::{is_compacted, is_reduced, render_as};
 use super::stored::{Message, StoredPart};
-use super::strategies::{Pending, Tracker};
+use super::overflow::usable_input;
+use super::strategies::{Pending, Tracker, cap_chars};
 use super::totals::{PartFigures, Totals, UsageState};
 use super::update::{Applied, Update};
 use crate::config::{EngineConfig, Settings, Strategy};
@@ -92,6 +95,10 @@ pub struct Session {
     byte_limit: ByteLimit,
     /// Set during a trial run, which is rolled back at its end.
     journal: Option<Journal>,
+    /// Context tokens per message (where a cached prefix ends, in O(log n)).
+    by_msg: TokenIndex,
+    /// The requests so far, for the cache-aware scheduler.
+    requests: RequestLog,
 }
 
 impl Clone for Session {
@@ -114,6 +121,8 @@ impl Clone for Session {
             tracker,
             byte_limit,
             journal: _,
+            by_msg,
+            requests,
         } = self;
         let messages = messages.clone();
         let part_slots = messages.iter().map(|m| m.parts.capacity()).sum();
@@ -132,6 +141,8 @@ impl Clone for Session {
             tracker: tracker.clone(),
             byte_limit: *byte_limit,
             journal: None,
+            by_msg: by_msg.clone(),
+            requests: *requests,
         }
     }
 }
@@ -145,7 +156,8 @@ impl Session {
     /// A new, empty session with settings resolved from `config` and the info's overrides.
     pub fn new(info: SessionInfo, config: &EngineConfig, counter: Arc<dyn TokenCounter>) -> Self {
         let settings = config.resolve(&info.config);
-        let tracker = Tracker::new(&settings);
+        let mut tracker = Tracker::new(&settings);
+        tracker.set_cap_chars(output_cap_chars(&info, &settings));
         let bytes = session_bytes(&info, &settings);
         Session {
             info,
@@ -162,7 +174,35 @@ impl Session {
             tracker,
             byte_limit: ByteLimit::NONE,
             journal: None,
+            by_msg: TokenIndex::default(),
+            requests: RequestLog::default(),
         }
+    }
+
+    /// The requests so far (for the scheduler).
+    pub(crate) fn request_log(&self) -> &RequestLog {
+        &self.requests
+    }
+
+    /// Context tokens of the messages at positions `from..to` (arrival order). O(log n).
+    pub(crate) fn tokens_between(&self, from: usize, to: usize) -> u64 {
+        self.by_msg.range(from, to)
+    }
+
+    /// The earliest part a trial run changed among those a request has already sent.
+    pub(crate) fn earliest_sent_change(&self) -> Option<(usize, usize)> {
+        self.journal
+            .as_ref()?
+            .parts
+            .iter()
+            .map(|p| (p.msg, p.pi))
+            .filter(|&(m, pi)| self.requests.is_sent(m, pi))
+            .min()
+    }
+
+    /// Bytes of the per-message token index (counted with the bytes held).
+    pub(crate) fn index_bytes(&self) -> u64 {
+        self.by_msg.capacity_bytes()
     }
 
     /// Session info (id, model, limits, overrides, todos).
@@ -288,6 +328,11 @@ impl Session {
         }
     }
 
+    /// Puts decisions the scheduler held back in the queue for a later commit.
+    pub(crate) fn hold_decisions(&mut self, held: Vec<Pending>) {
+        self.tracker.hold(held);
+    }
+
     /// A compaction committed: the next request is the new context.
     pub(crate) fn compaction_committed(&mut self, tokens_after: u64) {
         self.totals.compaction_committed(tokens_after);
@@ -339,6 +384,7 @@ impl Session {
         let (new, now_compacted) = (stored.context_tokens(), stored.is_compacted());
         self.totals
             .rendering_changed((old, new), (was_compacted, now_compacted), reduction);
+        self.by_msg.moved(msg, old, new);
         (old, new)
     }
 
@@ -354,11 +400,14 @@ impl Session {
         if let Some(journal) = self.journal.take() {
             for prior in journal.parts.into_iter().rev() {
                 let stored = &mut self.messages[prior.msg].parts[prior.pi];
+                let during = stored.context_tokens();
                 stored.part.mark = prior.mark;
                 if let PartKind::Tool(t) = &mut stored.part.kind {
                     t.state.time.compacted = prior.compacted_at;
                 }
                 stored.reduced = prior.reduced;
+                let restored = stored.context_tokens();
+                self.by_msg.moved(prior.msg, during, restored);
             }
             self.totals = journal.totals;
         }
@@ -408,6 +457,8 @@ impl Session {
         self.check_growth("", old, new)?;
         self.totals.bytes_changed(old, new);
         self.info = next;
+        self.tracker
+            .set_cap_chars(output_cap_chars(&self.info, &settings));
         if settings != self.settings {
             self.settings = settings;
             self.recount_all();
@@ -464,11 +515,16 @@ impl Session {
         if usage {
             self.totals.usage_reported(tokens.unwrap_or_default());
         }
+        if finished && self.messages[idx].info.role == Role::Assistant {
+            let t = &self.messages[idx].info.time;
+            self.requests.finished(t.completed.unwrap_or(t.created));
+        }
         Ok(Applied {
             created: false,
             finished,
             usage_reported: usage,
             summary,
+            user_at: None,
         })
     }
 
@@ -483,7 +539,14 @@ impl Session {
             self.users.push(idx);
         } else {
             self.totals.request_started(); // a new assistant message is a new request
+            self.requests.started(idx, 0, Some(info.time.created));
         }
+        if finished && info.role == Role::Assistant {
+            self.requests
+                .finished(info.time.completed.unwrap_or(info.time.created));
+        }
+        self.by_msg.push();
+        let user_at = (info.role == Role::User).then_some(info.time.created);
         self.by_id.insert(info.id.clone(), idx);
         let user = info.role == Role::User;
         self.messages.push(Message {
@@ -505,6 +568,7 @@ impl Session {
             finished,
             usage_reported: usage,
             summary,
+            user_at,
         }
     }
 
@@ -587,8 +651,16 @@ impl Session {
                 parts.len() - 1
             }
         };
+        if created && is_step_start {
+            self.requests.started(idx, at, None);
+        }
         self.tracker
             .on_part(&self.messages, idx, at, &self.settings);
+        self.by_msg.moved(
+            idx,
+            old_figures.map_or(0, |f| f.tokens),
+            new_figures.tokens,
+        );
         self.totals.part_changed(old_figures, Some(new_figures));
         if is_tool || was_tool {
             self.prune.touch(idx);
@@ -629,6 +701,7 @@ impl Session {
         let assistant = self.messages[idx].info.role == Role::Assistant;
         let figures = self.figures_of(&old, assistant);
         self.totals.part_changed(Some(figures), None);
+        self.by_msg.moved(idx, figures.tokens, 0);
         // Removing any part shifts the positions of the parts after it, which the prune
         // window may hold: always invalidate it (deletions are rare).
         self.prune.touch(idx);
@@ -730,14 +803,20 @@ impl Session {
     /// Re-derives the context total after the settings changed (placeholder, strategies).
     fn recount_all(&mut self) {
         let mut total = 0u64;
+        let mut by_msg = TokenIndex::default();
         for mi in 0..self.messages.len() {
+            by_msg.push();
+            let mut msg_total = 0u64;
             for pi in 0..self.messages[mi].parts.len() {
                 let reduced = self.reduced_tokens(&self.messages[mi].parts[pi].part);
                 let stored = &mut self.messages[mi].parts[pi];
                 stored.reduced = reduced;
-                total = total.saturating_add(stored.context_tokens());
+                msg_total = msg_total.saturating_add(stored.context_tokens());
             }
+            by_msg.moved(mi, 0, msg_total);
+            total = total.saturating_add(msg_total);
         }
+        self.by_msg = by_msg;
         self.totals.recounted(total);
     }
 
@@ -788,6 +867,11 @@ impl Session {
             }
         }
     }
+}
+
+/// Characters one tool output may keep in this session's window (`capLargeOutputs`).
+fn output_cap_chars(info: &SessionInfo, settings: &Settings) -> u64 {
+    cap_chars(settings.output_cap, usable_input(&info.limits))
 }
 
 /// True for a user message that opens a compaction.

@@ -53,4 +53,7 @@ pub struct Applied {
     pub usage_reported: bool,
     /// The finished message is a compaction summary (never triggers another compaction).
     pub summary: bool,
+    /// A new user message arrived, written at this host time (the scheduler checks
+    /// whether the prompt cache has expired since the last request).
+    pub user_at: Option<i64>,
 }

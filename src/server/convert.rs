@@ -14,7 +14,7 @@ use serde_json::{Map, Number, Value};
 use super::pb;
 use super::status::Rejection;
 use crate::config::{
-    CacheCounting, InvalidSetting, OverflowPreset, SessionOverrides, Strategy, StrategyPreset,
+    CacheCounting, CacheModel, InvalidSetting, OverflowPreset, SessionOverrides, Strategy, StrategyPreset,
 };
 use crate::domain::{
     AgentPart, CompactionPart, FilePart, InvalidField, MessageError, MessageInfo, MessageTime,
@@ -193,6 +193,13 @@ fn convert_overrides(c: pb::SessionConfig) -> Result<SessionOverrides, Rejection
         strategies.insert(st, *on);
     }
     let protected_file_globs = c.protected_file_globs.map(|l| l.values);
+    let cache_model = match c.cache_model.trim() {
+        "" => None,
+        name => Some(
+            name.parse::<CacheModel>()
+                .map_err(|e| Rejection::invalid("cache_model", e))?,
+        ),
+    };
     let preset = match pb::OverflowPreset::try_from(c.preset) {
         Ok(pb::OverflowPreset::Unspecified) => None,
         Ok(pb::OverflowPreset::Compactd) => Some(OverflowPreset::Compactd),
@@ -227,6 +234,9 @@ fn convert_overrides(c: pb::SessionConfig) -> Result<SessionOverrides, Rejection
         compaction_system: c.compaction_system.filter(|v| !v.trim().is_empty()),
         compaction_prompt: c.compaction_prompt.filter(|v| !v.trim().is_empty()),
         compaction_template: c.compaction_template.filter(|v| !v.trim().is_empty()),
+        mask_keep: c.mask_keep,
+        output_cap: c.output_cap,
+        cache_model,
     })
 }
 
@@ -256,6 +266,7 @@ fn overrides_to_pb(o: &SessionOverrides) -> pb::SessionConfig {
         compaction_template: o.compaction_template.clone(),
         strategy_preset: match o.strategy_preset {
             None => String::new(),
+            Some(StrategyPreset::Compactd) => "compactd".into(),
             Some(StrategyPreset::Compact) => "compact".into(),
             Some(StrategyPreset::Balanced) => "balanced".into(),
             Some(StrategyPreset::Verbose) => "verbose".into(),
@@ -282,6 +293,9 @@ fn overrides_to_pb(o: &SessionOverrides) -> pb::SessionConfig {
             Some(OverflowPreset::Compactd) => pb::OverflowPreset::Compactd,
             Some(OverflowPreset::OpenCode) => pb::OverflowPreset::Opencode,
         } as i32,
+        mask_keep: o.mask_keep,
+        output_cap: o.output_cap,
+        cache_model: o.cache_model.map(|m| m.to_string()).unwrap_or_default(),
     }
 }
 
@@ -665,6 +679,7 @@ pub fn part_to_pb(p: &Part) -> pb::Part {
             strategy: m.strategy.name().to_string(),
             superseded_by: m.superseded_by.clone(),
             time: m.time,
+            keep_chars: m.keep,
         }),
     }
 }

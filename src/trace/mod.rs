@@ -8,7 +8,10 @@
 //! compactd would have done.
 
 pub mod chart;
+pub mod cost;
 mod import;
+pub mod lanes;
+pub mod references;
 pub mod replay;
 
 use std::sync::Arc;

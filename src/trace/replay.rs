@@ -7,11 +7,14 @@
 //! parts (a `step-finish` part is a usage report), then the info again, finished, which
 //! runs the overflow check and the automatic prune.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 
 use super::Export;
-use crate::config::{EngineConfig, StrategySet};
+use super::lanes::{LANES, LaneFigures, LaneRecord, lane_config};
+use super::references::ReferenceIndex;
+use crate::config::{CacheCounting, CacheModel, EngineConfig};
 use crate::domain::{ModelLimits, Role};
 use crate::engine::strategies::{Strategy, StrategyRun};
 use crate::engine::{
@@ -33,6 +36,8 @@ pub struct Row {
     pub prune_only: u64,
     /// Context tokens with compactd as configured (prune and strategies).
     pub pruned: u64,
+    /// Context tokens in the `masking-10` reference lane.
+    pub masking: u64,
     /// What the strategies marked at this step, by strategy.
     pub strategies: StrategyRun,
     /// Provider-reported usage of the step (0 when the export has none).
@@ -76,9 +81,29 @@ pub struct Report {
     pub rows: Vec<Row>,
     /// Messages fed.
     pub messages: usize,
+    /// What each lane sent, request by request ([`LANES`] order).
+    pub lanes: Vec<LaneRecord>,
+    /// Per request: the references the agent made.
+    pub references: Vec<usize>,
+    /// Tokens of the fixed prompt (system prompt, tool definitions) the export does not
+    /// hold, estimated from the first reported usage.
+    pub fixed_prefix: u64,
 }
 
 impl Report {
+    /// Every lane's figures under `model`, in [`LANES`] order.
+    pub fn lane_figures(&self, model: CacheModel) -> Vec<(&str, LaneFigures)> {
+        self.lanes
+            .iter()
+            .map(|l| {
+                (
+                    l.name.as_str(),
+                    l.figures(model, self.fixed_prefix, &self.references),
+                )
+            })
+            .collect()
+    }
+
     /// Steps where overflow fired.
     pub fn overflow_steps(&self) -> impl Iterator<Item = &Row> {
         self.rows.iter().filter(|r| r.overflow.is_some())
@@ -123,28 +148,59 @@ pub fn replay_with(
 ) -> Report {
     let mut info = export.info.clone();
     info.limits = limits;
+    let [baseline_cfg, prune_only_cfg, masking_cfg, _] = LANES.map(|l| lane_config(l, config));
     let mut live = Session::new(info.clone(), config, counter.clone());
-    let baseline_cfg = EngineConfig {
-        prune: false,
-        auto_compact: false,
-        ..config.clone()
-    };
-    let prune_only_cfg = EngineConfig {
-        strategies: StrategySet::NONE,
-        auto_compact: false,
-        ..config.clone()
-    };
     let mut prune_only = Session::new(info.clone(), &prune_only_cfg, counter.clone());
+    let mut masking = Session::new(info.clone(), &masking_cfg, counter.clone());
     let mut baseline = Session::new(info, &baseline_cfg, counter);
+    let refs = ReferenceIndex::build(export);
+    let originals: HashSet<String> = export
+        .messages
+        .iter()
+        .flat_map(|(_, parts)| parts.iter().map(|p| p.id.clone()))
+        .collect();
+    let mut lanes: Vec<LaneRecord> = LANES.iter().map(|l| LaneRecord::new(l)).collect();
+    let mut references = Vec::new();
+    let mut fixed_prefix = None;
     let mut rows = Vec::new();
     let mut compacted_once = false;
-    for (minfo, parts) in &export.messages {
+    for (position, (minfo, parts)) in export.messages.iter().enumerate() {
         let now = minfo.time.completed.unwrap_or(minfo.time.created);
+        if minfo.role == Role::Assistant && minfo.is_finished() {
+            // One request: each lane's prompt as it stands before the reply.
+            for (lane, session) in lanes.iter_mut().zip([&baseline, &prune_only, &masking, &live])
+            {
+                lane.request(
+                    &session.build_context(),
+                    minfo.time.created,
+                    position,
+                    &refs,
+                    &originals,
+                );
+            }
+            references.push(refs.of_request(position).len());
+            if fixed_prefix.is_none()
+                && let Some(t) = minfo.tokens.filter(|t| !t.is_empty())
+            {
+                let sent = match config.cache_counting {
+                    CacheCounting::Separate => t
+                        .input
+                        .saturating_add(t.cache_read)
+                        .saturating_add(t.cache_write),
+                    CacheCounting::Included => t.input.saturating_add(t.cache_write),
+                };
+                let estimated = lanes[0].prompts.last().map_or(0, |p| {
+                    p.iter().fold(0u64, |a, x| a.saturating_add(x.tokens))
+                });
+                fixed_prefix = Some(sent.saturating_sub(estimated));
+            }
+        }
         let mut events = Vec::new();
         let stale_usage = compacted_once;
         let mut feed = |update: Update| {
             let _ = baseline.apply(update.clone(), &baseline_cfg);
             let _ = step(&mut prune_only, update.clone(), &prune_only_cfg, now);
+            let _ = step(&mut masking, update.clone(), &masking_cfg, now);
             // After a compaction the recorded usage describes the original, uncompacted run:
             // the replayed session goes by its prediction instead.
             let update = if stale_usage {
@@ -199,7 +255,9 @@ pub fn replay_with(
             }
             _ => None,
         };
-        compacted_once |= compaction.as_ref().is_some_and(|c| c.error.is_none());
+        let compacted = compaction.as_ref().is_some_and(|c| c.error.is_none());
+        compacted_once |= compacted;
+        lanes[3].compactions += usize::from(compacted);
         rows.push(Row {
             step: rows.len() + 1,
             compaction,
@@ -207,6 +265,7 @@ pub fn replay_with(
             baseline: baseline.build_context().tokens,
             prune_only: prune_only.build_context().tokens,
             pruned: live.build_context().tokens,
+            masking: masking.build_context().tokens,
             strategies,
             reported: minfo
                 .tokens
@@ -225,6 +284,9 @@ pub fn replay_with(
             .threshold,
         rows,
         messages: export.messages.len(),
+        lanes,
+        references,
+        fixed_prefix: fixed_prefix.unwrap_or(0),
     }
 }
 
@@ -438,4 +500,78 @@ fn truncate(s: &str, n: usize) -> &str {
         Some((i, _)) => &s[..i],
         None => s,
     }
+}
+
+/// The `replay --json` document: per trace and in total, every lane's figures under
+/// `model`. Key names are a contract other tools read.
+pub fn json_document(reports: &[(String, Report)], model: CacheModel) -> serde_json::Value {
+    let mut total: Vec<(String, LaneFigures)> = LANES
+        .iter()
+        .map(|l| (l.to_string(), LaneFigures::default()))
+        .collect();
+    let traces: Vec<serde_json::Value> = reports
+        .iter()
+        .map(|(file, r)| {
+            let mut lanes = serde_json::Map::new();
+            for (name, f) in r.lane_figures(model) {
+                if let Some((_, t)) = total.iter_mut().find(|(n, _)| n == name) {
+                    t.add(&f);
+                }
+                lanes.insert(name.to_string(), f.to_json());
+            }
+            serde_json::json!({"file": file, "requests": r.references.len(), "lanes": lanes})
+        })
+        .collect();
+    let lanes: serde_json::Map<String, serde_json::Value> =
+        total.iter().map(|(n, f)| (n.clone(), f.to_json())).collect();
+    serde_json::json!({"cache_model": model.to_string(), "traces": traces, "total": {"lanes": lanes}})
+}
+
+/// A Markdown table of every lane of every trace under `model`: prompt tokens, cost,
+/// cache breaks and dangling references, with the change against `none`, and the total.
+pub fn lanes_table(reports: &[(String, Report)], model: CacheModel) -> String {
+    let mut out = format!(
+        "cache model {model}\n\n| trace | lane | requests | prompt tokens | vs none | cost | vs none | cache breaks | dangling / references |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n"
+    );
+    let mut total: Vec<LaneFigures> = vec![LaneFigures::default(); LANES.len()];
+    let mut requests = 0;
+    let row = |out: &mut String, name: &str, lane: &str, n: usize, f: &LaneFigures, none: &LaneFigures| {
+        out.push_str(&format!(
+            "| {name} | {lane} | {n} | {} | {} | {:.0} | {} | {} | {} / {} ({:.1}%) |\n",
+            f.prompt_tokens,
+            pct(f.prompt_tokens as f64, none.prompt_tokens as f64),
+            f.cost,
+            pct(f.cost, none.cost),
+            f.cache_breaks,
+            f.dangling_references,
+            f.references,
+            100.0 * f.dangling_rate()
+        ));
+    };
+    for (name, r) in reports {
+        let figures = r.lane_figures(model);
+        requests += r.references.len();
+        let none = figures.first().map(|(_, f)| *f).unwrap_or_default();
+        for (i, (lane, f)) in figures.iter().enumerate() {
+            row(&mut out, name, lane, r.references.len(), f, &none);
+            if let Some(t) = total.get_mut(i) {
+                t.add(f);
+            }
+        }
+    }
+    if reports.len() > 1 {
+        let none = total[0];
+        for (lane, f) in LANES.iter().zip(&total) {
+            row(&mut out, "**total**", lane, requests, f, &none);
+        }
+    }
+    out
+}
+
+/// `-12.3%`: the change of `v` against `base`.
+fn pct(v: f64, base: f64) -> String {
+    if base <= 0.0 {
+        return "–".to_string();
+    }
+    format!("{:+.1}%", 100.0 * (v - base) / base)
 }

@@ -8,6 +8,7 @@ use std::collections::HashSet;
 use super::{PartRef, Strategy};
 use crate::domain::{PartKind, StrategyMark};
 use crate::engine::render::active_mark;
+use crate::engine::scheduler::Scope;
 use crate::engine::session::{Rendering, Session};
 
 /// Parts and tokens one strategy saved in a run.
@@ -86,18 +87,20 @@ impl StrategyRun {
 }
 
 impl Session {
-    /// Applies every pending strategy decision. With `commit` false the decisions stay
-    /// queued (a dry run, which rolls the marks back).
-    pub(crate) fn run_strategies(&mut self, commit: bool, now_ms: i64) -> StrategyRun {
+    /// Applies the pending strategy decisions within `scope`. With `commit` false the
+    /// decisions stay queued (a dry run, which rolls the marks back); decisions outside the
+    /// scope stay queued too.
+    pub(crate) fn run_strategies(&mut self, commit: bool, now_ms: i64, scope: Scope) -> StrategyRun {
         let mut run = StrategyRun::default();
         if self.settings().strategies.is_empty() {
             return run;
         }
         let mut pending = self.strategy_decisions(commit);
-        // Supersedes first: when a part is both stale and old, it is superseded, whichever
+        // Highest rank first: when a part is both stale and old, it is superseded, whichever
         // decision arrived first (a restart or import then decides the same).
-        pending.sort_by_key(|p| !p.strategy.supersedes());
+        pending.sort_by_key(|p| std::cmp::Reverse(p.strategy.rank()));
         let mut done: HashSet<PartRef> = HashSet::new();
+        let mut held = Vec::new();
         for p in pending {
             if done.contains(&p.at)
                 || !self.settings().strategies.has(p.strategy)
@@ -112,15 +115,19 @@ impl Session {
             else {
                 continue; // deleted since
             };
+            if scope == Scope::Fresh && self.request_log().is_sent(p.at.msg, pi) {
+                held.push(p); // the provider cached this part: the scheduler holds it
+                continue;
+            }
             let stored = &self.messages()[p.at.msg].parts[pi];
             if stored.is_compacted() {
                 continue; // compaction awareness: never processed twice
             }
-            // One mark per part. A supersede (the part is stale) outranks an age rewrite
-            // (the part is old), so the order decisions arrive in does not matter; a mark
-            // whose strategy is off no longer counts.
+            // One mark per part. A supersede (the part is stale) outranks masking (the part
+            // is old), which outranks a shortening, so the order decisions arrive in does
+            // not matter; a mark whose strategy is off no longer counts.
             match active_mark(&stored.part, self.settings()) {
-                Some(current) if current.supersedes() || !p.strategy.supersedes() => continue,
+                Some(current) if current.rank() >= p.strategy.rank() => continue,
                 _ => {}
             }
             if let PartKind::Tool(t) = &stored.part.kind
@@ -134,6 +141,7 @@ impl Session {
                 strategy: p.strategy,
                 superseded_by: p.by.clone(),
                 time: now_ms,
+                keep: p.keep,
             };
             let part = &stored.part;
             let unstripped = self.rendered_tokens_as(part, Some(&mark), false, false);
@@ -161,6 +169,9 @@ impl Session {
             });
             done.insert(p.at.clone());
             self.rerender(p.at.msg, pi, Rendering::Mark(Some(mark)), true);
+        }
+        if commit && !held.is_empty() {
+            self.hold_decisions(held);
         }
         run
     }

@@ -26,6 +26,8 @@ mod errors;
 mod file_masking;
 mod files;
 mod input_leak;
+mod masking;
+mod output_cap;
 mod retries;
 mod searches;
 mod snapshots;
@@ -41,10 +43,15 @@ pub use errors::truncate_error;
 pub use file_masking::{breadcrumb, file_breadcrumb, inlined_breadcrumb, is_inlined_file};
 pub use files::file_paths;
 pub use input_leak::strip_input;
+pub use masking::{Masking, masked_text};
+pub use output_cap::{cap_chars, capped_text};
 pub use step_markers::is_step_marker;
 pub use tracker::{PartRef, Pending, Tracker};
 
 pub use crate::config::{Strategy, StrategyPreset, StrategySet, UnknownStrategy};
+
+/// The tool a placeholder tells the model to call to see a hidden output again.
+pub const RECALL_TOOL: &str = "compactd_recall";
 
 /// Text a superseded output (or error) reads as in the context.
 pub fn superseded_text(by_call: &str) -> String {

@@ -20,6 +20,7 @@ use super::snapshots::snapshot_key;
 use super::source_urls::url_key;
 use super::state_queries::query_key;
 use super::todos::todo_key;
+use super::masking::Masking;
 use super::{Strategy, truncate_code_blocks};
 use crate::config::{CODE_BLOCK_AGE_TURNS, ERROR_AGE_TURNS, FILE_AGE_TURNS, Settings};
 use crate::domain::{Part, PartKind, Role, ToolPart, ToolStatus};
@@ -43,6 +44,8 @@ pub struct Pending {
     pub strategy: Strategy,
     /// Call id of the newer call (supersede strategies), else empty.
     pub by: String,
+    /// Characters kept (`capLargeOutputs`), else 0.
+    pub keep: u64,
 }
 
 /// The newest call seen for a key.
@@ -78,6 +81,11 @@ pub struct Tracker {
     queued: std::collections::HashSet<(PartRef, Strategy)>,
     /// Per age strategy: messages before this position have been looked at.
     aged: [usize; 3],
+    /// Tool results in order, for `maskObservations`.
+    masking: Masking,
+    /// Characters one output may keep (`capLargeOutputs`; 0: no cap). Set by the session
+    /// from its window.
+    cap_chars: u64,
     globs: GlobSet,
     dirty: bool,
 }
@@ -88,6 +96,15 @@ impl Tracker {
         Tracker {
             globs: compile_globs(&s.protected_file_globs),
             ..Tracker::default()
+        }
+    }
+
+    /// Sets the characters one output may keep (from the session's window); a change
+    /// rebuilds the state at the next commit.
+    pub fn set_cap_chars(&mut self, cap: u64) {
+        if cap != self.cap_chars {
+            self.cap_chars = cap;
+            self.dirty = true;
         }
     }
 
@@ -106,6 +123,17 @@ impl Tracker {
         &self.pending
     }
 
+    /// Queues decisions again that a commit took but did not apply (held by the cache
+    /// scheduler), ahead of anything queued since.
+    pub fn hold(&mut self, held: Vec<Pending>) {
+        let newer = std::mem::take(&mut self.pending);
+        for p in held.into_iter().chain(newer) {
+            if self.queued.insert((p.at.clone(), p.strategy)) {
+                self.pending.push(p);
+            }
+        }
+    }
+
     /// Takes the pending decisions for a commit.
     pub fn take_pending(&mut self) -> Vec<Pending> {
         self.queued.clear();
@@ -114,7 +142,9 @@ impl Tracker {
 
     /// Rebuilds the state from the messages, exactly as the updates would have built it.
     pub fn rebuild(&mut self, messages: &[Message], users: &[usize], s: &Settings) {
+        let cap = self.cap_chars;
         *self = Tracker::new(s);
+        self.cap_chars = cap;
         for (mi, m) in messages.iter().enumerate() {
             for (pi, stored) in m.parts.iter().enumerate() {
                 if let PartKind::Tool(t) = &stored.part.kind {
@@ -211,6 +241,7 @@ impl Tracker {
                 },
                 strategy,
                 String::new(),
+                0,
             );
         }
     }
@@ -232,6 +263,23 @@ impl Tracker {
             protected: s.is_strategy_protected(&t.tool)
                 || paths.iter().any(|p| self.globs.is_match(p)),
         };
+        if on(Strategy::MaskObservations) {
+            for victim in self
+                .masking
+                .on_result(holder.at.clone(), holder.protected, s.mask_keep)
+            {
+                self.queue(victim, Strategy::MaskObservations, String::new(), 0);
+            }
+        }
+        if on(Strategy::CapLargeOutputs)
+            && t.state.status == ToolStatus::Completed
+            && !holder.protected
+            && self.cap_chars > 0
+            && t.state.output.len() as u64 > self.cap_chars
+        {
+            let cap = self.cap_chars;
+            self.queue(holder.at.clone(), Strategy::CapLargeOutputs, String::new(), cap);
+        }
         let hash = (on(Strategy::SupersedeDuplicates) || on(Strategy::PruneRetryParts))
             .then(|| call_hash(&t.tool, &t.state.input));
         if t.state.status == ToolStatus::Error {
@@ -314,7 +362,7 @@ impl Tracker {
                 return;
             }
         }
-        self.queue(victim.at, st, by);
+        self.queue(victim.at, st, by, 0);
     }
 
     fn failed_call(&mut self, hash: u128, h: Holder) {
@@ -352,9 +400,14 @@ impl Tracker {
         }
     }
 
-    fn queue(&mut self, at: PartRef, strategy: Strategy, by: String) {
+    fn queue(&mut self, at: PartRef, strategy: Strategy, by: String, keep: u64) {
         if self.queued.insert((at.clone(), strategy)) {
-            self.pending.push(Pending { at, strategy, by });
+            self.pending.push(Pending {
+                at,
+                strategy,
+                by,
+                keep,
+            });
         }
     }
 }

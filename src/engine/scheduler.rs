@@ -1,0 +1,190 @@
+//! The cache-aware scheduler: every decision that rewrites the prompt's past (a prune, a
+//! supersede, a masked or truncated output) turns everything after the earliest changed
+//! part into fresh, full-price tokens on the next request. So after a finished assistant
+//! message the decisions on parts the provider has already cached are held, and applied
+//! together only when
+//! - (a) the expected saving over the coming requests exceeds the cost of re-writing the
+//!   cache after the earliest changed part, under the session's cache model:
+//!   `H·S·read > (tail − S)·(write − read)`, with `S` the tokens saved, `tail` the tokens
+//!   from the earliest changed message on, and `H` the requests expected to reuse the
+//!   prefix (as many as the session has made so far, but no more than fit before the
+//!   threshold at the session's average growth per request); or
+//! - (b) the cache is cold anyway: a new user message arrives more than the TTL after the
+//!   last request (host timestamps); or
+//! - (c) an overflow is near: the next request is predicted at [`FLUSH_AT`] of the
+//!   threshold or more.
+//!
+//! Decisions on parts no request has sent yet (a new oversized output) cost nothing to
+//! apply and always apply. With a flat cache model (`none`, or the OpenCode preset)
+//! everything applies at once, as without the scheduler.
+
+use super::overflow::Trigger;
+use super::prune::PruneReport;
+use super::session::Session;
+
+/// Share of the threshold at which held decisions apply whatever the cache costs: a
+/// compaction rewrites the whole prompt, and applying them may avoid it.
+pub const FLUSH_AT: f64 = 0.9;
+
+/// What an automatic commit may change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Every pending decision.
+    All,
+    /// Only parts no request has sent yet; the rest stays pending.
+    Fresh,
+}
+
+/// Why the scheduler chose its scope (for reports and tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    /// The cache model is flat: nothing to protect.
+    Flat,
+    /// The next request is near the threshold.
+    NearOverflow,
+    /// No pending decision touches a part the provider has cached.
+    NothingCached,
+    /// The saving pays for the rewrite.
+    Pays,
+    /// The rewrite costs more than the saving brings: held.
+    Held,
+    /// The cache expired since the last request.
+    Cold,
+}
+
+/// The requests seen so far: how many, when the last one was sent (host time), and which
+/// parts it had sent (everything before `sent`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct RequestLog {
+    sent: (usize, usize),
+    last_at: Option<i64>,
+    count: u64,
+}
+
+impl RequestLog {
+    /// A request started with every message before `msg` and the first `parts` parts of
+    /// `msg`; `at` is its host timestamp when known.
+    pub(crate) fn started(&mut self, msg: usize, parts: usize, at: Option<i64>) {
+        self.sent = (msg, parts);
+        self.count = self.count.saturating_add(1);
+        if at.is_some() {
+            self.last_at = at;
+        }
+    }
+
+    /// The newest request finished at `at` (the cache was last used no earlier).
+    pub(crate) fn finished(&mut self, at: i64) {
+        self.last_at = Some(self.last_at.map_or(at, |t| t.max(at)));
+    }
+
+    /// True when the part at (`msg`, `pi`) was part of a request already.
+    pub(crate) fn is_sent(&self, msg: usize, pi: usize) -> bool {
+        msg < self.sent.0 || (msg == self.sent.0 && pi < self.sent.1)
+    }
+
+    /// True when a request at `at` would find the cache expired.
+    pub(crate) fn cold_at(&self, at: i64, ttl_ms: i64) -> bool {
+        self.last_at
+            .is_some_and(|last| at.saturating_sub(last) > ttl_ms)
+    }
+
+    /// Requests so far.
+    pub(crate) fn count(&self) -> u64 {
+        self.count
+    }
+}
+
+/// True when applying `saved` tokens of changes, the earliest `tail` tokens from the end,
+/// pays over `horizon` requests under `read`/`write` prices (rule (a)).
+pub fn pays(saved: u64, tail: u64, horizon: u64, read: f64, write: f64) -> bool {
+    let gain = horizon as f64 * saved as f64 * read;
+    let cost = tail.saturating_sub(saved) as f64 * (write - read).max(0.0);
+    gain > cost
+}
+
+impl Session {
+    /// The automatic commit after a finished assistant message: decides the scope with the
+    /// cache model and runs prune and the strategies within it.
+    pub(crate) fn auto_commit(&mut self, now_ms: i64) -> (PruneReport, Why) {
+        let (scope, why) = self.schedule(now_ms);
+        (self.prune_scoped(now_ms, scope), why)
+    }
+
+    /// A new user message at `at` (host time): when the cache has expired since the last
+    /// request, the held decisions apply now, before the next request writes it afresh.
+    pub(crate) fn commit_if_cold(&mut self, at: i64, now_ms: i64) -> Option<PruneReport> {
+        let model = self.settings().cache_model;
+        if model.is_flat() || !self.request_log().cold_at(at, model.ttl_ms) {
+            return None;
+        }
+        let report = self.prune_scoped(now_ms, Scope::All);
+        report.changed().then_some(report)
+    }
+
+    /// The scope the automatic commit may change now, and why.
+    pub fn schedule(&mut self, now_ms: i64) -> (Scope, Why) {
+        let model = self.settings().cache_model;
+        if model.is_flat() {
+            return (Scope::All, Why::Flat);
+        }
+        let check = self.check_overflow(Trigger::Finished);
+        if check.threshold > 0 && check.predicted as f64 >= FLUSH_AT * check.threshold as f64 {
+            return (Scope::All, Why::NearOverflow);
+        }
+        let before = self.total_tokens();
+        let (after, earliest) = self.trial(|s| {
+            let _ = s.prune_run(now_ms, false, Scope::All);
+            (s.total_tokens(), s.earliest_sent_change())
+        });
+        let Some(first) = earliest else {
+            return (Scope::All, Why::NothingCached);
+        };
+        let saved = before.saturating_sub(after);
+        let len = self.messages().len();
+        let tail = self.tokens_between(first.0, len);
+        let prompt = self.tokens_between(self.context_from(), len).max(1);
+        let requests = self.request_log().count().max(1);
+        // Requests left before the threshold at the average growth per request so far.
+        let growth = (prompt / requests).max(1);
+        let room = check.threshold.saturating_sub(prompt) / growth;
+        let horizon = requests.min(room).max(1);
+        if pays(saved, tail, horizon, model.read, model.write) {
+            (Scope::All, Why::Pays)
+        } else {
+            (Scope::Fresh, Why::Held)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rule_weighs_saving_over_the_horizon_against_the_rewrite() {
+        // Anthropic: read 0.1, write 1.25.
+        // 1000 saved of a 10,000-token tail over 10 requests: 1000 < 9000 × 1.15.
+        assert!(!pays(1000, 10_000, 10, 0.1, 1.25));
+        // 8000 saved of 10,000 over 20 requests: 16,000 > 2000 × 1.15 = 2300.
+        assert!(pays(8000, 10_000, 20, 0.1, 1.25));
+        // Saving everything after the change always pays.
+        assert!(pays(10_000, 10_000, 1, 0.1, 1.25));
+        // Nothing saved never pays.
+        assert!(!pays(0, 10_000, 100, 0.1, 1.25));
+        // Flat prices: any saving pays.
+        assert!(pays(1, 10_000, 1, 1.0, 1.0));
+    }
+
+    #[test]
+    fn the_request_log_knows_what_was_sent_and_when() {
+        let mut log = RequestLog::default();
+        log.started(3, 0, Some(1000));
+        assert!(log.is_sent(2, 9) && !log.is_sent(3, 0));
+        log.started(3, 2, None);
+        assert!(log.is_sent(3, 1) && !log.is_sent(3, 2));
+        log.finished(5000);
+        assert!(!log.cold_at(305_000, 300_000));
+        assert!(log.cold_at(305_001, 300_000));
+        assert_eq!(log.count(), 2);
+    }
+}

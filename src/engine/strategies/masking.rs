@@ -1,0 +1,99 @@
+//! `maskObservations` (compactd; Lindenbauer et al., "The Complexity Trap", 2025): tool
+//! outputs older than the newest `mask_keep` tool results read as a short placeholder that
+//! names the tool, the call id and the size, so the agent knows what it saw and can ask
+//! for it back (`compactd_recall`). Unlike OpenCode's prune it reaches into the current
+//! user turn, where single-prompt sub-agent runs spend most of their tokens.
+//!
+//! The state is a list of results in position order and how far masking has reached, so
+//! each new result costs O(1).
+
+use std::collections::HashSet;
+
+use super::PartRef;
+
+/// The tool results seen, oldest first, and how many are already queued for masking.
+#[derive(Debug, Clone, Default)]
+pub struct Masking {
+    results: Vec<(PartRef, bool)>,
+    seen: HashSet<String>,
+    queued: usize,
+}
+
+impl Masking {
+    /// A tool result (completed or failed) at `at`; `protected` ones count toward the
+    /// newest `keep` but are never masked. Returns the results that fell out of the
+    /// newest `keep` with this one and may be masked.
+    pub fn on_result(&mut self, at: PartRef, protected: bool, keep: u32) -> Vec<PartRef> {
+        if !self.seen.insert(at.part.clone()) {
+            return Vec::new(); // a re-sent result is not a new one
+        }
+        self.results.push((at, protected));
+        let keep = usize::try_from(keep).unwrap_or(usize::MAX);
+        let mut out = Vec::new();
+        while self.results.len().saturating_sub(self.queued) > keep {
+            let (at, protected) = &self.results[self.queued];
+            if !protected {
+                out.push(at.clone());
+            }
+            self.queued += 1;
+        }
+        out
+    }
+}
+
+/// What a masked output reads as: the tool, the call id and the size, and how to get it
+/// back.
+pub fn masked_text(tool: &str, call_id: &str, bytes: usize) -> String {
+    format!(
+        "[{tool} output hidden to save context ({}); call {} with call_id \"{call_id}\" to see it]",
+        size(bytes),
+        super::RECALL_TOOL,
+    )
+}
+
+/// A size for a placeholder: `812 bytes`, `12.3 KB`, `1.4 MB`.
+pub(crate) fn size(bytes: usize) -> String {
+    match bytes {
+        b if b < 1000 => format!("{b} bytes"),
+        b if b < 1_000_000 => format!("{:.1} KB", b as f64 / 1000.0),
+        b => format!("{:.1} MB", b as f64 / 1_000_000.0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(i: usize) -> PartRef {
+        PartRef {
+            msg: i,
+            part: format!("p{i}"),
+        }
+    }
+
+    #[test]
+    fn results_beyond_the_newest_keep_are_masked_once() {
+        let mut m = Masking::default();
+        assert!(m.on_result(at(0), false, 2).is_empty());
+        assert!(m.on_result(at(1), false, 2).is_empty());
+        assert_eq!(m.on_result(at(2), false, 2), vec![at(0)]);
+        assert!(m.on_result(at(2), false, 2).is_empty(), "re-sent");
+        assert_eq!(m.on_result(at(3), false, 2), vec![at(1)]);
+    }
+
+    #[test]
+    fn protected_results_count_but_are_never_masked() {
+        let mut m = Masking::default();
+        m.on_result(at(0), true, 1);
+        assert!(m.on_result(at(1), false, 1).is_empty(), "p0 is protected");
+        assert_eq!(m.on_result(at(2), false, 1), vec![at(1)]);
+    }
+
+    #[test]
+    fn the_placeholder_names_tool_call_and_size() {
+        let t = masked_text("read", "call_7", 12_345);
+        assert!(t.contains("read") && t.contains("call_7") && t.contains("12.3 KB"), "{t}");
+        assert_eq!(size(999), "999 bytes");
+        assert_eq!(size(1_400_000), "1.4 MB");
+    }
+}
