@@ -130,7 +130,7 @@ pub struct EngineArgs {
     /// The synthetic user message after an automatic compaction.
     #[arg(long, env = "COMPACTD_AUTO_CONTINUE_TEXT", default_value = crate::config::AUTO_CONTINUE_TEXT)]
     pub auto_continue_text: String,
-    /// Strategy preset: compactd (every strategy), compact (ACP's thirteen), balanced
+    /// Strategy preset: compactd (every strategy but aggressiveFilePrune), compact (ACP's thirteen), balanced
     /// (ACP's but user code and error truncation), verbose (none).
     #[arg(long, env = "COMPACTD_STRATEGY_PRESET", default_value = "compactd")]
     pub strategy_preset: String,

@@ -143,7 +143,7 @@ pub struct EngineConfig {
     pub auto_cooldown: u32,
     /// Consecutive automatic failures that pause auto-compaction (0: never pause).
     pub breaker_failures: u32,
-    /// Aggressive strategies that are on (default: all, ACP's `compact` preset).
+    /// Strategies that are on (default: the `compactd` preset).
     pub strategies: StrategySet,
     /// Tools the strategies never clear for age or size.
     pub strategy_protected_tools: Vec<String>,
@@ -180,7 +180,7 @@ impl Default for EngineConfig {
             max_parts_per_message: MAX_PARTS_PER_MESSAGE,
             auto_cooldown: AUTO_COOLDOWN,
             breaker_failures: BREAKER_FAILURES,
-            strategies: StrategySet::all(),
+            strategies: StrategySet::compactd(),
             strategy_protected_tools: strings(STRATEGY_PROTECTED_TOOLS),
             protected_file_globs: Vec::new(),
             snapshot_tools: strings(DEFAULT_SNAPSHOT_TOOLS),

@@ -208,6 +208,14 @@ impl StrategySet {
             .fold(StrategySet::NONE, |s, st| s.with(*st, true))
     }
 
+    /// compactd's default: every strategy but `aggressiveFilePrune`. Over the ten shared
+    /// traces that one strategy nearly doubled the references the agent made to content
+    /// the context had hidden (an edit supersedes the read the agent is working from),
+    /// while observation masking already hides old reads by age.
+    pub fn compactd() -> StrategySet {
+        StrategySet::all().with(Strategy::AggressiveFilePrune, false)
+    }
+
     /// ACP's strategies alone (its `compact` preset).
     pub fn acp() -> StrategySet {
         Strategy::ACP
@@ -218,7 +226,7 @@ impl StrategySet {
     /// The set a preset names.
     pub fn preset(p: StrategyPreset) -> StrategySet {
         match p {
-            StrategyPreset::Compactd => StrategySet::all(),
+            StrategyPreset::Compactd => StrategySet::compactd(),
             StrategyPreset::Compact => StrategySet::acp(),
             StrategyPreset::Balanced => StrategySet::acp()
                 .with(Strategy::PruneUserCodeBlocks, false)
@@ -264,7 +272,7 @@ impl StrategySet {
 
 impl Default for StrategySet {
     fn default() -> Self {
-        StrategySet::all()
+        StrategySet::compactd()
     }
 }
 
@@ -279,7 +287,7 @@ impl fmt::Debug for StrategySet {
 /// ACP's presets, and compactd's default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StrategyPreset {
-    /// Every strategy, ACP's and compactd's (default).
+    /// compactd's default: every strategy but `aggressiveFilePrune`.
     Compactd,
     /// ACP's strategies (ACP's default).
     Compact,
@@ -324,10 +332,10 @@ mod tests {
 
     #[test]
     fn presets_follow_acp() {
-        assert_eq!(
-            StrategySet::preset(StrategyPreset::Compactd),
-            StrategySet::all()
-        );
+        let compactd = StrategySet::preset(StrategyPreset::Compactd);
+        assert_eq!(compactd, StrategySet::default());
+        assert!(compactd.has(Strategy::MaskObservations) && compactd.has(Strategy::CapLargeOutputs));
+        assert!(!compactd.has(Strategy::AggressiveFilePrune));
         let acp = StrategySet::preset(StrategyPreset::Compact);
         assert_eq!(acp.iter().count(), Strategy::ACP.len());
         assert!(!acp.has(Strategy::MaskObservations));

@@ -7,12 +7,13 @@
 //!   cache after the earliest changed part, under the session's cache model:
 //!   `H·S·read > (tail − S)·(write − read)`, with `S` the tokens saved, `tail` the tokens
 //!   from the earliest changed message on, and `H` the requests expected to reuse the
-//!   prefix (as many as the session has made so far, but no more than fit before the
-//!   threshold at the session's average growth per request); or
+//!   changed prefix before the cache goes cold (when held decisions apply for free): as
+//!   many as have run since the cache was last found cold (a Lindy estimate), but no more
+//!   than fit before the threshold at the session's average growth per request; or
 //! - (b) the cache is cold anyway: a new user message arrives more than the TTL after the
 //!   last request (host timestamps); or
-//! - (c) an overflow is near: the next request is predicted at [`FLUSH_AT`] of the
-//!   threshold or more.
+//! - (c) an overflow is near: the next request is predicted at the threshold
+//!   ([`FLUSH_AT`]), where a compaction is the alternative.
 //!
 //! Decisions on parts no request has sent yet (a new oversized output) cost nothing to
 //! apply and always apply. With a flat cache model (`none`, or the OpenCode preset)
@@ -22,9 +23,10 @@ use super::overflow::Trigger;
 use super::prune::PruneReport;
 use super::session::Session;
 
-/// Share of the threshold at which held decisions apply whatever the cache costs: a
-/// compaction rewrites the whole prompt, and applying them may avoid it.
-pub const FLUSH_AT: f64 = 0.9;
+/// Share of the threshold at which held decisions apply whatever the cache costs: when
+/// the next request would cross it, a compaction (which rewrites the whole prompt) is the
+/// alternative, and applying them first may avoid it.
+pub const FLUSH_AT: f64 = 1.0;
 
 /// What an automatic commit may change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,17 +61,30 @@ pub(crate) struct RequestLog {
     sent: (usize, usize),
     last_at: Option<i64>,
     count: u64,
+    /// Requests since the last one that found the cache expired.
+    warm: u64,
 }
 
 impl RequestLog {
     /// A request started with every message before `msg` and the first `parts` parts of
     /// `msg`; `at` is its host timestamp when known.
-    pub(crate) fn started(&mut self, msg: usize, parts: usize, at: Option<i64>) {
+    pub(crate) fn started(&mut self, msg: usize, parts: usize, at: Option<i64>, ttl_ms: i64) {
         self.sent = (msg, parts);
         self.count = self.count.saturating_add(1);
+        let cold = match (self.last_at, at) {
+            (Some(last), Some(at)) => at.saturating_sub(last) > ttl_ms,
+            (None, _) => true,
+            (Some(_), None) => false,
+        };
+        self.warm = if cold { 1 } else { self.warm.saturating_add(1) };
         if at.is_some() {
             self.last_at = at;
         }
+    }
+
+    /// Requests since the cache was last found expired (this one included).
+    pub(crate) fn warm_streak(&self) -> u64 {
+        self.warm
     }
 
     /// The newest request finished at `at` (the cache was last used no earlier).
@@ -147,7 +162,7 @@ impl Session {
         // Requests left before the threshold at the average growth per request so far.
         let growth = (prompt / requests).max(1);
         let room = check.threshold.saturating_sub(prompt) / growth;
-        let horizon = requests.min(room).max(1);
+        let horizon = self.request_log().warm_streak().min(room).max(1);
         if pays(saved, tail, horizon, model.read, model.write) {
             (Scope::All, Why::Pays)
         } else {
@@ -178,9 +193,9 @@ mod tests {
     #[test]
     fn the_request_log_knows_what_was_sent_and_when() {
         let mut log = RequestLog::default();
-        log.started(3, 0, Some(1000));
+        log.started(3, 0, Some(1000), 300_000);
         assert!(log.is_sent(2, 9) && !log.is_sent(3, 0));
-        log.started(3, 2, None);
+        log.started(3, 2, None, 300_000);
         assert!(log.is_sent(3, 1) && !log.is_sent(3, 2));
         log.finished(5000);
         assert!(!log.cold_at(305_000, 300_000));

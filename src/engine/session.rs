@@ -539,7 +539,8 @@ impl Session {
             self.users.push(idx);
         } else {
             self.totals.request_started(); // a new assistant message is a new request
-            self.requests.started(idx, 0, Some(info.time.created));
+            self.requests
+                .started(idx, 0, Some(info.time.created), self.settings.cache_model.ttl_ms);
         }
         if finished && info.role == Role::Assistant {
             self.requests
@@ -652,7 +653,8 @@ impl Session {
             }
         };
         if created && is_step_start {
-            self.requests.started(idx, at, None);
+            self.requests
+                .started(idx, at, None, self.settings.cache_model.ttl_ms);
         }
         self.tracker
             .on_part(&self.messages, idx, at, &self.settings);

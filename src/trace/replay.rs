@@ -164,6 +164,9 @@ pub fn replay_with(
     let mut fixed_prefix = None;
     let mut rows = Vec::new();
     let mut compacted_once = false;
+    // Tokens the compactd lane's prompt is smaller than the unmanaged one at the current
+    // request: the provider would have counted that much less.
+    let mut saved_now = 0u64;
     for (position, (minfo, parts)) in export.messages.iter().enumerate() {
         let now = minfo.time.completed.unwrap_or(minfo.time.created);
         if minfo.role == Role::Assistant && minfo.is_finished() {
@@ -179,6 +182,12 @@ pub fn replay_with(
                 );
             }
             references.push(refs.of_request(position).len());
+            let sum = |l: &LaneRecord| {
+                l.prompts.last().map_or(0u64, |p| {
+                    p.iter().fold(0u64, |a, x| a.saturating_add(x.tokens))
+                })
+            };
+            saved_now = sum(&lanes[0]).saturating_sub(sum(&lanes[3]));
             if fixed_prefix.is_none()
                 && let Some(t) = minfo.tokens.filter(|t| !t.is_empty())
             {
@@ -203,10 +212,12 @@ pub fn replay_with(
             let _ = step(&mut masking, update.clone(), &masking_cfg, now);
             // After a compaction the recorded usage describes the original, uncompacted run:
             // the replayed session goes by its prediction instead.
+            // Before it, the recorded usage counted the unmanaged prompt: the replayed
+            // session's provider would have counted its own, `saved_now` smaller.
             let update = if stale_usage {
                 without_usage(update)
             } else {
-                update
+                usage_less(update, saved_now)
             };
             // Exports are well formed; an update the engine refuses is reported and skipped.
             match step(&mut live, update, config, now) {
@@ -431,6 +442,42 @@ pub fn summary_table(reports: &[(String, Report)]) -> String {
         out.push('\n');
     }
     out
+}
+
+/// The update with `saved` fewer prompt tokens in its provider usage (cache reads first,
+/// then input, then cache writes).
+fn usage_less(update: Update, saved: u64) -> Update {
+    fn less(t: &mut crate::domain::TokenUsage, saved: u64) {
+        let mut left = saved;
+        for field in [&mut t.cache_read, &mut t.input, &mut t.cache_write] {
+            let take = left.min(*field);
+            *field -= take;
+            left -= take;
+        }
+        if let Some(total) = &mut t.total {
+            *total = total.saturating_sub(saved - left);
+        }
+    }
+    if saved == 0 {
+        return update;
+    }
+    match update {
+        Update::UpsertMessage(mut m) => {
+            if let Some(t) = &mut m.tokens {
+                less(t, saved);
+            }
+            Update::UpsertMessage(m)
+        }
+        Update::UpsertPart(mut p) => {
+            if let crate::domain::PartKind::StepFinish(f) = &mut p.kind
+                && let Some(t) = &mut f.tokens
+            {
+                less(t, saved);
+            }
+            Update::UpsertPart(p)
+        }
+        other => other,
+    }
 }
 
 /// The update without provider usage (message tokens, step-finish tokens).
