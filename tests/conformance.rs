@@ -60,11 +60,11 @@ fn silent_panda_prunes_exactly_what_opencode_pruned() {
         },
         ModelLimits::default(),
         Default::default(),
-        &EngineConfig::default(),
+        &opencode_config(),
         Arc::new(CharsPerToken),
     )
     .expect("empty session");
-    let config = EngineConfig::default();
+    let config = opencode_config();
     for (info, parts) in &export.messages {
         let mut first = info.clone();
         first.finish.clear();
@@ -103,6 +103,16 @@ fn silent_panda_prunes_exactly_what_opencode_pruned() {
     assert_eq!(ours, opencode);
 }
 
+/// OpenCode's prune alone, applied as soon as it decides: the strategies off and no prompt
+/// cache to protect (the `none` cache model).
+fn opencode_config() -> EngineConfig {
+    EngineConfig {
+        strategies: compactd::config::StrategySet::NONE,
+        cache_model: compactd::config::CacheModel::NONE,
+        ..EngineConfig::default()
+    }
+}
+
 #[test]
 fn silent_panda_replay_reports_the_same_31() {
     let mut export = load(&traces_dir().join("opencode-silent-panda.json"));
@@ -114,7 +124,7 @@ fn silent_panda_replay_reports_the_same_31() {
             input: 0,
             output: 32_000,
         },
-        &EngineConfig::default(),
+        &opencode_config(),
         Arc::new(CharsPerToken),
     );
     assert_eq!(report.total_pruned().0, 31);

@@ -43,10 +43,13 @@ pub fn compaction_config(llm: LlmConfig) -> CompactionConfig {
 pub async fn server_with(fake: &FakeLlm, tune: impl FnOnce(&mut LlmConfig)) -> TestServer {
     let mut llm = llm_config(fake);
     tune(&mut llm);
-    start_server_with_options(ServerOptions {
-        compaction: compaction_config(llm),
-        ..Default::default()
-    })
+    start_server_with(
+        ServerOptions {
+            compaction: compaction_config(llm),
+            ..Default::default()
+        },
+        acp_config(),
+    )
     .await
 }
 

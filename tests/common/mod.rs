@@ -83,6 +83,22 @@ impl Drop for TestServer {
     }
 }
 
+/// The engine defaults as they were before compactd's own strategies and the cache-aware
+/// scheduler: ACP's strategies, every decision applied at once. Tests of prune, of ACP's
+/// strategies and of compaction use it, so what they check stays about those layers.
+pub fn acp_config() -> EngineConfig {
+    EngineConfig {
+        strategies: compactd::config::StrategySet::acp(),
+        cache_model: compactd::config::CacheModel::NONE,
+        ..EngineConfig::default()
+    }
+}
+
+/// A server with [`acp_config`].
+pub async fn start_acp_server() -> TestServer {
+    start_server_with(ServerOptions::default(), acp_config()).await
+}
+
 /// A server with the default options and engine config.
 pub async fn start_server() -> TestServer {
     start_server_with(ServerOptions::default(), EngineConfig::default()).await

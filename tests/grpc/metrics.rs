@@ -46,7 +46,14 @@ fn call(message: &str, id: &str, tool: &str, input: serde_json::Value) -> pb::Pa
 async fn counters_move_as_updates_prunes_overflows_rejections_and_compactions_happen() {
     let fake = FakeLlm::start(vec![Reply::text(["short summary"])]).await;
     let mut bin = Binary::start(
-        &["--metrics-listen", "127.0.0.1:0"],
+        &[
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--cache-model",
+            "none",
+            "--strategy-preset",
+            "compact",
+        ],
         &[
             ("COMPACTD_LLM_BASE_URL", &fake.base_url()),
             ("COMPACTD_LLM_MODEL", "fake-model"),

@@ -102,7 +102,7 @@ fn outputs(messages: &[pb::Message]) -> BTreeMap<String, (String, Option<i64>)> 
 
 #[tokio::test]
 async fn finishing_an_assistant_message_prunes_old_tool_outputs() {
-    let server = start_server().await;
+    let server = start_acp_server().await;
     let mut c = server.client().await;
     let sid = "p-auto";
     build_prunable(&mut c, session(sid)).await;
@@ -207,7 +207,7 @@ async fn finishing_an_assistant_message_prunes_old_tool_outputs() {
 
 #[tokio::test]
 async fn the_unary_twin_reports_the_automatic_prune_in_its_events() {
-    let server = start_server().await;
+    let server = start_acp_server().await;
     let mut c = server.client().await;
     let sid = "p-unary";
     build_prunable(&mut c, session(sid)).await;
@@ -219,7 +219,7 @@ async fn the_unary_twin_reports_the_automatic_prune_in_its_events() {
 
 #[tokio::test]
 async fn a_dry_run_reports_the_same_parts_and_changes_nothing() {
-    let server = start_server().await;
+    let server = start_acp_server().await;
     let mut c = server.client().await;
 
     // The automatic prune on one session...
@@ -269,7 +269,7 @@ async fn a_dry_run_reports_the_same_parts_and_changes_nothing() {
 
 #[tokio::test]
 async fn the_stream_prune_update_answers_with_a_prune_report() {
-    let server = start_server().await;
+    let server = start_acp_server().await;
     let mut c = server.client().await;
     let sid = "p-stream-manual";
     build_prunable(&mut c, session(sid)).await;
@@ -304,7 +304,7 @@ async fn the_stream_prune_update_answers_with_a_prune_report() {
 
 #[tokio::test]
 async fn automatic_prune_can_be_turned_off_per_session() {
-    let server = start_server().await;
+    let server = start_acp_server().await;
     let mut c = server.client().await;
     let sid = "p-off";
     build_prunable(
@@ -327,7 +327,7 @@ async fn automatic_prune_can_be_turned_off_per_session() {
 
 #[tokio::test]
 async fn a_session_chooses_its_own_placeholder_and_empty_texts_are_refused() {
-    let server = start_server().await;
+    let server = start_acp_server().await;
     let mut c = server.client().await;
     let sid = "p-own";
     build_prunable(
@@ -376,7 +376,7 @@ async fn a_session_chooses_its_own_placeholder_and_empty_texts_are_refused() {
 
 #[tokio::test]
 async fn nothing_is_committed_unless_the_saving_is_above_prune_minimum() {
-    let server = start_server().await;
+    let server = start_acp_server().await;
     let mut c = server.client().await;
     // Newest old output: exactly PRUNE_PROTECT (40000 tokens); older one: `extra` tokens.
     for (sid, older_chars, commits) in [("p-min-eq", 80_000, false), ("p-min-gt", 80_004, true)] {
@@ -427,7 +427,7 @@ async fn nothing_is_committed_unless_the_saving_is_above_prune_minimum() {
 
 #[tokio::test]
 async fn pruned_outputs_no_longer_count_towards_the_prediction() {
-    let server = start_server().await;
+    let server = start_acp_server().await;
     let mut c = server.client().await;
     let sid = "p-predicted";
     // Generous limits: usable 368000, threshold 338560.
@@ -449,7 +449,7 @@ async fn pruned_outputs_no_longer_count_towards_the_prediction() {
 
 #[tokio::test]
 async fn a_finished_turn_over_the_threshold_reports_overflow_then_pruned_then_ack() {
-    let server = start_server().await;
+    let server = start_acp_server().await;
     let mut c = server.client().await;
     let sid = "p-both";
     // usable 80000, threshold 73600; the session holds about 176000 tokens.

@@ -63,7 +63,7 @@ fn savings(r: &pb::PruneReport) -> Vec<(&str, u32)> {
 
 #[tokio::test]
 async fn a_finished_message_supersedes_stale_calls_and_reports_each_strategy() {
-    let server = start_server().await;
+    let server = start_acp_server().await;
     let mut c = server.client().await;
     build(&mut c, None).await;
     let before = get_context(&mut c, SID).await.estimated_tokens;
@@ -130,7 +130,7 @@ async fn a_finished_message_supersedes_stale_calls_and_reports_each_strategy() {
 
 #[tokio::test]
 async fn a_dry_run_lists_the_marks_and_changes_nothing() {
-    let server = start_server().await;
+    let server = start_acp_server().await;
     let mut c = server.client().await;
     // Automatic prune off, so the marks wait for an explicit Prune.
     build(
@@ -157,7 +157,7 @@ async fn a_dry_run_lists_the_marks_and_changes_nothing() {
 
 #[tokio::test]
 async fn strategies_switch_per_session_by_either_name_and_marks_are_lazy() {
-    let server = start_server().await;
+    let server = start_acp_server().await;
     let mut c = server.client().await;
     let off = |names: &[&str]| pb::SessionConfig {
         strategies: names.iter().map(|n| (n.to_string(), false)).collect(),
@@ -204,7 +204,7 @@ async fn strategies_switch_per_session_by_either_name_and_marks_are_lazy() {
 
 #[tokio::test]
 async fn unknown_strategy_names_presets_and_bad_globs_are_invalid_arguments() {
-    let server = start_server().await;
+    let server = start_acp_server().await;
     let mut c = server.client().await;
     for (config, field) in [
         (
@@ -252,7 +252,7 @@ async fn unknown_strategy_names_presets_and_bad_globs_are_invalid_arguments() {
 
 #[tokio::test]
 async fn protected_file_globs_keep_their_operations() {
-    let server = start_server().await;
+    let server = start_acp_server().await;
     let mut c = server.client().await;
     build(
         &mut c,

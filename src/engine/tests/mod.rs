@@ -40,12 +40,13 @@ use crate::tokens::{CharsPerToken, TokenCounter};
 /// The clock of every test (epoch ms).
 pub(super) const NOW: i64 = 1_705_512_345_678;
 
-/// Server config every test runs with (the seed defaults).
-/// The server defaults with the aggressive strategies off: these tests check OpenCode's
-/// layers (seeds 01/02) on their own; `strategies/` tests turn them on.
+/// The server defaults with the strategies off and no prompt cache to protect (prune
+/// applies as soon as it decides): these tests check OpenCode's layers (seeds 01/02) on
+/// their own; `strategies/` and `scheduler` tests turn the rest on.
 pub(super) fn config() -> EngineConfig {
     EngineConfig {
         strategies: crate::config::StrategySet::NONE,
+        cache_model: crate::config::CacheModel::NONE,
         ..EngineConfig::default()
     }
 }

@@ -32,8 +32,14 @@ use crate::engine::{ContextView, Event, step};
 // ---- fixtures ------------------------------------------------------------------------
 
 /// The server defaults: every strategy on (ACP's `compact` preset).
+/// ACP's strategies applied at once (no prompt cache to protect): these tests check
+/// seed 03's rules; compactd's own strategies and the scheduler have their own tests.
 fn cfg() -> EngineConfig {
-    EngineConfig::default()
+    EngineConfig {
+        strategies: StrategySet::acp(),
+        cache_model: crate::config::CacheModel::NONE,
+        ..EngineConfig::default()
+    }
 }
 
 fn open(o: SessionOverrides) -> Session {
