@@ -37,6 +37,33 @@ pub enum Scope {
     Fresh,
 }
 
+/// What the scheduler decided and the figures it weighed (for reports and tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// What may change now.
+    pub scope: Scope,
+    /// Why.
+    pub why: Why,
+    /// Context tokens applying everything would save (0 when not weighed).
+    pub saved: u64,
+    /// Tokens from the earliest changed message the provider cached (0 when not weighed).
+    pub tail: u64,
+    /// Requests expected to reuse the changed prefix (0 when not weighed).
+    pub horizon: u64,
+}
+
+impl Decision {
+    fn at_once(why: Why) -> Decision {
+        Decision {
+            scope: Scope::All,
+            why,
+            saved: 0,
+            tail: 0,
+            horizon: 0,
+        }
+    }
+}
+
 /// Why the scheduler chose its scope (for reports and tests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Why {
@@ -120,9 +147,9 @@ pub fn pays(saved: u64, tail: u64, horizon: u64, read: f64, write: f64) -> bool 
 impl Session {
     /// The automatic commit after a finished assistant message: decides the scope with the
     /// cache model and runs prune and the strategies within it.
-    pub(crate) fn auto_commit(&mut self, now_ms: i64) -> (PruneReport, Why) {
-        let (scope, why) = self.schedule(now_ms);
-        (self.prune_scoped(now_ms, scope), why)
+    pub(crate) fn auto_commit(&mut self, now_ms: i64) -> (PruneReport, Decision) {
+        let decision = self.schedule(now_ms);
+        (self.prune_scoped(now_ms, decision.scope), decision)
     }
 
     /// A new user message at `at` (host time): when the cache has expired since the last
@@ -136,15 +163,16 @@ impl Session {
         report.changed().then_some(report)
     }
 
-    /// The scope the automatic commit may change now, and why.
-    pub fn schedule(&mut self, now_ms: i64) -> (Scope, Why) {
+    /// What the automatic commit may change now, and why. Changes nothing (the weighing
+    /// is a trial run, rolled back).
+    pub fn schedule(&mut self, now_ms: i64) -> Decision {
         let model = self.settings().cache_model;
         if model.is_flat() {
-            return (Scope::All, Why::Flat);
+            return Decision::at_once(Why::Flat);
         }
         let check = self.check_overflow(Trigger::Finished);
         if check.threshold > 0 && check.predicted as f64 >= FLUSH_AT * check.threshold as f64 {
-            return (Scope::All, Why::NearOverflow);
+            return Decision::at_once(Why::NearOverflow);
         }
         let before = self.total_tokens();
         let (after, earliest) = self.trial(|s| {
@@ -152,7 +180,7 @@ impl Session {
             (s.total_tokens(), s.earliest_sent_change())
         });
         let Some(first) = earliest else {
-            return (Scope::All, Why::NothingCached);
+            return Decision::at_once(Why::NothingCached);
         };
         let saved = before.saturating_sub(after);
         let len = self.messages().len();
@@ -163,10 +191,17 @@ impl Session {
         let growth = (prompt / requests).max(1);
         let room = check.threshold.saturating_sub(prompt) / growth;
         let horizon = self.request_log().warm_streak().min(room).max(1);
-        if pays(saved, tail, horizon, model.read, model.write) {
+        let (scope, why) = if pays(saved, tail, horizon, model.read, model.write) {
             (Scope::All, Why::Pays)
         } else {
             (Scope::Fresh, Why::Held)
+        };
+        Decision {
+            scope,
+            why,
+            saved,
+            tail,
+            horizon,
         }
     }
 }
