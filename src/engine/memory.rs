@@ -104,7 +104,7 @@ impl Session {
         let slots: usize = self.messages().iter().map(|m| m.parts.capacity()).sum();
         let empty = size_of::<Session>() as u64
             + super::footprint::info_bytes(self.info(), self.settings());
-        empty + content + self.container_bytes_with(slots)
+        empty + content + self.pins().bytes() + self.container_bytes_with(slots)
     }
 
     /// At most the bytes `updates` add to this session when applied in order (new messages

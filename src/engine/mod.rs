@@ -17,6 +17,8 @@ mod estimate;
 mod footprint;
 mod memory;
 mod overflow;
+mod pinning;
+mod pins;
 mod prune;
 mod prune_index;
 mod render;

@@ -2,6 +2,7 @@
 //! the aggressive strategies after a finished assistant message. What to clear is decided
 //! by the incremental window in `prune_index.rs`; here it is committed (parts marked with
 //! `time.compacted`, outputs kept) and reported. A dry run is a commit rolled back.
+//! Pinned outputs never enter the window's plan, so what is reported is what is cleared.
 
 use super::prune_index::Candidate;
 use super::render::active_mark;

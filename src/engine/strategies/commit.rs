@@ -1,7 +1,7 @@
 //! Committing the strategies' pending decisions: each is checked against the session as it
-//! is now (the part still exists, is in the context, is not already compacted or marked,
-//! is not protected, and the rewrite really shrinks it), then marked, and its saving is
-//! reported by strategy. A dry run computes exactly what a commit would do.
+//! is now (the part still exists, is in the context, is not pinned, not already compacted
+//! or marked, is not protected, and the rewrite really shrinks it), then marked, and its
+//! saving is reported by strategy. A dry run computes exactly what a commit would do.
 
 use std::collections::HashSet;
 
@@ -102,8 +102,9 @@ impl Session {
             if done.contains(&p.at)
                 || !self.settings().strategies.has(p.strategy)
                 || !self.in_context(p.at.msg)
+                || self.is_pinned(p.at.msg, &p.at.part)
             {
-                continue;
+                continue; // a pinned part's decision is dropped; an unpin finds it again
             }
             let Some(pi) = self.messages()[p.at.msg]
                 .parts
