@@ -21,6 +21,7 @@ mod pinning;
 mod pins;
 mod prune;
 mod prune_index;
+mod recall;
 mod render;
 mod session;
 mod stored;
@@ -40,6 +41,10 @@ pub use footprint::ByteLimit;
 pub use overflow::{Crossed, OverflowCheck, Trigger, check, max_output, usable_input, used_tokens};
 pub use prune::{PruneMode, PruneReport, PrunedPart};
 pub use prune_index::{Candidate, PruneIndex, PrunePlan, eligible_end, reference_scan};
+pub use recall::{
+    RECALL_TOOL, RecallKey, Recalled, RecalledCall, RecalledContent, Reduction, recall_tool,
+    recall_tool_json,
+};
 pub use session::Session;
 pub use stored::{Message, StoredPart};
 pub use update::{Applied, Update};

@@ -24,6 +24,7 @@ mod overflow;
 mod pins;
 mod props;
 mod prune;
+mod recall;
 mod strategies;
 
 use std::sync::Arc;
