@@ -39,7 +39,7 @@ const SUBTASK_TEXT: &str = "The following tool was executed by the user";
 
 impl Session {
     /// Builds the context view. Costs O(messages in the context), never touches the
-    /// messages before the boundary.
+    /// messages before the boundary but the pinned parts it carries.
     pub fn build_context(&self) -> ContextView {
         let mut view = self.view_of(self.context_slots());
         view.boundary_message_id = self

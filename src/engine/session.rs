@@ -578,11 +578,12 @@ impl Session {
             ));
         };
         let mut part = part;
-        // A pinned output reads verbatim: a prune stamp the host sends with it is dropped.
-        if self.pins.covers(idx, &part.id)
-            && let PartKind::Tool(t) = &mut part.kind
-        {
-            t.state.time.compacted = None;
+        // A pinned part reads verbatim: a mark or prune stamp sent with it is dropped.
+        if self.pins.covers(idx, &part.id) {
+            part.mark = None;
+            if let PartKind::Tool(t) = &mut part.kind {
+                t.state.time.compacted = None;
+            }
         }
         let est = estimate(&part, self.counter.as_ref());
         let is_tool = matches!(part.kind, PartKind::Tool(_));
