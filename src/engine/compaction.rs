@@ -69,9 +69,8 @@ pub struct CompactionPlan {
     pub previous_summary: Option<String>,
     /// Estimated tokens of the head (what the model summarizes).
     pub head_tokens: u64,
-    /// Estimated tokens the new summary replaces in the context: the head (without its
-    /// pinned parts, which stay), plus the previous compaction's two messages when a
-    /// summary is folded in.
+    /// Estimated tokens the summary replaces: the head without its pinned parts (they
+    /// stay), plus the previous compaction's two messages when a summary is folded in.
     pub replaced_tokens: u64,
     /// Estimated tokens of the whole context when the compaction began.
     pub tokens_before: u64,

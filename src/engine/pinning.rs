@@ -10,9 +10,8 @@ use super::update::Applied;
 use crate::domain::PartKind;
 
 impl Session {
-    /// Applies [`super::Update::Pin`]: checks the message and part exist, then sets or
-    /// clears the pin. A new pin restores the parts it covers that prune or a strategy
-    /// reduced. Pinning what is pinned, or unpinning what is not, changes nothing.
+    /// Applies [`super::Update::Pin`] (validated first); a new pin restores what it covers.
+    /// Pinning what is pinned, or unpinning what is not, changes nothing.
     pub(super) fn pin(
         &mut self,
         message_id: &str,

@@ -138,8 +138,8 @@ pub struct PruneIndex {
 }
 
 impl PruneIndex {
-    /// Notes a change to a tool part, a pin or a summary flag of message `msg`. Changes past the
-    /// eligible end are picked up when the end moves over them.
+    /// Notes a change to a tool part, a pin or a summary flag of message `msg`. Changes
+    /// past the eligible end are picked up when the end moves over them.
     pub fn touch(&mut self, msg: usize) {
         if self.end.is_some_and(|end| msg <= end) {
             self.dirty = true;

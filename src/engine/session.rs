@@ -260,10 +260,8 @@ impl Session {
         &self.pins
     }
 
-    /// Sets (`pinned`) or clears the pin of message `msg` (of its part `part_id` when
-    /// given), moving the bytes held; the prune window and, on an unpin, the strategies'
-    /// decisions are found again (pins are rare). Returns false when nothing changed.
-    /// A new pin past the byte limit is refused.
+    /// Sets or clears a pin (message `msg`, or its part `part_id`), moving the bytes held
+    /// and redoing the prune window (and, on an unpin, the strategies); false: no change.
     pub(crate) fn set_pin(
         &mut self,
         msg: usize,
