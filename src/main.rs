@@ -37,6 +37,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(args.clone(), &layered),
         Command::Replay(args) => replay(args.clone()),
         Command::Config(_) => Ok(()),
+        Command::RecallTool => recall_tool(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -201,6 +202,17 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = ctrl_c => {},
         _ = term => {},
+    }
+}
+
+/// `compactd recall-tool`: the definition `GetRecallTool` returns, on stdout.
+fn recall_tool() -> anyhow::Result<()> {
+    use std::io::Write;
+    let json = compactd::engine::recall_tool_json();
+    match writeln!(std::io::stdout().lock(), "{json}") {
+        // A closed pipe is the reader's choice, not a failure.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other.map_err(Into::into),
     }
 }
 

@@ -14,8 +14,8 @@ mod layers;
 pub use layers::{LayerError, Layered, Source, parse_layered, print_config};
 
 use crate::config::{
-    CacheCounting, CacheModel, EngineConfig, OverflowPreset, Reserved, SessionOverrides, StrategyPreset,
-    StrategySet,
+    CacheCounting, CacheModel, EngineConfig, OverflowPreset, Reserved, SessionOverrides,
+    StrategyPreset, StrategySet,
 };
 use crate::domain::ModelLimits;
 use crate::server::{CompactionConfig, DEFAULT_MAX_UPDATE_BYTES};
@@ -46,6 +46,10 @@ pub enum Command {
     /// Inspect the configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
+    // ---- recall ----
+    /// Print the `compactd_recall` tool definition (OpenAI function-calling JSON) to give
+    /// a model, so it can ask for a cleared tool output back (answered by `Recall`).
+    RecallTool,
 }
 
 /// `compactd config ...`.
@@ -679,7 +683,7 @@ mod tests {
         argv.extend_from_slice(extra);
         match Cli::try_parse_from(argv).expect("flags parse").command {
             Command::Serve(s) => s.llm,
-            Command::Replay(_) | Command::Config(_) => unreachable!(),
+            _ => unreachable!("`serve` was parsed"),
         }
     }
 

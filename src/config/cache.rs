@@ -118,16 +118,16 @@ impl FromStr for CacheModel {
         };
         let ttl_s = num(ttl, "TTL")?;
         if !(0.0..=86_400.0).contains(&ttl_s) {
-            return Err(format!(
-                "cache model {s:?}: TTL must be 0 to 86400 seconds"
-            ));
+            return Err(format!("cache model {s:?}: TTL must be 0 to 86400 seconds"));
         }
         let model = CacheModel {
             read: num(read, "read price")?,
             write: num(write, "write price")?,
             ttl_ms: (ttl_s * 1000.0) as i64,
         };
-        model.check().map_err(|e| format!("cache model {s:?}: {e}"))?;
+        model
+            .check()
+            .map_err(|e| format!("cache model {s:?}: {e}"))?;
         Ok(model)
     }
 }

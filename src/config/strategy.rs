@@ -334,7 +334,9 @@ mod tests {
     fn presets_follow_acp() {
         let compactd = StrategySet::preset(StrategyPreset::Compactd);
         assert_eq!(compactd, StrategySet::default());
-        assert!(compactd.has(Strategy::MaskObservations) && compactd.has(Strategy::CapLargeOutputs));
+        assert!(
+            compactd.has(Strategy::MaskObservations) && compactd.has(Strategy::CapLargeOutputs)
+        );
         assert!(!compactd.has(Strategy::AggressiveFilePrune));
         let acp = StrategySet::preset(StrategyPreset::Compact);
         assert_eq!(acp.iter().count(), Strategy::ACP.len());

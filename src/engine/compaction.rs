@@ -10,9 +10,13 @@
 //!   deterministic anchors (todos, protected tool outputs) after the model's text, and on
 //!   auto compaction the synthetic `Continue if you have next steps`. From then on the
 //!   context starts at that boundary and prune stops at the summary.
+//! - Pinned parts of the head are summarized with it and also carried verbatim after the
+//!   summary (`context.rs`): they are not what the summary replaces, so the summary must
+//!   be smaller than the head without them.
 //!
 //! Nothing here reads a clock or makes ids: both come in as arguments.
 
+use super::context::Keep;
 use super::error::ApplyError;
 use super::footprint::ByteLimit;
 use super::session::Session;
@@ -65,8 +69,8 @@ pub struct CompactionPlan {
     pub previous_summary: Option<String>,
     /// Estimated tokens of the head (what the model summarizes).
     pub head_tokens: u64,
-    /// Estimated tokens the new summary replaces in the context: the head, plus the
-    /// previous compaction's two messages when a summary is folded in.
+    /// Estimated tokens the summary replaces: the head without its pinned parts (they
+    /// stay), plus the previous compaction's two messages when a summary is folded in.
     pub replaced_tokens: u64,
     /// Estimated tokens of the whole context when the compaction began.
     pub tokens_before: u64,
@@ -161,8 +165,11 @@ impl Session {
             return Err(CompactionError::NothingToCompact);
         }
         let head_tokens: u64 = head.iter().map(|&i| self.message_tokens(i)).sum();
+        let pinned_tokens: u64 = head.iter().map(|&i| self.pinned_tokens(i)).sum();
         Ok(CompactionPlan {
-            replaced_tokens: head_tokens + previous_tokens,
+            replaced_tokens: head_tokens
+                .saturating_sub(pinned_tokens)
+                .saturating_add(previous_tokens),
             head,
             tail_start,
             covers: self.messages().len(),
@@ -176,7 +183,7 @@ impl Session {
     /// The head as the summarizer sees it: rendered like the context (placeholders for
     /// cleared outputs, interrupted tools as errors).
     pub fn head_view(&self, plan: &CompactionPlan) -> super::ContextView {
-        self.view_of(&plan.head)
+        self.view_of(plan.head.iter().map(|&i| (i, Keep::All)))
     }
 
     /// The earliest of the last `turns` user messages whose suffix fits the budget.
@@ -207,6 +214,19 @@ impl Session {
         self.messages()[i]
             .parts
             .iter()
+            .map(|p| p.context_tokens())
+            .sum()
+    }
+
+    /// Context tokens of the pinned parts of message `i` (carried past a compaction).
+    fn pinned_tokens(&self, i: usize) -> u64 {
+        if self.pins().is_empty() {
+            return 0;
+        }
+        self.messages()[i]
+            .parts
+            .iter()
+            .filter(|p| self.is_pinned(i, &p.part.id))
             .map(|p| p.context_tokens())
             .sum()
     }

@@ -8,6 +8,12 @@
 //! `step-start` are dropped. Each part reads as `render.rs` says (placeholders, strategy
 //! rewrites). Two shapes: native messages/parts, and OpenAI
 //! chat-completions `messages` a host can send as is.
+//!
+//! Pins survive compaction: after a boundary, the pinned parts of the summarized messages
+//! follow the summary, each in its own message (its info, only its pinned parts), oldest
+//! first, before the verbatim tail. So a pinned part is never summarized away, reads
+//! verbatim, and keeps its place in its message (a pinned tool call stays an assistant
+//! call with its result). Finding them costs O(pins), never a scan of the head.
 
 use serde_json::{Value, json};
 
@@ -33,9 +39,9 @@ const SUBTASK_TEXT: &str = "The following tool was executed by the user";
 
 impl Session {
     /// Builds the context view. Costs O(messages in the context), never touches the
-    /// messages before the boundary.
+    /// messages before the boundary but the pinned parts it carries.
     pub fn build_context(&self) -> ContextView {
-        let mut view = self.view_of(&self.context_order());
+        let mut view = self.view_of(self.context_slots());
         view.boundary_message_id = self
             .boundary()
             .map(|b| self.messages()[b.start].info.id.clone());
@@ -61,6 +67,35 @@ impl Session {
         order
     }
 
+    /// Summarized messages holding a pinned part, ascending: they are carried, with only
+    /// their pinned parts, right after the summary. Empty without a compaction.
+    pub(crate) fn carried(&self) -> Vec<usize> {
+        let Some(b) = self.boundary() else {
+            return Vec::new();
+        };
+        let mut held = self.pins().holders_below(self.context_from());
+        held.retain(|&i| i != b.start && i != b.summary);
+        held
+    }
+
+    /// What the context sends, in order: [`Self::context_order`] with the
+    /// [`Self::carried`] messages (pinned parts only) right after the summary.
+    fn context_slots(&self) -> Vec<(usize, Keep)> {
+        let order = self.context_order();
+        let carried = self.carried();
+        let at = if self.boundary().is_some() { 2 } else { 0 };
+        let mut slots = Vec::with_capacity(order.len() + carried.len());
+        slots.extend(order[..at.min(order.len())].iter().map(|&i| (i, Keep::All)));
+        slots.extend(carried.into_iter().map(|i| (i, Keep::Pinned)));
+        slots.extend(order.iter().skip(at).map(|&i| (i, Keep::All)));
+        slots
+    }
+
+    /// True when the context sends the part `part_id` of message `i` under `keep`.
+    fn sends(&self, i: usize, part_id: &str, keep: Keep) -> bool {
+        keep == Keep::All || self.is_pinned(i, part_id)
+    }
+
     /// First position of the context after the boundary's own two messages (0 without a
     /// compaction): messages before it, other than `B` and `S`, are summarized.
     pub(crate) fn context_from(&self) -> usize {
@@ -81,17 +116,21 @@ impl Session {
                 .is_some_and(|b| i == b.start || i == b.summary)
     }
 
-    /// Renders the given messages (positions, in order) as the model sees them.
-    pub(crate) fn view_of(&self, order: &[usize]) -> ContextView {
+    /// Renders the given messages (positions, each whole or its pinned parts only, in
+    /// order) as the model sees them.
+    pub(crate) fn view_of(&self, slots: impl IntoIterator<Item = (usize, Keep)>) -> ContextView {
         let mut tokens = 0;
-        let mut messages = Vec::with_capacity(order.len());
-        for &i in order {
+        let mut messages = Vec::new();
+        for (i, keep) in slots {
             let msg = &self.messages()[i];
             if !keeps_message(msg) {
                 continue;
             }
             let mut parts = Vec::with_capacity(msg.parts.len());
             for stored in &msg.parts {
+                if !self.sends(i, &stored.part.id, keep) {
+                    continue;
+                }
                 if let Some(part) = render(&stored.part, self.settings()) {
                     tokens += stored.context_tokens();
                     parts.push(StoredPart {
@@ -119,6 +158,15 @@ impl Session {
             boundary_message_id: None,
         }
     }
+}
+
+/// How much of a message the context sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Keep {
+    /// Every part.
+    All,
+    /// Only its pinned parts (a summarized message carried after the summary).
+    Pinned,
 }
 
 /// The `tail_start_id` of a message's compaction part, when set.
@@ -253,11 +301,15 @@ fn assistant_messages(msg: &Message, out: &mut Vec<Value>) {
 impl Session {
     /// Estimated tokens of the context view without building it.
     pub fn context_tokens(&self) -> u64 {
-        self.context_order()
+        self.context_slots()
             .into_iter()
-            .map(|i| &self.messages()[i])
-            .filter(|m| keeps_message(m))
-            .flat_map(|m| &m.parts)
+            .filter(|&(i, _)| keeps_message(&self.messages()[i]))
+            .flat_map(|(i, keep)| {
+                self.messages()[i]
+                    .parts
+                    .iter()
+                    .filter(move |p| self.sends(i, &p.part.id, keep))
+            })
             .map(|p| p.context_tokens())
             .sum()
     }

@@ -16,6 +16,10 @@ use crate::domain::{HeapSize, MessageInfo, Part, SessionInfo, vec_capacity_after
 /// key per file path, call hash or query, and the holders' positions).
 const PART_INDEX_BYTES: usize = 96;
 
+/// Bytes per pin beyond its part id: its slot in the pin sets and their share of a
+/// per-message set (an allowance, like [`PART_INDEX_BYTES`]).
+const PIN_ENTRY_BYTES: usize = 64;
+
 /// The most bytes a session may hold after an update, and the limit that says so.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ByteLimit {
@@ -52,6 +56,11 @@ pub(crate) fn part_bytes(part: &Part) -> u64 {
 /// in the message vector and the map's table are counted by capacity).
 pub(crate) fn message_bytes(info: &MessageInfo) -> u64 {
     (info.heap_bytes() + info.id.len()) as u64
+}
+
+/// Bytes one pin holds: a message's (`None`) or a part's, with its copy of the part id.
+pub(crate) fn pin_bytes(part_id: Option<&str>) -> u64 {
+    (PIN_ENTRY_BYTES + part_id.map_or(0, str::len)) as u64
 }
 
 /// Bytes of `slots` parts in message part vectors.

@@ -26,7 +26,7 @@ impl Session {
         let messages = messages * size_of::<Message>();
         let by_id = hash_table_bytes(self.ids().capacity(), size_of::<(String, usize)>());
         let users = users * size_of::<usize>();
-        (messages + by_id + users) as u64 + part_slots_bytes(part_slots)
+        (messages + by_id + users) as u64 + part_slots_bytes(part_slots) + self.index_bytes()
     }
 
     fn container_bytes(&self) -> u64 {
@@ -50,8 +50,10 @@ impl Session {
             (c - cap) * elem
         };
         let (m_cap, u_cap) = self.capacities();
+        let (i_len, i_cap) = self.index_len_capacity();
         let vectors = grow(self.messages().len(), m_cap, messages, size_of::<Message>())
-            + grow(self.users().len(), u_cap, users, size_of::<usize>());
+            + grow(self.users().len(), u_cap, users, size_of::<usize>())
+            + grow(i_len, i_cap, messages, size_of::<i64>());
         let slot = size_of::<(String, usize)>();
         let mut cap = self.ids().capacity();
         for k in 0..messages {
@@ -104,7 +106,7 @@ impl Session {
         let slots: usize = self.messages().iter().map(|m| m.parts.capacity()).sum();
         let empty = size_of::<Session>() as u64
             + super::footprint::info_bytes(self.info(), self.settings());
-        empty + content + self.container_bytes_with(slots)
+        empty + content + self.pins().bytes() + self.container_bytes_with(slots)
     }
 
     /// At most the bytes `updates` add to this session when applied in order (new messages

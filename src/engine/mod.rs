@@ -17,9 +17,13 @@ mod estimate;
 mod footprint;
 mod memory;
 mod overflow;
+mod pinning;
+mod pins;
 mod prune;
 mod prune_index;
+mod recall;
 mod render;
+mod request_log;
 pub mod scheduler;
 mod session;
 mod stored;
@@ -27,6 +31,7 @@ pub mod strategies;
 mod token_index;
 mod totals;
 mod update;
+mod window;
 
 pub use auto::AutoState;
 pub use compaction::{
@@ -40,6 +45,10 @@ pub use footprint::ByteLimit;
 pub use overflow::{Crossed, OverflowCheck, Trigger, check, max_output, usable_input, used_tokens};
 pub use prune::{PruneMode, PruneReport, PrunedPart};
 pub use prune_index::{Candidate, PruneIndex, PrunePlan, eligible_end, reference_scan};
+pub use recall::{
+    RECALL_TOOL, RecallKey, Recalled, RecalledCall, RecalledContent, Reduction, recall_tool,
+    recall_tool_json,
+};
 pub use session::Session;
 pub use stored::{Message, StoredPart};
 pub use update::{Applied, Update};

@@ -13,7 +13,7 @@
 //!   Overflow when `used` or `predicted` is above the threshold.
 
 use super::session::Session;
-use crate::config::{COMPACTION_BUFFER, CacheCounting, OUTPUT_TOKEN_MAX, Reserved, Settings};
+use crate::config::{COMPACTION_BUFFER, CacheCounting, Reserved, Settings};
 use crate::domain::{ModelLimits, TokenUsage};
 
 /// What ran the check (reported with the numbers).
@@ -74,22 +74,7 @@ pub struct OverflowCheck {
     pub trigger: Trigger,
 }
 
-/// Max output tokens as OpenCode's `maxOutputTokens`: min(limit.output, 32000), or 32000.
-pub fn max_output(limits: &ModelLimits) -> u64 {
-    match limits.output {
-        0 => OUTPUT_TOKEN_MAX,
-        n => n.min(OUTPUT_TOKEN_MAX),
-    }
-}
-
-/// Usable input: `limit.input`, else `context − max_output`.
-pub fn usable_input(limits: &ModelLimits) -> u64 {
-    if limits.input > 0 {
-        limits.input
-    } else {
-        limits.context.saturating_sub(max_output(limits))
-    }
-}
+pub use super::window::{max_output, usable_input};
 
 /// Tokens one usage report stands for, and the rule used.
 pub fn used_tokens(u: &TokenUsage, rule: CacheCounting) -> (u64, &'static str) {

@@ -2,10 +2,11 @@
 //! the aggressive strategies after a finished assistant message. What to clear is decided
 //! by the incremental window in `prune_index.rs`; here it is committed (parts marked with
 //! `time.compacted`, outputs kept) and reported. A dry run is a commit rolled back.
+//! Pinned outputs never enter the window's plan, so what is reported is what is cleared.
 
 use super::prune_index::Candidate;
 use super::render::active_mark;
-use super::scheduler::Scope;
+use super::request_log::Scope;
 use super::session::{Rendering, Session};
 use super::strategies::{Strategy, StrategyRun};
 use crate::domain::PartKind;
@@ -119,7 +120,9 @@ impl Session {
             strategies,
         };
         if scope == Scope::Fresh && !plan.prune.is_empty() {
-            report.reason = Some("held by the cache scheduler: the rewrite would cost more than it saves".into());
+            report.reason = Some(
+                "held by the cache scheduler: the rewrite would cost more than it saves".into(),
+            );
             return report;
         }
         if plan.pruned <= minimum {

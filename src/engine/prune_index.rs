@@ -5,12 +5,15 @@
 //!   first, skip the last `protect_turns` user turns, stop at a summary message or at an
 //!   already compacted output, skip protected tools, protect the newest PRUNE_PROTECT
 //!   tokens of completed tool output, prune the rest. It costs O(messages scanned).
+//!   compactd's pins extend it: a pinned output is skipped like a protected tool's (it is
+//!   never cleared and takes no room in the window); with nothing pinned it is the seed's.
 //! - [`PruneIndex`] keeps the same answer up to date as messages arrive. Appending messages
 //!   only ever slides the protection window forward, so it is maintained with two
 //!   pointers in amortized O(1) per update; an edit to a tool part inside the already
 //!   eligible region (rare: an old call completing late, a deletion) falls back to one
 //!   reference scan. The property tests check that the two never disagree.
 
+use super::pins::Pins;
 use super::stored::Message;
 use crate::config::Settings;
 use crate::domain::{PartKind, Role, ToolStatus};
@@ -50,12 +53,28 @@ pub fn eligible_end(users: &[usize], len: usize, turns: u32) -> Option<usize> {
 /// The seed's algorithm, literally: newest first from `end`, stop at a summary or a
 /// compacted output.
 pub fn reference_scan(messages: &[Message], end: Option<usize>, s: &Settings) -> PrunePlan {
-    scan(messages, end, s).0
+    scan(messages, end, s, &Pins::default()).0
+}
+
+/// [`reference_scan`] skipping the pinned outputs, as the session's own window does.
+#[cfg(test)]
+pub(crate) fn reference_scan_pinned(
+    messages: &[Message],
+    end: Option<usize>,
+    s: &Settings,
+    pins: &Pins,
+) -> PrunePlan {
+    scan(messages, end, s, pins).0
 }
 
 /// The literal scan, also returning the protected candidates (oldest first), which the
 /// incremental index keeps so its window can slide over them later.
-fn scan(messages: &[Message], end: Option<usize>, s: &Settings) -> (PrunePlan, Vec<Candidate>) {
+fn scan(
+    messages: &[Message],
+    end: Option<usize>,
+    s: &Settings,
+    pins: &Pins,
+) -> (PrunePlan, Vec<Candidate>) {
     let mut plan = PrunePlan::default();
     let mut protected = Vec::new();
     let Some(end) = end else {
@@ -73,7 +92,7 @@ fn scan(messages: &[Message], end: Option<usize>, s: &Settings) -> (PrunePlan, V
             if tool.state.status != ToolStatus::Completed {
                 continue;
             }
-            if s.is_protected_tool(&tool.tool) {
+            if s.is_protected_tool(&tool.tool) || pins.covers(mi, &stored.part.id) {
                 continue;
             }
             if tool.state.time.compacted.is_some() {
@@ -119,8 +138,8 @@ pub struct PruneIndex {
 }
 
 impl PruneIndex {
-    /// Notes a change to a tool part or a summary flag of message `msg`. Changes past the
-    /// eligible end are picked up when the end moves over them.
+    /// Notes a change to a tool part, a pin or a summary flag of message `msg`. Changes
+    /// past the eligible end are picked up when the end moves over them.
     pub fn touch(&mut self, msg: usize) {
         if self.end.is_some_and(|end| msg <= end) {
             self.dirty = true;
@@ -136,7 +155,13 @@ impl PruneIndex {
     }
 
     /// Brings the state up to date with the session and returns the current plan figures.
-    pub(crate) fn sync(&mut self, messages: &[Message], users: &[usize], s: &Settings) {
+    pub(crate) fn sync(
+        &mut self,
+        messages: &[Message],
+        users: &[usize],
+        s: &Settings,
+        pins: &Pins,
+    ) {
         let target = eligible_end(users, messages.len(), s.protect_turns);
         let moved_back = match (self.end, target) {
             (Some(a), Some(b)) => b < a,
@@ -144,7 +169,7 @@ impl PruneIndex {
             _ => false,
         };
         if self.dirty || moved_back {
-            self.rebuild(messages, target, s);
+            self.rebuild(messages, target, s, pins);
             return;
         }
         if target == self.end {
@@ -153,14 +178,14 @@ impl PruneIndex {
         let from = self.end.map_or(0, |e| e + 1);
         if let Some(to) = target {
             for (mi, msg) in messages.iter().enumerate().take(to + 1).skip(from) {
-                self.append_message(mi, msg, s);
+                self.append_message(mi, msg, s, pins);
             }
         }
         self.end = target;
     }
 
-    fn rebuild(&mut self, messages: &[Message], end: Option<usize>, s: &Settings) {
-        let (plan, protected) = scan(messages, end, s);
+    fn rebuild(&mut self, messages: &[Message], end: Option<usize>, s: &Settings, pins: &Pins) {
+        let (plan, protected) = scan(messages, end, s, pins);
         let mut cands = plan.prune;
         let window = cands.len();
         cands.extend(protected);
@@ -174,7 +199,7 @@ impl PruneIndex {
         };
     }
 
-    fn append_message(&mut self, mi: usize, msg: &Message, s: &Settings) {
+    fn append_message(&mut self, mi: usize, msg: &Message, s: &Settings, pins: &Pins) {
         if msg.info.role == Role::Assistant && msg.info.summary {
             self.reset();
             return;
@@ -183,7 +208,10 @@ impl PruneIndex {
             let PartKind::Tool(tool) = &stored.part.kind else {
                 continue;
             };
-            if tool.state.status != ToolStatus::Completed || s.is_protected_tool(&tool.tool) {
+            if tool.state.status != ToolStatus::Completed
+                || s.is_protected_tool(&tool.tool)
+                || pins.covers(mi, &stored.part.id)
+            {
                 continue;
             }
             if tool.state.time.compacted.is_some() {

@@ -4,8 +4,8 @@
 //! parts and the summarizer's input all come from here, so they cannot disagree.
 
 use super::strategies::{
-    Strategy, capped_text, file_breadcrumb, masked_text, inlined_breadcrumb, is_inlined_file, is_step_marker, strip_input,
-    superseded_text, truncate_code_blocks, truncate_error,
+    Strategy, capped_text, file_breadcrumb, inlined_breadcrumb, is_inlined_file, is_step_marker,
+    masked_text, strip_input, superseded_text, truncate_code_blocks, truncate_error,
 };
 use crate::config::{INTERRUPTED, Settings};
 use crate::domain::{Part, PartKind, StrategyMark, TextPart, ToolPart, ToolState, ToolStatus};

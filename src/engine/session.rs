@@ -17,17 +17,18 @@ use super::auto::AutoState;
 use super::error::ApplyError;
 use super::estimate::estimate;
 use super::footprint::{
-    ByteLimit, info_bytes, message_bytes, part_bytes, part_slot_growth, part_slots_bytes,
+    ByteLimit, info_bytes, message_bytes, part_bytes, part_slot_growth, part_slots_bytes, pin_bytes,
 };
+use super::pins::Pins;
 use super::prune_index::{PruneIndex, PrunePlan};
-use super::scheduler::RequestLog;
-use super::token_index::TokenIndex;
 use super::render::{is_compacted, is_reduced, render_as};
+use super::request_log::RequestLog;
 use super::stored::{Message, StoredPart};
-use super::overflow::usable_input;
 use super::strategies::{Pending, Tracker, cap_chars};
+use super::token_index::TokenIndex;
 use super::totals::{PartFigures, Totals, UsageState};
 use super::update::{Applied, Update};
+use super::window::usable_input;
 use crate::config::{EngineConfig, Settings, Strategy};
 use crate::domain::{MessageInfo, Part, PartKind, Role, SessionInfo, StrategyMark, TokenUsage};
 use crate::tokens::TokenCounter;
@@ -49,6 +50,8 @@ pub(crate) enum Rendering {
     Mark(Option<StrategyMark>),
     /// Prune clears the output at this time (`time.compacted`).
     Cleared(i64),
+    /// Prune's stamp is removed: the output reads verbatim again (a pin restores it).
+    Restored,
 }
 
 /// Undo log of a trial run (a prune dry run): the prior rendering of every part
@@ -91,6 +94,8 @@ pub struct Session {
     prune: PruneIndex,
     /// Incremental state of the aggressive strategies.
     tracker: Tracker,
+    /// Parts and messages the host pinned (never reduced, carried through compaction).
+    pins: Pins,
     /// The most bytes the session may hold after the next update.
     byte_limit: ByteLimit,
     /// Set during a trial run, which is rolled back at its end.
@@ -119,6 +124,7 @@ impl Clone for Session {
             auto,
             prune,
             tracker,
+            pins,
             byte_limit,
             journal: _,
             by_msg,
@@ -139,6 +145,7 @@ impl Clone for Session {
             auto: *auto,
             prune: prune.clone(),
             tracker: tracker.clone(),
+            pins: pins.clone(),
             byte_limit: *byte_limit,
             journal: None,
             by_msg: by_msg.clone(),
@@ -172,6 +179,7 @@ impl Session {
             auto: AutoState::default(),
             prune: PruneIndex::default(),
             tracker,
+            pins: Pins::default(),
             byte_limit: ByteLimit::NONE,
             journal: None,
             by_msg: TokenIndex::default(),
@@ -203,6 +211,12 @@ impl Session {
     /// Bytes of the per-message token index (counted with the bytes held).
     pub(crate) fn index_bytes(&self) -> u64 {
         self.by_msg.capacity_bytes()
+    }
+
+    /// Length and capacity of the per-message token index (its growth is checked like the
+    /// message vector's).
+    pub(crate) fn index_len_capacity(&self) -> (usize, usize) {
+        self.by_msg.len_capacity()
     }
 
     /// Session info (id, model, limits, overrides, todos).
@@ -245,6 +259,12 @@ impl Session {
         self.by_id.get(message_id).copied()
     }
 
+    /// True when the part `part_id` of the message at `msg` is pinned, by itself or
+    /// through its message. One hash lookup (none when nothing is pinned).
+    pub fn is_pinned(&self, msg: usize, part_id: &str) -> bool {
+        self.pins.covers(msg, part_id)
+    }
+
     /// The token counter every figure of this session comes from.
     pub fn counter(&self) -> &dyn TokenCounter {
         self.counter.as_ref()
@@ -281,6 +301,37 @@ impl Session {
         &self.by_id
     }
 
+    /// The pinned messages and parts.
+    pub(crate) fn pins(&self) -> &Pins {
+        &self.pins
+    }
+
+    /// Sets or clears a pin (message `msg`, or its part `part_id`), moving the bytes held
+    /// and redoing the prune window (and, on an unpin, the strategies); false: no change.
+    pub(crate) fn set_pin(
+        &mut self,
+        msg: usize,
+        part_id: Option<&str>,
+        pinned: bool,
+    ) -> Result<bool, ApplyError> {
+        if self.pins.holds(msg, part_id) == pinned {
+            return Ok(false);
+        }
+        let bytes = pin_bytes(part_id);
+        if pinned {
+            self.check_growth("", 0, bytes)?;
+            self.pins.insert(msg, part_id);
+            self.totals.bytes_changed(0, bytes);
+        } else {
+            self.pins.remove(msg, part_id);
+            self.totals.bytes_changed(bytes, 0);
+            // The decisions a pin made the last commits skip are queued again.
+            self.tracker.invalidate();
+        }
+        self.prune.touch(msg);
+        Ok(true)
+    }
+
     /// The most bytes the session may hold after the next update.
     pub(crate) fn byte_limit(&self) -> ByteLimit {
         self.byte_limit
@@ -299,14 +350,16 @@ impl Session {
 
     /// Brings the prune window up to date and returns its plan.
     pub(crate) fn prune_plan(&mut self) -> PrunePlan {
-        self.prune.sync(&self.messages, &self.users, &self.settings);
+        self.prune
+            .sync(&self.messages, &self.users, &self.settings, &self.pins);
         self.prune.plan()
     }
 
     /// Tokens a prune would clear right now; the cheap per-update decision (the window is
     /// brought up to date first).
     pub fn prune_pending(&mut self) -> u64 {
-        self.prune.sync(&self.messages, &self.users, &self.settings);
+        self.prune
+            .sync(&self.messages, &self.users, &self.settings, &self.pins);
         self.prune.pending()
     }
 
@@ -377,6 +430,11 @@ impl Session {
                     t.state.time.compacted = Some(at);
                 }
             }
+            Rendering::Restored => {
+                if let PartKind::Tool(t) = &mut part.kind {
+                    t.state.time.compacted = None;
+                }
+            }
         }
         let reduced = self.reduced_tokens(&self.messages[msg].parts[pi].part);
         let stored = &mut self.messages[msg].parts[pi];
@@ -427,6 +485,11 @@ impl Session {
             Update::ReportUsage { message_id, tokens } => {
                 self.report_usage(message_id.as_deref(), tokens)
             }
+            Update::Pin {
+                message_id,
+                part_id,
+                pinned,
+            } => self.pin(&message_id, part_id.as_deref(), pinned),
         }
     }
 
@@ -539,8 +602,12 @@ impl Session {
             self.users.push(idx);
         } else {
             self.totals.request_started(); // a new assistant message is a new request
-            self.requests
-                .started(idx, 0, Some(info.time.created), self.settings.cache_model.ttl_ms);
+            self.requests.started(
+                idx,
+                0,
+                Some(info.time.created),
+                self.settings.cache_model.ttl_ms,
+            );
         }
         if finished && info.role == Role::Assistant {
             self.requests
@@ -584,6 +651,13 @@ impl Session {
             ));
         };
         let mut part = part;
+        // A pinned part reads verbatim: a mark or prune stamp sent with it is dropped.
+        if self.pins.covers(idx, &part.id) {
+            part.mark = None;
+            if let PartKind::Tool(t) = &mut part.kind {
+                t.state.time.compacted = None;
+            }
+        }
         let est = estimate(&part, self.counter.as_ref());
         let is_tool = matches!(part.kind, PartKind::Tool(_));
         let is_compaction = matches!(part.kind, PartKind::Compaction(_));
@@ -658,11 +732,8 @@ impl Session {
         }
         self.tracker
             .on_part(&self.messages, idx, at, &self.settings);
-        self.by_msg.moved(
-            idx,
-            old_figures.map_or(0, |f| f.tokens),
-            new_figures.tokens,
-        );
+        self.by_msg
+            .moved(idx, old_figures.map_or(0, |f| f.tokens), new_figures.tokens);
         self.totals.part_changed(old_figures, Some(new_figures));
         if is_tool || was_tool {
             self.prune.touch(idx);
@@ -704,6 +775,10 @@ impl Session {
         let figures = self.figures_of(&old, assistant);
         self.totals.part_changed(Some(figures), None);
         self.by_msg.moved(idx, figures.tokens, 0);
+        // The part's own pin goes with it (a message pin stays: it covers later parts).
+        if self.pins.remove(idx, Some(part_id)) {
+            self.totals.bytes_changed(pin_bytes(Some(part_id)), 0);
+        }
         // Removing any part shifts the positions of the parts after it, which the prune
         // window may hold: always invalidate it (deletions are rare).
         self.prune.touch(idx);

@@ -56,6 +56,11 @@ impl TokenIndex {
         u64::try_from(self.prefix(to).saturating_sub(self.prefix(from))).unwrap_or(0)
     }
 
+    /// Entries and allocated slots.
+    pub(crate) fn len_capacity(&self) -> (usize, usize) {
+        (self.tree.len(), self.tree.capacity())
+    }
+
     /// Bytes the index holds.
     pub(crate) fn capacity_bytes(&self) -> u64 {
         (self.tree.capacity() * std::mem::size_of::<i64>()) as u64
@@ -85,6 +90,9 @@ mod tests {
                 assert_eq!(idx.prefix(n), plain[..n].iter().sum::<i64>(), "n {n}");
             }
         }
-        assert_eq!(idx.range(10, 20), plain[10..20].iter().sum::<i64>().max(0) as u64);
+        assert_eq!(
+            idx.range(10, 20),
+            plain[10..20].iter().sum::<i64>().max(0) as u64
+        );
     }
 }

@@ -27,6 +27,16 @@ pub enum Update {
         /// The usage.
         tokens: TokenUsage,
     },
+    /// Pin (or unpin) a part, or a whole message: a pinned part is never pruned or
+    /// marked by a strategy and is carried verbatim through compaction.
+    Pin {
+        /// The message pinned, or the one holding the part.
+        message_id: String,
+        /// The part; `None` pins the whole message (every part, now and later).
+        part_id: Option<String>,
+        /// True pins, false unpins.
+        pinned: bool,
+    },
 }
 
 impl Update {
@@ -38,6 +48,7 @@ impl Update {
             Update::UpsertPart(_) => "upsert_part",
             Update::DeletePart { .. } => "delete_part",
             Update::ReportUsage { .. } => "report_usage",
+            Update::Pin { .. } => "pin",
         }
     }
 }

@@ -14,7 +14,8 @@ use serde_json::{Map, Number, Value};
 use super::pb;
 use super::status::Rejection;
 use crate::config::{
-    CacheCounting, CacheModel, InvalidSetting, OverflowPreset, SessionOverrides, Strategy, StrategyPreset,
+    CacheCounting, CacheModel, InvalidSetting, OverflowPreset, SessionOverrides, Strategy,
+    StrategyPreset,
 };
 use crate::domain::{
     AgentPart, CompactionPart, FilePart, InvalidField, MessageError, MessageInfo, MessageTime,
@@ -22,7 +23,9 @@ use crate::domain::{
     SessionInfo, StepFinishPart, SubtaskPart, TextPart, Todo, TokenUsage, ToolPart, ToolState,
     ToolStatus, ToolTime,
 };
-use crate::engine::{ContextView, Crossed, Message, OverflowCheck, PruneReport, Session};
+use crate::engine::{
+    ContextView, Crossed, Message, OverflowCheck, PruneReport, Recalled, RecalledContent, Session,
+};
 
 impl From<InvalidField> for Rejection {
     fn from(e: InvalidField) -> Self {
@@ -811,3 +814,42 @@ pub fn summary_to_pb(s: &Session, created: bool) -> pb::SessionSummary {
 #[cfg(test)]
 #[path = "convert_tests.rs"]
 mod tests;
+
+// ---- recall ----
+
+/// A recalled part on the wire.
+pub fn recalled_to_pb(r: &Recalled) -> pb::Recalled {
+    use pb::recalled::Content;
+    let content = match &r.content {
+        RecalledContent::Call(c) => Some(Content::Call(pb::RecalledCall {
+            tool: c.tool.clone(),
+            call_id: c.call_id.clone(),
+            status: c.status.as_str().to_string(),
+            input: Some(any_to_struct(&c.input)),
+            output: c.output.clone(),
+            error: c.error.clone(),
+        })),
+        RecalledContent::Text(t) => Some(Content::Text(t.clone())),
+        RecalledContent::File {
+            filename,
+            mime,
+            url,
+        } => Some(Content::File(pb::FilePart {
+            mime: mime.clone(),
+            filename: filename.clone(),
+            url: url.clone(),
+            ..Default::default()
+        })),
+        RecalledContent::Empty => None,
+    };
+    pb::Recalled {
+        message_id: r.message_id.clone(),
+        part_id: r.part_id.clone(),
+        part_type: r.part_type.to_string(),
+        content,
+        reduction: r.reduction.map_or("", |x| x.as_str()).to_string(),
+        pinned: r.pinned,
+        tokens: r.tokens,
+        context_tokens: r.context_tokens,
+    }
+}

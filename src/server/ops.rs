@@ -18,7 +18,8 @@ use super::status::Rejection;
 use crate::config::EngineConfig;
 use crate::domain::SessionInfo;
 use crate::engine::{
-    self, Event, OverflowCheck, PruneMode, PruneReport, Session, StepReport, Trigger, Update,
+    self, Event, OverflowCheck, PruneMode, PruneReport, RecallKey, Recalled, Session, StepReport,
+    Trigger, Update,
 };
 use crate::store::{SessionHandle, StoreError};
 
@@ -112,6 +113,19 @@ pub async fn prune(hub: &Arc<Hub>, session_id: &str, dry_run: bool) -> Pending<P
 /// Runs the overflow check.
 pub async fn check_overflow(hub: &Arc<Hub>, session_id: &str) -> Pending<OverflowCheck> {
     on_session(hub, session_id, "", overflow_check).await
+}
+
+/// Recalls a part's original content; NOT_FOUND names the key's field when no part has
+/// that id.
+pub async fn recall(hub: &Arc<Hub>, session_id: &str, key: RecallKey) -> Pending<Recalled> {
+    on_session(hub, session_id, "", move |s, _| {
+        s.recall(&key).ok_or_else(|| Rejection {
+            code: tonic::Code::NotFound,
+            field: key.field().to_string(),
+            message: format!("no part with {} {}", key.field(), key.id()),
+        })
+    })
+    .await
 }
 
 /// Queues a stream update's op for `session_id`; rejections name fields under the

@@ -8,8 +8,8 @@ use super::compaction;
 use super::convert;
 use super::pb;
 use super::status::Rejection;
-use crate::domain::SessionInfo;
-use crate::engine::Update;
+use crate::domain::{SessionInfo, check_id};
+use crate::engine::{RecallKey, Update};
 
 /// Default largest update accepted (`max_update_bytes`).
 pub const DEFAULT_MAX_UPDATE_BYTES: usize = 16 * 1024 * 1024;
@@ -74,7 +74,7 @@ pub fn decode_update(u: pb::ClientUpdate, max: usize) -> Result<Op, Rejection> {
     let Some(update) = u.update else {
         return Err(Rejection::invalid(
             "update",
-            "required: one of open, upsert_message, upsert_part, delete_part, report_usage, get_context, prune, check_overflow",
+            "required: one of open, upsert_message, upsert_part, delete_part, report_usage, get_context, prune, check_overflow, compact, cancel_compaction, pin",
         ));
     };
     Ok(match update {
@@ -98,6 +98,9 @@ pub fn decode_update(u: pb::ClientUpdate, max: usize) -> Result<Op, Rejection> {
         U::CheckOverflow(_) => Op::CheckOverflow,
         U::Compact(o) => Op::Compact(o.into()),
         U::CancelCompaction(_) => Op::CancelCompaction,
+        U::Pin(p) => {
+            Op::Apply(pin_update(p.message_id, p.part_id, p.pinned).map_err(|e| e.within("pin"))?)
+        }
     })
 }
 
@@ -113,6 +116,42 @@ pub fn delete_update(message_id: String, part_id: String) -> Result<Update, Reje
         message_id,
         part_id,
     })
+}
+
+/// Decodes a pin: `message_id` is required, an empty `part_id` pins the whole message,
+/// and an absent `pinned` pins.
+pub fn pin_update(
+    message_id: String,
+    part_id: String,
+    pinned: Option<bool>,
+) -> Result<Update, Rejection> {
+    check_id("message_id", &message_id)?;
+    let part_id = (!part_id.is_empty()).then_some(part_id);
+    if let Some(id) = &part_id {
+        check_id("part_id", id)?;
+    }
+    Ok(Update::Pin {
+        message_id,
+        part_id,
+        pinned: pinned.unwrap_or(true),
+    })
+}
+
+/// Decodes which part a recall asks for: a call id or a part id, non-empty and bounded.
+pub fn recall_key(key: Option<pb::recall_request::Key>) -> Result<RecallKey, Rejection> {
+    use pb::recall_request::Key;
+    let key = match key {
+        Some(Key::CallId(id)) => RecallKey::CallId(id),
+        Some(Key::PartId(id)) => RecallKey::PartId(id),
+        None => {
+            return Err(Rejection::invalid(
+                "call_id",
+                "required: call_id or part_id",
+            ));
+        }
+    };
+    check_id(key.field(), key.id())?;
+    Ok(key)
 }
 
 /// Decodes a usage report.

@@ -15,7 +15,9 @@ use super::hub::Hub;
 use super::ops;
 use super::pb;
 use super::reply::{self, Reply};
-use super::request::{check_size, context_format, delete_update, usage_update};
+use super::request::{
+    check_size, context_format, delete_update, pin_update, recall_key, usage_update,
+};
 use super::status::Rejection;
 use crate::engine::Update;
 use crate::store::Store;
@@ -425,6 +427,38 @@ impl pb::sessions_server::Sessions for SessionsService {
             .map_err(Rejection::from)?;
         tracing::info!(session_id = %id, messages, parts, "session imported");
         Ok(Response::new(self.summary(&id, true).await?))
+    }
+
+    async fn pin(
+        &self,
+        request: Request<pb::PinRequest>,
+    ) -> Result<Response<pb::UpdateResponse>, Status> {
+        let req = request.into_inner();
+        require_session(&req.session_id)?;
+        let update = pin_update(req.message_id, req.part_id, req.pinned)?;
+        self.update(&req.session_id, update).await
+    }
+
+    async fn recall(
+        &self,
+        request: Request<pb::RecallRequest>,
+    ) -> Result<Response<pb::Recalled>, Status> {
+        let req = request.into_inner();
+        require_session(&req.session_id)?;
+        let key = recall_key(req.key)?;
+        let pending = ops::recall(&self.hub, &req.session_id, key).await;
+        let recalled = self.answer(&req.session_id, "recall", pending).await?;
+        Ok(Response::new(convert::recalled_to_pb(&recalled)))
+    }
+
+    async fn get_recall_tool(
+        &self,
+        _request: Request<pb::GetRecallToolRequest>,
+    ) -> Result<Response<pb::RecallTool>, Status> {
+        Ok(Response::new(pb::RecallTool {
+            name: crate::engine::RECALL_TOOL.to_string(),
+            json: crate::engine::recall_tool_json(),
+        }))
     }
 }
 

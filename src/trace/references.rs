@@ -175,7 +175,10 @@ impl ReferenceIndex {
             }
         }
         for (msg, mine) in written {
-            let refs: Vec<usize> = mine.into_iter().filter(|&id| first_tool[id] < msg).collect();
+            let refs: Vec<usize> = mine
+                .into_iter()
+                .filter(|&id| first_tool[id] < msg)
+                .collect();
             if !refs.is_empty() {
                 index.by_request.insert(msg, refs);
             }
@@ -260,17 +263,36 @@ mod tests {
     #[test]
     fn a_reference_needs_an_earlier_tool_output_and_dangles_when_hidden() {
         let e = export(serde_json::json!([
-            msg("m1", "user", serde_json::json!([{"id": "p1", "type": "text", "text": "look at parse_export please"}])),
-            msg("m2", "assistant", serde_json::json!([{"id": "p2", "type": "tool", "callID": "c1", "tool": "grep",
-                "state": {"status": "completed", "input": {"pattern": "fn "}, "output": "src/trace/import.rs: fn parse_export", "time": {"start": 1, "end": 2}}}])),
-            msg("m3", "assistant", serde_json::json!([{"id": "p3", "type": "text",
-                "text": "parse_export lives in src/trace/import.rs; see also from_value"}])),
+            msg(
+                "m1",
+                "user",
+                serde_json::json!([{"id": "p1", "type": "text", "text": "look at parse_export please"}])
+            ),
+            msg(
+                "m2",
+                "assistant",
+                serde_json::json!([{"id": "p2", "type": "tool", "callID": "c1", "tool": "grep",
+                "state": {"status": "completed", "input": {"pattern": "fn "}, "output": "src/trace/import.rs: fn parse_export", "time": {"start": 1, "end": 2}}}])
+            ),
+            msg(
+                "m3",
+                "assistant",
+                serde_json::json!([{"id": "p3", "type": "text",
+                "text": "parse_export lives in src/trace/import.rs; see also from_value"}])
+            ),
         ]));
         let index = ReferenceIndex::build(&e);
-        let refs: Vec<&str> = index.of_request(2).iter().map(|&id| index.text(id)).collect();
+        let refs: Vec<&str> = index
+            .of_request(2)
+            .iter()
+            .map(|&id| index.text(id))
+            .collect();
         // `from_value` is in no tool output; the user's mention does not count as a tool's.
         assert_eq!(refs, ["parse_export", "src/trace/import.rs"]);
-        assert!(index.of_request(1).is_empty(), "nothing before the first tool output");
+        assert!(
+            index.of_request(1).is_empty(),
+            "nothing before the first tool output"
+        );
         let everything = |_: &str| true;
         assert_eq!(index.dangling(2, &everything, ""), 0);
         // The grep output is masked: only the user's text (part p1) still reads verbatim.
@@ -278,7 +300,11 @@ mod tests {
         assert_eq!(index.dangling(2, &only_user, "[grep output hidden]"), 1);
         assert_eq!(index.dangling(2, &|_| false, "[grep output hidden]"), 2);
         assert_eq!(
-            index.dangling(2, &|_| false, "summary: parse_export in src/trace/import.rs"),
+            index.dangling(
+                2,
+                &|_| false,
+                "summary: parse_export in src/trace/import.rs"
+            ),
             0,
             "a summary that names them keeps them"
         );

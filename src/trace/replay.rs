@@ -171,7 +171,9 @@ pub fn replay_with(
         let now = minfo.time.completed.unwrap_or(minfo.time.created);
         if minfo.role == Role::Assistant && minfo.is_finished() {
             // One request: each lane's prompt as it stands before the reply.
-            for (lane, session) in lanes.iter_mut().zip([&baseline, &prune_only, &masking, &live])
+            for (lane, session) in lanes
+                .iter_mut()
+                .zip([&baseline, &prune_only, &masking, &live])
             {
                 lane.request(
                     &session.build_context(),
@@ -569,8 +571,10 @@ pub fn json_document(reports: &[(String, Report)], model: CacheModel) -> serde_j
             serde_json::json!({"file": file, "requests": r.references.len(), "lanes": lanes})
         })
         .collect();
-    let lanes: serde_json::Map<String, serde_json::Value> =
-        total.iter().map(|(n, f)| (n.clone(), f.to_json())).collect();
+    let lanes: serde_json::Map<String, serde_json::Value> = total
+        .iter()
+        .map(|(n, f)| (n.clone(), f.to_json()))
+        .collect();
     serde_json::json!({"cache_model": model.to_string(), "traces": traces, "total": {"lanes": lanes}})
 }
 
@@ -582,7 +586,12 @@ pub fn lanes_table(reports: &[(String, Report)], model: CacheModel) -> String {
     );
     let mut total: Vec<LaneFigures> = vec![LaneFigures::default(); LANES.len()];
     let mut requests = 0;
-    let row = |out: &mut String, name: &str, lane: &str, n: usize, f: &LaneFigures, none: &LaneFigures| {
+    let row = |out: &mut String,
+               name: &str,
+               lane: &str,
+               n: usize,
+               f: &LaneFigures,
+               none: &LaneFigures| {
         out.push_str(&format!(
             "| {name} | {lane} | {n} | {} | {} | {:.0} | {} | {} | {} / {} ({:.1}%) |\n",
             f.prompt_tokens,

@@ -14,6 +14,7 @@ mod import;
 mod limits;
 mod metrics;
 mod overflow;
+mod pins_recall;
 mod prune;
 mod replay_cli;
 mod secrets;

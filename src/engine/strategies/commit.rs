@@ -1,14 +1,14 @@
 //! Committing the strategies' pending decisions: each is checked against the session as it
-//! is now (the part still exists, is in the context, is not already compacted or marked,
-//! is not protected, and the rewrite really shrinks it), then marked, and its saving is
-//! reported by strategy. A dry run computes exactly what a commit would do.
+//! is now (the part still exists, is in the context, is not pinned, not already compacted
+//! or marked, is not protected, and the rewrite really shrinks it), then marked, and its
+//! saving is reported by strategy. A dry run computes exactly what a commit would do.
 
 use std::collections::HashSet;
 
 use super::{PartRef, Strategy};
 use crate::domain::{PartKind, StrategyMark};
 use crate::engine::render::active_mark;
-use crate::engine::scheduler::Scope;
+use crate::engine::request_log::Scope;
 use crate::engine::session::{Rendering, Session};
 
 /// Parts and tokens one strategy saved in a run.
@@ -90,7 +90,12 @@ impl Session {
     /// Applies the pending strategy decisions within `scope`. With `commit` false the
     /// decisions stay queued (a dry run, which rolls the marks back); decisions outside the
     /// scope stay queued too.
-    pub(crate) fn run_strategies(&mut self, commit: bool, now_ms: i64, scope: Scope) -> StrategyRun {
+    pub(crate) fn run_strategies(
+        &mut self,
+        commit: bool,
+        now_ms: i64,
+        scope: Scope,
+    ) -> StrategyRun {
         let mut run = StrategyRun::default();
         if self.settings().strategies.is_empty() {
             return run;
@@ -105,8 +110,9 @@ impl Session {
             if done.contains(&p.at)
                 || !self.settings().strategies.has(p.strategy)
                 || !self.in_context(p.at.msg)
+                || self.is_pinned(p.at.msg, &p.at.part)
             {
-                continue;
+                continue; // a pinned part's decision is dropped; an unpin finds it again
             }
             let Some(pi) = self.messages()[p.at.msg]
                 .parts

@@ -47,7 +47,7 @@ pub fn masked_text(tool: &str, call_id: &str, bytes: usize) -> String {
     format!(
         "[{tool} output hidden to save context ({}); call {} with call_id \"{call_id}\" to see it]",
         size(bytes),
-        super::RECALL_TOOL,
+        crate::engine::recall::RECALL_TOOL,
     )
 }
 
@@ -92,7 +92,10 @@ mod tests {
     #[test]
     fn the_placeholder_names_tool_call_and_size() {
         let t = masked_text("read", "call_7", 12_345);
-        assert!(t.contains("read") && t.contains("call_7") && t.contains("12.3 KB"), "{t}");
+        assert!(
+            t.contains("read") && t.contains("call_7") && t.contains("12.3 KB"),
+            "{t}"
+        );
         assert_eq!(size(999), "999 bytes");
         assert_eq!(size(1_400_000), "1.4 MB");
     }

@@ -50,9 +50,6 @@ pub use tracker::{PartRef, Pending, Tracker};
 
 pub use crate::config::{Strategy, StrategyPreset, StrategySet, UnknownStrategy};
 
-/// The tool a placeholder tells the model to call to see a hidden output again.
-pub const RECALL_TOOL: &str = "compactd_recall";
-
 /// Text a superseded output (or error) reads as in the context.
 pub fn superseded_text(by_call: &str) -> String {
     format!("[Superseded by a newer call: {by_call}]")

@@ -29,7 +29,7 @@ pub fn capped_text(output: &str, keep: u64, call_id: &str) -> Option<String> {
         "{}\n[… {} omitted from the middle of this output; call {} with call_id \"{call_id}\" to see all of it …]\n{}",
         &output[..head_end],
         size(omitted),
-        super::RECALL_TOOL,
+        crate::engine::recall::RECALL_TOOL,
         &output[tail_start..]
     ))
 }
@@ -54,9 +54,17 @@ mod tests {
 
     #[test]
     fn a_large_output_keeps_head_and_tail() {
-        let out = format!("{}{}{}", "h".repeat(100), "m".repeat(10_000), "t".repeat(100));
+        let out = format!(
+            "{}{}{}",
+            "h".repeat(100),
+            "m".repeat(10_000),
+            "t".repeat(100)
+        );
         let c = capped_text(&out, 200, "call_1").expect("capped");
-        assert!(c.starts_with(&"h".repeat(100)) && c.ends_with(&"t".repeat(100)), "{c}");
+        assert!(
+            c.starts_with(&"h".repeat(100)) && c.ends_with(&"t".repeat(100)),
+            "{c}"
+        );
         assert!(c.contains("10.0 KB omitted") && c.contains("call_1"), "{c}");
         assert!(c.len() < out.len());
         assert_eq!(capped_text("short", 200, "c"), None);

@@ -14,13 +14,13 @@ use globset::{Glob, GlobSet, GlobSetBuilder};
 
 use super::file_masking::{inlined_breadcrumb, is_inlined_file};
 use super::files::file_paths;
+use super::masking::Masking;
 use super::retries::call_hash;
 use super::searches::search_key;
 use super::snapshots::snapshot_key;
 use super::source_urls::url_key;
 use super::state_queries::query_key;
 use super::todos::todo_key;
-use super::masking::Masking;
 use super::{Strategy, truncate_code_blocks};
 use crate::config::{CODE_BLOCK_AGE_TURNS, ERROR_AGE_TURNS, FILE_AGE_TURNS, Settings};
 use crate::domain::{Part, PartKind, Role, ToolPart, ToolStatus};
@@ -278,7 +278,12 @@ impl Tracker {
             && t.state.output.len() as u64 > self.cap_chars
         {
             let cap = self.cap_chars;
-            self.queue(holder.at.clone(), Strategy::CapLargeOutputs, String::new(), cap);
+            self.queue(
+                holder.at.clone(),
+                Strategy::CapLargeOutputs,
+                String::new(),
+                cap,
+            );
         }
         let hash = (on(Strategy::SupersedeDuplicates) || on(Strategy::PruneRetryParts))
             .then(|| call_hash(&t.tool, &t.state.input));

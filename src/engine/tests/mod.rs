@@ -21,15 +21,15 @@ mod compaction;
 mod context;
 mod memory;
 mod overflow;
+mod pins;
 mod props;
 mod prune;
+mod recall;
 mod strategies;
 
 use std::sync::Arc;
 
-use super::{
-    PruneMode, PrunePlan, PruneReport, Session, Update, eligible_end, estimate, reference_scan,
-};
+use super::{PruneMode, PrunePlan, PruneReport, Session, Update, eligible_end, estimate};
 use crate::config::{EngineConfig, SessionOverrides};
 use crate::domain::{
     CompactionPart, Extra, MessageError, MessageInfo, ModelLimits, Part, PartKind, ReasoningPart,
@@ -311,7 +311,7 @@ fn parse_part(msg: &str, word: &str) -> Part {
 /// The plan the seed's literal algorithm gives for the session as it is now.
 pub(super) fn reference(s: &Session) -> PrunePlan {
     let end = eligible_end(s.users(), s.messages().len(), s.settings().protect_turns);
-    reference_scan(s.messages(), end, s.settings())
+    super::prune_index::reference_scan_pinned(s.messages(), end, s.settings(), s.pins())
 }
 
 /// Brings the incremental index up to date and returns its plan.

@@ -1,7 +1,7 @@
 //! Property tests: random sessions built update by update (users, assistants with tool
 //! calls of random sizes and statuses incl. the protected `skill`, summaries, compaction
 //! parts, pre-compacted outputs, late edits of old parts, deletions, settings changes,
-//! usage reports, commits), checked after the updates against the seed's rules.
+//! usage reports, commits, pins), checked after the updates against the seed's rules.
 
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -45,6 +45,12 @@ enum Op {
     Usage { tokens: u32 },
     /// An explicit prune commit.
     Commit,
+    /// Pins or unpins an existing part (its whole message when `whole`).
+    Pin {
+        pick: usize,
+        whole: bool,
+        pinned: bool,
+    },
 }
 
 const TOOLS: [&str; 4] = ["read", "bash", "grep", "skill"];
@@ -84,6 +90,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(protect, minimum, turns)| Op::Configure { protect, minimum, turns }),
         1 => (0u32..3_000).prop_map(|tokens| Op::Usage { tokens }),
         3 => Just(Op::Commit),
+        2 => (any::<usize>(), prop::bool::weighted(0.3), prop::bool::weighted(0.7))
+            .prop_map(|(pick, whole, pinned)| Op::Pin { pick, whole, pinned }),
     ]
 }
 
@@ -309,6 +317,22 @@ impl Driver {
             Op::Commit => {
                 self.s.prune(PruneMode::Commit, self.now);
             }
+            Op::Pin {
+                pick,
+                whole,
+                pinned,
+            } => {
+                let parts = self.parts();
+                if parts.is_empty() {
+                    return;
+                }
+                let p = &parts[pick % parts.len()];
+                self.step(Update::Pin {
+                    message_id: p.message_id.clone(),
+                    part_id: (!whole).then(|| p.id.clone()),
+                    pinned,
+                });
+            }
         }
     }
 }
@@ -333,6 +357,11 @@ fn check_invariants(s: &mut Session) -> Result<(), TestCaseError> {
         prop_assert_eq!(t.state.status, ToolStatus::Completed);
         prop_assert_eq!(t.state.time.compacted, None);
         prop_assert!(!settings.is_protected_tool(&t.tool), "protected {}", t.tool);
+        prop_assert!(
+            !s.is_pinned(c.msg, &stored.part.id),
+            "pinned {}",
+            stored.part.id
+        );
         prop_assert_eq!(c.tokens, CharsPerToken.count(&t.state.output));
         // Not in the last `protect_turns` user turns: that many user messages from here on.
         let users_from_here = s.messages()[c.msg..]
@@ -362,6 +391,13 @@ fn check_invariants(s: &mut Session) -> Result<(), TestCaseError> {
         plan.pruned,
         plan.prune.iter().map(|c| c.tokens).sum::<u64>()
     );
+
+    // A pinned part reads verbatim: no prune stamp, no strategy mark.
+    for (mi, m) in s.messages().iter().enumerate() {
+        for p in m.parts.iter().filter(|p| s.is_pinned(mi, &p.part.id)) {
+            prop_assert!(!p.is_compacted() && p.part.mark.is_none(), "{:?}", p.part);
+        }
+    }
 
     // Running figures equal a recount from scratch.
     prop_assert_eq!(s.total_tokens(), tokens_from_scratch(s));

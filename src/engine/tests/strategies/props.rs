@@ -20,6 +20,12 @@ enum Op {
     Finish,
     /// An explicit prune commit (after a dry run on a copy).
     Commit,
+    /// Pins or unpins an existing part (its whole message when `whole`).
+    Pin {
+        pick: u16,
+        whole: bool,
+        pinned: bool,
+    },
 }
 
 const PATHS: [&str; 3] = ["src/main.rs", "src/lib.rs", "README.md"];
@@ -86,6 +92,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::StepFinish),
         3 => Just(Op::Finish),
         2 => Just(Op::Commit),
+        1 => (any::<u16>(), prop::bool::weighted(0.3), prop::bool::weighted(0.7))
+            .prop_map(|(pick, whole, pinned)| Op::Pin { pick, whole, pinned }),
     ]
 }
 
@@ -254,6 +262,31 @@ impl Driver {
                     prop_assert_eq!(dry.context_tokens_saved, report.context_tokens_saved);
                 }
             }
+            Op::Pin {
+                pick,
+                whole,
+                pinned,
+            } => {
+                let parts: Vec<&Part> = self
+                    .s
+                    .messages()
+                    .iter()
+                    .flat_map(|m| &m.parts)
+                    .map(|p| &p.part)
+                    .collect();
+                if parts.is_empty() {
+                    return Ok(());
+                }
+                let p = parts[usize::from(pick) % parts.len()];
+                let update = Update::Pin {
+                    message_id: p.message_id.clone(),
+                    part_id: (!whole).then(|| p.id.clone()),
+                    pinned,
+                };
+                self.step(update);
+                prop_assert_eq!(self.s.total_tokens(), rendered_tokens_from_scratch(&self.s));
+                check_marks(&self.s)?;
+            }
         }
         Ok(())
     }
@@ -320,6 +353,7 @@ fn check_marks(s: &Session) -> Result<(), TestCaseError> {
             .count();
         for (pi, p) in m.parts.iter().enumerate() {
             let Some(mark) = &p.part.mark else { continue };
+            prop_assert!(!s.is_pinned(mi, &p.part.id), "pinned {} marked", p.part.id);
             let st: St = mark.strategy;
             let threshold = match st {
                 St::PruneFiles => Some(FILE_AGE_TURNS),
@@ -392,7 +426,8 @@ proptest! {
         ops in prop::collection::vec(op(), 1..80),
     ) {
         let mut d = Driver::new(SessionOverrides::default(), false);
-        for op in &ops {
+        // An import carries no pins.
+        for op in ops.iter().filter(|op| !matches!(op, Op::Pin { .. })) {
             d.run(op)?;
         }
         d.run(&Op::Commit)?;

@@ -1,0 +1,93 @@
+//! Pins: parts a host wants kept verbatim. A pinned part is never cleared by prune (the
+//! window skips it like a protected tool's output, `prune_index.rs`), never marked by a
+//! strategy (`strategies/commit.rs`), and is carried verbatim into the context after a
+//! compaction (`context.rs`). Pinning a message pins every part it holds, now and later.
+//! `pinning.rs` applies the pin updates.
+//!
+//! Pins are keyed by message position (positions never change) and part id, so the check
+//! prune and the strategies make per part is one hash lookup, and none when nothing is
+//! pinned.
+
+use std::collections::{HashMap, HashSet};
+
+/// The pinned messages and parts of one session.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Pins {
+    /// Positions of pinned messages: every part they hold is pinned.
+    messages: HashSet<usize>,
+    /// Pinned part ids, by the position of their message.
+    parts: HashMap<usize, HashSet<String>>,
+}
+
+impl Pins {
+    /// True when nothing is pinned.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.messages.is_empty() && self.parts.is_empty()
+    }
+
+    /// True when the part is pinned, by itself or through its message.
+    pub(crate) fn covers(&self, msg: usize, part_id: &str) -> bool {
+        !self.is_empty()
+            && (self.messages.contains(&msg)
+                || self.parts.get(&msg).is_some_and(|p| p.contains(part_id)))
+    }
+
+    /// True when exactly this pin (the message's with `None`, else the part's) is set.
+    pub(crate) fn holds(&self, msg: usize, part_id: Option<&str>) -> bool {
+        match part_id {
+            None => self.messages.contains(&msg),
+            Some(id) => self.parts.get(&msg).is_some_and(|p| p.contains(id)),
+        }
+    }
+
+    /// Sets the pin; false when it was set already.
+    pub(crate) fn insert(&mut self, msg: usize, part_id: Option<&str>) -> bool {
+        match part_id {
+            None => self.messages.insert(msg),
+            Some(id) => self.parts.entry(msg).or_default().insert(id.to_string()),
+        }
+    }
+
+    /// Clears the pin; false when it was not set.
+    pub(crate) fn remove(&mut self, msg: usize, part_id: Option<&str>) -> bool {
+        match part_id {
+            None => self.messages.remove(&msg),
+            Some(id) => {
+                let Some(ids) = self.parts.get_mut(&msg) else {
+                    return false;
+                };
+                let removed = ids.remove(id);
+                if ids.is_empty() {
+                    self.parts.remove(&msg);
+                }
+                removed
+            }
+        }
+    }
+
+    /// Positions below `end` of the messages holding a pin, ascending. O(pins).
+    pub(crate) fn holders_below(&self, end: usize) -> Vec<usize> {
+        let mut out: Vec<usize> = self
+            .messages
+            .iter()
+            .chain(self.parts.keys())
+            .copied()
+            .filter(|&m| m < end)
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// Bytes the pins hold, recounted (the session keeps it as a running figure).
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> u64 {
+        use super::footprint::pin_bytes;
+        let messages = (self.messages.len() as u64).saturating_mul(pin_bytes(None));
+        self.parts
+            .values()
+            .flatten()
+            .map(|id| pin_bytes(Some(id)))
+            .fold(messages, u64::saturating_add)
+    }
+}

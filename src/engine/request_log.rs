@@ -1,0 +1,85 @@
+//! What the provider has been sent: how many requests, when the last one went (host
+//! time), and which parts it held. The cache-aware scheduler (`scheduler.rs`) reads it to
+//! tell a free change (a part no request has sent) from one that rewrites the cache.
+
+/// What an automatic commit may change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Every pending decision.
+    All,
+    /// Only parts no request has sent yet; the rest stays pending.
+    Fresh,
+}
+
+/// The requests seen so far: how many, when the last one was sent (host time), and which
+/// parts it had sent (everything before `sent`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct RequestLog {
+    sent: (usize, usize),
+    last_at: Option<i64>,
+    count: u64,
+    /// Requests since the last one that found the cache expired.
+    warm: u64,
+}
+
+impl RequestLog {
+    /// A request started with every message before `msg` and the first `parts` parts of
+    /// `msg`; `at` is its host timestamp when known.
+    pub(crate) fn started(&mut self, msg: usize, parts: usize, at: Option<i64>, ttl_ms: i64) {
+        self.sent = (msg, parts);
+        self.count = self.count.saturating_add(1);
+        let cold = match (self.last_at, at) {
+            (Some(last), Some(at)) => at.saturating_sub(last) > ttl_ms,
+            (None, _) => true,
+            (Some(_), None) => false,
+        };
+        self.warm = if cold { 1 } else { self.warm.saturating_add(1) };
+        if at.is_some() {
+            self.last_at = at;
+        }
+    }
+
+    /// Requests since the cache was last found expired (this one included).
+    pub(crate) fn warm_streak(&self) -> u64 {
+        self.warm
+    }
+
+    /// The newest request finished at `at` (the cache was last used no earlier).
+    pub(crate) fn finished(&mut self, at: i64) {
+        self.last_at = Some(self.last_at.map_or(at, |t| t.max(at)));
+    }
+
+    /// True when the part at (`msg`, `pi`) was part of a request already.
+    pub(crate) fn is_sent(&self, msg: usize, pi: usize) -> bool {
+        msg < self.sent.0 || (msg == self.sent.0 && pi < self.sent.1)
+    }
+
+    /// True when a request at `at` would find the cache expired.
+    pub(crate) fn cold_at(&self, at: i64, ttl_ms: i64) -> bool {
+        self.last_at
+            .is_some_and(|last| at.saturating_sub(last) > ttl_ms)
+    }
+
+    /// Requests so far.
+    pub(crate) fn count(&self) -> u64 {
+        self.count
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_request_log_knows_what_was_sent_and_when() {
+        let mut log = RequestLog::default();
+        log.started(3, 0, Some(1000), 300_000);
+        assert!(log.is_sent(2, 9) && !log.is_sent(3, 0));
+        log.started(3, 2, None, 300_000);
+        assert!(log.is_sent(3, 1) && !log.is_sent(3, 2));
+        log.finished(5000);
+        assert!(!log.cold_at(305_000, 300_000));
+        assert!(log.cold_at(305_001, 300_000));
+        assert_eq!(log.count(), 2);
+    }
+}
