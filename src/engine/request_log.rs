@@ -20,12 +20,16 @@ pub(crate) struct RequestLog {
     count: u64,
     /// Requests since the last one that found the cache expired.
     warm: u64,
+    /// Steps the newest assistant message has started (its first step is the request
+    /// that created it).
+    steps: u32,
 }
 
 impl RequestLog {
     /// A request started with every message before `msg` and the first `parts` parts of
     /// `msg`; `at` is its host timestamp when known.
     pub(crate) fn started(&mut self, msg: usize, parts: usize, at: Option<i64>, ttl_ms: i64) {
+        self.steps = 0;
         self.sent = (msg, parts);
         self.count = self.count.saturating_add(1);
         let cold = match (self.last_at, at) {
@@ -36,6 +40,24 @@ impl RequestLog {
         self.warm = if cold { 1 } else { self.warm.saturating_add(1) };
         if at.is_some() {
             self.last_at = at;
+        }
+    }
+
+    /// A `step-start` at part `part` of message `msg`: the message's first step is the
+    /// request that created it; each later one is a new request that sent every part
+    /// before it.
+    pub(crate) fn step_started(&mut self, msg: usize, part: usize, ttl_ms: i64) {
+        if msg != self.sent.0 {
+            // A step of a message no request was recorded for: a request of its own.
+            self.started(msg, part, None, ttl_ms);
+            self.steps = 1;
+            return;
+        }
+        self.steps = self.steps.saturating_add(1);
+        if self.steps > 1 {
+            self.count = self.count.saturating_add(1);
+            self.warm = self.warm.saturating_add(1);
+            self.sent = (msg, part);
         }
     }
 
@@ -75,7 +97,13 @@ mod tests {
         let mut log = RequestLog::default();
         log.started(3, 0, Some(1000), 300_000);
         assert!(log.is_sent(2, 9) && !log.is_sent(3, 0));
-        log.started(3, 2, None, 300_000);
+        log.step_started(3, 0, 300_000);
+        assert_eq!(
+            log.count(),
+            1,
+            "the first step is the request that made the message"
+        );
+        log.step_started(3, 2, 300_000);
         assert!(log.is_sent(3, 1) && !log.is_sent(3, 2));
         log.finished(5000);
         assert!(!log.cold_at(305_000, 300_000));

@@ -5,7 +5,7 @@
 //! together only when
 //! - (a) the expected saving over the coming requests exceeds the cost of re-writing the
 //!   cache after the earliest changed part, under the session's cache model:
-//!   `H·S·read > (tail − S)·(write − read)`, with `S` the tokens saved, `tail` the tokens
+//!   `H·S·read > (tail − S)·(write − read)`, with `S` the tokens saved on cached parts, `tail` the tokens
 //!   from the earliest changed message on, and `H` the requests expected to reuse the
 //!   changed prefix before the cache goes cold (when held decisions apply for free): as
 //!   many as have run since the cache was last found cold (a Lindy estimate), but no more
@@ -111,17 +111,20 @@ impl Session {
         if check.threshold > 0 && check.predicted as f64 >= FLUSH_AT * check.threshold as f64 {
             return Decision::at_once(Why::NearOverflow);
         }
-        let before = self.total_tokens();
-        let (after, earliest) = self.trial(|s| {
+        let changes = self.trial(|s| {
             let _ = s.prune_run(now_ms, false, Scope::All);
-            (s.total_tokens(), s.earliest_sent_change())
+            s.sent_changes()
         });
-        let Some(first) = earliest else {
+        let Some((first, saved)) = changes else {
             return Decision::at_once(Why::NothingCached);
         };
-        let saved = before.saturating_sub(after);
         let len = self.messages().len();
-        let tail = self.tokens_between(first.0, len);
+        // From the earliest changed part on: the rest of its message, then every later one.
+        let own: u64 = self.messages()[first.0].parts[first.1..]
+            .iter()
+            .map(|p| p.context_tokens())
+            .fold(0u64, u64::saturating_add);
+        let tail = own.saturating_add(self.tokens_between(first.0 + 1, len));
         let prompt = self.tokens_between(self.context_from(), len).max(1);
         let requests = self.request_log().count().max(1);
         // Requests left before the threshold at the average growth per request so far.

@@ -70,6 +70,8 @@ struct PriorRendering {
     mark: Option<StrategyMark>,
     compacted_at: Option<i64>,
     reduced: Option<u64>,
+    /// Its context tokens before the change.
+    tokens: u64,
 }
 
 /// A session: the unit the store owns and the engine computes on.
@@ -197,15 +199,23 @@ impl Session {
         self.by_msg.range(from, to)
     }
 
-    /// The earliest part a trial run changed among those a request has already sent.
-    pub(crate) fn earliest_sent_change(&self) -> Option<(usize, usize)> {
-        self.journal
-            .as_ref()?
-            .parts
-            .iter()
-            .map(|p| (p.msg, p.pi))
-            .filter(|&(m, pi)| self.requests.is_sent(m, pi))
-            .min()
+    /// What a trial run changed among the parts a request has already sent: the earliest
+    /// of them, and the context tokens their changes saved (changes to parts no request
+    /// has sent are free and not counted).
+    pub(crate) fn sent_changes(&self) -> Option<((usize, usize), u64)> {
+        let journal = self.journal.as_ref()?;
+        let mut first: HashMap<(usize, usize), u64> = HashMap::new();
+        for p in &journal.parts {
+            if self.requests.is_sent(p.msg, p.pi) {
+                first.entry((p.msg, p.pi)).or_insert(p.tokens);
+            }
+        }
+        let earliest = *first.keys().min()?;
+        let saved = first.iter().fold(0u64, |acc, (&(m, pi), &before)| {
+            let now = self.messages[m].parts[pi].context_tokens();
+            acc.saturating_add(before.saturating_sub(now))
+        });
+        Some((earliest, saved))
     }
 
     /// Bytes of the per-message token index (counted with the bytes held).
@@ -420,6 +430,7 @@ impl Session {
                 mark: stored.part.mark.clone(),
                 compacted_at,
                 reduced: stored.reduced,
+                tokens: old,
             });
         }
         let part = &mut self.messages[msg].parts[pi].part;
@@ -728,7 +739,7 @@ impl Session {
         };
         if created && is_step_start {
             self.requests
-                .started(idx, at, None, self.settings.cache_model.ttl_ms);
+                .step_started(idx, at, self.settings.cache_model.ttl_ms);
         }
         self.tracker
             .on_part(&self.messages, idx, at, &self.settings);
