@@ -42,6 +42,8 @@ pub struct Decision {
     pub tail: u64,
     /// Requests expected to reuse the changed prefix (0 when not weighed).
     pub horizon: u64,
+    /// The earliest cached part a change would touch (message, part), when weighed.
+    pub first: Option<(usize, usize)>,
 }
 
 impl Decision {
@@ -52,6 +54,7 @@ impl Decision {
             saved: 0,
             tail: 0,
             horizon: 0,
+            first: None,
         }
     }
 }
@@ -142,6 +145,7 @@ impl Session {
             saved,
             tail,
             horizon,
+            first: Some(first),
         }
     }
 }

@@ -210,6 +210,9 @@ impl Session {
                 first.entry((p.msg, p.pi)).or_insert(p.tokens);
             }
         }
+        // A part whose size did not change reads the same (a prune stamp under a mask
+        // that outranks it): the cached prefix survives it.
+        first.retain(|&(m, pi), before| self.messages[m].parts[pi].context_tokens() != *before);
         let earliest = *first.keys().min()?;
         let saved = first.iter().fold(0u64, |acc, (&(m, pi), &before)| {
             let now = self.messages[m].parts[pi].context_tokens();

@@ -9,6 +9,7 @@
 //! accounting against the context before and after.
 
 mod base_layer;
+mod compactd;
 mod every_strategy;
 mod props;
 mod rules;

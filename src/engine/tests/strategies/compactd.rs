@@ -1,0 +1,574 @@
+//! compactd's own policies on in-memory sessions: observation masking, the oversized-output
+//! cap, and the cache-aware scheduler that decides when a rewrite of the prompt's past is
+//! worth its cache cost.
+
+use super::*;
+use crate::config::CacheModel;
+use crate::engine::RecallKey;
+use crate::engine::scheduler::{Why, pays};
+
+const T0: i64 = 1_700_000_000_000;
+const TTL: i64 = 300_000;
+
+/// A session on the product defaults (anthropic cache model) with `o` and `limits`.
+fn session(o: SessionOverrides, limits: ModelLimits) -> Session {
+    let info = SessionInfo {
+        id: "ses_cd".into(),
+        limits,
+        config: o,
+        ..Default::default()
+    };
+    Session::new(info, &EngineConfig::default(), Arc::new(CharsPerToken))
+}
+
+/// Only the listed strategies of compactd on, with `mask_keep` and the cache model.
+fn only(list: &[St], keep: u32, model: CacheModel) -> SessionOverrides {
+    let mut o = SessionOverrides {
+        strategy_preset: Some(StrategyPreset::Verbose),
+        mask_keep: Some(keep),
+        cache_model: Some(model),
+        // OpenCode's prune stays idle: these tests are about the other layers.
+        prune_minimum: Some(u64::MAX),
+        ..Default::default()
+    };
+    for st in list {
+        o.strategies.insert(*st, true);
+    }
+    o
+}
+
+fn go(s: &mut Session, u: Update, now: i64) -> Vec<Event> {
+    step(s, u.clone(), &EngineConfig::default(), now)
+        .unwrap_or_else(|e| panic!("{u:?} rejected: {e}"))
+        .events
+}
+
+/// Turn `n`: a user message at `at`, then an assistant message (created at `at + 1`)
+/// calling each `(tool, output size)`, finished at `at + 10`. Returns the finish's events.
+fn turn(s: &mut Session, n: usize, at: i64, outputs: &[(&str, usize)]) -> Vec<Event> {
+    user_says(s, n, at);
+    let (u, a) = (format!("u{n}"), format!("a{n}"));
+    let mut info = assistant(&a, &u);
+    info.time.created = at + 1;
+    info.finish.clear();
+    go(s, Update::UpsertMessage(info.clone()), at + 1);
+    for (i, (tool, size)) in outputs.iter().enumerate() {
+        let id = format!("{a}-p{i}");
+        let body = format!("HEAD-{id} {} TAIL-{id}", "o".repeat(*size));
+        let input = json!({ "command": format!("run {id}") });
+        go(
+            s,
+            Update::UpsertPart(call(&a, &id, tool, input, &body)),
+            at + 2,
+        );
+    }
+    info.finish = "tool-calls".into();
+    info.time.completed = Some(at + 10);
+    go(s, Update::UpsertMessage(info), at + 10)
+}
+
+/// A user message `u<n>` written at `at`; returns its events.
+fn user_says(s: &mut Session, n: usize, at: i64) -> Vec<Event> {
+    let u = format!("u{n}");
+    let mut info = user(&u);
+    info.time.created = at;
+    let mut events = go(s, Update::UpsertMessage(info), at);
+    events.extend(go(
+        s,
+        Update::UpsertPart(text(&u, &format!("{u}-t"), "go on")),
+        at,
+    ));
+    events
+}
+
+/// How a tool part's output reads in the context.
+fn output_in(v: &ContextView, id: &str) -> String {
+    match &shown(v, id).kind {
+        PartKind::Tool(t) => t.state.output.clone(),
+        other => panic!("{id} is not a tool part: {other:?}"),
+    }
+}
+
+fn strategy_of(s: &Session, id: &str) -> Option<St> {
+    find(s, id).mark.map(|m| m.strategy)
+}
+
+fn marked(events: &[Event]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Pruned(r) => Some(r.strategies.parts.iter().map(|m| m.part_id.clone())),
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
+
+#[test]
+fn masking_hides_outputs_older_than_the_newest_n_and_names_the_call() {
+    let mut s = session(
+        only(&[St::MaskObservations], 2, CacheModel::NONE),
+        ModelLimits::default(),
+    );
+    // One user turn, as a sub-agent runs: masking reaches inside it.
+    let outputs = [
+        ("bash", 2_000),
+        ("bash", 2_000),
+        ("bash", 2_000),
+        ("bash", 2_000),
+        ("bash", 2_000),
+    ];
+    let events = turn(&mut s, 1, T0, &outputs);
+    assert_eq!(marked(&events), ["a1-p0", "a1-p1", "a1-p2"]);
+    let v = s.build_context();
+    let masked = output_in(&v, "a1-p0");
+    for needle in ["bash", "call_a1-p0", "2.0 KB", "compactd_recall"] {
+        assert!(masked.contains(needle), "{needle} missing from {masked:?}");
+    }
+    assert!(
+        output_in(&v, "a1-p3").starts_with("HEAD-a1-p3"),
+        "the newest two read in full"
+    );
+    assert!(output_in(&v, "a1-p4").starts_with("HEAD-a1-p4"));
+    assert_eq!(
+        shown_text(&v, "u1-t"),
+        "go on",
+        "user messages are never masked"
+    );
+    // Lazy: the original is kept, and switching masking off gives it back.
+    let PartKind::Tool(t) = find(&s, "a1-p0").kind else {
+        unreachable!()
+    };
+    assert!(t.state.output.starts_with("HEAD-a1-p0") && t.state.output.ends_with("TAIL-a1-p0"));
+    let off = SessionInfo {
+        config: switches(&[("maskObservations", false)]),
+        ..Default::default()
+    };
+    go(&mut s, Update::Configure(off), T0 + 20);
+    let v = s.build_context();
+    assert!(output_in(&v, "a1-p0").ends_with("TAIL-a1-p0"));
+    assert_eq!(s.total_tokens(), rendered_tokens_from_scratch(&s));
+}
+
+#[test]
+fn masking_leaves_tiny_outputs_protected_tools_and_pinned_parts_alone() {
+    let mut s = session(
+        only(&[St::MaskObservations], 1, CacheModel::NONE),
+        ModelLimits::default(),
+    );
+    user_says(&mut s, 1, T0);
+    let mut a = assistant("a1", "u1");
+    a.finish.clear();
+    go(&mut s, Update::UpsertMessage(a.clone()), T0);
+    let parts = [
+        call("a1", "tiny", "bash", json!({"command": "true"}), "ok"),
+        call(
+            "a1",
+            "sub",
+            "task",
+            json!({"prompt": "explore"}),
+            &"t".repeat(3_000),
+        ),
+        call(
+            "a1",
+            "kept",
+            "bash",
+            json!({"command": "ls"}),
+            &"k".repeat(3_000),
+        ),
+        call(
+            "a1",
+            "old",
+            "bash",
+            json!({"command": "pwd"}),
+            &"o".repeat(3_000),
+        ),
+        call(
+            "a1",
+            "new",
+            "bash",
+            json!({"command": "env"}),
+            &"n".repeat(3_000),
+        ),
+    ];
+    for p in parts {
+        go(&mut s, Update::UpsertPart(p), T0);
+    }
+    let pin = Update::Pin {
+        message_id: "a1".into(),
+        part_id: Some("kept".into()),
+        pinned: true,
+    };
+    go(&mut s, pin, T0);
+    go(&mut s, Update::UpsertMessage(assistant("a1", "u1")), T0 + 1);
+    assert_eq!(strategy_of(&s, "old"), Some(St::MaskObservations));
+    for id in ["tiny", "sub", "kept", "new"] {
+        assert_eq!(strategy_of(&s, id), None, "{id} must read in full");
+    }
+}
+
+#[test]
+fn an_oversized_output_reads_as_head_and_tail_and_is_recalled_whole() {
+    // Usable input 8,000 tokens; the cap is 10% of it at four characters a token.
+    let limits = ModelLimits {
+        context: 10_000,
+        input: 0,
+        output: 2_000,
+    };
+    let mut s = session(only(&[St::CapLargeOutputs], 10, CacheModel::NONE), limits);
+    turn(&mut s, 1, T0, &[("bash", 20_000), ("task", 20_000)]);
+    let mark = find(&s, "a1-p0").mark.expect("capped");
+    assert_eq!((mark.strategy, mark.keep), (St::CapLargeOutputs, 3_200));
+    let v = s.build_context();
+    let out = output_in(&v, "a1-p0");
+    assert!(
+        out.starts_with("HEAD-a1-p0") && out.ends_with("TAIL-a1-p0"),
+        "{out}"
+    );
+    assert!(
+        out.contains("omitted") && out.contains("call_a1-p0"),
+        "{out}"
+    );
+    assert!(out.len() < 3_200 + 200, "{} characters kept", out.len());
+    assert_eq!(
+        strategy_of(&s, "a1-p1"),
+        None,
+        "a protected tool keeps its output"
+    );
+    let recalled = s
+        .recall(&RecallKey::CallId("call_a1-p0".into()))
+        .expect("recalled");
+    let text = format!("{:?}", recalled.content);
+    assert!(text.contains("TAIL-a1-p0") && text.len() > 20_000);
+}
+
+#[test]
+fn a_small_saving_on_a_cached_part_is_held_and_fresh_parts_still_change() {
+    let mut s = session(
+        only(&[St::MaskObservations], 1, CacheModel::ANTHROPIC),
+        ModelLimits::default(),
+    );
+    turn(&mut s, 1, T0, &[("bash", 400)]);
+    // a2's outputs are new: masking a2-p0 costs nothing; a1-p0 was cached by two requests.
+    let events = turn(&mut s, 2, T0 + 1_000, &[("bash", 40_000), ("bash", 40_000)]);
+    assert_eq!(marked(&events), ["a2-p0"]);
+    assert_eq!(
+        strategy_of(&s, "a1-p0"),
+        None,
+        "held: saving 100 tokens rewrites 20,000"
+    );
+    let d = s.clone().schedule(T0 + 1_020);
+    assert_eq!(d.why, Why::Held, "{d:?}");
+    assert!(d.saved > 0 && d.tail > 10 * d.saved, "{d:?}");
+    assert!(!pays(d.saved, d.tail, d.horizon, 0.1, 1.25));
+
+    // A user message within the TTL keeps it held; an explicit prune applies it.
+    let mut warm = s.clone();
+    let events = user_says(&mut warm, 3, T0 + 1_010 + TTL);
+    assert!(marked(&events).is_empty(), "{events:?}");
+    let report = warm.prune(PruneMode::Commit, T0 + 1_010 + TTL);
+    assert_eq!(report.strategies.parts.len(), 1);
+    assert_eq!(strategy_of(&warm, "a1-p0"), Some(St::MaskObservations));
+
+    // A user message after the TTL: the cache is cold anyway, everything held applies.
+    let events = user_says(&mut s, 3, T0 + 1_010 + TTL + 1);
+    assert_eq!(marked(&events), ["a1-p0"]);
+}
+
+#[test]
+fn a_saving_that_pays_for_the_rewrite_applies_at_once() {
+    let mut s = session(
+        only(&[St::MaskObservations], 1, CacheModel::ANTHROPIC),
+        ModelLimits::default(),
+    );
+    turn(&mut s, 1, T0, &[("bash", 40_000)]);
+    let mut probe = s.clone();
+    user_says(&mut probe, 2, T0 + 1_000);
+    let events = turn(&mut s, 2, T0 + 1_000, &[("bash", 100), ("bash", 100)]);
+    assert_eq!(marked(&events), ["a1-p0", "a2-p0"]);
+    // What the scheduler weighed at that finish: nearly the whole tail is saved.
+    let mut a = assistant("a2", "u2");
+    a.time.created = T0 + 1_001;
+    a.finish.clear();
+    go(&mut probe, Update::UpsertMessage(a.clone()), T0 + 1_001);
+    for (i, size) in [100usize, 100].iter().enumerate() {
+        let id = format!("a2-p{i}");
+        let body = format!("HEAD-{id} {} TAIL-{id}", "o".repeat(*size));
+        let p = call(
+            "a2",
+            &id,
+            "bash",
+            json!({ "command": format!("run {id}") }),
+            &body,
+        );
+        go(&mut probe, Update::UpsertPart(p), T0 + 1_002);
+    }
+    let d = probe.schedule(T0 + 1_010);
+    assert_eq!(d.why, Why::Pays, "{d:?}");
+}
+
+#[test]
+fn near_the_threshold_everything_held_applies() {
+    // Usable 10,000 tokens, threshold 9,200.
+    let limits = ModelLimits {
+        context: 12_000,
+        input: 0,
+        output: 2_000,
+    };
+    let mut s = session(
+        only(&[St::MaskObservations], 1, CacheModel::ANTHROPIC),
+        limits,
+    );
+    turn(&mut s, 1, T0, &[("bash", 400)]);
+    let small = turn(&mut s, 2, T0 + 1_000, &[("bash", 3_000)]);
+    assert!(
+        !marked(&small).contains(&"a1-p0".to_string()),
+        "held while far from it"
+    );
+    let outputs = [("bash", 3_900); 10];
+    let events = turn(&mut s, 3, T0 + 2_000, &outputs);
+    assert!(marked(&events).contains(&"a1-p0".to_string()), "{events:?}");
+}
+
+#[test]
+fn with_the_none_model_or_the_opencode_preset_decisions_apply_at_once() {
+    for o in [
+        only(&[St::MaskObservations], 1, CacheModel::NONE),
+        SessionOverrides {
+            preset: Some(crate::config::OverflowPreset::OpenCode),
+            cache_model: None,
+            ..only(&[St::MaskObservations], 1, CacheModel::ANTHROPIC)
+        },
+    ] {
+        let mut s = session(o, ModelLimits::default());
+        turn(&mut s, 1, T0, &[("bash", 400)]);
+        let events = turn(&mut s, 2, T0 + 1_000, &[("bash", 40_000), ("bash", 40_000)]);
+        assert_eq!(marked(&events), ["a1-p0", "a2-p0"]);
+    }
+}
+
+// ---- properties ------------------------------------------------------------------------
+
+/// One turn of a random session: the gap before it (ms), its outputs, and a pin.
+#[derive(Debug, Clone)]
+struct Turn {
+    gap: i64,
+    outputs: Vec<(bool, u16)>,
+    pin: Option<u8>,
+}
+
+fn turn_strategy() -> impl Strategy<Value = Turn> {
+    (
+        prop_oneof![4 => 1_000i64..60_000, 1 => 290_000i64..400_000],
+        prop::collection::vec((prop::bool::weighted(0.1), 0u16..12_000), 0..5),
+        prop::option::weighted(0.2, any::<u8>()),
+    )
+        .prop_map(|(gap, outputs, pin)| Turn { gap, outputs, pin })
+}
+
+/// Parts (by position) whose context tokens differ between two contexts.
+fn changed(before: &Session, after: &Session) -> Vec<((usize, usize), u64, u64)> {
+    let mut out = Vec::new();
+    for (mi, (b, a)) in before.messages().iter().zip(after.messages()).enumerate() {
+        for (pi, (pb, pa)) in b.parts.iter().zip(&a.parts).enumerate() {
+            if pb.context_tokens() != pa.context_tokens() {
+                out.push(((mi, pi), pb.context_tokens(), pa.context_tokens()));
+            }
+        }
+    }
+    out
+}
+
+fn run_turns(turns: &[Turn], keep: u32) -> Result<Session, TestCaseError> {
+    let limits = ModelLimits {
+        context: 40_000,
+        input: 0,
+        output: 8_000,
+    };
+    let mut o = only(
+        &[St::MaskObservations, St::CapLargeOutputs],
+        keep,
+        CacheModel::ANTHROPIC,
+    );
+    o.prune_minimum = None; // OpenCode's prune takes part too
+    o.prune_protect = Some(4_000);
+    let mut s = session(o, limits);
+    let mut originals: BTreeMap<String, String> = BTreeMap::new();
+    let mut pinned: Vec<String> = Vec::new();
+    let mut at = T0;
+    for (n, t) in turns.iter().enumerate() {
+        at += t.gap;
+        user_says(&mut s, n, at);
+        let (u, a) = (format!("u{n}"), format!("a{n}"));
+        let mut info = assistant(&a, &u);
+        info.time.created = at + 1;
+        info.finish.clear();
+        go(&mut s, Update::UpsertMessage(info.clone()), at + 1);
+        for (i, (task, size)) in t.outputs.iter().enumerate() {
+            let id = format!("{a}-p{i}");
+            let body = format!("{id}:{}", "x".repeat(usize::from(*size)));
+            let tool = if *task { "task" } else { "bash" };
+            let p = call(&a, &id, tool, json!({ "command": id }), &body);
+            go(&mut s, Update::UpsertPart(p), at + 2);
+            originals.insert(id, body);
+        }
+        if let Some(k) = t.pin.filter(|_| !originals.is_empty()) {
+            let id = originals
+                .keys()
+                .nth(usize::from(k) % originals.len())
+                .cloned()
+                .unwrap_or_default();
+            let msg = id.split('-').next().unwrap_or_default().to_string();
+            let pin = Update::Pin {
+                message_id: msg,
+                part_id: Some(id.clone()),
+                pinned: true,
+            };
+            go(&mut s, pin, at + 3);
+            pinned.push(id);
+        }
+        info.finish = "tool-calls".into();
+        info.time.completed = Some(at + 10);
+        // What the scheduler decides at this finish, on a copy holding the finished info.
+        let mut before = s.clone();
+        before
+            .apply(
+                Update::UpsertMessage(info.clone()),
+                &EngineConfig::default(),
+            )
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let d = before.clone().schedule(at + 10);
+        go(&mut s, Update::UpsertMessage(info), at + 10);
+        let changes = changed(&before, &s);
+        let cached: Vec<_> = changes
+            .iter()
+            .filter(|((m, p), ..)| before.request_log().is_sent(*m, *p))
+            .collect();
+        // The scheduler never applies a change to a cached part the cost model rejects,
+        // unless an overflow is near (the cold case comes with user messages, below).
+        if d.why == Why::Held {
+            prop_assert!(
+                cached.is_empty(),
+                "held, yet cached parts changed: {cached:?} {d:?}"
+            );
+        }
+        if !cached.is_empty() {
+            prop_assert!(
+                matches!(d.why, Why::Pays | Why::NearOverflow),
+                "cached parts changed under {d:?}"
+            );
+        }
+        if d.why == Why::Pays {
+            prop_assert!(pays(d.saved, d.tail, d.horizon, 0.1, 1.25));
+            // The figures it weighed, recounted here.
+            let saved: u64 = cached.iter().map(|(_, b, a)| b.saturating_sub(*a)).sum();
+            prop_assert_eq!(d.saved, saved);
+            let first = cached.iter().map(|(at, ..)| *at).min().expect("a change");
+            prop_assert_eq!(d.first, Some(first), "{:?} {:?}", d, cached);
+            let tail: u64 = before.messages()[first.0..]
+                .iter()
+                .enumerate()
+                .flat_map(|(k, m)| m.parts.iter().skip(if k == 0 { first.1 } else { 0 }))
+                .map(|p| p.context_tokens())
+                .sum();
+            prop_assert_eq!(d.tail, tail);
+        }
+        check_policies(&s, &originals, &pinned)?;
+    }
+    Ok(s)
+}
+
+/// What holds after every step: originals kept, nothing reads longer than it is, pins
+/// untouched, and the running figures equal a recount.
+fn check_policies(
+    s: &Session,
+    originals: &BTreeMap<String, String>,
+    pinned: &[String],
+) -> Result<(), TestCaseError> {
+    for m in s.messages() {
+        for p in &m.parts {
+            let full = p.est.base.saturating_add(p.est.output);
+            prop_assert!(p.context_tokens() <= full, "{} reads longer", p.part.id);
+            if let PartKind::Tool(t) = &p.part.kind
+                && let Some(original) = originals.get(&p.part.id)
+            {
+                prop_assert_eq!(&t.state.output, original, "lazy: the original is kept");
+            }
+            if pinned.contains(&p.part.id) {
+                prop_assert!(
+                    p.part.mark.is_none() && !p.is_compacted(),
+                    "pinned {} touched",
+                    p.part.id
+                );
+            }
+        }
+    }
+    prop_assert_eq!(s.total_tokens(), rendered_tokens_from_scratch(s));
+    // The per-message index the scheduler reads agrees with the parts, message by message.
+    for (i, m) in s.messages().iter().enumerate() {
+        let own: u64 = m.parts.iter().map(|p| p.context_tokens()).sum();
+        prop_assert_eq!(s.tokens_between(i, i + 1), own, "message {}", i);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 64,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// The scheduler's decisions agree with the cost model at every finished message.
+    #[test]
+    fn the_scheduler_only_rewrites_the_cache_when_the_cost_model_allows(
+        keep in 0u32..4,
+        turns in prop::collection::vec(turn_strategy(), 1..14),
+    ) {
+        run_turns(&turns, keep)?;
+    }
+
+    /// Masking and the cap decide the same whether the session streamed in live or was
+    /// imported (after an explicit commit applies everything held).
+    #[test]
+    fn masking_and_the_cap_mark_the_same_live_and_imported(
+        keep in 0u32..4,
+        turns in prop::collection::vec(turn_strategy(), 1..10),
+    ) {
+        let mut o = only(&[St::MaskObservations, St::CapLargeOutputs], keep, CacheModel::ANTHROPIC);
+        o.prune_minimum = Some(u64::MAX);
+        let limits = ModelLimits { context: 40_000, input: 0, output: 8_000 };
+        let mut live = run_turns_with(&turns, o.clone(), limits);
+        let mut imported = session(o, limits);
+        for (info, parts) in final_messages(&live) {
+            imported.apply(Update::UpsertMessage(info), &EngineConfig::default()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            for p in parts {
+                imported.apply(Update::UpsertPart(p), &EngineConfig::default()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            }
+        }
+        live.prune(PruneMode::Commit, T0);
+        imported.prune(PruneMode::Commit, T0);
+        let strategies = |s: &Session| -> BTreeMap<String, Option<St>> {
+            s.messages().iter().flat_map(|m| &m.parts)
+                .map(|p| (p.part.id.clone(), p.part.mark.as_ref().map(|m| m.strategy)))
+                .collect()
+        };
+        prop_assert_eq!(strategies(&live), strategies(&imported));
+    }
+}
+
+/// [`run_turns`] without the checks or pins, for a given session setup.
+fn run_turns_with(turns: &[Turn], o: SessionOverrides, limits: ModelLimits) -> Session {
+    let mut s = session(o, limits);
+    let mut at = T0;
+    for (n, t) in turns.iter().enumerate() {
+        at += t.gap;
+        let outputs: Vec<(&str, usize)> = t
+            .outputs
+            .iter()
+            .map(|(task, size)| (if *task { "task" } else { "bash" }, usize::from(*size)))
+            .collect();
+        turn(&mut s, n, at, &outputs);
+    }
+    s
+}
