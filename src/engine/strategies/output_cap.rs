@@ -9,7 +9,7 @@ use super::masking::size;
 /// Characters of an output a session keeps: `share` of usable input, at about four
 /// characters per token; 0 (no cap) when the window is unknown.
 pub fn cap_chars(share: f64, usable_input_tokens: u64) -> u64 {
-    if usable_input_tokens == 0 || !(share > 0.0) {
+    if usable_input_tokens == 0 || share.is_nan() || share <= 0.0 {
         return 0;
     }
     ((usable_input_tokens as f64) * share.min(1.0) * 4.0) as u64
