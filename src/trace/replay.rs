@@ -317,11 +317,12 @@ impl fmt::Display for Report {
         )?;
         writeln!(
             f,
-            "{:>5}  {:<32}  {:>11}  {:>10}  {:>10}  {:>10}  {:>9}  {:<16}  strategies",
+            "{:>5}  {:<32}  {:>11}  {:>10}  {:>10}  {:>10}  {:>10}  {:>9}  {:<16}  strategies",
             "step",
             "message",
             "no-compactd",
             "prune-only",
+            "masking-10",
             "compactd",
             "reported",
             "overflow",
@@ -359,11 +360,12 @@ impl fmt::Display for Report {
                 .collect();
             writeln!(
                 f,
-                "{:>5}  {:<32}  {:>11}  {:>10}  {:>10}  {:>10}  {:>9}  {:<16}  {}",
+                "{:>5}  {:<32}  {:>11}  {:>10}  {:>10}  {:>10}  {:>10}  {:>9}  {:<16}  {}",
                 r.step,
                 truncate(&r.message_id, 32),
                 r.baseline,
                 r.prune_only,
+                r.masking,
                 r.pruned,
                 r.reported,
                 overflow,
