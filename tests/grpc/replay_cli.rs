@@ -57,18 +57,27 @@ async fn replay_runs_full_compactions_against_an_endpoint() {
     );
 }
 
+/// Runs `compactd replay ARGS` with no inherited `COMPACTD_*` variable (a
+/// `COMPACTD_CACHE_MODEL` in the environment would change the prices): success, and
+/// stdout and stderr together.
 fn replay(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_compactd"))
-        .arg("replay")
-        .args(args)
-        .output()
-        .expect("replay runs");
+    let out = replay_clean(args);
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     (out.status.success(), text)
+}
+
+/// `compactd replay ARGS` with no inherited `COMPACTD_*` variable.
+fn replay_clean(args: &[&str]) -> std::process::Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_compactd"));
+    cmd.arg("replay").args(args);
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("COMPACTD_")) {
+        cmd.env_remove(k);
+    }
+    cmd.output().expect("replay runs")
 }
 
 /// The line `total: ... compactd N ...` of a replay, as (no-compactd, prune-only, compactd).
@@ -134,7 +143,7 @@ fn replay_reports_each_strategy_and_switches_them() {
 }
 
 #[test]
-fn replay_writes_a_chart_of_the_three_lanes() {
+fn replay_writes_a_chart_of_every_lane_with_its_cost() {
     let dir = std::env::temp_dir().join(format!("compactd-chart-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let chart = dir.join("chart.svg");
@@ -161,7 +170,15 @@ fn replay_writes_a_chart_of_the_three_lanes() {
         let path = dir.join(format!("chart-{name}.svg"));
         let svg = std::fs::read_to_string(&path).expect("chart written");
         assert!(svg.starts_with("<svg"), "{path:?}");
-        assert_eq!(svg.matches("<polyline").count(), 3, "three lanes");
+        // Four lanes in the token panel and again in the cost panel.
+        assert_eq!(svg.matches("<polyline").count(), 8, "{path:?}");
+        for lane in ["none", "opencode", "masking-10", "compactd"] {
+            let lines = svg
+                .matches(&format!(r#"<polyline data-lane="{lane}""#))
+                .count();
+            assert_eq!(lines, 2, "{lane} in {path:?}");
+        }
+        assert!(svg.contains("cost per request, cache model anthropic"));
         assert!(svg.contains("overflow threshold"));
         assert!(svg.contains(name));
     }
