@@ -274,13 +274,13 @@ fn write_replay(args: &ReplayArgs, out: &mut impl std::io::Write) -> anyhow::Res
         if let Some(chart) = &args.chart {
             let target = chart_path(chart, &name, args.files.len() > 1);
             let title = format!(
-                "{name}: context tokens per step (window {}, threshold {})",
+                "{name}: context tokens and cost per step (window {}, threshold {})",
                 report.limits.context, report.threshold
             );
             let body = if target.extension().is_some_and(|e| e == "html") {
-                trace::chart::html(&report, &title)
+                trace::chart::html(&report, &title, config.cache_model)
             } else {
-                trace::chart::svg(&report, &title)
+                trace::chart::svg(&report, &title, config.cache_model)
             };
             std::fs::write(&target, body)
                 .with_context(|| format!("writing {}", target.display()))?;

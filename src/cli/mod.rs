@@ -534,8 +534,8 @@ pub struct ReplayArgs {
     /// cache_breaks, references, dangling_references, compactions) instead of tables.
     #[arg(long)]
     pub json: bool,
-    /// Write a chart of context tokens per step to this file (.svg, or .html for a page);
-    /// with several files, each chart gets the trace's name as a suffix.
+    /// Write a chart of context tokens and cost per step, every lane, to this file (.svg, or
+    /// .html for a page); with several files, each chart gets the trace's name as a suffix.
     #[arg(long, value_name = "PATH")]
     pub chart: Option<PathBuf>,
     /// Engine settings.

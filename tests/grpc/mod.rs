@@ -4,6 +4,7 @@
 //! build each of them as a separate test binary that cannot see `common`.
 
 mod auth;
+mod cache_model;
 mod compaction;
 mod concurrency;
 mod drain;
