@@ -82,6 +82,12 @@ impl RequestLog {
             .is_some_and(|last| at.saturating_sub(last) > ttl_ms)
     }
 
+    /// Where what the last request sent ends: every message before `.0`, and the first
+    /// `.1` parts of message `.0`.
+    pub(crate) fn sent(&self) -> (usize, usize) {
+        self.sent
+    }
+
     /// Requests so far.
     pub(crate) fn count(&self) -> u64 {
         self.count

@@ -5,8 +5,9 @@
 //! together only when
 //! - (a) the expected saving over the coming requests exceeds the cost of re-writing the
 //!   cache after the earliest changed part, under the session's cache model:
-//!   `H·S·read > (tail − S)·(write − read)`, with `S` the tokens saved on cached parts, `tail` the tokens
-//!   from the earliest changed message on, and `H` the requests expected to reuse the
+//!   `H·S·read > (tail − S)·(write − read)`, with `S` the tokens saved on cached parts,
+//!   `tail` the cached tokens from the earliest changed part to the end of what the last
+//!   request sent, and `H` the requests expected to reuse the
 //!   changed prefix before the cache goes cold (when held decisions apply for free): as
 //!   many as have run since the cache was last found cold (a Lindy estimate), but no more
 //!   than fit before the threshold at the session's average growth per request; or
@@ -85,6 +86,30 @@ pub fn pays(saved: u64, tail: u64, horizon: u64, read: f64, write: f64) -> bool 
 }
 
 impl Session {
+    /// Context tokens the provider cached from the part at `first` on: up to what the last
+    /// request sent (parts after it are written at full price whether or not anything
+    /// changes, so they are no part of a rewrite's cost).
+    fn cached_after(&self, first: (usize, usize)) -> u64 {
+        let (sent_msg, sent_parts) = self.request_log().sent();
+        let parts = |m: usize, from: usize, to: usize| -> u64 {
+            self.messages().get(m).map_or(0, |msg| {
+                let to = to.min(msg.parts.len());
+                msg.parts
+                    .get(from.min(to)..to)
+                    .unwrap_or(&[])
+                    .iter()
+                    .map(|p| p.context_tokens())
+                    .fold(0u64, u64::saturating_add)
+            })
+        };
+        if first.0 == sent_msg {
+            return parts(sent_msg, first.1, sent_parts);
+        }
+        parts(first.0, first.1, usize::MAX)
+            .saturating_add(self.tokens_between(first.0 + 1, sent_msg))
+            .saturating_add(parts(sent_msg, 0, sent_parts))
+    }
+
     /// The automatic commit after a finished assistant message: decides the scope with the
     /// cache model and runs prune and the strategies within it.
     pub(crate) fn auto_commit(&mut self, now_ms: i64) -> (PruneReport, Decision) {
@@ -111,23 +136,25 @@ impl Session {
             return Decision::at_once(Why::Flat);
         }
         let check = self.check_overflow(Trigger::Finished);
-        if check.threshold > 0 && check.predicted as f64 >= FLUSH_AT * check.threshold as f64 {
+        let before = self.total_tokens();
+        let (after, changes) = self.trial(|s| {
+            let _ = s.prune_run(now_ms, false, Scope::All);
+            (s.total_tokens(), s.sent_changes())
+        });
+        // What changes to unsent parts remove applies in any case: the next request is
+        // near the threshold only if it stays so without them.
+        let fresh = before
+            .saturating_sub(after)
+            .saturating_sub(changes.map_or(0, |c| c.1));
+        let next = check.predicted.saturating_sub(fresh);
+        if check.threshold > 0 && next as f64 >= FLUSH_AT * check.threshold as f64 {
             return Decision::at_once(Why::NearOverflow);
         }
-        let changes = self.trial(|s| {
-            let _ = s.prune_run(now_ms, false, Scope::All);
-            s.sent_changes()
-        });
         let Some((first, saved)) = changes else {
             return Decision::at_once(Why::NothingCached);
         };
         let len = self.messages().len();
-        // From the earliest changed part on: the rest of its message, then every later one.
-        let own: u64 = self.messages()[first.0].parts[first.1..]
-            .iter()
-            .map(|p| p.context_tokens())
-            .fold(0u64, u64::saturating_add);
-        let tail = own.saturating_add(self.tokens_between(first.0 + 1, len));
+        let tail = self.cached_after(first);
         let prompt = self.tokens_between(self.context_from(), len).max(1);
         let requests = self.request_log().count().max(1);
         // Requests left before the threshold at the average growth per request so far.

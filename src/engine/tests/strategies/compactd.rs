@@ -244,35 +244,43 @@ fn an_oversized_output_reads_as_head_and_tail_and_is_recalled_whole() {
 
 #[test]
 fn a_small_saving_on_a_cached_part_is_held_and_fresh_parts_still_change() {
+    let limits = ModelLimits {
+        context: 200_000,
+        input: 0,
+        output: 32_000,
+    };
     let mut s = session(
-        only(&[St::MaskObservations], 1, CacheModel::ANTHROPIC),
-        ModelLimits::default(),
+        only(
+            &[St::MaskObservations, St::CapLargeOutputs],
+            3,
+            CacheModel::ANTHROPIC,
+        ),
+        limits,
     );
     turn(&mut s, 1, T0, &[("bash", 400)]);
-    // a2's outputs are new: masking a2-p0 costs nothing; a1-p0 was cached by two requests.
-    let events = turn(&mut s, 2, T0 + 1_000, &[("bash", 40_000), ("bash", 40_000)]);
-    assert_eq!(marked(&events), ["a2-p0"]);
-    assert_eq!(
-        strategy_of(&s, "a1-p0"),
-        None,
-        "held: saving 100 tokens rewrites 20,000"
-    );
-    let d = s.clone().schedule(T0 + 1_020);
+    turn(&mut s, 2, T0 + 1_000, &[("bash", 40_000)]);
+    // a3's outputs are new: capping a3-p0 costs nothing; masking a1-p0 saves 100 tokens
+    // but rewrites the 10,000 cached after it.
+    let events = turn(&mut s, 3, T0 + 2_000, &[("bash", 600_000), ("bash", 100)]);
+    assert_eq!(marked(&events), ["a3-p0"]);
+    assert_eq!(strategy_of(&s, "a3-p0"), Some(St::CapLargeOutputs));
+    assert_eq!(strategy_of(&s, "a1-p0"), None, "held");
+    let d = s.clone().schedule(T0 + 2_020);
     assert_eq!(d.why, Why::Held, "{d:?}");
     assert!(d.saved > 0 && d.tail > 10 * d.saved, "{d:?}");
     assert!(!pays(d.saved, d.tail, d.horizon, 0.1, 1.25));
 
     // A user message within the TTL keeps it held; an explicit prune applies it.
     let mut warm = s.clone();
-    let events = user_says(&mut warm, 3, T0 + 1_010 + TTL);
+    let events = user_says(&mut warm, 4, T0 + 2_010 + TTL);
     assert!(marked(&events).is_empty(), "{events:?}");
-    let report = warm.prune(PruneMode::Commit, T0 + 1_010 + TTL);
-    assert_eq!(report.strategies.parts.len(), 1);
+    let report = warm.prune(PruneMode::Commit, T0 + 2_010 + TTL);
+    assert!(report.strategies.parts.iter().any(|m| m.part_id == "a1-p0"));
     assert_eq!(strategy_of(&warm, "a1-p0"), Some(St::MaskObservations));
 
     // A user message after the TTL: the cache is cold anyway, everything held applies.
-    let events = user_says(&mut s, 3, T0 + 1_010 + TTL + 1);
-    assert_eq!(marked(&events), ["a1-p0"]);
+    let events = user_says(&mut s, 4, T0 + 2_010 + TTL + 1);
+    assert!(marked(&events).contains(&"a1-p0".to_string()), "{events:?}");
 }
 
 #[test]
@@ -465,11 +473,19 @@ fn run_turns(turns: &[Turn], keep: u32) -> Result<Session, TestCaseError> {
             prop_assert_eq!(d.saved, saved);
             let first = cached.iter().map(|(at, ..)| *at).min().expect("a change");
             prop_assert_eq!(d.first, Some(first), "{:?} {:?}", d, cached);
-            let tail: u64 = before.messages()[first.0..]
+            let log = before.request_log();
+            let tail: u64 = before
+                .messages()
                 .iter()
                 .enumerate()
-                .flat_map(|(k, m)| m.parts.iter().skip(if k == 0 { first.1 } else { 0 }))
-                .map(|p| p.context_tokens())
+                .flat_map(|(m, msg)| {
+                    msg.parts
+                        .iter()
+                        .enumerate()
+                        .map(move |(p, part)| ((m, p), part))
+                })
+                .filter(|(at, _)| *at >= first && log.is_sent(at.0, at.1))
+                .map(|(_, p)| p.context_tokens())
                 .sum();
             prop_assert_eq!(d.tail, tail);
         }
@@ -487,8 +503,12 @@ fn check_policies(
 ) -> Result<(), TestCaseError> {
     for m in s.messages() {
         for p in &m.parts {
+            // A strategy never makes a part longer (OpenCode's prune placeholder may be, on
+            // tiny outputs: it renders regardless, and conformance keeps it so).
             let full = p.est.base.saturating_add(p.est.output);
-            prop_assert!(p.context_tokens() <= full, "{} reads longer", p.part.id);
+            if !p.is_compacted() {
+                prop_assert!(p.context_tokens() <= full, "{} reads longer", p.part.id);
+            }
             if let PartKind::Tool(t) = &p.part.kind
                 && let Some(original) = originals.get(&p.part.id)
             {
