@@ -104,6 +104,20 @@ impl Session {
     /// clearing (which only reaches parts already sent) waits.
     pub(crate) fn prune_run(&mut self, now_ms: i64, commit: bool, scope: Scope) -> PruneReport {
         let strategies = self.run_strategies(commit, now_ms, scope);
+        if scope == Scope::Fresh && self.prune_pending() > 0 {
+            // Prune only reaches parts already sent: held whole, not even listed (the
+            // list grows while it is held).
+            let settings = self.settings();
+            return PruneReport {
+                reason: Some(
+                    "held by the cache scheduler: the rewrite would cost more than it saves".into(),
+                ),
+                prune_protect: settings.prune_protect,
+                prune_minimum: settings.prune_minimum,
+                strategies,
+                ..PruneReport::default()
+            };
+        }
         let plan = self.prune_plan();
         let settings = self.settings();
         let minimum = settings.prune_minimum;
@@ -119,12 +133,6 @@ impl Session {
             prune_minimum: minimum,
             strategies,
         };
-        if scope == Scope::Fresh && !plan.prune.is_empty() {
-            report.reason = Some(
-                "held by the cache scheduler: the rewrite would cost more than it saves".into(),
-            );
-            return report;
-        }
         if plan.pruned <= minimum {
             report.reason = Some(if plan.prune.is_empty() {
                 format!(

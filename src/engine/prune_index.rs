@@ -257,6 +257,11 @@ impl PruneIndex {
         }
     }
 
+    /// Outputs prune would clear now (after `sync`).
+    pub fn window_len(&self) -> usize {
+        self.window
+    }
+
     /// Tokens prune would clear now (after `sync`), without building the list.
     pub fn pending(&self) -> u64 {
         self.pruned

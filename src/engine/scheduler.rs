@@ -30,6 +30,12 @@ use super::session::Session;
 /// alternative, and applying them first may avoid it.
 pub const FLUSH_AT: f64 = 1.0;
 
+/// Most decisions held at once. Weighing them is a trial run over all of them after
+/// every finished message, so their number must not grow with the session: past this
+/// bound they apply (a resource limit, like `max_parts_per_message`; real sessions flush
+/// far earlier, by the cost rule or a cold cache).
+pub const MAX_HELD: usize = 512;
+
 /// What the scheduler decided and the figures it weighed (for reports and tests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
@@ -75,6 +81,8 @@ pub enum Why {
     Held,
     /// The cache expired since the last request.
     Cold,
+    /// More than [`MAX_HELD`] decisions were waiting.
+    TooMany,
 }
 
 /// True when applying `saved` tokens of changes, the earliest `tail` tokens from the end,
@@ -135,6 +143,9 @@ impl Session {
         if model.is_flat() {
             return Decision::at_once(Why::Flat);
         }
+        if self.held_decisions() > MAX_HELD {
+            return Decision::at_once(Why::TooMany);
+        }
         let check = self.check_overflow(Trigger::Finished);
         let before = self.total_tokens();
         let (after, changes) = self.trial(|s| {
@@ -146,20 +157,26 @@ impl Session {
         let fresh = before
             .saturating_sub(after)
             .saturating_sub(changes.map_or(0, |c| c.1));
-        let next = check.predicted.saturating_sub(fresh);
+        // The next request by the provider's count and by our own estimate of the
+        // context, whichever is larger.
+        let len = self.messages().len();
+        let prompt = self.tokens_between(self.context_from(), len).max(1);
+        let next = check.predicted.max(prompt).saturating_sub(fresh);
         if check.threshold > 0 && next as f64 >= FLUSH_AT * check.threshold as f64 {
             return Decision::at_once(Why::NearOverflow);
         }
         let Some((first, saved)) = changes else {
             return Decision::at_once(Why::NothingCached);
         };
-        let len = self.messages().len();
         let tail = self.cached_after(first);
-        let prompt = self.tokens_between(self.context_from(), len).max(1);
         let requests = self.request_log().count().max(1);
         // Requests left before the threshold at the average growth per request so far.
         let growth = (prompt / requests).max(1);
-        let room = check.threshold.saturating_sub(prompt) / growth;
+        let room = if check.threshold == 0 {
+            u64::MAX // no window known: nothing ends the session's run early
+        } else {
+            check.threshold.saturating_sub(prompt) / growth
+        };
         let horizon = self.request_log().warm_streak().min(room).max(1);
         let (scope, why) = if pays(saved, tail, horizon, model.read, model.write) {
             (Scope::All, Why::Pays)

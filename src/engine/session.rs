@@ -394,6 +394,14 @@ impl Session {
         }
     }
 
+    /// Decisions waiting: the strategies' queue and the outputs prune would clear (an
+    /// upper bound of what the scheduler holds). O(1).
+    pub(crate) fn held_decisions(&mut self) -> usize {
+        self.prune
+            .sync(&self.messages, &self.users, &self.settings, &self.pins);
+        self.tracker.pending().len() + self.prune.window_len()
+    }
+
     /// Puts decisions the scheduler held back in the queue for a later commit.
     pub(crate) fn hold_decisions(&mut self, held: Vec<Pending>) {
         self.tracker.hold(held);

@@ -592,3 +592,25 @@ fn run_turns_with(turns: &[Turn], o: SessionOverrides, limits: ModelLimits) -> S
     }
     s
 }
+
+#[test]
+fn no_more_than_max_held_decisions_wait() {
+    use crate::engine::scheduler::MAX_HELD;
+    for (n, applied) in [(MAX_HELD / 2, false), (MAX_HELD + 10, true)] {
+        let mut s = session(
+            only(&[St::MaskObservations], n as u32, CacheModel::ANTHROPIC),
+            ModelLimits::default(),
+        );
+        let small = vec![("bash", 160); n];
+        turn(&mut s, 1, T0, &small);
+        turn(&mut s, 2, T0 + 1_000, &[("bash", 40_000)]);
+        // Each of turn 3's results pushes one of turn 1's out of the newest `n`: a small
+        // saving each, against the cached 10,000-token output after them.
+        turn(&mut s, 3, T0 + 2_000, &small);
+        assert_eq!(
+            strategy_of(&s, "a1-p0") == Some(St::MaskObservations),
+            applied,
+            "{n} decisions"
+        );
+    }
+}
