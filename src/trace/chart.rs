@@ -169,6 +169,21 @@ pub fn svg(report: &Report, title: &str, model: CacheModel) -> String {
         COST_TOP - 12.0,
         escape(&model.to_string())
     );
+    // The fidelity side of the same lanes: references the agent made that each lane's
+    // prompt had hidden.
+    let references: usize = report.references.iter().sum();
+    let dangling: Vec<String> = report
+        .lanes
+        .iter()
+        .map(|l| format!("{} {}", l.name, l.dangling.iter().sum::<usize>()))
+        .collect();
+    let _ = writeln!(
+        out,
+        r##"<text id="dangling" x="{:.1}" y="{:.1}" text-anchor="end" fill="#555">dangling references of {references}: {}</text>"##,
+        WIDTH - RIGHT,
+        COST_TOP - 12.0,
+        escape(&dangling.join(", "))
+    );
     grid(&mut out, cost, "cost per request");
     step_labels(&mut out, steps, &x, cost.bottom() + 16.0);
     let _ = writeln!(
@@ -422,6 +437,20 @@ mod tests {
             assert_eq!(xs(&tokens), xs(&costs), "{lane}");
         }
         assert_eq!(svg.matches("<polyline").count(), 8);
+        // The dangling references of every lane, against the references made.
+        let made: usize = report.references.iter().sum();
+        let line = svg
+            .lines()
+            .find(|l| l.contains(r#"id="dangling""#))
+            .expect("a dangling line");
+        assert!(
+            line.contains(&format!("dangling references of {made}: none 0")),
+            "{line}"
+        );
+        for l in &report.lanes {
+            let n: usize = l.dangling.iter().sum();
+            assert!(line.contains(&format!("{} {n}", l.name)), "{line}");
+        }
 
         // The cost panel plots the lane's own per-request costs: the costliest request
         // of the busiest lane sits highest.
