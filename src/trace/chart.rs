@@ -165,7 +165,7 @@ pub fn svg(report: &Report, title: &str, model: CacheModel) -> String {
     // ---- cost panel ----
     let _ = writeln!(
         out,
-        r#"<text id="cost-panel" x="{LEFT}" y="{:.1}" font-weight="bold">cost per request, cache model {} (fresh-token units; totals in the legend)</text>"#,
+        r#"<text id="cost-panel" x="{LEFT}" y="{:.1}" font-weight="bold">cost per request, cache model {}</text>"#,
         COST_TOP - 12.0,
         escape(&model.to_string())
     );
@@ -179,7 +179,7 @@ pub fn svg(report: &Report, title: &str, model: CacheModel) -> String {
         .collect();
     let _ = writeln!(
         out,
-        r##"<text id="dangling" x="{:.1}" y="{:.1}" text-anchor="end" fill="#555">dangling references of {references}: {}</text>"##,
+        r##"<text id="dangling" x="{:.1}" y="{:.1}" text-anchor="end" fill="#555">dangling references (of {references}): {}</text>"##,
         WIDTH - RIGHT,
         COST_TOP - 12.0,
         escape(&dangling.join(", "))
@@ -444,7 +444,7 @@ mod tests {
             .find(|l| l.contains(r#"id="dangling""#))
             .expect("a dangling line");
         assert!(
-            line.contains(&format!("dangling references of {made}: none 0")),
+            line.contains(&format!("dangling references (of {made}): none 0")),
             "{line}"
         );
         for l in &report.lanes {
