@@ -104,10 +104,16 @@ async fn a_real_model_compacts_a_real_trace() {
         summarizer: Some(Arc::new(OpenAiSummarizer::new(llm))),
         ..Default::default()
     };
-    let server = start_server_with_options(ServerOptions {
-        compaction,
-        ..Default::default()
-    })
+    // ACP's strategies, applied at once: compactd's own output cap would shrink this
+    // small window's outputs enough that no compaction is needed, and this test is about
+    // the compaction.
+    let server = start_server_with(
+        ServerOptions {
+            compaction,
+            ..Default::default()
+        },
+        acp_config(),
+    )
     .await;
     let mut client = server.client().await;
 
