@@ -5,12 +5,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
-use compactd::cli::{self, Command, LogFormat, ReplayArgs, ServeArgs};
+use compactd::cli::{self, Command, ReplayArgs, ServeArgs};
 use compactd::server::{self, ServerOptions};
 use compactd::store::Store;
 use compactd::tokens::CharsPerToken;
 use compactd::trace;
-use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     let layered = match cli::parse_layered(std::env::args_os().collect()) {
@@ -58,17 +57,6 @@ fn with_source(e: cli::ConfigError, layered: &cli::Layered) -> anyhow::Error {
     )
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_env("COMPACTD_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Pretty => builder.init(),
-    }
-}
-
 fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
     let config = args
         .engine
@@ -78,7 +66,7 @@ fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
     if args.max_update_bytes == 0 {
         anyhow::bail!("--max-update-bytes: must be above 0");
     }
-    init_logging(args.log_format);
+    cli::logging::init(args.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -10,6 +10,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 mod layers;
+pub mod logging;
 
 pub use layers::{LayerError, Layered, Source, parse_layered, print_config};
 

@@ -24,8 +24,17 @@ impl Binary {
     /// `--listen` in `args` it listens on 127.0.0.1:0. Inherited `COMPACTD_*` variables
     /// are removed so only what the test sets applies.
     pub fn start(args: &[&str], env: &[(&str, &str)]) -> Binary {
+        Binary::start_with("json", args, env)
+    }
+
+    /// Like [`Binary::start`] with the human log format (`--log-format pretty`).
+    pub fn start_pretty(args: &[&str], env: &[(&str, &str)]) -> Binary {
+        Binary::start_with("pretty", args, env)
+    }
+
+    fn start_with(format: &str, args: &[&str], env: &[(&str, &str)]) -> Binary {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_compactd"));
-        cmd.args(["serve", "--log-format", "json"]);
+        cmd.args(["serve", "--log-format", format]);
         if !args.contains(&"--listen") {
             cmd.args(["--listen", "127.0.0.1:0"]);
         }
@@ -43,7 +52,22 @@ impl Binary {
         let log = Arc::new(Mutex::new(String::new()));
         let (addr, metrics) = loop {
             let line = lines.next().expect("a start line").expect("utf-8");
-            log.lock().unwrap().push_str(&line);
+            {
+                let mut l = log.lock().unwrap();
+                l.push_str(&line);
+                l.push('\n');
+            }
+            if format == "pretty" {
+                let field = |name: &str| {
+                    line.split_whitespace()
+                        .find_map(|w| w.strip_prefix(name))
+                        .map(str::to_owned)
+                };
+                if let Some(listen) = field("listen=") {
+                    break (listen, field("metrics_listen=").filter(|m| !m.is_empty()));
+                }
+                continue;
+            }
             let v: serde_json::Value = serde_json::from_str(&line).expect("json log");
             if let Some(listen) = v["fields"]["listen"].as_str() {
                 let metrics = v["fields"]["metrics_listen"]

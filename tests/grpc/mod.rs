@@ -13,6 +13,7 @@ mod fake_llm_selftest;
 mod health;
 mod import;
 mod limits;
+mod log_injection;
 mod metrics;
 mod overflow;
 mod pins_recall;
