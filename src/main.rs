@@ -118,7 +118,7 @@ fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
                 auto_compact = config.auto_compact,
                 authenticated,
                 llm = compaction.summarizer.as_ref().map_or("not configured", |s| s.model()),
-                llm_base_url = args.llm.llm_base_url.as_deref().map_or("", |u| if u.contains('@') { "[url with credentials]" } else { u }),
+                llm_base_url = %args.llm.llm_base_url.as_deref().map(compactd::config::redact::url).unwrap_or_default(),
                 "starting compactd {}",
                 env!("CARGO_PKG_VERSION")
             );

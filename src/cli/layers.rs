@@ -356,7 +356,7 @@ pub fn print_config(l: &Layered) -> String {
         let raw = l.values.get(long).cloned().unwrap_or_default();
         let source = l.source_of(long);
         let secret = (long.contains("api-key") || long == "auth-token") && !long.ends_with("file");
-        let raw: Vec<String> = raw.iter().map(|v| without_userinfo(v)).collect();
+        let raw: Vec<String> = raw.iter().map(|v| crate::config::redact::url(v)).collect();
         let value = if secret {
             if raw.iter().all(|v| v.is_empty()) {
                 out.push_str(&format!("# {key} is not set  # {source}\n"));
@@ -410,17 +410,5 @@ impl Layered {
             Command::Config(ConfigCommand::Print(_)) => Some(print_config(self)),
             _ => None,
         }
-    }
-}
-
-/// A URL with its `user:password@` part redacted (other values unchanged).
-fn without_userinfo(v: &str) -> String {
-    let Some((scheme, rest)) = v.split_once("://") else {
-        return v.to_string();
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => format!("{scheme}://[redacted]@{}", &rest[at + 1..]),
-        None => v.to_string(),
     }
 }

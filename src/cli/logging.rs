@@ -2,7 +2,7 @@
 //! reach log fields, so in the human format every field value and message is written with
 //! control characters escaped: a newline or an ANSI sequence in an id cannot forge a log
 //! line or recolour a terminal. The JSON format escapes by construction. Colour codes are
-//! only written to a terminal.
+//! only written to a terminal. Crates that log bodies are silenced (`QUIET_TARGETS`).
 
 use std::fmt;
 use std::io::IsTerminal;
@@ -13,10 +13,23 @@ use tracing_subscriber::fmt::format::Writer;
 
 use super::LogFormat;
 
+/// Third-party targets that log request or response bodies (an error body may echo the
+/// request's headers, the API key among them): silenced unless `COMPACTD_LOG` names them.
+/// compactd reports their failures itself, redacted.
+const QUIET_TARGETS: [&str; 1] = ["async_openai"];
+
 /// Installs the global subscriber: `COMPACTD_LOG` filter (default `info`), stderr, in
 /// `format`.
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_env("COMPACTD_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let spec = std::env::var("COMPACTD_LOG").unwrap_or_else(|_| "info".into());
+    let mut filter = EnvFilter::try_new(&spec).unwrap_or_else(|_| EnvFilter::new("info"));
+    for target in QUIET_TARGETS {
+        if !spec.contains(target)
+            && let Ok(directive) = format!("{target}=off").parse()
+        {
+            filter = filter.add_directive(directive);
+        }
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -60,6 +60,7 @@ pub const CODE_BLOCK_AGE_TURNS: usize = 5;
 use std::collections::BTreeMap;
 
 mod cache;
+pub mod redact;
 mod strategy;
 mod validate;
 pub use cache::CacheModel;

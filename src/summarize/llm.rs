@@ -67,7 +67,7 @@ impl OpenAiSummarizer {
         else {
             return e;
         };
-        let clean = |m: String| m.replace(key, "[redacted]");
+        let clean = |m: String| crate::config::redact::text(&m, key);
         match e {
             SummarizeError::Request {
                 status,
@@ -195,6 +195,8 @@ impl OpenAiSummarizer {
             let mut started = false;
             let (result, hint) =
                 retry_after::scoped(self.attempt(&body, &progress, &mut started)).await;
+            // Scrubbed where it comes out: the retry log and the `retrying` event carry it.
+            let result = result.map_err(|e| self.scrub(e));
             match result {
                 Ok(outcome) => return Ok(outcome),
                 Err(e) if !started && e.retryable() && attempt <= self.config.max_retries => {

@@ -108,3 +108,108 @@ async fn the_api_key_stays_out_of_logs_events_errors_and_help() {
     assert!(help.contains("--llm-base-url"), "{help}");
     assert!(!help.contains(KEY), "the key leaked into --help");
 }
+
+/// Runs one failing compaction against `fake` with the key in the environment at log level
+/// `level` (`None`: the default), and returns the log and the events.
+async fn failing_compaction(fake: &FakeLlm, level: Option<&str>) -> (String, String) {
+    let mut env = vec![
+        ("COMPACTD_LLM_BASE_URL", fake.base_url()),
+        ("COMPACTD_LLM_MODEL", "fake-model".to_string()),
+        ("COMPACTD_LLM_API_KEY", KEY.to_string()),
+        ("COMPACTD_LLM_MAX_RETRIES", "1".to_string()),
+    ];
+    if let Some(level) = level {
+        env.push(("COMPACTD_LOG", level.to_string()));
+    }
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let bin = Binary::start(&[], &env);
+    let mut client = pb::sessions_client::SessionsClient::connect(format!("http://{}", bin.addr))
+        .await
+        .expect("connect");
+    let mut req = example_import("echo");
+    req.session_id = "echo".into();
+    client.import_session(req).await.expect("imported");
+    let mut stream = client
+        .compact(pb::CompactRequest {
+            session_id: "echo".into(),
+            options: None,
+        })
+        .await
+        .expect("compact")
+        .into_inner();
+    let mut events = Vec::new();
+    while let Some(e) = stream.next().await {
+        events.push(e.expect("event"));
+    }
+    assert!(
+        matches!(
+            events.last().and_then(|e| e.event.clone()),
+            Some(Ce::Failed(_))
+        ),
+        "{events:?}"
+    );
+    (bin.finish(), format!("{events:?}"))
+}
+
+#[tokio::test]
+async fn a_5xx_body_echoing_the_headers_leaks_the_key_nowhere() {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(KEY);
+    // What some gateways answer: the request's headers, the key among them, in a 5xx body.
+    let echo = format!(
+        "{{\"error\": {{\"message\": \"upstream failed; request headers: authorization: Bearer {KEY}, x-api-key: {b64}\", \"type\": \"server_error\"}}}}"
+    );
+    for level in [None, Some("debug")] {
+        let replies = (0..4)
+            .map(|_| Reply::Status {
+                code: 502,
+                body: echo.clone(),
+                retry_after: None,
+            })
+            .collect();
+        let fake = FakeLlm::start(replies).await;
+        let (log, events) = failing_compaction(&fake, level).await;
+        assert!(log.contains("compaction failed"), "{log}");
+        for (what, text) in [("log", &log), ("events", &events)] {
+            assert!(
+                !text.contains(KEY),
+                "{level:?}: the key reached the {what}:\n{text}"
+            );
+            assert!(
+                !text.contains(b64.trim_end_matches('=')),
+                "{level:?}: the base64 key reached the {what}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_key_in_the_base_url_is_redacted_at_start_and_in_config_print() {
+    let url = format!("https://user:{KEY}@llm.example.com/v1?api-key={KEY}&api-version=2024");
+    let print = Command::new(env!("CARGO_BIN_EXE_compactd"))
+        .args([
+            "config",
+            "print",
+            "--llm-base-url",
+            &url,
+            "--llm-model",
+            "m",
+        ])
+        .output()
+        .expect("config print");
+    let text = String::from_utf8_lossy(&print.stdout);
+    assert!(print.status.success(), "{text}");
+    assert!(
+        text.contains("llm.example.com/v1?api-key=[redacted]"),
+        "{text}"
+    );
+    assert!(!text.contains(KEY), "the key reached config print:\n{text}");
+
+    let bin = Binary::start(&["--llm-base-url", &url, "--llm-model", "m"], &[]);
+    let log = bin.finish();
+    assert!(
+        log.contains("llm.example.com"),
+        "the start line names the endpoint: {log}"
+    );
+    assert!(!log.contains(KEY), "the key reached the start log:\n{log}");
+}

@@ -1,0 +1,112 @@
+//! What may be shown of a secret-bearing setting: URLs lose their credentials (the
+//! `user:password@` part and every query value) before they reach a log line or
+//! `config print`, and texts lose an API key in every form a provider may echo it (as is,
+//! after `Bearer `, base64-encoded, or base64 of `:key` as in Basic auth).
+
+use base64::Engine as _;
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+
+/// What a removed secret reads as.
+pub const REDACTED: &str = "[redacted]";
+
+/// `url` without credentials: userinfo and every query value replaced (keys kept, so a
+/// reader sees what was set). A value that is not a URL (no `scheme://`) is unchanged.
+pub fn url(url: &str) -> String {
+    if !url.contains("://") {
+        return url.to_string();
+    }
+    let (base, fragment) = match url.split_once('#') {
+        Some((b, f)) => (b, Some(f)),
+        None => (url, None),
+    };
+    let (base, query) = match base.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (base, None),
+    };
+    let mut out = match base.split_once("://") {
+        Some((scheme, rest)) => {
+            let authority_end = rest.find('/').unwrap_or(rest.len());
+            match rest[..authority_end].rfind('@') {
+                Some(at) => format!("{scheme}://{REDACTED}@{}", &rest[at + 1..]),
+                None => base.to_string(),
+            }
+        }
+        None => base.to_string(),
+    };
+    if let Some(q) = query {
+        let pairs: Vec<String> = q
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((k, _)) => format!("{k}={REDACTED}"),
+                None if pair.is_empty() => String::new(),
+                None => REDACTED.to_string(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&pairs.join("&"));
+    }
+    if let Some(f) = fragment {
+        out.push('#');
+        out.push_str(f);
+    }
+    out
+}
+
+/// `text` with `secret` removed in every form it is sent or echoed in: as is (which
+/// covers `Bearer <secret>`), base64 (standard and URL-safe), and base64 of `:secret`.
+/// An empty secret changes nothing.
+pub fn text(text: &str, secret: &str) -> String {
+    if secret.is_empty() {
+        return text.to_string();
+    }
+    let mut out = text.replace(secret, REDACTED);
+    for form in [
+        STANDARD.encode(secret),
+        URL_SAFE_NO_PAD.encode(secret),
+        STANDARD.encode(format!(":{secret}")),
+    ] {
+        // With its padding first, then without (padding may be cut where the form ends
+        // inside a longer token).
+        let bare = form.trim_end_matches('=');
+        if bare.len() >= 8 {
+            out = out.replace(&form, REDACTED).replace(bare, REDACTED);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &str = "sk-live-4f1c9a7e";
+
+    #[test]
+    fn urls_lose_userinfo_and_query_values() {
+        assert_eq!(
+            url("https://user:pw@api.example.com/v1?api-key=sk-1&api-version=2024"),
+            "https://[redacted]@api.example.com/v1?api-key=[redacted]&api-version=[redacted]"
+        );
+        assert_eq!(url("http://127.0.0.1:8080/v1"), "http://127.0.0.1:8080/v1");
+        assert_eq!(
+            url("http://h/v1?sk-bare#frag"),
+            "http://h/v1?[redacted]#frag"
+        );
+        assert_eq!(url("what? no url"), "what? no url");
+    }
+
+    #[test]
+    fn a_key_is_removed_in_every_form() {
+        let b64 = STANDARD.encode(KEY);
+        let basic = STANDARD.encode(format!(":{KEY}"));
+        let echoed = format!(
+            "headers: authorization: Bearer {KEY}; x-key: {b64}; basic {basic}; again {KEY}"
+        );
+        let clean = text(&echoed, KEY);
+        assert!(!clean.contains(KEY), "{clean}");
+        assert!(!clean.contains(b64.trim_end_matches('=')), "{clean}");
+        assert!(!clean.contains(basic.trim_end_matches('=')), "{clean}");
+        assert!(clean.contains("Bearer [redacted]"), "{clean}");
+        assert_eq!(text("nothing here", ""), "nothing here");
+    }
+}
