@@ -52,24 +52,19 @@ pub enum Strategy {
 }
 
 impl Strategy {
-    /// Every strategy, in report order (seed 03's ten, then the base layer).
-    pub const ALL: [Strategy; 15] = [
-        Strategy::PruneToolInputs,
-        Strategy::PruneStepMarkers,
-        Strategy::PruneSourceUrls,
-        Strategy::StateQuerySupersede,
-        Strategy::PruneSnapshots,
-        Strategy::PruneRetryParts,
-        Strategy::PruneFiles,
-        Strategy::PruneUserCodeBlocks,
-        Strategy::TruncateOldErrors,
-        Strategy::AggressiveFilePrune,
-        Strategy::SupersedeDuplicates,
-        Strategy::SupersedeTodos,
-        Strategy::SupersedeSearches,
-        Strategy::MaskObservations,
-        Strategy::CapLargeOutputs,
-    ];
+    /// Every strategy, in report order: ACP's (seed 03's ten, then the base layer), then
+    /// compactd's own.
+    pub const ALL: [Strategy; 15] = {
+        let mut all = [Strategy::MaskObservations; 15];
+        let mut i = 0;
+        while i < Strategy::ACP.len() {
+            all[i] = Strategy::ACP[i];
+            i += 1;
+        }
+        all[13] = Strategy::MaskObservations;
+        all[14] = Strategy::CapLargeOutputs;
+        all
+    };
 
     /// ACP's strategies (seed 03's ten and the base layer), without compactd's own.
     pub const ACP: [Strategy; 13] = [

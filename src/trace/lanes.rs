@@ -7,7 +7,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 
 use serde_json::{Value, json};
 
-use super::cost::{CacheMeter, Piece};
+use super::cost::{CacheMeter, Piece, RequestCost};
 use super::references::{ReferenceIndex, part_text};
 use crate::config::{CacheModel, EngineConfig, Strategy, StrategySet};
 use crate::engine::ContextView;
@@ -160,22 +160,36 @@ impl LaneRecord {
         self.dangling.push(dangling);
     }
 
-    /// The lane's figures under `model`, with `prefix` tokens of fixed prompt (system
-    /// prompt, tool definitions) leading every request; `references` per request.
-    pub fn figures(&self, model: CacheModel, prefix: u64, references: &[usize]) -> LaneFigures {
+    /// Tokens of the last request's prompt (the fixed prefix not included).
+    pub fn last_prompt_tokens(&self) -> u64 {
+        self.prompts.last().map_or(0, |p| {
+            p.iter().fold(0u64, |a, x| a.saturating_add(x.tokens))
+        })
+    }
+
+    /// Every request charged under `model`, in order, with `prefix` tokens of fixed
+    /// prompt (system prompt, tool definitions) leading each.
+    fn charged(&self, model: CacheModel, prefix: u64) -> impl Iterator<Item = RequestCost> + '_ {
         let mut meter = CacheMeter::new(model);
-        let mut f = LaneFigures {
-            compactions: self.compactions as u64,
-            ..LaneFigures::default()
-        };
-        for (i, prompt) in self.prompts.iter().enumerate() {
+        self.prompts.iter().enumerate().map(move |(i, prompt)| {
             let mut pieces = Vec::with_capacity(prompt.len() + 1);
             pieces.push(Piece {
                 key: 0,
                 tokens: prefix,
             });
             pieces.extend_from_slice(prompt);
-            let c = meter.charge(pieces, self.times.get(i).copied().unwrap_or(0));
+            meter.charge(pieces, self.times.get(i).copied().unwrap_or(0))
+        })
+    }
+
+    /// The lane's figures under `model` with `prefix` tokens of fixed prompt; `references`
+    /// per request.
+    pub fn figures(&self, model: CacheModel, prefix: u64, references: &[usize]) -> LaneFigures {
+        let mut f = LaneFigures {
+            compactions: self.compactions as u64,
+            ..LaneFigures::default()
+        };
+        for (i, c) in self.charged(model, prefix).enumerate() {
             f.prompt_tokens = f.prompt_tokens.saturating_add(c.tokens);
             f.cost += c.cost;
             f.cache_breaks += u64::from(c.broke);
@@ -187,20 +201,6 @@ impl LaneRecord {
 
     /// Per request: its cost under `model` (for the chart).
     pub fn costs(&self, model: CacheModel, prefix: u64) -> Vec<f64> {
-        let mut meter = CacheMeter::new(model);
-        self.prompts
-            .iter()
-            .enumerate()
-            .map(|(i, prompt)| {
-                let mut pieces = vec![Piece {
-                    key: 0,
-                    tokens: prefix,
-                }];
-                pieces.extend_from_slice(prompt);
-                meter
-                    .charge(pieces, self.times.get(i).copied().unwrap_or(0))
-                    .cost
-            })
-            .collect()
+        self.charged(model, prefix).map(|c| c.cost).collect()
     }
 }

@@ -184,12 +184,9 @@ pub fn replay_with(
                 );
             }
             references.push(refs.of_request(position).len());
-            let sum = |l: &LaneRecord| {
-                l.prompts.last().map_or(0u64, |p| {
-                    p.iter().fold(0u64, |a, x| a.saturating_add(x.tokens))
-                })
-            };
-            saved_now = sum(&lanes[0]).saturating_sub(sum(&lanes[3]));
+            saved_now = lanes[0]
+                .last_prompt_tokens()
+                .saturating_sub(lanes[3].last_prompt_tokens());
             if fixed_prefix.is_none()
                 && let Some(t) = minfo.tokens.filter(|t| !t.is_empty())
             {
@@ -200,9 +197,7 @@ pub fn replay_with(
                         .saturating_add(t.cache_write),
                     CacheCounting::Included => t.input.saturating_add(t.cache_write),
                 };
-                let estimated = lanes[0].prompts.last().map_or(0, |p| {
-                    p.iter().fold(0u64, |a, x| a.saturating_add(x.tokens))
-                });
+                let estimated = lanes[0].last_prompt_tokens();
                 fixed_prefix = Some(sent.saturating_sub(estimated));
             }
         }
