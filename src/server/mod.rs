@@ -41,6 +41,8 @@ mod service;
 mod status;
 mod stream;
 pub mod transport;
+#[cfg(test)]
+mod fuzz_tests;
 
 use std::future::Future;
 use std::net::SocketAddr;

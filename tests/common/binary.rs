@@ -32,8 +32,25 @@ impl Binary {
         Binary::start_with("pretty", args, env)
     }
 
+    /// Like [`Binary::start`] under an address-space cap of `bytes` (`prlimit --as`),
+    /// standing in for a container memory limit: an allocation past it aborts the process.
+    pub fn start_capped(bytes: u64, args: &[&str], env: &[(&str, &str)]) -> Binary {
+        let cap = format!("--as={bytes}");
+        let mut cmd = Command::new("prlimit");
+        cmd.args([cap.as_str(), "--", env!("CARGO_BIN_EXE_compactd")]);
+        Binary::spawn(cmd, "json", args, env)
+    }
+
     fn start_with(format: &str, args: &[&str], env: &[(&str, &str)]) -> Binary {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_compactd"));
+        Binary::spawn(
+            Command::new(env!("CARGO_BIN_EXE_compactd")),
+            format,
+            args,
+            env,
+        )
+    }
+
+    fn spawn(mut cmd: Command, format: &str, args: &[&str], env: &[(&str, &str)]) -> Binary {
         cmd.args(["serve", "--log-format", format]);
         if !args.contains(&"--listen") {
             cmd.args(["--listen", "127.0.0.1:0"]);
@@ -95,6 +112,31 @@ impl Binary {
         }
     }
 
+    /// The process id (the server itself: `prlimit` execs it).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Resident set size of the process now, in bytes (`VmRSS` in `/proc/<pid>/status`).
+    pub fn rss_bytes(&self) -> u64 {
+        proc_status_kib(self.pid(), "VmRSS:") * 1024
+    }
+
+    /// Peak resident set size so far, in bytes (`VmHWM`).
+    pub fn peak_rss_bytes(&self) -> u64 {
+        proc_status_kib(self.pid(), "VmHWM:") * 1024
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// The log so far.
+    pub fn log_so_far(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
     /// Sends SIGTERM.
     pub fn sigterm(&self) {
         let status = Command::new("kill")
@@ -125,6 +167,19 @@ impl Binary {
         }
         self.log.lock().unwrap().clone()
     }
+}
+
+/// A `kB` line of `/proc/<pid>/status` (0 when the process is gone).
+fn proc_status_kib(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|n| n.parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 impl Drop for Binary {
