@@ -18,14 +18,23 @@ use super::LogFormat;
 /// compactd reports their failures itself, redacted.
 const QUIET_TARGETS: [&str; 1] = ["async_openai"];
 
+/// Third-party targets raised to `debug` unless `COMPACTD_LOG` names them: tonic's server
+/// logs a connection it drops (an HTTP/2 protocol error or flood protection, a TLS
+/// handshake failure) only at debug, and a dropped connection must never be silent.
+const LOUD_TARGETS: [&str; 1] = ["tonic::transport::server"];
+
 /// Installs the global subscriber: `COMPACTD_LOG` filter (default `info`), stderr, in
 /// `format`.
 pub fn init(format: LogFormat) {
     let spec = std::env::var("COMPACTD_LOG").unwrap_or_else(|_| "info".into());
     let mut filter = EnvFilter::try_new(&spec).unwrap_or_else(|_| EnvFilter::new("info"));
-    for target in QUIET_TARGETS {
+    let levels = QUIET_TARGETS
+        .iter()
+        .map(|t| (t, "off"))
+        .chain(LOUD_TARGETS.iter().map(|t| (t, "debug")));
+    for (target, level) in levels {
         if !spec.contains(target)
-            && let Ok(directive) = format!("{target}=off").parse()
+            && let Ok(directive) = format!("{target}={level}").parse()
         {
             filter = filter.add_directive(directive);
         }

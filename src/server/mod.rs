@@ -24,14 +24,18 @@
 //!
 //! Then the edges: `convert.rs` (protobuf ↔ domain), `status.rs` (errors → codes),
 //! `drain.rs` (closing streams), `evict.rs` (idle evictions announced), `clock.rs` (the
-//! wall clock), `auth.rs`, `transport.rs` (HTTP/2 settings) and `pb.rs` (generated).
+//! wall clock), `auth.rs`, `transport.rs` (HTTP/2 settings), `codec.rs` (the guard that
+//! refuses amplifying requests before decoding) and `pb.rs` (generated).
 
 pub mod auth;
 mod clock;
+pub mod codec;
 mod compaction;
 mod convert;
 mod drain;
 mod evict;
+#[cfg(test)]
+mod fuzz_tests;
 pub mod hub;
 mod ops;
 pub mod pb;
@@ -41,8 +45,6 @@ mod service;
 mod status;
 mod stream;
 pub mod transport;
-#[cfg(test)]
-mod fuzz_tests;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -59,9 +61,10 @@ pub use service::SessionsService;
 
 use crate::store::Store;
 
-/// Transport-level cap as a multiple of `max_update_bytes`: updates between the two get
-/// a clear `RESOURCE_EXHAUSTED` from compactd; only absurd ones are cut by the transport.
-const TRANSPORT_SLACK: usize = 4;
+/// Transport-level cap beyond `max_update_bytes`: an update a little over the limit gets
+/// compactd's own `RESOURCE_EXHAUSTED` naming it; the transport never buffers more than
+/// this above the limit for one message.
+const TRANSPORT_SLACK: usize = 64 << 10;
 
 /// How the server is run.
 #[derive(Debug, Clone)]
@@ -153,7 +156,8 @@ where
         + 'static,
     IE: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let transport_max = options.max_update_bytes.saturating_mul(TRANSPORT_SLACK);
+    let transport_max = options.max_update_bytes.saturating_add(TRANSPORT_SLACK);
+    codec::set_max_update_bytes(options.max_update_bytes);
     let mut hub = Hub::new(store, options.compaction.clone());
     hub.slow_reader_grace = options.slow_reader_grace;
     let hub = Arc::new(hub);

@@ -3,6 +3,7 @@
 #![allow(missing_docs, clippy::all)]
 
 tonic::include_proto!("compactd.v1");
+include!(concat!(env!("OUT_DIR"), "/compactd_proto_names.rs"));
 
 /// Encoded `FileDescriptorSet` of the compactd protos, for server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =

@@ -82,11 +82,17 @@ impl From<StoreError> for Rejection {
             StoreError::Closed(_) => Code::Aborted,
             StoreError::Full(_)
             | StoreError::SessionTooLarge { .. }
-            | StoreError::OverBudget { .. } => Code::ResourceExhausted,
+            | StoreError::OverBudget { .. }
+            | StoreError::InFlightOverBudget { .. } => Code::ResourceExhausted,
+        };
+        let field = match e {
+            // Not the session's fault: the server is holding too much for everyone.
+            StoreError::InFlightOverBudget { .. } => "",
+            _ => "session_id",
         };
         Rejection {
             code,
-            field: "session_id".into(),
+            field: field.into(),
             message: e.to_string(),
         }
     }

@@ -3,10 +3,17 @@
 //! the ack or error. Updates to different sessions are in flight together; each session's
 //! own order is its actor's mailbox order, and acks leave in the order updates arrived.
 //!
-//! Backpressure: the outbound buffer and the in-flight queue are bounded, so a client that
-//! stops reading its events stops being read from (HTTP/2 flow control does the rest); if
-//! the buffer stays full for the hub's `slow_reader_grace`, the stream ends with
-//! `RESOURCE_EXHAUSTED` and nothing else waits on that client.
+//! Backpressure: the outbound buffer (bounded in events and in bytes, [`EVENT_BYTES`]) and
+//! the in-flight queue are bounded, so a client that stops reading its events stops being
+//! read from (HTTP/2 flow control does the rest); if the buffer stays full for the hub's
+//! `slow_reader_grace`, the stream ends with `RESOURCE_EXHAUSTED` and nothing else waits
+//! on that client.
+//!
+//! Memory: every update read and not yet answered, and every event buffered for the
+//! client, holds a reservation in the store's ledger (`store::Ledger`), so they count
+//! against `memory_budget`. An update the ledger cannot take is refused with
+//! `RESOURCE_EXHAUSTED`; an event it cannot take ends the stream with `RESOURCE_EXHAUSTED`
+//! naming the first seq whose events were lost.
 
 use std::collections::HashMap;
 use std::ops::ControlFlow;
@@ -14,7 +21,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use prost::Message as _;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
@@ -27,9 +35,16 @@ use super::pb;
 use super::pb::server_event::Event as Ev;
 use super::reply::{self, Reply};
 use super::request::{self, Op};
+use super::status::Rejection;
+use crate::store::Reservation;
 
 /// Events buffered per stream before the writer waits for the client.
 const EVENT_BUFFER: usize = 1024;
+/// Bytes of events buffered per stream before the writer waits for the client. One event
+/// larger than this (a whole large context) still goes out, alone.
+pub const EVENT_BYTES: usize = 32 << 20;
+/// The unit the byte bound counts in (a semaphore's permits are `u32`).
+const EVENT_UNIT: usize = 1024;
 /// Updates a stream may have in flight (queued on actors, not yet acked).
 const IN_FLIGHT: usize = 256;
 
@@ -53,6 +68,18 @@ struct Queued {
     pending: Pending<Reply>,
     /// Releases a manual compaction's events once its start is acked.
     go: Option<oneshot::Sender<()>>,
+    /// The update's bytes, counted until it is answered.
+    _held: Reservation,
+}
+
+/// An event waiting for the client, with what it holds of the stream's byte bound and
+/// of the ledger (both given back when tonic takes it).
+type Buffered = (pb::ServerEvent, OwnedSemaphorePermit, Reservation);
+
+/// The writer's side of the outbound buffer.
+struct Outbound {
+    tx: mpsc::Sender<Buffered>,
+    bytes: Arc<Semaphore>,
 }
 
 /// Starts the reader and writer tasks for one stream and returns its events.
@@ -62,7 +89,7 @@ pub fn run(
     max_update_bytes: usize,
     peer: String,
 ) -> EventStream {
-    let (out_tx, out_rx) = mpsc::channel::<pb::ServerEvent>(EVENT_BUFFER);
+    let (out_tx, out_rx) = mpsc::channel::<Buffered>(EVENT_BUFFER);
     let (end_tx, end_rx) = oneshot::channel::<Status>();
     // Events of compactions started from this stream, after their start was acked.
     let (cmp_tx, cmp_rx) = mpsc::channel::<pb::CompactionEvent>(EVENT_BUFFER);
@@ -78,7 +105,10 @@ pub fn run(
     let writer = Writer {
         grace: hub.slow_reader_grace,
         hub,
-        out: out_tx,
+        out: Outbound {
+            tx: out_tx,
+            bytes: Arc::new(Semaphore::new(EVENT_BYTES / EVENT_UNIT)),
+        },
         end: Some(end_tx),
         auto: Some(cmp_tx),
         started_by: HashMap::new(),
@@ -90,7 +120,7 @@ pub fn run(
         |s| async move { s.map(Err) },
     );
     Box::pin(futures::StreamExt::chain(
-        futures::StreamExt::map(ReceiverStream::new(out_rx), Ok),
+        futures::StreamExt::map(ReceiverStream::new(out_rx), |(event, _, _)| Ok(event)),
         end,
     ))
 }
@@ -126,6 +156,20 @@ impl Reader {
     /// back until its start is acked).
     async fn queue(&self, update: pb::ClientUpdate) -> Queued {
         let (seq, session_id) = (update.seq, update.session_id.clone());
+        let bytes = u64::try_from(update.encoded_len()).unwrap_or(u64::MAX);
+        let held = match self.hub.store.ledger().reserve(bytes, "updates") {
+            Ok(held) => held,
+            Err(e) => {
+                return Queued {
+                    seq,
+                    session_id,
+                    kind: "invalid",
+                    pending: Pending::answered(Err(Rejection::from(e))),
+                    go: None,
+                    _held: Reservation::none(),
+                };
+            }
+        };
         let (kind, pending, go) = match request::decode_update(update, self.max_update_bytes) {
             Ok(Op::Compact(options)) => {
                 let (go_tx, go_rx) = oneshot::channel();
@@ -152,6 +196,7 @@ impl Reader {
             kind,
             pending,
             go,
+            _held: held,
         }
     }
 }
@@ -160,7 +205,7 @@ impl Reader {
 /// started; stops when the client goes away or stops reading.
 struct Writer {
     hub: Arc<Hub>,
-    out: mpsc::Sender<pb::ServerEvent>,
+    out: Outbound,
     /// The closing status, sent after the buffered events (taken once).
     end: Option<oneshot::Sender<Status>>,
     grace: Duration,
@@ -224,6 +269,7 @@ impl Writer {
             kind,
             pending,
             go,
+            _held,
         } = queued;
         let outcome = pending.outcome(&session_id).await;
         let mut auto = false;
@@ -291,7 +337,8 @@ impl Writer {
     }
 
     async fn deliver(&mut self, event: pb::ServerEvent) -> ControlFlow<()> {
-        if deliver(&self.out, &mut self.end, event, self.grace).await {
+        let ledger = self.hub.store.ledger();
+        if deliver(&self.out, ledger, &mut self.end, event, self.grace).await {
             ControlFlow::Continue(())
         } else {
             ControlFlow::Break(())
@@ -299,38 +346,74 @@ impl Writer {
     }
 }
 
-/// Sends one event, waiting at most `grace` for room in the buffer. A client that leaves
-/// the buffer full that long is not reading: the stream ends with `RESOURCE_EXHAUSTED`
-/// (after the buffered events) and its sessions are left exactly as the acks said.
+/// Sends one event, waiting at most `grace` for room in the buffer (in events and in
+/// bytes). A client that leaves the buffer full that long is not reading: the stream ends
+/// with `RESOURCE_EXHAUSTED` (after the buffered events) and its sessions are left exactly
+/// as the acks said. An event the ledger cannot take (the budget's in-flight share is
+/// spent) ends the stream the same way.
 async fn deliver(
-    out: &mpsc::Sender<pb::ServerEvent>,
+    out: &Outbound,
+    ledger: &Arc<crate::store::Ledger>,
     end: &mut Option<oneshot::Sender<Status>>,
     event: pb::ServerEvent,
     grace: Duration,
 ) -> bool {
     let seq = event.seq;
-    match tokio::time::timeout(grace, out.send(event)).await {
-        Ok(Ok(())) => true,
-        Ok(Err(_)) => false, // the client went away
-        Err(_) => {
-            tracing::warn!(
-                buffered = EVENT_BUFFER,
-                grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX),
-                unsent_from_seq = seq,
-                "client is not reading its events; closing the stream"
-            );
+    let bytes = event.encoded_len();
+    let units = bytes
+        .div_ceil(EVENT_UNIT)
+        .clamp(1, EVENT_BYTES / EVENT_UNIT);
+    let units = u32::try_from(units).unwrap_or(u32::MAX);
+    let send = async {
+        let permit = out.bytes.clone().acquire_many_owned(units).await.ok()?;
+        Some(permit)
+    };
+    let deadline = tokio::time::Instant::now() + grace;
+    let permit = match tokio::time::timeout_at(deadline, send).await {
+        Ok(Some(p)) => p,
+        Ok(None) => return false,
+        Err(_) => return not_reading(end, seq, grace),
+    };
+    let held = match ledger.reserve(u64::try_from(bytes).unwrap_or(u64::MAX), "events") {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::warn!(unsent_from_seq = seq, error = %e, "event buffer over the memory budget; closing the stream");
             crate::telemetry::rejected(tonic::Code::ResourceExhausted);
-            if let Some(e) = end.take() {
-                // The buffered events reach the client before this status; what follows
-                // them was processed but never reported, so say where that starts.
-                let _ = e.send(Status::resource_exhausted(format!(
-                    "client is not reading its events ({EVENT_BUFFER} buffered for {} ms); stream closed. \
-                     Events of seq {seq} and later were not all sent: the updates compactd had read were applied \
-                     as usual (GetSession shows each session's state before you resend)",
-                    grace.as_millis()
+            if let Some(end) = end.take() {
+                let _ = end.send(Status::resource_exhausted(format!(
+                    "{e}. Stream closed; events of seq {seq} and later were not all sent: the updates compactd had read were applied \
+                     as usual (GetSession shows each session's state before you resend)"
                 )));
             }
-            false
+            return false;
         }
+    };
+    match tokio::time::timeout_at(deadline, out.tx.send((event, permit, held))).await {
+        Ok(Ok(())) => true,
+        Ok(Err(_)) => false, // the client went away
+        Err(_) => not_reading(end, seq, grace),
     }
+}
+
+/// Ends a stream whose client left its buffer full for `grace`; always false (stop).
+fn not_reading(end: &mut Option<oneshot::Sender<Status>>, seq: u64, grace: Duration) -> bool {
+    tracing::warn!(
+        buffered_events = EVENT_BUFFER,
+        buffered_bytes = EVENT_BYTES,
+        grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX),
+        unsent_from_seq = seq,
+        "client is not reading its events; closing the stream"
+    );
+    crate::telemetry::rejected(tonic::Code::ResourceExhausted);
+    if let Some(e) = end.take() {
+        // The buffered events reach the client before this status; what follows them
+        // was processed but never reported, so say where that starts.
+        let _ = e.send(Status::resource_exhausted(format!(
+            "client is not reading its events (buffer full: {EVENT_BUFFER} events or {EVENT_BYTES} bytes, for {} ms); stream closed. \
+             Events of seq {seq} and later were not all sent: the updates compactd had read were applied \
+             as usual (GetSession shows each session's state before you resend)",
+            grace.as_millis()
+        )));
+    }
+    false
 }

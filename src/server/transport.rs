@@ -19,10 +19,16 @@ use std::time::Duration;
 
 use tonic::transport::Server;
 
-/// Receive window of one stream.
-pub const STREAM_WINDOW: u32 = 1 << 20;
-/// Receive window of one connection (all its streams together).
-pub const CONNECTION_WINDOW: u32 = 4 << 20;
+/// Receive window of one stream. Small enough that a stream compactd has stopped reading
+/// (its client does not read its acks) stalls its client by flow control long before the
+/// unread frames exhaust h2's flood budget (half the connection window, charged up to
+/// 256 bytes per small DATA frame): 256 KiB of 40-byte updates charge about 1.4 MiB of
+/// the 4 MiB budget, so the connection is never torn down with GOAWAY and compactd's own
+/// `RESOURCE_EXHAUSTED` reaches the stream.
+pub const STREAM_WINDOW: u32 = 256 << 10;
+/// Receive window of one connection (all its streams together); h2's flood budget for
+/// small DATA frames is half of it.
+pub const CONNECTION_WINDOW: u32 = 8 << 20;
 /// RPCs one connection may have open at once (tonic's default is no limit). A host needs
 /// one `Stream`, a `Subscribe` and a few unary calls or `Compact`s in flight.
 pub const MAX_CONCURRENT_STREAMS: u32 = 256;

@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::{Evicted, Limits, Shared, StoreError};
+use super::{Evicted, Ledger, Limits, Shared, StoreError};
 use crate::config::EngineConfig;
 use crate::engine::Session;
 
@@ -92,13 +92,13 @@ impl SessionHandle {
 
 /// One actor's share of the store's byte total, returned when the actor ends.
 struct Counted {
-    held: Arc<AtomicU64>,
+    ledger: Arc<Ledger>,
     last: u64,
 }
 
 impl Drop for Counted {
     fn drop(&mut self) {
-        self.held.fetch_sub(self.last, Ordering::Relaxed);
+        self.ledger.sub_held(self.last);
     }
 }
 
@@ -109,12 +109,12 @@ pub(super) fn spawn(
     config: Arc<EngineConfig>,
     mailbox: usize,
     limits: Limits,
-    held: Arc<AtomicU64>,
+    ledger: Arc<Ledger>,
 ) -> SessionHandle {
     let (tx, rx) = mpsc::channel::<Job>(mailbox);
     let id: Arc<str> = Arc::from(session.info().id.as_str());
     let last = session.held_bytes();
-    held.fetch_add(last, Ordering::Relaxed);
+    ledger.add_held(last);
     let handle = SessionHandle {
         id,
         tx,
@@ -128,7 +128,7 @@ pub(super) fn spawn(
         limits,
         // Gives the session's bytes back however the actor ends (a panicking job
         // included), so the budget never counts a session that is gone.
-        counted: Counted { held, last },
+        counted: Counted { ledger, last },
         me: Me {
             id: handle.id.clone(),
             bytes: handle.bytes.clone(),
@@ -211,16 +211,15 @@ impl Actor {
 
     fn run_job(&mut self, job: Job) {
         let counted = &mut self.counted;
-        let total = counted.held.load(Ordering::Relaxed);
+        // Sessions plus what is in flight: reserved bytes leave less room to grow.
+        let total = counted.ledger.counted();
         self.session
             .set_byte_limit(self.limits.byte_limit(counted.last, total));
         job(&mut self.session, &self.config);
         let now = self.session.held_bytes();
         if now != counted.last {
             // Two atomic adds, never a scan: the store's total follows each job.
-            counted
-                .held
-                .fetch_add(now.wrapping_sub(counted.last), Ordering::Relaxed);
+            counted.ledger.add_held(now.wrapping_sub(counted.last));
             self.me.bytes.store(now, Ordering::Relaxed);
             counted.last = now;
         }

@@ -13,9 +13,9 @@
 //! idle eviction each actor performs on itself.
 
 mod actor;
+mod ledger;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -74,6 +74,23 @@ pub enum StoreError {
         /// The budget.
         budget: u64,
     },
+    /// Bytes in flight (decoded updates, events, prompts) would pass their share of the
+    /// budget.
+    #[error(
+        "memory_budget ({budget} bytes) reached for {what}: {in_flight} bytes are in flight (at most {limit}, 1/4 of the budget) and this needs {bytes}; read your events, wait for acks, or raise --memory-budget"
+    )]
+    InFlightOverBudget {
+        /// What needed the bytes (`events`, `updates`, `compaction prompt`, `import`).
+        what: &'static str,
+        /// Bytes asked for.
+        bytes: u64,
+        /// Bytes in flight now.
+        in_flight: u64,
+        /// The in-flight ceiling.
+        limit: u64,
+        /// The budget.
+        budget: u64,
+    },
 }
 
 /// What the store holds at most; 0 means no limit.
@@ -114,6 +131,7 @@ impl Limits {
 }
 
 pub use actor::SessionHandle;
+pub use ledger::{IN_FLIGHT_SHARE, Ledger, Reservation};
 
 /// A session that evicted itself after the idle TTL.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,8 +190,8 @@ pub struct Store {
     counter: Arc<dyn TokenCounter>,
     mailbox: usize,
     limits: Limits,
-    /// Bytes all session actors hold (each adds its own changes after every job).
-    held: Arc<AtomicU64>,
+    /// Bytes held by sessions and reserved in flight.
+    ledger: Arc<Ledger>,
 }
 
 impl Store {
@@ -185,7 +203,7 @@ impl Store {
             counter,
             mailbox: DEFAULT_MAILBOX,
             limits: Limits::default(),
-            held: Arc::new(AtomicU64::new(0)),
+            ledger: Arc::new(Ledger::new(0)),
         }
     }
 
@@ -198,6 +216,7 @@ impl Store {
     /// This store with all of `limits`.
     pub fn with_limits(mut self, limits: Limits) -> Store {
         self.limits = limits;
+        self.ledger = Arc::new(Ledger::new(limits.memory_budget));
         self
     }
 
@@ -209,7 +228,12 @@ impl Store {
     /// Bytes all sessions hold (including sessions just deleted whose queued jobs still
     /// run: their memory is still in use).
     pub fn held_bytes(&self) -> u64 {
-        self.held.load(Ordering::Relaxed)
+        self.ledger.held()
+    }
+
+    /// The byte ledger: where the server reserves what it holds in flight.
+    pub fn ledger(&self) -> &Arc<Ledger> {
+        &self.ledger
     }
 
     /// Refuses a new session of `bytes` when the budget is spent; `freed` is what a
@@ -222,7 +246,7 @@ impl Store {
                 limit: l.max_session_bytes,
             });
         }
-        let held = self.held_bytes().saturating_sub(freed);
+        let held = self.ledger.counted().saturating_sub(freed);
         if l.memory_budget > 0 && held.saturating_add(bytes) > l.memory_budget {
             return Err(StoreError::OverBudget {
                 bytes,
@@ -329,7 +353,7 @@ impl Store {
             self.config.clone(),
             self.mailbox,
             self.limits,
-            self.held.clone(),
+            self.ledger.clone(),
         )
     }
 

@@ -1,0 +1,412 @@
+//! The request codec: prost's, behind a guard that refuses amplifying requests before
+//! they are decoded.
+//!
+//! Protobuf decodes small wire bytes into large values: an empty repeated message entry
+//! is 2 bytes on the wire and a whole struct in memory, so a 16 MiB request of them
+//! decodes to about a gigabyte. The guard walks the wire bytes once against the schema
+//! (the compiled-in descriptor set, no allocation per field) and estimates the decoded
+//! size: every message instance at its struct size, every string or bytes field at its
+//! length plus a header, every repeated scalar at its element size. A request estimated
+//! over [`decoded_limit`] is refused with `RESOURCE_EXHAUSTED` naming `max_update_bytes`,
+//! and at most [`MAX_LARGE_DECODES`] requests over [`LARGE`] bytes decode at once.
+//!
+//! Only requests are guarded (`ProtoName::GUARDED`, set by `build.rs` for every RPC's
+//! input type); responses decoded by clients built from the same stubs are not.
+
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use prost::Message;
+use prost_types::field_descriptor_proto::{Label, Type};
+use tonic::Status;
+use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
+use tonic_prost::{ProstDecoder, ProstEncoder};
+
+use super::pb;
+
+/// The protobuf name of a generated message (implemented by `build.rs`'s output).
+pub trait ProtoName {
+    /// Full name, e.g. `compactd.v1.ClientUpdate`.
+    const NAME: &'static str;
+    /// Whether an RPC receives it (only those are guarded).
+    const GUARDED: bool;
+}
+
+/// A request's decoded size may be this multiple of `max_update_bytes`.
+pub const DECODED_FACTOR: usize = 2;
+/// Requests at least this large on the wire count as large decodes.
+pub const LARGE: usize = 1 << 20;
+/// Large requests decoding at once; more are refused until one finishes.
+pub const MAX_LARGE_DECODES: usize = 4;
+/// Nesting the walk follows (prost itself stops at 100).
+const MAX_DEPTH: usize = 100;
+
+/// Estimated decoded bytes allowed per request: `DECODED_FACTOR` × `max_update_bytes` of
+/// the servers in this process (the largest, when tests run several).
+static DECODED_LIMIT: AtomicUsize =
+    AtomicUsize::new(super::request::DEFAULT_MAX_UPDATE_BYTES * DECODED_FACTOR);
+/// Large requests decoding now.
+static LARGE_DECODES: AtomicUsize = AtomicUsize::new(0);
+
+/// Sets the decoded-size limit from `max_update_bytes` (called when a server starts;
+/// a process serving twice keeps the larger).
+pub fn set_max_update_bytes(max_update_bytes: usize) {
+    static CONFIGURED: std::sync::Once = std::sync::Once::new();
+    let limit = max_update_bytes.saturating_mul(DECODED_FACTOR);
+    let mut first = false;
+    CONFIGURED.call_once(|| {
+        DECODED_LIMIT.store(limit, Ordering::Relaxed);
+        first = true;
+    });
+    if !first {
+        DECODED_LIMIT.fetch_max(limit, Ordering::Relaxed);
+    }
+}
+
+/// The decoded-size limit in force.
+pub fn decoded_limit() -> usize {
+    DECODED_LIMIT.load(Ordering::Relaxed)
+}
+
+/// prost's codec with the guard in front of its decoder.
+#[derive(Debug)]
+pub struct GuardedCodec<T, U>(PhantomData<(T, U)>);
+
+impl<T, U> Default for GuardedCodec<T, U> {
+    fn default() -> Self {
+        GuardedCodec(PhantomData)
+    }
+}
+
+impl<T, U> Codec for GuardedCodec<T, U>
+where
+    T: Message + Send + 'static,
+    U: Message + Default + ProtoName + Send + 'static,
+{
+    type Encode = T;
+    type Decode = U;
+    type Encoder = ProstEncoder<T>;
+    type Decoder = GuardedDecoder<U>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        ProstEncoder::new(BufferSettings::default())
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        GuardedDecoder(ProstDecoder::new(BufferSettings::default()))
+    }
+}
+
+/// prost's decoder, after [`check`].
+#[derive(Debug)]
+pub struct GuardedDecoder<U>(ProstDecoder<U>);
+
+impl<U: Message + Default + ProtoName> Decoder for GuardedDecoder<U> {
+    type Item = U;
+    type Error = Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
+        use prost::bytes::Buf as _;
+        if !U::GUARDED {
+            return self.0.decode(buf);
+        }
+        let wire = buf.chunk();
+        // The buffer is one contiguous allocation; were it ever split, prost's own
+        // limits still apply and only the estimate is skipped.
+        if wire.len() == buf.remaining() {
+            check(U::NAME, wire, decoded_limit()).map_err(Status::from)?;
+        }
+        let _large = (buf.remaining() >= LARGE)
+            .then(LargeDecode::enter)
+            .transpose()
+            .map_err(Status::from)?;
+        self.0.decode(buf)
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        self.0.buffer_settings()
+    }
+}
+
+/// Why a request was refused before decoding.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// The request would decode to more than the limit.
+    #[error(
+        "request of {wire} bytes would decode to about {estimate} bytes in memory, over the limit of {limit} bytes ({DECODED_FACTOR} × max_update_bytes); send large content as text rather than as many small repeated entries"
+    )]
+    Amplifying {
+        /// Wire size.
+        wire: usize,
+        /// Estimated decoded size (the walk stops once past the limit).
+        estimate: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// Too many large requests are decoding at once.
+    #[error(
+        "{MAX_LARGE_DECODES} requests over {LARGE} bytes are being decoded already (max_update_bytes traffic is throttled); retry shortly"
+    )]
+    Busy,
+}
+
+impl From<Refused> for Status {
+    fn from(r: Refused) -> Status {
+        crate::telemetry::rejected(tonic::Code::ResourceExhausted);
+        tracing::debug!(reason = %r, "request refused before decoding");
+        Status::resource_exhausted(r.to_string())
+    }
+}
+
+/// A large decode in progress, counted until dropped.
+struct LargeDecode;
+
+impl LargeDecode {
+    fn enter() -> Result<LargeDecode, Refused> {
+        let before = LARGE_DECODES.fetch_add(1, Ordering::AcqRel);
+        if before >= MAX_LARGE_DECODES {
+            LARGE_DECODES.fetch_sub(1, Ordering::AcqRel);
+            return Err(Refused::Busy);
+        }
+        Ok(LargeDecode)
+    }
+}
+
+impl Drop for LargeDecode {
+    fn drop(&mut self) {
+        LARGE_DECODES.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Refuses `wire`, a `message` on the wire, when its decoded estimate passes `limit`.
+/// Malformed bytes are left to prost, which refuses them with its own error.
+pub fn check(message: &str, wire: &[u8], limit: usize) -> Result<(), Refused> {
+    let estimate = estimate(schema(), message, wire, limit);
+    if estimate > limit {
+        return Err(Refused::Amplifying {
+            wire: wire.len(),
+            estimate,
+            limit,
+        });
+    }
+    Ok(())
+}
+
+/// What a field decodes to.
+#[derive(Debug, Clone, Copy)]
+enum Field {
+    /// A nested message (index into `Schema::messages`); `repeated` adds a vector slot.
+    Message { index: usize, repeated: bool },
+    /// A string or bytes field: its length plus a header.
+    Text,
+    /// A scalar: nothing beyond its struct slot unless repeated (then `size` per element).
+    Scalar { size: usize, repeated: bool },
+}
+
+/// One message type: its fields by number and what one instance costs.
+#[derive(Debug, Default)]
+struct MessageSchema {
+    fields: HashMap<u32, Field>,
+    instance: usize,
+}
+
+/// Every message type of the compiled-in descriptor set.
+#[derive(Debug, Default)]
+struct Schema {
+    messages: Vec<MessageSchema>,
+    by_name: HashMap<String, usize>,
+}
+
+/// Bytes one instance of a message costs beyond its fields' contents. Generous: the
+/// largest compactd struct is a few hundred bytes, a map entry or a `Value` far less.
+const INSTANCE_BYTES: usize = 256;
+/// Heap header of a `String`/`Vec<u8>` (pointer, length, capacity).
+const TEXT_HEADER: usize = 24;
+
+fn schema() -> &'static Schema {
+    static SCHEMA: OnceLock<Schema> = OnceLock::new();
+    SCHEMA.get_or_init(|| {
+        // The descriptor set is compiled in by build.rs; it always decodes. Were it ever
+        // unreadable, an empty schema only turns the guard off.
+        let fds =
+            prost_types::FileDescriptorSet::decode(pb::FILE_DESCRIPTOR_SET).unwrap_or_default();
+        build_schema(&fds)
+    })
+}
+
+fn build_schema(fds: &prost_types::FileDescriptorSet) -> Schema {
+    let mut schema = Schema::default();
+    // Two passes: names first, so fields can refer to any message by index.
+    let mut all = Vec::new();
+    for file in &fds.file {
+        let package = file.package.as_deref().unwrap_or_default();
+        for m in &file.message_type {
+            collect(package, m, &mut all);
+        }
+    }
+    for (i, (name, _)) in all.iter().enumerate() {
+        schema.by_name.insert(name.clone(), i);
+    }
+    for (_, m) in &all {
+        let mut fields = HashMap::new();
+        for f in &m.field {
+            let (Some(number), Some(ty)) = (f.number, f.r#type) else {
+                continue;
+            };
+            let repeated = f.label == Some(Label::Repeated as i32);
+            let ty = Type::try_from(ty).unwrap_or(Type::Bytes);
+            let field = match ty {
+                Type::Message | Type::Group => {
+                    let name = f.type_name.as_deref().unwrap_or_default();
+                    match schema.by_name.get(name.trim_start_matches('.')) {
+                        Some(&index) => Field::Message { index, repeated },
+                        None => Field::Text,
+                    }
+                }
+                Type::String | Type::Bytes => Field::Text,
+                Type::Double | Type::Fixed64 | Type::Sfixed64 | Type::Int64 | Type::Uint64 => {
+                    Field::Scalar { size: 8, repeated }
+                }
+                Type::Sint64 => Field::Scalar { size: 8, repeated },
+                Type::Bool => Field::Scalar { size: 1, repeated },
+                _ => Field::Scalar { size: 4, repeated },
+            };
+            if let Ok(n) = u32::try_from(number) {
+                fields.insert(n, field);
+            }
+        }
+        schema.messages.push(MessageSchema {
+            fields,
+            instance: INSTANCE_BYTES,
+        });
+    }
+    schema
+}
+
+fn collect<'a>(
+    scope: &str,
+    m: &'a prost_types::DescriptorProto,
+    out: &mut Vec<(String, &'a prost_types::DescriptorProto)>,
+) {
+    let name = format!("{scope}.{}", m.name.as_deref().unwrap_or_default());
+    for nested in &m.nested_type {
+        collect(&name, nested, out);
+    }
+    out.push((name, m));
+}
+
+/// The decoded size of `wire` read as `message`, stopping as soon as it passes `limit`
+/// (so the walk itself is bounded by the limit, not by what the client sent).
+fn estimate(schema: &Schema, message: &str, wire: &[u8], limit: usize) -> usize {
+    let Some(&root) = schema.by_name.get(message) else {
+        return 0;
+    };
+    let mut total = schema.messages[root].instance.saturating_add(wire.len());
+    // (message index, end offset) of each message being read.
+    let mut stack: Vec<(usize, usize)> = vec![(root, wire.len())];
+    let mut pos = 0usize;
+    while let Some(&(current, end)) = stack.last() {
+        if pos >= end {
+            stack.pop();
+            continue;
+        }
+        if total > limit {
+            return total;
+        }
+        let Some((key, next)) = varint(wire, pos) else {
+            return total;
+        };
+        pos = next;
+        let number = u32::try_from(key >> 3).unwrap_or(0);
+        let field = schema.messages[current].fields.get(&number).copied();
+        match key & 7 {
+            0 => {
+                let Some((_, next)) = varint(wire, pos) else {
+                    return total;
+                };
+                pos = next;
+                total = total.saturating_add(repeated_scalar(field));
+            }
+            1 => {
+                pos = pos.saturating_add(8);
+                total = total.saturating_add(repeated_scalar(field));
+            }
+            5 => {
+                pos = pos.saturating_add(4);
+                total = total.saturating_add(repeated_scalar(field));
+            }
+            2 => {
+                let Some((len, next)) = varint(wire, pos) else {
+                    return total;
+                };
+                let Some(body_end) = usize::try_from(len)
+                    .ok()
+                    .and_then(|l| next.checked_add(l))
+                    .filter(|&e| e <= end)
+                else {
+                    return total; // truncated: prost refuses it
+                };
+                pos = next;
+                match field {
+                    Some(Field::Message { index, repeated }) => {
+                        if stack.len() >= MAX_DEPTH {
+                            return total; // prost refuses it (recursion limit)
+                        }
+                        let slot = if repeated { TEXT_HEADER } else { 0 };
+                        total = total
+                            .saturating_add(schema.messages[index].instance)
+                            .saturating_add(slot);
+                        stack.push((index, body_end));
+                    }
+                    Some(Field::Text) => {
+                        total = total.saturating_add(TEXT_HEADER);
+                        pos = body_end;
+                    }
+                    Some(Field::Scalar { size, .. }) => {
+                        // Packed: at least one byte per element on the wire.
+                        let elements = body_end - pos;
+                        total = total.saturating_add(elements.saturating_mul(size));
+                        pos = body_end;
+                    }
+                    None => pos = body_end, // unknown fields are skipped by prost
+                }
+            }
+            _ => return total, // groups and invalid wire types: prost refuses them
+        }
+        if pos > end {
+            return total;
+        }
+    }
+    total
+}
+
+/// What one more element of a repeated scalar costs (nothing for a singular one).
+fn repeated_scalar(field: Option<Field>) -> usize {
+    match field {
+        Some(Field::Scalar {
+            size,
+            repeated: true,
+        }) => size,
+        _ => 0,
+    }
+}
+
+/// A base-128 varint at `pos`: its value and the position after it.
+fn varint(wire: &[u8], mut pos: usize) -> Option<(u64, usize)> {
+    let mut value = 0u64;
+    for shift in (0..64).step_by(7) {
+        let byte = *wire.get(pos)?;
+        pos += 1;
+        value |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Some((value, pos));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+#[path = "codec_tests.rs"]
+mod tests;

@@ -1,0 +1,162 @@
+//! The byte ledger behind `memory_budget`: what sessions hold, plus what is in flight
+//! for them — decoded updates waiting in mailboxes, events waiting for a slow client,
+//! compaction prompts, imports being parsed.
+//!
+//! Sessions may grow until sessions plus in-flight bytes reach the budget. In-flight
+//! bytes are reserved before they are held and have their own ceiling,
+//! [`IN_FLIGHT_SHARE`] of the budget, so a burst of reads and writes can never take
+//! more than that on top of full sessions, and full sessions never starve reads.
+//! A [`Reservation`] gives its bytes back when it is dropped, however its holder ends.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::StoreError;
+
+/// In-flight bytes may reach this fraction of `memory_budget` (1/`IN_FLIGHT_SHARE`).
+pub const IN_FLIGHT_SHARE: u64 = 4;
+
+/// Bytes held and in flight, shared by the store, its actors and the server.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    /// Bytes all session actors hold (each adds its own changes after every job).
+    held: AtomicU64,
+    /// Bytes reserved for requests, events and prompts in flight.
+    in_flight: AtomicU64,
+    /// `memory_budget` (0: no budget, reservations always succeed).
+    budget: u64,
+}
+
+impl Ledger {
+    /// A ledger for `memory_budget` bytes (0: no limit).
+    pub fn new(budget: u64) -> Ledger {
+        Ledger {
+            budget,
+            ..Ledger::default()
+        }
+    }
+
+    /// Bytes all sessions hold.
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// Bytes reserved in flight.
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// What counts against the budget: sessions plus in-flight bytes.
+    pub fn counted(&self) -> u64 {
+        self.held().saturating_add(self.in_flight())
+    }
+
+    /// The ceiling of in-flight bytes (`u64::MAX` without a budget).
+    pub fn in_flight_limit(&self) -> u64 {
+        match self.budget {
+            0 => u64::MAX,
+            b => b / IN_FLIGHT_SHARE,
+        }
+    }
+
+    /// Adds `delta` to the held bytes; a shrink is passed as the wrapping difference
+    /// (`now.wrapping_sub(last)`), which the atomic add wraps back.
+    pub(super) fn add_held(&self, delta: u64) {
+        self.held.fetch_add(delta, Ordering::Relaxed);
+    }
+
+    pub(super) fn sub_held(&self, delta: u64) {
+        self.held.fetch_sub(delta, Ordering::Relaxed);
+    }
+
+    /// Reserves `bytes` for `what` (named in the refusal), or refuses when the in-flight
+    /// ceiling would be passed.
+    pub fn reserve(
+        self: &Arc<Self>,
+        bytes: u64,
+        what: &'static str,
+    ) -> Result<Reservation, StoreError> {
+        let limit = self.in_flight_limit();
+        let mut now = self.in_flight.load(Ordering::Relaxed);
+        loop {
+            let after = now.saturating_add(bytes);
+            if after > limit {
+                return Err(StoreError::InFlightOverBudget {
+                    what,
+                    bytes,
+                    in_flight: now,
+                    limit,
+                    budget: self.budget,
+                });
+            }
+            match self.in_flight.compare_exchange_weak(
+                now,
+                after,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    return Ok(Reservation {
+                        ledger: Some(self.clone()),
+                        bytes,
+                    });
+                }
+                Err(seen) => now = seen,
+            }
+        }
+    }
+}
+
+/// Bytes reserved in a [`Ledger`], given back on drop.
+#[derive(Debug, Default)]
+pub struct Reservation {
+    ledger: Option<Arc<Ledger>>,
+    bytes: u64,
+}
+
+impl Reservation {
+    /// A reservation of nothing (for values that need no accounting).
+    pub fn none() -> Reservation {
+        Reservation::default()
+    }
+
+    /// Bytes reserved.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Some(l) = self.ledger.take() {
+            l.in_flight.fetch_sub(self.bytes, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservations_are_bounded_by_the_share_and_given_back_on_drop() {
+        let l = Arc::new(Ledger::new(400));
+        let a = l.reserve(60, "test").expect("within the share");
+        assert_eq!(l.in_flight(), 60);
+        let refused = l.reserve(41, "events").expect_err("over the share of 100");
+        assert!(refused.to_string().contains("memory_budget"), "{refused}");
+        assert!(refused.to_string().contains("events"), "{refused}");
+        let b = l.reserve(40, "test").expect("exactly the share");
+        assert_eq!(l.counted(), 100);
+        drop(a);
+        drop(b);
+        assert_eq!(l.in_flight(), 0);
+    }
+
+    #[test]
+    fn without_a_budget_reservations_always_succeed() {
+        let l = Arc::new(Ledger::new(0));
+        let r = l.reserve(u64::MAX / 2, "test").expect("no budget");
+        assert_eq!(r.bytes(), u64::MAX / 2);
+    }
+}
