@@ -117,6 +117,10 @@ pub async fn start_automatic(
     }
 }
 
+/// Bytes in flight per head token while a compaction runs: the head view (about four
+/// bytes a token) and the request built from it.
+const PROMPT_BYTES_PER_TOKEN: u64 = 8;
+
 /// Starts a compaction of `session_id` and returns its `started` event. The rest of the
 /// events follow on `sink` (once `go` fires, when given) and on the bus.
 pub async fn start(
@@ -192,6 +196,18 @@ pub async fn start(
         hub.release(session_id, &running.id);
         return Err(r);
     }
+    // The head copied out of the session and the prompts built from it are held until
+    // the compaction ends: counted in flight (about 4 bytes per token, twice).
+    let prompt = match hub.store.ledger().reserve(
+        plan.head_tokens.saturating_mul(PROMPT_BYTES_PER_TOKEN),
+        "compaction prompt",
+    ) {
+        Ok(r) => r,
+        Err(e) => {
+            hub.release(session_id, &running.id);
+            return Err(e.into());
+        }
+    };
     let started = event(
         session_id,
         &running.id,
@@ -214,6 +230,7 @@ pub async fn start(
     let job = Job {
         plan,
         head,
+        _prompt: prompt,
         options,
         link: Link {
             hub: hub.clone(),
@@ -238,6 +255,8 @@ pub async fn start(
 struct Job {
     plan: CompactionPlan,
     head: ContextView,
+    /// The head's and the prompts' bytes, counted until the job ends.
+    _prompt: crate::store::Reservation,
     options: Options,
     link: Link,
 }

@@ -20,7 +20,7 @@ use super::request::{
 };
 use super::status::Rejection;
 use crate::engine::Update;
-use crate::store::Store;
+use crate::store::{Reservation, Store};
 use crate::trace;
 
 pub use super::stream::EventStream;
@@ -31,7 +31,13 @@ pub struct SessionsService {
     hub: Arc<Hub>,
     store: Arc<Store>,
     max_update_bytes: usize,
+    /// Imports parsing at once; more wait their turn.
+    imports: Arc<tokio::sync::Semaphore>,
 }
+
+/// Imports parsed at once: parsing is CPU work on the blocking pool, and each holds its
+/// document and what it built so far.
+pub const MAX_CONCURRENT_IMPORTS: usize = 2;
 
 impl SessionsService {
     /// A service over `hub`.
@@ -40,6 +46,7 @@ impl SessionsService {
             store: hub.store.clone(),
             hub,
             max_update_bytes,
+            imports: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_IMPORTS)),
         }
     }
 
@@ -84,8 +91,30 @@ impl SessionsService {
             .map_err(|e| Status::from(Rejection::from(e)))
     }
 
-    fn check_size<T: prost::Message>(&self, req: &T) -> Result<(), Status> {
-        check_size(req.encoded_len(), self.max_update_bytes).map_err(Status::from)
+    /// Refuses a request over `max_update_bytes`; otherwise counts its bytes in flight
+    /// until the returned reservation is dropped (when the call ends).
+    fn check_size<T: prost::Message>(&self, req: &T) -> Result<Reservation, Status> {
+        let len = req.encoded_len();
+        check_size(len, self.max_update_bytes).map_err(Status::from)?;
+        let bytes = u64::try_from(len).unwrap_or(u64::MAX);
+        Ok(self
+            .store
+            .ledger()
+            .reserve(bytes, "updates")
+            .map_err(Rejection::from)?)
+    }
+}
+
+/// A limited import's refusal: an invalid document names its JSON path under `root`;
+/// one past the limit is `RESOURCE_EXHAUSTED` naming the limit.
+fn limited(e: trace::LimitedError, root: &str) -> Rejection {
+    match e {
+        trace::LimitedError::Invalid(e) => Rejection::from(e).within_root(root),
+        trace::LimitedError::TooLarge { ref path, .. } => Rejection {
+            code: tonic::Code::ResourceExhausted,
+            field: format!("{root}.{path}"),
+            message: e.to_string(),
+        },
     }
 }
 
@@ -206,7 +235,7 @@ impl pb::sessions_server::Sessions for SessionsService {
         request: Request<pb::OpenSessionRequest>,
     ) -> Result<Response<pb::SessionSummary>, Status> {
         let req = request.into_inner();
-        self.check_size(&req)?;
+        let _held = self.check_size(&req)?;
         let Some(info) = req.session else {
             return Err(Rejection::invalid("session", "required").into());
         };
@@ -223,7 +252,7 @@ impl pb::sessions_server::Sessions for SessionsService {
         request: Request<pb::UpsertMessageRequest>,
     ) -> Result<Response<pb::UpdateResponse>, Status> {
         let req = request.into_inner();
-        self.check_size(&req)?;
+        let _held = self.check_size(&req)?;
         require_session(&req.session_id)?;
         let Some(m) = req.message else {
             return Err(Rejection::invalid("message", "required").into());
@@ -238,7 +267,7 @@ impl pb::sessions_server::Sessions for SessionsService {
         request: Request<pb::UpsertPartRequest>,
     ) -> Result<Response<pb::UpdateResponse>, Status> {
         let req = request.into_inner();
-        self.check_size(&req)?;
+        let _held = self.check_size(&req)?;
         require_session(&req.session_id)?;
         let Some(p) = req.part else {
             return Err(Rejection::invalid("part", "required").into());
@@ -364,7 +393,7 @@ impl pb::sessions_server::Sessions for SessionsService {
         request: Request<pb::ImportSessionRequest>,
     ) -> Result<Response<pb::SessionSummary>, Status> {
         let req = request.into_inner();
-        self.check_size(&req)?;
+        let _held = self.check_size(&req)?;
         let document = match (req.export_json.is_empty(), req.export) {
             (false, None) => Document::Text(req.export_json),
             (true, Some(s)) => {
@@ -398,24 +427,39 @@ impl pb::sessions_server::Sessions for SessionsService {
         let limits = req.limits.map(convert::limits_from_pb).unwrap_or_default();
         let store = self.store.clone();
         let id_override = req.session_id;
+        let _turn = self
+            .imports
+            .acquire()
+            .await
+            .map_err(|_| Status::unavailable("compactd is closing"))?;
+
         // Parsing a multi-megabyte export is CPU work: keep it off the async workers.
         let session = tokio::task::spawn_blocking(move || -> Result<_, Rejection> {
             let root = match document {
                 Document::Text(_) => "export_json",
                 Document::Object(_) => "export",
             };
-            let mut export = match document {
-                Document::Text(t) => trace::parse_export(&t)?,
-                Document::Object(v) => {
-                    trace::from_value(v).map_err(|e| Rejection::from(e).within_root("export"))?
-                }
+            // Built no further than the limit it will be held to: the first message
+            // past it ends the parse.
+            let byte_limit = store.limits().byte_limit(0, store.ledger().counted());
+            let parsed = match document {
+                Document::Text(t) => trace::parse_export_limited(&t, byte_limit),
+                Document::Object(v) => trace::from_value_limited(v, byte_limit),
             };
+            let mut export = parsed.map_err(|e| limited(e, root))?;
             if !id_override.is_empty() {
                 export.info.id = id_override;
             }
             crate::domain::check_id("session_id", &export.info.id)?;
-            let session = trace::load(export, limits, overrides, store.config(), store.counter())
-                .map_err(|e| Rejection::from(e).within(root))?;
+            let session = trace::load_within(
+                export,
+                limits,
+                overrides,
+                store.config(),
+                store.counter(),
+                byte_limit,
+            )
+            .map_err(|e| Rejection::from(e).within(root))?;
             Ok(session)
         })
         .await

@@ -8,8 +8,13 @@
 //! A user message's `summary` is OpenCode's UI summary object and lands in `extra`; only an
 //! assistant's boolean `summary` is the compaction flag.
 
+use std::mem::size_of;
+
 use serde_json::{Map, Value};
 use thiserror::Error;
+
+use crate::domain::HeapSize;
+use crate::engine::ByteLimit;
 
 use crate::domain::{
     AgentPart, CompactionPart, Extra, FilePart, InvalidField, MessageError, MessageInfo,
@@ -52,60 +57,262 @@ fn checked(r: Result<(), InvalidField>, path: &str) -> Result<(), ImportError> {
 
 /// Parses an export document.
 pub fn parse_export(json: &str) -> Result<Export, ImportError> {
-    let doc: Value = serde_json::from_str(json).map_err(|e| err("$", format!("not JSON: {e}")))?;
-    from_value(doc)
+    parse_export_limited(json, ByteLimit::NONE).map_err(LimitedError::into_import_error)
 }
 
 /// Maps an already parsed export document.
 pub fn from_value(doc: Value) -> Result<Export, ImportError> {
+    from_value_limited(doc, ByteLimit::NONE).map_err(LimitedError::into_import_error)
+}
+
+/// Why a limited import stopped.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum LimitedError {
+    /// The document is not a valid export.
+    #[error(transparent)]
+    Invalid(#[from] ImportError),
+    /// What was built so far already passes the limit.
+    #[error(
+        "{path}: the import would hold over {bytes} bytes, past the {} limit of {} bytes; import fewer messages or raise the limit",
+        limit.name,
+        limit.value
+    )]
+    TooLarge {
+        /// Where the document passed the limit (`messages[12]`).
+        path: String,
+        /// Bytes built when it did.
+        bytes: u64,
+        /// The limit passed.
+        limit: ByteLimit,
+    },
+}
+
+impl LimitedError {
+    /// The error as an [`ImportError`] (for callers without a limit, where it never
+    /// passes one).
+    fn into_import_error(self) -> ImportError {
+        match self {
+            LimitedError::Invalid(e) => e,
+            LimitedError::TooLarge { ref path, .. } => err(path, self.to_string()),
+        }
+    }
+}
+
+/// Maps an already parsed export document, refusing at the first message that takes what
+/// it built past `limit` (the domain values' bytes, a lower bound of the session's).
+pub fn from_value_limited(doc: Value, limit: ByteLimit) -> Result<Export, LimitedError> {
     let Value::Object(mut doc) = doc else {
-        return Err(err("$", "expected an object with `info` and `messages`"));
+        return Err(err("$", "expected an object with `info` and `messages`").into());
     };
     let info = match doc.remove("info") {
         Some(Value::Object(o)) => o,
-        _ => return Err(err("info", "missing or not an object")),
+        _ => return Err(err("info", "missing or not an object").into()),
     };
-    let mut info = session_info(info)?;
-    if let Some(todos) = doc.remove("todos") {
-        info.todos = todo_list(todos, "todos")?;
-    }
+    let todos = doc.remove("todos");
     let messages = match doc.remove("messages") {
         Some(Value::Array(a)) => a,
-        _ => return Err(err("messages", "missing or not an array")),
+        _ => return Err(err("messages", "missing or not an array").into()),
     };
-    let mut out = Vec::with_capacity(messages.len());
-    for (i, m) in messages.into_iter().enumerate() {
-        let path = format!("messages[{i}]");
-        let Value::Object(mut m) = m else {
-            return Err(err(&path, "not an object"));
-        };
-        let Some(Value::Object(minfo)) = m.remove("info") else {
-            return Err(err(&format!("{path}.info"), "missing or not an object"));
-        };
-        let minfo = message_info(minfo, &format!("{path}.info"))?;
-        checked(minfo.validate(), &format!("{path}.info"))?;
-        let parts = match m.remove("parts") {
-            Some(Value::Array(a)) => a,
-            None => Vec::new(),
-            Some(_) => return Err(err(&format!("{path}.parts"), "not an array")),
-        };
-        let mut ps = Vec::with_capacity(parts.len());
-        for (j, p) in parts.into_iter().enumerate() {
-            let ppath = format!("{path}.parts[{j}]");
-            let Value::Object(p) = p else {
-                return Err(err(&ppath, "not an object"));
-            };
-            let p = part(p, &minfo.id, &ppath)?;
-            checked(p.validate(), &ppath)?;
-            ps.push(p);
-        }
-        out.push((minfo, ps));
+    let mut builder = Builder::new(limit);
+    for m in messages {
+        builder.message(m)?;
     }
-    info.extra.extend(doc);
-    Ok(Export {
-        info,
-        messages: out,
-    })
+    builder.finish(info, todos, doc)
+}
+
+/// Parses an export document as it is read, refusing at the first message that takes
+/// what it built past `limit`: neither the whole JSON tree nor an over-limit session is
+/// ever built. Only one message's JSON tree is held at a time.
+pub fn parse_export_limited(json: &str, limit: ByteLimit) -> Result<Export, LimitedError> {
+    let stop = std::cell::RefCell::new(None);
+    let mut de = serde_json::Deserializer::from_str(json);
+    let parsed =
+        serde::de::Deserializer::deserialize_map(&mut de, DocVisitor { limit, stop: &stop })
+            .and_then(|doc| de.end().map(|()| doc));
+    if let Some(e) = stop.into_inner() {
+        return Err(e);
+    }
+    let (info, todos, messages, rest) =
+        parsed.map_err(|e| LimitedError::from(err("$", format!("not JSON: {e}"))))?;
+    let Some(info) = info else {
+        return Err(err("info", "missing or not an object").into());
+    };
+    let Some(builder) = messages else {
+        return Err(err("messages", "missing or not an array").into());
+    };
+    builder.finish(info, todos, rest)
+}
+
+/// The top-level fields of a document being read: `info`, `todos`, the messages (already
+/// converted) and every other field.
+type Doc = (
+    Option<Map<String, Value>>,
+    Option<Value>,
+    Option<Builder>,
+    Map<String, Value>,
+);
+
+/// Reads the top-level object field by field.
+struct DocVisitor<'a> {
+    limit: ByteLimit,
+    /// The typed error that stopped the parse (serde's own error type carries text only).
+    stop: &'a std::cell::RefCell<Option<LimitedError>>,
+}
+
+impl<'de> serde::de::Visitor<'de> for DocVisitor<'_> {
+    type Value = Doc;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an object with `info` and `messages`")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Doc, A::Error> {
+        let (mut info, mut todos, mut messages, mut rest) = (None, None, None, Map::new());
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "info" => match map.next_value::<Value>()? {
+                    Value::Object(o) => info = Some(o),
+                    _ => return Err(self.fail(err("info", "missing or not an object").into())),
+                },
+                "todos" => todos = Some(map.next_value::<Value>()?),
+                "messages" => {
+                    let seed = MessagesSeed {
+                        limit: self.limit,
+                        stop: self.stop,
+                    };
+                    messages = Some(map.next_value_seed(seed)?);
+                }
+                _ => {
+                    rest.insert(key, map.next_value::<Value>()?);
+                }
+            }
+        }
+        Ok((info, todos, messages, rest))
+    }
+}
+
+impl DocVisitor<'_> {
+    /// Keeps the typed error and stops serde with a placeholder.
+    fn fail<E: serde::de::Error>(&self, e: LimitedError) -> E {
+        *self.stop.borrow_mut() = Some(e);
+        E::custom("import stopped")
+    }
+}
+
+/// Reads the `messages` array one element at a time into a [`Builder`].
+struct MessagesSeed<'a> {
+    limit: ByteLimit,
+    stop: &'a std::cell::RefCell<Option<LimitedError>>,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for MessagesSeed<'_> {
+    type Value = Builder;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Builder, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for MessagesSeed<'_> {
+    type Value = Builder;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an array of messages")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Builder, A::Error> {
+        let mut builder = Builder::new(self.limit);
+        while let Some(m) = seq.next_element::<Value>()? {
+            if let Err(e) = builder.message(m) {
+                *self.stop.borrow_mut() = Some(e);
+                return Err(serde::de::Error::custom("import stopped"));
+            }
+        }
+        Ok(builder)
+    }
+}
+
+/// Messages converted so far, and the bytes they hold against the limit.
+#[derive(Debug)]
+struct Builder {
+    limit: ByteLimit,
+    bytes: u64,
+    messages: Vec<(MessageInfo, Vec<Part>)>,
+}
+
+impl Builder {
+    fn new(limit: ByteLimit) -> Builder {
+        Builder {
+            limit,
+            bytes: 0,
+            messages: Vec::new(),
+        }
+    }
+
+    /// Converts and checks the next message; refuses once the total passes the limit.
+    fn message(&mut self, m: Value) -> Result<(), LimitedError> {
+        let i = self.messages.len();
+        let (minfo, parts) = message(m, i)?;
+        let own = size_of::<(MessageInfo, Vec<Part>)>() + minfo.heap_bytes() + parts.heap_bytes();
+        self.bytes = self
+            .bytes
+            .saturating_add(u64::try_from(own).unwrap_or(u64::MAX));
+        if self.bytes > self.limit.bytes {
+            return Err(LimitedError::TooLarge {
+                path: format!("messages[{i}]"),
+                bytes: self.bytes,
+                limit: self.limit,
+            });
+        }
+        self.messages.push((minfo, parts));
+        Ok(())
+    }
+
+    fn finish(
+        self,
+        info: Map<String, Value>,
+        todos: Option<Value>,
+        rest: Map<String, Value>,
+    ) -> Result<Export, LimitedError> {
+        let mut info = session_info(info)?;
+        if let Some(todos) = todos {
+            info.todos = todo_list(todos, "todos")?;
+        }
+        info.extra.extend(rest);
+        Ok(Export {
+            info,
+            messages: self.messages,
+        })
+    }
+}
+
+/// One element of `messages`: its info and parts, each checked by the domain's rules.
+fn message(m: Value, i: usize) -> Result<(MessageInfo, Vec<Part>), ImportError> {
+    let path = format!("messages[{i}]");
+    let Value::Object(mut m) = m else {
+        return Err(err(&path, "not an object"));
+    };
+    let Some(Value::Object(minfo)) = m.remove("info") else {
+        return Err(err(&format!("{path}.info"), "missing or not an object"));
+    };
+    let minfo = message_info(minfo, &format!("{path}.info"))?;
+    checked(minfo.validate(), &format!("{path}.info"))?;
+    let parts = match m.remove("parts") {
+        Some(Value::Array(a)) => a,
+        None => Vec::new(),
+        Some(_) => return Err(err(&format!("{path}.parts"), "not an array")),
+    };
+    let mut ps = Vec::with_capacity(parts.len());
+    for (j, p) in parts.into_iter().enumerate() {
+        let ppath = format!("{path}.parts[{j}]");
+        let Value::Object(p) = p else {
+            return Err(err(&ppath, "not an object"));
+        };
+        let p = part(p, &minfo.id, &ppath)?;
+        checked(p.validate(), &ppath)?;
+        ps.push(p);
+    }
+    Ok((minfo, ps))
 }
 
 fn session_info(mut o: Map<String, Value>) -> Result<SessionInfo, ImportError> {
@@ -429,3 +636,7 @@ fn int(o: &mut Extra, key: &str) -> i64 {
 fn opt_int(o: &mut Extra, key: &str) -> Option<i64> {
     o.remove(key).and_then(|v| v.as_f64()).map(|f| f as i64)
 }
+
+#[cfg(test)]
+#[path = "import_tests.rs"]
+mod tests;

@@ -16,11 +16,14 @@ pub mod replay;
 
 use std::sync::Arc;
 
-pub use import::{Export, ImportError, from_value, parse_export};
+pub use import::{
+    Export, ImportError, LimitedError, from_value, from_value_limited, parse_export,
+    parse_export_limited,
+};
 
 use crate::config::{EngineConfig, SessionOverrides};
 use crate::domain::{ModelLimits, PartKind};
-use crate::engine::{ApplyError, Session, Update};
+use crate::engine::{ApplyError, ByteLimit, Session, Update};
 use crate::tokens::TokenCounter;
 
 /// Builds a session from a parsed export. `limits` and `overrides` come from the caller:
@@ -32,10 +35,24 @@ pub fn load(
     config: &EngineConfig,
     counter: Arc<dyn TokenCounter>,
 ) -> Result<Session, ApplyError> {
+    load_within(export, limits, overrides, config, counter, ByteLimit::NONE)
+}
+
+/// [`load`], refusing at the first update that takes the session past `byte_limit`
+/// (an import is never built past the limit it will be held to).
+pub fn load_within(
+    export: Export,
+    limits: ModelLimits,
+    overrides: SessionOverrides,
+    config: &EngineConfig,
+    counter: Arc<dyn TokenCounter>,
+    byte_limit: ByteLimit,
+) -> Result<Session, ApplyError> {
     let mut info = export.info;
     info.limits = limits;
     info.config = overrides;
     let mut session = Session::new(info, config, counter);
+    session.set_byte_limit(byte_limit);
     for (minfo, parts) in export.messages {
         session.apply(Update::UpsertMessage(minfo), config)?;
         for p in parts {

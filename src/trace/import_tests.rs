@@ -1,0 +1,92 @@
+//! The limited import: refused at the first message past the limit, not after building
+//! the rest; the same document within the limit reads exactly as the unlimited parse.
+
+use super::*;
+
+/// An export of `n` messages of one text part each, `info` placed after the messages
+/// when `info_last` (JSON objects have no order).
+fn document(n: usize, info_last: bool) -> String {
+    let messages: Vec<Value> = (0..n)
+        .map(|i| {
+            serde_json::json!({
+                "info": {"id": format!("m{i}"), "sessionID": "s", "role": "user", "time": {"created": i}},
+                "parts": [{"id": format!("p{i}"), "messageID": format!("m{i}"), "sessionID": "s", "type": "text", "text": "x".repeat(1000)}],
+            })
+        })
+        .collect();
+    let info = serde_json::json!({"id": "s", "title": "t"});
+    let doc = if info_last {
+        serde_json::json!({"messages": messages, "info": info, "extra_field": 1})
+    } else {
+        serde_json::json!({"info": info, "messages": messages, "extra_field": 1})
+    };
+    doc.to_string()
+}
+
+fn limit(bytes: u64) -> ByteLimit {
+    ByteLimit {
+        bytes,
+        name: "max_session_bytes",
+        value: bytes,
+    }
+}
+
+#[test]
+fn within_the_limit_it_reads_as_the_unlimited_parse_in_any_field_order() {
+    for info_last in [false, true] {
+        let json = document(20, info_last);
+        let limited = parse_export_limited(&json, limit(10 << 20)).expect("within");
+        assert_eq!(limited, parse_export(&json).expect("valid"));
+        assert_eq!(limited.messages.len(), 20);
+        assert_eq!(limited.info.id, "s");
+        assert!(limited.info.extra.contains_key("extra_field"));
+    }
+}
+
+#[test]
+fn past_the_limit_it_stops_at_the_first_message_over() {
+    let json = document(10_000, false);
+    let e = parse_export_limited(&json, limit(50_000)).expect_err("over");
+    let LimitedError::TooLarge { path, bytes, .. } = &e else {
+        panic!("{e:?}");
+    };
+    // Each message holds over a kilobyte: the parse stops within the first hundred.
+    let index: usize = path
+        .trim_start_matches("messages[")
+        .trim_end_matches(']')
+        .parse()
+        .expect("a message path");
+    assert!(index < 100, "{path}");
+    assert!(*bytes > 50_000);
+    assert!(e.to_string().contains("max_session_bytes"), "{e}");
+    // The Value form stops at the same message.
+    let doc: Value = serde_json::from_str(&json).expect("json");
+    let e2 = from_value_limited(doc, limit(50_000)).expect_err("over");
+    assert_eq!(e, e2);
+}
+
+#[test]
+fn invalid_documents_still_name_their_path() {
+    let e = parse_export_limited(
+        r#"{"info": {"id": "s"}, "messages": [{"info": 3}]}"#,
+        limit(1 << 20),
+    )
+    .expect_err("invalid");
+    assert_eq!(
+        e,
+        LimitedError::Invalid(err("messages[0].info", "missing or not an object"))
+    );
+    let e = parse_export_limited(r#"{"messages": []}"#, limit(1 << 20)).expect_err("no info");
+    assert!(
+        matches!(e, LimitedError::Invalid(ImportError { ref path, .. }) if path == "info"),
+        "{e:?}"
+    );
+    assert!(parse_export_limited("[1,2]", limit(1 << 20)).is_err());
+    assert!(
+        parse_export_limited(
+            r#"{"info": {"id": "s"}, "messages": []} trailing"#,
+            limit(1 << 20)
+        )
+        .is_err()
+    );
+}
