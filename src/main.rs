@@ -101,7 +101,11 @@ fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
             let sampled = store.clone();
             let sample = move || {
                 compactd::telemetry::sessions(sampled.len());
-                compactd::telemetry::memory(sampled.held_bytes(), sampled.limits().memory_budget);
+                compactd::telemetry::memory(
+                    sampled.held_bytes(),
+                    sampled.ledger().in_flight(),
+                    sampled.limits().memory_budget,
+                );
             };
             tokio::spawn(async move {
                 if let Err(e) = compactd::telemetry::serve(listener, handle, sample, stop.cancelled_owned()).await {

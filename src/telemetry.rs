@@ -58,7 +58,12 @@ fn describe() {
     describe_gauge!(
         "compactd_bytes_held",
         metrics::Unit::Bytes,
-        "Bytes all sessions hold (what --memory-budget counts)."
+        "Bytes all sessions hold (what --memory-budget counts, with the bytes in flight)."
+    );
+    describe_gauge!(
+        "compactd_bytes_in_flight",
+        metrics::Unit::Bytes,
+        "Bytes reserved in flight: updates read and not answered, buffered events, imports, compaction prompts (at most a quarter of --memory-budget)."
     );
     describe_gauge!(
         "compactd_memory_budget_bytes",
@@ -116,8 +121,9 @@ pub fn sessions(n: usize) {
 
 /// The store's memory figures, read at each scrape (they move with every update, so
 /// they are sampled rather than pushed).
-pub fn memory(held: u64, budget: u64) {
+pub fn memory(held: u64, in_flight: u64, budget: u64) {
     gauge!("compactd_bytes_held").set(held as f64);
+    gauge!("compactd_bytes_in_flight").set(in_flight as f64);
     gauge!("compactd_memory_budget_bytes").set(budget as f64);
 }
 

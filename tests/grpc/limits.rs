@@ -373,3 +373,128 @@ async fn a_stream_client_that_stops_reading_is_disconnected_and_its_session_kept
     put_message(&mut c, "slow", user_msg("after")).await;
     assert_eq!(get_session(&mut c, "slow").await.messages.len(), 2);
 }
+
+#[tokio::test]
+async fn events_past_the_in_flight_share_end_the_stream_naming_the_lost_seq_and_give_their_bytes_back()
+ {
+    // A 4 MiB budget: events in flight may take 1 MiB; each context is ~200 kB.
+    let limits = Limits {
+        memory_budget: 4 << 20,
+        ..Limits::default()
+    };
+    let store = Store::new(EngineConfig::default(), Arc::new(CharsPerToken)).with_limits(limits);
+    let ledger = store.ledger().clone();
+    let server = start_server_on(
+        store,
+        ServerOptions {
+            // Long: the ledger, not the grace, must end this stream.
+            slow_reader_grace: Duration::from_secs(60),
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut c = server.client().await;
+    open_session(&mut c, session("big")).await;
+    put_message(&mut c, "big", user_msg("u0")).await;
+    put_part(
+        &mut c,
+        "big",
+        text_part("u0", "t", &output_of("big", 200_000)),
+    )
+    .await;
+    let before = get_session(&mut c, "big").await;
+
+    let (tx, rx) = tokio::sync::mpsc::channel::<pb::ClientUpdate>(256);
+    let mut events = c
+        .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("stream")
+        .into_inner();
+    for i in 0..200u64 {
+        let update = pb::ClientUpdate {
+            seq: i + 1,
+            session_id: "big".into(),
+            update: Some(pb::client_update::Update::GetContext(
+                pb::ContextOptions::default(),
+            )),
+        };
+        tx.send(update).await.expect("queued");
+    }
+    // Not reading: the transport's windows fill, then the stream's buffer.
+    let mut filled = false;
+    for _ in 0..500 {
+        if ledger.in_flight() > 0 {
+            filled = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(filled, "buffered events are counted in flight");
+    assert!(ledger.in_flight() <= 1 << 20, "{}", ledger.in_flight());
+
+    // Reading now: the events that were buffered, then the closing status.
+    let mut contexts = Vec::new();
+    let status = loop {
+        match tokio::time::timeout(Duration::from_secs(30), events.next()).await {
+            Ok(Some(Ok(ev))) => {
+                if let Some(pb::server_event::Event::Context(_)) = ev.event {
+                    contexts.push(ev.seq);
+                }
+            }
+            Ok(Some(Err(status))) => break status,
+            Ok(None) => panic!("the stream ended without a status"),
+            Err(_) => panic!("no status within 30 s"),
+        }
+    };
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("memory_budget"), "{status:?}");
+    let lost: u64 = status
+        .message()
+        .split("events of seq ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("names the first lost seq: {status:?}"));
+    // Every context before the named seq arrived, in order, and none after it.
+    assert_eq!(contexts, (1..lost).collect::<Vec<_>>(), "{status:?}");
+    assert!(lost < 200, "the stream was cut short: {lost}");
+
+    // The buffered events gave their bytes back; the session is as it was.
+    let mut released = false;
+    for _ in 0..500 {
+        if ledger.in_flight() == 0 {
+            released = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        released,
+        "in flight after the stream ended: {}",
+        ledger.in_flight()
+    );
+    assert_eq!(get_session(&mut c, "big").await, before);
+}
+
+#[tokio::test]
+async fn a_request_that_would_amplify_when_decoded_is_refused_before_decoding() {
+    let server = start_server().await;
+    let mut c = server.client().await;
+    // 1M empty todos: 2 bytes each on the wire (2 MiB), a whole struct each in memory.
+    let mut info = session("amp");
+    info.todos = vec![pb::Todo::default(); 1 << 20];
+    let refused = c
+        .open_session(pb::OpenSessionRequest {
+            session: Some(info),
+        })
+        .await;
+    assert_status(refused, tonic::Code::ResourceExhausted, "max_update_bytes");
+    // Nothing was created, and the server answers the next request as usual.
+    let missing = c
+        .get_session(pb::GetSessionRequest {
+            session_id: "amp".into(),
+        })
+        .await;
+    assert_status(missing, tonic::Code::NotFound, "amp");
+    open_session(&mut c, session("after")).await;
+}

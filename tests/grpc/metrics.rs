@@ -119,6 +119,8 @@ async fn counters_move_as_updates_prunes_overflows_rejections_and_compactions_ha
         2_147_483_648.0,
         "{after}"
     );
+    // Every update was answered: nothing is left in flight.
+    assert_eq!(value(&after, "compactd_bytes_in_flight"), 0.0, "{after}");
     assert_eq!(
         value(
             &after,
