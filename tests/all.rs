@@ -4,4 +4,5 @@ mod common;
 mod config_cli;
 mod conformance;
 mod grpc;
+mod hostile;
 mod walkthrough;
