@@ -37,6 +37,24 @@ pub struct ContextView {
 /// Text a user `subtask` part reads as (OpenCode `toModelMessages`).
 const SUBTASK_TEXT: &str = "The following tool was executed by the user";
 
+impl ContextView {
+    /// Bytes the view holds (its messages and parts, as the memory limits count them):
+    /// what a reply carrying it keeps in flight until it is sent.
+    pub fn held_bytes(&self) -> u64 {
+        use super::footprint::{message_bytes, part_bytes, part_slots_bytes};
+        self.messages.iter().fold(0u64, |sum, m| {
+            let parts = m
+                .parts
+                .iter()
+                .fold(part_slots_bytes(m.parts.capacity()), |b, p| {
+                    b.saturating_add(part_bytes(&p.part))
+                });
+            sum.saturating_add(message_bytes(&m.info))
+                .saturating_add(parts)
+        })
+    }
+}
+
 impl Session {
     /// Builds the context view. Costs O(messages in the context), never touches the
     /// messages before the boundary but the pinned parts it carries.

@@ -102,7 +102,7 @@ pub async fn context(
     session_id: &str,
     format: super::pb::ContextFormat,
 ) -> Pending<ContextReply> {
-    on_session(hub, session_id, "", build_context(format)).await
+    on_session(hub, session_id, "", build_context(hub, format)).await
 }
 
 /// Runs prune, or reports what it would do.
@@ -143,7 +143,7 @@ pub async fn submit(hub: &Arc<Hub>, session_id: &str, op: Op) -> Pending<Reply> 
             .await
         }
         Op::Context(format) => {
-            let job = build_context(format);
+            let job = build_context(hub, format);
             on_session(hub, session_id, prefix, move |s, c| {
                 job(s, c).map(Reply::Context)
             })
@@ -269,14 +269,22 @@ fn step(
     }
 }
 
+/// Builds the context inside the actor. The view is held until the reply is sent (a
+/// stream's replies wait in order behind a slow client), so its bytes are reserved in
+/// flight; past the in-flight share the request is `RESOURCE_EXHAUSTED`.
 fn build_context(
+    hub: &Arc<Hub>,
     format: super::pb::ContextFormat,
 ) -> impl FnOnce(&mut Session, &EngineConfig) -> Result<ContextReply, Rejection> + Send + 'static {
+    let ledger = hub.store.ledger().clone();
     move |s, _| {
+        let view = s.build_context();
+        let held = ledger.reserve(view.held_bytes(), "contexts")?;
         Ok(ContextReply {
-            view: s.build_context(),
+            view,
             session_messages: s.messages().len(),
             format,
+            _held: held,
         })
     }
 }

@@ -16,7 +16,7 @@ pub struct Opened {
 }
 
 /// The context as the engine built it, with what its wire form needs.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct ContextReply {
     /// The messages to send.
     pub view: ContextView,
@@ -24,6 +24,8 @@ pub struct ContextReply {
     pub session_messages: usize,
     /// The wire format asked for.
     pub format: pb::ContextFormat,
+    /// The view's bytes, counted in flight until the reply is sent.
+    pub _held: crate::store::Reservation,
 }
 
 impl ContextReply {

@@ -271,7 +271,13 @@ impl Writer {
             go,
             _held,
         } = queued;
-        let outcome = pending.outcome(&session_id).await;
+        let mut outcome = pending.outcome(&session_id).await;
+        // A context's bytes were reserved when it was built; its event takes the
+        // reservation over, so the actor building the next contexts cannot starve it.
+        let mut carried = match &mut outcome {
+            Ok(Reply::Context(c)) => Some(std::mem::take(&mut c._held)),
+            _ => None,
+        };
         let mut auto = false;
         match &outcome {
             Err(r) => {
@@ -284,7 +290,7 @@ impl Writer {
             Ok(_) => {}
         }
         for event in reply::to_server_events(seq, &session_id, kind, outcome) {
-            self.deliver(event).await?;
+            self.deliver_with(event, carried.take()).await?;
         }
         if let Some(go) = go {
             let _ = go.send(());
@@ -337,8 +343,18 @@ impl Writer {
     }
 
     async fn deliver(&mut self, event: pb::ServerEvent) -> ControlFlow<()> {
+        self.deliver_with(event, None).await
+    }
+
+    /// Sends one event, reusing `held` (an earlier reservation for its content) if given.
+    async fn deliver_with(
+        &mut self,
+        event: pb::ServerEvent,
+        held: Option<Reservation>,
+    ) -> ControlFlow<()> {
         let ledger = self.hub.store.ledger();
-        if deliver(&self.out, ledger, &mut self.end, event, self.grace).await {
+        let held = held.unwrap_or_default();
+        if deliver(&self.out, ledger, &mut self.end, event, held, self.grace).await {
             ControlFlow::Continue(())
         } else {
             ControlFlow::Break(())
@@ -356,6 +372,7 @@ async fn deliver(
     ledger: &Arc<crate::store::Ledger>,
     end: &mut Option<oneshot::Sender<Status>>,
     event: pb::ServerEvent,
+    mut held: Reservation,
     grace: Duration,
 ) -> bool {
     let seq = event.seq;
@@ -374,8 +391,11 @@ async fn deliver(
         Ok(None) => return false,
         Err(_) => return not_reading(end, seq, grace),
     };
-    let held = match ledger.reserve(u64::try_from(bytes).unwrap_or(u64::MAX), "events") {
-        Ok(h) => h,
+    match held.resize(ledger, u64::try_from(bytes).unwrap_or(u64::MAX), "events") {
+        Ok(()) => {}
+        // Its content is counted already (a context, at the size of the view it was
+        // built from); only its wire form's overhead could not be added.
+        Err(_) if held.bytes() > 0 => {}
         Err(e) => {
             tracing::warn!(unsent_from_seq = seq, error = %e, "event buffer over the memory budget; closing the stream");
             crate::telemetry::rejected(tonic::Code::ResourceExhausted);
@@ -387,7 +407,7 @@ async fn deliver(
             }
             return false;
         }
-    };
+    }
     match tokio::time::timeout_at(deadline, out.tx.send((event, permit, held))).await {
         Ok(Ok(())) => true,
         Ok(Err(_)) => false, // the client went away

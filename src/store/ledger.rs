@@ -124,6 +124,30 @@ impl Reservation {
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
+
+    /// Makes this reservation `bytes` large: shrinking gives the difference back, growing
+    /// reserves the difference (refused past the in-flight ceiling, the reservation then
+    /// unchanged). A reservation of nothing grows from `ledger`.
+    pub fn resize(
+        &mut self,
+        ledger: &Arc<Ledger>,
+        bytes: u64,
+        what: &'static str,
+    ) -> Result<(), StoreError> {
+        if bytes <= self.bytes {
+            if let Some(l) = &self.ledger {
+                l.in_flight.fetch_sub(self.bytes - bytes, Ordering::Relaxed);
+            }
+            self.bytes = bytes;
+            return Ok(());
+        }
+        let mut extra = ledger.reserve(bytes - self.bytes, what)?;
+        // The two become one: this reservation now holds both amounts.
+        extra.ledger = None;
+        self.ledger = Some(ledger.clone());
+        self.bytes = bytes;
+        Ok(())
+    }
 }
 
 impl Drop for Reservation {
@@ -150,6 +174,28 @@ mod tests {
         assert_eq!(l.counted(), 100);
         drop(a);
         drop(b);
+        assert_eq!(l.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_reservation_resized_keeps_the_ledger_exact() {
+        let l = Arc::new(Ledger::new(400));
+        let mut r = l.reserve(60, "test").expect("within");
+        r.resize(&l, 20, "test").expect("shrinks");
+        assert_eq!(l.in_flight(), 20);
+        r.resize(&l, 90, "test").expect("grows within the share");
+        assert_eq!(l.in_flight(), 90);
+        r.resize(&l, 101, "test").expect_err("past the share");
+        assert_eq!(
+            (l.in_flight(), r.bytes()),
+            (90, 90),
+            "unchanged when refused"
+        );
+        let mut empty = Reservation::none();
+        empty.resize(&l, 10, "test").expect("grows from nothing");
+        assert_eq!(l.in_flight(), 100);
+        drop(r);
+        drop(empty);
         assert_eq!(l.in_flight(), 0);
     }
 

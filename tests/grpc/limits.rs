@@ -375,9 +375,9 @@ async fn a_stream_client_that_stops_reading_is_disconnected_and_its_session_kept
 }
 
 #[tokio::test]
-async fn events_past_the_in_flight_share_end_the_stream_naming_the_lost_seq_and_give_their_bytes_back()
- {
-    // A 4 MiB budget: events in flight may take 1 MiB; each context is ~200 kB.
+async fn contexts_and_events_in_flight_stay_within_their_share_and_every_seq_is_answered() {
+    // A 4 MiB budget: bytes in flight may take 1 MiB; each context is ~200 kB, and the
+    // client asks for 200 of them (40 MB) without reading.
     let limits = Limits {
         memory_budget: 4 << 20,
         ..Limits::default()
@@ -387,7 +387,6 @@ async fn events_past_the_in_flight_share_end_the_stream_naming_the_lost_seq_and_
     let server = start_server_on(
         store,
         ServerOptions {
-            // Long: the ledger, not the grace, must end this stream.
             slow_reader_grace: Duration::from_secs(60),
             ..Default::default()
         },
@@ -420,46 +419,66 @@ async fn events_past_the_in_flight_share_end_the_stream_naming_the_lost_seq_and_
         };
         tx.send(update).await.expect("queued");
     }
-    // Not reading: the transport's windows fill, then the stream's buffer.
-    let mut filled = false;
-    for _ in 0..500 {
-        if ledger.in_flight() > 0 {
-            filled = true;
-            break;
-        }
+    drop(tx);
+    // Not reading for a second; the ledger never passes the share meanwhile.
+    let mut peak = 0;
+    for _ in 0..100 {
+        peak = peak.max(ledger.in_flight());
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(filled, "buffered events are counted in flight");
-    assert!(ledger.in_flight() <= 1 << 20, "{}", ledger.in_flight());
+    assert!(peak <= 1 << 20, "{peak}");
 
-    // Reading now: the events that were buffered, then the closing status.
-    let mut contexts = Vec::new();
-    let status = loop {
+    // Reading now: each seq gets its context, or a refusal naming the budget, or the
+    // stream ends naming the first seq whose events were lost.
+    let (mut contexts, mut refused) = (Vec::new(), Vec::new());
+    let mut lost = None;
+    loop {
         match tokio::time::timeout(Duration::from_secs(30), events.next()).await {
-            Ok(Some(Ok(ev))) => {
-                if let Some(pb::server_event::Event::Context(_)) = ev.event {
-                    contexts.push(ev.seq);
+            Ok(Some(Ok(ev))) => match ev.event {
+                Some(pb::server_event::Event::Context(_)) => contexts.push(ev.seq),
+                Some(pb::server_event::Event::Error(e)) => {
+                    assert_eq!(e.code, "RESOURCE_EXHAUSTED", "{e:?}");
+                    assert!(e.message.contains("memory_budget"), "{e:?}");
+                    refused.push(ev.seq);
                 }
+                _ => {}
+            },
+            Ok(Some(Err(status))) => {
+                assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+                assert!(status.message().contains("memory_budget"), "{status:?}");
+                let seq: u64 = status
+                    .message()
+                    .split("events of seq ")
+                    .nth(1)
+                    .and_then(|rest| rest.split_whitespace().next())
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or_else(|| panic!("names the first lost seq: {status:?}"));
+                lost = Some(seq);
+                break;
             }
-            Ok(Some(Err(status))) => break status,
-            Ok(None) => panic!("the stream ended without a status"),
-            Err(_) => panic!("no status within 30 s"),
+            Ok(None) => break,
+            Err(_) => panic!("no answer within 30 s"),
         }
+    }
+    let answered = {
+        let mut all: Vec<u64> = contexts.iter().chain(&refused).copied().collect();
+        all.sort_unstable();
+        all
     };
-    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
-    assert!(status.message().contains("memory_budget"), "{status:?}");
-    let lost: u64 = status
-        .message()
-        .split("events of seq ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("names the first lost seq: {status:?}"));
-    // Every context before the named seq arrived, in order, and none after it.
-    assert_eq!(contexts, (1..lost).collect::<Vec<_>>(), "{status:?}");
-    assert!(lost < 200, "the stream was cut short: {lost}");
+    let last = lost.map_or(200, |l| l - 1);
+    assert_eq!(
+        answered,
+        (1..=last).collect::<Vec<_>>(),
+        "every seq before the end"
+    );
+    // 40 MB were asked for: the share (1 MiB) cannot have held them all at once.
+    assert!(!refused.is_empty() || lost.is_some(), "nothing was refused");
+    assert!(
+        !contexts.is_empty(),
+        "some contexts were sent; refused: {refused:?}, lost: {lost:?}"
+    );
 
-    // The buffered events gave their bytes back; the session is as it was.
+    // Everything in flight was given back; the session is as it was.
     let mut released = false;
     for _ in 0..500 {
         if ledger.in_flight() == 0 {

@@ -72,3 +72,36 @@ async fn request_metadata_over_the_header_limit_is_refused_and_the_server_goes_o
     let mut c = server.client().await;
     open_session(&mut c, session("after")).await;
 }
+
+#[tokio::test]
+async fn a_connection_the_transport_drops_is_logged_with_its_cause() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let bin = crate::common::binary::Binary::start(&[], &[]);
+    // Not HTTP/2: the connection preface is wrong, so the transport drops it.
+    let mut socket = tokio::net::TcpStream::connect(&bin.addr)
+        .await
+        .expect("connect");
+    socket
+        .write_all(b"GET / HTTP/1.0\r\n\r\nnot a gRPC client\r\n\r\n")
+        .await
+        .expect("write");
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), socket.read_to_end(&mut rest)).await;
+    let mut logged = String::new();
+    for _ in 0..100 {
+        logged = bin.log_so_far();
+        if logged.contains("failed serving connection") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let line = logged
+        .lines()
+        .find(|l| l.contains("failed serving connection"))
+        .unwrap_or_else(|| panic!("no line for the dropped connection:\n{logged}"));
+    // The cause is named, not only the fact.
+    assert!(
+        line.len() > "failed serving connection".len() + 20,
+        "{line}"
+    );
+}
