@@ -116,6 +116,8 @@ impl Session {
         let mut content = 0u64;
         let (mut messages, mut users) = (0usize, 0usize);
         let mut fresh = std::collections::HashMap::new();
+        // Parts that may be new (an upper bound: replacements are counted too).
+        let mut new_parts = 0usize;
         for u in updates {
             match u {
                 Update::UpsertMessage(info) => {
@@ -129,6 +131,7 @@ impl Session {
                 }
                 Update::UpsertPart(p) => {
                     content += part_bytes(p);
+                    new_parts += 1;
                     if let Some((len, cap)) = fresh.get_mut(p.message_id.as_str()) {
                         // A new message's part vector (length, capacity) as the pushes grow it.
                         let grown = vec_capacity_after_push(*len, *cap, size_of::<StoredPart>());
@@ -142,6 +145,8 @@ impl Session {
                 _ => {}
             }
         }
-        content + self.containers_growth(messages, users)
+        content
+            .saturating_add(self.containers_growth(messages, users))
+            .saturating_add(self.part_index_growth(new_parts))
     }
 }

@@ -17,6 +17,7 @@ mod estimate;
 mod footprint;
 mod memory;
 mod overflow;
+mod part_index;
 mod pinning;
 mod pins;
 mod prune;

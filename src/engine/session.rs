@@ -19,6 +19,7 @@ use super::estimate::estimate;
 use super::footprint::{
     ByteLimit, info_bytes, message_bytes, part_bytes, part_slot_growth, part_slots_bytes, pin_bytes,
 };
+use super::part_index::PartIndex;
 use super::pins::Pins;
 use super::prune_index::{PruneIndex, PrunePlan};
 use super::render::{is_compacted, is_reduced, render_as};
@@ -106,6 +107,8 @@ pub struct Session {
     by_msg: TokenIndex,
     /// The requests so far, for the cache-aware scheduler.
     requests: RequestLog,
+    /// Each part's position in its message, by id.
+    part_index: PartIndex,
 }
 
 impl Clone for Session {
@@ -131,6 +134,7 @@ impl Clone for Session {
             journal: _,
             by_msg,
             requests,
+            part_index,
         } = self;
         let messages = messages.clone();
         let part_slots = messages.iter().map(|m| m.parts.capacity()).sum();
@@ -152,6 +156,7 @@ impl Clone for Session {
             journal: None,
             by_msg: by_msg.clone(),
             requests: *requests,
+            part_index: part_index.clone(),
         }
     }
 }
@@ -186,6 +191,7 @@ impl Session {
             journal: None,
             by_msg: TokenIndex::default(),
             requests: RequestLog::default(),
+            part_index: PartIndex::default(),
         }
     }
 
@@ -223,7 +229,14 @@ impl Session {
 
     /// Bytes of the per-message token index (counted with the bytes held).
     pub(crate) fn index_bytes(&self) -> u64 {
-        self.by_msg.capacity_bytes()
+        self.by_msg
+            .capacity_bytes()
+            .saturating_add(self.part_index.capacity_bytes())
+    }
+
+    /// Bytes the part index grows by when `n` more parts are inserted.
+    pub(crate) fn part_index_growth(&self, n: usize) -> u64 {
+        self.part_index.growth(n)
     }
 
     /// Length and capacity of the per-message token index (its growth is checked like the
@@ -690,7 +703,7 @@ impl Session {
         let is_step_start = matches!(part.kind, PartKind::StepStart { .. });
         let assistant = self.messages[idx].info.role == Role::Assistant;
         let parts = &self.messages[idx].parts;
-        let existing = parts.iter().position(|p| p.part.id == part.id);
+        let existing = self.part_index.find(idx, &part.id, parts);
         // A strategy's mark is compactd's decision: a host re-sending the part (which
         // knows nothing of marks) keeps it.
         if let Some(i) = existing
@@ -709,7 +722,8 @@ impl Session {
         let old_bytes = existing.map_or(0, |i| parts[i].bytes);
         let slots = match existing {
             Some(_) => 0,
-            None => part_slots_bytes(part_slot_growth(parts, parts.capacity())),
+            None => part_slots_bytes(part_slot_growth(parts, parts.capacity()))
+                .saturating_add(self.part_index.growth(1)),
         };
         self.check_growth("", old_bytes, bytes.saturating_add(slots))?;
         let created = existing.is_none();
@@ -743,6 +757,7 @@ impl Session {
             None => {
                 let parts = &mut self.messages[idx].parts;
                 let before = parts.capacity();
+                self.part_index.inserted(idx, &new.part.id, parts.len());
                 parts.push(new);
                 self.totals.slots_grew(parts.capacity() - before);
                 parts.len() - 1
@@ -782,10 +797,9 @@ impl Session {
                 format!("message {message_id} does not exist"),
             ));
         };
-        let Some(i) = self.messages[idx]
-            .parts
-            .iter()
-            .position(|p| p.part.id == part_id)
+        let Some(i) = self
+            .part_index
+            .find(idx, part_id, &self.messages[idx].parts)
         else {
             return Err(ApplyError::not_found(
                 "part_id",
@@ -793,6 +807,8 @@ impl Session {
             ));
         };
         let old = self.messages[idx].parts.remove(i);
+        self.part_index
+            .removed(idx, part_id, i, &self.messages[idx].parts);
         let assistant = self.messages[idx].info.role == Role::Assistant;
         let figures = self.figures_of(&old, assistant);
         self.totals.part_changed(Some(figures), None);
