@@ -3,5 +3,6 @@
 mod common;
 mod config_cli;
 mod conformance;
+mod fuzz;
 mod grpc;
 mod walkthrough;
