@@ -369,12 +369,12 @@ pub fn print_config(l: &Layered) -> String {
                     .iter()
                     .flat_map(|r| r.split(','))
                     .filter(|s| !s.is_empty())
-                    .map(toml_scalar)
+                    .map(|s| toml_scalar(s, value_kind(arg)))
                     .collect();
                 format!("[{}]", items.join(", "))
             } else {
                 match raw.first() {
-                    Some(v) => toml_scalar(v),
+                    Some(v) => toml_scalar(v, value_kind(arg)),
                     None => {
                         out.push_str(&format!("# {key} is not set  # {source}\n"));
                         continue;
@@ -389,17 +389,66 @@ pub fn print_config(l: &Layered) -> String {
     out
 }
 
-/// A value as TOML: numbers and booleans bare, everything else a quoted string.
-fn toml_scalar(v: &str) -> String {
-    if v.parse::<i64>().is_ok()
-        || v.parse::<f64>().is_ok_and(f64::is_finite)
-        || v == "true"
-        || v == "false"
-    {
-        v.to_string()
+/// A value as TOML: a number bare when the flag takes a number (normalized, so the
+/// printed token is always a TOML number), a boolean bare when it takes a boolean,
+/// everything else a quoted string (`"1e5"` for a text flag stays text).
+fn toml_scalar(v: &str, kind: ValueKind) -> String {
+    match kind {
+        ValueKind::Integer => {
+            if let Ok(n) = v.parse::<i64>() {
+                return n.to_string();
+            }
+        }
+        ValueKind::Float => {
+            if let Ok(f) = v.parse::<f64>()
+                && f.is_finite()
+            {
+                // Debug always has a `.` or an exponent: a TOML float.
+                return format!("{f:?}");
+            }
+        }
+        ValueKind::Bool if v == "true" || v == "false" => return v.to_string(),
+        _ => {}
+    }
+    quoted(v)
+}
+
+/// A TOML basic string: JSON's escapes, plus DEL, which TOML forbids raw.
+fn quoted(v: &str) -> String {
+    serde_json::Value::String(v.to_string())
+        .to_string()
+        .replace('\u{7f}', "\\u007F")
+}
+
+/// What a flag's value is, from its parser's type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ValueKind {
+    Integer,
+    Float,
+    Bool,
+    Text,
+}
+
+fn value_kind(arg: &clap::Arg) -> ValueKind {
+    use std::any::TypeId;
+    let t = arg.get_value_parser().type_id();
+    let integers = [
+        TypeId::of::<u8>(),
+        TypeId::of::<u16>(),
+        TypeId::of::<u32>(),
+        TypeId::of::<u64>(),
+        TypeId::of::<usize>(),
+        TypeId::of::<i32>(),
+        TypeId::of::<i64>(),
+    ];
+    if integers.iter().any(|i| t == *i) {
+        ValueKind::Integer
+    } else if t == TypeId::of::<f64>() || t == TypeId::of::<f32>() {
+        ValueKind::Float
+    } else if t == TypeId::of::<bool>() {
+        ValueKind::Bool
     } else {
-        // A JSON string literal is a valid TOML basic string.
-        serde_json::Value::String(v.to_string()).to_string()
+        ValueKind::Text
     }
 }
 

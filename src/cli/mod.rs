@@ -458,11 +458,19 @@ impl LlmArgs {
                 cfg.timeout = Duration::from_secs(self.llm_timeout_secs.max(1));
                 cfg.max_retries = self.llm_max_retries;
                 cfg.context_tokens = self.llm_context_tokens;
-                if self.llm_price_input < 0.0 || self.llm_price_output < 0.0 {
-                    return Err(ConfigError {
-                        flag: "llm-price-input",
-                        message: "prices cannot be negative".into(),
-                    });
+                for (flag, price) in [
+                    ("llm-price-input", self.llm_price_input),
+                    ("llm-price-output", self.llm_price_output),
+                ] {
+                    // `!(p >= 0)` also refuses NaN, which no comparison would catch.
+                    if !(price >= 0.0 && price.is_finite()) {
+                        return Err(ConfigError {
+                            flag,
+                            message: format!(
+                                "a price is a finite number of dollars per million tokens, 0 or more (got {price})"
+                            ),
+                        });
+                    }
                 }
                 cfg.price_per_mtok = (self.llm_price_input, self.llm_price_output);
                 Some(Arc::new(OpenAiSummarizer::new(cfg)))

@@ -101,23 +101,56 @@ impl LimitedError {
 /// Maps an already parsed export document, refusing at the first message that takes what
 /// it built past `limit` (the domain values' bytes, a lower bound of the session's).
 pub fn from_value_limited(doc: Value, limit: ByteLimit) -> Result<Export, LimitedError> {
-    let Value::Object(mut doc) = doc else {
+    let Value::Object(doc) = doc else {
         return Err(err("$", "expected an object with `info` and `messages`").into());
     };
-    let info = match doc.remove("info") {
-        Some(Value::Object(o)) => o,
-        _ => return Err(err("info", "missing or not an object").into()),
-    };
-    let todos = doc.remove("todos");
-    let messages = match doc.remove("messages") {
-        Some(Value::Array(a)) => a,
-        _ => return Err(err("messages", "missing or not an array").into()),
-    };
-    let mut builder = Builder::new(limit);
-    for m in messages {
-        builder.message(m)?;
+    // Field by field in document order, exactly as the text is read
+    // (`parse_export_limited`), so both forms give the same verdict.
+    let (mut info, mut todos, mut messages, mut rest) = (None, None, None, Map::new());
+    for (key, value) in doc {
+        match key.as_str() {
+            "info" => match value {
+                Value::Object(o) => info = Some(o),
+                _ => return Err(err("info", "missing or not an object").into()),
+            },
+            "todos" => todos = Some(value),
+            "messages" => {
+                let Value::Array(items) = value else {
+                    return Err(not_an_array().into());
+                };
+                let mut builder = Builder::new(limit);
+                for m in items {
+                    builder.message(m)?;
+                }
+                messages = Some(builder);
+            }
+            _ => {
+                rest.insert(key, value);
+            }
+        }
     }
-    builder.finish(info, todos, doc)
+    finish(info, todos, messages, rest)
+}
+
+/// The refusal of a `messages` that is not an array.
+fn not_an_array() -> ImportError {
+    err("messages", "missing or not an array")
+}
+
+/// The export from its top-level fields, once the document is read.
+fn finish(
+    info: Option<Map<String, Value>>,
+    todos: Option<Value>,
+    messages: Option<Builder>,
+    rest: Map<String, Value>,
+) -> Result<Export, LimitedError> {
+    let Some(info) = info else {
+        return Err(err("info", "missing or not an object").into());
+    };
+    let Some(builder) = messages else {
+        return Err(not_an_array().into());
+    };
+    builder.finish(info, todos, rest)
 }
 
 /// Parses an export document as it is read, refusing at the first message that takes
@@ -134,13 +167,7 @@ pub fn parse_export_limited(json: &str, limit: ByteLimit) -> Result<Export, Limi
     }
     let (info, todos, messages, rest) =
         parsed.map_err(|e| LimitedError::from(err("$", format!("not JSON: {e}"))))?;
-    let Some(info) = info else {
-        return Err(err("info", "missing or not an object").into());
-    };
-    let Some(builder) = messages else {
-        return Err(err("messages", "missing or not an array").into());
-    };
-    builder.finish(info, todos, rest)
+    finish(info, todos, messages, rest)
 }
 
 /// The top-level fields of a document being read: `info`, `todos`, the messages (already
@@ -176,11 +203,20 @@ impl<'de> serde::de::Visitor<'de> for DocVisitor<'_> {
                 },
                 "todos" => todos = Some(map.next_value::<Value>()?),
                 "messages" => {
+                    let entered = std::cell::Cell::new(false);
                     let seed = MessagesSeed {
                         limit: self.limit,
                         stop: self.stop,
+                        entered: &entered,
                     };
-                    messages = Some(map.next_value_seed(seed)?);
+                    match map.next_value_seed(seed) {
+                        Ok(builder) => messages = Some(builder),
+                        // Not an array (not a syntax error inside one).
+                        Err(_) if !entered.get() && self.stop.borrow().is_none() => {
+                            return Err(self.fail(not_an_array().into()));
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
                 _ => {
                     rest.insert(key, map.next_value::<Value>()?);
@@ -203,6 +239,8 @@ impl DocVisitor<'_> {
 struct MessagesSeed<'a> {
     limit: ByteLimit,
     stop: &'a std::cell::RefCell<Option<LimitedError>>,
+    /// Set once the value turned out to be an array.
+    entered: &'a std::cell::Cell<bool>,
 }
 
 impl<'de> serde::de::DeserializeSeed<'de> for MessagesSeed<'_> {
@@ -221,6 +259,7 @@ impl<'de> serde::de::Visitor<'de> for MessagesSeed<'_> {
     }
 
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Builder, A::Error> {
+        self.entered.set(true);
         let mut builder = Builder::new(self.limit);
         while let Some(m) = seq.next_element::<Value>()? {
             if let Err(e) = builder.message(m) {
@@ -279,6 +318,9 @@ impl Builder {
             info.todos = todo_list(todos, "todos")?;
         }
         info.extra.extend(rest);
+        // The domain's own rules on what the session itself carries (its unknown fields'
+        // depth above all), as for a Stream `open`.
+        checked(info.validate(), "info")?;
         Ok(Export {
             info,
             messages: self.messages,

@@ -12,8 +12,9 @@
 //! accepted is taken from the file; a setting a check refuses is one the file set (or a
 //! required one it left out); no setting is NaN; `config print` prints valid TOML.
 //!
-//! Known bugs found here are tallied, not failed (so CI stays green until they are
-//! fixed), and kept as `#[ignore]`d regression tests at the end of this file.
+//! The bugs it found (`config print` not always TOML, a negative output price blamed on
+//! the input price, a NaN price accepted) are fixed; their regression tests are at the
+//! end of this file.
 
 use std::path::{Path, PathBuf};
 use std::sync::LazyLock;
@@ -518,14 +519,6 @@ fn check_layered(
             keys().iter().any(|k| k.flag == e.flag),
             "{what}: {e} names no serve setting"
         );
-        // Known: see `fuzz_regression_a_negative_price_names_its_key`.
-        if e.flag == "llm-price-input"
-            && args.llm.llm_price_input >= 0.0
-            && args.llm.llm_price_output < 0.0
-        {
-            t.hit("known bug: a negative output price blamed on llm-price-input");
-            continue;
-        }
         prop_assert!(
             matches!(l.source_of(e.flag), Source::File(_)) || e.message.contains("required"),
             "{what}: {e} blames a setting the file did not set (source: {})",
@@ -541,53 +534,21 @@ fn check_layered(
         ] {
             prop_assert!(!v.is_nan(), "{flag} = NaN accepted");
         }
-        // Known: see `fuzz_regression_a_nan_price_is_refused`.
+        // See `fuzz_regression_a_nan_price_is_refused`.
         let configured = args.llm.llm_base_url.is_some();
         let prices = [args.llm.llm_price_input, args.llm.llm_price_output];
-        if configured && prices.iter().any(|p| p.is_nan()) {
-            t.hit("known bug: a NaN price accepted");
-        }
+        prop_assert!(
+            !configured || prices.iter().all(|p| !p.is_nan()),
+            "a NaN price accepted"
+        );
     }
     let printed = compactd::cli::print_config(l);
     if let Err(e) = printed.parse::<toml::Table>() {
-        match known_print_bug(&printed, &e) {
-            Some(bug) => t.hit(bug),
-            None => {
-                return Err(TestCaseError::fail(format!(
-                    "config print is not TOML: {e}\n{printed}"
-                )));
-            }
-        }
+        return Err(TestCaseError::fail(format!(
+            "config print is not TOML: {e}\n{printed}"
+        )));
     }
     Ok(())
-}
-
-/// The line of `config print` a TOML error points at, if it shows a known bug (see
-/// `fuzz_regression_config_print_is_toml`): a value holding U+007F printed raw, or a string
-/// that Rust parses as a number printed bare although it is no TOML number (`0005`, `.5`,
-/// `5.`, or a float's long decimal form that overflows TOML's integers).
-fn known_print_bug(printed: &str, e: &toml::de::Error) -> Option<&'static str> {
-    let at = e.span()?.start;
-    let line = printed[..at]
-        .rsplit('\n')
-        .next()
-        .unwrap_or_default()
-        .to_string()
-        + printed[at..].split('\n').next().unwrap_or_default();
-    let value = line.split_once(" = ")?.1.rsplit_once("  # ")?.0;
-    if value.contains('\u{7f}') {
-        return Some("known bug: config print leaves U+007F raw");
-    }
-    let bare_non_toml = value
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .split(", ")
-        .any(|v| {
-            !v.starts_with('"')
-                && v.parse::<f64>().is_ok()
-                && format!("x = {v}").parse::<toml::Table>().is_err()
-        });
-    bare_non_toml.then_some("known bug: config print leaves a non-TOML number bare")
 }
 
 // ---- the targets -----------------------------------------------------------------------
@@ -661,7 +622,6 @@ fn fuzz_config_text() {
 /// string such as `1e5` comes back as a float (and so as `100000`). The printed
 /// configuration then cannot be read back as a `--config` file.
 #[test]
-#[ignore = "bug: config print is not always TOML (src/cli/layers.rs, toml_scalar)"]
 fn fuzz_regression_config_print_is_toml() {
     for file in [
         "placeholder = \"\\u007F\"\n",
@@ -713,7 +673,6 @@ fn llm_config(file: &str) -> Result<(), ConfigError> {
 /// its source, "default"), not the key the file set (`LlmArgs::to_config` in
 /// `src/cli/mod.rs` checks both prices in one condition and names the first).
 #[test]
-#[ignore = "bug: a negative llm_price_output is blamed on llm-price-input (src/cli/mod.rs, LlmArgs::to_config)"]
 fn fuzz_regression_a_negative_price_names_its_key() {
     let e = llm_config("llm_price_output = -1\n").expect_err("a negative price");
     assert_eq!(e.flag, "llm-price-output", "{e}");
@@ -725,7 +684,6 @@ fn fuzz_regression_a_negative_price_names_its_key() {
 /// "cannot be negative" check (`NaN < 0.0` is false), so compactd starts and reports every
 /// compaction's cost as NaN (`LlmArgs::to_config` in `src/cli/mod.rs`).
 #[test]
-#[ignore = "bug: a NaN compaction-model price is accepted (src/cli/mod.rs, LlmArgs::to_config)"]
 fn fuzz_regression_a_nan_price_is_refused() {
     for (file, flag) in [
         ("llm_price_input = nan\n", "llm-price-input"),
