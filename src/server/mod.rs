@@ -32,6 +32,8 @@ mod compaction;
 mod convert;
 mod drain;
 mod evict;
+#[cfg(test)]
+mod fuzz_tests;
 pub mod hub;
 mod ops;
 pub mod pb;
@@ -41,8 +43,6 @@ mod service;
 mod status;
 mod stream;
 pub mod transport;
-#[cfg(test)]
-mod fuzz_tests;
 
 use std::future::Future;
 use std::net::SocketAddr;
