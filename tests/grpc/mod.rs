@@ -19,6 +19,7 @@ mod overflow;
 mod pins_recall;
 mod prune;
 mod replay_cli;
+mod rss_load;
 mod secrets;
 mod strategies;
 mod stream;
