@@ -63,7 +63,7 @@ fn describe() {
     describe_gauge!(
         "compactd_bytes_in_flight",
         metrics::Unit::Bytes,
-        "Bytes reserved in flight: updates read and not answered, buffered events, imports, compaction prompts (at most a quarter of --memory-budget)."
+        "Bytes reserved in flight: updates read and not answered, buffered events, imports, compaction prompts (at most an eighth of --memory-budget)."
     );
     describe_gauge!(
         "compactd_memory_budget_bytes",

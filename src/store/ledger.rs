@@ -3,9 +3,10 @@
 //! compaction prompts, imports being parsed.
 //!
 //! Sessions may grow until sessions plus in-flight bytes reach the budget. In-flight
-//! bytes are reserved before they are held and have their own ceiling,
-//! [`IN_FLIGHT_SHARE`] of the budget, so a burst of reads and writes can never take
-//! more than that on top of full sessions, and full sessions never starve reads.
+//! bytes are reserved before they are held and have their own ceiling, an
+//! [`IN_FLIGHT_SHARE`]th of the budget, so a burst of reads and writes can never take
+//! more than that on top of full sessions (what is counted stays within 1.125 × the
+//! budget), and full sessions never starve reads.
 //! A [`Reservation`] gives its bytes back when it is dropped, however its holder ends.
 
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::StoreError;
 
 /// In-flight bytes may reach this fraction of `memory_budget` (1/`IN_FLIGHT_SHARE`).
-pub const IN_FLIGHT_SHARE: u64 = 4;
+pub const IN_FLIGHT_SHARE: u64 = 8;
 
 /// Bytes held and in flight, shared by the store, its actors and the server.
 #[derive(Debug, Default)]
@@ -164,7 +165,7 @@ mod tests {
 
     #[test]
     fn reservations_are_bounded_by_the_share_and_given_back_on_drop() {
-        let l = Arc::new(Ledger::new(400));
+        let l = Arc::new(Ledger::new(800));
         let a = l.reserve(60, "test").expect("within the share");
         assert_eq!(l.in_flight(), 60);
         let refused = l.reserve(41, "events").expect_err("over the share of 100");
@@ -179,7 +180,7 @@ mod tests {
 
     #[test]
     fn a_reservation_resized_keeps_the_ledger_exact() {
-        let l = Arc::new(Ledger::new(400));
+        let l = Arc::new(Ledger::new(800));
         let mut r = l.reserve(60, "test").expect("within");
         r.resize(&l, 20, "test").expect("shrinks");
         assert_eq!(l.in_flight(), 20);

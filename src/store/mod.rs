@@ -77,7 +77,7 @@ pub enum StoreError {
     /// Bytes in flight (decoded updates, events, prompts) would pass their share of the
     /// budget.
     #[error(
-        "memory_budget ({budget} bytes) reached for {what}: {in_flight} bytes are in flight (at most {limit}, 1/4 of the budget) and this needs {bytes}; read your events, wait for acks, or raise --memory-budget"
+        "memory_budget ({budget} bytes) reached for {what}: {in_flight} bytes are in flight (at most {limit}, 1/8 of the budget) and this needs {bytes}; read your events, wait for acks, or raise --memory-budget"
     )]
     InFlightOverBudget {
         /// What needed the bytes (`events`, `updates`, `compaction prompt`, `import`).

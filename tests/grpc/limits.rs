@@ -376,14 +376,15 @@ async fn a_stream_client_that_stops_reading_is_disconnected_and_its_session_kept
 
 #[tokio::test]
 async fn contexts_and_events_in_flight_stay_within_their_share_and_every_seq_is_answered() {
-    // A 4 MiB budget: bytes in flight may take 1 MiB; each context is ~200 kB, and the
+    // An 8 MiB budget: bytes in flight may take 1 MiB; each context is ~200 kB, and the
     // client asks for 200 of them (40 MB) without reading.
     let limits = Limits {
-        memory_budget: 4 << 20,
+        memory_budget: 8 << 20,
         ..Limits::default()
     };
     let store = Store::new(EngineConfig::default(), Arc::new(CharsPerToken)).with_limits(limits);
     let ledger = store.ledger().clone();
+    assert_eq!(ledger.in_flight_limit(), 1 << 20);
     let server = start_server_on(
         store,
         ServerOptions {
