@@ -109,11 +109,12 @@ async fn the_api_key_stays_out_of_logs_events_errors_and_help() {
     assert!(!help.contains(KEY), "the key leaked into --help");
 }
 
-/// Runs one failing compaction against `fake` with the key in the environment at log level
-/// `level` (`None`: the default), and returns the log and the events.
-async fn failing_compaction(fake: &FakeLlm, level: Option<&str>) -> (String, String) {
+/// Runs one failing compaction against the endpoint at `base_url` with the key in the
+/// environment at log level `level` (`None`: the default), and returns the log and the
+/// events.
+async fn failing_compaction_at(base_url: String, level: Option<&str>) -> (String, String) {
     let mut env = vec![
-        ("COMPACTD_LLM_BASE_URL", fake.base_url()),
+        ("COMPACTD_LLM_BASE_URL", base_url),
         ("COMPACTD_LLM_MODEL", "fake-model".to_string()),
         ("COMPACTD_LLM_API_KEY", KEY.to_string()),
         ("COMPACTD_LLM_MAX_RETRIES", "1".to_string()),
@@ -168,8 +169,9 @@ async fn a_5xx_body_echoing_the_headers_leaks_the_key_nowhere() {
             })
             .collect();
         let fake = FakeLlm::start(replies).await;
-        let (log, events) = failing_compaction(&fake, level).await;
-        assert!(log.contains("compaction failed"), "{log}");
+        let (log, events) = failing_compaction_at(fake.base_url(), level).await;
+        // The echo reached compactd: the 502 is reported, its body redacted.
+        assert!(log.contains("LLM request failed: 502"), "{log}");
         for (what, text) in [("log", &log), ("events", &events)] {
             assert!(
                 !text.contains(KEY),
@@ -178,6 +180,17 @@ async fn a_5xx_body_echoing_the_headers_leaks_the_key_nowhere() {
             assert!(
                 !text.contains(b64.trim_end_matches('=')),
                 "{level:?}: the base64 key reached the {what}"
+            );
+        }
+        // The key in the endpoint's query too (as Azure-style gateways take it): the
+        // start line and the error naming the URL must not carry it.
+        let url = format!("{}?api-key={KEY}", fake.base_url());
+        let (log, events) = failing_compaction_at(url, level).await;
+        assert!(log.contains("api-key=[redacted]"), "{log}");
+        for (what, text) in [("log", &log), ("events", &events)] {
+            assert!(
+                !text.contains(KEY),
+                "{level:?}: the key in the URL reached the {what}:\n{text}"
             );
         }
     }
