@@ -15,13 +15,12 @@
 //! A failure prints the shrunk input; `PROPTEST_RNG_SEED` replays a run.
 
 use std::sync::{Arc, LazyLock};
-use std::time::Instant;
 
 use proptest::collection::{btree_map, hash_map, vec};
 use proptest::option;
 use proptest::prelude::*;
 use proptest::sample::select;
-use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner};
+use proptest::test_runner::TestCaseError;
 use prost::Message as _;
 use prost_types::value::Kind;
 use tonic::Code;
@@ -36,70 +35,10 @@ use crate::domain::{MAX_ID_BYTES, MAX_JSON_DEPTH};
 use crate::engine::{self, ByteLimit, PruneMode, Session, Trigger, Update};
 use crate::tokens::CharsPerToken;
 
-// ---- the harness -----------------------------------------------------------------------
-
-/// `COMPACTD_FUZZ_CASES` (a multiplier, default 1) applied to a target's own case count.
-fn scaled(cases: u32) -> u32 {
-    let factor = std::env::var("COMPACTD_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.trim().parse::<u32>().ok())
-        .unwrap_or(1)
-        .max(1);
-    cases.saturating_mul(factor)
-}
-
-/// How often each outcome happened in a target's run (so a target that stopped reaching
-/// the code it is meant for shows it).
-#[derive(Default)]
-struct Tally(std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>);
-
-impl Tally {
-    /// Counts one `outcome`.
-    fn hit(&self, outcome: &'static str) {
-        *self
-            .0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(outcome)
-            .or_default() += 1;
-    }
-
-    fn summary(&self) -> String {
-        let counts = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        counts
-            .iter()
-            .map(|(k, v)| format!("{k} {v}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-}
-
-/// Runs `test` on `cases` inputs drawn from `strategy` (shrinking a failure), then prints
-/// the target's figures and the tally of outcomes. Nothing is written to disk.
-fn fuzz<S: Strategy>(
-    target: &str,
-    cases: u32,
-    strategy: S,
-    test: impl Fn(S::Value, &Tally) -> Result<(), TestCaseError>,
-) {
-    let tally = Tally::default();
-    let cases = scaled(cases);
-    let mut runner = TestRunner::new(ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    });
-    let began = Instant::now();
-    let outcome = runner.run(&strategy, |v| test(v, &tally));
-    eprintln!(
-        "fuzz {target}: {cases} cases in {:.1} s ({})",
-        began.elapsed().as_secs_f64(),
-        tally.summary()
-    );
-    if let Err(e) = outcome {
-        panic!("fuzz {target}: {e}");
-    }
-}
+// The harness (`fuzz`, `Tally`) is shared with the integration targets.
+#[path = "../../tests/fuzz/harness.rs"]
+mod harness;
+use harness::{Tally, fuzz};
 
 // ---- the session every case starts from ------------------------------------------------
 
