@@ -373,7 +373,11 @@ fn estimate(schema: &Schema, message: &str, wire: &[u8], limit: usize) -> usize 
                     None => pos = body_end, // unknown fields are skipped by prost
                 }
             }
-            _ => return total, // groups and invalid wire types: prost refuses them
+            // Group markers: prost skips an unknown group's contents (holding nothing),
+            // but what follows the group is decoded, so the walk goes on. Fields inside
+            // a group are read as the current message's: over-counted, never missed.
+            3 | 4 => {}
+            _ => return total, // invalid wire types: prost refuses them
         }
         if pos > end {
             return total;

@@ -159,3 +159,18 @@ fn an_instance_costs_at_least_any_repeated_request_element() {
         assert!(size <= INSTANCE_BYTES, "{name} is {size} bytes");
     }
 }
+
+#[test]
+fn an_unknown_group_does_not_hide_what_follows_it() {
+    // Field 1000 as a start group, its end, then the amplifying todos: prost skips the
+    // group and decodes the rest, so the walk must too.
+    let mut wire = Vec::new();
+    prost::encoding::encode_key(1000, prost::encoding::WireType::StartGroup, &mut wire);
+    prost::encoding::encode_key(1000, prost::encoding::WireType::EndGroup, &mut wire);
+    wire.extend(encoded(&open_with_todos(100_000)));
+    assert!(
+        pb::ClientUpdate::decode(wire.as_slice()).is_ok(),
+        "prost reads past it"
+    );
+    assert!(check(UPDATE, &wire, 4 * wire.len()).is_err());
+}
