@@ -40,7 +40,8 @@ pub const DECODED_FACTOR: usize = 2;
 pub const LARGE: usize = 1 << 20;
 /// Large requests decoding at once; more are refused until one finishes.
 pub const MAX_LARGE_DECODES: usize = 4;
-/// Nesting the walk follows (prost itself stops at 100).
+/// Nesting the walk follows: past prost's own recursion limit (100), which refuses the
+/// request anyway.
 const MAX_DEPTH: usize = 100;
 
 /// Estimated decoded bytes allowed per request: `DECODED_FACTOR` × `max_update_bytes` of
@@ -351,14 +352,17 @@ fn estimate(schema: &Schema, message: &str, wire: &[u8], limit: usize) -> usize 
                 pos = next;
                 match field {
                     Some(Field::Message { index, repeated }) => {
-                        if stack.len() >= MAX_DEPTH {
-                            return total; // prost refuses it (recursion limit)
-                        }
                         let slot = if repeated { TEXT_HEADER } else { 0 };
                         total = total
                             .saturating_add(schema.messages[index].instance)
                             .saturating_add(slot);
-                        stack.push((index, body_end));
+                        if stack.len() > MAX_DEPTH {
+                            // Deeper than prost decodes: it refuses the request; the walk
+                            // skips the body and goes on.
+                            pos = body_end;
+                        } else {
+                            stack.push((index, body_end));
+                        }
                     }
                     Some(Field::Text) => {
                         total = total.saturating_add(TEXT_HEADER);
