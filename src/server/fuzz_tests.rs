@@ -300,13 +300,17 @@ fn corpus() -> Vec<pb::ClientUpdate> {
 fn base() -> &'static Session {
     static BASE: LazyLock<Session> = LazyLock::new(|| {
         let updates = history();
-        let info = match decode_update(updates[0].clone(), DEFAULT_MAX_UPDATE_BYTES) {
+        let info = match decode_update(
+            updates[0].clone(),
+            updates[0].encoded_len(),
+            DEFAULT_MAX_UPDATE_BYTES,
+        ) {
             Ok(Op::Open(info)) => info,
             other => panic!("the base open decodes: {other:?}"),
         };
         let mut s = Session::new(info, config(), Arc::new(CharsPerToken));
         for u in updates.into_iter().skip(1) {
-            let update = match decode_update(u.clone(), DEFAULT_MAX_UPDATE_BYTES) {
+            let update = match decode_update(u.clone(), u.encoded_len(), DEFAULT_MAX_UPDATE_BYTES) {
                 Ok(Op::Apply(update)) => update,
                 other => panic!("{u:?} decodes: {other:?}"),
             };
@@ -398,7 +402,8 @@ fn run_update(
     max: usize,
     t: &Tally,
 ) -> Result<(), TestCaseError> {
-    let op = match decode_update(u, max) {
+    let len = u.encoded_len();
+    let op = match decode_update(u, len, max) {
         Err(r) => {
             t.hit("refused by decode_update");
             return check_rejection(&r, &DECODE_CODES);
@@ -1206,7 +1211,7 @@ fn fuzz_structured_updates() {
 fn fuzz_seeds_are_valid_updates() {
     let mut s = base().clone();
     for u in more() {
-        let op = decode_update(u.clone(), DEFAULT_MAX_UPDATE_BYTES)
+        let op = decode_update(u.clone(), u.encoded_len(), DEFAULT_MAX_UPDATE_BYTES)
             .unwrap_or_else(|r| panic!("{u:?} refused: {r:?}"));
         if let Op::Apply(update) = op {
             engine::step(&mut s, update, config(), NOW)

@@ -2,8 +2,6 @@
 //! an [`Op`] with domain types inside, or a [`Rejection`] naming the field at fault.
 //! Nothing here touches a session; `ops.rs` runs the ops.
 
-use prost::Message as _;
-
 use super::compaction;
 use super::convert;
 use super::pb;
@@ -63,11 +61,12 @@ pub fn check_size(len: usize, max: usize) -> Result<(), Rejection> {
     Ok(())
 }
 
-/// Decodes a stream update. Field names in errors are relative to the update
-/// (`upsert_part.tool.state.status`).
-pub fn decode_update(u: pb::ClientUpdate, max: usize) -> Result<Op, Rejection> {
+/// Decodes a stream update of `len` encoded bytes (the caller has the length already: the
+/// stream reader counts it in flight first). Field names in errors are relative to the
+/// update (`upsert_part.tool.state.status`).
+pub fn decode_update(u: pb::ClientUpdate, len: usize, max: usize) -> Result<Op, Rejection> {
     use pb::client_update::Update as U;
-    check_size(u.encoded_len(), max)?;
+    check_size(len, max)?;
     if u.session_id.is_empty() {
         return Err(Rejection::invalid("session_id", "required"));
     }

@@ -156,7 +156,8 @@ impl Reader {
     /// back until its start is acked).
     async fn queue(&self, update: pb::ClientUpdate) -> Queued {
         let (seq, session_id) = (update.seq, update.session_id.clone());
-        let bytes = u64::try_from(update.encoded_len()).unwrap_or(u64::MAX);
+        let len = update.encoded_len();
+        let bytes = u64::try_from(len).unwrap_or(u64::MAX);
         let held = match self.hub.store.ledger().reserve(bytes, "updates") {
             Ok(held) => held,
             Err(e) => {
@@ -166,11 +167,11 @@ impl Reader {
                     kind: "invalid",
                     pending: Pending::answered(Err(Rejection::from(e))),
                     go: None,
-                    _held: Reservation::none(),
+                    _held: Reservation::default(),
                 };
             }
         };
-        let (kind, pending, go) = match request::decode_update(update, self.max_update_bytes) {
+        let (kind, pending, go) = match request::decode_update(update, len, self.max_update_bytes) {
             Ok(Op::Compact(options)) => {
                 let (go_tx, go_rx) = oneshot::channel();
                 let sink = Sink::listening(self.compactions.clone());

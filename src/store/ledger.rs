@@ -108,7 +108,7 @@ impl Ledger {
     }
 }
 
-/// Bytes reserved in a [`Ledger`], given back on drop.
+/// Bytes reserved in a [`Ledger`], given back on drop (the default reserves nothing).
 #[derive(Debug, Default)]
 pub struct Reservation {
     ledger: Option<Arc<Ledger>>,
@@ -116,11 +116,6 @@ pub struct Reservation {
 }
 
 impl Reservation {
-    /// A reservation of nothing (for values that need no accounting).
-    pub fn none() -> Reservation {
-        Reservation::default()
-    }
-
     /// Bytes reserved.
     pub fn bytes(&self) -> u64 {
         self.bytes
@@ -192,7 +187,7 @@ mod tests {
             (90, 90),
             "unchanged when refused"
         );
-        let mut empty = Reservation::none();
+        let mut empty = Reservation::default();
         empty.resize(&l, 10, "test").expect("grows from nothing");
         assert_eq!(l.in_flight(), 100);
         drop(r);
