@@ -5,12 +5,16 @@
 use std::fmt;
 use std::str::FromStr;
 
+use serde::{Deserialize, Serialize};
+
 /// A provider's prompt-cache prices, in fresh-token units.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct CacheModel {
     /// Price of a token read from the cache.
+    #[serde(with = "super::float")]
     pub read: f64,
     /// Price of a token not in the cache (full price plus any write premium).
+    #[serde(with = "super::float")]
     pub write: f64,
     /// How long a cached prefix lives after its last use, in milliseconds.
     pub ttl_ms: i64,

@@ -59,7 +59,10 @@ pub const CODE_BLOCK_AGE_TURNS: usize = 5;
 
 use std::collections::BTreeMap;
 
+use serde::{Deserialize, Serialize};
+
 mod cache;
+pub mod float;
 pub mod redact;
 mod strategy;
 mod validate;
@@ -73,7 +76,8 @@ pub use validate::{
 };
 
 /// How cached prompt tokens are counted when `tokens.total` is absent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum CacheCounting {
     /// `input` excludes cache reads (Anthropic; OpenCode's stored usage): add them.
     #[default]
@@ -93,7 +97,8 @@ impl CacheCounting {
 }
 
 /// Tokens held back below usable input before the ratio applies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Reserved {
     /// A fixed number of tokens (compactd default: 0).
     Fixed(u64),
@@ -102,7 +107,8 @@ pub enum Reserved {
 }
 
 /// Named overflow settings a session can pick.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum OverflowPreset {
     /// Ratio 0.92, reserved 0.
     Compactd,
@@ -115,13 +121,14 @@ fn strings(list: &[&str]) -> Vec<String> {
 }
 
 /// Server-wide defaults every session starts from.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EngineConfig {
     /// Overflow detection and automatic compaction (`COMPACTD_DISABLE_AUTOCOMPACT`).
     pub auto_compact: bool,
     /// Automatic prune after finished assistant messages (`COMPACTD_DISABLE_PRUNE`).
     pub prune: bool,
     /// Overflow threshold ratio of usable input.
+    #[serde(with = "crate::config::float")]
     pub threshold: f64,
     /// Buffer below usable input.
     pub reserved: Reserved,
@@ -156,6 +163,7 @@ pub struct EngineConfig {
     /// `maskObservations`: the newest tool results never masked.
     pub mask_keep: u32,
     /// `capLargeOutputs`: the share of usable input one output may fill.
+    #[serde(with = "crate::config::float")]
     pub output_cap: f64,
     /// The provider's prompt-cache prices, which the scheduler weighs every rewrite of
     /// the prompt's past against (`none`: apply at once).
@@ -194,7 +202,7 @@ impl Default for EngineConfig {
 }
 
 /// What a host may override per session; `None` inherits the server value.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SessionOverrides {
     /// Applied first, then the fields below.
     pub preset: Option<OverflowPreset>,
@@ -203,6 +211,7 @@ pub struct SessionOverrides {
     /// Automatic prune.
     pub prune: Option<bool>,
     /// Threshold ratio.
+    #[serde(with = "crate::config::float::option")]
     pub threshold: Option<f64>,
     /// Fixed reserved buffer.
     pub reserved: Option<u64>,
@@ -241,6 +250,7 @@ pub struct SessionOverrides {
     /// `maskObservations`: newest tool results never masked.
     pub mask_keep: Option<u32>,
     /// `capLargeOutputs`: share of usable input one output may fill.
+    #[serde(with = "crate::config::float::option")]
     pub output_cap: Option<f64>,
     /// Prompt-cache prices the scheduler weighs rewrites against.
     pub cache_model: Option<CacheModel>,

@@ -5,6 +5,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use serde::{Deserialize, Serialize};
+
 /// Snapshot tools out of the box (Playwright MCP, Chrome DevTools MCP, generic names).
 pub const DEFAULT_SNAPSHOT_TOOLS: &[&str] = &[
     "browser_snapshot",
@@ -16,7 +18,8 @@ pub const DEFAULT_SNAPSHOT_TOOLS: &[&str] = &[
 ];
 
 /// One strategy, by the name ACP's config uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub enum Strategy {
     /// 1. A superseded or compacted call keeps only metadata in its input.
     PruneToolInputs,
@@ -279,8 +282,26 @@ impl fmt::Debug for StrategySet {
     }
 }
 
+/// A set is written as the list of its strategies' names (in report order), so the bits
+/// behind it can be renumbered without changing a stored value.
+impl Serialize for StrategySet {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.iter())
+    }
+}
+
+impl<'de> Deserialize<'de> for StrategySet {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let list = Vec::<Strategy>::deserialize(d)?;
+        Ok(list
+            .into_iter()
+            .fold(StrategySet::NONE, |set, st| set.with(st, true)))
+    }
+}
+
 /// ACP's presets, and compactd's default.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum StrategyPreset {
     /// compactd's default: every strategy but `aggressiveFilePrune`.
     Compactd,

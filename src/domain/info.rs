@@ -1,10 +1,12 @@
 //! Session-level info: identity, model, limits, todo list.
 
+use serde::{Deserialize, Serialize};
+
 use super::Extra;
 use crate::config::SessionOverrides;
 
 /// Who a session talks to, so reports and (later) the compaction model can name it.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ModelRef {
     /// Provider, e.g. `openai`.
     pub provider_id: String,
@@ -13,7 +15,7 @@ pub struct ModelRef {
 }
 
 /// The model's token limits; overflow is measured against them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModelLimits {
     /// Whole window; 0 means unlimited (overflow never reported).
     pub context: u64,
@@ -24,7 +26,7 @@ pub struct ModelLimits {
 }
 
 /// One todo item, carried verbatim (OpenCode's `todowrite` state).
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Todo {
     /// Item id.
     pub id: String,
@@ -37,7 +39,7 @@ pub struct Todo {
 }
 
 /// Session info as the host describes it.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SessionInfo {
     /// Session id (required, non-empty).
     pub id: String,

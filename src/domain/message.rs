@@ -1,10 +1,13 @@
 //! Message info (OpenCode's `MessageV2.Info`) and token usage.
 
+use serde::{Deserialize, Serialize};
+
 use super::Extra;
 use super::info::ModelRef;
 
 /// Message author. OpenCode has exactly two; anything else is rejected at the boundary.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Role {
     /// A user turn (prune counts these as turns).
     User,
@@ -32,7 +35,7 @@ impl Role {
 }
 
 /// Token usage a provider reported for one request, as OpenCode stores it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TokenUsage {
     /// Provider total when given; preferred over the sum.
     pub total: Option<u64>,
@@ -60,7 +63,7 @@ impl TokenUsage {
 }
 
 /// Creation and completion times (epoch ms).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MessageTime {
     /// When the message was created.
     pub created: i64,
@@ -69,7 +72,7 @@ pub struct MessageTime {
 }
 
 /// A failed assistant message's error (`{name, data}`).
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct MessageError {
     /// Error class, e.g. `MessageAbortedError`.
     pub name: String,
@@ -78,7 +81,7 @@ pub struct MessageError {
 }
 
 /// Message metadata; the parts live beside it in the engine's session.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MessageInfo {
     /// Message id (required).
     pub id: String,
@@ -99,6 +102,7 @@ pub struct MessageInfo {
     /// Usage of the message's last request.
     pub tokens: Option<TokenUsage>,
     /// Cost in the provider's currency.
+    #[serde(with = "crate::config::float")]
     pub cost: f64,
     /// Set when the message failed.
     pub error: Option<MessageError>,

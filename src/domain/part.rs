@@ -1,12 +1,14 @@
 //! Parts (OpenCode's `MessageV2.Part`): the pieces a message is made of.
 
+use serde::{Deserialize, Serialize};
+
 use super::Extra;
 use super::info::ModelRef;
 use super::message::TokenUsage;
 use crate::config::Strategy;
 
 /// A part with its identity; `kind` holds the typed content.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Part {
     /// Part id (required).
     pub id: String,
@@ -22,7 +24,7 @@ pub struct Part {
 }
 
 /// Lazy deletion by a strategy: which one decided, and for a supersede, the newer call.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StrategyMark {
     /// The strategy that set the mark.
     pub strategy: Strategy,
@@ -35,7 +37,8 @@ pub struct StrategyMark {
 }
 
 /// Every part type OpenCode emits.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum PartKind {
     /// Model or user text.
     Text(TextPart),
@@ -91,7 +94,7 @@ impl PartKind {
 }
 
 /// Part start/end times (epoch ms).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PartTime {
     /// Start.
     pub start: i64,
@@ -100,7 +103,7 @@ pub struct PartTime {
 }
 
 /// Text, from the user or the model.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TextPart {
     /// The text.
     pub text: String,
@@ -115,7 +118,7 @@ pub struct TextPart {
 }
 
 /// Reasoning text (with provider blobs in metadata).
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ReasoningPart {
     /// Reasoning summary text.
     pub text: String,
@@ -126,7 +129,7 @@ pub struct ReasoningPart {
 }
 
 /// A tool call.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolPart {
     /// Provider call id.
     pub call_id: String,
@@ -139,7 +142,8 @@ pub struct ToolPart {
 }
 
 /// Lifecycle of a tool call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ToolStatus {
     /// Requested, input still streaming.
     Pending,
@@ -175,7 +179,7 @@ impl ToolStatus {
 }
 
 /// Tool call times; `compacted` is prune's lazy-deletion mark.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolTime {
     /// Start.
     pub start: i64,
@@ -186,7 +190,7 @@ pub struct ToolTime {
 }
 
 /// A tool call's state: input, output or error, timing.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolState {
     /// Status.
     pub status: ToolStatus,
@@ -226,20 +230,21 @@ impl ToolState {
 }
 
 /// End of a model step.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StepFinishPart {
     /// Finish reason.
     pub reason: String,
     /// Snapshot hash.
     pub snapshot: String,
     /// Step cost.
+    #[serde(with = "crate::config::float")]
     pub cost: f64,
     /// Step usage: the size of that request, used as a usage report.
     pub tokens: Option<TokenUsage>,
 }
 
 /// An attached file.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct FilePart {
     /// MIME type.
     pub mime: String,
@@ -254,7 +259,7 @@ pub struct FilePart {
 }
 
 /// Files changed by a step.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PatchPart {
     /// Snapshot hash.
     pub hash: String,
@@ -263,7 +268,7 @@ pub struct PatchPart {
 }
 
 /// An agent mention.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct AgentPart {
     /// Agent name.
     pub name: String,
@@ -272,7 +277,7 @@ pub struct AgentPart {
 }
 
 /// A sub-agent task.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SubtaskPart {
     /// Task prompt.
     pub prompt: String,
@@ -287,7 +292,7 @@ pub struct SubtaskPart {
 }
 
 /// A provider retry.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RetryPart {
     /// Attempt number.
     pub attempt: u32,
@@ -298,7 +303,7 @@ pub struct RetryPart {
 }
 
 /// Compaction marker on a user message.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CompactionPart {
     /// Started automatically on overflow (vs `/compact`).
     pub auto: bool,

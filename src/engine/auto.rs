@@ -2,8 +2,10 @@
 //! bring the context under the threshold, and a circuit breaker after repeated failures.
 //! The counters are private: they change only through the three events below.
 
+use serde::{Deserialize, Serialize};
+
 /// The cooldown and breaker counters of one session.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AutoState {
     /// Finished assistant messages to wait before compacting automatically again.
     cooldown_left: u32,

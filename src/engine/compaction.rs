@@ -16,6 +16,8 @@
 //!
 //! Nothing here reads a clock or makes ids: both come in as arguments.
 
+use serde::{Deserialize, Serialize};
+
 use super::context::Keep;
 use super::error::ApplyError;
 use super::footprint::ByteLimit;
@@ -32,7 +34,7 @@ pub const AUTO_CONTINUE: &str = crate::config::AUTO_CONTINUE_TEXT;
 pub const COMPACTION_AGENT: &str = "compaction";
 
 /// How a compaction was asked for, decided when it begins.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CompactionRequest {
     /// What to keep verbatim.
     pub tail: TailOptions,
@@ -43,7 +45,7 @@ pub struct CompactionRequest {
 }
 
 /// What to keep verbatim.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TailOptions {
     /// User turns kept after the summary (0: none).
     pub turns: u32,
@@ -57,7 +59,7 @@ pub fn default_tail_tokens(usable_input: u64) -> u64 {
 }
 
 /// What a compaction summarizes and keeps, decided when it begins.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CompactionPlan {
     /// Positions of the messages summarized, in context order.
     pub head: Vec<usize>,
@@ -101,7 +103,7 @@ pub enum CompactionError {
 }
 
 /// Ids for the messages a commit creates; the caller makes them unique.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CommitIds {
     /// Prefix every created id starts with (e.g. `cmp_<n>`).
     pub prefix: String,
@@ -114,13 +116,14 @@ impl CommitIds {
 }
 
 /// The model's answer, as the summarizer received it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SummaryOutcome {
     /// The summary text.
     pub text: String,
     /// Usage the provider reported for the compaction request, if any.
     pub usage: Option<TokenUsage>,
     /// Cost, when a price is configured.
+    #[serde(with = "crate::config::float")]
     pub cost: f64,
     /// The model that wrote it.
     pub model: Option<ModelRef>,
@@ -396,7 +399,13 @@ impl Session {
         }
         // Ids are fresh, so nothing below can collide with the session's messages; check
         // anyway so a reused prefix fails cleanly before anything changes.
-        if self.position(&user_id).is_some() || self.position(&summary_id).is_some() {
+        // The continue message too: taken, it would be updated in place (or, an assistant
+        // message, refused half way through the commit).
+        let continue_taken = auto && self.position(&ids.id("continue")).is_some();
+        if self.position(&user_id).is_some()
+            || self.position(&summary_id).is_some()
+            || continue_taken
+        {
             return Err(ApplyError::precondition(
                 "compaction_id",
                 format!("ids {} are taken", ids.prefix),

@@ -1,12 +1,14 @@
 //! Per-part token estimates, computed once when a part is written and cached beside it,
 //! so no step ever re-counts old outputs.
 
+use serde::{Deserialize, Serialize};
+
 use crate::config::{COMPACTION_PROMPT_TEXT, INTERRUPTED};
 use crate::domain::{Part, PartKind, ToolStatus};
 use crate::tokens::TokenCounter;
 
 /// Cached token figures of one part.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PartEstimate {
     /// Tokens the part adds to the context apart from a tool output (text, tool input,
     /// error text, the interrupted marker).

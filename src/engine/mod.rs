@@ -10,6 +10,7 @@
 //! after every update.
 
 mod auto;
+mod change;
 mod compaction;
 mod context;
 mod error;
@@ -27,6 +28,8 @@ mod render;
 mod request_log;
 pub mod scheduler;
 mod session;
+mod snapshot;
+mod sorted;
 mod stored;
 pub mod strategies;
 mod token_index;
@@ -35,6 +38,7 @@ mod update;
 mod window;
 
 pub use auto::AutoState;
+pub use change::{Change, Performed};
 pub use compaction::{
     AUTO_CONTINUE, COMPACTION_AGENT, CommitIds, Committed, CompactionError, CompactionPlan,
     CompactionRequest, SummaryOutcome, TailOptions, default_tail_tokens,
@@ -51,6 +55,10 @@ pub use recall::{
     recall_tool_json,
 };
 pub use session::Session;
+pub use snapshot::{
+    Document, SNAPSHOT_FORMAT, SnapshotError, decode_change, decode_session, encode_change,
+    encode_session,
+};
 pub use stored::{Message, StoredPart};
 pub use update::{Applied, Update};
 

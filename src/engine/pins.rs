@@ -10,8 +10,11 @@
 
 use std::collections::{HashMap, HashSet};
 
+use serde::{Deserialize, Serialize};
+
 /// The pinned messages and parts of one session.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "PinsRepr", try_from = "PinsRepr")]
 pub(crate) struct Pins {
     /// Positions of pinned messages: every part they hold is pinned.
     messages: HashSet<usize>,
@@ -19,7 +22,62 @@ pub(crate) struct Pins {
     parts: HashMap<usize, HashSet<String>>,
 }
 
+/// How pins are stored: sorted lists (the sets' order is not stable).
+#[derive(Serialize, Deserialize)]
+struct PinsRepr {
+    messages: Vec<usize>,
+    parts: Vec<(usize, Vec<String>)>,
+}
+
+impl From<Pins> for PinsRepr {
+    fn from(p: Pins) -> PinsRepr {
+        let mut messages: Vec<usize> = p.messages.into_iter().collect();
+        messages.sort_unstable();
+        let mut parts: Vec<(usize, Vec<String>)> = p
+            .parts
+            .into_iter()
+            .map(|(m, ids)| {
+                let mut ids: Vec<String> = ids.into_iter().collect();
+                ids.sort_unstable();
+                (m, ids)
+            })
+            .collect();
+        parts.sort_unstable();
+        PinsRepr { messages, parts }
+    }
+}
+
+impl TryFrom<PinsRepr> for Pins {
+    type Error = &'static str;
+
+    /// Refuses what no session holds: a message twice, an empty part set.
+    fn try_from(r: PinsRepr) -> Result<Pins, Self::Error> {
+        let mut pins = Pins::default();
+        for m in r.messages {
+            if !pins.insert(m, None) {
+                return Err("a pinned message is listed twice");
+            }
+        }
+        for (m, ids) in r.parts {
+            if ids.is_empty() || pins.parts.contains_key(&m) {
+                return Err("a message's pinned parts are empty or listed twice");
+            }
+            for id in ids {
+                if !pins.insert(m, Some(&id)) {
+                    return Err("a pinned part is listed twice");
+                }
+            }
+        }
+        Ok(pins)
+    }
+}
+
 impl Pins {
+    /// The positions of the messages holding a pin (to check them against the session).
+    pub(crate) fn positions(&self) -> impl Iterator<Item = usize> + '_ {
+        self.messages.iter().chain(self.parts.keys()).copied()
+    }
+
     /// True when nothing is pinned.
     pub(crate) fn is_empty(&self) -> bool {
         self.messages.is_empty() && self.parts.is_empty()
@@ -79,8 +137,8 @@ impl Pins {
         out
     }
 
-    /// Bytes the pins hold, recounted (the session keeps it as a running figure).
-    #[cfg(test)]
+    /// Bytes the pins hold, recounted (the session keeps it as a running figure; a
+    /// restored session starts from this).
     pub(crate) fn bytes(&self) -> u64 {
         use super::footprint::pin_bytes;
         let messages = (self.messages.len() as u64).saturating_mul(pin_bytes(None));

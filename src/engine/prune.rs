@@ -83,7 +83,7 @@ impl Session {
         match mode {
             PruneMode::Commit => self.prune_run(now_ms, true, Scope::All),
             PruneMode::DryRun => {
-                let mut report = self.trial(|s| s.prune_run(now_ms, false, Scope::All));
+                let mut report = self.dry_run(|s| s.prune_run(now_ms, false, Scope::All));
                 report.dry_run = true;
                 if report.committed {
                     report.committed = false;

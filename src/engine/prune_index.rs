@@ -13,13 +13,15 @@
 //!   eligible region (rare: an old call completing late, a deletion) falls back to one
 //!   reference scan. The property tests check that the two never disagree.
 
+use serde::{Deserialize, Serialize};
+
 use super::pins::Pins;
 use super::stored::Message;
 use crate::config::Settings;
 use crate::domain::{PartKind, Role, ToolStatus};
 
 /// One prunable tool output: a completed, unprotected tool part in the eligible region.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Candidate {
     /// Message position.
     pub msg: usize,
@@ -121,7 +123,7 @@ fn scan(
 /// Incremental prune state: the candidates between the last stop point (summary or
 /// compacted output) and the eligible end, split into "to prune" (oldest) and the
 /// protection window (newest, at most PRUNE_PROTECT tokens).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PruneIndex {
     /// Eligible end the state reflects.
     end: Option<usize>,
@@ -144,6 +146,20 @@ impl PruneIndex {
         if self.end.is_some_and(|end| msg <= end) {
             self.dirty = true;
         }
+    }
+
+    /// True when every position points into `messages` and the figures add up (a
+    /// restored snapshot is checked with it: the window's arithmetic relies on both).
+    pub(crate) fn fits(&self, messages: &[Message]) -> bool {
+        let sum = |c: &[Candidate]| c.iter().try_fold(0u64, |a, c| a.checked_add(c.tokens));
+        self.end.is_none_or(|e| e < messages.len())
+            && self.window <= self.cands.len()
+            && self
+                .cands
+                .iter()
+                .all(|c| messages.get(c.msg).is_some_and(|m| c.part < m.parts.len()))
+            && sum(&self.cands[..self.window]) == Some(self.pruned)
+            && sum(&self.cands[self.window..]) == Some(self.protected)
     }
 
     /// Forgets everything (settings changed).

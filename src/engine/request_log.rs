@@ -2,6 +2,8 @@
 //! time), and which parts it held. The cache-aware scheduler (`scheduler.rs`) reads it to
 //! tell a free change (a part no request has sent) from one that rewrites the cache.
 
+use serde::{Deserialize, Serialize};
+
 /// What an automatic commit may change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
@@ -13,7 +15,7 @@ pub enum Scope {
 
 /// The requests seen so far: how many, when the last one was sent (host time), and which
 /// parts it had sent (everything before `sent`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct RequestLog {
     sent: (usize, usize),
     last_at: Option<i64>,

@@ -9,9 +9,11 @@
 //! accessors and change a part's rendering only through [`Session::rerender`], so the
 //! running figures ([`Totals`]) have one writer and always equal a recount.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::mem::size_of;
 use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
 
 use super::auto::AutoState;
 use super::error::ApplyError;
@@ -36,7 +38,7 @@ use crate::tokens::TokenCounter;
 
 /// The last completed compaction: the user message that opened it (with the compaction
 /// part) and its summary. The context starts here.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Boundary {
     /// The compaction's user message.
     pub start: usize,
@@ -161,6 +163,91 @@ impl Clone for Session {
     }
 }
 
+/// What a snapshot holds of a session (`snapshot.rs` writes it): every field that is
+/// state. Not stored: the indexes rebuilt from the messages (`by_id`, `users`,
+/// `part_index`), the counter (supplied when restoring), the byte limit (the store sets it
+/// before every job) and the journal (only set inside a trial run). The map is written
+/// sorted, so the same session gives the same bytes.
+#[derive(Serialize)]
+struct StateRef<'a> {
+    info: &'a SessionInfo,
+    settings: &'a Settings,
+    messages: &'a [Message],
+    boundary: Option<Boundary>,
+    completed_parents: Vec<(&'a String, &'a usize)>,
+    totals: &'a Totals,
+    auto: AutoState,
+    prune: &'a PruneIndex,
+    tracker: &'a Tracker,
+    pins: &'a Pins,
+    by_msg: &'a TokenIndex,
+    requests: RequestLog,
+}
+
+/// A decoded snapshot, before [`Session::from_state`] checks it and rebuilds the indexes.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SessionState {
+    info: SessionInfo,
+    settings: Settings,
+    messages: Vec<Message>,
+    boundary: Option<Boundary>,
+    #[serde(with = "super::sorted::map")]
+    completed_parents: HashMap<String, usize>,
+    totals: Totals,
+    auto: AutoState,
+    prune: PruneIndex,
+    tracker: Tracker,
+    pins: Pins,
+    by_msg: TokenIndex,
+    requests: RequestLog,
+}
+
+impl Serialize for Session {
+    /// The session's state (see [`StateRef`]). Every field is named (no `..`), so a new
+    /// field cannot be forgotten here.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        debug_assert!(self.journal.is_none(), "a snapshot inside a trial run");
+        let Session {
+            info,
+            settings,
+            counter: _,
+            messages,
+            by_id: _,
+            users: _,
+            boundary,
+            completed_parents,
+            totals,
+            auto,
+            prune,
+            tracker,
+            pins,
+            byte_limit: _,
+            journal: _,
+            by_msg,
+            requests,
+            part_index: _,
+        } = self;
+        let mut parents: Vec<(&String, &usize)> = completed_parents.iter().collect();
+        parents.sort_unstable();
+        StateRef {
+            info,
+            settings,
+            messages,
+            boundary: *boundary,
+            completed_parents: parents,
+            totals,
+            auto: *auto,
+            prune,
+            tracker,
+            pins,
+            by_msg,
+            requests: *requests,
+        }
+        .serialize(s)
+    }
+}
+
 /// Bytes an empty session holds: the value, its info and its resolved settings.
 fn session_bytes(info: &SessionInfo, settings: &Settings) -> u64 {
     (size_of::<Session>() as u64).saturating_add(info_bytes(info, settings))
@@ -193,6 +280,109 @@ impl Session {
             requests: RequestLog::default(),
             part_index: PartIndex::default(),
         }
+    }
+
+    /// A session from its decoded state: checks that every position it holds points into
+    /// its messages (so a damaged snapshot is refused here rather than panicking later),
+    /// rebuilds the indexes over the messages, and counts the bytes the decoded values
+    /// hold (what the live session's figure meant: the decoder's capacities are not the
+    /// live ones, so they are not stored) and the part vector slots, as [`Clone`] does.
+    /// The byte limit is none until the store sets one.
+    pub(crate) fn from_state(
+        state: SessionState,
+        counter: Arc<dyn TokenCounter>,
+    ) -> Result<Session, String> {
+        let SessionState {
+            info,
+            settings,
+            messages,
+            boundary,
+            completed_parents,
+            totals,
+            auto,
+            prune,
+            mut tracker,
+            pins,
+            by_msg,
+            requests,
+        } = state;
+        let len = messages.len();
+        let mut by_id = HashMap::with_capacity(len);
+        let mut users = Vec::new();
+        let mut part_index = PartIndex::default();
+        let mut messages = messages;
+        let mut bytes = session_bytes(&info, &settings).saturating_add(pins.bytes());
+        for (i, m) in messages.iter_mut().enumerate() {
+            bytes = bytes.saturating_add(message_bytes(&m.info));
+            if by_id.insert(m.info.id.clone(), i).is_some() {
+                return Err(format!("message id {:?} is held twice", m.info.id));
+            }
+            if m.info.role == Role::User {
+                users.push(i);
+            }
+            let mut ids = HashSet::with_capacity(m.parts.len());
+            for (pi, p) in m.parts.iter_mut().enumerate() {
+                p.bytes = part_bytes(&p.part);
+                bytes = bytes.saturating_add(p.bytes);
+                if p.part.message_id != m.info.id || !ids.insert(p.part.id.clone()) {
+                    return Err(format!(
+                        "part {:?} of message {:?} is held twice or names another message",
+                        p.part.id, m.info.id
+                    ));
+                }
+                part_index.inserted(i, &p.part.id, pi);
+            }
+        }
+        let fits = |at: usize| at < len;
+        if boundary.is_some_and(|b| !fits(b.start) || !fits(b.summary)) {
+            return Err("the compaction boundary is past the messages".into());
+        }
+        if !completed_parents.values().all(|&i| fits(i)) {
+            return Err("a completed summary is past the messages".into());
+        }
+        if !pins.positions().all(fits) {
+            return Err("a pin is past the messages".into());
+        }
+        if by_msg.len_capacity().0 != len {
+            return Err(format!(
+                "the token index holds {} messages, the session {len}",
+                by_msg.len_capacity().0
+            ));
+        }
+        if !prune.fits(&messages) {
+            return Err("the prune window points past the messages".into());
+        }
+        if !tracker.fits(len) {
+            return Err("the strategies' state points past the messages".into());
+        }
+        tracker.restored(&settings);
+        let part_slots = messages.iter().map(|m| m.parts.capacity()).sum();
+        Ok(Session {
+            info,
+            settings,
+            counter,
+            messages,
+            by_id,
+            users,
+            boundary,
+            completed_parents,
+            totals: totals.restored(bytes, part_slots),
+            auto,
+            prune,
+            tracker,
+            pins,
+            byte_limit: ByteLimit::NONE,
+            journal: None,
+            by_msg,
+            requests,
+            part_index,
+        })
+    }
+
+    /// Decisions the strategies' queue holds (tests: the scheduler held some).
+    #[cfg(test)]
+    pub(crate) fn tracker_pending(&self) -> usize {
+        self.tracker.pending().len()
     }
 
     /// The requests so far (for the scheduler).
@@ -503,6 +693,24 @@ impl Session {
                 self.by_msg.moved(prior.msg, during, restored);
             }
             self.totals = journal.totals;
+        }
+        out
+    }
+
+    /// [`Self::trial`] that also puts back the caches the run brings up to date: the prune
+    /// window, and the strategies' state when it was waiting for a rebuild. A dry run a
+    /// host asks for is not a logged change (`change.rs`), so it must leave the session
+    /// exactly as it found it: a rebuild done early would fold later tool results in by
+    /// position instead of by arrival, and a session replayed from the log (which never
+    /// saw the dry run) would differ from the live one. The copies are made only here,
+    /// never on the per-update path.
+    pub(crate) fn dry_run<T>(&mut self, run: impl FnOnce(&mut Session) -> T) -> T {
+        let prune = self.prune.clone();
+        let tracker = self.tracker.is_dirty().then(|| self.tracker.clone());
+        let out = self.trial(run);
+        self.prune = prune;
+        if let Some(tracker) = tracker {
+            self.tracker = tracker;
         }
         out
     }

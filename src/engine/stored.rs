@@ -2,12 +2,14 @@
 //! figures computed once when it was written (token estimate, rendered size when reduced,
 //! bytes held). Only `Session` hands out mutable access, so only it changes them.
 
+use serde::{Deserialize, Serialize};
+
 use super::estimate::PartEstimate;
 use super::render::is_compacted;
 use crate::domain::{MessageInfo, Part};
 
 /// A message and its parts, as held by the session.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Message {
     /// Message info.
     pub info: MessageInfo,
@@ -16,7 +18,7 @@ pub struct Message {
 }
 
 /// A part with the token estimate computed when it was written.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StoredPart {
     /// The part.
     pub part: Part,
@@ -25,7 +27,9 @@ pub struct StoredPart {
     /// Context tokens of the part as rendered, when prune or a strategy reduced it
     /// (computed once, when the mark is set).
     pub reduced: Option<u64>,
-    /// Bytes the part holds (computed when written; see `memory.rs`).
+    /// Bytes the part holds (computed when written; see `memory.rs`). Not stored in a
+    /// snapshot: a restored part counts its own (its capacities are the decoder's).
+    #[serde(skip)]
     pub bytes: u64,
 }
 

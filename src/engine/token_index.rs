@@ -2,8 +2,10 @@
 //! a prompt-cache prefix ends) are known in O(log n) while parts keep changing. The session
 //! moves it with every change of a part's context tokens, next to [`super::totals`].
 
+use serde::{Deserialize, Serialize};
+
 /// Context tokens of each message, summable by prefix.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct TokenIndex {
     /// 1-based Fenwick nodes, stored 0-based: node `i` sums messages `(i - lowbit(i), i]`.
     tree: Vec<i64>,

@@ -4,10 +4,12 @@
 //! are private to this file and change only through the named events below, which the
 //! session calls (`session.rs` is their one caller).
 
+use serde::{Deserialize, Serialize};
+
 use crate::domain::TokenUsage;
 
 /// Usage bookkeeping behind the overflow check.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct UsageState {
     /// Last reported usage.
     last: Option<TokenUsage>,
@@ -54,7 +56,7 @@ pub(crate) struct PartFigures {
 }
 
 /// The running figures of one session.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Totals {
     /// Context-view tokens of all messages.
     tokens: u64,
@@ -62,9 +64,13 @@ pub(crate) struct Totals {
     parts: usize,
     /// Tool parts whose output prune cleared.
     compacted: usize,
-    /// Heap bytes of the content (see `memory.rs`).
+    /// Heap bytes of the content (see `memory.rs`). Not stored: a restored session
+    /// recounts its own values ([`Totals::restored`]).
+    #[serde(skip)]
     bytes: u64,
-    /// Slots allocated in all part vectors (their capacities summed).
+    /// Slots allocated in all part vectors (their capacities summed). Not stored: a
+    /// restored session recounts its own vectors.
+    #[serde(skip)]
     part_slots: usize,
     usage: UsageState,
 }
@@ -116,6 +122,16 @@ impl Totals {
     /// The same figures for a copy whose part vectors hold `slots` slots.
     pub(crate) fn with_part_slots(self, slots: usize) -> Totals {
         Totals {
+            part_slots: slots,
+            ..self
+        }
+    }
+
+    /// The same figures for a restored session, whose values hold `bytes` and whose part
+    /// vectors hold `slots` slots (counted from the decoded values).
+    pub(crate) fn restored(self, bytes: u64, slots: usize) -> Totals {
+        Totals {
+            bytes,
             part_slots: slots,
             ..self
         }

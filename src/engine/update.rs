@@ -2,10 +2,13 @@
 //! session, the memory limits (which size an update before it is applied) and every
 //! caller of [`crate::engine::step`].
 
+use serde::{Deserialize, Serialize};
+
 use crate::domain::{MessageInfo, Part, SessionInfo, TokenUsage};
 
 /// One change to a session, already validated for shape by the boundary that decoded it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Update {
     /// Open the session or change its title, model, limits, overrides and todos.
     Configure(SessionInfo),

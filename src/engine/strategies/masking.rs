@@ -9,17 +9,25 @@
 
 use std::collections::HashSet;
 
+use serde::{Deserialize, Serialize};
+
 use super::PartRef;
 
 /// The tool results seen, oldest first, and how many are already queued for masking.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Masking {
     results: Vec<(PartRef, bool)>,
+    #[serde(with = "crate::engine::sorted::set")]
     seen: HashSet<String>,
     queued: usize,
 }
 
 impl Masking {
+    /// True when every result is below message `len` and the queued count is in range.
+    pub(crate) fn fits(&self, len: usize) -> bool {
+        self.queued <= self.results.len() && self.results.iter().all(|(at, _)| at.msg < len)
+    }
+
     /// A tool result (completed or failed) at `at`; `protected` ones count toward the
     /// newest `keep` but are never masked. Returns the results that fell out of the
     /// newest `keep` with this one and may be masked.

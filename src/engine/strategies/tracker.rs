@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 
 use globset::{Glob, GlobSet, GlobSetBuilder};
+use serde::{Deserialize, Serialize};
 
 use super::file_masking::{inlined_breadcrumb, is_inlined_file};
 use super::files::file_paths;
@@ -27,7 +28,7 @@ use crate::domain::{Part, PartKind, Role, ToolPart, ToolStatus};
 use crate::engine::stored::Message;
 
 /// A part by message position and part id (part positions shift when a part is deleted).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct PartRef {
     /// Message position.
     pub msg: usize,
@@ -36,7 +37,7 @@ pub struct PartRef {
 }
 
 /// A decision waiting for the next commit.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pending {
     /// The part to mark.
     pub at: PartRef,
@@ -49,7 +50,7 @@ pub struct Pending {
 }
 
 /// The newest call seen for a key.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct Holder {
     at: PartRef,
     /// (message, part) position when registered: the order "newer" means.
@@ -67,17 +68,22 @@ const AGED: [(Strategy, usize); 3] = [
 ];
 
 /// Incremental strategy state of one session.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Tracker {
+    #[serde(with = "crate::engine::sorted::map")]
     latest: HashMap<(Strategy, String), Holder>,
     /// Failed calls by call hash, waiting for a successful call with the same input.
+    #[serde(with = "crate::engine::sorted::hashes")]
     failed: HashMap<u128, Vec<Holder>>,
     /// Newest successful call by call hash (a failure placed before it is a retry too).
+    #[serde(with = "crate::engine::sorted::hashes")]
     succeeded: HashMap<u128, Holder>,
     /// Paths of multi-file calls not yet superseded; the call goes when none is left.
+    #[serde(with = "crate::engine::sorted::map")]
     remaining: HashMap<PartRef, Vec<String>>,
     pending: Vec<Pending>,
     /// What `pending` holds, so a part re-sent N times is queued once.
+    #[serde(with = "crate::engine::sorted::set")]
     queued: std::collections::HashSet<(PartRef, Strategy)>,
     /// Per age strategy: messages before this position have been looked at.
     aged: [usize; 3],
@@ -86,6 +92,9 @@ pub struct Tracker {
     /// Characters one output may keep (`capLargeOutputs`; 0: no cap). Set by the session
     /// from its window.
     cap_chars: u64,
+    /// Compiled from the settings' `protected_file_globs`; not stored, compiled again
+    /// when a session is restored ([`Tracker::restored`]).
+    #[serde(skip)]
     globs: GlobSet,
     dirty: bool,
 }
@@ -106,6 +115,27 @@ impl Tracker {
             self.cap_chars = cap;
             self.dirty = true;
         }
+    }
+
+    /// After decoding: compiles the protected file globs again from `s` (they are not
+    /// stored). While the state is clean they are always `s`'s: a settings change marks it
+    /// dirty, and the rebuild compiles them.
+    pub(crate) fn restored(&mut self, s: &Settings) {
+        self.globs = compile_globs(&s.protected_file_globs);
+    }
+
+    /// True when every message position the state holds is below `len` (a restored
+    /// snapshot is checked with it).
+    pub(crate) fn fits(&self, len: usize) -> bool {
+        let holder = |h: &Holder| h.at.msg < len && h.order.0 < len;
+        self.latest.values().all(holder)
+            && self.failed.values().flatten().all(holder)
+            && self.succeeded.values().all(holder)
+            && self.remaining.keys().all(|at| at.msg < len)
+            && self.pending.iter().all(|p| p.at.msg < len)
+            && self.queued.iter().all(|(at, _)| at.msg < len)
+            && self.aged.iter().all(|&a| a <= len)
+            && self.masking.fits(len)
     }
 
     /// Forgets everything; the next commit rebuilds from the messages (settings changed).

@@ -25,6 +25,7 @@ mod pins;
 mod props;
 mod prune;
 mod recall;
+mod snapshot;
 mod strategies;
 
 use std::sync::Arc;
