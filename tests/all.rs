@@ -6,4 +6,5 @@ mod conformance;
 mod fuzz;
 mod grpc;
 mod hostile;
+mod snapshot;
 mod walkthrough;
