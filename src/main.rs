@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use compactd::cli::{self, Command, ReplayArgs, ServeArgs};
 use compactd::server::{self, ServerOptions};
-use compactd::store::Store;
+use compactd::store::{Durability, Sqlite, Store};
 use compactd::tokens::CharsPerToken;
 use compactd::trace;
 
@@ -105,9 +105,24 @@ fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
     let uds_mode = args.uds_mode().map_err(|e| with_source(e, layered))?;
     let tls = args.tls().map_err(|e| with_source(e, layered))?;
     runtime.block_on(async move {
-        let store = Arc::new(
-            Store::new(config.clone(), Arc::new(CharsPerToken)).with_limits(args.limits()),
-        );
+        let mut store =
+            Store::new(config.clone(), Arc::new(CharsPerToken)).with_limits(args.limits());
+        let observer: compactd::store::Observer = Arc::new(compactd::telemetry::store_event);
+        if args.durability != Durability::Memory {
+            let backend = Sqlite::open(
+                &args.data_dir,
+                args.durability,
+                Some(observer.clone()),
+                args.max_disk_bytes,
+            )
+                .map_err(|e| anyhow::anyhow!("--data-dir {}: {e}", args.data_dir.display()))?;
+            store = store
+                .with_backend(Arc::new(backend))
+                .map_err(|e| anyhow::anyhow!("--data-dir {}: {e}", args.data_dir.display()))?;
+        }
+        store.observe_with(observer);
+        let store = Arc::new(store);
+        let closing = store.clone();
         let authenticated = auth.token.is_some();
         let options = ServerOptions {
             max_update_bytes: args.max_update_bytes,
@@ -130,7 +145,14 @@ fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
             let stop = metrics_stop.clone();
             let sampled = store.clone();
             let sample = move || {
-                compactd::telemetry::sessions(sampled.len());
+                compactd::telemetry::sessions(sampled.hot_len());
+                if let Some(b) = sampled.backend() {
+                    compactd::telemetry::store(
+                        sampled.len().saturating_sub(sampled.hot_len()),
+                        b.disk_bytes(),
+                        b.state() != compactd::store::BackendState::Ok,
+                    );
+                }
                 compactd::telemetry::memory(
                     sampled.held_bytes(),
                     sampled.ledger().in_flight(),
@@ -153,6 +175,9 @@ fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
                 authenticated,
                 llm = compaction.summarizer.as_ref().map_or("not configured", |s| s.model()),
                 llm_base_url = %args.llm.llm_base_url.as_deref().map(compactd::config::redact::url).unwrap_or_default(),
+                durability = %args.durability,
+                data_dir = %if args.durability == Durability::Memory { String::new() } else { args.data_dir.display().to_string() },
+                sessions_on_disk = closing.len(),
                 "starting compactd {}",
                 env!("CARGO_PKG_VERSION")
             );
@@ -175,6 +200,8 @@ fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
             #[cfg(not(unix))]
             cli::ListenAddr::Unix(_) => anyhow::bail!("--listen unix: needs a Unix system"),
         }
+        // Under `interval`, what actors still hold is written before the process exits.
+        closing.close().await;
         metrics_stop.cancel();
         tracing::info!("compactd stopped");
         Ok(())

@@ -106,7 +106,41 @@ fn describe() {
     );
     describe_counter!(
         "compactd_sessions_evicted_total",
-        "Sessions removed from memory, by reason (idle)."
+        "Sessions removed from memory, by reason (idle, memory)."
+    );
+    describe_gauge!(
+        "compactd_sessions_cold",
+        "Sessions only on disk (loaded back on their next use)."
+    );
+    describe_counter!(
+        "compactd_session_loads_total",
+        "Cold sessions loaded from disk, by result (ok, failed)."
+    );
+    describe_histogram!(
+        "compactd_session_load_seconds",
+        metrics::Unit::Seconds,
+        "Time to load a cold session from disk (read, decode, log replay)."
+    );
+    describe_counter!(
+        "compactd_store_commits_total",
+        "Durable store commits (each one fsync, shared by every write queued), by result."
+    );
+    describe_histogram!(
+        "compactd_store_commit_seconds",
+        metrics::Unit::Seconds,
+        "Time of one durable store commit, fsync included."
+    );
+    describe_counter!(
+        "compactd_store_written_bytes_total",
+        "Bytes of snapshots and log entries committed."
+    );
+    describe_gauge!(
+        "compactd_store_disk_bytes",
+        "Bytes the durable store's files take on disk."
+    );
+    describe_gauge!(
+        "compactd_store_failing",
+        "1 while the durable store's last commit failed, else 0."
     );
     describe_counter!(
         "compactd_rejected_requests_total",
@@ -127,9 +161,39 @@ pub fn memory(held: u64, in_flight: u64, budget: u64) {
     gauge!("compactd_memory_budget_bytes").set(budget as f64);
 }
 
-/// A session was evicted (`reason`: `idle`).
-pub fn evicted(reason: &'static str) {
-    counter!("compactd_sessions_evicted_total", "reason" => reason).increment(1);
+/// The store's own events: commits, cold loads and evictions.
+pub fn store_event(e: &crate::store::StoreEvent) {
+    use crate::store::StoreEvent;
+    match e {
+        StoreEvent::Commit {
+            requests: _,
+            bytes,
+            took,
+            ok,
+        } => {
+            let result = if *ok { "ok" } else { "failed" };
+            counter!("compactd_store_commits_total", "result" => result).increment(1);
+            histogram!("compactd_store_commit_seconds").record(took.as_secs_f64());
+            if *ok {
+                counter!("compactd_store_written_bytes_total").increment(*bytes);
+            }
+        }
+        StoreEvent::Loaded { took, ok } => {
+            let result = if *ok { "ok" } else { "failed" };
+            counter!("compactd_session_loads_total", "result" => result).increment(1);
+            histogram!("compactd_session_load_seconds").record(took.as_secs_f64());
+        }
+        StoreEvent::Evicted { reason } => {
+            counter!("compactd_sessions_evicted_total", "reason" => *reason).increment(1);
+        }
+    }
+}
+
+/// The durable store's figures, sampled at each scrape.
+pub fn store(cold: usize, disk_bytes: u64, failing: bool) {
+    gauge!("compactd_sessions_cold").set(cold as f64);
+    gauge!("compactd_store_disk_bytes").set(disk_bytes as f64);
+    gauge!("compactd_store_failing").set(if failing { 1.0 } else { 0.0 });
 }
 
 /// One update went through the engine.

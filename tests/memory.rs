@@ -165,6 +165,7 @@ async fn a_thousand_real_sessions_fit_the_default_budget_and_the_count_matches_t
         let real = allocated() - start;
         store
             .insert(session, false)
+            .await
             .unwrap_or_else(|e| panic!("session {i} of {n} refused: {e}"));
         json_total += t.json_bytes;
         text_total += t.text_bytes;
@@ -227,7 +228,7 @@ async fn a_thousand_real_sessions_fit_the_default_budget_and_the_count_matches_t
     // Every session is held once: deleting them all gives the memory back.
     let ids: Vec<String> = store.list().iter().map(|h| h.id().to_string()).collect();
     for id in ids {
-        store.remove(&id);
+        store.remove(&id).await.expect("removed");
     }
     for _ in 0..100 {
         if store.held_bytes() == 0 {

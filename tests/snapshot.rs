@@ -281,7 +281,9 @@ fn snapshot_throughput() {
         "{}: {} messages, {} parts; snapshot {:.2} MB ({:.2}x the {:.2} MB of part text); \
          encode {:.1} ms ({:.0} MB/s), decode {:.1} ms ({:.0} MB/s); log of {} changes \
          {:.2} MB, encoded and decoded in {:.1} ms ({:.0} MB/s)",
-        path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
+        path.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default(),
         live.messages().len(),
         live.part_count(),
         mb,

@@ -15,6 +15,7 @@ use clap::parser::ValueSource;
 use clap::{ArgAction, ArgMatches, CommandFactory, FromArgMatches};
 
 use super::{Cli, Command, ConfigCommand};
+use crate::store::Durability;
 
 /// Where a setting's value came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -385,8 +386,28 @@ pub fn print_config(l: &Layered) -> String {
             (!raw.is_empty() && raw.iter().all(|v| v == "true")).to_string()
         };
         out.push_str(&format!("{key} = {value}  # {source}\n"));
+        if long == "durability" {
+            out.push_str(&format!("# {}\n", durability_guarantee(raw.first())));
+        }
     }
     out
+}
+
+/// What a `--durability` value promises, in one line (`config print` states the loss
+/// window).
+fn durability_guarantee(raw: Option<&String>) -> String {
+    match raw.map(|r| Durability::parse(r)) {
+        Some(Ok(Durability::Sync)) => {
+            "guarantee: an acknowledged update is on disk; a crash loses nothing acknowledged"
+                .into()
+        }
+        Some(Ok(Durability::Interval(d))) => format!(
+            "guarantee: a crash loses at most the last {} ms of acknowledged updates",
+            d.as_millis()
+        ),
+        Some(Ok(Durability::Memory)) => "guarantee: none; a restart loses every session".into(),
+        _ => "guarantee: unknown durability".into(),
+    }
 }
 
 /// A value as TOML: a number bare when the flag takes a number (normalized, so the

@@ -20,7 +20,7 @@ use crate::config::{
 };
 use crate::domain::ModelLimits;
 use crate::server::{CompactionConfig, DEFAULT_MAX_UPDATE_BYTES};
-use crate::store::{DEFAULT_MAX_SESSION_BYTES, DEFAULT_MEMORY_BUDGET, Limits};
+use crate::store::{DEFAULT_MAX_SESSION_BYTES, DEFAULT_MEMORY_BUDGET, Durability, Limits};
 use crate::summarize::{ApiKey, LlmConfig, OpenAiSummarizer, PromptConfig, Summarizer};
 
 /// Environment variable that turns automatic compaction (and overflow reports) off.
@@ -214,6 +214,12 @@ impl std::fmt::Display for ListenAddr {
     }
 }
 
+/// The default `--data-dir`: the platform's data directory, or `./compactd-data` where
+/// there is none.
+pub fn default_data_dir() -> PathBuf {
+    dirs::data_dir().map_or_else(|| PathBuf::from("compactd-data"), |d| d.join("compactd"))
+}
+
 impl ServeArgs {
     /// The store's limits.
     pub fn limits(&self) -> Limits {
@@ -343,7 +349,28 @@ pub struct ServeArgs {
     /// memory limit.
     #[arg(long, env = "COMPACTD_MEMORY_BUDGET", default_value_t = DEFAULT_MEMORY_BUDGET, value_name = "BYTES")]
     pub memory_budget: u64,
+    /// Where sessions are stored (SQLite, `compactd.db`): they survive restarts and
+    /// crashes, and sessions evicted from memory stay there. Default: the platform's data
+    /// directory (`~/.local/share/compactd` on Linux).
+    #[arg(long, env = "COMPACTD_DATA_DIR", value_name = "PATH", default_value_os_t = default_data_dir())]
+    pub data_dir: PathBuf,
+    /// When an update is acknowledged: `sync` (once on disk; concurrent updates of all
+    /// sessions share one fsync), `interval=<ms>` (at once, on disk within the interval:
+    /// a crash loses at most that window), `memory` (nothing on disk; a restart loses
+    /// every session).
+    #[arg(long, env = "COMPACTD_DURABILITY", default_value = "sync", value_parser = Durability::parse)]
+    pub durability: Durability,
+    /// Bytes the session database may take (0: no limit). Past it, updates are
+    /// RESOURCE_EXHAUSTED as on a full disk; keep it below the volume's own limit.
+    #[arg(
+        long,
+        env = "COMPACTD_MAX_DISK_BYTES",
+        default_value_t = 0,
+        value_name = "BYTES"
+    )]
+    pub max_disk_bytes: u64,
     /// Evict sessions no update or request touched for this many seconds (0: never).
+    /// With a data dir they stay on disk and are loaded back on their next use.
     #[arg(long, env = "COMPACTD_SESSION_IDLE_TTL_SECS", default_value_t = 86_400)]
     pub session_idle_ttl_secs: u64,
     /// A Stream client that leaves its event buffer (1024 events) full this many seconds

@@ -133,7 +133,7 @@ pub async fn start(
     let Some(summarizer) = hub.compaction.summarizer.clone() else {
         return Err(precondition(SummarizeError::NotConfigured.to_string()));
     };
-    let handle = hub.store.get(session_id)?;
+    let handle = hub.store.get(session_id).await?;
     let running = hub.claim(session_id).map_err(|refused| match refused {
         super::hub::Refused::Draining => Rejection {
             code: tonic::Code::Unavailable,
@@ -314,7 +314,7 @@ impl Job {
     /// auto-compaction.
     async fn record(&self, ok: bool) -> bool {
         let auto = self.plan.request.auto;
-        let Ok(handle) = self.link.hub.store.get(&self.link.session_id) else {
+        let Ok(handle) = self.link.hub.store.get(&self.link.session_id).await else {
             return false;
         };
         handle
@@ -355,6 +355,7 @@ impl Job {
             .hub
             .store
             .get(&link.session_id)
+            .await
             .map_err(|e| fail("session_gone", e.to_string(), false))?;
         let plan = self.plan.clone();
         let ids = CommitIds {
@@ -364,7 +365,7 @@ impl Job {
         let usage = outcome.usage;
         let cost = outcome.cost;
         let committed = handle
-            .call(move |s, cfg| s.commit_compaction(&plan, &outcome, &ids, now_ms(), cfg))
+            .call(move |s, _| s.commit_compaction(plan, outcome, ids, now_ms()))
             .await
             .map_err(|e| fail("session_gone", e.to_string(), false))?;
         let done = committed.map_err(|e| {

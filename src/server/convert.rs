@@ -804,6 +804,7 @@ pub fn summary_to_pb(s: &Session, created: bool) -> pb::SessionSummary {
         context_tokens: s.context_tokens(),
         compacted_parts: s.compacted_count() as u32,
         held_bytes: s.held_bytes(),
+        cold: false,
         overflow: Some(overflow_to_pb(
             &s.check_overflow(crate::engine::Trigger::Request),
         )),

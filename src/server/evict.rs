@@ -22,12 +22,11 @@ pub async fn announce(hub: Arc<Hub>, mut evictions: mpsc::UnboundedReceiver<Evic
             },
         };
         let idle_ms = u64::try_from(evicted.idle.as_millis()).unwrap_or(u64::MAX);
-        tracing::info!(session_id = %evicted.session_id, idle_ms, "session evicted (idle)");
-        crate::telemetry::evicted("idle");
+        tracing::info!(session_id = %evicted.session_id, idle_ms, reason = evicted.reason, cold = evicted.cold, "session evicted");
         hub.publish(
             &evicted.session_id,
             pb::session_event::Event::Evicted(pb::SessionEvicted {
-                reason: "idle".into(),
+                reason: evicted.reason.into(),
                 idle_ms,
             }),
         );

@@ -167,7 +167,7 @@ where
         tokio::spawn(evict::announce(hub.clone(), evictions));
     }
     let sessions = pb::sessions_server::SessionsServer::new(SessionsService::new(
-        hub,
+        hub.clone(),
         options.max_update_bytes,
     ))
     .max_decoding_message_size(transport_max)
@@ -180,6 +180,14 @@ where
     health_reporter
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
+
+    if let Some(backend) = hub.store.backend().cloned() {
+        tokio::spawn(report_store_health(
+            backend,
+            health_reporter.clone(),
+            hub.closing(),
+        ));
+    }
 
     let reporter = health_reporter.clone();
     let deadline = options.drain_timeout;
@@ -266,4 +274,38 @@ pub enum ServeError {
     /// The transport failed (listener error).
     #[error("transport: {0}")]
     Transport(#[from] tonic::transport::Error),
+}
+
+/// The health service name that reports the durable store: `SERVING` while its commits
+/// succeed, `NOT_SERVING` while they fail (updates are then refused; reads still work).
+pub const STORE_HEALTH_SERVICE: &str = "compactd.store";
+
+/// Follows the backend's state into the health service until the server closes.
+async fn report_store_health(
+    backend: Arc<dyn crate::store::Backend>,
+    reporter: tonic_health::server::HealthReporter,
+    closing: tokio_util::sync::CancellationToken,
+) {
+    use crate::store::BackendState;
+    let mut last = None;
+    loop {
+        let state = backend.state();
+        if last.as_ref() != Some(&state) {
+            let status = match &state {
+                BackendState::Ok => tonic_health::ServingStatus::Serving,
+                BackendState::Failing(e) => {
+                    tracing::warn!(error = %e, "session store failing: health {STORE_HEALTH_SERVICE} is NOT_SERVING");
+                    tonic_health::ServingStatus::NotServing
+                }
+            };
+            reporter
+                .set_service_status(STORE_HEALTH_SERVICE, status)
+                .await;
+            last = Some(state);
+        }
+        tokio::select! {
+            () = closing.cancelled() => return,
+            () = tokio::time::sleep(std::time::Duration::from_millis(500)) => {}
+        }
+    }
 }

@@ -18,10 +18,9 @@ use super::status::Rejection;
 use crate::config::EngineConfig;
 use crate::domain::SessionInfo;
 use crate::engine::{
-    self, Event, OverflowCheck, PruneMode, PruneReport, RecallKey, Recalled, Session, StepReport,
-    Trigger, Update,
+    Event, OverflowCheck, PruneMode, PruneReport, RecallKey, Recalled, StepReport, Trigger, Update,
 };
-use crate::store::{SessionHandle, StoreError};
+use crate::store::{SessionHandle, StoreError, Tx};
 
 /// An op in flight: already answered, or waiting on its session's actor.
 #[derive(Debug)]
@@ -37,7 +36,7 @@ enum State<T> {
     /// a reply can be large while a queued op is one pointer.
     Ready(Box<Result<T, Rejection>>),
     /// Queued on the actor.
-    Queued(oneshot::Receiver<Result<T, Rejection>>),
+    Queued(oneshot::Receiver<Result<Result<T, Rejection>, StoreError>>),
 }
 
 impl<T> Pending<T> {
@@ -73,6 +72,7 @@ impl<T> Pending<T> {
             State::Queued(rx) => rx
                 .await
                 .map_err(|_| Rejection::from(StoreError::Closed(session_id.to_string())))?
+                .map_err(Rejection::from)?
                 .map_err(|r| r.within(self.prefix)),
         }
     }
@@ -201,13 +201,13 @@ async fn open_as<R: Send + 'static>(
     {
         return Pending::ready(Err(r), prefix);
     }
-    let handle = match hub.store.open(info.clone()) {
+    let handle = match hub.store.open(info.clone()).await {
         Ok((_, true)) => return Pending::ready(Ok(wrap(Opened { created: true })), prefix),
         Ok((handle, false)) => handle,
         Err(e) => return Pending::ready(Err(e.into()), prefix),
     };
-    queue(&handle, prefix, move |s, c| {
-        engine::step(s, Update::Configure(info), c, now_ms())
+    queue(&handle, prefix, move |s, _| {
+        s.step(Update::Configure(info), now_ms())
             .map(|_| wrap(Opened { created: false }))
             .map_err(Rejection::from)
     })
@@ -218,9 +218,9 @@ async fn open_as<R: Send + 'static>(
 async fn on_session<T, J>(hub: &Hub, session_id: &str, prefix: &'static str, job: J) -> Pending<T>
 where
     T: Send + 'static,
-    J: FnOnce(&mut Session, &EngineConfig) -> Result<T, Rejection> + Send + 'static,
+    J: FnOnce(&mut Tx<'_>, &EngineConfig) -> Result<T, Rejection> + Send + 'static,
 {
-    match hub.store.get(session_id) {
+    match hub.store.get(session_id).await {
         Ok(handle) => queue(&handle, prefix, job).await,
         Err(e) => Pending::ready(Err(e.into()), prefix),
     }
@@ -229,7 +229,7 @@ where
 async fn queue<T, J>(handle: &SessionHandle, prefix: &'static str, job: J) -> Pending<T>
 where
     T: Send + 'static,
-    J: FnOnce(&mut Session, &EngineConfig) -> Result<T, Rejection> + Send + 'static,
+    J: FnOnce(&mut Tx<'_>, &EngineConfig) -> Result<T, Rejection> + Send + 'static,
 {
     match handle.submit(job).await {
         Ok(rx) => Pending {
@@ -246,13 +246,13 @@ fn step(
     hub: &Arc<Hub>,
     session_id: &str,
     update: Update,
-) -> impl FnOnce(&mut Session, &EngineConfig) -> Result<StepReport, Rejection> + Send + 'static {
+) -> impl FnOnce(&mut Tx<'_>, &EngineConfig) -> Result<StepReport, Rejection> + Send + 'static {
     let hub = hub.clone();
     let sid = session_id.to_string();
-    move |s, c| {
+    move |s, _| {
         let kind = update.kind();
         let began = std::time::Instant::now();
-        let report = engine::step(s, update, c, now_ms());
+        let report = s.step(update, now_ms());
         crate::telemetry::update(kind, report.is_ok(), began.elapsed());
         let report = report?;
         for e in &report.events {
@@ -275,7 +275,7 @@ fn step(
 fn build_context(
     hub: &Arc<Hub>,
     format: super::pb::ContextFormat,
-) -> impl FnOnce(&mut Session, &EngineConfig) -> Result<ContextReply, Rejection> + Send + 'static {
+) -> impl FnOnce(&mut Tx<'_>, &EngineConfig) -> Result<ContextReply, Rejection> + Send + 'static {
     let ledger = hub.store.ledger().clone();
     move |s, _| {
         let view = s.build_context();
@@ -291,7 +291,7 @@ fn build_context(
 
 fn run_prune(
     dry_run: bool,
-) -> impl FnOnce(&mut Session, &EngineConfig) -> Result<PruneReport, Rejection> + Send + 'static {
+) -> impl FnOnce(&mut Tx<'_>, &EngineConfig) -> Result<PruneReport, Rejection> + Send + 'static {
     move |s, _| {
         let mode = if dry_run {
             PruneMode::DryRun
@@ -304,6 +304,6 @@ fn run_prune(
     }
 }
 
-fn overflow_check(s: &mut Session, _: &EngineConfig) -> Result<OverflowCheck, Rejection> {
+fn overflow_check(s: &mut Tx<'_>, _: &EngineConfig) -> Result<OverflowCheck, Rejection> {
     Ok(s.check_overflow(Trigger::Request))
 }

@@ -84,7 +84,7 @@ impl SessionsService {
     }
 
     async fn summary(&self, session_id: &str, created: bool) -> Result<pb::SessionSummary, Status> {
-        let handle = self.store.get(session_id).map_err(Rejection::from)?;
+        let handle = self.store.get(session_id).await.map_err(Rejection::from)?;
         handle
             .call(move |s, _| convert::summary_to_pb(s, created))
             .await
@@ -163,7 +163,7 @@ impl pb::sessions_server::Sessions for SessionsService {
         }
         let only = request.into_inner().session_id;
         if !only.is_empty() {
-            self.store.get(&only).map_err(Rejection::from)?;
+            self.store.get(&only).await.map_err(Rejection::from)?;
         }
         let mut bus = self.hub.bus.subscribe();
         let (tx, rx) = mpsc::channel(256);
@@ -341,7 +341,11 @@ impl pb::sessions_server::Sessions for SessionsService {
     ) -> Result<Response<pb::GetSessionResponse>, Status> {
         let req = request.into_inner();
         require_session(&req.session_id)?;
-        let handle = self.store.get(&req.session_id).map_err(Rejection::from)?;
+        let handle = self
+            .store
+            .get(&req.session_id)
+            .await
+            .map_err(Rejection::from)?;
         let resp = handle
             .call(|s, _| pb::GetSessionResponse {
                 info: Some(convert::session_to_pb(s.info())),
@@ -366,10 +370,21 @@ impl pb::sessions_server::Sessions for SessionsService {
         }
         let mut sessions = Vec::with_capacity(pending.len());
         for rx in pending {
-            if let Ok(s) = rx.await {
+            if let Ok(Ok(s)) = rx.await {
                 sessions.push(s);
             }
         }
+        // Cold sessions by id only: listing must not load every session into memory.
+        sessions.extend(
+            self.store
+                .cold_ids()
+                .into_iter()
+                .map(|id| pb::SessionSummary {
+                    id,
+                    cold: true,
+                    ..Default::default()
+                }),
+        );
         sessions.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(Response::new(pb::ListSessionsResponse { sessions }))
     }
@@ -380,7 +395,11 @@ impl pb::sessions_server::Sessions for SessionsService {
     ) -> Result<Response<pb::DeleteSessionResponse>, Status> {
         let req = request.into_inner();
         require_session(&req.session_id)?;
-        let removed = self.store.remove(&req.session_id);
+        let removed = self
+            .store
+            .remove(&req.session_id)
+            .await
+            .map_err(Rejection::from)?;
         if !removed {
             return Err(Rejection::from(crate::store::StoreError::NotFound(req.session_id)).into());
         }
@@ -468,6 +487,7 @@ impl pb::sessions_server::Sessions for SessionsService {
         let (messages, parts) = (session.messages().len(), session.part_count());
         self.store
             .insert(session, req.replace)
+            .await
             .map_err(Rejection::from)?;
         tracing::info!(session_id = %id, messages, parts, "session imported");
         Ok(Response::new(self.summary(&id, true).await?))

@@ -5,7 +5,7 @@ use tonic::{Code, Status};
 
 use super::pb;
 use crate::engine::{ApplyError, ErrorKind};
-use crate::store::StoreError;
+use crate::store::{BackendError, StoreError};
 use crate::telemetry::code_name;
 use crate::trace::ImportError;
 
@@ -84,10 +84,16 @@ impl From<StoreError> for Rejection {
             | StoreError::SessionTooLarge { .. }
             | StoreError::OverBudget { .. }
             | StoreError::InFlightOverBudget { .. } => Code::ResourceExhausted,
+            // Disk full: retry once space is freed. Any other I/O failure: retry later.
+            StoreError::Storage(BackendError::Full(_)) => Code::ResourceExhausted,
+            StoreError::Storage(BackendError::Corrupt { .. }) => Code::DataLoss,
+            StoreError::Storage(BackendError::Io(_) | BackendError::Closed) => Code::Unavailable,
         };
         let field = match e {
             // Not the session's fault: the server is holding too much for everyone.
             StoreError::InFlightOverBudget { .. } => "",
+            StoreError::Storage(BackendError::Corrupt { .. }) => "session_id",
+            StoreError::Storage(_) => "",
             _ => "session_id",
         };
         Rejection {

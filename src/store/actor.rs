@@ -6,7 +6,15 @@
 //! takes the store's map lock, then its gate, and leaves only if no job slipped in. A
 //! handle queues a job only under the same gate after checking the actor has not left, so
 //! an update racing the eviction is either run (the session stays) or refused with
-//! `NOT_FOUND`: never applied to a session no one can reach.
+//! `NOT_FOUND`: never applied to a session no one can reach. With a durable store the
+//! session is written to disk first and stays reachable there (it is *cold*).
+//!
+//! With a durable store, the changes a job made (`Tx`) are queued for the backend; under
+//! `Durability::Sync` the job's result is delivered only once they are durable. While one
+//! batch is being committed, the next jobs run and their changes gather for the next
+//! batch, so a session pipelines as many updates per fsync as arrive meanwhile. If a
+//! commit fails, the session is reloaded from disk (the state before the batch) and every
+//! result waiting on it is an error: nothing unacknowledged stays applied.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -16,22 +24,64 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::{Evicted, Ledger, Limits, Shared, StoreError};
+use super::backend::{Backend, BackendError, Committed, StoreEvent, Write};
+use super::tx::Tx;
+use super::{Evicted, Ledger, Limits, Shared, StoreError, restore};
 use crate::config::EngineConfig;
 use crate::engine::Session;
+use crate::engine::encode_session;
+use crate::tokens::TokenCounter;
 
+/// A job's result, delivered once the changes it made are durable (or failed).
+pub(super) type Deliver = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
 /// Jobs a session actor runs, in order, with exclusive access to the session.
-type Job = Box<dyn FnOnce(&mut Session, &EngineConfig) + Send>;
+pub(super) type Job = Box<dyn FnOnce(&mut Tx<'_>, &EngineConfig) -> Deliver + Send>;
+
+/// What a mailbox carries.
+pub(super) enum Msg {
+    /// Run a job.
+    Job(Job),
+    /// Leave memory for disk now (memory pressure); answers true when it left.
+    Evict(oneshot::Sender<bool>),
+    /// Write everything pending; answers once it is durable.
+    Flush(oneshot::Sender<Result<(), StoreError>>),
+}
+
+/// How long a job waits for the evictor under memory pressure before it runs anyway
+/// (and may be refused for the budget).
+const ROOM_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// Jobs run back to back before the actor looks at its batch again.
+const JOBS_PER_TURN: usize = 64;
+/// Unsent change bytes past which the actor waits for its batch before running more
+/// jobs (bounds what a slow disk makes us hold).
+const MAX_UNSENT_BYTES: u64 = 32 << 20;
+/// A snapshot is written once the log since the last one reaches this many bytes or the
+/// snapshot's own size, whichever is larger: restore replays at most about one snapshot's
+/// worth of log, and snapshot work stays proportional to what was logged.
+const SNAPSHOT_MIN_LOG_BYTES: u64 = 1 << 20;
 
 /// A cheap, cloneable address of one session's actor.
 #[derive(Clone, Debug)]
 pub struct SessionHandle {
     id: Arc<str>,
-    tx: mpsc::Sender<Job>,
+    tx: mpsc::Sender<Msg>,
     /// Bytes the session holds, as of its last job.
     bytes: Arc<AtomicU64>,
+    /// When the session last ran a job (ms on the store's clock): eviction picks the
+    /// least recently used.
+    used: Arc<AtomicU64>,
     /// True once the actor evicted itself; jobs are sent only under this lock.
     gate: Arc<Mutex<bool>>,
+}
+
+impl std::fmt::Debug for Msg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Msg::Job(_) => "Job",
+            Msg::Evict(_) => "Evict",
+            Msg::Flush(_) => "Flush",
+        })
+    }
 }
 
 impl SessionHandle {
@@ -45,19 +95,36 @@ impl SessionHandle {
         self.bytes.load(Ordering::Relaxed)
     }
 
+    /// When it last ran a job, on the store's clock.
+    pub(super) fn last_used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// True when this handle and `other` address the same actor.
+    pub(super) fn same(&self, other: &SessionHandle) -> bool {
+        Arc::ptr_eq(&self.gate, &other.gate)
+    }
+
     /// Queues `f` behind every job already queued and returns where its result will land.
     /// Awaiting only the queueing (not the result) lets a stream pipeline updates to
-    /// several sessions while keeping each session's order.
-    pub async fn submit<R, F>(&self, f: F) -> Result<oneshot::Receiver<R>, StoreError>
+    /// several sessions while keeping each session's order. The result is an error when
+    /// the changes `f` made could not be made durable (they are then undone).
+    pub async fn submit<R, F>(
+        &self,
+        f: F,
+    ) -> Result<oneshot::Receiver<Result<R, StoreError>>, StoreError>
     where
         R: Send + 'static,
-        F: FnOnce(&mut Session, &EngineConfig) -> R + Send + 'static,
+        F: FnOnce(&mut Tx<'_>, &EngineConfig) -> R + Send + 'static,
     {
         let permit = self.tx.reserve().await.map_err(|_| self.gone())?;
         let (tx, rx) = oneshot::channel();
-        let job: Job = Box::new(move |s, c| {
-            // The caller may have gone away; the job's effect on the session stands.
-            let _ = tx.send(f(s, c));
+        let job: Job = Box::new(move |s, config| {
+            let r = f(s, config);
+            Box::new(move |durable: Result<(), StoreError>| {
+                // The caller may have gone away; the job's effect on the session stands.
+                let _ = tx.send(durable.map(|()| r));
+            })
         });
         // Under the gate: either the actor has not decided yet (and will find this job
         // when it looks under the same lock) or it has left.
@@ -65,7 +132,7 @@ impl SessionHandle {
         if *evicted {
             return Err(StoreError::NotFound(self.id.to_string()));
         }
-        permit.send(job);
+        permit.send(Msg::Job(job));
         Ok(rx)
     }
 
@@ -73,11 +140,29 @@ impl SessionHandle {
     pub async fn call<R, F>(&self, f: F) -> Result<R, StoreError>
     where
         R: Send + 'static,
-        F: FnOnce(&mut Session, &EngineConfig) -> R + Send + 'static,
+        F: FnOnce(&mut Tx<'_>, &EngineConfig) -> R + Send + 'static,
     {
         let rx = self.submit(f).await?;
         rx.await
-            .map_err(|_| StoreError::Closed(self.id.to_string()))
+            .map_err(|_| StoreError::Closed(self.id.to_string()))?
+    }
+
+    /// Asks the actor to leave memory for disk; true when it left.
+    pub(super) async fn evict(&self) -> bool {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Msg::Evict(tx)).await.is_err() {
+            return true;
+        }
+        rx.await.unwrap_or(true)
+    }
+
+    /// Waits until every change made so far is durable.
+    pub(super) async fn flush(&self) -> Result<(), StoreError> {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Msg::Flush(tx)).await.is_err() {
+            return Ok(());
+        }
+        rx.await.unwrap_or(Ok(()))
     }
 
     /// Why the mailbox is shut: the actor evicted itself, or it ended otherwise.
@@ -102,16 +187,63 @@ impl Drop for Counted {
     }
 }
 
+/// Where a durable session stands with its backend.
+pub(super) struct Durable {
+    pub backend: Arc<dyn Backend>,
+    /// The token counter a reload decodes with.
+    pub counter: Arc<dyn TokenCounter>,
+    pub incarnation: u64,
+    /// The last change handed out a log position.
+    pub seq: u64,
+    /// Bytes logged since the last snapshot, and that snapshot's size.
+    pub log_bytes: u64,
+    pub snapshot_bytes: u64,
+}
+
+/// The actor's side of a durable session: what is written, in flight, and waiting.
+struct Journal {
+    d: Durable,
+    waits: bool,
+    /// Changes not yet sent to the backend.
+    unsent: Vec<Write>,
+    unsent_bytes: u64,
+    /// Results waiting for `unsent` to be durable.
+    waiting: Vec<Deliver>,
+    /// The batch being committed and the results waiting for it.
+    outstanding: Option<(Committed, Vec<Deliver>)>,
+    /// A commit failed under `Interval`: the next batch carries a full snapshot.
+    resync: bool,
+}
+
+impl Journal {
+    fn idle(&self) -> bool {
+        self.unsent.is_empty() && self.outstanding.is_none()
+    }
+}
+
+/// What a new actor starts with.
+pub(super) struct Start {
+    pub session: Session,
+    pub config: Arc<EngineConfig>,
+    pub mailbox: usize,
+    pub limits: Limits,
+    pub ledger: Arc<Ledger>,
+    pub durable: Option<Durable>,
+    pub clock: Instant,
+}
+
 /// Starts the actor owning `session` and returns its handle.
-pub(super) fn spawn(
-    session: Session,
-    shared: &Arc<Shared>,
-    config: Arc<EngineConfig>,
-    mailbox: usize,
-    limits: Limits,
-    ledger: Arc<Ledger>,
-) -> SessionHandle {
-    let (tx, rx) = mpsc::channel::<Job>(mailbox);
+pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
+    let Start {
+        session,
+        config,
+        mailbox,
+        limits,
+        ledger,
+        durable,
+        clock,
+    } = start;
+    let (tx, rx) = mpsc::channel::<Msg>(mailbox);
     let id: Arc<str> = Arc::from(session.info().id.as_str());
     let last = session.held_bytes();
     ledger.add_held(last);
@@ -119,8 +251,18 @@ pub(super) fn spawn(
         id,
         tx,
         bytes: Arc::new(AtomicU64::new(last)),
+        used: Arc::new(AtomicU64::new(millis_since(clock))),
         gate: Arc::new(Mutex::new(false)),
     };
+    let journal = durable.map(|d| Journal {
+        waits: d.backend.durability().waits(),
+        d,
+        unsent: Vec::new(),
+        unsent_bytes: 0,
+        waiting: Vec::new(),
+        outstanding: None,
+        resync: false,
+    });
     let actor = Actor {
         session,
         rx,
@@ -132,13 +274,20 @@ pub(super) fn spawn(
         me: Me {
             id: handle.id.clone(),
             bytes: handle.bytes.clone(),
+            used: handle.used.clone(),
             gate: handle.gate.clone(),
         },
         store: Arc::downgrade(shared),
+        journal,
+        clock,
     };
     let span = tracing::info_span!("session", session_id = %handle.id);
     tokio::spawn(actor.run().instrument(span));
     handle
+}
+
+fn millis_since(clock: Instant) -> u64 {
+    u64::try_from(clock.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 /// What the actor knows of its handle: everything but a sender, which would keep its own
@@ -146,34 +295,47 @@ pub(super) fn spawn(
 struct Me {
     id: Arc<str>,
     bytes: Arc<AtomicU64>,
+    used: Arc<AtomicU64>,
     gate: Arc<Mutex<bool>>,
 }
 
 /// A session's actor.
 struct Actor {
     session: Session,
-    rx: mpsc::Receiver<Job>,
+    rx: mpsc::Receiver<Msg>,
     config: Arc<EngineConfig>,
     limits: Limits,
     counted: Counted,
     me: Me,
     /// Weak: a dropped store ends its actors (their senders go with its map).
     store: Weak<Shared>,
+    /// None without a durable store.
+    journal: Option<Journal>,
+    clock: Instant,
 }
 
 /// What an idle actor found when it tried to leave.
 enum Leave {
-    /// It left the map; nothing can reach it any more.
+    /// It left the map; nothing can reach it any more (but the disk, when durable).
     Evicted,
-    /// A job arrived just before: run it and stay.
-    Stay(Job),
-    /// No one listens for evictions (the server is closing): stay.
+    /// A message arrived just before: handle it and stay.
+    Stay(Msg),
+    /// No one listens for evictions and nothing is on disk (the server is closing): stay.
     Unheard,
     /// The map holds another session under this id, or none (deleted or replaced): this
     /// actor only finishes what its remaining handles queue.
     Orphan,
     /// Every handle is gone.
     Ended,
+    /// Its changes could not be written: it stays in memory.
+    Unsaved,
+}
+
+/// What woke the actor.
+enum Wake {
+    Msg(Option<Msg>),
+    Committed(Result<(), BackendError>),
+    Idle,
 }
 
 impl Actor {
@@ -182,31 +344,150 @@ impl Actor {
         let mut last_job = Instant::now();
         let mut orphan = false;
         loop {
+            self.send_batch();
             let ttl = if orphan {
                 None
             } else {
                 self.store.upgrade().and_then(|s| s.idle_ttl())
             };
-            let job = match ttl {
-                None => self.rx.recv().await,
-                Some(ttl) => match tokio::time::timeout(ttl, self.rx.recv()).await {
-                    Ok(job) => job,
-                    Err(_) => match self.leave(last_job) {
-                        Leave::Evicted | Leave::Ended => break,
-                        Leave::Stay(job) => Some(job),
-                        Leave::Unheard => continue,
-                        Leave::Orphan => {
-                            orphan = true;
-                            continue;
-                        }
-                    },
+            let wake = self.wait(ttl).await;
+            let msg = match wake {
+                Wake::Committed(r) => {
+                    self.committed(r).await;
+                    continue;
+                }
+                Wake::Msg(msg) => msg,
+                Wake::Idle => match self.leave(last_job, "idle").await {
+                    Leave::Evicted | Leave::Ended => break,
+                    Leave::Stay(msg) => Some(msg),
+                    Leave::Unheard | Leave::Unsaved => continue,
+                    Leave::Orphan => {
+                        orphan = true;
+                        continue;
+                    }
                 },
             };
-            let Some(job) = job else { break };
-            self.run_job(job);
-            last_job = Instant::now();
+            let Some(msg) = msg else {
+                // Every handle is gone: write what is pending, then stop.
+                let _ = self.flush().await;
+                break;
+            };
+            match msg {
+                Msg::Job(job) => {
+                    self.make_room().await;
+                    self.run_job(job);
+                    // Run what else is queued before looking at the batch again.
+                    for _ in 1..JOBS_PER_TURN {
+                        if self.blocked() {
+                            break;
+                        }
+                        match self.rx.try_recv() {
+                            Ok(Msg::Job(job)) => self.run_job(job),
+                            Ok(other) => {
+                                if self.control(other, last_job).await {
+                                    return self.stopped();
+                                }
+                                break;
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    last_job = Instant::now();
+                    self.me
+                        .used
+                        .store(millis_since(self.clock), Ordering::Relaxed);
+                }
+                other => {
+                    if self.control(other, last_job).await {
+                        return self.stopped();
+                    }
+                }
+            }
         }
+        self.stopped();
+    }
+
+    fn stopped(&self) {
         tracing::debug!("session actor stopped");
+    }
+
+    /// Handles an `Evict` or `Flush`; true when the actor left.
+    async fn control(&mut self, msg: Msg, last_job: Instant) -> bool {
+        match msg {
+            Msg::Job(job) => {
+                self.run_job(job);
+                false
+            }
+            Msg::Flush(done) => {
+                let _ = done.send(self.flush().await);
+                false
+            }
+            Msg::Evict(done) => {
+                let left = matches!(
+                    self.leave(last_job, "memory").await,
+                    Leave::Evicted | Leave::Ended
+                );
+                let _ = done.send(left);
+                left
+            }
+        }
+    }
+
+    /// True when the actor must wait for its batch before running more jobs.
+    fn blocked(&self) -> bool {
+        self.journal
+            .as_ref()
+            .is_some_and(|j| j.outstanding.is_some() && j.unsent_bytes > MAX_UNSENT_BYTES)
+    }
+
+    async fn wait(&mut self, ttl: Option<std::time::Duration>) -> Wake {
+        let blocked = self.blocked();
+        let busy = self.journal.as_ref().is_some_and(|j| !j.idle());
+        let outstanding = self.journal.as_mut().and_then(|j| j.outstanding.as_mut());
+        let commit = async {
+            match outstanding {
+                Some((rx, _)) => rx.await.unwrap_or(Err(BackendError::Closed)),
+                None => std::future::pending().await,
+            }
+        };
+        let idle = async {
+            match ttl {
+                Some(ttl) if !busy => tokio::time::sleep(ttl).await,
+                _ => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            r = commit => Wake::Committed(r),
+            m = self.rx.recv(), if !blocked => Wake::Msg(m),
+            () = idle => Wake::Idle,
+        }
+    }
+
+    /// Under memory pressure in a durable store, waits (at most [`ROOM_WAIT`]) for the
+    /// evictor to send other sessions cold before running the next job, so the job is
+    /// slowed down rather than refused. The session is marked used first, so the evictor
+    /// picks others.
+    async fn make_room(&mut self) {
+        if self.journal.is_none() {
+            return;
+        }
+        let Some(store) = self.store.upgrade() else {
+            return;
+        };
+        let ledger = self.counted.ledger.clone();
+        if !super::over_high_water(&ledger) {
+            return;
+        }
+        self.me
+            .used
+            .store(millis_since(self.clock), Ordering::Relaxed);
+        super::pressure(&store, &ledger);
+        drop(store);
+        let began = Instant::now();
+        while super::over_high_water(&ledger) && began.elapsed() < ROOM_WAIT {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
     }
 
     fn run_job(&mut self, job: Job) {
@@ -215,7 +496,49 @@ impl Actor {
         let total = counted.ledger.counted();
         self.session
             .set_byte_limit(self.limits.byte_limit(counted.last, total));
-        job(&mut self.session, &self.config);
+        let mut changes = Vec::new();
+        let logging = self.journal.is_some();
+        let deliver = {
+            let mut tx = Tx::new(
+                &mut self.session,
+                &self.config,
+                logging.then_some(&mut changes),
+            );
+            job(&mut tx, &self.config)
+        };
+        self.account();
+        if self.journal.is_some()
+            && let Some(store) = self.store.upgrade()
+        {
+            super::pressure(&store, &self.counted.ledger);
+        }
+        match self.journal.as_mut() {
+            None => deliver(Ok(())),
+            Some(j) => {
+                for change in changes {
+                    j.d.seq = j.d.seq.saturating_add(1);
+                    let len = change.len() as u64;
+                    j.d.log_bytes = j.d.log_bytes.saturating_add(len);
+                    j.unsent_bytes = j.unsent_bytes.saturating_add(len);
+                    j.unsent.push(Write::Append {
+                        id: self.me.id.to_string(),
+                        incarnation: j.d.incarnation,
+                        seq: j.d.seq,
+                        change,
+                    });
+                }
+                if j.waits && !(j.idle() && j.waiting.is_empty()) {
+                    j.waiting.push(deliver);
+                } else {
+                    deliver(Ok(()));
+                }
+            }
+        }
+    }
+
+    /// Moves the store's byte total to the session's size after a change.
+    fn account(&mut self) {
+        let counted = &mut self.counted;
         let now = self.session.held_bytes();
         if now != counted.last {
             // Two atomic adds, never a scan: the store's total follows each job.
@@ -225,40 +548,205 @@ impl Actor {
         }
     }
 
-    /// Leaves the store after an idle TTL, unless a job slipped in (see the module doc).
-    fn leave(&mut self, last_job: Instant) -> Leave {
+    /// Sends what is unsent when no batch is being committed (one batch at a time keeps
+    /// the session's writes in order and bounded).
+    fn send_batch(&mut self) {
+        let Some(j) = self.journal.as_mut() else {
+            return;
+        };
+        if j.outstanding.is_some() || (j.unsent.is_empty() && !j.resync) {
+            return;
+        }
+        if j.resync || j.d.log_bytes >= SNAPSHOT_MIN_LOG_BYTES.max(j.d.snapshot_bytes) {
+            let snapshot = encode_session(&self.session);
+            j.d.snapshot_bytes = snapshot.len() as u64;
+            j.d.log_bytes = 0;
+            j.resync = false;
+            j.unsent.push(Write::Snapshot {
+                id: self.me.id.to_string(),
+                incarnation: j.d.incarnation,
+                seq: j.d.seq,
+                snapshot,
+            });
+        }
+        let writes = std::mem::take(&mut j.unsent);
+        j.unsent_bytes = 0;
+        let waiting = std::mem::take(&mut j.waiting);
+        let rx = j.d.backend.write(writes);
+        j.outstanding = Some((rx, waiting));
+    }
+
+    /// The batch in flight is durable, or failed.
+    async fn committed(&mut self, result: Result<(), BackendError>) {
+        let Some(j) = self.journal.as_mut() else {
+            return;
+        };
+        let Some((_, delivers)) = j.outstanding.take() else {
+            return;
+        };
+        match result {
+            Ok(()) => {
+                for d in delivers {
+                    d(Ok(()));
+                }
+                // Results that waited only because a batch was in flight.
+                if j.unsent.is_empty() {
+                    for d in std::mem::take(&mut j.waiting) {
+                        d(Ok(()));
+                    }
+                }
+            }
+            Err(e) if j.waits => {
+                tracing::warn!(error = %e, "changes not written; reloading the session from disk");
+                let err = StoreError::Storage(e);
+                let mut failed = delivers;
+                failed.append(&mut j.waiting);
+                j.unsent.clear();
+                j.unsent_bytes = 0;
+                self.reload().await;
+                for d in failed {
+                    d(Err(err.clone()));
+                }
+            }
+            Err(e) => {
+                // Already acknowledged (interval): write the whole session next time.
+                tracing::warn!(error = %e, "changes not written; the next write is a snapshot");
+                j.resync = true;
+                for d in delivers {
+                    d(Ok(()));
+                }
+            }
+        }
+    }
+
+    /// Puts back the session as the disk has it (after a failed commit). If even that
+    /// fails, the session is dropped from memory: it is loaded again on its next use.
+    async fn reload(&mut self) {
+        let Some(j) = self.journal.as_mut() else {
+            return;
+        };
+        let backend = j.d.backend.clone();
+        let id = self.me.id.to_string();
+        let config = self.config.clone();
+        let counter = j.d.counter.clone();
+        let loaded = tokio::task::spawn_blocking(move || {
+            let stored = backend.load(&id)?;
+            stored
+                .map(|s| restore::restore(&id, s, &config, counter))
+                .transpose()
+        })
+        .await;
+        match loaded {
+            Ok(Ok(Some(r))) if r.incarnation == j.d.incarnation => {
+                j.d.seq = r.seq;
+                j.d.log_bytes = r.log_bytes;
+                j.d.snapshot_bytes = r.snapshot_bytes;
+                self.session = r.session;
+                self.account();
+            }
+            other => {
+                let why = match other {
+                    Ok(Err(e)) => e.to_string(),
+                    Err(e) => e.to_string(),
+                    _ => "the session is no longer stored".to_string(),
+                };
+                tracing::error!(error = %why, "cannot reload the session after a failed commit; dropping it from memory");
+                if let Some(store) = self.store.upgrade() {
+                    let mut map = store.write();
+                    *lock(&self.me.gate) = true;
+                    if map
+                        .hot
+                        .get(&*self.me.id)
+                        .is_some_and(|h| Arc::ptr_eq(&h.gate, &self.me.gate))
+                    {
+                        map.hot.remove(&*self.me.id);
+                        map.cold.insert(self.me.id.to_string());
+                    }
+                    self.rx.close();
+                }
+            }
+        }
+    }
+
+    /// Sends what is pending (with a snapshot when the log has grown) and waits until it
+    /// is durable.
+    async fn flush(&mut self) -> Result<(), StoreError> {
+        loop {
+            let Some(j) = self.journal.as_mut() else {
+                return Ok(());
+            };
+            if let Some((rx, _)) = j.outstanding.as_mut() {
+                let r = rx.await.unwrap_or(Err(BackendError::Closed));
+                let failed = r.clone().err();
+                self.committed(r).await;
+                if let Some(e) = failed {
+                    return Err(StoreError::Storage(e));
+                }
+                continue;
+            }
+            if j.unsent.is_empty() && !j.resync {
+                return Ok(());
+            }
+            self.send_batch();
+        }
+    }
+
+    /// Leaves the store (idle TTL or memory pressure), unless a message slipped in (see
+    /// the module doc). A durable session is written out first (a final snapshot, so its
+    /// next load reads no log) and stays on disk, cold.
+    async fn leave(&mut self, last_job: Instant, reason: &'static str) -> Leave {
         let Some(store) = self.store.upgrade() else {
             return Leave::Orphan;
         };
-        let Some(announce) = store.evictions() else {
+        let announce = store.evictions();
+        if self.journal.is_none() && announce.as_ref().is_none_or(|a| a.is_closed()) {
             return Leave::Unheard;
-        };
-        if announce.is_closed() {
-            return Leave::Unheard;
+        }
+        if let Some(j) = self.journal.as_mut()
+            && j.d.log_bytes > 0
+        {
+            j.d.log_bytes =
+                j.d.log_bytes
+                    .max(SNAPSHOT_MIN_LOG_BYTES.max(j.d.snapshot_bytes));
+            if j.unsent.is_empty() {
+                j.resync = true;
+            }
+        }
+        if self.flush().await.is_err() {
+            return Leave::Unsaved;
         }
         {
             let mut map = store.write();
             let mut evicted = lock(&self.me.gate);
             match self.rx.try_recv() {
-                Ok(job) => return Leave::Stay(job),
+                Ok(msg) => return Leave::Stay(msg),
                 Err(TryRecvError::Disconnected) => return Leave::Ended,
                 Err(TryRecvError::Empty) => {}
             }
             let id: &str = &self.me.id;
             if !map
+                .hot
                 .get(id)
                 .is_some_and(|h| Arc::ptr_eq(&h.gate, &self.me.gate))
             {
                 return Leave::Orphan;
             }
             *evicted = true;
-            map.remove(id);
+            map.hot.remove(id);
+            if self.journal.is_some() {
+                map.cold.insert(id.to_string());
+            }
             self.rx.close();
         }
-        let _ = announce.send(Evicted {
-            session_id: self.me.id.to_string(),
-            idle: last_job.elapsed(),
-        });
+        store.observe(&StoreEvent::Evicted { reason });
+        if let Some(announce) = announce {
+            let _ = announce.send(Evicted {
+                session_id: self.me.id.to_string(),
+                idle: last_job.elapsed(),
+                reason,
+                cold: self.journal.is_some(),
+            });
+        }
         Leave::Evicted
     }
 }

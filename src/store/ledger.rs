@@ -47,6 +47,11 @@ impl Ledger {
         self.in_flight.load(Ordering::Relaxed)
     }
 
+    /// The memory budget (0: none).
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+
     /// What counts against the budget: sessions plus in-flight bytes.
     pub fn counted(&self) -> u64 {
         self.held().saturating_add(self.in_flight())

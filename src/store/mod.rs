@@ -1,4 +1,4 @@
-//! In-memory session store: one actor task per session.
+//! The session store: one actor task per session, optionally backed by durable storage.
 //!
 //! Each session is owned by exactly one task that runs jobs from a bounded mailbox in
 //! arrival order, so updates to one session apply in order without locks, and different
@@ -9,21 +9,34 @@
 //! than an async one here.
 //!
 //! The store knows nothing of gRPC; it hands out [`SessionHandle`]s and runs closures over
-//! the engine's [`Session`] value. The actor and its handle are in `actor.rs`, with the
-//! idle eviction each actor performs on itself.
+//! the engine's [`Session`] value through a [`Tx`], which logs every change. The actor and
+//! its handle are in `actor.rs`, with the idle eviction each actor performs on itself.
+//!
+//! With a [`Backend`] (`backend.rs`; SQLite in `sqlite.rs`), sessions are durable: each
+//! actor writes its changes (and now and then a snapshot), and a session evicted for
+//! idleness or memory pressure stays on disk, *cold*, and is loaded back
+//! (`restore.rs`) on its next use. The memory budget then bounds the hot set, not the
+//! number of sessions.
 
 mod actor;
+mod backend;
 mod ledger;
+mod restore;
+mod sqlite;
+mod tx;
 
-use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use thiserror::Error;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
+use tokio::time::Instant;
 
 use crate::config::EngineConfig;
 use crate::domain::SessionInfo;
+use crate::engine::encode_session;
 use crate::engine::{ByteLimit, Session};
 use crate::tokens::TokenCounter;
 
@@ -91,6 +104,9 @@ pub enum StoreError {
         /// The budget.
         budget: u64,
     },
+    /// The durable store could not read or write (disk full, I/O error, unreadable row).
+    #[error("{0}")]
+    Storage(BackendError),
 }
 
 /// What the store holds at most; 0 means no limit.
@@ -131,23 +147,53 @@ impl Limits {
 }
 
 pub use actor::SessionHandle;
+pub use backend::{
+    Backend, BackendError, BackendState, Durability, Observer, StoreEvent, Stored, Write,
+};
 pub use ledger::{IN_FLIGHT_SHARE, Ledger, Reservation};
+pub use sqlite::{DB_FILE, Sqlite};
+pub use tx::Tx;
 
-/// A session that evicted itself after the idle TTL.
+/// A session that left memory: evicted after the idle TTL, or for memory pressure.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Evicted {
     /// Its id.
     pub session_id: String,
     /// How long it had received no job.
     pub idle: Duration,
+    /// `idle` or `memory`.
+    pub reason: &'static str,
+    /// True when it stays on disk and is loaded back on its next use.
+    pub cold: bool,
+}
+
+/// Sessions by id: in memory (with their actor), or only on disk.
+#[derive(Debug, Default)]
+struct Map {
+    hot: HashMap<String, SessionHandle>,
+    cold: HashSet<String>,
 }
 
 /// What the store's actors share with it: the map of handles and the idle policy.
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Shared {
-    sessions: RwLock<HashMap<String, SessionHandle>>,
+    sessions: RwLock<Map>,
     /// Idle TTL and where evictions are announced (None: sessions are never evicted).
     idle: RwLock<Option<Idle>>,
+    /// Who hears the store's events (metrics).
+    observer: RwLock<Option<Observer>>,
+    /// Raised by an actor when the budget is nearly spent; the evictor listens.
+    pressure: Arc<Notify>,
+    evictor: AtomicBool,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("sessions", &self.sessions)
+            .field("idle", &self.idle)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug)]
@@ -171,13 +217,21 @@ impl Shared {
         idle.as_ref().map(|i| i.announce.clone())
     }
 
+    /// Tells the observer, if any.
+    fn observe(&self, event: &StoreEvent) {
+        let observer = self.observer.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(o) = observer.as_ref() {
+            o(event);
+        }
+    }
+
     // A poisoned lock means a panic while holding it; the map itself is still consistent
     // (every mutation is a single insert/remove), so keep serving.
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, SessionHandle>> {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Map> {
         self.sessions.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, SessionHandle>> {
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Map> {
         self.sessions.write().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -192,7 +246,20 @@ pub struct Store {
     limits: Limits,
     /// Bytes held by sessions and reserved in flight.
     ledger: Arc<Ledger>,
+    /// Where sessions persist (None: memory only).
+    backend: Option<Arc<dyn Backend>>,
+    /// The last incarnation handed out (each created session gets the next).
+    incarnations: AtomicU64,
+    /// One lock per session being loaded from disk, so it is loaded once.
+    loading: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The store's clock for "least recently used".
+    clock: Instant,
 }
+
+/// Past this share of the budget an actor asks the evictor for room (per mille).
+const HIGH_WATER: u64 = 900;
+/// The evictor makes room down to this share of the budget (per mille).
+const LOW_WATER: u64 = 750;
 
 impl Store {
     /// An empty store whose sessions use `config` and `counter`.
@@ -204,6 +271,10 @@ impl Store {
             mailbox: DEFAULT_MAILBOX,
             limits: Limits::default(),
             ledger: Arc::new(Ledger::new(0)),
+            backend: None,
+            incarnations: AtomicU64::new(0),
+            loading: Mutex::default(),
+            clock: Instant::now(),
         }
     }
 
@@ -218,6 +289,37 @@ impl Store {
         self.limits = limits;
         self.ledger = Arc::new(Ledger::new(limits.memory_budget));
         self
+    }
+
+    /// This store persisting to `backend`: every session it holds is known (cold) and
+    /// loaded on first use. Reads the list of ids, so it blocks briefly.
+    pub fn with_backend(mut self, backend: Arc<dyn Backend>) -> Result<Store, BackendError> {
+        let ids = backend.sessions()?;
+        self.incarnations = AtomicU64::new(backend.last_incarnation()?);
+        self.shared.write().cold = ids.into_iter().collect();
+        self.backend = Some(backend);
+        Ok(self)
+    }
+
+    /// Who hears the store's events (commits, loads, evictions).
+    pub fn observe_with(&self, observer: Observer) {
+        *self
+            .shared
+            .observer
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Some(observer);
+    }
+
+    /// The durable backend, if any.
+    pub fn backend(&self) -> Option<&Arc<dyn Backend>> {
+        self.backend.as_ref()
+    }
+
+    /// When updates are acknowledged relative to the disk.
+    pub fn durability(&self) -> Durability {
+        self.backend
+            .as_ref()
+            .map_or(Durability::Memory, |b| b.durability())
     }
 
     /// The limits this store enforces.
@@ -257,10 +359,24 @@ impl Store {
         Ok(())
     }
 
+    /// [`Store::admit`], first sending cold the least recently used sessions when a
+    /// durable store is over budget.
+    async fn admit_evicting(&self, bytes: u64, freed: u64) -> Result<(), StoreError> {
+        match self.admit(bytes, freed) {
+            Err(StoreError::OverBudget { .. }) if self.backend.is_some() => {
+                let target = watermark(self.limits.memory_budget, LOW_WATER).saturating_sub(bytes);
+                make_room(&self.shared, &self.ledger, target).await;
+                self.admit(bytes, freed)
+            }
+            other => other,
+        }
+    }
+
     /// From now on, a session whose actor receives no job for `ttl` evicts itself, and
     /// each eviction is announced on the returned receiver. Dropping the receiver stops
-    /// the evictions (the server drops it when it closes). Sessions already idle start
-    /// their clock at their next job. Replaces an earlier call's TTL and receiver.
+    /// the evictions of memory-only sessions (the server drops it when it closes).
+    /// Sessions already idle start their clock at their next job. Replaces an earlier
+    /// call's TTL and receiver.
     pub fn evict_idle_after(&self, ttl: Duration) -> mpsc::UnboundedReceiver<Evicted> {
         // Unbounded: one message per evicted session, and sessions are bounded.
         let (announce, evictions) = mpsc::unbounded_channel();
@@ -278,67 +394,285 @@ impl Store {
         self.counter.clone()
     }
 
-    /// The session's handle, if it exists.
-    pub fn get(&self, id: &str) -> Result<SessionHandle, StoreError> {
-        self.read()
-            .get(id)
-            .cloned()
-            .ok_or_else(|| StoreError::NotFound(id.to_string()))
+    /// The session's handle, loading it from disk when it is cold.
+    pub async fn get(&self, id: &str) -> Result<SessionHandle, StoreError> {
+        if let Some(h) = self.read().hot.get(id) {
+            return Ok(h.clone());
+        }
+        if self.backend.is_none() || !self.read().cold.contains(id) {
+            return Err(StoreError::NotFound(id.to_string()));
+        }
+        self.load(id).await
     }
 
-    /// Returns the existing session's handle, or creates the session from `info`.
-    /// The flag is true when it was created (the caller then has nothing to configure).
-    pub fn open(&self, info: SessionInfo) -> Result<(SessionHandle, bool), StoreError> {
-        if let Some(h) = self.read().get(&info.id) {
-            return Ok((h.clone(), false));
-        }
-        let mut map = self.write();
-        if let Some(h) = map.get(&info.id) {
-            return Ok((h.clone(), false));
-        }
-        if self.limits.max_sessions > 0 && map.len() >= self.limits.max_sessions {
-            return Err(StoreError::Full(self.limits.max_sessions));
-        }
-        let id = info.id.clone();
-        let session = Session::new(info, &self.config, self.counter.clone());
-        self.admit(session.held_bytes(), 0)?;
-        let handle = self.spawn(session);
-        map.insert(id, handle.clone());
-        Ok((handle, true))
+    /// Loads a cold session (once, however many callers ask at the same time).
+    async fn load(&self, id: &str) -> Result<SessionHandle, StoreError> {
+        let gate = {
+            let mut loading = self.loading.lock().unwrap_or_else(|e| e.into_inner());
+            loading.entry(id.to_string()).or_default().clone()
+        };
+        let _one = gate.lock().await;
+        let result = self.load_locked(id).await;
+        self.loading
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
+        result
     }
 
-    /// Adds a fully built session (from an import). Fails when the id is taken unless
-    /// `replace` is set.
-    pub fn insert(&self, session: Session, replace: bool) -> Result<SessionHandle, StoreError> {
-        let id = session.info().id.clone();
+    async fn load_locked(&self, id: &str) -> Result<SessionHandle, StoreError> {
+        if let Some(h) = self.read().hot.get(id) {
+            return Ok(h.clone());
+        }
+        let Some(backend) = self.backend.clone() else {
+            return Err(StoreError::NotFound(id.to_string()));
+        };
+        if !self.read().cold.contains(id) {
+            return Err(StoreError::NotFound(id.to_string()));
+        }
+        let began = Instant::now();
+        let (config, counter, key) = (self.config.clone(), self.counter.clone(), id.to_string());
+        let loaded = tokio::task::spawn_blocking(move || {
+            let stored = backend.load(&key)?;
+            stored
+                .map(|s| restore::restore(&key, s, &config, counter))
+                .transpose()
+        })
+        .await
+        .map_err(|e| BackendError::Io(format!("loading session {id}: {e}")))
+        .and_then(|r| r);
+        let outcome = match loaded {
+            Ok(Some(r)) => self.admit_loaded(id, r).await,
+            Ok(None) => {
+                self.write().cold.remove(id);
+                Err(StoreError::NotFound(id.to_string()))
+            }
+            Err(e) => {
+                tracing::error!(session_id = id, error = %e, "cannot load the session from disk");
+                Err(StoreError::Storage(e))
+            }
+        };
+        self.shared.observe(&StoreEvent::Loaded {
+            took: began.elapsed(),
+            ok: outcome.is_ok(),
+        });
+        outcome
+    }
+
+    async fn admit_loaded(
+        &self,
+        id: &str,
+        r: restore::Restored,
+    ) -> Result<SessionHandle, StoreError> {
+        self.admit_evicting(r.session.held_bytes(), 0).await?;
+        let durable = self.durable(r.incarnation, r.seq, r.log_bytes, r.snapshot_bytes);
         let mut map = self.write();
-        if map.contains_key(&id) && !replace {
-            return Err(StoreError::AlreadyExists(id));
+        if !map.cold.remove(id) {
+            // Deleted (or replaced) while it was being read.
+            return match map.hot.get(id) {
+                Some(h) => Ok(h.clone()),
+                None => Err(StoreError::NotFound(id.to_string())),
+            };
         }
-        let max = self.limits.max_sessions;
-        if !map.contains_key(&id) && max > 0 && map.len() >= max {
-            return Err(StoreError::Full(max));
-        }
-        let freed = map.get(&id).map_or(0, SessionHandle::held_bytes);
-        self.admit(session.held_bytes(), freed)?;
-        let handle = self.spawn(session);
-        map.insert(id, handle.clone());
+        let handle = self.spawn(r.session, durable);
+        map.hot.insert(id.to_string(), handle.clone());
         Ok(handle)
     }
 
-    /// Forgets a session. Jobs already queued still run; its actor then stops.
-    pub fn remove(&self, id: &str) -> bool {
-        self.write().remove(id).is_some()
+    fn durable(
+        &self,
+        incarnation: u64,
+        seq: u64,
+        log_bytes: u64,
+        snapshot_bytes: u64,
+    ) -> Option<actor::Durable> {
+        self.backend.as_ref().map(|b| actor::Durable {
+            backend: b.clone(),
+            counter: self.counter.clone(),
+            incarnation,
+            seq,
+            log_bytes,
+            snapshot_bytes,
+        })
     }
 
-    /// Handles of every session, in no particular order.
+    /// Returns the existing session's handle (loading it when cold), or creates the
+    /// session from `info`. The flag is true when it was created (the caller then has
+    /// nothing to configure). A created session is durable before this returns under
+    /// `Durability::Sync`.
+    pub async fn open(&self, info: SessionInfo) -> Result<(SessionHandle, bool), StoreError> {
+        match self.get(&info.id).await {
+            Ok(h) => return Ok((h, false)),
+            Err(StoreError::NotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+        let session = Session::new(info, &self.config, self.counter.clone());
+        self.admit_evicting(session.held_bytes(), 0).await?;
+        let id = session.info().id.clone();
+        let created = {
+            let mut map = self.write();
+            if let Some(h) = map.hot.get(&id) {
+                return Ok((h.clone(), false));
+            }
+            if map.cold.contains(&id) {
+                // Sent cold since the lookup above: load it like any other.
+                None
+            } else {
+                let max = self.limits.max_sessions;
+                if max > 0 && map.hot.len().saturating_add(map.cold.len()) >= max {
+                    return Err(StoreError::Full(max));
+                }
+                let incarnation = self
+                    .incarnations
+                    .fetch_add(1, Ordering::Relaxed)
+                    .saturating_add(1);
+                let committed = self.backend.as_ref().map(|b| {
+                    b.write(vec![Write::Create {
+                        id: id.clone(),
+                        incarnation,
+                        snapshot: encode_session(&session),
+                    }])
+                });
+                let handle = self.spawn(session, self.durable(incarnation, 0, 0, 0));
+                map.hot.insert(id.clone(), handle.clone());
+                Some((handle, committed))
+            }
+        };
+        let Some((handle, committed)) = created else {
+            return Box::pin(self.get(&id)).await.map(|h| (h, false));
+        };
+        self.created(&id, &handle, committed).await?;
+        Ok((handle, true))
+    }
+
+    /// Waits for a new session's first write under `Durability::Sync`; on failure the
+    /// session is taken back out (it was never acknowledged).
+    async fn created(
+        &self,
+        id: &str,
+        handle: &SessionHandle,
+        committed: Option<backend::Committed>,
+    ) -> Result<(), StoreError> {
+        let Some(rx) = committed else {
+            return Ok(());
+        };
+        if !self.durability().waits() {
+            return Ok(());
+        }
+        match rx.await.unwrap_or(Err(BackendError::Closed)) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let mut map = self.write();
+                if map.hot.get(id).is_some_and(|h| h.same(handle)) {
+                    map.hot.remove(id);
+                }
+                Err(StoreError::Storage(e))
+            }
+        }
+    }
+
+    /// Adds a fully built session (from an import). Fails when the id is taken (in
+    /// memory or on disk) unless `replace` is set.
+    pub async fn insert(
+        &self,
+        session: Session,
+        replace: bool,
+    ) -> Result<SessionHandle, StoreError> {
+        let id = session.info().id.clone();
+        let freed = {
+            let map = self.read();
+            let taken = map.hot.contains_key(&id) || map.cold.contains(&id);
+            if taken && !replace {
+                return Err(StoreError::AlreadyExists(id));
+            }
+            map.hot.get(&id).map_or(0, SessionHandle::held_bytes)
+        };
+        self.admit_evicting(session.held_bytes(), freed).await?;
+        // The snapshot of a large import is real work: off the async workers.
+        let (session, snapshot) = match &self.backend {
+            Some(_) => tokio::task::spawn_blocking(move || {
+                let snapshot = encode_session(&session);
+                (session, Some(snapshot))
+            })
+            .await
+            .map_err(|e| StoreError::Storage(BackendError::Io(format!("encoding {id}: {e}"))))?,
+            None => (session, None),
+        };
+        let (handle, committed) = {
+            let mut map = self.write();
+            let taken = map.hot.contains_key(&id) || map.cold.contains(&id);
+            if taken && !replace {
+                return Err(StoreError::AlreadyExists(id));
+            }
+            let max = self.limits.max_sessions;
+            if !taken && max > 0 && map.hot.len().saturating_add(map.cold.len()) >= max {
+                return Err(StoreError::Full(max));
+            }
+            let incarnation = self
+                .incarnations
+                .fetch_add(1, Ordering::Relaxed)
+                .saturating_add(1);
+            let committed = match (&self.backend, snapshot) {
+                (Some(b), Some(snapshot)) => Some(b.write(vec![Write::Create {
+                    id: id.clone(),
+                    incarnation,
+                    snapshot,
+                }])),
+                _ => None,
+            };
+            let handle = self.spawn(session, self.durable(incarnation, 0, 0, 0));
+            map.cold.remove(&id);
+            map.hot.insert(id.clone(), handle.clone());
+            (handle, committed)
+        };
+        self.created(&id, &handle, committed).await?;
+        Ok(handle)
+    }
+
+    /// Forgets a session, in memory and on disk (durable before this returns under
+    /// `Durability::Sync`). Jobs already queued still run; its actor then stops. False
+    /// when there was no such session.
+    pub async fn remove(&self, id: &str) -> Result<bool, StoreError> {
+        let committed = {
+            let mut map = self.write();
+            let hot = map.hot.remove(id).is_some();
+            let cold = map.cold.remove(id);
+            if !hot && !cold {
+                return Ok(false);
+            }
+            self.backend
+                .as_ref()
+                .map(|b| b.write(vec![Write::Delete { id: id.to_string() }]))
+        };
+        if let Some(rx) = committed
+            && self.durability().waits()
+        {
+            rx.await
+                .unwrap_or(Err(BackendError::Closed))
+                .map_err(StoreError::Storage)?;
+        }
+        Ok(true)
+    }
+
+    /// Handles of every session in memory, in no particular order.
     pub fn list(&self) -> Vec<SessionHandle> {
-        self.read().values().cloned().collect()
+        self.read().hot.values().cloned().collect()
     }
 
-    /// Number of sessions held.
+    /// Ids of the sessions only on disk, in no particular order.
+    pub fn cold_ids(&self) -> Vec<String> {
+        self.read().cold.iter().cloned().collect()
+    }
+
+    /// Number of sessions, in memory and on disk.
     pub fn len(&self) -> usize {
-        self.read().len()
+        let map = self.read();
+        map.hot.len().saturating_add(map.cold.len())
+    }
+
+    /// Number of sessions in memory.
+    pub fn hot_len(&self) -> usize {
+        self.read().hot.len()
     }
 
     /// True when no session is held.
@@ -346,25 +680,100 @@ impl Store {
         self.len() == 0
     }
 
-    fn spawn(&self, session: Session) -> SessionHandle {
+    /// Waits until every change of every session in memory is durable (shutdown under
+    /// `Durability::Interval`), then stops the backend's writer.
+    pub async fn close(&self) {
+        let Some(backend) = &self.backend else {
+            return;
+        };
+        for h in self.list() {
+            if let Err(e) = h.flush().await {
+                tracing::error!(session_id = h.id(), error = %e, "session not written at shutdown");
+            }
+        }
+        let backend = backend.clone();
+        let _ = tokio::task::spawn_blocking(move || backend.close()).await;
+    }
+
+    fn spawn(&self, session: Session, durable: Option<actor::Durable>) -> SessionHandle {
         actor::spawn(
-            session,
+            actor::Start {
+                session,
+                config: self.config.clone(),
+                mailbox: self.mailbox,
+                limits: self.limits,
+                ledger: self.ledger.clone(),
+                durable,
+                clock: self.clock,
+            },
             &self.shared,
-            self.config.clone(),
-            self.mailbox,
-            self.limits,
-            self.ledger.clone(),
         )
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, SessionHandle>> {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Map> {
         self.shared.read()
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, SessionHandle>> {
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Map> {
         self.shared.write()
     }
 }
 
+/// `per_mille` of `budget`.
+fn watermark(budget: u64, per_mille: u64) -> u64 {
+    budget / 1000 * per_mille
+}
+
+/// Sends the least recently used sessions cold until the store counts at most `target`
+/// bytes (or nothing more can go).
+async fn make_room(shared: &Shared, ledger: &Ledger, target: u64) {
+    if ledger.counted() <= target {
+        return;
+    }
+    let mut handles: Vec<SessionHandle> = shared.read().hot.values().cloned().collect();
+    handles.sort_by_key(SessionHandle::last_used);
+    for h in handles {
+        if ledger.counted() <= target {
+            break;
+        }
+        h.evict().await;
+    }
+}
+
+/// True when the budget is past its high-water mark.
+fn over_high_water(ledger: &Ledger) -> bool {
+    let budget = ledger.budget();
+    budget > 0 && ledger.counted() > watermark(budget, HIGH_WATER)
+}
+
+/// Called by an actor after a job: past the high-water mark of a durable store's budget,
+/// wakes the evictor (started on first need), which sends sessions cold down to the
+/// low-water mark.
+fn pressure(shared: &Arc<Shared>, ledger: &Arc<Ledger>) {
+    if !over_high_water(ledger) {
+        return;
+    }
+    let budget = ledger.budget();
+    if !shared.evictor.swap(true, Ordering::AcqRel) {
+        let (weak, ledger) = (Arc::downgrade(shared), ledger.clone());
+        let notify = shared.pressure.clone();
+        tokio::spawn(async move {
+            loop {
+                let woken = notify.notified();
+                {
+                    let Some(shared) = weak.upgrade() else { return };
+                    make_room(&shared, &ledger, watermark(budget, LOW_WATER)).await;
+                }
+                woken.await;
+            }
+        });
+    }
+    shared.pressure.notify_one();
+}
+
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+#[path = "durable_tests.rs"]
+mod durable_tests;

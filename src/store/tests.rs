@@ -31,12 +31,12 @@ async fn next_eviction(evictions: &mut mpsc::UnboundedReceiver<Evicted>) -> Evic
 async fn an_idle_session_evicts_itself_and_a_handle_taken_before_cannot_reach_it() {
     let store = store();
     let mut evictions = store.evict_idle_after(Duration::from_millis(50));
-    let (handle, _) = store.open(info("s")).expect("open");
+    let (handle, _) = store.open(info("s")).await.expect("open");
     handle.call(|_, _| ()).await.expect("in use");
     let evicted = next_eviction(&mut evictions).await;
     assert_eq!(evicted.session_id, "s");
     assert!(evicted.idle >= Duration::from_millis(50), "{evicted:?}");
-    assert!(matches!(store.get("s"), Err(StoreError::NotFound(_))));
+    assert!(matches!(store.get("s").await, Err(StoreError::NotFound(_))));
     // The old handle's update is refused rather than applied to a session no one can
     // see any more.
     let late = handle.call(|_, _| ()).await;
@@ -47,7 +47,7 @@ async fn an_idle_session_evicts_itself_and_a_handle_taken_before_cannot_reach_it
 async fn sessions_used_within_the_ttl_are_kept() {
     let store = store();
     let mut evictions = store.evict_idle_after(Duration::from_millis(200));
-    let (handle, _) = store.open(info("s")).expect("open");
+    let (handle, _) = store.open(info("s")).await.expect("open");
     for _ in 0..10 {
         handle.call(|_, _| ()).await.expect("still served");
         tokio::time::sleep(Duration::from_millis(40)).await;
@@ -64,7 +64,7 @@ async fn sessions_used_within_the_ttl_are_kept() {
 async fn an_update_queued_while_the_actor_decides_keeps_the_session() {
     let store = store();
     let mut evictions = store.evict_idle_after(Duration::from_millis(30));
-    let (handle, _) = store.open(info("s")).expect("open");
+    let (handle, _) = store.open(info("s")).await.expect("open");
     let result = {
         // Holding the map lock: the actor's TTL runs out and it waits here to leave.
         let _map = store.write();
@@ -72,8 +72,8 @@ async fn an_update_queued_while_the_actor_decides_keeps_the_session() {
         // An update through a handle taken before: queued while the actor decides.
         handle.submit(|_, _| 42).await.expect("queued")
     };
-    assert_eq!(result.await, Ok(42), "the update ran");
-    assert!(store.get("s").is_ok(), "and the session stayed");
+    assert_eq!(result.await, Ok(Ok(42)), "the update ran");
+    assert!(store.get("s").await.is_ok(), "and the session stayed");
     assert_eq!(evictions.try_recv(), Err(TryRecvError::Empty));
     // Left alone again, it goes.
     assert_eq!(next_eviction(&mut evictions).await.session_id, "s");
@@ -83,9 +83,9 @@ async fn an_update_queued_while_the_actor_decides_keeps_the_session() {
 async fn a_deleted_session_is_not_announced_as_evicted() {
     let store = store();
     let mut evictions = store.evict_idle_after(Duration::from_millis(30));
-    let (handle, _) = store.open(info("gone")).expect("open");
-    let (_other, _) = store.open(info("idle")).expect("open");
-    assert!(store.remove("gone"));
+    let (handle, _) = store.open(info("gone")).await.expect("open");
+    let (_other, _) = store.open(info("idle")).await.expect("open");
+    assert_eq!(store.remove("gone").await, Ok(true));
     assert_eq!(next_eviction(&mut evictions).await.session_id, "idle");
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(evictions.try_recv(), Err(TryRecvError::Empty));
@@ -98,21 +98,21 @@ async fn without_a_listener_no_session_is_evicted() {
     let store = store();
     let evictions = store.evict_idle_after(Duration::from_millis(30));
     drop(evictions);
-    let (handle, _) = store.open(info("s")).expect("open");
+    let (handle, _) = store.open(info("s")).await.expect("open");
     tokio::time::sleep(Duration::from_millis(120)).await;
-    assert!(store.get("s").is_ok());
+    assert!(store.get("s").await.is_ok());
     handle.call(|_, _| ()).await.expect("served");
 }
 
 #[tokio::test]
 async fn the_total_follows_every_session_and_returns_to_zero() {
     let store = store();
-    let (a, _) = store.open(info("a")).expect("open");
-    let (b, _) = store.open(info("b")).expect("open");
+    let (a, _) = store.open(info("a")).await.expect("open");
+    let (b, _) = store.open(info("b")).await.expect("open");
     let held = a.held_bytes() + b.held_bytes();
     assert!(held > 0);
     assert_eq!(store.held_bytes(), held);
-    store.remove("a");
+    store.remove("a").await.expect("removed");
     drop(a);
     for _ in 0..100 {
         if store.held_bytes() == b.held_bytes() {
@@ -127,7 +127,7 @@ async fn the_total_follows_every_session_and_returns_to_zero() {
 async fn an_evicted_session_gives_its_bytes_back() {
     let store = store();
     let mut evictions = store.evict_idle_after(Duration::from_millis(30));
-    let (a, _) = store.open(info("a")).expect("open");
+    let (a, _) = store.open(info("a")).await.expect("open");
     assert!(store.held_bytes() > 0);
     next_eviction(&mut evictions).await;
     drop(a);

@@ -17,11 +17,14 @@ pub struct Binary {
     pub metrics: Option<String>,
     log: Arc<Mutex<String>>,
     reader: Option<std::thread::JoinHandle<()>>,
+    /// The data dir the test did not choose (removed with the binary).
+    _data: Option<tempfile::TempDir>,
 }
 
 impl Binary {
     /// Starts `compactd serve --log-format json` plus `args` with `env`. Without a
-    /// `--listen` in `args` it listens on 127.0.0.1:0. Inherited `COMPACTD_*` variables
+    /// `--listen` in `args` it listens on 127.0.0.1:0; without a `--data-dir` it stores
+    /// sessions (durability `sync`, the default) in a fresh temporary directory. Inherited `COMPACTD_*` variables
     /// are removed so only what the test sets applies.
     pub fn start(args: &[&str], env: &[(&str, &str)]) -> Binary {
         Binary::start_with("json", args, env)
@@ -56,6 +59,11 @@ impl Binary {
             cmd.args(["--listen", "127.0.0.1:0"]);
         }
         cmd.args(args);
+        let data = (!args.contains(&"--data-dir")).then(|| {
+            let dir = tempfile::tempdir().expect("a temp data dir");
+            cmd.arg("--data-dir").arg(dir.path());
+            dir
+        });
         for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("COMPACTD_")) {
             cmd.env_remove(k);
         }
@@ -109,6 +117,7 @@ impl Binary {
             metrics,
             log,
             reader: Some(reader),
+            _data: data,
         }
     }
 

@@ -1,0 +1,343 @@
+//! The store over a real SQLite database in a temporary directory: sessions come back
+//! after the store is dropped, cold sessions load back on use, memory pressure sends
+//! sessions cold instead of refusing, a delete reaches the disk, and a failed write
+//! undoes what it would have acknowledged.
+
+use std::time::Duration;
+
+use super::*;
+use crate::domain::{
+    Extra, MessageInfo, ModelLimits, Part, PartKind, Role, SessionInfo, ToolPart, ToolState,
+    ToolStatus,
+};
+use crate::engine::Update;
+use crate::tokens::CharsPerToken;
+
+const NOW: i64 = 1_705_512_345_678;
+
+fn durable(dir: &std::path::Path, limits: Limits, max_disk_bytes: u64) -> Store {
+    let backend = Sqlite::open(dir, Durability::Sync, None, max_disk_bytes).expect("open");
+    Store::new(EngineConfig::default(), Arc::new(CharsPerToken))
+        .with_limits(limits)
+        .with_backend(Arc::new(backend))
+        .expect("the backend lists its sessions")
+}
+
+fn info(id: &str) -> SessionInfo {
+    SessionInfo {
+        id: id.into(),
+        limits: ModelLimits {
+            context: 50_000,
+            input: 0,
+            output: 4_000,
+        },
+        ..SessionInfo::default()
+    }
+}
+
+fn tool(msg: &str, id: &str, output: String) -> Part {
+    Part {
+        id: id.into(),
+        message_id: msg.into(),
+        kind: PartKind::Tool(Box::new(ToolPart {
+            call_id: format!("call_{id}"),
+            tool: "bash".into(),
+            state: ToolState {
+                output,
+                ..ToolState::new(ToolStatus::Completed)
+            },
+            metadata: None,
+        })),
+        mark: None,
+        extra: Extra::new(),
+    }
+}
+
+/// A turn: a user message, an assistant message with `parts` tool outputs of `bytes`
+/// each, finished (so the automatic prune and strategies run).
+fn turn(t: usize, parts: usize, bytes: usize) -> Vec<Update> {
+    let (u, a) = (format!("u{t}"), format!("a{t}"));
+    let mut assistant = MessageInfo::new(&a, Role::Assistant);
+    assistant.parent_id = u.clone();
+    let mut out = vec![
+        Update::UpsertMessage(MessageInfo::new(&u, Role::User)),
+        Update::UpsertMessage(assistant.clone()),
+    ];
+    for p in 0..parts {
+        let text = format!("{a}-{p} ") + &"ok test line\n".repeat(bytes / 13);
+        out.push(Update::UpsertPart(tool(&a, &format!("{a}-{p}"), text)));
+    }
+    assistant.finish = "stop".into();
+    out.push(Update::UpsertMessage(assistant));
+    out
+}
+
+async fn feed(h: &SessionHandle, updates: Vec<Update>) {
+    for u in updates {
+        h.call(move |s, _| s.step(u, NOW))
+            .await
+            .expect("durable")
+            .expect("applied");
+    }
+}
+
+/// What a host can observe of a session: its context, its messages and parts (with their
+/// marks and token figures) and its overflow check. Not `bytes`: held bytes follow
+/// allocation history (a restored string holds exactly its length).
+async fn observed(h: &SessionHandle) -> String {
+    h.call(|s, _| {
+        let parts = |m: &crate::engine::Message| {
+            m.parts
+                .iter()
+                .map(|p| format!("{:?} {:?} {:?}", p.part, p.est, p.reduced))
+                .collect::<Vec<_>>()
+        };
+        let view = s.build_context();
+        let context: Vec<_> = view
+            .messages
+            .iter()
+            .map(|m| (format!("{:?}", m.info), parts(m)))
+            .collect();
+        let messages: Vec<_> = s
+            .messages()
+            .iter()
+            .map(|m| (format!("{:?}", m.info), parts(m)))
+            .collect();
+        format!(
+            "{context:?}\n{} {:?}\n{messages:?}\n{} {} {:?}",
+            view.tokens,
+            view.boundary_message_id,
+            s.total_tokens(),
+            s.context_tokens(),
+            s.check_overflow(crate::engine::Trigger::Request)
+        )
+    })
+    .await
+    .expect("read")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_comes_back_after_the_store_is_gone_exactly_as_it_was() {
+    let d = tempfile::tempdir().expect("dir");
+    let before = {
+        let store = durable(d.path(), Limits::default(), 0);
+        let (h, created) = store.open(info("s")).await.expect("open");
+        assert!(created);
+        for t in 0..30 {
+            feed(&h, turn(t, 3, 3_000)).await;
+        }
+        h.call(|s, _| s.prune(crate::engine::PruneMode::Commit, NOW))
+            .await
+            .expect("pruned");
+        let before = observed(&h).await;
+        store.close().await;
+        before
+    };
+    let store = durable(d.path(), Limits::default(), 0);
+    assert_eq!(store.len(), 1, "known at start");
+    assert_eq!(store.hot_len(), 0, "but not loaded until used");
+    let h = store.get("s").await.expect("loaded from disk");
+    assert_eq!(observed(&h).await, before);
+    // And it goes on from there: the next change lands after the restored log.
+    feed(&h, turn(30, 1, 100)).await;
+    let later = observed(&h).await;
+    store.close().await;
+    let store = durable(d.path(), Limits::default(), 0);
+    let h = store.get("s").await.expect("loaded again");
+    assert_eq!(observed(&h).await, later);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_is_cut_by_snapshots_as_it_grows() {
+    let d = tempfile::tempdir().expect("dir");
+    let store = durable(d.path(), Limits::default(), 0);
+    let (h, _) = store.open(info("s")).await.expect("open");
+    for t in 0..40 {
+        feed(&h, turn(t, 4, 8_000)).await;
+    }
+    let backend = store.backend().expect("durable").clone();
+    let stored = backend.load("s").expect("read").expect("stored");
+    assert!(stored.snapshot_seq > 0, "a snapshot was taken");
+    let log: usize = stored.log.iter().map(|(_, c)| c.len()).sum();
+    assert!(
+        (log as u64) < SNAPSHOT_FLOOR.max(stored.snapshot.len() as u64) + 64 * 1024,
+        "the log after the snapshot ({log} bytes) stays about one snapshot long"
+    );
+}
+
+/// The snapshot threshold's floor, as the actor applies it (1 MiB).
+const SNAPSHOT_FLOOR: u64 = 1 << 20;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_session_goes_cold_and_loads_back_on_its_next_use() {
+    let d = tempfile::tempdir().expect("dir");
+    let store = durable(d.path(), Limits::default(), 0);
+    let mut evictions = store.evict_idle_after(Duration::from_millis(50));
+    let (h, _) = store.open(info("s")).await.expect("open");
+    feed(&h, turn(0, 2, 2_000)).await;
+    let before = observed(&h).await;
+    let evicted = tokio::time::timeout(Duration::from_secs(5), evictions.recv())
+        .await
+        .expect("evicted in time")
+        .expect("announced");
+    assert_eq!((evicted.reason, evicted.cold), ("idle", true));
+    assert_eq!((store.len(), store.hot_len()), (1, 0));
+    assert_eq!(store.cold_ids(), vec!["s".to_string()]);
+    // The old handle is refused (NOT_FOUND) like after any eviction; the store loads it.
+    let h = store.get("s").await.expect("loaded");
+    assert_eq!(observed(&h).await, before);
+    assert_eq!(store.hot_len(), 1);
+    // Opening it again finds it rather than creating a new one.
+    let (_, created) = store.open(info("s")).await.expect("open");
+    assert!(!created);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_pressure_sends_sessions_cold_instead_of_refusing_them() {
+    let d = tempfile::tempdir().expect("dir");
+    let budget = 4 << 20;
+    let store = durable(
+        d.path(),
+        Limits {
+            memory_budget: budget,
+            ..Limits::default()
+        },
+        0,
+    );
+    let mut views = Vec::new();
+    for i in 0..24 {
+        let (h, _) = store.open(info(&format!("s{i}"))).await.expect("open");
+        // About 1.2 MB of outputs each: 24 of them are 7× the budget.
+        for t in 0..4 {
+            feed(&h, turn(t, 3, 100_000)).await;
+        }
+        views.push(observed(&h).await);
+        assert!(
+            store.ledger().counted() <= budget,
+            "counted {} over the budget {budget}",
+            store.ledger().counted()
+        );
+    }
+    assert_eq!(store.len(), 24);
+    assert!(
+        store.hot_len() < 24,
+        "some went cold: {} in memory",
+        store.hot_len()
+    );
+    for (i, view) in views.iter().enumerate() {
+        let h = store.get(&format!("s{i}")).await.expect("loads");
+        assert_eq!(&observed(&h).await, view, "session s{i}");
+        assert!(store.ledger().counted() <= budget);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_removes_a_session_from_disk_hot_or_cold() {
+    let d = tempfile::tempdir().expect("dir");
+    let store = durable(d.path(), Limits::default(), 0);
+    let mut evictions = store.evict_idle_after(Duration::from_millis(50));
+    let (a, _) = store.open(info("a")).await.expect("open");
+    feed(&a, turn(0, 1, 100)).await;
+    tokio::time::timeout(Duration::from_secs(5), evictions.recv())
+        .await
+        .expect("a goes cold")
+        .expect("announced");
+    drop(store.evict_idle_after(Duration::from_secs(3600)));
+    let (b, _) = store.open(info("b")).await.expect("open");
+    feed(&b, turn(0, 1, 100)).await;
+    assert_eq!(store.remove("a").await, Ok(true), "cold");
+    assert_eq!(store.remove("b").await, Ok(true), "hot");
+    assert_eq!(store.remove("b").await, Ok(false), "already gone");
+    store.close().await;
+    let store = durable(d.path(), Limits::default(), 0);
+    assert!(store.is_empty());
+    assert!(matches!(store.get("a").await, Err(StoreError::NotFound(_))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_refuses_the_update_and_leaves_the_session_as_it_was() {
+    let d = tempfile::tempdir().expect("dir");
+    // A real SQLITE_FULL: the database may not grow past 256 KiB.
+    let store = durable(d.path(), Limits::default(), 256 << 10);
+    let (h, _) = store.open(info("s")).await.expect("open");
+    feed(&h, turn(0, 1, 1_000)).await;
+    let before = observed(&h).await;
+    let big = Update::UpsertPart(tool("a0", "huge", "y".repeat(600_000)));
+    let refused = h.call(move |s, _| s.step(big, NOW)).await;
+    match refused {
+        Err(StoreError::Storage(BackendError::Full(_))) => {}
+        other => panic!("expected a full disk, got {other:?}"),
+    }
+    assert_eq!(
+        observed(&h).await,
+        before,
+        "nothing unacknowledged stays applied"
+    );
+    let backend = store.backend().expect("durable").clone();
+    assert!(matches!(backend.state(), BackendState::Failing(_)));
+    // Small updates still fit, and the store recovers.
+    feed(&h, turn(1, 1, 1_000)).await;
+    assert_eq!(backend.state(), BackendState::Ok);
+    let after = observed(&h).await;
+    store.close().await;
+    let store = durable(d.path(), Limits::default(), 0);
+    let h = store.get("s").await.expect("loads");
+    assert_eq!(
+        observed(&h).await,
+        after,
+        "what was acknowledged is on disk"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_session_is_reported_and_the_others_are_served() {
+    let d = tempfile::tempdir().expect("dir");
+    {
+        let store = durable(d.path(), Limits::default(), 0);
+        for id in ["good", "bad"] {
+            let (h, _) = store.open(info(id)).await.expect("open");
+            feed(&h, turn(0, 1, 100)).await;
+        }
+        store.close().await;
+    }
+    rusqlite::Connection::open(d.path().join(DB_FILE))
+        .expect("open")
+        .execute_batch(
+            "UPDATE sessions SET snapshot = '{\"format\":1,\"session\":{' WHERE id = 'bad'",
+        )
+        .expect("corrupt one row");
+    let store = durable(d.path(), Limits::default(), 0);
+    match store.get("bad").await {
+        Err(StoreError::Storage(BackendError::Corrupt { id, .. })) => assert_eq!(id, "bad"),
+        other => panic!("expected a corrupt session, got {other:?}"),
+    }
+    store
+        .get("good")
+        .await
+        .expect("the other session is served");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interval_durability_acknowledges_at_once_and_close_writes_the_rest() {
+    let d = tempfile::tempdir().expect("dir");
+    let before = {
+        let backend = Sqlite::open(
+            d.path(),
+            Durability::Interval(Duration::from_millis(200)),
+            None,
+            0,
+        )
+        .expect("open");
+        let store = Store::new(EngineConfig::default(), Arc::new(CharsPerToken))
+            .with_backend(Arc::new(backend))
+            .expect("listed");
+        let (h, _) = store.open(info("s")).await.expect("open");
+        feed(&h, turn(0, 2, 1_000)).await;
+        let before = observed(&h).await;
+        store.close().await;
+        before
+    };
+    let store = durable(d.path(), Limits::default(), 0);
+    let h = store.get("s").await.expect("loads");
+    assert_eq!(observed(&h).await, before);
+}

@@ -1,0 +1,460 @@
+//! The embedded durable backend: one SQLite database in WAL mode, written by one thread
+//! that commits everything queued in one transaction (group commit: concurrent updates of
+//! all sessions share one fsync).
+//!
+//! Schema (version in `PRAGMA user_version`):
+//! - `sessions(id, incarnation, snapshot_seq, snapshot, updated_ms)`: one row per
+//!   session, the snapshot as JSON text (`json_extract(snapshot, '$.session.info.title')`
+//!   works in the `sqlite3` shell);
+//! - `log(session_id, incarnation, seq, change)`: the changes after the snapshot, JSON.
+//!
+//! A log row or snapshot of an incarnation that is no longer stored (deleted or replaced)
+//! is not written. Reads use their own connection: WAL lets them run beside the writer.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rusqlite::types::{ToSqlOutput, ValueRef};
+use rusqlite::{Connection, ErrorCode, OptionalExtension, ToSql, params};
+use tokio::sync::oneshot;
+
+use super::backend::{
+    Backend, BackendError, BackendState, Committed, Durability, Observer, StoreEvent, Stored, Write,
+};
+
+/// The database file inside the data directory.
+pub const DB_FILE: &str = "compactd.db";
+/// The schema this build writes. Older schemas are migrated on open (`migrate`).
+const SCHEMA: i64 = 1;
+/// A batch stops gathering past this many bytes (one transaction stays bounded).
+const MAX_BATCH_BYTES: usize = 64 << 20;
+
+/// Writes queued for the writer thread, with where to report their outcome.
+struct Request {
+    writes: Vec<Write>,
+    done: oneshot::Sender<Result<(), BackendError>>,
+}
+
+/// SQLite behind the [`Backend`] trait.
+#[derive(Debug)]
+pub struct Sqlite {
+    path: PathBuf,
+    durability: Durability,
+    queue: RwLock<Option<Sender<Request>>>,
+    reader: Mutex<Connection>,
+    state: Arc<Mutex<BackendState>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Sqlite {
+    /// Opens (or creates) the database in `dir` and starts its writer.
+    /// `observer` hears each commit (the server turns them into metrics). With
+    /// `max_disk_bytes` (0: none) the database stops growing there: a write past it fails
+    /// as a full disk (`RESOURCE_EXHAUSTED`), before a volume's own limit (a Kubernetes
+    /// `emptyDir` `sizeLimit` evicts the whole pod) is reached.
+    pub fn open(
+        dir: &Path,
+        durability: Durability,
+        observer: Option<Observer>,
+        max_disk_bytes: u64,
+    ) -> Result<Sqlite, BackendError> {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            BackendError::Io(format!("cannot create data dir {}: {e}", dir.display()))
+        })?;
+        let path = dir.join(DB_FILE);
+        let writer_conn = connect(&path)?;
+        migrate(&writer_conn, &path)?;
+        if max_disk_bytes > 0 {
+            let page: i64 = writer_conn
+                .query_row("PRAGMA page_size", [], |r| r.get(0))
+                .map_err(db)?;
+            let pages = max_disk_bytes / u64::try_from(page.max(512)).unwrap_or(4096);
+            writer_conn
+                .execute_batch(&format!("PRAGMA max_page_count = {}", pages.max(1)))
+                .map_err(db)?;
+        }
+        let reader = connect(&path)?;
+        let (tx, rx) = mpsc::channel();
+        let state = Arc::new(Mutex::new(BackendState::Ok));
+        let writer = {
+            let state = state.clone();
+            std::thread::Builder::new()
+                .name("compactd-store".into())
+                .spawn(move || run_writer(writer_conn, rx, durability, state, observer))
+                .map_err(|e| BackendError::Io(format!("cannot start the store writer: {e}")))?
+        };
+        Ok(Sqlite {
+            path,
+            durability,
+            queue: RwLock::new(Some(tx)),
+            reader: Mutex::new(reader),
+            state,
+            writer: Mutex::new(Some(writer)),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn reader(&self) -> std::sync::MutexGuard<'_, Connection> {
+        self.reader.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn connect(path: &Path) -> Result<Connection, BackendError> {
+    let conn = Connection::open(path)
+        .map_err(|e| BackendError::Io(format!("cannot open {}: {e}", path.display())))?;
+    conn.busy_timeout(Duration::from_secs(10)).map_err(db)?;
+    // WAL: readers never block the writer. FULL: a commit is on disk when it returns.
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+        .map_err(|e| {
+            BackendError::Io(format!(
+                "{} is not a usable SQLite database: {e}",
+                path.display()
+            ))
+        })?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(BackendError::Io(format!(
+            "{} cannot use WAL mode (got {mode}); is the data dir on a network filesystem?",
+            path.display()
+        )));
+    }
+    conn.execute_batch("PRAGMA synchronous=FULL;").map_err(db)?;
+    Ok(conn)
+}
+
+/// Brings the schema to [`SCHEMA`]; a newer schema is refused (a downgrade would lose
+/// what the newer build wrote).
+fn migrate(conn: &Connection, path: &Path) -> Result<(), BackendError> {
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(db)?;
+    if version > SCHEMA {
+        return Err(BackendError::Io(format!(
+            "{} was written by a newer compactd (schema {version}, this build knows {SCHEMA}); use that version or another --data-dir",
+            path.display()
+        )));
+    }
+    if version < 1 {
+        conn.execute_batch(
+            "BEGIN;
+             CREATE TABLE IF NOT EXISTS sessions (
+                 id TEXT PRIMARY KEY NOT NULL,
+                 incarnation INTEGER NOT NULL,
+                 snapshot_seq INTEGER NOT NULL,
+                 snapshot TEXT NOT NULL,
+                 updated_ms INTEGER NOT NULL
+             );
+             CREATE TABLE IF NOT EXISTS log (
+                 session_id TEXT NOT NULL,
+                 incarnation INTEGER NOT NULL,
+                 seq INTEGER NOT NULL,
+                 change TEXT NOT NULL,
+                 PRIMARY KEY (session_id, seq)
+             );
+             PRAGMA user_version = 1;
+             COMMIT;",
+        )
+        .map_err(db)?;
+    }
+    // Future schemas: `if version < 2 { ... PRAGMA user_version = 2 }`, in order.
+    Ok(())
+}
+
+/// JSON bytes bound as SQLite text (so the `sqlite3` shell's JSON functions read it).
+struct Json<'a>(&'a [u8]);
+
+impl ToSql for Json<'_> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::Borrowed(ValueRef::Text(self.0)))
+    }
+}
+
+fn db(e: rusqlite::Error) -> BackendError {
+    match &e {
+        rusqlite::Error::SqliteFailure(f, _) if f.code == ErrorCode::DiskFull => {
+            BackendError::Full(e.to_string())
+        }
+        _ => BackendError::Io(e.to_string()),
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// The writer thread: gathers everything queued (for up to the interval under
+/// `Durability::Interval`), commits it in one transaction, reports to each request.
+fn run_writer(
+    mut conn: Connection,
+    rx: Receiver<Request>,
+    durability: Durability,
+    state: Arc<Mutex<BackendState>>,
+    observer: Option<Observer>,
+) {
+    while let Ok(first) = rx.recv() {
+        let mut bytes: usize = first.writes.iter().map(Write::bytes).sum();
+        let mut batch = vec![first];
+        let deadline = match durability {
+            Durability::Interval(d) => Some(Instant::now() + d),
+            _ => None,
+        };
+        while bytes < MAX_BATCH_BYTES {
+            let next = match deadline {
+                None => rx.try_recv().ok(),
+                Some(at) => rx
+                    .recv_timeout(at.saturating_duration_since(Instant::now()))
+                    .ok(),
+            };
+            let Some(next) = next else { break };
+            bytes = bytes.saturating_add(next.writes.iter().map(Write::bytes).sum());
+            batch.push(next);
+        }
+        let began = Instant::now();
+        let result = commit(&mut conn, &batch);
+        if let Some(o) = &observer {
+            o(&StoreEvent::Commit {
+                requests: batch.len(),
+                bytes: bytes as u64,
+                took: began.elapsed(),
+                ok: result.is_ok(),
+            });
+        }
+        {
+            let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+            *s = match &result {
+                Ok(()) => BackendState::Ok,
+                Err(e) => {
+                    tracing::error!(error = %e, writes = batch.len(), "session store commit failed");
+                    BackendState::Failing(e.to_string())
+                }
+            };
+        }
+        for r in batch {
+            let _ = r.done.send(result.clone());
+        }
+    }
+}
+
+fn commit(conn: &mut Connection, batch: &[Request]) -> Result<(), BackendError> {
+    let tx = conn.transaction().map_err(db)?;
+    for r in batch {
+        for w in &r.writes {
+            apply(&tx, w).map_err(db)?;
+        }
+    }
+    tx.commit().map_err(db)
+}
+
+fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> rusqlite::Result<()> {
+    match w {
+        Write::Create {
+            id,
+            incarnation,
+            snapshot,
+        } => {
+            tx.prepare_cached("DELETE FROM log WHERE session_id = ?1")?
+                .execute(params![id])?;
+            tx.prepare_cached(
+                "INSERT OR REPLACE INTO sessions (id, incarnation, snapshot_seq, snapshot, updated_ms)
+                 VALUES (?1, ?2, 0, ?3, ?4)",
+            )?
+            .execute(params![id, to_i64(*incarnation), Json(snapshot), now_ms()])?;
+        }
+        Write::Append {
+            id,
+            incarnation,
+            seq,
+            change,
+        } => {
+            tx.prepare_cached(
+                "INSERT INTO log (session_id, incarnation, seq, change)
+                 SELECT ?1, ?2, ?3, ?4
+                 WHERE EXISTS (SELECT 1 FROM sessions WHERE id = ?1 AND incarnation = ?2)",
+            )?
+            .execute(params![
+                id,
+                to_i64(*incarnation),
+                to_i64(*seq),
+                Json(change)
+            ])?;
+        }
+        Write::Snapshot {
+            id,
+            incarnation,
+            seq,
+            snapshot,
+        } => {
+            let n = tx
+                .prepare_cached(
+                    "UPDATE sessions SET snapshot = ?3, snapshot_seq = ?4, updated_ms = ?5
+                     WHERE id = ?1 AND incarnation = ?2",
+                )?
+                .execute(params![
+                    id,
+                    to_i64(*incarnation),
+                    Json(snapshot),
+                    to_i64(*seq),
+                    now_ms()
+                ])?;
+            if n > 0 {
+                tx.prepare_cached("DELETE FROM log WHERE session_id = ?1 AND seq <= ?2")?
+                    .execute(params![id, to_i64(*seq)])?;
+            }
+        }
+        Write::Delete { id } => {
+            tx.prepare_cached("DELETE FROM sessions WHERE id = ?1")?
+                .execute(params![id])?;
+            tx.prepare_cached("DELETE FROM log WHERE session_id = ?1")?
+                .execute(params![id])?;
+        }
+    }
+    Ok(())
+}
+
+impl Backend for Sqlite {
+    fn sessions(&self) -> Result<Vec<String>, BackendError> {
+        let conn = self.reader();
+        let mut stmt = conn.prepare("SELECT id FROM sessions").map_err(db)?;
+        let ids = stmt
+            .query_map([], |r| r.get::<_, String>(0))
+            .map_err(db)?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(db)?;
+        Ok(ids)
+    }
+
+    fn last_incarnation(&self) -> Result<u64, BackendError> {
+        let conn = self.reader();
+        let max: Option<i64> = conn
+            .query_row("SELECT MAX(incarnation) FROM sessions", [], |r| r.get(0))
+            .map_err(db)?;
+        Ok(max.map_or(0, |m| u64::try_from(m).unwrap_or(0)))
+    }
+
+    fn load(&self, id: &str) -> Result<Option<Stored>, BackendError> {
+        let conn = self.reader();
+        let corrupt = |reason: String| BackendError::Corrupt {
+            id: id.to_string(),
+            reason,
+        };
+        // One read transaction: the snapshot and its log tail are from the same commit.
+        conn.execute_batch("BEGIN").map_err(db)?;
+        let read = (|| {
+            let row = conn
+                .prepare_cached(
+                    "SELECT incarnation, snapshot_seq, snapshot FROM sessions WHERE id = ?1",
+                )
+                .map_err(db)?
+                .query_row(params![id], |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get_ref(2)?.as_bytes().map(<[u8]>::to_vec),
+                    ))
+                })
+                .optional()
+                .map_err(db)?;
+            let Some((incarnation, snapshot_seq, snapshot)) = row else {
+                return Ok(None);
+            };
+            let snapshot = snapshot.map_err(|e| corrupt(format!("snapshot: {e}")))?;
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT seq, change FROM log
+                     WHERE session_id = ?1 AND incarnation = ?2 AND seq > ?3 ORDER BY seq",
+                )
+                .map_err(db)?;
+            let mut rows = stmt
+                .query(params![id, incarnation, snapshot_seq])
+                .map_err(db)?;
+            let mut log = Vec::new();
+            while let Some(r) = rows.next().map_err(db)? {
+                let seq: i64 = r.get(0).map_err(db)?;
+                let change = r
+                    .get_ref(1)
+                    .map_err(db)?
+                    .as_bytes()
+                    .map_err(|e| corrupt(format!("log entry {seq}: {e}")))?
+                    .to_vec();
+                log.push((u64::try_from(seq).unwrap_or(0), change));
+            }
+            Ok(Some(Stored {
+                incarnation: u64::try_from(incarnation).unwrap_or(0),
+                snapshot_seq: u64::try_from(snapshot_seq).unwrap_or(0),
+                snapshot,
+                log,
+            }))
+        })();
+        let _ = conn.execute_batch("COMMIT");
+        read
+    }
+
+    fn write(&self, writes: Vec<Write>) -> Committed {
+        let (done, rx) = oneshot::channel();
+        let queue = self.queue.read().unwrap_or_else(|e| e.into_inner());
+        let request = Request { writes, done };
+        match queue.as_ref() {
+            Some(q) => {
+                if let Err(mpsc::SendError(r)) = q.send(request) {
+                    let _ = r.done.send(Err(BackendError::Closed));
+                }
+            }
+            None => {
+                let _ = request.done.send(Err(BackendError::Closed));
+            }
+        }
+        rx
+    }
+
+    fn state(&self) -> BackendState {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn durability(&self) -> Durability {
+        self.durability
+    }
+
+    fn disk_bytes(&self) -> u64 {
+        let mut total = 0u64;
+        for suffix in ["", "-wal", "-shm"] {
+            let mut p = self.path.clone().into_os_string();
+            p.push(suffix);
+            if let Ok(m) = std::fs::metadata(&p) {
+                total = total.saturating_add(m.len());
+            }
+        }
+        total
+    }
+
+    fn close(&self) {
+        // Dropping the sender ends the writer after it commits what is queued.
+        self.queue.write().unwrap_or_else(|e| e.into_inner()).take();
+        let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(w) = writer {
+            let _ = w.join();
+        }
+    }
+}
+
+impl Drop for Sqlite {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+#[cfg(test)]
+#[path = "sqlite_tests.rs"]
+mod tests;

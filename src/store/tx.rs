@@ -1,0 +1,112 @@
+//! [`Tx`]: what a job sees of its session. Reads go straight to the [`Session`]
+//! (`Deref`); every change goes through [`Session::perform`] as an [`engine::Change`],
+//! which is encoded for the session's log when the store is durable. A job therefore
+//! cannot change a session in a way the log would not replay.
+
+use std::ops::Deref;
+
+use crate::config::EngineConfig;
+use crate::engine::encode_change;
+use crate::engine::{
+    ApplyError, Change, CommitIds, Committed, CompactionError, CompactionPlan, Performed,
+    PruneMode, PruneReport, Session, StepReport, SummaryOutcome, Update,
+};
+
+/// A job's access to its session: reads freely, changes only through logged changes.
+pub struct Tx<'a> {
+    session: &'a mut Session,
+    config: &'a EngineConfig,
+    /// Encoded changes, when the store is durable.
+    log: Option<&'a mut Vec<Vec<u8>>>,
+}
+
+impl Deref for Tx<'_> {
+    type Target = Session;
+
+    fn deref(&self) -> &Session {
+        self.session
+    }
+}
+
+impl<'a> Tx<'a> {
+    /// A transaction over `session`; `log` collects the encoded changes (None: memory
+    /// only, nothing is encoded).
+    pub(super) fn new(
+        session: &'a mut Session,
+        config: &'a EngineConfig,
+        log: Option<&'a mut Vec<Vec<u8>>>,
+    ) -> Tx<'a> {
+        Tx {
+            session,
+            config,
+            log,
+        }
+    }
+
+    /// Performs `change`, logging it when it changed the session.
+    pub fn perform(&mut self, change: Change) -> Performed {
+        let encoded = self.log.is_some().then(|| encode_change(&change));
+        let done = self.session.perform(change, self.config);
+        if done.changed()
+            && let (Some(log), Some(bytes)) = (self.log.as_deref_mut(), encoded)
+        {
+            log.push(bytes);
+        }
+        done
+    }
+
+    /// An update and the automatic checks after it (`engine::step`).
+    pub fn step(&mut self, update: Update, now_ms: i64) -> Result<StepReport, ApplyError> {
+        match self.perform(Change::Step { update, now_ms }) {
+            Performed::Step(r) => r,
+            other => Err(mismatch(&other)),
+        }
+    }
+
+    /// Prune: a dry run reports without changing anything; a commit is logged.
+    pub fn prune(&mut self, mode: PruneMode, now_ms: i64) -> PruneReport {
+        if mode == PruneMode::DryRun {
+            // A trial, rolled back: nothing to log.
+            return self.session.prune(mode, now_ms);
+        }
+        match self.perform(Change::Prune { now_ms }) {
+            Performed::Prune(r) => r,
+            _ => PruneReport::default(),
+        }
+    }
+
+    /// Feeds a compaction's outcome to the loop protection; true when it paused
+    /// automatic compaction.
+    pub fn record_compaction(&mut self, auto: bool, ok: bool) -> bool {
+        match self.perform(Change::RecordCompaction { auto, ok }) {
+            Performed::RecordCompaction(paused) => paused,
+            _ => false,
+        }
+    }
+
+    /// Commits a compaction: its summary and compaction part land in one change (one
+    /// log entry, so one transaction).
+    pub fn commit_compaction(
+        &mut self,
+        plan: CompactionPlan,
+        outcome: SummaryOutcome,
+        ids: CommitIds,
+        now_ms: i64,
+    ) -> Result<Committed, CompactionError> {
+        match self.perform(Change::CommitCompaction {
+            plan,
+            outcome,
+            ids,
+            now_ms,
+        }) {
+            Performed::CommitCompaction(r) => r,
+            _ => Err(CompactionError::NothingToCompact),
+        }
+    }
+}
+
+/// `perform` answers each change with its own variant; this names the impossible case
+/// rather than panicking inside an actor.
+fn mismatch(other: &Performed) -> ApplyError {
+    ApplyError::precondition("", format!("the engine answered a step with {other:?}"))
+}
