@@ -238,6 +238,7 @@ fn snapshot_throughput() {
         .max_by_key(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
         .expect("a trace");
     let export = load(&path);
+    let export_bytes = std::fs::metadata(&path).map_or(0, |m| m.len());
     let (changes, _) = changes_of(&export);
     let config = EngineConfig::default();
     let mut live = fresh(&export);
@@ -278,7 +279,8 @@ fn snapshot_throughput() {
     let log = began.elapsed().as_secs_f64();
     let mb = bytes.len() as f64 / 1e6;
     println!(
-        "{}: {} messages, {} parts; snapshot {:.2} MB ({:.2}x the {:.2} MB of part text); \
+        "{}: {} messages, {} parts; snapshot {:.2} MB ({:.2}x the export's {:.2} MB, {:.2}x \
+         the {:.2} MB of part text: infos' extra fields and tool metadata are kept); \
          encode {:.1} ms ({:.0} MB/s), decode {:.1} ms ({:.0} MB/s); log of {} changes \
          {:.2} MB, encoded and decoded in {:.1} ms ({:.0} MB/s)",
         path.file_name()
@@ -287,6 +289,8 @@ fn snapshot_throughput() {
         live.messages().len(),
         live.part_count(),
         mb,
+        bytes.len() as f64 / export_bytes.max(1) as f64,
+        export_bytes as f64 / 1e6,
         bytes.len() as f64 / text.max(1) as f64,
         text as f64 / 1e6,
         encode * 1e3,
