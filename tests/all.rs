@@ -3,6 +3,7 @@
 mod common;
 mod config_cli;
 mod conformance;
+mod durable;
 mod fuzz;
 mod grpc;
 mod hostile;
