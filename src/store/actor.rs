@@ -289,6 +289,7 @@ pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
         store: Arc::downgrade(shared),
         journal,
         clock,
+        next: None,
     };
     let span = tracing::info_span!("session", session_id = %handle.id);
     tokio::spawn(actor.run().instrument(span));
@@ -322,6 +323,8 @@ struct Actor {
     /// None without a durable store.
     journal: Option<Journal>,
     clock: Instant,
+    /// A message taken from the mailbox while trying to leave, handled next.
+    next: Option<Msg>,
 }
 
 /// What an idle actor found when it tried to leave.
@@ -360,7 +363,10 @@ impl Actor {
             } else {
                 self.store.upgrade().and_then(|s| s.idle_ttl())
             };
-            let wake = self.wait(ttl).await;
+            let wake = match self.next.take() {
+                Some(msg) => Wake::Msg(Some(msg)),
+                None => self.wait(ttl).await,
+            };
             let msg = match wake {
                 Wake::Committed(r) => {
                     self.committed(r).await;
@@ -433,10 +439,15 @@ impl Actor {
                 false
             }
             Msg::Evict(done) => {
-                let left = matches!(
-                    self.leave(last_job, "memory").await,
-                    Leave::Evicted | Leave::Ended
-                );
+                let left = match self.leave(last_job, "memory").await {
+                    Leave::Evicted | Leave::Ended => true,
+                    // A message slipped in: it is handled next, and the session stays.
+                    Leave::Stay(next) => {
+                        self.next = Some(next);
+                        false
+                    }
+                    Leave::Unheard | Leave::Orphan | Leave::Unsaved => false,
+                };
                 let _ = done.send(left);
                 left
             }
