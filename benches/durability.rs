@@ -3,7 +3,8 @@
 //! Prints updates per second, ack latency (p50, p99), and disk bytes per session against
 //! the raw text bytes sent.
 //!
-//! Run: `cargo bench --bench durability` (env `STREAMS`, `TURNS` override the workload).
+//! Run: `cargo bench --bench durability` (env `STREAMS`, `TURNS` override the workload,
+//! `MODES` the durability modes compared, e.g. `MODES=sync`).
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -38,7 +39,8 @@ fn main() {
         "durability", "updates", "updates/s", "p50 ms", "p99 ms", "disk B/session", "raw B/session"
     );
     let mut memory_rate = None;
-    for mode in ["memory", "interval=100", "sync"] {
+    let modes = std::env::var("MODES").unwrap_or_else(|_| "memory,interval=100,sync".into());
+    for mode in modes.split(',') {
         let r = runtime.block_on(run(mode, streams, turns));
         if mode == "memory" {
             memory_rate = Some(r.rate);

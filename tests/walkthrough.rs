@@ -12,6 +12,8 @@ use std::process::{Child, Command, Stdio};
 struct Server {
     child: Child,
     addr: String,
+    /// Its data dir, removed with it (the walk-through must not touch the user's).
+    _data: tempfile::TempDir,
 }
 
 impl Drop for Server {
@@ -24,8 +26,11 @@ impl Drop for Server {
 /// Starts `compactd serve` on an ephemeral port and reads the bound address from its
 /// first JSON log line (the listener is bound before that line is written).
 fn start_binary() -> Server {
+    let data = tempfile::tempdir().expect("a temp data dir");
     let mut child = Command::new(env!("CARGO_BIN_EXE_compactd"))
         .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
+        .arg("--data-dir")
+        .arg(data.path())
         .env("COMPACTD_LOG", "info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -45,7 +50,11 @@ fn start_binary() -> Server {
     };
     // Keep draining the log so the child never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
-    Server { child, addr }
+    Server {
+        child,
+        addr,
+        _data: data,
+    }
 }
 
 fn grpcurl() -> PathBuf {

@@ -16,7 +16,7 @@
 //! commit fails, the session is reloaded from disk (the state before the batch) and every
 //! result waiting on it is an error: nothing unacknowledged stays applied.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::mpsc::error::TryRecvError;
@@ -47,7 +47,7 @@ pub(super) enum Msg {
     Flush(oneshot::Sender<Result<(), StoreError>>),
 }
 
-/// How long a job waits for the evictor under memory pressure before it runs anyway
+/// How long a job waits for an evictor pass under memory pressure before it runs anyway
 /// (and may be refused for the budget).
 const ROOM_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// Jobs run back to back before the actor looks at its batch again.
@@ -72,6 +72,8 @@ pub struct SessionHandle {
     used: Arc<AtomicU64>,
     /// True once the actor evicted itself; jobs are sent only under this lock.
     gate: Arc<Mutex<bool>>,
+    /// True while the actor waits for the evictor (which then leaves it alone).
+    waiting: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Msg {
@@ -98,6 +100,11 @@ impl SessionHandle {
     /// When it last ran a job, on the store's clock.
     pub(super) fn last_used(&self) -> u64 {
         self.used.load(Ordering::Relaxed)
+    }
+
+    /// True while the actor waits for room (the evictor skips it).
+    pub(super) fn is_waiting(&self) -> bool {
+        self.waiting.load(Ordering::Relaxed)
     }
 
     /// True when this handle and `other` address the same actor.
@@ -253,6 +260,7 @@ pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
         bytes: Arc::new(AtomicU64::new(last)),
         used: Arc::new(AtomicU64::new(millis_since(clock))),
         gate: Arc::new(Mutex::new(false)),
+        waiting: Arc::new(AtomicBool::new(false)),
     };
     let journal = durable.map(|d| Journal {
         waits: d.backend.durability().waits(),
@@ -276,10 +284,12 @@ pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
             bytes: handle.bytes.clone(),
             used: handle.used.clone(),
             gate: handle.gate.clone(),
+            waiting: handle.waiting.clone(),
         },
         store: Arc::downgrade(shared),
         journal,
         clock,
+        next: None,
     };
     let span = tracing::info_span!("session", session_id = %handle.id);
     tokio::spawn(actor.run().instrument(span));
@@ -297,6 +307,7 @@ struct Me {
     bytes: Arc<AtomicU64>,
     used: Arc<AtomicU64>,
     gate: Arc<Mutex<bool>>,
+    waiting: Arc<AtomicBool>,
 }
 
 /// A session's actor.
@@ -312,6 +323,8 @@ struct Actor {
     /// None without a durable store.
     journal: Option<Journal>,
     clock: Instant,
+    /// A message taken from the mailbox while trying to leave, handled next.
+    next: Option<Msg>,
 }
 
 /// What an idle actor found when it tried to leave.
@@ -350,7 +363,10 @@ impl Actor {
             } else {
                 self.store.upgrade().and_then(|s| s.idle_ttl())
             };
-            let wake = self.wait(ttl).await;
+            let wake = match self.next.take() {
+                Some(msg) => Wake::Msg(Some(msg)),
+                None => self.wait(ttl).await,
+            };
             let msg = match wake {
                 Wake::Committed(r) => {
                     self.committed(r).await;
@@ -423,10 +439,15 @@ impl Actor {
                 false
             }
             Msg::Evict(done) => {
-                let left = matches!(
-                    self.leave(last_job, "memory").await,
-                    Leave::Evicted | Leave::Ended
-                );
+                let left = match self.leave(last_job, "memory").await {
+                    Leave::Evicted | Leave::Ended => true,
+                    // A message slipped in: it is handled next, and the session stays.
+                    Leave::Stay(next) => {
+                        self.next = Some(next);
+                        false
+                    }
+                    Leave::Unheard | Leave::Orphan | Leave::Unsaved => false,
+                };
                 let _ = done.send(left);
                 left
             }
@@ -464,30 +485,29 @@ impl Actor {
         }
     }
 
-    /// Under memory pressure in a durable store, waits (at most [`ROOM_WAIT`]) for the
-    /// evictor to send other sessions cold before running the next job, so the job is
-    /// slowed down rather than refused. The session is marked used first, so the evictor
-    /// picks others.
+    /// Under memory pressure in a durable store, waits for one pass of the evictor (at
+    /// most [`ROOM_WAIT`]) before running the next job, so the job is slowed down while
+    /// other sessions go cold rather than refused. The session is marked used and
+    /// waiting first, so the evictor picks others.
     async fn make_room(&mut self) {
-        if self.journal.is_none() {
+        if self.journal.is_none() || !super::over_high_water(&self.counted.ledger) {
             return;
         }
         let Some(store) = self.store.upgrade() else {
             return;
         };
-        let ledger = self.counted.ledger.clone();
-        if !super::over_high_water(&ledger) {
-            return;
-        }
         self.me
             .used
             .store(millis_since(self.clock), Ordering::Relaxed);
-        super::pressure(&store, &ledger);
+        self.me.waiting.store(true, Ordering::Relaxed);
+        let passes = store.passes.clone();
+        let pass = passes.notified();
+        tokio::pin!(pass);
+        pass.as_mut().enable();
+        super::pressure(&store, &self.counted.ledger);
         drop(store);
-        let began = Instant::now();
-        while super::over_high_water(&ledger) && began.elapsed() < ROOM_WAIT {
-            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-        }
+        let _ = tokio::time::timeout(ROOM_WAIT, pass).await;
+        self.me.waiting.store(false, Ordering::Relaxed);
     }
 
     fn run_job(&mut self, job: Job) {

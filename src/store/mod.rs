@@ -184,6 +184,8 @@ struct Shared {
     observer: RwLock<Option<Observer>>,
     /// Raised by an actor when the budget is nearly spent; the evictor listens.
     pressure: Arc<Notify>,
+    /// Notified at the end of each pass of the evictor (actors waiting for room).
+    passes: Arc<Notify>,
     evictor: AtomicBool,
 }
 
@@ -731,6 +733,7 @@ async fn make_room(shared: &Shared, ledger: &Ledger, target: u64) {
         return;
     }
     let mut handles: Vec<SessionHandle> = shared.read().hot.values().cloned().collect();
+    handles.retain(|h| !h.is_waiting());
     handles.sort_by_key(SessionHandle::last_used);
     for h in handles {
         if ledger.counted() <= target {
@@ -756,7 +759,7 @@ fn pressure(shared: &Arc<Shared>, ledger: &Arc<Ledger>) {
     let budget = ledger.budget();
     if !shared.evictor.swap(true, Ordering::AcqRel) {
         let (weak, ledger) = (Arc::downgrade(shared), ledger.clone());
-        let notify = shared.pressure.clone();
+        let (notify, passes) = (shared.pressure.clone(), shared.passes.clone());
         tokio::spawn(async move {
             loop {
                 let woken = notify.notified();
@@ -764,6 +767,7 @@ fn pressure(shared: &Arc<Shared>, ledger: &Arc<Ledger>) {
                     let Some(shared) = weak.upgrade() else { return };
                     make_room(&shared, &ledger, watermark(budget, LOW_WATER)).await;
                 }
+                passes.notify_waiters();
                 woken.await;
             }
         });

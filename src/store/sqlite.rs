@@ -47,6 +47,8 @@ pub struct Sqlite {
     reader: Mutex<Connection>,
     state: Arc<Mutex<BackendState>>,
     writer: Mutex<Option<JoinHandle<()>>>,
+    /// Stops the checkpointer when dropped.
+    checkpoints: Mutex<Option<(Sender<()>, JoinHandle<()>)>>,
 }
 
 impl Sqlite {
@@ -76,7 +78,21 @@ impl Sqlite {
                 .execute_batch(&format!("PRAGMA max_page_count = {}", pages.max(1)))
                 .map_err(db)?;
         }
+        // Checkpoints (copying the WAL into the database) run on their own thread, off
+        // the writer's commit path.
+        writer_conn
+            .execute_batch("PRAGMA wal_autocheckpoint=0; PRAGMA journal_size_limit=67108864;")
+            .map_err(db)?;
         let reader = connect(&path)?;
+        let checkpoints = {
+            let conn = connect(&path)?;
+            let (stop, stopped) = mpsc::channel::<()>();
+            let thread = std::thread::Builder::new()
+                .name("compactd-checkpoint".into())
+                .spawn(move || run_checkpoints(&conn, &stopped))
+                .map_err(|e| BackendError::Io(format!("cannot start the checkpointer: {e}")))?;
+            (stop, thread)
+        };
         let (tx, rx) = mpsc::channel();
         let state = Arc::new(Mutex::new(BackendState::Ok));
         let writer = {
@@ -93,6 +109,7 @@ impl Sqlite {
             reader: Mutex::new(reader),
             state,
             writer: Mutex::new(Some(writer)),
+            checkpoints: Mutex::new(Some(checkpoints)),
         })
     }
 
@@ -110,6 +127,9 @@ fn connect(path: &Path) -> Result<Connection, BackendError> {
     let conn = Connection::open(path)
         .map_err(|e| BackendError::Io(format!("cannot open {}: {e}", path.display())))?;
     conn.busy_timeout(Duration::from_secs(10)).map_err(db)?;
+    // Log rows are a few KB (a tool output): 16 KiB pages hold several without overflow
+    // pages. Only takes effect on a new database (before WAL mode is set).
+    conn.execute_batch("PRAGMA page_size=16384;").map_err(db)?;
     // WAL: readers never block the writer. FULL: a commit is on disk when it returns.
     let mode: String = conn
         .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
@@ -193,6 +213,26 @@ fn now_ms() -> i64 {
 
 fn to_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// How often the checkpointer copies committed WAL frames into the database.
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
+
+/// The checkpointer thread: a passive checkpoint (never blocks the writer or readers)
+/// every [`CHECKPOINT_EVERY`] until told to stop, then a last one.
+fn run_checkpoints(conn: &Connection, stop: &Receiver<()>) {
+    loop {
+        let stopping = !matches!(
+            stop.recv_timeout(CHECKPOINT_EVERY),
+            Err(mpsc::RecvTimeoutError::Timeout)
+        );
+        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+            tracing::warn!(error = %e, "session store checkpoint failed");
+        }
+        if stopping {
+            return;
+        }
+    }
 }
 
 /// The writer thread: gathers everything queued (for up to the interval under
@@ -445,6 +485,15 @@ impl Backend for Sqlite {
         let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(w) = writer {
             let _ = w.join();
+        }
+        let checkpoints = self
+            .checkpoints
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some((stop, thread)) = checkpoints {
+            drop(stop);
+            let _ = thread.join();
         }
     }
 }

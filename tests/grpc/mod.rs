@@ -7,6 +7,7 @@ mod auth;
 mod cache_model;
 mod compaction;
 mod concurrency;
+mod disk_full;
 mod drain;
 mod e2e_llm;
 mod fake_llm_selftest;
