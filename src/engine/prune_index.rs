@@ -149,9 +149,14 @@ impl PruneIndex {
     }
 
     /// True when every position points into `messages` and the figures add up (a
-    /// restored snapshot is checked with it: the window's arithmetic relies on both).
+    /// restored snapshot is checked with it: the window's arithmetic relies on both). A
+    /// dirty index is rebuilt before it is read, so its stale candidates (a part deleted
+    /// since) are not checked.
     pub(crate) fn fits(&self, messages: &[Message]) -> bool {
         let sum = |c: &[Candidate]| c.iter().try_fold(0u64, |a, c| a.checked_add(c.tokens));
+        if self.dirty {
+            return self.end.is_none_or(|e| e < messages.len());
+        }
         self.end.is_none_or(|e| e < messages.len())
             && self.window <= self.cands.len()
             && self
