@@ -290,6 +290,7 @@ pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
         journal,
         clock,
         next: None,
+        failed: false,
     };
     let span = tracing::info_span!("session", session_id = %handle.id);
     tokio::spawn(actor.run().instrument(span));
@@ -325,6 +326,9 @@ struct Actor {
     clock: Instant,
     /// A message taken from the mailbox while trying to leave, handled next.
     next: Option<Msg>,
+    /// A commit failed and the session could not be reloaded: it has left the map, and
+    /// the jobs still queued are dropped unrun.
+    failed: bool,
 }
 
 /// What an idle actor found when it tried to leave.
@@ -511,6 +515,13 @@ impl Actor {
     }
 
     fn run_job(&mut self, job: Job) {
+        if self.failed {
+            // The session could not be put back as the disk has it: running the job on
+            // what memory holds could log changes on a state the disk never had. Dropping
+            // it answers its caller that the session is gone.
+            drop(job);
+            return;
+        }
         let counted = &mut self.counted;
         // Sessions plus what is in flight: reserved bytes leave less room to grow.
         let total = counted.ledger.counted();
@@ -571,6 +582,9 @@ impl Actor {
     /// Sends what is unsent when no batch is being committed (one batch at a time keeps
     /// the session's writes in order and bounded).
     fn send_batch(&mut self) {
+        if self.failed {
+            return;
+        }
         let Some(j) = self.journal.as_mut() else {
             return;
         };
@@ -671,6 +685,7 @@ impl Actor {
                     _ => "the session is no longer stored".to_string(),
                 };
                 tracing::error!(error = %why, "cannot reload the session after a failed commit; dropping it from memory");
+                self.failed = true;
                 if let Some(store) = self.store.upgrade() {
                     let mut map = store.write();
                     *lock(&self.me.gate) = true;
@@ -692,6 +707,9 @@ impl Actor {
     /// is durable.
     async fn flush(&mut self) -> Result<(), StoreError> {
         loop {
+            if self.failed {
+                return Ok(());
+            }
             let Some(j) = self.journal.as_mut() else {
                 return Ok(());
             };
