@@ -107,7 +107,8 @@ async fn run(mode: &str, streams: usize, turns: usize) -> Figures {
         .args(["-TERM", &child.id().to_string()])
         .status();
     let _ = child.wait();
-    let disk = (mode != "memory").then(|| dir_bytes(dir.path()) / streams as u64);
+    let disk =
+        (mode != "memory" && mode != "legacy").then(|| dir_bytes(dir.path()) / streams as u64);
     Figures {
         updates: latencies.len(),
         rate: latencies.len() as f64 / took.as_secs_f64(),
@@ -133,10 +134,16 @@ fn dir_bytes(dir: &Path) -> u64 {
 /// stops and waits for it).
 #[allow(clippy::zombie_processes)]
 fn start(mode: &str, dir: &Path) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_compactd"))
-        .args(["serve", "--log-format", "json", "--listen", "127.0.0.1:0"])
-        .args(["--durability", mode, "--data-dir"])
-        .arg(dir)
+    // `COMPACTD_BIN` runs another build (e.g. one from before the durable store, with
+    // `MODES=legacy`: no durability flags) against the same load.
+    let bin =
+        std::env::var("COMPACTD_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_compactd").into());
+    let mut cmd = Command::new(bin);
+    cmd.args(["serve", "--log-format", "json", "--listen", "127.0.0.1:0"]);
+    if mode != "legacy" {
+        cmd.args(["--durability", mode, "--data-dir"]).arg(dir);
+    }
+    let mut child = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

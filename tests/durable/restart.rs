@@ -35,6 +35,18 @@ const BUDGET: &str = "1073741824";
 /// Prefix caps of the export, in KB, cycled.
 const CAPS_KB: [usize; 6] = [4, 8, 16, 32, 64, 96];
 
+/// The prefix cap of session `i` in bytes: `CAPS_KB` cycled, or every session at
+/// `COMPACTD_RESTART_CAP_KB` (for measuring full-size sessions in release:
+/// `COMPACTD_RESTART_CAP_KB=8192 COMPACTD_RESTART_BUDGET=4294967296 cargo test --release
+/// --test all durable::restart -- --nocapture`).
+fn cap_bytes(i: usize, traces: usize) -> usize {
+    let kb = std::env::var("COMPACTD_RESTART_CAP_KB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(CAPS_KB[(i / traces) % CAPS_KB.len()]);
+    kb << 10
+}
+
 /// Session `i`'s id: plain, unicode, with slashes and spaces, or long.
 fn session_id(i: usize) -> String {
     match i % 4 {
@@ -49,7 +61,7 @@ fn session_id(i: usize) -> String {
 /// and an explicit prune.
 fn import_of(i: usize, traces: &[Trace]) -> (pb::ImportSessionRequest, usize) {
     let trace = &traces[i % traces.len()];
-    let (export_json, _) = trace.prefix(CAPS_KB[(i / traces.len()) % CAPS_KB.len()] << 10);
+    let (export_json, _) = trace.prefix(cap_bytes(i, traces.len()));
     let len = export_json.len();
     let request = pb::ImportSessionRequest {
         export_json,
@@ -166,7 +178,13 @@ fn dir_bytes(dir: &Path) -> u64 {
 async fn a_thousand_sessions_survive_a_clean_restart_byte_for_byte() {
     let traces = Trace::all();
     let data = DataDir::new("restart");
-    let args = ["--memory-budget", BUDGET, "--metrics-listen", "127.0.0.1:0"];
+    let budget = std::env::var("COMPACTD_RESTART_BUDGET").unwrap_or_else(|_| BUDGET.into());
+    let args = [
+        "--memory-budget",
+        &budget,
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ];
     let server = start_on(data.path(), "sync", &args, &[]);
     let ids: Vec<String> = (0..SESSIONS).map(session_id).collect();
 
