@@ -236,3 +236,39 @@ fn secrets_stay_out_of_config_errors_and_urls_lose_their_credentials() {
         "{out}"
     );
 }
+
+#[test]
+fn config_print_states_what_the_durability_mode_guarantees() {
+    for (mode, env, guarantee) in [
+        ("sync", None, "a crash loses nothing acknowledged"),
+        (
+            "interval=250",
+            None,
+            "a crash loses at most the last 250 ms of acknowledged updates",
+        ),
+        ("memory", Some("memory"), "a restart loses every session"),
+    ] {
+        let mut args = vec!["config", "print"];
+        let vars: Vec<(&str, &str)> = match env {
+            Some(v) => vec![("COMPACTD_DURABILITY", v)],
+            None => {
+                args.extend(["--durability", mode]);
+                Vec::new()
+            }
+        };
+        let (ok, out, err) = compactd(&args, &vars);
+        assert!(ok, "{mode}: {err}");
+        assert!(
+            line(&out, "durability").contains(&format!("\"{mode}\"")),
+            "{out}"
+        );
+        let stated = out
+            .lines()
+            .find(|l| l.starts_with("# guarantee: "))
+            .unwrap_or_else(|| panic!("{mode}: no guarantee line in\n{out}"));
+        assert!(stated.contains(guarantee), "{mode}: {stated}");
+    }
+    let (ok, _, err) = compactd(&["config", "print", "--durability", "fast"], &[]);
+    assert!(!ok, "an unknown mode is refused");
+    assert!(err.contains("durability") && err.contains("fast"), "{err}");
+}
