@@ -524,20 +524,8 @@ impl Store {
                 if max > 0 && map.hot.len().saturating_add(map.cold.len()) >= max {
                     return Err(StoreError::Full(max));
                 }
-                let incarnation = self
-                    .incarnations
-                    .fetch_add(1, Ordering::Relaxed)
-                    .saturating_add(1);
-                let committed = self.backend.as_ref().map(|b| {
-                    b.write(vec![Write::Create {
-                        id: id.clone(),
-                        incarnation,
-                        snapshot: encode_session(&session),
-                    }])
-                });
-                let handle = self.spawn(session, self.durable(incarnation, 0, 0, 0));
-                map.hot.insert(id.clone(), handle.clone());
-                Some((handle, committed))
+                let snapshot = self.backend.is_some().then(|| encode_session(&session));
+                Some(self.place(&mut map, session, snapshot))
             }
         };
         let Some((handle, committed)) = created else {
@@ -545,6 +533,34 @@ impl Store {
         };
         self.created(&id, &handle, committed).await?;
         Ok((handle, true))
+    }
+
+    /// Puts a new session (or a new incarnation of an id) in the map, hot, and queues its
+    /// first snapshot (`snapshot`, encoded by the caller; None without a backend). Called
+    /// under the map lock, so the `Create` is queued before any write of its actor.
+    fn place(
+        &self,
+        map: &mut Map,
+        session: Session,
+        snapshot: Option<Vec<u8>>,
+    ) -> (SessionHandle, Option<backend::Committed>) {
+        let id = session.info().id.clone();
+        let incarnation = self
+            .incarnations
+            .fetch_add(1, Ordering::Relaxed)
+            .saturating_add(1);
+        let committed = match (&self.backend, snapshot) {
+            (Some(b), Some(snapshot)) => Some(b.write(vec![Write::Create {
+                id: id.clone(),
+                incarnation,
+                snapshot,
+            }])),
+            _ => None,
+        };
+        let handle = self.spawn(session, self.durable(incarnation, 0, 0, 0));
+        map.cold.remove(&id);
+        map.hot.insert(id, handle.clone());
+        (handle, committed)
     }
 
     /// Waits for a new session's first write under `Durability::Sync`; on failure the
@@ -610,22 +626,7 @@ impl Store {
             if !taken && max > 0 && map.hot.len().saturating_add(map.cold.len()) >= max {
                 return Err(StoreError::Full(max));
             }
-            let incarnation = self
-                .incarnations
-                .fetch_add(1, Ordering::Relaxed)
-                .saturating_add(1);
-            let committed = match (&self.backend, snapshot) {
-                (Some(b), Some(snapshot)) => Some(b.write(vec![Write::Create {
-                    id: id.clone(),
-                    incarnation,
-                    snapshot,
-                }])),
-                _ => None,
-            };
-            let handle = self.spawn(session, self.durable(incarnation, 0, 0, 0));
-            map.cold.remove(&id);
-            map.hot.insert(id.clone(), handle.clone());
-            (handle, committed)
+            self.place(&mut map, session, snapshot)
         };
         self.created(&id, &handle, committed).await?;
         Ok(handle)

@@ -10,6 +10,7 @@
 pub mod binary;
 pub mod compaction;
 pub mod fake_llm;
+pub mod metrics;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -116,7 +116,7 @@ async fn ten_times_more_sessions_than_fit_are_created_and_read_back() {
         .filter(|t| t.bytes() >= 200 << 10)
         .collect();
     assert!(traces.len() >= 4, "enough traces of 200 KB or more");
-    let data = DataDir::new("cold");
+    let data = data_dir("cold");
     let budget = BUDGET.to_string();
     let args = [
         "--memory-budget",
@@ -308,7 +308,7 @@ async fn ten_times_more_sessions_than_fit_are_created_and_read_back() {
 /// the session idles past a one-second TTL and leaves memory (awaited on `Subscribe`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_sent_cold_after_a_part_delete_loads_back() {
-    let data = DataDir::new("cold-delete");
+    let data = data_dir("cold-delete");
     let server = start_on(data.path(), "sync", &["--session-idle-ttl-secs", "1"], &[]);
     let mut c = connect(&server.addr).await;
     let sid = "cold-delete";

@@ -428,8 +428,8 @@ async fn acknowledged_updates_survive_sigkill_at_random_moments() {
     let summary: Vec<String> = (0..10).map(|i| format!("summary part {i}. ")).collect();
     let fake = FakeLlm::start(vec![Reply::slow(summary, SLOW_CHUNK)]).await;
     let args = server_args(&fake.base_url());
-    let data = DataDir::new("crash");
-    let reference_dir = DataDir::new("crash-reference");
+    let data = data_dir("crash");
+    let reference_dir = data_dir("crash-reference");
     let reference = {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         start_on(reference_dir.path(), "memory", &args, &ENV)

@@ -32,7 +32,6 @@ use compactd::server::pb;
 use compactd::server::pb::client_update::Update;
 use compactd::server::pb::server_event::Event;
 use prost::Message as _;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -75,31 +74,12 @@ pub async fn sigterm(mut bin: Binary) -> String {
     log
 }
 
-/// A fresh directory under the system's temp dir, removed (with its content) on drop.
-pub struct DataDir(std::path::PathBuf);
-
-impl DataDir {
-    pub fn new(what: &str) -> DataDir {
-        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!(
-            "compactd-durable-{what}-{}-{n}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).expect("create the data dir");
-        DataDir(path)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for DataDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A fresh data dir, removed (with its content) on drop; `what` names it.
+pub fn data_dir(what: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("compactd-durable-{what}-"))
+        .tempdir()
+        .expect("create the data dir")
 }
 
 /// The last `n` lines of a log, for failure messages.
@@ -393,41 +373,7 @@ pub async fn unary(c: &mut Client, sid: &str, update: &Update) -> Result<(), ton
     }
 }
 
-// ---- metrics ----
-
-/// `GET /metrics` of the binary's metrics listener.
-pub async fn scrape(addr: &str) -> String {
-    let mut tcp = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("metrics port");
-    tcp.write_all(b"GET /metrics HTTP/1.1\r\nHost: compactd\r\nConnection: close\r\n\r\n")
-        .await
-        .expect("request");
-    let mut body = String::new();
-    tcp.read_to_string(&mut body).await.expect("response");
-    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
-    body
-}
-
-/// Like [`scrape`], None when the server does not answer.
-pub async fn try_scrape(addr: &str) -> Option<String> {
-    let mut tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
-    tcp.write_all(b"GET /metrics HTTP/1.1\r\nHost: compactd\r\nConnection: close\r\n\r\n")
-        .await
-        .ok()?;
-    let mut body = String::new();
-    tcp.read_to_string(&mut body).await.ok()?;
-    body.starts_with("HTTP/1.1 200").then_some(body)
-}
-
-/// The value of the sample `name{labels}` (labels in the exporter's order), or 0.
-pub fn metric(text: &str, sample: &str) -> f64 {
-    text.lines()
-        .find(|l| l.starts_with(sample) && l[sample.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
-}
+pub use crate::common::metrics::{metric, scrape, try_scrape};
 
 // ---- traces ----
 

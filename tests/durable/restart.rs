@@ -177,7 +177,7 @@ fn dir_bytes(dir: &Path) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_sessions_survive_a_clean_restart_byte_for_byte() {
     let traces = Trace::all();
-    let data = DataDir::new("restart");
+    let data = data_dir("restart");
     let budget = std::env::var("COMPACTD_RESTART_BUDGET").unwrap_or_else(|_| BUDGET.into());
     let args = [
         "--memory-budget",

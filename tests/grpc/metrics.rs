@@ -3,36 +3,14 @@
 //! request and a compaction.
 
 use compactd::server::pb;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_stream::StreamExt;
 
 use crate::common::binary::Binary;
 use crate::common::fake_llm::{FakeLlm, Reply};
+use crate::common::metrics::{metric, scrape};
 use crate::common::*;
 
 const SID: &str = "m";
-
-async fn scrape(addr: &str) -> String {
-    let mut tcp = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("metrics port");
-    tcp.write_all(b"GET /metrics HTTP/1.1\r\nHost: compactd\r\nConnection: close\r\n\r\n")
-        .await
-        .expect("request");
-    let mut body = String::new();
-    tcp.read_to_string(&mut body).await.expect("response");
-    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
-    body
-}
-
-/// The value of the sample `name{labels}` (labels in the exporter's order), or 0.
-fn value(text: &str, sample: &str) -> f64 {
-    text.lines()
-        .find(|l| l.starts_with(sample) && l[sample.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
-}
 
 fn call(message: &str, id: &str, tool: &str, input: serde_json::Value) -> pb::Part {
     let mut p = tool_part(message, id, tool, &output_of(id, 8_000));
@@ -64,8 +42,8 @@ async fn counters_move_as_updates_prunes_overflows_rejections_and_compactions_ha
         bin.metrics.clone().expect("metrics address"),
     );
     let before = scrape(&metrics).await;
-    assert_eq!(value(&before, "compactd_sessions"), 0.0);
-    assert_eq!(value(&before, "compactd_bytes_held"), 0.0, "{before}");
+    assert_eq!(metric(&before, "compactd_sessions"), 0.0);
+    assert_eq!(metric(&before, "compactd_bytes_held"), 0.0, "{before}");
 
     let mut c = pb::sessions_client::SessionsClient::connect(format!("http://{grpc}"))
         .await
@@ -109,20 +87,20 @@ async fn counters_move_as_updates_prunes_overflows_rejections_and_compactions_ha
     while stream.next().await.is_some() {}
 
     let after = scrape(&metrics).await;
-    assert_eq!(value(&after, "compactd_sessions"), 1.0, "{after}");
+    assert_eq!(metric(&after, "compactd_sessions"), 1.0, "{after}");
     // Three 8 kB outputs and the rest of the session are held; the budget is the
     // default 2 GiB.
-    let held = value(&after, "compactd_bytes_held");
+    let held = metric(&after, "compactd_bytes_held");
     assert!((24_000.0..1_000_000.0).contains(&held), "{after}");
     assert_eq!(
-        value(&after, "compactd_memory_budget_bytes"),
+        metric(&after, "compactd_memory_budget_bytes"),
         2_147_483_648.0,
         "{after}"
     );
     // Every update was answered: nothing is left in flight.
-    assert_eq!(value(&after, "compactd_bytes_in_flight"), 0.0, "{after}");
+    assert_eq!(metric(&after, "compactd_bytes_in_flight"), 0.0, "{after}");
     assert_eq!(
-        value(
+        metric(
             &after,
             "compactd_updates_total{kind=\"upsert_message\",result=\"ok\"}"
         ),
@@ -130,7 +108,7 @@ async fn counters_move_as_updates_prunes_overflows_rejections_and_compactions_ha
         "{after}"
     );
     assert_eq!(
-        value(
+        metric(
             &after,
             "compactd_update_duration_seconds_count{kind=\"upsert_part\"}"
         ),
@@ -138,7 +116,7 @@ async fn counters_move_as_updates_prunes_overflows_rejections_and_compactions_ha
         "{after}"
     );
     assert_eq!(
-        value(
+        metric(
             &after,
             "compactd_overflow_detections_total{crossed=\"used\"}"
         ),
@@ -147,19 +125,19 @@ async fn counters_move_as_updates_prunes_overflows_rejections_and_compactions_ha
     );
     // The reads of one file: each newer read supersedes the older.
     assert_eq!(
-        value(&after, "compactd_prune_runs_total{trigger=\"auto\"}"),
+        metric(&after, "compactd_prune_runs_total{trigger=\"auto\"}"),
         2.0,
         "{after}"
     );
     assert!(
-        value(
+        metric(
             &after,
             "compactd_tokens_saved_total{layer=\"aggressiveFilePrune\"}"
         ) > 3_000.0,
         "{after}"
     );
     assert_eq!(
-        value(
+        metric(
             &after,
             "compactd_rejected_requests_total{code=\"NOT_FOUND\"}"
         ),
@@ -167,7 +145,7 @@ async fn counters_move_as_updates_prunes_overflows_rejections_and_compactions_ha
         "{after}"
     );
     assert_eq!(
-        value(
+        metric(
             &after,
             "compactd_compactions_total{outcome=\"compacted\",auto=\"false\"}"
         ),
@@ -175,7 +153,7 @@ async fn counters_move_as_updates_prunes_overflows_rejections_and_compactions_ha
         "{after}"
     );
     assert_eq!(
-        value(
+        metric(
             &after,
             "compactd_compaction_duration_seconds_count{outcome=\"compacted\"}"
         ),
@@ -183,7 +161,7 @@ async fn counters_move_as_updates_prunes_overflows_rejections_and_compactions_ha
         "{after}"
     );
     assert!(
-        value(
+        metric(
             &after,
             "compactd_compaction_llm_tokens_total{direction=\"input\"}"
         ) > 0.0,
