@@ -9,7 +9,6 @@
 
 use std::cell::Cell;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use compactd::config::EngineConfig;
 use compactd::domain::{
@@ -17,7 +16,6 @@ use compactd::domain::{
     ToolStatus,
 };
 use compactd::engine::{Session, Update, step};
-use compactd::tokens::CharsPerToken;
 use compactd::trace::{self, Export};
 
 fn main() {
@@ -76,14 +74,8 @@ fn session_of(n: usize) -> Session {
         input: 0,
         output: 32_000,
     };
-    let mut s = trace::load(
-        export,
-        limits,
-        Default::default(),
-        &EngineConfig::default(),
-        Arc::new(CharsPerToken),
-    )
-    .expect("load");
+    let mut s =
+        trace::load(export, limits, Default::default(), &EngineConfig::default()).expect("load");
     // Settle: the first prune after an import scans the whole history once.
     let _ = s.prune(compactd::engine::PruneMode::Commit, 0);
     s

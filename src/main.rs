@@ -8,7 +8,6 @@ use anyhow::Context;
 use compactd::cli::{self, Command, ReplayArgs, ServeArgs};
 use compactd::server::{self, ServerOptions};
 use compactd::store::{Durability, Sqlite, Store};
-use compactd::tokens::CharsPerToken;
 use compactd::trace;
 
 // The allocator: jemalloc, with background threads that give freed pages back to the OS
@@ -105,8 +104,11 @@ fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
     let uds_mode = args.uds_mode().map_err(|e| with_source(e, layered))?;
     let tls = args.tls().map_err(|e| with_source(e, layered))?;
     runtime.block_on(async move {
-        let mut store =
-            Store::new(config.clone(), Arc::new(CharsPerToken)).with_limits(args.limits());
+        // A BPE vocabulary loads on first use; load the one sessions count with by default
+        // now, off the workers (each other one loads when a session first needs it).
+        let counting = config.tokenizer.resolve("");
+        tokio::task::spawn_blocking(move || compactd::tokens::warm_up(counting));
+        let mut store = Store::new(config.clone()).with_limits(args.limits());
         let observer: compactd::store::Observer = Arc::new(compactd::telemetry::store_event);
         if args.durability != Durability::Memory {
             let backend = Sqlite::open(
@@ -301,16 +303,10 @@ fn write_replay(args: &ReplayArgs, out: &mut impl std::io::Write) -> anyhow::Res
             )?;
         }
         let report = match &args.summarize_with {
-            None => trace::replay::replay(&export, args.limits(), &config, Arc::new(CharsPerToken)),
+            None => trace::replay::replay(&export, args.limits(), &config),
             Some(url) => {
                 let mut compactor = llm_compactor(url, &args.summarize_model)?;
-                trace::replay::replay_with(
-                    &export,
-                    args.limits(),
-                    &config,
-                    Arc::new(CharsPerToken),
-                    Some(&mut compactor),
-                )
+                trace::replay::replay_with(&export, args.limits(), &config, Some(&mut compactor))
             }
         };
         if !args.json {

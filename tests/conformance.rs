@@ -6,12 +6,10 @@
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use compactd::config::EngineConfig;
 use compactd::domain::{ModelLimits, PartKind};
 use compactd::engine::{PruneMode, reference_scan};
-use compactd::tokens::CharsPerToken;
 use compactd::trace::{self, Export, replay::replay};
 
 fn traces_dir() -> PathBuf {
@@ -61,7 +59,6 @@ fn silent_panda_prunes_exactly_what_opencode_pruned() {
         ModelLimits::default(),
         Default::default(),
         &opencode_config(),
-        Arc::new(CharsPerToken),
     )
     .expect("empty session");
     let config = opencode_config();
@@ -125,7 +122,6 @@ fn silent_panda_replay_reports_the_same_31() {
             output: 32_000,
         },
         &opencode_config(),
-        Arc::new(CharsPerToken),
     );
     assert_eq!(report.total_pruned().0, 31);
     assert!(
@@ -149,7 +145,6 @@ fn every_trace_imports_and_replays() {
             },
             Default::default(),
             &EngineConfig::default(),
-            Arc::new(CharsPerToken),
         )
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert_eq!(session.messages().len(), n, "{}", path.display());
@@ -166,7 +161,6 @@ fn every_trace_imports_and_replays() {
                 output: 32_000,
             },
             &EngineConfig::default(),
-            Arc::new(CharsPerToken),
         );
         let finished = export
             .messages
@@ -193,14 +187,8 @@ fn imported_session_prune_matches_reference_scan() {
         let mut export = load(&path);
         trace::strip_compacted(&mut export);
         let config = EngineConfig::default();
-        let mut session = trace::load(
-            export,
-            ModelLimits::default(),
-            Default::default(),
-            &config,
-            Arc::new(CharsPerToken),
-        )
-        .expect("load");
+        let mut session =
+            trace::load(export, ModelLimits::default(), Default::default(), &config).expect("load");
         let report = session.prune(PruneMode::DryRun, 0);
         let users: Vec<usize> = session
             .messages()

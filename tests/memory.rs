@@ -10,13 +10,11 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use compactd::config::EngineConfig;
 use compactd::domain::{ModelLimits, Part, PartKind};
 use compactd::store::{DEFAULT_MAX_SESSION_BYTES, DEFAULT_MEMORY_BUDGET, Limits, Store};
-use compactd::tokens::CharsPerToken;
 use compactd::trace::{Export, load, parse_export};
 
 /// The system allocator, counting the bytes currently allocated.
@@ -137,7 +135,7 @@ async fn a_thousand_real_sessions_fit_the_default_budget_and_the_count_matches_t
         max_session_bytes: DEFAULT_MAX_SESSION_BYTES,
         memory_budget: DEFAULT_MEMORY_BUDGET,
     };
-    let store = Store::new(config.clone(), Arc::new(CharsPerToken)).with_limits(limits);
+    let store = Store::new(config.clone()).with_limits(limits);
 
     // One row per trace: bytes the store counts for one session of it, bytes the
     // allocator saw that session take, and what the session carries.
@@ -158,7 +156,6 @@ async fn a_thousand_real_sessions_fit_the_default_budget_and_the_count_matches_t
             },
             Default::default(),
             &config,
-            Arc::new(CharsPerToken),
         )
         .expect("trace loads");
         let counted = session.held_bytes();

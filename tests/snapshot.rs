@@ -10,7 +10,6 @@
 //! with `cargo test --release --test all snapshot_throughput -- --nocapture`).
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Instant;
 
 use compactd::config::EngineConfig;
@@ -20,7 +19,6 @@ use compactd::engine::{
     TailOptions, Trigger, Update, decode_change, decode_session, default_tail_tokens,
     encode_change, encode_session, usable_input,
 };
-use compactd::tokens::{CharsPerToken, TokenCounter};
 use compactd::trace::{self, Export};
 
 fn traces() -> Vec<PathBuf> {
@@ -40,10 +38,6 @@ fn load(path: &PathBuf) -> Export {
     trace::parse_export(&json).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-fn counter() -> Arc<dyn TokenCounter> {
-    Arc::new(CharsPerToken)
-}
-
 /// A window small enough that the longer traces overflow and compact.
 const LIMITS: ModelLimits = ModelLimits {
     context: 128_000,
@@ -54,7 +48,7 @@ const LIMITS: ModelLimits = ModelLimits {
 fn fresh(export: &Export) -> Session {
     let mut info = export.info.clone();
     info.limits = LIMITS;
-    Session::new(info, &EngineConfig::default(), counter())
+    Session::new(info, &EngineConfig::default())
 }
 
 /// The trace as the changes a live host would cause: each message unfinished, its parts,
@@ -187,8 +181,8 @@ fn snapshots_taken_mid_trace_go_on_like_the_original() {
             live.perform(c.clone(), &config);
         }
         for (cut, bytes) in snapshots {
-            let mut restored = decode_session(&bytes, counter())
-                .unwrap_or_else(|e| panic!("{name}: snapshot at {cut}: {e}"));
+            let mut restored =
+                decode_session(&bytes).unwrap_or_else(|e| panic!("{name}: snapshot at {cut}: {e}"));
             for (i, c) in changes.iter().enumerate().skip(cut) {
                 let got = restored.perform(c.clone(), &config);
                 assert!(
@@ -221,7 +215,7 @@ fn a_snapshot_and_the_encoded_log_replay_every_trace() {
             }
         }
         compacted += usize::from(live.build_context().boundary_message_id.is_some());
-        let mut replayed = decode_session(&snapshot, counter()).expect("snapshot");
+        let mut replayed = decode_session(&snapshot).expect("snapshot");
         for bytes in &log {
             let change = decode_change(bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
             replayed.perform(change, &config);
@@ -267,7 +261,7 @@ fn snapshot_throughput() {
     let encode = began.elapsed().as_secs_f64() / f64::from(runs);
     let began = Instant::now();
     for _ in 0..runs {
-        let restored = decode_session(&bytes, counter()).expect("decodes");
+        let restored = decode_session(&bytes).expect("decodes");
         assert_eq!(restored.messages().len(), live.messages().len());
     }
     let decode = began.elapsed().as_secs_f64() / f64::from(runs);

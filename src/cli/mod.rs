@@ -22,6 +22,7 @@ use crate::domain::ModelLimits;
 use crate::server::{CompactionConfig, DEFAULT_MAX_UPDATE_BYTES};
 use crate::store::{DEFAULT_MAX_SESSION_BYTES, DEFAULT_MEMORY_BUDGET, Durability, Limits};
 use crate::summarize::{ApiKey, LlmConfig, OpenAiSummarizer, PromptConfig, Summarizer};
+use crate::tokens::Tokenizer;
 
 /// Environment variable that turns automatic compaction (and overflow reports) off.
 pub const ENV_DISABLE_AUTOCOMPACT: &str = "COMPACTD_DISABLE_AUTOCOMPACT";
@@ -178,6 +179,10 @@ pub struct EngineArgs {
     /// (apply at once) or custom:READ:WRITE:TTL_SECONDS.
     #[arg(long, env = "COMPACTD_CACHE_MODEL", default_value = "anthropic", value_parser = parse_cache_model)]
     pub cache_model: CacheModel,
+    /// What counts session text: auto (by model family: cl100k for GPT-3.5/GPT-4, o200k
+    /// otherwise), o200k, cl100k or chars4 (OpenCode's length / 4, the OpenCode preset's).
+    #[arg(long, env = "COMPACTD_TOKENIZER", default_value = "auto", value_parser = parse_tokenizer)]
+    pub tokenizer: Tokenizer,
 }
 
 /// Where `serve` listens.
@@ -594,6 +599,11 @@ fn parse_cache_model(s: &str) -> Result<CacheModel, String> {
     s.parse()
 }
 
+fn parse_tokenizer(s: &str) -> Result<Tokenizer, String> {
+    s.parse()
+        .map_err(|e: crate::tokens::UnknownTokenizer| e.to_string())
+}
+
 /// A flag value that cannot work, named with the flag.
 #[derive(Debug, thiserror::Error)]
 #[error("--{flag}: {message}")]
@@ -692,6 +702,7 @@ impl EngineArgs {
             mask_keep: self.mask_keep,
             output_cap: self.output_cap,
             cache_model: self.cache_model,
+            tokenizer: self.tokenizer,
             ..EngineConfig::default()
         };
         base.validate().map_err(|e| ConfigError {

@@ -61,6 +61,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::tokens::Tokenizer;
+
 mod cache;
 pub mod float;
 pub mod redact;
@@ -168,6 +170,9 @@ pub struct EngineConfig {
     /// The provider's prompt-cache prices, which the scheduler weighs every rewrite of
     /// the prompt's past against (`none`: apply at once).
     pub cache_model: CacheModel,
+    /// What counts the session's text (`auto`: by model family; the OpenCode preset:
+    /// `chars4`, so prune decides on OpenCode's own numbers).
+    pub tokenizer: Tokenizer,
 }
 
 impl Default for EngineConfig {
@@ -197,6 +202,7 @@ impl Default for EngineConfig {
             mask_keep: MASK_KEEP,
             output_cap: OUTPUT_CAP,
             cache_model: CacheModel::ANTHROPIC,
+            tokenizer: Tokenizer::Auto,
         }
     }
 }
@@ -254,6 +260,8 @@ pub struct SessionOverrides {
     pub output_cap: Option<f64>,
     /// Prompt-cache prices the scheduler weighs rewrites against.
     pub cache_model: Option<CacheModel>,
+    /// What counts the session's text.
+    pub tokenizer: Option<Tokenizer>,
 }
 
 impl SessionOverrides {
@@ -285,7 +293,8 @@ impl SessionOverrides {
             compaction_template,
             mask_keep,
             output_cap,
-            cache_model
+            cache_model,
+            tokenizer
         );
         self.strategies
             .extend(newer.strategies.iter().map(|(k, v)| (*k, *v)));
@@ -305,6 +314,8 @@ impl EngineConfig {
                 s.reserved = Reserved::OpenCode;
                 // OpenCode prunes as soon as it decides: no cache-aware holding.
                 s.cache_model = CacheModel::NONE;
+                // ... on its own counts (JavaScript length ÷ 4).
+                s.tokenizer = Tokenizer::Chars4;
             }
             Some(OverflowPreset::Compactd) => {
                 s.threshold = DEFAULT_THRESHOLD;
@@ -368,6 +379,9 @@ impl EngineConfig {
         }
         if let Some(v) = o.cache_model {
             s.cache_model = v;
+        }
+        if let Some(v) = o.tokenizer {
+            s.tokenizer = v;
         }
         s
     }

@@ -10,6 +10,7 @@
 //! after every update.
 
 mod auto;
+pub mod calibration;
 mod change;
 mod compaction;
 mod context;

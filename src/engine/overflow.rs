@@ -7,11 +7,14 @@
 //! - threshold = floor((usable − reserved) × ratio); default ratio 0.92, reserved 0.
 //!   OpenCode today is ratio 1.0 with reserved = min(20000, max output): the `OpenCode`
 //!   preset.
-//! - predicted = used + context tokens added since that report (minus tokens pruned since).
-//!   A report describes the request that started the current step, so what the model did
-//!   not write since that request began (tool results) is not in it and counts as added.
-//!   Overflow when `used` or `predicted` is above the threshold.
+//! - predicted = the report's whole prompt (with cache writes) plus its output, plus the
+//!   context tokens added since that report (minus tokens pruned since), calibrated: each
+//!   content class's estimate times the factor the session's usage reports taught it
+//!   (`calibration.rs`). A report describes the request that started the current step, so
+//!   what the model did not write since that request began (tool results) is not in it
+//!   and counts as added. Overflow when `used` or `predicted` is above the threshold.
 
+use super::calibration::anchor_tokens;
 use super::session::Session;
 use crate::config::{COMPACTION_BUFFER, CacheCounting, Reserved, Settings};
 use crate::domain::{ModelLimits, TokenUsage};
@@ -90,7 +93,8 @@ pub fn used_tokens(u: &TokenUsage, rule: CacheCounting) -> (u64, &'static str) {
     (used, rule.formula())
 }
 
-/// The pure decision from numbers: the session method below only gathers them.
+/// The pure decision from numbers: the session method below only gathers them. `delta` is
+/// the (calibrated) estimate of what was added since the last report.
 pub fn check(
     limits: &ModelLimits,
     s: &Settings,
@@ -102,7 +106,8 @@ pub fn check(
         Some(u) => used_tokens(u, s.cache_counting),
         None => (0, s.cache_counting.formula()),
     };
-    let predicted = predict(used, delta);
+    let anchor = last.map_or(0, |u| anchor_tokens(u, s.cache_counting));
+    let predicted = predict(used.max(anchor), delta);
     let usable = usable_input(limits);
     let reserved = match s.reserved {
         Reserved::Fixed(n) => n,
@@ -178,7 +183,7 @@ impl Session {
             &self.info().limits,
             self.settings(),
             self.usage().last(),
-            self.usage().delta(),
+            self.calibration().apply(self.usage().delta_by()),
             trigger,
         );
         // Prune cleared outputs that the last report counted: that request is history, and

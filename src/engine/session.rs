@@ -11,11 +11,13 @@
 
 use std::collections::{HashMap, HashSet};
 use std::mem::size_of;
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use super::auto::AutoState;
+use super::calibration::{
+    Calibration, Class, Factors, PredictionSample, anchor_tokens, prompt_tokens, tool_class,
+};
 use super::error::ApplyError;
 use super::estimate::estimate;
 use super::footprint::{
@@ -82,7 +84,8 @@ struct PriorRendering {
 pub struct Session {
     info: SessionInfo,
     settings: Settings,
-    counter: Arc<dyn TokenCounter>,
+    /// What counts this session's text: its `tokenizer` setting resolved for its model.
+    counter: &'static dyn TokenCounter,
     messages: Vec<Message>,
     by_id: HashMap<String, usize>,
     /// Positions of user messages, ascending (turn counting without a scan).
@@ -143,7 +146,7 @@ impl Clone for Session {
         Session {
             info: info.clone(),
             settings: settings.clone(),
-            counter: counter.clone(),
+            counter: *counter,
             messages,
             by_id: by_id.clone(),
             users: users.clone(),
@@ -165,7 +168,7 @@ impl Clone for Session {
 
 /// What a snapshot holds of a session (`snapshot.rs` writes it): every field that is
 /// state. Not stored: the indexes rebuilt from the messages (`by_id`, `users`,
-/// `part_index`), the counter (supplied when restoring), the byte limit (the store sets it
+/// `part_index`), the counter (resolved from the settings), the byte limit (the store sets it
 /// before every job) and the journal (only set inside a trial run). The map is written
 /// sorted, so the same session gives the same bytes.
 #[derive(Serialize)]
@@ -255,8 +258,9 @@ fn session_bytes(info: &SessionInfo, settings: &Settings) -> u64 {
 
 impl Session {
     /// A new, empty session with settings resolved from `config` and the info's overrides.
-    pub fn new(info: SessionInfo, config: &EngineConfig, counter: Arc<dyn TokenCounter>) -> Self {
+    pub fn new(info: SessionInfo, config: &EngineConfig) -> Self {
         let settings = config.resolve(&info.config);
+        let counter = counter_for(&info, &settings);
         let mut tracker = Tracker::new(&settings);
         tracker.set_cap_chars(output_cap_chars(&info, &settings));
         let bytes = session_bytes(&info, &settings);
@@ -288,10 +292,7 @@ impl Session {
     /// hold (what the live session's figure meant: the decoder's capacities are not the
     /// live ones, so they are not stored) and the part vector slots, as [`Clone`] does.
     /// The byte limit is none until the store sets one.
-    pub(crate) fn from_state(
-        state: SessionState,
-        counter: Arc<dyn TokenCounter>,
-    ) -> Result<Session, String> {
+    pub(crate) fn from_state(state: SessionState) -> Result<Session, String> {
         let SessionState {
             info,
             settings,
@@ -356,6 +357,7 @@ impl Session {
             return Err("the strategies' state points past the messages".into());
         }
         tracker.restored(&settings);
+        let counter = counter_for(&info, &settings);
         let part_slots = messages.iter().map(|m| m.parts.capacity()).sum();
         Ok(Session {
             info,
@@ -482,8 +484,8 @@ impl Session {
     }
 
     /// The token counter every figure of this session comes from.
-    pub fn counter(&self) -> &dyn TokenCounter {
-        self.counter.as_ref()
+    pub fn counter(&self) -> &'static dyn TokenCounter {
+        self.counter
     }
 
     /// Loop-protection state of automatic compaction.
@@ -665,8 +667,9 @@ impl Session {
         let stored = &mut self.messages[msg].parts[pi];
         stored.reduced = reduced;
         let (new, now_compacted) = (stored.context_tokens(), stored.is_compacted());
+        let class = class_of(&stored.part);
         self.totals
-            .rendering_changed((old, new), (was_compacted, now_compacted), reduction);
+            .rendering_changed(class, (old, new), (was_compacted, now_compacted), reduction);
         self.by_msg.moved(msg, old, new);
         (old, new)
     }
@@ -765,9 +768,13 @@ impl Session {
         self.info = next;
         self.tracker
             .set_cap_chars(output_cap_chars(&self.info, &settings));
-        if settings != self.settings {
+        // A new model can change what `auto` counts with, as can new settings.
+        let counter = counter_for(&self.info, &settings);
+        let recount = !std::ptr::addr_eq(counter, self.counter);
+        self.counter = counter;
+        if settings != self.settings || recount {
             self.settings = settings;
-            self.recount_all();
+            self.recount_all(recount);
             self.prune.invalidate();
             self.tracker.invalidate();
         }
@@ -819,7 +826,7 @@ impl Session {
             (None, None) => {}
         }
         if usage {
-            self.totals.usage_reported(tokens.unwrap_or_default());
+            self.usage_reported(tokens.unwrap_or_default());
         }
         if finished && self.messages[idx].info.role == Role::Assistant {
             let t = &self.messages[idx].info.time;
@@ -844,7 +851,7 @@ impl Session {
         if info.role == Role::User {
             self.users.push(idx);
         } else {
-            self.totals.request_started(); // a new assistant message is a new request
+            self.request_started(); // a new assistant message is a new request
             self.requests.started(
                 idx,
                 0,
@@ -872,7 +879,7 @@ impl Session {
             self.summary_completed(parent, idx);
         }
         if usage {
-            self.totals.usage_reported(tokens.unwrap_or_default());
+            self.usage_reported(tokens.unwrap_or_default());
         }
         Applied {
             created: true,
@@ -901,7 +908,7 @@ impl Session {
                 t.state.time.compacted = None;
             }
         }
-        let est = estimate(&part, self.counter.as_ref());
+        let est = estimate(&part, self.counter);
         let is_tool = matches!(part.kind, PartKind::Tool(_));
         let is_compaction = matches!(part.kind, PartKind::Compaction(_));
         let step_usage = match &part.kind {
@@ -955,7 +962,7 @@ impl Session {
         });
         let new_figures = self.figures_of(&new, assistant);
         if created && is_step_start {
-            self.totals.request_started(); // the model is being called again
+            self.request_started(); // the model is being called again
         }
         let at = match existing {
             Some(i) => {
@@ -989,7 +996,7 @@ impl Session {
             self.compaction_part_added(idx);
         }
         if let Some(tokens) = step_usage {
-            self.totals.usage_reported(tokens);
+            self.usage_reported(tokens);
         }
         Ok(Applied {
             created,
@@ -1064,7 +1071,7 @@ impl Session {
             }
             info.tokens = Some(tokens);
         }
-        self.totals.usage_reported(tokens);
+        self.usage_reported(tokens);
         Ok(Applied {
             usage_reported: true,
             ..Applied::default()
@@ -1080,8 +1087,42 @@ impl Session {
             tokens,
             unwritten: tokens.saturating_sub(written),
             compacted: p.is_compacted(),
+            class: class_of(&p.part),
             bytes: p.bytes,
         }
+    }
+
+    /// The model is called again: the prediction for this request is recorded, so its
+    /// report can check it (and calibrate the next).
+    fn request_started(&mut self) {
+        let anchor = self
+            .totals
+            .usage()
+            .last()
+            .map(|u| anchor_tokens(u, self.settings.cache_counting));
+        self.totals.request_started(anchor);
+    }
+
+    /// A provider report arrived.
+    fn usage_reported(&mut self, tokens: TokenUsage) {
+        let prompt = prompt_tokens(&tokens, self.settings.cache_counting);
+        self.totals.usage_reported(tokens, prompt);
+    }
+
+    /// What the usage reports taught about this session's estimates.
+    pub fn calibration(&self) -> &Calibration {
+        self.totals.calibration()
+    }
+
+    /// Starts the calibration from what other sessions of the same model learned.
+    pub fn set_calibration_prior(&mut self, prior: Factors) {
+        self.totals.set_calibration_prior(prior);
+    }
+
+    /// The last usage report's check of the prediction made when its request started
+    /// (None when that request had no earlier report to build on).
+    pub fn prediction_sample(&self) -> Option<PredictionSample> {
+        self.totals.sample()
     }
 
     /// Tokens of the part as rendered, when prune or a strategy reduced it.
@@ -1106,7 +1147,7 @@ impl Session {
     ) -> u64 {
         let strip = strip_inputs && self.settings.strategies.has(Strategy::PruneToolInputs);
         render_as(part, mark, compacted, &self.settings, strip).map_or(0, |r| {
-            let e = estimate(&r, self.counter.as_ref());
+            let e = estimate(&r, self.counter);
             e.base.saturating_add(e.output)
         })
     }
@@ -1123,14 +1164,19 @@ impl Session {
         }
     }
 
-    /// Re-derives the context total after the settings changed (placeholder, strategies).
-    fn recount_all(&mut self) {
+    /// Re-derives the context total after the settings changed (placeholder, strategies);
+    /// `estimates`: the tokenizer changed, so every part is counted again first.
+    fn recount_all(&mut self, estimates: bool) {
         let mut total = 0u64;
         let mut by_msg = TokenIndex::default();
         for mi in 0..self.messages.len() {
             by_msg.push();
             let mut msg_total = 0u64;
             for pi in 0..self.messages[mi].parts.len() {
+                if estimates {
+                    let est = estimate(&self.messages[mi].parts[pi].part, self.counter);
+                    self.messages[mi].parts[pi].est = est;
+                }
                 let reduced = self.reduced_tokens(&self.messages[mi].parts[pi].part);
                 let stored = &mut self.messages[mi].parts[pi];
                 stored.reduced = reduced;
@@ -1193,6 +1239,21 @@ impl Session {
 }
 
 /// Characters one tool output may keep in this session's window (`capLargeOutputs`).
+/// The content class a part's tokens count under: a tool part by its tool (its output
+/// dominates it), anything else as prose.
+fn class_of(part: &Part) -> Class {
+    match &part.kind {
+        PartKind::Tool(t) => tool_class(&t.tool),
+        _ => Class::Prose,
+    }
+}
+
+/// The counter a session with this info and these settings counts with.
+fn counter_for(info: &SessionInfo, settings: &Settings) -> &'static dyn TokenCounter {
+    let model = info.model.as_ref().map_or("", |m| m.model_id.as_str());
+    settings.tokenizer.resolve(model).counter()
+}
+
 fn output_cap_chars(info: &SessionInfo, settings: &Settings) -> u64 {
     cap_chars(settings.output_cap, usable_input(&info.limits))
 }

@@ -6,8 +6,8 @@
 //! the non-finite ones are written as names (`config::float`).
 //!
 //! ```text
-//! {"format": 1, "session": {...}}      encode_session / decode_session
-//! {"format": 1, "change": {...}}       encode_change / decode_change
+//! {"format": 2, "session": {...}}      encode_session / decode_session
+//! {"format": 2, "change": {...}}       encode_change / decode_change
 //! ```
 //!
 //! A snapshot holds the engine's internal state as it is (the totals, the prune window,
@@ -20,14 +20,13 @@
 //! **The rule:** any change to what a snapshot holds (a field of `Session` or of a type
 //! it reaches, a renamed variant, a new meaning of a figure) bumps [`SNAPSHOT_FORMAT`] and
 //! adds a step to `migrate` that upgrades a document of the previous format (a
-//! `serde_json::Value`) to the new one. The committed fixture
-//! `src/engine/tests/data/snapshot_v1.json` is decoded by a test and its context checked:
-//! it fails when the engine's internals change without a bump and a migration. Keep the
-//! old fixtures; add one per format.
+//! `serde_json::Value`) to the new one. The committed fixtures
+//! `src/engine/tests/data/snapshot_v<N>.json` are decoded by tests and their context
+//! checked: they fail when the engine's internals change without a bump and a migration.
+//! Keep the old fixtures; add one per format.
 
 use std::cell::Cell;
 use std::fmt;
-use std::sync::Arc;
 
 use serde::Serialize;
 use serde::de::{self, DeserializeOwned, DeserializeSeed, MapAccess, Visitor};
@@ -35,11 +34,11 @@ use serde_json::Value;
 
 use super::change::Change;
 use super::session::{Session, SessionState};
-use crate::tokens::TokenCounter;
 
 /// The format [`encode_session`] and [`encode_change`] write, and the newest the decoders
-/// read (older ones are migrated up to it).
-pub const SNAPSHOT_FORMAT: u32 = 1;
+/// read (older ones are migrated up to it). Format 2: sessions have a `tokenizer` setting,
+/// their usage figures are kept by content class, and they carry a calibration.
+pub const SNAPSHOT_FORMAT: u32 = 2;
 
 /// What a document held, for errors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,15 +122,11 @@ pub fn encode_session(s: &Session) -> Vec<u8> {
     encode(Document::Session, s)
 }
 
-/// Reads a snapshot [`encode_session`] wrote (or an older format, migrated), with
-/// `counter` as the session's token counter: it must be the counter the session was
-/// written with, since the stored estimates came from it.
-pub fn decode_session(
-    bytes: &[u8],
-    counter: Arc<dyn TokenCounter>,
-) -> Result<Session, SnapshotError> {
+/// Reads a snapshot [`encode_session`] wrote (or an older format, migrated). The session
+/// counts with what its stored settings resolve to, as the stored estimates did.
+pub fn decode_session(bytes: &[u8]) -> Result<Session, SnapshotError> {
     let state: SessionState = decode(Document::Session, bytes)?;
-    Session::from_state(state, counter).map_err(|message| SnapshotError::Inconsistent {
+    Session::from_state(state).map_err(|message| SnapshotError::Inconsistent {
         what: Document::Session,
         format: SNAPSHOT_FORMAT,
         message,
@@ -213,19 +208,57 @@ fn known(format: u64) -> bool {
     (1..=u64::from(SNAPSHOT_FORMAT)).contains(&format)
 }
 
-/// Upgrades a document of format `from` to format `from + 1`: where each future format
-/// adds its step (rename a field, fill a new one with what the old state implies, ...).
-/// `value` is the payload (what sits under `session` or `change`). Format 1 is the
-/// first: there is nothing to upgrade yet.
+/// Upgrades a document of format `from` to format `from + 1`: where each format adds its
+/// step (rename a field, fill a new one with what the old state implies, ...). `value` is
+/// the payload (what sits under `session` or `change`).
 fn migrate(what: Document, value: Value, from: u32) -> Result<Value, SnapshotError> {
-    // Each future format adds its step here, e.g.
-    // `if from == 1 { return upgrade_1_to_2(value); }`.
-    drop(value);
-    Err(SnapshotError::Migration {
+    let failed = |message: String| SnapshotError::Migration {
         what,
         from,
-        message: format!("no migration from format {from}"),
-    })
+        message,
+    };
+    match (from, what) {
+        (1, Document::Session) => session_1_to_2(value).map_err(failed),
+        // A change holds updates and plans, which format 2 did not touch.
+        (1, Document::Change) => Ok(value),
+        _ => Err(failed(format!("no migration from format {from}"))),
+    }
+}
+
+/// Format 1 → 2: a format 1 session counted with chars ÷ 4 (the only counter there was),
+/// so it keeps counting so (its stored estimates stay true); its usage figures move to
+/// the by-class form (all of it as prose: format 1 did not tell), and it starts with an
+/// empty calibration.
+fn session_1_to_2(mut v: Value) -> Result<Value, String> {
+    let settings = v
+        .get_mut("settings")
+        .and_then(Value::as_object_mut)
+        .ok_or("no settings object")?;
+    settings.insert("tokenizer".into(), Value::from("chars4"));
+    let totals = v
+        .get_mut("totals")
+        .and_then(Value::as_object_mut)
+        .ok_or("no totals object")?;
+    let usage = totals
+        .get_mut("usage")
+        .and_then(Value::as_object_mut)
+        .ok_or("no totals.usage object")?;
+    let mut take = |key: &str| -> Result<i64, String> {
+        usage
+            .remove(key)
+            .and_then(|n| n.as_i64())
+            .ok_or(format!("totals.usage.{key} is not an integer"))
+    };
+    let (delta, since) = (take("delta")?, take("since_request")?);
+    usage.insert("delta_by".into(), serde_json::json!([0, 0, delta]));
+    usage.insert("since_by".into(), serde_json::json!([0, 0, since]));
+    usage.insert("at_request".into(), Value::Null);
+    totals.insert(
+        "calibration".into(),
+        serde_json::to_value(super::calibration::Calibration::default())
+            .map_err(|e| e.to_string())?,
+    );
+    Ok(v)
 }
 
 /// The payload, read as `T` when the document has the current format.

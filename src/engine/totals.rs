@@ -6,6 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::calibration::{ByClass, Calibration, Class, PredictionSample};
 use crate::domain::TokenUsage;
 
 /// Usage bookkeeping behind the overflow check.
@@ -13,16 +14,27 @@ use crate::domain::TokenUsage;
 pub(crate) struct UsageState {
     /// Last reported usage.
     last: Option<TokenUsage>,
-    /// Context tokens added (positive) or removed (negative) since that report.
-    delta: i64,
-    /// Context tokens the model did not write (tool results, user text, ...) added since
-    /// the current request started (a `step-start`, a new assistant message, or a report).
-    /// A report does not cover them: tool results of a step arrive before its
-    /// `step-finish` but are input to the next request.
-    since_request: i64,
     /// Context tokens prune and the strategies cleared since that report: when non-zero
     /// the report describes a request bigger than the next one will be.
     pruned: u64,
+    /// Context tokens added (positive) or removed (negative) since that report, by
+    /// content class.
+    delta_by: ByClass,
+    /// Context tokens the model did not write (tool results, user text, ...) added since
+    /// the current request started (a `step-start`, a new assistant message, or a report),
+    /// by content class. A report does not cover them: tool results of a step arrive
+    /// before its `step-finish` but are input to the next request.
+    since_by: ByClass,
+    /// The prediction made when the current request started, which its report checks.
+    at_request: Option<RequestStart>,
+}
+
+/// What the engine predicted when a request started: the previous report's prompt plus
+/// output, and what was added since, by class.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct RequestStart {
+    anchor: u64,
+    added: ByClass,
 }
 
 impl UsageState {
@@ -32,18 +44,24 @@ impl UsageState {
     }
 
     /// Context tokens added (or removed, negative) since the last report.
+    #[cfg(test)]
     pub(crate) fn delta(&self) -> i64 {
-        self.delta
+        self.delta_by.total()
     }
 
     /// Context tokens cleared since the last report.
     pub(crate) fn pruned(&self) -> u64 {
         self.pruned
     }
+
+    /// Context tokens added since the last report, by content class.
+    pub(crate) fn delta_by(&self) -> &ByClass {
+        &self.delta_by
+    }
 }
 
 /// What one stored part contributes to the running figures.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PartFigures {
     /// Context-view tokens.
     pub tokens: u64,
@@ -51,12 +69,14 @@ pub(crate) struct PartFigures {
     pub unwritten: u64,
     /// Prune has cleared its output.
     pub compacted: bool,
+    /// The content class its tokens count under.
+    pub class: Class,
     /// Bytes it holds.
     pub bytes: u64,
 }
 
 /// The running figures of one session.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Totals {
     /// Context-view tokens of all messages.
     tokens: u64,
@@ -73,6 +93,12 @@ pub(crate) struct Totals {
     #[serde(skip)]
     part_slots: usize,
     usage: UsageState,
+    /// What the usage reports taught about this session's estimates (kept across
+    /// compactions: the content and the model stay).
+    calibration: Calibration,
+    /// The last report's check of the prediction (replay reads it; not stored).
+    #[serde(skip)]
+    sample: Option<PredictionSample>,
 }
 
 /// `n` as a signed token figure (contexts are far below 2^63 tokens; saturates).
@@ -119,6 +145,21 @@ impl Totals {
         &self.usage
     }
 
+    /// What the reports taught so far.
+    pub(crate) fn calibration(&self) -> &Calibration {
+        &self.calibration
+    }
+
+    /// Where the calibration starts from (what other sessions of the model learned).
+    pub(crate) fn set_calibration_prior(&mut self, prior: super::calibration::Factors) {
+        self.calibration.set_prior(prior);
+    }
+
+    /// The last report's check of the prediction made when its request started.
+    pub(crate) fn sample(&self) -> Option<PredictionSample> {
+        self.sample
+    }
+
     /// The same figures for a copy whose part vectors hold `slots` slots.
     pub(crate) fn with_part_slots(self, slots: usize) -> Totals {
         Totals {
@@ -139,20 +180,23 @@ impl Totals {
 
     /// A part was written, replaced or deleted (`None`: absent before or after).
     pub(crate) fn part_changed(&mut self, old: Option<PartFigures>, new: Option<PartFigures>) {
-        let (o, n) = (old.unwrap_or_default(), new.unwrap_or_default());
         match (old.is_some(), new.is_some()) {
             (false, true) => self.parts = self.parts.saturating_add(1),
             (true, false) => self.parts = self.parts.saturating_sub(1),
             _ => {}
         }
-        self.usage.since_request = self
-            .usage
-            .since_request
-            .saturating_sub(signed(o.unwritten))
-            .saturating_add(signed(n.unwritten));
-        self.move_tokens(o.tokens, n.tokens);
-        self.move_compacted(o.compacted, n.compacted);
-        self.bytes_changed(o.bytes, n.bytes);
+        if let Some(o) = old {
+            self.usage.since_by.add(o.class, -signed(o.unwritten));
+            self.move_tokens(o.class, o.tokens, 0);
+            self.move_compacted(o.compacted, false);
+            self.bytes_changed(o.bytes, 0);
+        }
+        if let Some(n) = new {
+            self.usage.since_by.add(n.class, signed(n.unwritten));
+            self.move_tokens(n.class, 0, n.tokens);
+            self.move_compacted(false, n.compacted);
+            self.bytes_changed(0, n.bytes);
+        }
     }
 
     /// A part's rendering changed (a strategy's mark set or removed, prune's stamp): its
@@ -160,11 +204,12 @@ impl Totals {
     /// content) also counts toward what the last report over-states.
     pub(crate) fn rendering_changed(
         &mut self,
+        class: Class,
         (old, new): (u64, u64),
         (was_compacted, now_compacted): (bool, bool),
         reduction: bool,
     ) {
-        self.move_tokens(old, new);
+        self.move_tokens(class, old, new);
         self.move_compacted(was_compacted, now_compacted);
         if reduction {
             self.usage.pruned = self.usage.pruned.saturating_add(old.saturating_sub(new));
@@ -182,46 +227,70 @@ impl Totals {
     }
 
     /// The model is called again (a new assistant message or a `step-start`): what was
-    /// added so far is input to this request, which its report will cover.
-    pub(crate) fn request_started(&mut self) {
-        self.usage.since_request = 0;
+    /// added so far is input to this request, which its report will cover. `anchor` is
+    /// the last report's prompt plus output (None: no report since the context began),
+    /// on which the prediction this request's report checks is built.
+    pub(crate) fn request_started(&mut self, anchor: Option<u64>) {
+        self.usage.since_by = ByClass::default();
+        self.usage.at_request = anchor.map(|anchor| RequestStart {
+            anchor,
+            added: self.usage.delta_by,
+        });
     }
 
     /// A provider report is the new baseline of the next request's size; what the model
     /// did not write since that request started is not in it. The same report twice (a
-    /// `step-finish` and then its message) is one report.
-    pub(crate) fn usage_reported(&mut self, tokens: TokenUsage) {
+    /// `step-finish` and then its message) is one report. `prompt` is the prompt it
+    /// reports (input + cache read + cache write): it checks, and teaches the calibration,
+    /// the prediction made when its request started.
+    pub(crate) fn usage_reported(&mut self, tokens: TokenUsage, prompt: u64) {
         if self.usage.last == Some(tokens) {
             return;
         }
+        self.sample = None;
+        if let Some(start) = self.usage.at_request.take() {
+            let estimated = start.anchor.saturating_add_signed(start.added.total());
+            let calibrated = start
+                .anchor
+                .saturating_add_signed(self.calibration.apply(&start.added));
+            self.sample = Some(PredictionSample {
+                anchor: start.anchor,
+                estimated,
+                calibrated,
+                actual: prompt,
+            });
+            let actual_added = signed(prompt).saturating_sub(signed(start.anchor));
+            self.calibration.observe(&start.added, actual_added);
+        }
         self.usage = UsageState {
             last: Some(tokens),
-            delta: self.usage.since_request,
-            since_request: 0,
             pruned: 0,
+            delta_by: self.usage.since_by,
+            since_by: ByClass::default(),
+            at_request: None,
         };
     }
 
     /// A compaction committed: the last report described the old context, and the next
     /// request is the new one, of `tokens_after` context tokens.
     pub(crate) fn compaction_committed(&mut self, tokens_after: u64) {
+        let mut delta_by = ByClass::default();
+        delta_by.add(Class::Prose, signed(tokens_after));
         self.usage = UsageState {
-            delta: signed(tokens_after),
+            delta_by,
             ..UsageState::default()
         };
     }
 
     /// Every part was re-rendered (the settings changed): the context holds `total` tokens.
     pub(crate) fn recounted(&mut self, total: u64) {
-        self.move_tokens(self.tokens, total);
+        self.move_tokens(Class::Prose, self.tokens, total);
     }
 
-    fn move_tokens(&mut self, old: u64, new: u64) {
+    fn move_tokens(&mut self, class: Class, old: u64, new: u64) {
         self.tokens = self.tokens.saturating_sub(old).saturating_add(new);
-        self.usage.delta = self
-            .usage
-            .delta
-            .saturating_add(signed(new).saturating_sub(signed(old)));
+        let moved = signed(new).saturating_sub(signed(old));
+        self.usage.delta_by.add(class, moved);
     }
 
     fn move_compacted(&mut self, was: bool, now: bool) {
@@ -242,6 +311,7 @@ mod tests {
             tokens,
             unwritten,
             compacted,
+            class: Class::ToolOutput,
             bytes: 10,
         }
     }
@@ -265,11 +335,11 @@ mod tests {
             input: 1000,
             ..TokenUsage::default()
         };
-        t.usage_reported(usage);
+        t.usage_reported(usage, 1000);
         assert_eq!((t.usage().delta(), t.usage().last()), (12, Some(&usage)));
         // The same report twice is one report.
         t.part_changed(None, Some(figures(5, 5, false)));
-        t.usage_reported(usage);
+        t.usage_reported(usage, 1000);
         assert_eq!(t.usage().delta(), 17);
     }
 
@@ -277,10 +347,10 @@ mod tests {
     fn reductions_count_toward_pruned_and_saturate() {
         let mut t = Totals::default();
         t.part_changed(None, Some(figures(100, 100, false)));
-        t.rendering_changed((100, 8), (false, true), true);
+        t.rendering_changed(Class::ToolOutput, (100, 8), (false, true), true);
         assert_eq!((t.tokens(), t.compacted(), t.usage().pruned()), (8, 1, 92));
         // Figures that do not add up saturate instead of wrapping.
-        t.rendering_changed((u64::MAX, 0), (true, false), false);
+        t.rendering_changed(Class::ToolOutput, (u64::MAX, 0), (true, false), false);
         assert_eq!((t.tokens(), t.compacted()), (0, 0));
     }
 }

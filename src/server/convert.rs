@@ -26,6 +26,7 @@ use crate::domain::{
 use crate::engine::{
     ContextView, Crossed, Message, OverflowCheck, PruneReport, Recalled, RecalledContent, Session,
 };
+use crate::tokens::Tokenizer;
 
 impl From<InvalidField> for Rejection {
     fn from(e: InvalidField) -> Self {
@@ -203,6 +204,13 @@ fn convert_overrides(c: pb::SessionConfig) -> Result<SessionOverrides, Rejection
                 .map_err(|e| Rejection::invalid("cache_model", e))?,
         ),
     };
+    let tokenizer = match c.tokenizer.trim() {
+        "" => None,
+        name => Some(
+            name.parse::<Tokenizer>()
+                .map_err(|e| Rejection::invalid("tokenizer", e.to_string()))?,
+        ),
+    };
     let preset = match pb::OverflowPreset::try_from(c.preset) {
         Ok(pb::OverflowPreset::Unspecified) => None,
         Ok(pb::OverflowPreset::Compactd) => Some(OverflowPreset::Compactd),
@@ -240,6 +248,7 @@ fn convert_overrides(c: pb::SessionConfig) -> Result<SessionOverrides, Rejection
         mask_keep: c.mask_keep,
         output_cap: c.output_cap,
         cache_model,
+        tokenizer,
     })
 }
 
@@ -299,6 +308,7 @@ fn overrides_to_pb(o: &SessionOverrides) -> pb::SessionConfig {
         mask_keep: o.mask_keep,
         output_cap: o.output_cap,
         cache_model: o.cache_model.map(|m| m.to_string()).unwrap_or_default(),
+        tokenizer: o.tokenizer.map(|t| t.to_string()).unwrap_or_default(),
     }
 }
 

@@ -14,7 +14,7 @@
 //! --lib fuzz_ -- --nocapture`), and prints `fuzz <target>: <cases> cases in <secs> s`.
 //! A failure prints the shrunk input; `PROPTEST_RNG_SEED` replays a run.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::LazyLock;
 
 use proptest::collection::{btree_map, hash_map, vec};
 use proptest::option;
@@ -33,7 +33,6 @@ use super::status::Rejection;
 use crate::config::{EngineConfig, Strategy as Named};
 use crate::domain::{MAX_ID_BYTES, MAX_JSON_DEPTH};
 use crate::engine::{self, ByteLimit, PruneMode, Session, Trigger, Update};
-use crate::tokens::CharsPerToken;
 
 // The harness (`fuzz`, `Tally`) is shared with the integration targets.
 #[path = "../../tests/fuzz/harness.rs"]
@@ -308,7 +307,7 @@ fn base() -> &'static Session {
             Ok(Op::Open(info)) => info,
             other => panic!("the base open decodes: {other:?}"),
         };
-        let mut s = Session::new(info, config(), Arc::new(CharsPerToken));
+        let mut s = Session::new(info, config());
         for u in updates.into_iter().skip(1) {
             let update = match decode_update(u.clone(), u.encoded_len(), DEFAULT_MAX_UPDATE_BYTES) {
                 Ok(Op::Apply(update)) => update,
@@ -417,7 +416,7 @@ fn run_update(
         Op::Open(info) if info.id == s.info().id => apply_checked(s, Update::Configure(info), t)?,
         Op::Open(info) => {
             t.hit("opened another session");
-            let fresh = Session::new(info, config(), Arc::new(CharsPerToken));
+            let fresh = Session::new(info, config());
             check_readable(&fresh)?;
         }
         Op::Context(format) => {
@@ -1109,6 +1108,7 @@ fn session_config() -> BoxedStrategy<pb::SessionConfig> {
                 mask_keep,
                 output_cap,
                 cache_model,
+                tokenizer: String::new(),
             },
         )
         .boxed()
@@ -1241,14 +1241,8 @@ fn fuzz_regression_imported_session_reads_back() {
         let Ok(export) = crate::trace::parse_export(&doc.to_string()) else {
             continue; // refused: fixed
         };
-        let s = crate::trace::load(
-            export,
-            Default::default(),
-            Default::default(),
-            config(),
-            Arc::new(CharsPerToken),
-        )
-        .expect("loads");
+        let s = crate::trace::load(export, Default::default(), Default::default(), config())
+            .expect("loads");
         let reply = pb::GetSessionResponse {
             info: Some(convert::session_to_pb(s.info())),
             messages: Vec::new(),

@@ -470,15 +470,8 @@ impl pb::sessions_server::Sessions for SessionsService {
                 export.info.id = id_override;
             }
             crate::domain::check_id("session_id", &export.info.id)?;
-            let session = trace::load_within(
-                export,
-                limits,
-                overrides,
-                store.config(),
-                store.counter(),
-                byte_limit,
-            )
-            .map_err(|e| Rejection::from(e).within(root))?;
+            let session = trace::load_within(export, limits, overrides, store.config(), byte_limit)
+                .map_err(|e| Rejection::from(e).within(root))?;
             Ok(session)
         })
         .await

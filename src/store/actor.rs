@@ -30,7 +30,6 @@ use super::{Evicted, Ledger, Limits, Shared, StoreError, restore};
 use crate::config::EngineConfig;
 use crate::engine::Session;
 use crate::engine::encode_session;
-use crate::tokens::TokenCounter;
 
 /// A job's result, delivered once the changes it made are durable (or failed).
 pub(super) type Deliver = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
@@ -197,8 +196,6 @@ impl Drop for Counted {
 /// Where a durable session stands with its backend.
 pub(super) struct Durable {
     pub backend: Arc<dyn Backend>,
-    /// The token counter a reload decodes with.
-    pub counter: Arc<dyn TokenCounter>,
     pub incarnation: u64,
     /// The last change handed out a log position.
     pub seq: u64,
@@ -662,11 +659,10 @@ impl Actor {
         let backend = j.d.backend.clone();
         let id = self.me.id.to_string();
         let config = self.config.clone();
-        let counter = j.d.counter.clone();
         let loaded = tokio::task::spawn_blocking(move || {
             let stored = backend.load(&id)?;
             stored
-                .map(|s| restore::restore(&id, s, &config, counter))
+                .map(|s| restore::restore(&id, s, &config))
                 .transpose()
         })
         .await;

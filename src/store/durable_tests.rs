@@ -11,13 +11,12 @@ use crate::domain::{
     ToolStatus,
 };
 use crate::engine::Update;
-use crate::tokens::CharsPerToken;
 
 const NOW: i64 = 1_705_512_345_678;
 
 fn durable(dir: &std::path::Path, limits: Limits, max_disk_bytes: u64) -> Store {
     let backend = Sqlite::open(dir, Durability::Sync, None, max_disk_bytes).expect("open");
-    Store::new(EngineConfig::default(), Arc::new(CharsPerToken))
+    Store::new(EngineConfig::default())
         .with_limits(limits)
         .with_backend(Arc::new(backend))
         .expect("the backend lists its sessions")
@@ -328,7 +327,7 @@ async fn interval_durability_acknowledges_at_once_and_close_writes_the_rest() {
             0,
         )
         .expect("open");
-        let store = Store::new(EngineConfig::default(), Arc::new(CharsPerToken))
+        let store = Store::new(EngineConfig::default())
             .with_backend(Arc::new(backend))
             .expect("listed");
         let (h, _) = store.open(info("s")).await.expect("open");

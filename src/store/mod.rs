@@ -38,7 +38,6 @@ use crate::config::EngineConfig;
 use crate::domain::SessionInfo;
 use crate::engine::encode_session;
 use crate::engine::{ByteLimit, Session};
-use crate::tokens::TokenCounter;
 
 /// Default mailbox depth per session: enough to pipeline a burst, small enough that a
 /// stuck session pushes back on its own clients only.
@@ -243,7 +242,6 @@ impl Shared {
 pub struct Store {
     shared: Arc<Shared>,
     config: Arc<EngineConfig>,
-    counter: Arc<dyn TokenCounter>,
     mailbox: usize,
     limits: Limits,
     /// Bytes held by sessions and reserved in flight.
@@ -264,12 +262,11 @@ const HIGH_WATER: u64 = 900;
 const LOW_WATER: u64 = 750;
 
 impl Store {
-    /// An empty store whose sessions use `config` and `counter`.
-    pub fn new(config: EngineConfig, counter: Arc<dyn TokenCounter>) -> Store {
+    /// An empty store whose sessions use `config`.
+    pub fn new(config: EngineConfig) -> Store {
         Store {
             shared: Arc::default(),
             config: Arc::new(config),
-            counter,
             mailbox: DEFAULT_MAILBOX,
             limits: Limits::default(),
             ledger: Arc::new(Ledger::new(0)),
@@ -391,11 +388,6 @@ impl Store {
         &self.config
     }
 
-    /// The token counter sessions use.
-    pub fn counter(&self) -> Arc<dyn TokenCounter> {
-        self.counter.clone()
-    }
-
     /// The session's handle, loading it from disk when it is cold.
     pub async fn get(&self, id: &str) -> Result<SessionHandle, StoreError> {
         if let Some(h) = self.read().hot.get(id) {
@@ -433,11 +425,11 @@ impl Store {
             return Err(StoreError::NotFound(id.to_string()));
         }
         let began = Instant::now();
-        let (config, counter, key) = (self.config.clone(), self.counter.clone(), id.to_string());
+        let (config, key) = (self.config.clone(), id.to_string());
         let loaded = tokio::task::spawn_blocking(move || {
             let stored = backend.load(&key)?;
             stored
-                .map(|s| restore::restore(&key, s, &config, counter))
+                .map(|s| restore::restore(&key, s, &config))
                 .transpose()
         })
         .await
@@ -490,7 +482,6 @@ impl Store {
     ) -> Option<actor::Durable> {
         self.backend.as_ref().map(|b| actor::Durable {
             backend: b.clone(),
-            counter: self.counter.clone(),
             incarnation,
             seq,
             log_bytes,
@@ -508,7 +499,7 @@ impl Store {
             Err(StoreError::NotFound(_)) => {}
             Err(e) => return Err(e),
         }
-        let session = Session::new(info, &self.config, self.counter.clone());
+        let session = Session::new(info, &self.config);
         self.admit_evicting(session.held_bytes(), 0).await?;
         let id = session.info().id.clone();
         let created = {

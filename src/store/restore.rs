@@ -1,13 +1,10 @@
 //! Rebuilding a stored session: its snapshot, then each logged change through the same
 //! pure engine that made it (`Session::perform`), so the result is the state it had.
 
-use std::sync::Arc;
-
 use super::backend::{BackendError, Stored};
 use crate::config::EngineConfig;
 use crate::engine::Session;
 use crate::engine::{decode_change, decode_session};
-use crate::tokens::TokenCounter;
 
 /// A session read back from its backend, with where its log stands.
 #[derive(Debug)]
@@ -31,13 +28,12 @@ pub(crate) fn restore(
     id: &str,
     stored: Stored,
     config: &EngineConfig,
-    counter: Arc<dyn TokenCounter>,
 ) -> Result<Restored, BackendError> {
     let corrupt = |reason: String| BackendError::Corrupt {
         id: id.to_string(),
         reason,
     };
-    let mut session = decode_session(&stored.snapshot, counter)
+    let mut session = decode_session(&stored.snapshot)
         .map_err(|e| corrupt(format!("snapshot at seq {}: {e}", stored.snapshot_seq)))?;
     if session.info().id != id {
         return Err(corrupt(format!(

@@ -7,7 +7,6 @@ use tokio::sync::mpsc::error::TryRecvError;
 
 use super::*;
 use crate::domain::SessionInfo;
-use crate::tokens::CharsPerToken;
 
 fn info(id: &str) -> SessionInfo {
     SessionInfo {
@@ -17,7 +16,7 @@ fn info(id: &str) -> SessionInfo {
 }
 
 fn store() -> Store {
-    Store::new(EngineConfig::default(), Arc::new(CharsPerToken))
+    Store::new(EngineConfig::default())
 }
 
 async fn next_eviction(evictions: &mut mpsc::UnboundedReceiver<Evicted>) -> Evicted {

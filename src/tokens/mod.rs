@@ -1,11 +1,19 @@
 //! Token counting. Every count in compactd (overflow prediction, prune, context totals,
 //! reports) goes through one [`TokenCounter`], so the numbers always agree with each other.
 //!
-//! The default is OpenCode's heuristic: `round(len / 4)` where `len` is the string's
-//! length in UTF-16 code units (JavaScript's `String.length`), so prune decisions match
-//! OpenCode's exactly. A real BPE tokenizer plugs in behind the same trait.
+//! Each session counts with the tokenizer its `tokenizer` setting resolves to
+//! ([`Tokenizer`], [`Counting`]): real BPE (`o200k`, `cl100k`, [`bpe`]) or OpenCode's
+//! heuristic `round(len / 4)` where `len` is the string's length in UTF-16 code units
+//! (JavaScript's `String.length`), which the OpenCode preset keeps so prune decisions
+//! match OpenCode's exactly.
 
 use std::fmt::Debug;
+
+pub mod bpe;
+mod cache;
+mod choice;
+
+pub use choice::{Counting, Tokenizer, UnknownTokenizer};
 
 /// Counts tokens of a text. Implementations must be pure and cheap to share.
 pub trait TokenCounter: Debug + Send + Sync {
@@ -13,6 +21,31 @@ pub trait TokenCounter: Debug + Send + Sync {
     fn count(&self, text: &str) -> u64;
     /// Name shown in reports (`chars/4`, `o200k`, ...).
     fn name(&self) -> &'static str;
+    /// True when counting `text` is cheap now (short, or its count is cached): callers on
+    /// an async runtime count the rest on a blocking thread first ([`precount`]).
+    fn is_cached(&self, _text: &str) -> bool {
+        true
+    }
+}
+
+/// Loads the tables `counting` needs (nothing for chars ÷ 4). Slow: call from a blocking
+/// thread.
+pub fn warm_up(counting: Counting) {
+    match counting {
+        Counting::O200k => bpe::O200K.warm_up(),
+        Counting::Cl100k => bpe::CL100K.warm_up(),
+        Counting::Chars4 => {}
+    }
+}
+
+/// Counts every text of `texts` that is not cheap to count yet, so the counter's cache
+/// holds them. Slow (~25 MB/s): run it on a blocking thread, not on the async runtime.
+pub fn precount<'a>(counter: &dyn TokenCounter, texts: impl IntoIterator<Item = &'a str>) {
+    for t in texts {
+        if !counter.is_cached(t) {
+            counter.count(t);
+        }
+    }
 }
 
 /// OpenCode's `Token.estimate`: `max(0, round(len / 4))` with JavaScript string lengths.

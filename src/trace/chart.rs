@@ -372,12 +372,7 @@ mod tests {
             input: 0,
             output: 8_000,
         };
-        crate::trace::replay::replay(
-            &export,
-            limits,
-            &crate::config::EngineConfig::default(),
-            std::sync::Arc::new(crate::tokens::CharsPerToken),
-        )
+        crate::trace::replay::replay(&export, limits, &crate::config::EngineConfig::default())
     }
 
     /// The points of the polyline of `lane` in the panel starting at `top` (y within it).

@@ -14,8 +14,6 @@ pub mod lanes;
 pub mod references;
 pub mod replay;
 
-use std::sync::Arc;
-
 pub use import::{
     Export, ImportError, LimitedError, from_value, from_value_limited, parse_export,
     parse_export_limited,
@@ -24,7 +22,6 @@ pub use import::{
 use crate::config::{EngineConfig, SessionOverrides};
 use crate::domain::{ModelLimits, PartKind};
 use crate::engine::{ApplyError, ByteLimit, Session, Update};
-use crate::tokens::TokenCounter;
 
 /// Builds a session from a parsed export. `limits` and `overrides` come from the caller:
 /// exports carry neither.
@@ -33,9 +30,8 @@ pub fn load(
     limits: ModelLimits,
     overrides: SessionOverrides,
     config: &EngineConfig,
-    counter: Arc<dyn TokenCounter>,
 ) -> Result<Session, ApplyError> {
-    load_within(export, limits, overrides, config, counter, ByteLimit::NONE)
+    load_within(export, limits, overrides, config, ByteLimit::NONE)
 }
 
 /// [`load`], refusing at the first update that takes the session past `byte_limit`
@@ -45,13 +41,12 @@ pub fn load_within(
     limits: ModelLimits,
     overrides: SessionOverrides,
     config: &EngineConfig,
-    counter: Arc<dyn TokenCounter>,
     byte_limit: ByteLimit,
 ) -> Result<Session, ApplyError> {
     let mut info = export.info;
     info.limits = limits;
     info.config = overrides;
-    let mut session = Session::new(info, config, counter);
+    let mut session = Session::new(info, config);
     session.set_byte_limit(byte_limit);
     for (minfo, parts) in export.messages {
         session.apply(Update::UpsertMessage(minfo), config)?;

@@ -9,7 +9,6 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::sync::Arc;
 
 use super::Export;
 use super::lanes::{LANES, LaneFigures, LaneRecord, lane_config};
@@ -21,7 +20,6 @@ use crate::engine::{
     CommitIds, CompactionPlan, CompactionRequest, ContextView, Crossed, Event, Session,
     SummaryOutcome, TailOptions, Update, default_tail_tokens, step, usable_input,
 };
-use crate::tokens::TokenCounter;
 
 /// One finished assistant message.
 #[derive(Debug, Clone, PartialEq)]
@@ -128,13 +126,8 @@ impl Report {
 
 /// Replays `export` with the given limits. The clock is the message's own creation time,
 /// so a replay is deterministic.
-pub fn replay(
-    export: &Export,
-    limits: ModelLimits,
-    config: &EngineConfig,
-    counter: Arc<dyn TokenCounter>,
-) -> Report {
-    replay_with(export, limits, config, counter, None)
+pub fn replay(export: &Export, limits: ModelLimits, config: &EngineConfig) -> Report {
+    replay_with(export, limits, config, None)
 }
 
 /// Like [`replay`], running a full compaction through `compactor` whenever the engine asks
@@ -143,16 +136,15 @@ pub fn replay_with(
     export: &Export,
     limits: ModelLimits,
     config: &EngineConfig,
-    counter: Arc<dyn TokenCounter>,
     mut compactor: Option<&mut Compactor<'_>>,
 ) -> Report {
     let mut info = export.info.clone();
     info.limits = limits;
     let [baseline_cfg, prune_only_cfg, masking_cfg, _] = LANES.map(|l| lane_config(l, config));
-    let mut live = Session::new(info.clone(), config, counter.clone());
-    let mut prune_only = Session::new(info.clone(), &prune_only_cfg, counter.clone());
-    let mut masking = Session::new(info.clone(), &masking_cfg, counter.clone());
-    let mut baseline = Session::new(info, &baseline_cfg, counter);
+    let mut live = Session::new(info.clone(), config);
+    let mut prune_only = Session::new(info.clone(), &prune_only_cfg);
+    let mut masking = Session::new(info.clone(), &masking_cfg);
+    let mut baseline = Session::new(info, &baseline_cfg);
     let refs = ReferenceIndex::build(export);
     let originals: HashSet<String> = export
         .messages

@@ -22,7 +22,7 @@ use compactd::server::pb::server_event::Event;
 use compactd::server::pb::sessions_client::SessionsClient;
 use compactd::server::{ServerOptions, serve};
 use compactd::store::Store;
-use compactd::tokens::CharsPerToken;
+use compactd::tokens::Tokenizer;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
@@ -115,16 +115,29 @@ pub async fn start_server_with_config(config: EngineConfig) -> TestServer {
     start_server_with(ServerOptions::default(), config).await
 }
 
-/// A server with custom options and engine config, chars/4 token counting.
+/// A server with custom options and engine config. Counts chars ÷ 4 (the figures these
+/// tests reason in) unless the config names a real tokenizer.
 pub async fn start_server_with(options: ServerOptions, config: EngineConfig) -> TestServer {
-    start_server_on(Store::new(config, Arc::new(CharsPerToken)), options).await
+    start_server_on(Store::new(chars4_unless_named(config)), options).await
+}
+
+/// `config`, counting chars ÷ 4 where it leaves the tokenizer to `auto`.
+pub fn chars4_unless_named(config: EngineConfig) -> EngineConfig {
+    let tokenizer = match config.tokenizer {
+        Tokenizer::Auto => Tokenizer::Chars4,
+        named => named,
+    };
+    EngineConfig {
+        tokenizer,
+        ..config
+    }
 }
 
 /// A server over a store the test built (limits).
 /// A server with default settings whose store enforces `limits`.
 pub async fn start_server_with_limits(limits: compactd::store::Limits) -> TestServer {
     start_server_on(
-        Store::new(EngineConfig::default(), Arc::new(CharsPerToken)).with_limits(limits),
+        Store::new(chars4_unless_named(EngineConfig::default())).with_limits(limits),
         ServerOptions::default(),
     )
     .await

@@ -14,7 +14,7 @@
 //! The bug it found (a deep unknown field in the session's own info, accepted and then
 //! unreadable) is fixed; its regression test is at the end of this file.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::LazyLock;
 
 use compactd::config::{EngineConfig, SessionOverrides};
 use compactd::domain::{MAX_ID_BYTES, MAX_JSON_DEPTH, ModelLimits};
@@ -131,13 +131,7 @@ fn check_export(export: Export, t: &Tally) -> Result<(), TestCaseError> {
         input: 0,
         output: 32_000,
     };
-    match trace::load(
-        export,
-        limits,
-        SessionOverrides::default(),
-        engine_config(),
-        Arc::new(compactd::tokens::CharsPerToken),
-    ) {
+    match trace::load(export, limits, SessionOverrides::default(), engine_config()) {
         Ok(session) => {
             t.hit("loaded");
             prop_assert!(session.messages().len() <= messages);

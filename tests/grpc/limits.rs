@@ -1,20 +1,18 @@
 //! Limits: each returns RESOURCE_EXHAUSTED naming the limit and its value, and leaves the
 //! server and the other sessions working; idle sessions are evicted with an event.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use compactd::config::EngineConfig;
 use compactd::server::{ServerOptions, pb};
 use compactd::store::{Limits, Store};
-use compactd::tokens::CharsPerToken;
 use tokio_stream::StreamExt;
 
 use crate::common::*;
 
 #[tokio::test]
 async fn max_sessions_refuses_one_more_and_the_others_keep_working() {
-    let store = Store::new(EngineConfig::default(), Arc::new(CharsPerToken)).with_max_sessions(2);
+    let store = Store::new(EngineConfig::default()).with_max_sessions(2);
     let server = start_server_on(store, ServerOptions::default()).await;
     let mut c = server.client().await;
     open_session(&mut c, session("s1")).await;
@@ -382,7 +380,7 @@ async fn contexts_and_events_in_flight_stay_within_their_share_and_every_seq_is_
         memory_budget: 8 << 20,
         ..Limits::default()
     };
-    let store = Store::new(EngineConfig::default(), Arc::new(CharsPerToken)).with_limits(limits);
+    let store = Store::new(EngineConfig::default()).with_limits(limits);
     let ledger = store.ledger().clone();
     assert_eq!(ledger.in_flight_limit(), 1 << 20);
     let server = start_server_on(

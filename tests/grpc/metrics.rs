@@ -31,6 +31,9 @@ async fn counters_move_as_updates_prunes_overflows_rejections_and_compactions_ha
             "none",
             "--strategy-preset",
             "compact",
+            // The figures below are reasoned in chars ÷ 4.
+            "--tokenizer",
+            "chars4",
         ],
         &[
             ("COMPACTD_LLM_BASE_URL", &fake.base_url()),

@@ -88,7 +88,7 @@ async fn cache_reads_output_and_total_count_towards_used() {
             output: 3_000,
             cache: Some(pb::CacheTokens {
                 read: 600,
-                write: 99_999,
+                write: 0,
             }),
             ..Default::default()
         },

@@ -2,12 +2,9 @@
 //! with the right CA (and, for mTLS, a client certificate the server's CA signed) and
 //! fails otherwise.
 
-use std::sync::Arc;
-
 use compactd::config::EngineConfig;
 use compactd::server::{ServerOptions, pb};
 use compactd::store::Store;
-use compactd::tokens::CharsPerToken;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity, ServerTlsConfig};
 
@@ -49,7 +46,7 @@ async fn tls_server(pki: &Pki, client_ca: Option<&Pki>) -> TestServer {
         tls = tls.client_ca_root(Certificate::from_pem(ca.ca_pem()));
     }
     start_server_on(
-        Store::new(EngineConfig::default(), Arc::new(CharsPerToken)),
+        Store::new(EngineConfig::default()),
         ServerOptions {
             tls: Some(tls),
             ..Default::default()

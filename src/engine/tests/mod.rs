@@ -28,8 +28,6 @@ mod recall;
 mod snapshot;
 mod strategies;
 
-use std::sync::Arc;
-
 use super::{PruneMode, PrunePlan, PruneReport, Session, Update, eligible_end, estimate};
 use crate::config::{EngineConfig, SessionOverrides};
 use crate::domain::{
@@ -41,13 +39,15 @@ use crate::tokens::{CharsPerToken, TokenCounter};
 /// The clock of every test (epoch ms).
 pub(super) const NOW: i64 = 1_705_512_345_678;
 
-/// The server defaults with the strategies off and no prompt cache to protect (prune
-/// applies as soon as it decides): these tests check OpenCode's layers (seeds 01/02) on
-/// their own; `strategies/` and `scheduler` tests turn the rest on.
+/// The server defaults with the strategies off, no prompt cache to protect (prune
+/// applies as soon as it decides) and OpenCode's chars ÷ 4 counts: these tests check
+/// OpenCode's layers (seeds 01/02) on their own, with the seeds' figures; `strategies/`
+/// and `scheduler` tests turn the rest on, `tokenizer` tests the real tokenizers.
 pub(super) fn config() -> EngineConfig {
     EngineConfig {
         strategies: crate::config::StrategySet::NONE,
         cache_model: crate::config::CacheModel::NONE,
+        tokenizer: crate::tokens::Tokenizer::Chars4,
         ..EngineConfig::default()
     }
 }
@@ -60,7 +60,7 @@ pub(super) fn new_session(overrides: SessionOverrides, limits: ModelLimits) -> S
         config: overrides,
         ..Default::default()
     };
-    Session::new(info, &config(), Arc::new(CharsPerToken))
+    Session::new(info, &config())
 }
 
 /// Applies one update; fixtures are valid, so a rejection is a test failure.

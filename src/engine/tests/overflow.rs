@@ -15,8 +15,9 @@ fn lim(context: u64, input: u64, output: u64) -> ModelLimits {
     }
 }
 
-/// Usage with `input`, `cache.read` and `output`; reasoning and cache writes are set to
-/// values that must never be counted.
+/// Usage with `input`, `cache.read` and `output`; reasoning is set to a value that must
+/// never be counted. Cache writes count in the prediction only (see
+/// `cache_writes_count_in_the_prediction_not_in_used`).
 fn usage(input: u64, cache_read: u64, output: u64) -> TokenUsage {
     TokenUsage {
         total: None,
@@ -24,7 +25,7 @@ fn usage(input: u64, cache_read: u64, output: u64) -> TokenUsage {
         output,
         reasoning: 7_777,
         cache_read,
-        cache_write: 99_999,
+        cache_write: 0,
     }
 }
 

@@ -296,14 +296,16 @@ fn pinned_parts_are_carried_verbatim_through_compactions() {
 /// A session whose strategies are all on (the server defaults): two identical reads, so
 /// the older one is superseded at the next commit.
 fn twice_read() -> (Session, EngineConfig) {
-    let cfg = EngineConfig::default();
+    let cfg = EngineConfig {
+        tokenizer: crate::tokens::Tokenizer::Chars4,
+        ..EngineConfig::default()
+    };
     let mut s = Session::new(
         SessionInfo {
             id: "ses_pins".into(),
             ..Default::default()
         },
         &cfg,
-        Arc::new(CharsPerToken),
     );
     let read = |msg: &str, id: &str| {
         let mut p = tool(msg, id, "read", &chars(4_000));

@@ -1,9 +1,7 @@
 //! Snapshots and the change log: a session encoded and decoded is the same session (its
 //! context, figures, recall and everything it decides later), a change log replayed on a
 //! snapshot rebuilds the live session exactly, and damaged input is an error, never a
-//! panic. The fixture `data/snapshot_v1.json` pins the format (see `snapshot.rs`).
-
-use std::sync::Arc;
+//! panic. The fixtures `data/snapshot_v<N>.json` pin the formats (see `snapshot.rs`).
 
 use proptest::prelude::*;
 use serde_json::json;
@@ -50,6 +48,7 @@ fn rich_config() -> EngineConfig {
         mask_keep: 3,
         strategies: StrategySet::default(),
         cache_model: CacheModel::ANTHROPIC,
+        tokenizer: crate::tokens::Tokenizer::Chars4,
         ..EngineConfig::default()
     }
 }
@@ -68,13 +67,12 @@ fn rich_info() -> SessionInfo {
 }
 
 fn fresh() -> Session {
-    Session::new(rich_info(), &rich_config(), Arc::new(CharsPerToken))
+    Session::new(rich_info(), &rich_config())
 }
 
 /// Encodes and decodes `s`.
 fn round_trip(s: &Session) -> Session {
-    decode_session(&encode_session(s), Arc::new(CharsPerToken))
-        .unwrap_or_else(|e| panic!("decode failed: {e}"))
+    decode_session(&encode_session(s)).unwrap_or_else(|e| panic!("decode failed: {e}"))
 }
 
 /// What a host can observe of a session, compared whole.
@@ -532,7 +530,7 @@ fn a_snapshot_and_its_log_replay_to_the_live_session() {
                 log.push(bytes);
             }
         }
-        let mut replayed = decode_session(&snapshot, Arc::new(CharsPerToken)).expect("snapshot");
+        let mut replayed = decode_session(&snapshot).expect("snapshot");
         for bytes in &log {
             let change = decode_change(bytes).expect("change");
             assert!(
@@ -618,30 +616,36 @@ fn the_encoding_is_versioned_and_deterministic() {
     assert_eq!(v["session"]["info"]["id"], json!("ses_snap"));
     let c: serde_json::Value =
         serde_json::from_slice(&encode_change(&Change::Prune { now_ms: 5 })).expect("json");
-    assert_eq!(c, json!({"format": 1, "change": {"prune": {"now_ms": 5}}}));
+    assert_eq!(
+        c,
+        json!({"format": SNAPSHOT_FORMAT, "change": {"prune": {"now_ms": 5}}})
+    );
 }
 
 #[test]
 fn unknown_formats_and_damaged_documents_are_named_errors() {
     let (s, _) = perform_all(&scenario());
     let bytes = encode_session(&s);
-    let counter = || -> Arc<dyn TokenCounter> { Arc::new(CharsPerToken) };
     let mut v: serde_json::Value = serde_json::from_slice(&bytes).expect("json");
-    v["format"] = json!(2);
-    let err = decode_session(&serde_json::to_vec(&v).expect("json"), counter()).expect_err("newer");
+    v["format"] = json!(SNAPSHOT_FORMAT + 1);
+    let err = decode_session(&serde_json::to_vec(&v).expect("json")).expect_err("newer");
     assert!(
         matches!(
             err,
             SnapshotError::UnknownFormat {
                 what: Document::Session,
-                found: 2
-            }
+                found
+            } if found == u64::from(SNAPSHOT_FORMAT + 1)
         ),
         "{err}"
     );
-    assert!(err.to_string().contains("format 2"), "{err}");
+    assert!(
+        err.to_string()
+            .contains(&format!("format {}", SNAPSHOT_FORMAT + 1)),
+        "{err}"
+    );
     v["format"] = json!(0);
-    let err = decode_session(&serde_json::to_vec(&v).expect("json"), counter()).expect_err("zero");
+    let err = decode_session(&serde_json::to_vec(&v).expect("json")).expect_err("zero");
     assert!(
         matches!(err, SnapshotError::UnknownFormat { found: 0, .. }),
         "{err}"
@@ -649,39 +653,38 @@ fn unknown_formats_and_damaged_documents_are_named_errors() {
 
     // The format may follow the payload (hand-written documents).
     let reordered = format!(
-        r#"{{"session":{},"format":1}}"#,
+        r#"{{"session":{},"format":{SNAPSHOT_FORMAT}}}"#,
         serde_json::to_string(&v["session"]).expect("json")
     );
-    let back = decode_session(reordered.as_bytes(), counter()).expect("reordered");
+    let back = decode_session(reordered.as_bytes()).expect("reordered");
     assert_same(&back, &s, "reordered");
 
-    let err = decode_session(&bytes[..bytes.len() / 2], counter()).expect_err("truncated");
+    let err = decode_session(&bytes[..bytes.len() / 2]).expect_err("truncated");
     assert!(
         matches!(
             err,
             SnapshotError::Decode {
-                format: Some(1),
+                format: Some(f),
                 ..
-            }
+            } if f == u64::from(SNAPSHOT_FORMAT)
         ),
         "{err}"
     );
-    let err = decode_session(br#"{"session":{}}"#, counter()).expect_err("no format");
+    let err = decode_session(br#"{"session":{}}"#).expect_err("no format");
     assert!(err.to_string().contains("format"), "{err}");
     let err = decode_change(br#"{"format":1,"session":{}}"#).expect_err("wrong kind");
     assert!(err.to_string().contains("logged change"), "{err}");
 
     // Well-formed but inconsistent: a pin past the messages.
     let mut bad = v.clone();
-    bad["format"] = json!(1);
+    bad["format"] = json!(SNAPSHOT_FORMAT);
     bad["session"]["pins"]["messages"] = json!([100_000]);
-    let err = decode_session(&serde_json::to_vec(&bad).expect("json"), counter()).expect_err("pin");
+    let err = decode_session(&serde_json::to_vec(&bad).expect("json")).expect_err("pin");
     assert!(matches!(err, SnapshotError::Inconsistent { .. }), "{err}");
     let mut bad = v.clone();
-    bad["format"] = json!(1);
+    bad["format"] = json!(SNAPSHOT_FORMAT);
     bad["session"]["boundary"] = json!({"start": 0, "summary": 100_000});
-    let err =
-        decode_session(&serde_json::to_vec(&bad).expect("json"), counter()).expect_err("boundary");
+    let err = decode_session(&serde_json::to_vec(&bad).expect("json")).expect_err("boundary");
     assert!(matches!(err, SnapshotError::Inconsistent { .. }), "{err}");
 }
 
@@ -698,10 +701,11 @@ fn fixture_scenario() -> (Vec<Change>, usize) {
     (changes, at)
 }
 
-const FIXTURE: &str = include_str!("data/snapshot_v1.json");
+const FIXTURE: &str = include_str!("data/snapshot_v2.json");
+const FIXTURE_V1: &str = include_str!("data/snapshot_v1.json");
 
 #[test]
-fn snapshot_fixture_v1_decodes_to_the_same_context() {
+fn snapshot_fixture_v2_decodes_to_the_same_context() {
     // Regenerate (only with a format bump): COMPACTD_WRITE_FIXTURE=1 cargo test --lib
     // snapshot_fixture.
     let (changes, at) = fixture_scenario();
@@ -712,7 +716,7 @@ fn snapshot_fixture_v1_decodes_to_the_same_context() {
         std::fs::write(
             concat!(
                 env!("CARGO_MANIFEST_DIR"),
-                "/src/engine/tests/data/snapshot_v1.json"
+                "/src/engine/tests/data/snapshot_v2.json"
             ),
             pretty,
         )
@@ -720,9 +724,10 @@ fn snapshot_fixture_v1_decodes_to_the_same_context() {
         return;
     }
     // If this fails, the engine's stored state changed: bump SNAPSHOT_FORMAT, add a
-    // migration from format 1 (snapshot.rs) and keep this fixture decoding through it.
-    let restored = decode_session(FIXTURE.as_bytes(), Arc::new(CharsPerToken))
-        .unwrap_or_else(|e| panic!("the format 1 fixture no longer decodes: {e}"));
+    // migration from format 2 (snapshot.rs), keep this fixture decoding through it and
+    // add the new format's fixture.
+    let restored = decode_session(FIXTURE.as_bytes())
+        .unwrap_or_else(|e| panic!("the format 2 fixture no longer decodes: {e}"));
     assert_same(&restored, &s, "the fixture's session");
     let parts: Vec<&Part> = restored
         .messages()
@@ -779,9 +784,8 @@ proptest! {
                 damaged[i] = *b;
             }
         }
-        let counter = || -> Arc<dyn TokenCounter> { Arc::new(CharsPerToken) };
-        let _ = decode_session(&damaged, counter());
-        let _ = decode_session(&noise, counter());
+            let _ = decode_session(&damaged);
+        let _ = decode_session(&noise);
         let _ = decode_change(&damaged);
         let _ = decode_change(&noise);
     }
@@ -807,7 +811,7 @@ proptest! {
             _ => json!({}),
         };
         let bytes = serde_json::to_vec(&v).expect("json");
-        let decoded = decode_session(&bytes, Arc::new(CharsPerToken));
+        let decoded = decode_session(&bytes);
         // A value of the right type but out of range is not checked beyond positions:
         // only wrong types must leave a session that still works.
         if let (Ok(mut s), 0 | 1 | 4 | 5) = (decoded, kind) {
@@ -851,4 +855,46 @@ fn collect_paths(v: &serde_json::Value, at: &mut Vec<Key>, out: &mut Vec<Vec<Key
         }
         _ => {}
     }
+}
+
+/// A format 1 session (written before sessions had a tokenizer and a calibration)
+/// migrates: it keeps counting with chars ÷ 4, so its stored estimates stay true, and it
+/// holds the same messages, context and figures as the session it was.
+#[test]
+fn snapshot_fixture_v1_migrates_to_the_same_context() {
+    let (changes, at) = fixture_scenario();
+    let s = at_scale(FIXTURE_SCALE, || perform_all(&changes[..at]).0);
+    let restored = decode_session(FIXTURE_V1.as_bytes())
+        .unwrap_or_else(|e| panic!("the format 1 fixture no longer decodes: {e}"));
+    assert_eq!(
+        restored.settings().tokenizer,
+        crate::tokens::Tokenizer::Chars4
+    );
+    assert_eq!(restored.counter().name(), "chars/4");
+    // Compared without the bytes held, which a decoded session counts afresh.
+    let content = |messages: &[crate::engine::Message]| -> Vec<_> {
+        messages
+            .iter()
+            .flat_map(|m| {
+                m.parts
+                    .iter()
+                    .map(move |p| (&m.info, &p.part, p.est, p.reduced))
+            })
+            .map(|(i, p, e, r)| format!("{i:?} {p:?} {e:?} {r:?}"))
+            .collect()
+    };
+    assert_eq!(content(restored.messages()), content(s.messages()));
+    let (a, b) = (restored.build_context(), s.build_context());
+    assert_eq!(content(&a.messages), content(&b.messages));
+    assert_eq!(
+        (a.tokens, a.boundary_message_id),
+        (b.tokens, b.boundary_message_id)
+    );
+    assert_eq!(restored.total_tokens(), s.total_tokens());
+    assert_eq!(
+        restored.totals().usage().delta(),
+        s.totals().usage().delta(),
+        "the usage figures move to the by-class form whole"
+    );
+    assert_eq!(restored.calibration().observations(), 0);
 }

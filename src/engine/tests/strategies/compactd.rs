@@ -18,7 +18,7 @@ fn session(o: SessionOverrides, limits: ModelLimits) -> Session {
         config: o,
         ..Default::default()
     };
-    Session::new(info, &EngineConfig::default(), Arc::new(CharsPerToken))
+    Session::new(info, &chars4())
 }
 
 /// Only the listed strategies of compactd on, with `mask_keep` and the cache model.
@@ -37,8 +37,16 @@ fn only(list: &[St], keep: u32, model: CacheModel) -> SessionOverrides {
     o
 }
 
+/// The server defaults, counting chars ÷ 4 (the figures these tests reason in).
+fn chars4() -> EngineConfig {
+    EngineConfig {
+        tokenizer: crate::tokens::Tokenizer::Chars4,
+        ..EngineConfig::default()
+    }
+}
+
 fn go(s: &mut Session, u: Update, now: i64) -> Vec<Event> {
-    step(s, u.clone(), &EngineConfig::default(), now)
+    step(s, u.clone(), &chars4(), now)
         .unwrap_or_else(|e| panic!("{u:?} rejected: {e}"))
         .events
 }
@@ -440,10 +448,7 @@ fn run_turns(turns: &[Turn], keep: u32) -> Result<Session, TestCaseError> {
         // What the scheduler decides at this finish, on a copy holding the finished info.
         let mut before = s.clone();
         before
-            .apply(
-                Update::UpsertMessage(info.clone()),
-                &EngineConfig::default(),
-            )
+            .apply(Update::UpsertMessage(info.clone()), &chars4())
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         let d = before.clone().schedule(at + 10);
         go(&mut s, Update::UpsertMessage(info), at + 10);
@@ -561,9 +566,9 @@ proptest! {
         let mut live = run_turns_with(&turns, o.clone(), limits);
         let mut imported = session(o, limits);
         for (info, parts) in final_messages(&live) {
-            imported.apply(Update::UpsertMessage(info), &EngineConfig::default()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            imported.apply(Update::UpsertMessage(info), &chars4()).map_err(|e| TestCaseError::fail(e.to_string()))?;
             for p in parts {
-                imported.apply(Update::UpsertPart(p), &EngineConfig::default()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                imported.apply(Update::UpsertPart(p), &chars4()).map_err(|e| TestCaseError::fail(e.to_string()))?;
             }
         }
         live.prune(PruneMode::Commit, T0);

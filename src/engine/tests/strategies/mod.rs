@@ -16,7 +16,6 @@ mod rules;
 mod seed_table;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -39,6 +38,7 @@ fn cfg() -> EngineConfig {
     EngineConfig {
         strategies: StrategySet::acp(),
         cache_model: crate::config::CacheModel::NONE,
+        tokenizer: crate::tokens::Tokenizer::Chars4,
         ..EngineConfig::default()
     }
 }
@@ -49,7 +49,7 @@ fn open(o: SessionOverrides) -> Session {
         config: o,
         ..Default::default()
     };
-    Session::new(info, &cfg(), Arc::new(CharsPerToken))
+    Session::new(info, &cfg())
 }
 
 fn put(s: &mut Session, u: Update) {

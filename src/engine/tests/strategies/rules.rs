@@ -439,7 +439,6 @@ fn rule_presets_balanced_and_verbose() {
                 ..Default::default()
             },
             &config(),
-            Arc::new(CharsPerToken),
         );
         for (info, parts) in &msgs {
             put(&mut s, Update::UpsertMessage(info.clone()));
