@@ -283,11 +283,17 @@ fn replay(args: ReplayArgs) -> anyhow::Result<()> {
 fn write_replay(args: &ReplayArgs, out: &mut impl std::io::Write) -> anyhow::Result<()> {
     let config = args.engine.to_config()?;
     let mut reports = Vec::new();
+    // What each model's sessions taught, carried from file to file as the server carries
+    // it from session to session.
+    let mut priors = compactd::engine::calibration::ModelPriors::default();
     for path in &args.files {
         let json =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let mut export =
             trace::parse_export(&json).with_context(|| format!("parsing {}", path.display()))?;
+        // Measured on the export as recorded: its prune stamps say where the original run
+        // pruned, which the comparison leaves out.
+        let prediction = trace::prediction::measure(&export, &config, &mut priors);
         let stripped = if args.keep_compacted {
             0
         } else {
@@ -302,13 +308,14 @@ fn write_replay(args: &ReplayArgs, out: &mut impl std::io::Write) -> anyhow::Res
                 "(removed {stripped} time.compacted marks from the file; compactd prunes afresh)"
             )?;
         }
-        let report = match &args.summarize_with {
+        let mut report = match &args.summarize_with {
             None => trace::replay::replay(&export, args.limits(), &config),
             Some(url) => {
                 let mut compactor = llm_compactor(url, &args.summarize_model)?;
                 trace::replay::replay_with(&export, args.limits(), &config, Some(&mut compactor))
             }
         };
+        report.prediction = prediction;
         if !args.json {
             writeln!(out, "{report}")?;
         }
@@ -348,6 +355,7 @@ fn write_replay(args: &ReplayArgs, out: &mut impl std::io::Write) -> anyhow::Res
         "{}",
         trace::replay::lanes_table(&reports, config.cache_model)
     )?;
+    writeln!(out, "{}", trace::replay::prediction_table(&reports))?;
     Ok(())
 }
 

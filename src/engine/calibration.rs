@@ -3,13 +3,17 @@
 //! correcting the next request's prediction with it.
 //!
 //! Every report says how many tokens the provider counted for a request whose size the
-//! engine predicted as `anchor + Σ estimate_c` (the anchor being the previous request's
-//! reported prompt plus its output, the estimates what was added since, by class). The
-//! correction is the ridge regression `actual − anchor ≈ Σ f_c · estimate_c` over the
-//! session's reports (older ones decayed), pulled toward a prior (1.0, or what sessions
-//! of the same model learned): a class needs about [`RIDGE_TOKENS`] of evidence to move
-//! its factor. Factors stay within [`MIN_FACTOR`, `MAX_FACTOR`]. Pure arithmetic, O(1)
-//! per report.
+//! engine predicted as `base + Σ estimate_c`: the base is the previous request's reported
+//! prompt, and the estimates are, by class, what the model wrote in that request (its
+//! reported output, which reads back into the next prompt more or less whole: reasoning
+//! is often dropped) and what was added since (tool output, code, prose, as the session's
+//! tokenizer counts them). The correction is the ridge regression
+//! `actual − base ≈ Σ f_c · estimate_c` over the session's reports (older ones decayed),
+//! each report weighted by the inverse square of its estimate, so every request counts
+//! alike whatever its size (one huge output the host truncated is one request, not a
+//! thousand), pulled toward a prior (1.0, or what sessions of the same model learned)
+//! that weighs as [`PRIOR_REQUESTS`] requests against the session's decayed evidence. Factors stay within [`MIN_FACTOR`,
+//! `MAX_FACTOR`]. Pure arithmetic, O(1) per report.
 
 use serde::{Deserialize, Serialize};
 
@@ -26,14 +30,20 @@ pub fn prompt_tokens(u: &TokenUsage, rule: CacheCounting) -> u64 {
     u.input.saturating_add(read).saturating_add(u.cache_write)
 }
 
-/// What the next request starts from, by one report: the provider's total when it gives
-/// one, else its prompt plus what the model wrote (which the next request carries as
-/// input).
-pub fn anchor_tokens(u: &TokenUsage, rule: CacheCounting) -> u64 {
+/// What the next request starts from, by one report, in two parts: the prompt it counted,
+/// and what the model wrote (which the next request carries as input). With a provider
+/// total, the prompt is the total less the output.
+pub fn split_anchor(u: &TokenUsage, rule: CacheCounting) -> (u64, u64) {
     match u.total.filter(|t| *t > 0) {
-        Some(total) => total,
-        None => prompt_tokens(u, rule).saturating_add(u.output),
+        Some(total) => (total.saturating_sub(u.output), u.output.min(total)),
+        None => (prompt_tokens(u, rule), u.output),
     }
+}
+
+/// [`split_anchor`]'s two parts together.
+pub fn anchor_tokens(u: &TokenUsage, rule: CacheCounting) -> u64 {
+    let (prompt, written) = split_anchor(u, rule);
+    prompt.saturating_add(written)
 }
 
 /// Content classes the estimate is corrected by (tokenizers miss by different amounts on
@@ -47,17 +57,23 @@ pub enum Class {
     Code,
     /// Prose: user and assistant text, reasoning, everything else.
     Prose,
+    /// What the model wrote in the previous request, by its reported output.
+    Written,
 }
+
+/// Number of classes.
+const N: usize = 4;
 
 impl Class {
     /// Every class, in index order.
-    pub const ALL: [Class; 3] = [Class::ToolOutput, Class::Code, Class::Prose];
+    pub const ALL: [Class; N] = [Class::ToolOutput, Class::Code, Class::Prose, Class::Written];
 
     fn index(self) -> usize {
         match self {
             Class::ToolOutput => 0,
             Class::Code => 1,
             Class::Prose => 2,
+            Class::Written => 3,
         }
     }
 
@@ -67,6 +83,7 @@ impl Class {
             Class::ToolOutput => "tool_output",
             Class::Code => "code",
             Class::Prose => "prose",
+            Class::Written => "written",
         }
     }
 }
@@ -93,7 +110,7 @@ pub fn tool_class(tool: &str) -> Class {
 
 /// Signed token figures per class (what was added or removed since a point in time).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ByClass([i64; 3]);
+pub struct ByClass([i64; N]);
 
 impl ByClass {
     /// Adds `n` tokens (negative: removes) to `class`, saturating.
@@ -121,13 +138,13 @@ impl ByClass {
         out
     }
 
-    fn as_f64(&self) -> [f64; 3] {
+    fn as_f64(&self) -> [f64; N] {
         self.0.map(|v| v as f64)
     }
 }
 
-/// Tokens of evidence a class needs before its factor moves halfway from the prior.
-pub const RIDGE_TOKENS: f64 = 1_000.0;
+/// The prior's weight, in requests.
+pub const PRIOR_REQUESTS: f64 = 2.0;
 /// Weight each earlier report keeps when a new one arrives (about the last 20 count).
 pub const DECAY: f64 = 0.95;
 /// Smallest factor applied.
@@ -136,10 +153,10 @@ pub const MIN_FACTOR: f64 = 0.25;
 pub const MAX_FACTOR: f64 = 4.0;
 
 /// Per-class correction factors.
-pub type Factors = [f64; 3];
+pub type Factors = [f64; N];
 
 /// The neutral prior: trust the tokenizer.
-pub const NEUTRAL: Factors = [1.0; 3];
+pub const NEUTRAL: Factors = [1.0; N];
 
 /// What a session has learned: the decayed normal equations of the regression, and the
 /// factors they give. Every figure is finite (an observation that would make one
@@ -147,9 +164,9 @@ pub const NEUTRAL: Factors = [1.0; 3];
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Calibration {
     /// Σ decay^age · e eᵀ.
-    gram: [[f64; 3]; 3],
-    /// Σ decay^age · e · (actual − anchor).
-    moment: [f64; 3],
+    gram: [[f64; N]; N],
+    /// Σ decay^age · e · (actual − base).
+    moment: [f64; N],
     /// Where the factors are pulled toward.
     prior: Factors,
     /// The factors applied to the next prediction.
@@ -161,8 +178,8 @@ pub struct Calibration {
 impl Default for Calibration {
     fn default() -> Self {
         Calibration {
-            gram: [[0.0; 3]; 3],
-            moment: [0.0; 3],
+            gram: [[0.0; N]; N],
+            moment: [0.0; N],
             prior: NEUTRAL,
             factors: NEUTRAL,
             observations: 0,
@@ -173,8 +190,8 @@ impl Default for Calibration {
 /// One predicted request and what the provider reported for it (replay reports these).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PredictionSample {
-    /// The previous request's reported prompt plus its output.
-    pub anchor: u64,
+    /// The previous request's reported prompt (the prediction's base).
+    pub base: u64,
     /// The prediction with the tokenizer's estimate as it is.
     pub estimated: u64,
     /// The prediction with the calibrated estimate (what overflow detection uses).
@@ -221,11 +238,13 @@ impl Calibration {
             return;
         }
         let a = actual_added as f64;
+        let size: f64 = e.iter().map(|v| v.abs()).sum();
+        let w = 1.0 / size.max(1.0).powi(2);
         let (mut gram, mut moment) = (self.gram, self.moment);
-        for i in 0..3 {
-            moment[i] = moment[i] * DECAY + e[i] * a;
-            for j in 0..3 {
-                gram[i][j] = gram[i][j] * DECAY + e[i] * e[j];
+        for i in 0..N {
+            moment[i] = moment[i] * DECAY + w * e[i] * a;
+            for j in 0..N {
+                gram[i][j] = gram[i][j] * DECAY + w * e[i] * e[j];
             }
         }
         if !(moment.iter().chain(gram.iter().flatten())).all(|v| v.is_finite()) {
@@ -242,32 +261,81 @@ impl Calibration {
     /// figures are not finite (they never are singular: λ > 0).
     #[allow(clippy::needless_range_loop)] // matrix arithmetic reads best with indices
     fn solve(&self) -> Option<Factors> {
-        let lambda = RIDGE_TOKENS * RIDGE_TOKENS;
-        let mut m = [[0.0f64; 4]; 3];
-        for i in 0..3 {
-            for j in 0..3 {
+        // The prior weighs as PRIOR_REQUESTS requests against the session's own decayed
+        // evidence (at most 1 / (1 − DECAY) = 20 requests): a steady pull toward it,
+        // which keeps a class seen rarely near its prior.
+        let lambda = PRIOR_REQUESTS;
+        let mut m = [[0.0f64; N + 1]; N];
+        for i in 0..N {
+            for j in 0..N {
                 m[i][j] = self.gram[i][j] + if i == j { lambda } else { 0.0 };
             }
-            m[i][3] = self.moment[i] + lambda * self.prior[i];
+            m[i][N] = self.moment[i] + lambda * self.prior[i];
         }
-        for col in 0..3 {
-            let pivot = (col..3).max_by(|a, b| m[*a][col].abs().total_cmp(&m[*b][col].abs()))?;
+        for col in 0..N {
+            let pivot = (col..N).max_by(|a, b| m[*a][col].abs().total_cmp(&m[*b][col].abs()))?;
             m.swap(col, pivot);
             let p = m[col][col];
             if !p.is_finite() || p.abs() < f64::MIN_POSITIVE {
                 return None;
             }
-            for row in 0..3 {
+            for row in 0..N {
                 if row != col {
                     let k = m[row][col] / p;
-                    for c in col..4 {
+                    for c in col..=N {
                         m[row][c] -= k * m[col][c];
                     }
                 }
             }
         }
-        let f = [m[0][3] / m[0][0], m[1][3] / m[1][1], m[2][3] / m[2][2]];
+        let mut f = [0.0; N];
+        for (i, v) in f.iter_mut().enumerate() {
+            *v = m[i][N] / m[i][i];
+        }
         f.iter().all(|v| v.is_finite()).then(|| f.map(clamp))
+    }
+}
+
+/// Reports a session must have learned from before its factors seed other sessions.
+pub const SHARE_AFTER: u32 = 3;
+/// Models remembered (model ids come from clients: the map must stay bounded).
+pub const MAX_MODELS: usize = 1024;
+
+/// What sessions of each model learned, so a new session of the model starts from it
+/// instead of from 1.0. Keyed by tokenizer and model (a correction of o200k's counts says
+/// nothing about chars ÷ 4's).
+#[derive(Debug, Clone, Default)]
+pub struct ModelPriors {
+    by_model: std::collections::HashMap<String, Factors>,
+}
+
+impl ModelPriors {
+    /// The key of a session's model under `counting`; None when the session names no model.
+    pub fn key(
+        info: &crate::domain::SessionInfo,
+        counting: crate::tokens::Counting,
+    ) -> Option<String> {
+        let m = info.model.as_ref()?;
+        (!m.model_id.is_empty())
+            .then(|| format!("{}:{}/{}", counting.as_str(), m.provider_id, m.model_id))
+    }
+
+    /// Where a new session of `key`'s model starts.
+    pub fn prior(&self, key: &str) -> Factors {
+        self.by_model.get(key).copied().unwrap_or(NEUTRAL)
+    }
+
+    /// Takes what a session of `key`'s model learned (the latest session with enough
+    /// evidence speaks for the model). A new model past [`MAX_MODELS`] is not kept.
+    pub fn learned(&mut self, key: &str, c: &Calibration) {
+        if c.observations() < SHARE_AFTER {
+            return;
+        }
+        if let Some(f) = self.by_model.get_mut(key) {
+            *f = c.factors();
+        } else if self.by_model.len() < MAX_MODELS {
+            self.by_model.insert(key.to_string(), c.factors());
+        }
     }
 }
 
@@ -301,20 +369,28 @@ mod tests {
             c.observe(&by(out, 0, prose), actual);
         }
         let f = c.factors();
-        assert!((f[0] - 1.7).abs() < 0.02, "{f:?}");
-        assert!((f[2] - 0.9).abs() < 0.1, "{f:?}");
+        // Most of the way (about 20 requests of evidence, the decay's memory, against the
+        // prior's 2, each request's weight shared by its classes).
+        assert!((1.45..1.7).contains(&f[0]), "{f:?}");
+        assert!((0.85..1.15).contains(&f[2]), "{f:?}");
         // Code was never seen: it stays at the prior.
         assert!((f[1] - 1.0).abs() < 1e-9, "{f:?}");
-        assert!((c.apply(&by(1_000, 0, 0)) - 1_700).abs() <= 20);
+        assert_eq!(c.apply(&by(1_000, 0, 0)), (1_000.0 * f[0]).round() as i64);
     }
 
     #[test]
-    fn little_evidence_stays_near_the_prior() {
+    fn one_request_weighs_half_as_much_as_the_prior() {
         let mut c = Calibration::default();
-        c.observe(&by(10, 0, 0), 40);
-        assert!((c.factors()[0] - 1.0).abs() < 0.01, "{:?}", c.factors());
-        c.set_prior([2.0, 1.0, 1.0]);
-        assert!((c.factors()[0] - 2.0).abs() < 0.01, "{:?}", c.factors());
+        // One request of tool output that counted 2.5× its estimate: the prior (1.0,
+        // worth two requests) and this request (2.5) average to 1.5, whatever its size.
+        c.observe(&by(10, 0, 0), 25);
+        assert!((c.factors()[0] - 1.5).abs() < 0.01, "{:?}", c.factors());
+        let mut big = Calibration::default();
+        big.observe(&by(100_000, 0, 0), 250_000);
+        assert!((big.factors()[0] - 1.5).abs() < 0.01, "{:?}", big.factors());
+        // A prior from other sessions of the model moves the start.
+        c.set_prior([2.0, 1.0, 1.0, 1.0]);
+        assert!((c.factors()[0] - 2.166).abs() < 0.01, "{:?}", c.factors());
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //!   what the model did not write since that request began (tool results) is not in it
 //!   and counts as added. Overflow when `used` or `predicted` is above the threshold.
 
-use super::calibration::anchor_tokens;
+use super::calibration::{Class, anchor_tokens, split_anchor};
 use super::session::Session;
 use crate::config::{COMPACTION_BUFFER, CacheCounting, Reserved, Settings};
 use crate::domain::{ModelLimits, TokenUsage};
@@ -177,13 +177,27 @@ impl Settings {
 }
 
 impl Session {
+    /// What the next request adds to the last report's prompt and output, calibrated:
+    /// the estimate of what was added since, and the correction of how that report's
+    /// output reads back, by what the session's reports taught.
+    fn calibrated_delta(&self) -> i64 {
+        let mut added = *self.usage().delta_by();
+        let written = self
+            .usage()
+            .last()
+            .map_or(0, |u| split_anchor(u, self.settings().cache_counting).1);
+        let written = i64::try_from(written).unwrap_or(i64::MAX);
+        added.add(Class::Written, written);
+        self.calibration().apply(&added).saturating_sub(written)
+    }
+
     /// Runs the overflow check on the session's current figures.
     pub fn check_overflow(&self, trigger: Trigger) -> OverflowCheck {
         let mut c = check(
             &self.info().limits,
             self.settings(),
             self.usage().last(),
-            self.calibration().apply(self.usage().delta_by()),
+            self.calibrated_delta(),
             trigger,
         );
         // Prune cleared outputs that the last report counted: that request is history, and

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::auto::AutoState;
 use super::calibration::{
-    Calibration, Class, Factors, PredictionSample, anchor_tokens, prompt_tokens, tool_class,
+    Calibration, Class, Factors, PredictionSample, prompt_tokens, split_anchor, tool_class,
 };
 use super::error::ApplyError;
 use super::estimate::estimate;
@@ -481,6 +481,17 @@ impl Session {
     /// through its message. One hash lookup (none when nothing is pinned).
     pub fn is_pinned(&self, msg: usize, part_id: &str) -> bool {
         self.pins.covers(msg, part_id)
+    }
+
+    /// What this session counts with (its `tokenizer` setting resolved for its model).
+    pub fn counting(&self) -> crate::tokens::Counting {
+        let model = self.info.model.as_ref().map_or("", |m| m.model_id.as_str());
+        self.settings.tokenizer.resolve(model)
+    }
+
+    /// The key its model's shared calibration goes under (None: no model named).
+    pub fn prior_key(&self) -> Option<String> {
+        super::calibration::ModelPriors::key(&self.info, self.counting())
     }
 
     /// The token counter every figure of this session comes from.
@@ -1099,7 +1110,7 @@ impl Session {
             .totals
             .usage()
             .last()
-            .map(|u| anchor_tokens(u, self.settings.cache_counting));
+            .map(|u| split_anchor(u, self.settings.cache_counting));
         self.totals.request_started(anchor);
     }
 
@@ -1119,9 +1130,10 @@ impl Session {
         self.totals.set_calibration_prior(prior);
     }
 
-    /// The last usage report's check of the prediction made when its request started
-    /// (None when that request had no earlier report to build on).
-    pub fn prediction_sample(&self) -> Option<PredictionSample> {
+    /// The latest usage report's check of the prediction made when its request started,
+    /// numbered from 1 (a new number is a new check; reports whose request had no earlier
+    /// report to build on make none).
+    pub fn prediction_sample(&self) -> Option<(u64, PredictionSample)> {
         self.totals.sample()
     }
 

@@ -250,8 +250,8 @@ fn session_1_to_2(mut v: Value) -> Result<Value, String> {
             .ok_or(format!("totals.usage.{key} is not an integer"))
     };
     let (delta, since) = (take("delta")?, take("since_request")?);
-    usage.insert("delta_by".into(), serde_json::json!([0, 0, delta]));
-    usage.insert("since_by".into(), serde_json::json!([0, 0, since]));
+    usage.insert("delta_by".into(), serde_json::json!([0, 0, delta, 0]));
+    usage.insert("since_by".into(), serde_json::json!([0, 0, since, 0]));
     usage.insert("at_request".into(), Value::Null);
     totals.insert(
         "calibration".into(),

@@ -29,11 +29,11 @@ pub(crate) struct UsageState {
     at_request: Option<RequestStart>,
 }
 
-/// What the engine predicted when a request started: the previous report's prompt plus
-/// output, and what was added since, by class.
+/// What the engine predicted when a request started: the previous report's prompt, and
+/// by class what was added on top of it (that report's output included, as `written`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct RequestStart {
-    anchor: u64,
+    base: u64,
     added: ByClass,
 }
 
@@ -96,9 +96,9 @@ pub(crate) struct Totals {
     /// What the usage reports taught about this session's estimates (kept across
     /// compactions: the content and the model stay).
     calibration: Calibration,
-    /// The last report's check of the prediction (replay reads it; not stored).
+    /// The last report's check of the prediction, numbered (replay reads it; not stored).
     #[serde(skip)]
-    sample: Option<PredictionSample>,
+    sample: Option<(u64, PredictionSample)>,
 }
 
 /// `n` as a signed token figure (contexts are far below 2^63 tokens; saturates).
@@ -156,7 +156,7 @@ impl Totals {
     }
 
     /// The last report's check of the prediction made when its request started.
-    pub(crate) fn sample(&self) -> Option<PredictionSample> {
+    pub(crate) fn sample(&self) -> Option<(u64, PredictionSample)> {
         self.sample
     }
 
@@ -228,13 +228,14 @@ impl Totals {
 
     /// The model is called again (a new assistant message or a `step-start`): what was
     /// added so far is input to this request, which its report will cover. `anchor` is
-    /// the last report's prompt plus output (None: no report since the context began),
-    /// on which the prediction this request's report checks is built.
-    pub(crate) fn request_started(&mut self, anchor: Option<u64>) {
+    /// the last report's prompt and output (None: no report since the context began), on
+    /// which the prediction this request's report checks is built.
+    pub(crate) fn request_started(&mut self, anchor: Option<(u64, u64)>) {
         self.usage.since_by = ByClass::default();
-        self.usage.at_request = anchor.map(|anchor| RequestStart {
-            anchor,
-            added: self.usage.delta_by,
+        self.usage.at_request = anchor.map(|(base, written)| {
+            let mut added = self.usage.delta_by;
+            added.add(Class::Written, signed(written));
+            RequestStart { base, added }
         });
     }
 
@@ -247,19 +248,20 @@ impl Totals {
         if self.usage.last == Some(tokens) {
             return;
         }
-        self.sample = None;
         if let Some(start) = self.usage.at_request.take() {
-            let estimated = start.anchor.saturating_add_signed(start.added.total());
+            let estimated = start.base.saturating_add_signed(start.added.total());
             let calibrated = start
-                .anchor
+                .base
                 .saturating_add_signed(self.calibration.apply(&start.added));
-            self.sample = Some(PredictionSample {
-                anchor: start.anchor,
+            let n = self.sample.map_or(1, |(n, _)| n.saturating_add(1));
+            let sample = PredictionSample {
+                base: start.base,
                 estimated,
                 calibrated,
                 actual: prompt,
-            });
-            let actual_added = signed(prompt).saturating_sub(signed(start.anchor));
+            };
+            self.sample = Some((n, sample));
+            let actual_added = signed(prompt).saturating_sub(signed(start.base));
             self.calibration.observe(&start.added, actual_added);
         }
         self.usage = UsageState {

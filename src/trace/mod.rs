@@ -11,6 +11,7 @@ pub mod chart;
 pub mod cost;
 mod import;
 pub mod lanes;
+pub mod prediction;
 pub mod references;
 pub mod replay;
 

@@ -12,6 +12,7 @@ use std::fmt;
 
 use super::Export;
 use super::lanes::{LANES, LaneFigures, LaneRecord, lane_config};
+use super::prediction::{MODES, Prediction};
 use super::references::ReferenceIndex;
 use crate::config::{CacheCounting, CacheModel, EngineConfig};
 use crate::domain::{ModelLimits, Role};
@@ -86,6 +87,9 @@ pub struct Report {
     /// Tokens of the fixed prompt (system prompt, tool definitions) the export does not
     /// hold, estimated from the first reported usage.
     pub fixed_prefix: u64,
+    /// How well each tokenizer predicted the recorded requests (`prediction.rs`; filled
+    /// by the caller from the export as recorded, before its prune stamps are stripped).
+    pub prediction: Prediction,
 }
 
 impl Report {
@@ -287,6 +291,7 @@ pub fn replay_with(
         lanes,
         references,
         fixed_prefix: fixed_prefix.unwrap_or(0),
+        prediction: Prediction::default(),
     }
 }
 
@@ -547,6 +552,7 @@ pub fn json_document(reports: &[(String, Report)], model: CacheModel) -> serde_j
         .iter()
         .map(|l| (l.to_string(), LaneFigures::default()))
         .collect();
+    let mut prediction = Prediction::default();
     let traces: Vec<serde_json::Value> = reports
         .iter()
         .map(|(file, r)| {
@@ -557,14 +563,24 @@ pub fn json_document(reports: &[(String, Report)], model: CacheModel) -> serde_j
                 }
                 lanes.insert(name.to_string(), f.to_json());
             }
-            serde_json::json!({"file": file, "requests": r.references.len(), "lanes": lanes})
+            prediction.extend(&r.prediction);
+            serde_json::json!({
+                "file": file,
+                "requests": r.references.len(),
+                "lanes": lanes,
+                "prediction": r.prediction.to_json(),
+            })
         })
         .collect();
     let lanes: serde_json::Map<String, serde_json::Value> = total
         .iter()
         .map(|(n, f)| (n.clone(), f.to_json()))
         .collect();
-    serde_json::json!({"cache_model": model.to_string(), "traces": traces, "total": {"lanes": lanes}})
+    serde_json::json!({
+        "cache_model": model.to_string(),
+        "traces": traces,
+        "total": {"lanes": lanes, "prediction": prediction.to_json()},
+    })
 }
 
 /// A Markdown table of every lane of every trace under `model`: prompt tokens, cost,
@@ -619,4 +635,37 @@ fn pct(v: f64, base: f64) -> String {
         return "–".to_string();
     }
     format!("{:+.1}%", 100.0 * (v - base) / base)
+}
+
+/// A Markdown table of how well each tokenizer predicted the recorded requests, per trace
+/// and in total: relative error of the predicted prompt against the reported one.
+pub fn prediction_table(reports: &[(String, Report)]) -> String {
+    let mut out = String::from(
+        "prediction of the next request (predicted vs reported prompt; requests after a \
+         prune or compaction of the original run are left out)\n\n\
+         | trace | mode | requests | median abs err | p95 abs err | worst under | worst under, prompts > 50k |\n\
+         |---|---|---:|---:|---:|---:|---:|\n",
+    );
+    let mut total = Prediction::default();
+    let rows = |out: &mut String, name: &str, p: &Prediction| {
+        for (mode, f) in p.rows() {
+            out.push_str(&format!(
+                "| {name} | {mode} | {} | {:.1}% | {:.1}% | {:.1}% | {:.1}% |\n",
+                f.requests,
+                f.median_abs_pct,
+                f.p95_abs_pct,
+                f.worst_under_pct,
+                f.worst_under_pct_large
+            ));
+        }
+    };
+    for (name, r) in reports {
+        rows(&mut out, name, &r.prediction);
+        total.extend(&r.prediction);
+    }
+    if reports.len() > 1 {
+        rows(&mut out, "**total**", &total);
+    }
+    debug_assert_eq!(MODES.len(), total.modes.len());
+    out
 }

@@ -858,12 +858,13 @@ fn collect_paths(v: &serde_json::Value, at: &mut Vec<Key>, out: &mut Vec<Vec<Key
 }
 
 /// A format 1 session (written before sessions had a tokenizer and a calibration)
-/// migrates: it keeps counting with chars ÷ 4, so its stored estimates stay true, and it
-/// holds the same messages, context and figures as the session it was.
+/// migrates: it keeps counting with chars ÷ 4, so its stored estimates stay true, its
+/// figures are the ones it was written with, and it goes on taking updates. (Its later
+/// decisions may differ from a session built today: the prediction is calibrated now.)
 #[test]
-fn snapshot_fixture_v1_migrates_to_the_same_context() {
-    let (changes, at) = fixture_scenario();
-    let s = at_scale(FIXTURE_SCALE, || perform_all(&changes[..at]).0);
+fn snapshot_fixture_v1_migrates() {
+    let raw: serde_json::Value = serde_json::from_str(FIXTURE_V1).expect("json");
+    let stored = &raw["session"]["totals"];
     let restored = decode_session(FIXTURE_V1.as_bytes())
         .unwrap_or_else(|e| panic!("the format 1 fixture no longer decodes: {e}"));
     assert_eq!(
@@ -871,30 +872,23 @@ fn snapshot_fixture_v1_migrates_to_the_same_context() {
         crate::tokens::Tokenizer::Chars4
     );
     assert_eq!(restored.counter().name(), "chars/4");
-    // Compared without the bytes held, which a decoded session counts afresh.
-    let content = |messages: &[crate::engine::Message]| -> Vec<_> {
-        messages
-            .iter()
-            .flat_map(|m| {
-                m.parts
-                    .iter()
-                    .map(move |p| (&m.info, &p.part, p.est, p.reduced))
-            })
-            .map(|(i, p, e, r)| format!("{i:?} {p:?} {e:?} {r:?}"))
-            .collect()
-    };
-    assert_eq!(content(restored.messages()), content(s.messages()));
-    let (a, b) = (restored.build_context(), s.build_context());
-    assert_eq!(content(&a.messages), content(&b.messages));
+    assert_eq!(json!(restored.total_tokens()), stored["tokens"]);
     assert_eq!(
-        (a.tokens, a.boundary_message_id),
-        (b.tokens, b.boundary_message_id)
-    );
-    assert_eq!(restored.total_tokens(), s.total_tokens());
-    assert_eq!(
-        restored.totals().usage().delta(),
-        s.totals().usage().delta(),
+        json!(restored.totals().usage().delta()),
+        stored["usage"]["delta"],
         "the usage figures move to the by-class form whole"
     );
     assert_eq!(restored.calibration().observations(), 0);
+    let messages = raw["session"]["messages"].as_array().map_or(0, Vec::len);
+    assert_eq!(restored.messages().len(), messages);
+    let (changes, at) = fixture_scenario();
+    let mut restored = restored;
+    at_scale(FIXTURE_SCALE, || {
+        for c in &changes[at..] {
+            // Whatever it decides, it decides without a panic or an inconsistency.
+            let _ = restored.perform(c.clone(), &rich_config());
+        }
+    });
+    assert!(restored.messages().len() > messages);
+    assert_eq!(restored.held_bytes(), restored.held_bytes_from_scratch());
 }
