@@ -78,6 +78,30 @@ pub fn estimate(part: &Part, counter: &dyn TokenCounter) -> PartEstimate {
     }
 }
 
+/// The texts [`estimate`] counts of `part` that may be long (tool input and output, text,
+/// reasoning, a file's data): the server counts those of a new part on a blocking thread
+/// first, so the count [`estimate`] takes on the session's actor is a cache hit.
+pub fn counted_texts(part: &Part) -> Vec<std::borrow::Cow<'_, str>> {
+    use std::borrow::Cow;
+    match &part.kind {
+        PartKind::Text(t) if t.ignored => Vec::new(),
+        PartKind::Text(t) => vec![Cow::Borrowed(t.text.as_str())],
+        PartKind::Reasoning(r) => vec![Cow::Borrowed(r.text.as_str())],
+        PartKind::Tool(tool) => {
+            let mut out = vec![Cow::Owned(tool.state.input.to_string())];
+            match tool.state.status {
+                ToolStatus::Completed => out.push(Cow::Borrowed(tool.state.output.as_str())),
+                ToolStatus::Error => out.push(Cow::Borrowed(tool.state.error.as_str())),
+                ToolStatus::Pending | ToolStatus::Running => {}
+            }
+            out
+        }
+        PartKind::File(f) if f.url.starts_with("data:") => vec![Cow::Borrowed(f.url.as_str())],
+        PartKind::Subtask(s) => vec![Cow::Borrowed(s.prompt.as_str())],
+        _ => Vec::new(),
+    }
+}
+
 /// A part whose tokens are all model-written when it sits in an assistant message.
 fn generated(tokens: u64) -> PartEstimate {
     PartEstimate {

@@ -46,7 +46,7 @@ pub use compaction::{
 };
 pub use context::ContextView;
 pub use error::{ApplyError, ErrorKind};
-pub use estimate::{PartEstimate, estimate};
+pub use estimate::{PartEstimate, counted_texts, estimate};
 pub use footprint::ByteLimit;
 pub use overflow::{Crossed, OverflowCheck, Trigger, check, max_output, usable_input, used_tokens};
 pub use prune::{PruneMode, PruneReport, PrunedPart};

@@ -30,6 +30,7 @@ use super::{Evicted, Ledger, Limits, Shared, StoreError, restore};
 use crate::config::EngineConfig;
 use crate::engine::Session;
 use crate::engine::encode_session;
+use crate::tokens::Counting;
 
 /// A job's result, delivered once the changes it made are durable (or failed).
 pub(super) type Deliver = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
@@ -73,6 +74,9 @@ pub struct SessionHandle {
     gate: Arc<Mutex<bool>>,
     /// True while the actor waits for the evictor (which then leaves it alone).
     waiting: Arc<AtomicBool>,
+    /// What the session counts with, as of its last job (callers count long texts of an
+    /// update with it on a blocking thread before queuing it).
+    counting: Arc<std::sync::atomic::AtomicU8>,
 }
 
 impl std::fmt::Debug for Msg {
@@ -104,6 +108,11 @@ impl SessionHandle {
     /// True while the actor waits for room (the evictor skips it).
     pub(super) fn is_waiting(&self) -> bool {
         self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// What the session counts with, as of its last job.
+    pub fn counting(&self) -> Counting {
+        counting_from(self.counting.load(Ordering::Relaxed))
     }
 
     /// True when this handle and `other` address the same actor.
@@ -258,6 +267,9 @@ pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
         used: Arc::new(AtomicU64::new(millis_since(clock))),
         gate: Arc::new(Mutex::new(false)),
         waiting: Arc::new(AtomicBool::new(false)),
+        counting: Arc::new(std::sync::atomic::AtomicU8::new(counting_code(
+            session.counting(),
+        ))),
     };
     let journal = durable.map(|d| Journal {
         waits: d.backend.durability().waits(),
@@ -282,12 +294,14 @@ pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
             used: handle.used.clone(),
             gate: handle.gate.clone(),
             waiting: handle.waiting.clone(),
+            counting: handle.counting.clone(),
         },
         store: Arc::downgrade(shared),
         journal,
         clock,
         next: None,
         failed: false,
+        shared_at: 0,
     };
     let span = tracing::info_span!("session", session_id = %handle.id);
     tokio::spawn(actor.run().instrument(span));
@@ -306,6 +320,7 @@ struct Me {
     used: Arc<AtomicU64>,
     gate: Arc<Mutex<bool>>,
     waiting: Arc<AtomicBool>,
+    counting: Arc<std::sync::atomic::AtomicU8>,
 }
 
 /// A session's actor.
@@ -326,6 +341,8 @@ struct Actor {
     /// A commit failed and the session could not be reloaded: it has left the map, and
     /// the jobs still queued are dropped unrun.
     failed: bool,
+    /// The calibration's observations when it was last shared with the model's priors.
+    shared_at: u32,
 }
 
 /// What an idle actor found when it tried to leave.
@@ -535,6 +552,8 @@ impl Actor {
             job(&mut tx, &self.config)
         };
         self.account();
+        self.share_calibration();
+        self.publish_counting();
         if self.journal.is_some()
             && let Some(store) = self.store.upgrade()
         {
@@ -561,6 +580,25 @@ impl Actor {
                     deliver(Ok(()));
                 }
             }
+        }
+    }
+
+    /// Tells the handles what the session counts with (a Configure can change it).
+    fn publish_counting(&self) {
+        let code = counting_code(self.session.counting());
+        self.me.counting.store(code, Ordering::Relaxed);
+    }
+
+    /// Gives the model's priors what a usage report just taught (a check per job; the
+    /// lock only when the calibration learned something).
+    fn share_calibration(&mut self) {
+        let seen = self.session.calibration().observations();
+        if seen == self.shared_at {
+            return;
+        }
+        self.shared_at = seen;
+        if let (Some(key), Some(store)) = (self.session.prior_key(), self.store.upgrade()) {
+            store.learned(&key, self.session.calibration());
         }
     }
 
@@ -789,4 +827,22 @@ impl Actor {
 /// send), after which the flag is still accurate.
 fn lock(gate: &Mutex<bool>) -> std::sync::MutexGuard<'_, bool> {
     gate.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A [`Counting`] as a byte (handles share it through an atomic).
+fn counting_code(c: Counting) -> u8 {
+    match c {
+        Counting::Chars4 => 0,
+        Counting::O200k => 1,
+        Counting::Cl100k => 2,
+    }
+}
+
+/// The [`Counting`] a byte from [`counting_code`] stands for.
+fn counting_from(code: u8) -> Counting {
+    match code {
+        1 => Counting::O200k,
+        2 => Counting::Cl100k,
+        _ => Counting::Chars4,
+    }
 }

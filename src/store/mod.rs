@@ -36,6 +36,7 @@ use tokio::time::Instant;
 
 use crate::config::EngineConfig;
 use crate::domain::SessionInfo;
+use crate::engine::calibration::ModelPriors;
 use crate::engine::encode_session;
 use crate::engine::{ByteLimit, Session};
 
@@ -186,6 +187,9 @@ struct Shared {
     /// Notified at the end of each pass of the evictor (actors waiting for room).
     passes: Arc<Notify>,
     evictor: AtomicBool,
+    /// What sessions of each model learned about their token estimates: a new session
+    /// of the model starts from it.
+    priors: Mutex<ModelPriors>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -204,6 +208,16 @@ struct Idle {
 }
 
 impl Shared {
+    /// The per-model calibration priors (a poisoned lock still holds valid factors).
+    fn priors(&self) -> std::sync::MutexGuard<'_, ModelPriors> {
+        self.priors.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes what a session learned about its model's token estimates.
+    pub(super) fn learned(&self, key: &str, c: &crate::engine::calibration::Calibration) {
+        self.priors().learned(key, c);
+    }
+
     /// The idle TTL, while someone listens for evictions.
     fn idle_ttl(&self) -> Option<Duration> {
         let idle = self.idle.read().unwrap_or_else(|e| e.into_inner());
@@ -499,7 +513,11 @@ impl Store {
             Err(StoreError::NotFound(_)) => {}
             Err(e) => return Err(e),
         }
-        let session = Session::new(info, &self.config);
+        let mut session = Session::new(info, &self.config);
+        if let Some(key) = session.prior_key() {
+            let prior = self.shared.priors().prior(&key);
+            session.set_calibration_prior(prior);
+        }
         self.admit_evicting(session.held_bytes(), 0).await?;
         let id = session.info().id.clone();
         let created = {

@@ -138,3 +138,80 @@ async fn an_evicted_session_gives_its_bytes_back() {
     }
     assert_eq!(store.held_bytes(), 0);
 }
+
+/// A session of a model whose sessions already taught the store something starts from it.
+#[tokio::test]
+async fn a_new_session_starts_from_what_sessions_of_its_model_learned() {
+    use crate::domain::{
+        MessageInfo, ModelRef, Part, PartKind, Role, TokenUsage, ToolPart, ToolState, ToolStatus,
+    };
+    use crate::engine::Update;
+    let with_model = |id: &str| SessionInfo {
+        model: Some(ModelRef {
+            provider_id: "anthropic".into(),
+            model_id: "claude-sonnet-4-5".into(),
+        }),
+        ..info(id)
+    };
+    let store = store();
+    let (first, _) = store.open(with_model("a")).await.expect("open");
+    // Requests whose provider counted 1.6× what o200k estimates of the tool output.
+    let mut reported = 10_000u64;
+    for i in 0..6u64 {
+        let id = format!("m{i}");
+        let output = format!("line {i}: {}\n", "compiling crate_x v0.1.0 ... ok").repeat(200);
+        let estimate = crate::tokens::Counting::O200k.counter().count(&output);
+        let steps = vec![
+            Update::UpsertMessage(MessageInfo::new(&id, Role::Assistant)),
+            Update::UpsertPart(Part {
+                id: format!("{id}_t"),
+                message_id: id.clone(),
+                kind: PartKind::Tool(Box::new(ToolPart {
+                    call_id: format!("call_{id}"),
+                    tool: "bash".into(),
+                    state: ToolState {
+                        output: output.clone(),
+                        ..ToolState::new(ToolStatus::Completed)
+                    },
+                    metadata: None,
+                })),
+                mark: None,
+                extra: Default::default(),
+            }),
+            Update::UpsertMessage(MessageInfo::new(&format!("{id}_next"), Role::Assistant)),
+            Update::ReportUsage {
+                message_id: None,
+                tokens: TokenUsage {
+                    input: reported,
+                    ..TokenUsage::default()
+                },
+            },
+        ];
+        reported += estimate * 16 / 10;
+        for u in steps {
+            first
+                .call(move |tx, _| tx.step(u, 0).map(|_| ()))
+                .await
+                .expect("served")
+                .expect("applied");
+        }
+    }
+    let learned = first
+        .call(|tx, _| tx.calibration().factors())
+        .await
+        .expect("served");
+    assert!(learned[0] > 1.2, "{learned:?}");
+    let (second, _) = store.open(with_model("b")).await.expect("open");
+    let start = second
+        .call(|tx, _| tx.calibration().factors())
+        .await
+        .expect("served");
+    assert_eq!(start, learned);
+    // Another model starts from 1.0.
+    let (other, _) = store.open(info("c")).await.expect("open");
+    let neutral = other
+        .call(|tx, _| tx.calibration().factors())
+        .await
+        .expect("served");
+    assert_eq!(neutral, crate::engine::calibration::NEUTRAL);
+}

@@ -25,6 +25,7 @@ mod secrets;
 mod strategies;
 mod stream;
 mod tls;
+mod tokenizer;
 mod transport;
 mod unary;
 mod validation;

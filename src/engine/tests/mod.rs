@@ -27,6 +27,7 @@ mod prune;
 mod recall;
 mod snapshot;
 mod strategies;
+mod tokenizer;
 
 use super::{PruneMode, PrunePlan, PruneReport, Session, Update, eligible_end, estimate};
 use crate::config::{EngineConfig, SessionOverrides};
@@ -261,7 +262,7 @@ pub(super) fn parse(fixture: &str) -> Vec<Update> {
     updates
 }
 
-fn parse_part(msg: &str, word: &str) -> Part {
+pub(super) fn parse_part(msg: &str, word: &str) -> Part {
     let (kind, rest) = word
         .split_once(':')
         .unwrap_or_else(|| panic!("part {word:?} is not kind:id[=tokens][@status]"));
