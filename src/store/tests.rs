@@ -178,7 +178,7 @@ async fn a_new_session_starts_from_what_sessions_of_its_model_learned() {
                 mark: None,
                 extra: Default::default(),
             }),
-            Update::UpsertMessage(MessageInfo::new(&format!("{id}_next"), Role::Assistant)),
+            Update::UpsertMessage(MessageInfo::new(format!("{id}_next"), Role::Assistant)),
             Update::ReportUsage {
                 message_id: None,
                 tokens: TokenUsage {
