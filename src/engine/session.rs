@@ -36,7 +36,7 @@ use super::update::{Applied, Update};
 use super::window::usable_input;
 use crate::config::{EngineConfig, Settings, Strategy};
 use crate::domain::{MessageInfo, Part, PartKind, Role, SessionInfo, StrategyMark, TokenUsage};
-use crate::tokens::TokenCounter;
+use crate::tokens::{Counting, TokenCounter};
 
 /// The last completed compaction: the user message that opened it (with the compaction
 /// part) and its summary. The context starts here.
@@ -85,7 +85,7 @@ pub struct Session {
     info: SessionInfo,
     settings: Settings,
     /// What counts this session's text: its `tokenizer` setting resolved for its model.
-    counter: &'static dyn TokenCounter,
+    counting: Counting,
     messages: Vec<Message>,
     by_id: HashMap<String, usize>,
     /// Positions of user messages, ascending (turn counting without a scan).
@@ -124,7 +124,7 @@ impl Clone for Session {
         let Session {
             info,
             settings,
-            counter,
+            counting,
             messages,
             by_id,
             users,
@@ -146,7 +146,7 @@ impl Clone for Session {
         Session {
             info: info.clone(),
             settings: settings.clone(),
-            counter: *counter,
+            counting: *counting,
             messages,
             by_id: by_id.clone(),
             users: users.clone(),
@@ -168,7 +168,7 @@ impl Clone for Session {
 
 /// What a snapshot holds of a session (`snapshot.rs` writes it): every field that is
 /// state. Not stored: the indexes rebuilt from the messages (`by_id`, `users`,
-/// `part_index`), the counter (resolved from the settings), the byte limit (the store sets it
+/// `part_index`), the tokenizer (resolved from the settings), the byte limit (the store sets it
 /// before every job) and the journal (only set inside a trial run). The map is written
 /// sorted, so the same session gives the same bytes.
 #[derive(Serialize)]
@@ -214,7 +214,7 @@ impl Serialize for Session {
         let Session {
             info,
             settings,
-            counter: _,
+            counting: _,
             messages,
             by_id: _,
             users: _,
@@ -260,14 +260,14 @@ impl Session {
     /// A new, empty session with settings resolved from `config` and the info's overrides.
     pub fn new(info: SessionInfo, config: &EngineConfig) -> Self {
         let settings = config.resolve(&info.config);
-        let counter = counter_for(&info, &settings);
+        let counting = counting_for(&info, &settings);
         let mut tracker = Tracker::new(&settings);
         tracker.set_cap_chars(output_cap_chars(&info, &settings));
         let bytes = session_bytes(&info, &settings);
         Session {
             info,
             settings,
-            counter,
+            counting,
             messages: Vec::new(),
             by_id: HashMap::new(),
             users: Vec::new(),
@@ -357,12 +357,12 @@ impl Session {
             return Err("the strategies' state points past the messages".into());
         }
         tracker.restored(&settings);
-        let counter = counter_for(&info, &settings);
+        let counting = counting_for(&info, &settings);
         let part_slots = messages.iter().map(|m| m.parts.capacity()).sum();
         Ok(Session {
             info,
             settings,
-            counter,
+            counting,
             messages,
             by_id,
             users,
@@ -484,9 +484,8 @@ impl Session {
     }
 
     /// What this session counts with (its `tokenizer` setting resolved for its model).
-    pub fn counting(&self) -> crate::tokens::Counting {
-        let model = self.info.model.as_ref().map_or("", |m| m.model_id.as_str());
-        self.settings.tokenizer.resolve(model)
+    pub fn counting(&self) -> Counting {
+        self.counting
     }
 
     /// The key its model's shared calibration goes under (None: no model named).
@@ -496,7 +495,7 @@ impl Session {
 
     /// The token counter every figure of this session comes from.
     pub fn counter(&self) -> &'static dyn TokenCounter {
-        self.counter
+        self.counting.counter()
     }
 
     /// Loop-protection state of automatic compaction.
@@ -780,9 +779,9 @@ impl Session {
         self.tracker
             .set_cap_chars(output_cap_chars(&self.info, &settings));
         // A new model can change what `auto` counts with, as can new settings.
-        let counter = counter_for(&self.info, &settings);
-        let recount = !std::ptr::addr_eq(counter, self.counter);
-        self.counter = counter;
+        let counting = counting_for(&self.info, &settings);
+        let recount = counting != self.counting;
+        self.counting = counting;
         if settings != self.settings || recount {
             self.settings = settings;
             self.recount_all(recount);
@@ -919,7 +918,7 @@ impl Session {
                 t.state.time.compacted = None;
             }
         }
-        let est = estimate(&part, self.counter);
+        let est = estimate(&part, self.counter());
         let is_tool = matches!(part.kind, PartKind::Tool(_));
         let is_compaction = matches!(part.kind, PartKind::Compaction(_));
         let step_usage = match &part.kind {
@@ -1159,7 +1158,7 @@ impl Session {
     ) -> u64 {
         let strip = strip_inputs && self.settings.strategies.has(Strategy::PruneToolInputs);
         render_as(part, mark, compacted, &self.settings, strip).map_or(0, |r| {
-            let e = estimate(&r, self.counter);
+            let e = estimate(&r, self.counter());
             e.base.saturating_add(e.output)
         })
     }
@@ -1186,7 +1185,7 @@ impl Session {
             let mut msg_total = 0u64;
             for pi in 0..self.messages[mi].parts.len() {
                 if estimates {
-                    let est = estimate(&self.messages[mi].parts[pi].part, self.counter);
+                    let est = estimate(&self.messages[mi].parts[pi].part, self.counter());
                     self.messages[mi].parts[pi].est = est;
                 }
                 let reduced = self.reduced_tokens(&self.messages[mi].parts[pi].part);
@@ -1260,10 +1259,10 @@ fn class_of(part: &Part) -> Class {
     }
 }
 
-/// The counter a session with this info and these settings counts with.
-fn counter_for(info: &SessionInfo, settings: &Settings) -> &'static dyn TokenCounter {
+/// What a session with this info and these settings counts with.
+fn counting_for(info: &SessionInfo, settings: &Settings) -> Counting {
     let model = info.model.as_ref().map_or("", |m| m.model_id.as_str());
-    settings.tokenizer.resolve(model).counter()
+    settings.tokenizer.resolve(model)
 }
 
 fn output_cap_chars(info: &SessionInfo, settings: &Settings) -> u64 {
