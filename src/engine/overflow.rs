@@ -179,8 +179,13 @@ impl Settings {
 impl Session {
     /// What the next request adds to the last report's prompt and output, calibrated:
     /// the estimate of what was added since, and the correction of how that report's
-    /// output reads back, by what the session's reports taught.
+    /// output reads back, by what the session's reports taught. With no report since the
+    /// context began (a new session, a compaction), the whole context is estimated as
+    /// counted: the factors were learned on what requests added on top of a report.
     fn calibrated_delta(&self) -> i64 {
+        if self.usage().last().is_none() {
+            return self.usage().delta_by().total();
+        }
         let mut added = *self.usage().delta_by();
         let written = self
             .usage()

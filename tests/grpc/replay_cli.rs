@@ -200,6 +200,9 @@ const FIGURES: [&str; 6] = [
     "compactions",
 ];
 
+/// The modes of replay's `prediction` objects.
+const PREDICTION_MODES: [&str; 4] = ["chars4", "o200k", "cl100k", "calibrated"];
+
 /// Two traces for the contract: a short OpenCode one and an OpenHands one where the lanes
 /// differ.
 const CONTRACT_TRACES: [&str; 2] = [
@@ -275,7 +278,7 @@ fn replay_json_keeps_its_contract() {
     for (trace, path) in traces.iter().zip(CONTRACT_TRACES) {
         assert_eq!(
             keys(trace),
-            sorted(&["file", "requests", "lanes"]),
+            sorted(&["file", "requests", "lanes", "prediction"]),
             "{trace}"
         );
         let stem = std::path::Path::new(path)
@@ -305,7 +308,36 @@ fn replay_json_keeps_its_contract() {
 
     // The total is the sum over the traces, lane by lane.
     let total = &doc["total"];
-    assert_eq!(keys(total), sorted(&["lanes"]));
+    assert_eq!(keys(total), sorted(&["lanes", "prediction"]));
+    // The prediction: each mode with the same keys, every trace's requests in the total.
+    let predictions = traces
+        .iter()
+        .map(|t| &t["prediction"])
+        .chain([&total["prediction"]]);
+    for p in predictions {
+        assert_eq!(keys(p), sorted(&PREDICTION_MODES), "{p}");
+        for mode in PREDICTION_MODES {
+            assert_eq!(
+                keys(&p[mode]),
+                sorted(&[
+                    "requests",
+                    "median_abs_pct",
+                    "p95_abs_pct",
+                    "worst_under_pct",
+                    "worst_under_pct_large"
+                ]),
+                "{mode}: {p}"
+            );
+            let m = &p[mode];
+            let pct = |k: &str| m[k].as_f64().unwrap_or(-1.0);
+            assert!(pct("median_abs_pct") <= pct("p95_abs_pct"), "{mode}: {m}");
+            assert!(pct("worst_under_pct") >= 0.0, "{mode}: {m}");
+        }
+    }
+    let requests = |p: &serde_json::Value| int(&p["calibrated"]["requests"]);
+    let per_trace: u64 = traces.iter().map(|t| requests(&t["prediction"])).sum();
+    assert!(per_trace > 0);
+    assert_eq!(requests(&total["prediction"]), per_trace);
     assert_eq!(keys(&total["lanes"]), sorted(&LANES));
     for lane in LANES {
         let t = &total["lanes"][lane];
