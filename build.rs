@@ -1,5 +1,9 @@
 //! Compiles `proto/compactd/v1/*.proto` in pure Rust (protox), so a fresh machine needs no
 //! system `protoc`. Also writes the encoded descriptor set for server reflection.
+//!
+//! `proto/bench/echo.proto` (the echo service `compactd bench` compares against) is
+//! compiled on its own: it is not in the reflection descriptor set, gets no `ProtoName`
+//! and uses prost's plain codec.
 
 use std::path::PathBuf;
 
@@ -21,6 +25,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         .build_server(true)
         .compile_fds(fds)?;
+    let echo = protox::compile(["proto/bench/echo.proto"], ["proto"])?;
+    tonic_prost_build::configure()
+        // Payloads as `Bytes`: the echo server answers with slices of one buffer.
+        .bytes(".")
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(echo)?;
     Ok(())
 }
 

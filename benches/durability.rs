@@ -5,18 +5,18 @@
 //!
 //! Run: `cargo bench --bench durability` (env `STREAMS`, `TURNS` override the workload,
 //! `MODES` the durability modes compared, e.g. `MODES=sync`).
+//!
+//! The server is started and each stream driven by `compactd bench`'s own helpers
+//! (`cli::bench::spawn`, `cli::bench::drive`).
 
-use std::io::{BufRead, BufReader};
+use std::ffi::OsString;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use compactd::cli::bench::drive::{self, Compactd};
+use compactd::cli::bench::spawn::Spawned;
 use compactd::server::pb;
 use compactd::server::pb::client_update::Update;
-use compactd::server::pb::server_event::Event;
-use compactd::server::pb::sessions_client::SessionsClient;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 
 /// Parts of 4 KB per assistant turn.
 const PARTS_PER_TURN: usize = 8;
@@ -79,8 +79,8 @@ struct Figures {
 
 async fn run(mode: &str, streams: usize, turns: usize) -> Figures {
     let dir = tempfile::tempdir().expect("a temp dir");
-    let (mut child, addr) = start(mode, dir.path());
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+    let server = start(mode, dir.path());
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
         .expect("endpoint")
         .connect()
         .await
@@ -88,10 +88,8 @@ async fn run(mode: &str, streams: usize, turns: usize) -> Figures {
     let began = Instant::now();
     let mut tasks = Vec::new();
     for s in 0..streams {
-        let client = SessionsClient::new(channel.clone())
-            .max_decoding_message_size(64 << 20)
-            .max_encoding_message_size(64 << 20);
-        tasks.push(tokio::spawn(drive(client, format!("bench-{s}"), turns)));
+        let wire = Compactd::new(channel.clone());
+        tasks.push(tokio::spawn(run_stream(wire, format!("bench-{s}"), turns)));
     }
     let mut latencies = Vec::new();
     let mut raw = 0u64;
@@ -103,10 +101,7 @@ async fn run(mode: &str, streams: usize, turns: usize) -> Figures {
     let took = began.elapsed();
     latencies.sort();
     let pct = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p) as usize];
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let _ = child.wait();
+    server.stop();
     let disk =
         (mode != "memory" && mode != "legacy").then(|| dir_bytes(dir.path()) / streams as u64);
     Figures {
@@ -130,88 +125,38 @@ fn dir_bytes(dir: &Path) -> u64 {
         .unwrap_or(0)
 }
 
-/// Starts the release binary and reads its address from the JSON start line (the caller
-/// stops and waits for it).
-#[allow(clippy::zombie_processes)]
-fn start(mode: &str, dir: &Path) -> (Child, String) {
+/// Starts the release binary (stopped by the caller).
+fn start(mode: &str, dir: &Path) -> Spawned {
     // `COMPACTD_BIN` runs another build (e.g. one from before the durable store, with
     // `MODES=legacy`: no durability flags) against the same load.
     let bin =
         std::env::var("COMPACTD_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_compactd").into());
-    let mut cmd = Command::new(bin);
-    cmd.args(["serve", "--log-format", "json", "--listen", "127.0.0.1:0"]);
+    let mut args: Vec<OsString> = Vec::new();
     if mode != "legacy" {
-        cmd.args(["--durability", mode, "--data-dir"]).arg(dir);
+        args.extend(["--durability".into(), mode.into(), "--data-dir".into()]);
+        args.push(dir.into());
     }
-    let mut child = cmd
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("compactd starts");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    loop {
-        let line = lines.next().expect("a start line").expect("utf-8");
-        let v: serde_json::Value = serde_json::from_str(&line).expect("json log");
-        if let Some(listen) = v["fields"]["listen"].as_str() {
-            let listen = listen.to_string();
-            std::thread::spawn(move || for _ in lines.map_while(Result::ok) {});
-            return (child, listen);
-        }
-    }
+    Spawned::compactd(Path::new(&bin), &args).expect("compactd starts")
 }
 
 /// One stream: opens its session and sends every turn, `WINDOW` updates in flight.
 /// Returns each update's ack latency and the raw text bytes sent.
-async fn drive(
-    mut client: SessionsClient<tonic::transport::Channel>,
-    sid: String,
-    turns: usize,
-) -> (Vec<Duration>, u64) {
+async fn run_stream(wire: Compactd, sid: String, turns: usize) -> (Vec<Duration>, u64) {
     let updates = workload(&sid, turns);
     let raw: u64 = updates.iter().map(raw_bytes).sum();
-    let (tx, rx) = mpsc::channel(WINDOW);
-    let mut events = client
-        .stream(ReceiverStream::new(rx))
-        .await
-        .expect("stream opens")
-        .into_inner();
-    let mut sent_at = Vec::with_capacity(updates.len());
-    let mut latencies = Vec::with_capacity(updates.len());
     let total = updates.len();
-    let mut queue = updates.into_iter().enumerate();
-    let mut in_flight = 0usize;
-    loop {
-        while in_flight < WINDOW {
-            let Some((i, u)) = queue.next() else { break };
-            sent_at.push(Instant::now());
-            tx.send(pb::ClientUpdate {
-                seq: i as u64 + 1,
-                session_id: sid.clone(),
-                update: Some(u),
-            })
-            .await
-            .expect("send");
-            in_flight += 1;
-        }
-        if latencies.len() == total {
-            break;
-        }
-        let ev = events
-            .message()
-            .await
-            .expect("an event")
-            .expect("the stream stays open");
-        match ev.event {
-            Some(Event::Ack(_)) => {
-                let i = usize::try_from(ev.seq).expect("seq") - 1;
-                latencies.push(sent_at[i].elapsed());
-                in_flight -= 1;
-            }
-            Some(Event::Error(e)) => panic!("update {} refused: {e:?}", ev.seq),
-            _ => {}
-        }
-    }
-    (latencies, raw)
+    let mut queue = updates
+        .into_iter()
+        .enumerate()
+        .map(|(i, u)| pb::ClientUpdate {
+            seq: i as u64 + 1,
+            session_id: sid.clone(),
+            update: Some(u),
+        });
+    let no_deadline = Instant::now() + Duration::from_secs(24 * 3600);
+    let driven = drive::drive(wire, &mut queue, total, WINDOW, no_deadline).await;
+    assert_eq!(driven.errors, 0, "{sid}: {:?}", driven.first_error);
+    (driven.latencies, raw)
 }
 
 fn raw_bytes(u: &Update) -> u64 {

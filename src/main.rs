@@ -66,6 +66,7 @@ fn main() -> ExitCode {
         Command::Replay(args) => replay(args.clone()),
         Command::Config(_) => Ok(()),
         Command::RecallTool => recall_tool(),
+        Command::Bench(args) => cli::bench::run(args).map_err(Into::into),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+pub mod bench;
 mod layers;
 pub mod logging;
 
@@ -48,6 +49,9 @@ pub enum Command {
     /// Inspect the configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Measure compactd against a raw tonic echo on this machine (ingest, ack latency,
+    /// GetContext, memory) and print each figure with its target.
+    Bench(bench::BenchArgs),
     // ---- recall ----
     /// Print the `compactd_recall` tool definition (OpenAI function-calling JSON) to give
     /// a model, so it can ask for a cleared tool output back (answered by `Recall`).

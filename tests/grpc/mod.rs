@@ -4,6 +4,7 @@
 //! build each of them as a separate test binary that cannot see `common`.
 
 mod auth;
+mod bench_cli;
 mod cache_model;
 mod compaction;
 mod concurrency;

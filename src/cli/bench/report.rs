@@ -1,0 +1,386 @@
+//! What `compactd bench` found, as values (serialized whole for `--json`) and as the
+//! tables it prints. Each compared figure carries its target and whether it missed it;
+//! nothing here measures.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+/// The whole run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// CPUs this process may use (`available_parallelism`).
+    pub cores: usize,
+    /// The compactd server driven.
+    pub server: ServerInfo,
+    /// The echo server's process id.
+    pub echo_pid: u32,
+    /// What the sessions are made of and each case's bounds.
+    pub workload: WorkloadInfo,
+    /// Ingest throughput, per part size, stream count and tokenizer.
+    pub ingest: Vec<IngestRow>,
+    /// Ping-pong ack latency on one stream, per part size and tokenizer.
+    pub latency: Vec<LatencyRow>,
+    /// `GetContext` latency of the large session.
+    pub get_context: ContextRow,
+    /// The server's resident memory.
+    pub rss: Rss,
+    /// Failed RPCs and refused or unanswered updates, over the whole run.
+    pub errors: u64,
+    /// The first few failures.
+    pub error_samples: Vec<String>,
+    /// Figures that missed their target.
+    pub misses: usize,
+}
+
+/// The compactd server driven.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServerInfo {
+    /// Where it listens.
+    pub addr: String,
+    /// Its process id, when the bench started it.
+    pub pid: Option<u32>,
+    /// The `serve` flags it was started with (empty for `--target`).
+    pub args: Vec<String>,
+}
+
+/// The workload and its bounds.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkloadInfo {
+    /// Traces the sessions replay.
+    pub traces: usize,
+    /// Completed tool calls in them.
+    pub tool_calls: usize,
+    /// Updates each stream keeps in flight in the ingest cases.
+    pub window: usize,
+    /// Most updates (or calls) per measured case.
+    pub updates_per_case: usize,
+    /// Longest a measured case sends for, in seconds.
+    pub seconds_per_case: f64,
+}
+
+/// A ratio's target.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Target {
+    /// The ratio must be at least this.
+    Min(f64),
+    /// The ratio must be at most this.
+    Max(f64),
+}
+
+impl Target {
+    /// Whether `ratio` meets the target (a ratio that could not be computed does not).
+    pub fn met(self, ratio: f64) -> bool {
+        match self {
+            _ if !ratio.is_finite() => false,
+            Target::Min(t) => ratio >= t,
+            Target::Max(t) => ratio <= t,
+        }
+    }
+
+    fn label(self) -> String {
+        match self {
+            Target::Min(t) => format!(">= {:.0}%", t * 100.0),
+            Target::Max(t) => format!("<= {t}x"),
+        }
+    }
+
+    fn ratio(self, r: f64) -> String {
+        match self {
+            _ if !r.is_finite() => "n/a".into(),
+            Target::Min(_) => format!("{:.0}%", r * 100.0),
+            Target::Max(_) => format!("{r:.2}x"),
+        }
+    }
+}
+
+/// A throughput: what was sent, how fast.
+#[derive(Debug, Clone, Serialize)]
+pub struct Rate {
+    /// Updates acknowledged (or counted, for the raw BPE reference).
+    pub updates: u64,
+    /// Wall time of the case.
+    pub seconds: f64,
+    /// Updates per second.
+    pub updates_per_s: f64,
+    /// Protobuf megabytes (10^6 bytes) of those updates per second.
+    pub mb_per_s: f64,
+}
+
+impl Rate {
+    /// `updates` of `bytes` in `seconds`.
+    pub fn new(updates: u64, bytes: u64, seconds: f64) -> Rate {
+        let per_s = |n: f64| if seconds > 0.0 { n / seconds } else { 0.0 };
+        Rate {
+            updates,
+            seconds,
+            updates_per_s: per_s(updates as f64),
+            mb_per_s: per_s(bytes as f64) / 1e6,
+        }
+    }
+}
+
+/// One ingest case against its reference.
+#[derive(Debug, Clone, Serialize)]
+pub struct IngestRow {
+    /// Bytes of each tool output.
+    pub part_bytes: usize,
+    /// Concurrent streams, each with its own sessions.
+    pub streams: usize,
+    /// What the sessions counted with.
+    pub tokenizer: String,
+    /// compactd's figures.
+    pub compactd: Rate,
+    /// What the reference is: `echo`, or `o200k raw, N threads`.
+    pub reference: String,
+    /// The reference's figures.
+    pub reference_rate: Rate,
+    /// compactd's updates/s over the reference's.
+    pub ratio: f64,
+    /// The ratio's target.
+    pub target: Target,
+    /// True when the ratio misses the target.
+    pub miss: bool,
+}
+
+/// Latency percentiles, in microseconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Latency {
+    /// Samples taken.
+    pub samples: usize,
+    /// Median.
+    pub p50_us: f64,
+    /// 99th percentile.
+    pub p99_us: f64,
+}
+
+/// One ping-pong case against its reference.
+#[derive(Debug, Clone, Serialize)]
+pub struct LatencyRow {
+    /// Bytes of each tool output.
+    pub part_bytes: usize,
+    /// What the session counted with.
+    pub tokenizer: String,
+    /// compactd's send-to-ack latency.
+    pub compactd: Latency,
+    /// What the reference is: `echo`, or `echo + o200k count`.
+    pub reference: String,
+    /// The reference's latency.
+    pub reference_latency: Latency,
+    /// compactd's p50 over the reference's.
+    pub ratio_p50: f64,
+    /// compactd's p99 over the reference's.
+    pub ratio_p99: f64,
+    /// The target of both ratios.
+    pub target: Target,
+    /// True when either ratio misses the target.
+    pub miss: bool,
+}
+
+/// `GetContext` of the large session against a unary echo of as many reply bytes.
+#[derive(Debug, Clone, Serialize)]
+pub struct ContextRow {
+    /// The context's estimated tokens, as GetContext reports them.
+    pub tokens: u64,
+    /// Protobuf bytes of one reply.
+    pub reply_bytes: u64,
+    /// The format asked for.
+    pub format: String,
+    /// compactd's call latency.
+    pub compactd: Latency,
+    /// The unary echo's.
+    pub echo: Latency,
+    /// compactd's p50 over the echo's.
+    pub ratio_p50: f64,
+    /// compactd's p99 over the echo's.
+    pub ratio_p99: f64,
+    /// The target of both ratios.
+    pub target: Target,
+    /// True when either ratio misses the target.
+    pub miss: bool,
+}
+
+/// The server's resident memory in bytes (None: not measurable, e.g. `--target` or not
+/// Linux).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Rss {
+    /// Once it was ready, before any load.
+    pub start: Option<u64>,
+    /// Its peak over the run (`VmHWM`).
+    pub peak: Option<u64>,
+    /// After the last case, its sessions deleted.
+    pub end: Option<u64>,
+}
+
+/// A ratio of two figures; NaN when the reference is zero.
+pub fn ratio(value: f64, reference: f64) -> f64 {
+    if reference > 0.0 {
+        value / reference
+    } else {
+        f64::NAN
+    }
+}
+
+impl Report {
+    /// Counts the rows that missed their target.
+    pub fn count_misses(&mut self) {
+        self.misses = self.ingest.iter().filter(|r| r.miss).count()
+            + self.latency.iter().filter(|r| r.miss).count()
+            + usize::from(self.get_context.miss);
+    }
+
+    /// The report as tables, for people.
+    pub fn render(&self) -> String {
+        let mut o = String::new();
+        let server = match self.server.pid {
+            Some(pid) => format!(
+                "{} (pid {pid}, started: serve {})",
+                self.server.addr,
+                self.server.args.join(" ")
+            ),
+            None => format!("{} (--target)", self.server.addr),
+        };
+        let w = &self.workload;
+        let _ = writeln!(
+            o,
+            "compactd bench: server {server}; echo pid {}; {} cores\n\
+             workload: {} traces, {} tool calls; each session replays one trace with every tool \
+             output at the part size; {} updates in flight per stream; each case at most {} \
+             updates or {} s",
+            self.echo_pid,
+            self.cores,
+            w.traces,
+            w.tool_calls,
+            w.window,
+            w.updates_per_case,
+            w.seconds_per_case
+        );
+        let _ = writeln!(
+            o,
+            "\nINGEST (MB/s: protobuf bytes of the updates)\n{:<6} {:>7} {:<9} {:>11} {:>8}   {:<22} {:>11} {:>8} {:>7}  {:<8}",
+            "part",
+            "streams",
+            "tokenizer",
+            "updates/s",
+            "MB/s",
+            "reference",
+            "updates/s",
+            "MB/s",
+            "ratio",
+            "target"
+        );
+        for r in &self.ingest {
+            let _ = writeln!(
+                o,
+                "{:<6} {:>7} {:<9} {:>11.0} {:>8.1}   {:<22} {:>11.0} {:>8.1} {:>7}  {:<8}{}",
+                size(r.part_bytes),
+                r.streams,
+                r.tokenizer,
+                r.compactd.updates_per_s,
+                r.compactd.mb_per_s,
+                r.reference,
+                r.reference_rate.updates_per_s,
+                r.reference_rate.mb_per_s,
+                r.target.ratio(r.ratio),
+                r.target.label(),
+                miss(r.miss)
+            );
+        }
+        let _ = writeln!(
+            o,
+            "\nACK LATENCY of tool-output updates, one stream, one update in flight (µs)\n{:<6} {:<9} {:>8} {:>8}   {:<20} {:>8} {:>8} {:>7} {:>7}  {:<8}",
+            "part",
+            "tokenizer",
+            "p50",
+            "p99",
+            "reference",
+            "p50",
+            "p99",
+            "p50 x",
+            "p99 x",
+            "target"
+        );
+        for r in &self.latency {
+            let _ = writeln!(
+                o,
+                "{:<6} {:<9} {:>8.0} {:>8.0}   {:<20} {:>8.0} {:>8.0} {:>7} {:>7}  {:<8}{}",
+                size(r.part_bytes),
+                r.tokenizer,
+                r.compactd.p50_us,
+                r.compactd.p99_us,
+                r.reference,
+                r.reference_latency.p50_us,
+                r.reference_latency.p99_us,
+                r.target.ratio(r.ratio_p50),
+                r.target.ratio(r.ratio_p99),
+                r.target.label(),
+                miss(r.miss)
+            );
+        }
+        let c = &self.get_context;
+        let _ = writeln!(
+            o,
+            "\nGETCONTEXT of a {}-token session ({} format, reply {:.2} MB; µs)\n{:<22} {:>8} {:>8}\n{:<22} {:>8.0} {:>8.0}\n{:<22} {:>8.0} {:>8.0}\n{:<22} {:>8} {:>8}  {:<8}{}",
+            c.tokens,
+            c.format,
+            c.reply_bytes as f64 / 1e6,
+            "",
+            "p50",
+            "p99",
+            "compactd GetContext",
+            c.compactd.p50_us,
+            c.compactd.p99_us,
+            "echo, unary, same size",
+            c.echo.p50_us,
+            c.echo.p99_us,
+            "ratio",
+            c.target.ratio(c.ratio_p50),
+            c.target.ratio(c.ratio_p99),
+            c.target.label(),
+            miss(c.miss)
+        );
+        let mb = |b: Option<u64>| b.map_or("n/a".into(), |b| format!("{:.1} MB", b as f64 / 1e6));
+        let _ = writeln!(
+            o,
+            "\nSERVER RSS: start {}, peak {}, end {}",
+            mb(self.rss.start),
+            mb(self.rss.peak),
+            mb(self.rss.end)
+        );
+        let _ = writeln!(o, "targets missed: {}", self.misses);
+        let _ = write!(o, "errors: {}", self.errors);
+        for e in &self.error_samples {
+            let _ = write!(o, "\n  {e}");
+        }
+        o
+    }
+}
+
+fn size(bytes: usize) -> String {
+    if bytes % 1024 == 0 {
+        format!("{} KB", bytes / 1024)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+fn miss(missed: bool) -> &'static str {
+    if missed { "MISS" } else { "" }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_and_ratios() {
+        assert!(Target::Min(0.5).met(0.5));
+        assert!(!Target::Min(0.5).met(0.49));
+        assert!(Target::Max(2.0).met(1.9));
+        assert!(!Target::Max(2.0).met(f64::NAN));
+        assert!(ratio(1.0, 0.0).is_nan());
+        assert_eq!(Target::Min(0.8).ratio(0.853), "85%");
+        assert_eq!(Target::Max(2.0).ratio(1.5), "1.50x");
+    }
+}

@@ -1,0 +1,160 @@
+//! `compactd bench` smoke-run on the debug binary with tiny bounds: it starts its own
+//! server and echo, finishes without errors, and prints every figure of its table (and of
+//! its `--json` document). Never timed: no assertion looks at a figure's value.
+
+use std::process::{Command, Output};
+
+/// Sizes, stream counts and tokenizers of the default table.
+const SIZES: [(&str, u64); 2] = [("4", 4096), ("20", 20480)];
+const STREAMS: [u64; 2] = [1, 64];
+const TOKENIZERS: [&str; 2] = ["chars4", "o200k"];
+
+/// The repository's traces.
+const TRACES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/traces");
+
+/// Runs `compactd bench` with tiny bounds plus `extra`, with no inherited `COMPACTD_*`.
+fn bench(extra: &[&str]) -> Output {
+    bench_with(TRACES, extra)
+}
+
+/// [`bench`] replaying the traces of `traces`.
+fn bench_with(traces: &str, extra: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_compactd"));
+    cmd.args(["bench", "--traces", traces])
+        .args(["--updates", "40", "--duration", "0.3", "--window", "4"])
+        .args(["--context-tokens", "2000"])
+        .args(extra);
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("COMPACTD_")) {
+        cmd.env_remove(k);
+    }
+    cmd.output().expect("compactd bench runs")
+}
+
+fn succeeded(out: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// True when some line's first words are `words`.
+fn has_row(text: &str, words: &[&str]) -> bool {
+    text.lines().any(|l| {
+        let got: Vec<&str> = l.split_whitespace().collect();
+        got.len() > words.len() && got[..words.len()] == *words
+    })
+}
+
+#[test]
+fn bench_prints_every_figure_of_its_table() {
+    let stdout = succeeded(&bench(&[]));
+    for header in [
+        "INGEST",
+        "ACK LATENCY",
+        "GETCONTEXT",
+        "SERVER RSS: start",
+        "targets missed:",
+    ] {
+        assert!(stdout.contains(header), "{header} missing:\n{stdout}");
+    }
+    for (kb, _) in SIZES {
+        for streams in STREAMS {
+            let streams = streams.to_string();
+            for tokenizer in TOKENIZERS {
+                assert!(
+                    has_row(&stdout, &[kb, "KB", &streams, tokenizer]),
+                    "no ingest row {kb} KB x {streams} {tokenizer}:\n{stdout}"
+                );
+            }
+        }
+        for tokenizer in TOKENIZERS {
+            assert!(
+                has_row(&stdout, &[kb, "KB", tokenizer]),
+                "no latency row {kb} KB {tokenizer}:\n{stdout}"
+            );
+        }
+    }
+    for row in [
+        ["compactd", "GetContext"],
+        ["echo,", "unary,"],
+        ["ratio", ""],
+    ] {
+        let words: Vec<&str> = row.into_iter().filter(|w| !w.is_empty()).collect();
+        assert!(has_row(&stdout, &words), "no {row:?} row:\n{stdout}");
+    }
+    assert!(stdout.contains("o200k raw, 1 thread"), "{stdout}");
+    assert!(stdout.contains("echo + o200k count"), "{stdout}");
+    assert!(stdout.trim_end().ends_with("errors: 0"), "{stdout}");
+}
+
+#[test]
+fn bench_json_holds_the_same_figures() {
+    let stdout = succeeded(&bench(&["--json"]));
+    let doc: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON document");
+    let number = |v: &serde_json::Value, what: &str| {
+        assert!(v.is_number(), "{what} is not a number: {v}");
+    };
+    let ingest = doc["ingest"].as_array().expect("ingest rows");
+    assert_eq!(ingest.len(), 8, "{doc:#}");
+    for (_, bytes) in SIZES {
+        for streams in STREAMS {
+            for tokenizer in TOKENIZERS {
+                let row = ingest
+                    .iter()
+                    .find(|r| {
+                        r["part_bytes"] == bytes
+                            && r["streams"] == streams
+                            && r["tokenizer"] == tokenizer
+                    })
+                    .unwrap_or_else(|| panic!("no row {bytes} x {streams} {tokenizer}"));
+                for rate in ["compactd", "reference_rate"] {
+                    number(&row[rate]["updates_per_s"], "updates_per_s");
+                    number(&row[rate]["mb_per_s"], "mb_per_s");
+                }
+                number(&row["ratio"], "ratio");
+                assert!(row["miss"].is_boolean(), "{row}");
+                assert!(row["target"].is_object(), "{row}");
+            }
+        }
+    }
+    let latency = doc["latency"].as_array().expect("latency rows");
+    assert_eq!(latency.len(), 4, "{doc:#}");
+    for row in latency {
+        for side in ["compactd", "reference_latency"] {
+            number(&row[side]["p50_us"], "p50_us");
+            number(&row[side]["p99_us"], "p99_us");
+        }
+        number(&row["ratio_p50"], "ratio_p50");
+        number(&row["ratio_p99"], "ratio_p99");
+    }
+    let context = &doc["get_context"];
+    assert!(context["tokens"].as_u64() > Some(0), "{context}");
+    assert!(context["reply_bytes"].as_u64() > Some(0), "{context}");
+    for side in ["compactd", "echo"] {
+        number(&context[side]["p50_us"], "p50_us");
+        number(&context[side]["p99_us"], "p99_us");
+    }
+    number(&context["ratio_p50"], "ratio_p50");
+    if cfg!(target_os = "linux") {
+        for at in ["start", "peak", "end"] {
+            number(&doc["rss"][at], "rss");
+        }
+    }
+    assert_eq!(doc["errors"], 0, "{doc:#}");
+}
+
+#[test]
+fn bench_refuses_what_it_cannot_run() {
+    let out = bench_with("/nonexistent/traces", &[]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--traces /nonexistent/traces"), "{stderr}");
+
+    let out = bench(&["--target", "192.0.2.1:50051"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not a loopback address"), "{stderr}");
+}
