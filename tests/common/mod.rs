@@ -10,6 +10,7 @@
 pub mod binary;
 pub mod compaction;
 pub mod fake_llm;
+pub mod fake_window;
 pub mod metrics;
 use std::net::SocketAddr;
 use std::path::PathBuf;
