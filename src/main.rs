@@ -375,8 +375,9 @@ fn chart_path(chart: &std::path::Path, name: &str, several: bool) -> std::path::
 }
 
 /// A replay compactor backed by a real OpenAI-compatible endpoint. It summarizes the head
-/// as the server does (`summarize::chunk`): in chunks when the model's window
-/// (COMPACTD_LLM_CONTEXT_TOKENS) is known or the endpoint refuses a request for length.
+/// as the server does (`summarize::chunk`): in chunks when the model's window is known
+/// (COMPACTD_LLM_CONTEXT_TOKENS, or what the endpoint tells) or the endpoint answers that a
+/// request is too long.
 fn llm_compactor(
     url: &str,
     model: &str,
@@ -390,6 +391,7 @@ fn llm_compactor(
     use compactd::summarize::{
         ApiKey, LlmConfig, OpenAiSummarizer, PromptConfig, Quiet, Summarizer, chunk,
     };
+    use compactd::tokens::Tokenizer;
     let mut cfg = LlmConfig::new(url, model);
     cfg.api_key = std::env::var("COMPACTD_LLM_API_KEY")
         .ok()
@@ -417,7 +419,7 @@ fn llm_compactor(
                 previous_summary: plan.previous_summary.as_deref(),
                 prompts: &prompts,
                 instructions: "",
-                window: summarizer.context_tokens(),
+                counter: Tokenizer::Auto.resolve(summarizer.model()).counter(),
             };
             runtime
                 .block_on(chunk::summarize_head(

@@ -105,6 +105,14 @@ fn describe() {
         "Tokens the compaction model reported, by direction (input, output)."
     );
     describe_counter!(
+        "compactd_compaction_llm_requests_total",
+        "Summary requests sent to the compaction model, by result (answered, or the failure kind: too_long is a refusal for length or an empty stream)."
+    );
+    describe_counter!(
+        "compactd_compaction_splits_total",
+        "Times a compaction cut the rest of its head smaller after a too_long answer."
+    );
+    describe_counter!(
         "compactd_sessions_evicted_total",
         "Sessions removed from memory, by reason (idle, memory)."
     );
@@ -239,6 +247,17 @@ pub fn compaction(outcome: &str, auto: bool, took: Duration, llm: Option<(u64, u
         counter!("compactd_compaction_llm_tokens_total", "direction" => "input").increment(input);
         counter!("compactd_compaction_llm_tokens_total", "direction" => "output").increment(output);
     }
+}
+
+/// One summary request to the compaction model ended (`result`: `answered`, or the
+/// failure kind).
+pub fn compaction_request(result: &'static str) {
+    counter!("compactd_compaction_llm_requests_total", "result" => result).increment(1);
+}
+
+/// A compaction cut the rest of its head smaller after a "too long" answer.
+pub fn compaction_split() {
+    counter!("compactd_compaction_splits_total").increment(1);
 }
 
 /// A request or update was refused with `code`.

@@ -432,7 +432,8 @@ pub struct LlmArgs {
     #[arg(long, env = "COMPACTD_LLM_MAX_RETRIES", default_value_t = 3)]
     pub llm_max_retries: u32,
     /// The compaction model's context window in tokens; longer histories are summarized in
-    /// chunks (without it, compactd splits only when the endpoint refuses for length).
+    /// chunks. Wins over what the endpoint says; without it, compactd asks the endpoint
+    /// (llama.cpp's /props, /v1/models) and learns from its refusals.
     #[arg(long, env = "COMPACTD_LLM_CONTEXT_TOKENS")]
     pub llm_context_tokens: Option<u64>,
     /// Price per million input tokens, to report compaction cost.

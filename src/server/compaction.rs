@@ -22,7 +22,8 @@ use crate::engine::{
     CommitIds, CompactionError, CompactionPlan, CompactionRequest, ContextView, SummaryOutcome,
     usable_input,
 };
-use crate::summarize::{Progress, SummarizeError, Summarizer, SummaryRequest, chunk};
+use crate::summarize::{Progress, SummarizeError, Summarizer, SummaryRequest, Window, chunk};
+use crate::tokens::Tokenizer;
 
 /// Where a compaction's events go besides the bus.
 #[derive(Debug, Clone)]
@@ -336,11 +337,18 @@ impl Job {
                 field.clone_from(over);
             }
         }
+        // Counted for the compaction model, which may not be the session's: its family's
+        // tokenizer (o200k for all but the GPT-3.5/4 family).
+        let model = self
+            .link
+            .model
+            .as_deref()
+            .unwrap_or(self.link.summarizer.model());
         let options = chunk::Options {
             previous_summary: self.plan.previous_summary.as_deref(),
             prompts: &prompts,
             instructions: &self.options.instructions,
-            window: self.link.summarizer.context_tokens(),
+            counter: Tokenizer::Auto.resolve(model).counter(),
         };
         chunk::summarize_head(&self.head, options, &mut self.link).await
     }
@@ -396,14 +404,35 @@ impl Job {
 impl chunk::Requester for Link {
     fn request(
         &mut self,
-        messages: Vec<serde_json::Value>,
+        request: SummaryRequest,
         last: bool,
     ) -> impl Future<Output = Result<SummaryOutcome, SummarizeError>> + Send {
-        self.send(messages, last)
+        self.send(request, last)
     }
 
-    fn splitting(&mut self, max_chars: usize, reason: &str) {
-        tracing::info!(session_id = %self.session_id, compaction_id = %self.running.id, max_chars, reason, "compaction request too long; splitting the head further");
+    fn window(&mut self) -> impl Future<Output = Option<Window>> + Send {
+        let summarizer = self.summarizer.clone();
+        let model = self.model.clone();
+        let session_id = self.session_id.clone();
+        let compaction_id = self.running.id.clone();
+        let cancel = self.running.cancel.clone();
+        async move {
+            // Asking the endpoint takes up to two bounded requests; a cancel does not wait
+            // for them (the next request then ends as cancelled).
+            let window = tokio::select! {
+                w = summarizer.window(model.as_deref()) => w,
+                _ = cancel.cancelled() => None,
+            };
+            if let Some(w) = window {
+                tracing::debug!(%session_id, %compaction_id, window = w.tokens, source = w.source.as_str(), ratio = w.ratio, "compaction model's window");
+            }
+            window
+        }
+    }
+
+    fn splitting(&mut self, room_tokens: u64, reason: &str) {
+        crate::telemetry::compaction_split();
+        tracing::info!(session_id = %self.session_id, compaction_id = %self.running.id, room_tokens, reason, "compaction request too long; cutting the rest of the head smaller");
     }
 }
 
@@ -412,20 +441,14 @@ impl Link {
     /// chunk summaries are not the committed text).
     async fn send(
         &mut self,
-        messages: Vec<serde_json::Value>,
+        mut request: SummaryRequest,
         stream: bool,
     ) -> Result<SummaryOutcome, SummarizeError> {
         let (ptx, mut prx) = mpsc::channel(64);
         let summarizer = self.summarizer.clone();
         let cancel = self.running.cancel.clone();
-        let fut = summarizer.summarize(
-            SummaryRequest {
-                messages,
-                model: self.model.clone(),
-            },
-            ptx,
-            cancel,
-        );
+        request.model.clone_from(&self.model);
+        let fut = summarizer.summarize(request, ptx, cancel);
         tokio::pin!(fut);
         let owner = self.sink.clone().filter(|s| s.cancel_on_drop);
         let result = loop {
@@ -440,6 +463,10 @@ impl Link {
         while let Ok(p) = prx.try_recv() {
             self.progress(p, stream).await;
         }
+        crate::telemetry::compaction_request(match &result {
+            Ok(_) => "answered",
+            Err(e) => failure_kind(e),
+        });
         result
     }
 
@@ -501,7 +528,12 @@ fn event(session_id: &str, id: &str, ev: Ce) -> pb::CompactionEvent {
 }
 
 fn failed(e: &SummarizeError) -> pb::CompactionFailed {
-    let kind = match e {
+    fail(failure_kind(e), e.to_string(), e.retryable())
+}
+
+/// The failure's `kind`, in events and metrics.
+fn failure_kind(e: &SummarizeError) -> &'static str {
+    match e {
         SummarizeError::NotConfigured => "not_configured",
         SummarizeError::Request { .. } => "request",
         SummarizeError::Broken(_) => "broken_stream",
@@ -509,8 +541,7 @@ fn failed(e: &SummarizeError) -> pb::CompactionFailed {
         SummarizeError::Timeout(_) => "timeout",
         SummarizeError::TooLong(_) => "too_long",
         SummarizeError::Cancelled => "cancelled",
-    };
-    fail(kind, e.to_string(), e.retryable())
+    }
 }
 
 fn fail(kind: &str, reason: String, retryable: bool) -> pb::CompactionFailed {

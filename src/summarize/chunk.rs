@@ -1,38 +1,47 @@
-//! How a head too long for one request becomes one summary: cut the transcript into chunks
-//! the compaction model's window holds, then fold them oldest first into a rolling summary.
-//! A refusal for length halves the chunk size and starts over.
+//! How a head becomes one summary: count its transcript with a real tokenizer, send it in
+//! one request when it fits the compaction model's window (or no window is known), else cut
+//! it at message boundaries into chunks the window holds and fold them oldest first into a
+//! running summary. A "too long" answer (a refusal, an empty stream) re-cuts what is left
+//! at once: to what the endpoint's numbers allow, else to half the refused chunk, so the
+//! same request is never sent twice.
 //!
 //! Policy only: the caller sends each request through a [`Requester`] (the server streams
 //! the last one to its clients; the replay just waits), so the server and `compactd replay`
-//! summarize a head the same way.
+//! summarize a head the same way. The arithmetic of one request is in `budget.rs`.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{PromptConfig, SummarizeError, prompt};
+use super::budget::{Budget, MIN_CHUNK_TOKENS};
+use super::window::Window;
+use super::{PromptConfig, SummarizeError, SummaryRequest, prompt};
 use crate::domain::TokenUsage;
 use crate::engine::{ContextView, SummaryOutcome};
+use crate::tokens::TokenCounter;
 
-/// Times the chunk size may halve after the endpoint refuses a request for length.
+/// Times the head may be re-cut after the endpoint answers "too long".
 pub const MAX_SPLITS: usize = 4;
-/// Smallest chunk worth sending.
-pub const MIN_CHUNK_CHARS: usize = 1_000;
 
 /// Sends the requests of one summary; the chunking policy decides what they hold.
 pub trait Requester {
     /// Sends one request. `last` marks the request whose answer is the summary that gets
-    /// committed (earlier answers only carry the rolling summary forward).
+    /// committed (earlier answers only carry the running summary forward).
     fn request(
         &mut self,
-        messages: Vec<Value>,
+        request: SummaryRequest,
         last: bool,
     ) -> impl Future<Output = Result<SummaryOutcome, SummarizeError>> + Send;
 
-    /// Told when the endpoint refused a request for length and the head is cut into
-    /// chunks of `max_chars` instead (for the caller's logs).
-    fn splitting(&mut self, max_chars: usize, reason: &str) {
-        let _ = (max_chars, reason);
+    /// The compaction model's window as known now (asked before the first request, and
+    /// again after a "too long" answer, which may have taught a smaller one).
+    fn window(&mut self) -> impl Future<Output = Option<Window>> + Send;
+
+    /// Told when the endpoint answered "too long" and the rest of the head is cut into
+    /// chunks of at most `room_tokens` counted tokens (for the caller's logs).
+    fn splitting(&mut self, room_tokens: u64, reason: &str) {
+        let _ = (room_tokens, reason);
     }
 }
 
@@ -45,8 +54,8 @@ pub struct Options<'a> {
     pub prompts: &'a PromptConfig,
     /// Extra instructions, appended to the last request only.
     pub instructions: &'a str,
-    /// The compaction model's context window in tokens, when known.
-    pub window: Option<u64>,
+    /// Counts the transcript for the compaction model (its family's tokenizer).
+    pub counter: &'static dyn TokenCounter,
 }
 
 /// A head's summary and what it took.
@@ -54,112 +63,270 @@ pub struct Options<'a> {
 pub struct Summary {
     /// The summary (usage and cost summed over every request when there were several).
     pub outcome: SummaryOutcome,
-    /// Requests the summary took.
+    /// Requests the summary took (answered ones).
     pub chunks: u32,
     /// Characters dropped from messages too long for any chunk (the last resort).
     pub dropped_chars: u64,
 }
 
 /// Summarizes `head`: in one request when it fits the window (or no window is known),
-/// else chunk by chunk into a rolling summary. A refusal for length halves the chunk size
-/// and starts over, at most [`MAX_SPLITS`] times.
+/// else chunk by chunk into a running summary, re-cutting the rest after a "too long"
+/// answer at most [`MAX_SPLITS`] times.
 pub async fn summarize_head(
     head: &ContextView,
     options: Options<'_>,
     requester: &mut impl Requester,
 ) -> Result<Summary, SummarizeError> {
-    summarize_blocks(&prompt::transcript_blocks(head), options, requester).await
+    let blocks = Arc::new(prompt::transcript_blocks(head));
+    let counter = options.counter;
+    // Counting is CPU work in proportion to the head (tens of MB/s): off the async workers.
+    let shared = blocks.clone();
+    let tokens = match tokio::task::spawn_blocking(move || count_all(counter, &shared)).await {
+        Ok(tokens) => tokens,
+        // The counting thread could not run (shutting down): count here.
+        Err(_) => count_all(counter, &blocks),
+    };
+    summarize_blocks(&blocks, &tokens, options, requester).await
 }
 
-/// [`summarize_head`] on the head's transcript, one block per message.
+/// [`summarize_head`] on the head's transcript, one block per message, and each block's
+/// counted tokens.
 async fn summarize_blocks(
     blocks: &[String],
+    tokens: &[u64],
     head: Options<'_>,
     requester: &mut impl Requester,
 ) -> Result<Summary, SummarizeError> {
-    let total: usize = blocks.iter().map(String::len).sum();
-    let overhead =
-        prompt::overhead_chars(head.previous_summary, head.prompts, Some(head.instructions));
-    let mut max_chars = match head.window {
-        Some(window) => chunk_chars(window, overhead)?,
-        None => total.max(1),
-    };
-    for _ in 0..MAX_SPLITS {
-        let chunks = prompt::split(blocks, max_chars);
-        match fold(&chunks.chunks, head, requester).await {
-            Err(SummarizeError::TooLong(why)) if max_chars > MIN_CHUNK_CHARS => {
-                max_chars /= 2;
-                requester.splitting(max_chars, &why);
-            }
+    let counter = head.counter;
+    let fixed = count_messages(
+        counter,
+        &prompt::build_messages_for("", Some(""), head.prompts, Some(head.instructions)),
+    );
+    let mut fold = Fold::new(head.previous_summary, counter);
+    let mut window = requester.window().await;
+    let mut cap = u64::MAX;
+    let mut splits = 0;
+    let mut next = 0;
+    loop {
+        let remaining: u64 = tokens[next..].iter().fold(0, |a, t| a.saturating_add(*t));
+        let fits = room(window, fixed, fold.running_tokens, remaining, cap)?;
+        let chunk = take_chunk(&blocks[next..], &tokens[next..], fits, counter);
+        let last = next + chunk.blocks == blocks.len();
+        let messages = prompt::build_messages_for(
+            &chunk.text,
+            fold.running.as_deref(),
+            head.prompts,
+            last.then_some(head.instructions),
+        );
+        let counted = fixed
+            .saturating_add(chunk.tokens)
+            .saturating_add(fold.running_tokens);
+        let request = SummaryRequest {
+            messages,
+            model: None,
+            max_tokens: window.map(|w| Budget::new(w).max_tokens(counted)),
+            counted_tokens: Some(counted),
+        };
+        match requester.request(request, last).await {
             Ok(outcome) => {
-                return Ok(Summary {
-                    outcome,
-                    chunks: u32::try_from(chunks.chunks.len()).unwrap_or(u32::MAX),
-                    dropped_chars: u64::try_from(chunks.dropped_chars).unwrap_or(u64::MAX),
-                });
+                next += chunk.blocks;
+                fold.add(outcome, chunk.dropped);
+                if last {
+                    return fold.finish();
+                }
+            }
+            Err(SummarizeError::TooLong(why)) if splits < MAX_SPLITS => {
+                if chunk.tokens <= MIN_CHUNK_TOKENS {
+                    return Err(SummarizeError::TooLong(format!(
+                        "{why} (a chunk of {} tokens is the smallest compactd sends)",
+                        chunk.tokens
+                    )));
+                }
+                splits += 1;
+                window = requester.window().await;
+                // What the endpoint's numbers allow when that is smaller, else half: either
+                // way the next request is smaller than the refused one.
+                let taught = window
+                    .and_then(|w| {
+                        room(Some(w), fixed, fold.running_tokens, u64::MAX, u64::MAX).ok()
+                    })
+                    .filter(|r| *r < chunk.tokens);
+                cap = taught.unwrap_or(chunk.tokens / 2);
+                requester.splitting(cap, &why);
+            }
+            Err(SummarizeError::TooLong(why)) => {
+                return Err(SummarizeError::TooLong(format!(
+                    "{why} (still too long after cutting the head {MAX_SPLITS} times, chunks of {} tokens)",
+                    chunk.tokens
+                )));
             }
             Err(e) => return Err(e),
         }
     }
-    Err(SummarizeError::TooLong(format!(
-        "still too long after splitting the head {MAX_SPLITS} times (chunks of {max_chars} characters)"
-    )))
 }
 
-/// Folds the chunks into one summary, oldest first; the last request is the one that
-/// counts. Several requests report their usage and cost summed (saturating: the numbers
-/// come from the endpoint).
-async fn fold(
-    chunks: &[String],
-    head: Options<'_>,
-    requester: &mut impl Requester,
-) -> Result<SummaryOutcome, SummarizeError> {
-    let mut running = head.previous_summary.map(str::to_string);
-    let mut usage = TokenUsage::default();
-    let mut cost = 0.0;
-    let mut last_outcome = None;
-    for (i, chunk) in chunks.iter().enumerate() {
-        let last = i + 1 == chunks.len();
-        let messages = prompt::build_messages_for(
-            chunk,
-            running.as_deref(),
-            head.prompts,
-            last.then_some(head.instructions),
-        );
-        let outcome = requester.request(messages, last).await?;
-        if let Some(u) = outcome.usage {
-            usage.input = usage.input.saturating_add(u.input);
-            usage.output = usage.output.saturating_add(u.output);
-        }
-        cost += outcome.cost;
-        running = Some(outcome.text.clone());
-        last_outcome = Some(outcome);
-    }
-    let mut outcome =
-        last_outcome.ok_or_else(|| SummarizeError::Malformed("nothing to summarize".into()))?;
-    if chunks.len() > 1 {
-        usage.total = Some(usage.input.saturating_add(usage.output));
-        outcome.usage = Some(usage);
-        outcome.cost = cost;
-    }
-    Ok(outcome)
-}
-
-/// Characters of transcript per request for a model with `window` tokens: a quarter kept
-/// for the answer (`max_tokens`), a quarter for the rolling summary (an earlier answer),
-/// the rest minus the prompt's own size, at 2 characters per token. Pessimistic on
-/// purpose: logs, JSON and code tokenize far denser than prose, and small local models
-/// have small vocabularies (SmolLM2 went over its window at 3 characters per token).
-pub fn chunk_chars(window: u64, overhead_chars: usize) -> Result<usize, SummarizeError> {
-    let half_window = usize::try_from(window / 2).unwrap_or(usize::MAX);
-    let room = half_window.saturating_sub(overhead_chars / 2);
-    let chars = room.saturating_mul(2);
-    if chars < MIN_CHUNK_CHARS {
+/// Counted tokens of transcript the next request may carry beside the prompt, the running
+/// summary it folds (as long as it is) and the answer; never more than `cap` (set by "too
+/// long" answers). Without a window: `cap`. A head that needs several requests is refused
+/// before any is sent when a later one, folding a running summary as long as an answer
+/// may be, would leave less than the smallest chunk.
+fn room(
+    window: Option<Window>,
+    fixed: u64,
+    running_tokens: u64,
+    remaining: u64,
+    cap: u64,
+) -> Result<u64, SummarizeError> {
+    let Some(window) = window else {
+        return Ok(cap);
+    };
+    let budget = Budget::new(window);
+    let running = budget.running(running_tokens);
+    let room = budget.room(fixed, running).min(cap);
+    let worst = budget.room(fixed, running.max(budget.answer()));
+    if remaining > room && worst < MIN_CHUNK_TOKENS {
         return Err(SummarizeError::TooLong(format!(
-            "the compaction model's window ({window} tokens) leaves no room for the conversation"
+            "the compaction model's window ({} tokens, {}) leaves no room for the conversation",
+            window.tokens,
+            window.source.as_str()
         )));
     }
-    Ok(chars)
+    Ok(room)
+}
+
+/// The next chunk: whole blocks while they fit `room`, or the newest part of one block too
+/// long for any chunk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Chunk {
+    text: String,
+    tokens: u64,
+    /// Blocks it covers.
+    blocks: usize,
+    /// Characters dropped from an oversized block.
+    dropped: usize,
+}
+
+fn take_chunk(blocks: &[String], tokens: &[u64], room: u64, counter: &dyn TokenCounter) -> Chunk {
+    let mut chunk = Chunk {
+        text: String::new(),
+        tokens: 0,
+        blocks: 0,
+        dropped: 0,
+    };
+    for (block, &t) in blocks.iter().zip(tokens) {
+        if chunk.blocks == 0 && t > room {
+            let (text, dropped, tokens) = newest_part(block, t, room, counter);
+            return Chunk {
+                text,
+                tokens,
+                blocks: 1,
+                dropped,
+            };
+        }
+        if chunk.tokens.saturating_add(t) > room {
+            break;
+        }
+        chunk.text.push_str(block);
+        chunk.tokens = chunk.tokens.saturating_add(t);
+        chunk.blocks += 1;
+    }
+    chunk
+}
+
+/// The newest part of `block` (counted at `tokens`) that fits `room`: cut by characters in
+/// proportion, then recounted, shrinking until it fits (bounded).
+fn newest_part(
+    block: &str,
+    tokens: u64,
+    room: u64,
+    counter: &dyn TokenCounter,
+) -> (String, usize, u64) {
+    let share = u128::from(room) * 9 / 10;
+    let mut max_chars =
+        usize::try_from((block.len() as u128).saturating_mul(share) / u128::from(tokens.max(1)))
+            .unwrap_or(usize::MAX);
+    let mut best = prompt::keep_newest(block, max_chars);
+    for _ in 0..8 {
+        let counted = counter.count(&best.0);
+        if counted <= room {
+            return (best.0, best.1, counted);
+        }
+        max_chars = max_chars / 4 * 3;
+        best = prompt::keep_newest(block, max_chars);
+    }
+    let counted = counter.count(&best.0);
+    (best.0, best.1, counted)
+}
+
+/// The running summary and the sums over every answered request.
+struct Fold {
+    running: Option<String>,
+    running_tokens: u64,
+    counter: &'static dyn TokenCounter,
+    usage: TokenUsage,
+    cost: f64,
+    requests: u32,
+    dropped: usize,
+    last: Option<SummaryOutcome>,
+}
+
+impl Fold {
+    fn new(previous: Option<&str>, counter: &'static dyn TokenCounter) -> Fold {
+        Fold {
+            running: previous.map(str::to_string),
+            running_tokens: previous.map_or(0, |p| counter.count(p)),
+            counter,
+            usage: TokenUsage::default(),
+            cost: 0.0,
+            requests: 0,
+            dropped: 0,
+            last: None,
+        }
+    }
+
+    /// One answered request; its answer is the running summary from now on. Usage sums
+    /// saturate: the numbers come from the endpoint.
+    fn add(&mut self, outcome: SummaryOutcome, dropped: usize) {
+        if let Some(u) = outcome.usage {
+            self.usage.input = self.usage.input.saturating_add(u.input);
+            self.usage.output = self.usage.output.saturating_add(u.output);
+        }
+        self.cost += outcome.cost;
+        self.requests = self.requests.saturating_add(1);
+        self.dropped = self.dropped.saturating_add(dropped);
+        self.running_tokens = self.counter.count(&outcome.text);
+        self.running = Some(outcome.text.clone());
+        self.last = Some(outcome);
+    }
+
+    fn finish(self) -> Result<Summary, SummarizeError> {
+        let mut outcome = self
+            .last
+            .ok_or_else(|| SummarizeError::Malformed("nothing to summarize".into()))?;
+        if self.requests > 1 {
+            let mut usage = self.usage;
+            usage.total = Some(usage.input.saturating_add(usage.output));
+            outcome.usage = Some(usage);
+            outcome.cost = self.cost;
+        }
+        Ok(Summary {
+            outcome,
+            chunks: self.requests,
+            dropped_chars: u64::try_from(self.dropped).unwrap_or(u64::MAX),
+        })
+    }
+}
+
+fn count_all(counter: &dyn TokenCounter, blocks: &[String]) -> Vec<u64> {
+    blocks.iter().map(|b| counter.count(b)).collect()
+}
+
+/// Counted tokens of the messages' contents.
+fn count_messages(counter: &dyn TokenCounter, messages: &[Value]) -> u64 {
+    messages
+        .iter()
+        .filter_map(|m| m["content"].as_str())
+        .fold(0, |a, c| a.saturating_add(counter.count(c)))
 }
 
 #[cfg(test)]

@@ -1,24 +1,34 @@
 //! [`OpenAiSummarizer`]: streaming chat completions through async-openai against any
 //! OpenAI-compatible base URL, with retries (429, 5xx, connection errors) before the first
-//! token (waiting as long as a 429/503's `Retry-After` asks), a deadline for the whole summary, and cancellation that drops the HTTP request.
+//! token (waiting as long as a 429/503's `Retry-After` asks), a deadline for the whole
+//! summary, and cancellation that drops the HTTP request.
 //!
 //! Responses are read as raw JSON (async-openai's "bring your own types") so servers that
 //! omit optional fields still work; a stream counts as complete only when a choice reports
-//! a `finish_reason`.
+//! a `finish_reason`. A stream with no answer at all, and a refusal for length, are "too
+//! long" (`too_long.rs`): never retried as they were, they teach the window instead.
+//! Client errors are mapped in `errors.rs`.
+
+mod errors;
+mod too_long;
 
 use std::time::{Duration, Instant};
 
 use async_openai::Client;
 use async_openai::config::OpenAIConfig;
-use async_openai::error::OpenAIError;
 use futures::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{LlmConfig, Progress, SummarizeError, Summarizer, SummaryRequest, retry_after};
+use super::window::{Window, WindowSource, Windows};
+use super::{
+    LlmConfig, Progress, SummarizeError, Summarizer, SummaryRequest, discover, retry_after,
+};
+use crate::config::redact;
 use crate::domain::{ModelRef, TokenUsage};
 use crate::engine::SummaryOutcome;
+use errors::request_error;
 
 /// Longest wait between retries.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(8);
@@ -29,20 +39,41 @@ const MAX_HINTED_DELAY: Duration = Duration::from_secs(60);
 /// Summarizer for OpenAI-compatible chat-completions endpoints.
 pub struct OpenAiSummarizer {
     client: Client<OpenAIConfig>,
+    /// For the window discovery requests (`GET /props`, `GET /models`), which async-openai
+    /// does not make.
+    http: reqwest::Client,
     config: LlmConfig,
+    /// What is known of each model's window at this endpoint.
+    windows: Windows,
 }
 
 /// Written by hand so no dependency's `Debug` can ever print the key.
 impl std::fmt::Debug for OpenAiSummarizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OpenAiSummarizer")
-            .field("base_url", &self.config.base_url)
+            .field("base_url", &redact::url(&self.config.base_url))
             .field("model", &self.config.model)
             .field(
                 "api_key",
                 &self.config.api_key.as_ref().map(|_| "[redacted]"),
             )
             .finish()
+    }
+}
+
+/// How one attempt failed.
+enum Failed {
+    /// As the caller sees it.
+    Error(SummarizeError),
+    /// HTTP 200 with no answer: no content and no finish reason, or a finish for length
+    /// with no content. llama.cpp's Python server answers a prompt longer than its context
+    /// with an empty stream.
+    Silent(&'static str),
+}
+
+impl From<SummarizeError> for Failed {
+    fn from(e: SummarizeError) -> Self {
+        Failed::Error(e)
     }
 }
 
@@ -53,7 +84,17 @@ impl OpenAiSummarizer {
         // async-openai sends a bearer header only when a key is set; local servers need none.
         oc = oc.with_api_key(config.api_key.as_ref().map_or("", |k| k.expose()));
         let client = retry_after::client(oc);
-        OpenAiSummarizer { client, config }
+        OpenAiSummarizer {
+            client,
+            http: reqwest::Client::new(),
+            windows: Windows::new(config.context_tokens),
+            config,
+        }
+    }
+
+    /// The model a request names (its own, or the configured one).
+    fn model_of<'a>(&'a self, request_model: Option<&'a str>) -> &'a str {
+        request_model.unwrap_or(&self.config.model)
     }
 
     /// Some providers echo the key in error text; it never leaves this type.
@@ -87,15 +128,14 @@ impl OpenAiSummarizer {
 
     fn body(&self, request: &SummaryRequest) -> Value {
         let mut body = json!({
-            "model": request.model.as_deref().unwrap_or(&self.config.model),
+            "model": self.model_of(request.model.as_deref()),
             "messages": request.messages,
             "stream": true,
             "stream_options": {"include_usage": true},
         });
-        // With a known window, cap the answer at the quarter the chunk budget keeps for it
-        // (small models otherwise write until their context is full).
-        if let Some(window) = self.config.context_tokens {
-            body["max_tokens"] = json!(window / 4);
+        // Sized by the chunker so prompt and answer fit a known window.
+        if let Some(max_tokens) = request.max_tokens {
+            body["max_tokens"] = json!(max_tokens);
         }
         body
     }
@@ -106,7 +146,7 @@ impl OpenAiSummarizer {
         body: &Value,
         progress: &mpsc::Sender<Progress>,
         started: &mut bool,
-    ) -> Result<SummaryOutcome, SummarizeError> {
+    ) -> Result<SummaryOutcome, Failed> {
         let mut stream = self
             .client
             .chat()
@@ -115,11 +155,9 @@ impl OpenAiSummarizer {
             .map_err(|e| request_error(e, false))?;
         let mut text = String::new();
         let mut usage = None;
-        let mut finished = false;
-        let mut chunks = 0usize;
+        let mut finished = None;
         while let Some(item) = stream.next().await {
             let chunk = item.map_err(|e| request_error(e, *started))?;
-            chunks += 1;
             if let Some(u) = chunk.get("usage").filter(|u| u.is_object()) {
                 usage = Some(TokenUsage {
                     input: u["prompt_tokens"].as_u64().unwrap_or(0),
@@ -129,9 +167,7 @@ impl OpenAiSummarizer {
                 });
             }
             let Some(choices) = chunk.get("choices").and_then(Value::as_array) else {
-                return Err(SummarizeError::Malformed(
-                    "a chunk without `choices`".into(),
-                ));
+                return Err(SummarizeError::Malformed("a chunk without `choices`".into()).into());
             };
             for choice in choices {
                 if let Some(delta) = choice["delta"]["content"]
@@ -144,30 +180,25 @@ impl OpenAiSummarizer {
                     // the summary can still be committed.
                     let _ = progress.send(Progress::Delta(delta.to_string())).await;
                 }
-                if choice["finish_reason"].is_string() {
-                    finished = true;
+                if let Some(reason) = choice["finish_reason"].as_str() {
+                    finished = Some(reason == "length");
                 }
             }
         }
-        if chunks == 0 {
-            // llama.cpp's Python server answers a prompt longer than its context this way.
-            return Err(SummarizeError::Request {
-                status: None,
-                message: "the endpoint answered with an empty stream (llama.cpp servers do this when the prompt exceeds their context: set --llm-context-tokens below the server's window)".into(),
-                retryable: true,
-            });
-        }
-        if !finished {
-            let what = "the stream ended before the model finished".to_string();
-            return Err(if *started {
-                SummarizeError::Broken(what)
-            } else {
-                SummarizeError::Request {
-                    status: None,
-                    message: what,
-                    retryable: true,
-                }
-            });
+        match finished {
+            None if !*started => {
+                return Err(Failed::Silent("the endpoint answered with an empty stream"));
+            }
+            Some(true) if !*started => {
+                return Err(Failed::Silent(
+                    "the endpoint stopped for length before writing anything",
+                ));
+            }
+            None => {
+                let what = "the stream ended before the model finished".to_string();
+                return Err(SummarizeError::Broken(what).into());
+            }
+            Some(_) => {}
         }
         let (pin, pout) = self.config.price_per_mtok;
         let cost = usage.map_or(0.0, |u| {
@@ -195,11 +226,20 @@ impl OpenAiSummarizer {
             let mut started = false;
             let (result, hint) =
                 retry_after::scoped(self.attempt(&body, &progress, &mut started)).await;
-            // Scrubbed where it comes out: the retry log and the `retrying` event carry it.
-            let result = result.map_err(|e| self.scrub(e));
-            match result {
-                Ok(outcome) => return Ok(outcome),
-                Err(e) if !started && e.retryable() && attempt <= self.config.max_retries => {
+            let e = match result {
+                Ok(outcome) => {
+                    self.observe(&request, &outcome);
+                    return Ok(outcome);
+                }
+                Err(Failed::Silent(what)) => return Err(self.silent(&request, &body, what).await),
+                // Scrubbed where it comes out: the retry log and the `retrying` event carry it.
+                Err(Failed::Error(e)) => self.scrub(e),
+            };
+            match e {
+                // Sending the same request again would be refused again: the chunker cuts
+                // it smaller instead.
+                SummarizeError::TooLong(why) => return Err(self.refused(&request, why)),
+                e if !started && e.retryable() && attempt <= self.config.max_retries => {
                     let backoff = self
                         .config
                         .retry_base
@@ -221,7 +261,7 @@ impl OpenAiSummarizer {
                         .await;
                     tokio::time::sleep(delay).await;
                 }
-                Err(e) => return Err(e),
+                e => return Err(e),
             }
         }
     }
@@ -254,70 +294,40 @@ impl Summarizer for OpenAiSummarizer {
         &self.config.model
     }
 
-    fn context_tokens(&self) -> Option<u64> {
-        self.config.context_tokens
-    }
-}
-
-/// Maps a client error; `started` tells whether summary text had arrived.
-fn request_error(e: OpenAIError, started: bool) -> SummarizeError {
-    match e {
-        OpenAIError::ApiError(r) if too_long(r.status_code.as_u16(), &r.api_error) => {
-            SummarizeError::TooLong(r.api_error.message)
-        }
-        OpenAIError::ApiError(r) => {
-            let status = r.status_code.as_u16();
-            SummarizeError::Request {
-                status: Some(status),
-                message: format!("{status}: {}", r.api_error.message),
-                retryable: status == 429 || status >= 500,
+    async fn window(&self, model: Option<&str>) -> Option<Window> {
+        let model = self.model_of(model);
+        let base = &self.config.base_url;
+        if self.windows.should_ask(base, model) {
+            let key = self.config.api_key.as_ref();
+            let told = match discover::ask(&self.http, base, model, key).await {
+                discover::Answer::Told(tokens, source) => Some((tokens, source)),
+                discover::Answer::Silent => None,
+                // Asked again before the next compaction.
+                discover::Answer::Unreachable => return self.windows.get(base, model),
+            };
+            self.windows.told(base, model, told);
+            match told {
+                Some((tokens, source)) => {
+                    tracing::info!(endpoint = %redact::url(base), model, window = tokens, source = source.as_str(), "the compaction model's window, as the endpoint tells it");
+                }
+                None => {
+                    tracing::info!(endpoint = %redact::url(base), model, "the endpoint does not tell the compaction model's window; compactd learns it from the first refusal");
+                }
             }
         }
-        OpenAIError::Reqwest(e) if started => SummarizeError::Broken(chain(e.without_url())),
-        OpenAIError::Reqwest(e) => SummarizeError::Request {
-            status: e.status().map(|s| s.as_u16()),
-            retryable: e.is_connect()
-                || e.is_timeout()
-                || e.is_request()
-                || e.status()
-                    .is_some_and(|s| s.as_u16() == 429 || s.is_server_error()),
-            message: chain(e.without_url()),
-        },
-        OpenAIError::StreamError(e) if started => SummarizeError::Broken(e.to_string()),
-        OpenAIError::StreamError(e) => SummarizeError::Request {
-            status: None,
-            message: e.to_string(),
-            retryable: true,
-        },
-        OpenAIError::JSONDeserialize(e, _) => SummarizeError::Malformed(e.to_string()),
-        other => SummarizeError::Request {
-            status: None,
-            message: other.to_string(),
-            retryable: false,
-        },
+        self.windows.get(base, model)
     }
 }
 
-/// A refusal because the request does not fit the model's window (OpenAI's
-/// `context_length_exceeded`, or the wording other servers use).
-fn too_long(status: u16, e: &async_openai::error::ApiError) -> bool {
-    let message = e.message.to_ascii_lowercase();
-    (status == 400 || status == 413)
-        && (e.code.as_deref() == Some("context_length_exceeded")
-            || message.contains("context length")
-            || message.contains("context window")
-            || message.contains("too many tokens"))
-}
-
-/// An error with its causes ("error sending request: connection refused"), so the event
-/// says what actually failed.
-fn chain(e: impl std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        out.push_str(": ");
-        out.push_str(&cause.to_string());
-        source = cause.source();
+/// Says what was learned, once per change.
+fn log_learned(base: &str, model: &str, before: Option<Window>, after: Option<Window>) {
+    let Some(after) = after else { return };
+    if before.map(|b| (b.tokens, b.ratio)) == Some((after.tokens, after.ratio)) {
+        return;
     }
-    out
+    if after.source == WindowSource::Configured {
+        tracing::info!(endpoint = %redact::url(base), model, ratio = after.ratio, "the endpoint counts more tokens than compactd; the configured window stays");
+        return;
+    }
+    tracing::info!(endpoint = %redact::url(base), model, window = after.tokens, source = after.source.as_str(), ratio = after.ratio, "learned the compaction model's window");
 }

@@ -1,16 +1,21 @@
 //! The compaction agent's LLM side: a [`Summarizer`] streams a summary for prepared
 //! `messages`, reporting deltas as they arrive. The pure parts (what to ask) are in
 //! `prompt.rs`; `chunk.rs` decides how a head too long for one request is split and
-//! folded (the server and the replay both go through it); `llm.rs` only talks HTTP
+//! folded (the server and the replay both go through it), with the token arithmetic of one
+//! request in `budget.rs`; `window.rs` keeps what is known of each endpoint's window (told
+//! by `discover.rs`, or taught by refusals and empty streams); `llm.rs` only talks HTTP
 //! (async-openai) and never sees session state.
 //!
 //! Architecture invariant: nothing here touches a `Session`; the store prepares the request
 //! inside the session actor and commits the result there.
 
+pub mod budget;
 pub mod chunk;
+mod discover;
 mod llm;
 pub mod prompt;
 mod retry_after;
+pub mod window;
 
 use std::fmt;
 use std::time::Duration;
@@ -20,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use llm::OpenAiSummarizer;
 pub use prompt::PromptConfig;
+pub use window::{Window, WindowSource};
 
 use crate::engine::SummaryOutcome;
 
@@ -70,8 +76,9 @@ pub struct LlmConfig {
     pub retry_base: Duration,
     /// Price per million input / output tokens, to report cost (0: no cost).
     pub price_per_mtok: (f64, f64),
-    /// The compaction model's context window in tokens, when known: longer heads are
-    /// summarized in chunks up front instead of waiting for the endpoint to refuse them.
+    /// The compaction model's context window in tokens (`--llm-context-tokens`): when set it
+    /// wins over what the endpoint tells; when unset compactd asks the endpoint and learns
+    /// from its refusals.
     pub context_tokens: Option<u64>,
 }
 
@@ -98,6 +105,10 @@ pub struct SummaryRequest {
     pub messages: Vec<serde_json::Value>,
     /// Model to ask for instead of the configured one (per session or per request).
     pub model: Option<String>,
+    /// The answer's limit (`max_tokens`), sized so prompt and answer fit a known window.
+    pub max_tokens: Option<u64>,
+    /// compactd's count of the messages' tokens, to compare with the endpoint's own numbers.
+    pub counted_tokens: Option<u64>,
 }
 
 /// Progress while a summary streams.
@@ -140,8 +151,9 @@ pub enum SummarizeError {
     /// The endpoint sent something that is not a chat-completions stream.
     #[error("malformed LLM stream: {0}")]
     Malformed(String),
-    /// The request is longer than the model's context window; compactd splits the head
-    /// into smaller chunks and tries again.
+    /// The request is longer than the model's context window (a refusal for length, or an
+    /// empty stream); compactd cuts the head into smaller chunks and never sends the same
+    /// request again.
     #[error("the request exceeds the model's context window: {0}")]
     TooLong(String),
     /// The whole summary took longer than the configured timeout.
@@ -183,8 +195,9 @@ pub trait Summarizer: Send + Sync + fmt::Debug {
     /// Model name, for events.
     fn model(&self) -> &str;
 
-    /// The model's context window in tokens, when configured.
-    fn context_tokens(&self) -> Option<u64>;
+    /// The window of `model` (None: the configured model) as known now: the configured one,
+    /// else what its endpoint told (asked once per process) or taught by refusing requests.
+    async fn window(&self, model: Option<&str>) -> Option<Window>;
 }
 
 /// A [`chunk::Requester`] that waits for each answer and discards progress: for callers
@@ -204,16 +217,14 @@ impl<'a> Quiet<'a> {
 impl chunk::Requester for Quiet<'_> {
     fn request(
         &mut self,
-        messages: Vec<serde_json::Value>,
+        request: SummaryRequest,
         _last: bool,
     ) -> impl std::future::Future<Output = Result<SummaryOutcome, SummarizeError>> + Send {
-        summarize_quietly(
-            self.summarizer,
-            SummaryRequest {
-                messages,
-                model: None,
-            },
-        )
+        summarize_quietly(self.summarizer, request)
+    }
+
+    fn window(&mut self) -> impl std::future::Future<Output = Option<Window>> + Send {
+        self.summarizer.window(None)
     }
 }
 

@@ -154,17 +154,9 @@ pub fn split(blocks: &[String], max_chars: usize) -> Chunks {
     let mut dropped = 0;
     for block in blocks {
         let block = if block.len() > max_chars {
-            let marker = format!(
-                "[... {} earlier characters dropped by compactd]\n",
-                block.len() - max_chars
-            );
-            let keep = max_chars.saturating_sub(marker.len());
-            let mut cut = block.len() - keep;
-            while !block.is_char_boundary(cut) {
-                cut += 1;
-            }
+            let (kept, cut) = keep_newest(block, max_chars);
             dropped += cut;
-            format!("{marker}{}", &block[cut..])
+            kept
         } else {
             block.clone()
         };
@@ -180,6 +172,25 @@ pub fn split(blocks: &[String], max_chars: usize) -> Chunks {
         chunks,
         dropped_chars: dropped,
     }
+}
+
+/// The newest text of a message too long for any chunk, at most `max_chars` long with a
+/// marker saying how much was dropped; and the number of characters dropped (the last
+/// resort: the oldest text goes).
+pub fn keep_newest(block: &str, max_chars: usize) -> (String, usize) {
+    if block.len() <= max_chars {
+        return (block.to_string(), 0);
+    }
+    let marker = format!(
+        "[... {} earlier characters dropped by compactd]\n",
+        block.len() - max_chars
+    );
+    let keep = max_chars.saturating_sub(marker.len());
+    let mut cut = block.len() - keep;
+    while !block.is_char_boundary(cut) {
+        cut += 1;
+    }
+    (format!("{marker}{}", &block[cut..]), cut)
 }
 
 /// The head as a readable transcript, one block per message: tool calls with their

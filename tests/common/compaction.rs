@@ -84,6 +84,48 @@ pub async fn seed_turns(client: &mut Client, sid: &str) {
     }
 }
 
+/// A tool output of `chars` characters that reads like a build log: about four characters
+/// a token in o200k, like real outputs (unlike [`output_of`]'s run of one letter, which BPE
+/// packs a dozen to a token).
+pub fn log_of(tag: &str, chars: usize) -> String {
+    let mut s = format!("{tag}:\n");
+    let mut i = 0usize;
+    while s.len() < chars {
+        s.push_str(&format!(
+            "step {i}: compiled src/module_{}/parser.rs in {}ms; warning W{:04}: unused variable `item_{i}`\n",
+            i % 17,
+            i * 37 % 1000,
+            i * 13 % 10_000
+        ));
+        i += 1;
+    }
+    s.truncate(chars);
+    s
+}
+
+/// A head of ~20 kB of log-like text in a roomy session (200k window): ten turns with 2 kB
+/// outputs, the last two kept verbatim by a compaction.
+pub async fn seed_long_session(client: &mut Client, sid: &str) {
+    open_session(client, session_with_limits(sid, 200_000, 20_000)).await;
+    for i in 0..10 {
+        let (u, a) = (format!("u{i}"), format!("a{i}"));
+        put_message(client, sid, user_msg(&u)).await;
+        put_part(
+            client,
+            sid,
+            text_part(&u, &format!("{u}t"), &format!("turn {i}")),
+        )
+        .await;
+        put_message(client, sid, finished(assistant_msg(&a, &u))).await;
+        put_part(
+            client,
+            sid,
+            tool_part(&a, &format!("{a}r"), "read", &log_of(&a, 2_000)),
+        )
+        .await;
+    }
+}
+
 /// A roomy session (100k window, 20k output: never overflows) with three turns.
 pub async fn seed_session(client: &mut Client, sid: &str) {
     open_session(client, session_with_limits(sid, 100_000, 20_000)).await;

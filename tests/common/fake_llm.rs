@@ -16,6 +16,14 @@
 //!    (when include_usage is set, the earlier chunks carry `"usage":null`, like OpenAI)
 //! 5. `data: [DONE]`
 //!
+//! A request with `"stream": false` (compactd's probe after an empty stream) gets the
+//! same reply as one JSON `chat.completion` instead of a stream.
+//!
+//! For window discovery it also serves `GET /props` (llama.cpp's server) and
+//! `GET /v1/models` when a test sets their bodies ([`FakeLlm::serve_props`],
+//! [`FakeLlm::serve_models`]), and 404 otherwise; those requests are recorded apart
+//! ([`FakeLlm::discovery_requests`]).
+//!
 //! Note: async-openai 0.43 retries 429 and 5xx responses itself (3 retries, honouring
 //! `Retry-After` in seconds, else 100/200/400 ms backoff), so a scripted error reply is
 //! requested up to 4 times unless a later reply in the script succeeds.
@@ -32,12 +40,14 @@ use axum::body::{Body, Bytes};
 use axum::extract::State as AxumState;
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use futures::Stream;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+
+use super::fake_window::{Overflow, Verdict, WindowSpec};
 
 /// The `id` of every streamed chunk.
 pub const FAKE_COMPLETION_ID: &str = "chatcmpl-fake";
@@ -86,6 +96,12 @@ pub enum Reply {
     },
     /// Accepts the request and never answers until the client goes away or the fake shuts down.
     Hang,
+    /// HTTP 200 `text/event-stream` with an empty body: what llama-cpp-python answers a
+    /// streamed prompt longer than its context with.
+    Empty,
+    /// A server with a window of its own (`fake_window`): `"summary #N"` for requests that
+    /// fit, a refusal with numbers or an empty stream for those that do not. Never consumed.
+    Window(WindowSpec),
 }
 
 impl Reply {
@@ -304,14 +320,20 @@ struct Inner {
     script: Vec<Reply>,
     next: usize,
     requests: Vec<RecordedRequest>,
+    /// `GET /props` and `GET /v1/models` requests.
+    discovery: Vec<RecordedRequest>,
+    /// Bodies of `GET /props` and `GET /v1/models` (None: 404).
+    props: Option<Value>,
+    models: Option<Value>,
 }
 
 impl Inner {
-    /// The reply for the current request; advances unless it is `ContextTooLong`.
+    /// The reply for the current request; advances unless it is `ContextTooLong` or `Window`.
     fn next_reply(&mut self) -> Reply {
         let idx = self.next.min(self.script.len() - 1);
         let reply = self.script[idx].clone();
-        if !matches!(reply, Reply::ContextTooLong { .. }) && self.next < self.script.len() {
+        let standing = matches!(reply, Reply::ContextTooLong { .. } | Reply::Window(_));
+        if !standing && self.next < self.script.len() {
             self.next += 1;
         }
         reply
@@ -338,6 +360,9 @@ impl FakeLlm {
                 script,
                 next: 0,
                 requests: Vec::new(),
+                discovery: Vec::new(),
+                props: None,
+                models: None,
             }),
             counters: watch::Sender::new(Counters::default()),
             shutdown: watch::Sender::new(false),
@@ -345,6 +370,9 @@ impl FakeLlm {
         let app = Router::new()
             .route("/v1/chat/completions", post(chat_completions))
             .route("/chat/completions", post(chat_completions))
+            .route("/props", get(props))
+            .route("/v1/models", get(models))
+            .route("/models", get(models))
             .fallback(not_found)
             .with_state(shared.clone());
         let mut stop = shared.shutdown.subscribe();
@@ -376,6 +404,21 @@ impl FakeLlm {
     /// Appends `reply` to the script (served after the replies not yet used).
     pub fn push(&self, reply: Reply) {
         self.shared.inner.lock().unwrap().script.push(reply);
+    }
+
+    /// Answers `GET /props` with `body` (llama.cpp's server).
+    pub fn serve_props(&self, body: Value) {
+        self.shared.inner.lock().unwrap().props = Some(body);
+    }
+
+    /// Answers `GET /v1/models` with `body`.
+    pub fn serve_models(&self, body: Value) {
+        self.shared.inner.lock().unwrap().models = Some(body);
+    }
+
+    /// Every `GET /props` and `GET /v1/models` request, in arrival order.
+    pub fn discovery_requests(&self) -> Vec<RecordedRequest> {
+        self.shared.inner.lock().unwrap().discovery.clone()
     }
 
     /// Every chat-completions request received so far, in arrival order.
@@ -514,19 +557,7 @@ async fn chat_completions(
 ) -> Response {
     let body: Value = serde_json::from_slice(&body)
         .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
-    let recorded = RecordedRequest {
-        path: uri.path().to_string(),
-        headers: headers
-            .iter()
-            .map(|(n, v)| {
-                (
-                    n.as_str().to_string(),
-                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
-                )
-            })
-            .collect(),
-        body: body.clone(),
-    };
+    let recorded = record(&uri, &headers, body.clone());
     let (number, reply) = {
         let mut inner = shared.inner.lock().unwrap();
         inner.requests.push(recorded);
@@ -537,6 +568,24 @@ async fn chat_completions(
     let model = body["model"].as_str().unwrap_or(DEFAULT_MODEL).to_string();
     let usage_wanted = include_usage(&body);
     let chunk = ChunkWriter::new(model, usage_wanted);
+    let streamed = body["stream"] == Value::Bool(true);
+    let reply = match reply {
+        Reply::Window(spec) => match spec.judge(&body) {
+            // llama-cpp-python ignores `include_usage`.
+            Verdict::Fits(prompt) => Reply::text([format!("summary #{number}")])
+                .with_usage((spec.overflow == Overflow::Refuse).then_some((prompt, 3))),
+            Verdict::Refuse(body) => Reply::Status {
+                code: 400,
+                body,
+                retry_after: None,
+            },
+            Verdict::Empty => Reply::Empty,
+        },
+        other => other,
+    };
+    if !streamed && let Reply::Stream { chunks, usage, .. } = &reply {
+        return completion(&chunk.model, &chunks.concat(), *usage);
+    }
 
     match reply {
         Reply::Stream {
@@ -601,6 +650,8 @@ async fn chat_completions(
                 sse_response(shared, steps)
             }
         }
+        Reply::Empty => sse_response(shared, Vec::new()),
+        Reply::Window(_) => unreachable!("judged above"),
         Reply::Hang => {
             let mut flight = Flight::begin(shared.clone());
             let mut stop = shared.shutdown.subscribe();
@@ -618,6 +669,94 @@ async fn chat_completions(
                 .unwrap()
         }
     }
+}
+
+/// `GET /props`: the body a test set, else 404; recorded.
+async fn props(
+    AxumState(shared): AxumState<Arc<Shared>>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Response {
+    let body = {
+        let mut inner = shared.inner.lock().unwrap();
+        inner.discovery.push(record(&uri, &headers, Value::Null));
+        inner.props.clone()
+    };
+    discovery_answer(body, &uri)
+}
+
+/// `GET /v1/models`: the body a test set, else 404; recorded.
+async fn models(
+    AxumState(shared): AxumState<Arc<Shared>>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Response {
+    let body = {
+        let mut inner = shared.inner.lock().unwrap();
+        inner.discovery.push(record(&uri, &headers, Value::Null));
+        inner.models.clone()
+    };
+    discovery_answer(body, &uri)
+}
+
+fn discovery_answer(body: Option<Value>, uri: &Uri) -> Response {
+    match body {
+        Some(body) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+            .into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            [(header::CONTENT_TYPE, "application/json")],
+            error_body(
+                &format!("Invalid URL (GET {})", uri.path()),
+                "invalid_request_error",
+                None,
+                None,
+            ),
+        )
+            .into_response(),
+    }
+}
+
+/// A request as recorded: path, headers, body.
+fn record(uri: &Uri, headers: &HeaderMap, body: Value) -> RecordedRequest {
+    RecordedRequest {
+        path: uri.path().to_string(),
+        headers: headers
+            .iter()
+            .map(|(n, v)| {
+                (
+                    n.as_str().to_string(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect(),
+        body,
+    }
+}
+
+/// A non-streamed answer: one `chat.completion` with `text` (and usage, when scripted).
+fn completion(model: &str, text: &str, usage: Option<(u64, u64)>) -> Response {
+    let mut answer = json!({
+        "id": FAKE_COMPLETION_ID,
+        "object": "chat.completion",
+        "created": 0,
+        "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+    });
+    if let Some((p, c)) = usage {
+        answer["usage"] =
+            json!({"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c});
+    }
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        answer.to_string(),
+    )
+        .into_response()
 }
 
 /// Any other route: an OpenAI-style 404 (not recorded, script untouched).

@@ -10,7 +10,9 @@
 pub mod binary;
 pub mod compaction;
 pub mod fake_llm;
+pub mod fake_window;
 pub mod metrics;
+pub mod recording_proxy;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -84,12 +84,26 @@ async fn the_api_key_stays_out_of_logs_events_errors_and_help() {
         fake.last_request().header("authorization"),
         Some(format!("Bearer {KEY}").as_str())
     );
+    // The window discovery requests (/props, /v1/models) carry the key too.
+    let asked = fake.discovery_requests();
+    assert_eq!(asked.len(), 2, "{asked:?}");
+    for r in &asked {
+        assert_eq!(
+            r.header("authorization"),
+            Some(format!("Bearer {KEY}").as_str())
+        );
+    }
     let session = get_session(&mut client, "k").await;
 
     let log = bin.finish();
     assert!(
         log.contains("compaction failed"),
         "the failure was logged: {log}"
+    );
+    assert!(
+        log.contains("window discovery")
+            && log.contains("does not tell the compaction model's window"),
+        "the discovery was logged: {log}"
     );
     for (what, text) in [
         ("logs", log),

@@ -1,64 +1,60 @@
-//! The chunk arithmetic and the fold, against a scripted requester.
+//! The chunking policy against a scripted requester, counting with chars ÷ 4 so the
+//! numbers are easy to follow.
 
 use super::*;
+use crate::summarize::window::WindowSource;
+use crate::tokens::Counting;
 
-#[test]
-fn chunk_chars_keeps_half_the_window_minus_the_prompt_at_two_chars_per_token() {
-    assert_eq!(chunk_chars(8_192, 1_500), Ok(6_692));
-    assert_eq!(chunk_chars(8_192, 0), Ok(8_192));
-    // An odd overhead rounds the same way as before the move.
-    assert_eq!(chunk_chars(8_192, 1_501), Ok(6_692));
+fn counter() -> &'static dyn TokenCounter {
+    Counting::Chars4.counter()
 }
 
-#[test]
-fn chunk_chars_refuses_windows_with_no_room_for_the_conversation() {
-    for (window, overhead) in [(0, 0), (1, 0), (999, 0), (8_192, 8_192), (2_000, 1_002)] {
-        assert!(
-            matches!(
-                chunk_chars(window, overhead),
-                Err(SummarizeError::TooLong(_))
-            ),
-            "window {window}, overhead {overhead}"
-        );
-    }
-    // The smallest window that leaves exactly one minimal chunk.
-    assert_eq!(chunk_chars(1_000, 0), Ok(MIN_CHUNK_CHARS));
-    assert_eq!(chunk_chars(2_000, 1_000), Ok(MIN_CHUNK_CHARS));
+/// What the scripted requester saw of one request.
+#[derive(Debug, Clone, Copy)]
+struct Sent {
+    last: bool,
+    max_tokens: Option<u64>,
+    counted: Option<u64>,
+    refused: bool,
 }
 
-#[test]
-fn chunk_chars_saturates_on_huge_numbers() {
-    let huge = chunk_chars(u64::MAX, 0).expect("room");
-    assert!(huge >= usize::MAX / 2, "{huge}");
-    assert!(chunk_chars(u64::MAX, usize::MAX).is_err());
-    assert!(chunk_chars(0, usize::MAX).is_err());
-    assert!(chunk_chars(u64::MAX, usize::MAX - 1).is_err());
-}
-
-/// Answers each request with `summary N`; refuses requests longer than `limit` chars.
+/// Answers each request with `summary N`; refuses (TooLong) requests whose messages are
+/// longer than `limit` characters, and then knows the window `teaches`.
 #[derive(Default)]
 struct Scripted {
+    window: Option<Window>,
     limit: Option<usize>,
+    teaches: Option<Window>,
     usage: Option<TokenUsage>,
-    sent: Vec<(usize, bool)>,
-    splits: Vec<usize>,
+    /// Every request, in order.
+    sent: Vec<Sent>,
+    bodies: Vec<Vec<Value>>,
+    splits: Vec<u64>,
 }
 
 impl Requester for Scripted {
     fn request(
         &mut self,
-        messages: Vec<Value>,
+        request: SummaryRequest,
         last: bool,
     ) -> impl Future<Output = Result<SummaryOutcome, SummarizeError>> + Send {
-        let chars: usize = messages
+        let chars: usize = request
+            .messages
             .iter()
             .map(|m| m["content"].as_str().map_or(0, str::len))
             .sum();
         let refused = self.limit.is_some_and(|l| chars > l);
-        if !refused {
-            self.sent.push((chars, last));
+        if refused && self.teaches.is_some() {
+            self.window = self.teaches;
         }
-        let n = self.sent.len();
+        self.sent.push(Sent {
+            last,
+            max_tokens: request.max_tokens,
+            counted: request.counted_tokens,
+            refused,
+        });
+        self.bodies.push(request.messages);
+        let n = self.sent.iter().filter(|s| !s.refused).count();
         let usage = self.usage;
         async move {
             if refused {
@@ -73,27 +69,72 @@ impl Requester for Scripted {
         }
     }
 
-    fn splitting(&mut self, max_chars: usize, _reason: &str) {
-        self.splits.push(max_chars);
+    fn window(&mut self) -> impl Future<Output = Option<Window>> + Send {
+        std::future::ready(self.window)
+    }
+
+    fn splitting(&mut self, room_tokens: u64, _reason: &str) {
+        self.splits.push(room_tokens);
     }
 }
 
-fn blocks(n: usize, each: usize) -> Vec<String> {
-    (0..n).map(|i| format!("{i:>each$}")).collect()
+impl Scripted {
+    fn answered(&self) -> usize {
+        self.sent.iter().filter(|s| !s.refused).count()
+    }
+
+    /// No request follows a refused one with the same body.
+    fn assert_no_repeat(&self) {
+        for pair in self.bodies.windows(2) {
+            assert_ne!(pair[0], pair[1], "the same request was sent twice in a row");
+        }
+    }
 }
 
-fn options(prompts: &PromptConfig, window: Option<u64>) -> Options<'_> {
+fn window(tokens: u64) -> Option<Window> {
+    Some(Window {
+        tokens,
+        source: WindowSource::Props,
+        ratio: 1.0,
+    })
+}
+
+/// `n` blocks of `each` characters (each / 4 tokens), each opening with `<i>`.
+fn blocks(n: usize, each: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| {
+            let tag = format!("<{i}>");
+            format!("{tag}{}", ".".repeat(each - tag.len()))
+        })
+        .collect()
+}
+
+/// The blocks (by their tags) a request's transcript carries.
+fn tags(body: &[Value]) -> Vec<usize> {
+    let text = body[1]["content"].as_str().unwrap_or_default();
+    text.split('<')
+        .skip(1)
+        .filter_map(|t| t.split('>').next()?.parse().ok())
+        .collect()
+}
+
+fn options(prompts: &PromptConfig) -> Options<'_> {
     Options {
         previous_summary: None,
         prompts,
         instructions: "",
-        window,
+        counter: counter(),
     }
+}
+
+async fn run(blocks: &[String], r: &mut Scripted) -> Result<Summary, SummarizeError> {
+    let prompts = PromptConfig::default();
+    let tokens = count_all(counter(), blocks);
+    summarize_blocks(blocks, &tokens, options(&prompts), r).await
 }
 
 #[tokio::test]
 async fn without_a_window_the_head_goes_in_one_request_as_it_is() {
-    let prompts = PromptConfig::default();
     let usage = TokenUsage {
         input: 10,
         output: 2,
@@ -103,12 +144,18 @@ async fn without_a_window_the_head_goes_in_one_request_as_it_is() {
         usage: Some(usage),
         ..Scripted::default()
     };
-    let s = summarize_blocks(&blocks(10, 500), options(&prompts, None), &mut r)
-        .await
-        .expect("summary");
+    let s = run(&blocks(10, 500), &mut r).await.expect("summary");
     assert_eq!((s.chunks, s.dropped_chars), (1, 0));
     assert_eq!(r.sent.len(), 1);
-    assert!(r.sent[0].1, "the only request is the last");
+    let Sent {
+        last,
+        max_tokens,
+        counted,
+        ..
+    } = r.sent[0];
+    assert!(last, "the only request is the last");
+    assert_eq!(max_tokens, None, "no window, no answer limit");
+    assert!(counted.is_some_and(|c| c > 1_250), "{counted:?}");
     assert_eq!(
         s.outcome.usage,
         Some(usage),
@@ -118,12 +165,20 @@ async fn without_a_window_the_head_goes_in_one_request_as_it_is() {
 }
 
 #[tokio::test]
-async fn a_window_cuts_the_head_and_the_chunks_fold_oldest_first() {
-    let prompts = PromptConfig::default();
-    let overhead = prompt::overhead_chars(None, &prompts, Some(""));
-    // Room for about two 500-character blocks per request.
-    let window = u64::try_from(overhead + 1_000).expect("fits");
+async fn a_head_that_fits_the_window_goes_whole_with_a_sized_answer() {
     let mut r = Scripted {
+        window: window(8_192),
+        ..Scripted::default()
+    };
+    let s = run(&blocks(10, 500), &mut r).await.expect("summary");
+    assert_eq!(s.chunks, 1);
+    assert_eq!(r.sent[0].max_tokens, Some(2_048), "a quarter of the window");
+}
+
+#[tokio::test]
+async fn a_window_cuts_the_head_into_chunks_that_fit_and_fold_oldest_first() {
+    let mut r = Scripted {
+        window: window(4_096),
         usage: Some(TokenUsage {
             input: u64::MAX - 1,
             output: 7,
@@ -131,70 +186,167 @@ async fn a_window_cuts_the_head_and_the_chunks_fold_oldest_first() {
         }),
         ..Scripted::default()
     };
-    let s = summarize_blocks(&blocks(6, 500), options(&prompts, Some(window)), &mut r)
-        .await
-        .expect("summary");
-    assert_eq!(s.chunks, 3);
+    // 40 blocks of 125 tokens: 5,000 tokens, more than a 4k window holds.
+    let s = run(&blocks(40, 500), &mut r).await.expect("summary");
+    assert!(s.chunks >= 3, "{}", s.chunks);
+    let budget = Budget::new(window(4_096).expect("window"));
+    for sent in &r.sent {
+        let max_tokens = sent.max_tokens.expect("sized");
+        let counted = sent.counted.expect("counted");
+        assert!(
+            budget.endpoint_tokens(counted) + max_tokens <= 4_096,
+            "prompt {counted} + answer {max_tokens} fit"
+        );
+    }
     assert_eq!(
-        r.sent.iter().map(|(_, last)| *last).collect::<Vec<_>>(),
-        [false, false, true]
+        r.sent.iter().filter(|s| s.last).count(),
+        1,
+        "one last request"
     );
-    assert_eq!(s.outcome.text, "summary 3");
+    assert!(r.sent.last().expect("sent").last);
+    // Later chunks carry the running summary.
+    let second = r.bodies[1][1]["content"].as_str().unwrap_or_default();
+    assert!(second.starts_with("=== Summary of the earlier conversation ===\nsummary 1"));
+    assert_eq!(s.outcome.text, format!("summary {}", s.chunks));
     let usage = s.outcome.usage.expect("summed");
     assert_eq!(usage.input, u64::MAX, "saturated, not wrapped");
-    assert_eq!(usage.output, 21);
-    assert_eq!(usage.total, Some(u64::MAX));
-    assert_eq!(s.outcome.cost, 1.5);
+    assert_eq!(usage.output, 7 * u64::from(s.chunks));
+    assert_eq!(s.outcome.cost, 0.5 * f64::from(s.chunks));
 }
 
 #[tokio::test]
-async fn a_refusal_for_length_halves_the_chunks_and_starts_over() {
+async fn a_refusal_halves_what_is_left_and_never_repeats_a_request() {
     let prompts = PromptConfig::default();
-    let overhead = prompt::overhead_chars(None, &prompts, Some(""));
+    let overhead = prompt::overhead_chars(Some(""), &prompts, Some(""));
     let mut r = Scripted {
         limit: Some(overhead + 2_500),
         ..Scripted::default()
     };
-    let s = summarize_blocks(&blocks(8, 1_000), options(&prompts, None), &mut r)
-        .await
-        .expect("summary");
-    // 8,000 → 4,000 → 2,000 characters per chunk: four requests of two blocks.
-    assert_eq!(r.splits, [4_000, 2_000]);
+    // 8 blocks of 250 tokens: refused whole (2,000), then 1,000 (refused), then 500s.
+    let s = run(&blocks(8, 1_000), &mut r).await.expect("summary");
+    assert_eq!(r.splits, [1_000, 500]);
     assert_eq!(s.chunks, 4);
+    assert_eq!(r.sent.len(), 6, "two refusals, four answers");
+    r.assert_no_repeat();
 }
 
 #[tokio::test]
-async fn the_splitting_gives_up_after_max_splits_or_at_the_smallest_chunk() {
+async fn a_refusal_keeps_what_was_already_summarized() {
     let prompts = PromptConfig::default();
+    let overhead = prompt::overhead_chars(Some("summary 1"), &prompts, Some(""));
+    // The window holds nine 1,000-character blocks a request; the endpoint takes three.
+    let mut r = Scripted {
+        window: window(4_096),
+        limit: Some(overhead + 3_000),
+        ..Scripted::default()
+    };
+    let s = run(&blocks(12, 1_000), &mut r).await.expect("summary");
+    assert_eq!(
+        r.splits,
+        [1_125, 500],
+        "halves of nine, then four blocks: {:?}",
+        r.sent
+    );
+    r.assert_no_repeat();
+    // Every block reached an answered request exactly once, in order.
+    let answered: Vec<usize> = r
+        .sent
+        .iter()
+        .zip(&r.bodies)
+        .filter(|(s, _)| !s.refused)
+        .flat_map(|(_, body)| tags(body))
+        .collect();
+    assert_eq!(answered, (0..12).collect::<Vec<_>>(), "{:?}", r.sent);
+    assert_eq!(s.chunks as usize, r.answered());
+}
+
+#[tokio::test]
+async fn a_refusal_that_names_the_window_recuts_to_it() {
+    // Nothing known at first; the refusal teaches a 2k window.
+    let mut r = Scripted {
+        limit: Some(6_000),
+        teaches: window(2_048),
+        ..Scripted::default()
+    };
+    let s = run(&blocks(16, 400), &mut r).await.expect("summary");
+    let taught = r.splits[0];
+    let expected = Budget::new(window(2_048).expect("window")).room(
+        count_messages(
+            counter(),
+            &prompt::build_messages_for("", Some(""), &PromptConfig::default(), Some("")),
+        ),
+        0,
+    );
+    assert_eq!(
+        taught, expected,
+        "the room the learned window leaves, not a half"
+    );
+    assert_eq!(r.splits.len(), 1, "one refusal was enough");
+    assert!(
+        r.sent[1..].iter().all(|s| s.max_tokens == Some(512)),
+        "{:?}",
+        r.sent
+    );
+    assert!(s.chunks >= 2);
+}
+
+#[tokio::test]
+async fn the_cutting_gives_up_after_max_splits_or_at_the_smallest_chunk() {
     let mut r = Scripted {
         limit: Some(1),
         ..Scripted::default()
     };
-    let e = summarize_blocks(&blocks(64, 1_000), options(&prompts, None), &mut r)
+    let e = run(&blocks(64, 1_000), &mut r)
         .await
         .expect_err("never fits");
     assert!(matches!(e, SummarizeError::TooLong(_)), "{e}");
     assert_eq!(r.splits.len(), MAX_SPLITS);
-    assert!(r.sent.is_empty());
+    assert_eq!(r.sent.len(), MAX_SPLITS + 1);
+    r.assert_no_repeat();
 
     let mut r = Scripted {
         limit: Some(1),
         ..Scripted::default()
     };
-    let e = summarize_blocks(&blocks(1, 1_500), options(&prompts, None), &mut r)
+    let e = run(&blocks(1, 1_500), &mut r)
         .await
         .expect_err("never fits");
     assert!(matches!(e, SummarizeError::TooLong(_)), "{e}");
-    assert_eq!(r.splits, [750], "no split below the smallest chunk");
+    assert_eq!(r.splits, [187], "no cut below the smallest chunk");
+    r.assert_no_repeat();
+}
+
+#[tokio::test]
+async fn a_window_with_no_room_for_the_conversation_sends_nothing() {
+    let mut r = Scripted {
+        window: window(1_024),
+        ..Scripted::default()
+    };
+    let e = run(&blocks(40, 1_000), &mut r).await.expect_err("no room");
+    assert!(e.to_string().contains("leaves no room"), "{e}");
+    assert!(r.sent.is_empty());
+}
+
+#[tokio::test]
+async fn a_block_too_long_for_any_chunk_keeps_its_newest_text() {
+    let mut big = "old ".repeat(4_000);
+    big.push_str("NEWEST");
+    let mut r = Scripted {
+        window: window(4_096),
+        ..Scripted::default()
+    };
+    let s = run(&[big.clone()], &mut r).await.expect("summary");
+    assert_eq!(s.chunks, 1);
+    assert!(s.dropped_chars > 0);
+    let sent = r.bodies[0][1]["content"].as_str().unwrap_or_default();
+    assert!(sent.ends_with("NEWEST"), "{}", &sent[sent.len() - 20..]);
+    assert!(sent.contains("earlier characters dropped by compactd"));
 }
 
 #[tokio::test]
 async fn an_empty_head_is_still_one_request() {
-    let prompts = PromptConfig::default();
     let mut r = Scripted::default();
-    let s = summarize_blocks(&[], options(&prompts, None), &mut r)
-        .await
-        .expect("summary");
+    let s = run(&[], &mut r).await.expect("summary");
     assert_eq!(s.chunks, 1);
     assert_eq!(r.sent.len(), 1);
 }

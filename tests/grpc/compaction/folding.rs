@@ -6,29 +6,8 @@ use compactd::server::pb::compaction_event::Event as Ce;
 
 use crate::common::compaction::*;
 use crate::common::fake_llm::{FakeLlm, Reply};
+use crate::common::fake_window::{Overflow, WindowSpec};
 use crate::common::*;
-
-/// A head of ~20 kB: ten turns with 2 kB outputs, the last two turns kept verbatim.
-async fn long_session(client: &mut Client, sid: &str) {
-    open_session(client, session_with_limits(sid, 200_000, 20_000)).await;
-    for i in 0..10 {
-        let (u, a) = (format!("u{i}"), format!("a{i}"));
-        put_message(client, sid, user_msg(&u)).await;
-        put_part(
-            client,
-            sid,
-            text_part(&u, &format!("{u}t"), &format!("turn {i}")),
-        )
-        .await;
-        put_message(client, sid, finished(assistant_msg(&a, &u))).await;
-        put_part(
-            client,
-            sid,
-            tool_part(&a, &format!("{a}r"), "read", &output_of(&a, 2_000)),
-        )
-        .await;
-    }
-}
 
 #[tokio::test]
 async fn a_second_compaction_folds_the_previous_summary_in() {
@@ -115,11 +94,16 @@ async fn a_second_compaction_folds_the_previous_summary_in() {
 
 #[tokio::test]
 async fn a_head_longer_than_the_model_window_is_folded_in_chunks() {
-    // The endpoint refuses prompts over 9,000 characters; compactd knows its window.
-    let fake = FakeLlm::start(vec![Reply::context_too_long(9_000)]).await;
+    // The endpoint refuses what does not fit its 4,000 tokens; compactd knows that window.
+    let fake = FakeLlm::start(vec![Reply::Window(WindowSpec {
+        n_ctx: 4_000,
+        percent: 100,
+        overflow: Overflow::Refuse,
+    })])
+    .await;
     let server = server_with(&fake, |c| c.context_tokens = Some(4_000)).await;
     let mut client = server.client().await;
-    long_session(&mut client, SID).await;
+    seed_long_session(&mut client, SID).await;
     let events = compact(&mut client, SID).await;
     let Some(Ce::Compacted(done)) = &events.last().and_then(|e| e.event.clone()) else {
         panic!("{events:?}")
@@ -129,11 +113,7 @@ async fn a_head_longer_than_the_model_window_is_folded_in_chunks() {
     assert_eq!(done.chunks as usize, requests.len());
     assert_eq!(done.dropped_chars, 0);
     for r in &requests {
-        assert!(
-            r.prompt_chars() <= 9_000,
-            "every request fits: {}",
-            r.prompt_chars()
-        );
+        assert_eq!(r.body["max_tokens"], 1_000, "a quarter of the window");
     }
     // Later chunks fold the rolling summary; only the final summary streams.
     assert!(
@@ -153,7 +133,7 @@ async fn a_refusal_for_length_splits_the_head_and_tries_again() {
     let fake = FakeLlm::start(vec![Reply::context_too_long(7_000)]).await;
     let server = server_with_llm(&fake).await;
     let mut client = server.client().await;
-    long_session(&mut client, SID).await;
+    seed_long_session(&mut client, SID).await;
     let events = compact(&mut client, SID).await;
     let Some(Ce::Compacted(done)) = &events.last().and_then(|e| e.event.clone()) else {
         panic!("{events:?}")

@@ -9,3 +9,4 @@ mod folding;
 mod manual;
 mod settings;
 mod subscribe;
+mod window;

@@ -1,0 +1,117 @@
+//! Asking an endpoint for its model's window before the first compaction request: llama.cpp
+//! server's `GET /props` (at the server's root, beside `/v1`), then `GET <base>/models`
+//! (vLLM's `max_model_len`, a gateway's `context_length`). What the answers mean is read in
+//! `window.rs`; this file only makes the two bounded requests.
+//!
+//! Never fails: an endpoint that does not answer, or says nothing useful, leaves the window
+//! unknown (compactd then learns it from the first refusal). The key goes only into the
+//! `Authorization` header; URLs in logs are redacted and errors carry no URL.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::ApiKey;
+use super::window::{self, WindowSource};
+use crate::config::redact;
+
+/// Deadline of each discovery request: a server that is up answers these in milliseconds,
+/// and a compaction waits for them.
+pub const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest discovery answer read: a gateway's model list (hundreds of models) is well
+/// under this; a longer one is not worth holding.
+pub const MAX_DISCOVERY_BYTES: usize = 4 << 20;
+
+/// What the endpoint said when asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// It told its window.
+    Told(u64, WindowSource),
+    /// It answered, without a window (not asked again).
+    Silent,
+    /// It could not be reached (asked again next time).
+    Unreachable,
+}
+
+/// Asks `base_url` for `model`'s window: `/props` first, then `/models`.
+pub async fn ask(
+    http: &reqwest::Client,
+    base_url: &str,
+    model: &str,
+    key: Option<&ApiKey>,
+) -> Answer {
+    let Ok(base) = reqwest::Url::parse(base_url.trim_end_matches('/')) else {
+        return Answer::Silent;
+    };
+    let path = base.path().trim_end_matches('/').to_string();
+    let root = path.strip_suffix("/v1").unwrap_or(&path);
+    let mut reached = false;
+    let asks: [(String, WindowSource); 2] = [
+        (format!("{root}/props"), WindowSource::Props),
+        (format!("{path}/models"), WindowSource::Models),
+    ];
+    for (path, source) in asks {
+        let mut url = base.clone();
+        url.set_path(&path);
+        let Some(body) = get_json(http, url, key).await else {
+            continue;
+        };
+        reached = true;
+        let told = match source {
+            WindowSource::Props => body.as_ref().and_then(window::from_props),
+            _ => body.as_ref().and_then(|b| window::from_models(b, model)),
+        };
+        if let Some(tokens) = told {
+            return Answer::Told(tokens, source);
+        }
+    }
+    if reached {
+        Answer::Silent
+    } else {
+        Answer::Unreachable
+    }
+}
+
+/// `GET url`: `None` when unreachable, `Some(None)` when it answered with no JSON worth
+/// reading (an error status, another format, too long).
+async fn get_json(
+    http: &reqwest::Client,
+    url: reqwest::Url,
+    key: Option<&ApiKey>,
+) -> Option<Option<Value>> {
+    let shown = redact::url(url.as_str());
+    let mut request = http.get(url).timeout(DISCOVERY_TIMEOUT);
+    if let Some(key) = key.map(ApiKey::expose).filter(|k| !k.is_empty()) {
+        request = request.bearer_auth(key);
+    }
+    let mut response = match request.send().await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::debug!(url = %shown, error = %e.without_url(), "window discovery: no answer");
+            return None;
+        }
+    };
+    let status = response.status();
+    if !status.is_success() {
+        tracing::debug!(url = %shown, status = status.as_u16(), "window discovery: not served here");
+        return Some(None);
+    }
+    let mut bytes = Vec::new();
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) if bytes.len().saturating_add(chunk.len()) <= MAX_DISCOVERY_BYTES => {
+                bytes.extend_from_slice(&chunk);
+            }
+            Ok(Some(_)) => {
+                tracing::debug!(url = %shown, "window discovery: answer too long; ignored");
+                return Some(None);
+            }
+            Ok(None) => break,
+            Err(e) => {
+                tracing::debug!(url = %shown, error = %e.without_url(), "window discovery: answer cut");
+                return Some(None);
+            }
+        }
+    }
+    Some(serde_json::from_slice(&bytes).ok())
+}

@@ -1,0 +1,143 @@
+//! "Too long" answers and what they teach. A refusal for length names the window and the
+//! endpoint's count of the prompt in most servers' wording; an empty stream says nothing, so
+//! compactd asks once more without streaming and for one token, which llama.cpp's Python
+//! server (the one that answers with empty streams) refuses with those numbers at once,
+//! before evaluating anything. Either way the summarizer learns the window (or one below
+//! what was sent) and the ratio of the endpoint's tokens to its own count, and answers
+//! [`SummarizeError::TooLong`]: the chunker then cuts the request smaller, and the same
+//! request is never sent again.
+//!
+//! Usage reports of answered requests teach the ratio too.
+
+use serde_json::Value;
+
+use super::errors::request_error;
+use super::{OpenAiSummarizer, log_learned};
+use crate::engine::SummaryOutcome;
+use crate::summarize::budget::{
+    MESSAGES_PER_REQUEST, TEMPLATE_TOKENS_PER_MESSAGE, TEMPLATE_TOKENS_PER_REQUEST,
+};
+use crate::summarize::window::{self, Refusal};
+use crate::summarize::{SummarizeError, SummaryRequest};
+
+/// Requests compactd counted at fewer tokens than this teach no ratio: the chat template's
+/// own tokens would weigh too much in the endpoint's count.
+pub const MIN_OBSERVED_TOKENS: u64 = 1_000;
+
+impl OpenAiSummarizer {
+    /// Learns from a refusal for length (`why`, the endpoint's message) and returns the
+    /// error the chunker acts on.
+    pub(super) fn refused(&self, request: &SummaryRequest, why: String) -> SummarizeError {
+        self.learn(request, window::refusal(&why));
+        tracing::info!(model = self.model_of(request.model.as_deref()), counted_tokens = request.counted_tokens, max_tokens = request.max_tokens, reason = %why, "compaction request refused for length; it will be cut smaller");
+        SummarizeError::TooLong(why)
+    }
+
+    /// An answer with nothing in it (`what`): asks the same messages once without streaming
+    /// and for one token, learns from that answer, and returns the error the chunker acts on.
+    pub(super) async fn silent(
+        &self,
+        request: &SummaryRequest,
+        body: &Value,
+        what: &'static str,
+    ) -> SummarizeError {
+        let mut probe = body.clone();
+        probe["stream"] = Value::Bool(false);
+        probe["max_tokens"] = Value::from(1);
+        if let Some(fields) = probe.as_object_mut() {
+            fields.remove("stream_options");
+        }
+        let mut asked = self.ask(&probe).await;
+        if matches!(&asked, Err(SummarizeError::Request { status: None, .. })) {
+            // llama-cpp-python closes the connection its empty answer came on, and the
+            // pooled connection may be taken before that is seen: the probe never reached
+            // the server. Once more, on a new connection.
+            asked = self.ask(&probe).await;
+        }
+        let why = match asked {
+            Err(e) => match e {
+                SummarizeError::TooLong(message) => {
+                    self.learn(request, window::refusal(&message));
+                    format!("{what}; asked again without streaming, it refused: {message}")
+                }
+                other => {
+                    self.learn(request, Refusal::default());
+                    format!("{what} (asked again without streaming: {other})")
+                }
+            },
+            Ok(answer) => {
+                // The prompt fits without the answer's room: a window below prompt plus
+                // answer, when an answer was asked for; the ratio either way.
+                let prompt_tokens = answer["usage"]["prompt_tokens"].as_u64();
+                if request.max_tokens.is_some() {
+                    self.learn(
+                        request,
+                        Refusal {
+                            window: None,
+                            prompt_tokens,
+                        },
+                    );
+                } else if let (Some(counted), Some(prompt)) =
+                    (request.counted_tokens, prompt_tokens)
+                {
+                    self.ratio_from(request, counted, prompt);
+                }
+                format!("{what}, though the prompt alone fits (asked again without streaming)")
+            }
+        };
+        tracing::warn!(model = self.model_of(request.model.as_deref()), counted_tokens = request.counted_tokens, max_tokens = request.max_tokens, reason = %why, "compaction request answered with nothing; it will be cut smaller");
+        SummarizeError::TooLong(why)
+    }
+
+    /// One request that is not streamed; errors mapped and scrubbed.
+    async fn ask(&self, body: &Value) -> Result<Value, SummarizeError> {
+        self.client
+            .chat()
+            .create_byot::<&Value, Value>(body)
+            .await
+            .map_err(|e| self.scrub(request_error(e, false)))
+    }
+
+    /// Learns the ratio from an answered request's usage report.
+    pub(super) fn observe(&self, request: &SummaryRequest, outcome: &SummaryOutcome) {
+        if let (Some(counted), Some(usage)) = (request.counted_tokens, outcome.usage) {
+            self.ratio_from(request, counted, usage.input);
+        }
+    }
+
+    fn ratio_from(&self, request: &SummaryRequest, counted: u64, endpoint: u64) {
+        if counted < MIN_OBSERVED_TOKENS {
+            return;
+        }
+        let model = self.model_of(request.model.as_deref());
+        let base = &self.config.base_url;
+        let before = self.windows.get(base, model);
+        self.windows
+            .observed(base, model, counted, without_template(endpoint));
+        log_learned(base, model, before, self.windows.get(base, model));
+    }
+
+    fn learn(&self, request: &SummaryRequest, mut refusal: Refusal) {
+        let model = self.model_of(request.model.as_deref());
+        let base = &self.config.base_url;
+        let counted = request.counted_tokens.unwrap_or(0);
+        if counted < MIN_OBSERVED_TOKENS {
+            // Too small to say anything about the tokenizer.
+            refusal.prompt_tokens = None;
+        }
+        refusal.prompt_tokens = refusal.prompt_tokens.map(without_template);
+        let before = self.windows.get(base, model);
+        let after = self
+            .windows
+            .refused(base, model, refusal, counted, request.max_tokens);
+        log_learned(base, model, before, after);
+    }
+}
+
+/// The endpoint's count of a prompt less what its chat template adds, so the ratio compares
+/// text with text.
+fn without_template(endpoint: u64) -> u64 {
+    endpoint
+        .saturating_sub(TEMPLATE_TOKENS_PER_MESSAGE.saturating_mul(MESSAGES_PER_REQUEST))
+        .saturating_sub(TEMPLATE_TOKENS_PER_REQUEST)
+}

@@ -1,0 +1,335 @@
+//! The compaction model's context window, per endpoint and model: what the operator said
+//! (`--llm-context-tokens`, which always wins), what the endpoint tells when asked
+//! (`discover.rs`: llama.cpp's `/props`, `/v1/models`), and what its refusals for length
+//! teach. [`Windows`] keeps it for the process's life: one small map behind a mutex in the
+//! summarizer.
+//!
+//! Also kept per endpoint and model: how many of the endpoint's tokens one token compactd
+//! counts is (the ratio), learned from the endpoint's own numbers (a refusal, a usage
+//! report), since a local model's tokenizer may cut the same text much finer than o200k.
+//!
+//! No I/O here: the parsers read what the endpoint sent; the requests are in `discover.rs`
+//! and `llm.rs`.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use serde_json::Value;
+
+/// Smallest window figure believed: a server reporting less is misreporting (no chat model
+/// worth compacting with holds fewer tokens).
+pub const MIN_PLAUSIBLE_WINDOW: u64 = 256;
+/// Largest window figure believed (the largest windows offered are a few million tokens).
+pub const MAX_PLAUSIBLE_WINDOW: u64 = 100_000_000;
+/// A window lowered by a signal without numbers (an empty stream, a bare refusal) never
+/// goes below this: one odd answer to a short request must not leave every later
+/// compaction with no room (the chunk budget still halves per refusal).
+pub const MIN_SHRUNK_WINDOW: u64 = 2_048;
+/// Bounds of the learned ratio of endpoint tokens per counted token: no public tokenizer
+/// cuts text four times finer than o200k, and below 1.0 compactd keeps its own count.
+pub const RATIO_BOUNDS: (f64, f64) = (1.0, 4.0);
+
+/// Where a window figure came from (said in logs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowSource {
+    /// `--llm-context-tokens`: the operator's word, never overridden by the endpoint.
+    Configured,
+    /// llama.cpp server's `GET /props` (`default_generation_settings.n_ctx`).
+    Props,
+    /// `GET /v1/models` (vLLM's `max_model_len`, or what a gateway lists).
+    Models,
+    /// A refusal for length that named the window.
+    Refusal,
+    /// An empty stream or a refusal without numbers: the window is smaller than that request.
+    Shrunk,
+}
+
+impl WindowSource {
+    /// Its name in logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WindowSource::Configured => "configured",
+            WindowSource::Props => "props",
+            WindowSource::Models => "models",
+            WindowSource::Refusal => "refusal",
+            WindowSource::Shrunk => "shrunk",
+        }
+    }
+}
+
+/// What compactd knows of one endpoint and model: its window, and how its tokenizer
+/// compares with compactd's count.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Window {
+    /// Tokens of prompt plus answer the model holds, as the endpoint counts them.
+    pub tokens: u64,
+    /// Where `tokens` came from.
+    pub source: WindowSource,
+    /// Endpoint tokens per token compactd counts (1.0 until the endpoint's numbers say more).
+    pub ratio: f64,
+}
+
+/// What a refusal for length says in numbers, when it says them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Refusal {
+    /// The model's window.
+    pub window: Option<u64>,
+    /// The endpoint's count of the refused prompt.
+    pub prompt_tokens: Option<u64>,
+}
+
+/// One endpoint and model (the base URL as configured, the model name as sent).
+type Key = (String, String);
+
+/// What is known per endpoint and model.
+#[derive(Debug, Clone, Copy)]
+struct Known {
+    window: Option<(u64, WindowSource)>,
+    ratio: f64,
+    /// The endpoint answered the discovery requests (told its window or had nothing to say):
+    /// not asked again. An unreachable endpoint is asked again next time.
+    asked: bool,
+}
+
+impl Default for Known {
+    fn default() -> Self {
+        Known {
+            window: None,
+            ratio: RATIO_BOUNDS.0,
+            asked: false,
+        }
+    }
+}
+
+/// The windows compactd knows, per endpoint and model, for the process's life.
+#[derive(Debug)]
+pub struct Windows {
+    configured: Option<u64>,
+    /// A std mutex: held for a map lookup or insert, never across an `.await`.
+    known: Mutex<HashMap<Key, Known>>,
+}
+
+impl Windows {
+    /// A cache where `configured` (`--llm-context-tokens`), when set, is every model's window.
+    pub fn new(configured: Option<u64>) -> Windows {
+        Windows {
+            configured,
+            known: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// What is known of `base_url` + `model` now, without asking anyone.
+    pub fn get(&self, base_url: &str, model: &str) -> Option<Window> {
+        let known = self.with(base_url, model, |k| *k);
+        let ratio = known.ratio;
+        match (self.configured, known.window) {
+            (Some(tokens), _) => Some(Window {
+                tokens,
+                source: WindowSource::Configured,
+                ratio,
+            }),
+            (None, Some((tokens, source))) => Some(Window {
+                tokens,
+                source,
+                ratio,
+            }),
+            (None, None) => None,
+        }
+    }
+
+    /// Whether the endpoint should be asked for its window (nothing configured, not asked
+    /// with an answer yet).
+    pub fn should_ask(&self, base_url: &str, model: &str) -> bool {
+        self.configured.is_none() && !self.with(base_url, model, |k| k.asked)
+    }
+
+    /// Records the answer to the discovery requests (`told`: the window it told, if any).
+    pub fn told(&self, base_url: &str, model: &str, told: Option<(u64, WindowSource)>) {
+        self.with(base_url, model, |k| {
+            k.asked = true;
+            // A window learned meanwhile from a refusal is the better figure.
+            if k.window.is_none() {
+                k.window = told;
+            }
+        });
+    }
+
+    /// Learns from a refusal for length (or an empty stream) of a request compactd counted
+    /// at `counted` tokens and that asked for `max_tokens`: the window it names, else one
+    /// below what was sent; and the ratio when it names its count of the prompt. Returns
+    /// what is known afterwards.
+    pub fn refused(
+        &self,
+        base_url: &str,
+        model: &str,
+        refusal: Refusal,
+        counted: u64,
+        max_tokens: Option<u64>,
+    ) -> Option<Window> {
+        self.with(base_url, model, |k| {
+            if let Some(prompt) = refusal.prompt_tokens {
+                k.ratio = k.ratio.max(ratio(prompt, counted));
+            }
+            match refusal.window.filter(|w| plausible(*w)) {
+                Some(w) => k.window = Some((w, WindowSource::Refusal)),
+                None => {
+                    let sent = refusal
+                        .prompt_tokens
+                        .unwrap_or_else(|| scale(counted, k.ratio))
+                        .saturating_add(max_tokens.unwrap_or(0));
+                    let below = sent.saturating_sub(1).max(MIN_SHRUNK_WINDOW);
+                    let lower = k.window.is_none_or(|(w, _)| below < w);
+                    if lower {
+                        k.window = Some((below, WindowSource::Shrunk));
+                    }
+                }
+            }
+        });
+        self.get(base_url, model)
+    }
+
+    /// Learns the ratio from a usage report: the endpoint counted `prompt_tokens` for a
+    /// request compactd counted at `counted`.
+    pub fn observed(&self, base_url: &str, model: &str, counted: u64, prompt_tokens: u64) {
+        if counted == 0 || prompt_tokens == 0 {
+            return;
+        }
+        self.with(base_url, model, |k| {
+            k.ratio = k.ratio.max(ratio(prompt_tokens, counted));
+        });
+    }
+
+    fn with<T>(&self, base_url: &str, model: &str, f: impl FnOnce(&mut Known) -> T) -> T {
+        // A panic while holding the lock leaves a consistent map (every change is one
+        // assignment), so a poisoned lock is used as it is.
+        let mut map = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = map
+            .entry((base_url.to_string(), model.to_string()))
+            .or_default();
+        f(entry)
+    }
+}
+
+/// `counted` compactd tokens in the endpoint's tokens at `ratio`, rounded up (saturating).
+pub fn scale(counted: u64, ratio: f64) -> u64 {
+    // Float-to-int casts saturate; the ratio is bounded, so the product is finite.
+    (counted as f64 * ratio).ceil() as u64
+}
+
+/// The window llama.cpp's server tells in `GET /props`.
+pub fn from_props(body: &Value) -> Option<u64> {
+    [
+        &body["default_generation_settings"]["n_ctx"],
+        &body["n_ctx"],
+    ]
+    .into_iter()
+    .find_map(Value::as_u64)
+    .filter(|w| plausible(*w))
+}
+
+/// The window `GET /v1/models` lists for `model`: the entry with that id, or the only entry
+/// (llama.cpp names its one model after the file, whatever the client calls it).
+pub fn from_models(body: &Value, model: &str) -> Option<u64> {
+    let entries = body["data"].as_array()?;
+    let entry = entries
+        .iter()
+        .find(|e| e["id"].as_str() == Some(model))
+        .or(match entries.as_slice() {
+            [only] => Some(only),
+            _ => None,
+        })?;
+    // vLLM, OpenRouter, gateways; llama.cpp's training context comes last because its
+    // server may run with a smaller one (its `/props` is asked first).
+    [
+        &entry["max_model_len"],
+        &entry["context_length"],
+        &entry["context_window"],
+        &entry["max_context_length"],
+        &entry["meta"]["n_ctx"],
+        &entry["meta"]["n_ctx_train"],
+    ]
+    .into_iter()
+    .find_map(Value::as_u64)
+    .filter(|w| plausible(*w))
+}
+
+/// The numbers in a refusal for length (its message, or its whole body), in the wordings
+/// of OpenAI, vLLM, llama-cpp-python and llama.cpp's server.
+pub fn refusal(text: &str) -> Refusal {
+    let lower = text.to_ascii_lowercase();
+    let window = [
+        "maximum context length is",
+        "available context size (",
+        "\"n_ctx\":",
+    ]
+    .into_iter()
+    .find_map(|needle| number_after(&lower, needle));
+    let prompt_tokens = number_before(&lower, " in the messages").or_else(|| {
+        [
+            "your messages resulted in",
+            "your request has",
+            "request (",
+            "\"n_prompt_tokens\":",
+        ]
+        .into_iter()
+        .find_map(|needle| number_after(&lower, needle))
+    });
+    Refusal {
+        window,
+        prompt_tokens,
+    }
+}
+
+/// Whether an error text reads as a refusal for length.
+pub fn reads_too_long(text: &str) -> bool {
+    let lower = text.to_ascii_lowercase();
+    [
+        "context_length_exceeded",
+        "context length",
+        "context window",
+        "context size",
+        "exceed_context_size",
+        "too many tokens",
+    ]
+    .iter()
+    .any(|n| lower.contains(n))
+}
+
+/// The endpoint's tokens per counted token, within [`RATIO_BOUNDS`].
+fn ratio(endpoint: u64, counted: u64) -> f64 {
+    if counted == 0 {
+        return RATIO_BOUNDS.0;
+    }
+    (endpoint as f64 / counted as f64).clamp(RATIO_BOUNDS.0, RATIO_BOUNDS.1)
+}
+
+fn plausible(window: u64) -> bool {
+    (MIN_PLAUSIBLE_WINDOW..=MAX_PLAUSIBLE_WINDOW).contains(&window)
+}
+
+/// The number right after `needle` (spaces and quotes skipped), at most 12 digits.
+fn number_after(text: &str, needle: &str) -> Option<u64> {
+    let start = text.find(needle)? + needle.len();
+    let rest = text[start..].trim_start_matches([' ', '"']);
+    let digits = &rest[..rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len())];
+    (digits.len() <= 12).then(|| digits.parse().ok()).flatten()
+}
+
+/// The number right before `needle` ("(10031 in the messages"), at most 12 digits.
+fn number_before(text: &str, needle: &str) -> Option<u64> {
+    let end = text.find(needle)?;
+    let head = &text[..end];
+    let start = head
+        .char_indices()
+        .rev()
+        .take_while(|(_, c)| c.is_ascii_digit())
+        .last()
+        .map_or(head.len(), |(i, _)| i);
+    let digits = &head[start..];
+    (digits.len() <= 12).then(|| digits.parse().ok()).flatten()
+}
+
+#[cfg(test)]
+mod tests;

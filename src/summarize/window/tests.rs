@@ -1,0 +1,191 @@
+//! What each endpoint says about its window, read from the texts they send, and what the
+//! cache learns from it.
+
+use serde_json::json;
+
+use super::*;
+
+const URL: &str = "http://127.0.0.1:8080/v1";
+
+#[test]
+fn llama_cpp_props_tell_the_runtime_window() {
+    let props =
+        json!({"default_generation_settings": {"n_ctx": 8192, "params": {}}, "total_slots": 1});
+    assert_eq!(from_props(&props), Some(8_192));
+    assert_eq!(from_props(&json!({"n_ctx": 4096})), Some(4_096));
+    assert_eq!(from_props(&json!({"detail": "Not Found"})), None);
+    assert_eq!(
+        from_props(&json!({"n_ctx": 3})),
+        None,
+        "implausible figures are ignored"
+    );
+}
+
+#[test]
+fn models_lists_tell_the_window_of_the_named_or_only_model() {
+    let vllm = json!({"object": "list", "data": [
+        {"id": "other", "max_model_len": 32768},
+        {"id": "smol", "max_model_len": 8192},
+    ]});
+    assert_eq!(from_models(&vllm, "smol"), Some(8_192));
+    assert_eq!(
+        from_models(&vllm, "missing"),
+        None,
+        "several models, none named so"
+    );
+    // llama.cpp's server names its one model after the file: any name finds it.
+    let llama = json!({"data": [{"id": "/models/smol.gguf", "meta": {"n_ctx_train": 8192}}]});
+    assert_eq!(from_models(&llama, "local"), Some(8_192));
+    // llama-cpp-python's list says nothing about the window.
+    let python = json!({"object": "list", "data": [{"id": "/x/smol.gguf", "object": "model", "owned_by": "me", "permissions": []}]});
+    assert_eq!(from_models(&python, "local"), None);
+    assert_eq!(from_models(&json!({"data": "nope"}), "local"), None);
+}
+
+#[test]
+fn refusals_name_the_window_and_the_prompt_in_every_known_wording() {
+    for (text, window, prompt) in [
+        (
+            "This model's maximum context length is 8192 tokens. However, you requested 10131 tokens (10031 in the messages, 100 in the completion). Please reduce the length of the messages or completion.",
+            Some(8_192),
+            Some(10_031),
+        ),
+        (
+            "This model's maximum context length is 128000 tokens. However, your messages resulted in 130512 tokens. Please reduce the length of the messages.",
+            Some(128_000),
+            Some(130_512),
+        ),
+        (
+            "'max_tokens' or 'max_completion_tokens' is too large: 2048. This model's maximum context length is 8192 tokens and your request has 6431 input tokens (2048 > 8192 - 6431).",
+            Some(8_192),
+            Some(6_431),
+        ),
+        (
+            r#"{"error":{"code":400,"message":"request (9100 tokens) exceeds the available context size (8192 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":9100,"n_ctx":8192}}"#,
+            Some(8_192),
+            Some(9_100),
+        ),
+        (
+            "the request exceeds the available context size, try increasing it",
+            None,
+            None,
+        ),
+        (
+            "This model's maximum context length is exceeded",
+            None,
+            None,
+        ),
+    ] {
+        assert_eq!(
+            refusal(text),
+            Refusal {
+                window,
+                prompt_tokens: prompt
+            },
+            "{text}"
+        );
+        assert!(reads_too_long(text), "{text}");
+    }
+    assert!(!reads_too_long("Rate limit reached"));
+    assert_eq!(
+        refusal("maximum context length is 99999999999999999999 tokens"),
+        Refusal::default(),
+        "absurd numbers are not read"
+    );
+    assert_eq!(
+        refusal("é(7 in the messages"),
+        Refusal {
+            window: None,
+            prompt_tokens: Some(7)
+        }
+    );
+}
+
+#[test]
+fn the_configured_window_wins_over_everything_the_endpoint_says() {
+    let w = Windows::new(Some(6_000));
+    assert!(!w.should_ask(URL, "m"), "nothing to ask");
+    w.told(URL, "m", Some((8_192, WindowSource::Props)));
+    let refusal = Refusal {
+        window: Some(4_096),
+        prompt_tokens: Some(3_000),
+    };
+    let now = w.refused(URL, "m", refusal, 2_000, None).expect("known");
+    assert_eq!((now.tokens, now.source), (6_000, WindowSource::Configured));
+    assert_eq!(now.ratio, 1.5, "the ratio is still learned");
+}
+
+#[test]
+fn a_told_window_is_kept_per_endpoint_and_model() {
+    let w = Windows::new(None);
+    assert!(w.should_ask(URL, "m"));
+    assert_eq!(w.get(URL, "m"), None);
+    w.told(URL, "m", Some((8_192, WindowSource::Props)));
+    assert!(!w.should_ask(URL, "m"));
+    assert_eq!(
+        w.get(URL, "m"),
+        Some(Window {
+            tokens: 8_192,
+            source: WindowSource::Props,
+            ratio: 1.0
+        })
+    );
+    assert_eq!(w.get(URL, "other"), None);
+    assert!(w.should_ask("http://elsewhere/v1", "m"));
+    // Asked, nothing told: not asked again.
+    w.told(URL, "silent", None);
+    assert!(!w.should_ask(URL, "silent"));
+    assert_eq!(w.get(URL, "silent"), None);
+}
+
+#[test]
+fn a_refusal_with_numbers_sets_the_window_and_the_ratio() {
+    let w = Windows::new(None);
+    w.told(URL, "m", Some((32_768, WindowSource::Models)));
+    let refusal = Refusal {
+        window: Some(8_192),
+        prompt_tokens: Some(10_031),
+    };
+    let now = w.refused(URL, "m", refusal, 6_000, Some(1)).expect("known");
+    assert_eq!((now.tokens, now.source), (8_192, WindowSource::Refusal));
+    assert!(
+        (now.ratio - 10_031.0 / 6_000.0).abs() < 1e-9,
+        "{}",
+        now.ratio
+    );
+    // A later discovery answer does not undo it.
+    w.told(URL, "m", Some((32_768, WindowSource::Models)));
+    assert_eq!(w.get(URL, "m").map(|k| k.tokens), Some(8_192));
+}
+
+#[test]
+fn a_signal_without_numbers_lowers_the_window_below_the_request() {
+    let w = Windows::new(None);
+    let now = w
+        .refused(URL, "m", Refusal::default(), 9_000, Some(1_000))
+        .expect("learned");
+    assert_eq!((now.tokens, now.source), (9_999, WindowSource::Shrunk));
+    // Only ever lower, and never below the floor.
+    let now = w
+        .refused(URL, "m", Refusal::default(), 20_000, None)
+        .expect("known");
+    assert_eq!(now.tokens, 9_999);
+    let now = w
+        .refused(URL, "m", Refusal::default(), 10, None)
+        .expect("known");
+    assert_eq!(now.tokens, MIN_SHRUNK_WINDOW);
+}
+
+#[test]
+fn the_ratio_only_rises_and_stays_within_bounds() {
+    let w = Windows::new(None);
+    w.told(URL, "m", Some((8_192, WindowSource::Props)));
+    w.observed(URL, "m", 1_000, 1_400);
+    assert_eq!(w.get(URL, "m").map(|k| k.ratio), Some(1.4));
+    w.observed(URL, "m", 1_000, 1_100);
+    assert_eq!(w.get(URL, "m").map(|k| k.ratio), Some(1.4), "never lower");
+    w.observed(URL, "m", 1, u64::MAX);
+    assert_eq!(w.get(URL, "m").map(|k| k.ratio), Some(RATIO_BOUNDS.1));
+    w.observed(URL, "m", 0, 5);
+    assert_eq!(scale(u64::MAX, RATIO_BOUNDS.1), u64::MAX, "saturates");
+}

@@ -1,0 +1,234 @@
+//! The compaction model's window without hand-tuning: told by llama.cpp's `/props` or a
+//! `/v1/models` list before the first request, taught by a refusal's numbers or by an
+//! empty stream, overridden by `--llm-context-tokens`. A "too long" answer cuts the head
+//! smaller at once and never leads to the same request again.
+
+use serde_json::json;
+
+use crate::common::compaction::*;
+use crate::common::fake_llm::{FakeLlm, RecordedRequest, Reply};
+use crate::common::fake_window::{Overflow, Verdict, WindowSpec};
+use crate::common::*;
+
+/// The fake endpoint's window.
+const N_CTX: u64 = 4_096;
+
+fn spec(percent: u64, overflow: Overflow) -> WindowSpec {
+    WindowSpec {
+        n_ctx: N_CTX,
+        percent,
+        overflow,
+    }
+}
+
+/// No request is followed by one with the same body.
+fn assert_no_repeat(requests: &[RecordedRequest]) {
+    for (i, pair) in requests.windows(2).enumerate() {
+        assert_ne!(
+            pair[0].body,
+            pair[1].body,
+            "request {} was sent again as it was",
+            i + 1
+        );
+    }
+}
+
+fn paths(requests: &[RecordedRequest]) -> Vec<String> {
+    requests.iter().map(|r| r.path.clone()).collect()
+}
+
+/// Compacts a long session `sid` and returns its `session.compacted` chunk count.
+async fn compact_long(client: &mut Client, sid: &str) -> u32 {
+    seed_long_session(client, sid).await;
+    let events = compact(client, sid).await;
+    compacted(&events).chunks
+}
+
+#[tokio::test]
+async fn the_window_is_learned_from_llama_cpp_props_before_the_first_request() {
+    let window = spec(100, Overflow::Refuse);
+    let fake = FakeLlm::start(vec![Reply::Window(window)]).await;
+    fake.serve_props(json!({"default_generation_settings": {"n_ctx": N_CTX, "params": {}}}));
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    let chunks = compact_long(&mut client, SID).await;
+
+    let requests = fake.requests();
+    assert!(chunks >= 2, "the head is longer than the window: {chunks}");
+    assert_eq!(chunks as usize, requests.len(), "no request was refused");
+    for r in &requests {
+        assert_eq!(r.body["max_tokens"], N_CTX / 4);
+        assert!(matches!(window.judge(&r.body), Verdict::Fits(_)));
+    }
+    assert_eq!(paths(&fake.discovery_requests()), ["/props"]);
+
+    // Kept for the process's life: the next compaction asks nothing.
+    compact_long(&mut client, "cmp-2").await;
+    assert_eq!(fake.discovery_requests().len(), 1);
+}
+
+#[tokio::test]
+async fn the_window_is_learned_from_a_vllm_model_list() {
+    let window = spec(100, Overflow::Refuse);
+    let fake = FakeLlm::start(vec![Reply::Window(window)]).await;
+    fake.serve_models(json!({"object": "list", "data": [
+        {"id": "other-model", "max_model_len": 131_072},
+        {"id": "fake-model", "object": "model", "max_model_len": N_CTX},
+    ]}));
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    let chunks = compact_long(&mut client, SID).await;
+
+    let requests = fake.requests();
+    assert!(chunks >= 2);
+    assert_eq!(chunks as usize, requests.len(), "no request was refused");
+    assert!(requests.iter().all(|r| r.body["max_tokens"] == N_CTX / 4));
+    // llama.cpp's /props first (absent here), then the list.
+    let asked = fake.discovery_requests();
+    assert_eq!(paths(&asked), ["/props", "/v1/models"]);
+    assert!(
+        asked
+            .iter()
+            .all(|r| r.header("authorization") == Some(&format!("Bearer {SECRET}"))),
+        "the endpoint's key goes with the discovery requests"
+    );
+}
+
+#[tokio::test]
+async fn a_refusal_with_numbers_sets_the_window_and_the_rest_fits() {
+    // A tokenizer 30% finer than o200k; the endpoint tells nothing before it refuses.
+    let window = spec(130, Overflow::Refuse);
+    let fake = FakeLlm::start(vec![Reply::Window(window)]).await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    let chunks = compact_long(&mut client, SID).await;
+
+    let requests = fake.requests();
+    assert!(
+        matches!(window.judge(&requests[0].body), Verdict::Refuse(_)),
+        "the whole head was tried first"
+    );
+    assert!(
+        requests[0].body.get("max_tokens").is_none(),
+        "no window yet"
+    );
+    for r in &requests[1..] {
+        assert_eq!(
+            r.body["max_tokens"],
+            N_CTX / 4,
+            "sized for the window learned"
+        );
+        assert!(
+            matches!(window.judge(&r.body), Verdict::Fits(_)),
+            "one refusal was enough: {}",
+            window.prompt_tokens(&r.body)
+        );
+    }
+    assert_eq!(chunks as usize, requests.len() - 1);
+    assert_no_repeat(&requests);
+
+    // Learned for the process: another session's compaction is refused nothing.
+    let before = fake.request_count();
+    let chunks = compact_long(&mut client, "cmp-2").await;
+    assert_eq!(fake.request_count() - before, chunks as usize);
+}
+
+#[tokio::test]
+async fn an_empty_stream_is_too_long_and_the_head_is_cut_smaller_never_resent() {
+    // llama-cpp-python: a prompt over its window gets HTTP 200 and an empty stream.
+    let window = spec(150, Overflow::EmptyStream);
+    let fake = FakeLlm::start(vec![Reply::Window(window)]).await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_long_session(&mut client, SID).await;
+    let events = compact(&mut client, SID).await;
+    let done = compacted(&events);
+    assert!(
+        !events.iter().any(|e| matches!(
+            e.event,
+            Some(compactd::server::pb::compaction_event::Event::Retrying(_))
+        )),
+        "an empty stream is not retried: {events:?}"
+    );
+
+    let requests = fake.requests();
+    assert_no_repeat(&requests);
+    assert_eq!(
+        window.judge(&requests[0].body),
+        Verdict::Empty,
+        "the whole head first"
+    );
+    // Then the same messages once, not streamed and for one token: refused with numbers.
+    let probe = &requests[1];
+    assert_eq!(probe.body["stream"], false);
+    assert_eq!(probe.body["max_tokens"], 1);
+    assert_eq!(probe.messages(), requests[0].messages());
+    assert!(matches!(window.judge(&probe.body), Verdict::Refuse(_)));
+    // Every later request is streamed, sized for the window learned, and fits.
+    for r in &requests[2..] {
+        assert!(r.is_stream());
+        assert_eq!(r.body["max_tokens"], N_CTX / 4);
+        assert!(
+            matches!(window.judge(&r.body), Verdict::Fits(_)),
+            "{}",
+            window.prompt_tokens(&r.body)
+        );
+    }
+    assert_eq!(done.chunks as usize, requests.len() - 2);
+}
+
+#[tokio::test]
+async fn silent_answers_without_numbers_halve_the_chunk() {
+    for (silent, probe_answer) in [
+        // An empty stream, and a probe that fails otherwise.
+        (Reply::Empty, Reply::status(500)),
+        // A finish for length with nothing written, and a probe that fits.
+        (
+            Reply::text(Vec::<String>::new()).with_finish_reason(Some("length")),
+            Reply::text(["x"]),
+        ),
+    ] {
+        let fake = FakeLlm::start(vec![
+            silent.clone(),
+            probe_answer,
+            Reply::text(["first part"]),
+            Reply::text(["second part"]),
+            Reply::text(["third part"]),
+        ])
+        .await;
+        let server = server_with_llm(&fake).await;
+        let mut client = server.client().await;
+        seed_long_session(&mut client, SID).await;
+        let events = compact(&mut client, SID).await;
+        let done = compacted(&events);
+        let requests = fake.requests();
+        assert_no_repeat(&requests);
+        let whole = requests[0].prompt_chars();
+        assert_eq!(requests[1].body["stream"], false, "{silent:?}: the probe");
+        assert!(
+            requests[2].prompt_chars() < whole * 2 / 3,
+            "{silent:?}: cut smaller: {} of {whole}",
+            requests[2].prompt_chars()
+        );
+        assert!(done.chunks >= 2, "{silent:?}");
+    }
+}
+
+#[tokio::test]
+async fn the_configured_window_wins_over_what_the_endpoint_says() {
+    let window = spec(100, Overflow::Refuse);
+    let fake = FakeLlm::start(vec![Reply::Window(window)]).await;
+    fake.serve_props(json!({"default_generation_settings": {"n_ctx": 32_768}}));
+    let server = server_with(&fake, |c| c.context_tokens = Some(N_CTX)).await;
+    let mut client = server.client().await;
+    let chunks = compact_long(&mut client, SID).await;
+
+    let requests = fake.requests();
+    assert!(chunks >= 2, "chunked for the configured window");
+    assert_eq!(chunks as usize, requests.len(), "no request was refused");
+    assert!(requests.iter().all(|r| r.body["max_tokens"] == N_CTX / 4));
+    assert!(
+        fake.discovery_requests().is_empty(),
+        "nothing to ask when the operator said"
+    );
+}
