@@ -130,6 +130,9 @@ async fn a_thousand_real_sessions_fit_the_default_budget_and_the_count_matches_t
     assert_eq!(templates.len(), 10, "the ten shared traces");
 
     let config = EngineConfig::default();
+    // The tokenizer's tables and count cache are the process's, loaded once (the server
+    // loads them at start): not what a session holds.
+    compactd::tokens::warm_up(config.tokenizer.resolve(""));
     let limits = Limits {
         max_sessions: 10_000,
         max_session_bytes: DEFAULT_MAX_SESSION_BYTES,

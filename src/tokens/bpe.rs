@@ -72,7 +72,9 @@ impl Bpe {
     /// for as long as the process runs), so the first session to count does not wait for
     /// them. Call from a blocking thread.
     pub fn warm_up(&self) {
-        self.tables();
+        // A first count also builds this thread's pretokenizer search cache.
+        self.count_uncached("warm up: 42 tokens, /a/path.rs and code(x);\n");
+        cache::warm_up();
     }
 }
 

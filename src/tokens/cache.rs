@@ -45,6 +45,11 @@ pub(super) fn get_or_count(
     n
 }
 
+/// Creates the cache (its table is allocated once, up front).
+pub(super) fn warm_up() {
+    LazyLock::force(&COUNTS);
+}
+
 /// True when `text`'s count is cached.
 pub(super) fn contains(vocabulary: Vocabulary, text: &str) -> bool {
     COUNTS.get(&key(vocabulary, text)).is_some()
