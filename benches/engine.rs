@@ -144,6 +144,9 @@ impl Feeder {
         format!("bench_{kind}_{n}")
     }
 
+    // Not inlined, so a profiler can single out the engine's share (callgrind
+    // `--toggle-collect='engine::Feeder::apply'`).
+    #[inline(never)]
     fn apply(&mut self, u: Update) {
         let r = step(&mut self.session, u, &self.config, 1);
         divan::black_box(r.expect("bench update applies"));

@@ -150,8 +150,9 @@ impl Session {
                 keep: p.keep,
             };
             let part = &stored.part;
-            let unstripped = self.rendered_tokens_as(part, Some(&mark), false, false);
-            let new = self.rendered_tokens_as(part, Some(&mark), false, true);
+            let est = &stored.est;
+            let unstripped = self.rendered_tokens_as(part, est, Some(&mark), false, false);
+            let new = self.rendered_tokens_as(part, est, Some(&mark), false, true);
             if new >= old {
                 continue; // never larger: a rewrite that does not shrink is not applied
             }
