@@ -36,9 +36,11 @@ __all__ = [
 ]
 
 # "<dotted field>: <message>", the field being identifiers, dots and [index] steps
-# ("export_json.messages[3].info.role"). A message without a field never starts so:
-# compactd's field-less messages begin with plain words.
-_FIELD_PREFIX = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*|\[\d+\])*): (.*)$", re.S)
+# ("export.messages[3].info.role", "export_json.$"). A message without a field never
+# starts so: compactd's field-less messages begin with plain words.
+_FIELD_PREFIX = re.compile(
+    r"^([A-Za-z_$][A-Za-z0-9_$]*(?:\.[A-Za-z_$][A-Za-z0-9_$]*|\[\d+\])*): (.*)$", re.S
+)
 
 
 class CompactdError(Exception):
