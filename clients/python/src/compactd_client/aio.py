@@ -109,10 +109,10 @@ class AsyncSessionStream:
         if len(update) != 1:
             raise TypeError("an update sets exactly one ClientUpdate field")
         async with self._write_lock:  # seqs go out in the order they were assigned
-            if self._failure is not None:
-                raise self._failure
             if self._closing:
                 raise RuntimeError("the stream is closed")
+            if self._failure is not None:
+                raise self._failure
             self._seq += 1
             seq = self._seq
             pending = _Pending(listener)

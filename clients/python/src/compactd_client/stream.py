@@ -95,10 +95,10 @@ class SessionStream:
         if len(update) != 1:
             raise TypeError("an update sets exactly one ClientUpdate field")
         with self._lock:
-            if self._failure is not None:
-                raise self._failure
             if self._closing:
                 raise RuntimeError("the stream is closed")
+            if self._failure is not None:
+                raise self._failure
             self._seq += 1
             seq = self._seq
             msg = pb.ClientUpdate(seq=seq, session_id=session_id, **update)
