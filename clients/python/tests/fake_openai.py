@@ -46,7 +46,7 @@ class Reply:
 @dataclass
 class Recorded:
     path: str
-    headers: Dict[str, str]
+    headers: Dict[str, str]  # names in lower case
     body: Dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -80,7 +80,8 @@ class FakeOpenAI:
                 length = int(self.headers.get("content-length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
                 with fake._lock:
-                    fake.requests.append(Recorded(self.path, dict(self.headers), body))
+                    fake.requests.append(Recorded(
+                        self.path, {k.lower(): v for k, v in self.headers.items()}, body))
                     reply = fake.script.pop(0) if fake.script else Reply.error(500)
                 if not self.path.endswith("/chat/completions"):
                     return self._send(404, {"error": {"message": "unknown path"}})

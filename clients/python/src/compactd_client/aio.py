@@ -170,6 +170,8 @@ class AsyncSessionStream:
                     p.future.set_exception(err)
                 if p.listener is not None:
                     p.listener.put_nowait(err)
+            elif kind == "compaction" and p.listener is not None:
+                p.listener.put_nowait(ev.compaction)  # `started` may precede the ack
             else:
                 p.events.append(ev)
             return

@@ -7,7 +7,8 @@ A background thread reads the server's events and routes each by ``seq``:
 * ``ack``: completes the update's future with an :class:`UpdateResult`;
 * ``error``: fails it with the :class:`CompactdError` for the event's code and field
   (the stream stays open, the session unchanged);
-* after the ack (compaction events): to the compaction started by that update, else to
+* compaction events: to the compaction started by that update (before or after its
+  ack), else to
   ``on_event`` or the queue read by :meth:`SessionStream.next_event`.
 """
 
@@ -160,6 +161,8 @@ class SessionStream:
                 p.future.set_exception(err)
                 if p.listener is not None:
                     p.listener.put(err)
+            elif kind == "compaction" and p.listener is not None:
+                p.listener.put(ev.compaction)  # `started` may precede the ack
             else:
                 p.events.append(ev)
         elif late_listener is not None and kind == "compaction":
