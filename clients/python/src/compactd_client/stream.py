@@ -8,8 +8,7 @@ A background thread reads the server's events and routes each by ``seq``:
 * ``error``: fails it with the :class:`CompactdError` for the event's code and field
   (the stream stays open, the session unchanged);
 * compaction events: to the compaction started by that update (before or after its
-  ack), else to
-  ``on_event`` or the queue read by :meth:`SessionStream.next_event`.
+  ack), else to ``on_event`` or the queue read by :meth:`SessionStream.next_event`.
 """
 
 from __future__ import annotations
