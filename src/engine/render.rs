@@ -116,6 +116,16 @@ pub(crate) fn render_as(
     }
 }
 
+/// The tokens of a part as rendered, and how many of the tokens it no longer sends are
+/// its tool input's (the input-leak fix's share of a reduction).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Rendered {
+    /// Tokens the rendered part counts.
+    pub tokens: u64,
+    /// Tokens of the tool input the rendering leaves out (0 unless the input is stripped).
+    pub input_saved: u64,
+}
+
 /// The tokens [`render_as`]'s part would count, from the part's cached estimate `est` plus
 /// a count of only the text the rendering replaces: nothing is cloned or serialized again
 /// on the hot path (re-rendering a marked 4 KB output cost more than the whole update).
@@ -127,19 +137,23 @@ pub(crate) fn rendered_tokens_as(
     s: &Settings,
     strip_inputs: bool,
     counter: &dyn TokenCounter,
-) -> u64 {
+) -> Rendered {
+    let whole = |tokens: u64| Rendered {
+        tokens,
+        input_saved: 0,
+    };
     match rewrite(part, mark, compacted, s, strip_inputs) {
-        Rewrite::Dropped => 0,
-        Rewrite::Kept => est.base.saturating_add(est.output),
-        Rewrite::Text(text) => counter.count(&text),
+        Rewrite::Dropped => whole(0),
+        Rewrite::Kept => whole(est.base.saturating_add(est.output)),
+        Rewrite::Text(text) => whole(counter.count(&text)),
         Rewrite::Tool(r) => {
             let PartKind::Tool(tool) = &part.kind else {
-                return est.base.saturating_add(est.output);
+                return whole(est.base.saturating_add(est.output));
             };
             // A tool's estimate: `generated` is its input, the rest of `base` its error
             // text (or the interrupted marker), `output` its completed output.
             let input = if r.strip_input {
-                counter.count(&strip_input(&tool.state.input).to_string())
+                counter.count(&json_text(&strip_input(&tool.state.input)))
             } else {
                 est.generated
             };
@@ -155,9 +169,18 @@ pub(crate) fn rendered_tokens_as(
                         counter.count(text)
                     }),
             };
-            input.saturating_add(rest)
+            Rendered {
+                tokens: input.saturating_add(rest),
+                input_saved: est.generated.saturating_sub(input),
+            }
         }
     }
+}
+
+/// A tool input as the model reads it (compact JSON, as [`estimate`](super::estimate)
+/// counts it), written straight into a byte buffer rather than through `Display`.
+pub(crate) fn json_text(input: &serde_json::Value) -> String {
+    serde_json::to_string(input).unwrap_or_default()
 }
 
 /// How the rendering changes a part: the one decision both the rendered part and its

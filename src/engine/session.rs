@@ -26,7 +26,7 @@ use super::footprint::{
 use super::part_index::PartIndex;
 use super::pins::Pins;
 use super::prune_index::{PruneIndex, PrunePlan};
-use super::render::{is_compacted, is_reduced, rendered_tokens_as};
+use super::render::{Rendered, is_compacted, is_reduced, rendered_tokens_as};
 use super::request_log::RequestLog;
 use super::stored::{Message, StoredPart};
 use super::strategies::{Pending, Tracker, cap_chars};
@@ -639,6 +639,19 @@ impl Session {
         change: Rendering,
         reduction: bool,
     ) -> (u64, u64) {
+        self.rerender_known(msg, pi, change, reduction, None)
+    }
+
+    /// [`Self::rerender`] when the caller already counted the new rendering (`known`: the
+    /// part's tokens once `change` applies), so it is not counted twice.
+    pub(crate) fn rerender_known(
+        &mut self,
+        msg: usize,
+        pi: usize,
+        change: Rendering,
+        reduction: bool,
+        known: Option<u64>,
+    ) -> (u64, u64) {
         let Some(stored) = self.messages.get(msg).and_then(|m| m.parts.get(pi)) else {
             debug_assert!(false, "rerender of a part that does not exist: {msg}/{pi}");
             return (0, 0);
@@ -674,7 +687,10 @@ impl Session {
             }
         }
         let stored = &self.messages[msg].parts[pi];
-        let reduced = self.reduced_tokens(&stored.part, &stored.est);
+        let reduced = match known {
+            Some(tokens) if is_reduced(&stored.part, &self.settings) => Some(tokens),
+            _ => self.reduced_tokens(&stored.part, &stored.est),
+        };
         let stored = &mut self.messages[msg].parts[pi];
         stored.reduced = reduced;
         let (new, now_compacted) = (stored.context_tokens(), stored.is_compacted());
@@ -1170,6 +1186,19 @@ impl Session {
         compacted: bool,
         strip_inputs: bool,
     ) -> u64 {
+        self.rendered_split(part, est, mark, compacted, strip_inputs)
+            .tokens
+    }
+
+    /// [`Self::rendered_tokens_as`] with the input-leak fix's share of the saving apart.
+    pub(crate) fn rendered_split(
+        &self,
+        part: &Part,
+        est: &PartEstimate,
+        mark: Option<&StrategyMark>,
+        compacted: bool,
+        strip_inputs: bool,
+    ) -> Rendered {
         let strip = strip_inputs && self.settings.strategies.has(Strategy::PruneToolInputs);
         rendered_tokens_as(
             part,

@@ -95,7 +95,12 @@ fn parts() -> Vec<Part> {
                 size: 12,
             }),
         ),
-        part("s_start", PartKind::StepStart { snapshot: String::new() }),
+        part(
+            "s_start",
+            PartKind::StepStart {
+                snapshot: String::new(),
+            },
+        ),
     ]
 }
 
@@ -147,6 +152,22 @@ fn rendered_tokens_equal_counting_the_rendered_part() {
                                 strip,
                                 counter,
                             );
+                            let unstripped = rendered_tokens_as(
+                                &p,
+                                &est,
+                                mark.as_ref(),
+                                compacted,
+                                &settings,
+                                false,
+                                counter,
+                            );
+                            assert_eq!(
+                                fast.tokens + fast.input_saved,
+                                unstripped.tokens,
+                                "input saving of {} under {mark:?}",
+                                p.id
+                            );
+                            let fast = fast.tokens;
                             assert_eq!(
                                 fast,
                                 expected,
