@@ -38,8 +38,9 @@ export function codeName(code: number): CodeName {
 }
 
 // A unary rejection reads "<field>: <message>" when a field is to blame (src/server/status.rs).
-// A field is a dotted path without spaces: "session.id", "upsert_part.tool.state.status".
-const FIELD_PREFIX = /^([A-Za-z_][A-Za-z0-9_]*(?:(?:\.[A-Za-z0-9_]+)|(?:\[[^\]\s]*\]))*): ([\s\S]*)$/;
+// A field is a dotted path without spaces or colons: "session.id", "upsert_part.tool.state.status",
+// "export_json.$.messages[2]" (an import's JSON path).
+const FIELD_PREFIX = /^([A-Za-z_][^\s:]*): ([\s\S]*)$/;
 
 /**
  * Any failure reported by compactd: a gRPC status of a unary call or of a stream, or the
