@@ -36,6 +36,16 @@ fn main() {
 
 const SIZES: &[usize] = &[100, 1_000, 10_000];
 
+/// The session sizes to run: [`SIZES`], or those `COMPACTD_BENCH_SIZES` lists
+/// (comma-separated), to profile one size alone (e.g. under callgrind).
+fn sizes() -> Vec<usize> {
+    std::env::var("COMPACTD_BENCH_SIZES")
+        .ok()
+        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .filter(|v: &Vec<usize>| !v.is_empty())
+        .unwrap_or_else(|| SIZES.to_vec())
+}
+
 /// All messages of all traces, in file order.
 fn corpus() -> Vec<(MessageInfo, Vec<Part>)> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/traces");
@@ -117,12 +127,18 @@ impl Feeder {
         let info = session.info().clone();
         let _ = session.apply(Update::Configure(info), &config);
         let _ = session.prune(compactd::engine::PruneMode::Commit, 0);
-        Feeder {
+        let mut f = Feeder {
             session,
             config,
             next: Cell::new(0),
             output: output_of(4_096),
-        }
+        };
+        // Settle: the settings change above makes the strategies rebuild their state from
+        // the whole history at the next finished turn, once (as after an import).
+        let user = f.user();
+        let info = f.assistant(&user);
+        f.finish(info);
+        f
     }
 
     /// A completed call of `tool` with `input` and a 4 KB output.
@@ -232,7 +248,7 @@ fn o200k() -> EngineConfig {
 }
 
 /// One tool part with a 4 KB output written into an open assistant message.
-#[divan::bench(args = SIZES)]
+#[divan::bench(args = sizes())]
 fn upsert_tool_part(bencher: divan::Bencher, n: usize) {
     let mut f = Feeder::new(n);
     let user = f.user();
@@ -241,7 +257,7 @@ fn upsert_tool_part(bencher: divan::Bencher, n: usize) {
 }
 
 /// [`upsert_tool_part`] counting with o200k.
-#[divan::bench(args = SIZES)]
+#[divan::bench(args = sizes())]
 fn upsert_tool_part_o200k(bencher: divan::Bencher, n: usize) {
     let mut f = Feeder::with_config(n, o200k());
     let user = f.user();
@@ -251,7 +267,7 @@ fn upsert_tool_part_o200k(bencher: divan::Bencher, n: usize) {
 
 /// An assistant message finishing: usage recorded, overflow check, prune decision (and
 /// the occasional commit).
-#[divan::bench(args = SIZES)]
+#[divan::bench(args = sizes())]
 fn finish_assistant_message(bencher: divan::Bencher, n: usize) {
     let mut f = Feeder::new(n);
     let user = f.user();
@@ -265,7 +281,7 @@ fn finish_assistant_message(bencher: divan::Bencher, n: usize) {
 /// A turn the strategies act on: read one of 50 files, `git status`, edit the next file,
 /// finish (8 updates); reads and edits of a file supersede its earlier operations, each
 /// `git status` the previous one. Compare with `strategy_turn_off` for their cost.
-#[divan::bench(args = SIZES)]
+#[divan::bench(args = sizes())]
 fn strategy_turn(bencher: divan::Bencher, n: usize) {
     let mut f = Feeder::new(n);
     let mut i = 0usize;
@@ -273,7 +289,7 @@ fn strategy_turn(bencher: divan::Bencher, n: usize) {
 }
 
 /// [`strategy_turn`] counting with o200k.
-#[divan::bench(args = SIZES)]
+#[divan::bench(args = sizes())]
 fn strategy_turn_o200k(bencher: divan::Bencher, n: usize) {
     let mut f = Feeder::with_config(n, o200k());
     let mut i = 0usize;
@@ -281,7 +297,7 @@ fn strategy_turn_o200k(bencher: divan::Bencher, n: usize) {
 }
 
 /// `strategy_turn` with every strategy off (OpenCode's prune alone).
-#[divan::bench(args = SIZES)]
+#[divan::bench(args = sizes())]
 fn strategy_turn_off(bencher: divan::Bencher, n: usize) {
     let config = EngineConfig {
         strategies: compactd::config::StrategySet::NONE,
@@ -312,7 +328,7 @@ fn strategy_step(f: &mut Feeder, i: &mut usize) {
 }
 
 /// A whole turn: user message + text, assistant message, one tool call, finish (6 updates).
-#[divan::bench(args = SIZES)]
+#[divan::bench(args = sizes())]
 fn full_turn(bencher: divan::Bencher, n: usize) {
     let mut f = Feeder::new(n);
     bencher.bench_local(|| {
