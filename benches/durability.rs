@@ -4,7 +4,8 @@
 //! the raw text bytes sent.
 //!
 //! Run: `cargo bench --bench durability` (env `STREAMS`, `TURNS` override the workload,
-//! `MODES` the durability modes compared, e.g. `MODES=sync`).
+//! `MODES` the durability modes compared, e.g. `MODES=sync`, `TOKENIZER` the server's
+//! tokenizer, e.g. `TOKENIZER=chars4`).
 //!
 //! The server is started and each stream driven by `compactd bench`'s own helpers
 //! (`cli::bench::spawn`, `cli::bench::drive`).
@@ -135,6 +136,11 @@ fn start(mode: &str, dir: &Path) -> Spawned {
     if mode != "legacy" {
         args.extend(["--durability".into(), mode.into(), "--data-dir".into()]);
         args.push(dir.into());
+        // `TOKENIZER` counts with another tokenizer than the default (`auto`: o200k for
+        // these sessions); `chars4` leaves the most CPU to the store.
+        if let Ok(tokenizer) = std::env::var("TOKENIZER") {
+            args.extend(["--tokenizer".into(), tokenizer.into()]);
+        }
     }
     Spawned::compactd(Path::new(&bin), &args).expect("compactd starts")
 }
