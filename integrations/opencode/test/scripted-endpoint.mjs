@@ -225,7 +225,7 @@ export function startEndpoint({ port = 0, log, workdir = process.cwd(), delayMs 
   return new Promise((resolve) => server.listen(port, "127.0.0.1", () => resolve(server)))
 }
 
-if (import.meta.url === `file://${process.argv[1]}`) {
+if (import.meta.url === `file://${process.argv[1]}` && !process.env.NODE_TEST_CONTEXT) {
   const arg = (name, dflt) => {
     const i = process.argv.indexOf(`--${name}`)
     return i > 0 ? process.argv[i + 1] : dflt
