@@ -1,0 +1,460 @@
+import {
+  credentials as grpcCredentials,
+  Metadata,
+  status as Status,
+  type CallOptions as GrpcCallOptions,
+  type ChannelCredentials,
+  type ClientOptions,
+  type ServiceError,
+} from "@grpc/grpc-js";
+import { CompactdError } from "./errors.js";
+import { collectCompaction, updateResult, type CompactionResult, type UpdateResult } from "./results.js";
+export { collectCompaction, updateResult, type CompactionResult, type UpdateResult };
+import { AsyncQueue } from "./queue.js";
+import { SessionStream } from "./stream.js";
+import type { CallOptions, DeepPartial, JsonValue, OpenAIChatMessage, OpenAITool } from "./types.js";
+import {
+  CompactOptions,
+  CompactRequest,
+  ContextFormat,
+  DeletePartRequest,
+  DeleteSessionRequest,
+  GetContextRequest,
+  GetRecallToolRequest,
+  GetSessionRequest,
+  ImportSessionRequest,
+  ListSessionsRequest,
+  OpenSessionRequest,
+  PinRequest,
+  PruneRequest,
+  RecallRequest,
+  ReportUsageRequest,
+  SessionsClient,
+  SessionsService,
+  SubscribeRequest,
+  UpsertMessageRequest,
+  UpsertPartRequest,
+  CheckOverflowRequest,
+  type CompactionEvent,
+  type Context,
+  type GetSessionResponse,
+  type OverflowCheck,
+  type PruneReport,
+  type Recalled,
+  type ServerEvent,
+  type SessionCompacted,
+  type CompactionFailed,
+  type SessionEvent,
+  type SessionSummary,
+  type UpdateResponse,
+} from "./gen/compactd/v1/sessions.js";
+import type { Message, MessageInfo, ModelLimits, Part, SessionConfig, SessionInfo, TokenUsage } from "./gen/compactd/v1/session.js";
+
+/** How to reach compactd. */
+export interface ClientOptionsInit {
+  /**
+   * `host:port` or `unix:/path/to.sock` (also `unix:///abs/path`). Default: `$COMPACTD_ADDR`,
+   * else `127.0.0.1:50051` (compactd's default `--listen`).
+   */
+  address?: string;
+  /** Bearer token sent as `authorization: Bearer <token>` (compactd `--auth-token-file`). Default: `$COMPACTD_AUTH_TOKEN`. */
+  token?: string;
+  /**
+   * TLS: `true` for the system roots, or PEM buffers (a CA, and a client key + chain for
+   * mutual TLS). Plaintext by default, as compactd serves without `--tls-cert`.
+   */
+  tls?: boolean | { rootCerts?: Buffer; privateKey?: Buffer; certChain?: Buffer };
+  /** Deadline of each unary call in milliseconds (default 30000). Streams have none unless given per call. */
+  deadlineMs?: number;
+  /**
+   * Largest message sent or received, in bytes (default 512 MiB). gRPC libraries default to a
+   * 4 MiB receive limit, which a large `GetSession` or `GetContext` exceeds.
+   */
+  maxMessageBytes?: number;
+  /** Extra grpc-js channel options (keepalive, ...), applied last. */
+  channelOptions?: Partial<ClientOptions>;
+  /** Ready-made channel credentials (wins over `tls`). */
+  credentials?: ChannelCredentials;
+}
+
+
+/** The recall tool, parsed. */
+export interface RecallToolDefinition {
+  /** "compactd_recall". */
+  name: string;
+  /** The definition as JSON text, as the server sent it. */
+  json: string;
+  /** The same definition parsed: add it to a chat-completions request's `tools`. */
+  tool: OpenAITool;
+}
+
+
+/** A server stream as an async iterator; `cancel()` (or `break`) ends the call. */
+export interface ServerStream<T> extends AsyncIterableIterator<T> {
+  /** Resolves when the server has accepted the call (its response headers arrived). */
+  readonly ready: Promise<void>;
+  /** Ends the call (the iterator then ends without an error). */
+  cancel(): void;
+}
+
+/** A manual compaction's events; also `result()` to wait for the end. */
+export interface CompactionRun extends ServerStream<CompactionEvent> {
+  /** Consumes the remaining events and returns how the compaction ended. */
+  result(): Promise<CompactionResult>;
+}
+
+export type SessionInit = DeepPartial<SessionInfo> & { id: string };
+
+/** `ImportSession` input: the export as text or as an object. */
+export interface ImportInit {
+  /** The `opencode export` document as JSON text. */
+  exportJson?: string;
+  /** The same document as an object. */
+  export?: { [key: string]: JsonValue | unknown };
+  /** Session id to use instead of the document's `info.id`. */
+  sessionId?: string;
+  limits?: DeepPartial<ModelLimits>;
+  config?: DeepPartial<SessionConfig>;
+  /** Replace a session with the same id instead of failing with ALREADY_EXISTS. */
+  replace?: boolean;
+}
+
+const DEFAULT_ADDRESS = "127.0.0.1:50051";
+const DEFAULT_DEADLINE_MS = 30_000;
+const DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024;
+
+type Service = typeof SessionsService;
+type UnaryName = {
+  [K in keyof Service]: Service[K]["requestStream"] extends false
+    ? Service[K]["responseStream"] extends false
+      ? K
+      : never
+    : never;
+}[keyof Service];
+type ReqOf<K extends keyof Service> = Parameters<Service[K]["requestSerialize"]>[0];
+type ResOf<K extends keyof Service> = ReturnType<Service[K]["responseDeserialize"]>;
+
+function envVar(name: string): string | undefined {
+  const p = (globalThis as { process?: { env?: Record<string, string | undefined> } }).process;
+  const v = p?.env?.[name];
+  return v === undefined || v === "" ? undefined : v;
+}
+
+
+/**
+ * A compactd client. One instance holds one HTTP/2 channel; share it. Every method rejects
+ * with a {@link CompactdError} carrying the gRPC code and, when the server names one, the field.
+ */
+export class CompactdClient {
+  /** The generated grpc-js client, for anything this wrapper does not cover. */
+  readonly raw: SessionsClient;
+  readonly address: string;
+  private readonly token?: string;
+  private readonly deadlineMs: number;
+
+  constructor(options: ClientOptionsInit = {}) {
+    this.address = options.address ?? envVar("COMPACTD_ADDR") ?? DEFAULT_ADDRESS;
+    this.token = options.token ?? envVar("COMPACTD_AUTH_TOKEN");
+    this.deadlineMs = options.deadlineMs ?? DEFAULT_DEADLINE_MS;
+    const max = options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
+    let creds = options.credentials;
+    if (!creds) {
+      const tls = options.tls;
+      if (!tls) creds = grpcCredentials.createInsecure();
+      else if (tls === true) creds = grpcCredentials.createSsl();
+      else creds = grpcCredentials.createSsl(tls.rootCerts ?? null, tls.privateKey ?? null, tls.certChain ?? null);
+    }
+    this.raw = new SessionsClient(this.address, creds, {
+      "grpc.max_receive_message_length": max,
+      "grpc.max_send_message_length": max,
+      ...options.channelOptions,
+    });
+  }
+
+  /** Waits until the channel is connected (or rejects with DEADLINE_EXCEEDED / UNAVAILABLE). */
+  waitForReady(timeoutMs = 10_000): Promise<void> {
+    return new Promise((resolve, reject) => {
+      this.raw.waitForReady(Date.now() + timeoutMs, (err) => {
+        if (err) reject(new CompactdError({ code: Status.UNAVAILABLE, details: `compactd at ${this.address} not ready: ${err.message}`, cause: err }));
+        else resolve();
+      });
+    });
+  }
+
+  /** Closes the channel. Calls in flight fail with CANCELLED or UNAVAILABLE. */
+  close(): void {
+    this.raw.close();
+  }
+
+  /** Metadata carrying the bearer token (exposed for calls made through `raw`). */
+  metadata(): Metadata {
+    const md = new Metadata();
+    if (this.token) md.set("authorization", `Bearer ${this.token}`);
+    return md;
+  }
+
+  /** grpc-js call options for a call: the deadline. */
+  private callOptions(opts: CallOptions | undefined, unary: boolean): Partial<GrpcCallOptions> {
+    const ms = opts?.deadlineMs ?? (unary ? this.deadlineMs : undefined);
+    return ms === undefined || ms <= 0 ? {} : { deadline: Date.now() + ms };
+  }
+
+  private unary<K extends UnaryName>(name: K, request: ReqOf<K>, opts?: CallOptions): Promise<ResOf<K>> {
+    const def = SessionsService[name];
+    return new Promise<ResOf<K>>((resolve, reject) => {
+      if (opts?.signal?.aborted) {
+        reject(new CompactdError({ code: Status.CANCELLED, details: "aborted before the call" }));
+        return;
+      }
+      const call = this.raw.makeUnaryRequest(
+        def.path,
+        def.requestSerialize as (v: ReqOf<K>) => Buffer,
+        def.responseDeserialize as (b: Buffer) => ResOf<K>,
+        request,
+        this.metadata(),
+        this.callOptions(opts, true),
+        (err: ServiceError | null, res?: ResOf<K>) => {
+          opts?.signal?.removeEventListener("abort", onAbort);
+          if (err) reject(CompactdError.fromStatus(err));
+          else resolve(res as ResOf<K>);
+        },
+      );
+      const onAbort = () => call.cancel();
+      opts?.signal?.addEventListener("abort", onAbort, { once: true });
+    });
+  }
+
+  private serverStream<K extends "compact" | "subscribe", T>(name: K, request: ReqOf<K>, opts?: CallOptions): ServerStream<T> {
+    const def = SessionsService[name];
+    const call = this.raw.makeServerStreamRequest(
+      def.path,
+      def.requestSerialize as (v: ReqOf<K>) => Buffer,
+      def.responseDeserialize as (b: Buffer) => T,
+      request,
+      this.metadata(),
+      this.callOptions(opts, false),
+    );
+    let cancelled = false;
+    const cancel = () => {
+      if (cancelled) return;
+      cancelled = true;
+      call.cancel();
+    };
+    const queue = new AsyncQueue<T>(cancel);
+    let readyResolve!: () => void;
+    let readyReject!: (e: unknown) => void;
+    const ready = new Promise<void>((res, rej) => {
+      readyResolve = res;
+      readyReject = rej;
+    });
+    ready.catch(() => undefined); // no unhandled rejection when nobody waits for it
+    call.on("metadata", () => readyResolve());
+    call.on("data", (item: T) => queue.push(item));
+    call.on("error", (err: ServiceError) => {
+      const e = CompactdError.fromStatus(err);
+      readyReject(e);
+      if (cancelled && err.code === Status.CANCELLED) queue.end();
+      else queue.fail(e);
+    });
+    call.on("end", () => {
+      // 'end' comes before 'error' for a failed call; wait for the status.
+    });
+    call.on("status", (st) => {
+      if (st.code === Status.OK) {
+        readyResolve();
+        queue.end();
+      }
+    });
+    const onAbort = () => cancel();
+    if (opts?.signal) {
+      if (opts.signal.aborted) cancel();
+      else opts.signal.addEventListener("abort", onAbort, { once: true });
+    }
+    const it = queue as unknown as ServerStream<T>;
+    Object.defineProperty(it, "ready", { value: ready });
+    Object.defineProperty(it, "cancel", {
+      value: () => {
+        cancel();
+        queue.end();
+      },
+    });
+    return it;
+  }
+
+  // ---- the main stream ----------------------------------------------------------------
+
+  /**
+   * Opens the main `Stream`. Updates sent on it get seqs 1, 2, ...; each resolves with its
+   * events when its ack arrives, or rejects with a CompactdError on its `error` event (the
+   * stream stays open).
+   */
+  stream(opts?: CallOptions): SessionStream {
+    const def = SessionsService.stream;
+    const call = this.raw.makeBidiStreamRequest(
+      def.path,
+      def.requestSerialize,
+      def.responseDeserialize,
+      this.metadata(),
+      this.callOptions(opts, false),
+    );
+    const s = new SessionStream(call);
+    if (opts?.signal) {
+      if (opts.signal.aborted) s.cancel();
+      else opts.signal.addEventListener("abort", () => s.cancel(), { once: true });
+    }
+    return s;
+  }
+
+  // ---- sessions ------------------------------------------------------------------------
+
+  /** Opens a session, or reconfigures it (title, model, limits, config, todos) when it exists. */
+  openSession(session: SessionInit, opts?: CallOptions): Promise<SessionSummary> {
+    return this.unary("openSession", OpenSessionRequest.fromPartial({ session }), opts);
+  }
+
+  /** The whole session: info, every message and part (pruned outputs included), summary. */
+  getSession(sessionId: string, opts?: CallOptions): Promise<GetSessionResponse> {
+    return this.unary("getSession", GetSessionRequest.fromPartial({ sessionId }), opts);
+  }
+
+  /** One summary per session held. */
+  async listSessions(opts?: CallOptions): Promise<SessionSummary[]> {
+    return (await this.unary("listSessions", ListSessionsRequest.fromPartial({}), opts)).sessions;
+  }
+
+  /** Forgets a session; true when it existed. */
+  async deleteSession(sessionId: string, opts?: CallOptions): Promise<boolean> {
+    return (await this.unary("deleteSession", DeleteSessionRequest.fromPartial({ sessionId }), opts)).deleted;
+  }
+
+  /** Loads an `opencode export` document (text or object) as a session. */
+  importSession(init: ImportInit, opts?: CallOptions): Promise<SessionSummary> {
+    return this.unary(
+      "importSession",
+      ImportSessionRequest.fromPartial({
+        exportJson: init.exportJson ?? "",
+        export: init.export as { [key: string]: unknown } | undefined,
+        sessionId: init.sessionId ?? "",
+        limits: init.limits,
+        config: init.config,
+        replace: init.replace ?? false,
+      }),
+      opts,
+    );
+  }
+
+  // ---- unary twins of the stream updates --------------------------------------------------
+
+  /** Inserts a message or updates it in place. */
+  async upsertMessage(sessionId: string, message: DeepPartial<MessageInfo>, opts?: CallOptions): Promise<UpdateResult> {
+    return this.twin(this.unary("upsertMessage", UpsertMessageRequest.fromPartial({ sessionId, message }), opts));
+  }
+
+  /** Inserts a part or updates it in place (its message must exist). */
+  async upsertPart(sessionId: string, part: DeepPartial<Part>, opts?: CallOptions): Promise<UpdateResult> {
+    return this.twin(this.unary("upsertPart", UpsertPartRequest.fromPartial({ sessionId, part }), opts));
+  }
+
+  /** Removes a part. */
+  async deletePart(sessionId: string, messageId: string, partId: string, opts?: CallOptions): Promise<UpdateResult> {
+    return this.twin(this.unary("deletePart", DeletePartRequest.fromPartial({ sessionId, messageId, partId }), opts));
+  }
+
+  /** Records provider token usage (optionally on an assistant message) and checks overflow. */
+  async reportUsage(
+    sessionId: string,
+    usage: { messageId?: string; tokens: DeepPartial<TokenUsage> },
+    opts?: CallOptions,
+  ): Promise<UpdateResult> {
+    return this.twin(this.unary("reportUsage", ReportUsageRequest.fromPartial({ sessionId, usage }), opts));
+  }
+
+  /** Pins (or with `pinned: false` unpins) a part, or a whole message when `partId` is empty. */
+  async pin(
+    sessionId: string,
+    target: { messageId: string; partId?: string; pinned?: boolean },
+    opts?: CallOptions,
+  ): Promise<UpdateResult> {
+    return this.twin(this.unary("pin", PinRequest.fromPartial({ sessionId, ...target }), opts));
+  }
+
+  private async twin(p: Promise<UpdateResponse>): Promise<UpdateResult> {
+    return updateResult(0, (await p).events);
+  }
+
+  // ---- context and decisions ------------------------------------------------------------
+
+  /**
+   * The ready-to-send context. `format`: "both" (default), "openai" (only `openaiMessages`)
+   * or "native" (only `messages`).
+   */
+  getContext(sessionId: string, format: "both" | "openai" | "native" = "both", opts?: CallOptions): Promise<Context> {
+    const f =
+      format === "openai"
+        ? ContextFormat.CONTEXT_FORMAT_OPENAI
+        : format === "native"
+          ? ContextFormat.CONTEXT_FORMAT_NATIVE
+          : ContextFormat.CONTEXT_FORMAT_UNSPECIFIED;
+    return this.unary("getContext", GetContextRequest.fromPartial({ sessionId, format: f }), opts);
+  }
+
+  /** The context as OpenAI chat-completions `messages`, ready to send. */
+  async getOpenAIMessages(sessionId: string, opts?: CallOptions): Promise<OpenAIChatMessage[]> {
+    const ctx = await this.getContext(sessionId, "openai", opts);
+    return (ctx.openaiMessages ?? []) as OpenAIChatMessage[];
+  }
+
+  /** The context as native (OpenCode-shaped) messages with their parts. */
+  async getNativeMessages(sessionId: string, opts?: CallOptions): Promise<Message[]> {
+    return (await this.getContext(sessionId, "native", opts)).messages;
+  }
+
+  /** Runs OpenCode's prune now (or, with `dryRun`, reports what it would do). */
+  prune(sessionId: string, options: { dryRun?: boolean } = {}, opts?: CallOptions): Promise<PruneReport> {
+    return this.unary("prune", PruneRequest.fromPartial({ sessionId, dryRun: options.dryRun ?? false }), opts);
+  }
+
+  /** Runs the overflow check now; every number behind the decision. */
+  checkOverflow(sessionId: string, opts?: CallOptions): Promise<OverflowCheck> {
+    return this.unary("checkOverflow", CheckOverflowRequest.fromPartial({ sessionId }), opts);
+  }
+
+  // ---- pins and recall ---------------------------------------------------------------------
+
+  /** A part's original content, by the tool call id the model passes, or by part id. */
+  recall(sessionId: string, key: { callId: string } | { partId: string }, opts?: CallOptions): Promise<Recalled> {
+    return this.unary("recall", RecallRequest.fromPartial({ sessionId, ...key }), opts);
+  }
+
+  /** The `compactd_recall` tool definition (OpenAI function calling), parsed. */
+  async getRecallTool(opts?: CallOptions): Promise<RecallToolDefinition> {
+    const t = await this.unary("getRecallTool", GetRecallToolRequest.fromPartial({}), opts);
+    return { name: t.name, json: t.json, tool: JSON.parse(t.json) as OpenAITool };
+  }
+
+  // ---- compaction and watching -------------------------------------------------------------
+
+  /**
+   * Summarizes the session now. Iterate the run for `started`, `delta`, `retrying` and the
+   * final `compacted` or `failed`; or `await run.result()`. `cancel()` (or `break`, or the
+   * signal) cancels the compaction and its LLM request.
+   */
+  compact(sessionId: string, options: DeepPartial<CompactOptions> = {}, opts?: CallOptions): CompactionRun {
+    const s = this.serverStream<"compact", CompactionEvent>(
+      "compact",
+      CompactRequest.fromPartial({ sessionId, options: CompactOptions.fromPartial(options) }),
+      opts,
+    );
+    Object.defineProperty(s, "result", { value: () => collectCompaction(s) });
+    return s as CompactionRun;
+  }
+
+  /**
+   * Watches one session (or every session with no id): overflow, pruned, compaction and
+   * evicted events. A watcher that falls behind ends with RESOURCE_EXHAUSTED.
+   */
+  subscribe(sessionId = "", opts?: CallOptions): ServerStream<SessionEvent> {
+    return this.serverStream<"subscribe", SessionEvent>("subscribe", SubscribeRequest.fromPartial({ sessionId }), opts);
+  }
+}
+

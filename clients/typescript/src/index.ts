@@ -1,0 +1,19 @@
+export {
+  CompactdClient,
+  collectCompaction,
+  updateResult,
+  type ClientOptionsInit,
+  type CompactionResult,
+  type CompactionRun,
+  type ImportInit,
+  type RecallToolDefinition,
+  type ServerStream,
+  type SessionInit,
+  type UpdateResult,
+} from "./client.js";
+export { SessionStream, type StreamCompaction, type StreamEvents, type UpdateBody } from "./stream.js";
+export { CompactdError, codeName, codeNumber, toCompactdError, type CodeName } from "./errors.js";
+export type { CallOptions, DeepPartial, JsonValue, OpenAIChatMessage, OpenAITool } from "./types.js";
+export * from "./gen/compactd/v1/sessions.js";
+export * from "./gen/compactd/v1/session.js";
+export { type MessageFns, protobufPackage, protobufFileName } from "./gen/compactd/v1/sessions.js";

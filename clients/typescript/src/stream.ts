@@ -1,0 +1,276 @@
+import { status as Status, type ClientDuplexStream, type ServiceError, type StatusObject } from "@grpc/grpc-js";
+import { CompactdError } from "./errors.js";
+import { AsyncQueue } from "./queue.js";
+import { collectCompaction, updateResult, type CompactionResult, type UpdateResult } from "./results.js";
+import type { DeepPartial } from "./types.js";
+import {
+  ClientUpdate,
+  ContextFormat,
+  type CompactOptions,
+  type CompactionEvent,
+  type Context,
+  type OverflowCheck,
+  type PruneReport,
+  type ServerEvent,
+} from "./gen/compactd/v1/sessions.js";
+import type { MessageInfo, Part, SessionInfo, TokenUsage } from "./gen/compactd/v1/session.js";
+
+/** The body of one update: exactly one of the `ClientUpdate` oneof fields. */
+export type UpdateBody = Omit<DeepPartial<ClientUpdate>, "seq" | "sessionId">;
+
+/** Events of a {@link SessionStream}, with their listener arguments. */
+export interface StreamEvents {
+  /** Every server event, as it arrives (acks and errors included). */
+  event: (e: ServerEvent) => void;
+  /** The session crossed (or is predicted to cross) its overflow threshold. */
+  overflow: (check: OverflowCheck, e: ServerEvent) => void;
+  /** An automatic prune cleared old tool outputs. */
+  pruned: (report: PruneReport, e: ServerEvent) => void;
+  /** A compaction event (manual from this stream, or automatic after one of its updates). */
+  compaction: (c: CompactionEvent, e: ServerEvent) => void;
+  /** An update was rejected (its promise rejects with the same error). */
+  updateError: (err: CompactdError, e: ServerEvent) => void;
+  /** The stream ended: `err` is undefined for a clean end (after `end()`), else the status. */
+  close: (err: CompactdError | undefined) => void;
+}
+
+interface Pending {
+  seq: number;
+  sessionId: string;
+  events: ServerEvent[];
+  resolve: (r: UpdateResult) => void;
+  reject: (e: CompactdError) => void;
+}
+
+/** A compaction started on the stream: the ack, then its events. */
+export interface StreamCompaction extends AsyncIterableIterator<CompactionEvent> {
+  /** The ack of the `compact` update. */
+  readonly ack: UpdateResult;
+  /** Consumes the remaining events and returns how the compaction ended. */
+  result(): Promise<CompactionResult>;
+}
+
+/**
+ * The main bidirectional stream. Sends are never blocked on earlier acks (compactd answers
+ * in order); each send resolves with its events when its ack arrives.
+ */
+export class SessionStream {
+  private nextSeq = 1;
+  private readonly pending = new Map<number, Pending>();
+  private readonly compactions = new Map<number, AsyncQueue<CompactionEvent>>();
+  private readonly listeners = new Map<keyof StreamEvents, Set<(...args: never[]) => void>>();
+  private ended: CompactdError | null | undefined = undefined; // undefined: open; null: clean end
+  /** Resolves when the stream is over: undefined for a clean end, else the error it ended with. */
+  readonly closed: Promise<CompactdError | undefined>;
+  private closedResolve!: (e: CompactdError | undefined) => void;
+
+  /** The underlying grpc-js call. */
+  readonly call: ClientDuplexStream<ClientUpdate, ServerEvent>;
+
+  constructor(call: ClientDuplexStream<ClientUpdate, ServerEvent>) {
+    this.call = call;
+    this.closed = new Promise((r) => (this.closedResolve = r));
+    call.on("data", (e: ServerEvent) => this.onEvent(e));
+    call.on("error", (err: ServiceError) => this.finish(CompactdError.fromStatus(err)));
+    call.on("status", (st: StatusObject) => {
+      if (st.code === Status.OK) this.finish(null);
+    });
+  }
+
+  /** Adds a listener. Returns a function that removes it. */
+  on<K extends keyof StreamEvents>(name: K, fn: StreamEvents[K]): () => void {
+    let set = this.listeners.get(name);
+    if (!set) this.listeners.set(name, (set = new Set()));
+    const s = set;
+    s.add(fn);
+    return () => void s.delete(fn);
+  }
+
+  private emit<K extends keyof StreamEvents>(name: K, ...args: Parameters<StreamEvents[K]>): void {
+    const set = this.listeners.get(name) as Set<(...a: Parameters<StreamEvents[K]>) => void> | undefined;
+    if (!set) return;
+    for (const fn of set) {
+      try {
+        fn(...args);
+      } catch (err) {
+        // A listener's bug must not break the stream's bookkeeping; report it asynchronously.
+        queueMicrotask(() => {
+          throw err;
+        });
+      }
+    }
+  }
+
+  private onEvent(e: ServerEvent): void {
+    const p = this.pending.get(e.seq);
+    if (p && e.sessionId === "") e.sessionId = p.sessionId;
+    this.emit("event", e);
+    if (e.overflow) this.emit("overflow", e.overflow, e);
+    if (e.pruned) this.emit("pruned", e.pruned, e);
+    if (e.compaction) {
+      this.emit("compaction", e.compaction, e);
+      const q = this.compactions.get(e.seq);
+      if (q) {
+        q.push(e.compaction);
+        if (e.compaction.compacted || e.compaction.failed) {
+          q.end();
+          this.compactions.delete(e.seq);
+        }
+      }
+    }
+    if (!p) return;
+    p.events.push(e);
+    if (e.ack) {
+      this.pending.delete(e.seq);
+      p.resolve(updateResult(e.seq, p.events));
+    } else if (e.error) {
+      this.pending.delete(e.seq);
+      const err = CompactdError.fromEvent(e.error, e.seq, p.sessionId, p.events);
+      this.emit("updateError", err, e);
+      p.reject(err);
+    }
+  }
+
+  private finish(err: CompactdError | null): void {
+    if (this.ended !== undefined) return;
+    this.ended = err;
+    const reason =
+      err ??
+      new CompactdError({ code: Status.UNAVAILABLE, details: "the stream ended before this update's ack" });
+    for (const p of this.pending.values()) p.reject(reason);
+    this.pending.clear();
+    for (const q of this.compactions.values()) {
+      if (err) q.fail(err);
+      else q.end();
+    }
+    this.compactions.clear();
+    this.emit("close", err ?? undefined);
+    this.closedResolve(err ?? undefined);
+  }
+
+  /** True once the stream has ended. */
+  get isClosed(): boolean {
+    return this.ended !== undefined;
+  }
+
+  /** Updates sent whose ack or error has not arrived yet. */
+  get inFlight(): number {
+    return this.pending.size;
+  }
+
+  /**
+   * Sends one update with the next seq. Resolves with its events when the ack arrives;
+   * rejects with a CompactdError (code, field, seq) on its `error` event, or when the stream
+   * ends first.
+   */
+  send(sessionId: string, body: UpdateBody): Promise<UpdateResult> {
+    return this.sendWithSeq(sessionId, body).result;
+  }
+
+  private sendWithSeq(sessionId: string, body: UpdateBody): { seq: number; result: Promise<UpdateResult> } {
+    const seq = this.nextSeq++;
+    if (this.ended !== undefined) {
+      const err = this.ended ?? new CompactdError({ code: Status.UNAVAILABLE, details: "the stream is closed" });
+      return { seq, result: Promise.reject(err) };
+    }
+    const result = new Promise<UpdateResult>((resolve, reject) => {
+      this.pending.set(seq, { seq, sessionId, events: [], resolve, reject });
+    });
+    this.call.write(ClientUpdate.fromPartial({ ...body, seq, sessionId }));
+    return { seq, result };
+  }
+
+  /** Opens or reconfigures a session (`session.id` defaults to `sessionId`). */
+  open(session: DeepPartial<SessionInfo> & { id: string }): Promise<UpdateResult> {
+    return this.send(session.id, { open: session });
+  }
+
+  upsertMessage(sessionId: string, message: DeepPartial<MessageInfo>): Promise<UpdateResult> {
+    return this.send(sessionId, { upsertMessage: message });
+  }
+
+  upsertPart(sessionId: string, part: DeepPartial<Part>): Promise<UpdateResult> {
+    return this.send(sessionId, { upsertPart: part });
+  }
+
+  deletePart(sessionId: string, messageId: string, partId: string): Promise<UpdateResult> {
+    return this.send(sessionId, { deletePart: { messageId, partId } });
+  }
+
+  reportUsage(sessionId: string, usage: { messageId?: string; tokens: DeepPartial<TokenUsage> }): Promise<UpdateResult> {
+    return this.send(sessionId, { reportUsage: usage });
+  }
+
+  pin(sessionId: string, target: { messageId: string; partId?: string; pinned?: boolean }): Promise<UpdateResult> {
+    return this.send(sessionId, { pin: target });
+  }
+
+  /** The context (reply event `context`); `format` as in CompactdClient.getContext. */
+  async getContext(sessionId: string, format: "both" | "openai" | "native" = "both"): Promise<Context> {
+    const f =
+      format === "openai"
+        ? ContextFormat.CONTEXT_FORMAT_OPENAI
+        : format === "native"
+          ? ContextFormat.CONTEXT_FORMAT_NATIVE
+          : ContextFormat.CONTEXT_FORMAT_UNSPECIFIED;
+    const r = await this.send(sessionId, { getContext: { format: f } });
+    const ctx = r.events.find((e) => e.context)?.context;
+    if (!ctx) throw new CompactdError({ code: Status.INTERNAL, details: "get_context acked without a context event", seq: r.seq, sessionId });
+    return ctx;
+  }
+
+  /** Runs prune (or a dry run) and returns its report (reply event `prune_report`). */
+  async prune(sessionId: string, options: { dryRun?: boolean } = {}): Promise<PruneReport> {
+    const r = await this.send(sessionId, { prune: { dryRun: options.dryRun ?? false } });
+    const rep = r.events.find((e) => e.pruneReport)?.pruneReport;
+    if (!rep) throw new CompactdError({ code: Status.INTERNAL, details: "prune acked without a prune_report event", seq: r.seq, sessionId });
+    return rep;
+  }
+
+  /** Runs the overflow check (reply event `overflow_check`). */
+  async checkOverflow(sessionId: string): Promise<OverflowCheck> {
+    const r = await this.send(sessionId, { checkOverflow: {} });
+    const c = r.events.find((e) => e.overflowCheck)?.overflowCheck;
+    if (!c) throw new CompactdError({ code: Status.INTERNAL, details: "check_overflow acked without an overflow_check event", seq: r.seq, sessionId });
+    return c;
+  }
+
+  /**
+   * Starts a manual compaction on this stream. Resolves after the ack with an iterator of
+   * the compaction's events (they follow the ack, with the same seq), ending at `compacted`
+   * or `failed`. Rejects like any update (FAILED_PRECONDITION when one is running, ...).
+   */
+  async compact(sessionId: string, options: DeepPartial<CompactOptions> = {}): Promise<StreamCompaction> {
+    const seq = this.nextSeq; // the seq sendWithSeq will take: register before any event can arrive
+    const q = new AsyncQueue<CompactionEvent>(() => this.compactions.delete(seq));
+    this.compactions.set(seq, q);
+    let ack: UpdateResult;
+    try {
+      const sent = this.sendWithSeq(sessionId, { compact: options });
+      ack = await sent.result;
+    } catch (err) {
+      this.compactions.delete(seq);
+      throw err;
+    }
+    const it = q as unknown as StreamCompaction;
+    Object.defineProperty(it, "ack", { value: ack });
+    Object.defineProperty(it, "result", { value: () => collectCompaction(q) });
+    return it;
+  }
+
+  /** Stops the session's running compaction (it ends with `failed`, kind "cancelled"). NOT_FOUND when none runs. */
+  cancelCompaction(sessionId: string): Promise<UpdateResult> {
+    return this.send(sessionId, { cancelCompaction: {} });
+  }
+
+  /** Half-closes: no more updates; the stream ends once compactd has answered those sent. */
+  end(): Promise<CompactdError | undefined> {
+    if (this.ended === undefined) this.call.end();
+    return this.closed;
+  }
+
+  /** Cancels the stream at once; updates in flight reject with CANCELLED. */
+  cancel(): void {
+    if (this.ended === undefined) this.call.cancel();
+  }
+}

@@ -1,0 +1,233 @@
+// Compact and Subscribe, with compactd's summarizer pointed at a fake OpenAI-compatible
+// streaming endpoint (node http, SSE chat.completion chunks).
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+import { CompactdClient, CompactdError, type CompactionEvent, type SessionEvent } from "@compactd/client";
+import { seedTurns, startCompactd, startFakeLlm, userMsg, textPart, waitFor, type Compactd, type FakeLlm } from "./harness.js";
+
+const SECRET = "sk-test-SECRET-ts-client";
+
+describe("Compact and Subscribe", () => {
+  let fake: FakeLlm;
+  let server: Compactd;
+  let c: CompactdClient;
+  before(async () => {
+    fake = await startFakeLlm([{ chunks: ["## Objective\n", "Fix the ", "failing test."] }]);
+    server = await startCompactd(["--llm-base-url", fake.baseUrl, "--llm-model", "fake-model", "--llm-timeout-secs", "20"], {
+      COMPACTD_LLM_API_KEY: SECRET,
+    });
+    c = server.client();
+  });
+  after(async () => {
+    await server.stop();
+    await fake.stop();
+  });
+
+  async function seeded(sid: string): Promise<void> {
+    await c.openSession({ id: sid, limits: { context: 100_000, output: 20_000 } });
+    await seedTurns(c, sid);
+  }
+
+  test("Compact streams started, the summary deltas, then compacted; Subscribe sees the same", async () => {
+    const sid = "cmp-1";
+    await seeded(sid);
+    const watch = c.subscribe(sid);
+    await watch.ready;
+    const all = c.subscribe();
+    await all.ready;
+    fake.script = [{ chunks: ["## Objective\n", "Fix the ", "failing test."] }];
+    const before = fake.requests.length;
+
+    const run = c.compact(sid, { instructions: "focus on the failing test" });
+    const events: CompactionEvent[] = [];
+    for await (const e of run) events.push(e);
+    assert.ok(events[0]?.started, "started comes first");
+    assert.equal(events[0]!.started!.auto, false);
+    assert.equal(events[0]!.started!.model, "fake-model");
+    const deltas = events.filter((e) => e.delta).map((e) => e.delta!);
+    assert.deepEqual(deltas.map((d) => d.text), ["## Objective\n", "Fix the ", "failing test."]);
+    assert.deepEqual(deltas.map((d) => d.index), [0, 1, 2]);
+    const last = events.at(-1)!;
+    assert.ok(last.compacted, JSON.stringify(last));
+    assert.ok(last.compacted.tokensAfter < last.compacted.tokensBefore);
+    assert.equal(last.compacted.auto, false);
+    assert.ok(events.every((e) => e.sessionId === sid && e.compactionId === events[0]!.compactionId && e.compactionId !== ""));
+
+    // What the endpoint got: one streamed request with the key, the model and the instructions.
+    assert.equal(fake.requests.length, before + 1);
+    const req = fake.requests.at(-1)!;
+    assert.equal(req.model, "fake-model");
+    assert.equal(req.stream, true);
+    assert.equal(fake.auth.at(-1), `Bearer ${SECRET}`);
+    assert.match(JSON.stringify(req.messages), /focus on the failing test/);
+    assert.match(JSON.stringify(req.messages), /user turn 1/);
+
+    // The context now starts at the compaction: the user message, then the summary.
+    const ctx = await c.getContext(sid, "native");
+    assert.equal(ctx.boundaryMessageId, last.compacted.userMessageId);
+    assert.equal(ctx.messages[0]!.info?.id, last.compacted.userMessageId);
+    assert.ok(ctx.messages[0]!.parts.some((p) => p.compaction), "a compaction part");
+    assert.equal(ctx.messages[1]!.info?.id, last.compacted.summaryMessageId);
+    assert.equal(ctx.messages[1]!.info?.summary, true);
+    assert.match(ctx.messages[1]!.parts.map((p) => p.text?.text ?? "").join(""), /## Objective\nFix the failing test\./);
+    const openai = await c.getOpenAIMessages(sid);
+    assert.match(JSON.stringify(openai), /Fix the failing test\./);
+
+    // Watchers saw the same compaction, by session and unfiltered.
+    const collect = async (it: AsyncIterator<SessionEvent>, n: number) => {
+      const out: SessionEvent[] = [];
+      while (out.length < n) {
+        const r = await it.next();
+        if (r.done) break;
+        if (r.value.compaction?.compactionId === last.compactionId) out.push(r.value);
+      }
+      return out;
+    };
+    const watched = await collect(watch, events.length);
+    assert.deepEqual(watched.map((e) => e.compaction), events, "Subscribe(session) relays every compaction event");
+    const global = await collect(all, events.length);
+    assert.equal(global.length, events.length);
+    assert.ok(global.every((e) => e.sessionId === sid));
+    watch.cancel();
+    all.cancel();
+    assert.equal((await watch.next()).done, true, "a cancelled subscription just ends");
+  });
+
+  test("result() gathers the summary; the stream's compact update streams the same events after its ack", async () => {
+    fake.script = [{ chunks: ["first ", "summary"] }];
+    const sid = "cmp-2";
+    await seeded(sid);
+    const r = await c.compact(sid).result();
+    assert.equal(r.summary, "first summary");
+    assert.ok(r.compacted);
+    assert.equal(r.failed, undefined);
+
+    // More turns, then compact from the main stream.
+    fake.script = [{ chunks: ["second ", "summary ", "via stream"] }];
+    for (const n of [4, 5, 6]) {
+      await c.upsertMessage(sid, userMsg(`u${n}`));
+      await c.upsertPart(sid, textPart(`u${n}`, `u${n}-t`, `user turn ${n}`));
+    }
+    const s = c.stream();
+    const relayed: CompactionEvent[] = [];
+    s.on("compaction", (e) => relayed.push(e));
+    const run = await s.compact(sid, { tailTurns: 1 });
+    assert.equal(run.ack.kind, "compact");
+    assert.equal(run.ack.seq, 1);
+    const res = await run.result();
+    assert.equal(res.summary, "second summary via stream");
+    assert.ok(res.compacted, JSON.stringify(res.events));
+    assert.deepEqual(relayed, res.events, "the compaction listener saw the same events");
+    await s.end();
+  });
+
+  test("a failed summary ends with failed (kind, retryable); the session is unchanged", async () => {
+    fake.script = [{ chunks: [] }];
+    const sid = "cmp-3";
+    await seeded(sid);
+    const before = await c.getContext(sid, "native");
+    const r = await c.compact(sid).result();
+    assert.equal(r.compacted, undefined);
+    assert.ok(r.failed, JSON.stringify(r.events));
+    assert.ok(r.failed.kind.length > 0);
+    assert.equal(typeof r.failed.retryable, "boolean");
+    const afterCtx = await c.getContext(sid, "native");
+    assert.deepEqual(afterCtx.messages.map((m) => m.info?.id), before.messages.map((m) => m.info?.id));
+  });
+
+  test("cancel_compaction on the stream ends a running compaction with failed/cancelled; a second Compact meanwhile is FAILED_PRECONDITION", async () => {
+    fake.script = [{ chunks: [], hang: true }];
+    const sid = "cmp-4";
+    await seeded(sid);
+    const aborted = fake.aborted;
+    const s = c.stream();
+    const run = await s.compact(sid);
+    await waitFor(() => fake.requests.some((r) => JSON.stringify(r.messages).includes("user turn 3")) && fake.requests.length > 0, 5_000, "the LLM request");
+    await assert.rejects(c.compact(sid).result(), (e: unknown) => {
+      assert.ok(e instanceof CompactdError);
+      assert.equal(e.codeName, "FAILED_PRECONDITION");
+      return true;
+    });
+    const cancel = await s.cancelCompaction(sid);
+    assert.equal(cancel.kind, "cancel_compaction");
+    const res = await run.result();
+    assert.equal(res.failed?.kind, "cancelled", JSON.stringify(res.events));
+    await waitFor(() => fake.aborted > aborted, 5_000, "the LLM request to be dropped");
+    await s.end();
+  });
+
+  test("dropping the Compact call cancels it: break out of the iterator", async () => {
+    fake.script = [{ chunks: [], hang: true }];
+    const sid = "cmp-5";
+    await seeded(sid);
+    const aborted = fake.aborted;
+    const n = fake.requests.length;
+    for await (const e of c.compact(sid)) {
+      assert.ok(e.started);
+      await waitFor(() => fake.requests.length > n, 5_000, "the LLM request");
+      break;
+    }
+    await waitFor(() => fake.aborted > aborted, 5_000, "the LLM request to be dropped");
+    // The session accepts a new compaction at once.
+    fake.script = [{ chunks: ["after ", "cancel"] }];
+    await waitFor(() => true);
+    let r;
+    for (let i = 0; i < 50; i++) {
+      try {
+        r = await c.compact(sid).result();
+        break;
+      } catch (e) {
+        if (!(e instanceof CompactdError && e.codeName === "FAILED_PRECONDITION")) throw e;
+        await new Promise((res) => setTimeout(res, 20)); // the cancelled one is still winding down
+      }
+    }
+    assert.equal(r?.summary, "after cancel");
+  });
+
+  test("a deadline on Compact ends the call with DEADLINE_EXCEEDED", async () => {
+    fake.script = [{ chunks: [], hang: true }];
+    const sid = "cmp-6";
+    await seeded(sid);
+    await assert.rejects(c.compact(sid, {}, { deadlineMs: 300 }).result(), (e: unknown) => e instanceof CompactdError && e.codeName === "DEADLINE_EXCEEDED");
+  });
+
+  test("Compact and Subscribe reject unknown sessions with NOT_FOUND naming session_id", async () => {
+    await assert.rejects(c.compact("nope").result(), (e: unknown) => e instanceof CompactdError && e.codeName === "NOT_FOUND" && e.field === "session_id");
+    const sub = c.subscribe("nope");
+    await assert.rejects(sub.next(), (e: unknown) => e instanceof CompactdError && e.codeName === "NOT_FOUND" && e.field === "session_id");
+    await assert.rejects(sub.ready, (e: unknown) => e instanceof CompactdError && e.codeName === "NOT_FOUND");
+  });
+
+  test("Subscribe relays overflow events", async () => {
+    const sid = "sub-overflow";
+    await c.openSession({ id: sid, limits: { context: 16_000, output: 4_000 } });
+    const sub = c.subscribe(sid);
+    await sub.ready;
+    await c.upsertMessage(sid, userMsg("u1"));
+    await c.reportUsage(sid, { tokens: { input: 15_000 } });
+    const first = await sub.next();
+    assert.equal(first.done, false);
+    assert.equal(first.value.sessionId, sid);
+    assert.equal(first.value.overflow?.overflow, true);
+    assert.equal(first.value.overflow?.used, 15_000);
+    sub.cancel();
+  });
+});
+
+describe("Compact without an endpoint", () => {
+  let server: Compactd;
+  before(async () => (server = await startCompactd()));
+  after(async () => server.stop());
+
+  test("is FAILED_PRECONDITION saying how to configure one", async () => {
+    const c = server.client();
+    await c.openSession({ id: "x" });
+    await seedTurns(c, "x");
+    await assert.rejects(c.compact("x").result(), (e: unknown) => {
+      assert.ok(e instanceof CompactdError);
+      assert.equal(e.codeName, "FAILED_PRECONDITION");
+      assert.match(e.details, /--llm-base-url/);
+      return true;
+    });
+  });
+});

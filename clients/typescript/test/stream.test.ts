@@ -1,0 +1,187 @@
+// The main Stream: seqs, acks, error events, the events updates cause, and its end.
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+import { CompactdClient, CompactdError, type ServerEvent, type OverflowCheck, type PruneReport } from "@compactd/client";
+import { assistantMsg, logOf, startCompactd, textPart, toolPart, userMsg, type Compactd } from "./harness.js";
+
+describe("Stream", () => {
+  let server: Compactd;
+  let c: CompactdClient;
+  before(async () => {
+    server = await startCompactd();
+    c = server.client();
+  });
+  after(async () => server.stop());
+
+  test("assigns seqs 1, 2, ... and resolves each update with its ack, in order, without waiting between sends", async () => {
+    const s = c.stream();
+    const seen: ServerEvent[] = [];
+    s.on("event", (e) => seen.push(e));
+    const sid = "seq-1";
+    const sends = [
+      s.open({ id: sid, limits: { context: 100_000, output: 10_000 } }),
+      s.upsertMessage(sid, userMsg("u1")),
+      s.upsertPart(sid, textPart("u1", "u1-t", "hello")),
+      s.upsertMessage(sid, assistantMsg("a1", "u1")),
+      s.upsertPart(sid, toolPart("a1", "a1-r", "read", "contents")),
+      s.upsertMessage(sid, assistantMsg("a1", "u1", "stop")),
+    ];
+    assert.equal(s.inFlight, 6);
+    const results = await Promise.all(sends);
+    assert.deepEqual(results.map((r) => r.seq), [1, 2, 3, 4, 5, 6]);
+    assert.deepEqual(results.map((r) => r.kind), ["open", "upsert_message", "upsert_part", "upsert_message", "upsert_part", "upsert_message"]);
+    assert.deepEqual(results.map((r) => r.created), [true, true, true, true, true, false]);
+    for (const r of results) {
+      assert.ok(r.events.at(-1)?.ack, "each update's events end with its ack");
+      assert.ok(r.events.every((e) => e.seq === r.seq && e.sessionId === sid));
+    }
+    const acks = seen.filter((e) => e.ack).map((e) => e.seq);
+    assert.deepEqual(acks, [1, 2, 3, 4, 5, 6], "acks arrive in the order sent");
+    assert.equal(s.inFlight, 0);
+    assert.equal(await s.end(), undefined, "a clean end");
+    assert.equal(s.isClosed, true);
+  });
+
+  test("an error event rejects that update with code, field and seq; the stream stays open", async () => {
+    const s = c.stream();
+    const sid = "err-1";
+    const errors: CompactdError[] = [];
+    s.on("updateError", (e) => errors.push(e));
+    await s.open({ id: sid });
+    await s.upsertMessage(sid, userMsg("u1"));
+    const bad = s.upsertPart(sid, toolPart("u1", "t1", "bash", "", "bogus"));
+    const good = s.upsertPart(sid, textPart("u1", "t2", "still open"));
+    await assert.rejects(bad, (err: unknown) => {
+      assert.ok(err instanceof CompactdError);
+      assert.equal(err.codeName, "INVALID_ARGUMENT");
+      assert.equal(err.code, 3);
+      assert.equal(err.field, "upsert_part.tool.state.status");
+      assert.equal(err.seq, 3);
+      assert.equal(err.sessionId, sid);
+      assert.match(err.details, /unknown status "bogus"/);
+      assert.ok(err.events.at(-1)?.error, "the error event is the update's last");
+      return true;
+    });
+    assert.equal((await good).seq, 4, "the update after the rejected one is applied");
+    assert.equal(errors.length, 1);
+
+    const cases: Array<[Promise<unknown>, string, string]> = [
+      [s.upsertMessage("no-such", userMsg("u1")), "NOT_FOUND", "session_id"],
+      [s.upsertMessage(sid, { id: "m", role: "robot" }), "INVALID_ARGUMENT", "upsert_message.role"],
+      [s.upsertPart(sid, textPart("nope", "p", "x")), "FAILED_PRECONDITION", "upsert_part.message_id"],
+      [s.deletePart(sid, "u1", "nope"), "NOT_FOUND", "delete_part.part_id"],
+      [s.pin(sid, { messageId: "nope" }), "NOT_FOUND", "pin.message_id"],
+      [s.open({ id: sid, config: { threshold: 7 } }), "INVALID_ARGUMENT", "open.config.threshold"],
+      [s.send(sid, {}), "INVALID_ARGUMENT", "update"],
+      [s.cancelCompaction(sid), "NOT_FOUND", ""],
+      [s.compact(sid), "FAILED_PRECONDITION", ""],
+    ];
+    for (const [p, code, field] of cases) {
+      await assert.rejects(p, (err: unknown) => {
+        assert.ok(err instanceof CompactdError, String(err));
+        assert.equal(err.codeName, code, err.message);
+        assert.equal(err.field, field, err.message);
+        return true;
+      });
+    }
+    const ctx = await s.getContext(sid, "native");
+    assert.deepEqual(ctx.messages[0]!.parts.map((p) => p.id), ["t2"], "the rejected updates changed nothing");
+    await s.end();
+  });
+
+  test("get_context, prune, check_overflow, pin, delete_part and report_usage on the stream", async () => {
+    const s = c.stream();
+    const sid = "ops-1";
+    const overflows: OverflowCheck[] = [];
+    s.on("overflow", (o) => overflows.push(o));
+    await s.open({ id: sid, limits: { context: 16_000, output: 4_000 }, config: { prune: false } });
+    await s.upsertMessage(sid, userMsg("u1"));
+    await s.upsertPart(sid, textPart("u1", "u1-t", "read the file"));
+    await s.upsertMessage(sid, assistantMsg("a1", "u1"));
+    await s.upsertPart(sid, toolPart("a1", "a1-r", "read", "FILE CONTENTS"));
+    await s.upsertPart(sid, textPart("a1", "a1-x", "to delete"));
+    assert.equal((await s.deletePart(sid, "a1", "a1-x")).kind, "delete_part");
+
+    const openai = await s.getContext(sid, "openai");
+    assert.equal(openai.messages.length, 0);
+    assert.deepEqual(openai.openaiMessages?.[0], { role: "user", content: "read the file" });
+    assert.deepEqual(openai.openaiMessages?.[2], { role: "tool", tool_call_id: "call_a1-r", content: "FILE CONTENTS" });
+    const native = await s.getContext(sid, "native");
+    assert.equal(native.openaiMessages, undefined);
+    assert.deepEqual(native.messages.map((m) => m.parts.map((p) => p.id)), [["u1-t"], ["a1-r"]]);
+
+    const check = await s.checkOverflow(sid);
+    assert.equal(check.overflow, false);
+    assert.equal(check.usable, 12_000);
+    assert.equal(check.trigger, "request");
+
+    const dry = await s.prune(sid, { dryRun: true });
+    assert.equal(dry.dryRun, true);
+    assert.equal(dry.committed, false);
+
+    const pin = await s.pin(sid, { messageId: "a1", partId: "a1-r" });
+    assert.equal(pin.kind, "pin");
+    assert.equal((await c.recall(sid, { partId: "a1-r" })).pinned, true);
+
+    // 12,000 tokens used is over the 11,040 threshold: the usage report causes an overflow event.
+    const usage = await s.reportUsage(sid, { messageId: "a1", tokens: { input: 12_000, output: 10 } });
+    assert.equal(usage.kind, "report_usage");
+    assert.equal(usage.overflow?.overflow, true);
+    assert.equal(usage.overflow?.crossed, "used");
+    assert.equal(usage.overflow?.used, 12_010);
+    assert.ok(usage.events.findIndex((e) => e.overflow) < usage.events.findIndex((e) => e.ack), "events before the ack");
+    assert.equal(overflows.length, 1);
+    await s.end();
+  });
+
+  test("an automatic prune after a finished assistant message arrives as a pruned event", async () => {
+    const s = c.stream();
+    const sid = "autoprune";
+    const pruned: PruneReport[] = [];
+    s.on("pruned", (p) => pruned.push(p));
+    await s.open({ id: sid, limits: { context: 200_000, output: 10_000 }, config: { pruneProtect: 1_000, pruneMinimum: 100, strategyPreset: "verbose", cacheModel: "none" } });
+    let last;
+    for (let n = 1; n <= 4; n++) {
+      await s.upsertMessage(sid, userMsg(`u${n}`));
+      await s.upsertPart(sid, textPart(`u${n}`, `u${n}-t`, `turn ${n}`));
+      await s.upsertMessage(sid, assistantMsg(`a${n}`, `u${n}`));
+      await s.upsertPart(sid, toolPart(`a${n}`, `a${n}-r`, "read", logOf(`a${n}`, 8_000)));
+      last = await s.upsertMessage(sid, assistantMsg(`a${n}`, `u${n}`, "stop"));
+      if (last.pruned) break;
+    }
+    assert.ok(last?.pruned, "a finished assistant message ran prune");
+    assert.equal(last.pruned.committed, true);
+    assert.ok(last.pruned.parts.some((p) => p.callId === "call_a1-r"), JSON.stringify(last.pruned.parts));
+    assert.equal(pruned.length, 1);
+    const ctx = await s.getContext(sid, "openai");
+    assert.equal(ctx.openaiMessages?.find((m: { tool_call_id?: string }) => m.tool_call_id === "call_a1-r")?.content, "[Old tool result content cleared]");
+    await s.end();
+  });
+
+  test("cancel() rejects updates in flight; sends after the end reject; close listeners run", async () => {
+    const s = c.stream();
+    let closedWith: CompactdError | undefined | null = null;
+    s.on("close", (e) => (closedWith = e));
+    await s.open({ id: "cancel-1" });
+    s.cancel();
+    const err = await s.closed;
+    assert.ok(err instanceof CompactdError);
+    assert.equal(err.codeName, "CANCELLED");
+    assert.equal(closedWith, err);
+    await assert.rejects(s.upsertMessage("cancel-1", userMsg("u1")), (e: unknown) => e instanceof CompactdError && e.codeName === "CANCELLED");
+
+    const t = c.stream();
+    await t.open({ id: "cancel-2" });
+    assert.equal(await t.end(), undefined);
+    await assert.rejects(t.upsertMessage("cancel-2", userMsg("u1")), (e: unknown) => e instanceof CompactdError && e.codeName === "UNAVAILABLE");
+  });
+
+  test("a stream to an unreachable address rejects its updates with UNAVAILABLE", async () => {
+    const dead = new CompactdClient({ address: "127.0.0.1:1" });
+    const s = dead.stream();
+    await assert.rejects(s.open({ id: "x" }), (e: unknown) => e instanceof CompactdError && e.codeName === "UNAVAILABLE");
+    await assert.rejects(dead.listSessions(), (e: unknown) => e instanceof CompactdError && e.codeName === "UNAVAILABLE");
+    await assert.rejects(dead.waitForReady(200), (e: unknown) => e instanceof CompactdError && e.codeName === "UNAVAILABLE");
+    dead.close();
+  });
+});

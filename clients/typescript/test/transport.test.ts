@@ -1,0 +1,86 @@
+// Connection options: bearer token, Unix socket, address from the environment.
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import { after, before, describe, test } from "node:test";
+import { CompactdClient, CompactdError } from "@compactd/client";
+import { startCompactd, tempDir, writeFile, type Compactd } from "./harness.js";
+
+const TOKEN = "s3cret-token-for-the-ts-client";
+
+describe("bearer token (--auth-token-file)", () => {
+  let server: Compactd;
+  let dir: ReturnType<typeof tempDir>;
+  before(async () => {
+    dir = tempDir();
+    const file = writeFile(join(dir.path, "token"), `${TOKEN}\n`);
+    server = await startCompactd(["--auth-token-file", file]);
+  });
+  after(async () => {
+    await server.stop();
+    dir.remove();
+  });
+
+  test("calls without the token are UNAUTHENTICATED, on every kind of call", async () => {
+    const anon = server.client();
+    await assert.rejects(anon.listSessions(), (e: unknown) => e instanceof CompactdError && e.codeName === "UNAUTHENTICATED" && e.code === 16);
+    await assert.rejects(anon.subscribe().next(), (e: unknown) => e instanceof CompactdError && e.codeName === "UNAUTHENTICATED");
+    const s = anon.stream();
+    await assert.rejects(s.open({ id: "x" }), (e: unknown) => e instanceof CompactdError && e.codeName === "UNAUTHENTICATED");
+    const ended = await s.closed;
+    assert.equal(ended?.codeName, "UNAUTHENTICATED", "the stream ends with the status");
+    const wrong = server.client({ token: "wrong" });
+    await assert.rejects(wrong.listSessions(), (e: unknown) => e instanceof CompactdError && e.codeName === "UNAUTHENTICATED");
+  });
+
+  test("calls with the token go through (unary and stream)", async () => {
+    const c = server.client({ token: TOKEN });
+    await c.openSession({ id: "authed" });
+    const s = c.stream();
+    assert.equal((await s.upsertMessage("authed", { id: "u1", role: "user" })).kind, "upsert_message");
+    await s.end();
+    assert.deepEqual((await c.listSessions()).map((x) => x.id), ["authed"]);
+  });
+
+  test("the token can come from COMPACTD_AUTH_TOKEN, the address from COMPACTD_ADDR", async () => {
+    const saved = { a: process.env.COMPACTD_ADDR, t: process.env.COMPACTD_AUTH_TOKEN };
+    process.env.COMPACTD_ADDR = server.addr;
+    process.env.COMPACTD_AUTH_TOKEN = TOKEN;
+    try {
+      const c = new CompactdClient();
+      assert.equal(c.address, server.addr);
+      assert.ok((await c.listSessions()).length >= 1);
+      c.close();
+    } finally {
+      for (const [k, v] of [["COMPACTD_ADDR", saved.a], ["COMPACTD_AUTH_TOKEN", saved.t]] as const) {
+        if (v === undefined) delete process.env[k];
+        else process.env[k] = v;
+      }
+    }
+  });
+});
+
+describe("Unix socket (--listen unix:/path)", () => {
+  let server: Compactd;
+  let dir: ReturnType<typeof tempDir>;
+  before(async () => {
+    dir = tempDir();
+    server = await startCompactd(["--listen", `unix:${join(dir.path, "compactd.sock")}`]);
+  });
+  after(async () => {
+    await server.stop();
+    dir.remove();
+  });
+
+  test("the start log's address works as the client address", async () => {
+    assert.match(server.addr, /^unix:/);
+    const c = server.client();
+    await c.waitForReady();
+    await c.openSession({ id: "uds" });
+    const s = c.stream();
+    await s.upsertMessage("uds", { id: "u1", role: "user" });
+    await s.upsertPart("uds", { id: "p1", messageId: "u1", text: { text: "over a socket" } });
+    const ctx = await s.getContext("uds", "openai");
+    assert.deepEqual(ctx.openaiMessages, [{ role: "user", content: "over a socket" }]);
+    await s.end();
+  });
+});
