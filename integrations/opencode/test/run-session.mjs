@@ -68,7 +68,10 @@ export async function runSession({ mode = "none", pluginOptions = {}, env = {}, 
   const port = server.address().port
   const plugin = []
   if (mode === "dcp") plugin.push(pathToFileURL(join(pkgDir, "node_modules", "@tarquinen", "opencode-dcp", "dist", "index.js")).href)
-  if (mode === "compactd") plugin.push([pathToFileURL(join(pkgDir, "dist", "index.js")).href, pluginOptions])
+  if (mode === "compactd") {
+    const options = { binary: process.env.COMPACTD_BIN ?? "compactd", logFile: join(root, "compactd-plugin.log"), ...pluginOptions }
+    plugin.push([pathToFileURL(join(pkgDir, "dist", "index.js")).href, options])
+  }
   const config = {
     $schema: "https://opencode.ai/config.json",
     provider: {
@@ -118,7 +121,7 @@ export async function runSession({ mode = "none", pluginOptions = {}, env = {}, 
   let exported = null
   if (sessionId) {
     try {
-      const out = execFileSync(opencodeBin, ["export", sessionId], { cwd: repo, env: runEnv, maxBuffer: 64 << 20 }).toString()
+      const out = execFileSync(opencodeBin, ["export", "--pure", sessionId], { cwd: repo, env: runEnv, maxBuffer: 64 << 20 }).toString()
       exported = JSON.parse(out.slice(out.indexOf("{")))
     } catch (e) {
       exported = { error: String(e) }
@@ -129,7 +132,8 @@ export async function runSession({ mode = "none", pluginOptions = {}, env = {}, 
 
 if (import.meta.url === pathToFileURL(process.argv[1]).href && !process.env.NODE_TEST_CONTEXT) {
   const mode = process.argv[2] ?? "none"
-  const r = await runSession({ mode })
+  const pluginOptions = JSON.parse(process.env.PLUGIN_OPTIONS ?? "{}")
+  const r = await runSession({ mode, pluginOptions })
   console.log(JSON.stringify({ mode, root: r.root, exit: r.exitCode, seconds: r.seconds, sessionId: r.sessionId, ...r.summary }, null, 1))
   console.log(`fixture: ${readFileSync(join(r.repo, "src/parser.js"), "utf8").includes("left.value - right.value") ? "fixed" : "NOT fixed"}`)
 }
