@@ -327,8 +327,10 @@ class Mirror {
         if (!part?.sessionID) return
         const s = this.sessions.get(part.sessionID)
         if (s?.status !== "ready") return
-        // Text still streaming is sent once it is whole.
-        if ((part.type === "text" || part.type === "reasoning") && part.time && part.time.end === undefined) return
+        // Text still streaming is sent when it appears (compactd keeps parts in arrival
+        // order) and once it is whole, not at every delta.
+        const streaming = (part.type === "text" || part.type === "reasoning") && part.time && part.time.end === undefined
+        if (streaming && s.sent.has(`p:${part.id}`)) return
         this.partUpdate(s, part)
         return
       }
@@ -403,6 +405,18 @@ class Mirror {
     const sessionID = messages[0]?.info?.sessionID
     if (!sessionID) return null
     const s = this.session(sessionID)
+    if (s.status !== "ready") await this.importSession(s, messages)
+    // compactd keeps parts in arrival order: if events came out of OpenCode's order, load
+    // the session whole rather than send a context in another order.
+    for (const m of messages) {
+      const held = [...(s.parts.get(m.info.id) ?? [])]
+      const order = m.parts.map((p) => p.id).filter((id) => held.includes(id))
+      if (held.length && order.join() !== held.filter((id) => order.includes(id)).join()) {
+        this.log.warn(`session ${sessionID}: parts of ${m.info.id} arrived out of order; reloading the session`)
+        s.status = "import"
+        break
+      }
+    }
     if (s.status !== "ready") await this.importSession(s, messages)
     // Reconcile: anything the events missed (or that changed since) is sent now.
     for (const m of messages) {

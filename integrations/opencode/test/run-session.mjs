@@ -106,6 +106,8 @@ export async function runSession({ mode = "none", pluginOptions = {}, env = {}, 
     OPENCODE_DISABLE_CLAUDE_CODE: "1",
     ...env,
   }
+  // The fixture's own `node --test` must not think it runs inside this test runner.
+  delete runEnv.NODE_TEST_CONTEXT
   const started = Date.now()
   const result = await run(opencodeBin, ["run", "--print-logs", "--log-level", "INFO", "--format", "json", PROMPT], { cwd: repo, env: runEnv, timeoutMs })
   const seconds = (Date.now() - started) / 1000

@@ -1,0 +1,182 @@
+// End-to-end: the real OpenCode (opencode-ai from npm, headless `opencode run`) with the
+// compactd plugin, against the scripted OpenAI-compatible endpoint, in a throwaway git
+// repository. Then the same session with no plugin and with DCP, for the comparison.
+//
+// Needs COMPACTD_BIN (the compactd binary). Run through ../test.sh.
+import { test, before, after } from "node:test"
+import assert from "node:assert/strict"
+import { spawn } from "node:child_process"
+import { mkdtempSync, readFileSync, writeFileSync, rmSync, existsSync } from "node:fs"
+import { createServer } from "node:net"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { CompactdClient } from "@compactd/client"
+import { runSession, summarize, pkgDir } from "./run-session.mjs"
+import { toMessageInfo, toPart, kindOf } from "../dist/convert.js"
+
+const BIN = process.env.COMPACTD_BIN
+assert.ok(BIN && existsSync(BIN), `COMPACTD_BIN must name the compactd binary (got ${BIN})`)
+
+// Settings under which compactd acts within this short session: outputs older than the
+// newest 3 tool results are masked, and decisions apply at once (no cache to protect).
+const E2E_SESSION = { mask_keep: 3, cache_model: "none" }
+
+let server
+let client
+let address
+const runs = {}
+
+function freePort() {
+  return new Promise((resolve) => {
+    const s = createServer()
+    s.listen(0, "127.0.0.1", () => {
+      const p = s.address().port
+      s.close(() => resolve(p))
+    })
+  })
+}
+
+before(async () => {
+  const port = await freePort()
+  address = `127.0.0.1:${port}`
+  const dataDir = mkdtempSync(join(tmpdir(), "compactd-e2e-"))
+  server = spawn(BIN, ["serve", "--listen", address, "--data-dir", dataDir], { stdio: ["ignore", "ignore", "pipe"] })
+  server.stderr.on("data", () => {})
+  server.on("exit", () => rmSync(dataDir, { recursive: true, force: true }))
+  client = new CompactdClient({ address })
+  await client.waitForReady(15000)
+})
+
+after(() => {
+  client?.close()
+  server?.kill("SIGTERM")
+})
+
+const contentOf = (m) => (typeof m.content === "string" ? m.content : JSON.stringify(m.content ?? ""))
+const toolResult = (req, callId) => req.body.messages.find((m) => m.role === "tool" && m.tool_call_id === callId)
+
+test("OpenCode with the compactd plugin: mirror, compactd's context in the requests, normal finish", async () => {
+  const r = await runSession({ mode: "compactd", pluginOptions: { address, session: E2E_SESSION } })
+  runs["compactd (mask_keep 3, cache none)"] = r
+  const pluginLog = existsSync(join(r.root, "compactd-plugin.log")) ? readFileSync(join(r.root, "compactd-plugin.log"), "utf8") : ""
+  const diag = `\n--- plugin log ---\n${pluginLog}\n--- opencode stderr (tail) ---\n${r.stderr.slice(-3000)}`
+
+  // OpenCode finished normally: exit 0, the final answer, the fix in the repository.
+  assert.equal(r.exitCode, 0, `opencode exited with ${r.exitCode}${diag}`)
+  assert.match(r.stdout, /All 9 tests pass/, `no final answer${diag}`)
+  assert.match(readFileSync(join(r.repo, "src/parser.js"), "utf8"), /left\.value - right\.value/)
+  const main = r.requests.filter((q) => q.main)
+  assert.equal(main.length, 8, `expected the 8 scripted steps, got ${main.length}${diag}`)
+  assert.deepEqual(main.map((q) => q.step), [0, 1, 2, 3, 4, 5, 6, 7])
+  assert.doesNotMatch(pluginLog, / ERROR /, `plugin logged errors${diag}`)
+  assert.equal((pluginLog.match(/sending compactd's context/g) ?? []).length, 8, `the context was not replaced on every request${diag}`)
+
+  // compactd's session mirrors OpenCode's: same messages and parts, in order, with the
+  // original content (compactd keeps originals; only its context shortens them).
+  assert.ok(r.exported?.messages, `no export: ${JSON.stringify(r.exported)}`)
+  const held = await client.getSession(r.sessionId)
+  const ours = held.messages
+  const theirs = r.exported.messages
+  assert.deepEqual(ours.map((m) => m.info.id), theirs.map((m) => m.info.id), "message ids and order")
+  for (let i = 0; i < theirs.length; i++) {
+    const want = toMessageInfo(theirs[i].info)
+    const got = ours[i].info
+    assert.equal(got.role, want.role)
+    assert.equal(got.parentId, want.parentId)
+    assert.equal(got.finish, want.finish, `finish of ${want.id}`)
+    assert.equal(got.time.created, want.time.created)
+    if (want.role === "assistant") {
+      assert.deepEqual(
+        { input: got.tokens?.input, output: got.tokens?.output, read: got.tokens?.cache?.read },
+        { input: want.tokens.input, output: want.tokens.output, read: want.tokens.cache.read },
+        `usage of ${want.id}`,
+      )
+    }
+    const wantParts = theirs[i].parts.map(toPart).filter(Boolean)
+    assert.deepEqual(ours[i].parts.map((p) => p.id), wantParts.map((p) => p.id), `parts of ${want.id}`)
+    for (let j = 0; j < wantParts.length; j++) {
+      const g = ours[i].parts[j]
+      const w = wantParts[j]
+      assert.equal(kindOf(g), Object.keys(w).find((k) => !["id", "messageId", "extra"].includes(k)), `kind of part ${w.id}`)
+      if (w.text) assert.equal(g.text.text, w.text.text)
+      if (w.tool) {
+        assert.equal(g.tool.callId, w.tool.callId)
+        assert.equal(g.tool.tool, w.tool.tool)
+        assert.equal(g.tool.state.status, w.tool.state.status)
+        assert.equal(g.tool.state.output, w.tool.state.output, `output of ${w.tool.callId}`)
+        assert.deepEqual(g.tool.state.input, w.tool.state.input)
+      }
+    }
+  }
+  // Usage reached compactd: it predicts from reports.
+  assert.ok(held.summary.overflow.used > 0, "no usage reported to compactd")
+
+  // compactd's decisions, and the requests OpenCode sent after them.
+  const marks = Object.fromEntries(ours.flatMap((m) => m.parts).filter((p) => p.mark && p.tool).map((p) => [p.tool.callId, p.mark]))
+  assert.equal(marks.call_s02_0?.strategy, "supersedeDuplicates", `first test run not superseded: ${JSON.stringify(marks)}`)
+  assert.equal(marks.call_s02_0?.supersededBy, "call_s06_0")
+  assert.equal(marks.call_s03_0?.strategy, "maskObservations", `lexer read not masked: ${JSON.stringify(marks)}`)
+  assert.equal(marks.call_s05_0?.strategy, "capLargeOutputs", `build log not capped: ${JSON.stringify(marks)}`)
+
+  const last = main[main.length - 1]
+  // The first test run, repeated later: superseded, its failure text gone.
+  const firstRun = contentOf(toolResult(last, "call_s02_0"))
+  assert.equal(firstRun, "[Superseded by a newer call: call_s06_0]")
+  assert.doesNotMatch(JSON.stringify(last.body.messages), /not ok 2 - subtracts/)
+  // The lexer read, older than the newest 3 results: masked, its content gone.
+  const lexer = contentOf(toolResult(last, "call_s03_0"))
+  assert.match(lexer, /output hidden to save context/)
+  assert.match(lexer, /compactd_recall/)
+  assert.doesNotMatch(JSON.stringify(last.body.messages), /unexpected character/)
+  // The long build log: head and tail only, from the request right after it arrived.
+  const buildReq = main.find((q) => q.step === 6)
+  const build = contentOf(toolResult(buildReq, "call_s05_0"))
+  assert.match(build, /omitted from the middle of this output; call compactd_recall with call_id/)
+  assert.doesNotMatch(build, /module_130\.js/)
+  assert.match(build, /done: 260 modules/)
+  // Once a placeholder went out, no later request carries that output again.
+  for (const [callId, text] of [["call_s02_0", "not ok 2 - subtracts"], ["call_s03_0", "unexpected character"], ["call_s05_0", "module_130.js"]]) {
+    const firstHidden = main.findIndex((q) => toolResult(q, callId) && !contentOf(toolResult(q, callId)).includes(text))
+    assert.ok(firstHidden >= 0, `${callId} was never hidden`)
+    for (const q of main.slice(firstHidden)) assert.ok(!contentOf(toolResult(q, callId)).includes(text), `${callId} came back in request ${q.index}`)
+  }
+  // The recall tool is offered to the model.
+  assert.ok(last.body.tools.some((t) => t.function.name === "compactd_recall"), "compactd_recall not registered")
+  // OpenCode's own storage still holds every original output.
+  const stored = theirs.flatMap((m) => m.parts).find((p) => p.callID === "call_s02_0")
+  assert.match(stored.state.output, /not ok 2 - subtracts/)
+})
+
+test("the recall tool returns a hidden output (compactd Recall, as the tool answers it)", async () => {
+  const r = runs["compactd (mask_keep 3, cache none)"]
+  assert.ok(r, "needs the first test")
+  const got = await client.recall(r.sessionId, { callId: "call_s02_0" })
+  assert.equal(got.reduction, "superseded")
+  assert.match(got.call.output, /not ok 2 - subtracts/)
+})
+
+test("comparison: no plugin, DCP, compactd (defaults, sidecar started by the plugin)", async () => {
+  runs["none"] = await runSession({ mode: "none" })
+  runs["dcp"] = await runSession({ mode: "dcp" })
+  runs["compactd (defaults)"] = await runSession({ mode: "compactd", pluginOptions: { binary: BIN } })
+  const order = ["none", "dcp", "compactd (defaults)", "compactd (mask_keep 3, cache none)"]
+  const rows = order.filter((k) => runs[k]).map((k) => ({ run: k, exit: runs[k].exitCode, seconds: runs[k].seconds, ...summarize(runs[k].requests) }))
+  const base = rows[0]
+  const pct = (a, b) => `${a >= b ? "+" : ""}${(((a - b) / b) * 100).toFixed(1)}%`
+  const lines = [
+    "| run | requests | prompt tokens | vs none | last prompt | cost, anthropic | vs none | cost, openai | vs none | cache breaks |",
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ...rows.map(
+      (x) =>
+        `| ${x.run} | ${x.requests} | ${x.prompt_tokens} | ${pct(x.prompt_tokens, base.prompt_tokens)} | ${x.last_prompt_tokens} | ${x.cost_anthropic} | ${pct(x.cost_anthropic, base.cost_anthropic)} | ${x.cost_openai} | ${pct(x.cost_openai, base.cost_openai)} | ${x.cache_breaks} |`,
+    ),
+  ]
+  console.log(`\n${lines.join("\n")}\n`)
+  writeFileSync(join(pkgDir, ".tmp-comparison.json"), JSON.stringify(rows, null, 2))
+  for (const x of rows) {
+    assert.equal(x.exit, 0, `${x.run}: opencode exited with ${x.exit}`)
+    assert.equal(x.requests, 8, `${x.run}: ${x.requests} requests`)
+  }
+  const aggressive = rows.find((x) => x.run.startsWith("compactd (mask"))
+  assert.ok(aggressive.prompt_tokens < base.prompt_tokens, "compactd sent no fewer prompt tokens than no plugin")
+})
