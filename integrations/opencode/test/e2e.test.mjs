@@ -155,11 +155,52 @@ test("the recall tool returns a hidden output (compactd Recall, as the tool answ
   assert.match(got.call.output, /not ok 2 - subtracts/)
 })
 
+test("compactd unreachable at start: the plugin stands aside, OpenCode runs as without it", async () => {
+  const port = await freePort() // nothing listens there
+  const r = await runSession({ mode: "compactd", pluginOptions: { address: `127.0.0.1:${port}`, timeoutMs: 2000 } })
+  const pluginLog = readFileSync(join(r.root, "compactd-plugin.log"), "utf8")
+  assert.equal(r.exitCode, 0, pluginLog)
+  assert.equal(r.requests.filter((q) => q.main).length, 8)
+  assert.match(pluginLog, /compactd plugin disabled: compactd is not available/)
+})
+
+test("compactd dies mid-session: OpenCode's own messages are sent, the session finishes", async () => {
+  const port = await freePort()
+  const addr = `127.0.0.1:${port}`
+  const dataDir = mkdtempSync(join(tmpdir(), "compactd-e2e-dying-"))
+  const dying = spawn(BIN, ["serve", "--listen", addr, "--data-dir", dataDir], { stdio: "ignore" })
+  const c = new CompactdClient({ address: addr })
+  await c.waitForReady(15000)
+  c.close()
+  let killed = false
+  const r = await runSession({
+    mode: "compactd",
+    pluginOptions: { address: addr, session: E2E_SESSION, timeoutMs: 3000 },
+    onRequest: async ({ main, step }) => {
+      if (main && step === 4 && !killed) {
+        killed = true
+        dying.kill("SIGKILL")
+        await new Promise((res) => dying.once("exit", res))
+      }
+    },
+  })
+  rmSync(dataDir, { recursive: true, force: true })
+  const pluginLog = readFileSync(join(r.root, "compactd-plugin.log"), "utf8")
+  assert.ok(killed)
+  assert.equal(r.exitCode, 0, pluginLog)
+  const main = r.requests.filter((q) => q.main)
+  assert.equal(main.length, 8, pluginLog)
+  assert.match(pluginLog, /context not replaced \(OpenCode's own messages are sent\)/)
+  // After the fall back, the first test run goes out whole again.
+  assert.match(contentOf(toolResult(main[7], "call_s02_0")), /not ok 2 - subtracts/)
+})
+
 test("comparison: no plugin, DCP, compactd (defaults, sidecar started by the plugin)", async () => {
   runs["none"] = await runSession({ mode: "none" })
   runs["dcp"] = await runSession({ mode: "dcp" })
   runs["compactd (defaults)"] = await runSession({ mode: "compactd", pluginOptions: { binary: BIN } })
-  const order = ["none", "dcp", "compactd (defaults)", "compactd (mask_keep 3, cache none)"]
+  runs["compactd (mask_keep 3)"] = await runSession({ mode: "compactd", pluginOptions: { binary: BIN, session: { mask_keep: 3 } } })
+  const order = ["none", "dcp", "compactd (defaults)", "compactd (mask_keep 3)", "compactd (mask_keep 3, cache none)"]
   const rows = order.filter((k) => runs[k]).map((k) => ({ run: k, exit: runs[k].exitCode, seconds: runs[k].seconds, ...summarize(runs[k].requests) }))
   const base = rows[0]
   const pct = (a, b) => `${a >= b ? "+" : ""}${(((a - b) / b) * 100).toFixed(1)}%`

@@ -55,7 +55,7 @@ export function summarize(requests) {
   }
 }
 
-export async function runSession({ mode = "none", pluginOptions = {}, env = {}, keep = false, timeoutMs = 180000, root } = {}) {
+export async function runSession({ mode = "none", pluginOptions = {}, env = {}, timeoutMs = 180000, root, onRequest } = {}) {
   root ??= mkdtempSync(join(tmpdir(), `oc-${mode}-`))
   const home = join(root, "home")
   const repo = join(root, "repo")
@@ -64,7 +64,7 @@ export async function runSession({ mode = "none", pluginOptions = {}, env = {}, 
   createFixture(repo)
   const log = join(root, "requests.jsonl")
   writeFileSync(log, "")
-  const server = await startEndpoint({ log, workdir: repo })
+  const server = await startEndpoint({ log, workdir: repo, onRequest })
   const port = server.address().port
   const plugin = []
   if (mode === "dcp") plugin.push(pathToFileURL(join(pkgDir, "node_modules", "@tarquinen", "opencode-dcp", "dist", "index.js")).href)
@@ -123,7 +123,7 @@ export async function runSession({ mode = "none", pluginOptions = {}, env = {}, 
   let exported = null
   if (sessionId) {
     try {
-      const out = execFileSync(opencodeBin, ["export", "--pure", sessionId], { cwd: repo, env: runEnv, maxBuffer: 64 << 20 }).toString()
+      const out = execFileSync(opencodeBin, ["export", "--pure", sessionId], { cwd: repo, env: runEnv, maxBuffer: 64 << 20, stdio: ["ignore", "pipe", "pipe"] }).toString()
       exported = JSON.parse(out.slice(out.indexOf("{")))
     } catch (e) {
       exported = { error: String(e) }

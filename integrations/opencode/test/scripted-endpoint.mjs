@@ -109,7 +109,7 @@ function workdirOf(body, fallback) {
   return fallback
 }
 
-export function startEndpoint({ port = 0, log, workdir = process.cwd(), delayMs = 0 } = {}) {
+export function startEndpoint({ port = 0, log, workdir = process.cwd(), delayMs = 0, onRequest } = {}) {
   let previous = null // the previous main request's messages, serialized, for the cached prefix
   let requestIndex = 0
   const server = createServer((req, res) => {
@@ -174,6 +174,7 @@ export function startEndpoint({ port = 0, log, workdir = process.cwd(), delayMs 
           JSON.stringify({ index, time: Date.now(), main, step, prompt_tokens: promptTokens, cached_tokens: cached, tools_tokens: toolsTokens, message_tokens: perMessage, usage, body }) + "\n",
         )
       }
+      if (onRequest) await onRequest({ index, main, step })
       if (delayMs) await new Promise((r) => setTimeout(r, delayMs))
       if (!body.stream) {
         res.writeHead(200, { "content-type": "application/json" })
