@@ -38,6 +38,8 @@ interface SessionState {
   /** The model and limits the session was opened with (JSON), to reopen on change. */
   opened: string
   model?: { providerID: string; modelID: string }
+  /** Assistant messages held back until their first part, by id. */
+  deferred: Map<string, Obj>
   /** A compaction compactd is running for the session. */
   compaction?: Promise<void>
 }
@@ -166,7 +168,7 @@ class Mirror {
   private session(id: string): SessionState {
     let s = this.sessions.get(id)
     if (!s) {
-      s = { id, status: "new", sent: new Map(), parts: new Map(), pending: new Set(), opened: "" }
+      s = { id, status: "new", sent: new Map(), parts: new Map(), pending: new Set(), opened: "", deferred: new Map() }
       this.sessions.set(id, s)
     }
     return s
@@ -271,8 +273,16 @@ class Mirror {
     else if (info.role === "assistant" && info.providerID) s.model = { providerID: info.providerID, modelID: info.modelID }
   }
 
-  private messageUpdate(s: SessionState, info: Obj) {
+  private messageUpdate(s: SessionState, info: Obj, force = false) {
     this.noteModel(s, info)
+    // OpenCode creates a step's assistant message before it builds the request: held back
+    // until its first part, it lands after a compaction that request triggers (in the
+    // context) rather than before it (summarized while still empty).
+    if (!force && info.role === "assistant" && !info.time?.completed && !s.parts.has(info.id)) {
+      s.deferred.set(info.id, info)
+      return
+    }
+    s.deferred.delete(info.id)
     const m = toMessageInfo(info)
     const key = `m:${m.id}`
     const d = digest(m)
@@ -285,6 +295,8 @@ class Mirror {
   private partUpdate(s: SessionState, part: Obj) {
     const p = toPart(part)
     if (!p) return
+    const waiting = s.deferred.get(p.messageId!)
+    if (waiting) this.messageUpdate(s, waiting, true)
     const key = `p:${p.id}`
     const d = digest(p)
     if (s.sent.get(key) === d) return
@@ -383,6 +395,7 @@ class Mirror {
     })
     s.sent.clear()
     s.parts.clear()
+    s.deferred.clear()
     s.opened = ""
     s.status = "ready"
     for (const m of all) {
@@ -420,7 +433,7 @@ class Mirror {
     if (s.status !== "ready") await this.importSession(s, messages)
     // Reconcile: anything the events missed (or that changed since) is sent now.
     for (const m of messages) {
-      this.messageUpdate(s, m.info)
+      this.messageUpdate(s, m.info, true)
       const held = s.parts.get(m.info.id)
       const now = new Set<string>()
       for (const part of m.parts) {
@@ -440,7 +453,8 @@ class Mirror {
     const known = new Map(messages.map((m) => [m.info.id, m]))
     const out = toOpenCodeMessages(ctx.messages, known, sessionID)
     const lastId = messages[messages.length - 1].info.id
-    if (!out.some((m) => m.info.id === lastId)) {
+    // The newest message is missing only when a compaction summarized it.
+    if (!out.some((m) => m.info.id === lastId) && !ctx.boundaryMessageId) {
       throw new Error(`compactd's context lacks the newest message ${lastId}; mirror out of sync`)
     }
     const reduced = ctx.messages.reduce((n, m) => n + m.parts.filter((p) => p.mark || p.tool?.state?.time?.compacted).length, 0)
@@ -496,20 +510,43 @@ class Mirror {
     }
   }
 
+  /**
+   * Over the threshold, compactd compacts on its own (automatic compaction) right after
+   * the update that crossed it: wait for that compaction (seen through Subscribe) so the
+   * request goes out with its summary. Nothing starts when compactd has no summarizer or
+   * nothing to summarize; the request then goes out with the context as it is.
+   */
   private async compactIfNeeded(s: SessionState) {
     const wait = async (p: Promise<void> | undefined) => {
-      if (!p) return
-      await Promise.race([p, new Promise((r) => setTimeout(r, 180_000))])
+      if (p) await Promise.race([p, new Promise((r) => setTimeout(r, 180_000))])
     }
     await wait(s.compaction)
     const check = await this.client.checkOverflow(s.id)
     if (!check.overflow) return
-    // An automatic compaction may just be starting: give its event a moment.
-    await new Promise((r) => setTimeout(r, 200))
-    if (s.compaction) return wait(s.compaction)
-    this.log.info(`session ${s.id} is over its threshold (${check.crossed} ${check.predicted}/${check.threshold}): compacting`)
-    const result = await this.client.compact(s.id).result()
-    if (result.failed) this.log.warn(`compactd compaction failed (${result.failed.kind}): ${result.failed.reason}`)
+    const numbers = `${check.crossed} ${check.crossed === "used" ? check.used : check.predicted}/${check.threshold}`
+    const until = Date.now() + 300
+    while (!s.compaction && Date.now() < until) await new Promise((r) => setTimeout(r, 25))
+    if (s.compaction) {
+      this.log.info(`session ${s.id} is over its threshold (${numbers}): waiting for compactd's compaction`)
+      return wait(s.compaction)
+    }
+    // The next request would cross the threshold but no finished message or usage report
+    // triggered compactd's own compaction yet: compact now, keeping the last 2 user turns
+    // verbatim, or, when they are the whole context (an agent run is often one long
+    // turn), summarizing everything (tail_turns 0).
+    this.log.info(`session ${s.id}: the next request is over the threshold (${numbers}): compacting`)
+    for (const options of [{}, { tailTurns: 0 }]) {
+      try {
+        const result = await this.client.compact(s.id, options).result()
+        if (result.failed) this.log.warn(`compactd compaction failed (${result.failed.kind}): ${result.failed.reason}`)
+        return
+      } catch (e: any) {
+        if (s.compaction) return wait(s.compaction) // an automatic one started meanwhile
+        if (e?.codeName === "FAILED_PRECONDITION" && /nothing to compact/.test(e.message) && !("tailTurns" in options)) continue
+        this.log.warn(`compactd compaction not run: ${e?.message}`)
+        return
+      }
+    }
   }
 }
 

@@ -12,6 +12,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { CompactdClient } from "@compactd/client"
 import { runSession, summarize, pkgDir } from "./run-session.mjs"
+import { startEndpoint } from "./scripted-endpoint.mjs"
 import { toMessageInfo, toPart, kindOf } from "../dist/convert.js"
 
 const BIN = process.env.COMPACTD_BIN
@@ -153,6 +154,47 @@ test("the recall tool returns a hidden output (compactd Recall, as the tool answ
   const got = await client.recall(r.sessionId, { callId: "call_s02_0" })
   assert.equal(got.reduction, "superseded")
   assert.match(got.call.output, /not ok 2 - subtracts/)
+})
+
+test('compaction "compactd": OpenCode\'s own is off, compactd summarizes and the requests carry its summary', async () => {
+  // A small window so the session crosses it, and a summarizer endpoint for compactd (the
+  // scripted endpoint answers a request without tools with a short text).
+  const summarizerLog = join(mkdtempSync(join(tmpdir(), "summarizer-")), "requests.jsonl")
+  writeFileSync(summarizerLog, "")
+  const summarizer = await startEndpoint({ log: summarizerLog })
+  const r = await runSession({
+    mode: "compactd",
+    pluginOptions: {
+      binary: BIN,
+      compaction: "compactd",
+      llmBaseUrl: `http://127.0.0.1:${summarizer.address().port}/v1`,
+      llmModel: "summarizer",
+      limits: { context: 11000, output: 1000 },
+      session: { cache_model: "none" },
+    },
+  })
+  summarizer.close()
+  const pluginLog = readFileSync(join(r.root, "compactd-plugin.log"), "utf8")
+  const diag = `\n--- plugin log ---\n${pluginLog}`
+  assert.equal(r.exitCode, 0, diag)
+  const main = r.requests.filter((q) => q.main)
+  assert.deepEqual(main.map((q) => q.step), [0, 1, 2, 3, 4, 5, 6, 7], diag)
+  assert.match(pluginLog, /compactd compacted session/, diag)
+  assert.doesNotMatch(pluginLog, / ERROR /, diag)
+  const summarized = readFileSync(summarizerLog, "utf8").trim().split("\n").filter(Boolean)
+  assert.ok(summarized.length >= 1, "compactd never called its summarizer")
+  // The first request after the compaction: compactd's compaction request and summary,
+  // none of the summarized outputs.
+  const i = main.findIndex((q) => q.body.messages.some((m) => m.role === "assistant" && contentOf(m) === "Fix tinycalc subtraction"))
+  assert.ok(i > 0, `no request carries compactd's summary${diag}`)
+  const after = main[i]
+  assert.ok(after.prompt_tokens < main[i - 1].prompt_tokens, "the request after the compaction is not smaller")
+  assert.equal(toolResult(after, "call_s00_0"), undefined, "a summarized output is still sent")
+  // Messages OpenCode wrote after the compaction are sent after the summary.
+  const next = main[i + 1]
+  assert.ok(toolResult(next, `call_s0${next.step - 1}_0`), `the newest tool result is missing after the compaction${diag}`)
+  // OpenCode did not compact on its own.
+  assert.ok(!r.exported.messages.some((m) => m.parts.some((p) => p.type === "compaction")), "OpenCode compacted too")
 })
 
 test("compactd unreachable at start: the plugin stands aside, OpenCode runs as without it", async () => {

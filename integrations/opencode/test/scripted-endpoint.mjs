@@ -112,6 +112,7 @@ function workdirOf(body, fallback) {
 export function startEndpoint({ port = 0, log, workdir = process.cwd(), delayMs = 0, onRequest } = {}) {
   let previous = null // the previous main request's messages, serialized, for the cached prefix
   let requestIndex = 0
+  let lastPlayed = -1
   const server = createServer((req, res) => {
     let raw = ""
     req.on("data", (c) => (raw += c))
@@ -154,6 +155,10 @@ export function startEndpoint({ port = 0, log, workdir = process.cwd(), delayMs 
       let reply
       if (main) {
         step = nextStep(messages)
+        // No scripted tool result in the request: a compaction summarized them. Go on
+        // from the last step played (the host kept the session going on a summary).
+        if (step === 0 && lastPlayed >= 0) step = lastPlayed + 1
+        lastPlayed = step
         const steps = script(workdirOf(body, workdir))
         reply = steps[Math.min(step, steps.length - 1)]
         previous = { serialized, toolsJson: JSON.stringify(body.tools) }
