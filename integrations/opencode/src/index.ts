@@ -451,7 +451,10 @@ class Mirror {
     if (this.settings.compaction === "compactd") await this.compactIfNeeded(s)
     const ctx = await this.client.getContext(sessionID, "native")
     const known = new Map(messages.map((m) => [m.info.id, m]))
-    const out = toOpenCodeMessages(ctx.messages, known, sessionID)
+    // OpenCode messages not in this request (one OpenCode created after building it, such
+    // as its own compaction's request) stay out; messages compactd made go in.
+    const context = ctx.messages.filter((m) => known.has(m.info!.id) || !s.sent.has(`m:${m.info!.id}`))
+    const out = toOpenCodeMessages(context, known, sessionID)
     const lastId = messages[messages.length - 1].info.id
     // The newest message is missing only when a compaction summarized it.
     if (!out.some((m) => m.info.id === lastId) && !ctx.boundaryMessageId) {

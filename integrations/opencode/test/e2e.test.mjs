@@ -197,6 +197,26 @@ test('compaction "compactd": OpenCode\'s own is off, compactd summarizes and the
   assert.ok(!r.exported.messages.some((m) => m.parts.some((p) => p.type === "compaction")), "OpenCode compacted too")
 })
 
+test("OpenCode's own compaction (the default): mirrored, and compactd's context starts at it", async () => {
+  const r = await runSession({ mode: "compactd", modelLimits: { context: 10500, output: 1000 }, pluginOptions: { address } })
+  const pluginLog = readFileSync(join(r.root, "compactd-plugin.log"), "utf8")
+  const diag = `\n--- plugin log ---\n${pluginLog}`
+  assert.equal(r.exitCode, 0, diag)
+  const compaction = r.exported.messages.find((m) => m.parts.some((p) => p.type === "compaction"))
+  assert.ok(compaction, "OpenCode did not compact (the window is meant to force it)")
+  assert.match(pluginLog, new RegExp(`from compaction ${compaction.info.id}`), diag)
+  const held = await client.getSession(r.sessionId)
+  assert.deepEqual(held.messages.map((m) => m.info.id), r.exported.messages.map((m) => m.info.id))
+  const ctx = await client.getContext(r.sessionId, "native")
+  assert.equal(ctx.boundaryMessageId, compaction.info.id)
+  // After the compaction: OpenCode's summary, none of the summarized outputs.
+  const main = r.requests.filter((q) => q.main)
+  const after = main.filter((q) => q.body.messages.some((m) => contentOf(m).includes("What did we do so far?")))
+  assert.ok(after.length >= 1, diag)
+  for (const q of after) assert.equal(toolResult(q, "call_s00_0"), undefined)
+  assert.deepEqual(main.map((q) => q.step), [0, 1, 2, 3, 4, 5, 6, 7])
+})
+
 test("compactd unreachable at start: the plugin stands aside, OpenCode runs as without it", async () => {
   const port = await freePort() // nothing listens there
   const r = await runSession({ mode: "compactd", pluginOptions: { address: `127.0.0.1:${port}`, timeoutMs: 2000 } })

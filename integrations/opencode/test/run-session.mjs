@@ -55,7 +55,7 @@ export function summarize(requests) {
   }
 }
 
-export async function runSession({ mode = "none", pluginOptions = {}, env = {}, timeoutMs = 180000, root, onRequest } = {}) {
+export async function runSession({ mode = "none", pluginOptions = {}, env = {}, timeoutMs = 180000, root, onRequest, modelLimits = MODEL_LIMITS } = {}) {
   root ??= mkdtempSync(join(tmpdir(), `oc-${mode}-`))
   const home = join(root, "home")
   const repo = join(root, "repo")
@@ -79,7 +79,7 @@ export async function runSession({ mode = "none", pluginOptions = {}, env = {}, 
         npm: "@ai-sdk/openai-compatible",
         name: "Scripted",
         options: { baseURL: `http://127.0.0.1:${port}/v1`, apiKey: "none", includeUsage: true },
-        models: { "scripted-model": { name: "Scripted", limit: MODEL_LIMITS, tool_call: true } },
+        models: { "scripted-model": { name: "Scripted", limit: modelLimits, tool_call: true } },
       },
     },
     model: "scripted/scripted-model",
