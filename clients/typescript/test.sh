@@ -21,5 +21,15 @@ fi
 echo "== build"
 bash scripts/build.sh
 
-echo "== tests"
-npm test
+echo "== tests (node $(node --version))"
+timeout 600 npm test
+
+# OpenCode plugins run in Bun: run the same compiled tests there too when a bun is at hand
+# ($BUN, or bun on PATH; `npm install bun` brings one).
+BUN_BIN="${BUN:-$(command -v bun || true)}"
+if [ -n "$BUN_BIN" ]; then
+  echo "== tests (bun $("$BUN_BIN" --version))"
+  timeout 600 "$BUN_BIN" test --timeout 60000 ./.test-build/test/*.test.js
+else
+  echo "== tests under bun: skipped (no bun on PATH and \$BUN unset)"
+fi

@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::render::json_text;
 use crate::config::{COMPACTION_PROMPT_TEXT, INTERRUPTED};
 use crate::domain::{Part, PartKind, ToolStatus};
 use crate::tokens::TokenCounter;
@@ -34,7 +35,7 @@ pub fn estimate(part: &Part, counter: &dyn TokenCounter) -> PartEstimate {
         PartKind::Text(t) => generated(counter.count(&t.text)),
         PartKind::Reasoning(r) => generated(counter.count(&r.text)),
         PartKind::Tool(tool) => {
-            let input = counter.count(&tool.state.input.to_string());
+            let input = counter.count(&json_text(&tool.state.input));
             let (extra, output) = match tool.state.status {
                 ToolStatus::Completed => (0, counter.count(&tool.state.output)),
                 ToolStatus::Error => (counter.count(&tool.state.error), 0),
@@ -88,7 +89,7 @@ pub fn counted_texts(part: &Part) -> Vec<std::borrow::Cow<'_, str>> {
         PartKind::Text(t) => vec![Cow::Borrowed(t.text.as_str())],
         PartKind::Reasoning(r) => vec![Cow::Borrowed(r.text.as_str())],
         PartKind::Tool(tool) => {
-            let mut out = vec![Cow::Owned(tool.state.input.to_string())];
+            let mut out = vec![Cow::Owned(json_text(&tool.state.input))];
             match tool.state.status {
                 ToolStatus::Completed => out.push(Cow::Borrowed(tool.state.output.as_str())),
                 ToolStatus::Error => out.push(Cow::Borrowed(tool.state.error.as_str())),

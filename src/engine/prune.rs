@@ -192,11 +192,11 @@ impl Session {
         // A part a strategy already reduced had its input stripped then, not now.
         let stripped_before = active_mark(&stored.part, self.settings()).is_some();
         let (old, new) = self.rerender(c.msg, c.part, Rendering::Cleared(now_ms), true);
-        let part = &self.messages()[c.msg].parts[c.part].part;
+        let stored = &self.messages()[c.msg].parts[c.part];
         let unstripped = if stripped_before {
             new
         } else {
-            self.rendered_tokens(part, false)
+            self.rendered_tokens(&stored.part, &stored.est, false)
         };
         (unstripped.saturating_sub(new), signed(old) - signed(new))
     }

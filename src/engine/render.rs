@@ -3,12 +3,14 @@
 //! interrupted-tool rule are applied. The context view, the token figures of reduced
 //! parts and the summarizer's input all come from here, so they cannot disagree.
 
+use super::estimate::PartEstimate;
 use super::strategies::{
     Strategy, capped_text, file_breadcrumb, inlined_breadcrumb, is_inlined_file, is_step_marker,
     masked_text, strip_input, superseded_text, truncate_code_blocks, truncate_error,
 };
 use crate::config::{INTERRUPTED, Settings};
 use crate::domain::{Part, PartKind, StrategyMark, TextPart, ToolPart, ToolState, ToolStatus};
+use crate::tokens::TokenCounter;
 
 /// The strategy a part's mark names, when that strategy is on.
 pub(crate) fn active_mark(part: &Part, s: &Settings) -> Option<Strategy> {
@@ -53,10 +55,6 @@ pub(crate) fn render_as(
     s: &Settings,
     strip_inputs: bool,
 ) -> Option<Part> {
-    if s.strategies.has(Strategy::PruneStepMarkers) && is_step_marker(&part.kind) {
-        return None;
-    }
-    let active = mark.map(|m| m.strategy).filter(|st| s.strategies.has(*st));
     let with_kind = |kind: PartKind| Part {
         id: part.id.clone(),
         message_id: part.message_id.clone(),
@@ -64,88 +62,40 @@ pub(crate) fn render_as(
         mark: part.mark.clone(),
         extra: part.extra.clone(),
     };
-    match &part.kind {
-        PartKind::Text(t) if t.ignored => None,
-        PartKind::Text(t) => {
-            let rewritten = match active {
-                Some(Strategy::PruneUserCodeBlocks) => truncate_code_blocks(&t.text),
-                Some(Strategy::PruneFiles) => inlined_breadcrumb(t),
-                _ => None,
-            };
-            Some(match rewritten {
-                Some(text) => with_kind(PartKind::Text(TextPart {
-                    text,
-                    synthetic: t.synthetic,
-                    ignored: t.ignored,
-                    time: t.time,
-                    metadata: t.metadata.clone(),
-                })),
-                None => part.clone(),
-            })
-        }
-        PartKind::File(f) if active == Some(Strategy::PruneFiles) && !is_inlined_file(&f.mime) => {
-            Some(with_kind(PartKind::Text(TextPart {
-                text: file_breadcrumb(f),
+    match rewrite(part, mark, compacted, s, strip_inputs) {
+        Rewrite::Dropped => None,
+        Rewrite::Kept => Some(part.clone()),
+        Rewrite::Text(text) => Some(match &part.kind {
+            PartKind::Text(t) => with_kind(PartKind::Text(TextPart {
+                text,
+                synthetic: t.synthetic,
+                ignored: t.ignored,
+                time: t.time,
+                metadata: t.metadata.clone(),
+            })),
+            // A file reads as a breadcrumb the model can follow.
+            _ => with_kind(PartKind::Text(TextPart {
+                text,
                 synthetic: true,
                 ..TextPart::default()
-            })))
-        }
-        PartKind::Tool(tool) => {
+            })),
+        }),
+        Rewrite::Tool(r) => {
+            let PartKind::Tool(tool) = &part.kind else {
+                return Some(part.clone());
+            };
             let st = &tool.state;
-            let superseded = active
-                .filter(|a| a.supersedes())
-                .and(mark)
-                .map(|m| superseded_text(&m.superseded_by));
-            let compacted = compacted && st.status == ToolStatus::Completed;
-            let mut status = st.status;
-            let mut output = None;
-            let mut error = None;
-            match st.status {
-                ToolStatus::Completed => {
-                    // A supersede note never makes a tiny output longer, and a superseded
-                    // part reads as its strategy made it even once prune clears it too.
-                    if let Some(text) = &superseded {
-                        if text.len() < st.output.len() {
-                            output = Some(text.clone());
-                        }
-                    } else if active == Some(Strategy::MaskObservations) {
-                        // Names the call, so the model can ask for it back (prune's
-                        // placeholder does not).
-                        let text = masked_text(&tool.tool, &tool.call_id, st.output.len());
-                        if text.len() < st.output.len() {
-                            output = Some(text);
-                        } else if compacted {
-                            output = Some(s.placeholder.clone());
-                        }
-                    } else if compacted {
-                        output = Some(s.placeholder.clone());
-                    } else if active == Some(Strategy::CapLargeOutputs) {
-                        output = mark.and_then(|m| capped_text(&st.output, m.keep, &tool.call_id));
-                    }
-                }
-                ToolStatus::Error => {
-                    if let Some(text) = superseded.as_ref().filter(|t| t.len() < st.error.len()) {
-                        error = Some(text.clone());
-                    } else if active == Some(Strategy::TruncateOldErrors) {
-                        error = truncate_error(&st.error);
-                    }
-                }
-                ToolStatus::Pending | ToolStatus::Running => {
-                    status = ToolStatus::Error;
-                    error = Some(INTERRUPTED.to_string());
-                }
-            }
-            let replaced = output.is_some();
-            let input = if strip_inputs && (superseded.is_some() || compacted) {
+            let replaced = r.output.is_some();
+            let input = if r.strip_input {
                 strip_input(&st.input)
             } else {
                 st.input.clone()
             };
             let state = ToolState {
-                status,
+                status: r.status,
                 input,
-                output: output.unwrap_or_else(|| st.output.clone()),
-                error: error.unwrap_or_else(|| st.error.clone()),
+                output: r.output.unwrap_or_else(|| st.output.clone()),
+                error: r.error.unwrap_or_else(|| st.error.clone()),
                 title: st.title.clone(),
                 metadata: st.metadata.clone(),
                 time: st.time,
@@ -163,6 +113,185 @@ pub(crate) fn render_as(
                 metadata: tool.metadata.clone(),
             }))))
         }
-        _ => Some(part.clone()),
+    }
+}
+
+/// The tokens of a part as rendered, and how many of the tokens it no longer sends are
+/// its tool input's (the input-leak fix's share of a reduction).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Rendered {
+    /// Tokens the rendered part counts.
+    pub tokens: u64,
+    /// Tokens of the tool input the rendering leaves out (0 unless the input is stripped).
+    pub input_saved: u64,
+}
+
+/// The tokens [`render_as`]'s part would count, from the part's cached estimate `est` plus
+/// a count of only the text the rendering replaces: nothing is cloned or serialized again
+/// on the hot path (re-rendering a marked 4 KB output cost more than the whole update).
+pub(crate) fn rendered_tokens_as(
+    part: &Part,
+    est: &PartEstimate,
+    mark: Option<&StrategyMark>,
+    compacted: bool,
+    s: &Settings,
+    strip_inputs: bool,
+    counter: &dyn TokenCounter,
+) -> Rendered {
+    let whole = |tokens: u64| Rendered {
+        tokens,
+        input_saved: 0,
+    };
+    match rewrite(part, mark, compacted, s, strip_inputs) {
+        Rewrite::Dropped => whole(0),
+        Rewrite::Kept => whole(est.base.saturating_add(est.output)),
+        Rewrite::Text(text) => whole(counter.count(&text)),
+        Rewrite::Tool(r) => {
+            let PartKind::Tool(tool) = &part.kind else {
+                return whole(est.base.saturating_add(est.output));
+            };
+            // A tool's estimate: `generated` is its input, the rest of `base` its error
+            // text (or the interrupted marker), `output` its completed output.
+            let input = if r.strip_input {
+                counter.count(&json_text(&strip_input(&tool.state.input)))
+            } else {
+                est.generated
+            };
+            let rest = match r.status {
+                ToolStatus::Completed => r
+                    .output
+                    .as_deref()
+                    .map_or(est.output, |text| counter.count(text)),
+                _ => r
+                    .error
+                    .as_deref()
+                    .map_or(est.base.saturating_sub(est.generated), |text| {
+                        counter.count(text)
+                    }),
+            };
+            Rendered {
+                tokens: input.saturating_add(rest),
+                input_saved: est.generated.saturating_sub(input),
+            }
+        }
+    }
+}
+
+/// A tool input as the model reads it (compact JSON, as [`estimate`](super::estimate)
+/// counts it), written straight into a byte buffer rather than through `Display`.
+pub(crate) fn json_text(input: &serde_json::Value) -> String {
+    serde_json::to_string(input).unwrap_or_default()
+}
+
+/// How the rendering changes a part: the one decision both the rendered part and its
+/// token figure follow, so they cannot disagree.
+enum Rewrite {
+    /// Not sent at all.
+    Dropped,
+    /// Sent as stored.
+    Kept,
+    /// A text or file part sent as this text.
+    Text(String),
+    /// A tool part with these replacements.
+    Tool(ToolRewrite),
+}
+
+/// What replaces a tool part's content; `None` keeps what is stored.
+struct ToolRewrite {
+    status: ToolStatus,
+    output: Option<String>,
+    error: Option<String>,
+    /// The input-leak fix applies: only the input's short fields are sent.
+    strip_input: bool,
+}
+
+fn rewrite(
+    part: &Part,
+    mark: Option<&StrategyMark>,
+    compacted: bool,
+    s: &Settings,
+    strip_inputs: bool,
+) -> Rewrite {
+    if s.strategies.has(Strategy::PruneStepMarkers) && is_step_marker(&part.kind) {
+        return Rewrite::Dropped;
+    }
+    let active = mark.map(|m| m.strategy).filter(|st| s.strategies.has(*st));
+    match &part.kind {
+        PartKind::Text(t) if t.ignored => Rewrite::Dropped,
+        PartKind::Text(t) => {
+            let rewritten = match active {
+                Some(Strategy::PruneUserCodeBlocks) => truncate_code_blocks(&t.text),
+                Some(Strategy::PruneFiles) => inlined_breadcrumb(t),
+                _ => None,
+            };
+            rewritten.map_or(Rewrite::Kept, Rewrite::Text)
+        }
+        PartKind::File(f) if active == Some(Strategy::PruneFiles) && !is_inlined_file(&f.mime) => {
+            Rewrite::Text(file_breadcrumb(f))
+        }
+        PartKind::Tool(tool) => {
+            Rewrite::Tool(tool_rewrite(tool, mark, active, compacted, s, strip_inputs))
+        }
+        _ => Rewrite::Kept,
+    }
+}
+
+fn tool_rewrite(
+    tool: &ToolPart,
+    mark: Option<&StrategyMark>,
+    active: Option<Strategy>,
+    compacted: bool,
+    s: &Settings,
+    strip_inputs: bool,
+) -> ToolRewrite {
+    let st = &tool.state;
+    let superseded = active
+        .filter(|a| a.supersedes())
+        .and(mark)
+        .map(|m| superseded_text(&m.superseded_by));
+    let compacted = compacted && st.status == ToolStatus::Completed;
+    let mut status = st.status;
+    let mut output = None;
+    let mut error = None;
+    match st.status {
+        ToolStatus::Completed => {
+            // A supersede note never makes a tiny output longer, and a superseded
+            // part reads as its strategy made it even once prune clears it too.
+            if let Some(text) = &superseded {
+                if text.len() < st.output.len() {
+                    output = Some(text.clone());
+                }
+            } else if active == Some(Strategy::MaskObservations) {
+                // Names the call, so the model can ask for it back (prune's
+                // placeholder does not).
+                let text = masked_text(&tool.tool, &tool.call_id, st.output.len());
+                if text.len() < st.output.len() {
+                    output = Some(text);
+                } else if compacted {
+                    output = Some(s.placeholder.clone());
+                }
+            } else if compacted {
+                output = Some(s.placeholder.clone());
+            } else if active == Some(Strategy::CapLargeOutputs) {
+                output = mark.and_then(|m| capped_text(&st.output, m.keep, &tool.call_id));
+            }
+        }
+        ToolStatus::Error => {
+            if let Some(text) = superseded.as_ref().filter(|t| t.len() < st.error.len()) {
+                error = Some(text.clone());
+            } else if active == Some(Strategy::TruncateOldErrors) {
+                error = truncate_error(&st.error);
+            }
+        }
+        ToolStatus::Pending | ToolStatus::Running => {
+            status = ToolStatus::Error;
+            error = Some(INTERRUPTED.to_string());
+        }
+    }
+    ToolRewrite {
+        status,
+        output,
+        error,
+        strip_input: strip_inputs && (superseded.is_some() || compacted),
     }
 }

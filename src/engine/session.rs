@@ -19,14 +19,14 @@ use super::calibration::{
     Calibration, Class, Factors, PredictionSample, prompt_tokens, split_anchor, tool_class,
 };
 use super::error::ApplyError;
-use super::estimate::estimate;
+use super::estimate::{PartEstimate, estimate};
 use super::footprint::{
     ByteLimit, info_bytes, message_bytes, part_bytes, part_slot_growth, part_slots_bytes, pin_bytes,
 };
 use super::part_index::PartIndex;
 use super::pins::Pins;
 use super::prune_index::{PruneIndex, PrunePlan};
-use super::render::{is_compacted, is_reduced, render_as};
+use super::render::{Rendered, is_compacted, is_reduced, rendered_tokens_as};
 use super::request_log::RequestLog;
 use super::stored::{Message, StoredPart};
 use super::strategies::{Pending, Tracker, cap_chars};
@@ -639,6 +639,19 @@ impl Session {
         change: Rendering,
         reduction: bool,
     ) -> (u64, u64) {
+        self.rerender_known(msg, pi, change, reduction, None)
+    }
+
+    /// [`Self::rerender`] when the caller already counted the new rendering (`known`: the
+    /// part's tokens once `change` applies), so it is not counted twice.
+    pub(crate) fn rerender_known(
+        &mut self,
+        msg: usize,
+        pi: usize,
+        change: Rendering,
+        reduction: bool,
+        known: Option<u64>,
+    ) -> (u64, u64) {
         let Some(stored) = self.messages.get(msg).and_then(|m| m.parts.get(pi)) else {
             debug_assert!(false, "rerender of a part that does not exist: {msg}/{pi}");
             return (0, 0);
@@ -673,7 +686,11 @@ impl Session {
                 }
             }
         }
-        let reduced = self.reduced_tokens(&self.messages[msg].parts[pi].part);
+        let stored = &self.messages[msg].parts[pi];
+        let reduced = match known {
+            Some(tokens) if is_reduced(&stored.part, &self.settings) => Some(tokens),
+            _ => self.reduced_tokens(&stored.part, &stored.est),
+        };
         let stored = &mut self.messages[msg].parts[pi];
         stored.reduced = reduced;
         let (new, now_compacted) = (stored.context_tokens(), stored.is_compacted());
@@ -936,7 +953,7 @@ impl Session {
         {
             part.mark = parts[i].part.mark.clone();
         }
-        let reduced = self.reduced_tokens(&part);
+        let reduced = self.reduced_tokens(&part, &est);
         let bytes = part_bytes(&part);
         let new = StoredPart {
             part,
@@ -1136,31 +1153,62 @@ impl Session {
         self.totals.sample()
     }
 
-    /// Tokens of the part as rendered, when prune or a strategy reduced it.
-    pub(crate) fn reduced_tokens(&self, part: &Part) -> Option<u64> {
-        is_reduced(part, &self.settings).then(|| self.rendered_tokens(part, true))
+    /// Tokens of the part as rendered, when prune or a strategy reduced it (`est`: the
+    /// part's cached estimate).
+    pub(crate) fn reduced_tokens(&self, part: &Part, est: &PartEstimate) -> Option<u64> {
+        is_reduced(part, &self.settings).then(|| self.rendered_tokens(part, est, true))
     }
 
     /// Tokens of the part as rendered, with the input-leak fix as `strip_inputs` says
     /// (and only if the strategy is on).
-    pub(crate) fn rendered_tokens(&self, part: &Part, strip_inputs: bool) -> u64 {
-        self.rendered_tokens_as(part, part.mark.as_ref(), is_compacted(part), strip_inputs)
+    pub(crate) fn rendered_tokens(
+        &self,
+        part: &Part,
+        est: &PartEstimate,
+        strip_inputs: bool,
+    ) -> u64 {
+        self.rendered_tokens_as(
+            part,
+            est,
+            part.mark.as_ref(),
+            is_compacted(part),
+            strip_inputs,
+        )
     }
 
     /// [`Self::rendered_tokens`] as if the part carried `mark` and prune's stamp as
-    /// `compacted` says (nothing is cloned that the rendering replaces).
+    /// `compacted` says (counted from the cached estimate and the replacing text only).
     pub(crate) fn rendered_tokens_as(
         &self,
         part: &Part,
+        est: &PartEstimate,
         mark: Option<&StrategyMark>,
         compacted: bool,
         strip_inputs: bool,
     ) -> u64 {
+        self.rendered_split(part, est, mark, compacted, strip_inputs)
+            .tokens
+    }
+
+    /// [`Self::rendered_tokens_as`] with the input-leak fix's share of the saving apart.
+    pub(crate) fn rendered_split(
+        &self,
+        part: &Part,
+        est: &PartEstimate,
+        mark: Option<&StrategyMark>,
+        compacted: bool,
+        strip_inputs: bool,
+    ) -> Rendered {
         let strip = strip_inputs && self.settings.strategies.has(Strategy::PruneToolInputs);
-        render_as(part, mark, compacted, &self.settings, strip).map_or(0, |r| {
-            let e = estimate(&r, self.counter());
-            e.base.saturating_add(e.output)
-        })
+        rendered_tokens_as(
+            part,
+            est,
+            mark,
+            compacted,
+            &self.settings,
+            strip,
+            self.counter(),
+        )
     }
 
     /// Removes the marks naming `call_id` as the newer call (it was deleted).
@@ -1188,7 +1236,8 @@ impl Session {
                     let est = estimate(&self.messages[mi].parts[pi].part, self.counter());
                     self.messages[mi].parts[pi].est = est;
                 }
-                let reduced = self.reduced_tokens(&self.messages[mi].parts[pi].part);
+                let stored = &self.messages[mi].parts[pi];
+                let reduced = self.reduced_tokens(&stored.part, &stored.est);
                 let stored = &mut self.messages[mi].parts[pi];
                 stored.reduced = reduced;
                 msg_total = msg_total.saturating_add(stored.context_tokens());

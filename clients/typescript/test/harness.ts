@@ -51,6 +51,10 @@ export async function startCompactd(args: string[] = [], env: Record<string, str
     env: childEnv,
     stdio: ["ignore", "ignore", "pipe"],
   });
+  // Never leave a server behind, even when the test process dies.
+  const killChild = () => proc.kill("SIGKILL");
+  process.once("exit", killChild);
+  proc.once("exit", () => process.removeListener("exit", killChild));
   const log: string[] = [];
   const lines = createInterface({ input: proc.stderr! });
   const addr = await new Promise<string>((resolveAddr, reject) => {

@@ -1,6 +1,7 @@
 // Every unary RPC against the real binary, with the codes and fields of bad input.
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
+import { createServer, type AddressInfo, type Socket } from "node:net";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { CompactdClient, CompactdError, codeName, codeNumber } from "@compactd/client";
@@ -253,7 +254,18 @@ describe("unary RPCs", () => {
   });
 
   test("deadlines and cancellation", async () => {
-    await rejects(c.listSessions({ deadlineMs: 0.001 }), "DEADLINE_EXCEEDED", "");
+    // A TCP server that accepts and never speaks HTTP/2: the call waits until its deadline.
+    const sockets = new Set<Socket>();
+    const silent = createServer((sock) => sockets.add(sock));
+    await new Promise<void>((r) => silent.listen(0, "127.0.0.1", r));
+    const mute = new CompactdClient({ address: `127.0.0.1:${(silent.address() as AddressInfo).port}`, deadlineMs: 300 });
+    const t0 = Date.now();
+    await rejects(mute.listSessions(), "DEADLINE_EXCEEDED", "");
+    assert.ok(Date.now() - t0 >= 250, "the client's default deadline applied");
+    await rejects(mute.getRecallTool({ deadlineMs: 50 }), "DEADLINE_EXCEEDED", "");
+    mute.close();
+    for (const sock of sockets) sock.destroy();
+    await new Promise((r) => silent.close(r));
     const ac = new AbortController();
     ac.abort();
     await rejects(c.listSessions({ signal: ac.signal }), "CANCELLED", "");

@@ -150,11 +150,12 @@ impl Session {
                 keep: p.keep,
             };
             let part = &stored.part;
-            let unstripped = self.rendered_tokens_as(part, Some(&mark), false, false);
-            let new = self.rendered_tokens_as(part, Some(&mark), false, true);
+            let rendered = self.rendered_split(part, &stored.est, Some(&mark), false, true);
+            let new = rendered.tokens;
             if new >= old {
                 continue; // never larger: a rewrite that does not shrink is not applied
             }
+            let unstripped = new.saturating_add(rendered.input_saved);
             let own = old - unstripped.min(old);
             let inputs = (old - new) - own;
             run.add(p.strategy, 1, own);
@@ -174,7 +175,7 @@ impl Session {
                 tokens: old - new,
             });
             done.insert(p.at.clone());
-            self.rerender(p.at.msg, pi, Rendering::Mark(Some(mark)), true);
+            self.rerender_known(p.at.msg, pi, Rendering::Mark(Some(mark)), true, Some(new));
         }
         if commit && !held.is_empty() {
             self.hold_decisions(held);

@@ -52,11 +52,24 @@ impl Masking {
 /// What a masked output reads as: the tool, the call id and the size, and how to get it
 /// back.
 pub fn masked_text(tool: &str, call_id: &str, bytes: usize) -> String {
-    format!(
-        "[{tool} output hidden to save context ({}); call {} with call_id \"{call_id}\" to see it]",
-        size(bytes),
-        crate::engine::recall::RECALL_TOOL,
-    )
+    // Pieces pushed into one buffer: this runs for every masked part on every turn.
+    let recall = crate::engine::recall::RECALL_TOOL;
+    let size = size(bytes);
+    let mut text = String::with_capacity(80 + tool.len() + call_id.len() + recall.len());
+    for piece in [
+        "[",
+        tool,
+        " output hidden to save context (",
+        &size,
+        "); call ",
+        recall,
+        " with call_id \"",
+        call_id,
+        "\" to see it]",
+    ] {
+        text.push_str(piece);
+    }
+    text
 }
 
 /// A size for a placeholder: `812 bytes`, `12.3 KB`, `1.4 MB`.

@@ -9,10 +9,12 @@ use serde_json::Value;
 
 /// 128-bit hash of tool + canonical input (two independent 64-bit halves).
 pub fn call_hash(tool: &str, input: &Value) -> u128 {
-    let mut canonical = String::new();
-    canonical.push_str(&tool.to_ascii_lowercase());
-    canonical.push('\u{0}');
+    let mut canonical = Vec::with_capacity(128);
+    canonical.extend(tool.bytes().map(|b| b.to_ascii_lowercase()));
+    canonical.push(0);
     write_canonical(input, &mut canonical);
+    // Hashed as the text it is (`str`'s hashing), so hashes kept in snapshots stay valid.
+    let canonical = String::from_utf8_lossy(&canonical);
     let half = |salt: u8| {
         let mut h = DefaultHasher::new();
         salt.hash(&mut h);
@@ -22,30 +24,36 @@ pub fn call_hash(tool: &str, input: &Value) -> u128 {
     (u128::from(half(1)) << 64) | u128::from(half(2))
 }
 
-fn write_canonical(v: &Value, out: &mut String) {
+/// Compact JSON with object keys sorted, written straight into `out` (no string per key).
+fn write_canonical(v: &Value, out: &mut Vec<u8>) {
     match v {
         Value::Object(map) => {
             let mut keys: Vec<&String> = map.keys().collect();
             keys.sort();
-            out.push('{');
+            out.push(b'{');
             for k in keys {
-                out.push_str(&Value::String(k.clone()).to_string());
-                out.push(':');
+                json_into(k, out);
+                out.push(b':');
                 write_canonical(&map[k], out);
-                out.push(',');
+                out.push(b',');
             }
-            out.push('}');
+            out.push(b'}');
         }
         Value::Array(items) => {
-            out.push('[');
+            out.push(b'[');
             for item in items {
                 write_canonical(item, out);
-                out.push(',');
+                out.push(b',');
             }
-            out.push(']');
+            out.push(b']');
         }
-        scalar => out.push_str(&scalar.to_string()),
+        scalar => json_into(scalar, out),
     }
+}
+
+/// Appends `v` as compact JSON (writing into a `Vec` cannot fail).
+fn json_into<T: serde::Serialize + ?Sized>(v: &T, out: &mut Vec<u8>) {
+    let _ = serde_json::to_writer(out, v);
 }
 
 #[cfg(test)]
@@ -69,6 +77,22 @@ mod tests {
         assert_ne!(
             call_hash("t", &json!({"a": [1, 2]})),
             call_hash("t", &json!({"a": [2, 1]}))
+        );
+    }
+
+    /// Hashes are kept in snapshots (the tracker's keys): the same call must hash the same
+    /// across versions, or a restored session stops recognizing its earlier calls.
+    #[test]
+    fn the_hash_of_a_call_does_not_change() {
+        let input = json!({
+            "command": "grep -rn \"fn main\" src/ | head",
+            "timeout": 60.5,
+            "flags": [true, null, -3, "é\u{1}"],
+            "nested": {"z": 1, "a": {"b": "c"}},
+        });
+        assert_eq!(
+            format!("{:032x}", call_hash("Bash", &input)),
+            "f73e89dda746116d310596bc740a6558"
         );
     }
 }

@@ -5,12 +5,27 @@
 
 /// The supersede key shared by every snapshot tool (`None`: not a snapshot tool).
 pub fn snapshot_key(tool: &str, snapshot_tools: &[String]) -> Option<String> {
-    let tool = tool.to_ascii_lowercase();
     snapshot_tools
         .iter()
-        .map(|t| t.to_ascii_lowercase())
-        .any(|t| tool == t || tool.ends_with(&format!("_{t}")))
+        .any(|t| names_tool(tool, t))
         .then(|| "snapshot".to_string())
+}
+
+/// `tool` is `name`, alone or after a server prefix (`playwright_browser_snapshot`), in
+/// any ASCII case; compared in place, with no lowercased copies.
+fn names_tool(tool: &str, name: &str) -> bool {
+    let (tool, name) = (tool.as_bytes(), name.as_bytes());
+    if tool.eq_ignore_ascii_case(name) {
+        return true;
+    }
+    let Some(start) = tool.len().checked_sub(name.len()) else {
+        return false;
+    };
+    start > 0
+        && tool[start - 1] == b'_'
+        && tool
+            .get(start..)
+            .is_some_and(|end| end.eq_ignore_ascii_case(name))
 }
 
 #[cfg(test)]

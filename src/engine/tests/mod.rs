@@ -25,6 +25,7 @@ mod pins;
 mod props;
 mod prune;
 mod recall;
+mod rendered_tokens;
 mod snapshot;
 mod strategies;
 mod tokenizer;

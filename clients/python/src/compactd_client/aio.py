@@ -1,0 +1,530 @@
+"""The asyncio client (``grpc.aio``): the same methods as :class:`~compactd_client.Client`,
+awaitable, with an async ``Stream`` whose updates await their ack."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import grpc
+import grpc.aio
+
+from . import builders, pb
+from .client import auth_metadata, channel_options
+from .compaction import AsyncCompaction
+from .errors import CompactdError, error_from_event, error_from_rpc, make_error, split_field
+from .results import (
+    LimitsLike,
+    ModelLike,
+    UpdateResult,
+    compact_options,
+    import_request,
+    open_info,
+    openai_messages,
+    pin_fields,
+    recall_request,
+    recall_tool_dict,
+)
+
+__all__ = ["AsyncClient", "AsyncSessionStream", "AsyncSubscription"]
+
+_END = object()
+
+
+class AsyncSubscription:
+    """A ``Subscribe`` watch: ``async for event in sub`` until :meth:`cancel`."""
+
+    def __init__(self, call: grpc.aio.UnaryStreamCall) -> None:
+        self._call = call
+        self._cancelled = False
+
+    async def __aiter__(self) -> AsyncIterator[pb.SessionEvent]:
+        try:
+            async for ev in self._call:
+                yield ev
+        except asyncio.CancelledError:
+            if not self._cancelled:
+                raise
+        except grpc.RpcError as e:
+            if self._cancelled and e.code() == grpc.StatusCode.CANCELLED:
+                return
+            raise error_from_rpc(e) from None
+
+    def cancel(self) -> None:
+        """Stops watching."""
+        self._cancelled = True
+        self._call.cancel()
+
+    async def __aenter__(self) -> "AsyncSubscription":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.cancel()
+
+
+class _Pending:
+    __slots__ = ("future", "events", "listener")
+
+    def __init__(self, listener: Optional["asyncio.Queue[Any]"]) -> None:
+        self.future: "asyncio.Future[UpdateResult]" = asyncio.get_running_loop().create_future()
+        self.events: List[pb.ServerEvent] = []
+        self.listener = listener
+
+
+class AsyncSessionStream:
+    """One ``Stream`` call under asyncio. Create it with ``await client.stream()``; use
+    ``async with`` or :meth:`close`. Routing by ``seq`` is as in the blocking
+    :class:`~compactd_client.SessionStream`."""
+
+    def __init__(
+        self,
+        stub: pb.SessionsStub,
+        metadata: Any = (),
+        on_event: Optional[Callable[[pb.ServerEvent], None]] = None,
+    ) -> None:
+        self._call = stub.Stream(metadata=metadata)
+        self._write_lock = asyncio.Lock()
+        self._seq = 0
+        self._pending: Dict[int, _Pending] = {}
+        self._listeners: Dict[int, "asyncio.Queue[Any]"] = {}
+        self._late: "asyncio.Queue[Any]" = asyncio.Queue()
+        self._on_event = on_event
+        self._failure: Optional[CompactdError] = None
+        self._closing = False
+        self._reader = asyncio.ensure_future(self._read())
+
+    # Sending.
+
+    async def submit(self, session_id: str, **update: Any) -> "asyncio.Future[UpdateResult]":
+        """Writes one update; returns a future resolved on its ack or error."""
+        return await self._submit(session_id, update, None)
+
+    async def send(self, session_id: str, **update: Any) -> UpdateResult:
+        """Writes one update and awaits its ack; raises CompactdError on its error."""
+        return await (await self.submit(session_id, **update))
+
+    async def _submit(
+        self, session_id: str, update: Dict[str, Any], listener: Optional["asyncio.Queue[Any]"]
+    ) -> "asyncio.Future[UpdateResult]":
+        if len(update) != 1:
+            raise TypeError("an update sets exactly one ClientUpdate field")
+        async with self._write_lock:  # seqs go out in the order they were assigned
+            if self._closing:
+                raise RuntimeError("the stream is closed")
+            if self._failure is not None:
+                raise self._failure
+            self._seq += 1
+            seq = self._seq
+            pending = _Pending(listener)
+            self._pending[seq] = pending
+            try:
+                await self._call.write(pb.ClientUpdate(seq=seq, session_id=session_id, **update))
+            except grpc.RpcError as e:
+                self._pending.pop(seq, None)
+                raise error_from_rpc(e) from None
+            except asyncio.InvalidStateError:
+                self._pending.pop(seq, None)
+                raise self._failure or RuntimeError("the stream is closed") from None
+        return pending.future
+
+    # Receiving.
+
+    async def _read(self) -> None:
+        failure: Optional[CompactdError] = None
+        try:
+            async for ev in self._call:
+                self._dispatch(ev)
+        except grpc.RpcError as e:
+            if not (self._closing and e.code() == grpc.StatusCode.CANCELLED):
+                failure = error_from_rpc(e)
+        except asyncio.CancelledError:
+            pass
+        if failure is None:
+            failure = CompactdError(grpc.StatusCode.CANCELLED, "the stream ended")
+        self._failure = failure
+        pending, self._pending = self._pending, {}
+        listeners, self._listeners = self._listeners, {}
+        for p in pending.values():
+            if not p.future.done():
+                p.future.set_exception(failure)
+            if p.listener is not None:
+                p.listener.put_nowait(failure)
+        for q in listeners.values():
+            q.put_nowait(failure)
+        self._late.put_nowait(_END)
+
+    def _dispatch(self, ev: pb.ServerEvent) -> None:
+        kind = ev.WhichOneof("event")
+        p = self._pending.get(ev.seq)
+        if p is not None:
+            if kind == "ack":
+                del self._pending[ev.seq]
+                if p.listener is not None:
+                    self._listeners[ev.seq] = p.listener
+                if not p.future.done():
+                    p.future.set_result(UpdateResult(ev.seq, ev.ack.kind, ev.ack.created, p.events))
+            elif kind == "error":
+                del self._pending[ev.seq]
+                err = error_from_event(ev.error, ev.seq)
+                if not p.future.done():
+                    p.future.set_exception(err)
+                if p.listener is not None:
+                    p.listener.put_nowait(err)
+            elif kind == "compaction" and p.listener is not None:
+                p.listener.put_nowait(ev.compaction)  # `started` may precede the ack
+            else:
+                p.events.append(ev)
+            return
+        listener = self._listeners.get(ev.seq)
+        if listener is not None and kind == "compaction":
+            if ev.compaction.WhichOneof("event") in ("compacted", "failed"):
+                del self._listeners[ev.seq]
+            listener.put_nowait(ev.compaction)
+        elif self._on_event is not None:
+            self._on_event(ev)
+        else:
+            self._late.put_nowait(ev)
+
+    async def next_event(self, timeout: Optional[float] = None) -> Optional[pb.ServerEvent]:
+        """The next event that arrived after its update's ack and that no compaction of
+        this stream claimed; None on timeout or once the stream has ended."""
+        try:
+            ev = await asyncio.wait_for(self._late.get(), timeout)
+        except asyncio.TimeoutError:
+            return None
+        if ev is _END:
+            self._late.put_nowait(_END)
+            return None
+        return ev
+
+    # Closing.
+
+    async def close(self, timeout: float = 10.0) -> None:
+        """Half-closes the stream and waits for the server to end it."""
+        async with self._write_lock:
+            if self._closing:
+                return
+            self._closing = True
+            if self._failure is None:
+                try:
+                    await self._call.done_writing()
+                except (grpc.RpcError, asyncio.InvalidStateError):
+                    pass
+        try:
+            await asyncio.wait_for(asyncio.shield(self._reader), timeout)
+        except asyncio.TimeoutError:
+            self._call.cancel()
+            await self._reader
+
+    async def __aenter__(self) -> "AsyncSessionStream":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # Typed updates.
+
+    async def open(
+        self,
+        session_id: str,
+        *,
+        title: str = "",
+        model: ModelLike = None,
+        limits: LimitsLike = None,
+        config: builders.Config = None,
+        todos=(),
+    ) -> UpdateResult:
+        """Opens or reconfigures a session."""
+        info = open_info(session_id, title, model, limits, config, todos)
+        return await self.send(session_id, open=info)
+
+    async def upsert_message(self, session_id: str, message: pb.MessageInfo) -> UpdateResult:
+        """Inserts a message or updates it in place."""
+        return await self.send(session_id, upsert_message=message)
+
+    async def upsert_part(self, session_id: str, part: pb.Part) -> UpdateResult:
+        """Inserts a part or updates it in place; its message must exist."""
+        return await self.send(session_id, upsert_part=part)
+
+    async def delete_part(self, session_id: str, message_id: str, part_id: str) -> UpdateResult:
+        """Removes a part."""
+        ref = pb.PartRef(message_id=message_id, part_id=part_id)
+        return await self.send(session_id, delete_part=ref)
+
+    async def report_usage(
+        self, session_id: str, tokens: pb.TokenUsage, message_id: str = ""
+    ) -> UpdateResult:
+        """Records provider usage; ``result.overflow`` is set when it crossed the threshold."""
+        return await self.send(session_id, report_usage=pb.UsageReport(message_id=message_id, tokens=tokens))
+
+    async def pin(
+        self, session_id: str, message_id: str, part_id: str = "", *, pinned: bool = True
+    ) -> UpdateResult:
+        """Pins (or unpins) a part or a whole message."""
+        return await self.send(session_id, pin=pb.PinUpdate(**pin_fields(message_id, part_id, pinned)))
+
+    async def get_context(
+        self, session_id: str, format: "pb.ContextFormat" = pb.CONTEXT_FORMAT_UNSPECIFIED
+    ) -> pb.Context:
+        """The ready-to-send context, in order with the updates sent before it."""
+        res = await self.send(session_id, get_context=pb.ContextOptions(format=format))
+        assert res.context is not None, "get_context acked without a context event"
+        return res.context
+
+    async def openai_messages(self, session_id: str) -> List[Dict[str, Any]]:
+        """The context as OpenAI chat ``messages``."""
+        return openai_messages(await self.get_context(session_id, pb.CONTEXT_FORMAT_OPENAI))
+
+    async def prune(self, session_id: str, *, dry_run: bool = False) -> pb.PruneReport:
+        """Runs prune and the strategies now; their report."""
+        res = await self.send(session_id, prune=pb.PruneOptions(dry_run=dry_run))
+        assert res.prune_report is not None, "prune acked without a prune_report event"
+        return res.prune_report
+
+    async def check_overflow(self, session_id: str) -> pb.OverflowCheck:
+        """The overflow decision now."""
+        res = await self.send(session_id, check_overflow=pb.CheckOverflowOptions())
+        assert res.overflow_check is not None, "check_overflow acked without its event"
+        return res.overflow_check
+
+    async def compact(
+        self,
+        session_id: str,
+        *,
+        instructions: str = "",
+        prompt: str = "",
+        system: str = "",
+        template: str = "",
+        model: str = "",
+        tail_turns: Optional[int] = None,
+    ) -> AsyncCompaction:
+        """Starts a compaction on this stream; awaits its ack (a refusal raises) and
+        returns its events. ``await cancel()`` sends a ``cancel_compaction`` update."""
+        events: "asyncio.Queue[Any]" = asyncio.Queue()
+        opts = compact_options(instructions, prompt, system, template, model, tail_turns)
+        await (await self._submit(session_id, {"compact": opts}, events))
+
+        async def source() -> AsyncIterator[pb.CompactionEvent]:
+            while True:
+                item = await events.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+
+        async def cancel() -> None:
+            try:
+                await self.send(session_id, cancel_compaction=pb.CancelCompaction())
+            except CompactdError as e:
+                if e.code != grpc.StatusCode.NOT_FOUND:
+                    raise
+
+        return AsyncCompaction(source(), cancel)
+
+
+class AsyncClient:
+    """An asyncio compactd client over one ``grpc.aio`` channel; arguments as
+    :class:`~compactd_client.Client`. Create it inside a running event loop."""
+
+    def __init__(
+        self,
+        target: str = "127.0.0.1:50051",
+        *,
+        token: Optional[str] = None,
+        credentials: Optional[grpc.ChannelCredentials] = None,
+        timeout: Optional[float] = None,
+        channel: Optional[grpc.aio.Channel] = None,
+        options: Optional[Sequence[Tuple[str, Any]]] = None,
+    ) -> None:
+        opts = list(options) if options is not None else channel_options()
+        if channel is not None:
+            self._channel, self._own = channel, False
+        elif credentials is not None:
+            self._channel, self._own = grpc.aio.secure_channel(target, credentials, opts), True
+        else:
+            self._channel, self._own = grpc.aio.insecure_channel(target, opts), True
+        self.stub = pb.SessionsStub(self._channel)
+        self._md = auth_metadata(token)
+        self._timeout = timeout
+
+    async def _unary(self, method: Callable, request):
+        try:
+            return await method(request, metadata=self._md, timeout=self._timeout)
+        except grpc.RpcError as e:
+            raise error_from_rpc(e) from None
+
+    async def close(self) -> None:
+        """Closes the channel (when this client opened it)."""
+        if self._own:
+            await self._channel.close()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def wait_ready(self, timeout: float = 10.0) -> None:
+        """Waits until the channel is connected, or raises CompactdError (UNAVAILABLE)."""
+        try:
+            await asyncio.wait_for(self._channel.channel_ready(), timeout)
+        except asyncio.TimeoutError:
+            raise CompactdError(
+                grpc.StatusCode.UNAVAILABLE, f"compactd not reachable within {timeout}s"
+            ) from None
+
+    async def stream(
+        self, on_event: Optional[Callable[[pb.ServerEvent], None]] = None
+    ) -> AsyncSessionStream:
+        """Opens the bidirectional ``Stream`` (see :class:`AsyncSessionStream`)."""
+        return AsyncSessionStream(self.stub, self._md, on_event=on_event)
+
+    async def open_session(
+        self,
+        session_id: str,
+        *,
+        title: str = "",
+        model: ModelLike = None,
+        limits: LimitsLike = None,
+        config: builders.Config = None,
+        todos: Sequence[pb.Todo] = (),
+    ) -> pb.SessionSummary:
+        """Opens a session, or reconfigures it."""
+        info = open_info(session_id, title, model, limits, config, todos)
+        return await self._unary(self.stub.OpenSession, pb.OpenSessionRequest(session=info))
+
+    async def get_session(self, session_id: str) -> pb.GetSessionResponse:
+        """The whole session: info, every message and part."""
+        return await self._unary(self.stub.GetSession, pb.GetSessionRequest(session_id=session_id))
+
+    async def list_sessions(self) -> List[pb.SessionSummary]:
+        """One summary per session held."""
+        return list((await self._unary(self.stub.ListSessions, pb.ListSessionsRequest())).sessions)
+
+    async def delete_session(self, session_id: str) -> bool:
+        """Forgets a session; True when it existed."""
+        req = pb.DeleteSessionRequest(session_id=session_id)
+        return (await self._unary(self.stub.DeleteSession, req)).deleted
+
+    async def import_session(
+        self,
+        export: Union[str, bytes, Mapping[str, Any]],
+        *,
+        session_id: str = "",
+        limits: LimitsLike = None,
+        config: builders.Config = None,
+        replace: bool = False,
+    ) -> pb.SessionSummary:
+        """Loads an ``opencode export`` document (JSON text or a dict) as a session."""
+        req = import_request(export, session_id, limits, config, replace)
+        return await self._unary(self.stub.ImportSession, req)
+
+    async def upsert_message(self, session_id: str, message: pb.MessageInfo) -> UpdateResult:
+        """Inserts a message or updates it in place."""
+        req = pb.UpsertMessageRequest(session_id=session_id, message=message)
+        return UpdateResult.from_events((await self._unary(self.stub.UpsertMessage, req)).events)
+
+    async def upsert_part(self, session_id: str, part: pb.Part) -> UpdateResult:
+        """Inserts a part or updates it in place; its message must exist."""
+        req = pb.UpsertPartRequest(session_id=session_id, part=part)
+        return UpdateResult.from_events((await self._unary(self.stub.UpsertPart, req)).events)
+
+    async def delete_part(self, session_id: str, message_id: str, part_id: str) -> UpdateResult:
+        """Removes a part."""
+        req = pb.DeletePartRequest(session_id=session_id, message_id=message_id, part_id=part_id)
+        return UpdateResult.from_events((await self._unary(self.stub.DeletePart, req)).events)
+
+    async def report_usage(
+        self, session_id: str, tokens: pb.TokenUsage, message_id: str = ""
+    ) -> UpdateResult:
+        """Records provider usage and checks overflow."""
+        usage = pb.UsageReport(message_id=message_id, tokens=tokens)
+        req = pb.ReportUsageRequest(session_id=session_id, usage=usage)
+        return UpdateResult.from_events((await self._unary(self.stub.ReportUsage, req)).events)
+
+    async def pin(
+        self, session_id: str, message_id: str, part_id: str = "", *, pinned: bool = True
+    ) -> UpdateResult:
+        """Pins (or unpins) a part or a whole message."""
+        req = pb.PinRequest(session_id=session_id, **pin_fields(message_id, part_id, pinned))
+        return UpdateResult.from_events((await self._unary(self.stub.Pin, req)).events)
+
+    async def get_context(
+        self, session_id: str, format: "pb.ContextFormat" = pb.CONTEXT_FORMAT_UNSPECIFIED
+    ) -> pb.Context:
+        """The ready-to-send context."""
+        req = pb.GetContextRequest(session_id=session_id, format=format)
+        return await self._unary(self.stub.GetContext, req)
+
+    async def openai_messages(self, session_id: str) -> List[Dict[str, Any]]:
+        """The context as OpenAI chat ``messages`` (list of dicts)."""
+        return openai_messages(await self.get_context(session_id, pb.CONTEXT_FORMAT_OPENAI))
+
+    async def prune(self, session_id: str, *, dry_run: bool = False) -> pb.PruneReport:
+        """Runs prune and the strategies now (or reports what they would do)."""
+        req = pb.PruneRequest(session_id=session_id, dry_run=dry_run)
+        return await self._unary(self.stub.Prune, req)
+
+    async def check_overflow(self, session_id: str) -> pb.OverflowCheck:
+        """The overflow decision with every number behind it."""
+        req = pb.CheckOverflowRequest(session_id=session_id)
+        return await self._unary(self.stub.CheckOverflow, req)
+
+    async def recall(
+        self, session_id: str, *, call_id: Optional[str] = None, part_id: Optional[str] = None
+    ) -> pb.Recalled:
+        """A part's original content by tool ``call_id`` or ``part_id``."""
+        return await self._unary(self.stub.Recall, recall_request(session_id, call_id, part_id))
+
+    async def recall_tool(self) -> Dict[str, Any]:
+        """The ``compactd_recall`` tool definition as an OpenAI tool dict."""
+        return recall_tool_dict(await self._unary(self.stub.GetRecallTool, pb.GetRecallToolRequest()))
+
+    def compact(
+        self,
+        session_id: str,
+        *,
+        instructions: str = "",
+        prompt: str = "",
+        system: str = "",
+        template: str = "",
+        model: str = "",
+        tail_turns: Optional[int] = None,
+    ) -> AsyncCompaction:
+        """Starts a manual compaction; ``async for`` its events (``deltas()``,
+        ``await wait()``). A refusal raises CompactdError when iteration starts."""
+        opts = compact_options(instructions, prompt, system, template, model, tail_turns)
+        call = self.stub.Compact(pb.CompactRequest(session_id=session_id, options=opts), metadata=self._md)
+        cancelled = []
+
+        async def events() -> AsyncIterator[pb.CompactionEvent]:
+            try:
+                async for ev in call:
+                    yield ev
+            except asyncio.CancelledError:
+                if not cancelled:
+                    raise
+            except grpc.RpcError as e:
+                if cancelled and e.code() == grpc.StatusCode.CANCELLED:
+                    return
+                raise error_from_rpc(e) from None
+
+        async def cancel() -> None:
+            cancelled.append(True)
+            call.cancel()
+
+        return AsyncCompaction(events(), cancel)
+
+    async def subscribe(self, session_id: str = "") -> AsyncSubscription:
+        """Watches one session (or all with ``""``); returns once the watcher is
+        registered. An unknown session raises NotFound here."""
+        call = self.stub.Subscribe(pb.SubscribeRequest(session_id=session_id), metadata=self._md)
+        try:
+            await call.initial_metadata()
+            if call.done():
+                code = await call.code()
+                if code != grpc.StatusCode.OK:
+                    field, message = split_field(await call.details())
+                    raise make_error(code, message, field)
+        except grpc.RpcError as e:
+            raise error_from_rpc(e) from None
+        return AsyncSubscription(call)

@@ -1,0 +1,301 @@
+"""The ``Stream`` RPC, blocking: updates go out with client-assigned seqs, each waits for
+its ack (or error event), and the events it caused come back with it.
+
+A background thread reads the server's events and routes each by ``seq``:
+
+* before the update's ``ack``: kept with the update (``UpdateResult.events``);
+* ``ack``: completes the update's future with an :class:`UpdateResult`;
+* ``error``: fails it with the :class:`CompactdError` for the event's code and field
+  (the stream stays open, the session unchanged);
+* compaction events: to the compaction started by that update (before or after its
+  ack), else to ``on_event`` or the queue read by :meth:`SessionStream.next_event`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import Future
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+import grpc
+
+from . import builders, pb
+from .compaction import Compaction
+from .errors import CompactdError, error_from_event, error_from_rpc
+from .results import (
+    LimitsLike,
+    ModelLike,
+    UpdateResult,
+    compact_options,
+    open_info,
+    openai_messages,
+    pin_fields,
+)
+
+__all__ = ["SessionStream"]
+
+_CLOSE = object()
+_END = object()
+
+
+class _Pending:
+    __slots__ = ("future", "events", "listener")
+
+    def __init__(self, listener: Optional["queue.Queue[Any]"]) -> None:
+        self.future: "Future[UpdateResult]" = Future()
+        self.events: List[pb.ServerEvent] = []
+        self.listener = listener
+
+
+class SessionStream:
+    """One ``Stream`` call; use it as a context manager or call :meth:`close`.
+
+    The stream serves any number of sessions (every update names its session). It is
+    thread-safe: updates from several threads get increasing seqs in the order they
+    were submitted, and the server applies and acks them in that order.
+    """
+
+    def __init__(
+        self,
+        stub: pb.SessionsStub,
+        metadata: Any = (),
+        on_event: Optional[Callable[[pb.ServerEvent], None]] = None,
+    ) -> None:
+        self._outbox: "queue.Queue[Any]" = queue.Queue()
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._pending: Dict[int, _Pending] = {}
+        self._listeners: Dict[int, "queue.Queue[Any]"] = {}
+        self._late: "queue.Queue[pb.ServerEvent]" = queue.Queue()
+        self._on_event = on_event
+        self._failure: Optional[CompactdError] = None
+        self._closing = False
+        self._call = stub.Stream(self._requests(), metadata=metadata)
+        self._reader = threading.Thread(target=self._read, name="compactd-stream", daemon=True)
+        self._reader.start()
+
+    # Sending.
+
+    def submit(self, session_id: str, **update: Any) -> "Future[UpdateResult]":
+        """Sends one update without waiting; the future resolves on its ack or error.
+
+        ``update`` is exactly one ``ClientUpdate`` oneof field, e.g.
+        ``upsert_part=builders.text_part(...)``.
+        """
+        return self._submit(session_id, update, None)
+
+    def send(self, session_id: str, timeout: Optional[float] = None, **update: Any) -> UpdateResult:
+        """Sends one update and waits for its ack; raises CompactdError on its error."""
+        return self.submit(session_id, **update).result(timeout)
+
+    def _submit(
+        self, session_id: str, update: Dict[str, Any], listener: Optional["queue.Queue[Any]"]
+    ) -> "Future[UpdateResult]":
+        if len(update) != 1:
+            raise TypeError("an update sets exactly one ClientUpdate field")
+        with self._lock:
+            if self._closing:
+                raise RuntimeError("the stream is closed")
+            if self._failure is not None:
+                raise self._failure
+            self._seq += 1
+            seq = self._seq
+            msg = pb.ClientUpdate(seq=seq, session_id=session_id, **update)
+            pending = _Pending(listener)
+            self._pending[seq] = pending
+            self._outbox.put(msg)
+        return pending.future
+
+    def _requests(self) -> Iterator[pb.ClientUpdate]:
+        while True:
+            item = self._outbox.get()
+            if item is _CLOSE:
+                return
+            yield item
+
+    # Receiving.
+
+    def _read(self) -> None:
+        failure: Optional[CompactdError] = None
+        try:
+            for ev in self._call:
+                self._dispatch(ev)
+        except grpc.RpcError as e:
+            if not (self._closing and e.code() == grpc.StatusCode.CANCELLED):
+                failure = error_from_rpc(e)
+        if failure is None:
+            failure = CompactdError(grpc.StatusCode.CANCELLED, "the stream ended")
+        with self._lock:
+            self._failure = failure
+            pending, self._pending = self._pending, {}
+            listeners, self._listeners = self._listeners, {}
+        for p in pending.values():
+            p.future.set_exception(failure)
+            if p.listener is not None:
+                p.listener.put(failure)
+        for q in listeners.values():
+            q.put(failure)  # a compaction still running reads why it ended
+        self._late.put(_END)  # wakes a next_event() waiter
+
+    def _dispatch(self, ev: pb.ServerEvent) -> None:
+        kind = ev.WhichOneof("event")
+        with self._lock:
+            p = self._pending.get(ev.seq)
+            if p is not None and kind in ("ack", "error"):
+                del self._pending[ev.seq]
+                if p.listener is not None and kind == "ack":
+                    self._listeners[ev.seq] = p.listener
+            late_listener = self._listeners.get(ev.seq) if p is None else None
+            if late_listener is not None and kind == "compaction":
+                if ev.compaction.WhichOneof("event") in ("compacted", "failed"):
+                    del self._listeners[ev.seq]
+        if p is not None:
+            if kind == "ack":
+                p.future.set_result(
+                    UpdateResult(ev.seq, ev.ack.kind, ev.ack.created, p.events)
+                )
+            elif kind == "error":
+                err = error_from_event(ev.error, ev.seq)
+                p.future.set_exception(err)
+                if p.listener is not None:
+                    p.listener.put(err)
+            elif kind == "compaction" and p.listener is not None:
+                p.listener.put(ev.compaction)  # `started` may precede the ack
+            else:
+                p.events.append(ev)
+        elif late_listener is not None and kind == "compaction":
+            late_listener.put(ev.compaction)
+        elif self._on_event is not None:
+            self._on_event(ev)
+        else:
+            self._late.put(ev)
+
+    def next_event(self, timeout: Optional[float] = None) -> Optional[pb.ServerEvent]:
+        """The next event that arrived after its update's ack and no compaction of
+        this stream claimed (an automatic compaction's events); None on timeout or once
+        the stream has ended."""
+        try:
+            ev = self._late.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if ev is _END:
+            self._late.put(_END)
+            return None
+        return ev
+
+    # Closing.
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Half-closes the stream once every sent update is answered, then waits for the
+        server to end it (a running compaction of this stream is cancelled)."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+        self._outbox.put(_CLOSE)
+        self._reader.join(timeout)
+        if self._reader.is_alive():
+            self._call.cancel()
+            self._reader.join(timeout)
+
+    def __enter__(self) -> "SessionStream":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # Typed updates.
+
+    def open(
+        self,
+        session_id: str,
+        *,
+        title: str = "",
+        model: ModelLike = None,
+        limits: LimitsLike = None,
+        config: builders.Config = None,
+        todos=(),
+    ) -> UpdateResult:
+        """Opens or reconfigures a session (``result.created`` tells a new one)."""
+        return self.send(session_id, open=open_info(session_id, title, model, limits, config, todos))
+
+    def upsert_message(self, session_id: str, message: pb.MessageInfo) -> UpdateResult:
+        """Inserts a message or updates it in place."""
+        return self.send(session_id, upsert_message=message)
+
+    def upsert_part(self, session_id: str, part: pb.Part) -> UpdateResult:
+        """Inserts a part or updates it in place; its message must exist."""
+        return self.send(session_id, upsert_part=part)
+
+    def delete_part(self, session_id: str, message_id: str, part_id: str) -> UpdateResult:
+        """Removes a part."""
+        return self.send(session_id, delete_part=pb.PartRef(message_id=message_id, part_id=part_id))
+
+    def report_usage(self, session_id: str, tokens: pb.TokenUsage, message_id: str = "") -> UpdateResult:
+        """Records provider usage; ``result.overflow`` is set when it crossed the threshold."""
+        return self.send(session_id, report_usage=pb.UsageReport(message_id=message_id, tokens=tokens))
+
+    def pin(self, session_id: str, message_id: str, part_id: str = "", *, pinned: bool = True) -> UpdateResult:
+        """Pins (or unpins) a part or a whole message."""
+        return self.send(session_id, pin=pb.PinUpdate(**pin_fields(message_id, part_id, pinned)))
+
+    def get_context(
+        self, session_id: str, format: "pb.ContextFormat" = pb.CONTEXT_FORMAT_UNSPECIFIED
+    ) -> pb.Context:
+        """The ready-to-send context, in order with the updates sent before it."""
+        res = self.send(session_id, get_context=pb.ContextOptions(format=format))
+        assert res.context is not None, "get_context acked without a context event"
+        return res.context
+
+    def openai_messages(self, session_id: str) -> List[Dict[str, Any]]:
+        """The context as OpenAI chat ``messages``."""
+        return openai_messages(self.get_context(session_id, pb.CONTEXT_FORMAT_OPENAI))
+
+    def prune(self, session_id: str, *, dry_run: bool = False) -> pb.PruneReport:
+        """Runs prune and the strategies now; their report."""
+        res = self.send(session_id, prune=pb.PruneOptions(dry_run=dry_run))
+        assert res.prune_report is not None, "prune acked without a prune_report event"
+        return res.prune_report
+
+    def check_overflow(self, session_id: str) -> pb.OverflowCheck:
+        """The overflow decision now."""
+        res = self.send(session_id, check_overflow=pb.CheckOverflowOptions())
+        assert res.overflow_check is not None, "check_overflow acked without its event"
+        return res.overflow_check
+
+    def compact(
+        self,
+        session_id: str,
+        *,
+        instructions: str = "",
+        prompt: str = "",
+        system: str = "",
+        template: str = "",
+        model: str = "",
+        tail_turns: Optional[int] = None,
+        timeout: Optional[float] = None,
+    ) -> Compaction:
+        """Starts a compaction on this stream; waits for its ack (a refusal raises) and
+        returns its events. ``cancel()`` sends a ``cancel_compaction`` update."""
+        events: "queue.Queue[Any]" = queue.Queue()
+        opts = compact_options(instructions, prompt, system, template, model, tail_turns)
+        self._submit(session_id, {"compact": opts}, events).result(timeout)
+
+        def source() -> Iterator[pb.CompactionEvent]:
+            while True:
+                item = events.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+
+        def cancel() -> None:
+            try:
+                self.send(session_id, cancel_compaction=pb.CancelCompaction())
+            except CompactdError as e:
+                if e.code != grpc.StatusCode.NOT_FOUND:  # already over
+                    raise
+
+        return Compaction(source(), cancel)

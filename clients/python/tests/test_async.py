@@ -1,0 +1,137 @@
+"""The asyncio client: every RPC, the stream and its errors, against the real binary.
+
+Each test runs its coroutine with asyncio.run (no pytest plugin needed)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import grpc
+import pytest
+
+from compactd_client import (
+    AlreadyExists,
+    AsyncClient,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    builders as b,
+    pb,
+)
+
+PLACEHOLDER = "[Old tool result content cleared]"
+CONFIG = {"prune_protect": 500, "prune_minimum": 100, "cache_model": "none", "prune": False}
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_every_unary_rpc(server, sid: str, example_export: str) -> None:
+    async def main() -> None:
+        async with AsyncClient(server.addr, timeout=10) as c:
+            await c.wait_ready()
+            opened = await c.open_session(sid, limits=(128000, 8000), config=CONFIG, title="async")
+            assert opened.created and opened.title == "async"
+            await c.upsert_message(sid, b.user_message("u1"))
+            await c.upsert_part(sid, b.text_part("u1", "t1", "hello"))
+            for n in range(1, 5):
+                await c.upsert_message(sid, b.user_message(f"u{n + 1}"))
+                await c.upsert_message(sid, b.assistant_message(f"a{n}", f"u{n + 1}"))
+                await c.upsert_part(sid, b.tool_part(f"a{n}", f"p{n}", call_id=f"c{n}", tool="bash",
+                                                     input={"command": f"make step{n}"}, output=f"log {n} " * 500))
+                await c.upsert_message(sid, b.assistant_message(f"a{n}", f"u{n + 1}", finish="tool-calls"))
+            usage = await c.report_usage(sid, b.tokens(120000, 10), message_id="a4")
+            assert usage.overflow and usage.overflow.overflow
+            assert (await c.check_overflow(sid)).used == 120010
+            assert (await c.prune(sid, dry_run=True)).dry_run
+            report = await c.prune(sid)
+            assert report.committed and report.parts[0].call_id == "c1"
+            msgs = await c.openai_messages(sid)
+            assert msgs[0] == {"role": "user", "content": "hello"}
+            assert PLACEHOLDER in [m.get("content") for m in msgs]
+            ctx = await c.get_context(sid, pb.CONTEXT_FORMAT_NATIVE)
+            assert ctx.session_messages == 9 and not ctx.HasField("openai_messages")
+            recalled = await c.recall(sid, call_id="c1")
+            assert recalled.reduction == "cleared" and recalled.call.output.startswith("log 1")
+            assert (await c.pin(sid, "a1", "p1")).kind == "pin"
+            assert (await c.recall(sid, part_id="p1")).pinned
+            await c.delete_part(sid, "a4", "p4")
+            assert "c4" not in json.dumps(await c.openai_messages(sid))
+            tool = await c.recall_tool()
+            assert tool["function"]["name"] == "compactd_recall"
+            full = await c.get_session(sid)
+            assert full.info.title == "async" and len(full.messages) == 9
+            imported = await c.import_session(json.loads(example_export), session_id=sid + "-imp")
+            assert imported.messages == 11
+            with pytest.raises(AlreadyExists):
+                await c.import_session(example_export, session_id=sid + "-imp")
+            ids = {s.id for s in await c.list_sessions()}
+            assert {sid, sid + "-imp"} <= ids
+            assert await c.delete_session(sid + "-imp")
+            with pytest.raises(NotFound) as e:
+                await c.delete_session(sid + "-imp")
+            assert e.value.field == "session_id"
+
+    run(main())
+
+
+def test_stream_seq_ack_errors_and_pipelining(server, sid: str) -> None:
+    async def main() -> None:
+        async with AsyncClient(server.addr) as c:
+            async with await c.stream() as s:
+                opened = await s.open(sid, limits=(16000, 4000), config=CONFIG)
+                assert (opened.seq, opened.created) == (1, True)
+                await s.upsert_message(sid, b.user_message("m1"))
+                futures = [await s.submit(sid, upsert_part=b.text_part("m1", f"p{i}", str(i)))
+                           for i in range(30)]
+                results = await asyncio.gather(*futures)
+                assert [r.seq for r in results] == list(range(3, 33))
+                with pytest.raises(FailedPrecondition) as e:
+                    await s.upsert_part(sid, b.text_part("nope", "x", "x"))
+                assert (e.value.field, e.value.seq) == ("upsert_part.message_id", 33)
+                with pytest.raises(InvalidArgument) as e:
+                    await s.upsert_part(sid, b.tool_part("m1", "t", call_id="c", tool="t", status="bogus"))
+                assert e.value.field == "upsert_part.tool.state.status"
+                # Still open after the errors.
+                await s.upsert_message(sid, b.assistant_message("m2", "m1"))
+                usage = await s.report_usage(sid, b.tokens(12000, 0))
+                assert usage.overflow is not None
+                assert (await s.check_overflow(sid)).overflow
+                assert (await s.prune(sid, dry_run=True)).dry_run
+                await s.pin(sid, "m1")
+                await s.delete_part(sid, "m1", "p0")
+                ctx = await s.get_context(sid, pb.CONTEXT_FORMAT_NATIVE)
+                assert [p.id for p in ctx.messages[0].parts] == [f"p{i}" for i in range(1, 30)]
+                with pytest.raises(FailedPrecondition):
+                    await s.compact(sid)  # no LLM configured
+            with pytest.raises(RuntimeError):
+                await s.open(sid)
+
+    run(main())
+
+
+def test_subscribe_and_refusals(server, sid: str) -> None:
+    async def main() -> None:
+        async with AsyncClient(server.addr) as c:
+            await c.open_session(sid, limits=(16000, 4000))
+            with pytest.raises(NotFound) as e:
+                await c.subscribe("no-such-session")
+            assert e.value.field == "session_id" and e.value.code == grpc.StatusCode.NOT_FOUND
+            sub = await c.subscribe(sid)
+            await c.report_usage(sid, b.tokens(15000, 0))
+            async def first():
+                async for ev in sub:
+                    return ev
+            ev = await asyncio.wait_for(first(), 5)
+            sub.cancel()
+            assert ev.session_id == sid and ev.overflow.used == 15000
+            with pytest.raises(InvalidArgument) as e:
+                await c.open_session("")
+            assert e.value.field == "session.id"
+            with pytest.raises(FailedPrecondition) as e:
+                await c.compact(sid).wait()
+            assert "--llm-base-url" in e.value.message
+
+    run(main())

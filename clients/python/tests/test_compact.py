@@ -1,0 +1,138 @@
+"""Compaction through the client: compactd started with --llm-base-url pointing at the
+scripted fake endpoint (fake_openai.py), summary deltas streamed back in order."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Iterator
+
+import pytest
+
+from compactd_client import AsyncClient, Client, CompactionFailed, builders as b
+from compactd_server import Server
+from fake_openai import FakeOpenAI, Reply
+
+SECRET = "sk-test-python-client-SECRET"
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeOpenAI]:
+    f = FakeOpenAI()
+    yield f
+    f.stop()
+
+
+@pytest.fixture(scope="module")
+def llm_server(fake: FakeOpenAI) -> Iterator[Server]:
+    srv = Server(
+        ["--llm-base-url", fake.base_url, "--llm-model", "fake-model",
+         "--llm-context-tokens", "100000", "--llm-max-retries", "0"],
+        env={"COMPACTD_LLM_API_KEY": SECRET},
+    )
+    yield srv
+    srv.stop()
+    assert SECRET not in srv.log_text()
+
+
+def seed(c: Client, sid: str) -> None:
+    c.open_session(sid, limits=(128000, 8000))
+    for n in range(1, 4):
+        c.upsert_message(sid, b.user_message(f"u{n}"))
+        c.upsert_part(sid, b.text_part(f"u{n}", f"u{n}-t", f"user turn {n}"))
+        c.upsert_message(sid, b.assistant_message(f"a{n}", f"u{n}"))
+        c.upsert_part(sid, b.tool_part(f"a{n}", f"a{n}-p", call_id=f"call_{n}", tool="read",
+                                       input={"path": f"src/mod{n}.py"}, output=f"def f{n}(): pass\n" * 200))
+        c.upsert_part(sid, b.text_part(f"a{n}", f"a{n}-t", f"answer {n}"))
+        c.upsert_message(sid, b.assistant_message(f"a{n}", f"u{n}", finish="stop"))
+
+
+def test_compact_streams_deltas_and_commits(llm_server: Server, fake: FakeOpenAI, sid: str) -> None:
+    fake.push(Reply.text("## Objective\n", "Fix mod1 ", "and mod2.", usage=(900, 12)))
+    before = len(fake.requests)
+    with Client(llm_server.addr) as c:
+        seed(c, sid)
+        compaction = c.compact(sid, instructions="focus on mod1")
+        deltas = list(compaction.deltas())
+        assert deltas == ["## Objective\n", "Fix mod1 ", "and mod2."]
+        done = compaction.wait()
+        assert compaction.started is not None and not compaction.started.auto
+        assert compaction.summary == "".join(deltas)
+        assert done.summary_message_id and done.tokens_after < done.tokens_before
+        assert done.usage.input == 900 and done.usage.output == 12
+
+        sent = fake.requests[before]
+        assert sent.path == "/v1/chat/completions" and sent.body["model"] == "fake-model"
+        assert sent.body["stream"] is True
+        assert sent.headers.get("authorization") == f"Bearer {SECRET}"
+        assert "focus on mod1" in sent.text() and "user turn 1" in sent.text()
+
+        ctx = c.get_context(sid)
+        assert ctx.boundary_message_id == done.user_message_id
+        msgs = c.openai_messages(sid)
+        assert msgs[0]["role"] == "user"
+        assert "".join(deltas) in msgs[1]["content"]
+        assert "def f1(): pass" not in str(msgs)  # the head is summarized
+
+
+def test_compact_failure_and_subscribe(llm_server: Server, fake: FakeOpenAI, sid: str) -> None:
+    fake.push(Reply.error(400))
+    with Client(llm_server.addr) as c:
+        seed(c, sid)
+        seen: list = []
+        sub = c.subscribe(sid)
+        reader = threading.Thread(target=lambda: seen.extend(ev for ev in sub), daemon=True)
+        reader.start()
+        with pytest.raises(CompactionFailed) as e:
+            c.compact(sid).wait()
+        assert e.value.kind == "request" and "400" in e.value.reason
+        assert SECRET not in e.value.reason
+        # The session is exactly as it was.
+        assert c.get_context(sid).boundary_message_id == ""
+        for _ in range(50):
+            if any(ev.compaction.WhichOneof("event") == "failed" for ev in seen):
+                break
+            threading.Event().wait(0.1)
+        sub.cancel()
+        kinds = [ev.compaction.WhichOneof("event") for ev in seen if ev.WhichOneof("event") == "compaction"]
+        assert kinds[0] == "started" and kinds[-1] == "failed"
+
+
+def test_compact_on_the_stream_and_cancel(llm_server: Server, fake: FakeOpenAI, sid: str) -> None:
+    fake.push(Reply.text("slow ", "summary", delay=0.3), Reply.text("Summary ", "two."))
+    with Client(llm_server.addr) as c:
+        seed(c, sid)
+        with c.stream() as s:
+            running = s.compact(sid)
+            first = next(iter(running))
+            assert first.WhichOneof("event") == "started"
+            running.cancel()
+            with pytest.raises(CompactionFailed) as e:
+                running.wait()
+            assert e.value.kind == "cancelled"
+            again = s.compact(sid, tail_turns=1)
+            assert "".join(again.deltas()) == "Summary two."
+            assert again.wait().summary_message_id
+            assert s.get_context(sid).boundary_message_id == again.compacted.user_message_id
+
+
+def test_async_compact(llm_server: Server, fake: FakeOpenAI, sid: str) -> None:
+    fake.push(Reply.text("Async ", "summary."), Reply.text("Stream ", "summary."))
+    with Client(llm_server.addr) as c:
+        seed(c, sid)
+
+    async def main() -> None:
+        async with AsyncClient(llm_server.addr) as c:
+            compaction = c.compact(sid)
+            texts = [t async for t in compaction.deltas()]
+            assert texts == ["Async ", "summary."]
+            done = await compaction.wait()
+            assert (await c.get_context(sid)).boundary_message_id == done.user_message_id
+            await c.upsert_message(sid, b.user_message("u9"))
+            await c.upsert_part(sid, b.text_part("u9", "u9-t", "more work"))
+            async with await c.stream() as s:
+                on_stream = await s.compact(sid)
+                assert "".join([t async for t in on_stream.deltas()]) == "Stream summary."
+                assert (await on_stream.wait()).summary_message_id
+
+    asyncio.run(main())

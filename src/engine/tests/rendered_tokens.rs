@@ -1,0 +1,186 @@
+//! The token figure of a reduced part is computed from its cached estimate plus a count
+//! of the replacing text only (`render::rendered_tokens_as`); it must equal counting the
+//! rendered part itself, for every part shape, strategy mark, prune stamp and tokenizer.
+
+use crate::config::{EngineConfig, SessionOverrides, Strategy, StrategySet};
+use crate::domain::{
+    FilePart, Part, PartKind, StrategyMark, TextPart, ToolPart, ToolState, ToolStatus,
+};
+use crate::engine::estimate::estimate;
+use crate::engine::render::{render_as, rendered_tokens_as};
+use crate::tokens::Counting;
+
+fn part(id: &str, kind: PartKind) -> Part {
+    Part {
+        id: id.into(),
+        message_id: "m1".into(),
+        kind,
+        mark: None,
+        extra: Default::default(),
+    }
+}
+
+fn tool(id: &str, status: ToolStatus, output: &str, error: &str) -> Part {
+    let mut state = ToolState::new(status);
+    state.output = output.into();
+    state.error = error.into();
+    state.input = serde_json::json!({
+        "filePath": "src/engine/render.rs",
+        "content": "fn main() {\n    println!(\"hello\");\n}\n".repeat(40),
+        "limit": 200,
+        "nested": {"command": "cargo build --release 2>&1 | tail -50", "notes": "x".repeat(900)},
+    });
+    part(
+        id,
+        PartKind::Tool(Box::new(ToolPart {
+            call_id: format!("call_{id}"),
+            tool: "bash".into(),
+            state,
+            metadata: None,
+        })),
+    )
+}
+
+/// Parts of every shape a rendering can rewrite (and some it cannot).
+fn parts() -> Vec<Part> {
+    let log = "   Compiling serde v1.0.229\nwarning: unused variable `x` --> src/lib.rs:4:9\n"
+        .repeat(120);
+    let user_text = format!(
+        "Please look at this:\n```rust\n{}```\nand this file too.",
+        "let x = vec![1, 2, 3];\n".repeat(80)
+    );
+    vec![
+        tool("t_done", ToolStatus::Completed, &log, ""),
+        tool("t_tiny", ToolStatus::Completed, "ok", ""),
+        tool(
+            "t_err",
+            ToolStatus::Error,
+            "",
+            &format!("error[E0308]: mismatched types\n{log}"),
+        ),
+        tool("t_err_short", ToolStatus::Error, "", "boom"),
+        tool("t_pending", ToolStatus::Pending, "", ""),
+        tool("t_running", ToolStatus::Running, "partial", ""),
+        part(
+            "x_user",
+            PartKind::Text(TextPart {
+                text: user_text,
+                ..TextPart::default()
+            }),
+        ),
+        part(
+            "x_plain",
+            PartKind::Text(TextPart {
+                text: "done, tests pass".into(),
+                ..TextPart::default()
+            }),
+        ),
+        part(
+            "f_png",
+            PartKind::File(FilePart {
+                mime: "image/png".into(),
+                filename: "shot.png".into(),
+                url: format!("data:image/png;base64,{}", "iVBORw0KGgo".repeat(300)),
+                source: None,
+                size: 3300,
+            }),
+        ),
+        part(
+            "f_text",
+            PartKind::File(FilePart {
+                mime: "text/plain".into(),
+                filename: "notes.txt".into(),
+                url: "file:///tmp/notes.txt".into(),
+                source: None,
+                size: 12,
+            }),
+        ),
+        part(
+            "s_start",
+            PartKind::StepStart {
+                snapshot: String::new(),
+            },
+        ),
+    ]
+}
+
+fn marks() -> Vec<Option<StrategyMark>> {
+    let mut out = vec![None];
+    for strategy in Strategy::ALL {
+        for keep in [0, 400] {
+            out.push(Some(StrategyMark {
+                strategy,
+                superseded_by: "call_newer".into(),
+                time: 1,
+                keep,
+            }));
+        }
+    }
+    out
+}
+
+#[test]
+fn rendered_tokens_equal_counting_the_rendered_part() {
+    let mut checked = 0;
+    for counting in Counting::ALL {
+        for strategies in [StrategySet::all(), StrategySet::NONE] {
+            let config = EngineConfig {
+                strategies,
+                ..EngineConfig::default()
+            };
+            let settings = config.resolve(&SessionOverrides::default());
+            let counter = counting.counter();
+            for p in parts() {
+                let est = estimate(&p, counter);
+                for mark in marks() {
+                    for compacted in [false, true] {
+                        for strip in [false, true] {
+                            let expected =
+                                render_as(&p, mark.as_ref(), compacted, &settings, strip).map_or(
+                                    0,
+                                    |r| {
+                                        let e = estimate(&r, counter);
+                                        e.base + e.output
+                                    },
+                                );
+                            let fast = rendered_tokens_as(
+                                &p,
+                                &est,
+                                mark.as_ref(),
+                                compacted,
+                                &settings,
+                                strip,
+                                counter,
+                            );
+                            let unstripped = rendered_tokens_as(
+                                &p,
+                                &est,
+                                mark.as_ref(),
+                                compacted,
+                                &settings,
+                                false,
+                                counter,
+                            );
+                            assert_eq!(
+                                fast.tokens + fast.input_saved,
+                                unstripped.tokens,
+                                "input saving of {} under {mark:?}",
+                                p.id
+                            );
+                            let fast = fast.tokens;
+                            assert_eq!(
+                                fast,
+                                expected,
+                                "{} under {mark:?}, compacted {compacted}, strip {strip}, {}",
+                                p.id,
+                                counting.as_str()
+                            );
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 2_000, "{checked} cases");
+}
