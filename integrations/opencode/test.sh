@@ -27,13 +27,16 @@ export COMPACTD_BIN=$(cd "$(dirname "$COMPACTD_BIN")" && pwd)/$(basename "$COMPA
 # Install only when the lockfile changed since the last install (OpenCode's platform
 # binaries are ~200 MB; a fresh `npm ci` every run would dominate the test's time).
 stamp=node_modules/.compactd-lock-stamp
-if [ ! -f "$stamp" ] || ! cmp -s package-lock.json "$stamp" || [ ! -d ../../clients/typescript/dist ]; then
+if [ ! -f "$stamp" ] || ! cmp -s package-lock.json "$stamp" || [ ! -e node_modules/@compactd/client ]; then
   # `npm install`, not `npm ci`: npm 11 leaves the other platforms' optional packages
   # (opencode-darwin-arm64, ...) out of the lockfile and `npm ci` then refuses it as out of
   # sync. `npm install` installs from the lockfile as committed and leaves it unchanged.
   npm install --no-audit --no-fund --loglevel=error
   cp package-lock.json "$stamp"
 fi
+# The TypeScript client is linked by path (file:../../clients/typescript): build it from
+# its current sources (its prepare installs its own pinned devDependencies if needed).
+bash ../../clients/typescript/scripts/prepare.sh
 npm run --silent build
 
 node --test --test-concurrency=1 --test-reporter=spec test/convert.test.mjs test/e2e.test.mjs

@@ -257,22 +257,29 @@ test("compactd dies mid-session: OpenCode's own messages are sent, the session f
   assert.match(contentOf(toolResult(main[7], "call_s02_0")), /not ok 2 - subtracts/)
 })
 
-test("comparison: no plugin, DCP, compactd (defaults, sidecar started by the plugin)", async () => {
+test("comparison: no plugin, DCP, compactd, in a 64k window and in a 10.5k one", async () => {
+  const tight = { context: 10500, output: 1000 }
   runs["none"] = await runSession({ mode: "none" })
   runs["dcp"] = await runSession({ mode: "dcp" })
   runs["compactd (defaults)"] = await runSession({ mode: "compactd", pluginOptions: { binary: BIN } })
   runs["compactd (mask_keep 3)"] = await runSession({ mode: "compactd", pluginOptions: { binary: BIN, session: { mask_keep: 3 } } })
-  const order = ["none", "dcp", "compactd (defaults)", "compactd (mask_keep 3)", "compactd (mask_keep 3, cache none)"]
-  const rows = order.filter((k) => runs[k]).map((k) => ({ run: k, exit: runs[k].exitCode, seconds: runs[k].seconds, ...summarize(runs[k].requests) }))
-  const base = rows[0]
+  runs["none, 10.5k window"] = await runSession({ mode: "none", modelLimits: tight })
+  runs["dcp, 10.5k window"] = await runSession({ mode: "dcp", modelLimits: tight })
+  runs["compactd (defaults), 10.5k window"] = await runSession({ mode: "compactd", modelLimits: tight, pluginOptions: { binary: BIN } })
+  const order = ["none", "dcp", "compactd (defaults)", "compactd (mask_keep 3)", "compactd (mask_keep 3, cache none)", "none, 10.5k window", "dcp, 10.5k window", "compactd (defaults), 10.5k window"]
+  const compactions = (r) => (r.exported?.messages ?? []).filter((m) => m.parts.some((p) => p.type === "compaction")).length
+  const rows = order
+    .filter((k) => runs[k])
+    .map((k) => ({ run: k, exit: runs[k].exitCode, seconds: runs[k].seconds, opencode_compactions: compactions(runs[k]), ...summarize(runs[k].requests) }))
   const pct = (a, b) => `${a >= b ? "+" : ""}${(((a - b) / b) * 100).toFixed(1)}%`
+  const baseOf = (x) => rows.find((y) => y.run === (x.run.endsWith("10.5k window") ? "none, 10.5k window" : "none"))
   const lines = [
-    "| run | requests | prompt tokens | vs none | last prompt | cost, anthropic | vs none | cost, openai | vs none | cache breaks |",
-    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ...rows.map(
-      (x) =>
-        `| ${x.run} | ${x.requests} | ${x.prompt_tokens} | ${pct(x.prompt_tokens, base.prompt_tokens)} | ${x.last_prompt_tokens} | ${x.cost_anthropic} | ${pct(x.cost_anthropic, base.cost_anthropic)} | ${x.cost_openai} | ${pct(x.cost_openai, base.cost_openai)} | ${x.cache_breaks} |`,
-    ),
+    "| run | requests | prompt tokens | vs none | last prompt | cost, anthropic | vs none | cost, openai | vs none | cache breaks | OpenCode compactions | other requests (tokens) |",
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ...rows.map((x) => {
+      const b = baseOf(x)
+      return `| ${x.run} | ${x.requests} | ${x.prompt_tokens} | ${pct(x.prompt_tokens, b.prompt_tokens)} | ${x.last_prompt_tokens} | ${x.cost_anthropic} | ${pct(x.cost_anthropic, b.cost_anthropic)} | ${x.cost_openai} | ${pct(x.cost_openai, b.cost_openai)} | ${x.cache_breaks} | ${x.opencode_compactions} | ${x.other_requests} (${x.other_prompt_tokens}) |`
+    }),
   ]
   console.log(`\n${lines.join("\n")}\n`)
   writeFileSync(join(pkgDir, ".tmp-comparison.json"), JSON.stringify(rows, null, 2))
@@ -281,5 +288,5 @@ test("comparison: no plugin, DCP, compactd (defaults, sidecar started by the plu
     assert.equal(x.requests, 8, `${x.run}: ${x.requests} requests`)
   }
   const aggressive = rows.find((x) => x.run.startsWith("compactd (mask"))
-  assert.ok(aggressive.prompt_tokens < base.prompt_tokens, "compactd sent no fewer prompt tokens than no plugin")
+  assert.ok(aggressive.prompt_tokens < rows[0].prompt_tokens, "compactd sent no fewer prompt tokens than no plugin")
 })

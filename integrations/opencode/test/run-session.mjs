@@ -33,8 +33,9 @@ function run(cmd, args, opts) {
   })
 }
 
-// Prompt tokens, requests and cost of the main agent's requests (OpenCode's title
-// request has no tools and is the same in every run; it is counted apart).
+// Prompt tokens, requests and cost of the main agent's requests. Requests without tools
+// (OpenCode's title request, the same in every run, and OpenCode's own compaction
+// request) are counted apart, in other_requests / other_prompt_tokens.
 // Cost in fresh-token units, as compactd's replay computes it: the prefix a request
 // shares with the previous one is read from cache, the rest is written.
 export function summarize(requests) {
@@ -46,6 +47,7 @@ export function summarize(requests) {
   return {
     requests: main.length,
     other_requests: requests.length - main.length,
+    other_prompt_tokens: requests.filter((r) => !r.main).reduce((a, r) => a + r.prompt_tokens, 0),
     prompt_tokens: prompt,
     cached_tokens: cached,
     last_prompt_tokens: main.length ? main[main.length - 1].prompt_tokens : 0,
