@@ -13,8 +13,8 @@
 // A compactd error never breaks OpenCode: the request goes out with OpenCode's own
 // messages and the error is logged.
 import { createHash } from "node:crypto"
-import type { Plugin, Hooks } from "@opencode-ai/plugin"
-import { tool } from "@opencode-ai/plugin"
+import type { Plugin, Hooks, ToolDefinition } from "@opencode-ai/plugin"
+import { z } from "zod"
 import type { CompactdClient, SessionStream, Recalled } from "@compactd/client"
 import { resolveSettings, sessionConfig, type PluginSettings } from "./options.js"
 import { startSidecar, type Sidecar } from "./sidecar.js"
@@ -117,17 +117,19 @@ const CompactdPlugin: Plugin = async (input, options) => {
   }
   if (settings.recall) {
     hooks.tool = {
-      compactd_recall: tool({
+      // What @opencode-ai/plugin's tool() builds (it returns its input; the schema is zod's),
+      // written out so the plugin needs zod at run time, not the whole plugin package.
+      compactd_recall: {
         description: recallDescription,
-        args: { call_id: tool.schema.string().describe("The call_id of the tool call whose original output you need") },
-        async execute(args, ctx) {
+        args: { call_id: z.string().describe("The call_id of the tool call whose original output you need") },
+        async execute(args: { call_id: string }, ctx: { sessionID: string }) {
           try {
             return formatRecalled(await sidecar.client.recall(ctx.sessionID, { callId: args.call_id }))
           } catch (e) {
             return `compactd_recall failed: ${(e as Error).message}`
           }
         },
-      }),
+      } as unknown as ToolDefinition,
     }
   }
   log.info(`compactd plugin ready (compaction: ${settings.compaction}, replace messages: ${settings.replaceMessages}, recall tool: ${settings.recall})`)

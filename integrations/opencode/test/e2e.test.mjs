@@ -148,12 +148,18 @@ test("OpenCode with the compactd plugin: mirror, compactd's context in the reque
   assert.match(stored.state.output, /not ok 2 - subtracts/)
 })
 
-test("the recall tool returns a hidden output (compactd Recall, as the tool answers it)", async () => {
-  const r = runs["compactd (mask_keep 3, cache none)"]
-  assert.ok(r, "needs the first test")
-  const got = await client.recall(r.sessionId, { callId: "call_s02_0" })
-  assert.equal(got.reduction, "superseded")
-  assert.match(got.call.output, /not ok 2 - subtracts/)
+test("the model calls compactd_recall through OpenCode and gets the hidden output back", async () => {
+  const r = await runSession({ mode: "compactd", recall: true, pluginOptions: { address, session: E2E_SESSION } })
+  const pluginLog = readFileSync(join(r.root, "compactd-plugin.log"), "utf8")
+  assert.equal(r.exitCode, 0, pluginLog)
+  const main = r.requests.filter((q) => q.main)
+  assert.deepEqual(main.map((q) => q.step), [0, 1, 2, 3, 4, 5, 6, 7, 8])
+  // The first test run reads superseded in the context, and the recall brings it back.
+  const last = main[main.length - 1]
+  assert.equal(contentOf(toolResult(last, "call_s02_0")), "[Superseded by a newer call: call_s06_0]")
+  const recalled = contentOf(toolResult(last, "call_s07_0"))
+  assert.match(recalled, /^bash call call_s02_0 \(completed\)/)
+  assert.match(recalled, /not ok 2 - subtracts/)
 })
 
 test('compaction "compactd": OpenCode\'s own is off, compactd summarizes and the requests carry its summary', async () => {

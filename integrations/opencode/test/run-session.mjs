@@ -57,7 +57,7 @@ export function summarize(requests) {
   }
 }
 
-export async function runSession({ mode = "none", pluginOptions = {}, env = {}, timeoutMs = 180000, root, onRequest, modelLimits = MODEL_LIMITS } = {}) {
+export async function runSession({ mode = "none", pluginOptions = {}, env = {}, timeoutMs = 180000, root, onRequest, modelLimits = MODEL_LIMITS, recall = false } = {}) {
   root ??= mkdtempSync(join(tmpdir(), `oc-${mode}-`))
   const home = join(root, "home")
   const repo = join(root, "repo")
@@ -66,7 +66,7 @@ export async function runSession({ mode = "none", pluginOptions = {}, env = {}, 
   createFixture(repo)
   const log = join(root, "requests.jsonl")
   writeFileSync(log, "")
-  const server = await startEndpoint({ log, workdir: repo, onRequest })
+  const server = await startEndpoint({ log, workdir: repo, onRequest, recall })
   const port = server.address().port
   const plugin = []
   if (mode === "dcp") plugin.push(pathToFileURL(join(pkgDir, "node_modules", "@tarquinen", "opencode-dcp", "dist", "index.js")).href)

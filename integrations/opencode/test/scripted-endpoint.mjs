@@ -33,9 +33,9 @@ export function messageTokens(m) {
 }
 
 // The session. Each step is what the model "writes" after the previous step's results.
-function script(workdir) {
+function script(workdir, recall = false) {
   const p = (rel) => `${workdir}/${rel}`
-  return [
+  const steps = [
     {
       text: "I'll start by looking at the repository layout.",
       calls: [{ name: "bash", args: { command: "git status --short && ls -R src test", description: "Show repository layout" } }],
@@ -74,6 +74,14 @@ function script(workdir) {
       calls: [],
     },
   ]
+  // With `recall`: before answering, ask compactd for the first test run back.
+  if (recall) {
+    steps.splice(steps.length - 1, 0, {
+      text: "Let me compare with the first test run's failures.",
+      calls: [{ name: "compactd_recall", args: { call_id: "call_s02_0" } }],
+    })
+  }
+  return steps
 }
 
 const callId = (step, k) => `call_s${String(step).padStart(2, "0")}_${k}`
@@ -109,7 +117,7 @@ function workdirOf(body, fallback) {
   return fallback
 }
 
-export function startEndpoint({ port = 0, log, workdir = process.cwd(), delayMs = 0, onRequest } = {}) {
+export function startEndpoint({ port = 0, log, workdir = process.cwd(), delayMs = 0, onRequest, recall = false } = {}) {
   let previous = null // the previous main request's messages, serialized, for the cached prefix
   let requestIndex = 0
   let lastPlayed = -1
@@ -159,7 +167,7 @@ export function startEndpoint({ port = 0, log, workdir = process.cwd(), delayMs 
         // from the last step played (the host kept the session going on a summary).
         if (step === 0 && lastPlayed >= 0) step = lastPlayed + 1
         lastPlayed = step
-        const steps = script(workdirOf(body, workdir))
+        const steps = script(workdirOf(body, workdir), recall && body.tools.some((t) => t.function?.name === "compactd_recall"))
         reply = steps[Math.min(step, steps.length - 1)]
         previous = { serialized, toolsJson: JSON.stringify(body.tools) }
       } else {
