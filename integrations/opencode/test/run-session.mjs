@@ -72,7 +72,7 @@ export async function runSession({ mode = "none", pluginOptions = {}, env = {}, 
   if (mode === "dcp") plugin.push(pathToFileURL(join(pkgDir, "node_modules", "@tarquinen", "opencode-dcp", "dist", "index.js")).href)
   if (mode === "compactd") {
     const options = { binary: process.env.COMPACTD_BIN ?? "compactd", logFile: join(root, "compactd-plugin.log"), ...pluginOptions }
-    plugin.push([pathToFileURL(join(pkgDir, process.env.PLUGIN_ENTRY ?? "dist/index.js")).href, options])
+    plugin.push([pathToFileURL(resolve(pkgDir, process.env.PLUGIN_ENTRY ?? "dist/index.js")).href, options])
   }
   const config = {
     $schema: "https://opencode.ai/config.json",
