@@ -5,7 +5,7 @@
 //
 // mode: "none" (no plugin), "dcp" (@tarquinen/opencode-dcp) or "compactd" (this plugin).
 import { spawn, execFileSync } from "node:child_process"
-import { mkdtempSync, mkdirSync, writeFileSync, readFileSync, existsSync } from "node:fs"
+import { mkdtempSync, mkdirSync, writeFileSync, readFileSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join, dirname, resolve } from "node:path"
 import { fileURLToPath, pathToFileURL } from "node:url"
@@ -131,6 +131,9 @@ export async function runSession({ mode = "none", pluginOptions = {}, env = {}, 
       exported = { error: String(e) }
     }
   }
+  // OpenCode's home (its database, the packages it fetched: ~45 MB) is not needed once the
+  // session is exported; the requests, the plugin log and the repository stay in root.
+  if (!process.env.KEEP_OPENCODE_HOME) rmSync(home, { recursive: true, force: true })
   return { mode, root, repo, port, seconds, exitCode: result.code, signal: result.signal, stdout: result.stdout, stderr: result.stderr, requests, sessionId, exported, summary: summarize(requests) }
 }
 
