@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 start=$SECONDS
 
-if ! timeout 20 npm ping --loglevel=silent >/dev/null 2>&1; then
+if ! timeout 20 npm ping --fetch-retries=0 --fetch-timeout=10000 --loglevel=silent >/dev/null 2>&1; then
   echo "SKIPPED: the npm registry is unreachable (npm ping failed); the OpenCode end-to-end test needs opencode-ai from npm"
   exit 0
 fi
