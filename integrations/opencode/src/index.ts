@@ -1,0 +1,558 @@
+// compactd for OpenCode.
+//
+// - mirrors every OpenCode session into compactd: the `event` hook streams message and
+//   part updates (assistant usage included) as they happen, and before each model request
+//   the messages OpenCode is about to send are reconciled with what compactd holds;
+// - replaces those messages with compactd's context (`experimental.chat.messages.transform`):
+//   cleared, superseded, masked and capped outputs as compactd renders them;
+// - compaction: OpenCode's own (default; compactd only prunes) or compactd's (OpenCode's
+//   automatic compaction is turned off and compactd's summaries are relayed);
+// - registers compactd's `compactd_recall` tool, so the model can get a hidden output back;
+// - starts the sidecar (`compactd serve` on a free port) or connects to a given address.
+//
+// A compactd error never breaks OpenCode: the request goes out with OpenCode's own
+// messages and the error is logged.
+import { createHash } from "node:crypto"
+import type { Plugin, Hooks, ToolDefinition } from "@opencode-ai/plugin"
+import { z } from "zod"
+import type { CompactdClient, SessionStream, Recalled } from "@compactd/client"
+import { resolveSettings, sessionConfig, type PluginSettings } from "./options.js"
+import { startSidecar, type Sidecar } from "./sidecar.js"
+import { createLog, type Log } from "./log.js"
+import { toMessageInfo, toPart, toOpenCodeMessages } from "./convert.js"
+
+/* eslint-disable @typescript-eslint/no-explicit-any */
+type Obj = { [key: string]: any }
+type WithParts = { info: Obj; parts: Obj[] }
+
+interface SessionState {
+  id: string
+  /** "new": open on the first update; "import": load OpenCode's whole session first. */
+  status: "new" | "import" | "ready"
+  /** Digest of what compactd holds, by "m:<id>" / "p:<id>". */
+  sent: Map<string, string>
+  /** Part ids compactd holds, by message id. */
+  parts: Map<string, Set<string>>
+  /** Updates sent whose ack has not arrived. */
+  pending: Set<Promise<unknown>>
+  /** The model and limits the session was opened with (JSON), to reopen on change. */
+  opened: string
+  model?: { providerID: string; modelID: string }
+  /** Assistant messages held back until their first part, by id. */
+  deferred: Map<string, Obj>
+  /** A compaction compactd is running for the session. */
+  compaction?: Promise<void>
+}
+
+const digest = (v: unknown) => createHash("sha1").update(JSON.stringify(v)).digest("base64")
+
+const RECALL_DESCRIPTION =
+  "Returns the original content of a tool output that the context shows cleared, superseded, masked or truncated. Pass the tool call's call_id."
+
+const CompactdPlugin: Plugin = async (input, options) => {
+  let settings: PluginSettings
+  const early = createLog(input.client, process.env.COMPACTD_OPENCODE_LOG, false)
+  try {
+    settings = resolveSettings(options as Obj)
+  } catch (e) {
+    early.error(`compactd plugin disabled: bad settings: ${(e as Error).message}`)
+    return {}
+  }
+  if (!settings.enabled) return {}
+  const log = createLog(input.client, settings.logFile, settings.debug)
+  let sidecar: Sidecar
+  try {
+    sidecar = await startSidecar(settings, log)
+  } catch (e) {
+    log.error(`compactd plugin disabled: compactd is not available: ${(e as Error).message}`)
+    return {}
+  }
+  const mirror = new Mirror(sidecar.client, settings, log, input.client)
+  let recallDescription = RECALL_DESCRIPTION
+  if (settings.recall) {
+    try {
+      const t = await sidecar.client.getRecallTool()
+      recallDescription = t.tool.function.description ?? recallDescription
+    } catch (e) {
+      log.warn(`GetRecallTool failed, using the built-in description: ${(e as Error).message}`)
+    }
+  }
+  if (settings.compaction === "compactd") mirror.watchCompactions()
+
+  const hooks: Hooks = {
+    dispose: async () => {
+      mirror.close()
+      sidecar.stop()
+    },
+    config: async (config: Obj) => {
+      if (settings.compaction === "compactd") {
+        // compactd decides when to compact; OpenCode must not summarize on its own too.
+        config.compaction = { ...(config.compaction ?? {}), auto: false }
+        if (!settings.llmBaseUrl) log.warn('compaction "compactd" without llmBaseUrl: the sidecar must have its own --llm-base-url')
+      }
+    },
+    event: async ({ event }) => {
+      try {
+        mirror.onEvent(event as Obj)
+      } catch (e) {
+        log.warn(`mirroring ${(event as Obj)?.type}: ${(e as Error).message}`)
+      }
+    },
+    "chat.params": async (inp: Obj) => {
+      try {
+        mirror.onModel(inp.sessionID, inp.model)
+      } catch (e) {
+        log.warn(`chat.params: ${(e as Error).message}`)
+      }
+    },
+    "experimental.chat.messages.transform": async (_inp, output: Obj) => {
+      if (!Array.isArray(output?.messages) || output.messages.length === 0) return
+      try {
+        const replaced = await mirror.transform(output.messages as WithParts[])
+        if (replaced && settings.replaceMessages) output.messages.splice(0, output.messages.length, ...replaced)
+      } catch (e) {
+        log.error(`context not replaced (OpenCode's own messages are sent): ${(e as Error).message}`)
+      }
+    },
+  }
+  if (settings.recall) {
+    hooks.tool = {
+      // What @opencode-ai/plugin's tool() builds (it returns its input; the schema is zod's),
+      // written out so the plugin needs zod at run time, not the whole plugin package.
+      compactd_recall: {
+        description: recallDescription,
+        args: { call_id: z.string().describe("The call_id of the tool call whose original output you need") },
+        async execute(args: { call_id: string }, ctx: { sessionID: string }) {
+          try {
+            return formatRecalled(await sidecar.client.recall(ctx.sessionID, { callId: args.call_id }))
+          } catch (e) {
+            return `compactd_recall failed: ${(e as Error).message}`
+          }
+        },
+      } as unknown as ToolDefinition,
+    }
+  }
+  log.info(`compactd plugin ready (compaction: ${settings.compaction}, replace messages: ${settings.replaceMessages}, recall tool: ${settings.recall})`)
+  return hooks
+}
+
+function formatRecalled(r: Recalled): string {
+  if (r.call) {
+    const c = r.call
+    const head = `${c.tool} call ${c.callId} (${c.status}), input: ${JSON.stringify(c.input ?? {})}`
+    return `${head}\n\n${c.status === "error" ? c.error : c.output}`
+  }
+  if (r.text !== undefined) return r.text
+  if (r.file) return `[File: ${r.file.filename} (${r.file.mime})] ${r.file.url}`
+  return `(part ${r.partId} of type ${r.partType} has no content)`
+}
+
+class Mirror {
+  private stream: SessionStream | null = null
+  private readonly sessions = new Map<string, SessionState>()
+  private readonly limitsCache = new Map<string, Promise<Obj | undefined>>()
+  private watcher: { cancel(): void } | null = null
+  private closing = false
+
+  constructor(
+    private readonly client: CompactdClient,
+    private readonly settings: PluginSettings,
+    private readonly log: Log,
+    private readonly opencode: any,
+  ) {}
+
+  close() {
+    this.closing = true
+    this.watcher?.cancel()
+    this.stream?.cancel()
+  }
+
+  private session(id: string): SessionState {
+    let s = this.sessions.get(id)
+    if (!s) {
+      s = { id, status: "new", sent: new Map(), parts: new Map(), pending: new Set(), opened: "", deferred: new Map() }
+      this.sessions.set(id, s)
+    }
+    return s
+  }
+
+  private getStream(): SessionStream {
+    if (!this.stream || this.stream.isClosed) {
+      this.stream = this.client.stream()
+      this.stream.on("close", (err) => {
+        if (this.closing) return
+        if (err) this.log.warn(`compactd stream closed: ${err.message}; sessions will be reloaded`)
+        for (const s of this.sessions.values()) s.status = "import"
+      })
+      this.stream.on("pruned", (r, e) => {
+        const strategies = r.strategies.map((x) => `${x.strategy} ${x.parts} parts/${x.tokens} tokens`).join(", ")
+        this.log.info(`compactd pruned session ${e.sessionId}: opencode prune ${r.committed ? `${r.tokensSaved} tokens` : "no"}${strategies ? `; ${strategies}` : ""}`)
+      })
+    }
+    return this.stream
+  }
+
+  /** Sends one update; failures are logged and make the session reload before its next request. */
+  private send(s: SessionState, body: Obj, what: string): Promise<unknown> {
+    if (this.settings.debug) this.log.debug(`-> ${s.id} ${what}`)
+    const p: Promise<unknown> = this.getStream()
+      .send(s.id, body)
+      .catch((e: any) => {
+        if (this.closing) return
+        this.log.warn(`compactd rejected ${what} of session ${s.id} (${e.codeName ?? e.code ?? ""} ${e.field ?? ""}): ${e.message}; reloading the session`)
+        s.status = "import"
+      })
+      .finally(() => s.pending.delete(p))
+    s.pending.add(p)
+    return p
+  }
+
+  private sessionInfo(s: SessionState, limits: Obj | undefined): Obj {
+    const config = sessionConfig({ ...(this.settings.compaction === "opencode" ? { autoCompact: false } : {}), ...this.settings.session })
+    const info: Obj = { id: s.id, config }
+    if (s.model) info.model = { providerId: s.model.providerID, modelId: s.model.modelID }
+    const l = this.settings.limits ?? limits
+    if (l) info.limits = { context: l.context ?? 0, input: l.input ?? 0, output: l.output ?? 0 }
+    return info
+  }
+
+  /** (Re)opens the session when its model or limits changed. Sends at once (updates after it
+   * must follow it on the stream); limits not known yet are looked up and sent by a reopen. */
+  private open(s: SessionState) {
+    let limits: Obj | undefined
+    if (s.model) {
+      const key = `${s.model.providerID}/${s.model.modelID}`
+      if (this.limitsKnown.has(key)) limits = this.limitsKnown.get(key)
+      else void this.limitsOf(s.model).then(() => this.open(s))
+    }
+    const info = this.sessionInfo(s, limits)
+    const key = JSON.stringify(info)
+    if (key === s.opened) return
+    s.opened = key
+    this.send(s, { open: info }, "open")
+  }
+
+  private readonly limitsKnown = new Map<string, Obj | undefined>()
+
+  private limitsOf(model: { providerID: string; modelID: string }): Promise<Obj | undefined> {
+    const key = `${model.providerID}/${model.modelID}`
+    let p = this.limitsCache.get(key)
+    if (!p) {
+      p = (async () => {
+        try {
+          const res = await this.opencode.config.providers()
+          const data = res?.data ?? res
+          const provider = (data?.providers ?? []).find((x: Obj) => x.id === model.providerID)
+          const limit = provider?.models?.[model.modelID]?.limit
+          if (!limit) this.log.warn(`no limits known for ${key}: compactd will not detect overflow`)
+          this.limitsKnown.set(key, limit)
+          return limit
+        } catch (e) {
+          this.log.warn(`reading OpenCode's providers failed: ${(e as Error).message}`)
+          this.limitsCache.delete(key)
+          return undefined
+        }
+      })()
+      this.limitsCache.set(key, p)
+    }
+    return p
+  }
+
+  onModel(sessionID: string, model: Obj) {
+    if (!sessionID || !model) return
+    const ref = { providerID: String(model.providerID ?? ""), modelID: String(model.id ?? model.modelID ?? "") }
+    if (model.limit) {
+      this.limitsCache.set(`${ref.providerID}/${ref.modelID}`, Promise.resolve(model.limit))
+      this.limitsKnown.set(`${ref.providerID}/${ref.modelID}`, model.limit)
+    }
+    const s = this.session(sessionID)
+    s.model = ref
+    if (s.status === "ready") this.open(s)
+  }
+
+  private noteModel(s: SessionState, info: Obj) {
+    if (info.role === "user" && info.model) s.model = { providerID: info.model.providerID, modelID: info.model.modelID }
+    else if (info.role === "assistant" && info.providerID) s.model = { providerID: info.providerID, modelID: info.modelID }
+  }
+
+  private messageUpdate(s: SessionState, info: Obj, force = false) {
+    this.noteModel(s, info)
+    // OpenCode creates a step's assistant message before it builds the request: held back
+    // until its first part, it lands after a compaction that request triggers (in the
+    // context) rather than before it (summarized while still empty).
+    if (!force && info.role === "assistant" && !info.time?.completed && !s.parts.has(info.id)) {
+      s.deferred.set(info.id, info)
+      return
+    }
+    s.deferred.delete(info.id)
+    const m = toMessageInfo(info)
+    const key = `m:${m.id}`
+    const d = digest(m)
+    if (s.sent.get(key) === d) return
+    s.sent.set(key, d)
+    if (!s.parts.has(m.id!)) s.parts.set(m.id!, new Set())
+    this.send(s, { upsertMessage: m }, `message ${m.id}`)
+  }
+
+  private partUpdate(s: SessionState, part: Obj) {
+    const p = toPart(part)
+    if (!p) return
+    const waiting = s.deferred.get(p.messageId!)
+    if (waiting) this.messageUpdate(s, waiting, true)
+    const key = `p:${p.id}`
+    const d = digest(p)
+    if (s.sent.get(key) === d) return
+    s.sent.set(key, d)
+    s.parts.get(p.messageId!)?.add(p.id!)
+    this.send(s, { upsertPart: p }, `part ${p.id}`)
+  }
+
+  private partRemoved(s: SessionState, messageID: string, partID: string) {
+    if (!s.sent.delete(`p:${partID}`)) return
+    s.parts.get(messageID)?.delete(partID)
+    this.send(s, { deletePart: { messageId: messageID, partId: partID } }, `delete part ${partID}`)
+  }
+
+  onEvent(event: Obj) {
+    const props = event?.properties ?? {}
+    switch (event?.type) {
+      case "message.updated": {
+        const info = props.info
+        if (!info?.sessionID) return
+        const s = this.session(info.sessionID)
+        if (s.status === "new") {
+          // A session seen from its first user message is mirrored update by update;
+          // one met mid-way is loaded whole before its next request.
+          if (info.role !== "user") {
+            s.status = "import"
+            return
+          }
+          s.status = "ready"
+          this.noteModel(s, info)
+          this.open(s)
+          this.messageUpdate(s, info)
+          return
+        }
+        if (s.status === "ready") this.messageUpdate(s, info)
+        return
+      }
+      case "message.part.updated": {
+        const part = props.part
+        if (!part?.sessionID) return
+        const s = this.sessions.get(part.sessionID)
+        if (s?.status !== "ready") return
+        // Text still streaming is sent when it appears (compactd keeps parts in arrival
+        // order) and once it is whole, not at every delta.
+        const streaming = (part.type === "text" || part.type === "reasoning") && part.time && part.time.end === undefined
+        if (streaming && s.sent.has(`p:${part.id}`)) return
+        this.partUpdate(s, part)
+        return
+      }
+      case "message.part.removed": {
+        const s = this.sessions.get(props.sessionID)
+        if (s?.status === "ready") this.partRemoved(s, props.messageID, props.partID)
+        return
+      }
+      case "message.removed": {
+        // compactd has no message delete: reload the session from OpenCode.
+        const s = this.sessions.get(props.sessionID)
+        if (s) s.status = "import"
+        return
+      }
+      case "session.deleted": {
+        const id = props.info?.id
+        if (id && this.sessions.delete(id)) {
+          this.client.deleteSession(id).catch((e) => this.log.warn(`DeleteSession ${id}: ${e.message}`))
+        }
+        return
+      }
+      case "session.compacted":
+        this.log.info(`OpenCode compacted session ${props.sessionID}`)
+        return
+    }
+  }
+
+  /** Loads OpenCode's whole session into compactd (replacing what it held). */
+  private async importSession(s: SessionState, fallback: WithParts[]) {
+    let all: WithParts[] = fallback
+    try {
+      const res = await this.opencode.session.messages({ path: { id: s.id } })
+      const data = res?.data ?? res
+      if (Array.isArray(data) && data.length) all = data
+    } catch (e) {
+      this.log.warn(`reading session ${s.id} from OpenCode failed, loading the messages at hand: ${(e as Error).message}`)
+    }
+    const last = [...all].reverse().find((m) => m.info?.role === "user")?.info
+    if (last?.model) s.model = { providerID: last.model.providerID, modelID: last.model.modelID }
+    const limits = s.model ? await this.limitsOf(s.model) : undefined
+    const info = this.sessionInfo(s, limits)
+    await Promise.allSettled([...s.pending])
+    s.pending.clear()
+    await this.client.importSession({
+      sessionId: s.id,
+      replace: true,
+      export: { info: { id: s.id }, messages: all as any },
+      limits: info.limits,
+      config: info.config,
+    })
+    s.sent.clear()
+    s.parts.clear()
+    s.deferred.clear()
+    s.opened = ""
+    s.status = "ready"
+    for (const m of all) {
+      s.sent.set(`m:${m.info.id}`, digest(toMessageInfo(m.info)))
+      const ids = new Set<string>()
+      for (const part of m.parts) {
+        const p = toPart(part)
+        if (!p) continue
+        ids.add(p.id!)
+        s.sent.set(`p:${p.id}`, digest(p))
+      }
+      s.parts.set(m.info.id, ids)
+    }
+    this.open(s)
+    this.log.info(`loaded session ${s.id} into compactd (${all.length} messages)`)
+  }
+
+  /** Brings compactd up to date with what OpenCode is about to send, then returns compactd's context. */
+  async transform(messages: WithParts[]): Promise<WithParts[] | null> {
+    const sessionID = messages[0]?.info?.sessionID
+    if (!sessionID) return null
+    const s = this.session(sessionID)
+    if (s.status !== "ready") await this.importSession(s, messages)
+    // compactd keeps parts in arrival order: if events came out of OpenCode's order, load
+    // the session whole rather than send a context in another order.
+    for (const m of messages) {
+      const held = [...(s.parts.get(m.info.id) ?? [])]
+      const order = m.parts.map((p) => p.id).filter((id) => held.includes(id))
+      if (held.length && order.join() !== held.filter((id) => order.includes(id)).join()) {
+        this.log.warn(`session ${sessionID}: parts of ${m.info.id} arrived out of order; reloading the session`)
+        s.status = "import"
+        break
+      }
+    }
+    if (s.status !== "ready") await this.importSession(s, messages)
+    // Reconcile: anything the events missed (or that changed since) is sent now.
+    for (const m of messages) {
+      this.messageUpdate(s, m.info, true)
+      const held = s.parts.get(m.info.id)
+      const now = new Set<string>()
+      for (const part of m.parts) {
+        now.add(part.id)
+        this.partUpdate(s, part)
+      }
+      for (const id of held ?? []) if (!now.has(id)) this.partRemoved(s, m.info.id, id)
+    }
+    this.open(s)
+    await Promise.allSettled([...s.pending])
+    if (s.status !== "ready") {
+      // An update was rejected: load the whole session once more, then go on.
+      await this.importSession(s, messages)
+    }
+    if (this.settings.compaction === "compactd") await this.compactIfNeeded(s)
+    const ctx = await this.client.getContext(sessionID, "native")
+    const known = new Map(messages.map((m) => [m.info.id, m]))
+    // OpenCode messages not in this request (one OpenCode created after building it, such
+    // as its own compaction's request) stay out; messages compactd made go in.
+    const context = ctx.messages.filter((m) => known.has(m.info!.id) || !s.sent.has(`m:${m.info!.id}`))
+    const out = toOpenCodeMessages(context, known, sessionID)
+    const lastId = messages[messages.length - 1].info.id
+    // The newest message is missing only when a compaction summarized it.
+    if (!out.some((m) => m.info.id === lastId) && !ctx.boundaryMessageId) {
+      throw new Error(`compactd's context lacks the newest message ${lastId}; mirror out of sync`)
+    }
+    const reduced = ctx.messages.reduce((n, m) => n + m.parts.filter((p) => p.mark || p.tool?.state?.time?.compacted).length, 0)
+    this.log.info(
+      `session ${sessionID}: sending compactd's context: ${out.length} messages (OpenCode: ${messages.length}), ~${ctx.estimatedTokens} tokens, ${reduced} parts reduced${ctx.boundaryMessageId ? `, from compaction ${ctx.boundaryMessageId}` : ""}`,
+    )
+    return out
+  }
+
+  // ---- compaction "compactd" -----------------------------------------------------------
+
+  /** Follows compactd's compactions (automatic ones included) to wait for them and log them. */
+  watchCompactions() {
+    const run = async () => {
+      const sub = this.client.subscribe("")
+      this.watcher = sub
+      const running = new Map<string, () => void>()
+      try {
+        for await (const ev of sub) {
+          const c = ev.compaction
+          if (!c) continue
+          const s = this.session(ev.sessionId)
+          if (c.started) {
+            this.log.info(`compactd compaction ${c.compactionId} of session ${ev.sessionId} started (${c.started.auto ? "automatic" : "manual"}, ~${c.started.tokensBefore} tokens)`)
+            s.compaction = new Promise<void>((resolve) => running.set(ev.sessionId, resolve))
+          } else if (c.compacted || c.failed) {
+            if (c.compacted) {
+              this.log.info(`compactd compacted session ${ev.sessionId}: ${c.compacted.tokensBefore} -> ${c.compacted.tokensAfter} tokens`)
+              this.toast(`compactd summarized the session (${c.compacted.tokensBefore} -> ${c.compacted.tokensAfter} tokens)`, "info")
+            } else {
+              this.log.warn(`compactd compaction of session ${ev.sessionId} failed (${c.failed!.kind}): ${c.failed!.reason}`)
+            }
+            running.get(ev.sessionId)?.()
+            running.delete(ev.sessionId)
+            s.compaction = undefined
+          }
+        }
+      } catch (e) {
+        this.log.warn(`compactd watch ended: ${(e as Error).message}`)
+      } finally {
+        for (const r of running.values()) r()
+      }
+    }
+    void run()
+  }
+
+  private toast(message: string, variant: "info" | "warning" | "error") {
+    try {
+      const p = this.opencode?.tui?.showToast?.({ body: { message, variant } })
+      if (p?.catch) p.catch(() => undefined)
+    } catch {
+      // no TUI (opencode run)
+    }
+  }
+
+  /**
+   * Over the threshold, compactd compacts on its own (automatic compaction) right after
+   * the update that crossed it: wait for that compaction (seen through Subscribe) so the
+   * request goes out with its summary. Nothing starts when compactd has no summarizer or
+   * nothing to summarize; the request then goes out with the context as it is.
+   */
+  private async compactIfNeeded(s: SessionState) {
+    const wait = async (p: Promise<void> | undefined) => {
+      if (p) await Promise.race([p, new Promise((r) => setTimeout(r, 180_000))])
+    }
+    await wait(s.compaction)
+    const check = await this.client.checkOverflow(s.id)
+    if (!check.overflow) return
+    const numbers = `${check.crossed} ${check.crossed === "used" ? check.used : check.predicted}/${check.threshold}`
+    const until = Date.now() + 300
+    while (!s.compaction && Date.now() < until) await new Promise((r) => setTimeout(r, 25))
+    if (s.compaction) {
+      this.log.info(`session ${s.id} is over its threshold (${numbers}): waiting for compactd's compaction`)
+      return wait(s.compaction)
+    }
+    // The next request would cross the threshold but no finished message or usage report
+    // triggered compactd's own compaction yet: compact now, keeping the last 2 user turns
+    // verbatim, or, when they are the whole context (an agent run is often one long
+    // turn), summarizing everything (tail_turns 0).
+    this.log.info(`session ${s.id}: the next request is over the threshold (${numbers}): compacting`)
+    for (const options of [{}, { tailTurns: 0 }]) {
+      try {
+        const result = await this.client.compact(s.id, options).result()
+        if (result.failed) this.log.warn(`compactd compaction failed (${result.failed.kind}): ${result.failed.reason}`)
+        return
+      } catch (e: any) {
+        if (s.compaction) return wait(s.compaction) // an automatic one started meanwhile
+        if (e?.codeName === "FAILED_PRECONDITION" && /nothing to compact/.test(e.message) && !("tailTurns" in options)) continue
+        this.log.warn(`compactd compaction not run: ${e?.message}`)
+        return
+      }
+    }
+  }
+}
+
+export default CompactdPlugin

@@ -1,0 +1,75 @@
+// The OpenCode <-> compactd mapping, without OpenCode or compactd.
+import { test } from "node:test"
+import assert from "node:assert/strict"
+import { toMessageInfo, toPart, toOpenCodeMessages, kindOf } from "../dist/convert.js"
+import { sessionConfig } from "../dist/options.js"
+
+const user = { id: "msg_1", sessionID: "ses", role: "user", time: { created: 1 }, agent: "build", model: { providerID: "p", modelID: "m" }, summary: { diffs: [] } }
+const assistant = {
+  id: "msg_2", sessionID: "ses", role: "assistant", parentID: "msg_1", time: { created: 2, completed: 3 }, modelID: "m", providerID: "p",
+  mode: "build", agent: "build", path: { cwd: "/r", root: "/r" }, cost: 0, finish: "tool-calls",
+  tokens: { input: 100, output: 20, reasoning: 0, cache: { read: 50, write: 0 } },
+}
+const tool = {
+  id: "prt_3", sessionID: "ses", messageID: "msg_2", type: "tool", callID: "call_1", tool: "bash",
+  state: { status: "completed", input: { command: "ls" }, output: "a\nb", title: "ls", metadata: { exit: 0 }, time: { start: 5, end: 6 } },
+}
+
+test("message info: typed fields, the rest in extra", () => {
+  const u = toMessageInfo(user)
+  assert.deepEqual(u.model, { providerId: "p", modelId: "m" })
+  assert.deepEqual(u.extra, { summary: { diffs: [] } })
+  const a = toMessageInfo(assistant)
+  assert.equal(a.parentId, "msg_1")
+  assert.equal(a.finish, "tool-calls")
+  assert.deepEqual(a.tokens, { input: 100, output: 20, reasoning: 0, cache: { read: 50, write: 0 } })
+  assert.deepEqual(a.time, { created: 2, completed: 3 })
+  assert.deepEqual(a.extra, { path: { cwd: "/r", root: "/r" } })
+})
+
+test("parts: every OpenCode kind maps; unknown kinds are skipped", () => {
+  const p = toPart(tool)
+  assert.equal(p.messageId, "msg_2")
+  assert.deepEqual(p.tool.state.input, { command: "ls" })
+  assert.equal(p.tool.state.output, "a\nb")
+  assert.equal(toPart({ id: "x", messageID: "m", type: "step-start" }).stepStart.snapshot, "")
+  assert.equal(toPart({ id: "x", messageID: "m", type: "compaction", auto: true }).compaction.auto, true)
+  assert.equal(toPart({ id: "x", messageID: "m", type: "something-new" }), null)
+})
+
+test("context back to OpenCode: compactd's rendering over OpenCode's own objects", () => {
+  const known = new Map([
+    ["msg_1", { info: user, parts: [{ id: "prt_1", sessionID: "ses", messageID: "msg_1", type: "text", text: "hi" }] }],
+    ["msg_2", { info: assistant, parts: [{ id: "prt_2", sessionID: "ses", messageID: "msg_2", type: "step-start" }, { ...tool, state: { ...tool.state, time: { start: 5, end: 6, compacted: 9 } } }] }],
+  ])
+  const context = [
+    { info: { id: "msg_1", role: "user" }, parts: [{ id: "prt_1", messageId: "msg_1", text: { text: "hi" } }] },
+    {
+      info: { id: "msg_2", role: "assistant" },
+      parts: [{ id: "prt_3", messageId: "msg_2", tool: { callId: "call_1", tool: "bash", state: { status: "completed", input: { command: "ls" }, output: "[Old tool result content cleared]", attachments: [], time: { start: 5, end: 6, compacted: 9 } } } }],
+    },
+    { info: { id: "cmp_1", role: "user", time: { created: 7 } }, parts: [{ id: "cmp_1p", messageId: "cmp_1", text: { text: "summary follows" } }] },
+  ]
+  const out = toOpenCodeMessages(context, known, "ses")
+  assert.equal(out.length, 3)
+  assert.equal(out[0].info, user) // OpenCode's own info object
+  assert.equal(out[1].parts.length, 1) // the step marker compactd did not send
+  const t = out[1].parts[0]
+  assert.equal(t.state.output, "[Old tool result content cleared]")
+  assert.equal(t.state.time.compacted, undefined) // OpenCode must send compactd's text
+  assert.equal(t.state.title, "ls")
+  assert.equal(tool.state.output, "a\nb") // OpenCode's objects are not changed
+  assert.equal(out[2].info.sessionID, "ses") // a message compactd made
+  assert.equal(out[2].info.agent, "build")
+  assert.equal(out[2].parts[0].type, "text")
+  assert.equal(kindOf(context[1].parts[0]), "tool")
+})
+
+test("session settings: snake_case or camelCase, lists and enums by short name", () => {
+  assert.deepEqual(sessionConfig({ mask_keep: 3, cacheModel: "none", protected_tools: ["skill"], preset: "opencode" }), {
+    maskKeep: 3,
+    cacheModel: "none",
+    protectedTools: { values: ["skill"] },
+    preset: "OVERFLOW_PRESET_OPENCODE",
+  })
+})
