@@ -3,7 +3,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::render::json_text;
 use crate::config::{COMPACTION_PROMPT_TEXT, INTERRUPTED};
 use crate::domain::{Part, PartKind, ToolStatus};
 use crate::tokens::TokenCounter;
@@ -101,6 +100,12 @@ pub fn counted_texts(part: &Part) -> Vec<std::borrow::Cow<'_, str>> {
         PartKind::Subtask(s) => vec![Cow::Borrowed(s.prompt.as_str())],
         _ => Vec::new(),
     }
+}
+
+/// A tool input as the model reads it (compact JSON), written straight into a byte buffer
+/// rather than through `Display`: it is counted on every tool part written.
+pub(crate) fn json_text(input: &serde_json::Value) -> String {
+    serde_json::to_string(input).unwrap_or_default()
 }
 
 /// A part whose tokens are all model-written when it sits in an assistant message.

@@ -3,7 +3,7 @@
 //! interrupted-tool rule are applied. The context view, the token figures of reduced
 //! parts and the summarizer's input all come from here, so they cannot disagree.
 
-use super::estimate::PartEstimate;
+use super::estimate::{PartEstimate, json_text};
 use super::strategies::{
     Strategy, capped_text, file_breadcrumb, inlined_breadcrumb, is_inlined_file, is_step_marker,
     masked_text, strip_input, superseded_text, truncate_code_blocks, truncate_error,
@@ -175,12 +175,6 @@ pub(crate) fn rendered_tokens_as(
             }
         }
     }
-}
-
-/// A tool input as the model reads it (compact JSON, as [`estimate`](super::estimate)
-/// counts it), written straight into a byte buffer rather than through `Display`.
-pub(crate) fn json_text(input: &serde_json::Value) -> String {
-    serde_json::to_string(input).unwrap_or_default()
 }
 
 /// How the rendering changes a part: the one decision both the rendered part and its
