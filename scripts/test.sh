@@ -26,7 +26,10 @@ echo "grpcurl: $GRPCURL" >&2
 cargo test --locked "$@"
 
 # The host clients and the OpenCode plugin, against the binary cargo test just built.
-export COMPACTD_BIN="${COMPACTD_BIN:-${CARGO_TARGET_DIR:-target}/debug/compactd}"
+COMPACTD_BIN="${COMPACTD_BIN:-${CARGO_TARGET_DIR:-target}/debug/compactd}"
+# Absolute: each suite runs from its own directory.
+COMPACTD_BIN="$(cd "$(dirname "$COMPACTD_BIN")" && pwd)/$(basename "$COMPACTD_BIN")"
+export COMPACTD_BIN
 for suite in clients/python/test.sh clients/typescript/test.sh integrations/opencode/test.sh; do
   if [ -f "$suite" ]; then
     echo "== $suite (COMPACTD_BIN=$COMPACTD_BIN)" >&2
