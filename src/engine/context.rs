@@ -17,6 +17,7 @@
 
 use serde_json::{Value, json};
 
+use super::estimate::json_text;
 use super::render::render;
 use super::session::Session;
 use super::stored::{Message, StoredPart};
@@ -300,7 +301,7 @@ fn assistant_messages(msg: &Message, out: &mut Vec<Value>) {
                 calls.push(json!({
                     "id": t.call_id,
                     "type": "function",
-                    "function": {"name": t.tool, "arguments": t.state.input.to_string()},
+                    "function": {"name": t.tool, "arguments": json_text(&t.state.input)},
                 }));
                 let content = match t.state.status {
                     ToolStatus::Completed => t.state.output.clone(),
