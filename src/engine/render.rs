@@ -80,10 +80,7 @@ pub(crate) fn render_as(
                 ..TextPart::default()
             })),
         }),
-        Rewrite::Tool(r) => {
-            let PartKind::Tool(tool) = &part.kind else {
-                return Some(part.clone());
-            };
+        Rewrite::Tool(tool, r) => {
             let st = &tool.state;
             let replaced = r.output.is_some();
             let input = if r.strip_input {
@@ -146,10 +143,7 @@ pub(crate) fn rendered_tokens_as(
         Rewrite::Dropped => whole(0),
         Rewrite::Kept => whole(est.base.saturating_add(est.output)),
         Rewrite::Text(text) => whole(counter.count(&text)),
-        Rewrite::Tool(r) => {
-            let PartKind::Tool(tool) = &part.kind else {
-                return whole(est.base.saturating_add(est.output));
-            };
+        Rewrite::Tool(tool, r) => {
             // A tool's estimate: `generated` is its input, the rest of `base` its error
             // text (or the interrupted marker), `output` its completed output.
             let input = if r.strip_input {
@@ -179,7 +173,7 @@ pub(crate) fn rendered_tokens_as(
 
 /// How the rendering changes a part: the one decision both the rendered part and its
 /// token figure follow, so they cannot disagree.
-enum Rewrite {
+enum Rewrite<'a> {
     /// Not sent at all.
     Dropped,
     /// Sent as stored.
@@ -187,7 +181,7 @@ enum Rewrite {
     /// A text or file part sent as this text.
     Text(String),
     /// A tool part with these replacements.
-    Tool(ToolRewrite),
+    Tool(&'a ToolPart, ToolRewrite),
 }
 
 /// What replaces a tool part's content; `None` keeps what is stored.
@@ -199,13 +193,13 @@ struct ToolRewrite {
     strip_input: bool,
 }
 
-fn rewrite(
-    part: &Part,
+fn rewrite<'a>(
+    part: &'a Part,
     mark: Option<&StrategyMark>,
     compacted: bool,
     s: &Settings,
     strip_inputs: bool,
-) -> Rewrite {
+) -> Rewrite<'a> {
     if s.strategies.has(Strategy::PruneStepMarkers) && is_step_marker(&part.kind) {
         return Rewrite::Dropped;
     }
@@ -223,9 +217,10 @@ fn rewrite(
         PartKind::File(f) if active == Some(Strategy::PruneFiles) && !is_inlined_file(&f.mime) => {
             Rewrite::Text(file_breadcrumb(f))
         }
-        PartKind::Tool(tool) => {
-            Rewrite::Tool(tool_rewrite(tool, mark, active, compacted, s, strip_inputs))
-        }
+        PartKind::Tool(tool) => Rewrite::Tool(
+            tool,
+            tool_rewrite(tool, mark, active, compacted, s, strip_inputs),
+        ),
         _ => Rewrite::Kept,
     }
 }

@@ -1167,30 +1167,14 @@ impl Session {
         est: &PartEstimate,
         strip_inputs: bool,
     ) -> u64 {
-        self.rendered_tokens_as(
-            part,
-            est,
-            part.mark.as_ref(),
-            is_compacted(part),
-            strip_inputs,
-        )
-    }
-
-    /// [`Self::rendered_tokens`] as if the part carried `mark` and prune's stamp as
-    /// `compacted` says (counted from the cached estimate and the replacing text only).
-    pub(crate) fn rendered_tokens_as(
-        &self,
-        part: &Part,
-        est: &PartEstimate,
-        mark: Option<&StrategyMark>,
-        compacted: bool,
-        strip_inputs: bool,
-    ) -> u64 {
+        let (mark, compacted) = (part.mark.as_ref(), is_compacted(part));
         self.rendered_split(part, est, mark, compacted, strip_inputs)
             .tokens
     }
 
-    /// [`Self::rendered_tokens_as`] with the input-leak fix's share of the saving apart.
+    /// The part's tokens as if it carried `mark` and prune's stamp as `compacted` says
+    /// (counted from the cached estimate and the replacing text only), with the input-leak
+    /// fix's share of the saving apart.
     pub(crate) fn rendered_split(
         &self,
         part: &Part,

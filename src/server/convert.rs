@@ -86,27 +86,6 @@ pub fn value_to_pb(v: &Value) -> prost_types::Value {
     prost_types::Value { kind: Some(kind) }
 }
 
-/// [`value_to_pb`] taking the value, so its strings move instead of being copied (a 200K-token
-/// context is most of a megabyte of text).
-pub fn value_into_pb(v: Value) -> prost_types::Value {
-    let kind = match v {
-        Value::Null => Kind::NullValue(0),
-        Value::Bool(b) => Kind::BoolValue(b),
-        Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
-        Value::String(s) => Kind::StringValue(s),
-        Value::Array(a) => Kind::ListValue(prost_types::ListValue {
-            values: a.into_iter().map(value_into_pb).collect(),
-        }),
-        Value::Object(o) => Kind::StructValue(prost_types::Struct {
-            fields: o
-                .into_iter()
-                .map(|(k, v)| (k, value_into_pb(v)))
-                .collect::<BTreeMap<_, _>>(),
-        }),
-    };
-    prost_types::Value { kind: Some(kind) }
-}
-
 /// JSON object → `google.protobuf.Struct`.
 pub fn struct_to_pb(o: &Map<String, Value>) -> prost_types::Struct {
     prost_types::Struct {
@@ -803,7 +782,7 @@ pub fn context_to_pb(
     let openai = format != pb::ContextFormat::Native;
     let openai_messages = openai.then(|| match v.to_openai() {
         Value::Array(a) => prost_types::ListValue {
-            values: a.into_iter().map(value_into_pb).collect(),
+            values: a.iter().map(value_to_pb).collect(),
         },
         _ => prost_types::ListValue::default(),
     });
