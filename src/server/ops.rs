@@ -110,7 +110,10 @@ async fn apply_as<R: Send + 'static>(
     };
     precount(&handle, &update).await;
     let job = step(hub, session_id, update);
-    queue(&handle, prefix, move |s, c| job(s, c).map(wrap)).await
+    queue(hub, session_id, &handle, prefix, move |s, c| {
+        job(s, c).map(wrap)
+    })
+    .await
 }
 
 /// Counts a new part's long texts with the session's tokenizer on a blocking thread, so
@@ -240,7 +243,8 @@ async fn open_as<R: Send + 'static>(
         Ok((handle, false)) => handle,
         Err(e) => return Pending::ready(Err(e.into()), prefix),
     };
-    queue(&handle, prefix, move |s, _| {
+    let id = info.id.clone();
+    queue(hub, &id, &handle, prefix, move |s, _| {
         s.step(Update::Configure(info), now_ms())
             .map(|_| wrap(Opened { created: false }))
             .map_err(Rejection::from)
@@ -255,24 +259,50 @@ where
     J: FnOnce(&mut Tx<'_>, &EngineConfig) -> Result<T, Rejection> + Send + 'static,
 {
     match hub.store.get(session_id).await {
-        Ok(handle) => queue(&handle, prefix, job).await,
+        Ok(handle) => queue(hub, session_id, &handle, prefix, job).await,
         Err(e) => Pending::ready(Err(e.into()), prefix),
     }
 }
 
-async fn queue<T, J>(handle: &SessionHandle, prefix: &'static str, job: J) -> Pending<T>
+/// Queues `job` on `handle`'s actor. A session sent cold between the caller's `get` and
+/// here (its idle TTL or the memory budget) is loaded back and the job queued there: the
+/// client never hears "does not exist" about a session on disk.
+async fn queue<T, J>(
+    hub: &Hub,
+    session_id: &str,
+    handle: &SessionHandle,
+    prefix: &'static str,
+    job: J,
+) -> Pending<T>
 where
     T: Send + 'static,
     J: FnOnce(&mut Tx<'_>, &EngineConfig) -> Result<T, Rejection> + Send + 'static,
 {
-    match handle.submit(job).await {
-        Ok(rx) => Pending {
-            state: State::Queued(rx),
-            prefix,
-        },
-        Err(e) => Pending::ready(Err(e.into()), prefix),
+    let (mut handle, mut job, mut loads) = (handle.clone(), job, 0);
+    loop {
+        match handle.try_submit(job).await {
+            Ok(rx) => {
+                return Pending {
+                    state: State::Queued(rx),
+                    prefix,
+                };
+            }
+            Err((StoreError::NotFound(_), back)) if loads < MAX_RELOADS => {
+                loads += 1;
+                job = back;
+                handle = match hub.store.get(session_id).await {
+                    Ok(h) => h,
+                    Err(e) => return Pending::ready(Err(e.into()), prefix),
+                };
+            }
+            Err((e, _)) => return Pending::ready(Err(e.into()), prefix),
+        }
     }
 }
+
+/// Times a job follows its session back from disk before giving up (each time it was sent
+/// cold again between the load and the queueing).
+const MAX_RELOADS: u32 = 3;
 
 /// The actor's side of an update: apply it, count it, and publish what the engine noticed
 /// to the watchers (inside the actor, so the bus keeps the session's order).

@@ -132,7 +132,30 @@ impl SessionHandle {
         R: Send + 'static,
         F: FnOnce(&mut Tx<'_>, &EngineConfig) -> R + Send + 'static,
     {
-        let permit = self.tx.reserve().await.map_err(|_| self.gone())?;
+        self.try_submit(f).await.map_err(|(e, _)| e)
+    }
+
+    /// [`Self::submit`], handing `f` back when it was not queued. `NotFound` then means the
+    /// actor left memory for disk after the caller got this handle: the session is cold,
+    /// and the caller can load it back (`Store::get`) and queue `f` there.
+    pub async fn try_submit<R, F>(
+        &self,
+        f: F,
+    ) -> Result<oneshot::Receiver<Result<R, StoreError>>, (StoreError, F)>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Tx<'_>, &EngineConfig) -> R + Send + 'static,
+    {
+        let permit = match self.tx.reserve().await {
+            Ok(permit) => permit,
+            Err(_) => return Err((self.gone(), f)),
+        };
+        // Under the gate: either the actor has not decided yet (and will find this job
+        // when it looks under the same lock) or it has left.
+        let evicted = lock(&self.gate);
+        if *evicted {
+            return Err((StoreError::NotFound(self.id.to_string()), f));
+        }
         let (tx, rx) = oneshot::channel();
         let job: Job = Box::new(move |s, config| {
             let r = f(s, config);
@@ -141,12 +164,6 @@ impl SessionHandle {
                 let _ = tx.send(durable.map(|()| r));
             })
         });
-        // Under the gate: either the actor has not decided yet (and will find this job
-        // when it looks under the same lock) or it has left.
-        let evicted = lock(&self.gate);
-        if *evicted {
-            return Err(StoreError::NotFound(self.id.to_string()));
-        }
         permit.send(Msg::Job(job));
         Ok(rx)
     }

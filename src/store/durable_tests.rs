@@ -182,8 +182,18 @@ async fn an_idle_session_goes_cold_and_loads_back_on_its_next_use() {
     assert_eq!((evicted.reason, evicted.cold), ("idle", true));
     assert_eq!((store.len(), store.hot_len()), (1, 0));
     assert_eq!(store.cold_ids(), vec!["s".to_string()]);
-    // The old handle is refused (NOT_FOUND) like after any eviction; the store loads it.
+    // The old handle is refused (NOT_FOUND) like after any eviction, and hands the job
+    // back; the store loads the session, and the same job is queued there (as the server
+    // does for a session sent cold between its `get` and its queueing).
+    let Err((refused, job)) = h.try_submit(|_, _| 7).await else {
+        panic!("the old handle of a cold session queued a job");
+    };
+    assert!(matches!(refused, StoreError::NotFound(_)), "{refused:?}");
     let h = store.get("s").await.expect("loaded");
+    let Ok(rx) = h.try_submit(job).await else {
+        panic!("the loaded session refused the job");
+    };
+    assert_eq!(rx.await.expect("answered").expect("durable"), 7);
     assert_eq!(observed(&h).await, before);
     assert_eq!(store.hot_len(), 1);
     // Opening it again finds it rather than creating a new one.
