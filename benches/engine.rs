@@ -7,12 +7,17 @@
 //! a live one does), so automatic prune commits happen at their natural rate and their cost
 //! is included, amortized.
 //!
+//! Each sample's updates are built before it is timed (`with_inputs`), as the server's
+//! decoder builds them before the engine sees them: what is timed is `engine::step`.
+//! Building them inside the timed region counted the page faults of each fresh 4 KB
+//! output copy, a third of a tool-part upsert at 10,000 messages.
+//!
 //! The engine's own cost is measured counting chars ÷ 4 (a few nanoseconds per text); the
 //! `_o200k` benches count with real BPE, the outputs (the same 4 KB each time) from the
 //! count cache as the server's precount leaves them, the short texts (inputs, placeholders)
 //! counted in place.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::path::PathBuf;
 
 use compactd::config::EngineConfig;
@@ -108,9 +113,17 @@ fn output_of(bytes: usize) -> String {
     line.repeat(bytes / line.len() + 1)
 }
 
+/// A session being fed, and the builder of its updates.
 struct Feeder {
     session: Session,
     config: EngineConfig,
+    build: Builder,
+}
+
+/// Builds the updates a host would send: fresh ids, a 4 KB tool output. Kept apart from
+/// the session so a bench builds its updates outside the timed region, as the server's
+/// decoder builds them before the engine sees them.
+struct Builder {
     next: Cell<u64>,
     output: String,
 }
@@ -130,41 +143,23 @@ impl Feeder {
         let mut f = Feeder {
             session,
             config,
-            next: Cell::new(0),
-            output: output_of(4_096),
+            build: Builder {
+                next: Cell::new(0),
+                output: output_of(4_096),
+            },
         };
         // Settle: the settings change above makes the strategies rebuild their state from
         // the whole history at the next finished turn, once (as after an import).
-        let user = f.user();
-        let info = f.assistant(&user);
-        f.finish(info);
+        let (user, user_text) = f.build.user();
+        let info = f.build.assistant(&user);
+        let settle = [
+            user_text.0,
+            user_text.1,
+            Update::UpsertMessage(info.clone()),
+            f.build.finish(info),
+        ];
+        f.apply_all(settle);
         f
-    }
-
-    /// A completed call of `tool` with `input` and a 4 KB output.
-    fn call(&mut self, message_id: &str, tool: &str, input: serde_json::Value) {
-        let mut state = ToolState::new(ToolStatus::Completed);
-        state.output = self.output.clone();
-        state.input = input;
-        let call = self.id("call");
-        self.apply(Update::UpsertPart(Part {
-            id: self.id("prt"),
-            message_id: message_id.to_string(),
-            kind: PartKind::Tool(Box::new(ToolPart {
-                call_id: call,
-                tool: tool.into(),
-                state,
-                metadata: None,
-            })),
-            mark: None,
-            extra: Default::default(),
-        }));
-    }
-
-    fn id(&self, kind: &str) -> String {
-        let n = self.next.get();
-        self.next.set(n + 1);
-        format!("bench_{kind}_{n}")
     }
 
     // Not inlined, so a profiler can single out the engine's share (callgrind
@@ -175,15 +170,26 @@ impl Feeder {
         divan::black_box(r.expect("bench update applies"));
     }
 
-    fn user(&mut self) -> String {
+    fn apply_all(&mut self, updates: impl IntoIterator<Item = Update>) {
+        for u in updates {
+            self.apply(u);
+        }
+    }
+}
+
+impl Builder {
+    fn id(&self, kind: &str) -> String {
+        let n = self.next.get();
+        self.next.set(n + 1);
+        format!("bench_{kind}_{n}")
+    }
+
+    /// A new user message and its text part: the message's id and the two updates.
+    fn user(&self) -> (String, (Update, Update)) {
         let id = self.id("msg");
-        self.apply(Update::UpsertMessage(MessageInfo::new(
-            id.clone(),
-            Role::User,
-        )));
-        let pid = self.id("prt");
-        self.apply(Update::UpsertPart(Part {
-            id: pid,
+        let message = Update::UpsertMessage(MessageInfo::new(id.clone(), Role::User));
+        let text = Update::UpsertPart(Part {
+            id: self.id("prt"),
             message_id: id.clone(),
             kind: PartKind::Text(TextPart {
                 text: "continue with the next file".into(),
@@ -191,43 +197,86 @@ impl Feeder {
             }),
             mark: None,
             extra: Default::default(),
-        }));
-        id
+        });
+        (id, (message, text))
     }
 
-    fn assistant(&mut self, parent: &str) -> MessageInfo {
+    /// A new, still open, assistant message answering `parent`.
+    fn assistant(&self, parent: &str) -> MessageInfo {
         let mut info = MessageInfo::new(self.id("msg"), Role::Assistant);
         info.parent_id = parent.to_string();
-        self.apply(Update::UpsertMessage(info.clone()));
         info
     }
 
-    fn tool(&mut self, message_id: &str) {
+    /// A completed call of `tool` with `input` and a 4 KB output.
+    fn call(&self, message_id: &str, tool: &str, input: serde_json::Value) -> Update {
         let mut state = ToolState::new(ToolStatus::Completed);
         state.output = self.output.clone();
-        let call = self.id("call");
-        self.apply(Update::UpsertPart(Part {
+        state.input = input;
+        Update::UpsertPart(Part {
             id: self.id("prt"),
             message_id: message_id.to_string(),
             kind: PartKind::Tool(Box::new(ToolPart {
-                call_id: call,
-                tool: "grep".into(),
+                call_id: self.id("call"),
+                tool: tool.into(),
                 state,
                 metadata: None,
             })),
             mark: None,
             extra: Default::default(),
-        }));
+        })
     }
 
-    fn finish(&mut self, mut info: MessageInfo) {
+    /// A completed `grep` call with no input and a 4 KB output.
+    fn tool(&self, message_id: &str) -> Update {
+        self.call(message_id, "grep", serde_json::Value::Null)
+    }
+
+    /// The update finishing `info` with a usage report.
+    fn finish(&self, mut info: MessageInfo) -> Update {
         info.finish = "tool-calls".into();
         info.tokens = Some(TokenUsage {
             input: 50_000,
             output: 300,
             ..Default::default()
         });
-        self.apply(Update::UpsertMessage(info));
+        Update::UpsertMessage(info)
+    }
+
+    /// A turn the strategies act on (7 updates, see [`strategy_turn`]); `i` numbers it.
+    fn strategy_turn(&self, i: usize) -> Vec<Update> {
+        let (user, (message, text)) = self.user();
+        let info = self.assistant(&user);
+        let file = |k: usize| serde_json::json!({"filePath": format!("src/module_{}.rs", k % 50)});
+        let mut edit = file(i + 1);
+        edit["oldString"] = "fn old() {}".into();
+        edit["newString"] = "fn new() {}".into();
+        vec![
+            message,
+            text,
+            Update::UpsertMessage(info.clone()),
+            self.call(&info.id, "read", file(i)),
+            self.call(
+                &info.id,
+                "bash",
+                serde_json::json!({"command": "git status"}),
+            ),
+            self.call(&info.id, "edit", edit),
+            self.finish(info),
+        ]
+    }
+
+    /// A whole turn: user message + text, assistant message, one tool call, finish.
+    fn full_turn(&self) -> Vec<Update> {
+        let (user, (message, text)) = self.user();
+        let info = self.assistant(&user);
+        vec![
+            message,
+            text,
+            Update::UpsertMessage(info.clone()),
+            self.tool(&info.id),
+            self.finish(info),
+        ]
     }
 }
 
@@ -247,22 +296,27 @@ fn o200k() -> EngineConfig {
     }
 }
 
-/// One tool part with a 4 KB output written into an open assistant message.
+/// One tool part with a 4 KB output written into an open assistant message. Each sample's
+/// update is built before it is timed: only the engine's `step` is measured.
 #[divan::bench(args = sizes())]
 fn upsert_tool_part(bencher: divan::Bencher, n: usize) {
-    let mut f = Feeder::new(n);
-    let user = f.user();
-    let open = f.assistant(&user);
-    bencher.bench_local(|| f.tool(&open.id));
+    upsert(bencher, Feeder::new(n));
 }
 
 /// [`upsert_tool_part`] counting with o200k.
 #[divan::bench(args = sizes())]
 fn upsert_tool_part_o200k(bencher: divan::Bencher, n: usize) {
-    let mut f = Feeder::with_config(n, o200k());
-    let user = f.user();
-    let open = f.assistant(&user);
-    bencher.bench_local(|| f.tool(&open.id));
+    upsert(bencher, Feeder::with_config(n, o200k()));
+}
+
+fn upsert(bencher: divan::Bencher, mut f: Feeder) {
+    let (user, (message, text)) = f.build.user();
+    let open = f.build.assistant(&user);
+    f.apply_all([message, text, Update::UpsertMessage(open.clone())]);
+    let f = RefCell::new(f);
+    bencher
+        .with_inputs(|| f.borrow().build.tool(&open.id))
+        .bench_local_values(|u| f.borrow_mut().apply(u));
 }
 
 /// An assistant message finishing: usage recorded, overflow check, prune decision (and
@@ -270,30 +324,35 @@ fn upsert_tool_part_o200k(bencher: divan::Bencher, n: usize) {
 #[divan::bench(args = sizes())]
 fn finish_assistant_message(bencher: divan::Bencher, n: usize) {
     let mut f = Feeder::new(n);
-    let user = f.user();
-    bencher.bench_local(|| {
-        let info = f.assistant(&user);
-        f.tool(&info.id);
-        f.finish(info);
-    });
+    let (user, (message, text)) = f.build.user();
+    f.apply_all([message, text]);
+    let f = RefCell::new(f);
+    bencher
+        .with_inputs(|| {
+            let b = &f.borrow().build;
+            let info = b.assistant(&user);
+            [
+                Update::UpsertMessage(info.clone()),
+                b.tool(&info.id),
+                b.finish(info),
+            ]
+        })
+        .bench_local_values(|turn| f.borrow_mut().apply_all(turn));
 }
 
 /// A turn the strategies act on: read one of 50 files, `git status`, edit the next file,
-/// finish (8 updates); reads and edits of a file supersede its earlier operations, each
-/// `git status` the previous one. Compare with `strategy_turn_off` for their cost.
+/// finish (7 updates: user message and text, assistant message, three calls, finish);
+/// reads and edits of a file supersede its earlier operations, each `git status` the
+/// previous one. Compare with `strategy_turn_off` for their cost.
 #[divan::bench(args = sizes())]
 fn strategy_turn(bencher: divan::Bencher, n: usize) {
-    let mut f = Feeder::new(n);
-    let mut i = 0usize;
-    bencher.bench_local(|| strategy_step(&mut f, &mut i));
+    turns(bencher, Feeder::new(n));
 }
 
 /// [`strategy_turn`] counting with o200k.
 #[divan::bench(args = sizes())]
 fn strategy_turn_o200k(bencher: divan::Bencher, n: usize) {
-    let mut f = Feeder::with_config(n, o200k());
-    let mut i = 0usize;
-    bencher.bench_local(|| strategy_step(&mut f, &mut i));
+    turns(bencher, Feeder::with_config(n, o200k()));
 }
 
 /// `strategy_turn` with every strategy off (OpenCode's prune alone).
@@ -303,38 +362,53 @@ fn strategy_turn_off(bencher: divan::Bencher, n: usize) {
         strategies: compactd::config::StrategySet::NONE,
         ..chars4()
     };
-    let mut f = Feeder::with_config(n, config);
-    let mut i = 0usize;
-    bencher.bench_local(|| strategy_step(&mut f, &mut i));
+    turns(bencher, Feeder::with_config(n, config));
+}
+
+/// Strategy turns, each built before it is timed.
+fn turns(bencher: divan::Bencher, f: Feeder) {
+    let f = RefCell::new(f);
+    let i = Cell::new(0usize);
+    bencher
+        .with_inputs(|| {
+            i.set(i.get() + 1);
+            f.borrow().build.strategy_turn(i.get())
+        })
+        .bench_local_values(|turn| strategy_step(&mut f.borrow_mut(), turn));
 }
 
 #[inline(never)]
-fn strategy_step(f: &mut Feeder, i: &mut usize) {
-    *i += 1;
-    let user = f.user();
-    let info = f.assistant(&user);
-    let file = |k: usize| serde_json::json!({"filePath": format!("src/module_{}.rs", k % 50)});
-    f.call(&info.id, "read", file(*i));
-    f.call(
-        &info.id,
-        "bash",
-        serde_json::json!({"command": "git status"}),
-    );
-    let mut edit = file(*i + 1);
-    edit["oldString"] = "fn old() {}".into();
-    edit["newString"] = "fn new() {}".into();
-    f.call(&info.id, "edit", edit);
-    f.finish(info);
+fn strategy_step(f: &mut Feeder, turn: Vec<Update>) {
+    f.apply_all(turn);
 }
 
 /// A whole turn: user message + text, assistant message, one tool call, finish (6 updates).
 #[divan::bench(args = sizes())]
 fn full_turn(bencher: divan::Bencher, n: usize) {
-    let mut f = Feeder::new(n);
-    bencher.bench_local(|| {
-        let user = f.user();
-        let info = f.assistant(&user);
-        f.tool(&info.id);
-        f.finish(info);
-    });
+    let f = RefCell::new(Feeder::new(n));
+    bencher
+        .with_inputs(|| f.borrow().build.full_turn())
+        .bench_local_values(|turn| f.borrow_mut().apply_all(turn));
+}
+
+/// GetContext's engine share on the whole session: the context view (each part rendered).
+#[divan::bench(args = sizes())]
+fn context_view(bencher: divan::Bencher, n: usize) {
+    let s = session_of(n);
+    bencher.bench_local(|| divan::black_box(s.build_context()));
+}
+
+/// The view turned into OpenAI `messages` values (`CONTEXT_FORMAT_OPENAI` then encodes
+/// them as protobuf values).
+#[divan::bench(args = sizes())]
+fn context_to_openai(bencher: divan::Bencher, n: usize) {
+    let view = session_of(n).build_context();
+    bencher.bench_local(|| divan::black_box(view.to_openai()));
+}
+
+/// The OpenAI `messages` as JSON text (`CONTEXT_FORMAT_OPENAI_JSON`), from the view.
+#[divan::bench(args = sizes())]
+fn context_openai_json(bencher: divan::Bencher, n: usize) {
+    let view = session_of(n).build_context();
+    bencher.bench_local(|| divan::black_box(serde_json::to_string(&view.to_openai())));
 }

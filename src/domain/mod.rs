@@ -3,12 +3,14 @@
 //! `server/`), no I/O and no behaviour beyond small accessors. The behaviour lives in
 //! `engine/`.
 
+mod hash;
 mod info;
 mod message;
 mod part;
 mod size;
 mod validate;
 
+pub use hash::{FastMap, FastSet, FastState};
 pub use info::{ModelLimits, ModelRef, SessionInfo, Todo};
 pub use message::{MessageError, MessageInfo, MessageTime, Role, TokenUsage};
 pub use part::{

@@ -18,7 +18,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::config::CacheCounting;
-use crate::domain::TokenUsage;
+use crate::domain::{FastMap, TokenUsage};
 
 /// The prompt one report says the provider counted: input, cache reads (unless the
 /// input already includes them) and cache writes.
@@ -306,7 +306,7 @@ pub const MAX_MODELS: usize = 1024;
 /// nothing about chars ÷ 4's).
 #[derive(Debug, Clone, Default)]
 pub struct ModelPriors {
-    by_model: std::collections::HashMap<String, Factors>,
+    by_model: FastMap<String, Factors>,
 }
 
 impl ModelPriors {

@@ -10,7 +10,9 @@ use super::footprint::{message_bytes, part_bytes, part_slot_growth, part_slots_b
 use super::session::Session;
 use super::stored::{Message, StoredPart};
 use super::update::Update;
-use crate::domain::{hash_capacity_after_insert, hash_table_bytes, vec_capacity_after_push};
+use crate::domain::{
+    FastMap, hash_capacity_after_insert, hash_table_bytes, vec_capacity_after_push,
+};
 
 impl Session {
     /// Bytes this session holds (messages, parts, indexes), kept up to date by `apply`.
@@ -115,7 +117,7 @@ impl Session {
     pub(crate) fn growth_of(&self, updates: &[Update]) -> u64 {
         let mut content = 0u64;
         let (mut messages, mut users) = (0usize, 0usize);
-        let mut fresh = std::collections::HashMap::new();
+        let mut fresh = FastMap::default();
         // Parts that may be new (an upper bound: replacements are counted too).
         let mut new_parts = 0usize;
         for u in updates {

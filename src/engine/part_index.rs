@@ -4,17 +4,16 @@
 //! build (0.26 s per 10,000-part message in release), and every new part of a long
 //! message cost a full scan.
 //!
-//! Keys are a keyed hash of the id (std's `RandomState`, so a client cannot choose
-//! colliding ids), never a copy of it: an entry is 16 bytes plus the table's control
+//! Keys are a keyed hash of the id (foldhash seeded at random, see
+//! [`crate::domain::FastState`], so a client cannot choose colliding ids), never a copy of it: an entry is 16 bytes plus the table's control
 //! byte. A hit is checked against the stored part; were two ids of one message ever to
 //! collide, the index says so and lookups of that message fall back to the scan.
 
-use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
 use std::mem::size_of;
 
 use super::stored::StoredPart;
-use crate::domain::{hash_capacity_after_insert, hash_table_bytes};
+use crate::domain::{FastMap, FastSet, FastState, hash_capacity_after_insert, hash_table_bytes};
 
 /// One entry: (message position, id hash) → part position.
 type Entry = ((u32, u64), u32);
@@ -22,10 +21,10 @@ type Entry = ((u32, u64), u32);
 /// The part positions of every message, by id.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct PartIndex {
-    map: HashMap<(u32, u64), u32>,
-    hasher: RandomState,
+    map: FastMap<(u32, u64), u32>,
+    hasher: FastState,
     /// Messages where two ids collided (or a position did not fit): scanned instead.
-    scanned: HashSet<u32>,
+    scanned: FastSet<u32>,
 }
 
 impl PartIndex {

@@ -8,18 +8,18 @@
 //! prune and the strategies make per part is one hash lookup, and none when nothing is
 //! pinned.
 
-use std::collections::{HashMap, HashSet};
-
 use serde::{Deserialize, Serialize};
+
+use crate::domain::{FastMap, FastSet};
 
 /// The pinned messages and parts of one session.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(into = "PinsRepr", try_from = "PinsRepr")]
 pub(crate) struct Pins {
     /// Positions of pinned messages: every part they hold is pinned.
-    messages: HashSet<usize>,
+    messages: FastSet<usize>,
     /// Pinned part ids, by the position of their message.
-    parts: HashMap<usize, HashSet<String>>,
+    parts: FastMap<usize, FastSet<String>>,
 }
 
 /// How pins are stored: sorted lists (the sets' order is not stable).

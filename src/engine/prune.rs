@@ -81,9 +81,9 @@ impl Session {
     /// would do because it is one.
     pub fn prune(&mut self, mode: PruneMode, now_ms: i64) -> PruneReport {
         match mode {
-            PruneMode::Commit => self.prune_run(now_ms, true, Scope::All),
+            PruneMode::Commit => self.prune_run(now_ms, true, Scope::All, true),
             PruneMode::DryRun => {
-                let mut report = self.dry_run(|s| s.prune_run(now_ms, false, Scope::All));
+                let mut report = self.dry_run(|s| s.prune_run(now_ms, false, Scope::All, true));
                 report.dry_run = true;
                 if report.committed {
                     report.committed = false;
@@ -96,13 +96,22 @@ impl Session {
 
     /// A committing run limited to `scope` (the cache-aware scheduler's choice).
     pub(crate) fn prune_scoped(&mut self, now_ms: i64, scope: Scope) -> PruneReport {
-        self.prune_run(now_ms, true, scope)
+        self.prune_run(now_ms, true, scope, false)
     }
 
     /// One prune run; `commit` false keeps the strategies' queue and the prune window as
     /// they are (the caller rolls the marks back). Within [`Scope::Fresh`] prune's own
-    /// clearing (which only reaches parts already sent) waits.
-    pub(crate) fn prune_run(&mut self, now_ms: i64, commit: bool, scope: Scope) -> PruneReport {
+    /// clearing (which only reaches parts already sent) waits. The report lists the parts
+    /// prune clears; those it would clear but does not (a saving under PRUNE_MINIMUM) only
+    /// with `list_held`: the automatic runs after every finished message drop that list,
+    /// and building it cost four strings per waiting output each time.
+    pub(crate) fn prune_run(
+        &mut self,
+        now_ms: i64,
+        commit: bool,
+        scope: Scope,
+        list_held: bool,
+    ) -> PruneReport {
         let strategies = self.run_strategies(commit, now_ms, scope);
         if scope == Scope::Fresh && self.prune_pending() > 0 {
             // Prune only reaches parts already sent: held whole, not even listed (the
@@ -127,12 +136,15 @@ impl Session {
             tokens_saved: plan.pruned,
             context_tokens_saved: 0,
             tokens_scanned: plan.pruned.saturating_add(plan.protected),
-            parts: plan.prune.iter().filter_map(|c| self.describe(c)).collect(),
+            parts: Vec::new(),
             reason: None,
             prune_protect: settings.prune_protect,
             prune_minimum: minimum,
             strategies,
         };
+        if plan.pruned > minimum || list_held {
+            report.parts = plan.prune.iter().filter_map(|c| self.describe(c)).collect();
+        }
         if plan.pruned <= minimum {
             report.reason = Some(if plan.prune.is_empty() {
                 format!(

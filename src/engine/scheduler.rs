@@ -149,7 +149,7 @@ impl Session {
         let check = self.check_overflow(Trigger::Finished);
         let before = self.total_tokens();
         let (after, changes) = self.trial(|s| {
-            let _ = s.prune_run(now_ms, false, Scope::All);
+            let _ = s.prune_run(now_ms, false, Scope::All, false);
             (s.total_tokens(), s.sent_changes())
         });
         // What changes to unsent parts remove applies in any case: the next request is

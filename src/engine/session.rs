@@ -9,7 +9,6 @@
 //! accessors and change a part's rendering only through [`Session::rerender`], so the
 //! running figures ([`Totals`]) have one writer and always equal a recount.
 
-use std::collections::{HashMap, HashSet};
 use std::mem::size_of;
 
 use serde::{Deserialize, Serialize};
@@ -35,7 +34,9 @@ use super::totals::{PartFigures, Totals, UsageState};
 use super::update::{Applied, Update};
 use super::window::usable_input;
 use crate::config::{EngineConfig, Settings, Strategy};
-use crate::domain::{MessageInfo, Part, PartKind, Role, SessionInfo, StrategyMark, TokenUsage};
+use crate::domain::{
+    FastMap, FastSet, MessageInfo, Part, PartKind, Role, SessionInfo, StrategyMark, TokenUsage,
+};
 use crate::tokens::{Counting, TokenCounter};
 
 /// The last completed compaction: the user message that opened it (with the compaction
@@ -87,14 +88,14 @@ pub struct Session {
     /// What counts this session's text: its `tokenizer` setting resolved for its model.
     counting: Counting,
     messages: Vec<Message>,
-    by_id: HashMap<String, usize>,
+    by_id: FastMap<String, usize>,
     /// Positions of user messages, ascending (turn counting without a scan).
     users: Vec<usize>,
     /// Position of the user message that opens the context (last completed compaction).
     boundary: Option<Boundary>,
     /// Parent id → position of its newest completed summary (so a late compaction part
     /// finds its summary).
-    completed_parents: HashMap<String, usize>,
+    completed_parents: FastMap<String, usize>,
     /// Token, part and byte totals and the usage bookkeeping.
     totals: Totals,
     /// Loop protection of automatic compaction.
@@ -196,7 +197,7 @@ pub(crate) struct SessionState {
     messages: Vec<Message>,
     boundary: Option<Boundary>,
     #[serde(with = "super::sorted::map")]
-    completed_parents: HashMap<String, usize>,
+    completed_parents: FastMap<String, usize>,
     totals: Totals,
     auto: AutoState,
     prune: PruneIndex,
@@ -269,10 +270,10 @@ impl Session {
             settings,
             counting,
             messages: Vec::new(),
-            by_id: HashMap::new(),
+            by_id: FastMap::default(),
             users: Vec::new(),
             boundary: None,
-            completed_parents: HashMap::new(),
+            completed_parents: FastMap::default(),
             totals: Totals::new(bytes),
             auto: AutoState::default(),
             prune: PruneIndex::default(),
@@ -308,7 +309,7 @@ impl Session {
             requests,
         } = state;
         let len = messages.len();
-        let mut by_id = HashMap::with_capacity(len);
+        let mut by_id = FastMap::with_capacity_and_hasher(len, Default::default());
         let mut users = Vec::new();
         let mut part_index = PartIndex::default();
         let mut messages = messages;
@@ -321,7 +322,7 @@ impl Session {
             if m.info.role == Role::User {
                 users.push(i);
             }
-            let mut ids = HashSet::with_capacity(m.parts.len());
+            let mut ids = FastSet::with_capacity_and_hasher(m.parts.len(), Default::default());
             for (pi, p) in m.parts.iter_mut().enumerate() {
                 p.bytes = part_bytes(&p.part);
                 bytes = bytes.saturating_add(p.bytes);
@@ -402,7 +403,7 @@ impl Session {
     /// has sent are free and not counted).
     pub(crate) fn sent_changes(&self) -> Option<((usize, usize), u64)> {
         let journal = self.journal.as_ref()?;
-        let mut first: HashMap<(usize, usize), u64> = HashMap::new();
+        let mut first: FastMap<(usize, usize), u64> = FastMap::default();
         for p in &journal.parts {
             if self.requests.is_sent(p.msg, p.pi) {
                 first.entry((p.msg, p.pi)).or_insert(p.tokens);
@@ -450,6 +451,13 @@ impl Session {
     /// Messages in arrival order.
     pub fn messages(&self) -> &[Message] {
         &self.messages
+    }
+
+    /// Position of part `id` in message `msg`, from the part index (no scan of the
+    /// message).
+    pub(crate) fn part_position(&self, msg: usize, id: &str) -> Option<usize> {
+        let parts = &self.messages.get(msg)?.parts;
+        self.part_index.find(msg, id, parts)
     }
 
     /// Positions of the user messages, ascending.
@@ -525,7 +533,7 @@ impl Session {
     }
 
     /// The message id map (its capacity counts toward the bytes held).
-    pub(crate) fn ids(&self) -> &HashMap<String, usize> {
+    pub(crate) fn ids(&self) -> &FastMap<String, usize> {
         &self.by_id
     }
 

@@ -4,18 +4,19 @@
 //! same session the same bytes. Reading refuses a repeated key (a map written by
 //! [`map::serialize`] never holds one).
 
-use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// `HashMap<K, V>` as `[[key, value], ...]`, ascending by key.
+use crate::domain::{FastMap, FastSet};
+
+/// `FastMap<K, V>` as `[[key, value], ...]`, ascending by key.
 pub(crate) mod map {
     use super::*;
 
     /// Writes the entries sorted by key.
-    pub(crate) fn serialize<K, V, S>(m: &HashMap<K, V>, s: S) -> Result<S::Ok, S::Error>
+    pub(crate) fn serialize<K, V, S>(m: &FastMap<K, V>, s: S) -> Result<S::Ok, S::Error>
     where
         K: Serialize + Ord,
         V: Serialize,
@@ -27,7 +28,7 @@ pub(crate) mod map {
     }
 
     /// Reads the entries back; a repeated key is an error.
-    pub(crate) fn deserialize<'de, K, V, D>(d: D) -> Result<HashMap<K, V>, D::Error>
+    pub(crate) fn deserialize<'de, K, V, D>(d: D) -> Result<FastMap<K, V>, D::Error>
     where
         K: Deserialize<'de> + Eq + Hash,
         V: Deserialize<'de>,
@@ -35,7 +36,7 @@ pub(crate) mod map {
     {
         let entries = Vec::<(K, V)>::deserialize(d)?;
         let n = entries.len();
-        let m: HashMap<K, V> = entries.into_iter().collect();
+        let m: FastMap<K, V> = entries.into_iter().collect();
         if m.len() != n {
             return Err(D::Error::custom("a map holds a key twice"));
         }
@@ -43,12 +44,12 @@ pub(crate) mod map {
     }
 }
 
-/// `HashSet<T>` as `[item, ...]`, ascending.
+/// `FastSet<T>` as `[item, ...]`, ascending.
 pub(crate) mod set {
     use super::*;
 
     /// Writes the items sorted.
-    pub(crate) fn serialize<T, S>(set: &HashSet<T>, s: S) -> Result<S::Ok, S::Error>
+    pub(crate) fn serialize<T, S>(set: &FastSet<T>, s: S) -> Result<S::Ok, S::Error>
     where
         T: Serialize + Ord,
         S: Serializer,
@@ -59,14 +60,14 @@ pub(crate) mod set {
     }
 
     /// Reads the items back; a repeated item is an error.
-    pub(crate) fn deserialize<'de, T, D>(d: D) -> Result<HashSet<T>, D::Error>
+    pub(crate) fn deserialize<'de, T, D>(d: D) -> Result<FastSet<T>, D::Error>
     where
         T: Deserialize<'de> + Eq + Hash,
         D: Deserializer<'de>,
     {
         let items = Vec::<T>::deserialize(d)?;
         let n = items.len();
-        let set: HashSet<T> = items.into_iter().collect();
+        let set: FastSet<T> = items.into_iter().collect();
         if set.len() != n {
             return Err(D::Error::custom("a set holds an item twice"));
         }
@@ -74,14 +75,14 @@ pub(crate) mod set {
     }
 }
 
-/// `HashMap<u128, V>` (call hashes) as `[["<32 hex digits>", value], ...]`, ascending:
+/// `FastMap<u128, V>` (call hashes) as `[["<32 hex digits>", value], ...]`, ascending:
 /// a JSON number that large does not survive `serde_json::Value` (it becomes an `f64`),
 /// which a migration reads documents through.
 pub(crate) mod hashes {
     use super::*;
 
     /// Writes the entries sorted by hash, each hash as 32 hex digits.
-    pub(crate) fn serialize<V, S>(m: &HashMap<u128, V>, s: S) -> Result<S::Ok, S::Error>
+    pub(crate) fn serialize<V, S>(m: &FastMap<u128, V>, s: S) -> Result<S::Ok, S::Error>
     where
         V: Serialize,
         S: Serializer,
@@ -92,7 +93,7 @@ pub(crate) mod hashes {
     }
 
     /// Reads the entries back; a malformed or repeated hash is an error.
-    pub(crate) fn deserialize<'de, V, D>(d: D) -> Result<HashMap<u128, V>, D::Error>
+    pub(crate) fn deserialize<'de, V, D>(d: D) -> Result<FastMap<u128, V>, D::Error>
     where
         V: Deserialize<'de>,
         D: Deserializer<'de>,
@@ -108,7 +109,7 @@ pub(crate) mod hashes {
                     .ok_or_else(|| D::Error::custom(format!("{k:?} is not a call hash")))?;
                 Ok((hash, v))
             })
-            .collect::<Result<HashMap<u128, V>, D::Error>>()?;
+            .collect::<Result<FastMap<u128, V>, D::Error>>()?;
         if m.len() != n {
             return Err(D::Error::custom("a map holds a key twice"));
         }

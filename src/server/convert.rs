@@ -778,14 +778,21 @@ pub fn context_to_pb(
     session_messages: usize,
     format: pb::ContextFormat,
 ) -> pb::Context {
-    let native = format != pb::ContextFormat::Openai;
-    let openai = format != pb::ContextFormat::Native;
+    use pb::ContextFormat as F;
+    let native = matches!(format, F::Unspecified | F::Native);
+    let openai = matches!(format, F::Unspecified | F::Openai);
     let openai_messages = openai.then(|| match v.to_openai() {
         Value::Array(a) => prost_types::ListValue {
             values: a.iter().map(value_to_pb).collect(),
         },
         _ => prost_types::ListValue::default(),
     });
+    // A `Value` always serializes (its keys are strings), so the fallback is unreachable.
+    let openai_messages_json = if format == F::OpenaiJson {
+        serde_json::to_string(&v.to_openai()).unwrap_or_default()
+    } else {
+        String::new()
+    };
     pb::Context {
         messages: if native {
             v.messages.iter().map(message_to_pb).collect()
@@ -793,6 +800,7 @@ pub fn context_to_pb(
             Vec::new()
         },
         openai_messages,
+        openai_messages_json,
         estimated_tokens: v.tokens,
         boundary_message_id: v.boundary_message_id.clone().unwrap_or_default(),
         session_messages: session_messages as u32,

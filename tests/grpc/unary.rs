@@ -142,6 +142,23 @@ async fn upserts_deletes_and_reads_work_through_the_unary_twins() {
         .into_inner();
     assert!(only_openai.messages.is_empty());
     assert_eq!(only_openai.openai_messages, ctx.openai_messages);
+    assert!(ctx.openai_messages_json.is_empty());
+    // The same messages as one JSON text, and nothing else.
+    let json = c
+        .get_context(pb::GetContextRequest {
+            session_id: sid.into(),
+            format: pb::ContextFormat::OpenaiJson as i32,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(json.messages.is_empty());
+    assert!(json.openai_messages.is_none());
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&json.openai_messages_json).unwrap(),
+        openai
+    );
+    assert_eq!(json.estimated_tokens, ctx.estimated_tokens);
 
     // Delete a part.
     let ev = c

@@ -385,23 +385,31 @@ export class CompactdClient {
   // ---- context and decisions ------------------------------------------------------------
 
   /**
-   * The ready-to-send context. `format`: "both" (default), "openai" (only `openaiMessages`)
-   * or "native" (only `messages`).
+   * The ready-to-send context. `format`: "both" (default), "openai" (only `openaiMessages`),
+   * "openai_json" (only `openaiMessagesJson`, the same messages as one JSON text) or
+   * "native" (only `messages`).
    */
-  getContext(sessionId: string, format: "both" | "openai" | "native" = "both", opts?: CallOptions): Promise<Context> {
+  getContext(
+    sessionId: string,
+    format: "both" | "openai" | "openai_json" | "native" = "both",
+    opts?: CallOptions,
+  ): Promise<Context> {
     const f =
       format === "openai"
         ? ContextFormat.CONTEXT_FORMAT_OPENAI
-        : format === "native"
-          ? ContextFormat.CONTEXT_FORMAT_NATIVE
-          : ContextFormat.CONTEXT_FORMAT_UNSPECIFIED;
+        : format === "openai_json"
+          ? ContextFormat.CONTEXT_FORMAT_OPENAI_JSON
+          : format === "native"
+            ? ContextFormat.CONTEXT_FORMAT_NATIVE
+            : ContextFormat.CONTEXT_FORMAT_UNSPECIFIED;
     return this.unary("getContext", GetContextRequest.fromPartial({ sessionId, format: f }), opts);
   }
 
-  /** The context as OpenAI chat-completions `messages`, ready to send. */
+  /** The context as OpenAI chat-completions `messages`, ready to send (fetched as one JSON
+   * text, the cheapest shape to build and read). */
   async getOpenAIMessages(sessionId: string, opts?: CallOptions): Promise<OpenAIChatMessage[]> {
-    const ctx = await this.getContext(sessionId, "openai", opts);
-    return (ctx.openaiMessages ?? []) as OpenAIChatMessage[];
+    const ctx = await this.getContext(sessionId, "openai_json", opts);
+    return ctx.openaiMessagesJson ? (JSON.parse(ctx.openaiMessagesJson) as OpenAIChatMessage[]) : [];
   }
 
   /** The context as native (OpenCode-shaped) messages with their parts. */

@@ -373,7 +373,7 @@ async fn measure(
     for &size in &args.part_sizes {
         latency.extend(b.latency_rows(size).await);
     }
-    let get_context = b.context_row().await;
+    let get_context = b.context_rows().await;
     // jemalloc gives freed pages back within a quarter of a second.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let now = pid.and_then(stats::rss);
@@ -630,9 +630,10 @@ impl Bench<'_> {
         latency(d.tool_latencies)
     }
 
-    /// Builds the large session, then times GetContext on it against a unary echo whose
-    /// reply has as many bytes.
-    async fn context_row(&mut self) -> ContextRow {
+    /// Builds the large session, then times GetContext on it in both OpenAI shapes (a
+    /// protobuf `ListValue` and one JSON text), each against a unary echo whose reply has
+    /// as many bytes.
+    async fn context_rows(&mut self) -> Vec<ContextRow> {
         progress(&format!(
             "GetContext: building a {}-token session",
             self.args.context_tokens
@@ -645,7 +646,7 @@ impl Bench<'_> {
             first_trace: 0,
         });
         let mut client = drive::client(self.compactd.clone());
-        let (mut tokens, mut sent) = (0u64, 0u64);
+        let mut sent = 0u64;
         let mut next = 10usize;
         let mut sid = String::new();
         // Bounded: at most this many rounds of updates, each followed by one GetContext.
@@ -662,13 +663,16 @@ impl Bench<'_> {
             self.tally.driven("GetContext session", &d);
             sent += d.acked;
             sid = updates.sessions().first().cloned().unwrap_or_default();
-            match client.get_context(context_request(&sid)).await {
-                Ok(r) => tokens = r.into_inner().estimated_tokens,
+            let tokens = match client
+                .get_context(context_request(&sid, pb::ContextFormat::Openai))
+                .await
+            {
+                Ok(r) => r.into_inner().estimated_tokens,
                 Err(status) => {
                     self.tally.failed("GetContext", status);
                     break;
                 }
-            }
+            };
             if tokens >= self.args.context_tokens || d.acked == 0 {
                 break;
             }
@@ -680,12 +684,28 @@ impl Bench<'_> {
                 .unwrap_or(usize::MAX)
                 .clamp(1, 5_000);
         }
-        progress("GetContext: timing");
-        let (mut samples, mut reply_bytes) = (Vec::new(), 0u64);
+        let mut rows = Vec::new();
+        for format in [pb::ContextFormat::Openai, pb::ContextFormat::OpenaiJson] {
+            rows.push(self.time_context(&mut client, &sid, format).await);
+        }
+        self.delete(std::slice::from_ref(&sid)).await;
+        rows
+    }
+
+    /// Times GetContext of `sid` in `format`, then a unary echo whose reply has as many
+    /// bytes.
+    async fn time_context(
+        &mut self,
+        client: &mut pb::sessions_client::SessionsClient<Channel>,
+        sid: &str,
+        format: pb::ContextFormat,
+    ) -> ContextRow {
+        progress(&format!("GetContext: timing {}", format.as_str_name()));
+        let (mut samples, mut reply_bytes, mut tokens) = (Vec::new(), 0u64, 0u64);
         let deadline = Instant::now() + self.args.duration;
         while samples.len() < self.args.updates && Instant::now() < deadline {
             let at = Instant::now();
-            match client.get_context(context_request(&sid)).await {
+            match client.get_context(context_request(sid, format)).await {
                 Ok(r) => {
                     samples.push(at.elapsed());
                     let r = r.into_inner();
@@ -700,7 +720,7 @@ impl Bench<'_> {
         }
         let compactd = latency(samples);
         let mut echo = drive::echo_client(self.echo.clone());
-        let request_bytes = context_request(&sid).encoded_len();
+        let request_bytes = context_request(sid, format).encoded_len();
         let (mut samples, deadline) = (Vec::new(), Instant::now() + self.args.duration);
         while samples.len() < self.args.updates && Instant::now() < deadline {
             let request = echo::pb::EchoRequest {
@@ -718,13 +738,16 @@ impl Bench<'_> {
             }
         }
         let echo = latency(samples);
-        self.delete(std::slice::from_ref(&sid)).await;
         let ratio_p50 = ratio(compactd.p50_us, echo.p50_us);
         let ratio_p99 = ratio(compactd.p99_us, echo.p99_us);
+        let format = match format {
+            pb::ContextFormat::OpenaiJson => "openai_json",
+            _ => "openai",
+        };
         ContextRow {
             tokens,
             reply_bytes,
-            format: "openai".into(),
+            format: format.into(),
             compactd,
             echo,
             ratio_p50,
@@ -748,10 +771,10 @@ impl Bench<'_> {
     }
 }
 
-fn context_request(sid: &str) -> pb::GetContextRequest {
+fn context_request(sid: &str, format: pb::ContextFormat) -> pb::GetContextRequest {
     pb::GetContextRequest {
         session_id: sid.into(),
-        format: pb::ContextFormat::Openai.into(),
+        format: format.into(),
     }
 }
 

@@ -22,7 +22,7 @@ pub struct Report {
     /// Ping-pong ack latency on one stream, per part size and tokenizer.
     pub latency: Vec<LatencyRow>,
     /// `GetContext` latency of the large session.
-    pub get_context: ContextRow,
+    pub get_context: Vec<ContextRow>,
     /// The server's resident memory.
     pub rss: Rss,
     /// Failed RPCs and refused or unanswered updates, over the whole run.
@@ -227,7 +227,7 @@ impl Report {
     pub fn count_misses(&mut self) {
         self.misses = self.ingest.iter().filter(|r| r.miss).count()
             + self.latency.iter().filter(|r| r.miss).count()
-            + usize::from(self.get_context.miss);
+            + self.get_context.iter().filter(|r| r.miss).count();
     }
 
     /// The report as tables, for people.
@@ -318,28 +318,29 @@ impl Report {
                 miss(r.miss)
             );
         }
-        let c = &self.get_context;
-        let _ = writeln!(
-            o,
-            "\nGETCONTEXT of a {}-token session ({} format, reply {:.2} MB; µs)\n{:<22} {:>8} {:>8}\n{:<22} {:>8.0} {:>8.0}\n{:<22} {:>8.0} {:>8.0}\n{:<22} {:>8} {:>8}  {:<8}{}",
-            c.tokens,
-            c.format,
-            c.reply_bytes as f64 / 1e6,
-            "",
-            "p50",
-            "p99",
-            "compactd GetContext",
-            c.compactd.p50_us,
-            c.compactd.p99_us,
-            "echo, unary, same size",
-            c.echo.p50_us,
-            c.echo.p99_us,
-            "ratio",
-            c.target.ratio(c.ratio_p50),
-            c.target.ratio(c.ratio_p99),
-            c.target.label(),
-            miss(c.miss)
-        );
+        for c in &self.get_context {
+            let _ = writeln!(
+                o,
+                "\nGETCONTEXT of a {}-token session ({} format, reply {:.2} MB; µs)\n{:<22} {:>8} {:>8}\n{:<22} {:>8.0} {:>8.0}\n{:<22} {:>8.0} {:>8.0}\n{:<22} {:>8} {:>8}  {:<8}{}",
+                c.tokens,
+                c.format,
+                c.reply_bytes as f64 / 1e6,
+                "",
+                "p50",
+                "p99",
+                "compactd GetContext",
+                c.compactd.p50_us,
+                c.compactd.p99_us,
+                "echo, unary, same size",
+                c.echo.p50_us,
+                c.echo.p99_us,
+                "ratio",
+                c.target.ratio(c.ratio_p50),
+                c.target.ratio(c.ratio_p99),
+                c.target.label(),
+                miss(c.miss)
+            );
+        }
         let mb = |b: Option<u64>| b.map_or("n/a".into(), |b| format!("{:.1} MB", b as f64 / 1e6));
         let _ = writeln!(
             o,

@@ -3,10 +3,8 @@
 //! or marked, is not protected, and the rewrite really shrinks it), then marked, and its
 //! saving is reported by strategy. A dry run computes exactly what a commit would do.
 
-use std::collections::HashSet;
-
 use super::{PartRef, Strategy};
-use crate::domain::{PartKind, StrategyMark};
+use crate::domain::{FastSet, PartKind, StrategyMark};
 use crate::engine::render::active_mark;
 use crate::engine::request_log::Scope;
 use crate::engine::session::{Rendering, Session};
@@ -104,7 +102,7 @@ impl Session {
         // Highest rank first: when a part is both stale and old, it is superseded, whichever
         // decision arrived first (a restart or import then decides the same).
         pending.sort_by_key(|p| std::cmp::Reverse(p.strategy.rank()));
-        let mut done: HashSet<PartRef> = HashSet::new();
+        let mut done: FastSet<PartRef> = FastSet::default();
         let mut held = Vec::new();
         for p in pending {
             if done.contains(&p.at)
@@ -114,11 +112,7 @@ impl Session {
             {
                 continue; // a pinned part's decision is dropped; an unpin finds it again
             }
-            let Some(pi) = self.messages()[p.at.msg]
-                .parts
-                .iter()
-                .position(|s| s.part.id == p.at.part)
-            else {
+            let Some(pi) = self.part_position(p.at.msg, &p.at.part) else {
                 continue; // deleted since
             };
             if scope == Scope::Fresh && self.request_log().is_sent(p.at.msg, pi) {

@@ -7,18 +7,17 @@
 //! The state is a list of results in position order and how far masking has reached, so
 //! each new result costs O(1).
 
-use std::collections::HashSet;
-
 use serde::{Deserialize, Serialize};
 
 use super::PartRef;
+use crate::domain::FastSet;
 
 /// The tool results seen, oldest first, and how many are already queued for masking.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Masking {
     results: Vec<(PartRef, bool)>,
     #[serde(with = "crate::engine::sorted::set")]
-    seen: HashSet<String>,
+    seen: FastSet<String>,
     queued: usize,
 }
 

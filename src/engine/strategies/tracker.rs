@@ -8,7 +8,7 @@
 //! rebuild from the messages (an import, a settings change) reaches the same decisions as
 //! the updates did live.
 
-use std::collections::HashMap;
+use crate::domain::{FastMap, FastSet};
 
 use globset::{Glob, GlobSet, GlobSetBuilder};
 use serde::{Deserialize, Serialize};
@@ -71,20 +71,20 @@ const AGED: [(Strategy, usize); 3] = [
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Tracker {
     #[serde(with = "crate::engine::sorted::map")]
-    latest: HashMap<(Strategy, String), Holder>,
+    latest: FastMap<(Strategy, String), Holder>,
     /// Failed calls by call hash, waiting for a successful call with the same input.
     #[serde(with = "crate::engine::sorted::hashes")]
-    failed: HashMap<u128, Vec<Holder>>,
+    failed: FastMap<u128, Vec<Holder>>,
     /// Newest successful call by call hash (a failure placed before it is a retry too).
     #[serde(with = "crate::engine::sorted::hashes")]
-    succeeded: HashMap<u128, Holder>,
+    succeeded: FastMap<u128, Holder>,
     /// Paths of multi-file calls not yet superseded; the call goes when none is left.
     #[serde(with = "crate::engine::sorted::map")]
-    remaining: HashMap<PartRef, Vec<String>>,
+    remaining: FastMap<PartRef, Vec<String>>,
     pending: Vec<Pending>,
     /// What `pending` holds, so a part re-sent N times is queued once.
     #[serde(with = "crate::engine::sorted::set")]
-    queued: std::collections::HashSet<(PartRef, Strategy)>,
+    queued: FastSet<(PartRef, Strategy)>,
     /// Per age strategy: messages before this position have been looked at.
     aged: [usize; 3],
     /// Tool results in order, for `maskObservations`.
@@ -166,7 +166,9 @@ impl Tracker {
 
     /// Takes the pending decisions for a commit.
     pub fn take_pending(&mut self) -> Vec<Pending> {
-        self.queued.clear();
+        // A fresh set, not `clear()`: clearing walks the whole capacity, which a rebuild
+        // over a long history leaves large, so every later commit paid for it.
+        self.queued = Default::default();
         std::mem::take(&mut self.pending)
     }
 
@@ -344,13 +346,10 @@ impl Tracker {
             search_key(&t.tool, &t.state.input),
         );
         for p in &paths {
-            add(Strategy::AggressiveFilePrune, Some(format!("file:{p}")));
+            add(Strategy::AggressiveFilePrune, Some(prefixed("file:", p)));
         }
         if let Some(hash) = hash {
-            add(
-                Strategy::SupersedeDuplicates,
-                Some(format!("call:{hash:032x}")),
-            );
+            add(Strategy::SupersedeDuplicates, Some(call_key(hash)));
             if on(Strategy::PruneRetryParts) {
                 self.succeeded_call(hash, &holder);
             }
@@ -457,4 +456,43 @@ fn compile_globs(patterns: &[String]) -> GlobSet {
         }
     }
     b.build().unwrap_or_else(|_| GlobSet::empty())
+}
+
+/// `prefix` then `rest`, in one allocation (keys are built for every tool call).
+fn prefixed(prefix: &str, rest: &str) -> String {
+    let mut key = String::with_capacity(prefix.len() + rest.len());
+    key.push_str(prefix);
+    key.push_str(rest);
+    key
+}
+
+/// The duplicate-call key: `call:` and the hash as 32 lowercase hex digits (the bytes of
+/// `format!("call:{hash:032x}")`, which snapshots hold, without the formatter).
+fn call_key(hash: u128) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut key = String::with_capacity(37);
+    key.push_str("call:");
+    for i in (0..32).rev() {
+        key.push(char::from(HEX[((hash >> (i * 4)) & 0xf) as usize]));
+    }
+    key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn call_keys_are_the_formatted_bytes_snapshots_hold() {
+        for hash in [
+            0,
+            1,
+            0xf,
+            u128::MAX,
+            0xf73e_89dd_a746_116d_3105_96bc_740a_6558,
+        ] {
+            assert_eq!(call_key(hash), format!("call:{hash:032x}"));
+        }
+        assert_eq!(prefixed("file:", "src/a.rs"), "file:src/a.rs");
+    }
 }

@@ -273,7 +273,7 @@ class AsyncSessionStream:
 
     async def openai_messages(self, session_id: str) -> List[Dict[str, Any]]:
         """The context as OpenAI chat ``messages``."""
-        return openai_messages(await self.get_context(session_id, pb.CONTEXT_FORMAT_OPENAI))
+        return openai_messages(await self.get_context(session_id, pb.CONTEXT_FORMAT_OPENAI_JSON))
 
     async def prune(self, session_id: str, *, dry_run: bool = False) -> pb.PruneReport:
         """Runs prune and the strategies now; their report."""
@@ -457,7 +457,7 @@ class AsyncClient:
 
     async def openai_messages(self, session_id: str) -> List[Dict[str, Any]]:
         """The context as OpenAI chat ``messages`` (list of dicts)."""
-        return openai_messages(await self.get_context(session_id, pb.CONTEXT_FORMAT_OPENAI))
+        return openai_messages(await self.get_context(session_id, pb.CONTEXT_FORMAT_OPENAI_JSON))
 
     async def prune(self, session_id: str, *, dry_run: bool = False) -> pb.PruneReport:
         """Runs prune and the strategies now (or reports what they would do)."""

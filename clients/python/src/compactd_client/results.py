@@ -76,7 +76,11 @@ class UpdateResult:
 
 def openai_messages(context: pb.Context) -> List[Dict[str, Any]]:
     """The context as OpenAI chat-completions ``messages``: plain dicts and lists, ready
-    for ``client.chat.completions.create(messages=...)`` or a JSON request body."""
+    for ``client.chat.completions.create(messages=...)`` or a JSON request body. Reads
+    ``openai_messages_json`` (``CONTEXT_FORMAT_OPENAI_JSON``) when set, else the protobuf
+    ``openai_messages``."""
+    if context.openai_messages_json:
+        return json.loads(context.openai_messages_json)
     if not context.HasField("openai_messages"):
         return []
     return json_format.MessageToDict(context.openai_messages)

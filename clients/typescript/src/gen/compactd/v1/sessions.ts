@@ -52,6 +52,12 @@ export enum ContextFormat {
   CONTEXT_FORMAT_NATIVE = "CONTEXT_FORMAT_NATIVE",
   /** CONTEXT_FORMAT_OPENAI - OpenAI chat-completions `messages` only. */
   CONTEXT_FORMAT_OPENAI = "CONTEXT_FORMAT_OPENAI",
+  /**
+   * CONTEXT_FORMAT_OPENAI_JSON - OpenAI chat-completions `messages` only, as one JSON text (`openai_messages_json`):
+   * the array a request body needs, ready to splice in. The cheapest shape to build, send
+   * and read: one string instead of a tree of protobuf values.
+   */
+  CONTEXT_FORMAT_OPENAI_JSON = "CONTEXT_FORMAT_OPENAI_JSON",
   UNRECOGNIZED = "UNRECOGNIZED",
 }
 
@@ -66,6 +72,9 @@ export function contextFormatFromJSON(object: any): ContextFormat {
     case 2:
     case "CONTEXT_FORMAT_OPENAI":
       return ContextFormat.CONTEXT_FORMAT_OPENAI;
+    case 3:
+    case "CONTEXT_FORMAT_OPENAI_JSON":
+      return ContextFormat.CONTEXT_FORMAT_OPENAI_JSON;
     case -1:
     case "UNRECOGNIZED":
     default:
@@ -81,6 +90,8 @@ export function contextFormatToJSON(object: ContextFormat): string {
       return "CONTEXT_FORMAT_NATIVE";
     case ContextFormat.CONTEXT_FORMAT_OPENAI:
       return "CONTEXT_FORMAT_OPENAI";
+    case ContextFormat.CONTEXT_FORMAT_OPENAI_JSON:
+      return "CONTEXT_FORMAT_OPENAI_JSON";
     case ContextFormat.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";
@@ -95,6 +106,8 @@ export function contextFormatToNumber(object: ContextFormat): number {
       return 1;
     case ContextFormat.CONTEXT_FORMAT_OPENAI:
       return 2;
+    case ContextFormat.CONTEXT_FORMAT_OPENAI_JSON:
+      return 3;
     case ContextFormat.UNRECOGNIZED:
     default:
       return -1;
@@ -338,6 +351,11 @@ export interface Context {
   /** Messages held in the session, and how many the context keeps. */
   sessionMessages: number;
   contextMessages: number;
+  /**
+   * With CONTEXT_FORMAT_OPENAI_JSON: the same `messages` as `openai_messages`, as JSON
+   * text (an array), else empty.
+   */
+  openaiMessagesJson: string;
 }
 
 /** A short description of a session. */
@@ -2910,6 +2928,7 @@ function createBaseContext(): Context {
     boundaryMessageId: "",
     sessionMessages: 0,
     contextMessages: 0,
+    openaiMessagesJson: "",
   };
 }
 
@@ -2932,6 +2951,9 @@ export const Context: MessageFns<Context> = {
     }
     if (message.contextMessages !== 0) {
       writer.uint32(48).uint32(message.contextMessages);
+    }
+    if (message.openaiMessagesJson !== "") {
+      writer.uint32(58).string(message.openaiMessagesJson);
     }
     return writer;
   },
@@ -2997,6 +3019,14 @@ export const Context: MessageFns<Context> = {
             message.contextMessages = reader.uint32();
             continue;
           }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.openaiMessagesJson = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3037,6 +3067,11 @@ export const Context: MessageFns<Context> = {
         : isSet(object.context_messages)
         ? globalThis.Number(object.context_messages)
         : 0,
+      openaiMessagesJson: isSet(object.openaiMessagesJson)
+        ? globalThis.String(object.openaiMessagesJson)
+        : isSet(object.openai_messages_json)
+        ? globalThis.String(object.openai_messages_json)
+        : "",
     };
   },
 
@@ -3060,6 +3095,9 @@ export const Context: MessageFns<Context> = {
     if (message.contextMessages !== 0) {
       obj.contextMessages = Math.round(message.contextMessages);
     }
+    if (message.openaiMessagesJson !== "") {
+      obj.openaiMessagesJson = message.openaiMessagesJson;
+    }
     return obj;
   },
 
@@ -3074,6 +3112,7 @@ export const Context: MessageFns<Context> = {
     message.boundaryMessageId = object.boundaryMessageId ?? "";
     message.sessionMessages = object.sessionMessages ?? 0;
     message.contextMessages = object.contextMessages ?? 0;
+    message.openaiMessagesJson = object.openaiMessagesJson ?? "";
     return message;
   },
 };
