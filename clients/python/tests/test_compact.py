@@ -103,9 +103,17 @@ def test_compact_on_the_stream_and_cancel(llm_server: Server, fake: FakeOpenAI, 
     with Client(llm_server.addr) as c:
         seed(c, sid)
         with c.stream() as s:
+            posts = len([r for r in fake.requests if r.path.endswith("/chat/completions")])
             running = s.compact(sid)
             first = next(iter(running))
             assert first.WhichOneof("event") == "started"
+            # Cancel once the slow reply is being streamed: `started` comes before the
+            # request (and compactd's window discovery) reaches the endpoint, and a cancel
+            # before it would leave the slow reply to the next compaction.
+            for _ in range(100):
+                if len([r for r in fake.requests if r.path.endswith("/chat/completions")]) > posts:
+                    break
+                threading.Event().wait(0.02)
             running.cancel()
             with pytest.raises(CompactionFailed) as e:
                 running.wait()
