@@ -412,3 +412,11 @@ fn context_openai_json(bencher: divan::Bencher, n: usize) {
     let view = session_of(n).build_context();
     bencher.bench_local(|| divan::black_box(serde_json::to_string(&view.to_openai())));
 }
+
+/// What GetContext does for `CONTEXT_FORMAT_OPENAI_JSON`: the OpenAI messages built from
+/// parts borrowed from the session, then serialized.
+#[divan::bench(args = sizes())]
+fn context_openai_json_borrowed(bencher: divan::Bencher, n: usize) {
+    let s = session_of(n);
+    bencher.bench_local(|| divan::black_box(serde_json::to_string(&s.context_openai().messages)));
+}

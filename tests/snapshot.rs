@@ -225,6 +225,37 @@ fn a_snapshot_and_the_encoded_log_replay_every_trace() {
     assert!(compacted > 0, "some trace compacts under {LIMITS:?}");
 }
 
+/// `Session::context_openai` (parts borrowed) reads exactly as the view's `to_openai`
+/// (parts copied) all along every trace: prunes, strategy marks, compactions.
+#[test]
+fn the_borrowed_openai_context_equals_the_views() {
+    let config = EngineConfig::default();
+    for path in traces() {
+        let name = path.display().to_string();
+        let export = load(&path);
+        let (changes, _) = changes_of(&export);
+        let mut live = fresh(&export);
+        let n = changes.len();
+        for (i, c) in changes.into_iter().enumerate() {
+            live.perform(c, &config);
+            if i % 40 == 0 || i + 1 == n {
+                let (openai, view) = (live.context_openai(), live.build_context());
+                assert_eq!(
+                    openai.messages,
+                    view.to_openai(),
+                    "{name}: after change {i}"
+                );
+                assert_eq!(
+                    (openai.tokens, openai.context_messages),
+                    (view.tokens, view.messages.len()),
+                    "{name}: after change {i}"
+                );
+                assert_eq!(openai.boundary_message_id, view.boundary_message_id);
+            }
+        }
+    }
+}
+
 #[test]
 fn snapshot_throughput() {
     let path = traces()

@@ -15,14 +15,16 @@
 //! verbatim, and keeps its place in its message (a pinned tool call stays an assistant
 //! call with its result). Finding them costs O(pins), never a scan of the head.
 
+use std::borrow::Cow;
+
 use serde_json::{Value, json};
 
 use super::estimate::json_text;
-use super::render::render;
+use super::render::render_borrowed;
 use super::session::Session;
 use super::stored::{Message, StoredPart};
 use crate::config::{COMPACTION_PROMPT_TEXT, INTERRUPTED};
-use crate::domain::{PartKind, Role, ToolStatus};
+use crate::domain::{Part, PartKind, Role, ToolStatus};
 
 /// The rendered context.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,6 +33,19 @@ pub struct ContextView {
     pub messages: Vec<Message>,
     /// Estimated tokens of those messages.
     pub tokens: u64,
+    /// The message the context starts at when a compaction boundary exists.
+    pub boundary_message_id: Option<String>,
+}
+
+/// The context in the OpenAI shape alone, with the figures a [`ContextView`] carries.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenAiContext {
+    /// The chat-completions `messages` array.
+    pub messages: Value,
+    /// Estimated tokens of the context (as [`ContextView::tokens`]).
+    pub tokens: u64,
+    /// Native messages the context keeps (as `ContextView::messages.len()`).
+    pub context_messages: usize,
     /// The message the context starts at when a compaction boundary exists.
     pub boundary_message_id: Option<String>,
 }
@@ -138,44 +153,84 @@ impl Session {
     /// Renders the given messages (positions, each whole or its pinned parts only, in
     /// order) as the model sees them.
     pub(crate) fn view_of(&self, slots: impl IntoIterator<Item = (usize, Keep)>) -> ContextView {
-        let mut tokens = 0;
-        let mut messages = Vec::new();
-        for (i, keep) in slots {
-            let msg = &self.messages()[i];
-            if !keeps_message(msg) {
-                continue;
-            }
-            let mut parts = Vec::with_capacity(msg.parts.len());
-            for stored in &msg.parts {
-                if !self.sends(i, &stored.part.id, keep) {
-                    continue;
-                }
-                if let Some(part) = render(&stored.part, self.settings()) {
-                    tokens += stored.context_tokens();
-                    parts.push(StoredPart {
-                        part,
-                        est: stored.est,
-                        reduced: stored.reduced,
-                        bytes: stored.bytes,
-                    });
-                }
-            }
-            if parts
-                .iter()
-                .all(|p| matches!(p.part.kind, PartKind::StepStart { .. }))
-            {
-                continue;
-            }
-            messages.push(Message {
+        let mut tokens = 0u64;
+        let messages = self
+            .sent(slots)
+            .map(|(msg, parts)| Message {
                 info: msg.info.clone(),
-                parts,
-            });
-        }
+                parts: parts
+                    .into_iter()
+                    .map(|(stored, part)| {
+                        tokens += stored.context_tokens();
+                        StoredPart {
+                            part: part.into_owned(),
+                            est: stored.est,
+                            reduced: stored.reduced,
+                            bytes: stored.bytes,
+                        }
+                    })
+                    .collect(),
+            })
+            .collect();
         ContextView {
             messages,
             tokens,
             boundary_message_id: None,
         }
+    }
+
+    /// The context as OpenAI chat-completions `messages`, the same as
+    /// `build_context().to_openai()` without copying the messages and parts first: parts
+    /// that read as stored are borrowed.
+    pub fn context_openai(&self) -> OpenAiContext {
+        let (mut out, mut tokens, mut kept) = (Vec::new(), 0u64, 0usize);
+        for (msg, parts) in self.sent(self.context_slots()) {
+            kept += 1;
+            tokens += parts
+                .iter()
+                .map(|(stored, _)| stored.context_tokens())
+                .sum::<u64>();
+            openai_messages(msg.info.role, parts.iter().map(|(_, p)| &**p), &mut out);
+        }
+        OpenAiContext {
+            messages: Value::Array(out),
+            tokens,
+            context_messages: kept,
+            boundary_message_id: self
+                .boundary()
+                .map(|b| self.messages()[b.start].info.id.clone()),
+        }
+    }
+
+    /// The given messages as the context sends them: the messages it keeps, each with the
+    /// parts it sends as they read (borrowed when unchanged). The one walk behind the view
+    /// and the OpenAI messages, so the two cannot disagree.
+    #[allow(clippy::type_complexity)]
+    fn sent<'a>(
+        &'a self,
+        slots: impl IntoIterator<Item = (usize, Keep)> + 'a,
+    ) -> impl Iterator<Item = (&'a Message, Vec<(&'a StoredPart, Cow<'a, Part>)>)> + 'a {
+        slots.into_iter().filter_map(move |(i, keep)| {
+            let msg = &self.messages()[i];
+            if !keeps_message(msg) {
+                return None;
+            }
+            let parts: Vec<_> = msg
+                .parts
+                .iter()
+                .filter(|stored| self.sends(i, &stored.part.id, keep))
+                .filter_map(|stored| {
+                    render_borrowed(&stored.part, self.settings()).map(|p| (stored, p))
+                })
+                .collect();
+            if parts
+                .iter()
+                .all(|(_, p)| matches!(p.kind, PartKind::StepStart { .. }))
+            {
+                return None;
+            }
+            Some((msg, parts))
+        })
     }
 }
 
@@ -219,23 +274,28 @@ impl ContextView {
     pub fn to_openai(&self) -> Value {
         let mut out = Vec::new();
         for msg in &self.messages {
-            match msg.info.role {
-                Role::User => {
-                    if let Some(m) = user_message(msg) {
-                        out.push(m);
-                    }
-                }
-                Role::Assistant => assistant_messages(msg, &mut out),
-            }
+            openai_messages(msg.info.role, msg.parts.iter().map(|s| &s.part), &mut out);
         }
         Value::Array(out)
     }
 }
 
-fn user_message(msg: &Message) -> Option<Value> {
+/// Appends the OpenAI messages one context message (`role`, its rendered `parts`) reads as.
+fn openai_messages<'a>(role: Role, parts: impl Iterator<Item = &'a Part>, out: &mut Vec<Value>) {
+    match role {
+        Role::User => {
+            if let Some(m) = user_message(parts) {
+                out.push(m);
+            }
+        }
+        Role::Assistant => assistant_messages(parts, out),
+    }
+}
+
+fn user_message<'a>(parts: impl Iterator<Item = &'a Part>) -> Option<Value> {
     let mut content = Vec::new();
-    for stored in &msg.parts {
-        match &stored.part.kind {
+    for part in parts {
+        match &part.kind {
             PartKind::Text(t) => content.push(json!({"type": "text", "text": t.text})),
             PartKind::Compaction(_) => {
                 content.push(json!({"type": "text", "text": COMPACTION_PROMPT_TEXT}))
@@ -264,7 +324,7 @@ fn user_message(msg: &Message) -> Option<Value> {
 
 /// Splits an assistant message at `step-start` parts: each model step is one assistant
 /// message followed by its tool results, as the provider saw it.
-fn assistant_messages(msg: &Message, out: &mut Vec<Value>) {
+fn assistant_messages<'a>(parts: impl Iterator<Item = &'a Part>, out: &mut Vec<Value>) {
     let mut text = Vec::new();
     let mut calls = Vec::new();
     let mut results = Vec::new();
@@ -286,8 +346,8 @@ fn assistant_messages(msg: &Message, out: &mut Vec<Value>) {
         out.push(m);
         out.append(results);
     };
-    for stored in &msg.parts {
-        match &stored.part.kind {
+    for part in parts {
+        match &part.kind {
             PartKind::StepStart { .. } => flush(&mut text, &mut calls, &mut results, out),
             // Text after tool calls starts the next step, with or without a step marker
             // (`pruneStepMarkers` drops them).

@@ -44,7 +44,7 @@ pub use compaction::{
     AUTO_CONTINUE, COMPACTION_AGENT, CommitIds, Committed, CompactionError, CompactionPlan,
     CompactionRequest, SummaryOutcome, TailOptions, default_tail_tokens,
 };
-pub use context::ContextView;
+pub use context::{ContextView, OpenAiContext};
 pub use error::{ApplyError, ErrorKind};
 pub use estimate::{PartEstimate, counted_texts, estimate};
 pub use footprint::ByteLimit;

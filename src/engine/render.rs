@@ -3,6 +3,8 @@
 //! interrupted-tool rule are applied. The context view, the token figures of reduced
 //! parts and the summarizer's input all come from here, so they cannot disagree.
 
+use std::borrow::Cow;
+
 use super::estimate::{PartEstimate, json_text};
 use super::strategies::{
     Strategy, capped_text, file_breadcrumb, inlined_breadcrumb, is_inlined_file, is_step_marker,
@@ -30,24 +32,16 @@ pub(crate) fn is_reduced(part: &Part, s: &Settings) -> bool {
     is_compacted(part) || active_mark(part, s).is_some()
 }
 
-/// The part as the model sees it, or `None` when it is not sent at all.
+/// The part as the model sees it (an owned copy of [`render_borrowed`]'s), or `None` when
+/// it is not sent at all.
+#[cfg(test)]
 pub(crate) fn render(part: &Part, s: &Settings) -> Option<Part> {
-    render_with(part, s, s.strategies.has(Strategy::PruneToolInputs))
-}
-
-/// [`render`] with the input-leak fix forced on or off (to attribute its saving).
-pub(crate) fn render_with(part: &Part, s: &Settings, strip_inputs: bool) -> Option<Part> {
-    render_as(
-        part,
-        part.mark.as_ref(),
-        is_compacted(part),
-        s,
-        strip_inputs,
-    )
+    render_borrowed(part, s).map(Cow::into_owned)
 }
 
 /// Renders `part` as if it carried `mark` and prune's stamp as `compacted` says, without
 /// copying content the rendering replaces (a superseded 100 KB output is never cloned).
+#[cfg(test)]
 pub(crate) fn render_as(
     part: &Part,
     mark: Option<&StrategyMark>,
@@ -55,6 +49,28 @@ pub(crate) fn render_as(
     s: &Settings,
     strip_inputs: bool,
 ) -> Option<Part> {
+    rewritten(part, rewrite(part, mark, compacted, s, strip_inputs))
+}
+
+/// The part as the model sees it, or `None` when it is not sent at all; borrowed when it
+/// reads as stored (most parts), so the context's OpenAI messages are built without
+/// copying every part first.
+pub(crate) fn render_borrowed<'a>(part: &'a Part, s: &Settings) -> Option<Cow<'a, Part>> {
+    let strip_inputs = s.strategies.has(Strategy::PruneToolInputs);
+    match rewrite(
+        part,
+        part.mark.as_ref(),
+        is_compacted(part),
+        s,
+        strip_inputs,
+    ) {
+        Rewrite::Kept => Some(Cow::Borrowed(part)),
+        other => rewritten(part, other).map(Cow::Owned),
+    }
+}
+
+/// The part `rewrite` made of `part`.
+fn rewritten(part: &Part, rewrite: Rewrite<'_>) -> Option<Part> {
     let with_kind = |kind: PartKind| Part {
         id: part.id.clone(),
         message_id: part.message_id.clone(),
@@ -62,7 +78,7 @@ pub(crate) fn render_as(
         mark: part.mark.clone(),
         extra: part.extra.clone(),
     };
-    match rewrite(part, mark, compacted, s, strip_inputs) {
+    match rewrite {
         Rewrite::Dropped => None,
         Rewrite::Kept => Some(part.clone()),
         Rewrite::Text(text) => Some(match &part.kind {

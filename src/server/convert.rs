@@ -772,7 +772,8 @@ pub fn prune_to_pb(r: &PruneReport) -> pb::PruneReport {
     }
 }
 
-/// The context view to the wire, in the shapes asked for.
+/// The context view to the wire, in the shapes asked for (native, the protobuf OpenAI
+/// messages, or both).
 pub fn context_to_pb(
     v: &ContextView,
     session_messages: usize,
@@ -787,12 +788,7 @@ pub fn context_to_pb(
         },
         _ => prost_types::ListValue::default(),
     });
-    // A `Value` always serializes (its keys are strings), so the fallback is unreachable.
-    let openai_messages_json = if format == F::OpenaiJson {
-        serde_json::to_string(&v.to_openai()).unwrap_or_default()
-    } else {
-        String::new()
-    };
+
     pb::Context {
         messages: if native {
             v.messages.iter().map(message_to_pb).collect()
@@ -800,7 +796,8 @@ pub fn context_to_pb(
             Vec::new()
         },
         openai_messages,
-        openai_messages_json,
+        // OPENAI_JSON is answered from the session directly (`ops::context`).
+        openai_messages_json: String::new(),
         estimated_tokens: v.tokens,
         boundary_message_id: v.boundary_message_id.clone().unwrap_or_default(),
         session_messages: session_messages as u32,

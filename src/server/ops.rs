@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 use super::clock::now_ms;
 use super::compaction;
 use super::hub::Hub;
-use super::reply::{self, ContextReply, Opened, Reply};
+use super::reply::{self, ContextBody, ContextReply, Opened, Reply};
 use super::request::Op;
 use super::status::Rejection;
 use crate::config::EngineConfig;
@@ -342,12 +342,29 @@ fn build_context(
 ) -> impl FnOnce(&mut Tx<'_>, &EngineConfig) -> Result<ContextReply, Rejection> + Send + 'static {
     let ledger = hub.store.ledger().clone();
     move |s, _| {
+        let session_messages = s.messages().len();
+        if format == super::pb::ContextFormat::OpenaiJson {
+            // Serialized here, from parts borrowed from the session: no copy of the
+            // messages, no protobuf value tree. A `Value` always serializes.
+            let ctx = s.context_openai();
+            let json = serde_json::to_string(&ctx.messages).unwrap_or_default();
+            let held = ledger.reserve(json.len() as u64, "contexts")?;
+            return Ok(ContextReply {
+                body: ContextBody::OpenAiJson {
+                    json,
+                    tokens: ctx.tokens,
+                    context_messages: ctx.context_messages,
+                    boundary_message_id: ctx.boundary_message_id,
+                },
+                session_messages,
+                _held: held,
+            });
+        }
         let view = s.build_context();
         let held = ledger.reserve(view.held_bytes(), "contexts")?;
         Ok(ContextReply {
-            view,
-            session_messages: s.messages().len(),
-            format,
+            body: ContextBody::View { view, format },
+            session_messages,
             _held: held,
         })
     }

@@ -18,20 +18,59 @@ pub struct Opened {
 /// The context as the engine built it, with what its wire form needs.
 #[derive(Debug)]
 pub struct ContextReply {
-    /// The messages to send.
-    pub view: ContextView,
-    /// Messages the session holds (the view may hold fewer).
+    /// The messages to send, in the shape asked for.
+    pub body: ContextBody,
+    /// Messages the session holds (the context may hold fewer).
     pub session_messages: usize,
-    /// The wire format asked for.
-    pub format: pb::ContextFormat,
-    /// The view's bytes, counted in flight until the reply is sent.
+    /// The body's bytes, counted in flight until the reply is sent.
     pub _held: crate::store::Reservation,
 }
 
+/// A context reply's content.
+#[derive(Debug)]
+pub enum ContextBody {
+    /// The view, for the native and protobuf OpenAI shapes (`format` says which).
+    View {
+        /// The rendered messages.
+        view: ContextView,
+        /// The wire format asked for.
+        format: pb::ContextFormat,
+    },
+    /// `CONTEXT_FORMAT_OPENAI_JSON`: the OpenAI messages already serialized on the session's
+    /// actor, with the view's figures.
+    OpenAiJson {
+        /// The `messages` array as JSON text.
+        json: String,
+        /// The context's figures (its `messages` value already moved into `json`).
+        tokens: u64,
+        /// Native messages the context keeps.
+        context_messages: usize,
+        /// The compaction boundary's message, if any.
+        boundary_message_id: Option<String>,
+    },
+}
+
 impl ContextReply {
-    /// The wire form.
-    pub fn to_pb(&self) -> pb::Context {
-        convert::context_to_pb(&self.view, self.session_messages, self.format)
+    /// The wire form (the JSON text moves into it).
+    pub fn into_pb(self) -> pb::Context {
+        match self.body {
+            ContextBody::View { view, format } => {
+                convert::context_to_pb(&view, self.session_messages, format)
+            }
+            ContextBody::OpenAiJson {
+                json,
+                tokens,
+                context_messages,
+                boundary_message_id,
+            } => pb::Context {
+                openai_messages_json: json,
+                estimated_tokens: tokens,
+                boundary_message_id: boundary_message_id.unwrap_or_default(),
+                session_messages: u32::try_from(self.session_messages).unwrap_or(u32::MAX),
+                context_messages: u32::try_from(context_messages).unwrap_or(u32::MAX),
+                ..pb::Context::default()
+            },
+        }
     }
 }
 
@@ -60,7 +99,7 @@ impl Reply {
         match self {
             Reply::Opened(o) => (Vec::new(), o.created),
             Reply::Stepped(report) => (step_events(&report), report.applied.created),
-            Reply::Context(c) => (vec![Ev::Context(c.to_pb())], false),
+            Reply::Context(c) => (vec![Ev::Context(c.into_pb())], false),
             Reply::Pruned(r) => (vec![Ev::PruneReport(convert::prune_to_pb(&r))], false),
             Reply::Overflow(c) => (vec![Ev::OverflowCheck(convert::overflow_to_pb(&c))], false),
             Reply::CompactionStarted(e) => (vec![Ev::Compaction(e)], false),

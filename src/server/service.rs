@@ -308,7 +308,7 @@ impl pb::sessions_server::Sessions for SessionsService {
         let format = context_format(req.format)?;
         let pending = ops::context(&self.hub, &req.session_id, format).await;
         let context = self.answer(&req.session_id, "get_context", pending).await?;
-        Ok(Response::new(context.to_pb()))
+        Ok(Response::new(context.into_pb()))
     }
 
     async fn prune(

@@ -130,14 +130,20 @@ fn bench_json_holds_the_same_figures() {
         number(&row["ratio_p50"], "ratio_p50");
         number(&row["ratio_p99"], "ratio_p99");
     }
-    let context = &doc["get_context"];
-    assert!(context["tokens"].as_u64() > Some(0), "{context}");
-    assert!(context["reply_bytes"].as_u64() > Some(0), "{context}");
-    for side in ["compactd", "echo"] {
-        number(&context[side]["p50_us"], "p50_us");
-        number(&context[side]["p99_us"], "p99_us");
+    let contexts = doc["get_context"].as_array().expect("get_context rows");
+    let formats: Vec<_> = contexts.iter().map(|c| c["format"].clone()).collect();
+    assert_eq!(formats, ["openai", "openai_json"], "{doc:#}");
+    for context in contexts {
+        assert!(context["tokens"].as_u64() > Some(0), "{context}");
+        assert!(context["reply_bytes"].as_u64() > Some(0), "{context}");
+        for side in ["compactd", "echo"] {
+            number(&context[side]["p50_us"], "p50_us");
+            number(&context[side]["p99_us"], "p99_us");
+        }
+        number(&context["ratio_p50"], "ratio_p50");
     }
-    number(&context["ratio_p50"], "ratio_p50");
+    // Both shapes carry the same context.
+    assert_eq!(contexts[0]["tokens"], contexts[1]["tokens"], "{doc:#}");
     if cfg!(target_os = "linux") {
         for at in ["start", "peak", "end"] {
             number(&doc["rss"][at], "rss");

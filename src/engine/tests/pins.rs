@@ -252,6 +252,7 @@ fn pinned_parts_are_carried_verbatim_through_compactions() {
     assert_eq!(s.context_tokens(), view.tokens);
     // The OpenAI shape keeps the carried call with its result.
     let openai = view.to_openai();
+    assert_eq!(s.context_openai().messages, openai);
     let call = openai
         .as_array()
         .expect("array")
