@@ -418,5 +418,5 @@ fn context_openai_json(bencher: divan::Bencher, n: usize) {
 #[divan::bench(args = sizes())]
 fn context_openai_json_borrowed(bencher: divan::Bencher, n: usize) {
     let s = session_of(n);
-    bencher.bench_local(|| divan::black_box(serde_json::to_string(&s.context_openai().messages)));
+    bencher.bench_local(|| divan::black_box(s.context_openai().json));
 }

@@ -17,14 +17,13 @@
 
 use std::borrow::Cow;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use super::estimate::json_text;
+use super::openai::chat_messages;
 use super::render::render_borrowed;
 use super::session::Session;
 use super::stored::{Message, StoredPart};
-use crate::config::{COMPACTION_PROMPT_TEXT, INTERRUPTED};
-use crate::domain::{Part, PartKind, Role, ToolStatus};
+use crate::domain::{Part, PartKind, Role};
 
 /// The rendered context.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,8 +39,8 @@ pub struct ContextView {
 /// The context in the OpenAI shape alone, with the figures a [`ContextView`] carries.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OpenAiContext {
-    /// The chat-completions `messages` array.
-    pub messages: Value,
+    /// The chat-completions `messages` array, as JSON text.
+    pub json: String,
     /// Estimated tokens of the context (as [`ContextView::tokens`]).
     pub tokens: u64,
     /// Native messages the context keeps (as `ContextView::messages.len()`).
@@ -49,9 +48,6 @@ pub struct OpenAiContext {
     /// The message the context starts at when a compaction boundary exists.
     pub boundary_message_id: Option<String>,
 }
-
-/// Text a user `subtask` part reads as (OpenCode `toModelMessages`).
-const SUBTASK_TEXT: &str = "The following tool was executed by the user";
 
 impl ContextView {
     /// Bytes the view holds (its messages and parts, as the memory limits count them):
@@ -179,23 +175,25 @@ impl Session {
         }
     }
 
-    /// The context as OpenAI chat-completions `messages`, the same as
-    /// `build_context().to_openai()` without copying the messages and parts first: parts
-    /// that read as stored are borrowed.
+    /// The context as OpenAI chat-completions `messages` in JSON text, the same as
+    /// `build_context().to_openai()` serialized, without copying the messages and parts
+    /// first (parts that read as stored are borrowed) or building values.
     pub fn context_openai(&self) -> OpenAiContext {
-        let (mut out, mut tokens, mut kept) = (Vec::new(), 0u64, 0usize);
-        for (msg, parts) in self.sent(self.context_slots()) {
-            kept += 1;
+        let sent: Vec<_> = self.sent(self.context_slots()).collect();
+        let mut out = Vec::new();
+        let mut tokens = 0u64;
+        for (msg, parts) in &sent {
             tokens += parts
                 .iter()
                 .map(|(stored, _)| stored.context_tokens())
                 .sum::<u64>();
-            openai_messages(msg.info.role, parts.iter().map(|(_, p)| &**p), &mut out);
+            chat_messages(msg.info.role, parts.iter().map(|(_, p)| &**p), &mut out);
         }
         OpenAiContext {
-            messages: Value::Array(out),
+            // Strings, options and vectors of them always serialize.
+            json: serde_json::to_string(&out).unwrap_or_else(|_| "[]".to_string()),
             tokens,
-            context_messages: kept,
+            context_messages: sent.len(),
             boundary_message_id: self
                 .boundary()
                 .map(|b| self.messages()[b.start].info.id.clone()),
@@ -274,107 +272,11 @@ impl ContextView {
     pub fn to_openai(&self) -> Value {
         let mut out = Vec::new();
         for msg in &self.messages {
-            openai_messages(msg.info.role, msg.parts.iter().map(|s| &s.part), &mut out);
+            chat_messages(msg.info.role, msg.parts.iter().map(|s| &s.part), &mut out);
         }
-        Value::Array(out)
+        // Strings, options and vectors of them always convert.
+        serde_json::to_value(&out).unwrap_or_else(|_| Value::Array(Vec::new()))
     }
-}
-
-/// Appends the OpenAI messages one context message (`role`, its rendered `parts`) reads as.
-fn openai_messages<'a>(role: Role, parts: impl Iterator<Item = &'a Part>, out: &mut Vec<Value>) {
-    match role {
-        Role::User => {
-            if let Some(m) = user_message(parts) {
-                out.push(m);
-            }
-        }
-        Role::Assistant => assistant_messages(parts, out),
-    }
-}
-
-fn user_message<'a>(parts: impl Iterator<Item = &'a Part>) -> Option<Value> {
-    let mut content = Vec::new();
-    for part in parts {
-        match &part.kind {
-            PartKind::Text(t) => content.push(json!({"type": "text", "text": t.text})),
-            PartKind::Compaction(_) => {
-                content.push(json!({"type": "text", "text": COMPACTION_PROMPT_TEXT}))
-            }
-            PartKind::Subtask(_) => content.push(json!({"type": "text", "text": SUBTASK_TEXT})),
-            // Text files and directories arrive as synthetic text parts already (OpenCode).
-            PartKind::File(f) if f.mime == "text/plain" || f.mime == "application/x-directory" => {}
-            PartKind::File(f) if f.mime.starts_with("image/") => {
-                content.push(json!({"type": "image_url", "image_url": {"url": f.url}}))
-            }
-            PartKind::File(f) => content.push(json!({
-                "type": "text",
-                "text": format!("[File: {} ({})]", f.filename, f.mime),
-            })),
-            _ => {}
-        }
-    }
-    match content.len() {
-        0 => None,
-        1 if content[0]["type"] == "text" => {
-            Some(json!({"role": "user", "content": content[0]["text"].clone()}))
-        }
-        _ => Some(json!({"role": "user", "content": content})),
-    }
-}
-
-/// Splits an assistant message at `step-start` parts: each model step is one assistant
-/// message followed by its tool results, as the provider saw it.
-fn assistant_messages<'a>(parts: impl Iterator<Item = &'a Part>, out: &mut Vec<Value>) {
-    let mut text = Vec::new();
-    let mut calls = Vec::new();
-    let mut results = Vec::new();
-    let flush = |text: &mut Vec<String>,
-                 calls: &mut Vec<Value>,
-                 results: &mut Vec<Value>,
-                 out: &mut Vec<Value>| {
-        if text.is_empty() && calls.is_empty() {
-            return;
-        }
-        let mut m = json!({"role": "assistant", "content": Value::Null});
-        if !text.is_empty() {
-            m["content"] = Value::String(text.join("\n\n"));
-        }
-        if !calls.is_empty() {
-            m["tool_calls"] = Value::Array(std::mem::take(calls));
-        }
-        text.clear();
-        out.push(m);
-        out.append(results);
-    };
-    for part in parts {
-        match &part.kind {
-            PartKind::StepStart { .. } => flush(&mut text, &mut calls, &mut results, out),
-            // Text after tool calls starts the next step, with or without a step marker
-            // (`pruneStepMarkers` drops them).
-            PartKind::Text(t) => {
-                if !calls.is_empty() {
-                    flush(&mut text, &mut calls, &mut results, out);
-                }
-                text.push(t.text.clone())
-            }
-            PartKind::Tool(t) => {
-                calls.push(json!({
-                    "id": t.call_id,
-                    "type": "function",
-                    "function": {"name": t.tool, "arguments": json_text(&t.state.input)},
-                }));
-                let content = match t.state.status {
-                    ToolStatus::Completed => t.state.output.clone(),
-                    ToolStatus::Error => t.state.error.clone(),
-                    ToolStatus::Pending | ToolStatus::Running => INTERRUPTED.to_string(),
-                };
-                results
-                    .push(json!({"role": "tool", "tool_call_id": t.call_id, "content": content}));
-            }
-            _ => {}
-        }
-    }
-    flush(&mut text, &mut calls, &mut results, out);
 }
 
 impl Session {

@@ -18,6 +18,7 @@ mod error;
 mod estimate;
 mod footprint;
 mod memory;
+mod openai;
 mod overflow;
 mod part_index;
 mod pinning;

@@ -345,9 +345,9 @@ fn build_context(
         let session_messages = s.messages().len();
         if format == super::pb::ContextFormat::OpenaiJson {
             // Serialized here, from parts borrowed from the session: no copy of the
-            // messages, no protobuf value tree. A `Value` always serializes.
+            // messages, no value tree.
             let ctx = s.context_openai();
-            let json = serde_json::to_string(&ctx.messages).unwrap_or_default();
+            let json = ctx.json;
             let held = ledger.reserve(json.len() as u64, "contexts")?;
             return Ok(ContextReply {
                 body: ContextBody::OpenAiJson {
