@@ -128,8 +128,8 @@ fn readme_walkthrough_works_against_the_real_binary() {
     let cmds = readme_commands();
     assert_eq!(
         cmds.len(),
-        12,
-        "the walk-through has 12 grpcurl commands: {cmds:#?}"
+        13,
+        "the walk-through has 13 grpcurl commands: {cmds:#?}"
     );
     let outs: Vec<String> = cmds
         .iter()
@@ -218,7 +218,13 @@ fn readme_walkthrough_works_against_the_real_binary() {
         "prune cleared what no strategy had: {tool_contents:?}"
     );
 
-    let session = json(&outs[9]);
+    // The same messages as one JSON text.
+    let as_json = json(&outs[9]);
+    let text = as_json["openaiMessagesJson"].as_str().expect("JSON text");
+    assert_eq!(json(text), context["openaiMessages"], "both shapes agree");
+    assert!(as_json.get("openaiMessages").is_none(), "{as_json}");
+
+    let session = json(&outs[10]);
     let compacted: Vec<&serde_json::Value> = session["messages"]
         .as_array()
         .expect("messages")
@@ -235,7 +241,7 @@ fn readme_walkthrough_works_against_the_real_binary() {
         assert!(output.len() > 1000, "original output kept after prune");
     }
 
-    let list = json(&outs[10]);
+    let list = json(&outs[11]);
     assert_eq!(list["sessions"].as_array().map(Vec::len), Some(2));
-    assert_eq!(json(&outs[11])["deleted"], true);
+    assert_eq!(json(&outs[12])["deleted"], true);
 }
