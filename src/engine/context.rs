@@ -203,11 +203,10 @@ impl Session {
     /// The given messages as the context sends them: the messages it keeps, each with the
     /// parts it sends as they read (borrowed when unchanged). The one walk behind the view
     /// and the OpenAI messages, so the two cannot disagree.
-    #[allow(clippy::type_complexity)]
     fn sent<'a>(
         &'a self,
         slots: impl IntoIterator<Item = (usize, Keep)> + 'a,
-    ) -> impl Iterator<Item = (&'a Message, Vec<(&'a StoredPart, Cow<'a, Part>)>)> + 'a {
+    ) -> impl Iterator<Item = Sent<'a>> + 'a {
         slots.into_iter().filter_map(move |(i, keep)| {
             let msg = &self.messages()[i];
             if !keeps_message(msg) {
@@ -231,6 +230,9 @@ impl Session {
         })
     }
 }
+
+/// A message the context sends, with its parts as they read (and as stored).
+type Sent<'a> = (&'a Message, Vec<(&'a StoredPart, Cow<'a, Part>)>);
 
 /// How much of a message the context sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,8 +8,6 @@
 //! rebuild from the messages (an import, a settings change) reaches the same decisions as
 //! the updates did live.
 
-use crate::domain::{FastMap, FastSet};
-
 use globset::{Glob, GlobSet, GlobSetBuilder};
 use serde::{Deserialize, Serialize};
 
@@ -24,7 +22,7 @@ use super::state_queries::query_key;
 use super::todos::todo_key;
 use super::{Strategy, truncate_code_blocks};
 use crate::config::{CODE_BLOCK_AGE_TURNS, ERROR_AGE_TURNS, FILE_AGE_TURNS, Settings};
-use crate::domain::{Part, PartKind, Role, ToolPart, ToolStatus};
+use crate::domain::{FastMap, FastSet, Part, PartKind, Role, ToolPart, ToolStatus};
 use crate::engine::stored::Message;
 
 /// A part by message position and part id (part positions shift when a part is deleted).
