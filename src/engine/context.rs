@@ -190,8 +190,9 @@ impl Session {
             chat_messages(msg.info.role, parts.iter().map(|(_, p)| &**p), &mut out);
         }
         OpenAiContext {
-            // Strings, options and vectors of them always serialize.
-            json: serde_json::to_string(&out).unwrap_or_else(|_| "[]".to_string()),
+            // Strings, options and vectors of them always serialize. sonic-rs escapes
+            // with SIMD (the bulk of this call on a large context), same bytes as serde_json.
+            json: sonic_rs::to_string(&out).unwrap_or_else(|_| "[]".to_string()),
             tokens,
             context_messages: sent.len(),
             boundary_message_id: self
