@@ -613,10 +613,19 @@ pub async fn get_session(client: &mut Client, session_id: &str) -> pb::GetSessio
 }
 
 pub async fn get_context(client: &mut Client, session_id: &str) -> pb::Context {
+    get_context_as(client, session_id, pb::ContextFormat::Unspecified).await
+}
+
+/// The context in `format` only.
+pub async fn get_context_as(
+    client: &mut Client,
+    session_id: &str,
+    format: pb::ContextFormat,
+) -> pb::Context {
     client
         .get_context(pb::GetContextRequest {
             session_id: session_id.to_string(),
-            format: pb::ContextFormat::Unspecified as i32,
+            format: format as i32,
         })
         .await
         .expect("GetContext")

@@ -122,36 +122,15 @@ async fn upserts_deletes_and_reads_work_through_the_unary_twins() {
     assert_eq!(openai[2]["tool_call_id"], "call_t1");
     assert_eq!(openai[2]["content"], "fn main() { 1 }");
 
-    let native = c
-        .get_context(pb::GetContextRequest {
-            session_id: sid.into(),
-            format: pb::ContextFormat::Native as i32,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let native = get_context_as(&mut c, sid, pb::ContextFormat::Native).await;
     assert_eq!(native.messages.len(), 2);
     assert!(native.openai_messages.is_none());
-    let only_openai = c
-        .get_context(pb::GetContextRequest {
-            session_id: sid.into(),
-            format: pb::ContextFormat::Openai as i32,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let only_openai = get_context_as(&mut c, sid, pb::ContextFormat::Openai).await;
     assert!(only_openai.messages.is_empty());
     assert_eq!(only_openai.openai_messages, ctx.openai_messages);
     assert!(ctx.openai_messages_json.is_empty());
     // The same messages as one JSON text, and nothing else.
-    let json = c
-        .get_context(pb::GetContextRequest {
-            session_id: sid.into(),
-            format: pb::ContextFormat::OpenaiJson as i32,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let json = get_context_as(&mut c, sid, pb::ContextFormat::OpenaiJson).await;
     assert!(json.messages.is_empty());
     assert!(json.openai_messages.is_none());
     assert_eq!(

@@ -250,7 +250,7 @@ class SessionStream:
 
     def openai_messages(self, session_id: str) -> List[Dict[str, Any]]:
         """The context as OpenAI chat ``messages``."""
-        return openai_messages(self.get_context(session_id, pb.CONTEXT_FORMAT_OPENAI))
+        return openai_messages(self.get_context(session_id, pb.CONTEXT_FORMAT_OPENAI_JSON))
 
     def prune(self, session_id: str, *, dry_run: bool = False) -> pb.PruneReport:
         """Runs prune and the strategies now; their report."""
