@@ -347,15 +347,9 @@ fn build_context(
             // Serialized here, from parts borrowed from the session: no copy of the
             // messages, no value tree.
             let ctx = s.context_openai();
-            let json = ctx.json;
-            let held = ledger.reserve(json.len() as u64, "contexts")?;
+            let held = ledger.reserve(ctx.json.len() as u64, "contexts")?;
             return Ok(ContextReply {
-                body: ContextBody::OpenAiJson {
-                    json,
-                    tokens: ctx.tokens,
-                    context_messages: ctx.context_messages,
-                    boundary_message_id: ctx.boundary_message_id,
-                },
+                body: ContextBody::OpenAiJson(ctx),
                 session_messages,
                 _held: held,
             });

@@ -6,7 +6,7 @@ use super::convert;
 use super::pb;
 use super::pb::server_event::Event as Ev;
 use super::status::Rejection;
-use crate::engine::{ContextView, Event, OverflowCheck, PruneReport, StepReport};
+use crate::engine::{ContextView, Event, OpenAiContext, OverflowCheck, PruneReport, StepReport};
 
 /// What an open did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,16 +38,7 @@ pub enum ContextBody {
     },
     /// `CONTEXT_FORMAT_OPENAI_JSON`: the OpenAI messages already serialized on the session's
     /// actor, with the view's figures.
-    OpenAiJson {
-        /// The `messages` array as JSON text.
-        json: String,
-        /// The context's figures (its `messages` value already moved into `json`).
-        tokens: u64,
-        /// Native messages the context keeps.
-        context_messages: usize,
-        /// The compaction boundary's message, if any.
-        boundary_message_id: Option<String>,
-    },
+    OpenAiJson(OpenAiContext),
 }
 
 impl ContextReply {
@@ -57,17 +48,12 @@ impl ContextReply {
             ContextBody::View { view, format } => {
                 convert::context_to_pb(&view, self.session_messages, format)
             }
-            ContextBody::OpenAiJson {
-                json,
-                tokens,
-                context_messages,
-                boundary_message_id,
-            } => pb::Context {
-                openai_messages_json: json,
-                estimated_tokens: tokens,
-                boundary_message_id: boundary_message_id.unwrap_or_default(),
+            ContextBody::OpenAiJson(c) => pb::Context {
+                openai_messages_json: c.json,
+                estimated_tokens: c.tokens,
+                boundary_message_id: c.boundary_message_id.unwrap_or_default(),
                 session_messages: u32::try_from(self.session_messages).unwrap_or(u32::MAX),
-                context_messages: u32::try_from(context_messages).unwrap_or(u32::MAX),
+                context_messages: u32::try_from(c.context_messages).unwrap_or(u32::MAX),
                 ..pb::Context::default()
             },
         }
