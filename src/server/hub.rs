@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 
+use super::counting::CountPool;
 use super::pb;
 use super::status::Rejection;
 use crate::engine::TailOptions;
@@ -108,6 +109,8 @@ pub struct Hub {
     pub compaction: CompactionConfig,
     /// How long a `Stream` may leave its event buffer full before it is closed.
     pub slow_reader_grace: Duration,
+    /// The threads that count new parts' long texts off the runtime.
+    pub(crate) count_pool: CountPool,
     /// Session id → its running compaction. A std mutex: held for one map operation,
     /// never across an await.
     running: Mutex<HashMap<String, Slot>>,
@@ -129,6 +132,7 @@ impl Hub {
             bus,
             compaction,
             slow_reader_grace: DEFAULT_SLOW_READER_GRACE,
+            count_pool: CountPool::per_core(),
             running: Mutex::new(HashMap::new()),
             compactions: TaskTracker::new(),
             next_id: AtomicU64::new(1),

@@ -31,6 +31,7 @@ pub mod auth;
 mod clock;
 pub mod codec;
 mod compaction;
+mod counting;
 mod convert;
 mod drain;
 mod evict;

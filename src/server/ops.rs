@@ -11,12 +11,13 @@ use tokio::sync::oneshot;
 
 use super::clock::now_ms;
 use super::compaction;
+use super::counting;
 use super::hub::Hub;
 use super::reply::{self, ContextBody, ContextReply, Opened, Reply};
 use super::request::Op;
 use super::status::Rejection;
 use crate::config::EngineConfig;
-use crate::domain::SessionInfo;
+use crate::domain::{Part, SessionInfo};
 use crate::engine::{
     Event, OverflowCheck, PruneMode, PruneReport, RecallKey, Recalled, StepReport, Trigger, Update,
     counted_texts,
@@ -108,7 +109,7 @@ async fn apply_as<R: Send + 'static>(
         Ok(handle) => handle,
         Err(e) => return Pending::ready(Err(e.into()), prefix),
     };
-    precount(&handle, &update).await;
+    precount(hub, &handle, &update).await;
     let job = step(hub, session_id, update);
     queue(hub, session_id, &handle, prefix, move |s, c| {
         job(s, c).map(wrap)
@@ -116,27 +117,46 @@ async fn apply_as<R: Send + 'static>(
     .await
 }
 
-/// Counts a new part's long texts with the session's tokenizer on a blocking thread, so
-/// the count its actor takes is a cache hit: real BPE runs at ~25 MB/s, and a 20 KB tool
-/// output would otherwise hold a runtime worker for most of a millisecond.
-async fn precount(handle: &SessionHandle, update: &Update) {
+/// Counts a new part's long texts with the session's tokenizer on the counting threads,
+/// so the count its actor takes is a cache hit: real BPE runs at ~25 MB/s, and a 20 KB
+/// tool output would otherwise hold a runtime worker for most of a millisecond.
+async fn precount(hub: &Hub, handle: &SessionHandle, update: &Update) {
     let Update::UpsertPart(part) = update else {
         return;
     };
-    let counter = handle.counting().counter();
+    if let Some(mut counting) = start_count(hub, handle, part) {
+        counting.done().await;
+    }
+}
+
+/// Starts counting a stream update's long texts when its session is in memory, so a
+/// stream counts the next updates on other cores while this one waits for its turn;
+/// what it counts lands in the count cache, and the update's own [`submit`] finds it
+/// there. None: nothing to count (or the session is not in memory).
+pub fn count_ahead(hub: &Hub, session_id: &str, op: &Op) -> Option<counting::Queued> {
+    let Op::Apply(Update::UpsertPart(part)) = op else {
+        return None;
+    };
+    start_count(hub, &hub.store.hot(session_id)?, part)
+}
+
+/// Queues the count of `part`'s long texts not cached yet (None: all cached, which
+/// chars/4 always is).
+fn start_count(hub: &Hub, handle: &SessionHandle, part: &Part) -> Option<counting::Queued> {
+    let counting = handle.counting();
+    if counting.is_cheap() {
+        return None;
+    }
+    let counter = counting.counter();
     let texts: Vec<String> = counted_texts(part)
         .into_iter()
         .filter(|t| !counter.is_cached(t))
         .map(std::borrow::Cow::into_owned)
         .collect();
     if texts.is_empty() {
-        return;
+        return None;
     }
-    // A failed task only means the actor counts them itself.
-    let _ = tokio::task::spawn_blocking(move || {
-        crate::tokens::precount(counter, texts.iter().map(String::as_str));
-    })
-    .await;
+    Some(hub.count_pool.count(counter, texts))
 }
 
 /// Builds the context.

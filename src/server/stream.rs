@@ -15,7 +15,7 @@
 //! `RESOURCE_EXHAUSTED`; an event it cannot take ends the stream with `RESOURCE_EXHAUSTED`
 //! naming the first seq whose events were lost.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -29,6 +29,7 @@ use tonic::{Status, Streaming};
 use tracing::Instrument;
 
 use super::compaction::{self, Sink};
+use super::counting;
 use super::hub::Hub;
 use super::ops::{self, Pending};
 use super::pb;
@@ -47,6 +48,10 @@ pub const EVENT_BYTES: usize = 32 << 20;
 const EVENT_UNIT: usize = 1024;
 /// Updates a stream may have in flight (queued on actors, not yet acked).
 const IN_FLIGHT: usize = 256;
+/// Updates a stream reads ahead of the one it queues next, their long texts counting
+/// meanwhile (real BPE, ~40 µs for 4 KB): enough to keep a few cores counting for one
+/// stream, few enough that a stream holds little more memory than before.
+const COUNT_AHEAD: usize = 32;
 
 /// Outbound event stream of `Stream`.
 pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::ServerEvent, Status>> + Send>>;
@@ -134,44 +139,120 @@ struct Reader {
     compactions: mpsc::Sender<pb::CompactionEvent>,
 }
 
+/// What the reader read and has not queued yet, in arrival order.
+enum Read {
+    /// An update decoded (or refused), its long texts perhaps being counted.
+    Update(Decoded),
+    /// The inbound stream broke (see [`Slot::Failed`]).
+    Failed(Status),
+}
+
+/// An update decoded, waiting for its turn on its session.
+struct Decoded {
+    seq: u64,
+    session_id: String,
+    op: Result<Op, Rejection>,
+    /// The count of its long texts, queued on the counting threads ([`ops::count_ahead`]).
+    counting: Option<counting::Queued>,
+    _held: Reservation,
+}
+
+impl Read {
+    /// True once it may be queued: nothing of it is still being counted.
+    fn is_ready(&mut self) -> bool {
+        match self {
+            Read::Update(d) => d.counting.as_mut().is_none_or(counting::Queued::is_done),
+            Read::Failed(_) => true,
+        }
+    }
+}
+
 impl Reader {
+    /// Reads ahead of the update being queued by at most [`COUNT_AHEAD`] updates, whose
+    /// long texts count meanwhile on other cores; queues each in arrival order once its
+    /// count is done. An update with nothing to count behind none that has is queued at
+    /// once.
     async fn run(self, mut inbound: Streaming<pb::ClientUpdate>) {
+        let mut ahead: VecDeque<Read> = VecDeque::new();
+        let mut reading = true;
         loop {
-            let slot = match inbound.message().await {
-                Ok(Some(update)) => Slot::Update(self.queue(update).await),
-                Ok(None) => break,
-                Err(status) => {
-                    tracing::debug!(%status, "stream read failed");
-                    let _ = self.slots.send(Slot::Failed(status)).await;
-                    break;
+            while ahead.front_mut().is_some_and(Read::is_ready) {
+                let Some(read) = ahead.pop_front() else { break };
+                let slot = match read {
+                    Read::Update(d) => Slot::Update(self.queue(d).await),
+                    Read::Failed(status) => Slot::Failed(status),
+                };
+                if self.slots.send(slot).await.is_err() {
+                    return; // the writer stopped: the client went away
                 }
-            };
-            if self.slots.send(slot).await.is_err() {
-                break; // the writer stopped: the client went away
+            }
+            if !reading && ahead.is_empty() {
+                return;
+            }
+            let (waiting, more) = (!ahead.is_empty(), reading && ahead.len() < COUNT_AHEAD);
+            // The front is still counting (it would have been queued otherwise).
+            let front = ahead.front_mut().and_then(|r| match r {
+                Read::Update(d) => d.counting.as_mut(),
+                Read::Failed(_) => None,
+            });
+            tokio::select! {
+                // A failed count only means the actor counts the texts itself.
+                _ = async { if let Some(c) = front { c.done().await; } }, if waiting => {
+                    if let Some(Read::Update(d)) = ahead.front_mut() {
+                        d.counting = None;
+                    }
+                }
+                message = inbound.message(), if more => {
+                    match message {
+                        Ok(Some(update)) => ahead.push_back(Read::Update(self.decode(update))),
+                        Ok(None) => reading = false,
+                        Err(status) => {
+                            tracing::debug!(%status, "stream read failed");
+                            ahead.push_back(Read::Failed(status));
+                            reading = false;
+                        }
+                    }
+                }
             }
         }
     }
 
-    /// Decodes one update and queues it (a manual compaction starts here, its events held
-    /// back until its start is acked).
-    async fn queue(&self, update: pb::ClientUpdate) -> Queued {
+    /// Reserves and decodes one update, and starts counting its long texts.
+    fn decode(&self, update: pb::ClientUpdate) -> Decoded {
         let (seq, session_id) = (update.seq, update.session_id.clone());
         let len = update.encoded_len();
         let bytes = u64::try_from(len).unwrap_or(u64::MAX);
-        let held = match self.hub.store.ledger().reserve(bytes, "updates") {
-            Ok(held) => held,
-            Err(e) => {
-                return Queued {
-                    seq,
-                    session_id,
-                    kind: "invalid",
-                    pending: Pending::answered(Err(Rejection::from(e))),
-                    go: None,
-                    _held: Reservation::default(),
-                };
-            }
+        let (op, held) = match self.hub.store.ledger().reserve(bytes, "updates") {
+            Ok(held) => (
+                request::decode_update(update, len, self.max_update_bytes),
+                held,
+            ),
+            Err(e) => (Err(Rejection::from(e)), Reservation::default()),
         };
-        let (kind, pending, go) = match request::decode_update(update, len, self.max_update_bytes) {
+        let counting = op
+            .as_ref()
+            .ok()
+            .and_then(|op| ops::count_ahead(&self.hub, &session_id, op));
+        Decoded {
+            seq,
+            session_id,
+            op,
+            counting,
+            _held: held,
+        }
+    }
+
+    /// Queues one decoded update (a manual compaction starts here, its events held back
+    /// until its start is acked).
+    async fn queue(&self, decoded: Decoded) -> Queued {
+        let Decoded {
+            seq,
+            session_id,
+            op,
+            _held,
+            ..
+        } = decoded;
+        let (kind, pending, go) = match op {
             Ok(Op::Compact(options)) => {
                 let (go_tx, go_rx) = oneshot::channel();
                 let sink = Sink::listening(self.compactions.clone());
@@ -197,7 +278,7 @@ impl Reader {
             kind,
             pending,
             go,
-            _held: held,
+            _held,
         }
     }
 }

@@ -413,6 +413,12 @@ impl Store {
         self.load(id).await
     }
 
+    /// The session's handle when it is in memory; never loads a cold one. For work that
+    /// only helps (a stream counting an update's texts ahead of its turn).
+    pub fn hot(&self, id: &str) -> Option<SessionHandle> {
+        self.read().hot.get(id).cloned()
+    }
+
     /// Loads a cold session (once, however many callers ask at the same time).
     async fn load(&self, id: &str) -> Result<SessionHandle, StoreError> {
         let gate = {

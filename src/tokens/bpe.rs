@@ -7,6 +7,7 @@ use std::sync::LazyLock;
 
 use super::TokenCounter;
 use super::cache::{self, Vocabulary};
+use super::split::{self, Splitter};
 
 /// Texts this long or longer are looked up in (and added to) the count cache; shorter
 /// ones are counted directly, which costs less than hashing them would save.
@@ -41,9 +42,16 @@ impl Bpe {
         }
     }
 
+    fn splitter(&self) -> &'static Splitter {
+        match self.vocabulary {
+            Vocabulary::O200k => &split::O200K,
+            Vocabulary::Cl100k => &split::CL100K,
+        }
+    }
+
     /// Counts without the cache.
     pub fn count_uncached(&self, text: &str) -> u64 {
-        self.tables().count(text) as u64
+        self.splitter().count(&self.tables().bpe, text) as u64
     }
 }
 
@@ -88,6 +96,53 @@ mod tests {
         assert_eq!(O200K.count("Hello, world!"), 4);
         assert_eq!(CL100K.count("Hello, world!"), 4);
         assert_eq!(O200K.count(""), 0);
+    }
+
+    #[test]
+    fn counts_equal_bpe_openai_over_every_trace_text() {
+        let mut texts: Vec<String> = [
+            "",
+            " ",
+            "  \n\n  x",
+            "trailing spaces   ",
+            "tabs\t\tand\r\nCRLF\r\n",
+            "I'M DONE, you'll SEE it's fine'd",
+            "日本語のテキストと emoji 🦀🦀 and combining e\u{301}",
+            "1234567 numbers 3.14159 and /paths/to/file.rs:12:5",
+            "    indented code() {\n        return x;\n    }\n",
+        ]
+        .map(String::from)
+        .to_vec();
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/traces");
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if let Ok(text) = std::fs::read_to_string(entry.path()) {
+                let json: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+                collect_strings(&json, &mut texts);
+            }
+        }
+        assert!(texts.len() > 1000, "{} texts", texts.len());
+        for (bpe, tables) in [
+            (O200K, bpe_openai::o200k_base()),
+            (CL100K, bpe_openai::cl100k_base()),
+        ] {
+            for t in &texts {
+                assert_eq!(
+                    bpe.count_uncached(t),
+                    tables.count(t.as_str()) as u64,
+                    "{}: {t:?}",
+                    bpe.name()
+                );
+            }
+        }
+    }
+
+    fn collect_strings(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::String(s) => out.push(s.clone()),
+            serde_json::Value::Array(a) => a.iter().for_each(|v| collect_strings(v, out)),
+            serde_json::Value::Object(o) => o.values().for_each(|v| collect_strings(v, out)),
+            _ => {}
+        }
     }
 
     #[test]

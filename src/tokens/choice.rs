@@ -98,6 +98,12 @@ impl Counting {
     /// Every resolved tokenizer (replay reports each).
     pub const ALL: [Counting; 3] = [Counting::Chars4, Counting::O200k, Counting::Cl100k];
 
+    /// True when every count is cheap enough for an async worker (chars ÷ 4): nothing
+    /// needs counting ahead on a blocking thread.
+    pub fn is_cheap(self) -> bool {
+        matches!(self, Counting::Chars4)
+    }
+
     /// The counter behind it: shared, process-wide instances.
     pub fn counter(self) -> &'static dyn TokenCounter {
         static CHARS4: CharsPerToken = CharsPerToken;

@@ -12,6 +12,7 @@ use std::fmt::Debug;
 pub mod bpe;
 mod cache;
 mod choice;
+mod split;
 
 pub use choice::{Counting, Tokenizer, UnknownTokenizer};
 

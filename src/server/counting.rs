@@ -1,0 +1,136 @@
+//! The counting threads: real BPE counts of long texts, off the async runtime.
+//!
+//! A 4 KB tool output takes ~150 µs to count with o200k, too long for a runtime worker.
+//! Tokio's blocking pool ran those counts before, one thread per count in flight: a
+//! stream reading ahead, or 64 streams at once, put tens of threads on two cores, and
+//! every new thread rebuilt its regex search cache. These threads are as many as the
+//! machine has cores and live as long as the server, so each keeps its cache warm, and
+//! the counts queue in arrival order (FIFO across streams) instead of preempting each
+//! other.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::oneshot;
+
+use crate::tokens::TokenCounter;
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The counting threads and their queue; dropping it ends them once the queue is empty.
+#[derive(Debug)]
+pub struct CountPool {
+    jobs: Option<mpsc::Sender<Job>>,
+}
+
+/// A count queued on the pool: done once its texts' counts are in the count cache (or
+/// the count could not run, and the session's actor counts them itself).
+#[derive(Debug)]
+pub struct Queued(Option<oneshot::Receiver<()>>);
+
+impl CountPool {
+    /// Starts one counting thread per core.
+    pub fn per_core() -> CountPool {
+        CountPool::new(std::thread::available_parallelism().map_or(2, std::num::NonZero::get))
+    }
+
+    /// Starts `threads` counting threads (fewer if the OS refuses some; with none, every
+    /// count is left to the sessions' actors).
+    pub fn new(threads: usize) -> CountPool {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        let mut started = 0;
+        for i in 0..threads.max(1) {
+            let rx = rx.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("compactd-count-{i}"))
+                .spawn(move || work(&rx));
+            match spawned {
+                Ok(_) => started += 1,
+                Err(e) => tracing::warn!(error = %e, "could not start a counting thread"),
+            }
+        }
+        tracing::debug!(threads = started, "counting threads started");
+        CountPool {
+            jobs: (started > 0).then_some(tx),
+        }
+    }
+
+    /// Queues counting `texts` with `counter` into the count cache.
+    pub fn count(&self, counter: &'static dyn TokenCounter, texts: Vec<String>) -> Queued {
+        let Some(jobs) = &self.jobs else {
+            return Queued(None);
+        };
+        let (done, rx) = oneshot::channel();
+        let job: Job = Box::new(move || {
+            crate::tokens::precount(counter, texts.iter().map(String::as_str));
+            let _ = done.send(());
+        });
+        Queued(jobs.send(job).is_ok().then_some(rx))
+    }
+}
+
+impl Queued {
+    /// True once the count is done (or cannot happen); never waits.
+    pub fn is_done(&mut self) -> bool {
+        match &mut self.0 {
+            None => true,
+            Some(rx) => !matches!(rx.try_recv(), Err(oneshot::error::TryRecvError::Empty)),
+        }
+    }
+
+    /// Waits for the count.
+    pub fn done(&mut self) -> impl Future<Output = ()> + '_ {
+        async move {
+            if let Some(rx) = &mut self.0 {
+                let _ = rx.await;
+            }
+            self.0 = None;
+        }
+    }
+}
+
+/// A counting thread: runs jobs until the pool is dropped. A job that panics only loses
+/// its count (its sender drops, so its waiter goes on).
+fn work(rx: &Mutex<mpsc::Receiver<Job>>) {
+    loop {
+        let job = match rx.lock() {
+            Ok(rx) => rx.recv(),
+            Err(poisoned) => poisoned.into_inner().recv(),
+        };
+        let Ok(job) = job else {
+            return;
+        };
+        if std::panic::catch_unwind(AssertUnwindSafe(job)).is_err() {
+            tracing::warn!("a count panicked; its session's actor counts the texts itself");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokens::Counting;
+
+    #[tokio::test]
+    async fn counts_land_in_the_cache() {
+        let pool = CountPool::new(2);
+        let counter = Counting::O200k.counter();
+        let text = "cargo build: Compiling crate-17 v0.3.1\n".repeat(100);
+        assert!(!counter.is_cached(&text));
+        let mut queued = pool.count(counter, vec![text.clone()]);
+        queued.done().await;
+        assert!(queued.is_done());
+        assert!(counter.is_cached(&text));
+    }
+
+    #[tokio::test]
+    async fn a_pool_without_threads_leaves_counts_to_the_actors() {
+        let pool = CountPool { jobs: None };
+        let mut queued = pool.count(Counting::O200k.counter(), vec!["x".repeat(4096)]);
+        assert!(queued.is_done());
+        queued.done().await;
+    }
+}
