@@ -25,7 +25,7 @@ mod restore;
 mod sqlite;
 mod tx;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -35,7 +35,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 
 use crate::config::EngineConfig;
-use crate::domain::SessionInfo;
+use crate::domain::{FastMap, FastSet, SessionInfo};
 use crate::engine::calibration::ModelPriors;
 use crate::engine::encode_session;
 use crate::engine::{ByteLimit, Session};
@@ -170,8 +170,8 @@ pub struct Evicted {
 /// Sessions by id: in memory (with their actor), or only on disk.
 #[derive(Debug, Default)]
 struct Map {
-    hot: HashMap<String, SessionHandle>,
-    cold: HashSet<String>,
+    hot: FastMap<String, SessionHandle>,
+    cold: FastSet<String>,
 }
 
 /// What the store's actors share with it: the map of handles and the idle policy.

@@ -73,7 +73,20 @@ pub fn utf16_len(text: &str) -> u64 {
     if text.is_ascii() {
         return text.len() as u64;
     }
-    text.chars().map(|c| c.len_utf16() as u64).sum()
+    // Byte-wise, which the compiler vectorizes: every byte but a UTF-8 continuation byte
+    // (0x80..=0xBF) starts a character, one unit; a 4-byte character (lead byte 0xF0 or
+    // above) is a surrogate pair, one unit more. Walking `chars()` was 3% of the server's
+    // CPU at chars4 ingest of non-ASCII tool output.
+    text.as_bytes()
+        .chunks(4096)
+        .map(|chunk| {
+            // At most 2 per byte: a chunk's sum fits in u32.
+            chunk
+                .iter()
+                .map(|&b| u32::from(b as i8 >= -0x40) + u32::from(b >= 0xF0))
+                .sum::<u32>() as u64
+        })
+        .sum()
 }
 
 #[cfg(test)]
@@ -98,5 +111,11 @@ mod tests {
         assert_eq!(utf16_len("é"), 1);
         assert_eq!(utf16_len("😀"), 2);
         assert_eq!(CharsPerToken.count("éééé"), 1);
+        let mixed = "ascii, é, 日本語, 😀🦀, \u{10FFFF}, ".repeat(500);
+        let cut = mixed.char_indices().nth(5001).map_or(0, |(i, _)| i);
+        for text in ["", "a", "é", "日", "😀", mixed.as_str(), &mixed[..cut]] {
+            let by_chars: u64 = text.chars().map(|c| c.len_utf16() as u64).sum();
+            assert_eq!(utf16_len(text), by_chars, "{text:?}");
+        }
     }
 }
