@@ -8,7 +8,6 @@
 //! the counts queue in arrival order (FIFO across streams) instead of preempting each
 //! other.
 
-use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -82,13 +81,11 @@ impl Queued {
     }
 
     /// Waits for the count.
-    pub fn done(&mut self) -> impl Future<Output = ()> + '_ {
-        async move {
-            if let Some(rx) = &mut self.0 {
-                let _ = rx.await;
-            }
-            self.0 = None;
+    pub async fn done(&mut self) {
+        if let Some(rx) = &mut self.0 {
+            let _ = rx.await;
         }
+        self.0 = None;
     }
 }
 

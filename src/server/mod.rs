@@ -23,16 +23,16 @@
 //! 8. `hub.rs`: the shared state: store, `Subscribe` bus, compaction slots, drain.
 //!
 //! Then the edges: `convert.rs` (protobuf ↔ domain), `status.rs` (errors → codes),
-//! `drain.rs` (closing streams), `evict.rs` (idle evictions announced), `clock.rs` (the
-//! wall clock), `auth.rs`, `transport.rs` (HTTP/2 settings), `codec.rs` (the guard that
+//! `drain.rs` (closing streams), `evict.rs` (idle evictions announced), `counting.rs`
+//! (the threads that count long texts off the runtime), `clock.rs` (the wall clock), `auth.rs`, `transport.rs` (HTTP/2 settings), `codec.rs` (the guard that
 //! refuses amplifying requests before decoding) and `pb.rs` (generated).
 
 pub mod auth;
 mod clock;
 pub mod codec;
 mod compaction;
-mod counting;
 mod convert;
+mod counting;
 mod drain;
 mod evict;
 #[cfg(test)]

@@ -141,8 +141,9 @@ struct Reader {
 
 /// What the reader read and has not queued yet, in arrival order.
 enum Read {
-    /// An update decoded (or refused), its long texts perhaps being counted.
-    Update(Decoded),
+    /// An update decoded (or refused), its long texts perhaps being counted (boxed: the
+    /// queue moves it, and a decoded part is several hundred bytes).
+    Update(Box<Decoded>),
     /// The inbound stream broke (see [`Slot::Failed`]).
     Failed(Status),
 }
@@ -179,7 +180,7 @@ impl Reader {
             while ahead.front_mut().is_some_and(Read::is_ready) {
                 let Some(read) = ahead.pop_front() else { break };
                 let slot = match read {
-                    Read::Update(d) => Slot::Update(self.queue(d).await),
+                    Read::Update(d) => Slot::Update(self.queue(*d).await),
                     Read::Failed(status) => Slot::Failed(status),
                 };
                 if self.slots.send(slot).await.is_err() {
@@ -204,7 +205,9 @@ impl Reader {
                 }
                 message = inbound.message(), if more => {
                     match message {
-                        Ok(Some(update)) => ahead.push_back(Read::Update(self.decode(update))),
+                        Ok(Some(update)) => {
+                            ahead.push_back(Read::Update(Box::new(self.decode(update))));
+                        }
                         Ok(None) => reading = false,
                         Err(status) => {
                             tracing::debug!(%status, "stream read failed");

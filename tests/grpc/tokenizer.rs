@@ -2,6 +2,7 @@
 //! changes it, a refused name, and cache writes in the prediction.
 
 use compactd::server::pb;
+use compactd::server::pb::client_update::Update;
 use tonic::Code;
 
 use crate::common::*;
@@ -126,4 +127,93 @@ async fn cache_writes_count_in_the_prediction_not_in_used() {
     // OpenCode's `used` leaves cache writes out; the next request carries them.
     assert_eq!(check.used, 21_500);
     assert_eq!(check.predicted, 51_500);
+}
+
+/// A stream counts the next updates' long texts ahead, on the counting threads, while
+/// earlier ones wait their turn: each session still sees its updates in the order sent (a
+/// second version of a part right behind the first, a cheap part behind a counted one),
+/// the acks come in that order, and the counts equal those of the same updates sent one
+/// by one.
+#[tokio::test]
+async fn a_stream_counting_ahead_keeps_each_sessions_order_and_counts() {
+    let server = start_server().await;
+    let mut s = server.stream().await;
+    let mut c = server.client().await;
+    let ids = ["ahead-0", "ahead-1", "ahead-2"];
+    let steps = |n: usize| -> Vec<(Update, &'static str)> {
+        vec![
+            (upsert_message(user_msg("u1")), "upsert_message"),
+            (
+                upsert_part(text_part("u1", "t1", "run the build")),
+                "upsert_part",
+            ),
+            (upsert_message(assistant_msg("a1", "u1")), "upsert_message"),
+            (
+                upsert_part(tool_part("a1", "b1", "bash", &log(60 + n))),
+                "upsert_part",
+            ),
+            (
+                upsert_part(tool_part("a1", "b1", "bash", &log(90 + n))),
+                "upsert_part",
+            ),
+            (upsert_part(text_part("a1", "t2", "done")), "upsert_part"),
+        ]
+    };
+    let mut sent = Vec::new();
+    for id in ids {
+        sent.push((s.send(id, open(with_tokenizer(id, "o200k"))).await, "open"));
+        open_session(&mut c, with_tokenizer(&format!("{id}-ref"), "o200k")).await;
+    }
+    // Interleaved across sessions and sent before anything is read.
+    for step in 0..steps(0).len() {
+        for (n, id) in ids.iter().enumerate() {
+            let (update, kind) = steps(n).swap_remove(step);
+            sent.push((s.send(id, update.clone()).await, kind));
+            let reference = format!("{id}-ref");
+            match update {
+                Update::UpsertMessage(m) => {
+                    put_message(&mut c, &reference, m).await;
+                }
+                Update::UpsertPart(p) => {
+                    put_part(&mut c, &reference, p).await;
+                }
+                other => panic!("unexpected step {other:?}"),
+            }
+        }
+    }
+    for (seq, kind) in sent {
+        let events = s.reply(seq).await;
+        assert_eq!(ack(&events).kind, kind, "seq {seq}: {events:?}");
+    }
+    for (n, id) in ids.iter().enumerate() {
+        let got = get_session(&mut c, id).await;
+        let parts: Vec<(String, String)> = got
+            .messages
+            .iter()
+            .flat_map(|m| m.parts.iter())
+            .map(|p| {
+                let output = match &p.kind {
+                    Some(pb::part::Kind::Tool(t)) => t.state.as_ref().map(|s| s.output.clone()),
+                    _ => None,
+                };
+                (p.id.clone(), output.unwrap_or_default())
+            })
+            .collect();
+        let want = [
+            ("t1", String::new()),
+            ("b1", log(90 + n)),
+            ("t2", String::new()),
+        ]
+        .map(|(id, out)| (id.to_string(), out));
+        assert_eq!(
+            parts, want,
+            "{id}: parts in the order sent, the last version kept"
+        );
+        let streamed = get_context(&mut c, id).await.estimated_tokens;
+        let one_by_one = get_context(&mut c, &format!("{id}-ref"))
+            .await
+            .estimated_tokens;
+        assert_eq!(streamed, one_by_one, "{id}");
+        assert!(streamed > tokens_of(&log(90 + n)), "{id}: {streamed}");
+    }
 }
