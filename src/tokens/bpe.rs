@@ -1,7 +1,9 @@
 //! Real BPE counting with OpenAI's vocabularies, shipped inside the binary (`bpe-openai`:
-//! no download, ~25–30 MB/s per core). Texts of [`CACHED_MIN`] bytes or more go through
-//! the process-wide count cache, so a large output counted once on a blocking thread
-//! (see [`super::precount`]) costs a hash and a lookup when the engine counts it again.
+//! no download, ~25–30 MB/s per core). Every text but the shortest goes through the
+//! process-wide count cache: a large output counted once on a counting thread (see
+//! [`super::precount`]) costs a hash and a lookup when the engine counts it again, and so
+//! do the short texts the engine counts over and over (tool inputs, a marked part's
+//! rendering).
 
 use std::sync::LazyLock;
 
@@ -9,9 +11,12 @@ use super::TokenCounter;
 use super::cache::{self, Vocabulary};
 use super::split::{self, Splitter};
 
-/// Texts this long or longer are looked up in (and added to) the count cache; shorter
-/// ones are counted directly, which costs less than hashing them would save.
-pub const CACHED_MIN: usize = 1024;
+/// Texts this long or longer are counted ahead off the async runtime (see
+/// [`super::precount`]); shorter ones are cheap enough to count where they are needed.
+pub const CACHED_MIN: usize = cache::LONG_MIN;
+
+/// Texts shorter than this are counted directly: a few tokens, cheaper than a lookup.
+const UNCACHED_MAX: usize = 16;
 
 /// A BPE counter over one vocabulary.
 #[derive(Debug, Clone, Copy)]
@@ -57,7 +62,7 @@ impl Bpe {
 
 impl TokenCounter for Bpe {
     fn count(&self, text: &str) -> u64 {
-        if text.len() < CACHED_MIN {
+        if text.len() < UNCACHED_MAX {
             return self.count_uncached(text);
         }
         cache::get_or_count(self.vocabulary, text, |t| self.count_uncached(t))
@@ -143,6 +148,20 @@ mod tests {
             serde_json::Value::Object(o) => o.values().for_each(|v| collect_strings(v, out)),
             _ => {}
         }
+    }
+
+    #[test]
+    fn short_texts_are_cached_apart_from_long_ones() {
+        let input = r#"{"command":"cargo test --workspace -- --nocapture","timeout":120000}"#;
+        let direct = O200K.count_uncached(input);
+        assert!(!cache::contains(Vocabulary::O200k, input));
+        assert_eq!(O200K.count(input), direct);
+        assert!(cache::contains(Vocabulary::O200k, input));
+        assert!(!cache::contains(Vocabulary::Cl100k, input));
+        assert_eq!(O200K.count(input), direct);
+        // The shortest are counted every time.
+        assert_eq!(O200K.count("ok"), 1);
+        assert!(!cache::contains(Vocabulary::O200k, "ok"));
     }
 
     #[test]
