@@ -65,6 +65,9 @@ pub(crate) fn render_borrowed<'a>(part: &'a Part, s: &Settings) -> Option<Cow<'a
         strip_inputs,
     ) {
         Rewrite::Kept => Some(Cow::Borrowed(part)),
+        // Most tool parts: copying one that reads as stored cloned its whole output (half
+        // of building a large context).
+        Rewrite::Tool(tool, r) if r.changes_nothing(tool) => Some(Cow::Borrowed(part)),
         other => rewritten(part, other).map(Cow::Owned),
     }
 }
@@ -207,6 +210,16 @@ struct ToolRewrite {
     error: Option<String>,
     /// The input-leak fix applies: only the input's short fields are sent.
     strip_input: bool,
+}
+
+impl ToolRewrite {
+    /// True when the part it rewrites reads exactly as stored.
+    fn changes_nothing(&self, tool: &ToolPart) -> bool {
+        self.status == tool.state.status
+            && self.output.is_none()
+            && self.error.is_none()
+            && !self.strip_input
+    }
 }
 
 fn rewrite<'a>(

@@ -7,7 +7,9 @@ use crate::domain::{
     FilePart, Part, PartKind, StrategyMark, TextPart, ToolPart, ToolState, ToolStatus,
 };
 use crate::engine::estimate::estimate;
-use crate::engine::render::{render_as, rendered_tokens_as};
+use std::borrow::Cow;
+
+use crate::engine::render::{is_compacted, render_as, render_borrowed, rendered_tokens_as};
 use crate::tokens::Counting;
 
 fn part(id: &str, kind: PartKind) -> Part {
@@ -183,4 +185,35 @@ fn rendered_tokens_equal_counting_the_rendered_part() {
         }
     }
     assert!(checked > 2_000, "{checked} cases");
+}
+
+/// A part `render_borrowed` lends as stored (a tool part its marks leave alone) reads
+/// exactly as the full rewrite would have copied it, for every shape and mark.
+#[test]
+fn a_borrowed_rendering_equals_the_rewritten_copy() {
+    let mut borrowed = 0;
+    for strategies in [StrategySet::all(), StrategySet::NONE] {
+        let config = EngineConfig {
+            strategies,
+            ..EngineConfig::default()
+        };
+        let settings = config.resolve(&SessionOverrides::default());
+        let strip = settings.strategies.has(Strategy::PruneToolInputs);
+        for p in parts() {
+            for mark in marks() {
+                for compacted in [false, true] {
+                    let mut p = p.clone();
+                    p.mark = mark.clone();
+                    if let PartKind::Tool(t) = &mut p.kind {
+                        t.state.time.compacted = compacted.then_some(2);
+                    }
+                    let lent = render_borrowed(&p, &settings);
+                    borrowed += usize::from(matches!(lent, Some(Cow::Borrowed(_))));
+                    let copied = render_as(&p, p.mark.as_ref(), is_compacted(&p), &settings, strip);
+                    assert_eq!(lent.map(Cow::into_owned), copied, "{} under {mark:?}", p.id);
+                }
+            }
+        }
+    }
+    assert!(borrowed > 100, "{borrowed} borrowed");
 }
