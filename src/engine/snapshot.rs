@@ -144,23 +144,34 @@ pub fn decode_change(bytes: &[u8]) -> Result<Change, SnapshotError> {
 }
 
 /// The envelope: the format first, so a reader knows how to read what follows.
-fn encode<T: Serialize>(what: Document, payload: &T) -> Vec<u8> {
-    struct Envelope<'a, T>(Document, &'a T);
-    impl<T: Serialize> Serialize for Envelope<'_, T> {
-        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-            use serde::ser::SerializeMap;
-            let mut m = s.serialize_map(Some(2))?;
-            m.serialize_entry("format", &SNAPSHOT_FORMAT)?;
-            m.serialize_entry(self.0.key(), self.1)?;
-            m.end()
-        }
+struct Envelope<'a, T>(Document, &'a T);
+
+impl<T: Serialize> Serialize for Envelope<'_, T> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(2))?;
+        m.serialize_entry("format", &SNAPSHOT_FORMAT)?;
+        m.serialize_entry(self.0.key(), self.1)?;
+        m.end()
     }
+}
+
+/// Writes the envelope with sonic-rs: the same bytes serde_json writes (a test compares
+/// them over every kind of session state and change), with SIMD string escaping, which
+/// is most of encoding a log entry or snapshot full of tool output.
+fn encode<T: Serialize>(what: Document, payload: &T) -> Vec<u8> {
     // Writing to a Vec fails only if a Serialize impl fails, and the engine's never do
     // (maps are written as lists, non-finite floats as names).
-    serde_json::to_vec(&Envelope(what, payload)).unwrap_or_else(|e| {
+    sonic_rs::to_vec(&Envelope(what, payload)).unwrap_or_else(|e| {
         debug_assert!(false, "encoding a {what} failed: {e}");
         Vec::new()
     })
+}
+
+/// [`encode`] through serde_json, which the decoders read: what the tests compare with.
+#[cfg(test)]
+pub(crate) fn encode_with_serde_json<T: Serialize>(what: Document, payload: &T) -> Vec<u8> {
+    serde_json::to_vec(&Envelope(what, payload)).unwrap_or_default()
 }
 
 /// Reads the envelope: the current format straight into `T` (one pass), an older one as a

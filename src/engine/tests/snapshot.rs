@@ -892,3 +892,27 @@ fn snapshot_fixture_v1_migrates() {
     assert!(restored.messages().len() > messages);
     assert_eq!(restored.held_bytes(), restored.held_bytes_from_scratch());
 }
+
+/// The encoder (sonic-rs) writes exactly the bytes serde_json would, for every change of
+/// the scenario and the session after each: the decoders, the fixtures and the README's
+/// `sqlite3` inspection all read serde_json's JSON.
+#[test]
+fn snapshots_and_changes_encode_as_serde_json_would() {
+    use crate::engine::snapshot::encode_with_serde_json;
+    let config = rich_config();
+    let mut live = fresh();
+    for (i, c) in scenario().iter().enumerate() {
+        assert_eq!(
+            String::from_utf8_lossy(&encode_change(c)),
+            String::from_utf8_lossy(&encode_with_serde_json(Document::Change, c)),
+            "change {i} ({})",
+            c.kind()
+        );
+        live.perform(c.clone(), &config);
+        assert_eq!(
+            String::from_utf8_lossy(&encode_session(&live)),
+            String::from_utf8_lossy(&encode_with_serde_json(Document::Session, &live)),
+            "session after change {i}"
+        );
+    }
+}
