@@ -1,6 +1,7 @@
-//! The `Stream` RPC: a reader task decodes updates and queues each on its session's actor;
-//! a writer task waits for the outcomes in submission order and sends their events, then
-//! the ack or error. Updates to different sessions are in flight together; each session's
+//! The `Stream` RPC: a reader task decodes updates and queues each on its session's actor
+//! (reading up to [`COUNT_AHEAD`] updates ahead, so their long texts count on the counting
+//! threads meanwhile); a writer task waits for the outcomes in submission order and sends
+//! their events, then the ack or error. Updates to different sessions are in flight together; each session's
 //! own order is its actor's mailbox order, and acks leave in the order updates arrived.
 //!
 //! Backpressure: the outbound buffer (bounded in events and in bytes, [`EVENT_BYTES`]) and
@@ -49,8 +50,8 @@ const EVENT_UNIT: usize = 1024;
 /// Updates a stream may have in flight (queued on actors, not yet acked).
 const IN_FLIGHT: usize = 256;
 /// Updates a stream reads ahead of the one it queues next, their long texts counting
-/// meanwhile (real BPE, ~40 µs for 4 KB): enough to keep a few cores counting for one
-/// stream, few enough that a stream holds little more memory than before.
+/// meanwhile (real BPE, ~150 µs for 4 KB): enough to keep every core counting for one
+/// stream; each holds its ledger reservation, like an update in flight.
 const COUNT_AHEAD: usize = 32;
 
 /// Outbound event stream of `Stream`.
