@@ -74,10 +74,16 @@ impl Splitter {
 
     /// Tokens of `text`: the BPE count of each piece of the split, summed.
     pub(super) fn count(&self, bpe: &BytePairEncoding, text: &str) -> usize {
-        CACHES.with_borrow_mut(|caches| {
+        let counted = CACHES.try_with(|caches| {
+            let mut caches = caches.try_borrow_mut().ok()?;
             let cache = caches[self.slot].get_or_insert_with(|| self.regex.create_cache());
-            self.count_with(cache, bpe, text)
-        })
+            Some(self.count_with(cache, bpe, text))
+        });
+        // A thread being torn down (or a count inside a count) gets a cache of its own.
+        counted
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| self.count_with(&mut self.regex.create_cache(), bpe, text))
     }
 
     fn count_with(&self, cache: &mut Cache, bpe: &BytePairEncoding, text: &str) -> usize {
