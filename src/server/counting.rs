@@ -74,10 +74,15 @@ impl CountPool {
 impl Queued {
     /// True once the count is done (or cannot happen); never waits.
     pub fn is_done(&mut self) -> bool {
-        match &mut self.0 {
+        let done = match &mut self.0 {
             None => true,
             Some(rx) => !matches!(rx.try_recv(), Err(oneshot::error::TryRecvError::Empty)),
+        };
+        if done {
+            // A receiver is not polled again once it answered.
+            self.0 = None;
         }
+        done
     }
 
     /// Waits for the count.
@@ -121,6 +126,13 @@ mod tests {
         queued.done().await;
         assert!(queued.is_done());
         assert!(counter.is_cached(&text));
+        // Asked in either order, any number of times.
+        let mut again = pool.count(counter, vec![text.replace("17", "18")]);
+        while !again.is_done() {
+            tokio::task::yield_now().await;
+        }
+        assert!(again.is_done());
+        again.done().await;
     }
 
     #[tokio::test]
