@@ -124,19 +124,6 @@ fn generated(tokens: u64) -> PartEstimate {
 mod json_text_tests {
     use super::json_text;
 
-    fn collect_inputs(v: &serde_json::Value, out: &mut Vec<serde_json::Value>) {
-        match v {
-            serde_json::Value::Object(o) => {
-                if let Some(input) = o.get("input") {
-                    out.push(input.clone());
-                }
-                o.values().for_each(|v| collect_inputs(v, out));
-            }
-            serde_json::Value::Array(a) => a.iter().for_each(|v| collect_inputs(v, out)),
-            _ => {}
-        }
-    }
-
     #[test]
     fn tool_inputs_serialize_as_serde_json_does() {
         let mut inputs = vec![serde_json::json!({
@@ -145,13 +132,11 @@ mod json_text_tests {
             "text": "quote \" backslash \\ tab \t nl \n cr \r nul \u{0} bell \u{7} del \u{7f} é 日本 🦀 \u{2028}",
             "nested": {"empty": {}, "list": [], "null": null, "t": true, "f": false},
         })];
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/traces");
-        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-            if let Ok(text) = std::fs::read_to_string(entry.path()) {
-                let json: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-                collect_inputs(&json, &mut inputs);
+        crate::tokens::test_traces::each_value(|v| {
+            if let Some(input) = v.get("input") {
+                inputs.push(input.clone());
             }
-        }
+        });
         assert!(inputs.len() > 400, "{} inputs", inputs.len());
         for input in &inputs {
             let want = serde_json::to_string(input).unwrap_or_default();

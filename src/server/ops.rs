@@ -94,22 +94,34 @@ pub async fn apply(hub: &Arc<Hub>, session_id: &str, update: Update) -> Pending<
         Update::ReportUsage { .. } => "usage",
         _ => "",
     };
-    apply_as(hub, session_id, prefix, update, std::convert::identity).await
+    apply_as(
+        hub,
+        session_id,
+        prefix,
+        update,
+        false,
+        std::convert::identity,
+    )
+    .await
 }
 
-/// Queues `update` on its session, its long texts counted first off the async workers.
+/// Queues `update` on its session, its long texts counted first off the async workers
+/// (unless `counted_ahead`: [`count_ahead`] already put them in the count cache).
 async fn apply_as<R: Send + 'static>(
     hub: &Arc<Hub>,
     session_id: &str,
     prefix: &'static str,
     update: Update,
+    counted_ahead: bool,
     wrap: impl FnOnce(StepReport) -> R + Send + 'static,
 ) -> Pending<R> {
     let handle = match hub.store.get(session_id).await {
         Ok(handle) => handle,
         Err(e) => return Pending::ready(Err(e.into()), prefix),
     };
-    precount(hub, &handle, &update).await;
+    if !counted_ahead {
+        precount(hub, &handle, &update).await;
+    }
     let job = step(hub, session_id, update);
     queue(hub, session_id, &handle, prefix, move |s, c| {
         job(s, c).map(wrap)
@@ -194,11 +206,28 @@ pub async fn recall(hub: &Arc<Hub>, session_id: &str, key: RecallKey) -> Pending
 /// Queues a stream update's op for `session_id`; rejections name fields under the
 /// update's oneof name (`upsert_part.message_id`). Returns once the op is in the session's
 /// mailbox (or answered), so the caller may queue the next one before this one completes.
-pub async fn submit(hub: &Arc<Hub>, session_id: &str, op: Op) -> Pending<Reply> {
+/// `counted_ahead`: its long texts were counted by [`count_ahead`] (not counted again; if
+/// that count failed, or an update between changed the tokenizer, the actor counts them).
+pub async fn submit(
+    hub: &Arc<Hub>,
+    session_id: &str,
+    op: Op,
+    counted_ahead: bool,
+) -> Pending<Reply> {
     let prefix = op.kind();
     match op {
         Op::Open(info) => open_as(hub, info, prefix, Reply::Opened).await,
-        Op::Apply(update) => apply_as(hub, session_id, prefix, update, Reply::Stepped).await,
+        Op::Apply(update) => {
+            apply_as(
+                hub,
+                session_id,
+                prefix,
+                update,
+                counted_ahead,
+                Reply::Stepped,
+            )
+            .await
+        }
         Op::Context(format) => {
             let job = build_context(hub, format);
             on_session(hub, session_id, prefix, move |s, c| {

@@ -154,7 +154,8 @@ struct Decoded {
     seq: u64,
     session_id: String,
     op: Result<Op, Rejection>,
-    /// The count of its long texts, queued on the counting threads ([`ops::count_ahead`]).
+    /// The count of its long texts, queued on the counting threads ([`ops::count_ahead`]);
+    /// kept once done, so its turn knows not to count them again.
     counting: Option<counting::Queued>,
     _held: Reservation,
 }
@@ -199,11 +200,8 @@ impl Reader {
             });
             tokio::select! {
                 // A failed count only means the actor counts the texts itself.
-                _ = async { if let Some(c) = front { c.done().await; } }, if waiting => {
-                    if let Some(Read::Update(d)) = ahead.front_mut() {
-                        d.counting = None;
-                    }
-                }
+                // Once done, the front reads as ready on the next turn.
+                _ = async { if let Some(c) = front { c.done().await; } }, if waiting => {}
                 message = inbound.message(), if more => {
                     match message {
                         Ok(Some(update)) => {
@@ -253,9 +251,10 @@ impl Reader {
             seq,
             session_id,
             op,
+            counting,
             _held,
-            ..
         } = decoded;
+        let counted_ahead = counting.is_some();
         let (kind, pending, go) = match op {
             Ok(Op::Compact(options)) => {
                 let (go_tx, go_rx) = oneshot::channel();
@@ -269,7 +268,7 @@ impl Reader {
             Ok(op) => {
                 let kind = op.kind();
                 let span = tracing::debug_span!("update", seq, session_id = %session_id, kind);
-                let pending = ops::submit(&self.hub, &session_id, op)
+                let pending = ops::submit(&self.hub, &session_id, op, counted_ahead)
                     .instrument(span)
                     .await;
                 (kind, pending, None)

@@ -118,13 +118,11 @@ mod tests {
         ]
         .map(String::from)
         .to_vec();
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/traces");
-        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-            if let Ok(text) = std::fs::read_to_string(entry.path()) {
-                let json: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-                collect_strings(&json, &mut texts);
+        crate::tokens::test_traces::each_value(|v| {
+            if let serde_json::Value::String(s) = v {
+                texts.push(s.clone());
             }
-        }
+        });
         assert!(texts.len() > 1000, "{} texts", texts.len());
         for (bpe, tables) in [
             (O200K, bpe_openai::o200k_base()),
@@ -138,15 +136,6 @@ mod tests {
                     bpe.name()
                 );
             }
-        }
-    }
-
-    fn collect_strings(v: &serde_json::Value, out: &mut Vec<String>) {
-        match v {
-            serde_json::Value::String(s) => out.push(s.clone()),
-            serde_json::Value::Array(a) => a.iter().for_each(|v| collect_strings(v, out)),
-            serde_json::Value::Object(o) => o.values().for_each(|v| collect_strings(v, out)),
-            _ => {}
         }
     }
 

@@ -13,6 +13,8 @@ pub mod bpe;
 mod cache;
 mod choice;
 mod split;
+#[cfg(test)]
+pub(crate) mod test_traces;
 
 pub use choice::{Counting, Tokenizer, UnknownTokenizer};
 
