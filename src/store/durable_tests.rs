@@ -151,21 +151,28 @@ async fn the_log_is_cut_by_snapshots_as_it_grows() {
     let d = tempfile::tempdir().expect("dir");
     let store = durable(d.path(), Limits::default(), 0);
     let (h, _) = store.open(info("s")).await.expect("open");
-    for t in 0..40 {
-        feed(&h, turn(t, 4, 8_000)).await;
+    // 12 MB of tool output: past the floor, then past twice the first snapshot.
+    for t in 0..100 {
+        feed(&h, turn(t, 4, 30_000)).await;
     }
     let backend = store.backend().expect("durable").clone();
     let stored = backend.load("s").expect("read").expect("stored");
     assert!(stored.snapshot_seq > 0, "a snapshot was taken");
     let log: usize = stored.log.iter().map(|(_, c)| c.len()).sum();
+    let bound = actor::SNAPSHOT_MIN_LOG_BYTES
+        .max(actor::SNAPSHOT_LOG_PER_SNAPSHOT * stored.snapshot.len() as u64);
     assert!(
-        (log as u64) < SNAPSHOT_FLOOR.max(stored.snapshot.len() as u64) + 64 * 1024,
-        "the log after the snapshot ({log} bytes) stays about one snapshot long"
+        (log as u64) < bound + 64 * 1024,
+        "the log after the snapshot ({log} bytes) stays within the threshold ({bound})"
+    );
+    let r = restore::restore("s", stored, &EngineConfig::default()).expect("restores");
+    // Seven changes a turn: two messages, four parts, the finish.
+    assert_eq!(
+        r.seq,
+        100 * 7,
+        "every change is in the snapshot or the log after it"
     );
 }
-
-/// The snapshot threshold's floor, as the actor applies it (1 MiB).
-const SNAPSHOT_FLOOR: u64 = 1 << 20;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_session_goes_cold_and_loads_back_on_its_next_use() {
