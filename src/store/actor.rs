@@ -59,15 +59,16 @@ const MAX_UNSENT_BYTES: u64 = 32 << 20;
 /// however small the session (see [`snapshot_due`]).
 pub(super) const SNAPSHOT_MIN_LOG_BYTES: u64 = 4 << 20;
 /// ... or this many times the last snapshot's size, whichever is larger.
-pub(super) const SNAPSHOT_LOG_PER_SNAPSHOT: u64 = 2;
+pub(super) const SNAPSHOT_LOG_PER_SNAPSHOT: u64 = 1;
 
 /// Whether the next batch carries a snapshot. Every logged byte is written once to the
-/// log; a snapshot rewrites the whole session, so taking one after every `k` snapshots'
-/// worth of log adds `1/k` of a byte per logged byte (k = 2: 1.5 bytes written per byte
-/// logged, against 2 for k = 1). A load then replays at most `max(4 MiB, k × snapshot)`
-/// of log: replay runs at about 600 MB/s and a snapshot decodes at about 1 GB/s, so a
-/// cold load stays within a few times what decoding its snapshot alone costs (~7 ms for
-/// 4 MiB of log). A session going cold writes a snapshot first, so it loads with no log.
+/// log, and a snapshot rewrites the whole session; taking one after `k` snapshots' worth
+/// of log adds `1/k` of a byte per logged byte. `k` stays 1: a load holds the snapshot
+/// and its whole log in memory before replaying, so a larger `k` would raise what
+/// loading a large session takes. The floor keeps sessions under 4 MiB from paying for
+/// a snapshot at all while they are written: replay runs at about 600 MB/s and a
+/// snapshot decodes at about 1 GB/s, so a cold load replays 4 MiB of log in about 7 ms.
+/// A session going cold writes a snapshot first, so it loads with no log.
 fn snapshot_due(log_bytes: u64, snapshot_bytes: u64) -> bool {
     log_bytes >= snapshot_threshold(snapshot_bytes)
 }

@@ -151,7 +151,7 @@ async fn the_log_is_cut_by_snapshots_as_it_grows() {
     let d = tempfile::tempdir().expect("dir");
     let store = durable(d.path(), Limits::default(), 0);
     let (h, _) = store.open(info("s")).await.expect("open");
-    // 12 MB of tool output: past the floor, then past twice the first snapshot.
+    // 12 MB of tool output: past the floor, then past the first snapshot's size.
     for t in 0..100 {
         feed(&h, turn(t, 4, 30_000)).await;
     }
