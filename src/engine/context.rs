@@ -20,7 +20,7 @@ use std::borrow::Cow;
 use serde_json::Value;
 
 use super::openai::chat_messages;
-use super::render::render_borrowed;
+use super::render::{Copying, render_borrowed};
 use super::session::Session;
 use super::stored::{Message, StoredPart};
 use crate::domain::{Part, PartKind, Role};
@@ -151,7 +151,7 @@ impl Session {
     pub(crate) fn view_of(&self, slots: impl IntoIterator<Item = (usize, Keep)>) -> ContextView {
         let mut tokens = 0u64;
         let messages = self
-            .sent(slots)
+            .sent(slots, Copying::Whole)
             .map(|(msg, parts)| Message {
                 info: msg.info.clone(),
                 parts: parts
@@ -179,7 +179,7 @@ impl Session {
     /// `build_context().to_openai()` serialized, without copying the messages and parts
     /// first (parts that read as stored are borrowed) or building values.
     pub fn context_openai(&self) -> OpenAiContext {
-        let sent: Vec<_> = self.sent(self.context_slots()).collect();
+        let sent: Vec<_> = self.sent(self.context_slots(), Copying::Sent).collect();
         let mut out = Vec::new();
         let mut tokens = 0u64;
         for (msg, parts) in &sent {
@@ -202,11 +202,13 @@ impl Session {
     }
 
     /// The given messages as the context sends them: the messages it keeps, each with the
-    /// parts it sends as they read (borrowed when unchanged). The one walk behind the view
-    /// and the OpenAI messages, so the two cannot disagree.
+    /// parts it sends as they read (borrowed when unchanged; a rewritten copy keeps what
+    /// `copying` says). The one walk behind the view and the OpenAI messages, so the two
+    /// cannot disagree.
     fn sent<'a>(
         &'a self,
         slots: impl IntoIterator<Item = (usize, Keep)> + 'a,
+        copying: Copying,
     ) -> impl Iterator<Item = Sent<'a>> + 'a {
         slots.into_iter().filter_map(move |(i, keep)| {
             let msg = &self.messages()[i];
@@ -218,7 +220,7 @@ impl Session {
                 .iter()
                 .filter(|stored| self.sends(i, &stored.part.id, keep))
                 .filter_map(|stored| {
-                    render_borrowed(&stored.part, self.settings()).map(|p| (stored, p))
+                    render_borrowed(&stored.part, self.settings(), copying).map(|p| (stored, p))
                 })
                 .collect();
             if parts

@@ -36,7 +36,7 @@ pub(crate) fn is_reduced(part: &Part, s: &Settings) -> bool {
 /// it is not sent at all.
 #[cfg(test)]
 pub(crate) fn render(part: &Part, s: &Settings) -> Option<Part> {
-    render_borrowed(part, s).map(Cow::into_owned)
+    render_borrowed(part, s, Copying::Whole).map(Cow::into_owned)
 }
 
 /// Renders `part` as if it carried `mark` and prune's stamp as `compacted` says, without
@@ -49,13 +49,33 @@ pub(crate) fn render_as(
     s: &Settings,
     strip_inputs: bool,
 ) -> Option<Part> {
-    rewritten(part, rewrite(part, mark, compacted, s, strip_inputs))
+    rewritten(
+        part,
+        rewrite(part, mark, compacted, s, strip_inputs),
+        Copying::Whole,
+    )
+}
+
+/// What a copy of a rewritten part keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Copying {
+    /// Every field: the context view hands whole parts to hosts.
+    Whole,
+    /// What the OpenAI messages read (ids, kinds, texts, a tool's name, call id, input,
+    /// status, output and error, a file's mime, url and name). Metadata, raw fields,
+    /// titles, attachments and extra fields stay behind: cloning OpenCode's metadata
+    /// (diffs, file snapshots) was most of copying a reduced part.
+    Sent,
 }
 
 /// The part as the model sees it, or `None` when it is not sent at all; borrowed when it
 /// reads as stored (most parts), so the context's OpenAI messages are built without
 /// copying every part first.
-pub(crate) fn render_borrowed<'a>(part: &'a Part, s: &Settings) -> Option<Cow<'a, Part>> {
+pub(crate) fn render_borrowed<'a>(
+    part: &'a Part,
+    s: &Settings,
+    copying: Copying,
+) -> Option<Cow<'a, Part>> {
     let strip_inputs = s.strategies.has(Strategy::PruneToolInputs);
     match rewrite(
         part,
@@ -68,18 +88,23 @@ pub(crate) fn render_borrowed<'a>(part: &'a Part, s: &Settings) -> Option<Cow<'a
         // Most tool parts: copying one that reads as stored cloned its whole output (half
         // of building a large context).
         Rewrite::Tool(tool, r) if r.changes_nothing(tool) => Some(Cow::Borrowed(part)),
-        other => rewritten(part, other).map(Cow::Owned),
+        other => rewritten(part, other, copying).map(Cow::Owned),
     }
 }
 
-/// The part `rewrite` made of `part`.
-fn rewritten(part: &Part, rewrite: Rewrite<'_>) -> Option<Part> {
+/// The part `rewrite` made of `part`, with the fields `copying` keeps.
+fn rewritten(part: &Part, rewrite: Rewrite<'_>, copying: Copying) -> Option<Part> {
+    let whole = copying == Copying::Whole;
+    // A field `Copying::Sent` leaves behind.
+    fn kept<T: Clone + Default>(whole: bool, v: &T) -> T {
+        if whole { v.clone() } else { T::default() }
+    }
     let with_kind = |kind: PartKind| Part {
         id: part.id.clone(),
         message_id: part.message_id.clone(),
         kind,
         mark: part.mark.clone(),
-        extra: part.extra.clone(),
+        extra: kept(whole, &part.extra),
     };
     match rewrite {
         Rewrite::Dropped => None,
@@ -90,7 +115,7 @@ fn rewritten(part: &Part, rewrite: Rewrite<'_>) -> Option<Part> {
                 synthetic: t.synthetic,
                 ignored: t.ignored,
                 time: t.time,
-                metadata: t.metadata.clone(),
+                metadata: kept(whole, &t.metadata),
             })),
             // A file reads as a breadcrumb the model can follow.
             _ => with_kind(PartKind::Text(TextPart {
@@ -112,21 +137,21 @@ fn rewritten(part: &Part, rewrite: Rewrite<'_>) -> Option<Part> {
                 input,
                 output: r.output.unwrap_or_else(|| st.output.clone()),
                 error: r.error.unwrap_or_else(|| st.error.clone()),
-                title: st.title.clone(),
-                metadata: st.metadata.clone(),
+                title: kept(whole, &st.title),
+                metadata: kept(whole, &st.metadata),
                 time: st.time,
                 attachments: if replaced {
                     Vec::new()
                 } else {
-                    st.attachments.clone()
+                    kept(whole, &st.attachments)
                 },
-                raw: st.raw.clone(),
+                raw: kept(whole, &st.raw),
             };
             Some(with_kind(PartKind::Tool(Box::new(ToolPart {
                 call_id: tool.call_id.clone(),
                 tool: tool.tool.clone(),
                 state,
-                metadata: tool.metadata.clone(),
+                metadata: kept(whole, &tool.metadata),
             }))))
         }
     }

@@ -9,7 +9,11 @@ use crate::domain::{
 use crate::engine::estimate::estimate;
 use std::borrow::Cow;
 
-use crate::engine::render::{is_compacted, render_as, render_borrowed, rendered_tokens_as};
+use crate::domain::Role;
+use crate::engine::openai::chat_messages;
+use crate::engine::render::{
+    Copying, is_compacted, render_as, render_borrowed, rendered_tokens_as,
+};
 use crate::tokens::Counting;
 
 fn part(id: &str, kind: PartKind) -> Part {
@@ -207,7 +211,7 @@ fn a_borrowed_rendering_equals_the_rewritten_copy() {
                     if let PartKind::Tool(t) = &mut p.kind {
                         t.state.time.compacted = compacted.then_some(2);
                     }
-                    let lent = render_borrowed(&p, &settings);
+                    let lent = render_borrowed(&p, &settings, Copying::Whole);
                     borrowed += usize::from(matches!(lent, Some(Cow::Borrowed(_))));
                     let copied = render_as(&p, p.mark.as_ref(), is_compacted(&p), &settings, strip);
                     assert_eq!(lent.map(Cow::into_owned), copied, "{} under {mark:?}", p.id);
@@ -216,4 +220,79 @@ fn a_borrowed_rendering_equals_the_rewritten_copy() {
         }
     }
     assert!(borrowed > 100, "{borrowed} borrowed");
+}
+
+/// `p` carrying every field the OpenAI messages do not read: metadata, a title, raw
+/// input, attachments and extra fields.
+fn dressed(mut p: Part) -> Part {
+    let meta = serde_json::json!({"diff": "-a\n+b\n".repeat(50), "files": ["src/lib.rs"]});
+    p.extra.insert("opencode".into(), meta.clone());
+    match &mut p.kind {
+        PartKind::Tool(t) => {
+            t.metadata = Some(meta.clone());
+            t.state.metadata = Some(meta);
+            t.state.title = "Build the crate".into();
+            t.state.raw = "{\"command\": \"cargo build\"}".into();
+            t.state.attachments = vec![FilePart {
+                mime: "text/plain".into(),
+                filename: "log.txt".into(),
+                url: "file:///tmp/log.txt".into(),
+                source: None,
+                size: 10,
+            }];
+        }
+        PartKind::Text(t) => t.metadata = Some(meta),
+        _ => {}
+    }
+    p
+}
+
+/// The OpenAI messages `part` reads as in a message of `role`, as JSON text.
+fn openai_json(role: Role, part: Option<&Part>) -> String {
+    let mut out = Vec::new();
+    chat_messages(role, part.into_iter(), &mut out);
+    serde_json::to_string(&out).unwrap_or_default()
+}
+
+/// The lean copy GetContext's JSON shape makes of a rewritten part (`Copying::Sent`)
+/// reads exactly as the whole copy in the OpenAI messages, for every shape, mark and
+/// role, while leaving the metadata behind.
+#[test]
+fn a_lean_copy_reads_as_the_whole_one_in_the_openai_messages() {
+    let (mut compared, mut leaner) = (0, 0);
+    for strategies in [StrategySet::all(), StrategySet::NONE] {
+        let config = EngineConfig {
+            strategies,
+            ..EngineConfig::default()
+        };
+        let settings = config.resolve(&SessionOverrides::default());
+        for p in parts().into_iter().map(dressed) {
+            for mark in marks() {
+                for compacted in [false, true] {
+                    let mut p = p.clone();
+                    p.mark = mark.clone();
+                    if let PartKind::Tool(t) = &mut p.kind {
+                        t.state.time.compacted = compacted.then_some(2);
+                    }
+                    let whole = render_borrowed(&p, &settings, Copying::Whole);
+                    let sent = render_borrowed(&p, &settings, Copying::Sent);
+                    assert_eq!(whole.is_some(), sent.is_some(), "{} under {mark:?}", p.id);
+                    if let (Some(Cow::Owned(w)), Some(Cow::Owned(s))) = (&whole, &sent) {
+                        leaner += usize::from(w != s);
+                    }
+                    for role in [Role::User, Role::Assistant] {
+                        assert_eq!(
+                            openai_json(role, sent.as_deref()),
+                            openai_json(role, whole.as_deref()),
+                            "{} under {mark:?} as {role:?}",
+                            p.id
+                        );
+                        compared += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(compared > 1_000, "{compared} compared");
+    assert!(leaner > 100, "{leaner} copies left metadata behind");
 }
