@@ -2,7 +2,7 @@
 //! of the replacing text only (`render::rendered_tokens_as`); it must equal counting the
 //! rendered part itself, for every part shape, strategy mark, prune stamp and tokenizer.
 
-use crate::config::{EngineConfig, SessionOverrides, Strategy, StrategySet};
+use crate::config::{EngineConfig, SessionOverrides, Settings, Strategy, StrategySet};
 use crate::domain::{
     FilePart, Part, PartKind, StrategyMark, TextPart, ToolPart, ToolState, ToolStatus,
 };
@@ -191,19 +191,16 @@ fn rendered_tokens_equal_counting_the_rendered_part() {
     assert!(checked > 2_000, "{checked} cases");
 }
 
-/// A part `render_borrowed` lends as stored (a tool part its marks leave alone) reads
-/// exactly as the full rewrite would have copied it, for every shape and mark.
-#[test]
-fn a_borrowed_rendering_equals_the_rewritten_copy() {
-    let mut borrowed = 0;
+/// Calls `check` with each of `parts` under every strategy set (all, none), strategy
+/// mark and prune stamp, as a session's settings would render it.
+fn each_case(parts: &[Part], mut check: impl FnMut(&Settings, &Part)) {
     for strategies in [StrategySet::all(), StrategySet::NONE] {
         let config = EngineConfig {
             strategies,
             ..EngineConfig::default()
         };
         let settings = config.resolve(&SessionOverrides::default());
-        let strip = settings.strategies.has(Strategy::PruneToolInputs);
-        for p in parts() {
+        for p in parts {
             for mark in marks() {
                 for compacted in [false, true] {
                     let mut p = p.clone();
@@ -211,14 +208,26 @@ fn a_borrowed_rendering_equals_the_rewritten_copy() {
                     if let PartKind::Tool(t) = &mut p.kind {
                         t.state.time.compacted = compacted.then_some(2);
                     }
-                    let lent = render_borrowed(&p, &settings, Copying::Whole);
-                    borrowed += usize::from(matches!(lent, Some(Cow::Borrowed(_))));
-                    let copied = render_as(&p, p.mark.as_ref(), is_compacted(&p), &settings, strip);
-                    assert_eq!(lent.map(Cow::into_owned), copied, "{} under {mark:?}", p.id);
+                    check(&settings, &p);
                 }
             }
         }
     }
+}
+
+/// A part `render_borrowed` lends as stored (a tool part its marks leave alone) reads
+/// exactly as the full rewrite would have copied it, for every shape and mark.
+#[test]
+fn a_borrowed_rendering_equals_the_rewritten_copy() {
+    let mut borrowed = 0;
+    each_case(&parts(), |settings, p| {
+        let strip = settings.strategies.has(Strategy::PruneToolInputs);
+        let lent = render_borrowed(p, settings, Copying::Whole);
+        borrowed += usize::from(matches!(lent, Some(Cow::Borrowed(_))));
+        let copied = render_as(p, p.mark.as_ref(), is_compacted(p), settings, strip);
+        let mark = &p.mark;
+        assert_eq!(lent.map(Cow::into_owned), copied, "{} under {mark:?}", p.id);
+    });
     assert!(borrowed > 100, "{borrowed} borrowed");
 }
 
@@ -260,39 +269,25 @@ fn openai_json(role: Role, part: Option<&Part>) -> String {
 #[test]
 fn a_lean_copy_reads_as_the_whole_one_in_the_openai_messages() {
     let (mut compared, mut leaner) = (0, 0);
-    for strategies in [StrategySet::all(), StrategySet::NONE] {
-        let config = EngineConfig {
-            strategies,
-            ..EngineConfig::default()
-        };
-        let settings = config.resolve(&SessionOverrides::default());
-        for p in parts().into_iter().map(dressed) {
-            for mark in marks() {
-                for compacted in [false, true] {
-                    let mut p = p.clone();
-                    p.mark = mark.clone();
-                    if let PartKind::Tool(t) = &mut p.kind {
-                        t.state.time.compacted = compacted.then_some(2);
-                    }
-                    let whole = render_borrowed(&p, &settings, Copying::Whole);
-                    let sent = render_borrowed(&p, &settings, Copying::Sent);
-                    assert_eq!(whole.is_some(), sent.is_some(), "{} under {mark:?}", p.id);
-                    if let (Some(Cow::Owned(w)), Some(Cow::Owned(s))) = (&whole, &sent) {
-                        leaner += usize::from(w != s);
-                    }
-                    for role in [Role::User, Role::Assistant] {
-                        assert_eq!(
-                            openai_json(role, sent.as_deref()),
-                            openai_json(role, whole.as_deref()),
-                            "{} under {mark:?} as {role:?}",
-                            p.id
-                        );
-                        compared += 1;
-                    }
-                }
-            }
+    let dressed: Vec<Part> = parts().into_iter().map(dressed).collect();
+    each_case(&dressed, |settings, p| {
+        let mark = &p.mark;
+        let whole = render_borrowed(p, settings, Copying::Whole);
+        let sent = render_borrowed(p, settings, Copying::Sent);
+        assert_eq!(whole.is_some(), sent.is_some(), "{} under {mark:?}", p.id);
+        if let (Some(Cow::Owned(w)), Some(Cow::Owned(s))) = (&whole, &sent) {
+            leaner += usize::from(w != s);
         }
-    }
+        for role in [Role::User, Role::Assistant] {
+            assert_eq!(
+                openai_json(role, sent.as_deref()),
+                openai_json(role, whole.as_deref()),
+                "{} under {mark:?} as {role:?}",
+                p.id
+            );
+            compared += 1;
+        }
+    });
     assert!(compared > 1_000, "{compared} compared");
     assert!(leaner > 100, "{leaner} copies left metadata behind");
 }
