@@ -23,7 +23,7 @@
 use super::overflow::Trigger;
 use super::prune::PruneReport;
 pub use super::request_log::Scope;
-use super::session::Session;
+use super::session::{Redo, Session};
 
 /// Share of the threshold at which held decisions apply whatever the cache costs: when
 /// the next request would cross it, a compaction (which rewrites the whole prompt) is the
@@ -120,9 +120,23 @@ impl Session {
 
     /// The automatic commit after a finished assistant message: decides the scope with the
     /// cache model and runs prune and the strategies within it.
+    ///
+    /// The weighing is a trial run of everything; when the decision is to apply
+    /// everything, that run is the commit's (the same run on the same session), so it is
+    /// put back rather than made again.
     pub(crate) fn auto_commit(&mut self, now_ms: i64) -> (PruneReport, Decision) {
-        let decision = self.schedule(now_ms);
-        (self.prune_scoped(now_ms, decision.scope), decision)
+        let (decision, trial) = self.weigh(now_ms, true);
+        match trial {
+            Some((report, redo)) if decision.scope == Scope::All => {
+                self.redo(redo);
+                self.strategies_committed();
+                if report.committed {
+                    self.prune_plan_committed();
+                }
+                (report, decision)
+            }
+            _ => (self.prune_scoped(now_ms, decision.scope), decision),
+        }
     }
 
     /// A new user message at `at` (host time): when the cache has expired since the last
@@ -139,19 +153,42 @@ impl Session {
     /// What the automatic commit may change now, and why. Changes nothing (the weighing
     /// is a trial run, rolled back).
     pub fn schedule(&mut self, now_ms: i64) -> Decision {
+        self.weigh(now_ms, false).0
+    }
+
+    /// [`Self::schedule`], also returning (with `keep`) the trial run it weighed: its
+    /// report, and what puts its outcome back.
+    fn weigh(&mut self, now_ms: i64, keep: bool) -> (Decision, Option<(PruneReport, Redo)>) {
         let model = self.settings().cache_model;
         if model.is_flat() {
-            return Decision::at_once(Why::Flat);
+            return (Decision::at_once(Why::Flat), None);
         }
         if self.held_decisions() > MAX_HELD {
-            return Decision::at_once(Why::TooMany);
+            return (Decision::at_once(Why::TooMany), None);
         }
         let check = self.check_overflow(Trigger::Finished);
         let before = self.total_tokens();
-        let (after, changes) = self.trial(|s| {
-            let _ = s.prune_run(now_ms, false, Scope::All, false);
-            (s.total_tokens(), s.sent_changes())
+        // The run a commit of everything would make (`prune_scoped` with `Scope::All`):
+        // committing only takes the queue and moves the prune window on, done on redo.
+        let ((report, after, changes), redo) = self.trial_keeping(keep, |s| {
+            let report = s.prune_run(now_ms, false, Scope::All, false);
+            (report, s.total_tokens(), s.sent_changes())
         });
+        let decision = self.decide(check, before, after, changes);
+        (decision, redo.map(|r| (report, r)))
+    }
+
+    /// The scope, from the trial's figures (`before`/`after`: total tokens around it;
+    /// `changes`: its earliest change to a cached part and what those changes save) and
+    /// the session as it was before the trial.
+    fn decide(
+        &self,
+        check: super::overflow::OverflowCheck,
+        before: u64,
+        after: u64,
+        changes: Option<((usize, usize), u64)>,
+    ) -> Decision {
+        let model = self.settings().cache_model;
         // What changes to unsent parts remove applies in any case: the next request is
         // near the threshold only if it stays so without them.
         let fresh = before

@@ -68,6 +68,25 @@ struct Journal {
     parts: Vec<PriorRendering>,
 }
 
+/// What a trial left on the parts it changed, taken before it was rolled back, so
+/// [`Session::redo`] can put its outcome back without running it again.
+#[derive(Debug)]
+pub(crate) struct Redo {
+    totals: Totals,
+    /// Each changed part once, with its rendering at the trial's end.
+    parts: Vec<RenderingAt>,
+}
+
+/// A part's rendering fields at one moment (mark, prune stamp, reduced size).
+#[derive(Debug)]
+struct RenderingAt {
+    msg: usize,
+    pi: usize,
+    mark: Option<StrategyMark>,
+    compacted_at: Option<i64>,
+    reduced: Option<u64>,
+}
+
 /// A part's rendering before a trial changed it.
 #[derive(Debug, Clone)]
 struct PriorRendering {
@@ -713,12 +732,49 @@ impl Session {
     /// same path as the commit it previews. `trial` must change the session only through
     /// [`Self::rerender`].
     pub(crate) fn trial<T>(&mut self, trial: impl FnOnce(&mut Session) -> T) -> T {
+        self.trial_keeping(false, trial).0
+    }
+
+    /// [`Self::trial`], also returning (with `keep`) what [`Self::redo`] needs to put the
+    /// trial's outcome back: the cache scheduler weighs a run as a trial and, when it
+    /// decides to apply everything, keeps that run instead of making it again.
+    pub(crate) fn trial_keeping<T>(
+        &mut self,
+        keep: bool,
+        trial: impl FnOnce(&mut Session) -> T,
+    ) -> (T, Option<Redo>) {
         self.journal = Some(Journal {
             totals: self.totals,
             parts: Vec::new(),
         });
         let out = trial(self);
+        let mut redo = None;
         if let Some(journal) = self.journal.take() {
+            if keep {
+                let mut seen: FastSet<(usize, usize)> = FastSet::default();
+                let parts = journal
+                    .parts
+                    .iter()
+                    .filter(|p| seen.insert((p.msg, p.pi)))
+                    .map(|p| {
+                        let stored = &self.messages[p.msg].parts[p.pi];
+                        RenderingAt {
+                            msg: p.msg,
+                            pi: p.pi,
+                            mark: stored.part.mark.clone(),
+                            compacted_at: match &stored.part.kind {
+                                PartKind::Tool(t) => t.state.time.compacted,
+                                _ => None,
+                            },
+                            reduced: stored.reduced,
+                        }
+                    })
+                    .collect();
+                redo = Some(Redo {
+                    totals: self.totals,
+                    parts,
+                });
+            }
             for prior in journal.parts.into_iter().rev() {
                 let stored = &mut self.messages[prior.msg].parts[prior.pi];
                 let during = stored.context_tokens();
@@ -732,7 +788,24 @@ impl Session {
             }
             self.totals = journal.totals;
         }
-        out
+        (out, redo)
+    }
+
+    /// Puts back the outcome of the trial `redo` was taken from. Valid only while the
+    /// session is as that trial found it (the scheduler redoes right after weighing).
+    pub(crate) fn redo(&mut self, redo: Redo) {
+        for r in redo.parts {
+            let stored = &mut self.messages[r.msg].parts[r.pi];
+            let before = stored.context_tokens();
+            stored.part.mark = r.mark;
+            if let PartKind::Tool(t) = &mut stored.part.kind {
+                t.state.time.compacted = r.compacted_at;
+            }
+            stored.reduced = r.reduced;
+            let after = stored.context_tokens();
+            self.by_msg.moved(r.msg, before, after);
+        }
+        self.totals = redo.totals;
     }
 
     /// [`Self::trial`] that also puts back the caches the run brings up to date: the prune

@@ -85,6 +85,15 @@ impl StrategyRun {
 }
 
 impl Session {
+    /// What a committing [`Self::run_strategies`] over [`Scope::All`] does to the queue
+    /// besides marking: it takes every decision (none is held). The cache scheduler calls
+    /// it when it keeps the trial run it weighed instead of making the commit's run.
+    pub(crate) fn strategies_committed(&mut self) {
+        if !self.settings().strategies.is_empty() {
+            let _ = self.strategy_decisions(true);
+        }
+    }
+
     /// Applies the pending strategy decisions within `scope`. With `commit` false the
     /// decisions stay queued (a dry run, which rolls the marks back); decisions outside the
     /// scope stay queued too.

@@ -124,7 +124,7 @@ fn without_bytes(messages: &[crate::engine::Message]) -> Vec<crate::engine::Mess
 }
 
 /// Asserts two sessions are the same: observably and in every stored figure.
-fn assert_same(a: &Session, b: &Session, what: &str) {
+pub(crate) fn assert_same(a: &Session, b: &Session, what: &str) {
     // Compared as text: a NaN cost is not equal to itself.
     let (x, y) = (format!("{:#?}", observe(a)), format!("{:#?}", observe(b)));
     if let Some((i, (l, r))) = x

@@ -382,6 +382,21 @@ fn turn_strategy() -> impl Strategy<Value = Turn> {
         .prop_map(|(gap, outputs, pin)| Turn { gap, outputs, pin })
 }
 
+/// The automatic commit keeps the scheduler's trial run when it applies everything:
+/// checks it leaves the session, report and decision exactly as weighing, rolling back
+/// and running the commit again do.
+fn same_as_weighing_then_committing(before: &Session, at: i64) -> Result<(), TestCaseError> {
+    let mut kept = before.clone();
+    let (report, decision) = kept.auto_commit(at);
+    let mut made = before.clone();
+    let weighed = made.schedule(at);
+    let committed = made.prune_scoped(at, weighed.scope);
+    prop_assert_eq!(decision, weighed);
+    prop_assert_eq!(report, committed);
+    crate::engine::tests::snapshot::assert_same(&kept, &made, "kept trial vs commit run");
+    Ok(())
+}
+
 /// Parts (by position) whose context tokens differ between two contexts.
 fn changed(before: &Session, after: &Session) -> Vec<((usize, usize), u64, u64)> {
     let mut out = Vec::new();
@@ -451,6 +466,7 @@ fn run_turns(turns: &[Turn], keep: u32) -> Result<Session, TestCaseError> {
             .apply(Update::UpsertMessage(info.clone()), &chars4())
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         let d = before.clone().schedule(at + 10);
+        same_as_weighing_then_committing(&before, at + 10)?;
         go(&mut s, Update::UpsertMessage(info), at + 10);
         let changes = changed(&before, &s);
         let cached: Vec<_> = changes
