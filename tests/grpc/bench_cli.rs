@@ -12,9 +12,10 @@ const TOKENIZERS: [&str; 2] = ["chars4", "o200k"];
 /// The repository's traces.
 const TRACES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/traces");
 
-/// Runs `compactd bench` with tiny bounds plus `extra`, with no inherited `COMPACTD_*`.
+/// Runs `compactd bench` with tiny bounds and two rounds plus `extra`, with no inherited
+/// `COMPACTD_*`.
 fn bench(extra: &[&str]) -> Output {
-    bench_with(TRACES, extra)
+    bench_with(TRACES, &[&["--rounds", "2"], extra].concat())
 }
 
 /// [`bench`] replaying the traces of `traces`.
@@ -115,6 +116,11 @@ fn bench_json_holds_the_same_figures() {
                     number(&row[rate]["mb_per_s"], "mb_per_s");
                 }
                 number(&row["ratio"], "ratio");
+                // The median round's ratio, within the range of both rounds'.
+                let range = row["ratio_range"].as_array().expect("ratio_range");
+                let (low, ratio, high) =
+                    (range[0].as_f64(), row["ratio"].as_f64(), range[1].as_f64());
+                assert!(range.len() == 2 && low <= ratio && ratio <= high, "{row}");
                 assert!(row["miss"].is_boolean(), "{row}");
                 assert!(row["target"].is_object(), "{row}");
             }
@@ -149,6 +155,7 @@ fn bench_json_holds_the_same_figures() {
             number(&doc["rss"][at], "rss");
         }
     }
+    assert_eq!(doc["workload"]["rounds"], 2, "{doc:#}");
     assert_eq!(doc["errors"], 0, "{doc:#}");
 }
 
@@ -163,4 +170,9 @@ fn bench_refuses_what_it_cannot_run() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("not a loopback address"), "{stderr}");
+
+    let out = bench_with(TRACES, &["--rounds", "0"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--rounds: must be above 0"), "{stderr}");
 }

@@ -33,7 +33,7 @@ use tonic::transport::{Channel, Endpoint};
 use self::drive::{Compactd, Driven, Echo, Wire, drive};
 use self::report::{
     ContextRow, IngestRow, Latency, LatencyRow, Rate, Report, Rss, ServerInfo, Target,
-    WorkloadInfo, ratio,
+    WorkloadInfo, median_round, ratio,
 };
 use self::spawn::Spawned;
 use self::workload::{Plan, Pool, Sizing};
@@ -80,6 +80,11 @@ pub struct BenchArgs {
     /// Updates each stream keeps in flight in the ingest cases.
     #[arg(long, default_value_t = 32)]
     pub window: usize,
+    /// Rounds of every case, each run right after its reference, so that a slow moment of
+    /// the machine hits both: an ingest row is its median round (the range of the rounds'
+    /// ratios is shown beside it); latencies are percentiles of every round's samples.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
     /// Size of the GetContext session, in tokens (as GetContext estimates them).
     #[arg(long, default_value_t = 200_000)]
     pub context_tokens: u64,
@@ -257,6 +262,9 @@ fn check(args: &BenchArgs) -> Result<(), BenchError> {
     if args.window == 0 {
         return flag("window", "must be above 0");
     }
+    if args.rounds == 0 {
+        return flag("rounds", "must be above 0");
+    }
     Ok(())
 }
 
@@ -385,6 +393,7 @@ async fn measure(
             traces: pool.traces(),
             tool_calls: pool.calls(),
             window: args.window,
+            rounds: args.rounds,
             updates_per_case: args.updates,
             seconds_per_case: args.duration.as_secs_f64(),
         },
@@ -431,9 +440,32 @@ impl Bench<'_> {
     }
 
     /// The ingest rows of one part size and stream count: chars4 against the echo, and
-    /// BPE against the raw counting rate of min(streams, cores) threads.
+    /// BPE against the raw counting rate of min(streams, cores) threads; each row is the
+    /// median of `--rounds` rounds.
     async fn ingest_rows(&mut self, size: usize, streams: usize) -> Vec<IngestRow> {
-        let case = format!("{size}B-{streams}");
+        let mut rounds: Vec<Vec<IngestRow>> = Vec::new();
+        for round in 0..self.args.rounds {
+            for (k, row) in self
+                .ingest_round(size, streams, round)
+                .await
+                .into_iter()
+                .enumerate()
+            {
+                match rounds.get_mut(k) {
+                    Some(rows) => rows.push(row),
+                    None => rounds.push(vec![row]),
+                }
+            }
+        }
+        rounds.into_iter().filter_map(median_round).collect()
+    }
+
+    /// One round of [`Self::ingest_rows`]: the echo, then each tokenizer's case.
+    async fn ingest_round(&mut self, size: usize, streams: usize, round: usize) -> Vec<IngestRow> {
+        let case = match round {
+            0 => format!("{size}B-{streams}"),
+            r => format!("{size}B-{streams}-r{r}"),
+        };
         progress(&format!("ingest: {case}, echo"));
         let (echo, _) = self
             .ingest(
@@ -493,6 +525,7 @@ impl Bench<'_> {
                 reference,
                 reference_rate,
                 ratio: r,
+                ratio_range: (r, r),
                 target,
                 miss: !target.met(r),
             });
@@ -552,38 +585,35 @@ impl Bench<'_> {
     }
 
     /// The latency rows of one part size: chars4 against the echo, BPE against the echo
-    /// with the same texts counted on the client before each send.
+    /// with the same texts counted on the client before each send; every round times the
+    /// references and then compactd, and the percentiles are over all rounds' samples.
     async fn latency_rows(&mut self, size: usize) -> Vec<LatencyRow> {
         progress(&format!("ack latency: {size} B"));
-        let echo = self
-            .ping_pong(
-                "echo",
-                Echo::new(self.echo.clone()),
-                size,
-                "",
-                self.args.updates,
-            )
-            .await;
-        let counted = self
-            .ping_pong(
-                "echo+count",
-                Echo::new(self.echo.clone()).counting(self.bpe),
-                size,
-                "",
-                self.args.updates,
-            )
-            .await;
+        let tokenizers = ["chars4", self.bpe_name];
+        let updates = self.args.updates;
+        let (mut echo, mut counted) = (Vec::new(), Vec::new());
+        let mut own: [Vec<Duration>; 2] = Default::default();
+        for round in 0..self.args.rounds {
+            let wire = Echo::new(self.echo.clone());
+            echo.extend(
+                self.ping_pong(&format!("echo-r{round}"), wire, size, "", updates)
+                    .await,
+            );
+            let wire = Echo::new(self.echo.clone()).counting(self.bpe);
+            counted.extend(
+                self.ping_pong(&format!("echo+count-r{round}"), wire, size, "", updates)
+                    .await,
+            );
+            for (samples, tokenizer) in own.iter_mut().zip(tokenizers) {
+                let wire = Compactd::new(self.compactd.clone());
+                let label = format!("{tokenizer}-r{round}");
+                samples.extend(self.ping_pong(&label, wire, size, tokenizer, updates).await);
+            }
+        }
+        let (echo, counted) = (latency(echo), latency(counted));
         let mut rows = Vec::new();
-        for tokenizer in ["chars4", self.bpe_name] {
-            let compactd = self
-                .ping_pong(
-                    tokenizer,
-                    Compactd::new(self.compactd.clone()),
-                    size,
-                    tokenizer,
-                    self.args.updates,
-                )
-                .await;
+        for (samples, tokenizer) in own.into_iter().zip(tokenizers) {
+            let compactd = latency(samples);
             let (reference, reference_latency) = if tokenizer == "chars4" {
                 ("echo".to_string(), echo.clone())
             } else {
@@ -606,9 +636,9 @@ impl Bench<'_> {
         rows
     }
 
-    /// One stream, one update in flight: the send-to-answer time of each update that
-    /// carries a tool output (the other updates of the sequence are sent and answered,
-    /// but their times are not the part size's).
+    /// One stream, one update in flight: the send-to-answer times of the updates that
+    /// carry a tool output (the other updates of the sequence are sent and answered, but
+    /// their times are not the part size's).
     async fn ping_pong<W: Wire>(
         &mut self,
         label: &str,
@@ -616,7 +646,7 @@ impl Bench<'_> {
         size: usize,
         tokenizer: &str,
         limit: usize,
-    ) -> Latency {
+    ) -> Vec<Duration> {
         let case = format!("pp-{size}B-{label}");
         let mut updates = self
             .pool
@@ -627,7 +657,7 @@ impl Bench<'_> {
         if W::HOLDS_SESSIONS {
             self.delete(updates.sessions()).await;
         }
-        latency(d.tool_latencies)
+        d.tool_latencies
     }
 
     /// Builds the large session, then times GetContext on it in both OpenAI shapes (a
@@ -693,7 +723,7 @@ impl Bench<'_> {
     }
 
     /// Times GetContext of `sid` in `format`, then a unary echo whose reply has as many
-    /// bytes.
+    /// bytes, `--rounds` times; the percentiles are over every round's samples.
     async fn time_context(
         &mut self,
         client: &mut pb::sessions_client::SessionsClient<Channel>,
@@ -701,43 +731,51 @@ impl Bench<'_> {
         format: pb::ContextFormat,
     ) -> ContextRow {
         progress(&format!("GetContext: timing {}", format.as_str_name()));
-        let (mut samples, mut reply_bytes, mut tokens) = (Vec::new(), 0u64, 0u64);
-        let deadline = Instant::now() + self.args.duration;
-        while samples.len() < self.args.updates && Instant::now() < deadline {
-            let at = Instant::now();
-            match client.get_context(context_request(sid, format)).await {
-                Ok(r) => {
-                    samples.push(at.elapsed());
-                    let r = r.into_inner();
-                    reply_bytes = r.encoded_len() as u64;
-                    tokens = r.estimated_tokens;
-                }
-                Err(status) => {
-                    self.tally.failed("GetContext", status);
-                    break;
-                }
-            }
-        }
-        let compactd = latency(samples);
-        let mut echo = drive::echo_client(self.echo.clone());
+        let (mut own, mut echo) = (Vec::new(), Vec::new());
+        let (mut reply_bytes, mut tokens) = (0u64, 0u64);
+        let mut echo_client = drive::echo_client(self.echo.clone());
         let request_bytes = context_request(sid, format).encoded_len();
-        let (mut samples, deadline) = (Vec::new(), Instant::now() + self.args.duration);
-        while samples.len() < self.args.updates && Instant::now() < deadline {
-            let request = echo::pb::EchoRequest {
-                seq: samples.len() as u64,
-                payload: vec![0u8; request_bytes].into(),
-                reply_bytes,
-            };
-            let at = Instant::now();
-            match echo.unary(request).await {
-                Ok(_) => samples.push(at.elapsed()),
-                Err(status) => {
-                    self.tally.failed("echo unary", status);
-                    break;
+        'rounds: for _ in 0..self.args.rounds {
+            let deadline = Instant::now() + self.args.duration;
+            let mut n = 0;
+            while n < self.args.updates && Instant::now() < deadline {
+                let at = Instant::now();
+                match client.get_context(context_request(sid, format)).await {
+                    Ok(r) => {
+                        own.push(at.elapsed());
+                        n += 1;
+                        let r = r.into_inner();
+                        reply_bytes = r.encoded_len() as u64;
+                        tokens = r.estimated_tokens;
+                    }
+                    Err(status) => {
+                        self.tally.failed("GetContext", status);
+                        break 'rounds;
+                    }
+                }
+            }
+            let (deadline, mut n) = (Instant::now() + self.args.duration, 0);
+            while n < self.args.updates && Instant::now() < deadline {
+                let request = echo::pb::EchoRequest {
+                    seq: n as u64,
+                    payload: vec![0u8; request_bytes].into(),
+                    reply_bytes,
+                };
+                let at = Instant::now();
+                match echo_client.unary(request).await {
+                    Ok(_) => {
+                        echo.push(at.elapsed());
+                        n += 1;
+                    }
+                    Err(status) => {
+                        self.tally.failed("echo unary", status);
+                        break 'rounds;
+                    }
                 }
             }
         }
-        let echo = latency(samples);
+        let compactd = latency(own);
+        let echo = latency(echo);
         let ratio_p50 = ratio(compactd.p50_us, echo.p50_us);
         let ratio_p99 = ratio(compactd.p99_us, echo.p99_us);
         let format = match format {

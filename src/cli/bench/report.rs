@@ -53,6 +53,8 @@ pub struct WorkloadInfo {
     pub tool_calls: usize,
     /// Updates each stream keeps in flight in the ingest cases.
     pub window: usize,
+    /// Rounds of every case, each right after its reference.
+    pub rounds: usize,
     /// Most updates (or calls) per measured case.
     pub updates_per_case: usize,
     /// Longest a measured case sends for, in seconds.
@@ -136,12 +138,38 @@ pub struct IngestRow {
     pub reference: String,
     /// The reference's figures.
     pub reference_rate: Rate,
-    /// compactd's updates/s over the reference's.
+    /// compactd's updates/s over the reference's (the median round's: every figure of
+    /// the row is that round's).
     pub ratio: f64,
+    /// The lowest and highest ratio of the rounds.
+    pub ratio_range: (f64, f64),
     /// The ratio's target.
     pub target: Target,
     /// True when the ratio misses the target.
     pub miss: bool,
+}
+
+/// The round of one ingest row whose ratio is the median (the lower middle of an even
+/// count), with the range of all rounds' ratios; None for no rounds. A ratio that could
+/// not be computed sorts last.
+pub fn median_round(mut rounds: Vec<IngestRow>) -> Option<IngestRow> {
+    let key = |r: &IngestRow| {
+        if r.ratio.is_finite() {
+            r.ratio
+        } else {
+            f64::INFINITY
+        }
+    };
+    rounds.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    let finite = || rounds.iter().map(|r| r.ratio).filter(|r| r.is_finite());
+    let range = (
+        finite().fold(f64::NAN, f64::min),
+        finite().fold(f64::NAN, f64::max),
+    );
+    let middle = rounds.len().checked_sub(1)? / 2;
+    let mut row = rounds.swap_remove(middle);
+    row.ratio_range = range;
+    Some(row)
 }
 
 /// Latency percentiles, in microseconds.
@@ -247,18 +275,22 @@ impl Report {
             "compactd bench: server {server}; echo pid {}; {} cores\n\
              workload: {} traces, {} tool calls; each session replays one trace with every tool \
              output at the part size; {} updates in flight per stream; each case at most {} \
-             updates or {} s",
+             updates or {} s, run {} time{} (each round right after its reference: an ingest row \
+             is the median round, the rounds' range beside it; latencies are percentiles of all \
+             rounds' samples)",
             self.echo_pid,
             self.cores,
             w.traces,
             w.tool_calls,
             w.window,
             w.updates_per_case,
-            w.seconds_per_case
+            w.seconds_per_case,
+            w.rounds,
+            if w.rounds == 1 { "" } else { "s" }
         );
         let _ = writeln!(
             o,
-            "\nINGEST (MB/s: protobuf bytes of the updates)\n{:<6} {:>7} {:<9} {:>11} {:>8}   {:<22} {:>11} {:>8} {:>7}  {:<8}",
+            "\nINGEST (MB/s: protobuf bytes of the updates)\n{:<6} {:>7} {:<9} {:>11} {:>8}   {:<22} {:>11} {:>8} {:>7} {:>11}  {:<8}",
             "part",
             "streams",
             "tokenizer",
@@ -268,12 +300,18 @@ impl Report {
             "updates/s",
             "MB/s",
             "ratio",
+            "rounds",
             "target"
         );
         for r in &self.ingest {
+            let range = format!(
+                "{}-{}",
+                r.target.ratio(r.ratio_range.0),
+                r.target.ratio(r.ratio_range.1)
+            );
             let _ = writeln!(
                 o,
-                "{:<6} {:>7} {:<9} {:>11.0} {:>8.1}   {:<22} {:>11.0} {:>8.1} {:>7}  {:<8}{}",
+                "{:<6} {:>7} {:<9} {:>11.0} {:>8.1}   {:<22} {:>11.0} {:>8.1} {:>7} {:>11}  {:<8}{}",
                 size(r.part_bytes),
                 r.streams,
                 r.tokenizer,
@@ -283,6 +321,7 @@ impl Report {
                 r.reference_rate.updates_per_s,
                 r.reference_rate.mb_per_s,
                 r.target.ratio(r.ratio),
+                range,
                 r.target.label(),
                 miss(r.miss)
             );
@@ -383,5 +422,41 @@ mod tests {
         assert!(ratio(1.0, 0.0).is_nan());
         assert_eq!(Target::Min(0.8).ratio(0.853), "85%");
         assert_eq!(Target::Max(2.0).ratio(1.5), "1.50x");
+    }
+
+    /// A round whose compactd sent `updates` (so each round is recognisable) at `ratio`.
+    fn round(updates: u64, ratio: f64) -> IngestRow {
+        IngestRow {
+            part_bytes: 4096,
+            streams: 1,
+            tokenizer: "chars4".into(),
+            compactd: Rate::new(updates, 0, 1.0),
+            reference: "echo".into(),
+            reference_rate: Rate::new(1, 0, 1.0),
+            ratio,
+            ratio_range: (ratio, ratio),
+            target: Target::Min(0.5),
+            miss: false,
+        }
+    }
+
+    #[test]
+    fn an_ingest_row_is_its_median_round_with_the_range_of_all() {
+        let row = median_round(vec![round(1, 0.9), round(2, 0.1), round(3, 0.5)]);
+        let row = row.expect("three rounds");
+        assert_eq!((row.compactd.updates, row.ratio), (3, 0.5));
+        assert_eq!(row.ratio_range, (0.1, 0.9));
+        // An even count takes the lower middle; a ratio that could not be computed sorts
+        // last and stays out of the range.
+        let row = median_round(vec![
+            round(1, 0.5),
+            round(2, f64::NAN),
+            round(3, 0.3),
+            round(4, 0.4),
+        ]);
+        let row = row.expect("four rounds");
+        assert_eq!((row.compactd.updates, row.ratio), (4, 0.4));
+        assert_eq!(row.ratio_range, (0.3, 0.5));
+        assert!(median_round(Vec::new()).is_none());
     }
 }
