@@ -13,7 +13,6 @@
 //! Only requests are guarded (`ProtoName::GUARDED`, set by `build.rs` for every RPC's
 //! input type); responses decoded by clients built from the same stubs are not.
 
-use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -25,6 +24,7 @@ use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
 use tonic_prost::{ProstDecoder, ProstEncoder};
 
 use super::pb;
+use crate::domain::FastMap;
 
 /// The protobuf name of a generated message (implemented by `build.rs`'s output).
 pub trait ProtoName {
@@ -209,7 +209,7 @@ enum Field {
 /// One message type: its fields by number and what one instance costs.
 #[derive(Debug, Default)]
 struct MessageSchema {
-    fields: HashMap<u32, Field>,
+    fields: FastMap<u32, Field>,
     instance: usize,
 }
 
@@ -217,7 +217,7 @@ struct MessageSchema {
 #[derive(Debug, Default)]
 struct Schema {
     messages: Vec<MessageSchema>,
-    by_name: HashMap<String, usize>,
+    by_name: FastMap<String, usize>,
 }
 
 /// Bytes one instance of a message costs beyond its fields' contents. Generous: the
@@ -251,7 +251,7 @@ fn build_schema(fds: &prost_types::FileDescriptorSet) -> Schema {
         schema.by_name.insert(name.clone(), i);
     }
     for (_, m) in &all {
-        let mut fields = HashMap::new();
+        let mut fields = FastMap::default();
         for f in &m.field {
             let (Some(number), Some(ty)) = (f.number, f.r#type) else {
                 continue;
