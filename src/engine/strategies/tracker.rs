@@ -357,28 +357,50 @@ impl Tracker {
                 .entry(holder.at.clone())
                 .or_insert_with(|| paths.clone());
         }
-        for (st, key) in keys {
-            self.offer(st, key, holder.clone());
+        // Each key but the last gets a copy of the holder; the last gets it.
+        let last = keys.len().saturating_sub(1);
+        let mut holder = Some(holder);
+        for (i, (st, key)) in keys.into_iter().enumerate() {
+            let h = if i == last {
+                holder.take()
+            } else {
+                holder.clone()
+            };
+            if let Some(h) = h {
+                self.offer(st, key, h);
+            }
         }
     }
 
     /// `h` holds `key` now, unless a newer holder already does (then `h` is the stale one).
     fn offer(&mut self, st: Strategy, key: String, h: Holder) {
-        let path = (st == Strategy::AggressiveFilePrune).then(|| key["file:".len()..].to_string());
-        let stale = match self.latest.get_mut(&(st, key.clone())) {
-            None => {
-                self.latest.insert((st, key), h);
+        use std::collections::hash_map::Entry;
+        // One lookup, and the key's copy (a file path) only when a holder goes stale.
+        let mut held = match self.latest.entry((st, key)) {
+            Entry::Vacant(v) => {
+                v.insert(h);
                 return;
             }
-            Some(l) if l.at == h.at => {
-                *l = h;
-                return;
-            }
-            Some(l) if l.order > h.order => (h, l.call.clone()),
-            Some(l) => {
-                let by = h.call.clone();
-                (std::mem::replace(l, h), by)
-            }
+            Entry::Occupied(o) => o,
+        };
+        if held.get().at == h.at {
+            *held.get_mut() = h;
+            return;
+        }
+        let path = (st == Strategy::AggressiveFilePrune).then(|| {
+            held.key()
+                .1
+                .get("file:".len()..)
+                .unwrap_or_default()
+                .to_string()
+        });
+        let l = held.get_mut();
+        let stale = if l.order > h.order {
+            let by = l.call.clone();
+            (h, by)
+        } else {
+            let by = h.call.clone();
+            (std::mem::replace(l, h), by)
         };
         self.supersede(st, stale.0, stale.1, path.as_deref());
     }
