@@ -19,7 +19,7 @@ use std::borrow::Cow;
 
 use serde_json::Value;
 
-use super::openai::chat_messages;
+use super::openai::{ChatMessage, chat_messages};
 use super::render::{Copying, render_borrowed};
 use super::session::Session;
 use super::stored::{Message, StoredPart};
@@ -38,9 +38,10 @@ pub struct ContextView {
 
 /// The context in the OpenAI shape alone, with the figures a [`ContextView`] carries.
 #[derive(Debug, Clone, PartialEq)]
-pub struct OpenAiContext {
-    /// The chat-completions `messages` array, as JSON text.
-    pub json: String,
+pub struct OpenAiContext<M = String> {
+    /// The chat-completions `messages` array: JSON text ([`Session::context_openai`]) or
+    /// JSON values ([`Session::context_openai_values`]).
+    pub json: M,
     /// Estimated tokens of the context (as [`ContextView::tokens`]).
     pub tokens: u64,
     /// Native messages the context keeps (as `ContextView::messages.len()`).
@@ -179,6 +180,21 @@ impl Session {
     /// `build_context().to_openai()` serialized, without copying the messages and parts
     /// first (parts that read as stored are borrowed) or building values.
     pub fn context_openai(&self) -> OpenAiContext {
+        // Strings, options and vectors of them always serialize. sonic-rs escapes with
+        // SIMD (the bulk of this call on a large context), same bytes as serde_json.
+        self.openai_as(|m| sonic_rs::to_string(m).unwrap_or_else(|_| "[]".to_string()))
+    }
+
+    /// The same messages as JSON values, for the protobuf OpenAI shape: one copy of the
+    /// texts (into the values, which the reply then moves into protobuf values) where
+    /// `build_context().to_openai()` makes two.
+    pub fn context_openai_values(&self) -> OpenAiContext<Value> {
+        self.openai_as(|m| serde_json::to_value(m).unwrap_or_else(|_| Value::Array(Vec::new())))
+    }
+
+    /// The OpenAI messages of the context, built from parts borrowed from the session, in
+    /// the form `shape` makes of them.
+    fn openai_as<M>(&self, shape: impl FnOnce(&[ChatMessage<'_>]) -> M) -> OpenAiContext<M> {
         let sent: Vec<_> = self.sent(self.context_slots(), Copying::Sent).collect();
         let mut out = Vec::new();
         let mut tokens = 0u64;
@@ -190,9 +206,7 @@ impl Session {
             chat_messages(msg.info.role, parts.iter().map(|(_, p)| &**p), &mut out);
         }
         OpenAiContext {
-            // Strings, options and vectors of them always serialize. sonic-rs escapes
-            // with SIMD (the bulk of this call on a large context), same bytes as serde_json.
-            json: sonic_rs::to_string(&out).unwrap_or_else(|_| "[]".to_string()),
+            json: shape(&out),
             tokens,
             context_messages: sent.len(),
             boundary_message_id: self

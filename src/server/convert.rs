@@ -86,6 +86,32 @@ pub fn value_to_pb(v: &Value) -> prost_types::Value {
     prost_types::Value { kind: Some(kind) }
 }
 
+/// JSON → `google.protobuf.Value`, moving the strings rather than copying them.
+pub fn value_into_pb(v: Value) -> prost_types::Value {
+    let kind = match v {
+        Value::Null => Kind::NullValue(0),
+        Value::Bool(b) => Kind::BoolValue(b),
+        Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
+        Value::String(s) => Kind::StringValue(s),
+        Value::Array(a) => Kind::ListValue(list_into_pb(Value::Array(a))),
+        Value::Object(o) => Kind::StructValue(prost_types::Struct {
+            fields: o.into_iter().map(|(k, v)| (k, value_into_pb(v))).collect(),
+        }),
+    };
+    prost_types::Value { kind: Some(kind) }
+}
+
+/// A JSON array → `google.protobuf.ListValue` (anything else → an empty list), moving
+/// the strings.
+pub fn list_into_pb(v: Value) -> prost_types::ListValue {
+    match v {
+        Value::Array(a) => prost_types::ListValue {
+            values: a.into_iter().map(value_into_pb).collect(),
+        },
+        _ => prost_types::ListValue::default(),
+    }
+}
+
 /// JSON object → `google.protobuf.Struct`.
 pub fn struct_to_pb(o: &Map<String, Value>) -> prost_types::Struct {
     prost_types::Struct {

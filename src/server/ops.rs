@@ -403,6 +403,19 @@ fn build_context(
                 _held: held,
             });
         }
+        if format == super::pb::ContextFormat::Openai {
+            // Protobuf values: built from borrowed parts too, then moved into the reply's
+            // protobuf values, never from a copied view.
+            let ctx = s.context_openai_values();
+            let bytes = crate::domain::HeapSize::heap_bytes(&ctx.json)
+                .saturating_add(std::mem::size_of::<serde_json::Value>());
+            let held = ledger.reserve(bytes as u64, "contexts")?;
+            return Ok(ContextReply {
+                body: ContextBody::OpenAiValues(ctx),
+                session_messages,
+                _held: held,
+            });
+        }
         let view = s.build_context();
         let held = ledger.reserve(view.held_bytes(), "contexts")?;
         Ok(ContextReply {

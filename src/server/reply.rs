@@ -39,6 +39,9 @@ pub enum ContextBody {
     /// `CONTEXT_FORMAT_OPENAI_JSON`: the OpenAI messages already serialized on the session's
     /// actor, with the view's figures.
     OpenAiJson(OpenAiContext),
+    /// `CONTEXT_FORMAT_OPENAI`: the OpenAI messages as JSON values, moved into protobuf
+    /// values when the reply is encoded.
+    OpenAiValues(OpenAiContext<serde_json::Value>),
 }
 
 impl ContextReply {
@@ -48,6 +51,14 @@ impl ContextReply {
             ContextBody::View { view, format } => {
                 convert::context_to_pb(&view, self.session_messages, format)
             }
+            ContextBody::OpenAiValues(c) => pb::Context {
+                openai_messages: Some(convert::list_into_pb(c.json)),
+                estimated_tokens: c.tokens,
+                boundary_message_id: c.boundary_message_id.unwrap_or_default(),
+                session_messages: u32::try_from(self.session_messages).unwrap_or(u32::MAX),
+                context_messages: u32::try_from(c.context_messages).unwrap_or(u32::MAX),
+                ..pb::Context::default()
+            },
             ContextBody::OpenAiJson(c) => pb::Context {
                 openai_messages_json: c.json,
                 estimated_tokens: c.tokens,
