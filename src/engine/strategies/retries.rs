@@ -3,7 +3,9 @@
 //! `{b,a}` are one call). A failed call followed by a successful one with the same hash
 //! is a retry; two successful ones are duplicates.
 
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::hash::{Hash, Hasher};
+
+use siphasher::sip::SipHasher13;
 
 use serde_json::Value;
 
@@ -15,8 +17,10 @@ pub fn call_hash(tool: &str, input: &Value) -> u128 {
     write_canonical(input, &mut canonical);
     // Hashed as the text it is (`str`'s hashing), so hashes kept in snapshots stay valid.
     let canonical = String::from_utf8_lossy(&canonical);
+    // SipHash-1-3 with zero keys: what std's `DefaultHasher` computed when snapshots first
+    // kept these hashes, from a crate that cannot change it under a new toolchain.
     let half = |salt: u8| {
-        let mut h = DefaultHasher::new();
+        let mut h = SipHasher13::new();
         salt.hash(&mut h);
         canonical.hash(&mut h);
         h.finish()
