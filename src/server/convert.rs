@@ -808,12 +808,7 @@ pub fn context_to_pb(
     use pb::ContextFormat as F;
     let native = matches!(format, F::Unspecified | F::Native);
     let openai = matches!(format, F::Unspecified | F::Openai);
-    let openai_messages = openai.then(|| match v.to_openai() {
-        Value::Array(a) => prost_types::ListValue {
-            values: a.iter().map(value_to_pb).collect(),
-        },
-        _ => prost_types::ListValue::default(),
-    });
+    let openai_messages = openai.then(|| list_into_pb(v.to_openai()));
 
     pb::Context {
         messages: if native {
