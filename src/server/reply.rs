@@ -45,29 +45,38 @@ pub enum ContextBody {
 }
 
 impl ContextReply {
-    /// The wire form (the JSON text moves into it).
+    /// The wire form (the JSON text or values move into it).
     pub fn into_pb(self) -> pb::Context {
+        let n = self.session_messages;
         match self.body {
-            ContextBody::View { view, format } => {
-                convert::context_to_pb(&view, self.session_messages, format)
+            ContextBody::View { view, format } => convert::context_to_pb(&view, n, format),
+            ContextBody::OpenAiValues(c) => {
+                let figures = openai_figures(&c, n);
+                pb::Context {
+                    openai_messages: Some(convert::list_into_pb(c.json)),
+                    ..figures
+                }
             }
-            ContextBody::OpenAiValues(c) => pb::Context {
-                openai_messages: Some(convert::list_into_pb(c.json)),
-                estimated_tokens: c.tokens,
-                boundary_message_id: c.boundary_message_id.unwrap_or_default(),
-                session_messages: u32::try_from(self.session_messages).unwrap_or(u32::MAX),
-                context_messages: u32::try_from(c.context_messages).unwrap_or(u32::MAX),
-                ..pb::Context::default()
-            },
-            ContextBody::OpenAiJson(c) => pb::Context {
-                openai_messages_json: c.json,
-                estimated_tokens: c.tokens,
-                boundary_message_id: c.boundary_message_id.unwrap_or_default(),
-                session_messages: u32::try_from(self.session_messages).unwrap_or(u32::MAX),
-                context_messages: u32::try_from(c.context_messages).unwrap_or(u32::MAX),
-                ..pb::Context::default()
-            },
+            ContextBody::OpenAiJson(c) => {
+                let figures = openai_figures(&c, n);
+                pb::Context {
+                    openai_messages_json: c.json,
+                    ..figures
+                }
+            }
         }
+    }
+}
+
+/// A context reply holding only an OpenAI shape's figures (its messages are set by the
+/// caller).
+fn openai_figures<M>(c: &OpenAiContext<M>, session_messages: usize) -> pb::Context {
+    pb::Context {
+        estimated_tokens: c.tokens,
+        boundary_message_id: c.boundary_message_id.clone().unwrap_or_default(),
+        session_messages: u32::try_from(session_messages).unwrap_or(u32::MAX),
+        context_messages: u32::try_from(c.context_messages).unwrap_or(u32::MAX),
+        ..pb::Context::default()
     }
 }
 

@@ -128,6 +128,11 @@ async fn upserts_deletes_and_reads_work_through_the_unary_twins() {
     let only_openai = get_context_as(&mut c, sid, pb::ContextFormat::Openai).await;
     assert!(only_openai.messages.is_empty());
     assert_eq!(only_openai.openai_messages, ctx.openai_messages);
+    assert_eq!(
+        (only_openai.estimated_tokens, only_openai.session_messages),
+        (ctx.estimated_tokens, ctx.session_messages)
+    );
+    assert_eq!(only_openai.context_messages, ctx.context_messages);
     assert!(ctx.openai_messages_json.is_empty());
     // The same messages as one JSON text, and nothing else.
     let json = get_context_as(&mut c, sid, pb::ContextFormat::OpenaiJson).await;
