@@ -77,8 +77,9 @@ pub(crate) struct Redo {
     parts: Vec<RenderingAt>,
 }
 
-/// A part's rendering fields at one moment (mark, prune stamp, reduced size).
-#[derive(Debug)]
+/// A part's rendering fields at one moment (mark, prune stamp, reduced size): what a
+/// trial rolls back to, and what a redo puts back.
+#[derive(Debug, Clone)]
 struct RenderingAt {
     msg: usize,
     pi: usize,
@@ -87,14 +88,26 @@ struct RenderingAt {
     reduced: Option<u64>,
 }
 
+impl RenderingAt {
+    /// The rendering fields of `stored`, at (`msg`, `pi`).
+    fn of(stored: &StoredPart, msg: usize, pi: usize) -> RenderingAt {
+        RenderingAt {
+            msg,
+            pi,
+            mark: stored.part.mark.clone(),
+            compacted_at: match &stored.part.kind {
+                PartKind::Tool(t) => t.state.time.compacted,
+                _ => None,
+            },
+            reduced: stored.reduced,
+        }
+    }
+}
+
 /// A part's rendering before a trial changed it.
 #[derive(Debug, Clone)]
 struct PriorRendering {
-    msg: usize,
-    pi: usize,
-    mark: Option<StrategyMark>,
-    compacted_at: Option<i64>,
-    reduced: Option<u64>,
+    rendering: RenderingAt,
     /// Its context tokens before the change.
     tokens: u64,
 }
@@ -424,8 +437,9 @@ impl Session {
         let journal = self.journal.as_ref()?;
         let mut first: FastMap<(usize, usize), u64> = FastMap::default();
         for p in &journal.parts {
-            if self.requests.is_sent(p.msg, p.pi) {
-                first.entry((p.msg, p.pi)).or_insert(p.tokens);
+            let at = (p.rendering.msg, p.rendering.pi);
+            if self.requests.is_sent(at.0, at.1) {
+                first.entry(at).or_insert(p.tokens);
             }
         }
         // A part whose size did not change reads the same (a prune stamp under a mask
@@ -686,16 +700,8 @@ impl Session {
         let old = stored.context_tokens();
         let was_compacted = stored.is_compacted();
         if let Some(journal) = &mut self.journal {
-            let compacted_at = match &stored.part.kind {
-                PartKind::Tool(t) => t.state.time.compacted,
-                _ => None,
-            };
             journal.parts.push(PriorRendering {
-                msg,
-                pi,
-                mark: stored.part.mark.clone(),
-                compacted_at,
-                reduced: stored.reduced,
+                rendering: RenderingAt::of(stored, msg, pi),
                 tokens: old,
             });
         }
@@ -755,20 +761,9 @@ impl Session {
                 let parts = journal
                     .parts
                     .iter()
-                    .filter(|p| seen.insert((p.msg, p.pi)))
-                    .map(|p| {
-                        let stored = &self.messages[p.msg].parts[p.pi];
-                        RenderingAt {
-                            msg: p.msg,
-                            pi: p.pi,
-                            mark: stored.part.mark.clone(),
-                            compacted_at: match &stored.part.kind {
-                                PartKind::Tool(t) => t.state.time.compacted,
-                                _ => None,
-                            },
-                            reduced: stored.reduced,
-                        }
-                    })
+                    .map(|p| (p.rendering.msg, p.rendering.pi))
+                    .filter(|&at| seen.insert(at))
+                    .map(|(msg, pi)| RenderingAt::of(&self.messages[msg].parts[pi], msg, pi))
                     .collect();
                 redo = Some(Redo {
                     totals: self.totals,
@@ -776,15 +771,7 @@ impl Session {
                 });
             }
             for prior in journal.parts.into_iter().rev() {
-                let stored = &mut self.messages[prior.msg].parts[prior.pi];
-                let during = stored.context_tokens();
-                stored.part.mark = prior.mark;
-                if let PartKind::Tool(t) = &mut stored.part.kind {
-                    t.state.time.compacted = prior.compacted_at;
-                }
-                stored.reduced = prior.reduced;
-                let restored = stored.context_tokens();
-                self.by_msg.moved(prior.msg, during, restored);
+                self.set_rendering(prior.rendering);
             }
             self.totals = journal.totals;
         }
@@ -795,17 +782,23 @@ impl Session {
     /// session is as that trial found it (the scheduler redoes right after weighing).
     pub(crate) fn redo(&mut self, redo: Redo) {
         for r in redo.parts {
-            let stored = &mut self.messages[r.msg].parts[r.pi];
-            let before = stored.context_tokens();
-            stored.part.mark = r.mark;
-            if let PartKind::Tool(t) = &mut stored.part.kind {
-                t.state.time.compacted = r.compacted_at;
-            }
-            stored.reduced = r.reduced;
-            let after = stored.context_tokens();
-            self.by_msg.moved(r.msg, before, after);
+            self.set_rendering(r);
         }
         self.totals = redo.totals;
+    }
+
+    /// Sets a part's rendering fields back to `r` (a rollback or a redo; the totals are
+    /// restored whole by the caller) and moves the per-message index with them.
+    fn set_rendering(&mut self, r: RenderingAt) {
+        let stored = &mut self.messages[r.msg].parts[r.pi];
+        let before = stored.context_tokens();
+        stored.part.mark = r.mark;
+        if let PartKind::Tool(t) = &mut stored.part.kind {
+            t.state.time.compacted = r.compacted_at;
+        }
+        stored.reduced = r.reduced;
+        let after = stored.context_tokens();
+        self.by_msg.moved(r.msg, before, after);
     }
 
     /// [`Self::trial`] that also puts back the caches the run brings up to date: the prune
