@@ -171,8 +171,10 @@ fn bench_refuses_what_it_cannot_run() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("not a loopback address"), "{stderr}");
 
-    let out = bench_with(TRACES, &["--rounds", "0"]);
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("--rounds: must be above 0"), "{stderr}");
+    for rounds in ["0", "21"] {
+        let out = bench_with(TRACES, &["--rounds", rounds]);
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("--rounds: must be 1 to 20"), "{stderr}");
+    }
 }

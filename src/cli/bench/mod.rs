@@ -51,6 +51,8 @@ pub const LATENCY_TARGET: Target = Target::Max(2.0);
 
 /// Tool outputs of the `GetContext` session are the traces' own, cut at this size.
 const CONTEXT_OUTPUT_CAP: usize = 48 << 10;
+/// Most `--rounds`: a run stays bounded in time (about 20 s per round by default).
+const MAX_ROUNDS: usize = 20;
 /// Failures the report quotes (all are counted).
 const FAILURES_KEPT: usize = 5;
 
@@ -83,6 +85,7 @@ pub struct BenchArgs {
     /// Rounds of every case, each run right after its reference, so that a slow moment of
     /// the machine hits both: an ingest row is its median round (the range of the rounds'
     /// ratios is shown beside it); latencies are percentiles of every round's samples.
+    /// At most 20.
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
     /// Size of the GetContext session, in tokens (as GetContext estimates them).
@@ -262,8 +265,8 @@ fn check(args: &BenchArgs) -> Result<(), BenchError> {
     if args.window == 0 {
         return flag("window", "must be above 0");
     }
-    if args.rounds == 0 {
-        return flag("rounds", "must be above 0");
+    if !(1..=MAX_ROUNDS).contains(&args.rounds) {
+        return flag("rounds", &format!("must be 1 to {MAX_ROUNDS}"));
     }
     Ok(())
 }
