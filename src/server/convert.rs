@@ -74,14 +74,12 @@ pub fn struct_from_pb(s: prost_types::Struct) -> Map<String, Value> {
 /// JSON → `google.protobuf.Value`.
 pub fn value_to_pb(v: &Value) -> prost_types::Value {
     let kind = match v {
-        Value::Null => Kind::NullValue(0),
-        Value::Bool(b) => Kind::BoolValue(*b),
-        Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
         Value::String(s) => Kind::StringValue(s.clone()),
         Value::Array(a) => Kind::ListValue(prost_types::ListValue {
             values: a.iter().map(value_to_pb).collect(),
         }),
         Value::Object(o) => Kind::StructValue(struct_to_pb(o)),
+        scalar => scalar_to_pb(scalar),
     };
     prost_types::Value { kind: Some(kind) }
 }
@@ -89,26 +87,38 @@ pub fn value_to_pb(v: &Value) -> prost_types::Value {
 /// JSON → `google.protobuf.Value`, moving the strings rather than copying them.
 pub fn value_into_pb(v: Value) -> prost_types::Value {
     let kind = match v {
-        Value::Null => Kind::NullValue(0),
-        Value::Bool(b) => Kind::BoolValue(b),
-        Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
         Value::String(s) => Kind::StringValue(s),
-        Value::Array(a) => Kind::ListValue(list_into_pb(Value::Array(a))),
+        Value::Array(a) => Kind::ListValue(values_into_pb(a)),
         Value::Object(o) => Kind::StructValue(prost_types::Struct {
             fields: o.into_iter().map(|(k, v)| (k, value_into_pb(v))).collect(),
         }),
+        scalar => scalar_to_pb(&scalar),
     };
     prost_types::Value { kind: Some(kind) }
+}
+
+/// A JSON scalar's kind (null, bool, number; anything else reads as null): one rule for
+/// both conversions above.
+fn scalar_to_pb(v: &Value) -> Kind {
+    match v {
+        Value::Bool(b) => Kind::BoolValue(*b),
+        Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
+        _ => Kind::NullValue(0),
+    }
 }
 
 /// A JSON array → `google.protobuf.ListValue` (anything else → an empty list), moving
 /// the strings.
 pub fn list_into_pb(v: Value) -> prost_types::ListValue {
     match v {
-        Value::Array(a) => prost_types::ListValue {
-            values: a.into_iter().map(value_into_pb).collect(),
-        },
+        Value::Array(a) => values_into_pb(a),
         _ => prost_types::ListValue::default(),
+    }
+}
+
+fn values_into_pb(a: Vec<Value>) -> prost_types::ListValue {
+    prost_types::ListValue {
+        values: a.into_iter().map(value_into_pb).collect(),
     }
 }
 

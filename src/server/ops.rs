@@ -391,36 +391,21 @@ fn build_context(
 ) -> impl FnOnce(&mut Tx<'_>, &EngineConfig) -> Result<ContextReply, Rejection> + Send + 'static {
     let ledger = hub.store.ledger().clone();
     move |s, _| {
-        let session_messages = s.messages().len();
-        if format == super::pb::ContextFormat::OpenaiJson {
-            // Serialized here, from parts borrowed from the session: no copy of the
-            // messages, no value tree.
-            let ctx = s.context_openai();
-            let held = ledger.reserve(ctx.json.len() as u64, "contexts")?;
-            return Ok(ContextReply {
-                body: ContextBody::OpenAiJson(ctx),
-                session_messages,
-                _held: held,
-            });
-        }
-        if format == super::pb::ContextFormat::Openai {
-            // Protobuf values: built from borrowed parts too, then moved into the reply's
-            // protobuf values, never from a copied view.
-            let ctx = s.context_openai_values();
-            let bytes = crate::domain::HeapSize::heap_bytes(&ctx.json)
-                .saturating_add(std::mem::size_of::<serde_json::Value>());
-            let held = ledger.reserve(bytes as u64, "contexts")?;
-            return Ok(ContextReply {
-                body: ContextBody::OpenAiValues(ctx),
-                session_messages,
-                _held: held,
-            });
-        }
-        let view = s.build_context();
-        let held = ledger.reserve(view.held_bytes(), "contexts")?;
+        use super::pb::ContextFormat as F;
+        let body = match format {
+            // Both OpenAI shapes are built from parts borrowed from the session: the JSON
+            // text serialized here, the values moved into protobuf values at encoding.
+            F::OpenaiJson => ContextBody::OpenAiJson(s.context_openai()),
+            F::Openai => ContextBody::OpenAiValues(s.context_openai_values()),
+            _ => ContextBody::View {
+                view: s.build_context(),
+                format,
+            },
+        };
+        let held = ledger.reserve(body.held_bytes(), "contexts")?;
         Ok(ContextReply {
-            body: ContextBody::View { view, format },
-            session_messages,
+            body,
+            session_messages: s.messages().len(),
             _held: held,
         })
     }

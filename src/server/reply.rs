@@ -44,6 +44,19 @@ pub enum ContextBody {
     OpenAiValues(OpenAiContext<serde_json::Value>),
 }
 
+impl ContextBody {
+    /// Bytes the body holds until it is sent (what its reply reserves in flight).
+    pub fn held_bytes(&self) -> u64 {
+        match self {
+            ContextBody::View { view, .. } => view.held_bytes(),
+            ContextBody::OpenAiJson(c) => c.json.len() as u64,
+            ContextBody::OpenAiValues(c) => crate::domain::HeapSize::heap_bytes(&c.json)
+                .saturating_add(std::mem::size_of::<serde_json::Value>())
+                as u64,
+        }
+    }
+}
+
 impl ContextReply {
     /// The wire form (the JSON text or values move into it).
     pub fn into_pb(self) -> pb::Context {
