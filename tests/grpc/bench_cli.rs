@@ -100,6 +100,7 @@ fn bench_json_holds_the_same_figures() {
     };
     let ingest = doc["ingest"].as_array().expect("ingest rows");
     assert_eq!(ingest.len(), 8, "{doc:#}");
+    let mut compactd_cpu = 0.0;
     for (_, bytes) in SIZES {
         for streams in STREAMS {
             for tokenizer in TOKENIZERS {
@@ -115,6 +116,19 @@ fn bench_json_holds_the_same_figures() {
                     number(&row[rate]["updates_per_s"], "updates_per_s");
                     number(&row[rate]["mb_per_s"], "mb_per_s");
                 }
+                // The started server's and the echo's CPU per update; none for counting
+                // on the client.
+                if cfg!(target_os = "linux") {
+                    let cpu = &row["compactd"]["server_cpu_us"];
+                    assert!(cpu.as_f64().is_some_and(|us| us >= 0.0), "{row}");
+                    compactd_cpu += cpu.as_f64().unwrap_or(0.0);
+                    let reference = &row["reference_rate"]["server_cpu_us"];
+                    if tokenizer == "chars4" {
+                        assert!(reference.as_f64().is_some_and(|us| us >= 0.0), "{row}");
+                    } else {
+                        assert!(reference.is_null(), "{row}");
+                    }
+                }
                 number(&row["ratio"], "ratio");
                 // The median round's ratio, within the range of both rounds'.
                 let range = row["ratio_range"].as_array().expect("ratio_range");
@@ -125,6 +139,11 @@ fn bench_json_holds_the_same_figures() {
                 assert!(row["target"].is_object(), "{row}");
             }
         }
+    }
+    if cfg!(target_os = "linux") {
+        // Over eight cases, the server spent some CPU (a case alone may be shorter than
+        // the kernel's 10 ms tick).
+        assert!(compactd_cpu > 0.0, "{doc:#}");
     }
     let latency = doc["latency"].as_array().expect("latency rows");
     assert_eq!(latency.len(), 4, "{doc:#}");

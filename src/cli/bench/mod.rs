@@ -325,6 +325,10 @@ struct Bench<'a> {
     cores: usize,
     run: String,
     tally: Tally,
+    /// The compactd server's pid (None with `--target`) and the echo's, whose CPU time
+    /// each ingest case reads.
+    server_pid: Option<u32>,
+    echo_pid: u32,
 }
 
 async fn measure(
@@ -351,6 +355,8 @@ async fn measure(
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         run: format!("bench{}", std::process::id()),
         tally: Tally::default(),
+        server_pid: server.pid(),
+        echo_pid: echo.pid(),
     };
     // Warm both servers up (connections, first sessions, the server's BPE tables).
     b.ping_pong(
@@ -549,6 +555,12 @@ impl Bench<'_> {
     ) -> (Rate, Vec<usize>) {
         let per = self.args.updates.div_ceil(streams).max(1);
         let window = self.args.window;
+        let pid = if W::HOLDS_SESSIONS {
+            self.server_pid
+        } else {
+            Some(self.echo_pid)
+        };
+        let cpu_before = pid.and_then(stats::cpu_seconds);
         let began = Instant::now();
         let deadline = began + self.args.duration;
         let tasks: Vec<_> = (0..streams)
@@ -580,7 +592,11 @@ impl Bench<'_> {
                 }
             }
         }
-        let rate = Rate::new(acked, bytes, began.elapsed().as_secs_f64());
+        let elapsed = began.elapsed().as_secs_f64();
+        let cpu = cpu_before
+            .zip(pid.and_then(stats::cpu_seconds))
+            .map(|(before, after)| (after - before).max(0.0));
+        let rate = Rate::new(acked, bytes, elapsed).with_cpu(cpu);
         if W::HOLDS_SESSIONS {
             self.delete(&sessions).await;
         }

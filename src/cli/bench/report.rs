@@ -108,6 +108,10 @@ pub struct Rate {
     pub updates_per_s: f64,
     /// Protobuf megabytes (10^6 bytes) of those updates per second.
     pub mb_per_s: f64,
+    /// CPU time the serving process spent per update, in microseconds (all its threads;
+    /// None when its pid is unknown, e.g. `--target`, or for the raw BPE reference). It
+    /// shows why a ratio is what it is: each side's cost, apart from the shared client.
+    pub server_cpu_us: Option<f64>,
 }
 
 impl Rate {
@@ -119,7 +123,16 @@ impl Rate {
             seconds,
             updates_per_s: per_s(updates as f64),
             mb_per_s: per_s(bytes as f64) / 1e6,
+            server_cpu_us: None,
         }
+    }
+
+    /// The same, with `cpu_seconds` of the serving process spread over its updates.
+    pub fn with_cpu(mut self, cpu_seconds: Option<f64>) -> Rate {
+        self.server_cpu_us = cpu_seconds
+            .filter(|_| self.updates > 0)
+            .map(|s| s * 1e6 / self.updates as f64);
+        self
     }
 }
 
@@ -290,15 +303,17 @@ impl Report {
         );
         let _ = writeln!(
             o,
-            "\nINGEST (MB/s: protobuf bytes of the updates)\n{:<6} {:>7} {:<9} {:>11} {:>8}   {:<22} {:>11} {:>8} {:>7} {:>11}  {:<8}",
+            "\nINGEST (MB/s: protobuf bytes of the updates; CPU: the serving process's CPU µs per update)\n{:<6} {:>7} {:<9} {:>11} {:>8} {:>6}   {:<22} {:>11} {:>8} {:>6} {:>7} {:>11}  {:<8}",
             "part",
             "streams",
             "tokenizer",
             "updates/s",
             "MB/s",
+            "CPU",
             "reference",
             "updates/s",
             "MB/s",
+            "CPU",
             "ratio",
             "rounds",
             "target"
@@ -311,15 +326,17 @@ impl Report {
             );
             let _ = writeln!(
                 o,
-                "{:<6} {:>7} {:<9} {:>11.0} {:>8.1}   {:<22} {:>11.0} {:>8.1} {:>7} {:>11}  {:<8}{}",
+                "{:<6} {:>7} {:<9} {:>11.0} {:>8.1} {:>6}   {:<22} {:>11.0} {:>8.1} {:>6} {:>7} {:>11}  {:<8}{}",
                 size(r.part_bytes),
                 r.streams,
                 r.tokenizer,
                 r.compactd.updates_per_s,
                 r.compactd.mb_per_s,
+                cpu(r.compactd.server_cpu_us),
                 r.reference,
                 r.reference_rate.updates_per_s,
                 r.reference_rate.mb_per_s,
+                cpu(r.reference_rate.server_cpu_us),
                 r.target.ratio(r.ratio),
                 range,
                 r.target.label(),
@@ -403,6 +420,11 @@ fn size(bytes: usize) -> String {
     } else {
         format!("{bytes} B")
     }
+}
+
+/// A CPU figure of the ingest table (µs per update), `-` when unknown.
+fn cpu(us: Option<f64>) -> String {
+    us.map_or_else(|| "-".into(), |us| format!("{us:.1}"))
 }
 
 fn miss(missed: bool) -> &'static str {

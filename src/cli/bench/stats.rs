@@ -46,6 +46,27 @@ pub fn rss(pid: u32) -> Option<(u64, u64)> {
     Some((kib("VmRSS:")?, kib("VmHWM:")?))
 }
 
+/// CPU time a process has used so far (user and system, all its threads), in seconds;
+/// None where `/proc/<pid>/stat` does not exist or does not parse. Linux reports it in
+/// `USER_HZ` ticks, 100 per second on every architecture it exports to user space.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    cpu_seconds_of(&stat)
+}
+
+/// [`cpu_seconds`] of one `/proc/<pid>/stat` line: `utime` and `stime` are the 14th and
+/// 15th fields, counted after the command name, which may itself hold spaces and
+/// parentheses (hence the last `)`).
+fn cpu_seconds_of(stat: &str) -> Option<f64> {
+    const USER_HZ: f64 = 100.0;
+    let (_, rest) = stat.rsplit_once(')')?;
+    // `rest` starts at the 3rd field (state): utime and stime are its 12th and 13th.
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime = fields.next()?.parse::<u64>().ok()?;
+    let stime = fields.next()?.parse::<u64>().ok()?;
+    Some(utime.saturating_add(stime) as f64 / USER_HZ)
+}
+
 /// What counting the texts of a run of updates took.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Counted {
@@ -119,5 +140,23 @@ mod tests {
         assert_eq!(percentile(&samples, 0.99), ms(99));
         assert_eq!(percentile(&[ms(7)], 0.99), ms(7));
         assert_eq!(percentile(&[], 0.5), Duration::ZERO);
+    }
+
+    #[test]
+    fn cpu_time_is_read_after_the_command_name() {
+        // A command name with spaces and a parenthesis; utime 250, stime 125 ticks.
+        let line = "4242 (tokio (rt) worker) S 1 4242 4242 0 -1 4194560 1200 0 0 0 250 125 0 0 20 0 9 0 100 0 0";
+        assert_eq!(cpu_seconds_of(line), Some(3.75));
+        assert_eq!(cpu_seconds_of("4242 (x) S 1 2"), None);
+        assert_eq!(cpu_seconds_of("no parenthesis"), None);
+        // This very process has a stat file, and its CPU time only grows.
+        let me = std::process::id();
+        let before = cpu_seconds(me).unwrap_or(f64::NAN);
+        let mut x = 0u64;
+        for i in 0..5_000_000u64 {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+        }
+        let after = cpu_seconds(me).unwrap_or(f64::NAN);
+        assert!(before >= 0.0 && after >= before, "{before} {after}");
     }
 }
