@@ -48,7 +48,7 @@ pub fn rss(pid: u32) -> Option<(u64, u64)> {
 
 /// CPU time a process has used so far (user and system, all its threads), in seconds;
 /// None where `/proc/<pid>/stat` does not exist or does not parse. Linux reports it in
-/// `USER_HZ` ticks, 100 per second on every architecture it exports to user space.
+/// `USER_HZ` ticks: 100 per second on x86-64 and AArch64, where the bench runs.
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     cpu_seconds_of(&stat)
@@ -149,14 +149,10 @@ mod tests {
         assert_eq!(cpu_seconds_of(line), Some(3.75));
         assert_eq!(cpu_seconds_of("4242 (x) S 1 2"), None);
         assert_eq!(cpu_seconds_of("no parenthesis"), None);
-        // This very process has a stat file, and its CPU time only grows.
-        let me = std::process::id();
-        let before = cpu_seconds(me).unwrap_or(f64::NAN);
-        let mut x = 0u64;
-        for i in 0..5_000_000u64 {
-            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+        if cfg!(target_os = "linux") {
+            // The real file of this very process parses.
+            let me = cpu_seconds(std::process::id());
+            assert!(me.is_some_and(|s| s >= 0.0), "{me:?}");
         }
-        let after = cpu_seconds(me).unwrap_or(f64::NAN);
-        assert!(before >= 0.0 && after >= before, "{before} {after}");
     }
 }
