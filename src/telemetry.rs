@@ -1,8 +1,10 @@
 //! Prometheus metrics: every name compactd exports, the one place each is recorded, and
 //! the `/metrics` endpoint on its own port (`--metrics-listen`).
 //!
-//! The recorder is process-global (the `metrics` crate's design); it is installed once,
-//! and recording before that (or without it) costs a branch and does nothing.
+//! The recorder is process-global (the `metrics` crate's design); it is installed once.
+//! Recording without it does nothing, but still builds each metric's labelled key; the
+//! per-update figure checks [`recording`] first, so a server without `--metrics-listen`
+//! neither builds keys nor reads the clock for it.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -204,8 +206,17 @@ pub fn store(cold: usize, disk_bytes: u64, failing: bool) {
     gauge!("compactd_store_failing").set(if failing { 1.0 } else { 0.0 });
 }
 
-/// One update went through the engine.
+/// True once compactd's recorder is installed ([`install`]): what only a metric needs
+/// (timing each update) is skipped otherwise.
+pub fn recording() -> bool {
+    HANDLE.get().is_some()
+}
+
+/// One update went through the engine (recorded only while [`recording`]).
 pub fn update(kind: &'static str, ok: bool, took: Duration) {
+    if !recording() {
+        return;
+    }
     let result = if ok { "ok" } else { "rejected" };
     counter!("compactd_updates_total", "kind" => kind, "result" => result).increment(1);
     histogram!("compactd_update_duration_seconds", "kind" => kind).record(took.as_secs_f64());

@@ -304,13 +304,13 @@ fn base() -> &'static Session {
             updates[0].encoded_len(),
             DEFAULT_MAX_UPDATE_BYTES,
         ) {
-            Ok(Op::Open(info)) => info,
+            Ok(Op::Open(info)) => *info,
             other => panic!("the base open decodes: {other:?}"),
         };
         let mut s = Session::new(info, config());
         for u in updates.into_iter().skip(1) {
             let update = match decode_update(u.clone(), u.encoded_len(), DEFAULT_MAX_UPDATE_BYTES) {
-                Ok(Op::Apply(update)) => update,
+                Ok(Op::Apply(update)) => *update,
                 other => panic!("{u:?} decodes: {other:?}"),
             };
             engine::step(&mut s, update, config(), NOW).expect("the base history applies");
@@ -411,12 +411,12 @@ fn run_update(
     };
     prop_assert!(!op.kind().is_empty());
     match op {
-        Op::Apply(update) => apply_checked(s, update, t)?,
+        Op::Apply(update) => apply_checked(s, *update, t)?,
         // The store opens another id as a new session, and reconfigures this one.
-        Op::Open(info) if info.id == s.info().id => apply_checked(s, Update::Configure(info), t)?,
+        Op::Open(info) if info.id == s.info().id => apply_checked(s, Update::Configure(*info), t)?,
         Op::Open(info) => {
             t.hit("opened another session");
-            let fresh = Session::new(info, config());
+            let fresh = Session::new(*info, config());
             check_readable(&fresh)?;
         }
         Op::Context(format) => {
@@ -1214,7 +1214,7 @@ fn fuzz_seeds_are_valid_updates() {
         let op = decode_update(u.clone(), u.encoded_len(), DEFAULT_MAX_UPDATE_BYTES)
             .unwrap_or_else(|r| panic!("{u:?} refused: {r:?}"));
         if let Op::Apply(update) = op {
-            engine::step(&mut s, update, config(), NOW)
+            engine::step(&mut s, *update, config(), NOW)
                 .unwrap_or_else(|e| panic!("{u:?} refused: {e}"));
         }
     }

@@ -15,10 +15,11 @@ pub const DEFAULT_MAX_UPDATE_BYTES: usize = 16 * 1024 * 1024;
 /// A decoded request for one session.
 #[derive(Debug)]
 pub enum Op {
-    /// Open or reconfigure.
-    Open(SessionInfo),
-    /// Change the session.
-    Apply(Update),
+    /// Open or reconfigure (boxed, like `Apply`: a session's info is the largest payload).
+    Open(Box<SessionInfo>),
+    /// Change the session (boxed: an update is several hundred bytes, and it travels by
+    /// value through the nested futures that queue it on its session's actor).
+    Apply(Box<Update>),
     /// Build the context.
     Context(pb::ContextFormat),
     /// Run prune.
@@ -77,19 +78,21 @@ pub fn decode_update(u: pb::ClientUpdate, len: usize, max: usize) -> Result<Op, 
         ));
     };
     Ok(match update {
-        U::Open(info) => {
-            Op::Open(convert::session_from_pb(info, &u.session_id).map_err(|r| r.within("open"))?)
-        }
-        U::UpsertMessage(m) => Op::Apply(Update::UpsertMessage(
+        U::Open(info) => Op::Open(Box::new(
+            convert::session_from_pb(info, &u.session_id).map_err(|r| r.within("open"))?,
+        )),
+        U::UpsertMessage(m) => Op::Apply(Box::new(Update::UpsertMessage(
             convert::message_from_pb(m).map_err(|r| r.within("upsert_message"))?,
-        )),
-        U::UpsertPart(p) => Op::Apply(Update::UpsertPart(
+        ))),
+        U::UpsertPart(p) => Op::Apply(Box::new(Update::UpsertPart(
             convert::part_from_pb(p).map_err(|r| r.within("upsert_part"))?,
+        ))),
+        U::DeletePart(r) => Op::Apply(Box::new(
+            delete_update(r.message_id, r.part_id).map_err(|e| e.within("delete_part"))?,
         )),
-        U::DeletePart(r) => {
-            Op::Apply(delete_update(r.message_id, r.part_id).map_err(|e| e.within("delete_part"))?)
-        }
-        U::ReportUsage(r) => Op::Apply(usage_update(r).map_err(|e| e.within("report_usage"))?),
+        U::ReportUsage(r) => Op::Apply(Box::new(
+            usage_update(r).map_err(|e| e.within("report_usage"))?,
+        )),
         U::GetContext(c) => {
             Op::Context(context_format(c.format).map_err(|r| r.within("get_context"))?)
         }
@@ -97,9 +100,9 @@ pub fn decode_update(u: pb::ClientUpdate, len: usize, max: usize) -> Result<Op, 
         U::CheckOverflow(_) => Op::CheckOverflow,
         U::Compact(o) => Op::Compact(o.into()),
         U::CancelCompaction(_) => Op::CancelCompaction,
-        U::Pin(p) => {
-            Op::Apply(pin_update(p.message_id, p.part_id, p.pinned).map_err(|e| e.within("pin"))?)
-        }
+        U::Pin(p) => Op::Apply(Box::new(
+            pin_update(p.message_id, p.part_id, p.pinned).map_err(|e| e.within("pin"))?,
+        )),
     })
 }
 
