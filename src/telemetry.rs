@@ -3,8 +3,8 @@
 //!
 //! The recorder is process-global (the `metrics` crate's design); it is installed once.
 //! Recording without it does nothing, but still builds each metric's labelled key; the
-//! per-update figure checks [`recording`] first, so a server without `--metrics-listen`
-//! neither builds keys nor reads the clock for it.
+//! per-update figures ([`update`]) check [`recording`] first, so a server without
+//! `--metrics-listen` neither builds keys nor reads the clock for them.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -206,17 +206,25 @@ pub fn store(cold: usize, disk_bytes: u64, failing: bool) {
     gauge!("compactd_store_failing").set(if failing { 1.0 } else { 0.0 });
 }
 
-/// True once compactd's recorder is installed ([`install`]): what only a metric needs
-/// (timing each update) is skipped otherwise.
-pub fn recording() -> bool {
+/// True once compactd's recorder is installed ([`install`]).
+fn recording() -> bool {
     HANDLE.get().is_some()
 }
 
-/// One update went through the engine (recorded only while [`recording`]).
-pub fn update(kind: &'static str, ok: bool, took: Duration) {
+/// Runs one update through the engine (`apply`) and records it: its count by result and
+/// its duration. Timed only while [`recording`]: otherwise two clock reads and two
+/// labelled keys per update would be spent on nothing.
+pub fn update<T, E>(kind: &'static str, apply: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
     if !recording() {
-        return;
+        return apply();
     }
+    let began = std::time::Instant::now();
+    let result = apply();
+    record_update(kind, result.is_ok(), began.elapsed());
+    result
+}
+
+fn record_update(kind: &'static str, ok: bool, took: Duration) {
     let result = if ok { "ok" } else { "rejected" };
     counter!("compactd_updates_total", "kind" => kind, "result" => result).increment(1);
     histogram!("compactd_update_duration_seconds", "kind" => kind).record(took.as_secs_f64());

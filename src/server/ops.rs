@@ -367,13 +367,7 @@ fn step(
     let sid = session_id.to_string();
     move |s, _| {
         let kind = update.kind();
-        // Timed only for the metric: two clock reads per update otherwise spent.
-        let began = crate::telemetry::recording().then(std::time::Instant::now);
-        let report = s.step(*update, now_ms());
-        if let Some(began) = began {
-            crate::telemetry::update(kind, report.is_ok(), began.elapsed());
-        }
-        let report = report?;
+        let report = crate::telemetry::update(kind, || s.step(*update, now_ms()))?;
         for e in &report.events {
             match e {
                 Event::Overflow(check) => crate::telemetry::overflow(check),

@@ -377,7 +377,7 @@ async fn measure(
     .await;
     b.ping_pong("warm-up-echo", Echo::new(b.echo.clone()), 4096, "", 50)
         .await;
-    let pid = server.pid();
+    let pid = b.server_pid;
     // "Start": ready and warmed up (its BPE tables loaded), before any measured case.
     let start = pid.and_then(stats::rss).map(|r| r.0);
     let mut ingest = Vec::new();
@@ -397,7 +397,7 @@ async fn measure(
     let mut report = Report {
         cores: b.cores,
         server: info,
-        echo_pid: echo.pid(),
+        echo_pid: b.echo_pid,
         workload: WorkloadInfo {
             traces: pool.traces(),
             tool_calls: pool.calls(),
