@@ -22,6 +22,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         // prost's codec behind a guard that refuses amplifying requests before decoding.
         .codec_path("crate::server::codec::GuardedCodec")
+        // A `ListValue` can carry a body already in wire form (GetContext's OpenAI
+        // messages are written straight to protobuf bytes).
+        .extern_path(
+            ".google.protobuf.ListValue",
+            "crate::server::list_value::ListValue",
+        )
         .build_client(true)
         .build_server(true)
         .compile_fds(fds)?;

@@ -39,8 +39,8 @@ pub struct ContextView {
 /// The context in the OpenAI shape alone, with the figures a [`ContextView`] carries.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OpenAiContext<M = String> {
-    /// The chat-completions `messages` array: JSON text ([`Session::context_openai`]) or
-    /// JSON values ([`Session::context_openai_values`]).
+    /// The chat-completions `messages` array: JSON text ([`Session::context_openai`]), or
+    /// another shape made from the same messages.
     pub json: M,
     /// Estimated tokens of the context (as [`ContextView::tokens`]).
     pub tokens: u64,
@@ -182,19 +182,15 @@ impl Session {
     pub fn context_openai(&self) -> OpenAiContext {
         // Strings, options and vectors of them always serialize. sonic-rs escapes with
         // SIMD (the bulk of this call on a large context), same bytes as serde_json.
-        self.openai_as(|m| sonic_rs::to_string(m).unwrap_or_else(|_| "[]".to_string()))
-    }
-
-    /// The same messages as JSON values, for the protobuf OpenAI shape: one copy of the
-    /// texts (into the values, which the reply then moves into protobuf values) where
-    /// `build_context().to_openai()` makes two.
-    pub fn context_openai_values(&self) -> OpenAiContext<Value> {
-        self.openai_as(|m| serde_json::to_value(m).unwrap_or_else(|_| Value::Array(Vec::new())))
+        self.context_openai_as(|m| sonic_rs::to_string(m).unwrap_or_else(|_| "[]".to_string()))
     }
 
     /// The OpenAI messages of the context, built from parts borrowed from the session, in
-    /// the form `shape` makes of them.
-    fn openai_as<M>(&self, shape: impl FnOnce(&[ChatMessage<'_>]) -> M) -> OpenAiContext<M> {
+    /// the form `shape` makes of them (JSON text here; protobuf wire bytes in the server).
+    pub(crate) fn context_openai_as<M>(
+        &self,
+        shape: impl FnOnce(&[ChatMessage<'_>]) -> M,
+    ) -> OpenAiContext<M> {
         let sent: Vec<_> = self.sent(self.context_slots(), Copying::Sent).collect();
         let mut out = Vec::new();
         let mut tokens = 0u64;
@@ -289,12 +285,17 @@ impl ContextView {
     /// The context as OpenAI chat-completions `messages`: user content, assistant text with
     /// `tool_calls` (one assistant message per model step), then one `tool` message per call.
     pub fn to_openai(&self) -> Value {
+        // Strings, options and vectors of them always convert.
+        self.openai_as(|m| serde_json::to_value(m).unwrap_or_else(|_| Value::Array(Vec::new())))
+    }
+
+    /// The same messages, in the form `shape` makes of them.
+    pub(crate) fn openai_as<M>(&self, shape: impl FnOnce(&[ChatMessage<'_>]) -> M) -> M {
         let mut out = Vec::new();
         for msg in &self.messages {
             chat_messages(msg.info.role, msg.parts.iter().map(|s| &s.part), &mut out);
         }
-        // Strings, options and vectors of them always convert.
-        serde_json::to_value(&out).unwrap_or_else(|_| Value::Array(Vec::new()))
+        shape(&out)
     }
 }
 

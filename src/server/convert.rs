@@ -84,41 +84,12 @@ pub fn value_to_pb(v: &Value) -> prost_types::Value {
     prost_types::Value { kind: Some(kind) }
 }
 
-/// JSON → `google.protobuf.Value`, moving the strings rather than copying them.
-pub fn value_into_pb(v: Value) -> prost_types::Value {
-    let kind = match v {
-        Value::String(s) => Kind::StringValue(s),
-        Value::Array(a) => Kind::ListValue(values_into_pb(a)),
-        Value::Object(o) => Kind::StructValue(prost_types::Struct {
-            fields: o.into_iter().map(|(k, v)| (k, value_into_pb(v))).collect(),
-        }),
-        scalar => scalar_to_pb(&scalar),
-    };
-    prost_types::Value { kind: Some(kind) }
-}
-
-/// A JSON scalar's kind (null, bool, number; anything else reads as null): one rule for
-/// both conversions above.
+/// A JSON scalar's kind (null, bool, number; anything else reads as null).
 fn scalar_to_pb(v: &Value) -> Kind {
     match v {
         Value::Bool(b) => Kind::BoolValue(*b),
         Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
         _ => Kind::NullValue(0),
-    }
-}
-
-/// A JSON array → `google.protobuf.ListValue` (anything else → an empty list), moving
-/// the strings.
-pub fn list_into_pb(v: Value) -> prost_types::ListValue {
-    match v {
-        Value::Array(a) => values_into_pb(a),
-        _ => prost_types::ListValue::default(),
-    }
-}
-
-fn values_into_pb(a: Vec<Value>) -> prost_types::ListValue {
-    prost_types::ListValue {
-        values: a.into_iter().map(value_into_pb).collect(),
     }
 }
 
@@ -818,7 +789,7 @@ pub fn context_to_pb(
     use pb::ContextFormat as F;
     let native = matches!(format, F::Unspecified | F::Native);
     let openai = matches!(format, F::Unspecified | F::Openai);
-    let openai_messages = openai.then(|| list_into_pb(v.to_openai()));
+    let openai_messages = openai.then(|| v.openai_as(|m| super::wire_value::list_value(m)));
 
     pb::Context {
         messages: if native {

@@ -279,26 +279,3 @@ fn an_empty_prompt_inherits_but_an_empty_placeholder_is_refused() {
     .expect_err("blank placeholder");
     assert_eq!(r.field, "placeholder");
 }
-
-#[test]
-fn moving_json_into_protobuf_values_reads_as_copying_it() {
-    let v = serde_json::json!([
-        {"role": "assistant", "content": null, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{\"a\":1}"}}
-        ]},
-        {"role": "tool", "tool_call_id": "c1", "content": "line\nline"},
-        {"n": 3, "f": 2.5, "b": true, "list": [1, "two", [], {}]}
-    ]);
-    let copied = prost_types::ListValue {
-        values: v
-            .as_array()
-            .map(|a| a.iter().map(value_to_pb).collect())
-            .unwrap_or_default(),
-    };
-    assert_eq!(list_into_pb(v), copied);
-    // Anything but an array is an empty list (the messages are always one).
-    assert_eq!(
-        list_into_pb(serde_json::json!({"a": 1})),
-        prost_types::ListValue::default()
-    );
-}

@@ -38,6 +38,7 @@ mod evict;
 #[cfg(test)]
 mod fuzz_tests;
 pub mod hub;
+pub mod list_value;
 mod ops;
 pub mod pb;
 mod reply;
@@ -46,6 +47,7 @@ mod service;
 mod status;
 mod stream;
 pub mod transport;
+mod wire_value;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -393,10 +393,12 @@ fn build_context(
     move |s, _| {
         use super::pb::ContextFormat as F;
         let body = match format {
-            // Both OpenAI shapes are built from parts borrowed from the session: the JSON
-            // text serialized here, the values moved into protobuf values at encoding.
+            // Both OpenAI shapes are written here from parts borrowed from the session: the
+            // JSON text, or the protobuf `ListValue` in wire form.
             F::OpenaiJson => ContextBody::OpenAiJson(s.context_openai()),
-            F::Openai => ContextBody::OpenAiValues(s.context_openai_values()),
+            F::Openai => {
+                ContextBody::OpenAiList(s.context_openai_as(|m| super::wire_value::list_value(m)))
+            }
             _ => ContextBody::View {
                 view: s.build_context(),
                 format,

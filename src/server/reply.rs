@@ -3,6 +3,7 @@
 //! stream turns any of them into its events and the ack.
 
 use super::convert;
+use super::list_value::ListValue;
 use super::pb;
 use super::pb::server_event::Event as Ev;
 use super::status::Rejection;
@@ -39,9 +40,9 @@ pub enum ContextBody {
     /// `CONTEXT_FORMAT_OPENAI_JSON`: the OpenAI messages already serialized on the session's
     /// actor, with the view's figures.
     OpenAiJson(OpenAiContext),
-    /// `CONTEXT_FORMAT_OPENAI`: the OpenAI messages as JSON values, moved into protobuf
-    /// values when the reply is encoded.
-    OpenAiValues(OpenAiContext<serde_json::Value>),
+    /// `CONTEXT_FORMAT_OPENAI`: the OpenAI messages already in protobuf wire form (a
+    /// `ListValue`'s body) on the session's actor, with the view's figures.
+    OpenAiList(OpenAiContext<ListValue>),
 }
 
 impl ContextBody {
@@ -50,9 +51,7 @@ impl ContextBody {
         match self {
             ContextBody::View { view, .. } => view.held_bytes(),
             ContextBody::OpenAiJson(c) => c.json.len() as u64,
-            ContextBody::OpenAiValues(c) => crate::domain::HeapSize::heap_bytes(&c.json)
-                .saturating_add(std::mem::size_of::<serde_json::Value>())
-                as u64,
+            ContextBody::OpenAiList(c) => c.json.encoded_len_held() as u64,
         }
     }
 }
@@ -63,10 +62,10 @@ impl ContextReply {
         let n = self.session_messages;
         match self.body {
             ContextBody::View { view, format } => convert::context_to_pb(&view, n, format),
-            ContextBody::OpenAiValues(c) => {
+            ContextBody::OpenAiList(c) => {
                 let figures = openai_figures(&c, n);
                 pb::Context {
-                    openai_messages: Some(convert::list_into_pb(c.json)),
+                    openai_messages: Some(c.json),
                     ..figures
                 }
             }

@@ -727,9 +727,10 @@ pub fn stored_message<'a>(session: &'a pb::GetSessionResponse, id: &str) -> &'a 
         .unwrap_or_else(|| panic!("message {id} is stored"))
 }
 
-/// A protobuf `ListValue` as JSON.
-pub fn list_to_json(l: &prost_types::ListValue) -> serde_json::Value {
-    serde_json::Value::Array(l.values.iter().map(value_to_json).collect())
+/// A protobuf `ListValue` as JSON (its decoded values: prost's type, or the one compactd's
+/// stubs hold).
+pub fn list_to_json(values: &[prost_types::Value]) -> serde_json::Value {
+    serde_json::Value::Array(values.iter().map(value_to_json).collect())
 }
 
 /// A protobuf `Value` as JSON.
@@ -740,7 +741,7 @@ pub fn value_to_json(v: &prost_types::Value) -> serde_json::Value {
         Some(Kind::BoolValue(b)) => serde_json::Value::Bool(*b),
         Some(Kind::NumberValue(n)) => serde_json::json!(n),
         Some(Kind::StringValue(s)) => serde_json::Value::String(s.clone()),
-        Some(Kind::ListValue(l)) => list_to_json(l),
+        Some(Kind::ListValue(l)) => list_to_json(&l.values),
         Some(Kind::StructValue(s)) => serde_json::Value::Object(
             s.fields
                 .iter()

@@ -161,10 +161,16 @@ fn bench_json_holds_the_same_figures() {
     for context in contexts {
         assert!(context["tokens"].as_u64() > Some(0), "{context}");
         assert!(context["reply_bytes"].as_u64() > Some(0), "{context}");
-        for side in ["compactd", "echo"] {
+        for side in ["compactd", "echo", "client_decode"] {
             number(&context[side]["p50_us"], "p50_us");
             number(&context[side]["p99_us"], "p99_us");
         }
+        // Every reply taken as bytes was decoded afterwards (a reply that does not decode
+        // is an error, and `errors` is 0 below).
+        assert_eq!(
+            context["client_decode"]["samples"], context["compactd"]["samples"],
+            "{context}"
+        );
         number(&context["ratio_p50"], "ratio_p50");
     }
     // Both shapes carry the same context.

@@ -75,7 +75,7 @@ async fn every_trace_imports_with_all_its_messages_and_serves_a_context() {
             t.name
         );
         assert_eq!(ctx.estimated_tokens, summary.context_tokens, "{}", t.name);
-        let openai = list_to_json(ctx.openai_messages.as_ref().unwrap());
+        let openai = list_to_json(&ctx.openai_messages.as_ref().unwrap().values);
         assert!(!openai.as_array().unwrap().is_empty(), "{}", t.name);
 
         let got = get_session(&mut c, doc_id).await;
@@ -274,8 +274,8 @@ async fn an_export_sent_as_an_object_imports_like_the_text() {
     }
     assert_eq!(obj.estimated_tokens, text.estimated_tokens);
     let (oa, ta) = (
-        list_to_json(obj.openai_messages.as_ref().unwrap()),
-        list_to_json(text.openai_messages.as_ref().unwrap()),
+        list_to_json(&obj.openai_messages.as_ref().unwrap().values),
+        list_to_json(&text.openai_messages.as_ref().unwrap().values),
     );
     // A protobuf Struct has no key order, so tool-call arguments may list their keys in
     // another order than the text document: compare them as JSON values.

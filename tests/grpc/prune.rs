@@ -157,7 +157,7 @@ async fn finishing_an_assistant_message_prunes_old_tool_outputs() {
         };
         assert_eq!(shown[id].0, want, "{id} in the native context");
     }
-    let openai = list_to_json(ctx.openai_messages.as_ref().unwrap());
+    let openai = list_to_json(&ctx.openai_messages.as_ref().unwrap().values);
     let results: BTreeMap<String, String> = openai
         .as_array()
         .unwrap()

@@ -112,7 +112,7 @@ async fn upserts_deletes_and_reads_work_through_the_unary_twins() {
     assert_eq!((ctx.session_messages, ctx.context_messages), (2, 2));
     assert!(ctx.estimated_tokens > 0);
     assert_eq!(ctx.estimated_tokens, summary.context_tokens);
-    let openai = list_to_json(ctx.openai_messages.as_ref().unwrap());
+    let openai = list_to_json(&ctx.openai_messages.as_ref().unwrap().values);
     assert_eq!(openai[0]["role"], "user");
     assert_eq!(openai[0]["content"], "read main.rs");
     assert_eq!(openai[1]["role"], "assistant");

@@ -16,6 +16,7 @@
 
 pub mod drive;
 pub mod echo;
+mod raw;
 pub mod report;
 pub mod spawn;
 pub mod stats;
@@ -735,7 +736,7 @@ impl Bench<'_> {
         }
         let mut rows = Vec::new();
         for format in [pb::ContextFormat::Openai, pb::ContextFormat::OpenaiJson] {
-            rows.push(self.time_context(&mut client, &sid, format).await);
+            rows.push(self.time_context(&sid, format).await);
         }
         self.delete(std::slice::from_ref(&sid)).await;
         rows
@@ -743,14 +744,12 @@ impl Bench<'_> {
 
     /// Times GetContext of `sid` in `format`, then a unary echo whose reply has as many
     /// bytes, `--rounds` times; the percentiles are over every round's samples.
-    async fn time_context(
-        &mut self,
-        client: &mut pb::sessions_client::SessionsClient<Channel>,
-        sid: &str,
-        format: pb::ContextFormat,
-    ) -> ContextRow {
+    async fn time_context(&mut self, sid: &str, format: pb::ContextFormat) -> ContextRow {
         progress(&format!("GetContext: timing {}", format.as_str_name()));
-        let (mut own, mut echo) = (Vec::new(), Vec::new());
+        // The reply is taken as bytes, as the echo's client takes the echo's, and decoded
+        // after the call is timed (see `raw`).
+        let mut client = raw::RawClient::new(self.compactd.clone());
+        let (mut own, mut echo, mut decode) = (Vec::new(), Vec::new(), Vec::new());
         let (mut reply_bytes, mut tokens) = (0u64, 0u64);
         let mut echo_client = drive::echo_client(self.echo.clone());
         let request_bytes = context_request(sid, format).encoded_len();
@@ -760,12 +759,24 @@ impl Bench<'_> {
             while n < self.args.updates && Instant::now() < deadline {
                 let at = Instant::now();
                 match client.get_context(context_request(sid, format)).await {
-                    Ok(r) => {
+                    Ok(bytes) => {
                         own.push(at.elapsed());
                         n += 1;
-                        let r = r.into_inner();
-                        reply_bytes = r.encoded_len() as u64;
-                        tokens = r.estimated_tokens;
+                        reply_bytes = bytes.len() as u64;
+                        let at = Instant::now();
+                        match pb::Context::decode(bytes) {
+                            Ok(r) => {
+                                decode.push(at.elapsed());
+                                tokens = r.estimated_tokens;
+                            }
+                            Err(e) => {
+                                let status = tonic::Status::internal(format!(
+                                    "the reply does not decode as a Context: {e}"
+                                ));
+                                self.tally.failed("GetContext", status);
+                                break 'rounds;
+                            }
+                        }
                     }
                     Err(status) => {
                         self.tally.failed("GetContext", status);
@@ -807,6 +818,7 @@ impl Bench<'_> {
             format: format.into(),
             compactd,
             echo,
+            client_decode: latency(decode),
             ratio_p50,
             ratio_p99,
             target: LATENCY_TARGET,
