@@ -29,7 +29,7 @@ impl ListValue {
     }
 
     /// Bytes held by the encoded body (what a reply holds in flight).
-    pub fn encoded_len_held(&self) -> usize {
+    pub fn held_bytes(&self) -> usize {
         self.encoded.capacity()
     }
 }

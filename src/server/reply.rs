@@ -51,7 +51,7 @@ impl ContextBody {
         match self {
             ContextBody::View { view, .. } => view.held_bytes(),
             ContextBody::OpenAiJson(c) => c.json.len() as u64,
-            ContextBody::OpenAiList(c) => c.json.encoded_len_held() as u64,
+            ContextBody::OpenAiList(c) => c.json.held_bytes() as u64,
         }
     }
 }

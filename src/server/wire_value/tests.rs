@@ -136,7 +136,7 @@ fn a_key_that_is_not_a_string_is_refused_and_leaves_an_empty_list() {
     let err = list_body(&items).expect_err("a tuple key is refused");
     assert!(err.to_string().contains("not a string"), "{err}");
     let list = list_value(&items);
-    assert_eq!(list.encoded_len_held(), 0);
+    assert_eq!(list.held_bytes(), 0);
     assert_eq!(prost::Message::encoded_len(&list), 0);
 }
 
