@@ -25,7 +25,9 @@
 //! Then the edges: `convert.rs` (protobuf ↔ domain), `status.rs` (errors → codes),
 //! `drain.rs` (closing streams), `evict.rs` (idle evictions announced), `counting.rs`
 //! (the threads that count long texts off the runtime), `clock.rs` (the wall clock), `auth.rs`, `transport.rs` (HTTP/2 settings), `codec.rs` (the guard that
-//! refuses amplifying requests before decoding) and `pb.rs` (generated).
+//! refuses amplifying requests before decoding), `wire_value/` (GetContext's protobuf
+//! OpenAI shape written straight to wire bytes), `list_value.rs` (the `ListValue` that
+//! carries them) and `pb.rs` (generated).
 
 pub mod auth;
 mod clock;
