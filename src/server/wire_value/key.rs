@@ -21,6 +21,15 @@ fn not_a_string() -> Error {
     Error("a map key is not a string".to_string())
 }
 
+/// Keys serde_json writes as their decimal or `true`/`false` text.
+macro_rules! as_string {
+    ($($method:ident: $t:ty),*) => {$(
+        fn $method(self, v: $t) -> Result<(), Error> {
+            self.key(&v.to_string())
+        }
+    )*};
+}
+
 impl<S: Sink> ser::Serializer for KeySer<'_, S> {
     type Ok = ();
     type Error = Error;
@@ -32,6 +41,27 @@ impl<S: Sink> ser::Serializer for KeySer<'_, S> {
     type SerializeStruct = Impossible<(), Error>;
     type SerializeStructVariant = Impossible<(), Error>;
 
+    as_string!(
+        serialize_bool: bool,
+        serialize_i8: i8,
+        serialize_i16: i16,
+        serialize_i32: i32,
+        serialize_i64: i64,
+        serialize_u8: u8,
+        serialize_u16: u16,
+        serialize_u32: u32,
+        serialize_u64: u64
+    );
+
+    fn serialize_f32(self, _: f32) -> Result<(), Error> {
+        Err(not_a_string())
+    }
+    fn serialize_f64(self, _: f64) -> Result<(), Error> {
+        Err(not_a_string())
+    }
+    fn serialize_bytes(self, _: &[u8]) -> Result<(), Error> {
+        Err(not_a_string())
+    }
     fn serialize_str(self, v: &str) -> Result<(), Error> {
         self.key(v)
     }
@@ -52,42 +82,6 @@ impl<S: Sink> ser::Serializer for KeySer<'_, S> {
         value: &T,
     ) -> Result<(), Error> {
         value.serialize(self)
-    }
-    fn serialize_bool(self, v: bool) -> Result<(), Error> {
-        self.key(&v.to_string())
-    }
-    fn serialize_i8(self, v: i8) -> Result<(), Error> {
-        self.key(&v.to_string())
-    }
-    fn serialize_i16(self, v: i16) -> Result<(), Error> {
-        self.key(&v.to_string())
-    }
-    fn serialize_i32(self, v: i32) -> Result<(), Error> {
-        self.key(&v.to_string())
-    }
-    fn serialize_i64(self, v: i64) -> Result<(), Error> {
-        self.key(&v.to_string())
-    }
-    fn serialize_u8(self, v: u8) -> Result<(), Error> {
-        self.key(&v.to_string())
-    }
-    fn serialize_u16(self, v: u16) -> Result<(), Error> {
-        self.key(&v.to_string())
-    }
-    fn serialize_u32(self, v: u32) -> Result<(), Error> {
-        self.key(&v.to_string())
-    }
-    fn serialize_u64(self, v: u64) -> Result<(), Error> {
-        self.key(&v.to_string())
-    }
-    fn serialize_f32(self, _: f32) -> Result<(), Error> {
-        Err(not_a_string())
-    }
-    fn serialize_f64(self, _: f64) -> Result<(), Error> {
-        Err(not_a_string())
-    }
-    fn serialize_bytes(self, _: &[u8]) -> Result<(), Error> {
-        Err(not_a_string())
     }
     fn serialize_none(self) -> Result<(), Error> {
         Err(not_a_string())

@@ -58,6 +58,20 @@ impl<'s, S: Sink> ValueSer<'s, S> {
         }
     }
 
+    /// Opens `{"variant": <compound>}`: the compound `open` starts closes the variant's
+    /// frames after its own.
+    fn open_tagged(
+        self,
+        variant: &str,
+        open: fn(ValueSer<'s, S>) -> Compound<'s, S>,
+    ) -> Compound<'s, S> {
+        let sink = self.0;
+        let tagged = ValueSer(&mut *sink).open_variant(variant);
+        let mut compound = open(ValueSer(sink));
+        compound.tagged = Some(tagged);
+        compound
+    }
+
     /// Opens a `ListValue` value.
     fn open_list(self) -> Compound<'s, S> {
         self.0.put(&[LIST]);
@@ -126,6 +140,15 @@ impl<S: Sink> Compound<'_, S> {
     }
 }
 
+/// Integers a double holds exactly.
+macro_rules! exact_number {
+    ($($method:ident: $t:ty),*) => {$(
+        fn $method(self, v: $t) -> Result<(), Error> {
+            self.number(f64::from(v))
+        }
+    )*};
+}
+
 impl<'s, S: Sink> ser::Serializer for ValueSer<'s, S> {
     type Ok = ();
     type Error = Error;
@@ -141,27 +164,17 @@ impl<'s, S: Sink> ser::Serializer for ValueSer<'s, S> {
         self.0.put(&[BOOL, u8::from(v)]);
         Ok(())
     }
-    fn serialize_i8(self, v: i8) -> Result<(), Error> {
-        self.number(f64::from(v))
-    }
-    fn serialize_i16(self, v: i16) -> Result<(), Error> {
-        self.number(f64::from(v))
-    }
-    fn serialize_i32(self, v: i32) -> Result<(), Error> {
-        self.number(f64::from(v))
-    }
+    exact_number!(
+        serialize_i8: i8,
+        serialize_i16: i16,
+        serialize_i32: i32,
+        serialize_u8: u8,
+        serialize_u16: u16,
+        serialize_u32: u32
+    );
     fn serialize_i64(self, v: i64) -> Result<(), Error> {
         // Protobuf's Value holds every number as a double, as serde_json's `as_f64`.
         self.number(v as f64)
-    }
-    fn serialize_u8(self, v: u8) -> Result<(), Error> {
-        self.number(f64::from(v))
-    }
-    fn serialize_u16(self, v: u16) -> Result<(), Error> {
-        self.number(f64::from(v))
-    }
-    fn serialize_u32(self, v: u32) -> Result<(), Error> {
-        self.number(f64::from(v))
     }
     fn serialize_u64(self, v: u64) -> Result<(), Error> {
         self.number(v as f64)
@@ -247,11 +260,7 @@ impl<'s, S: Sink> ser::Serializer for ValueSer<'s, S> {
         variant: &'static str,
         _: usize,
     ) -> Result<Compound<'s, S>, Error> {
-        let sink = self.0;
-        let tagged = ValueSer(&mut *sink).open_variant(variant);
-        let mut list = ValueSer(sink).open_list();
-        list.tagged = Some(tagged);
-        Ok(list)
+        Ok(self.open_tagged(variant, ValueSer::open_list))
     }
     fn serialize_map(self, _: Option<usize>) -> Result<Compound<'s, S>, Error> {
         Ok(self.open_struct())
@@ -266,57 +275,32 @@ impl<'s, S: Sink> ser::Serializer for ValueSer<'s, S> {
         variant: &'static str,
         _: usize,
     ) -> Result<Compound<'s, S>, Error> {
-        let sink = self.0;
-        let tagged = ValueSer(&mut *sink).open_variant(variant);
-        let mut object = ValueSer(sink).open_struct();
-        object.tagged = Some(tagged);
-        Ok(object)
+        Ok(self.open_tagged(variant, ValueSer::open_struct))
     }
 }
 
-impl<S: Sink> ser::SerializeSeq for Compound<'_, S> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
-        element(self.sink, value)
-    }
-    fn end(self) -> Result<(), Error> {
-        Compound::end(self)
-    }
+/// The list-shaped serde traits: each element is a `values` entry of the list.
+macro_rules! list_like {
+    ($($trait:ident :: $method:ident),*) => {$(
+        impl<S: Sink> ser::$trait for Compound<'_, S> {
+            type Ok = ();
+            type Error = Error;
+            fn $method<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
+                element(self.sink, value)
+            }
+            fn end(self) -> Result<(), Error> {
+                Compound::end(self)
+            }
+        }
+    )*};
 }
 
-impl<S: Sink> ser::SerializeTuple for Compound<'_, S> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
-        element(self.sink, value)
-    }
-    fn end(self) -> Result<(), Error> {
-        Compound::end(self)
-    }
-}
-
-impl<S: Sink> ser::SerializeTupleStruct for Compound<'_, S> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
-        element(self.sink, value)
-    }
-    fn end(self) -> Result<(), Error> {
-        Compound::end(self)
-    }
-}
-
-impl<S: Sink> ser::SerializeTupleVariant for Compound<'_, S> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
-        element(self.sink, value)
-    }
-    fn end(self) -> Result<(), Error> {
-        Compound::end(self)
-    }
-}
+list_like!(
+    SerializeSeq::serialize_element,
+    SerializeTuple::serialize_element,
+    SerializeTupleStruct::serialize_field,
+    SerializeTupleVariant::serialize_field
+);
 
 impl<S: Sink> ser::SerializeMap for Compound<'_, S> {
     type Ok = ();
@@ -350,32 +334,24 @@ impl<S: Sink> ser::SerializeMap for Compound<'_, S> {
     }
 }
 
-impl<S: Sink> ser::SerializeStruct for Compound<'_, S> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_field<T: Serialize + ?Sized>(
-        &mut self,
-        key: &'static str,
-        value: &T,
-    ) -> Result<(), Error> {
-        self.entry(key, value)
-    }
-    fn end(self) -> Result<(), Error> {
-        Compound::end(self)
-    }
+/// The struct-shaped serde traits: each field is an entry of the `Struct`.
+macro_rules! struct_like {
+    ($($trait:ident),*) => {$(
+        impl<S: Sink> ser::$trait for Compound<'_, S> {
+            type Ok = ();
+            type Error = Error;
+            fn serialize_field<T: Serialize + ?Sized>(
+                &mut self,
+                key: &'static str,
+                value: &T,
+            ) -> Result<(), Error> {
+                self.entry(key, value)
+            }
+            fn end(self) -> Result<(), Error> {
+                Compound::end(self)
+            }
+        }
+    )*};
 }
 
-impl<S: Sink> ser::SerializeStructVariant for Compound<'_, S> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_field<T: Serialize + ?Sized>(
-        &mut self,
-        key: &'static str,
-        value: &T,
-    ) -> Result<(), Error> {
-        self.entry(key, value)
-    }
-    fn end(self) -> Result<(), Error> {
-        Compound::end(self)
-    }
-}
+struct_like!(SerializeStruct, SerializeStructVariant);
