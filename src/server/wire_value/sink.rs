@@ -1,4 +1,4 @@
-//! Where the serializer puts bytes: the sizing pass counts them, the writing pass writes.
+//! The serializer's two passes over one value: [`Sizer`] sums lengths, [`Writer`] writes.
 
 use super::varint_len;
 
@@ -34,11 +34,11 @@ impl Sink for Sizer {
     type Frame = (usize, usize);
 
     fn put(&mut self, bytes: &[u8]) {
-        self.total += bytes.len();
+        self.total = self.total.saturating_add(bytes.len());
     }
 
     fn varint(&mut self, v: u64) {
-        self.total += varint_len(v);
+        self.total = self.total.saturating_add(varint_len(v));
     }
 
     fn open(&mut self) -> (usize, usize) {
@@ -47,10 +47,12 @@ impl Sink for Sizer {
     }
 
     fn close(&mut self, (slot, start): (usize, usize)) {
-        let len = self.total - start;
-        self.lens[slot] = len;
+        let len = self.total.saturating_sub(start);
+        if let Some(slot) = self.lens.get_mut(slot) {
+            *slot = len;
+        }
         // The prefix belongs to the enclosing message.
-        self.total += varint_len(len as u64);
+        self.total = self.total.saturating_add(varint_len(len as u64));
     }
 }
 
