@@ -55,6 +55,9 @@ pub fn list_value<T: Serialize>(items: &[T]) -> ListValue {
 pub fn list_body<T: Serialize>(items: &[T]) -> Result<Vec<u8>, Error> {
     let mut sizer = Sizer::default();
     elements(&mut sizer, items)?;
+    if sizer.too_large {
+        return Err(Error("a nested message would exceed 4 GiB".to_string()));
+    }
     let mut writer = Writer {
         out: Vec::with_capacity(sizer.total),
         lens: sizer.lens.into_iter(),

@@ -22,11 +22,15 @@ pub(super) trait Sink {
     }
 }
 
-/// First pass: the total size, and each nested message's length in opening order.
+/// First pass: the total size, and each nested message's length in opening order (as
+/// `u32`: a large context opens tens of thousands of messages, and this table is built
+/// on every call).
 #[derive(Default)]
 pub(super) struct Sizer {
     pub(super) total: usize,
-    pub(super) lens: Vec<usize>,
+    pub(super) lens: Vec<u32>,
+    /// A nested message reached 4 GiB (no reply can hold it).
+    pub(super) too_large: bool,
 }
 
 impl Sink for Sizer {
@@ -48,8 +52,9 @@ impl Sink for Sizer {
 
     fn close(&mut self, (slot, start): (usize, usize)) {
         let len = self.total.saturating_sub(start);
-        if let Some(slot) = self.lens.get_mut(slot) {
-            *slot = len;
+        match (self.lens.get_mut(slot), u32::try_from(len)) {
+            (Some(slot), Ok(len)) => *slot = len,
+            _ => self.too_large = true,
         }
         // The prefix belongs to the enclosing message.
         self.total = self.total.saturating_add(varint_len(len as u64));
@@ -60,7 +65,7 @@ impl Sink for Sizer {
 /// found (the same value walked the same way opens its messages in the same order).
 pub(super) struct Writer {
     pub(super) out: Vec<u8>,
-    pub(super) lens: std::vec::IntoIter<usize>,
+    pub(super) lens: std::vec::IntoIter<u32>,
 }
 
 impl Sink for Writer {
@@ -82,7 +87,7 @@ impl Sink for Writer {
         // A value whose `Serialize` walked differently the second time gets length 0
         // here rather than a panic; `list_body`'s tests pin the normal case.
         let len = self.lens.next().unwrap_or(0);
-        self.varint(len as u64);
+        self.varint(u64::from(len));
     }
 
     fn close(&mut self, (): ()) {}
