@@ -34,22 +34,6 @@ impl ListValue {
     }
 }
 
-impl From<prost_types::ListValue> for ListValue {
-    fn from(l: prost_types::ListValue) -> ListValue {
-        ListValue {
-            values: l.values,
-            encoded: Vec::new(),
-        }
-    }
-}
-
-impl From<ListValue> for prost_types::ListValue {
-    /// The decoded values (an encoded body is not decoded: a server-side value only).
-    fn from(l: ListValue) -> prost_types::ListValue {
-        prost_types::ListValue { values: l.values }
-    }
-}
-
 impl std::fmt::Debug for ListValue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ListValue")
