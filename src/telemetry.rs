@@ -4,7 +4,8 @@
 //! The recorder is process-global (the `metrics` crate's design); it is installed once.
 //! Recording without it does nothing, but still builds each metric's labelled key; the
 //! per-update figures ([`update`]) check [`recording`] first, so a server without
-//! `--metrics-listen` neither builds keys nor reads the clock for them.
+//! `--metrics-listen` neither builds keys nor reads the clock for them, and a server with
+//! it records through handles each thread registered once per update kind.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -225,9 +226,48 @@ pub fn update<T, E>(kind: &'static str, apply: impl FnOnce() -> Result<T, E>) ->
 }
 
 fn record_update(kind: &'static str, ok: bool, took: Duration) {
-    let result = if ok { "ok" } else { "rejected" };
-    counter!("compactd_updates_total", "kind" => kind, "result" => result).increment(1);
-    histogram!("compactd_update_duration_seconds", "kind" => kind).record(took.as_secs_f64());
+    UPDATE_HANDLES.with_borrow_mut(|handles| {
+        let i = match handles.iter().position(|h| h.kind == kind) {
+            Some(i) => i,
+            None => {
+                handles.push(UpdateHandles::register(kind));
+                handles.len() - 1
+            }
+        };
+        if let Some(h) = handles.get(i) {
+            if ok { &h.ok } else { &h.rejected }.increment(1);
+            h.took.record(took.as_secs_f64());
+        }
+    });
+}
+
+/// One update kind's metric handles. Building a labelled key and looking it up in the
+/// recorder's registry on every update is a few hundred nanoseconds per metric; each
+/// thread registers a kind's handles once and keeps them.
+struct UpdateHandles {
+    kind: &'static str,
+    ok: metrics::Counter,
+    rejected: metrics::Counter,
+    took: metrics::Histogram,
+}
+
+impl UpdateHandles {
+    fn register(kind: &'static str) -> UpdateHandles {
+        UpdateHandles {
+            kind,
+            ok: counter!("compactd_updates_total", "kind" => kind, "result" => "ok"),
+            rejected: counter!("compactd_updates_total", "kind" => kind, "result" => "rejected"),
+            took: histogram!("compactd_update_duration_seconds", "kind" => kind),
+        }
+    }
+}
+
+thread_local! {
+    /// This thread's handles, one entry per update kind seen (a handful), registered only
+    /// while [`recording`] (a handle taken before the recorder is installed records
+    /// nowhere).
+    static UPDATE_HANDLES: std::cell::RefCell<Vec<UpdateHandles>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// An overflow was detected.

@@ -69,6 +69,15 @@ async fn counters_move_as_updates_prunes_overflows_rejections_and_compactions_ha
     let mut last = finished(assistant_msg("a3", "u3"));
     last.tokens = Some(usage(75_000));
     put_message(&mut c, SID, last).await;
+    // An update the engine refuses: a part of a message the session never got.
+    let orphan = c
+        .upsert_part(pb::UpsertPartRequest {
+            session_id: SID.into(),
+            part: Some(text_part("ghost", "ghost-t", "no message")),
+        })
+        .await
+        .expect_err("a part of an unknown message");
+    assert_eq!(orphan.code(), tonic::Code::FailedPrecondition, "{orphan:?}");
     // A rejected request.
     let missing = c
         .get_context(pb::GetContextRequest {
@@ -110,12 +119,21 @@ async fn counters_move_as_updates_prunes_overflows_rejections_and_compactions_ha
         10.0,
         "{after}"
     );
+    // Refused updates are counted apart (the refused part is timed too).
+    assert_eq!(
+        metric(
+            &after,
+            "compactd_updates_total{kind=\"upsert_part\",result=\"rejected\"}"
+        ),
+        1.0,
+        "{after}"
+    );
     assert_eq!(
         metric(
             &after,
             "compactd_update_duration_seconds_count{kind=\"upsert_part\"}"
         ),
-        6.0,
+        7.0,
         "{after}"
     );
     assert_eq!(
