@@ -227,14 +227,10 @@ pub fn update<T, E>(kind: &'static str, apply: impl FnOnce() -> Result<T, E>) ->
 
 fn record_update(kind: &'static str, ok: bool, took: Duration) {
     UPDATE_HANDLES.with_borrow_mut(|handles| {
-        let i = match handles.iter().position(|h| h.kind == kind) {
-            Some(i) => i,
-            None => {
-                handles.push(UpdateHandles::register(kind));
-                handles.len() - 1
-            }
-        };
-        if let Some(h) = handles.get(i) {
+        if !handles.iter().any(|h| h.kind == kind) {
+            handles.push(UpdateHandles::register(kind));
+        }
+        if let Some(h) = handles.iter().find(|h| h.kind == kind) {
             if ok { &h.ok } else { &h.rejected }.increment(1);
             h.took.record(took.as_secs_f64());
         }

@@ -58,11 +58,19 @@ pub fn list_body<T: Serialize>(items: &[T]) -> Result<Vec<u8>, Error> {
     if sizer.too_large {
         return Err(Error("a nested message would exceed 4 GiB".to_string()));
     }
+    let total = sizer.total;
     let mut writer = Writer {
-        out: Vec::with_capacity(sizer.total),
+        out: Vec::with_capacity(total),
         lens: sizer.lens.into_iter(),
     };
     elements(&mut writer, items)?;
+    // A value whose `Serialize` walked differently the second time would leave lengths
+    // that do not match the bytes: refused rather than sent corrupt.
+    if writer.out.len() != total || writer.lens.next().is_some() {
+        return Err(Error(
+            "the value serialized differently on its second walk".to_string(),
+        ));
+    }
     Ok(writer.out)
 }
 
@@ -75,7 +83,7 @@ fn elements<S: Sink, T: Serialize>(sink: &mut S, items: &[T]) -> Result<(), Erro
 
 /// One `values` entry of a `ListValue` (field 1): a nested `Value`.
 fn element<S: Sink, T: Serialize + ?Sized>(sink: &mut S, item: &T) -> Result<(), Error> {
-    sink.put(&[key(1, LEN)]);
+    sink.put(&[ENTRY]);
     let frame = sink.open();
     item.serialize(ValueSer(&mut *sink))?;
     sink.close(frame);

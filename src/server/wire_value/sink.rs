@@ -85,7 +85,7 @@ impl Sink for Writer {
 
     fn open(&mut self) {
         // A value whose `Serialize` walked differently the second time gets length 0
-        // here rather than a panic; `list_body`'s tests pin the normal case.
+        // here rather than a panic, and `list_body` refuses the result.
         let len = self.lens.next().unwrap_or(0);
         self.varint(u64::from(len));
     }

@@ -189,3 +189,21 @@ fn every_trace_context_writes_as_its_json_values() {
     assert!(traces >= 10, "only {traces} traces");
     assert!(total_pruned > 0, "no trace pruned anything");
 }
+
+/// A value that serializes differently each time it is walked (the two passes would
+/// disagree on lengths): refused, never written with wrong lengths.
+#[test]
+fn a_value_that_walks_differently_twice_is_refused() {
+    use std::cell::Cell;
+    struct Shifty(Cell<usize>);
+    impl Serialize for Shifty {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            let n = self.0.get();
+            self.0.set(n + 1);
+            s.serialize_str(&"x".repeat(n * 10))
+        }
+    }
+    let items = [Shifty(Cell::new(1))];
+    let err = list_body(&items).expect_err("the second walk differs");
+    assert!(err.to_string().contains("second walk"), "{err}");
+}
