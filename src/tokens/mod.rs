@@ -12,6 +12,7 @@ use std::fmt::Debug;
 pub mod bpe;
 mod cache;
 mod choice;
+mod memo;
 mod split;
 #[cfg(test)]
 pub(crate) mod test_traces;

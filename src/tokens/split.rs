@@ -19,6 +19,8 @@ use bpe_openai::byte_pair_encoding::BytePairEncoding;
 use regex_automata::meta::{Cache, Regex};
 use regex_automata::{Anchored, Input};
 
+use super::memo::Memo;
+
 /// A vocabulary's split: its patterns as one regex, and which of them end in a
 /// look-ahead character.
 #[derive(Debug)]
@@ -55,8 +57,9 @@ pub(super) static CL100K: LazyLock<Splitter> = LazyLock::new(|| {
 });
 
 thread_local! {
-    /// This thread's search caches, one per vocabulary (built on first use).
-    static CACHES: RefCell<[Option<Cache>; 2]> = const { RefCell::new([None, None]) };
+    /// This thread's search cache and piece memory, one per vocabulary (built on first
+    /// use).
+    static CACHES: RefCell<[Option<(Cache, Memo)>; 2]> = const { RefCell::new([None, None]) };
 }
 
 impl Splitter {
@@ -76,17 +79,24 @@ impl Splitter {
     pub(super) fn count(&self, bpe: &BytePairEncoding, text: &str) -> usize {
         let counted = CACHES.try_with(|caches| {
             let mut caches = caches.try_borrow_mut().ok()?;
-            let cache = caches[self.slot].get_or_insert_with(|| self.regex.create_cache());
-            Some(self.count_with(cache, bpe, text))
+            let (cache, memo) = caches
+                .get_mut(self.slot)?
+                .get_or_insert_with(|| (self.regex.create_cache(), Memo::new()));
+            Some(self.count_with(cache, memo, bpe, text))
         });
         // A thread being torn down (or a count inside a count) gets a cache of its own.
-        counted
-            .ok()
-            .flatten()
-            .unwrap_or_else(|| self.count_with(&mut self.regex.create_cache(), bpe, text))
+        counted.ok().flatten().unwrap_or_else(|| {
+            self.count_with(&mut self.regex.create_cache(), &mut Memo::new(), bpe, text)
+        })
     }
 
-    fn count_with(&self, cache: &mut Cache, bpe: &BytePairEncoding, text: &str) -> usize {
+    fn count_with(
+        &self,
+        cache: &mut Cache,
+        memo: &mut Memo,
+        bpe: &BytePairEncoding,
+        text: &str,
+    ) -> usize {
         let (mut at, mut tokens) = (0, 0);
         while at < text.len() {
             let input = Input::new(&text[at..]).anchored(Anchored::Yes);
@@ -102,7 +112,7 @@ impl Splitter {
                 // its look-ahead); stop rather than loop.
                 break;
             }
-            tokens += bpe.count(&text.as_bytes()[at..end]);
+            tokens += memo.count(bpe, &text.as_bytes()[at..end]);
             at = end;
         }
         tokens
