@@ -34,7 +34,7 @@ pub fn estimate(part: &Part, counter: &dyn TokenCounter) -> PartEstimate {
         PartKind::Text(t) => generated(counter.count(&t.text)),
         PartKind::Reasoning(r) => generated(counter.count(&r.text)),
         PartKind::Tool(tool) => {
-            let input = counter.count(&json_text(&tool.state.input));
+            let input = count_json(&tool.state.input, counter);
             let (extra, output) = match tool.state.status {
                 ToolStatus::Completed => (0, counter.count(&tool.state.output)),
                 ToolStatus::Error => (counter.count(&tool.state.error), 0),
@@ -111,6 +111,37 @@ pub(crate) fn json_text(input: &serde_json::Value) -> String {
     sonic_rs::to_string(input).unwrap_or_default()
 }
 
+/// Tokens of a tool input as the model reads it. A counter that needs only the length
+/// (chars ÷ 4) gets the JSON text's length, measured as it is written, not the text:
+/// every tool part written was a fresh buffer grown to the input's size, a large input
+/// (a whole file) many pages of it.
+fn count_json(input: &serde_json::Value, counter: &dyn TokenCounter) -> u64 {
+    match counter.per_length() {
+        Some(of_length) => of_length(json_units(input)),
+        None => counter.count(&json_text(input)),
+    }
+}
+
+/// UTF-16 code units of [`json_text`], without writing it anywhere.
+fn json_units(input: &serde_json::Value) -> u64 {
+    /// Adds up the units of the bytes written into it.
+    struct Units(u64);
+    impl std::io::Write for Units {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 = self.0.saturating_add(crate::tokens::utf8_units(bytes));
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut units = Units(0);
+    // serde_json writes the bytes sonic-rs writes (`json_text`'s test); writing into a
+    // counter cannot fail.
+    let _ = serde_json::to_writer(&mut units, input);
+    units.0
+}
+
 /// A part whose tokens are all model-written when it sits in an assistant message.
 fn generated(tokens: u64) -> PartEstimate {
     PartEstimate {
@@ -122,7 +153,8 @@ fn generated(tokens: u64) -> PartEstimate {
 
 #[cfg(test)]
 mod json_text_tests {
-    use super::json_text;
+    use super::{count_json, json_text, json_units};
+    use crate::tokens::{CharsPerToken, TokenCounter, utf16_len};
 
     #[test]
     fn tool_inputs_serialize_as_serde_json_does() {
@@ -141,6 +173,12 @@ mod json_text_tests {
         for input in &inputs {
             let want = serde_json::to_string(input).unwrap_or_default();
             assert_eq!(json_text(input), want);
+            // Measured as written, the length is the text's, so chars ÷ 4 counts the same.
+            assert_eq!(json_units(input), utf16_len(&want), "{want}");
+            assert_eq!(
+                count_json(input, &CharsPerToken),
+                CharsPerToken.count(&want)
+            );
         }
     }
 }

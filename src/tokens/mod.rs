@@ -30,6 +30,13 @@ pub trait TokenCounter: Debug + Send + Sync {
     fn is_cached(&self, _text: &str) -> bool {
         true
     }
+    /// The count as a function of the text's length in UTF-16 code units, when that is
+    /// all it depends on (chars ÷ 4); None for a counter that reads the text (BPE). A
+    /// caller with a text it would build only to count it (a tool input's JSON) can then
+    /// measure it instead.
+    fn per_length(&self) -> Option<fn(u64) -> u64> {
+        None
+    }
 }
 
 /// Loads the tables `counting` needs (nothing for chars ÷ 4). Slow: call from a blocking
@@ -61,14 +68,21 @@ pub const CHARS_PER_TOKEN: u64 = 4;
 
 impl TokenCounter for CharsPerToken {
     fn count(&self, text: &str) -> u64 {
-        let len = utf16_len(text);
-        // Math.round on a non-negative x.25/x.5/x.75 rounds half up: (len + 2) / 4.
-        (len + CHARS_PER_TOKEN / 2) / CHARS_PER_TOKEN
+        chars4_of_len(utf16_len(text))
     }
 
     fn name(&self) -> &'static str {
         "chars/4"
     }
+
+    fn per_length(&self) -> Option<fn(u64) -> u64> {
+        Some(chars4_of_len)
+    }
+}
+
+/// `round(len / 4)`: Math.round on a non-negative x.25/x.5/x.75 rounds half up.
+fn chars4_of_len(len: u64) -> u64 {
+    (len + CHARS_PER_TOKEN / 2) / CHARS_PER_TOKEN
 }
 
 /// Length in UTF-16 code units, as JavaScript's `String.length` reports it.
@@ -76,11 +90,17 @@ pub fn utf16_len(text: &str) -> u64 {
     if text.is_ascii() {
         return text.len() as u64;
     }
+    utf8_units(text.as_bytes())
+}
+
+/// UTF-16 code units of valid UTF-8 `bytes`, which may be any run of a text's bytes cut
+/// anywhere: each byte adds what it contributes (so the runs of a text add up to it).
+pub fn utf8_units(bytes: &[u8]) -> u64 {
     // Byte-wise, which the compiler vectorizes: every byte but a UTF-8 continuation byte
     // (0x80..=0xBF) starts a character, one unit; a 4-byte character (lead byte 0xF0 or
     // above) is a surrogate pair, one unit more. Walking `chars()` was 3% of the server's
     // CPU at chars4 ingest of non-ASCII tool output.
-    text.as_bytes()
+    bytes
         .chunks(4096)
         .map(|chunk| {
             // At most 2 per byte: a chunk's sum fits in u32.

@@ -11,25 +11,17 @@ use serde_json::Value;
 
 /// 128-bit hash of tool + canonical input (two independent 64-bit halves).
 pub fn call_hash(tool: &str, input: &Value) -> u128 {
-    let mut canonical = Vec::with_capacity(128);
-    canonical.extend(tool.bytes().map(|b| b.to_ascii_lowercase()));
-    canonical.push(0);
-    write_canonical(input, &mut canonical);
-    // Hashed as the text it is (`str`'s hashing), so hashes kept in snapshots stay valid.
-    let canonical = String::from_utf8_lossy(&canonical);
-    // SipHash-1-3 with zero keys: what std's `DefaultHasher` computed when snapshots first
-    // kept these hashes, from a crate that cannot change it under a new toolchain.
-    let half = |salt: u8| {
-        let mut h = SipHasher13::new();
-        salt.hash(&mut h);
-        canonical.hash(&mut h);
-        h.finish()
-    };
-    (u128::from(half(1)) << 64) | u128::from(half(2))
+    let mut sink = Sink::default();
+    for b in tool.bytes() {
+        sink.push(b.to_ascii_lowercase());
+    }
+    sink.push(0);
+    write_canonical(input, &mut sink);
+    sink.finish()
 }
 
 /// Compact JSON with object keys sorted, written straight into `out` (no string per key).
-fn write_canonical(v: &Value, out: &mut Vec<u8>) {
+fn write_canonical(v: &Value, out: &mut Sink) {
     match v {
         Value::Object(map) => {
             let mut keys: Vec<&String> = map.keys().collect();
@@ -55,9 +47,89 @@ fn write_canonical(v: &Value, out: &mut Vec<u8>) {
     }
 }
 
-/// Appends `v` as compact JSON (writing into a `Vec` cannot fail).
-fn json_into<T: serde::Serialize + ?Sized>(v: &T, out: &mut Vec<u8>) {
+/// Appends `v` as compact JSON (the sink cannot fail).
+fn json_into<T: serde::Serialize + ?Sized>(v: &T, out: &mut Sink) {
     let _ = serde_json::to_writer(out, v);
+}
+
+/// Bytes of the canonical text, hashed as they come: both halves see the text as one
+/// `str` (its bytes, then `str`'s 0xff terminator), which is what snapshots kept since
+/// the text was first built whole; SipHash reads a stream, so the pieces it arrives in do
+/// not matter. A large input (a file written whole) is never held as a second copy.
+struct Sink {
+    /// Bytes not yet hashed: one hash call per buffer rather than per JSON fragment.
+    buf: [u8; 512],
+    len: usize,
+    /// SipHash-1-3 with zero keys, salted 1 and 2: what std's `DefaultHasher` computed
+    /// when snapshots first kept these hashes, from a crate that cannot change it under
+    /// a new toolchain.
+    halves: [SipHasher13; 2],
+}
+
+impl Default for Sink {
+    fn default() -> Sink {
+        let salted = |salt: u8| {
+            let mut h = SipHasher13::new();
+            salt.hash(&mut h);
+            h
+        };
+        Sink {
+            buf: [0; 512],
+            len: 0,
+            halves: [salted(1), salted(2)],
+        }
+    }
+}
+
+impl Sink {
+    fn push(&mut self, b: u8) {
+        if self.len == self.buf.len() {
+            self.drain();
+        }
+        if let Some(slot) = self.buf.get_mut(self.len) {
+            *slot = b;
+            self.len += 1;
+        }
+    }
+
+    fn drain(&mut self) {
+        let pending = self.buf.get(..self.len).unwrap_or_default();
+        for h in &mut self.halves {
+            h.write(pending);
+        }
+        self.len = 0;
+    }
+
+    fn finish(mut self) -> u128 {
+        self.drain();
+        let [mut high, mut low] = self.halves;
+        high.write_u8(0xff);
+        low.write_u8(0xff);
+        (u128::from(high.finish()) << 64) | u128::from(low.finish())
+    }
+}
+
+impl std::io::Write for Sink {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        if bytes.len() > self.buf.len() - self.len {
+            self.drain();
+            if bytes.len() > self.buf.len() {
+                for h in &mut self.halves {
+                    h.write(bytes);
+                }
+                return Ok(bytes.len());
+            }
+        }
+        if let Some(free) = self.buf.get_mut(self.len..self.len + bytes.len()) {
+            free.copy_from_slice(bytes);
+            self.len += bytes.len();
+        }
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -82,6 +154,74 @@ mod tests {
             call_hash("t", &json!({"a": [1, 2]})),
             call_hash("t", &json!({"a": [2, 1]}))
         );
+    }
+
+    /// The text built whole and hashed as one `str`, as `call_hash` did before it
+    /// hashed the text as it was written.
+    fn hashed_whole(tool: &str, input: &Value) -> u128 {
+        fn canonical(v: &Value, out: &mut String) {
+            match v {
+                Value::Object(map) => {
+                    let mut keys: Vec<&String> = map.keys().collect();
+                    keys.sort();
+                    out.push('{');
+                    for k in keys {
+                        out.push_str(&serde_json::to_string(k).unwrap_or_default());
+                        out.push(':');
+                        canonical(&map[k], out);
+                        out.push(',');
+                    }
+                    out.push('}');
+                }
+                Value::Array(items) => {
+                    out.push('[');
+                    for item in items {
+                        canonical(item, out);
+                        out.push(',');
+                    }
+                    out.push(']');
+                }
+                scalar => out.push_str(&serde_json::to_string(scalar).unwrap_or_default()),
+            }
+        }
+        let mut text = tool.to_ascii_lowercase();
+        text.push('\0');
+        canonical(input, &mut text);
+        let half = |salt: u8| {
+            let mut h = SipHasher13::new();
+            salt.hash(&mut h);
+            text.hash(&mut h);
+            h.finish()
+        };
+        (u128::from(half(1)) << 64) | u128::from(half(2))
+    }
+
+    #[test]
+    fn hashing_as_written_equals_hashing_the_whole_text() {
+        let big = "x".repeat(5000);
+        let mut inputs = vec![
+            json!({}),
+            json!(null),
+            json!({"content": big, "path": "/a/b.rs"}),
+            json!({"a": ["é", 1.5, {"k": "\"quoted\"\n"}], "b": "y".repeat(511)}),
+            json!("z".repeat(512)),
+            json!("w".repeat(1023)),
+        ];
+        let mut n = 0;
+        crate::tokens::test_traces::each_value(|v| {
+            if let Some(input) = v.pointer("/state/input") {
+                inputs.push(input.clone());
+                n += 1;
+            }
+        });
+        assert!(n > 100, "{n} tool inputs in the traces");
+        for input in &inputs {
+            assert_eq!(
+                call_hash("Bash", input),
+                hashed_whole("Bash", input),
+                "{input}"
+            );
+        }
     }
 
     /// Hashes are kept in snapshots (the tracker's keys): the same call must hash the same
