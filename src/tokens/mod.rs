@@ -50,7 +50,7 @@ pub fn warm_up(counting: Counting) {
 }
 
 /// Counts every text of `texts` that is not cheap to count yet, so the counter's cache
-/// holds them. Slow (~25 MB/s): run it on a blocking thread, not on the async runtime.
+/// holds them. Slow (~40 MB/s): run it on a blocking thread, not on the async runtime.
 pub fn precount<'a>(counter: &dyn TokenCounter, texts: impl IntoIterator<Item = &'a str>) {
     for t in texts {
         if !counter.is_cached(t) {
