@@ -44,8 +44,19 @@ pub(super) struct Memo {
 impl Memo {
     /// An empty memory.
     pub(super) fn new() -> Memo {
+        Memo::with_slots(SLOTS)
+    }
+
+    /// A small memory, for a count that cannot use its thread's (a thread being torn
+    /// down, or a count inside a count): not worth a full table for one text.
+    pub(super) fn small() -> Memo {
+        Memo::with_slots(64)
+    }
+
+    /// `slots` is rounded up to a power of two, so a hash masks to a slot.
+    fn with_slots(slots: usize) -> Memo {
         Memo {
-            slots: vec![EMPTY; SLOTS].into_boxed_slice(),
+            slots: vec![EMPTY; slots.max(1).next_power_of_two()].into_boxed_slice(),
             state: RandomState::default(),
         }
     }
@@ -56,7 +67,8 @@ impl Memo {
             Ok(len @ 1..) if piece.len() <= LONGEST => len,
             _ => return bpe.count(piece),
         };
-        let at = usize::try_from(self.state.hash_one(piece)).unwrap_or_default() & (SLOTS - 1);
+        let mask = self.slots.len().saturating_sub(1);
+        let at = usize::try_from(self.state.hash_one(piece)).unwrap_or_default() & mask;
         let Some(slot) = self.slots.get_mut(at) else {
             return bpe.count(piece);
         };
@@ -104,15 +116,20 @@ mod tests {
         }
         // A tiny table: every piece shares one of two slots, so pieces keep evicting each
         // other and a stale slot must never answer for another piece.
-        let mut small = Memo {
-            slots: vec![EMPTY; 2].into_boxed_slice(),
-            state: RandomState::default(),
-        };
+        let mut small = Memo::with_slots(2);
+        assert_eq!(small.slots.len(), 2);
         let pieces: Vec<String> = (0..500).map(|i| format!(" w{i}x")).collect();
         for round in 0..2 {
             for p in &pieces {
                 let b = p.as_bytes();
                 assert_eq!(small.count(bpe, b), bpe.count(b), "round {round}: {p:?}");
+                // Each piece is remembered in one of the two slots after its count.
+                assert!(
+                    small
+                        .slots
+                        .iter()
+                        .any(|s| &s.bytes[..usize::from(s.len)] == b)
+                );
             }
         }
         // Longer than a slot holds: counted every time, the same.

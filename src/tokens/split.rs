@@ -5,8 +5,9 @@
 //! back, and on any thread but the pool's first user that is a mutex round trip. On the
 //! server's counting threads that was a tenth of the CPU of BPE ingest (perf:
 //! `Pool::get_slow` + `Pool::put_value`). Here each thread keeps its own cache and the
-//! pieces go to the same `BytePairEncoding::count`, so the counts are the crate's own
-//! (a test checks them against `bpe_openai` over every text of the shared traces).
+//! pieces go to the same `BytePairEncoding::count` (through the thread's memory of recent
+//! pieces, `memo.rs`), so the counts are the crate's own (a test checks them against
+//! `bpe_openai` over every text of the shared traces).
 //!
 //! The patterns are `bpe-openai` 0.3's (`BPE_O200K_BASE`, `BPE_CL100K_BASE`), which
 //! rewrite tiktoken's negative look-ahead `\s+(?!\S)` as a second pattern whose last
@@ -86,7 +87,12 @@ impl Splitter {
         });
         // A thread being torn down (or a count inside a count) gets a cache of its own.
         counted.ok().flatten().unwrap_or_else(|| {
-            self.count_with(&mut self.regex.create_cache(), &mut Memo::new(), bpe, text)
+            self.count_with(
+                &mut self.regex.create_cache(),
+                &mut Memo::small(),
+                bpe,
+                text,
+            )
         })
     }
 

@@ -111,7 +111,7 @@ impl Sink {
 
 impl std::io::Write for Sink {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        if bytes.len() > self.buf.len() - self.len {
+        if bytes.len() > self.buf.len().saturating_sub(self.len) {
             self.drain();
             if bytes.len() > self.buf.len() {
                 for h in &mut self.halves {
