@@ -18,7 +18,9 @@
 //! counted in place.
 
 use std::cell::{Cell, RefCell};
-use std::path::PathBuf;
+
+#[path = "common/traces.rs"]
+mod traces;
 
 use compactd::config::EngineConfig;
 use compactd::domain::{
@@ -53,15 +55,8 @@ fn sizes() -> Vec<usize> {
 
 /// All messages of all traces, in file order.
 fn corpus() -> Vec<(MessageInfo, Vec<Part>)> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/traces");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .expect("tests/data/traces readable")
-        .map(|e| e.expect("entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .collect();
-    files.sort();
     let mut all = Vec::new();
-    for f in files {
+    for f in traces::files() {
         let mut export =
             trace::parse_export(&std::fs::read_to_string(&f).expect("read")).expect("parse");
         trace::strip_compacted(&mut export);

@@ -4,7 +4,8 @@
 //!
 //! Run: `cargo bench --bench tokens`; divan prints bytes per second.
 
-use std::path::PathBuf;
+#[path = "common/traces.rs"]
+mod traces;
 
 use compactd::tokens::bpe::{Bpe, CL100K, O200K};
 
@@ -19,15 +20,8 @@ fn main() {
 
 /// Every string value of 256 bytes or more of every trace, in file order.
 fn corpus() -> Vec<String> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/traces");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .expect("tests/data/traces readable")
-        .map(|e| e.expect("entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .collect();
-    files.sort();
     let mut texts = Vec::new();
-    for f in files {
+    for f in traces::files() {
         let text = std::fs::read_to_string(&f).expect("trace readable");
         let json: serde_json::Value = serde_json::from_str(&text).expect("trace is JSON");
         collect(&json, &mut texts);
