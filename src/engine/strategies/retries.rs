@@ -4,6 +4,7 @@
 //! is a retry; two successful ones are duplicates.
 
 use std::hash::{Hash, Hasher};
+use std::io::{BufWriter, Write};
 
 use siphasher::sip::SipHasher13;
 
@@ -11,118 +12,82 @@ use serde_json::Value;
 
 /// 128-bit hash of tool + canonical input (two independent 64-bit halves).
 pub fn call_hash(tool: &str, input: &Value) -> u128 {
-    let mut sink = Sink::default();
-    for b in tool.bytes() {
-        sink.push(b.to_ascii_lowercase());
-    }
-    sink.push(0);
-    write_canonical(input, &mut sink);
-    sink.finish()
+    // One hash call per 512 bytes rather than per JSON fragment.
+    let mut out = BufWriter::with_capacity(512, Halves::default());
+    let name: Vec<u8> = tool.bytes().map(|b| b.to_ascii_lowercase()).collect();
+    let _ = out.write_all(&name);
+    let _ = out.write_all(&[0]);
+    write_canonical(input, &mut out);
+    // Writing into the hashers cannot fail, so neither can the flush.
+    let _ = out.flush();
+    out.into_parts().0.finish()
 }
 
 /// Compact JSON with object keys sorted, written straight into `out` (no string per key).
-fn write_canonical(v: &Value, out: &mut Sink) {
+fn write_canonical(v: &Value, out: &mut BufWriter<Halves>) {
     match v {
         Value::Object(map) => {
             let mut keys: Vec<&String> = map.keys().collect();
             keys.sort();
-            out.push(b'{');
+            let _ = out.write_all(b"{");
             for k in keys {
                 json_into(k, out);
-                out.push(b':');
+                let _ = out.write_all(b":");
                 write_canonical(&map[k], out);
-                out.push(b',');
+                let _ = out.write_all(b",");
             }
-            out.push(b'}');
+            let _ = out.write_all(b"}");
         }
         Value::Array(items) => {
-            out.push(b'[');
+            let _ = out.write_all(b"[");
             for item in items {
                 write_canonical(item, out);
-                out.push(b',');
+                let _ = out.write_all(b",");
             }
-            out.push(b']');
+            let _ = out.write_all(b"]");
         }
         scalar => json_into(scalar, out),
     }
 }
 
-/// Appends `v` as compact JSON (the sink cannot fail).
-fn json_into<T: serde::Serialize + ?Sized>(v: &T, out: &mut Sink) {
+/// Appends `v` as compact JSON (the hashers cannot fail).
+fn json_into<T: serde::Serialize + ?Sized>(v: &T, out: &mut BufWriter<Halves>) {
     let _ = serde_json::to_writer(out, v);
 }
 
-/// Bytes of the canonical text, hashed as they come: both halves see the text as one
-/// `str` (its bytes, then `str`'s 0xff terminator), which is what snapshots kept since
-/// the text was first built whole; SipHash reads a stream, so the pieces it arrives in do
-/// not matter. A large input (a file written whole) is never held as a second copy.
-struct Sink {
-    /// Bytes not yet hashed: one hash call per buffer rather than per JSON fragment.
-    buf: [u8; 512],
-    len: usize,
-    /// SipHash-1-3 with zero keys, salted 1 and 2: what std's `DefaultHasher` computed
-    /// when snapshots first kept these hashes, from a crate that cannot change it under
-    /// a new toolchain.
-    halves: [SipHasher13; 2],
-}
+/// The two halves, fed the canonical text as it is written: both see it as one `str`
+/// (its bytes, then `str`'s 0xff terminator), which is what snapshots kept since the text
+/// was first built whole; SipHash reads a stream, so the pieces it arrives in do not
+/// matter. A large input (a file written whole) is never held as a second copy.
+struct Halves([SipHasher13; 2]);
 
-impl Default for Sink {
-    fn default() -> Sink {
+impl Default for Halves {
+    /// SipHash-1-3 with zero keys, salted 1 and 2: what std's `DefaultHasher` computed
+    /// when snapshots first kept these hashes, from a crate that cannot change it under a
+    /// new toolchain.
+    fn default() -> Halves {
         let salted = |salt: u8| {
             let mut h = SipHasher13::new();
             salt.hash(&mut h);
             h
         };
-        Sink {
-            buf: [0; 512],
-            len: 0,
-            halves: [salted(1), salted(2)],
-        }
+        Halves([salted(1), salted(2)])
     }
 }
 
-impl Sink {
-    fn push(&mut self, b: u8) {
-        if self.len == self.buf.len() {
-            self.drain();
-        }
-        if let Some(slot) = self.buf.get_mut(self.len) {
-            *slot = b;
-            self.len += 1;
-        }
-    }
-
-    fn drain(&mut self) {
-        let pending = self.buf.get(..self.len).unwrap_or_default();
-        for h in &mut self.halves {
-            h.write(pending);
-        }
-        self.len = 0;
-    }
-
-    fn finish(mut self) -> u128 {
-        self.drain();
-        let [mut high, mut low] = self.halves;
+impl Halves {
+    fn finish(self) -> u128 {
+        let [mut high, mut low] = self.0;
         high.write_u8(0xff);
         low.write_u8(0xff);
         (u128::from(high.finish()) << 64) | u128::from(low.finish())
     }
 }
 
-impl std::io::Write for Sink {
+impl Write for Halves {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        if bytes.len() > self.buf.len().saturating_sub(self.len) {
-            self.drain();
-            if bytes.len() > self.buf.len() {
-                for h in &mut self.halves {
-                    h.write(bytes);
-                }
-                return Ok(bytes.len());
-            }
-        }
-        if let Some(free) = self.buf.get_mut(self.len..self.len + bytes.len()) {
-            free.copy_from_slice(bytes);
-            self.len += bytes.len();
+        for h in &mut self.0 {
+            h.write(bytes);
         }
         Ok(bytes.len())
     }
