@@ -104,7 +104,7 @@ pub fn counted_texts(part: &Part) -> Vec<std::borrow::Cow<'_, str>> {
 
 /// A tool input as the model reads it (compact JSON), written straight into a byte buffer
 /// rather than through `Display`: it is counted on every tool part written.
-pub(crate) fn json_text(input: &serde_json::Value) -> String {
+pub(crate) fn json_text<T: serde::Serialize + ?Sized>(input: &T) -> String {
     // sonic-rs: SIMD string escaping behind serde's `Serialize`, the same bytes as
     // serde_json (a test checks every tool input of the shared traces and edge values).
     // Serializing tool inputs was a fifth of building a large context.
@@ -115,7 +115,10 @@ pub(crate) fn json_text(input: &serde_json::Value) -> String {
 /// (chars ÷ 4) gets the JSON text's length, measured as it is written, not the text:
 /// every tool part written was a fresh buffer grown to the input's size, a large input
 /// (a whole file) many pages of it.
-fn count_json(input: &serde_json::Value, counter: &dyn TokenCounter) -> u64 {
+pub(crate) fn count_json<T: serde::Serialize + ?Sized>(
+    input: &T,
+    counter: &dyn TokenCounter,
+) -> u64 {
     match counter.per_length() {
         Some(of_length) => of_length(json_units(input)),
         None => counter.count(&json_text(input)),
@@ -123,7 +126,7 @@ fn count_json(input: &serde_json::Value, counter: &dyn TokenCounter) -> u64 {
 }
 
 /// UTF-16 code units of [`json_text`], without writing it anywhere.
-fn json_units(input: &serde_json::Value) -> u64 {
+fn json_units<T: serde::Serialize + ?Sized>(input: &T) -> u64 {
     /// Adds up the units of the bytes written into it.
     struct Units(u64);
     impl std::io::Write for Units {

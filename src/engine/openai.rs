@@ -9,8 +9,9 @@ use std::borrow::Cow;
 use serde::Serialize;
 
 use super::estimate::json_text;
+use super::strategies::Stripped;
 use crate::config::{COMPACTION_PROMPT_TEXT, INTERRUPTED};
-use crate::domain::{Part, PartKind, Role, ToolStatus};
+use crate::domain::{Part, PartKind, Role, ToolPart, ToolStatus};
 
 /// Text a user `subtask` part reads as (OpenCode `toModelMessages`).
 const SUBTASK_TEXT: &str = "The following tool was executed by the user";
@@ -93,7 +94,7 @@ struct Function<'a> {
 /// Appends the chat messages one context message (`role`, its rendered `parts`) reads as.
 pub(crate) fn chat_messages<'a>(
     role: Role,
-    parts: impl Iterator<Item = &'a Part>,
+    parts: impl Iterator<Item = PartRead<'a>>,
     out: &mut Vec<ChatMessage<'a>>,
 ) {
     match role {
@@ -102,12 +103,12 @@ pub(crate) fn chat_messages<'a>(
     }
 }
 
-fn user_message<'a>(parts: impl Iterator<Item = &'a Part>) -> Option<ChatMessage<'a>> {
+fn user_message<'a>(parts: impl Iterator<Item = PartRead<'a>>) -> Option<ChatMessage<'a>> {
     let text = |t: &'a str| UserPart::Text {
         text: Cow::Borrowed(t),
     };
     let mut content = Vec::new();
-    for part in parts {
+    for part in parts.map(PartRead::part) {
         match &part.kind {
             PartKind::Text(t) => content.push(text(&t.text)),
             PartKind::Compaction(_) => content.push(text(COMPACTION_PROMPT_TEXT)),
@@ -136,7 +137,10 @@ fn user_message<'a>(parts: impl Iterator<Item = &'a Part>) -> Option<ChatMessage
 
 /// Splits an assistant message at `step-start` parts: each model step is one assistant
 /// message followed by its tool results, as the provider saw it.
-fn assistant_messages<'a>(parts: impl Iterator<Item = &'a Part>, out: &mut Vec<ChatMessage<'a>>) {
+fn assistant_messages<'a>(
+    parts: impl Iterator<Item = PartRead<'a>>,
+    out: &mut Vec<ChatMessage<'a>>,
+) {
     let mut text: Vec<&'a str> = Vec::new();
     let mut calls = Vec::new();
     let mut results = Vec::new();
@@ -154,8 +158,8 @@ fn assistant_messages<'a>(parts: impl Iterator<Item = &'a Part>, out: &mut Vec<C
         text.clear();
         out.append(results);
     };
-    for part in parts {
-        match &part.kind {
+    for read in parts {
+        match &read.part().kind {
             PartKind::StepStart { .. } => flush(&mut text, &mut calls, &mut results, out),
             // Text after tool calls starts the next step, with or without a step marker
             // (`pruneStepMarkers` drops them).
@@ -166,26 +170,84 @@ fn assistant_messages<'a>(parts: impl Iterator<Item = &'a Part>, out: &mut Vec<C
                 text.push(&t.text)
             }
             PartKind::Tool(t) => {
+                let call = match read {
+                    PartRead::Tool(_, call) => call,
+                    PartRead::Part(_) => ToolRead::as_stored(t),
+                };
                 calls.push(ToolCall {
                     id: &t.call_id,
                     kind: "function",
                     function: Function {
                         name: &t.tool,
-                        arguments: json_text(&t.state.input),
+                        arguments: if call.stripped_input {
+                            json_text(&Stripped(&t.state.input))
+                        } else {
+                            json_text(&t.state.input)
+                        },
                     },
                 });
-                let content = match t.state.status {
-                    ToolStatus::Completed => t.state.output.as_str(),
-                    ToolStatus::Error => t.state.error.as_str(),
-                    ToolStatus::Pending | ToolStatus::Running => INTERRUPTED,
-                };
                 results.push(ChatMessage::Tool {
                     tool_call_id: &t.call_id,
-                    content,
+                    content: call.content,
                 });
             }
             _ => {}
         }
     }
     flush(&mut text, &mut calls, &mut results, out);
+}
+
+/// A part as the messages read it: the part itself, or a tool call read with the
+/// replacements its rendering makes, borrowing everything else from the stored part.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum PartRead<'a> {
+    /// Reads as this part says.
+    Part(&'a Part),
+    /// A tool call (this stored part) read with `ToolRead`'s replacements: a reduced call
+    /// is sent without copying it (its input, output and ids stay where they are).
+    Tool(&'a Part, ToolRead<'a>),
+}
+
+impl<'a> PartRead<'a> {
+    /// The part whose kind, ids and texts are read.
+    fn part(self) -> &'a Part {
+        match self {
+            PartRead::Part(p) | PartRead::Tool(p, _) => p,
+        }
+    }
+}
+
+/// What a tool call's messages send besides its ids and name.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ToolRead<'a> {
+    /// The `tool` message's content: the output, the error, or the interrupted text.
+    pub content: &'a str,
+    /// The arguments are the input reduced to its metadata (`pruneToolInputs`).
+    pub stripped_input: bool,
+}
+
+impl<'a> ToolRead<'a> {
+    /// The call as stored.
+    fn as_stored(t: &'a ToolPart) -> ToolRead<'a> {
+        ToolRead::with_status(t, t.state.status, None, None, false)
+    }
+
+    /// The call read with `status`, and `output` or `error` in place of the stored ones.
+    pub(crate) fn with_status(
+        t: &'a ToolPart,
+        status: ToolStatus,
+        output: Option<&'a str>,
+        error: Option<&'a str>,
+        stripped_input: bool,
+    ) -> ToolRead<'a> {
+        let content = match status {
+            ToolStatus::Completed => output.unwrap_or(&t.state.output),
+            ToolStatus::Error => error.unwrap_or(&t.state.error),
+            ToolStatus::Pending | ToolStatus::Running => INTERRUPTED,
+        };
+        ToolRead {
+            content,
+            stripped_input,
+        }
+    }
 }

@@ -3,12 +3,12 @@
 //! interrupted-tool rule are applied. The context view, the token figures of reduced
 //! parts and the summarizer's input all come from here, so they cannot disagree.
 
-use std::borrow::Cow;
-
-use super::estimate::{PartEstimate, json_text};
+use super::estimate::{PartEstimate, count_json};
+use super::openai::{PartRead, ToolRead};
 use super::strategies::{
-    Strategy, capped_text, file_breadcrumb, inlined_breadcrumb, is_inlined_file, is_step_marker,
-    masked_text, strip_input, superseded_text, truncate_code_blocks, truncate_error,
+    Strategy, Stripped, capped_text, file_breadcrumb, inlined_breadcrumb, is_inlined_file,
+    is_step_marker, masked_text, strip_input, superseded_text, truncate_code_blocks,
+    truncate_error,
 };
 use crate::config::{INTERRUPTED, Settings};
 use crate::domain::{Part, PartKind, StrategyMark, TextPart, ToolPart, ToolState, ToolStatus};
@@ -32,11 +32,11 @@ pub(crate) fn is_reduced(part: &Part, s: &Settings) -> bool {
     is_compacted(part) || active_mark(part, s).is_some()
 }
 
-/// The part as the model sees it (an owned copy of [`render_borrowed`]'s), or `None` when
+/// The part as the model sees it (an owned copy of [`render_reading`]'s), or `None` when
 /// it is not sent at all.
 #[cfg(test)]
 pub(crate) fn render(part: &Part, s: &Settings) -> Option<Part> {
-    render_borrowed(part, s, Copying::Whole).map(Cow::into_owned)
+    render_reading(part, s, Copying::Whole).map(Reading::into_owned)
 }
 
 /// Renders `part` as if it carried `mark` and prune's stamp as `compacted` says, without
@@ -68,14 +68,16 @@ pub(crate) enum Copying {
     Sent,
 }
 
-/// The part as the model sees it, or `None` when it is not sent at all; borrowed when it
-/// reads as stored (most parts), so the context's OpenAI messages are built without
-/// copying every part first.
-pub(crate) fn render_borrowed<'a>(
+/// The part as the context sends it, or `None` when it is not sent at all: borrowed when
+/// it reads as stored (most parts). For the OpenAI messages (`Copying::Sent`) a reduced
+/// tool call is read in place too, with only its replacements held; rebuilding those
+/// calls (a stripped input's new map, clones of ids and outputs, then dropping it all)
+/// was most of building a context with the strategies on.
+pub(crate) fn render_reading<'a>(
     part: &'a Part,
     s: &Settings,
     copying: Copying,
-) -> Option<Cow<'a, Part>> {
+) -> Option<Reading<'a>> {
     let strip_inputs = s.strategies.has(Strategy::PruneToolInputs);
     match rewrite(
         part,
@@ -84,11 +86,60 @@ pub(crate) fn render_borrowed<'a>(
         s,
         strip_inputs,
     ) {
-        Rewrite::Kept => Some(Cow::Borrowed(part)),
-        // Most tool parts: copying one that reads as stored cloned its whole output (half
-        // of building a large context).
-        Rewrite::Tool(tool, r) if r.changes_nothing(tool) => Some(Cow::Borrowed(part)),
-        other => rewritten(part, other, copying).map(Cow::Owned),
+        Rewrite::Kept => Some(Reading::Stored(part)),
+        Rewrite::Tool(tool, r) if r.changes_nothing(tool) => Some(Reading::Stored(part)),
+        Rewrite::Tool(tool, r) if copying == Copying::Sent => Some(Reading::Tool(part, tool, r)),
+        other => rewritten(part, other, copying).map(|p| Reading::Rewritten(Box::new(p))),
+    }
+}
+
+/// A part as the context sends it ([`render_reading`]).
+pub(crate) enum Reading<'a> {
+    /// Reads as stored.
+    Stored(&'a Part),
+    /// A rewritten copy (a placeholder text, a strategy's reduction; a whole tool call
+    /// for the context view).
+    Rewritten(Box<Part>),
+    /// A tool call (the stored part) read with these replacements.
+    Tool(&'a Part, &'a ToolPart, ToolRewrite),
+}
+
+impl Reading<'_> {
+    /// The part as the model reads it, owned (the context view's parts).
+    pub(crate) fn into_owned(self) -> Part {
+        match self {
+            Reading::Stored(p) => p.clone(),
+            Reading::Rewritten(p) => *p,
+            Reading::Tool(p, tool, r) => {
+                rewritten(p, Rewrite::Tool(tool, r), Copying::Whole).unwrap_or_else(|| p.clone())
+            }
+        }
+    }
+
+    /// The part's kind as the model reads it (a reduced call is still a call).
+    pub(crate) fn kind(&self) -> &PartKind {
+        match self {
+            Reading::Stored(p) | Reading::Tool(p, _, _) => &p.kind,
+            Reading::Rewritten(p) => &p.kind,
+        }
+    }
+
+    /// What the OpenAI messages read of it.
+    pub(crate) fn read(&self) -> PartRead<'_> {
+        match self {
+            Reading::Stored(p) => PartRead::Part(p),
+            Reading::Rewritten(p) => PartRead::Part(p),
+            Reading::Tool(p, tool, r) => PartRead::Tool(
+                p,
+                ToolRead::with_status(
+                    tool,
+                    r.status,
+                    r.output.as_deref(),
+                    r.error.as_deref(),
+                    r.strip_input,
+                ),
+            ),
+        }
     }
 }
 
@@ -191,7 +242,7 @@ pub(crate) fn rendered_tokens_as(
             // A tool's estimate: `generated` is its input, the rest of `base` its error
             // text (or the interrupted marker), `output` its completed output.
             let input = if r.strip_input {
-                counter.count(&json_text(&strip_input(&tool.state.input)))
+                count_json(&Stripped(&tool.state.input), counter)
             } else {
                 est.generated
             };
@@ -229,7 +280,7 @@ enum Rewrite<'a> {
 }
 
 /// What replaces a tool part's content; `None` keeps what is stored.
-struct ToolRewrite {
+pub(crate) struct ToolRewrite {
     status: ToolStatus,
     output: Option<String>,
     error: Option<String>,

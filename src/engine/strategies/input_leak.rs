@@ -2,6 +2,7 @@
 //! of its input (paths, urls, commands, patterns, small scalars), never file contents or
 //! other large strings, so hiding an output no longer leaves its payload in the input.
 
+use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Value};
 
 /// Strings up to this long (on one line) are metadata and stay as they are.
@@ -24,16 +25,11 @@ pub fn strip_input(input: &Value) -> Value {
 fn strip_object(map: &Map<String, Value>) -> Map<String, Value> {
     let mut out = Map::new();
     for (key, value) in map {
-        let kept = match value {
-            Value::String(s) if short(s) => Some(value.clone()),
-            Value::String(s) if is_metadata_key(key) => Some(Value::String(first_line(s))),
-            Value::String(_) => None,
-            Value::Object(inner) => {
-                let inner = strip_object(inner);
-                (!inner.is_empty()).then_some(Value::Object(inner))
-            }
-            Value::Array(_) => small(value).then(|| value.clone()),
-            scalar => Some(scalar.clone()),
+        let kept = match keeps(key, value) {
+            Keep::Gone => None,
+            Keep::Same => Some(value.clone()),
+            Keep::FirstLine(s) => Some(Value::String(first_line(s))),
+            Keep::Stripped(inner) => Some(Value::Object(strip_object(inner))),
         };
         if let Some(v) = kept {
             out.insert(key.clone(), v);
@@ -42,17 +38,103 @@ fn strip_object(map: &Map<String, Value>) -> Map<String, Value> {
     out
 }
 
+/// The input as [`strip_input`] reduces it, serialized without building the reduced
+/// value: the same JSON text, for the context's `arguments` and the rendered part's
+/// count. Rendering a stripped call used to clone its input's kept fields into a new map
+/// on every context and count, then drop it.
+pub struct Stripped<'a>(pub &'a Value);
+
+impl Serialize for Stripped<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            Value::Object(map) => StrippedMap(map).serialize(s),
+            other if small(other) => other.serialize(s),
+            _ => s.serialize_map(Some(0))?.end(),
+        }
+    }
+}
+
+/// An object as [`strip_object`] reduces it.
+struct StrippedMap<'a>(&'a Map<String, Value>);
+
+impl Serialize for StrippedMap<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut out = s.serialize_map(None)?;
+        for (key, value) in self.0 {
+            match keeps(key, value) {
+                Keep::Gone => {}
+                Keep::Same => out.serialize_entry(key, value)?,
+                Keep::FirstLine(text) => out.serialize_entry(key, &first_line(text))?,
+                Keep::Stripped(inner) => out.serialize_entry(key, &StrippedMap(inner))?,
+            }
+        }
+        out.end()
+    }
+}
+
+/// What the reduced input keeps of one entry: the one decision behind both the reduced
+/// value and its serialization.
+enum Keep<'a> {
+    /// Nothing.
+    Gone,
+    /// The value as it is.
+    Same,
+    /// The first line of a long metadata string.
+    FirstLine(&'a str),
+    /// A nested object, itself reduced (never empty).
+    Stripped(&'a Map<String, Value>),
+}
+
+fn keeps<'a>(key: &str, value: &'a Value) -> Keep<'a> {
+    match value {
+        Value::String(s) if short(s) => Keep::Same,
+        Value::String(s) if is_metadata_key(key) => Keep::FirstLine(s),
+        Value::String(_) => Keep::Gone,
+        Value::Object(inner) if keeps_any(inner) => Keep::Stripped(inner),
+        Value::Object(_) => Keep::Gone,
+        Value::Array(_) if small(value) => Keep::Same,
+        Value::Array(_) => Keep::Gone,
+        _ => Keep::Same,
+    }
+}
+
+/// True when the reduced object keeps any entry.
+fn keeps_any(map: &Map<String, Value>) -> bool {
+    map.iter().any(|(k, v)| !matches!(keeps(k, v), Keep::Gone))
+}
+
+/// True when `key` names metadata (ASCII case ignored; nothing allocated, as this runs
+/// for every key of every stripped input a context renders).
 fn is_metadata_key(key: &str) -> bool {
-    let key = key.to_ascii_lowercase();
-    METADATA_KEYS.iter().any(|m| key.contains(m))
+    METADATA_KEYS.iter().any(|m| {
+        key.as_bytes()
+            .windows(m.len())
+            .any(|w| w.eq_ignore_ascii_case(m.as_bytes()))
+    })
 }
 
 fn short(s: &str) -> bool {
     s.len() <= KEEP_CHARS && !s.contains('\n')
 }
 
+/// True when the value's JSON text is at most `KEEP_CHARS` bytes; stops writing once it
+/// is longer (a large array is not written out to be measured).
 fn small(v: &Value) -> bool {
-    v.to_string().len() <= KEEP_CHARS
+    /// Counts bytes, refusing any past the limit.
+    struct Upto(usize);
+    impl std::io::Write for Upto {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 = self.0.saturating_add(bytes.len());
+            if self.0 > KEEP_CHARS {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    serde_json::to_writer(&mut Upto(0), v).is_ok()
 }
 
 /// The first line, cut at `KEEP_CHARS` characters, with an ellipsis when anything went.
@@ -94,6 +176,67 @@ mod tests {
         let out = strip_input(&json!({"command": cmd, "description": "write a file"}));
         assert_eq!(out["command"], "cat <<'EOF' > big.txt…");
         assert_eq!(out["description"], "write a file");
+    }
+
+    /// `Stripped` writes exactly the reduced value's JSON text, through serde_json and
+    /// through sonic-rs (what the context and the counts use), for every tool input of
+    /// the shared traces and inputs built around each rule's edge.
+    #[test]
+    fn stripped_serializes_as_the_reduced_value() {
+        let long_line = "x".repeat(KEEP_CHARS + 1);
+        let at_limit = "y".repeat(KEEP_CHARS);
+        let mut inputs = vec![
+            json!({"filePath": "a", "content": "z".repeat(999), "nested": {"k": "v".repeat(500)}}),
+            json!({"FilePATH": long_line, "Url": format!("{at_limit}\nmore"), "body": at_limit}),
+            json!({"outer": {"inner": {"gone": "a\nb"}}, "kept": {"deep": {"n": 1}}}),
+            json!({"list": (0..40).collect::<Vec<_>>(), "short": [1, 2], "empty": {}}),
+            json!({"emoji": "🦀".repeat(60), "quote": "\"q\"", "nul": null, "f": 1.5}),
+            json!([1, 2, 3]),
+            json!((0..200).collect::<Vec<_>>()),
+            json!("a lone string"),
+            json!(long_line.clone() + &long_line),
+            json!(42),
+            json!(null),
+        ];
+        crate::tokens::test_traces::each_value(|v| {
+            if let Some(input) = v.get("input") {
+                inputs.push(input.clone());
+            }
+        });
+        assert!(inputs.len() > 400, "{} inputs", inputs.len());
+        for input in &inputs {
+            let want = serde_json::to_string(&strip_input(input)).unwrap_or_default();
+            assert_eq!(
+                serde_json::to_string(&Stripped(input)).ok(),
+                Some(want.clone())
+            );
+            assert_eq!(sonic_rs::to_string(&Stripped(input)).ok(), Some(want));
+        }
+    }
+
+    #[test]
+    fn metadata_keys_match_in_any_case_and_small_measures_the_text() {
+        for key in [
+            "path",
+            "filePath",
+            "FILEPATH",
+            "baseUrl",
+            "CMD",
+            "search_query",
+        ] {
+            assert!(is_metadata_key(key), "{key}");
+        }
+        for key in ["content", "pat", "ur", "", "pαth"] {
+            assert!(!is_metadata_key(key), "{key}");
+        }
+        for v in [
+            json!("y".repeat(KEEP_CHARS - 2)),
+            json!((0..60).collect::<Vec<_>>()),
+        ] {
+            assert_eq!(small(&v), v.to_string().len() <= KEEP_CHARS, "{v}");
+        }
+        assert!(small(&json!("y".repeat(KEEP_CHARS - 2))));
+        assert!(!small(&json!("y".repeat(KEEP_CHARS - 1))));
     }
 
     #[test]

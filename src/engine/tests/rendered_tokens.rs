@@ -3,16 +3,14 @@
 //! rendered part itself, for every part shape, strategy mark, prune stamp and tokenizer.
 
 use crate::config::{EngineConfig, SessionOverrides, Settings, Strategy, StrategySet};
+use crate::domain::Role;
 use crate::domain::{
     FilePart, Part, PartKind, StrategyMark, TextPart, ToolPart, ToolState, ToolStatus,
 };
 use crate::engine::estimate::estimate;
-use std::borrow::Cow;
-
-use crate::domain::Role;
 use crate::engine::openai::chat_messages;
 use crate::engine::render::{
-    Copying, is_compacted, render_as, render_borrowed, rendered_tokens_as,
+    Copying, Reading, is_compacted, render_as, render_reading, rendered_tokens_as,
 };
 use crate::tokens::Counting;
 
@@ -215,20 +213,37 @@ fn each_case(parts: &[Part], mut check: impl FnMut(&Settings, &Part)) {
     }
 }
 
-/// A part `render_borrowed` lends as stored (a tool part its marks leave alone) reads
-/// exactly as the full rewrite would have copied it, for every shape and mark.
+/// A part `render_reading` lends as stored (a tool part its marks leave alone) reads
+/// exactly as the full rewrite would have copied it, for every shape and mark; so does
+/// a reduced call read in place for the OpenAI messages, once made whole.
 #[test]
 fn a_borrowed_rendering_equals_the_rewritten_copy() {
-    let mut borrowed = 0;
+    let (mut borrowed, mut in_place) = (0, 0);
     each_case(&parts(), |settings, p| {
         let strip = settings.strategies.has(Strategy::PruneToolInputs);
-        let lent = render_borrowed(p, settings, Copying::Whole);
-        borrowed += usize::from(matches!(lent, Some(Cow::Borrowed(_))));
+        let lent = render_reading(p, settings, Copying::Whole);
+        borrowed += usize::from(matches!(lent, Some(Reading::Stored(_))));
         let copied = render_as(p, p.mark.as_ref(), is_compacted(p), settings, strip);
         let mark = &p.mark;
-        assert_eq!(lent.map(Cow::into_owned), copied, "{} under {mark:?}", p.id);
+        assert_eq!(
+            lent.map(Reading::into_owned),
+            copied,
+            "{} under {mark:?}",
+            p.id
+        );
+        let sent = render_reading(p, settings, Copying::Sent);
+        if matches!(sent, Some(Reading::Tool(..))) {
+            in_place += 1;
+            assert_eq!(
+                sent.map(Reading::into_owned),
+                copied,
+                "{} under {mark:?}",
+                p.id
+            );
+        }
     });
     assert!(borrowed > 100, "{borrowed} borrowed");
+    assert!(in_place > 100, "{in_place} read in place");
 }
 
 /// `p` carrying every field the OpenAI messages do not read: metadata, a title, raw
@@ -257,31 +272,33 @@ fn dressed(mut p: Part) -> Part {
 }
 
 /// The OpenAI messages `part` reads as in a message of `role`, as JSON text.
-fn openai_json(role: Role, part: Option<&Part>) -> String {
+fn openai_json(role: Role, part: Option<&Reading<'_>>) -> String {
     let mut out = Vec::new();
-    chat_messages(role, part.into_iter(), &mut out);
+    chat_messages(role, part.map(Reading::read).into_iter(), &mut out);
     serde_json::to_string(&out).unwrap_or_default()
 }
 
-/// The lean copy GetContext's JSON shape makes of a rewritten part (`Copying::Sent`)
-/// reads exactly as the whole copy in the OpenAI messages, for every shape, mark and
-/// role, while leaving the metadata behind.
+/// What GetContext's OpenAI shapes make of a rewritten part (`Copying::Sent`: a lean
+/// copy, or a reduced call read in place) reads exactly as the whole copy in the OpenAI
+/// messages, for every shape, mark and role, while leaving the metadata behind.
 #[test]
 fn a_lean_copy_reads_as_the_whole_one_in_the_openai_messages() {
     let (mut compared, mut leaner) = (0, 0);
     let dressed: Vec<Part> = parts().into_iter().map(dressed).collect();
     each_case(&dressed, |settings, p| {
         let mark = &p.mark;
-        let whole = render_borrowed(p, settings, Copying::Whole);
-        let sent = render_borrowed(p, settings, Copying::Sent);
+        let whole = render_reading(p, settings, Copying::Whole);
+        let sent = render_reading(p, settings, Copying::Sent);
         assert_eq!(whole.is_some(), sent.is_some(), "{} under {mark:?}", p.id);
-        if let (Some(Cow::Owned(w)), Some(Cow::Owned(s))) = (&whole, &sent) {
-            leaner += usize::from(w != s);
-        }
+        leaner += usize::from(match (&whole, &sent) {
+            (Some(Reading::Rewritten(w)), Some(Reading::Rewritten(s))) => w != s,
+            (Some(Reading::Rewritten(_)), Some(Reading::Tool(..))) => true,
+            _ => false,
+        });
         for role in [Role::User, Role::Assistant] {
             assert_eq!(
-                openai_json(role, sent.as_deref()),
-                openai_json(role, whole.as_deref()),
+                openai_json(role, sent.as_ref()),
+                openai_json(role, whole.as_ref()),
                 "{} under {mark:?} as {role:?}",
                 p.id
             );
