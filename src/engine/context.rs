@@ -17,7 +17,7 @@
 
 use serde_json::Value;
 
-use super::openai::{ChatMessage, PartRead, chat_messages};
+use super::openai::{ChatMessage, PartRead, chat_messages, json_len_hint};
 use super::render::{Copying, Reading, render_reading};
 use super::session::Session;
 use super::stored::{Message, StoredPart};
@@ -179,8 +179,15 @@ impl Session {
     /// first (parts that read as stored are borrowed) or building values.
     pub fn context_openai(&self) -> OpenAiContext {
         // Strings, options and vectors of them always serialize. sonic-rs escapes with
-        // SIMD (the bulk of this call on a large context), same bytes as serde_json.
-        self.context_openai_as(|m| sonic_rs::to_string(m).unwrap_or_else(|_| "[]".to_string()))
+        // SIMD (the bulk of this call on a large context), same bytes as serde_json, into
+        // a buffer sized for the whole text; checking it is UTF-8 costs ~10 µs a MB.
+        self.context_openai_as(|m| {
+            let mut text = Vec::with_capacity(json_len_hint(m));
+            sonic_rs::to_writer(&mut text, m)
+                .ok()
+                .and_then(|()| String::from_utf8(text).ok())
+                .unwrap_or_else(|| "[]".to_string())
+        })
     }
 
     /// The OpenAI messages of the context, built from parts borrowed from the session, in

@@ -91,6 +91,48 @@ struct Function<'a> {
     arguments: String,
 }
 
+/// About how long the messages' JSON text is: their texts, an eighth more for escapes,
+/// and room for keys. The text is then written into one buffer of that size instead of
+/// one doubled a dozen times (each time copied, and fresh pages touched).
+pub(crate) fn json_len_hint(messages: &[ChatMessage<'_>]) -> usize {
+    let text = |s: &str| s.len().saturating_add(s.len() / 8).saturating_add(16);
+    let call = |c: &ToolCall<'_>| {
+        text(c.id)
+            .saturating_add(text(c.function.name))
+            .saturating_add(text(&c.function.arguments))
+            .saturating_add(48)
+    };
+    let message = |m: &ChatMessage<'_>| match m {
+        ChatMessage::User {
+            content: UserContent::Text(t),
+        } => text(t),
+        ChatMessage::User {
+            content: UserContent::Parts(parts),
+        } => parts
+            .iter()
+            .map(|p| match p {
+                UserPart::Text { text: t } => text(t),
+                UserPart::ImageUrl { image_url } => text(image_url.url),
+            })
+            .fold(0usize, usize::saturating_add),
+        ChatMessage::Assistant {
+            content,
+            tool_calls,
+        } => tool_calls
+            .iter()
+            .map(call)
+            .fold(content.as_deref().map_or(0, text), usize::saturating_add),
+        ChatMessage::Tool {
+            tool_call_id,
+            content,
+        } => text(tool_call_id).saturating_add(text(content)),
+    };
+    messages
+        .iter()
+        .map(|m| message(m).saturating_add(32))
+        .fold(2usize, usize::saturating_add)
+}
+
 /// Appends the chat messages one context message (`role`, its rendered `parts`) reads as.
 pub(crate) fn chat_messages<'a>(
     role: Role,

@@ -504,3 +504,44 @@ fn stamp_on_a_non_completed_tool_does_not_count_the_placeholder() {
     );
     assert_eq!(s.total_tokens(), clean.tokens);
 }
+
+/// The JSON shape's buffer is sized from the messages: never short of the text on any
+/// trace's context (as loaded, and pruned), so it is written without regrowing, and not
+/// much larger.
+#[test]
+fn the_json_length_hint_covers_every_trace_context() {
+    let mut contexts = 0;
+    for entry in std::fs::read_dir("tests/data/traces").expect("traces") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("trace readable");
+        let export = crate::trace::parse_export(&text).expect("trace parses");
+        let config = crate::config::EngineConfig::default();
+        let mut s = crate::trace::load(export, Default::default(), Default::default(), &config)
+            .expect("trace loads");
+        for pruned in [false, true] {
+            if pruned {
+                s.prune(crate::engine::PruneMode::Commit, i64::MAX / 2);
+            }
+            let (hint, len) = s
+                .context_openai_as(|m| {
+                    let text = serde_json::to_string(m).unwrap_or_default();
+                    (crate::engine::openai::json_len_hint(m), text.len())
+                })
+                .json;
+            let name = path.display();
+            assert!(
+                hint >= len,
+                "{name}: hint {hint} < {len} (pruned: {pruned})"
+            );
+            assert!(
+                hint <= len + len / 2 + 4096,
+                "{name}: hint {hint} for {len}"
+            );
+            contexts += 1;
+        }
+    }
+    assert!(contexts >= 20, "{contexts} contexts");
+}
