@@ -87,6 +87,8 @@ pub(crate) fn render_reading<'a>(
         strip_inputs,
     ) {
         Rewrite::Kept => Some(Reading::Stored(part)),
+        // Most tool parts: copying one that reads as stored cloned its whole output (half
+        // of building a large context).
         Rewrite::Tool(tool, r) if r.changes_nothing(tool) => Some(Reading::Stored(part)),
         Rewrite::Tool(tool, r) if copying == Copying::Sent => Some(Reading::Tool(part, tool, r)),
         other => rewritten(part, other, copying).map(|p| Reading::Rewritten(Box::new(p))),

@@ -50,7 +50,7 @@ impl ContextBody {
     pub fn held_bytes(&self) -> u64 {
         match self {
             ContextBody::View { view, .. } => view.held_bytes(),
-            ContextBody::OpenAiJson(c) => c.json.len() as u64,
+            ContextBody::OpenAiJson(c) => c.json.capacity() as u64,
             ContextBody::OpenAiList(c) => c.json.held_bytes() as u64,
         }
     }
