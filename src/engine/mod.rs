@@ -45,7 +45,7 @@ pub use compaction::{
     AUTO_CONTINUE, COMPACTION_AGENT, CommitIds, Committed, CompactionError, CompactionPlan,
     CompactionRequest, SummaryOutcome, TailOptions, default_tail_tokens,
 };
-pub use context::{ContextView, OpenAiContext};
+pub use context::{ContextView, NativeContext, OpenAiContext};
 pub use error::{ApplyError, ErrorKind};
 pub use estimate::{PartEstimate, counted_texts, estimate};
 pub use footprint::ByteLimit;
@@ -56,6 +56,7 @@ pub use recall::{
     RECALL_TOOL, RecallKey, Recalled, RecalledCall, RecalledContent, Reduction, recall_tool,
     recall_tool_json,
 };
+pub(crate) use render::Reading;
 pub use session::Session;
 pub use snapshot::{
     Document, SNAPSHOT_FORMAT, SnapshotError, decode_change, decode_session, encode_change,

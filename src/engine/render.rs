@@ -118,6 +118,19 @@ impl Reading<'_> {
         }
     }
 
+    /// Calls `f` with the part as the model reads it, whole (a call read in place is
+    /// copied whole for it; the view never reads one in place).
+    pub(crate) fn with_whole<R>(&self, f: impl FnOnce(&Part) -> R) -> R {
+        match self {
+            Reading::Stored(p) => f(p),
+            Reading::Rewritten(p) => f(p),
+            Reading::Tool(p, tool, r) => {
+                let whole = rewritten(p, Rewrite::Tool(tool, r.clone()), Copying::Whole);
+                f(whole.as_ref().unwrap_or(p))
+            }
+        }
+    }
+
     /// The part's kind as the model reads it (a reduced call is still a call).
     pub(crate) fn kind(&self) -> &PartKind {
         match self {
@@ -282,6 +295,7 @@ enum Rewrite<'a> {
 }
 
 /// What replaces a tool part's content; `None` keeps what is stored.
+#[derive(Clone)]
 pub(crate) struct ToolRewrite {
     status: ToolStatus,
     output: Option<String>,

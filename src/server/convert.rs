@@ -24,7 +24,8 @@ use crate::domain::{
     ToolStatus, ToolTime,
 };
 use crate::engine::{
-    ContextView, Crossed, Message, OverflowCheck, PruneReport, Recalled, RecalledContent, Session,
+    Crossed, Message, OverflowCheck, PruneReport, Reading, Recalled, RecalledContent, Session,
+    StoredPart,
 };
 use crate::tokens::Tokenizer;
 
@@ -779,31 +780,18 @@ pub fn prune_to_pb(r: &PruneReport) -> pb::PruneReport {
     }
 }
 
-/// The context view to the wire, in the shapes asked for (native, the protobuf OpenAI
-/// messages, or both).
-pub fn context_to_pb(
-    v: &ContextView,
-    session_messages: usize,
-    format: pb::ContextFormat,
-) -> pb::Context {
-    use pb::ContextFormat as F;
-    let native = matches!(format, F::Unspecified | F::Native);
-    let openai = matches!(format, F::Unspecified | F::Openai);
-    let openai_messages = openai.then(|| v.openai_as(|m| super::wire_value::list_value(m)));
-
-    pb::Context {
-        messages: if native {
-            v.messages.iter().map(message_to_pb).collect()
-        } else {
-            Vec::new()
-        },
-        openai_messages,
-        // OPENAI_JSON is answered from the session directly (`ops::context`).
-        openai_messages_json: String::new(),
-        estimated_tokens: v.tokens,
-        boundary_message_id: v.boundary_message_id.clone().unwrap_or_default(),
-        session_messages: session_messages as u32,
-        context_messages: v.messages.len() as u32,
+/// One native context message in protobuf, from its info and its parts as the context
+/// reads them (borrowed from the session: each string is copied once, into the reply).
+pub(crate) fn sent_message_to_pb(
+    info: &MessageInfo,
+    parts: &[(&StoredPart, Reading<'_>)],
+) -> pb::Message {
+    pb::Message {
+        info: Some(message_info_to_pb(info)),
+        parts: parts
+            .iter()
+            .map(|(_, r)| r.with_whole(part_to_pb))
+            .collect(),
     }
 }
 

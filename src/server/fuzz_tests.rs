@@ -28,6 +28,7 @@ use tonic::Code;
 use super::convert;
 use super::pb;
 use super::pb::client_update::Update as U;
+use super::reply::ContextBody;
 use super::request::{DEFAULT_MAX_UPDATE_BYTES, Op, decode_update};
 use super::status::Rejection;
 use crate::config::{EngineConfig, Strategy as Named};
@@ -360,11 +361,9 @@ fn check_readable(s: &Session) -> Result<(), TestCaseError> {
     let context = pb::ServerEvent {
         seq: 1,
         session_id: SID.into(),
-        event: Some(pb::server_event::Event::Context(convert::context_to_pb(
-            &s.build_context(),
-            s.messages().len(),
-            pb::ContextFormat::Unspecified,
-        ))),
+        event: Some(pb::server_event::Event::Context(
+            ContextBody::of(s, pb::ContextFormat::Unspecified).into_pb(s.messages().len()),
+        )),
     };
     let bytes = context.encode_to_vec();
     let back = pb::ServerEvent::decode(bytes.as_slice());
@@ -421,8 +420,7 @@ fn run_update(
         }
         Op::Context(format) => {
             t.hit("requests");
-            let view = s.build_context();
-            let _ = convert::context_to_pb(&view, s.messages().len(), format);
+            let _ = ContextBody::of(s, format).into_pb(s.messages().len());
         }
         Op::Prune { dry_run } => {
             t.hit("requests");

@@ -391,19 +391,7 @@ fn build_context(
 ) -> impl FnOnce(&mut Tx<'_>, &EngineConfig) -> Result<ContextReply, Rejection> + Send + 'static {
     let ledger = hub.store.ledger().clone();
     move |s, _| {
-        use super::pb::ContextFormat as F;
-        let body = match format {
-            // Both OpenAI shapes are written here from parts borrowed from the session: the
-            // JSON text, or the protobuf `ListValue` in wire form.
-            F::OpenaiJson => ContextBody::OpenAiJson(s.context_openai()),
-            F::Openai => {
-                ContextBody::OpenAiList(s.context_openai_as(|m| super::wire_value::list_value(m)))
-            }
-            _ => ContextBody::View {
-                view: s.build_context(),
-                format,
-            },
-        };
+        let body = ContextBody::of(s, format);
         let held = ledger.reserve(body.held_bytes(), "contexts")?;
         Ok(ContextReply {
             body,

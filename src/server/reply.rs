@@ -7,7 +7,10 @@ use super::list_value::ListValue;
 use super::pb;
 use super::pb::server_event::Event as Ev;
 use super::status::Rejection;
-use crate::engine::{ContextView, Event, OpenAiContext, OverflowCheck, PruneReport, StepReport};
+use super::wire_value::list_value;
+use crate::engine::{
+    Event, NativeContext, OpenAiContext, OverflowCheck, PruneReport, Session, StepReport,
+};
 
 /// What an open did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,12 +33,13 @@ pub struct ContextReply {
 /// A context reply's content.
 #[derive(Debug)]
 pub enum ContextBody {
-    /// The view, for the native and protobuf OpenAI shapes (`format` says which).
-    View {
-        /// The rendered messages.
-        view: ContextView,
-        /// The wire format asked for.
-        format: pb::ContextFormat,
+    /// The native messages, already protobuf messages (their strings copied once, from
+    /// the session), and for `CONTEXT_FORMAT_UNSPECIFIED` the protobuf OpenAI messages too.
+    Native {
+        /// The messages, with the context's figures.
+        native: NativeContext<pb::Message>,
+        /// The OpenAI messages in wire form, when both shapes were asked for.
+        openai: Option<ListValue>,
     },
     /// `CONTEXT_FORMAT_OPENAI_JSON`: the OpenAI messages already serialized on the session's
     /// actor, with the view's figures.
@@ -46,22 +50,45 @@ pub enum ContextBody {
 }
 
 impl ContextBody {
+    /// The context of `s` in `format`, built from parts borrowed from the session (on its
+    /// actor: this is the only place a context's reply is made).
+    pub fn of(s: &Session, format: pb::ContextFormat) -> ContextBody {
+        use pb::ContextFormat as F;
+        match format {
+            F::OpenaiJson => ContextBody::OpenAiJson(s.context_openai()),
+            F::Openai => ContextBody::OpenAiList(s.context_openai_as(|m| list_value(m))),
+            F::Native | F::Unspecified => ContextBody::Native {
+                native: s.context_native_as(convert::sent_message_to_pb),
+                openai: (format == F::Unspecified)
+                    .then(|| s.context_openai_as(|m| list_value(m)).json),
+            },
+        }
+    }
+
     /// Bytes the body holds until it is sent (what its reply reserves in flight).
     pub fn held_bytes(&self) -> u64 {
         match self {
-            ContextBody::View { view, .. } => view.held_bytes(),
+            ContextBody::Native { native, openai } => native
+                .held_bytes
+                .saturating_add(openai.as_ref().map_or(0, |o| o.held_bytes() as u64)),
             ContextBody::OpenAiJson(c) => c.json.capacity() as u64,
             ContextBody::OpenAiList(c) => c.json.held_bytes() as u64,
         }
     }
-}
 
-impl ContextReply {
-    /// The wire form (the JSON text or values move into it).
-    pub fn into_pb(self) -> pb::Context {
-        let n = self.session_messages;
-        match self.body {
-            ContextBody::View { view, format } => convert::context_to_pb(&view, n, format),
+    /// The wire form (the messages, JSON text or values move into it).
+    pub fn into_pb(self, session_messages: usize) -> pb::Context {
+        let n = session_messages;
+        match self {
+            ContextBody::Native { native, openai } => pb::Context {
+                estimated_tokens: native.tokens,
+                boundary_message_id: native.boundary_message_id.unwrap_or_default(),
+                session_messages: u32::try_from(n).unwrap_or(u32::MAX),
+                context_messages: u32::try_from(native.messages.len()).unwrap_or(u32::MAX),
+                messages: native.messages,
+                openai_messages: openai,
+                ..pb::Context::default()
+            },
             ContextBody::OpenAiList(c) => {
                 let figures = openai_figures(&c, n);
                 pb::Context {
@@ -77,6 +104,13 @@ impl ContextReply {
                 }
             }
         }
+    }
+}
+
+impl ContextReply {
+    /// The wire form (the messages, JSON text or values move into it).
+    pub fn into_pb(self) -> pb::Context {
+        self.body.into_pb(self.session_messages)
     }
 }
 
@@ -184,5 +218,70 @@ pub fn to_server_events(
             out
         }
         Err(r) => vec![wrap(Ev::Error(r.into()))],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message as _;
+
+    use super::ContextBody;
+    use crate::config::EngineConfig;
+    use crate::engine::PruneMode;
+    use crate::server::{convert, pb, wire_value};
+
+    /// Every shape of a context reply, made from parts borrowed from the session, reads
+    /// exactly as the same reply made from the context view (every part copied, then
+    /// converted), for every trace as loaded and after a prune (placeholders, strategy
+    /// marks, stripped inputs).
+    #[test]
+    fn replies_equal_the_views_on_every_trace() {
+        use pb::ContextFormat as F;
+        let mut traces = 0;
+        for entry in std::fs::read_dir("tests/data/traces").expect("traces") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_none_or(|e| e != "json") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("trace readable");
+            let export = crate::trace::parse_export(&text).expect("trace parses");
+            let config = EngineConfig::default();
+            let mut s = crate::trace::load(export, Default::default(), Default::default(), &config)
+                .expect("trace loads");
+            for pruned in [false, true] {
+                if pruned {
+                    s.prune(PruneMode::Commit, i64::MAX / 2);
+                }
+                let name = format!("{} (pruned: {pruned})", path.display());
+                let n = s.messages().len();
+                let view = s.build_context();
+                let messages: Vec<pb::Message> =
+                    view.messages.iter().map(convert::message_to_pb).collect();
+                let openai = view
+                    .openai_as(|m| wire_value::list_value(m))
+                    .encode_to_vec();
+                for format in [F::Unspecified, F::Native, F::Openai, F::OpenaiJson] {
+                    let got = ContextBody::of(&s, format).into_pb(n);
+                    assert_eq!(got.estimated_tokens, view.tokens, "{name} {format:?}");
+                    assert_eq!(got.context_messages as usize, view.messages.len());
+                    assert_eq!(got.session_messages as usize, n);
+                    let boundary = view.boundary_message_id.clone().unwrap_or_default();
+                    assert_eq!(got.boundary_message_id, boundary, "{name} {format:?}");
+                    let native = matches!(format, F::Unspecified | F::Native);
+                    let want: &[pb::Message] = if native { &messages } else { &[] };
+                    assert_eq!(got.messages, want, "{name} {format:?}");
+                    let list = got.openai_messages.map(|l| l.encode_to_vec());
+                    let with_list = matches!(format, F::Unspecified | F::Openai);
+                    assert_eq!(list, with_list.then(|| openai.clone()), "{name} {format:?}");
+                    if format == F::OpenaiJson {
+                        let parsed: serde_json::Value =
+                            serde_json::from_str(&got.openai_messages_json).expect("JSON");
+                        assert_eq!(parsed, view.to_openai(), "{name}");
+                    }
+                }
+            }
+            traces += 1;
+        }
+        assert!(traces >= 10, "{traces} traces");
     }
 }

@@ -157,7 +157,7 @@ fn bench_json_holds_the_same_figures() {
     }
     let contexts = doc["get_context"].as_array().expect("get_context rows");
     let formats: Vec<_> = contexts.iter().map(|c| c["format"].clone()).collect();
-    assert_eq!(formats, ["openai", "openai_json"], "{doc:#}");
+    assert_eq!(formats, ["openai", "openai_json", "native"], "{doc:#}");
     for context in contexts {
         assert!(context["tokens"].as_u64() > Some(0), "{context}");
         assert!(context["reply_bytes"].as_u64() > Some(0), "{context}");

@@ -681,8 +681,8 @@ impl Bench<'_> {
     }
 
     /// Builds the large session, then times GetContext on it in both OpenAI shapes (a
-    /// protobuf `ListValue` and one JSON text), each against a unary echo whose reply has
-    /// as many bytes.
+    /// protobuf `ListValue` and one JSON text) and the native one, each against a unary
+    /// echo whose reply has as many bytes.
     async fn context_rows(&mut self) -> Vec<ContextRow> {
         progress(&format!(
             "GetContext: building a {}-token session",
@@ -735,7 +735,13 @@ impl Bench<'_> {
                 .clamp(1, 5_000);
         }
         let mut rows = Vec::new();
-        for format in [pb::ContextFormat::Openai, pb::ContextFormat::OpenaiJson] {
+        // The native shape is what OpenCode's plugin asks for.
+        let formats = [
+            pb::ContextFormat::Openai,
+            pb::ContextFormat::OpenaiJson,
+            pb::ContextFormat::Native,
+        ];
+        for format in formats {
             rows.push(self.time_context(&sid, format).await);
         }
         self.delete(std::slice::from_ref(&sid)).await;
@@ -810,6 +816,7 @@ impl Bench<'_> {
         let ratio_p99 = ratio(compactd.p99_us, echo.p99_us);
         let format = match format {
             pb::ContextFormat::OpenaiJson => "openai_json",
+            pb::ContextFormat::Native => "native",
             _ => "openai",
         };
         ContextRow {
