@@ -49,6 +49,8 @@ pub use context::{ContextView, NativeContext, OpenAiContext};
 pub use error::{ApplyError, ErrorKind};
 pub use estimate::{PartEstimate, counted_texts, estimate};
 pub use footprint::ByteLimit;
+#[cfg(test)]
+pub(crate) use openai::json_len_hint;
 pub use overflow::{Crossed, OverflowCheck, Trigger, check, max_output, usable_input, used_tokens};
 pub use prune::{PruneMode, PruneReport, PrunedPart};
 pub use prune_index::{Candidate, PruneIndex, PrunePlan, eligible_end, reference_scan};

@@ -227,16 +227,12 @@ mod tests {
 
     use super::ContextBody;
     use crate::config::EngineConfig;
-    use crate::engine::PruneMode;
+    use crate::engine::{PruneMode, Session, json_len_hint};
     use crate::server::{convert, pb, wire_value};
 
-    /// Every shape of a context reply, made from parts borrowed from the session, reads
-    /// exactly as the same reply made from the context view (every part copied, then
-    /// converted), for every trace as loaded and after a prune (placeholders, strategy
-    /// marks, stripped inputs).
-    #[test]
-    fn replies_equal_the_views_on_every_trace() {
-        use pb::ContextFormat as F;
+    /// Calls `f` with every shared trace's session (default settings), as loaded and then
+    /// pruned (placeholders, strategy marks, stripped inputs), and its name.
+    fn each_trace_session(mut f: impl FnMut(&str, &Session)) {
         let mut traces = 0;
         for entry in std::fs::read_dir("tests/data/traces").expect("traces") {
             let path = entry.expect("entry").path();
@@ -248,40 +244,66 @@ mod tests {
             let config = EngineConfig::default();
             let mut s = crate::trace::load(export, Default::default(), Default::default(), &config)
                 .expect("trace loads");
-            for pruned in [false, true] {
-                if pruned {
-                    s.prune(PruneMode::Commit, i64::MAX / 2);
-                }
-                let name = format!("{} (pruned: {pruned})", path.display());
-                let n = s.messages().len();
-                let view = s.build_context();
-                let messages: Vec<pb::Message> =
-                    view.messages.iter().map(convert::message_to_pb).collect();
-                let openai = view
-                    .openai_as(|m| wire_value::list_value(m))
-                    .encode_to_vec();
-                for format in [F::Unspecified, F::Native, F::Openai, F::OpenaiJson] {
-                    let got = ContextBody::of(&s, format).into_pb(n);
-                    assert_eq!(got.estimated_tokens, view.tokens, "{name} {format:?}");
-                    assert_eq!(got.context_messages as usize, view.messages.len());
-                    assert_eq!(got.session_messages as usize, n);
-                    let boundary = view.boundary_message_id.clone().unwrap_or_default();
-                    assert_eq!(got.boundary_message_id, boundary, "{name} {format:?}");
-                    let native = matches!(format, F::Unspecified | F::Native);
-                    let want: &[pb::Message] = if native { &messages } else { &[] };
-                    assert_eq!(got.messages, want, "{name} {format:?}");
-                    let list = got.openai_messages.map(|l| l.encode_to_vec());
-                    let with_list = matches!(format, F::Unspecified | F::Openai);
-                    assert_eq!(list, with_list.then(|| openai.clone()), "{name} {format:?}");
-                    if format == F::OpenaiJson {
-                        let parsed: serde_json::Value =
-                            serde_json::from_str(&got.openai_messages_json).expect("JSON");
-                        assert_eq!(parsed, view.to_openai(), "{name}");
-                    }
-                }
-            }
+            f(&format!("{} as loaded", path.display()), &s);
+            s.prune(PruneMode::Commit, i64::MAX / 2);
+            f(&format!("{} pruned", path.display()), &s);
             traces += 1;
         }
         assert!(traces >= 10, "{traces} traces");
+    }
+
+    /// Every shape of a context reply, made from parts borrowed from the session, reads
+    /// exactly as the same reply made from the context view (every part copied, then
+    /// converted), on every trace.
+    #[test]
+    fn replies_equal_the_views_on_every_trace() {
+        use pb::ContextFormat as F;
+        each_trace_session(|name, s| {
+            let n = s.messages().len();
+            let view = s.build_context();
+            let messages: Vec<pb::Message> =
+                view.messages.iter().map(convert::message_to_pb).collect();
+            let openai = view
+                .openai_as(|m| wire_value::list_value(m))
+                .encode_to_vec();
+            for format in [F::Unspecified, F::Native, F::Openai, F::OpenaiJson] {
+                let got = ContextBody::of(s, format).into_pb(n);
+                assert_eq!(got.estimated_tokens, view.tokens, "{name} {format:?}");
+                assert_eq!(got.context_messages as usize, view.messages.len());
+                assert_eq!(got.session_messages as usize, n);
+                let boundary = view.boundary_message_id.clone().unwrap_or_default();
+                assert_eq!(got.boundary_message_id, boundary, "{name} {format:?}");
+                let native = matches!(format, F::Unspecified | F::Native);
+                let want: &[pb::Message] = if native { &messages } else { &[] };
+                assert_eq!(got.messages, want, "{name} {format:?}");
+                let list = got.openai_messages.map(|l| l.encode_to_vec());
+                let with_list = matches!(format, F::Unspecified | F::Openai);
+                assert_eq!(list, with_list.then(|| openai.clone()), "{name} {format:?}");
+                if format == F::OpenaiJson {
+                    let parsed: serde_json::Value =
+                        serde_json::from_str(&got.openai_messages_json).expect("JSON");
+                    assert_eq!(parsed, view.to_openai(), "{name}");
+                }
+            }
+        });
+    }
+
+    /// The JSON shape's buffer is sized from the messages: never short of the text on any
+    /// trace's context, so it is written without regrowing, and not much larger.
+    #[test]
+    fn the_json_length_hint_covers_every_trace_context() {
+        each_trace_session(|name, s| {
+            let (hint, len) = s
+                .context_openai_as(|m| {
+                    let text = serde_json::to_string(m).unwrap_or_default();
+                    (json_len_hint(m), text.len())
+                })
+                .json;
+            assert!(hint >= len, "{name}: hint {hint} < {len}");
+            assert!(
+                hint <= len + len / 2 + 4096,
+                "{name}: hint {hint} for {len}"
+            );
+        });
     }
 }
