@@ -192,9 +192,8 @@ impl Session {
 
     /// The context as native messages, each made by `each` from the message's info and its
     /// parts as the view reads them (borrowed from the session; a rewritten part is a
-    /// copy), instead of copying every part into a [`ContextView`] first: that copy
-    /// (OpenCode's metadata, diffs and snapshots included) was most of answering a native
-    /// GetContext, and the server copied it all again into protobuf messages.
+    /// copy), instead of copying every part into a [`ContextView`] first: the server then
+    /// copied that copy again, every string and JSON value, into protobuf messages.
     pub(crate) fn context_native_as<M>(
         &self,
         mut each: impl FnMut(&MessageInfo, &[(&StoredPart, Reading<'_>)]) -> M,
