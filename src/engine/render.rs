@@ -112,9 +112,7 @@ impl Reading<'_> {
         match self {
             Reading::Stored(p) => p.clone(),
             Reading::Rewritten(p) => *p,
-            Reading::Tool(p, tool, r) => {
-                rewritten(p, Rewrite::Tool(tool, r), Copying::Whole).unwrap_or_else(|| p.clone())
-            }
+            Reading::Tool(p, tool, r) => whole_call(p, tool, r),
         }
     }
 
@@ -124,10 +122,7 @@ impl Reading<'_> {
         match self {
             Reading::Stored(p) => f(p),
             Reading::Rewritten(p) => f(p),
-            Reading::Tool(p, tool, r) => {
-                let whole = rewritten(p, Rewrite::Tool(tool, r.clone()), Copying::Whole);
-                f(whole.as_ref().unwrap_or(p))
-            }
+            Reading::Tool(p, tool, r) => f(&whole_call(p, tool, r.clone())),
         }
     }
 
@@ -156,6 +151,11 @@ impl Reading<'_> {
             ),
         }
     }
+}
+
+/// A call read in place, copied whole (a tool rewrite always yields a part).
+fn whole_call(part: &Part, tool: &ToolPart, r: ToolRewrite) -> Part {
+    rewritten(part, Rewrite::Tool(tool, r), Copying::Whole).unwrap_or_else(|| part.clone())
 }
 
 /// The part `rewrite` made of `part`, with the fields `copying` keeps.

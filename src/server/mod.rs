@@ -48,6 +48,8 @@ mod request;
 mod service;
 mod status;
 mod stream;
+#[cfg(test)]
+mod test_traces;
 pub mod transport;
 mod wire_value;
 

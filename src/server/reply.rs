@@ -226,31 +226,9 @@ mod tests {
     use prost::Message as _;
 
     use super::ContextBody;
-    use crate::config::EngineConfig;
-    use crate::engine::{PruneMode, Session, json_len_hint};
+    use crate::engine::json_len_hint;
+    use crate::server::test_traces::each_trace_session;
     use crate::server::{convert, pb, wire_value};
-
-    /// Calls `f` with every shared trace's session (default settings), as loaded and then
-    /// pruned (placeholders, strategy marks, stripped inputs), and its name.
-    fn each_trace_session(mut f: impl FnMut(&str, &Session)) {
-        let mut traces = 0;
-        for entry in std::fs::read_dir("tests/data/traces").expect("traces") {
-            let path = entry.expect("entry").path();
-            if path.extension().is_none_or(|e| e != "json") {
-                continue;
-            }
-            let text = std::fs::read_to_string(&path).expect("trace readable");
-            let export = crate::trace::parse_export(&text).expect("trace parses");
-            let config = EngineConfig::default();
-            let mut s = crate::trace::load(export, Default::default(), Default::default(), &config)
-                .expect("trace loads");
-            f(&format!("{} as loaded", path.display()), &s);
-            s.prune(PruneMode::Commit, i64::MAX / 2);
-            f(&format!("{} pruned", path.display()), &s);
-            traces += 1;
-        }
-        assert!(traces >= 10, "{traces} traces");
-    }
 
     /// Every shape of a context reply, made from parts borrowed from the session, reads
     /// exactly as the same reply made from the context view (every part copied, then

@@ -153,41 +153,17 @@ fn an_encoded_list_is_sent_as_its_bytes_and_decodes_into_values() {
     assert_eq!(again.values, back.values);
 }
 
-/// The GetContext shape on every shared trace: the OpenAI messages written as protobuf
-/// bytes decode to what `serde_json::to_value` of the same messages converts to.
+/// The GetContext shape on every shared trace, as loaded and pruned: the OpenAI messages
+/// written as protobuf bytes decode to what `serde_json::to_value` of the same messages
+/// converts to.
 #[test]
 fn every_trace_context_writes_as_its_json_values() {
-    use crate::config::EngineConfig;
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/traces");
-    let (mut traces, mut total_pruned) = (0, 0);
-    for entry in std::fs::read_dir(dir).expect("traces readable").flatten() {
-        let path = entry.path();
-        if path.extension().is_none_or(|e| e != "json") {
-            continue;
-        }
-        let text = std::fs::read_to_string(&path).expect("trace readable");
-        let export = crate::trace::parse_export(&text).expect("trace parses");
-        let config = EngineConfig::default();
-        let mut session =
-            crate::trace::load(export, Default::default(), Default::default(), &config)
-                .expect("trace loads");
-        // As loaded, then pruned (placeholders and strategy marks sent instead).
-        let mut pruned_parts = 0;
-        for pruned in [false, true] {
-            if pruned {
-                let report = session.prune(crate::engine::PruneMode::Commit, i64::MAX / 2);
-                pruned_parts += report.parts.len() + report.strategies.parts.len();
-            }
-            let context = session.context_openai_as(|m| (decoded(m), via_json(m), m.len()));
-            let (written, reference, messages) = context.json;
-            assert!(messages > 0, "{}: no messages", path.display());
-            assert_eq!(written, reference, "{} (pruned: {pruned})", path.display());
-        }
-        total_pruned += pruned_parts;
-        traces += 1;
-    }
-    assert!(traces >= 10, "only {traces} traces");
-    assert!(total_pruned > 0, "no trace pruned anything");
+    crate::server::test_traces::each_trace_session(|name, session| {
+        let context = session.context_openai_as(|m| (decoded(m), via_json(m), m.len()));
+        let (written, reference, messages) = context.json;
+        assert!(messages > 0, "{name}: no messages");
+        assert_eq!(written, reference, "{name}");
+    });
 }
 
 /// A value that serializes differently each time it is walked (the two passes would
