@@ -15,9 +15,9 @@ use std::time::Instant;
 use compactd::config::EngineConfig;
 use compactd::domain::{ModelLimits, PartKind, Role};
 use compactd::engine::{
-    Change, CommitIds, CompactionRequest, Event, Message, Performed, Session, SummaryOutcome,
-    TailOptions, Trigger, Update, decode_change, decode_session, default_tail_tokens,
-    encode_change, encode_session, usable_input,
+    Change, CommitIds, CompactionRequest, ContextCache, Event, Message, Performed, Session,
+    SummaryOutcome, TailOptions, Trigger, Update, decode_change, decode_session,
+    default_tail_tokens, encode_change, encode_session, usable_input,
 };
 use compactd::trace::{self, Export};
 
@@ -252,6 +252,31 @@ fn the_borrowed_openai_context_equals_the_views() {
                 assert_eq!(openai.boundary_message_id, view.boundary_message_id);
             }
         }
+    }
+}
+
+/// The context built from a cache kept across every change (each message rendered again
+/// only when it changed) reads exactly as one rendered whole, after every change of every
+/// trace: parts streamed in, usage reports, prunes, strategy marks and their rollbacks,
+/// compactions.
+#[test]
+fn the_cached_context_equals_a_fresh_one_after_every_change() {
+    let config = EngineConfig::default();
+    for path in traces() {
+        let name = path.display().to_string();
+        let export = load(&path);
+        let (changes, _) = changes_of(&export);
+        let mut live = fresh(&export);
+        let mut cache = ContextCache::default();
+        for (i, c) in changes.into_iter().enumerate() {
+            live.perform(c, &config);
+            let (cached, whole) = (
+                live.context_openai_cached(&mut cache),
+                live.context_openai(),
+            );
+            assert!(cached == whole, "{name}: after change {i}");
+        }
+        assert!(!cache.is_empty(), "{name}: the cache holds the context");
     }
 }
 

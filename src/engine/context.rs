@@ -125,7 +125,7 @@ impl Session {
 
     /// What the context sends, in order: [`Self::context_order`] with the
     /// [`Self::carried`] messages (pinned parts only) right after the summary.
-    fn context_slots(&self) -> Vec<(usize, Keep)> {
+    pub(super) fn context_slots(&self) -> Vec<(usize, Keep)> {
         let order = self.context_order();
         let carried = self.carried();
         let at = if self.boundary().is_some() { 2 } else { 0 };
@@ -168,6 +168,7 @@ impl Session {
         let messages = self
             .sent(slots, Copying::Whole)
             .map(|(msg, parts)| Message {
+                rev: 0,
                 info: msg.info.clone(),
                 parts: parts
                     .into_iter()
@@ -266,7 +267,7 @@ impl Session {
     /// parts it sends as they read (borrowed when unchanged; a rewritten copy keeps what
     /// `copying` says). The one walk behind the view and the OpenAI messages, so the two
     /// cannot disagree.
-    fn sent<'a>(
+    pub(super) fn sent<'a>(
         &'a self,
         slots: impl IntoIterator<Item = (usize, Keep)> + 'a,
         copying: Copying,

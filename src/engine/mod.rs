@@ -14,6 +14,7 @@ pub mod calibration;
 mod change;
 mod compaction;
 mod context;
+mod context_cache;
 mod error;
 mod estimate;
 mod footprint;
@@ -46,6 +47,7 @@ pub use compaction::{
     CompactionRequest, SummaryOutcome, TailOptions, default_tail_tokens,
 };
 pub use context::{ContextView, NativeContext, OpenAiContext};
+pub use context_cache::ContextCache;
 pub use error::{ApplyError, ErrorKind};
 pub use estimate::{PartEstimate, counted_texts, estimate};
 pub use footprint::ByteLimit;

@@ -27,7 +27,7 @@ use super::pins::Pins;
 use super::prune_index::{PruneIndex, PrunePlan};
 use super::render::{Rendered, is_compacted, is_reduced, rendered_tokens_as};
 use super::request_log::RequestLog;
-use super::stored::{Message, StoredPart};
+use super::stored::{Message, Revision, StoredPart};
 use super::strategies::{Pending, Tracker, cap_chars};
 use super::token_index::TokenIndex;
 use super::totals::{PartFigures, Totals, UsageState};
@@ -174,7 +174,9 @@ impl Clone for Session {
             requests,
             part_index,
         } = self;
-        let messages = messages.clone();
+        let mut messages = messages.clone();
+        // A copy changes apart from its original: its messages take their own revisions.
+        messages.iter_mut().for_each(|m| m.rev = Revision::next());
         let part_slots = messages.iter().map(|m| m.parts.capacity()).sum();
         Session {
             info: info.clone(),
@@ -347,6 +349,7 @@ impl Session {
         let mut messages = messages;
         let mut bytes = session_bytes(&info, &settings).saturating_add(pins.bytes());
         for (i, m) in messages.iter_mut().enumerate() {
+            m.rev = Revision::next();
             bytes = bytes.saturating_add(message_bytes(&m.info));
             if by_id.insert(m.info.id.clone(), i).is_some() {
                 return Err(format!("message id {:?} is held twice", m.info.id));
@@ -598,6 +601,8 @@ impl Session {
             self.tracker.invalidate();
         }
         self.prune.touch(msg);
+        // Which parts a carried message sends follows its pins.
+        self.touch(msg);
         Ok(true)
     }
 
@@ -705,6 +710,7 @@ impl Session {
                 tokens: old,
             });
         }
+        self.touch(msg);
         let part = &mut self.messages[msg].parts[pi].part;
         match change {
             Rendering::Mark(mark) => part.mark = mark,
@@ -790,6 +796,7 @@ impl Session {
     /// Sets a part's rendering fields back to `r` (a rollback or a redo; the totals are
     /// restored whole by the caller) and moves the per-message index with them.
     fn set_rendering(&mut self, r: RenderingAt) {
+        self.touch(r.msg);
         let stored = &mut self.messages[r.msg].parts[r.pi];
         let before = stored.context_tokens();
         stored.part.mark = r.mark;
@@ -799,6 +806,20 @@ impl Session {
         stored.reduced = r.reduced;
         let after = stored.context_tokens();
         self.by_msg.moved(r.msg, before, after);
+    }
+
+    /// Gives message `msg` a new revision: anything the context reads of it (its info,
+    /// its parts, how they render, its pins) changed. Every such change passes here, so a
+    /// rendering cached under the old revision is never read again.
+    fn touch(&mut self, msg: usize) {
+        if let Some(m) = self.messages.get_mut(msg) {
+            m.rev = Revision::next();
+        }
+    }
+
+    /// The revision of message `msg` (see [`Message::rev`]); 0 past the messages.
+    pub(crate) fn revision(&self, msg: usize) -> u64 {
+        self.messages.get(msg).map_or(0, |m| m.rev)
     }
 
     /// [`Self::trial`] that also puts back the caches the run brings up to date: the prune
@@ -917,6 +938,7 @@ impl Session {
         self.check_growth("", old_bytes, new_bytes)?;
         self.totals.bytes_changed(old_bytes, new_bytes);
         self.messages[idx].info = info;
+        self.touch(idx);
         if summary_changed {
             self.prune.touch(idx);
         }
@@ -971,6 +993,7 @@ impl Session {
         self.messages.push(Message {
             info,
             parts: Vec::new(),
+            rev: Revision::next(),
         });
         if user {
             self.tracker
@@ -1065,6 +1088,7 @@ impl Session {
         if created && is_step_start {
             self.request_started(); // the model is being called again
         }
+        self.touch(idx);
         let at = match existing {
             Some(i) => {
                 self.messages[idx].parts[i] = new;
@@ -1122,6 +1146,7 @@ impl Session {
                 format!("part {part_id} does not exist in message {message_id}"),
             ));
         };
+        self.touch(idx);
         let old = self.messages[idx].parts.remove(i);
         self.part_index
             .removed(idx, part_id, i, &self.messages[idx].parts);
@@ -1171,6 +1196,7 @@ impl Session {
                 ));
             }
             info.tokens = Some(tokens);
+            self.touch(idx);
         }
         self.usage_reported(tokens);
         Ok(Applied {
@@ -1287,6 +1313,8 @@ impl Session {
         let mut total = 0u64;
         let mut by_msg = TokenIndex::default();
         for mi in 0..self.messages.len() {
+            // The settings or the tokenizer changed: any rendering may read differently.
+            self.touch(mi);
             by_msg.push();
             let mut msg_total = 0u64;
             for pi in 0..self.messages[mi].parts.len() {

@@ -9,12 +9,48 @@ use super::render::is_compacted;
 use crate::domain::{MessageInfo, Part};
 
 /// A message and its parts, as held by the session.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 pub struct Message {
     /// Message info.
     pub info: MessageInfo,
     /// Parts in arrival order, each with its cached estimate.
     pub parts: Vec<StoredPart>,
+    /// The message's revision: a value no other message state in this process has held,
+    /// taken whenever anything the context reads of it changes (see [`Revision`]). A
+    /// rendering cached under it is still the message's. Not stored: a loaded message
+    /// takes a new one.
+    #[serde(skip)]
+    pub(crate) rev: u64,
+}
+
+impl std::fmt::Debug for Message {
+    /// The content, as `PartialEq` compares it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Message")
+            .field("info", &self.info)
+            .field("parts", &self.parts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for Message {
+    /// The content: the revision only says when it last changed.
+    fn eq(&self, other: &Message) -> bool {
+        self.info == other.info && self.parts == other.parts
+    }
+}
+
+/// Where message revisions come from: one counter for the process, so that a revision
+/// names one state of one message, across sessions, copies and reloads alike.
+pub(crate) struct Revision;
+
+impl Revision {
+    /// A revision never handed out before (0 is never one).
+    pub(crate) fn next() -> u64 {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    }
 }
 
 /// A part with the token estimate computed when it was written.

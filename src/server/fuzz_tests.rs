@@ -33,7 +33,7 @@ use super::request::{DEFAULT_MAX_UPDATE_BYTES, Op, decode_update};
 use super::status::Rejection;
 use crate::config::{EngineConfig, Strategy as Named};
 use crate::domain::{MAX_ID_BYTES, MAX_JSON_DEPTH};
-use crate::engine::{self, ByteLimit, PruneMode, Session, Trigger, Update};
+use crate::engine::{self, ByteLimit, ContextCache, PruneMode, Session, Trigger, Update};
 
 // The harness (`fuzz`, `Tally`) is shared with the integration targets.
 #[path = "../../tests/fuzz/harness.rs"]
@@ -347,9 +347,27 @@ const APPLY_CODES: [Code; 4] = [
     Code::ResourceExhausted,
 ];
 
+/// The context in `format` from `cache` (kept across the session's updates), which must
+/// read exactly as one rendered from nothing: no change leaves a stale rendering behind.
+fn context_checked(
+    s: &Session,
+    cache: &mut ContextCache,
+    format: pb::ContextFormat,
+) -> Result<pb::Context, TestCaseError> {
+    let n = s.messages().len();
+    let cached = ContextBody::of(s, cache, format).into_pb(n);
+    let fresh = ContextBody::of(s, &mut ContextCache::default(), format).into_pb(n);
+    // As bytes: a NaN cost never equals itself.
+    prop_assert!(
+        cached.encode_to_vec() == fresh.encode_to_vec(),
+        "the cached context differs from a fresh one"
+    );
+    Ok(cached)
+}
+
 /// What a protobuf client reads back of the session: `GetSession` and a context event
 /// encode, and decode again with prost's default recursion limit.
-fn check_readable(s: &Session) -> Result<(), TestCaseError> {
+fn check_readable(s: &Session, cache: &mut ContextCache) -> Result<(), TestCaseError> {
     let session = pb::GetSessionResponse {
         info: Some(convert::session_to_pb(s.info())),
         messages: s.messages().iter().map(convert::message_to_pb).collect(),
@@ -361,9 +379,11 @@ fn check_readable(s: &Session) -> Result<(), TestCaseError> {
     let context = pb::ServerEvent {
         seq: 1,
         session_id: SID.into(),
-        event: Some(pb::server_event::Event::Context(
-            ContextBody::of(s, pb::ContextFormat::Unspecified).into_pb(s.messages().len()),
-        )),
+        event: Some(pb::server_event::Event::Context(context_checked(
+            s,
+            cache,
+            pb::ContextFormat::Unspecified,
+        )?)),
     };
     let bytes = context.encode_to_vec();
     let back = pb::ServerEvent::decode(bytes.as_slice());
@@ -372,7 +392,12 @@ fn check_readable(s: &Session) -> Result<(), TestCaseError> {
 }
 
 /// Applies `update` as the actor does; a refusal must be clean and change nothing.
-fn apply_checked(s: &mut Session, update: Update, t: &Tally) -> Result<(), TestCaseError> {
+fn apply_checked(
+    s: &mut Session,
+    cache: &mut ContextCache,
+    update: Update,
+    t: &Tally,
+) -> Result<(), TestCaseError> {
     let before = format!("{s:?}");
     match engine::step(s, update, config(), NOW) {
         Err(e) => {
@@ -387,7 +412,7 @@ fn apply_checked(s: &mut Session, update: Update, t: &Tally) -> Result<(), TestC
                 t.hit("applied with events");
             }
             prop_assert_eq!(s.held_bytes(), s.held_bytes_from_scratch(), "byte figure");
-            check_readable(s)?;
+            check_readable(s, cache)?;
         }
     }
     Ok(())
@@ -396,6 +421,7 @@ fn apply_checked(s: &mut Session, update: Update, t: &Tally) -> Result<(), TestC
 /// Decodes one update and runs what it asks for on `s`, as the stream would.
 fn run_update(
     s: &mut Session,
+    cache: &mut ContextCache,
     u: pb::ClientUpdate,
     max: usize,
     t: &Tally,
@@ -410,17 +436,19 @@ fn run_update(
     };
     prop_assert!(!op.kind().is_empty());
     match op {
-        Op::Apply(update) => apply_checked(s, *update, t)?,
+        Op::Apply(update) => apply_checked(s, cache, *update, t)?,
         // The store opens another id as a new session, and reconfigures this one.
-        Op::Open(info) if info.id == s.info().id => apply_checked(s, Update::Configure(*info), t)?,
+        Op::Open(info) if info.id == s.info().id => {
+            apply_checked(s, cache, Update::Configure(*info), t)?;
+        }
         Op::Open(info) => {
             t.hit("opened another session");
             let fresh = Session::new(*info, config());
-            check_readable(&fresh)?;
+            check_readable(&fresh, &mut ContextCache::default())?;
         }
         Op::Context(format) => {
             t.hit("requests");
-            let _ = ContextBody::of(s, format).into_pb(s.messages().len());
+            context_checked(s, cache, format)?;
         }
         Op::Prune { dry_run } => {
             t.hit("requests");
@@ -459,8 +487,9 @@ fn run_session(
             value: bytes,
         });
     }
+    let mut cache = ContextCache::default();
     for u in updates {
-        run_update(&mut s, u, max, t)?;
+        run_update(&mut s, &mut cache, u, max, t)?;
     }
     Ok(())
 }

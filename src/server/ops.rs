@@ -391,7 +391,8 @@ fn build_context(
 ) -> impl FnOnce(&mut Tx<'_>, &EngineConfig) -> Result<ContextReply, Rejection> + Send + 'static {
     let ledger = hub.store.ledger().clone();
     move |s, _| {
-        let body = ContextBody::of(s, format);
+        let (session, cache) = s.with_cache();
+        let body = ContextBody::of(session, cache, format);
         let held = ledger.reserve(body.held_bytes(), "contexts")?;
         Ok(ContextReply {
             body,

@@ -7,9 +7,10 @@ use super::list_value::ListValue;
 use super::pb;
 use super::pb::server_event::Event as Ev;
 use super::status::Rejection;
-use super::wire_value::list_value;
+use super::wire_value::list_body;
 use crate::engine::{
-    Event, NativeContext, OpenAiContext, OverflowCheck, PruneReport, Session, StepReport,
+    ContextCache, Event, NativeContext, OpenAiContext, OverflowCheck, PruneReport, Session,
+    StepReport,
 };
 
 /// What an open did.
@@ -51,16 +52,16 @@ pub enum ContextBody {
 
 impl ContextBody {
     /// The context of `s` in `format`, built from parts borrowed from the session (on its
-    /// actor: this is the only place a context's reply is made).
-    pub fn of(s: &Session, format: pb::ContextFormat) -> ContextBody {
+    /// actor: this is the only place a context's reply is made). The OpenAI shapes render
+    /// only the messages changed since `cache` last saw them.
+    pub fn of(s: &Session, cache: &mut ContextCache, format: pb::ContextFormat) -> ContextBody {
         use pb::ContextFormat as F;
         match format {
-            F::OpenaiJson => ContextBody::OpenAiJson(s.context_openai()),
-            F::Openai => ContextBody::OpenAiList(s.context_openai_as(|m| list_value(m))),
+            F::OpenaiJson => ContextBody::OpenAiJson(s.context_openai_cached(cache)),
+            F::Openai => ContextBody::OpenAiList(openai_list(s, cache)),
             F::Native | F::Unspecified => ContextBody::Native {
                 native: s.context_native_as(convert::sent_message_to_pb),
-                openai: (format == F::Unspecified)
-                    .then(|| s.context_openai_as(|m| list_value(m)).json),
+                openai: (format == F::Unspecified).then(|| openai_list(s, cache).json),
             },
         }
     }
@@ -111,6 +112,21 @@ impl ContextReply {
     /// The wire form (the messages, JSON text or values move into it).
     pub fn into_pb(self) -> pb::Context {
         self.body.into_pb(self.session_messages)
+    }
+}
+
+/// The context's OpenAI messages as a protobuf `ListValue` in wire form, one chunk per
+/// message, each rendered only when the message changed since `cache` last saw it.
+fn openai_list(s: &Session, cache: &mut ContextCache) -> OpenAiContext<ListValue> {
+    let c = s.context_openai_chunks(cache, "openai_list", |m, out| match list_body(m) {
+        Ok(body) => out.extend_from_slice(&body),
+        Err(e) => tracing::warn!(error = %e, "a message could not be written as protobuf values"),
+    });
+    OpenAiContext {
+        json: ListValue::from_chunks(c.json),
+        tokens: c.tokens,
+        context_messages: c.context_messages,
+        boundary_message_id: c.boundary_message_id,
     }
 }
 
@@ -226,13 +242,14 @@ mod tests {
     use prost::Message as _;
 
     use super::ContextBody;
-    use crate::engine::json_len_hint;
+    use crate::engine::{ContextCache, json_len_hint};
     use crate::server::test_traces::each_trace_session;
     use crate::server::{convert, pb, wire_value};
 
     /// Every shape of a context reply, made from parts borrowed from the session, reads
     /// exactly as the same reply made from the context view (every part copied, then
-    /// converted), on every trace.
+    /// converted), on every trace: rendered from nothing, and again from the cache the
+    /// first replies filled (the formats in turn, so each shape also replaces another's).
     #[test]
     fn replies_equal_the_views_on_every_trace() {
         use pb::ContextFormat as F;
@@ -244,8 +261,10 @@ mod tests {
             let openai = view
                 .openai_as(|m| wire_value::list_value(m))
                 .encode_to_vec();
-            for format in [F::Unspecified, F::Native, F::Openai, F::OpenaiJson] {
-                let got = ContextBody::of(s, format).into_pb(n);
+            let mut cache = ContextCache::default();
+            let formats = [F::Unspecified, F::Native, F::Openai, F::OpenaiJson];
+            for format in formats.into_iter().chain(formats).chain([F::Openai]) {
+                let got = ContextBody::of(s, &mut cache, format).into_pb(n);
                 assert_eq!(got.estimated_tokens, view.tokens, "{name} {format:?}");
                 assert_eq!(got.context_messages as usize, view.messages.len());
                 assert_eq!(got.session_messages as usize, n);
@@ -261,6 +280,8 @@ mod tests {
                     let parsed: serde_json::Value =
                         serde_json::from_str(&got.openai_messages_json).expect("JSON");
                     assert_eq!(parsed, view.to_openai(), "{name}");
+                    // Message by message, the very text of the whole array.
+                    assert_eq!(got.openai_messages_json, s.context_openai().json, "{name}");
                 }
             }
         });

@@ -28,8 +28,8 @@ use super::backend::{Backend, BackendError, Committed, StoreEvent, Write};
 use super::tx::Tx;
 use super::{Evicted, Ledger, Limits, Shared, StoreError, restore};
 use crate::config::EngineConfig;
-use crate::engine::Session;
 use crate::engine::encode_session;
+use crate::engine::{ContextCache, Session};
 use crate::tokens::Counting;
 
 /// A job's result, delivered once the changes it made are durable (or failed).
@@ -317,6 +317,7 @@ pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
     });
     let actor = Actor {
         session,
+        cache: ContextCache::default(),
         rx,
         config,
         limits,
@@ -361,6 +362,8 @@ struct Me {
 /// A session's actor.
 struct Actor {
     session: Session,
+    /// The context's messages as last rendered (its bytes count with the session's).
+    cache: ContextCache,
     rx: mpsc::Receiver<Msg>,
     config: Arc<EngineConfig>,
     limits: Limits,
@@ -574,13 +577,21 @@ impl Actor {
         let counted = &mut self.counted;
         // Sessions plus what is in flight: reserved bytes leave less room to grow.
         let total = counted.ledger.counted();
+        if !self.cache.is_empty() && super::over_high_water(&counted.ledger) {
+            // Renderings are the first thing to give back: the next context renders
+            // everything again.
+            self.cache.clear();
+        }
+        // The session may grow into what it holds itself, not into its cache's bytes.
+        let own = self.session.held_bytes();
         self.session
-            .set_byte_limit(self.limits.byte_limit(counted.last, total));
+            .set_byte_limit(self.limits.byte_limit(own, total));
         let mut changes = Vec::new();
         let logging = self.journal.is_some();
         let deliver = {
             let mut tx = Tx::new(
                 &mut self.session,
+                &mut self.cache,
                 &self.config,
                 logging.then_some(&mut changes),
             );
@@ -640,7 +651,10 @@ impl Actor {
     /// Moves the store's byte total to the session's size after a change.
     fn account(&mut self) {
         let counted = &mut self.counted;
-        let now = self.session.held_bytes();
+        let now = self
+            .session
+            .held_bytes()
+            .saturating_add(self.cache.held_bytes());
         if now != counted.last {
             // Two atomic adds, never a scan: the store's total follows each job.
             counted.ledger.add_held(now.wrapping_sub(counted.last));
@@ -745,6 +759,7 @@ impl Actor {
                 j.d.log_bytes = r.log_bytes;
                 j.d.snapshot_bytes = r.snapshot_bytes;
                 self.session = r.session;
+                self.cache.clear();
                 self.account();
             }
             other => {

@@ -8,13 +8,15 @@ use std::ops::Deref;
 use crate::config::EngineConfig;
 use crate::engine::encode_change;
 use crate::engine::{
-    ApplyError, Change, CommitIds, Committed, CompactionError, CompactionPlan, Performed,
-    PruneMode, PruneReport, Session, StepReport, SummaryOutcome, Update,
+    ApplyError, Change, CommitIds, Committed, CompactionError, CompactionPlan, ContextCache,
+    Performed, PruneMode, PruneReport, Session, StepReport, SummaryOutcome, Update,
 };
 
 /// A job's access to its session: reads freely, changes only through logged changes.
 pub struct Tx<'a> {
     session: &'a mut Session,
+    /// The session's rendered context messages, kept by its actor between jobs.
+    cache: &'a mut ContextCache,
     config: &'a EngineConfig,
     /// Encoded changes, when the store is durable.
     log: Option<&'a mut Vec<Vec<u8>>>,
@@ -33,14 +35,22 @@ impl<'a> Tx<'a> {
     /// only, nothing is encoded).
     pub(super) fn new(
         session: &'a mut Session,
+        cache: &'a mut ContextCache,
         config: &'a EngineConfig,
         log: Option<&'a mut Vec<Vec<u8>>>,
     ) -> Tx<'a> {
         Tx {
             session,
+            cache,
             config,
             log,
         }
+    }
+
+    /// The session with its context cache, to build a context that renders only the
+    /// messages changed since the last one (`engine::ContextCache`).
+    pub fn with_cache(&mut self) -> (&Session, &mut ContextCache) {
+        (self.session, self.cache)
     }
 
     /// Performs `change`, logging it when it changed the session.

@@ -749,20 +749,44 @@ impl Bench<'_> {
     }
 
     /// Times GetContext of `sid` in `format`, then a unary echo whose reply has as many
-    /// bytes, `--rounds` times; the percentiles are over every round's samples.
+    /// bytes, `--rounds` times; the percentiles are over every round's samples. Each call
+    /// follows a change to the session, as a host's does (it asks for the context after
+    /// streaming the turn): the user's next prompt, rewritten before every call and not
+    /// timed. The echo gets an untimed request of the same size before each call too.
     async fn time_context(&mut self, sid: &str, format: pb::ContextFormat) -> ContextRow {
         progress(&format!("GetContext: timing {}", format.as_str_name()));
         // The reply is taken as bytes, as the echo's client takes the echo's, and decoded
         // after the call is timed (see `raw`).
         let mut client = raw::RawClient::new(self.compactd.clone());
+        let mut updates = drive::client(self.compactd.clone());
+        let prompt = workload::prompt_message(&format!("{}-prompt", self.run));
+        let opened = updates
+            .upsert_message(pb::UpsertMessageRequest {
+                session_id: sid.into(),
+                message: Some(prompt.clone()),
+            })
+            .await;
+        if let Err(status) = opened {
+            self.tally.failed("UpsertMessage (the prompt)", status);
+        }
         let (mut own, mut echo, mut decode) = (Vec::new(), Vec::new(), Vec::new());
         let (mut reply_bytes, mut tokens) = (0u64, 0u64);
         let mut echo_client = drive::echo_client(self.echo.clone());
         let request_bytes = context_request(sid, format).encoded_len();
+        let mut prompts = 0u64;
         'rounds: for _ in 0..self.args.rounds {
             let deadline = Instant::now() + self.args.duration;
             let mut n = 0;
             while n < self.args.updates && Instant::now() < deadline {
+                prompts += 1;
+                let request = pb::UpsertPartRequest {
+                    session_id: sid.into(),
+                    part: Some(workload::prompt_text(&prompt.id, prompts)),
+                };
+                if let Err(status) = updates.upsert_part(request).await {
+                    self.tally.failed("UpsertPart (the prompt)", status);
+                    break 'rounds;
+                }
                 let at = Instant::now();
                 match client.get_context(context_request(sid, format)).await {
                     Ok(bytes) => {
@@ -791,7 +815,21 @@ impl Bench<'_> {
                 }
             }
             let (deadline, mut n) = (Instant::now() + self.args.duration, 0);
+            let prompt_bytes = pb::UpsertPartRequest {
+                session_id: sid.into(),
+                part: Some(workload::prompt_text(&prompt.id, prompts)),
+            }
+            .encoded_len();
             while n < self.args.updates && Instant::now() < deadline {
+                let request = echo::pb::EchoRequest {
+                    seq: n as u64,
+                    payload: vec![0u8; prompt_bytes].into(),
+                    reply_bytes: 8,
+                };
+                if let Err(status) = echo_client.unary(request).await {
+                    self.tally.failed("echo unary", status);
+                    break 'rounds;
+                }
                 let request = echo::pb::EchoRequest {
                     seq: n as u64,
                     payload: vec![0u8; request_bytes].into(),

@@ -201,9 +201,7 @@ impl Updates {
     /// Queues the next session's updates (or, keeping everything, the next trace's turns
     /// in the one session).
     fn refill(&mut self) {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let now = now_ms();
         let pool = self.pool.clone();
         let trace = &pool.traces[self.trace];
         self.trace = (self.trace + 1) % pool.traces.len();
@@ -433,6 +431,25 @@ fn trace_of(export: crate::trace::Export) -> Trace {
         }
     }
     Trace { turns }
+}
+
+/// The user message a GetContext timing rewrites before each call (see `time_context`).
+pub fn prompt_message(id: &str) -> pb::MessageInfo {
+    message(id, "user", "", now_ms(), "")
+}
+
+/// The `n`th text of the prompt message `message_id`: the same part, the same size, new
+/// words each time.
+pub fn prompt_text(message_id: &str, n: u64) -> pb::Part {
+    let text = format!("Prompt {n:010}: now run the tests again and fix what fails. ");
+    text_part(&format!("{message_id}-text"), message_id, text.repeat(4))
+}
+
+/// The wall clock in epoch ms, as a host stamps its messages.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 fn message(id: &str, role: &str, parent: &str, now: i64, finish: &str) -> pb::MessageInfo {

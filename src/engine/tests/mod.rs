@@ -19,6 +19,7 @@
 
 mod compaction;
 mod context;
+mod context_cache;
 mod memory;
 mod overflow;
 mod pins;

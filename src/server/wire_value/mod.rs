@@ -17,7 +17,6 @@
 use serde::Serialize;
 use serde::ser;
 
-use super::list_value::ListValue;
 use sink::{Sink, Sizer, Writer};
 use value::ValueSer;
 
@@ -39,8 +38,11 @@ impl ser::Error for Error {
 
 /// `items` as a `google.protobuf.ListValue` in wire form. Every item serializes (the
 /// OpenAI messages hold strings, options and lists of them); one that does not leaves an
-/// empty list, as `serde_json::to_value` failing does in the other shapes.
-pub fn list_value<T: Serialize>(items: &[T]) -> ListValue {
+/// empty list, as `serde_json::to_value` failing does in the other shapes. (The server
+/// writes a context's list message by message, with [`list_body`]; tests make whole ones.)
+#[cfg(test)]
+pub fn list_value<T: Serialize>(items: &[T]) -> super::list_value::ListValue {
+    use super::list_value::ListValue;
     match list_body(items) {
         Ok(body) => ListValue::from_encoded(body),
         Err(e) => {

@@ -146,7 +146,7 @@ fn an_encoded_list_is_sent_as_its_bytes_and_decodes_into_values() {
     let body = list_body(&items).expect("writes");
     let list = list_value(&items);
     assert_eq!(list.encode_to_vec(), body);
-    let back = super::ListValue::decode(body.as_slice()).expect("decodes");
+    let back = crate::server::list_value::ListValue::decode(body.as_slice()).expect("decodes");
     assert_eq!(back.values, via_json(&items).values);
     // A decoded list encodes from its values, to the same values.
     let again = prost_types::ListValue::decode(back.encode_to_vec().as_slice()).expect("decodes");

@@ -1,0 +1,233 @@
+//! The context cache: a call renders only the messages that changed since the cache last
+//! saw them, and reads exactly as a context rendered whole after every kind of change
+//! (the traces' every change is checked in `tests/snapshot.rs`; here the changes the
+//! traces never make: pins on carried messages, new settings, a trial redone).
+
+use serde_json::json;
+
+use super::*;
+use crate::config::{EngineConfig, Strategy};
+use crate::engine::session::Rendering;
+use crate::engine::{CommitIds, CompactionRequest, ContextCache, SummaryOutcome, TailOptions};
+
+/// Asserts the cached context reads as one rendered whole.
+fn assert_fresh(s: &Session, cache: &mut ContextCache, what: &str) {
+    assert_eq!(
+        s.context_openai_cached(cache).json,
+        s.context_openai().json,
+        "{what}"
+    );
+}
+
+#[test]
+fn a_call_renders_only_the_messages_changed_since_the_last() {
+    let mut s = session(
+        "
+        user u1 text:t1=10
+        assistant a1 read:p1=300 text:x1=40
+        user u2 text:t2=10
+        assistant a2 bash:p2=200
+        ",
+    );
+    let mut cache = ContextCache::default();
+    let render = |s: &Session, cache: &mut ContextCache| {
+        let mut rendered = 0;
+        let c = s.context_openai_chunks(cache, "count", |_, out| {
+            rendered += 1;
+            out.push(b'x');
+        });
+        (c.json.len(), rendered)
+    };
+    assert_eq!(
+        render(&s, &mut cache),
+        (4, 4),
+        "the first call renders every message"
+    );
+    assert_eq!(render(&s, &mut cache), (4, 0), "nothing changed");
+    apply(&mut s, Update::UpsertPart(text("a2", "x2", "done")));
+    assert_eq!(render(&s, &mut cache), (4, 1), "only a2 changed");
+    apply(&mut s, Update::UpsertMessage(user("u3")));
+    apply(&mut s, Update::UpsertPart(text("u3", "t3", "next")));
+    assert_eq!(render(&s, &mut cache), (5, 1), "only u3 is new");
+    // Another shape replaces this one's renderings.
+    assert_fresh(&s, &mut cache, "JSON");
+    assert_eq!(render(&s, &mut cache), (5, 5), "back to the first shape");
+}
+
+#[test]
+fn the_cache_counts_its_bytes_and_lets_go_of_summarized_messages() {
+    let mut s = session(
+        "
+        user u1 text:t1=10
+        assistant a1 read:p1=3000 text:x1=40
+        user u2 text:t2=10
+        assistant a2 bash:p2=200
+        user u3 text:t3=10
+        assistant a3 text:x3=50
+        ",
+    );
+    let mut cache = ContextCache::default();
+    let json = s.context_openai_cached(&mut cache).json;
+    assert_eq!(cache.len(), 6);
+    // Each message's chunk: its elements without the brackets and the commas between.
+    let chunks = json.len() - 2 - 5;
+    let slots = cache.held_bytes() - chunks as u64 - 6 * 16;
+    assert!(slots > 0 && slots <= 6 * 128, "slots {slots}");
+    let outcome = SummaryOutcome {
+        text: "Read the parser.".into(),
+        usage: None,
+        cost: 0.0,
+        model: None,
+    };
+    let request = CompactionRequest {
+        tail: TailOptions {
+            turns: 1,
+            max_tokens: 15_000,
+        },
+        auto: false,
+        overflow: false,
+    };
+    let plan = s.plan_compaction(request).expect("plan");
+    let ids = CommitIds {
+        prefix: "cmp1".into(),
+    };
+    s.commit_compaction(&plan, &outcome, &ids, NOW, &config())
+        .expect("commit");
+    let before = cache.held_bytes();
+    assert_fresh(&s, &mut cache, "after the compaction");
+    // The compaction's two messages and the tail (u3, a3) are kept; u1 to a2 let go.
+    assert_eq!(cache.len(), 4);
+    assert!(
+        cache.held_bytes() < before,
+        "the read's chunk is given back"
+    );
+    cache.clear();
+    assert!(cache.is_empty());
+    assert_fresh(&s, &mut cache, "after clearing");
+}
+
+#[test]
+fn pinning_a_part_of_a_carried_message_sends_it_at_once() {
+    let mut s = session(
+        "
+        user u1 text:t1=10
+        assistant a1 read:p1=3000 text:x1=40 bash:p2=500
+        user u2 text:t2=10
+        assistant a2 bash:p3=200
+        user u3 text:t3=10
+        assistant a3 text:x3=50
+        ",
+    );
+    let pin = |part: &str| Update::Pin {
+        message_id: "a1".into(),
+        part_id: Some(part.into()),
+        pinned: true,
+    };
+    apply(&mut s, pin("p2"));
+    let request = CompactionRequest {
+        tail: TailOptions {
+            turns: 2,
+            max_tokens: 15_000,
+        },
+        auto: false,
+        overflow: false,
+    };
+    let plan = s.plan_compaction(request).expect("plan");
+    let outcome = SummaryOutcome {
+        text: "Read the parser.".into(),
+        usage: None,
+        cost: 0.0,
+        model: None,
+    };
+    let ids = CommitIds {
+        prefix: "cmp1".into(),
+    };
+    s.commit_compaction(&plan, &outcome, &ids, NOW, &config())
+        .expect("commit");
+    let mut cache = ContextCache::default();
+    let before = s.context_openai_cached(&mut cache).json;
+    assert!(before.contains("call_p2"));
+    // a1 is carried for p2 alone; pinning its text carries that too.
+    apply(&mut s, pin("x1"));
+    let after = s.context_openai_cached(&mut cache).json;
+    assert!(
+        after.len() > before.len() + 100,
+        "the newly pinned text is sent"
+    );
+    assert_fresh(&s, &mut cache, "after the pin");
+}
+
+/// Two identical reads with the strategies on: the older is superseded at a commit.
+fn twice_read() -> (Session, EngineConfig) {
+    let cfg = EngineConfig {
+        tokenizer: crate::tokens::Tokenizer::Chars4,
+        ..EngineConfig::default()
+    };
+    let mut s = Session::new(
+        SessionInfo {
+            id: "ses_cache".into(),
+            ..Default::default()
+        },
+        &cfg,
+    );
+    let read = |msg: &str, id: &str| {
+        let mut p = tool(msg, id, "read", &chars(4_000));
+        state_mut(&mut p).input = json!({"filePath": "src/x.rs"});
+        p
+    };
+    for u in [
+        Update::UpsertMessage(user("u1")),
+        Update::UpsertPart(text("u1", "t1", "read x twice")),
+        Update::UpsertMessage(assistant("a1", "u1")),
+        Update::UpsertPart(read("a1", "r1")),
+        Update::UpsertMessage(assistant("a2", "u1")),
+        Update::UpsertPart(read("a2", "r2")),
+    ] {
+        s.apply(u, &cfg).expect("valid");
+    }
+    (s, cfg)
+}
+
+#[test]
+fn new_settings_render_every_message_again() {
+    let (mut s, cfg) = twice_read();
+    let report = s.prune(PruneMode::Commit, NOW);
+    assert_eq!(report.strategies.parts.len(), 1);
+    let mut cache = ContextCache::default();
+    let json = s.context_openai_cached(&mut cache).json;
+    assert_eq!(
+        json.matches(&chars(4_000)).count(),
+        1,
+        "r1 reads superseded"
+    );
+    let mut info = s.info().clone();
+    info.config
+        .strategies
+        .insert(Strategy::SupersedeDuplicates, false);
+    s.apply(Update::Configure(info), &cfg).expect("configure");
+    let json = s.context_openai_cached(&mut cache).json;
+    assert_eq!(json.matches(&chars(4_000)).count(), 2, "r1 reads verbatim");
+    assert_fresh(&s, &mut cache, "after the new settings");
+}
+
+#[test]
+fn a_trial_rolled_back_then_redone_reads_as_its_outcome() {
+    let (mut s, _) = twice_read();
+    let mut cache = ContextCache::default();
+    let before = s.context_openai_cached(&mut cache).json;
+    let mark = crate::domain::StrategyMark {
+        strategy: Strategy::SupersedeDuplicates,
+        superseded_by: "call_r2".into(),
+        time: NOW,
+        keep: 0,
+    };
+    let ((), redo) = s.trial_keeping(true, |s| {
+        s.rerender(1, 0, Rendering::Mark(Some(mark)), true);
+    });
+    // Rolled back: the context as before, rendered from the cache.
+    assert_eq!(s.context_openai_cached(&mut cache).json, before);
+    s.redo(redo.expect("kept"));
+    let after = s.context_openai_cached(&mut cache).json;
+    assert_ne!(after, before, "the redone mark shows");
+    assert_fresh(&s, &mut cache, "after the redo");
+}
