@@ -28,6 +28,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ".google.protobuf.ListValue",
             "crate::server::list_value::ListValue",
         )
+        // So can a `Message` (GetContext's native messages, kept encoded between calls).
+        .extern_path(
+            ".compactd.v1.Message",
+            "crate::server::native_message::Message",
+        )
         .build_client(true)
         .build_server(true)
         .compile_fds(fds)?;

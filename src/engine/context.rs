@@ -17,12 +17,11 @@
 
 use serde_json::Value;
 
-use super::footprint::message_bytes;
 use super::openai::{ChatMessage, PartRead, chat_messages, json_len_hint};
 use super::render::{Copying, Reading, render_reading};
 use super::session::Session;
 use super::stored::{Message, StoredPart};
-use crate::domain::{MessageInfo, PartKind, Role};
+use crate::domain::{PartKind, Role};
 
 /// The rendered context.
 #[derive(Debug, Clone, PartialEq)]
@@ -50,15 +49,15 @@ pub struct OpenAiContext<M = String> {
 }
 
 /// The context as native messages in another shape (the server's protobuf messages),
-/// made from parts borrowed from the session, with the figures a [`ContextView`] carries.
+/// rendered from parts borrowed from the session ([`Session::context_native_chunks`]),
+/// with the figures a [`ContextView`] carries.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NativeContext<M> {
     /// One item per message the context keeps, in order.
     pub messages: Vec<M>,
     /// Estimated tokens of the context (as [`ContextView::tokens`]).
     pub tokens: u64,
-    /// Bytes the session holds for those messages and parts: about what a copy of them
-    /// holds in flight.
+    /// Bytes the messages hold in flight (what a reply carrying them keeps alive).
     pub held_bytes: u64,
     /// The message the context starts at when a compaction boundary exists.
     pub boundary_message_id: Option<String>,
@@ -188,36 +187,6 @@ impl Session {
             messages,
             tokens,
             boundary_message_id: None,
-        }
-    }
-
-    /// The context as native messages, each made by `each` from the message's info and its
-    /// parts as the view reads them (borrowed from the session; a rewritten part is a
-    /// copy), instead of copying every part into a [`ContextView`] first: the server then
-    /// copied that copy again, every string and JSON value, into protobuf messages.
-    pub(crate) fn context_native_as<M>(
-        &self,
-        mut each: impl FnMut(&MessageInfo, &[(&StoredPart, Reading<'_>)]) -> M,
-    ) -> NativeContext<M> {
-        let (mut tokens, mut held_bytes) = (0u64, 0u64);
-        let messages = self
-            .sent(self.context_slots(), Copying::Whole)
-            .map(|(msg, parts)| {
-                for (stored, _) in &parts {
-                    tokens = tokens.saturating_add(stored.context_tokens());
-                    held_bytes = held_bytes.saturating_add(stored.bytes);
-                }
-                held_bytes = held_bytes.saturating_add(message_bytes(&msg.info));
-                each(&msg.info, &parts)
-            })
-            .collect();
-        NativeContext {
-            messages,
-            tokens,
-            held_bytes,
-            boundary_message_id: self
-                .boundary()
-                .map(|b| self.messages()[b.start].info.id.clone()),
         }
     }
 

@@ -1,4 +1,4 @@
-//! The context's OpenAI messages kept rendered between calls, one chunk per message.
+//! The context kept rendered between calls, one chunk per message.
 //!
 //! A host asks for the context before every model request, and between two requests only
 //! a few messages change (the last step's parts, a prune or a strategy mark now and
@@ -14,21 +14,33 @@
 use std::mem::size_of;
 use std::sync::Arc;
 
-use super::context::{Keep, OpenAiContext};
+use super::context::{Keep, NativeContext, OpenAiContext};
 use super::openai::{ChatMessage, chat_messages};
-use super::render::Copying;
+use super::render::{Copying, Reading};
 use super::session::Session;
+use super::stored::{Message, StoredPart};
+use crate::domain::MessageInfo;
 
-/// Each context message's rendering in one shape, by message position, with the figures
-/// the reply carries.
+/// Shapes kept at once: a reply with both the native and the OpenAI messages needs two.
+const SHAPES: usize = 2;
+
+/// Each context message's rendering in the shapes last asked for, by message position,
+/// with the figures the reply carries.
 #[derive(Debug, Default)]
 pub struct ContextCache {
-    /// The shape the chunks are in (the caller's name for its renderer).
-    shape: &'static str,
-    /// By message position; `None` where nothing is cached.
-    entries: Vec<Option<Entry>>,
+    /// At most [`SHAPES`], the most recently used last.
+    shapes: Vec<Shape>,
     /// Calls so far: entries a call did not use are dropped at its end.
     calls: u64,
+}
+
+/// The renderings of one shape.
+#[derive(Debug)]
+struct Shape {
+    /// The caller's name for its renderer.
+    name: &'static str,
+    /// By message position; `None` where nothing is kept.
+    entries: Vec<Option<Entry>>,
     /// Bytes of the chunks held.
     chunk_bytes: u64,
 }
@@ -51,152 +63,215 @@ struct Entry {
 /// Bytes of an `Arc<[u8]>` allocation beyond its data (the two counts).
 const ARC_HEADER: u64 = 2 * size_of::<usize>() as u64;
 
+/// Bytes a chunk's allocation holds.
+fn chunk_cost(chunk: &[u8]) -> u64 {
+    (chunk.len() as u64).saturating_add(ARC_HEADER)
+}
+
 impl ContextCache {
     /// Bytes the cache holds: its slots and every chunk (what the memory budget counts).
     pub fn held_bytes(&self) -> u64 {
-        let slots = self.entries.capacity() * size_of::<Option<Entry>>();
-        (slots as u64).saturating_add(self.chunk_bytes)
+        self.shapes.iter().fold(0u64, |sum, s| {
+            let slots = (s.entries.capacity() * size_of::<Option<Entry>>()) as u64;
+            sum.saturating_add(slots).saturating_add(s.chunk_bytes)
+        })
     }
 
     /// Drops every rendering (memory pressure; the next call renders everything).
     pub fn clear(&mut self) {
-        self.entries = Vec::new();
-        self.chunk_bytes = 0;
+        self.shapes = Vec::new();
     }
 
-    /// Messages with a rendering kept.
+    /// Messages with a rendering kept, over every shape.
     pub fn len(&self) -> usize {
-        self.entries.iter().flatten().count()
+        self.shapes
+            .iter()
+            .map(|s| s.entries.iter().flatten().count())
+            .sum()
     }
 
     /// True when nothing is kept.
     pub fn is_empty(&self) -> bool {
-        self.chunk_bytes == 0 && self.entries.iter().all(Option::is_none)
+        self.shapes.is_empty()
     }
 
-    fn chunk_cost(chunk: &[u8]) -> u64 {
-        if chunk.is_empty() {
-            0 // an empty Arc<[u8]> still allocates its counts; small enough to leave out
-        } else {
-            (chunk.len() as u64).saturating_add(ARC_HEADER)
+    /// The renderings of shape `name`, made the most recently used; the least recently
+    /// used shape goes when there are too many.
+    fn shape(&mut self, name: &'static str) -> &mut Shape {
+        match self.shapes.iter().position(|s| s.name == name) {
+            Some(i) => {
+                let s = self.shapes.remove(i);
+                self.shapes.push(s);
+            }
+            None => {
+                if self.shapes.len() >= SHAPES {
+                    self.shapes.remove(0);
+                }
+                self.shapes.push(Shape {
+                    name,
+                    entries: Vec::new(),
+                    chunk_bytes: 0,
+                });
+            }
         }
+        let last = self.shapes.len() - 1;
+        &mut self.shapes[last]
     }
+}
+
+/// The chunks of one call, in order, with the context's figures.
+struct Chunks {
+    chunks: Vec<Arc<[u8]>>,
+    tokens: u64,
+    context_messages: usize,
 }
 
 impl Session {
     /// The context's OpenAI messages as chunks, one per message that renders to any, in
     /// order: each is `render`'s bytes for the message's chat messages, taken from
-    /// `cache` when the message has not changed since (`shape` names `render`'s output;
-    /// a cache holding another shape starts over). Reads as
-    /// [`Self::context_openai_as`] with `render` applied message by message.
+    /// `cache` when the message has not changed since (`shape` names `render`'s output).
+    /// Reads as [`Self::context_openai_as`] with `render` applied message by message.
     pub(crate) fn context_openai_chunks(
         &self,
         cache: &mut ContextCache,
         shape: &'static str,
         mut render: impl FnMut(&[ChatMessage<'_>], &mut Vec<u8>),
     ) -> OpenAiContext<Vec<Arc<[u8]>>> {
-        if cache.shape != shape {
-            cache.clear();
-            cache.shape = shape;
+        let c = self.chunks(cache, shape, Copying::Sent, |msg, parts, out| {
+            let mut chat = Vec::new();
+            chat_messages(
+                msg.info.role,
+                parts.iter().map(|(_, p)| p.read()),
+                &mut chat,
+            );
+            if !chat.is_empty() {
+                render(&chat, out);
+            }
+        });
+        OpenAiContext {
+            json: c.chunks,
+            tokens: c.tokens,
+            context_messages: c.context_messages,
+            boundary_message_id: self.boundary_message_id(),
         }
+    }
+
+    /// The context's native messages as chunks, one per message, each `render`'s bytes
+    /// for the message's info and parts as the view reads them, taken from `cache` when
+    /// the message has not changed since. Reads as [`Self::context_native_as`].
+    pub(crate) fn context_native_chunks(
+        &self,
+        cache: &mut ContextCache,
+        shape: &'static str,
+        mut render: impl FnMut(&MessageInfo, &[(&StoredPart, Reading<'_>)], &mut Vec<u8>),
+    ) -> NativeContext<Arc<[u8]>> {
+        let c = self.chunks(cache, shape, Copying::Whole, |msg, parts, out| {
+            render(&msg.info, parts, out);
+        });
+        // What a reply holds in flight: the chunks it keeps alive.
+        let held_bytes = c.chunks.iter().map(|x| chunk_cost(x)).sum();
+        NativeContext {
+            messages: c.chunks,
+            tokens: c.tokens,
+            held_bytes,
+            boundary_message_id: self.boundary_message_id(),
+        }
+    }
+
+    /// The one walk behind both: every message the context sends, its chunk from the
+    /// cache or rendered now (empty chunks are left out).
+    fn chunks(
+        &self,
+        cache: &mut ContextCache,
+        name: &'static str,
+        copying: Copying,
+        mut render: impl FnMut(&Message, &[(&StoredPart, Reading<'_>)], &mut Vec<u8>),
+    ) -> Chunks {
         cache.calls = cache.calls.wrapping_add(1);
         let call = cache.calls;
+        let shape = cache.shape(name);
         let len = self.messages().len();
-        if cache.entries.len() > len {
-            // Only a different session state is shorter: nothing of it is reused.
-            cache.clear();
+        if shape.entries.len() > len {
+            // Only another session state is shorter: nothing of it is reused.
+            shape.entries = Vec::new();
+            shape.chunk_bytes = 0;
         }
-        cache.entries.resize_with(len, || None);
+        shape.entries.resize_with(len, || None);
         let slots = self.context_slots();
-        let mut chunks = Vec::with_capacity(slots.len());
-        let (mut tokens, mut context_messages) = (0u64, 0usize);
+        let mut out = Chunks {
+            chunks: Vec::with_capacity(slots.len()),
+            tokens: 0,
+            context_messages: 0,
+        };
         let mut scratch = Vec::new();
         for (i, keep) in slots {
             let rev = self.revision(i);
-            let fresh = matches!(&cache.entries[i], Some(e) if e.rev == rev && e.keep == keep);
-            if !fresh {
-                let entry = self.render_entry(i, keep, rev, &mut scratch, &mut render);
-                let old = cache.entries[i].replace(entry);
-                let freed = old.map_or(0, |e| ContextCache::chunk_cost(&e.chunk));
-                let added = cache.entries[i]
-                    .as_ref()
-                    .map_or(0, |e| ContextCache::chunk_cost(&e.chunk));
-                cache.chunk_bytes = cache
+            let slot = &mut shape.entries[i];
+            if !matches!(slot, Some(e) if e.rev == rev && e.keep == keep) {
+                let entry = self.render_entry(i, keep, copying, &mut scratch, &mut render);
+                let added = chunk_cost(&entry.chunk);
+                let freed = slot.replace(entry).map_or(0, |e| chunk_cost(&e.chunk));
+                shape.chunk_bytes = shape
                     .chunk_bytes
                     .saturating_sub(freed)
                     .saturating_add(added);
             }
-            let Some(e) = cache.entries[i].as_mut() else {
+            let Some(e) = shape.entries[i].as_mut() else {
                 continue;
             };
             e.used = call;
             if e.sent {
-                tokens = tokens.saturating_add(e.tokens);
-                context_messages += 1;
+                out.tokens = out.tokens.saturating_add(e.tokens);
+                out.context_messages += 1;
                 if !e.chunk.is_empty() {
-                    chunks.push(e.chunk.clone());
+                    out.chunks.push(e.chunk.clone());
                 }
             }
         }
         // Messages the context no longer sends (summarized by a compaction): let go.
-        for slot in &mut cache.entries {
+        for slot in &mut shape.entries {
             if slot.as_ref().is_some_and(|e| e.used != call) {
-                let freed = slot
-                    .take()
-                    .map_or(0, |e| ContextCache::chunk_cost(&e.chunk));
-                cache.chunk_bytes = cache.chunk_bytes.saturating_sub(freed);
+                let freed = slot.take().map_or(0, |e| chunk_cost(&e.chunk));
+                shape.chunk_bytes = shape.chunk_bytes.saturating_sub(freed);
             }
         }
-        OpenAiContext {
-            json: chunks,
-            tokens,
-            context_messages,
-            boundary_message_id: self
-                .boundary()
-                .map(|b| self.messages()[b.start].info.id.clone()),
-        }
+        out
     }
 
-    /// Renders message `i` as the context sends it under `keep`.
+    /// Renders message `i` as the context sends it under `keep`, under revision `rev`.
     fn render_entry(
         &self,
         i: usize,
         keep: Keep,
-        rev: u64,
+        copying: Copying,
         scratch: &mut Vec<u8>,
-        render: &mut impl FnMut(&[ChatMessage<'_>], &mut Vec<u8>),
+        render: &mut impl FnMut(&Message, &[(&StoredPart, Reading<'_>)], &mut Vec<u8>),
     ) -> Entry {
-        let Some((msg, parts)) = self.sent(std::iter::once((i, keep)), Copying::Sent).next() else {
-            return Entry {
-                rev,
-                keep,
-                used: 0,
-                tokens: 0,
-                sent: false,
-                chunk: Arc::from(&[][..]),
-            };
-        };
-        let tokens = parts.iter().fold(0u64, |t, (stored, _)| {
-            t.saturating_add(stored.context_tokens())
-        });
-        let mut chat = Vec::new();
-        chat_messages(
-            msg.info.role,
-            parts.iter().map(|(_, p)| p.read()),
-            &mut chat,
-        );
-        scratch.clear();
-        if !chat.is_empty() {
-            render(&chat, scratch);
-        }
-        Entry {
+        let rev = self.revision(i);
+        let sent = self.sent(std::iter::once((i, keep)), copying).next();
+        let mut entry = Entry {
             rev,
             keep,
             used: 0,
-            tokens,
-            sent: true,
-            chunk: Arc::from(&scratch[..]),
+            tokens: 0,
+            sent: sent.is_some(),
+            chunk: Arc::from(&[][..]),
+        };
+        if let Some((msg, parts)) = sent {
+            for (stored, _) in &parts {
+                entry.tokens = entry.tokens.saturating_add(stored.context_tokens());
+            }
+            scratch.clear();
+            render(msg, &parts, scratch);
+            entry.chunk = Arc::from(&scratch[..]);
         }
+        entry
+    }
+
+    /// The id of the message the context starts at, when a compaction boundary exists.
+    fn boundary_message_id(&self) -> Option<String> {
+        self.boundary()
+            .map(|b| self.messages()[b.start].info.id.clone())
     }
 
     /// [`Self::context_openai`] from `cache` (see [`Self::context_openai_chunks`]): the

@@ -41,6 +41,7 @@ mod evict;
 mod fuzz_tests;
 pub mod hub;
 pub mod list_value;
+pub mod native_message;
 mod ops;
 pub mod pb;
 mod reply;

@@ -60,7 +60,7 @@ impl ContextBody {
             F::OpenaiJson => ContextBody::OpenAiJson(s.context_openai_cached(cache)),
             F::Openai => ContextBody::OpenAiList(openai_list(s, cache)),
             F::Native | F::Unspecified => ContextBody::Native {
-                native: s.context_native_as(convert::sent_message_to_pb),
+                native: native(s, cache),
                 openai: (format == F::Unspecified).then(|| openai_list(s, cache).json),
             },
         }
@@ -126,6 +126,27 @@ fn openai_list(s: &Session, cache: &mut ContextCache) -> OpenAiContext<ListValue
         json: ListValue::from_chunks(c.json),
         tokens: c.tokens,
         context_messages: c.context_messages,
+        boundary_message_id: c.boundary_message_id,
+    }
+}
+
+/// The context's native messages, each carried as its encoded body, rendered only when
+/// the message changed since `cache` last saw it.
+fn native(s: &Session, cache: &mut ContextCache) -> NativeContext<pb::Message> {
+    use prost::Message as _;
+    let c = s.context_native_chunks(cache, "native", |info, parts, out| {
+        let m = convert::sent_message_to_pb(info, parts);
+        out.reserve(m.encoded_len());
+        m.encode_raw(out);
+    });
+    NativeContext {
+        messages: c
+            .messages
+            .into_iter()
+            .map(pb::Message::from_encoded)
+            .collect(),
+        tokens: c.tokens,
+        held_bytes: c.held_bytes,
         boundary_message_id: c.boundary_message_id,
     }
 }

@@ -49,9 +49,14 @@ fn a_call_renders_only_the_messages_changed_since_the_last() {
     apply(&mut s, Update::UpsertMessage(user("u3")));
     apply(&mut s, Update::UpsertPart(text("u3", "t3", "next")));
     assert_eq!(render(&s, &mut cache), (5, 1), "only u3 is new");
-    // Another shape replaces this one's renderings.
+    // Two shapes are kept at once (a reply may carry both); a third replaces the one
+    // used least recently.
     assert_fresh(&s, &mut cache, "JSON");
-    assert_eq!(render(&s, &mut cache), (5, 5), "back to the first shape");
+    assert_eq!(render(&s, &mut cache), (5, 0), "both shapes kept");
+    let third = s.context_openai_chunks(&mut cache, "third", |_, out| out.push(b'y'));
+    assert_eq!(third.json.len(), 5);
+    assert_eq!(render(&s, &mut cache), (5, 0), "the JSON shape went");
+    assert_eq!(cache.len(), 10);
 }
 
 #[test]
