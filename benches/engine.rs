@@ -27,7 +27,7 @@ use compactd::domain::{
     MessageInfo, ModelLimits, Part, PartKind, Role, TextPart, TokenUsage, ToolPart, ToolState,
     ToolStatus,
 };
-use compactd::engine::{Session, Update, step};
+use compactd::engine::{ContextCache, Session, Update, step};
 use compactd::trace::{self, Export};
 
 // The binary's allocator (src/main.rs), so the figures are those of the engine inside
@@ -414,4 +414,49 @@ fn context_openai_json(bencher: divan::Bencher, n: usize) {
 fn context_openai_json_borrowed(bencher: divan::Bencher, n: usize) {
     let s = session_of(n);
     bencher.bench_local(|| divan::black_box(s.context_openai().json));
+}
+
+/// What GetContext does for `CONTEXT_FORMAT_OPENAI_JSON` as a host calls it: right after
+/// a change (the last message's text rewritten, untimed), from the session's context
+/// cache, so only the changed message is rendered again and the rest is copied. One call
+/// per sample, so every timed call follows its own change.
+#[divan::bench(args = sizes(), sample_size = 1, sample_count = 200)]
+fn context_openai_json_cached(bencher: divan::Bencher, n: usize) {
+    let s = RefCell::new(session_of(n));
+    let cache = RefCell::new(ContextCache::default());
+    let config = chars4();
+    let last = s
+        .borrow()
+        .messages()
+        .last()
+        .expect("a message")
+        .info
+        .id
+        .clone();
+    let _ = s.borrow().context_openai_cached(&mut cache.borrow_mut());
+    let next = Cell::new(0u64);
+    bencher
+        .with_inputs(|| {
+            next.set(next.get() + 1);
+            let part = Part {
+                id: "bench-live-text".into(),
+                message_id: last.clone(),
+                kind: PartKind::Text(TextPart {
+                    text: format!("prompt {:010}: run the tests again", next.get()),
+                    ..Default::default()
+                }),
+                mark: None,
+                extra: Default::default(),
+            };
+            s.borrow_mut()
+                .apply(Update::UpsertPart(part), &config)
+                .expect("the text applies");
+        })
+        .bench_local_values(|()| {
+            divan::black_box(
+                s.borrow()
+                    .context_openai_cached(&mut cache.borrow_mut())
+                    .json,
+            )
+        });
 }
