@@ -158,7 +158,7 @@ impl Session {
 
     /// The context's native messages as chunks, one per message, each `render`'s bytes
     /// for the message's info and parts as the view reads them, taken from `cache` when
-    /// the message has not changed since. Reads as [`Self::context_native_as`].
+    /// the message has not changed since. Reads as [`Self::build_context`]'s messages.
     pub(crate) fn context_native_chunks(
         &self,
         cache: &mut ContextCache,

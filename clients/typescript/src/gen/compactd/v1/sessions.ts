@@ -378,7 +378,9 @@ export interface SessionSummary {
   created: boolean;
   /**
    * Bytes the session holds in compactd's memory (messages, parts, indexes): what
-   * `max_session_bytes` and `memory_budget` count. 0 while the session is cold.
+   * `max_session_bytes` and `memory_budget` count. 0 while the session is cold. Its
+   * rendered context, kept between GetContext calls, counts toward `memory_budget`
+   * only and is not included here.
    */
   heldBytes: number;
   /**
