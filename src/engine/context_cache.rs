@@ -32,6 +32,9 @@ pub struct ContextCache {
     shapes: Vec<Shape>,
     /// Calls so far: entries a call did not use are dropped at its end.
     calls: u64,
+    /// Messages rendered and messages reused, over every call.
+    rendered: u64,
+    reused: u64,
 }
 
 /// The renderings of one shape.
@@ -93,6 +96,12 @@ impl ContextCache {
     /// True when nothing is kept.
     pub fn is_empty(&self) -> bool {
         self.shapes.is_empty()
+    }
+
+    /// Messages rendered and messages taken as kept, over every call so far: how much
+    /// of the context the calls rendered again.
+    pub fn rendered_reused(&self) -> (u64, u64) {
+        (self.rendered, self.reused)
     }
 
     /// The renderings of shape `name`, made the most recently used; the least recently
@@ -189,6 +198,7 @@ impl Session {
     ) -> Chunks {
         cache.calls = cache.calls.wrapping_add(1);
         let call = cache.calls;
+        let (mut rendered, mut reused) = (0u64, 0u64);
         let shape = cache.shape(name);
         let len = self.messages().len();
         if shape.entries.len() > len {
@@ -207,7 +217,10 @@ impl Session {
         for (i, keep) in slots {
             let rev = self.revision(i);
             let slot = &mut shape.entries[i];
-            if !matches!(slot, Some(e) if e.rev == rev && e.keep == keep) {
+            if matches!(slot, Some(e) if e.rev == rev && e.keep == keep) {
+                reused += 1;
+            } else {
+                rendered += 1;
                 let entry = self.render_entry(i, keep, copying, &mut scratch, &mut render);
                 let added = chunk_cost(&entry.chunk);
                 let freed = slot.replace(entry).map_or(0, |e| chunk_cost(&e.chunk));
@@ -235,6 +248,8 @@ impl Session {
                 shape.chunk_bytes = shape.chunk_bytes.saturating_sub(freed);
             }
         }
+        cache.rendered = cache.rendered.saturating_add(rendered);
+        cache.reused = cache.reused.saturating_add(reused);
         out
     }
 

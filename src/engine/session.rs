@@ -110,6 +110,9 @@ struct PriorRendering {
     rendering: RenderingAt,
     /// Its context tokens before the change.
     tokens: u64,
+    /// Its message's revision before the change: rolled back, the message reads as it did
+    /// under it again, so a rendering cached under it stays good.
+    rev: u64,
 }
 
 /// A session: the unit the store owns and the engine computes on.
@@ -708,6 +711,7 @@ impl Session {
             journal.parts.push(PriorRendering {
                 rendering: RenderingAt::of(stored, msg, pi),
                 tokens: old,
+                rev: self.messages[msg].rev,
             });
         }
         self.touch(msg);
@@ -777,7 +781,11 @@ impl Session {
                 });
             }
             for prior in journal.parts.into_iter().rev() {
+                let msg = prior.rendering.msg;
                 self.set_rendering(prior.rendering);
+                // Undone in reverse: the message ends with the revision it had before
+                // the trial, its content exactly as it was then.
+                self.messages[msg].rev = prior.rev;
             }
             self.totals = journal.totals;
         }

@@ -229,8 +229,11 @@ fn a_trial_rolled_back_then_redone_reads_as_its_outcome() {
     let ((), redo) = s.trial_keeping(true, |s| {
         s.rerender(1, 0, Rendering::Mark(Some(mark)), true);
     });
-    // Rolled back: the context as before, rendered from the cache.
+    // Rolled back: the context as before, and nothing rendered again (the message got
+    // its revision back with its rendering).
+    let rendered = cache.rendered_reused().0;
     assert_eq!(s.context_openai_cached(&mut cache).json, before);
+    assert_eq!(cache.rendered_reused().0, rendered);
     s.redo(redo.expect("kept"));
     let after = s.context_openai_cached(&mut cache).json;
     assert_ne!(after, before, "the redone mark shows");
