@@ -29,10 +29,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "crate::server::list_value::ListValue",
         )
         // So can a `Message` (GetContext's native messages, kept encoded between calls).
-        .extern_path(
-            ".compactd.v1.Message",
-            "crate::server::native_message::Message",
-        )
+        .extern_path(".compactd.v1.Message", "crate::server::pb::Message")
         .build_client(true)
         .build_server(true)
         .compile_fds(fds)?;

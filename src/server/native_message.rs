@@ -1,34 +1,49 @@
-//! `compactd.v1.Message` as the generated messages hold it (`build.rs` maps the type
-//! here): its fields as prost decodes or builds them, or its whole body already in wire
-//! form.
+//! `compactd.v1.Message` as the generated messages hold it (`build.rs` maps the type to
+//! `pb::Message`, this type over the generated info and part): its fields as prost
+//! decodes or builds them, or its whole body already in wire form.
 //!
 //! GetContext's native shape keeps each message rendered in the session's context cache
 //! (`engine::ContextCache`) as its encoded body. A reply carries those bytes as they are,
 //! shared with the cache, instead of building the message's protobuf tree again for
 //! prost to walk. Anything decoded (a request, a client reading a reply) fills the
-//! fields, as with the generated type.
+//! fields, as with the generated type. Generic over the two field types so that this file
+//! does not depend on the generated module that depends on it.
 
 use std::sync::Arc;
 
 use prost::bytes::{Buf, BufMut};
 use prost::encoding::{DecodeContext, WireType, message, skip_field};
 
-use super::pb;
-
-/// A `compactd.v1.Message`: info and parts, or a body already encoded.
-#[derive(Clone, Default)]
-pub struct Message {
+/// A `compactd.v1.Message` (`info`: `I`, `parts`: `P`): info and parts, or a body already
+/// encoded.
+#[derive(Clone)]
+pub struct Message<I, P> {
     /// The message's info.
-    pub info: Option<pb::MessageInfo>,
+    pub info: Option<I>,
     /// Its parts, in order.
-    pub parts: Vec<pb::Part>,
+    pub parts: Vec<P>,
     /// The encoded body, written in place of the fields when set.
     encoded: Option<Arc<[u8]>>,
 }
 
-impl Message {
+/// What the fields must be: generated protobuf messages.
+pub trait Field: prost::Message + Default + PartialEq {}
+
+impl<T: prost::Message + Default + PartialEq> Field for T {}
+
+impl<I, P> Default for Message<I, P> {
+    fn default() -> Self {
+        Message {
+            info: None,
+            parts: Vec::new(),
+            encoded: None,
+        }
+    }
+}
+
+impl<I: Field, P: Field> Message<I, P> {
     /// A message of these fields.
-    pub fn new(info: Option<pb::MessageInfo>, parts: Vec<pb::Part>) -> Message {
+    pub fn new(info: Option<I>, parts: Vec<P>) -> Self {
         Message {
             info,
             parts,
@@ -38,7 +53,7 @@ impl Message {
 
     /// A message whose body is already encoded (its fields 1 and 2, as
     /// `prost::Message::encode_raw` writes them). Encodes as exactly these bytes.
-    pub fn from_encoded(body: Arc<[u8]>) -> Message {
+    pub fn from_encoded(body: Arc<[u8]>) -> Self {
         Message {
             info: None,
             parts: Vec::new(),
@@ -47,10 +62,10 @@ impl Message {
     }
 }
 
-impl PartialEq for Message {
+impl<I: Field, P: Field> PartialEq for Message<I, P> {
     /// The same fields; a message carrying its encoded body equals any message that
     /// encodes to the same bytes.
-    fn eq(&self, other: &Message) -> bool {
+    fn eq(&self, other: &Self) -> bool {
         use prost::Message as _;
         if self.encoded.is_none() && other.encoded.is_none() {
             self.info == other.info && self.parts == other.parts
@@ -60,7 +75,7 @@ impl PartialEq for Message {
     }
 }
 
-impl std::fmt::Debug for Message {
+impl<I: std::fmt::Debug, P: std::fmt::Debug> std::fmt::Debug for Message<I, P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut d = f.debug_struct("Message");
         match &self.encoded {
@@ -71,7 +86,7 @@ impl std::fmt::Debug for Message {
     }
 }
 
-impl prost::Message for Message {
+impl<I: Field, P: Field> prost::Message for Message<I, P> {
     fn encode_raw(&self, buf: &mut impl BufMut) {
         match &self.encoded {
             Some(body) => buf.put_slice(body),
@@ -133,8 +148,7 @@ impl prost::Message for Message {
 mod tests {
     use prost::Message as _;
 
-    use super::Message;
-    use crate::server::pb;
+    use crate::server::pb::{self, Message};
 
     fn sample() -> Message {
         Message::new(

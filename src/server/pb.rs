@@ -4,7 +4,7 @@
 
 tonic::include_proto!("compactd.v1");
 /// `compactd.v1.Message`, written by hand so a reply can carry one already encoded.
-pub use super::native_message::Message;
+pub type Message = super::native_message::Message<MessageInfo, Part>;
 include!(concat!(env!("OUT_DIR"), "/compactd_proto_names.rs"));
 
 /// Encoded `FileDescriptorSet` of the compactd protos, for server reflection.
