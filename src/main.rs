@@ -159,6 +159,7 @@ fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
                 compactd::telemetry::memory(
                     sampled.held_bytes(),
                     sampled.ledger().in_flight(),
+                    sampled.ledger().cached(),
                     sampled.limits().memory_budget,
                 );
             };

@@ -69,6 +69,11 @@ fn describe() {
         "Bytes reserved in flight: updates read and not answered, buffered events, imports, compaction prompts (at most an eighth of --memory-budget)."
     );
     describe_gauge!(
+        "compactd_bytes_cached",
+        metrics::Unit::Bytes,
+        "Of compactd_bytes_held, the sessions' rendered contexts kept between GetContext calls (at most an eighth of --memory-budget)."
+    );
+    describe_gauge!(
         "compactd_memory_budget_bytes",
         metrics::Unit::Bytes,
         "The configured --memory-budget (0: no limit)."
@@ -166,9 +171,10 @@ pub fn sessions(n: usize) {
 
 /// The store's memory figures, read at each scrape (they move with every update, so
 /// they are sampled rather than pushed).
-pub fn memory(held: u64, in_flight: u64, budget: u64) {
+pub fn memory(held: u64, in_flight: u64, cached: u64, budget: u64) {
     gauge!("compactd_bytes_held").set(held as f64);
     gauge!("compactd_bytes_in_flight").set(in_flight as f64);
+    gauge!("compactd_bytes_cached").set(cached as f64);
     gauge!("compactd_memory_budget_bytes").set(budget as f64);
 }
 

@@ -228,12 +228,16 @@ impl SessionHandle {
 /// One actor's share of the store's byte total, returned when the actor ends.
 struct Counted {
     ledger: Arc<Ledger>,
+    /// The session and its rendered context.
     last: u64,
+    /// Of `last`, the rendered context.
+    cached: u64,
 }
 
 impl Drop for Counted {
     fn drop(&mut self) {
         self.ledger.sub_held(self.last);
+        self.ledger.sub_cached(self.cached);
     }
 }
 
@@ -323,7 +327,11 @@ pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
         limits,
         // Gives the session's bytes back however the actor ends (a panicking job
         // included), so the budget never counts a session that is gone.
-        counted: Counted { ledger, last },
+        counted: Counted {
+            ledger,
+            last,
+            cached: 0,
+        },
         me: Me {
             id: handle.id.clone(),
             bytes: handle.bytes.clone(),
@@ -648,13 +656,24 @@ impl Actor {
         }
     }
 
-    /// Moves the store's byte total to the session's size after a change.
+    /// Moves the store's byte total to the session's size after a change. A rendered
+    /// context that would take the sessions' contexts past their share of the budget is
+    /// dropped instead (the next context is rendered whole, as without a cache).
     fn account(&mut self) {
         let counted = &mut self.counted;
-        let now = self
-            .session
-            .held_bytes()
-            .saturating_add(self.cache.held_bytes());
+        let mut cached = self.cache.held_bytes();
+        let others = counted.ledger.cached().saturating_sub(counted.cached);
+        if cached > 0 && others.saturating_add(cached) > counted.ledger.cache_limit() {
+            self.cache.clear();
+            cached = self.cache.held_bytes();
+        }
+        if cached != counted.cached {
+            counted
+                .ledger
+                .add_cached(cached.wrapping_sub(counted.cached));
+            counted.cached = cached;
+        }
+        let now = self.session.held_bytes().saturating_add(cached);
         if now != counted.last {
             // Two atomic adds, never a scan: the store's total follows each job.
             counted.ledger.add_held(now.wrapping_sub(counted.last));

@@ -8,6 +8,11 @@
 //! more than that on top of full sessions (what is counted stays within 1.125 × the
 //! budget), and full sessions never starve reads.
 //! A [`Reservation`] gives its bytes back when it is dropped, however its holder ends.
+//!
+//! Part of what sessions hold is their rendered context, kept between GetContext calls
+//! (`engine::ContextCache`). It is counted with the sessions, and also on its own: all
+//! of it together may take at most a [`CACHE_SHARE`]th of the budget, past which an actor
+//! drops its session's (a cache is a speed-up, never a reason to refuse an update).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,6 +22,9 @@ use super::StoreError;
 /// In-flight bytes may reach this fraction of `memory_budget` (1/`IN_FLIGHT_SHARE`).
 pub const IN_FLIGHT_SHARE: u64 = 8;
 
+/// Rendered contexts may take this fraction of `memory_budget` (1/`CACHE_SHARE`).
+pub const CACHE_SHARE: u64 = 8;
+
 /// Bytes held and in flight, shared by the store, its actors and the server.
 #[derive(Debug, Default)]
 pub struct Ledger {
@@ -24,6 +32,8 @@ pub struct Ledger {
     held: AtomicU64,
     /// Bytes reserved for requests, events and prompts in flight.
     in_flight: AtomicU64,
+    /// Of `held`, the bytes of the sessions' rendered contexts.
+    cached: AtomicU64,
     /// `memory_budget` (0: no budget, reservations always succeed).
     budget: u64,
 }
@@ -45,6 +55,19 @@ impl Ledger {
     /// Bytes reserved in flight.
     pub fn in_flight(&self) -> u64 {
         self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Of the held bytes, those of rendered contexts.
+    pub fn cached(&self) -> u64 {
+        self.cached.load(Ordering::Relaxed)
+    }
+
+    /// The ceiling of the rendered contexts' bytes (`u64::MAX` without a budget).
+    pub fn cache_limit(&self) -> u64 {
+        match self.budget {
+            0 => u64::MAX,
+            b => b / CACHE_SHARE,
+        }
     }
 
     /// The memory budget (0: none).
@@ -73,6 +96,15 @@ impl Ledger {
 
     pub(super) fn sub_held(&self, delta: u64) {
         self.held.fetch_sub(delta, Ordering::Relaxed);
+    }
+
+    /// Adds `delta` to the rendered contexts' bytes, wrapping as [`Self::add_held`].
+    pub(super) fn add_cached(&self, delta: u64) {
+        self.cached.fetch_add(delta, Ordering::Relaxed);
+    }
+
+    pub(super) fn sub_cached(&self, delta: u64) {
+        self.cached.fetch_sub(delta, Ordering::Relaxed);
     }
 
     /// Reserves `bytes` for `what` (named in the refusal), or refuses when the in-flight

@@ -215,3 +215,82 @@ async fn a_new_session_starts_from_what_sessions_of_its_model_learned() {
         .expect("served");
     assert_eq!(neutral, crate::engine::calibration::NEUTRAL);
 }
+
+/// A session with one message holding `bytes` of text, opened in `store`.
+async fn session_of_text(store: &Store, id: &str, bytes: usize) -> SessionHandle {
+    use crate::domain::{MessageInfo, Part, PartKind, Role, TextPart};
+    use crate::engine::Update;
+    let (handle, _) = store.open(info(id)).await.expect("open");
+    handle
+        .call(move |tx, _| {
+            tx.step(Update::UpsertMessage(MessageInfo::new("u1", Role::User)), 0)
+                .expect("message");
+            let part = Part {
+                id: "t1".into(),
+                message_id: "u1".into(),
+                kind: PartKind::Text(TextPart {
+                    text: "x".repeat(bytes),
+                    ..Default::default()
+                }),
+                mark: None,
+                extra: Default::default(),
+            };
+            tx.step(Update::UpsertPart(part), 0).expect("part");
+        })
+        .await
+        .expect("served");
+    handle
+}
+
+/// Renders `handle`'s context from its cache; the bytes the store then counts as cached.
+async fn render(store: &Store, handle: &SessionHandle) -> u64 {
+    handle
+        .call(|tx, _| {
+            let (s, cache) = tx.with_cache();
+            s.context_openai_cached(cache).json.len()
+        })
+        .await
+        .expect("served");
+    store.ledger().cached()
+}
+
+/// A rendered context counts with its session (and on its own), goes with it, and the
+/// contexts of all sessions together stay within their share of the budget: past it, a
+/// session keeps none rather than being refused anything.
+#[tokio::test]
+async fn rendered_contexts_count_with_their_session_within_their_share_of_the_budget() {
+    let store = store();
+    let a = session_of_text(&store, "a", 100_000).await;
+    let before = store.held_bytes();
+    let cached = render(&store, &a).await;
+    assert!(cached > 100_000, "the text's rendering is kept: {cached}");
+    assert_eq!(store.held_bytes(), before + cached);
+    assert_eq!(a.held_bytes(), store.held_bytes());
+    store.remove("a").await.expect("removed");
+    drop(a);
+    for _ in 0..100 {
+        if store.held_bytes() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!((store.held_bytes(), store.ledger().cached()), (0, 0));
+
+    // A budget whose eighth holds one such rendering, not two.
+    let store = Store::new(EngineConfig::default()).with_limits(Limits {
+        memory_budget: 8 * 150_000,
+        ..Limits::default()
+    });
+    let a = session_of_text(&store, "a", 100_000).await;
+    let b = session_of_text(&store, "b", 100_000).await;
+    let one = render(&store, &a).await;
+    assert!(one > 100_000);
+    assert_eq!(render(&store, &b).await, one, "b keeps no rendering");
+    let held = b.held_bytes();
+    assert_eq!(
+        render(&store, &b).await,
+        one,
+        "and renders its context anyway"
+    );
+    assert_eq!(b.held_bytes(), held);
+}

@@ -97,6 +97,13 @@ async fn counters_move_as_updates_prunes_overflows_rejections_and_compactions_ha
         .expect("compact")
         .into_inner();
     while stream.next().await.is_some() {}
+    // The context, which the session then keeps rendered.
+    c.get_context(pb::GetContextRequest {
+        session_id: SID.into(),
+        format: pb::ContextFormat::OpenaiJson.into(),
+    })
+    .await
+    .expect("context");
 
     let after = scrape(&metrics).await;
     assert_eq!(metric(&after, "compactd_sessions"), 1.0, "{after}");
@@ -109,6 +116,9 @@ async fn counters_move_as_updates_prunes_overflows_rejections_and_compactions_ha
         2_147_483_648.0,
         "{after}"
     );
+    // Of what is held, the rendered context: about the context's text.
+    let cached = metric(&after, "compactd_bytes_cached");
+    assert!(cached > 8_000.0 && cached < held, "{after}");
     // Every update was answered: nothing is left in flight.
     assert_eq!(metric(&after, "compactd_bytes_in_flight"), 0.0, "{after}");
     assert_eq!(
