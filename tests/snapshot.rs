@@ -225,22 +225,28 @@ fn a_snapshot_and_the_encoded_log_replay_every_trace() {
     assert!(compacted > 0, "some trace compacts under {LIMITS:?}");
 }
 
-/// `Session::context_openai` (parts borrowed; the protobuf shape is written from the same
-/// walk) reads exactly as the view's `to_openai` (parts copied) all along every trace:
-/// prunes, strategy marks, compactions.
+/// All along every trace (prunes, strategy marks and their rollbacks, usage reports,
+/// compactions): `Session::context_openai` (parts borrowed; the protobuf shape is written
+/// from the same walk) reads exactly as the view's `to_openai` (parts copied), checked
+/// every 40 changes; and after every change, the context built from a cache kept across
+/// the changes (each message rendered again only when it changed) is exactly that text.
 #[test]
-fn the_borrowed_openai_context_equals_the_views() {
+fn the_openai_context_equals_the_views_and_its_cached_rendering() {
     let config = EngineConfig::default();
     for path in traces() {
         let name = path.display().to_string();
         let export = load(&path);
         let (changes, _) = changes_of(&export);
         let mut live = fresh(&export);
+        let mut cache = ContextCache::default();
         let n = changes.len();
         for (i, c) in changes.into_iter().enumerate() {
             live.perform(c, &config);
+            let openai = live.context_openai();
+            let cached = live.context_openai_cached(&mut cache);
+            assert!(cached == openai, "{name}: cached, after change {i}");
             if i % 40 == 0 || i + 1 == n {
-                let (openai, view) = (live.context_openai(), live.build_context());
+                let view = live.build_context();
                 let parsed: serde_json::Value =
                     serde_json::from_str(&openai.json).expect("the JSON shape parses");
                 assert_eq!(parsed, view.to_openai(), "{name}: after change {i}");
@@ -251,30 +257,6 @@ fn the_borrowed_openai_context_equals_the_views() {
                 );
                 assert_eq!(openai.boundary_message_id, view.boundary_message_id);
             }
-        }
-    }
-}
-
-/// The context built from a cache kept across every change (each message rendered again
-/// only when it changed) reads exactly as one rendered whole, after every change of every
-/// trace: parts streamed in, usage reports, prunes, strategy marks and their rollbacks,
-/// compactions.
-#[test]
-fn the_cached_context_equals_a_fresh_one_after_every_change() {
-    let config = EngineConfig::default();
-    for path in traces() {
-        let name = path.display().to_string();
-        let export = load(&path);
-        let (changes, _) = changes_of(&export);
-        let mut live = fresh(&export);
-        let mut cache = ContextCache::default();
-        for (i, c) in changes.into_iter().enumerate() {
-            live.perform(c, &config);
-            let (cached, whole) = (
-                live.context_openai_cached(&mut cache),
-                live.context_openai(),
-            );
-            assert!(cached == whole, "{name}: after change {i}");
         }
         assert!(!cache.is_empty(), "{name}: the cache holds the context");
     }

@@ -3,12 +3,10 @@
 //! (the traces' every change is checked in `tests/snapshot.rs`; here the changes the
 //! traces never make: pins on carried messages, new settings, a trial redone).
 
-use serde_json::json;
-
 use super::*;
-use crate::config::{EngineConfig, Strategy};
+use crate::config::Strategy;
+use crate::engine::ContextCache;
 use crate::engine::session::Rendering;
-use crate::engine::{CommitIds, CompactionRequest, ContextCache, SummaryOutcome, TailOptions};
 
 /// Asserts the cached context reads as one rendered whole.
 fn assert_fresh(s: &Session, cache: &mut ContextCache, what: &str) {
@@ -78,26 +76,7 @@ fn the_cache_counts_its_bytes_and_lets_go_of_summarized_messages() {
     let chunks = json.len() - 2 - 5;
     let slots = cache.held_bytes() - chunks as u64 - 6 * 16;
     assert!(slots > 0 && slots <= 6 * 128, "slots {slots}");
-    let outcome = SummaryOutcome {
-        text: "Read the parser.".into(),
-        usage: None,
-        cost: 0.0,
-        model: None,
-    };
-    let request = CompactionRequest {
-        tail: TailOptions {
-            turns: 1,
-            max_tokens: 15_000,
-        },
-        auto: false,
-        overflow: false,
-    };
-    let plan = s.plan_compaction(request).expect("plan");
-    let ids = CommitIds {
-        prefix: "cmp1".into(),
-    };
-    s.commit_compaction(&plan, &outcome, &ids, NOW, &config())
-        .expect("commit");
+    compact_keeping(&mut s, 1, "Read the parser.", "cmp1");
     let before = cache.held_bytes();
     assert_fresh(&s, &mut cache, "after the compaction");
     // The compaction's two messages and the tail (u3, a3) are kept; u1 to a2 let go.
@@ -129,26 +108,7 @@ fn pinning_a_part_of_a_carried_message_sends_it_at_once() {
         pinned: true,
     };
     apply(&mut s, pin("p2"));
-    let request = CompactionRequest {
-        tail: TailOptions {
-            turns: 2,
-            max_tokens: 15_000,
-        },
-        auto: false,
-        overflow: false,
-    };
-    let plan = s.plan_compaction(request).expect("plan");
-    let outcome = SummaryOutcome {
-        text: "Read the parser.".into(),
-        usage: None,
-        cost: 0.0,
-        model: None,
-    };
-    let ids = CommitIds {
-        prefix: "cmp1".into(),
-    };
-    s.commit_compaction(&plan, &outcome, &ids, NOW, &config())
-        .expect("commit");
+    compact_keeping(&mut s, 2, "Read the parser.", "cmp1");
     let mut cache = ContextCache::default();
     let before = s.context_openai_cached(&mut cache).json;
     assert!(before.contains("call_p2"));
@@ -160,37 +120,6 @@ fn pinning_a_part_of_a_carried_message_sends_it_at_once() {
         "the newly pinned text is sent"
     );
     assert_fresh(&s, &mut cache, "after the pin");
-}
-
-/// Two identical reads with the strategies on: the older is superseded at a commit.
-fn twice_read() -> (Session, EngineConfig) {
-    let cfg = EngineConfig {
-        tokenizer: crate::tokens::Tokenizer::Chars4,
-        ..EngineConfig::default()
-    };
-    let mut s = Session::new(
-        SessionInfo {
-            id: "ses_cache".into(),
-            ..Default::default()
-        },
-        &cfg,
-    );
-    let read = |msg: &str, id: &str| {
-        let mut p = tool(msg, id, "read", &chars(4_000));
-        state_mut(&mut p).input = json!({"filePath": "src/x.rs"});
-        p
-    };
-    for u in [
-        Update::UpsertMessage(user("u1")),
-        Update::UpsertPart(text("u1", "t1", "read x twice")),
-        Update::UpsertMessage(assistant("a1", "u1")),
-        Update::UpsertPart(read("a1", "r1")),
-        Update::UpsertMessage(assistant("a2", "u1")),
-        Update::UpsertPart(read("a2", "r2")),
-    ] {
-        s.apply(u, &cfg).expect("valid");
-    }
-    (s, cfg)
 }
 
 #[test]

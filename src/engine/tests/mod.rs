@@ -467,3 +467,62 @@ pub(super) fn rendered_tokens_from_scratch(s: &Session) -> u64 {
         })
         .sum()
 }
+
+// ---- sessions shared by several files -------------------------------------------------
+
+/// A session whose strategies are all on (the server defaults): two identical reads, so
+/// the older one is superseded at the next commit.
+pub(super) fn twice_read() -> (Session, EngineConfig) {
+    let cfg = EngineConfig {
+        tokenizer: crate::tokens::Tokenizer::Chars4,
+        ..EngineConfig::default()
+    };
+    let mut s = Session::new(
+        SessionInfo {
+            id: "ses_pins".into(),
+            ..Default::default()
+        },
+        &cfg,
+    );
+    let read = |msg: &str, id: &str| {
+        let mut p = tool(msg, id, "read", &chars(4_000));
+        state_mut(&mut p).input = serde_json::json!({"filePath": "src/x.rs"});
+        p
+    };
+    for u in [
+        Update::UpsertMessage(user("u1")),
+        Update::UpsertPart(text("u1", "t1", "read x twice")),
+        Update::UpsertMessage(assistant("a1", "u1")),
+        Update::UpsertPart(read("a1", "r1")),
+        Update::UpsertPart(read("a1", "r2")),
+    ] {
+        s.apply(u, &cfg).expect("valid");
+    }
+    (s, cfg)
+}
+
+/// Commits a manual compaction keeping the last `turns` turns (at most 15,000 tokens),
+/// with `summary` as the summary and `prefix` naming its two messages.
+pub(super) fn compact_keeping(s: &mut Session, turns: u32, summary: &str, prefix: &str) {
+    use crate::engine::{CommitIds, CompactionRequest, SummaryOutcome, TailOptions};
+    let request = CompactionRequest {
+        tail: TailOptions {
+            turns,
+            max_tokens: 15_000,
+        },
+        auto: false,
+        overflow: false,
+    };
+    let plan = s.plan_compaction(request).expect("plan");
+    let outcome = SummaryOutcome {
+        text: summary.into(),
+        usage: None,
+        cost: 0.0,
+        model: None,
+    };
+    let ids = CommitIds {
+        prefix: prefix.into(),
+    };
+    s.commit_compaction(&plan, &outcome, &ids, NOW, &config())
+        .expect("commit");
+}

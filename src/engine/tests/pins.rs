@@ -295,37 +295,6 @@ fn pinned_parts_are_carried_verbatim_through_compactions() {
 
 // ---- with the strategies on ----------------------------------------------------------
 
-/// A session whose strategies are all on (the server defaults): two identical reads, so
-/// the older one is superseded at the next commit.
-fn twice_read() -> (Session, EngineConfig) {
-    let cfg = EngineConfig {
-        tokenizer: crate::tokens::Tokenizer::Chars4,
-        ..EngineConfig::default()
-    };
-    let mut s = Session::new(
-        SessionInfo {
-            id: "ses_pins".into(),
-            ..Default::default()
-        },
-        &cfg,
-    );
-    let read = |msg: &str, id: &str| {
-        let mut p = tool(msg, id, "read", &chars(4_000));
-        state_mut(&mut p).input = json!({"filePath": "src/x.rs"});
-        p
-    };
-    for u in [
-        Update::UpsertMessage(user("u1")),
-        Update::UpsertPart(text("u1", "t1", "read x twice")),
-        Update::UpsertMessage(assistant("a1", "u1")),
-        Update::UpsertPart(read("a1", "r1")),
-        Update::UpsertPart(read("a1", "r2")),
-    ] {
-        s.apply(u, &cfg).expect("valid");
-    }
-    (s, cfg)
-}
-
 fn mark_of(s: &Session, part_id: &str) -> Option<StrategyMark> {
     find(s, part_id).mark
 }

@@ -5,8 +5,8 @@ use serde_json::json;
 
 use super::*;
 use crate::engine::{
-    CommitIds, CompactionRequest, RECALL_TOOL, RecallKey, Recalled, RecalledCall, RecalledContent,
-    Reduction, SummaryOutcome, TailOptions, recall_tool, recall_tool_json,
+    RECALL_TOOL, RecallKey, Recalled, RecalledCall, RecalledContent, Reduction, recall_tool,
+    recall_tool_json,
 };
 
 const SESSION: &str = "
@@ -100,26 +100,7 @@ fn a_summarized_part_is_recalled_and_a_pinned_one_is_not_summarized() {
             pinned: true,
         },
     );
-    let request = CompactionRequest {
-        tail: TailOptions {
-            turns: 2,
-            max_tokens: 15_000,
-        },
-        auto: false,
-        overflow: false,
-    };
-    let plan = s.plan_compaction(request).expect("plan");
-    let outcome = SummaryOutcome {
-        text: "Ran two commands.".into(),
-        usage: None,
-        cost: 0.0,
-        model: None,
-    };
-    let ids = CommitIds {
-        prefix: "cmp".into(),
-    };
-    s.commit_compaction(&plan, &outcome, &ids, NOW, &config())
-        .expect("commit");
+    compact_keeping(&mut s, 2, "Ran two commands.", "cmp");
 
     let p1 = s.recall(&call_id("call_p1")).expect("p1");
     assert_eq!(
