@@ -167,7 +167,7 @@ impl Session {
         let messages = self
             .sent(slots, Copying::Whole)
             .map(|(msg, parts)| Message {
-                rev: 0,
+                rev: 0, // a copy for the view: never cached
                 info: msg.info.clone(),
                 parts: parts
                     .into_iter()

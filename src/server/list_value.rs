@@ -47,12 +47,6 @@ impl ListValue {
     pub fn held_bytes(&self) -> usize {
         self.encoded_len
     }
-
-    /// The encoded body, joined (tests).
-    #[cfg(test)]
-    pub fn encoded(&self) -> Vec<u8> {
-        self.encoded.concat()
-    }
 }
 
 impl PartialEq for ListValue {

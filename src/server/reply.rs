@@ -34,8 +34,9 @@ pub struct ContextReply {
 /// A context reply's content.
 #[derive(Debug)]
 pub enum ContextBody {
-    /// The native messages, already protobuf messages (their strings copied once, from
-    /// the session), and for `CONTEXT_FORMAT_UNSPECIFIED` the protobuf OpenAI messages too.
+    /// The native messages, each carrying its encoded body (shared with the session's
+    /// context cache), and for `CONTEXT_FORMAT_UNSPECIFIED` the protobuf OpenAI messages
+    /// too.
     Native {
         /// The messages, with the context's figures.
         native: NativeContext<pb::Message>,
@@ -52,8 +53,8 @@ pub enum ContextBody {
 
 impl ContextBody {
     /// The context of `s` in `format`, built from parts borrowed from the session (on its
-    /// actor: this is the only place a context's reply is made). The OpenAI shapes render
-    /// only the messages changed since `cache` last saw them.
+    /// actor: this is the only place a context's reply is made). Every shape renders only
+    /// the messages changed since `cache` last saw them.
     pub fn of(s: &Session, cache: &mut ContextCache, format: pb::ContextFormat) -> ContextBody {
         use pb::ContextFormat as F;
         match format {
