@@ -221,7 +221,7 @@ impl Session {
                 reused += 1;
             } else {
                 rendered += 1;
-                let entry = self.render_entry(i, keep, copying, &mut scratch, &mut render);
+                let entry = self.render_entry(i, keep, rev, copying, &mut scratch, &mut render);
                 let added = chunk_cost(&entry.chunk);
                 let freed = slot.replace(entry).map_or(0, |e| chunk_cost(&e.chunk));
                 shape.chunk_bytes = shape
@@ -258,11 +258,11 @@ impl Session {
         &self,
         i: usize,
         keep: Keep,
+        rev: u64,
         copying: Copying,
         scratch: &mut Vec<u8>,
         render: &mut impl FnMut(&Message, &[(&StoredPart, Reading<'_>)], &mut Vec<u8>),
     ) -> Entry {
-        let rev = self.revision(i);
         let sent = self.sent(std::iter::once((i, keep)), copying).next();
         let mut entry = Entry {
             rev,

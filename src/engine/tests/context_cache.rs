@@ -92,16 +92,7 @@ fn the_cache_counts_its_bytes_and_lets_go_of_summarized_messages() {
 
 #[test]
 fn pinning_a_part_of_a_carried_message_sends_it_at_once() {
-    let mut s = session(
-        "
-        user u1 text:t1=10
-        assistant a1 read:p1=3000 text:x1=40 bash:p2=500
-        user u2 text:t2=10
-        assistant a2 bash:p3=200
-        user u3 text:t3=10
-        assistant a3 text:x3=50
-        ",
-    );
+    let mut s = session(THREE_TURNS_TO_PIN);
     let pin = |part: &str| Update::Pin {
         message_id: "a1".into(),
         part_id: Some(part.into()),

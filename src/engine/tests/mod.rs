@@ -470,6 +470,17 @@ pub(super) fn rendered_tokens_from_scratch(s: &Session) -> u64 {
 
 // ---- sessions shared by several files -------------------------------------------------
 
+/// Three turns whose first assistant message holds a read, a text and a bash call: the
+/// pins tests carry some of them through a compaction.
+pub(super) const THREE_TURNS_TO_PIN: &str = "
+    user u1 text:t1=10
+    assistant a1 read:p1=3000 text:x1=40 bash:p2=500
+    user u2 text:t2=10
+    assistant a2 bash:p3=200
+    user u3 text:t3=10
+    assistant a3 text:x3=50
+";
+
 /// A session whose strategies are all on (the server defaults): two identical reads, so
 /// the older one is superseded at the next commit.
 pub(super) fn twice_read() -> (Session, EngineConfig) {

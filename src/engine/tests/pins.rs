@@ -182,16 +182,7 @@ fn pins_count_toward_the_bytes_held_and_go_with_their_part() {
 
 #[test]
 fn pinned_parts_are_carried_verbatim_through_compactions() {
-    let mut s = session(
-        "
-        user u1 text:t1=10
-        assistant a1 read:p1=3000 text:x1=40 bash:p2=500
-        user u2 text:t2=10
-        assistant a2 bash:p3=200
-        user u3 text:t3=10
-        assistant a3 text:x3=50
-        ",
-    );
+    let mut s = session(THREE_TURNS_TO_PIN);
     apply(&mut s, pin("a1", Some("p2"), true));
     apply(&mut s, pin("u1", None, true));
     let request = CompactionRequest {
