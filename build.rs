@@ -30,6 +30,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         )
         // So can a `Message` (GetContext's native messages, kept encoded between calls).
         .extern_path(".compactd.v1.Message", "crate::server::pb::Message")
+        // And a `Context` its JSON text in chunks (GetContext's JSON shape, from the cache).
+        .extern_path(".compactd.v1.Context", "crate::server::pb::Context")
         .build_client(true)
         .build_server(true)
         .compile_fds(fds)?;

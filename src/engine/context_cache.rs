@@ -293,19 +293,7 @@ impl Session {
     /// same JSON text, rendering only the messages that changed since the cache last saw
     /// them.
     pub fn context_openai_cached(&self, cache: &mut ContextCache) -> OpenAiContext {
-        let c = self.context_openai_chunks(cache, "openai_json", |m, out| {
-            // One message's chat messages as elements of the array. Strings, options and
-            // vectors of them always serialize.
-            for (k, chat) in m.iter().enumerate() {
-                if k > 0 {
-                    out.push(b',');
-                }
-                if sonic_rs::to_writer(&mut *out, chat).is_err() {
-                    out.clear();
-                    return;
-                }
-            }
-        });
+        let c = self.context_openai_json_elements(cache);
         let len = c.json.iter().map(|x| x.len() + 1).sum::<usize>() + 2;
         let mut text = Vec::with_capacity(len);
         text.push(b'[');
@@ -322,5 +310,27 @@ impl Session {
             context_messages: c.context_messages,
             boundary_message_id: c.boundary_message_id,
         }
+    }
+
+    /// The JSON array of [`Self::context_openai_cached`] as its elements, one chunk per
+    /// message that renders to any: its chat messages as JSON, `,`-separated. Joined
+    /// with `,` between `[` and `]`, they are that text.
+    pub fn context_openai_json_elements(
+        &self,
+        cache: &mut ContextCache,
+    ) -> OpenAiContext<Vec<Arc<[u8]>>> {
+        self.context_openai_chunks(cache, "openai_json", |m, out| {
+            // One message's chat messages as elements of the array. Strings, options and
+            // vectors of them always serialize.
+            for (k, chat) in m.iter().enumerate() {
+                if k > 0 {
+                    out.push(b',');
+                }
+                if sonic_rs::to_writer(&mut *out, chat).is_err() {
+                    out.clear();
+                    return;
+                }
+            }
+        })
     }
 }

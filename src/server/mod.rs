@@ -25,14 +25,17 @@
 //! Then the edges: `convert.rs` (protobuf ↔ domain), `status.rs` (errors → codes),
 //! `drain.rs` (closing streams), `evict.rs` (idle evictions announced), `counting.rs`
 //! (the threads that count long texts off the runtime), `clock.rs` (the wall clock), `auth.rs`, `transport.rs` (HTTP/2 settings), `codec.rs` (the guard that
-//! refuses amplifying requests before decoding), `wire_value/` (GetContext's protobuf
-//! OpenAI shape written straight to wire bytes), `list_value.rs` (the `ListValue` that
-//! carries them) and `pb.rs` (generated).
+//! refuses amplifying requests before decoding, and the encoder that sizes each reply),
+//! `wire_value/` (GetContext's protobuf OpenAI shape written straight to wire bytes),
+//! `list_value.rs` (the `ListValue` that carries them), `native_message.rs` and
+//! `context_message.rs` (the `Message` and `Context` that carry the other shapes' cached
+//! chunks) and `pb.rs` (generated).
 
 pub mod auth;
 mod clock;
 pub mod codec;
 mod compaction;
+pub mod context_message;
 mod convert;
 mod counting;
 mod drain;

@@ -2,6 +2,7 @@
 //! prune report, an overflow check). Unary handlers encode the one they asked for; the
 //! stream turns any of them into its events and the ack.
 
+use super::context_message::JsonArray;
 use super::convert;
 use super::list_value::ListValue;
 use super::pb;
@@ -45,7 +46,7 @@ pub enum ContextBody {
     },
     /// `CONTEXT_FORMAT_OPENAI_JSON`: the OpenAI messages already serialized on the session's
     /// actor, with the view's figures.
-    OpenAiJson(OpenAiContext),
+    OpenAiJson(OpenAiContext<JsonArray>),
     /// `CONTEXT_FORMAT_OPENAI`: the OpenAI messages already in protobuf wire form (a
     /// `ListValue`'s body) on the session's actor, with the view's figures.
     OpenAiList(OpenAiContext<ListValue>),
@@ -58,7 +59,7 @@ impl ContextBody {
     pub fn of(s: &Session, cache: &mut ContextCache, format: pb::ContextFormat) -> ContextBody {
         use pb::ContextFormat as F;
         match format {
-            F::OpenaiJson => ContextBody::OpenAiJson(s.context_openai_cached(cache)),
+            F::OpenaiJson => ContextBody::OpenAiJson(openai_json(s, cache)),
             F::Openai => ContextBody::OpenAiList(openai_list(s, cache)),
             F::Native | F::Unspecified => ContextBody::Native {
                 native: native(s, cache),
@@ -73,7 +74,7 @@ impl ContextBody {
             ContextBody::Native { native, openai } => native
                 .held_bytes
                 .saturating_add(openai.as_ref().map_or(0, |o| o.held_bytes() as u64)),
-            ContextBody::OpenAiJson(c) => c.json.capacity() as u64,
+            ContextBody::OpenAiJson(c) => c.json.len() as u64,
             ContextBody::OpenAiList(c) => c.json.held_bytes() as u64,
         }
     }
@@ -101,7 +102,7 @@ impl ContextBody {
             ContextBody::OpenAiJson(c) => {
                 let figures = openai_figures(&c, n);
                 pb::Context {
-                    openai_messages_json: c.json,
+                    openai_messages_json_array: Some(c.json),
                     ..figures
                 }
             }
@@ -125,6 +126,18 @@ fn openai_list(s: &Session, cache: &mut ContextCache) -> OpenAiContext<ListValue
     });
     OpenAiContext {
         json: ListValue::from_chunks(c.json),
+        tokens: c.tokens,
+        context_messages: c.context_messages,
+        boundary_message_id: c.boundary_message_id,
+    }
+}
+
+/// The context's OpenAI messages as JSON text in chunks, one per message, each rendered
+/// only when the message changed since `cache` last saw it.
+fn openai_json(s: &Session, cache: &mut ContextCache) -> OpenAiContext<JsonArray> {
+    let c = s.context_openai_json_elements(cache);
+    OpenAiContext {
+        json: JsonArray::new(c.json),
         tokens: c.tokens,
         context_messages: c.context_messages,
         boundary_message_id: c.boundary_message_id,
@@ -295,15 +308,19 @@ mod tests {
                 let native = matches!(format, F::Unspecified | F::Native);
                 let want: &[pb::Message] = if native { &messages } else { &[] };
                 assert_eq!(got.messages, want, "{name} {format:?}");
-                let list = got.openai_messages.map(|l| l.encode_to_vec());
+                let list = got.openai_messages.as_ref().map(|l| l.encode_to_vec());
                 let with_list = matches!(format, F::Unspecified | F::Openai);
                 assert_eq!(list, with_list.then(|| openai.clone()), "{name} {format:?}");
+                // As a client reads it: the JSON shape's text is written from its chunks.
+                let read = pb::Context::decode(got.encode_to_vec().as_slice()).expect("decodes");
                 if format == F::OpenaiJson {
                     let parsed: serde_json::Value =
-                        serde_json::from_str(&got.openai_messages_json).expect("JSON");
+                        serde_json::from_str(&read.openai_messages_json).expect("JSON");
                     assert_eq!(parsed, view.to_openai(), "{name}");
                     // Message by message, the very text of the whole array.
-                    assert_eq!(got.openai_messages_json, s.context_openai().json, "{name}");
+                    assert_eq!(read.openai_messages_json, s.context_openai().json, "{name}");
+                } else {
+                    assert!(read.openai_messages_json.is_empty(), "{name} {format:?}");
                 }
             }
         });
