@@ -15,6 +15,7 @@ use std::mem::size_of;
 use std::sync::Arc;
 
 use super::context::{Keep, NativeContext, OpenAiContext};
+use super::json_array::JsonArray;
 use super::openai::{ChatMessage, chat_messages};
 use super::render::{Copying, Reading};
 use super::session::Session;
@@ -293,19 +294,9 @@ impl Session {
     /// same JSON text, rendering only the messages that changed since the cache last saw
     /// them.
     pub fn context_openai_cached(&self, cache: &mut ContextCache) -> OpenAiContext {
-        let c = self.context_openai_json_elements(cache);
-        let len = c.json.iter().map(|x| x.len() + 1).sum::<usize>() + 2;
-        let mut text = Vec::with_capacity(len);
-        text.push(b'[');
-        for (k, chunk) in c.json.iter().enumerate() {
-            if k > 0 {
-                text.push(b',');
-            }
-            text.extend_from_slice(chunk);
-        }
-        text.push(b']');
+        let c = self.context_openai_json_array(cache);
         OpenAiContext {
-            json: String::from_utf8(text).unwrap_or_else(|_| "[]".to_string()),
+            json: c.json.to_text(),
             tokens: c.tokens,
             context_messages: c.context_messages,
             boundary_message_id: c.boundary_message_id,
@@ -313,13 +304,10 @@ impl Session {
     }
 
     /// The JSON array of [`Self::context_openai_cached`] as its elements, one chunk per
-    /// message that renders to any: its chat messages as JSON, `,`-separated. Joined
-    /// with `,` between `[` and `]`, they are that text.
-    pub fn context_openai_json_elements(
-        &self,
-        cache: &mut ContextCache,
-    ) -> OpenAiContext<Vec<Arc<[u8]>>> {
-        self.context_openai_chunks(cache, "openai_json", |m, out| {
+    /// message that renders to any (its chat messages as JSON, `,`-separated), shared
+    /// with `cache`.
+    pub fn context_openai_json_array(&self, cache: &mut ContextCache) -> OpenAiContext<JsonArray> {
+        let c = self.context_openai_chunks(cache, "openai_json", |m, out| {
             // One message's chat messages as elements of the array. Strings, options and
             // vectors of them always serialize.
             for (k, chat) in m.iter().enumerate() {
@@ -331,6 +319,12 @@ impl Session {
                     return;
                 }
             }
-        })
+        });
+        OpenAiContext {
+            json: JsonArray::new(c.json),
+            tokens: c.tokens,
+            context_messages: c.context_messages,
+            boundary_message_id: c.boundary_message_id,
+        }
     }
 }

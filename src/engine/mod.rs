@@ -18,6 +18,7 @@ mod context_cache;
 mod error;
 mod estimate;
 mod footprint;
+mod json_array;
 mod memory;
 mod openai;
 mod overflow;
@@ -51,6 +52,7 @@ pub use context_cache::ContextCache;
 pub use error::{ApplyError, ErrorKind};
 pub use estimate::{PartEstimate, counted_texts, estimate};
 pub use footprint::ByteLimit;
+pub use json_array::JsonArray;
 #[cfg(test)]
 pub(crate) use openai::json_len_hint;
 pub use overflow::{Crossed, OverflowCheck, Trigger, check, max_output, usable_input, used_tokens};

@@ -10,58 +10,16 @@
 //! over the field types so that this file does not depend on the generated module that
 //! depends on it.
 
-use std::sync::Arc;
-
 use prost::bytes::{Buf, BufMut};
 use prost::encoding::{
     DecodeContext, WireType, encode_key, encode_varint, encoded_len_varint, key_len, message,
     skip_field, string, uint32, uint64,
 };
 
+use crate::engine::JsonArray;
+
 /// The field `openai_messages_json` is.
 const JSON_FIELD: u32 = 7;
-
-/// A JSON array written from its elements' texts, each already JSON (one context
-/// message's chat messages, `,`-separated), shared with the cache that holds them.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct JsonArray {
-    elements: Vec<Arc<[u8]>>,
-    /// Bytes of the whole array text: brackets, elements and the commas between them.
-    len: usize,
-}
-
-impl JsonArray {
-    /// The array of these elements (each non-empty JSON, valid UTF-8).
-    pub fn new(elements: Vec<Arc<[u8]>>) -> JsonArray {
-        let commas = elements.len().saturating_sub(1);
-        let len = elements.iter().fold(2usize.saturating_add(commas), |n, e| {
-            n.saturating_add(e.len())
-        });
-        JsonArray { elements, len }
-    }
-
-    /// Bytes of the array's text (what a reply holds in flight; elements it shares with
-    /// a cache count whole, as the reply keeps them alive).
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Never: an array's text has its brackets.
-    pub fn is_empty(&self) -> bool {
-        false
-    }
-
-    fn write(&self, buf: &mut impl BufMut) {
-        buf.put_u8(b'[');
-        for (k, e) in self.elements.iter().enumerate() {
-            if k > 0 {
-                buf.put_u8(b',');
-            }
-            buf.put_slice(e);
-        }
-        buf.put_u8(b']');
-    }
-}
 
 /// A `compactd.v1.Context` (`messages`: `M`, `openai_messages`: `L`).
 #[derive(Clone)]
@@ -175,7 +133,9 @@ impl<M: Field, L: Field> prost::Message for Context<M, L> {
             Some(array) => {
                 encode_key(JSON_FIELD, WireType::LengthDelimited, buf);
                 encode_varint(array.len() as u64, buf);
-                array.write(buf);
+                for piece in array.pieces() {
+                    buf.put_slice(piece);
+                }
             }
             None if !self.openai_messages_json.is_empty() => {
                 string::encode(JSON_FIELD, &self.openai_messages_json, buf);
@@ -265,7 +225,7 @@ impl<M: Field, L: Field> prost::Message for Context<M, L> {
 mod tests {
     use prost::Message as _;
 
-    use super::JsonArray;
+    use crate::engine::JsonArray;
     use crate::server::pb;
 
     fn array(elements: &[&str]) -> JsonArray {

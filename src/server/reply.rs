@@ -2,7 +2,6 @@
 //! prune report, an overflow check). Unary handlers encode the one they asked for; the
 //! stream turns any of them into its events and the ack.
 
-use super::context_message::JsonArray;
 use super::convert;
 use super::list_value::ListValue;
 use super::pb;
@@ -10,8 +9,8 @@ use super::pb::server_event::Event as Ev;
 use super::status::Rejection;
 use super::wire_value::list_body;
 use crate::engine::{
-    ContextCache, Event, NativeContext, OpenAiContext, OverflowCheck, PruneReport, Session,
-    StepReport,
+    ContextCache, Event, JsonArray, NativeContext, OpenAiContext, OverflowCheck, PruneReport,
+    Session, StepReport,
 };
 
 /// What an open did.
@@ -59,7 +58,7 @@ impl ContextBody {
     pub fn of(s: &Session, cache: &mut ContextCache, format: pb::ContextFormat) -> ContextBody {
         use pb::ContextFormat as F;
         match format {
-            F::OpenaiJson => ContextBody::OpenAiJson(openai_json(s, cache)),
+            F::OpenaiJson => ContextBody::OpenAiJson(s.context_openai_json_array(cache)),
             F::Openai => ContextBody::OpenAiList(openai_list(s, cache)),
             F::Native | F::Unspecified => ContextBody::Native {
                 native: native(s, cache),
@@ -126,18 +125,6 @@ fn openai_list(s: &Session, cache: &mut ContextCache) -> OpenAiContext<ListValue
     });
     OpenAiContext {
         json: ListValue::from_chunks(c.json),
-        tokens: c.tokens,
-        context_messages: c.context_messages,
-        boundary_message_id: c.boundary_message_id,
-    }
-}
-
-/// The context's OpenAI messages as JSON text in chunks, one per message, each rendered
-/// only when the message changed since `cache` last saw it.
-fn openai_json(s: &Session, cache: &mut ContextCache) -> OpenAiContext<JsonArray> {
-    let c = s.context_openai_json_elements(cache);
-    OpenAiContext {
-        json: JsonArray::new(c.json),
         tokens: c.tokens,
         context_messages: c.context_messages,
         boundary_message_id: c.boundary_message_id,
