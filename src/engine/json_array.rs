@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-/// A JSON array as its elements, each already JSON text (one context message's chat
-/// messages, `,`-separated), never empty.
+/// A JSON array as its elements, each already JSON text and none empty (one context
+/// message's chat messages, `,`-separated).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct JsonArray {
     elements: Vec<Arc<[u8]>>,

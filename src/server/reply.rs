@@ -43,8 +43,8 @@ pub enum ContextBody {
         /// The OpenAI messages in wire form, when both shapes were asked for.
         openai: Option<ListValue>,
     },
-    /// `CONTEXT_FORMAT_OPENAI_JSON`: the OpenAI messages already serialized on the session's
-    /// actor, with the view's figures.
+    /// `CONTEXT_FORMAT_OPENAI_JSON`: the OpenAI messages serialized on the session's actor,
+    /// as the JSON array's elements shared with its cache, with the view's figures.
     OpenAiJson(OpenAiContext<JsonArray>),
     /// `CONTEXT_FORMAT_OPENAI`: the OpenAI messages already in protobuf wire form (a
     /// `ListValue`'s body) on the session's actor, with the view's figures.
