@@ -28,9 +28,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ".google.protobuf.ListValue",
             "crate::server::list_value::ListValue",
         )
-        // So can a `Message` (GetContext's native messages, kept encoded between calls).
-        .extern_path(".compactd.v1.Message", "crate::server::pb::Message")
-        // And a `Context` its JSON text in chunks (GetContext's JSON shape, from the cache).
+        // And a `Context` its native messages and its JSON text as the chunks kept in the
+        // session's context cache (GetContext's native and JSON shapes).
         .extern_path(".compactd.v1.Context", "crate::server::pb::Context")
         .build_client(true)
         .build_server(true)

@@ -1,14 +1,17 @@
 //! `compactd.v1.Context` as the generated messages hold it (`build.rs` maps the type to
 //! `pb::Context`, this type over the generated message and list types): its fields as
-//! prost decodes or builds them, and the JSON shape's text as the chunks it is made of.
+//! prost decodes or builds them, and the native messages and JSON text as the chunks
+//! they are made of.
 //!
-//! GetContext's JSON shape keeps each message's JSON in the session's context cache
-//! (`engine::ContextCache`). Joining them into one `String` copied the whole text before
-//! prost copied it again into the reply. A reply carries the chunks instead and writes
-//! `openai_messages_json` from them, the way `ListValue` and `Message` write theirs.
-//! Anything decoded fills `openai_messages_json`, as with the generated type. Generic
-//! over the field types so that this file does not depend on the generated module that
-//! depends on it.
+//! GetContext keeps each context message rendered in the session's context cache
+//! (`engine::ContextCache`): its native `Message` body encoded, or its JSON. A reply
+//! carries those chunks and writes them as they are, the way `ListValue` writes its
+//! entries: no `Message` value per message (each several hundred bytes to build, walk
+//! and drop) and no `String` joined from the JSON chunks only for prost to copy it again.
+//! Anything decoded fills the fields, as with the generated type. Generic over the field
+//! types so that this file does not depend on the generated module that depends on it.
+
+use std::sync::Arc;
 
 use prost::bytes::{Buf, BufMut};
 use prost::encoding::{
@@ -18,14 +21,19 @@ use prost::encoding::{
 
 use crate::engine::JsonArray;
 
+/// The field `messages` is.
+const MESSAGES_FIELD: u32 = 1;
 /// The field `openai_messages_json` is.
 const JSON_FIELD: u32 = 7;
 
 /// A `compactd.v1.Context` (`messages`: `M`, `openai_messages`: `L`).
 #[derive(Clone)]
 pub struct Context<M, L> {
-    /// Native messages (`CONTEXT_FORMAT_NATIVE`).
+    /// Native messages (`CONTEXT_FORMAT_NATIVE`), as decoded or built.
     pub messages: Vec<M>,
+    /// Native messages as their encoded bodies (each a `Message`'s fields), written as
+    /// `messages` entries after those of `messages` (decoding never sets it).
+    pub messages_encoded: Vec<Arc<[u8]>>,
     /// OpenAI messages as protobuf values (`CONTEXT_FORMAT_OPENAI`).
     pub openai_messages: Option<L>,
     /// Estimated tokens of the context.
@@ -48,6 +56,7 @@ impl<M, L> Default for Context<M, L> {
     fn default() -> Self {
         Context {
             messages: Vec::new(),
+            messages_encoded: Vec::new(),
             openai_messages: None,
             estimated_tokens: 0,
             boundary_message_id: String::new(),
@@ -76,11 +85,13 @@ impl<M: Field, L: Field> Context<M, L> {
 }
 
 impl<M: Field, L: Field> PartialEq for Context<M, L> {
-    /// The same fields; a context carrying its JSON as an array equals any context that
-    /// encodes to the same bytes.
+    /// The same fields; a context carrying encoded messages or its JSON as an array equals
+    /// any context that encodes to the same bytes.
     fn eq(&self, other: &Self) -> bool {
         use prost::Message as _;
-        if self.openai_messages_json_array.is_none() && other.openai_messages_json_array.is_none() {
+        let built =
+            |c: &Self| c.messages_encoded.is_empty() && c.openai_messages_json_array.is_none();
+        if built(self) && built(other) {
             self.messages == other.messages
                 && self.openai_messages == other.openai_messages
                 && self.estimated_tokens == other.estimated_tokens
@@ -98,6 +109,7 @@ impl<M: std::fmt::Debug, L: std::fmt::Debug> std::fmt::Debug for Context<M, L> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut d = f.debug_struct("Context");
         d.field("messages", &self.messages)
+            .field("messages_encoded", &self.messages_encoded.len())
             .field("openai_messages", &self.openai_messages)
             .field("estimated_tokens", &self.estimated_tokens)
             .field("boundary_message_id", &self.boundary_message_id)
@@ -113,7 +125,12 @@ impl<M: std::fmt::Debug, L: std::fmt::Debug> std::fmt::Debug for Context<M, L> {
 
 impl<M: Field, L: Field> prost::Message for Context<M, L> {
     fn encode_raw(&self, buf: &mut impl BufMut) {
-        message::encode_repeated(1, &self.messages, buf);
+        message::encode_repeated(MESSAGES_FIELD, &self.messages, buf);
+        for body in &self.messages_encoded {
+            encode_key(MESSAGES_FIELD, WireType::LengthDelimited, buf);
+            encode_varint(body.len() as u64, buf);
+            buf.put_slice(body);
+        }
         if let Some(list) = &self.openai_messages {
             message::encode(2, list, buf);
         }
@@ -152,7 +169,7 @@ impl<M: Field, L: Field> prost::Message for Context<M, L> {
         ctx: DecodeContext,
     ) -> Result<(), prost::DecodeError> {
         let (field, merged) = match tag {
-            1 => (
+            MESSAGES_FIELD => (
                 "messages",
                 message::merge_repeated(wire_type, &mut self.messages, buf, ctx),
             ),
@@ -194,7 +211,10 @@ impl<M: Field, L: Field> prost::Message for Context<M, L> {
     }
 
     fn encoded_len(&self) -> usize {
-        let mut n = message::encoded_len_repeated(1, &self.messages);
+        let mut n = message::encoded_len_repeated(MESSAGES_FIELD, &self.messages);
+        for body in &self.messages_encoded {
+            n += key_len(MESSAGES_FIELD) + encoded_len_varint(body.len() as u64) + body.len();
+        }
         if let Some(list) = &self.openai_messages {
             n += message::encoded_len(2, list);
         }
@@ -275,12 +295,59 @@ mod tests {
         }
     }
 
+    /// Messages carried as their encoded bodies encode as the messages they were encoded
+    /// from, after any built ones, and decode back into fields.
+    #[test]
+    fn encoded_messages_encode_as_their_fields_and_decode_into_them() {
+        let m = |id: &str| pb::Message {
+            info: Some(pb::MessageInfo {
+                id: id.into(),
+                role: "user".into(),
+                ..Default::default()
+            }),
+            parts: vec![pb::Part {
+                id: format!("{id}-p1"),
+                message_id: id.into(),
+                kind: Some(pb::part::Kind::Text(pb::TextPart {
+                    text: "hello".into(),
+                    ..Default::default()
+                })),
+                ..Default::default()
+            }],
+        };
+        let (a, b) = (m("m1"), m("m2"));
+        let built = pb::Context {
+            messages: vec![a.clone(), b.clone()],
+            estimated_tokens: 7,
+            ..Default::default()
+        };
+        let mut carried = pb::Context {
+            messages: vec![a.clone()],
+            messages_encoded: vec![b.encode_to_vec().into()],
+            estimated_tokens: 7,
+            ..Default::default()
+        };
+        let bytes = carried.encode_to_vec();
+        assert_eq!(bytes, built.encode_to_vec());
+        assert_eq!(carried.encoded_len(), built.encoded_len());
+        assert_eq!(carried, built);
+        carried.messages.clear();
+        carried.messages_encoded.insert(0, a.encode_to_vec().into());
+        assert_eq!(carried.encode_to_vec(), bytes);
+        let back = pb::Context::decode(bytes.as_slice()).expect("decodes");
+        assert_eq!(back.messages, [a, b]);
+        assert!(back.messages_encoded.is_empty());
+        assert_eq!(back.messages[1].parts[0].id, "m2-p1");
+        assert_ne!(back, pb::Context::default());
+    }
+
     /// Every field encodes where prost's generated type puts it: a context with each
     /// field set decodes as the standard protobuf fields of the schema.
     #[test]
     fn fields_keep_their_numbers() {
         let context = pb::Context {
-            messages: vec![pb::Message::new(None, Vec::new())],
+            messages: vec![pb::Message::default()],
+            messages_encoded: Vec::new(),
             openai_messages: Some(Default::default()),
             estimated_tokens: 1,
             boundary_message_id: "b".into(),

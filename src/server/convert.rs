@@ -436,10 +436,10 @@ pub fn message_info_to_pb(m: &MessageInfo) -> pb::MessageInfo {
 
 /// A stored message (info + parts) to the wire.
 pub fn message_to_pb(m: &Message) -> pb::Message {
-    pb::Message::new(
-        Some(message_info_to_pb(&m.info)),
-        m.parts.iter().map(|p| part_to_pb(&p.part)).collect(),
-    )
+    pb::Message {
+        info: Some(message_info_to_pb(&m.info)),
+        parts: m.parts.iter().map(|p| part_to_pb(&p.part)).collect(),
+    }
 }
 
 /// Usage from the wire.
@@ -786,13 +786,13 @@ pub(crate) fn sent_message_to_pb(
     info: &MessageInfo,
     parts: &[(&StoredPart, Reading<'_>)],
 ) -> pb::Message {
-    pb::Message::new(
-        Some(message_info_to_pb(info)),
-        parts
+    pb::Message {
+        info: Some(message_info_to_pb(info)),
+        parts: parts
             .iter()
             .map(|(_, r)| r.with_whole(part_to_pb))
             .collect(),
-    )
+    }
 }
 
 /// A session's summary line.

@@ -27,9 +27,8 @@
 //! (the threads that count long texts off the runtime), `clock.rs` (the wall clock), `auth.rs`, `transport.rs` (HTTP/2 settings), `codec.rs` (the guard that
 //! refuses amplifying requests before decoding, and the encoder that sizes each reply),
 //! `wire_value/` (GetContext's protobuf OpenAI shape written straight to wire bytes),
-//! `list_value.rs` (the `ListValue` that carries them), `native_message.rs` and
-//! `context_message.rs` (the `Message` and `Context` that carry the other shapes' cached
-//! chunks) and `pb.rs` (generated).
+//! `list_value.rs` (the `ListValue` that carries them), `context_message.rs` (the
+//! `Context` that carries the other shapes' cached chunks) and `pb.rs` (generated).
 
 pub mod auth;
 mod clock;
@@ -44,7 +43,6 @@ mod evict;
 mod fuzz_tests;
 pub mod hub;
 pub mod list_value;
-pub mod native_message;
 mod ops;
 pub mod pb;
 mod reply;

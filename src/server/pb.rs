@@ -3,9 +3,8 @@
 #![allow(missing_docs, clippy::all)]
 
 tonic::include_proto!("compactd.v1");
-/// `compactd.v1.Message`, written by hand so a reply can carry one already encoded.
-pub type Message = super::native_message::Message<MessageInfo, Part>;
-/// `compactd.v1.Context`, written by hand so a reply can carry its JSON text in chunks.
+/// `compactd.v1.Context`, written by hand so a reply can carry its native messages and its
+/// JSON text as the chunks of the session's context cache.
 pub type Context = super::context_message::Context<Message, super::list_value::ListValue>;
 include!(concat!(env!("OUT_DIR"), "/compactd_proto_names.rs"));
 

@@ -2,6 +2,8 @@
 //! prune report, an overflow check). Unary handlers encode the one they asked for; the
 //! stream turns any of them into its events and the ack.
 
+use std::sync::Arc;
+
 use super::convert;
 use super::list_value::ListValue;
 use super::pb;
@@ -34,12 +36,11 @@ pub struct ContextReply {
 /// A context reply's content.
 #[derive(Debug)]
 pub enum ContextBody {
-    /// The native messages, each carrying its encoded body (shared with the session's
-    /// context cache), and for `CONTEXT_FORMAT_UNSPECIFIED` the protobuf OpenAI messages
-    /// too.
+    /// The native messages as their encoded bodies (shared with the session's context
+    /// cache), and for `CONTEXT_FORMAT_UNSPECIFIED` the protobuf OpenAI messages too.
     Native {
-        /// The messages, with the context's figures.
-        native: NativeContext<pb::Message>,
+        /// The messages' bodies, with the context's figures.
+        native: NativeContext<Arc<[u8]>>,
         /// The OpenAI messages in wire form, when both shapes were asked for.
         openai: Option<ListValue>,
     },
@@ -87,7 +88,7 @@ impl ContextBody {
                 boundary_message_id: native.boundary_message_id.unwrap_or_default(),
                 session_messages: u32::try_from(n).unwrap_or(u32::MAX),
                 context_messages: u32::try_from(native.messages.len()).unwrap_or(u32::MAX),
-                messages: native.messages,
+                messages_encoded: native.messages,
                 openai_messages: openai,
                 ..pb::Context::default()
             },
@@ -133,23 +134,13 @@ fn openai_list(s: &Session, cache: &mut ContextCache) -> OpenAiContext<ListValue
 
 /// The context's native messages, each carried as its encoded body, rendered only when
 /// the message changed since `cache` last saw it.
-fn native(s: &Session, cache: &mut ContextCache) -> NativeContext<pb::Message> {
+fn native(s: &Session, cache: &mut ContextCache) -> NativeContext<Arc<[u8]>> {
     use prost::Message as _;
-    let c = s.context_native_chunks(cache, "native", |info, parts, out| {
+    s.context_native_chunks(cache, "native", |info, parts, out| {
         let m = convert::sent_message_to_pb(info, parts);
         out.reserve(m.encoded_len());
         m.encode_raw(out);
-    });
-    NativeContext {
-        messages: c
-            .messages
-            .into_iter()
-            .map(pb::Message::from_encoded)
-            .collect(),
-        tokens: c.tokens,
-        held_bytes: c.held_bytes,
-        boundary_message_id: c.boundary_message_id,
-    }
+    })
 }
 
 /// A context reply holding only an OpenAI shape's figures (its messages are set by the
@@ -292,14 +283,15 @@ mod tests {
                 assert_eq!(got.session_messages as usize, n);
                 let boundary = view.boundary_message_id.clone().unwrap_or_default();
                 assert_eq!(got.boundary_message_id, boundary, "{name} {format:?}");
-                let native = matches!(format, F::Unspecified | F::Native);
-                let want: &[pb::Message] = if native { &messages } else { &[] };
-                assert_eq!(got.messages, want, "{name} {format:?}");
                 let list = got.openai_messages.as_ref().map(|l| l.encode_to_vec());
                 let with_list = matches!(format, F::Unspecified | F::Openai);
                 assert_eq!(list, with_list.then(|| openai.clone()), "{name} {format:?}");
-                // As a client reads it: the JSON shape's text is written from its chunks.
+                // As a client reads it: the native messages and the JSON text are written
+                // from their chunks.
                 let read = pb::Context::decode(got.encode_to_vec().as_slice()).expect("decodes");
+                let native = matches!(format, F::Unspecified | F::Native);
+                let want: &[pb::Message] = if native { &messages } else { &[] };
+                assert_eq!(read.messages, want, "{name} {format:?}");
                 if format == F::OpenaiJson {
                     let parsed: serde_json::Value =
                         serde_json::from_str(&read.openai_messages_json).expect("JSON");
