@@ -25,13 +25,8 @@ impl JsonArray {
 
     /// Bytes of the array's text (what a reply holds in flight; elements it shares with
     /// a cache count whole, as the reply keeps them alive).
-    pub fn len(&self) -> usize {
+    pub fn text_len(&self) -> usize {
         self.len
-    }
-
-    /// Never: an array's text has its brackets.
-    pub fn is_empty(&self) -> bool {
-        false
     }
 
     /// The array's text in order: `[`, each element with `,` between, `]`.
@@ -72,7 +67,7 @@ mod tests {
         ] {
             let array = JsonArray::new(elements.iter().map(|e| e.as_bytes().into()).collect());
             assert_eq!(array.to_text(), text);
-            assert_eq!(array.len(), text.len());
+            assert_eq!(array.text_len(), text.len());
             assert_eq!(array.pieces().map(<[u8]>::len).sum::<usize>(), text.len());
         }
     }

@@ -78,7 +78,7 @@ impl<M: Field, L: Field> Context<M, L> {
     /// field is empty and not written.
     fn json_len(&self) -> Option<usize> {
         match &self.openai_messages_json_array {
-            Some(array) => Some(array.len()),
+            Some(array) => Some(array.text_len()),
             None => Some(self.openai_messages_json.len()).filter(|n| *n > 0),
         }
     }
@@ -116,7 +116,7 @@ impl<M: std::fmt::Debug, L: std::fmt::Debug> std::fmt::Debug for Context<M, L> {
             .field("session_messages", &self.session_messages)
             .field("context_messages", &self.context_messages);
         match &self.openai_messages_json_array {
-            Some(array) => d.field("openai_messages_json_bytes", &array.len()),
+            Some(array) => d.field("openai_messages_json_bytes", &array.text_len()),
             None => d.field("openai_messages_json", &self.openai_messages_json),
         };
         d.finish()
@@ -149,7 +149,7 @@ impl<M: Field, L: Field> prost::Message for Context<M, L> {
         match &self.openai_messages_json_array {
             Some(array) => {
                 encode_key(JSON_FIELD, WireType::LengthDelimited, buf);
-                encode_varint(array.len() as u64, buf);
+                encode_varint(array.text_len() as u64, buf);
                 for piece in array.pieces() {
                     buf.put_slice(piece);
                 }
@@ -280,7 +280,7 @@ mod tests {
                 carried
                     .openai_messages_json_array
                     .as_ref()
-                    .map(JsonArray::len),
+                    .map(JsonArray::text_len),
                 Some(text.len())
             );
             assert_eq!(carried.encoded_len(), whole.encoded_len(), "{text}");

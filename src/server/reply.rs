@@ -74,7 +74,7 @@ impl ContextBody {
             ContextBody::Native { native, openai } => native
                 .held_bytes
                 .saturating_add(openai.as_ref().map_or(0, |o| o.held_bytes() as u64)),
-            ContextBody::OpenAiJson(c) => c.json.len() as u64,
+            ContextBody::OpenAiJson(c) => c.json.text_len() as u64,
             ContextBody::OpenAiList(c) => c.json.held_bytes() as u64,
         }
     }
