@@ -7,7 +7,9 @@
 //! decodes to about a gigabyte. The guard walks the wire bytes once against the schema
 //! (the compiled-in descriptor set, no allocation per field) and estimates the decoded
 //! size: every message instance at its struct size, every string or bytes field at its
-//! length plus a header, every repeated scalar at its element size. A request estimated
+//! length plus a header, every repeated scalar at its element size. A request too short
+//! to pass the limit however it decodes (at most 141 bytes per wire byte) is not walked at
+//! all, which is every ordinary update at the default limit. A request estimated
 //! over [`decoded_limit`] is refused with `RESOURCE_EXHAUSTED` naming `max_update_bytes`,
 //! and at most [`MAX_LARGE_DECODES`] requests over [`LARGE`] bytes decode at once.
 //!
@@ -212,6 +214,11 @@ impl Drop for LargeDecode {
 /// Refuses `wire`, a `message` on the wire, when its decoded estimate passes `limit`.
 /// Malformed bytes are left to prost, which refuses them with its own error.
 pub fn check(message: &str, wire: &[u8], limit: usize) -> Result<(), Refused> {
+    // Most updates are far too short to amplify past the limit: no walk for them (it was
+    // about 5% of the server's instructions per 4 KB update).
+    if most_decoded(wire.len()) <= limit {
+        return Ok(());
+    }
     let estimate = estimate(schema(), message, wire, limit);
     if estimate > limit {
         return Err(Refused::Amplifying {
@@ -324,6 +331,18 @@ fn collect<'a>(
         collect(&name, nested, out);
     }
     out.push((name, m));
+}
+
+/// The largest estimate [`estimate`] can reach for `wire_len` bytes: the root instance and
+/// the wire bytes, plus per field at most one instance and a vector slot, and a field takes
+/// at least two bytes (key and length) when it adds that much. Every other field adds
+/// less per byte: a scalar at most 8 bytes for 2 on the wire, a string a header for 2, a
+/// packed element 8 for 1, a group marker nothing.
+fn most_decoded(wire_len: usize) -> usize {
+    const PER_BYTE: usize = 1 + (INSTANCE_BYTES + TEXT_HEADER) / 2;
+    wire_len
+        .saturating_mul(PER_BYTE)
+        .saturating_add(INSTANCE_BYTES)
 }
 
 /// The decoded size of `wire` read as `message`, stopping as soon as it passes `limit`

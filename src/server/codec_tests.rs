@@ -139,8 +139,29 @@ proptest::proptest! {
     fn any_bytes_are_walked_without_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
         let e = estimate(schema(), UPDATE, &bytes, usize::MAX);
         proptest::prop_assert!(e >= bytes.len());
+        proptest::prop_assert!(e <= most_decoded(bytes.len()), "{e} over the bound");
         let _ = check(UPDATE, &bytes, 1024);
     }
+}
+
+#[test]
+fn the_bound_that_skips_the_walk_holds_for_the_most_amplifying_request() {
+    // Empty todos: two bytes on the wire each, the most a request can amplify.
+    let wire = encoded(&open_with_todos(10_000));
+    let e = estimate(schema(), UPDATE, &wire, usize::MAX);
+    assert!(
+        e <= most_decoded(wire.len()),
+        "{e} over {}",
+        most_decoded(wire.len())
+    );
+    assert!(
+        e * 10 >= most_decoded(wire.len()) * 9,
+        "the bound is tight enough to skip only short requests: {e} vs {}",
+        most_decoded(wire.len())
+    );
+    // At the bound the walk is skipped; one byte under it, it runs and refuses.
+    assert!(check(UPDATE, &wire, most_decoded(wire.len())).is_ok());
+    assert!(check(UPDATE, &wire, e - 1).is_err());
 }
 
 #[test]
