@@ -69,6 +69,15 @@ fn patch_paths(text: &str) -> impl Iterator<Item = &str> {
 /// Lexical normalization: `./a//b/../c` → `a/c`; a leading `/` is kept.
 pub fn normalize(path: &str) -> String {
     let path = path.trim();
+    // Most paths are normal already (no empty, `.` or `..` segment past a leading `/`):
+    // they are their own normal form, with no vector of segments to join.
+    let normal = path
+        .split('/')
+        .enumerate()
+        .all(|(i, seg)| !matches!(seg, "." | "..") && (i == 0 || !seg.is_empty()));
+    if normal {
+        return path.to_string();
+    }
     let absolute = path.starts_with('/');
     let mut out: Vec<&str> = Vec::new();
     for seg in path.split('/') {
@@ -117,6 +126,38 @@ mod tests {
         );
         let diff = "--- a/x.txt\n+++ b/x.txt\n@@ -1 +1 @@\n-a\n+b\n";
         assert_eq!(file_paths("patch", &json!({"patch": diff})), ["x.txt"]);
+    }
+
+    proptest::proptest! {
+        /// Every path normalizes the way the segment walk does it (a normal one comes
+        /// back as it is, without the walk).
+        #[test]
+        fn normal_paths_are_their_own_normal_form(path in "[a./ ]{0,12}") {
+            proptest::prop_assert_eq!(normalize(&path), walked(&path));
+        }
+    }
+
+    /// The segment walk alone (what `normalize` does for a path not already normal).
+    fn walked(path: &str) -> String {
+        let path = path.trim();
+        let absolute = path.starts_with('/');
+        let mut out: Vec<&str> = Vec::new();
+        for seg in path.split('/') {
+            match seg {
+                "" | "." => {}
+                ".." if out.last().is_some_and(|s| *s != "..") => {
+                    out.pop();
+                }
+                ".." if absolute => {}
+                s => out.push(s),
+            }
+        }
+        let joined = out.join("/");
+        if absolute {
+            format!("/{joined}")
+        } else {
+            joined
+        }
     }
 
     #[test]

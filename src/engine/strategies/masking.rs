@@ -53,13 +53,12 @@ impl Masking {
 pub fn masked_text(tool: &str, call_id: &str, bytes: usize) -> String {
     // Pieces pushed into one buffer: this runs for every masked part on every turn.
     let recall = crate::engine::recall::RECALL_TOOL;
-    let size = size(bytes);
     let mut text = String::with_capacity(80 + tool.len() + call_id.len() + recall.len());
+    text.push('[');
+    text.push_str(tool);
+    text.push_str(" output hidden to save context (");
+    push_size(&mut text, bytes);
     for piece in [
-        "[",
-        tool,
-        " output hidden to save context (",
-        &size,
         "); call ",
         recall,
         " with call_id \"",
@@ -73,11 +72,38 @@ pub fn masked_text(tool: &str, call_id: &str, bytes: usize) -> String {
 
 /// A size for a placeholder: `812 bytes`, `12.3 KB`, `1.4 MB`.
 pub(crate) fn size(bytes: usize) -> String {
-    match bytes {
-        b if b < 1000 => format!("{b} bytes"),
-        b if b < 1_000_000 => format!("{:.1} KB", b as f64 / 1000.0),
-        b => format!("{:.1} MB", b as f64 / 1_000_000.0),
+    let mut out = String::new();
+    push_size(&mut out, bytes);
+    out
+}
+
+/// Appends [`size`]'s text. Tenths by integer arithmetic, which is what formatting the
+/// float with one decimal gives except exactly halfway between two tenths, where the
+/// float's binary value decides: those few go through the float. (Formatting the float
+/// every time was most of re-rendering a masked part.)
+fn push_size(out: &mut String, bytes: usize) {
+    let mut digits = itoa::Buffer::new();
+    let (unit, name) = match bytes {
+        b if b < 1000 => {
+            out.push_str(digits.format(b));
+            out.push_str(" bytes");
+            return;
+        }
+        b if b < 1_000_000 => (1000, " KB"),
+        _ => (1_000_000, " MB"),
+    };
+    let tenth = unit / 10;
+    if bytes % tenth == tenth / 2 {
+        use std::fmt::Write as _;
+        // Writing into a String cannot fail.
+        let _ = write!(out, "{:.1}{name}", bytes as f64 / unit as f64);
+        return;
     }
+    let tenths = bytes / tenth + usize::from(bytes % tenth > tenth / 2);
+    out.push_str(digits.format(tenths / 10));
+    out.push('.');
+    out.push_str(digits.format(tenths % 10));
+    out.push_str(name);
 }
 
 #[cfg(test)]
@@ -118,5 +144,33 @@ mod tests {
         );
         assert_eq!(size(999), "999 bytes");
         assert_eq!(size(1_400_000), "1.4 MB");
+    }
+
+    #[test]
+    fn sizes_read_as_the_float_formatted_to_one_decimal() {
+        let float = |b: usize| match b {
+            b if b < 1000 => format!("{b} bytes"),
+            b if b < 1_000_000 => format!("{:.1} KB", b as f64 / 1000.0),
+            b => format!("{:.1} MB", b as f64 / 1_000_000.0),
+        };
+        // Every size up to 20 KB, every halfway case and its neighbours to 2 MB, and a
+        // stride through the rest up to 10 GB (carries into the next unit included).
+        let halfway = (0..40_000usize).flat_map(|k| {
+            let (unit, k) = if k < 20_000 {
+                (100, k)
+            } else {
+                (100_000, k - 20_000)
+            };
+            let b = k * unit + unit / 2;
+            [b.saturating_sub(1), b, b + 1]
+        });
+        let stride = (0..100_000usize).map(|k| k * 100_003);
+        for b in (0..20_000)
+            .chain(halfway)
+            .chain(stride)
+            .chain([999_949, 999_950, 999_999])
+        {
+            assert_eq!(size(b), float(b), "{b} bytes");
+        }
     }
 }
