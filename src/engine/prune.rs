@@ -203,14 +203,29 @@ impl Session {
         }
         // A part a strategy already reduced had its input stripped then, not now.
         let stripped_before = active_mark(&stored.part, self.settings()).is_some();
-        let (old, new) = self.rerender(c.msg, c.part, Rendering::Cleared(now_ms), true);
-        let stored = &self.messages()[c.msg].parts[c.part];
-        let unstripped = if stripped_before {
-            new
+        // Counted once, as cleared: the same figure tells what the input leaves out, so
+        // the part is not rendered again without the fix (once per held output and
+        // trial run of the cache scheduler).
+        let cleared = self.rendered_split(
+            &stored.part,
+            &stored.est,
+            stored.part.mark.as_ref(),
+            true,
+            true,
+        );
+        let (old, new) = self.rerender_known(
+            c.msg,
+            c.part,
+            Rendering::Cleared(now_ms),
+            true,
+            Some(cleared.tokens),
+        );
+        let stripped = if stripped_before {
+            0
         } else {
-            self.rendered_tokens(&stored.part, &stored.est, false)
+            cleared.input_saved
         };
-        (unstripped.saturating_sub(new), signed(old) - signed(new))
+        (stripped, signed(old) - signed(new))
     }
 }
 

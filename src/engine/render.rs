@@ -3,6 +3,8 @@
 //! interrupted-tool rule are applied. The context view, the token figures of reduced
 //! parts and the summarizer's input all come from here, so they cannot disagree.
 
+use std::borrow::Cow;
+
 use super::estimate::{PartEstimate, count_json};
 use super::openai::{PartRead, ToolRead};
 use super::strategies::{
@@ -75,7 +77,7 @@ pub(crate) enum Copying {
 /// was most of building a context with the strategies on.
 pub(crate) fn render_reading<'a>(
     part: &'a Part,
-    s: &Settings,
+    s: &'a Settings,
     copying: Copying,
 ) -> Option<Reading<'a>> {
     let strip_inputs = s.strategies.has(Strategy::PruneToolInputs);
@@ -103,7 +105,7 @@ pub(crate) enum Reading<'a> {
     /// for the context view).
     Rewritten(Box<Part>),
     /// A tool call (the stored part) read with these replacements.
-    Tool(&'a Part, &'a ToolPart, ToolRewrite),
+    Tool(&'a Part, &'a ToolPart, ToolRewrite<'a>),
 }
 
 impl Reading<'_> {
@@ -154,7 +156,7 @@ impl Reading<'_> {
 }
 
 /// A call read in place, copied whole (a tool rewrite always yields a part).
-fn whole_call(part: &Part, tool: &ToolPart, r: ToolRewrite) -> Part {
+fn whole_call(part: &Part, tool: &ToolPart, r: ToolRewrite<'_>) -> Part {
     rewritten(part, Rewrite::Tool(tool, r), Copying::Whole).unwrap_or_else(|| part.clone())
 }
 
@@ -201,8 +203,14 @@ fn rewritten(part: &Part, rewrite: Rewrite<'_>, copying: Copying) -> Option<Part
             let state = ToolState {
                 status: r.status,
                 input,
-                output: r.output.unwrap_or_else(|| st.output.clone()),
-                error: r.error.unwrap_or_else(|| st.error.clone()),
+                output: r
+                    .output
+                    .map(Cow::into_owned)
+                    .unwrap_or_else(|| st.output.clone()),
+                error: r
+                    .error
+                    .map(Cow::into_owned)
+                    .unwrap_or_else(|| st.error.clone()),
                 title: kept(whole, &st.title),
                 metadata: kept(whole, &st.metadata),
                 time: st.time,
@@ -291,20 +299,21 @@ enum Rewrite<'a> {
     /// A text or file part sent as this text.
     Text(String),
     /// A tool part with these replacements.
-    Tool(&'a ToolPart, ToolRewrite),
+    Tool(&'a ToolPart, ToolRewrite<'a>),
 }
 
-/// What replaces a tool part's content; `None` keeps what is stored.
+/// What replaces a tool part's content; `None` keeps what is stored. Fixed texts (prune's
+/// placeholder, the interrupted marker) are borrowed, not copied for every rendering.
 #[derive(Clone)]
-pub(crate) struct ToolRewrite {
+pub(crate) struct ToolRewrite<'a> {
     status: ToolStatus,
-    output: Option<String>,
-    error: Option<String>,
+    output: Option<Cow<'a, str>>,
+    error: Option<Cow<'a, str>>,
     /// The input-leak fix applies: only the input's short fields are sent.
     strip_input: bool,
 }
 
-impl ToolRewrite {
+impl ToolRewrite<'_> {
     /// True when the part it rewrites reads exactly as stored.
     fn changes_nothing(&self, tool: &ToolPart) -> bool {
         self.status == tool.state.status
@@ -318,7 +327,7 @@ fn rewrite<'a>(
     part: &'a Part,
     mark: Option<&StrategyMark>,
     compacted: bool,
-    s: &Settings,
+    s: &'a Settings,
     strip_inputs: bool,
 ) -> Rewrite<'a> {
     if s.strategies.has(Strategy::PruneStepMarkers) && is_step_marker(&part.kind) {
@@ -346,20 +355,22 @@ fn rewrite<'a>(
     }
 }
 
-fn tool_rewrite(
+fn tool_rewrite<'a>(
     tool: &ToolPart,
     mark: Option<&StrategyMark>,
     active: Option<Strategy>,
     compacted: bool,
-    s: &Settings,
+    s: &'a Settings,
     strip_inputs: bool,
-) -> ToolRewrite {
+) -> ToolRewrite<'a> {
     let st = &tool.state;
     let superseded = active
         .filter(|a| a.supersedes())
         .and(mark)
         .map(|m| superseded_text(&m.superseded_by));
     let compacted = compacted && st.status == ToolStatus::Completed;
+    let strip_input = strip_inputs && (superseded.is_some() || compacted);
+    let placeholder = || Some(Cow::Borrowed(s.placeholder.as_str()));
     let mut status = st.status;
     let mut output = None;
     let mut error = None;
@@ -367,41 +378,43 @@ fn tool_rewrite(
         ToolStatus::Completed => {
             // A supersede note never makes a tiny output longer, and a superseded
             // part reads as its strategy made it even once prune clears it too.
-            if let Some(text) = &superseded {
+            if let Some(text) = superseded {
                 if text.len() < st.output.len() {
-                    output = Some(text.clone());
+                    output = Some(Cow::Owned(text));
                 }
             } else if active == Some(Strategy::MaskObservations) {
                 // Names the call, so the model can ask for it back (prune's
                 // placeholder does not).
                 let text = masked_text(&tool.tool, &tool.call_id, st.output.len());
                 if text.len() < st.output.len() {
-                    output = Some(text);
+                    output = Some(Cow::Owned(text));
                 } else if compacted {
-                    output = Some(s.placeholder.clone());
+                    output = placeholder();
                 }
             } else if compacted {
-                output = Some(s.placeholder.clone());
+                output = placeholder();
             } else if active == Some(Strategy::CapLargeOutputs) {
-                output = mark.and_then(|m| capped_text(&st.output, m.keep, &tool.call_id));
+                output = mark
+                    .and_then(|m| capped_text(&st.output, m.keep, &tool.call_id))
+                    .map(Cow::Owned);
             }
         }
         ToolStatus::Error => {
-            if let Some(text) = superseded.as_ref().filter(|t| t.len() < st.error.len()) {
-                error = Some(text.clone());
+            if let Some(text) = superseded.filter(|t| t.len() < st.error.len()) {
+                error = Some(Cow::Owned(text));
             } else if active == Some(Strategy::TruncateOldErrors) {
-                error = truncate_error(&st.error);
+                error = truncate_error(&st.error).map(Cow::Owned);
             }
         }
         ToolStatus::Pending | ToolStatus::Running => {
             status = ToolStatus::Error;
-            error = Some(INTERRUPTED.to_string());
+            error = Some(Cow::Borrowed(INTERRUPTED));
         }
     }
     ToolRewrite {
         status,
         output,
         error,
-        strip_input: strip_inputs && (superseded.is_some() || compacted),
+        strip_input,
     }
 }
