@@ -34,7 +34,7 @@ pub fn estimate(part: &Part, counter: &dyn TokenCounter) -> PartEstimate {
         PartKind::Text(t) => generated(counter.count(&t.text)),
         PartKind::Reasoning(r) => generated(counter.count(&r.text)),
         PartKind::Tool(tool) => {
-            let input = count_json(&tool.state.input, counter);
+            let input = count_input(&tool.state.input, counter);
             let (extra, output) = match tool.state.status {
                 ToolStatus::Completed => (0, counter.count(&tool.state.output)),
                 ToolStatus::Error => (counter.count(&tool.state.error), 0),
@@ -125,25 +125,40 @@ pub(crate) fn count_json<T: serde::Serialize + ?Sized>(
     }
 }
 
+/// [`count_json`] for a tool input as stored (a JSON value): its long strings are
+/// escaped with SIMD when only the length is counted (serde_json's byte-at-a-time
+/// escaping was the largest part of writing a tool part with a large input).
+fn count_input(input: &serde_json::Value, counter: &dyn TokenCounter) -> u64 {
+    match counter.per_length() {
+        Some(of_length) => {
+            let mut units = Units(0);
+            // Writing into a counter cannot fail.
+            let _ = super::json_str::write_value(input, &mut super::json_str::json_out(&mut units));
+            of_length(units.0)
+        }
+        None => counter.count(&json_text(input)),
+    }
+}
+
+/// Adds up the UTF-16 code units of the bytes written into it.
+struct Units(u64);
+
+impl std::io::Write for Units {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0 = self.0.saturating_add(crate::tokens::utf8_units(bytes));
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// UTF-16 code units of [`json_text`], without writing it anywhere.
 fn json_units<T: serde::Serialize + ?Sized>(input: &T) -> u64 {
-    /// Adds up the units of the bytes written into it.
-    struct Units(u64);
-    impl std::io::Write for Units {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0 = self.0.saturating_add(crate::tokens::utf8_units(bytes));
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
     let mut units = Units(0);
-    // The bytes `json_text` writes, with sonic-rs's SIMD string escaping (serde_json's
-    // byte-at-a-time escaping was the largest part of writing a tool part); its buffered
-    // writer escapes each string into one reused buffer and hands it over whole. Writing
-    // into a counter cannot fail.
-    let _ = sonic_rs::to_writer(sonic_rs::writer::BufferedWriter::new(&mut units), input);
+    // serde_json writes the bytes sonic-rs writes (`json_text`'s test); writing into a
+    // counter cannot fail.
+    let _ = serde_json::to_writer(&mut units, input);
     units.0
 }
 
@@ -158,7 +173,7 @@ fn generated(tokens: u64) -> PartEstimate {
 
 #[cfg(test)]
 mod json_text_tests {
-    use super::{count_json, json_text, json_units};
+    use super::{count_input, count_json, json_text, json_units};
     use crate::tokens::{CharsPerToken, TokenCounter, utf16_len};
 
     #[test]
@@ -184,6 +199,10 @@ mod json_text_tests {
                 count_json(input, &CharsPerToken),
                 CharsPerToken.count(&want)
             );
+            assert_eq!(
+                count_input(input, &CharsPerToken),
+                CharsPerToken.count(&want)
+            );
         }
     }
 
@@ -195,6 +214,10 @@ mod json_text_tests {
             let input = serde_json::json!({ key.clone(): text, "list": [key] });
             let want = serde_json::to_string(&input).unwrap_or_default();
             proptest::prop_assert_eq!(json_units(&input), utf16_len(&want));
+            proptest::prop_assert_eq!(
+                count_input(&input, &CharsPerToken),
+                CharsPerToken.count(&want)
+            );
         }
     }
 }

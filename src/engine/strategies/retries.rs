@@ -7,9 +7,10 @@ use std::hash::{Hash, Hasher};
 use std::io::{BufWriter, Write};
 
 use siphasher::sip::SipHasher13;
-use sonic_rs::writer::BufferedWriter;
 
 use serde_json::Value;
+
+use crate::engine::json_str::{JsonOut, json_out, write_str, write_value};
 
 /// 128-bit hash of tool + canonical input (two independent 64-bit halves).
 pub fn call_hash(tool: &str, input: &Value) -> u128 {
@@ -19,16 +20,18 @@ pub fn call_hash(tool: &str, input: &Value) -> u128 {
     let _ = hashed.write_all(&name);
     let _ = hashed.write_all(&[0]);
     // Strings are escaped into the writer's own buffer, reused for the whole call.
-    write_canonical(input, &mut BufferedWriter::new(&mut hashed));
+    write_canonical(input, &mut json_out(&mut hashed));
     // Writing into the hashers cannot fail, so neither can the flush.
     let _ = hashed.flush();
     hashed.into_parts().0.finish()
 }
 
-/// Where the canonical text is written: sonic-rs's writer in front of the hashers.
-type Out<'a> = BufferedWriter<&'a mut BufWriter<Halves>>;
+/// Where the canonical text is written: in front of the hashers.
+type Out<'a> = JsonOut<&'a mut BufWriter<Halves>>;
 
 /// Compact JSON with object keys sorted, written straight into `out` (no string per key).
+/// Strings and scalars are serde_json's text (`json_str` escapes long strings with SIMD,
+/// the same bytes): the text the stored hashes were taken from. The hashers cannot fail.
 fn write_canonical(v: &Value, out: &mut Out<'_>) {
     match v {
         Value::Object(map) => {
@@ -36,7 +39,7 @@ fn write_canonical(v: &Value, out: &mut Out<'_>) {
             keys.sort();
             let _ = out.write_all(b"{");
             for k in keys {
-                string_into(k, out);
+                let _ = write_str(k, out);
                 let _ = out.write_all(b":");
                 write_canonical(&map[k], out);
                 let _ = out.write_all(b",");
@@ -51,20 +54,10 @@ fn write_canonical(v: &Value, out: &mut Out<'_>) {
             }
             let _ = out.write_all(b"]");
         }
-        Value::String(s) => string_into(s, out),
         scalar => {
-            // Numbers, booleans and null as serde_json writes them: the text the stored
-            // hashes were taken from (the hashers cannot fail).
-            let _ = serde_json::to_writer(out, scalar);
+            let _ = write_value(scalar, out);
         }
     }
-}
-
-/// Appends `s` as a JSON string. sonic-rs's SIMD escaping writes serde_json's bytes (the
-/// golden test and every trace input check it) at a fraction of the cost: escaping byte
-/// by byte was most of hashing a large input.
-fn string_into(s: &str, out: &mut Out<'_>) {
-    let _ = sonic_rs::to_writer(out, s);
 }
 
 /// The two halves, fed the canonical text as it is written: both see it as one `str`

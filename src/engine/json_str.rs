@@ -1,0 +1,100 @@
+//! JSON strings written for measuring and hashing tool inputs: the bytes serde_json
+//! writes, escaped by whichever writer is cheaper for the string's length.
+//!
+//! sonic-rs escapes with SIMD into its writer's buffer, far faster per byte than
+//! serde_json's byte-at-a-time loop, but its buffer is allocated on first use: for the
+//! short strings most inputs hold (a path, a command) that allocation costs more than
+//! serde_json's whole escape. Tests compare the bytes with serde_json's for any string.
+
+use std::io::Write;
+
+use serde_json::Value;
+use sonic_rs::writer::BufferedWriter;
+
+/// Strings at least this long are escaped by sonic-rs (below it serde_json is cheaper
+/// than sonic-rs's first buffer allocation).
+const SIMD_FROM: usize = 64;
+
+/// Where the JSON text goes: sonic-rs's writer in front of `W` (its buffer is allocated
+/// once, for the first long string, and reused for every later one).
+pub(crate) type JsonOut<W> = BufferedWriter<W>;
+
+/// A writer for `inner`.
+pub(crate) fn json_out<W: Write>(inner: W) -> JsonOut<W> {
+    BufferedWriter::new(inner)
+}
+
+/// Appends `s` as a JSON string, quotes included.
+pub(crate) fn write_str<W: Write>(s: &str, out: &mut JsonOut<W>) -> std::io::Result<()> {
+    if s.len() < SIMD_FROM {
+        serde_json::to_writer(out, s).map_err(std::io::Error::other)
+    } else {
+        sonic_rs::to_writer(out, s).map_err(std::io::Error::other)
+    }
+}
+
+/// Appends `v` as compact JSON, in the map's own key order: serde_json's text.
+pub(crate) fn write_value<W: Write>(v: &Value, out: &mut JsonOut<W>) -> std::io::Result<()> {
+    match v {
+        Value::Object(map) => {
+            out.write_all(b"{")?;
+            for (i, (k, v)) in map.iter().enumerate() {
+                if i > 0 {
+                    out.write_all(b",")?;
+                }
+                write_str(k, out)?;
+                out.write_all(b":")?;
+                write_value(v, out)?;
+            }
+            out.write_all(b"}")
+        }
+        Value::Array(items) => {
+            out.write_all(b"[")?;
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.write_all(b",")?;
+                }
+                write_value(item, out)?;
+            }
+            out.write_all(b"]")
+        }
+        Value::String(s) => write_str(s, out),
+        scalar => serde_json::to_writer(out, scalar).map_err(std::io::Error::other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn written(v: &Value) -> String {
+        let mut bytes = Vec::new();
+        let mut out = json_out(&mut bytes);
+        write_value(v, &mut out).expect("a Vec takes any bytes");
+        drop(out);
+        String::from_utf8(bytes).expect("JSON text is UTF-8")
+    }
+
+    #[test]
+    fn values_are_written_as_serde_json_writes_them() {
+        let long = "line \"one\"\n\ttab \\ é 日本 🦀 \u{1} ".repeat(20);
+        let v = serde_json::json!({
+            "z": [0.1, -0.0, 1e21, u64::MAX, i64::MIN, null, true, false],
+            "a": {"empty": {}, "list": [], "long": long, "short": "x\u{7f}\u{0}"},
+            long.clone(): [long, "", {"k": "v"}],
+        });
+        assert_eq!(written(&v), serde_json::to_string(&v).unwrap_or_default());
+    }
+
+    proptest::proptest! {
+        /// Any text, short or long, in keys and values.
+        #[test]
+        fn any_strings_are_written_as_serde_json_writes_them(
+            key in ".{0,80}",
+            text in ".{0,300}",
+        ) {
+            let v = serde_json::json!({ key.clone(): text, "list": [key, 1, null] });
+            proptest::prop_assert_eq!(written(&v), serde_json::to_string(&v).unwrap_or_default());
+        }
+    }
+}
