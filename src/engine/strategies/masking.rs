@@ -79,8 +79,9 @@ pub(crate) fn size(bytes: usize) -> String {
 
 /// Appends [`size`]'s text. Tenths by integer arithmetic, which is what formatting the
 /// float with one decimal gives except exactly halfway between two tenths, where the
-/// float's binary value decides: those few go through the float. (Formatting the float
-/// every time was most of re-rendering a masked part.)
+/// float's binary value decides, and past 2^53 bytes, where the float is not the size:
+/// those few go through the float. (Formatting the float every time was most of
+/// re-rendering a masked part.)
 fn push_size(out: &mut String, bytes: usize) {
     let mut digits = itoa::Buffer::new();
     let (unit, name) = match bytes {
@@ -93,7 +94,7 @@ fn push_size(out: &mut String, bytes: usize) {
         _ => (1_000_000, " MB"),
     };
     let tenth = unit / 10;
-    if bytes % tenth == tenth / 2 {
+    if bytes % tenth == tenth / 2 || bytes >= 1 << 53 {
         use std::fmt::Write as _;
         // Writing into a String cannot fail.
         let _ = write!(out, "{:.1}{name}", bytes as f64 / unit as f64);
@@ -169,6 +170,7 @@ mod tests {
             .chain(halfway)
             .chain(stride)
             .chain([999_949, 999_950, 999_999])
+            .chain([(1 << 53) - 1, 1 << 53, (1 << 53) + 1, usize::MAX])
         {
             assert_eq!(size(b), float(b), "{b} bytes");
         }
