@@ -119,25 +119,35 @@ pub(crate) fn count_json<T: serde::Serialize + ?Sized>(
     input: &T,
     counter: &dyn TokenCounter,
 ) -> u64 {
-    match counter.per_length() {
-        Some(of_length) => of_length(json_units(input)),
-        None => counter.count(&json_text(input)),
-    }
+    count_measured(input, counter, json_units)
 }
 
 /// [`count_json`] for a tool input as stored (a JSON value): its long strings are
 /// escaped with SIMD when only the length is counted (serde_json's byte-at-a-time
 /// escaping was the largest part of writing a tool part with a large input).
 fn count_input(input: &serde_json::Value, counter: &dyn TokenCounter) -> u64 {
+    count_measured(input, counter, value_units)
+}
+
+/// `input`'s tokens: from its length as `units` measures it when that is all the counter
+/// needs, else from its text.
+fn count_measured<T: serde::Serialize + ?Sized>(
+    input: &T,
+    counter: &dyn TokenCounter,
+    units: fn(&T) -> u64,
+) -> u64 {
     match counter.per_length() {
-        Some(of_length) => {
-            let mut units = Units(0);
-            // Writing into a counter cannot fail.
-            let _ = super::json_str::write_value(input, &mut super::json_str::json_out(&mut units));
-            of_length(units.0)
-        }
+        Some(of_length) => of_length(units(input)),
         None => counter.count(&json_text(input)),
     }
+}
+
+/// [`json_units`] of a JSON value, its long strings escaped by sonic-rs (`json_str`).
+fn value_units(input: &serde_json::Value) -> u64 {
+    let mut units = Units(0);
+    // Writing into a counter cannot fail.
+    let _ = super::json_str::write_value(input, &mut super::json_str::json_out(&mut units));
+    units.0
 }
 
 /// Adds up the UTF-16 code units of the bytes written into it.
