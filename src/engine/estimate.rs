@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::strategies::{Stripped, stripped_units};
 use crate::config::{COMPACTION_PROMPT_TEXT, INTERRUPTED};
 use crate::domain::{Part, PartKind, ToolStatus};
 use crate::tokens::TokenCounter;
@@ -112,21 +113,18 @@ pub(crate) fn json_text<T: serde::Serialize + ?Sized>(input: &T) -> String {
 }
 
 /// Tokens of a tool input as the model reads it. A counter that needs only the length
-/// (chars ÷ 4) gets the JSON text's length, measured as it is written, not the text:
-/// every tool part written was a fresh buffer grown to the input's size, a large input
-/// (a whole file) many pages of it.
-pub(crate) fn count_json<T: serde::Serialize + ?Sized>(
-    input: &T,
-    counter: &dyn TokenCounter,
-) -> u64 {
-    count_measured(input, counter, json_units)
+/// (chars ÷ 4) gets the JSON text's length, worked out from the value (`json_len`), not
+/// the text: every tool part written was a fresh buffer grown to the input's size, a
+/// large input (a whole file) many pages of it.
+fn count_input(input: &serde_json::Value, counter: &dyn TokenCounter) -> u64 {
+    count_measured(input, counter, super::json_len::value_units)
 }
 
-/// [`count_json`] for a tool input as stored (a JSON value): its long strings are
-/// escaped with SIMD when only the length is counted (serde_json's byte-at-a-time
-/// escaping was the largest part of writing a tool part with a large input).
-fn count_input(input: &serde_json::Value, counter: &dyn TokenCounter) -> u64 {
-    count_measured(input, counter, value_units)
+/// Tokens of a tool input as `pruneToolInputs` reduces it ([`Stripped`]): counted for
+/// every output the strategies or prune clear, from its length alone when that is all the
+/// counter needs.
+pub(crate) fn count_stripped(input: &serde_json::Value, counter: &dyn TokenCounter) -> u64 {
+    count_measured(&Stripped(input), counter, |s| stripped_units(s.0))
 }
 
 /// `input`'s tokens: from its length as `units` measures it when that is all the counter
@@ -142,36 +140,6 @@ fn count_measured<T: serde::Serialize + ?Sized>(
     }
 }
 
-/// [`json_units`] of a JSON value, its long strings escaped by sonic-rs (`json_str`).
-fn value_units(input: &serde_json::Value) -> u64 {
-    let mut units = Units(0);
-    // Writing into a counter cannot fail.
-    let _ = super::json_str::write_value(input, &mut super::json_str::json_out(&mut units));
-    units.0
-}
-
-/// Adds up the UTF-16 code units of the bytes written into it.
-struct Units(u64);
-
-impl std::io::Write for Units {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0 = self.0.saturating_add(crate::tokens::utf8_units(bytes));
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// UTF-16 code units of [`json_text`], without writing it anywhere.
-fn json_units<T: serde::Serialize + ?Sized>(input: &T) -> u64 {
-    let mut units = Units(0);
-    // serde_json writes the bytes sonic-rs writes (`json_text`'s test); writing into a
-    // counter cannot fail.
-    let _ = serde_json::to_writer(&mut units, input);
-    units.0
-}
-
 /// A part whose tokens are all model-written when it sits in an assistant message.
 fn generated(tokens: u64) -> PartEstimate {
     PartEstimate {
@@ -183,8 +151,9 @@ fn generated(tokens: u64) -> PartEstimate {
 
 #[cfg(test)]
 mod json_text_tests {
-    use super::{count_input, count_json, json_text, json_units};
-    use crate::tokens::{CharsPerToken, TokenCounter, utf16_len};
+    use super::{count_input, count_stripped, json_text};
+    use crate::engine::strategies::Stripped;
+    use crate::tokens::{CharsPerToken, TokenCounter};
 
     #[test]
     fn tool_inputs_serialize_as_serde_json_does() {
@@ -203,15 +172,16 @@ mod json_text_tests {
         for input in &inputs {
             let want = serde_json::to_string(input).unwrap_or_default();
             assert_eq!(json_text(input), want);
-            // Measured as written, the length is the text's, so chars ÷ 4 counts the same.
-            assert_eq!(json_units(input), utf16_len(&want), "{want}");
-            assert_eq!(
-                count_json(input, &CharsPerToken),
-                CharsPerToken.count(&want)
-            );
+            // Worked out from the value, the length is the text's, so chars ÷ 4 counts
+            // the same.
             assert_eq!(
                 count_input(input, &CharsPerToken),
                 CharsPerToken.count(&want)
+            );
+            let stripped = json_text(&Stripped(input));
+            assert_eq!(
+                count_stripped(input, &CharsPerToken),
+                CharsPerToken.count(&stripped)
             );
         }
     }
@@ -223,7 +193,6 @@ mod json_text_tests {
         fn any_strings_measure_as_serde_json_writes_them(key in ".{0,40}", text in ".{0,200}") {
             let input = serde_json::json!({ key.clone(): text, "list": [key] });
             let want = serde_json::to_string(&input).unwrap_or_default();
-            proptest::prop_assert_eq!(json_units(&input), utf16_len(&want));
             proptest::prop_assert_eq!(
                 count_input(&input, &CharsPerToken),
                 CharsPerToken.count(&want)

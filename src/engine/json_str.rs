@@ -1,5 +1,6 @@
-//! JSON strings written for measuring and hashing tool inputs: the bytes serde_json
-//! writes, escaped by whichever writer is cheaper for the string's length.
+//! JSON strings written for hashing tool inputs (`retries::call_hash`): the bytes
+//! serde_json writes, escaped by whichever writer is cheaper for the string's length.
+//! (Measuring an input's length needs no text: `json_len`.)
 //!
 //! sonic-rs escapes with SIMD into its writer's buffer, far faster per byte than
 //! serde_json's byte-at-a-time loop, but its buffer is allocated on first use: for the

@@ -19,6 +19,7 @@ mod error;
 mod estimate;
 mod footprint;
 mod json_array;
+mod json_len;
 mod json_str;
 mod memory;
 mod openai;

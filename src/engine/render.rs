@@ -5,12 +5,11 @@
 
 use std::borrow::Cow;
 
-use super::estimate::{PartEstimate, count_json};
+use super::estimate::{PartEstimate, count_stripped};
 use super::openai::{PartRead, ToolRead};
 use super::strategies::{
-    Strategy, Stripped, capped_text, file_breadcrumb, inlined_breadcrumb, is_inlined_file,
-    is_step_marker, masked_text, strip_input, superseded_text, truncate_code_blocks,
-    truncate_error,
+    Strategy, capped_text, file_breadcrumb, inlined_breadcrumb, is_inlined_file, is_step_marker,
+    masked_text, strip_input, superseded_text, truncate_code_blocks, truncate_error,
 };
 use crate::config::{INTERRUPTED, Settings};
 use crate::domain::{Part, PartKind, StrategyMark, TextPart, ToolPart, ToolState, ToolStatus};
@@ -265,7 +264,7 @@ pub(crate) fn rendered_tokens_as(
             // A tool's estimate: `generated` is its input, the rest of `base` its error
             // text (or the interrupted marker), `output` its completed output.
             let input = if r.strip_input {
-                count_json(&Stripped(&tool.state.input), counter)
+                count_stripped(&tool.state.input, counter)
             } else {
                 est.generated
             };

@@ -5,6 +5,8 @@
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Value};
 
+use crate::engine::json_len;
+
 /// Strings up to this long (on one line) are metadata and stay as they are.
 const KEEP_CHARS: usize = 200;
 
@@ -70,6 +72,34 @@ impl Serialize for StrippedMap<'_> {
         }
         out.end()
     }
+}
+
+/// UTF-16 units of [`Stripped`]'s JSON text, worked out from the input without writing it
+/// (`json_len`): what chars ÷ 4 counts of a stripped call, for every output the strategies
+/// or prune clear.
+pub fn stripped_units(input: &Value) -> u64 {
+    match input {
+        Value::Object(map) => stripped_map_units(map),
+        other if small(other) => json_len::value_units(other),
+        _ => json_len::enclosed(0, 0),
+    }
+}
+
+/// [`stripped_units`] of an object, as [`StrippedMap`] writes it.
+fn stripped_map_units(map: &Map<String, Value>) -> u64 {
+    let mut kept = 0usize;
+    let mut inner = 0u64;
+    for (key, value) in map {
+        let units = match keeps(key, value) {
+            Keep::Gone => continue,
+            Keep::Same => json_len::value_units(value),
+            Keep::FirstLine(text) => json_len::string_units(&first_line(text)),
+            Keep::Stripped(inner) => stripped_map_units(inner),
+        };
+        kept += 1;
+        inner = inner.saturating_add(json_len::entry_units(key, units));
+    }
+    json_len::enclosed(kept, inner)
 }
 
 /// What the reduced input keeps of one entry: the one decision behind both the reduced
@@ -151,6 +181,7 @@ fn first_line(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tokens::utf16_len;
     use serde_json::json;
 
     #[test]
@@ -210,7 +241,22 @@ mod tests {
                 serde_json::to_string(&Stripped(input)).ok(),
                 Some(want.clone())
             );
-            assert_eq!(sonic_rs::to_string(&Stripped(input)).ok(), Some(want));
+            assert_eq!(
+                sonic_rs::to_string(&Stripped(input)).ok(),
+                Some(want.clone())
+            );
+            assert_eq!(stripped_units(input), utf16_len(&want), "{want}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Any input: the units worked out are those of the text `Stripped` writes.
+        #[test]
+        fn stripped_units_measure_the_written_text(
+            input in crate::engine::json_len::tests::any_value()
+        ) {
+            let text = serde_json::to_string(&Stripped(&input)).unwrap_or_default();
+            proptest::prop_assert_eq!(stripped_units(&input), utf16_len(&text));
         }
     }
 

@@ -42,7 +42,7 @@ pub use commit::{MarkedPart, StrategyRun, StrategySaving};
 pub use errors::truncate_error;
 pub use file_masking::{breadcrumb, file_breadcrumb, inlined_breadcrumb, is_inlined_file};
 pub use files::file_paths;
-pub use input_leak::{Stripped, strip_input};
+pub use input_leak::{Stripped, strip_input, stripped_units};
 pub use masking::{Masking, masked_text};
 pub use output_cap::{cap_chars, capped_text};
 pub use step_markers::is_step_marker;

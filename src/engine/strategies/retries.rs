@@ -4,7 +4,7 @@
 //! is a retry; two successful ones are duplicates.
 
 use std::hash::{Hash, Hasher};
-use std::io::{BufWriter, Write};
+use std::io::Write;
 
 use siphasher::sip::SipHasher13;
 
@@ -14,20 +14,18 @@ use crate::engine::json_str::{JsonOut, json_out, write_str, write_value};
 
 /// 128-bit hash of tool + canonical input (two independent 64-bit halves).
 pub fn call_hash(tool: &str, input: &Value) -> u128 {
-    // One hash call per 512 bytes rather than per JSON fragment.
-    let mut hashed = BufWriter::with_capacity(512, Halves::default());
-    let name: Vec<u8> = tool.bytes().map(|b| b.to_ascii_lowercase()).collect();
-    let _ = hashed.write_all(&name);
-    let _ = hashed.write_all(&[0]);
+    let mut hashed = Buffered::default();
+    for &b in tool.as_bytes() {
+        hashed.push(b.to_ascii_lowercase());
+    }
+    hashed.push(0);
     // Strings are escaped into the writer's own buffer, reused for the whole call.
     write_canonical(input, &mut json_out(&mut hashed));
-    // Writing into the hashers cannot fail, so neither can the flush.
-    let _ = hashed.flush();
-    hashed.into_parts().0.finish()
+    hashed.finish()
 }
 
 /// Where the canonical text is written: in front of the hashers.
-type Out<'a> = JsonOut<&'a mut BufWriter<Halves>>;
+type Out<'a> = JsonOut<&'a mut Buffered>;
 
 /// Compact JSON with object keys sorted, written straight into `out` (no string per key).
 /// Strings and scalars are serde_json's text (`json_str` escapes long strings with SIMD,
@@ -35,13 +33,14 @@ type Out<'a> = JsonOut<&'a mut BufWriter<Halves>>;
 fn write_canonical(v: &Value, out: &mut Out<'_>) {
     match v {
         Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
+            // Keys are unique: an unstable sort orders them as a stable one would.
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_unstable_by_key(|&(k, _)| k);
             let _ = out.write_all(b"{");
-            for k in keys {
+            for (k, v) in entries {
                 let _ = write_str(k, out);
                 let _ = out.write_all(b":");
-                write_canonical(&map[k], out);
+                write_canonical(v, out);
                 let _ = out.write_all(b",");
             }
             let _ = out.write_all(b"}");
@@ -57,6 +56,74 @@ fn write_canonical(v: &Value, out: &mut Out<'_>) {
         scalar => {
             let _ = write_value(scalar, out);
         }
+    }
+}
+
+/// The hashers behind a buffer on the stack: one hash call per [`BUFFERED`] bytes rather
+/// than per JSON fragment, and nothing allocated for it (a heap buffer and the lowered
+/// tool name were a third of hashing a short call).
+struct Buffered {
+    buf: [u8; BUFFERED],
+    len: usize,
+    halves: Halves,
+}
+
+/// Bytes [`Buffered`] collects before it hashes them.
+const BUFFERED: usize = 256;
+
+impl Default for Buffered {
+    fn default() -> Buffered {
+        Buffered {
+            buf: [0; BUFFERED],
+            len: 0,
+            halves: Halves::default(),
+        }
+    }
+}
+
+impl Buffered {
+    /// Appends one byte.
+    fn push(&mut self, b: u8) {
+        if self.len >= BUFFERED {
+            self.drain();
+        }
+        if let Some(slot) = self.buf.get_mut(self.len) {
+            *slot = b;
+            self.len += 1;
+        }
+    }
+
+    /// Hashes what the buffer holds.
+    fn drain(&mut self) {
+        let held = self.buf.get(..self.len).unwrap_or_default();
+        let _ = self.halves.write(held);
+        self.len = 0;
+    }
+
+    fn finish(mut self) -> u128 {
+        self.drain();
+        self.halves.finish()
+    }
+}
+
+impl Write for Buffered {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        if bytes.len() > BUFFERED.saturating_sub(self.len) {
+            self.drain();
+            if bytes.len() >= BUFFERED {
+                return self.halves.write(bytes);
+            }
+        }
+        let end = self.len.saturating_add(bytes.len());
+        if let Some(free) = self.buf.get_mut(self.len..end) {
+            free.copy_from_slice(bytes);
+            self.len = end;
+        }
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
