@@ -12,8 +12,8 @@ use std::io::Write;
 use serde_json::Value;
 use sonic_rs::writer::BufferedWriter;
 
-/// Strings at least this long are escaped by sonic-rs (below it serde_json is cheaper
-/// than sonic-rs's first buffer allocation).
+/// Strings that need escaping and are at least this long are escaped by sonic-rs (below
+/// it serde_json is cheaper than sonic-rs's first buffer allocation).
 const SIMD_FROM: usize = 64;
 
 /// Where the JSON text goes: sonic-rs's writer in front of `W` (its buffer is allocated
@@ -27,11 +27,28 @@ pub(crate) fn json_out<W: Write>(inner: W) -> JsonOut<W> {
 
 /// Appends `s` as a JSON string, quotes included.
 pub(crate) fn write_str<W: Write>(s: &str, out: &mut JsonOut<W>) -> std::io::Result<()> {
+    if !needs_escape(s) {
+        // Most strings of a tool input (paths, commands, code without quotes) escape to
+        // themselves: written as they are, as serde_json writes them.
+        out.write_all(b"\"")?;
+        out.write_all(s.as_bytes())?;
+        return out.write_all(b"\"");
+    }
     if s.len() < SIMD_FROM {
         serde_json::to_writer(out, s).map_err(std::io::Error::other)
     } else {
         sonic_rs::to_writer(out, s).map_err(std::io::Error::other)
     }
+}
+
+/// True when JSON escapes a byte of `s`: a control character, `"` or `\\` (serde_json
+/// writes every other byte, non-ASCII included, as it is). Tested 16 bytes at a time
+/// without branches, which the compiler turns into a few vector instructions per block.
+fn needs_escape(s: &str) -> bool {
+    let escaped = |b: u8| u8::from(b < 0x20) | u8::from(b == b'"') | u8::from(b == b'\\');
+    let mut blocks = s.as_bytes().chunks_exact(16);
+    let any = |block: &[u8]| block.iter().fold(0u8, |any, &b| any | escaped(b)) != 0;
+    blocks.by_ref().any(any) || any(blocks.remainder())
 }
 
 /// Appends `v` as compact JSON, in the map's own key order: serde_json's text.
@@ -85,6 +102,23 @@ mod tests {
             long.clone(): [long, "", {"k": "v"}],
         });
         assert_eq!(written(&v), serde_json::to_string(&v).unwrap_or_default());
+    }
+
+    /// Every ASCII character at every position of a short and a long string, and
+    /// non-ASCII text around it: plain strings are written as they are, the others
+    /// escaped, each as serde_json writes it.
+    #[test]
+    fn every_character_anywhere_is_written_as_serde_json_writes_it() {
+        for c in (0u8..0x80).map(char::from).chain(['é', '🦀', '\u{2028}']) {
+            for len in [20, 70] {
+                for at in 0..len {
+                    let mut text: String = "aé".chars().cycle().take(len).collect();
+                    text.insert(text.char_indices().nth(at).map_or(0, |(i, _)| i), c);
+                    let v = Value::String(text);
+                    assert_eq!(written(&v), serde_json::to_string(&v).unwrap_or_default());
+                }
+            }
+        }
     }
 
     proptest::proptest! {
