@@ -11,15 +11,13 @@ use super::tool_is;
 pub fn search_key(tool: &str, input: &Value) -> Option<String> {
     let field = |k: &str| input.get(k).and_then(Value::as_str).unwrap_or_default();
     let path = normalize(field("path"));
+    // Joined in one allocation: `format!` cost more than the rest of the call's keys.
     if tool_is(tool, &["glob"]) {
-        return Some(format!("glob:{path}\u{0}{}", field("pattern")));
+        return Some(["glob:", &path, "\u{0}", field("pattern")].concat());
     }
     if tool_is(tool, &["grep"]) {
-        return Some(format!(
-            "grep:{path}\u{0}{}\u{0}{}",
-            field("pattern"),
-            field("include")
-        ));
+        let include = field("include");
+        return Some(["grep:", &path, "\u{0}", field("pattern"), "\u{0}", include].concat());
     }
     None
 }
@@ -47,5 +45,11 @@ mod tests {
             search_key("glob", &json!({"pattern": "*.ts"}))
         );
         assert_eq!(search_key("read", &json!({})), None);
+        // Keys are kept in snapshots: their text must not change.
+        assert_eq!(a.as_deref(), Some("grep:src\u{0}fn main\u{0}*.rs"));
+        assert_eq!(
+            search_key("glob", &json!({"pattern": "*.rs", "path": "a/./b"})).as_deref(),
+            Some("glob:a/b\u{0}*.rs")
+        );
     }
 }

@@ -11,7 +11,7 @@ use super::tool_is;
 pub fn query_key(tool: &str, input: &Value) -> Option<String> {
     if tool_is(tool, &["list", "ls"]) {
         let path = input.get("path").and_then(Value::as_str).unwrap_or(".");
-        return Some(format!("state:ls {}", path.trim()));
+        return Some(["state:ls ", path.trim()].concat());
     }
     if !tool_is(
         tool,
@@ -23,19 +23,32 @@ pub fn query_key(tool: &str, input: &Value) -> Option<String> {
         .get("command")
         .or_else(|| input.get("cmd"))
         .and_then(Value::as_str)?;
+    // Decided by the first two words; only a state query's key is built (this runs for
+    // every shell call, most of them not queries, some of them long scripts).
+    let mut words = command.split_whitespace();
+    if !is_state_query(words.next(), words.next()) {
+        return None;
+    }
     // One command, whitespace collapsed ("git  status" and "git status" are one query).
-    let words: Vec<&str> = command.split_whitespace().collect();
-    is_state_query(&words).then(|| format!("state:{}", words.join(" ")))
+    let mut key = String::with_capacity("state:".len() + command.len());
+    key.push_str("state:");
+    for (i, word) in command.split_whitespace().enumerate() {
+        if i > 0 {
+            key.push(' ');
+        }
+        key.push_str(word);
+    }
+    Some(key)
 }
 
 /// Seed 03's patterns: `^ls\s`, `^ls$`, `^find\s`, `^pwd$`, `^git\s+status`,
-/// `^git\s+branch`, `^git\s+log`, `^tree\s`, `^tree$`.
-fn is_state_query(words: &[&str]) -> bool {
-    match words {
-        ["ls" | "tree", ..] => true,
-        ["find", _, ..] => true,
-        ["pwd"] => true,
-        ["git", sub, ..] => {
+/// `^git\s+branch`, `^git\s+log`, `^tree\s`, `^tree$`, on a command's first two words.
+fn is_state_query(first: Option<&str>, second: Option<&str>) -> bool {
+    match (first, second) {
+        (Some("ls" | "tree"), _) => true,
+        (Some("find"), Some(_)) => true,
+        (Some("pwd"), None) => true,
+        (Some("git"), Some(sub)) => {
             sub.starts_with("status") || sub.starts_with("branch") || sub.starts_with("log")
         }
         _ => false,
@@ -68,6 +81,24 @@ mod tests {
             assert!(key(cmd).is_some(), "{cmd}");
         }
         assert_eq!(key("  git   status  "), key("git status"));
+    }
+
+    /// Keys are kept in snapshots (the tracker's newest holder of each): their text must
+    /// not change.
+    #[test]
+    fn keys_read_as_they_always_have() {
+        assert_eq!(
+            key("  git   status  -s "),
+            Some("state:git status -s".into())
+        );
+        assert_eq!(key("pwd"), Some("state:pwd".into()));
+        assert_eq!(key("pwd -P"), None);
+        assert_eq!(key("find"), None);
+        assert_eq!(key("find\t."), Some("state:find .".into()));
+        assert_eq!(
+            query_key("list", &json!({"path": " src "})),
+            Some("state:ls src".into())
+        );
     }
 
     #[test]
