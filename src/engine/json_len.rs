@@ -2,9 +2,9 @@
 //! units (what chars ÷ 4 counts), worked out from the value without writing the text.
 //!
 //! Measuring through a writer paid a call for every fragment serde_json writes (a brace,
-//! a quote, a key), each measured on its own: counting a stripped tool input of one short
-//! path cost about a thousand instructions, and one is counted for every output the
-//! strategies or prune clear. Tests compare every figure with serde_json's own text.
+//! a quote, a key), each measured on its own, and a stripped input is counted for every
+//! output the strategies or prune clear. Tests compare every figure with serde_json's own
+//! text.
 
 use serde_json::Value;
 
