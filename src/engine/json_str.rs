@@ -12,6 +12,8 @@ use std::io::Write;
 use serde_json::Value;
 use sonic_rs::writer::BufferedWriter;
 
+use super::json_len::escapes;
+
 /// Strings that need escaping and are at least this long are escaped by sonic-rs (below
 /// it serde_json is cheaper than sonic-rs's first buffer allocation).
 const SIMD_FROM: usize = 64;
@@ -41,13 +43,12 @@ pub(crate) fn write_str<W: Write>(s: &str, out: &mut JsonOut<W>) -> std::io::Res
     }
 }
 
-/// True when JSON escapes a byte of `s`: a control character, `"` or `\\` (serde_json
-/// writes every other byte, non-ASCII included, as it is). Tested 16 bytes at a time
-/// without branches, which the compiler turns into a few vector instructions per block.
+/// True when JSON escapes a byte of `s` (`json_len::escapes`, the one list of them).
+/// Tested 16 bytes at a time without branches, which the compiler turns into a few vector
+/// instructions per block.
 fn needs_escape(s: &str) -> bool {
-    let escaped = |b: u8| u8::from(b < 0x20) | u8::from(b == b'"') | u8::from(b == b'\\');
     let mut blocks = s.as_bytes().chunks_exact(16);
-    let any = |block: &[u8]| block.iter().fold(0u8, |any, &b| any | escaped(b)) != 0;
+    let any = |block: &[u8]| block.iter().fold(0u8, |any, &b| any | escapes(b)) != 0;
     blocks.by_ref().any(any) || any(blocks.remainder())
 }
 
