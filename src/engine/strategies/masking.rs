@@ -7,6 +7,8 @@
 //! The state is a list of results in position order and how far masking has reached, so
 //! each new result costs O(1).
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use super::PartRef;
@@ -17,7 +19,7 @@ use crate::domain::FastSet;
 pub struct Masking {
     results: Vec<(PartRef, bool)>,
     #[serde(with = "crate::engine::sorted::set")]
-    seen: FastSet<String>,
+    seen: FastSet<Arc<str>>,
     queued: usize,
 }
 
@@ -114,7 +116,7 @@ mod tests {
     fn at(i: usize) -> PartRef {
         PartRef {
             msg: i,
-            part: format!("p{i}"),
+            part: Arc::from(format!("p{i}")),
         }
     }
 

@@ -8,6 +8,8 @@
 //! rebuild from the messages (an import, a settings change) reaches the same decisions as
 //! the updates did live.
 
+use std::sync::Arc;
+
 use globset::{Glob, GlobSet, GlobSetBuilder};
 use serde::{Deserialize, Serialize};
 
@@ -26,12 +28,15 @@ use crate::domain::{FastMap, FastSet, Part, PartKind, Role, ToolPart, ToolStatus
 use crate::engine::stored::Message;
 
 /// A part by message position and part id (part positions shift when a part is deleted).
+///
+/// The id is shared, not copied: one call's reference sits in the holders of each of its
+/// keys, the masking list and the queued set. It is stored as a plain string.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct PartRef {
     /// Message position.
     pub msg: usize,
     /// Part id.
-    pub part: String,
+    pub part: Arc<str>,
 }
 
 /// A decision waiting for the next commit.
@@ -53,7 +58,8 @@ struct Holder {
     at: PartRef,
     /// (message, part) position when registered: the order "newer" means.
     order: (usize, usize),
-    call: String,
+    /// The call's id, shared by the copies of the holder under each of the call's keys.
+    call: Arc<str>,
     /// Never cleared for age or size (protected tool or file glob).
     protected: bool,
 }
@@ -267,7 +273,7 @@ impl Tracker {
             self.queue(
                 PartRef {
                     msg,
-                    part: part.id.clone(),
+                    part: Arc::from(part.id.as_str()),
                 },
                 strategy,
                 String::new(),
@@ -286,10 +292,10 @@ impl Tracker {
         let holder = Holder {
             at: PartRef {
                 msg,
-                part: part.id.clone(),
+                part: Arc::from(part.id.as_str()),
             },
             order: (msg, pi),
-            call: t.call_id.clone(),
+            call: Arc::from(t.call_id.as_str()),
             protected: s.is_strategy_protected(&t.tool)
                 || paths.iter().any(|p| self.globs.is_match(p)),
         };
@@ -396,10 +402,10 @@ impl Tracker {
         });
         let l = held.get_mut();
         let stale = if l.order > h.order {
-            let by = l.call.clone();
+            let by = l.call.to_string();
             (h, by)
         } else {
-            let by = h.call.clone();
+            let by = h.call.to_string();
             (std::mem::replace(l, h), by)
         };
         self.supersede(st, stale.0, stale.1, path.as_deref());
@@ -421,7 +427,7 @@ impl Tracker {
 
     fn failed_call(&mut self, hash: u128, h: Holder) {
         if let Some(ok) = self.succeeded.get(&hash).filter(|ok| ok.order > h.order) {
-            let by = ok.call.clone();
+            let by = ok.call.to_string();
             self.supersede(Strategy::PruneRetryParts, h, by, None);
             return;
         }
@@ -450,7 +456,7 @@ impl Tracker {
             self.failed.insert(hash, newer);
         }
         for f in older {
-            self.supersede(Strategy::PruneRetryParts, f, h.call.clone(), None);
+            self.supersede(Strategy::PruneRetryParts, f, h.call.to_string(), None);
         }
     }
 
