@@ -2,15 +2,15 @@
 //! serde_json writes, escaped by whichever writer is cheaper for the string's length.
 //! (Measuring an input's length needs no text: `json_len`.)
 //!
-//! sonic-rs escapes with SIMD into its writer's buffer, far faster per byte than
-//! serde_json's byte-at-a-time loop, but its buffer is allocated on first use: for the
-//! short strings most inputs hold (a path, a command) that allocation costs more than
-//! serde_json's whole escape. Tests compare the bytes with serde_json's for any string.
-
-use std::io::Write;
+//! The text goes into a [`Sink`], which takes bytes and cannot fail: most of an input's
+//! strings (paths, commands, code without quotes) need no escaping and are copied in as
+//! they are, with no writer call per fragment. sonic-rs escapes with SIMD, far faster per
+//! byte than serde_json's byte-at-a-time loop, but into a buffer of its own: for the short
+//! strings most inputs hold that buffer costs more than serde_json's whole escape, so it
+//! is the sink's, kept for every long string of one input. Tests compare the bytes with
+//! serde_json's for any string.
 
 use serde_json::Value;
-use sonic_rs::writer::BufferedWriter;
 
 use super::json_len::escapes;
 
@@ -18,28 +18,43 @@ use super::json_len::escapes;
 /// it serde_json is cheaper than sonic-rs's first buffer allocation).
 const SIMD_FROM: usize = 64;
 
-/// Where the JSON text goes: sonic-rs's writer in front of `W` (its buffer is allocated
-/// once, for the first long string, and reused for every later one).
-pub(crate) type JsonOut<W> = BufferedWriter<W>;
+/// Where the JSON text goes.
+pub(crate) trait Sink {
+    /// Appends `bytes`.
+    fn put(&mut self, bytes: &[u8]);
+    /// A buffer for sonic-rs to escape long strings into (allocated once, reused).
+    fn scratch(&mut self) -> &mut Vec<u8>;
+}
 
-/// A writer for `inner`.
-pub(crate) fn json_out<W: Write>(inner: W) -> JsonOut<W> {
-    BufferedWriter::new(inner)
+/// A [`Sink`] as an `io::Write`, for serde_json's writer.
+struct Put<'a, S>(&'a mut S);
+
+impl<S: Sink> std::io::Write for Put<'_, S> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.put(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Appends `s` as a JSON string, quotes included.
-pub(crate) fn write_str<W: Write>(s: &str, out: &mut JsonOut<W>) -> std::io::Result<()> {
+pub(crate) fn write_str(s: &str, out: &mut impl Sink) {
     if !needs_escape(s) {
-        // Most strings of a tool input (paths, commands, code without quotes) escape to
-        // themselves: written as they are, as serde_json writes them.
-        out.write_all(b"\"")?;
-        out.write_all(s.as_bytes())?;
-        return out.write_all(b"\"");
-    }
-    if s.len() < SIMD_FROM {
-        serde_json::to_writer(out, s).map_err(std::io::Error::other)
+        out.put(b"\"");
+        out.put(s.as_bytes());
+        out.put(b"\"");
+    } else if s.len() < SIMD_FROM {
+        // Writing a `str` into a sink that cannot fail cannot fail.
+        let _ = serde_json::to_writer(Put(out), s);
     } else {
-        sonic_rs::to_writer(out, s).map_err(std::io::Error::other)
+        let mut escaped = std::mem::take(out.scratch());
+        escaped.clear();
+        let _ = sonic_rs::to_writer(&mut escaped, s);
+        out.put(&escaped);
+        *out.scratch() = escaped;
     }
 }
 
@@ -53,32 +68,34 @@ fn needs_escape(s: &str) -> bool {
 }
 
 /// Appends `v` as compact JSON, in the map's own key order: serde_json's text.
-pub(crate) fn write_value<W: Write>(v: &Value, out: &mut JsonOut<W>) -> std::io::Result<()> {
+pub(crate) fn write_value(v: &Value, out: &mut impl Sink) {
     match v {
         Value::Object(map) => {
-            out.write_all(b"{")?;
+            out.put(b"{");
             for (i, (k, v)) in map.iter().enumerate() {
                 if i > 0 {
-                    out.write_all(b",")?;
+                    out.put(b",");
                 }
-                write_str(k, out)?;
-                out.write_all(b":")?;
-                write_value(v, out)?;
+                write_str(k, out);
+                out.put(b":");
+                write_value(v, out);
             }
-            out.write_all(b"}")
+            out.put(b"}");
         }
         Value::Array(items) => {
-            out.write_all(b"[")?;
+            out.put(b"[");
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.write_all(b",")?;
+                    out.put(b",");
                 }
-                write_value(item, out)?;
+                write_value(item, out);
             }
-            out.write_all(b"]")
+            out.put(b"]");
         }
         Value::String(s) => write_str(s, out),
-        scalar => serde_json::to_writer(out, scalar).map_err(std::io::Error::other),
+        scalar => {
+            let _ = serde_json::to_writer(Put(out), scalar);
+        }
     }
 }
 
@@ -86,12 +103,27 @@ pub(crate) fn write_value<W: Write>(v: &Value, out: &mut JsonOut<W>) -> std::io:
 mod tests {
     use super::*;
 
+    /// Text collected in a vector, with its own scratch buffer.
+    #[derive(Default)]
+    struct Text {
+        bytes: Vec<u8>,
+        scratch: Vec<u8>,
+    }
+
+    impl Sink for Text {
+        fn put(&mut self, bytes: &[u8]) {
+            self.bytes.extend_from_slice(bytes);
+        }
+
+        fn scratch(&mut self) -> &mut Vec<u8> {
+            &mut self.scratch
+        }
+    }
+
     fn written(v: &Value) -> String {
-        let mut bytes = Vec::new();
-        let mut out = json_out(&mut bytes);
-        write_value(v, &mut out).expect("a Vec takes any bytes");
-        drop(out);
-        String::from_utf8(bytes).expect("JSON text is UTF-8")
+        let mut out = Text::default();
+        write_value(v, &mut out);
+        String::from_utf8(out.bytes).expect("JSON text is UTF-8")
     }
 
     #[test]

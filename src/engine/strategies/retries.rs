@@ -10,7 +10,7 @@ use siphasher::sip::SipHasher13;
 
 use serde_json::Value;
 
-use crate::engine::json_str::{JsonOut, json_out, write_str, write_value};
+use crate::engine::json_str::{Sink, write_str, write_value};
 
 /// 128-bit hash of tool + canonical input (two independent 64-bit halves).
 pub fn call_hash(tool: &str, input: &Value) -> u128 {
@@ -19,43 +19,37 @@ pub fn call_hash(tool: &str, input: &Value) -> u128 {
         hashed.push(b.to_ascii_lowercase());
     }
     hashed.push(0);
-    // Strings are escaped into the writer's own buffer, reused for the whole call.
-    write_canonical(input, &mut json_out(&mut hashed));
+    write_canonical(input, &mut hashed);
     hashed.finish()
 }
 
-/// Where the canonical text is written: in front of the hashers.
-type Out<'a> = JsonOut<&'a mut Buffered>;
-
 /// Compact JSON with object keys sorted, written straight into `out` (no string per key).
 /// Strings and scalars are serde_json's text (`json_str` escapes long strings with SIMD,
-/// the same bytes): the text the stored hashes were taken from. The hashers cannot fail.
-fn write_canonical(v: &Value, out: &mut Out<'_>) {
+/// the same bytes): the text the stored hashes were taken from.
+fn write_canonical(v: &Value, out: &mut Buffered) {
     match v {
         Value::Object(map) => {
             // Keys are unique: an unstable sort orders them as a stable one would.
             let mut entries: Vec<(&String, &Value)> = map.iter().collect();
             entries.sort_unstable_by_key(|&(k, _)| k);
-            let _ = out.write_all(b"{");
+            out.put(b"{");
             for (k, v) in entries {
-                let _ = write_str(k, out);
-                let _ = out.write_all(b":");
+                write_str(k, out);
+                out.put(b":");
                 write_canonical(v, out);
-                let _ = out.write_all(b",");
+                out.put(b",");
             }
-            let _ = out.write_all(b"}");
+            out.put(b"}");
         }
         Value::Array(items) => {
-            let _ = out.write_all(b"[");
+            out.put(b"[");
             for item in items {
                 write_canonical(item, out);
-                let _ = out.write_all(b",");
+                out.put(b",");
             }
-            let _ = out.write_all(b"]");
+            out.put(b"]");
         }
-        scalar => {
-            let _ = write_value(scalar, out);
-        }
+        scalar => write_value(scalar, out),
     }
 }
 
@@ -66,6 +60,8 @@ struct Buffered {
     buf: [u8; BUFFERED],
     len: usize,
     halves: Halves,
+    /// Where sonic-rs escapes long strings (allocated for the first, kept for the call).
+    scratch: Vec<u8>,
 }
 
 /// Bytes [`Buffered`] collects before it hashes them.
@@ -77,6 +73,7 @@ impl Default for Buffered {
             buf: [0; BUFFERED],
             len: 0,
             halves: Halves::default(),
+            scratch: Vec::new(),
         }
     }
 }
@@ -106,12 +103,13 @@ impl Buffered {
     }
 }
 
-impl Write for Buffered {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+impl Sink for Buffered {
+    fn put(&mut self, bytes: &[u8]) {
         if bytes.len() > BUFFERED.saturating_sub(self.len) {
             self.drain();
             if bytes.len() >= BUFFERED {
-                return self.halves.write(bytes);
+                let _ = self.halves.write(bytes);
+                return;
             }
         }
         let end = self.len.saturating_add(bytes.len());
@@ -119,11 +117,10 @@ impl Write for Buffered {
             free.copy_from_slice(bytes);
             self.len = end;
         }
-        Ok(bytes.len())
     }
 
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
+    fn scratch(&mut self) -> &mut Vec<u8> {
+        &mut self.scratch
     }
 }
 
