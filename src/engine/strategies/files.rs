@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use super::tool_is;
+use super::{str_field, tool_is};
 
 /// Tools that read or change one file named in their input.
 const SINGLE_FILE_TOOLS: &[&str] = &[
@@ -26,7 +26,7 @@ pub fn file_paths(tool: &str, input: &Value) -> Vec<String> {
     if tool_is(tool, SINGLE_FILE_TOOLS) {
         let path = ["filePath", "file_path", "path", "notebook_path"]
             .iter()
-            .find_map(|k| input.get(k).and_then(Value::as_str));
+            .find_map(|k| str_field(input, k));
         return path
             .map(normalize)
             .filter(|p| !p.is_empty())
@@ -36,7 +36,7 @@ pub fn file_paths(tool: &str, input: &Value) -> Vec<String> {
     if tool_is(tool, PATCH_TOOLS) {
         let text = ["patchText", "patch", "input", "diff"]
             .iter()
-            .find_map(|k| input.get(k).and_then(Value::as_str))
+            .find_map(|k| str_field(input, k))
             .unwrap_or_default();
         let mut paths: Vec<String> = patch_paths(text).map(normalize).collect();
         paths.sort();

@@ -20,6 +20,8 @@
 //!
 //! [`StrategyMark`]: crate::domain::StrategyMark
 
+use serde_json::Value;
+
 mod code_blocks;
 mod commit;
 mod errors;
@@ -58,4 +60,24 @@ pub fn superseded_text(by_call: &str) -> String {
 /// Tool names compared the way hosts spell them (`Read`, `read`, `mcp_server_read`).
 pub(crate) fn tool_is(tool: &str, names: &[&str]) -> bool {
     names.iter().any(|n| tool.eq_ignore_ascii_case(n))
+}
+
+/// Inputs with at most this many fields are searched by comparing keys.
+const SCANNED_FIELDS: usize = 8;
+
+/// The field `key` of a tool input, as `Value::get` finds it. Looked up for every call by
+/// several strategies; an input holds a handful of fields, and comparing their keys costs
+/// less than hashing the key wanted (serde_json's map hashes with SipHash).
+pub(crate) fn input_field<'a>(input: &'a Value, key: &str) -> Option<&'a Value> {
+    let map = input.as_object()?;
+    if map.len() <= SCANNED_FIELDS {
+        map.iter().find_map(|(k, v)| (k == key).then_some(v))
+    } else {
+        map.get(key)
+    }
+}
+
+/// The string field `key` of a tool input (`None`: absent or not a string).
+pub(crate) fn str_field<'a>(input: &'a Value, key: &str) -> Option<&'a str> {
+    input_field(input, key).and_then(Value::as_str)
 }

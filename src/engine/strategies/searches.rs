@@ -5,21 +5,22 @@
 use serde_json::Value;
 
 use super::files::normalize;
-use super::tool_is;
+use super::{str_field, tool_is};
 
 /// The supersede key of a search call (`None`: not one).
 pub fn search_key(tool: &str, input: &Value) -> Option<String> {
-    let field = |k: &str| input.get(k).and_then(Value::as_str).unwrap_or_default();
+    let glob = tool_is(tool, &["glob"]);
+    if !glob && !tool_is(tool, &["grep"]) {
+        return None; // most calls: nothing looked up, nothing normalized
+    }
+    let field = |k: &str| str_field(input, k).unwrap_or_default();
     let path = normalize(field("path"));
     // Joined in one allocation: `format!` cost more than the rest of the call's keys.
-    if tool_is(tool, &["glob"]) {
+    if glob {
         return Some(["glob:", &path, "\u{0}", field("pattern")].concat());
     }
-    if tool_is(tool, &["grep"]) {
-        let include = field("include");
-        return Some(["grep:", &path, "\u{0}", field("pattern"), "\u{0}", include].concat());
-    }
-    None
+    let include = field("include");
+    Some(["grep:", &path, "\u{0}", field("pattern"), "\u{0}", include].concat())
 }
 
 #[cfg(test)]

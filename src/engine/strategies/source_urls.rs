@@ -3,11 +3,11 @@
 
 use serde_json::Value;
 
-use super::tool_is;
+use super::{str_field, tool_is};
 
 /// The supersede key of a fetch or search call (`None`: neither).
 pub fn url_key(tool: &str, input: &Value) -> Option<String> {
-    let field = |k: &str| input.get(k).and_then(Value::as_str).map(str::trim);
+    let field = |k: &str| str_field(input, k).map(str::trim);
     if tool_is(tool, &["webfetch", "web_fetch", "fetch"]) {
         let url = field("url")?;
         // The fragment never reaches the server: same document.

@@ -5,12 +5,12 @@
 
 use serde_json::Value;
 
-use super::tool_is;
+use super::{input_field, str_field, tool_is};
 
 /// The supersede key of a state query (`None`: not one).
 pub fn query_key(tool: &str, input: &Value) -> Option<String> {
     if tool_is(tool, &["list", "ls"]) {
-        let path = input.get("path").and_then(Value::as_str).unwrap_or(".");
+        let path = str_field(input, "path").unwrap_or(".");
         return Some(["state:ls ", path.trim()].concat());
     }
     if !tool_is(
@@ -19,9 +19,8 @@ pub fn query_key(tool: &str, input: &Value) -> Option<String> {
     ) {
         return None;
     }
-    let command = input
-        .get("command")
-        .or_else(|| input.get("cmd"))
+    let command = input_field(input, "command")
+        .or_else(|| input_field(input, "cmd"))
         .and_then(Value::as_str)?;
     // Decided by the first two words; only a state query's key is built (this runs for
     // every shell call, most of them not queries, some of them long scripts).
