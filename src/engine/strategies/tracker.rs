@@ -402,10 +402,10 @@ impl Tracker {
         });
         let l = held.get_mut();
         let stale = if l.order > h.order {
-            let by = l.call.to_string();
+            let by = String::from(&*l.call);
             (h, by)
         } else {
-            let by = h.call.to_string();
+            let by = String::from(&*h.call);
             (std::mem::replace(l, h), by)
         };
         self.supersede(st, stale.0, stale.1, path.as_deref());
@@ -427,7 +427,7 @@ impl Tracker {
 
     fn failed_call(&mut self, hash: u128, h: Holder) {
         if let Some(ok) = self.succeeded.get(&hash).filter(|ok| ok.order > h.order) {
-            let by = ok.call.to_string();
+            let by = String::from(&*ok.call);
             self.supersede(Strategy::PruneRetryParts, h, by, None);
             return;
         }
@@ -456,7 +456,7 @@ impl Tracker {
             self.failed.insert(hash, newer);
         }
         for f in older {
-            self.supersede(Strategy::PruneRetryParts, f, h.call.to_string(), None);
+            self.supersede(Strategy::PruneRetryParts, f, String::from(&*h.call), None);
         }
     }
 
