@@ -6,7 +6,8 @@
 //! ping-pong ack latency, `GetContext` latency of a ~200K-token session, and the server's
 //! resident memory. Each compared figure has a target and is marked `MISS` below it.
 //!
-//! Reading order: this file (flags, the run), `workload.rs` (the updates, from traces),
+//! Reading order: this file (flags, the run), `workload.rs` (the updates, from traces;
+//! `prepared.rs` builds an ingest case's before its clock starts),
 //! `drive.rs` (one stream driven, compactd's or the echo's), `echo.rs` (the echo
 //! service), `spawn.rs` (the child processes), `stats.rs` (percentiles, RSS, the raw BPE
 //! rate), `report.rs` (the tables and the JSON document).
@@ -16,6 +17,7 @@
 
 pub mod drive;
 pub mod echo;
+pub mod prepared;
 mod raw;
 pub mod report;
 pub mod spawn;
@@ -32,6 +34,7 @@ use prost::Message as _;
 use tonic::transport::{Channel, Endpoint};
 
 use self::drive::{Compactd, Driven, Echo, Wire, drive};
+use self::prepared::Prepared;
 use self::report::{
     ContextRow, IngestRow, Latency, LatencyRow, Rate, Report, Rss, ServerInfo, Target,
     WorkloadInfo, median_round, ratio,
@@ -561,14 +564,20 @@ impl Bench<'_> {
         } else {
             Some(self.echo_pid)
         };
+        // Every stream's updates are built before the clock starts (see `prepared.rs`).
+        let budget = prepared::BUDGET / streams.max(1);
+        let prepared: Vec<Prepared> = (0..streams)
+            .map(|s| {
+                let plan = self.plan(label, Sizing::Exact(size), tokenizer, s);
+                Prepared::new(self.pool.updates(plan), per, budget)
+            })
+            .collect();
         let cpu_before = pid.and_then(stats::cpu_seconds);
         let began = Instant::now();
         let deadline = began + self.args.duration;
-        let tasks: Vec<_> = (0..streams)
-            .map(|s| {
-                let mut updates =
-                    self.pool
-                        .updates(self.plan(label, Sizing::Exact(size), tokenizer, s));
+        let tasks: Vec<_> = prepared
+            .into_iter()
+            .map(|mut updates| {
                 let wire = wire.clone();
                 tokio::spawn(async move {
                     let d = drive(wire, &mut updates, per, window, deadline).await;
