@@ -5,7 +5,9 @@ use std::future::poll_fn;
 use std::time::Duration;
 
 use compactd::server::pb;
-use compactd::server::transport::{MAX_CONCURRENT_STREAMS, MAX_HEADER_LIST_SIZE, STREAM_WINDOW};
+use compactd::server::transport::{
+    MAX_CONCURRENT_STREAMS, MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE, STREAM_WINDOW,
+};
 
 use crate::common::*;
 
@@ -53,6 +55,50 @@ async fn the_server_advertises_its_stream_limit_and_receive_window() {
     .await
     .expect("window granted");
     assert_eq!(granted, STREAM_WINDOW as usize);
+}
+
+#[tokio::test]
+async fn the_server_settings_frame_carries_every_limit_it_sets() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = start_server().await;
+    let mut tcp = tokio::net::TcpStream::connect(server.addr)
+        .await
+        .expect("connect");
+    // The client preface and an empty SETTINGS frame; the server's first frame is its
+    // SETTINGS (RFC 9113 §3.4).
+    tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .expect("preface");
+    let mut head = [0u8; 9];
+    tokio::time::timeout(Duration::from_secs(5), tcp.read_exact(&mut head))
+        .await
+        .expect("a frame in time")
+        .expect("frame header");
+    assert_eq!(head[3], 0x4, "a SETTINGS frame first: {head:?}");
+    let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+    let mut body = vec![0u8; len];
+    tcp.read_exact(&mut body).await.expect("settings");
+    let settings: std::collections::HashMap<u16, u32> = body
+        .chunks_exact(6)
+        .map(|e| {
+            let id = u16::from_be_bytes([e[0], e[1]]);
+            (id, u32::from_be_bytes([e[2], e[3], e[4], e[5]]))
+        })
+        .collect();
+    // SETTINGS_MAX_CONCURRENT_STREAMS, _INITIAL_WINDOW_SIZE, _MAX_FRAME_SIZE,
+    // _MAX_HEADER_LIST_SIZE.
+    assert_eq!(
+        settings.get(&0x3),
+        Some(&MAX_CONCURRENT_STREAMS),
+        "{settings:?}"
+    );
+    assert_eq!(settings.get(&0x4), Some(&STREAM_WINDOW), "{settings:?}");
+    assert_eq!(settings.get(&0x5), Some(&MAX_FRAME_SIZE), "{settings:?}");
+    assert_eq!(
+        settings.get(&0x6),
+        Some(&MAX_HEADER_LIST_SIZE),
+        "{settings:?}"
+    );
 }
 
 #[tokio::test]
