@@ -41,8 +41,9 @@ impl Prepared {
         }
     }
 
-    /// Updates built ahead and not handed out yet.
-    pub fn ready(&self) -> usize {
+    /// Updates built ahead and not handed out yet (what the tests check the budget by).
+    #[cfg(test)]
+    fn ready(&self) -> usize {
         self.ready.len()
     }
 
