@@ -37,6 +37,13 @@ use compactd::trace::{self, Export};
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+// And its options: without them jemalloc's thread-cache upkeep and purging ran inside the
+// timed updates (callgrind: 67.4k instructions per strategy turn at 10,000 messages
+// against 63-64k with them).
+#[cfg(not(target_env = "msvc"))]
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static MALLOC_CONF: &[u8; 69] = compactd::cli::JEMALLOC_CONF;
+
 fn main() {
     divan::main();
 }

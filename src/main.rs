@@ -24,21 +24,10 @@ use compactd::trace;
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-/// jemalloc's compiled-in options, read at its first allocation (`_RJEM_MALLOC_CONF` in
-/// the environment still overrides them):
-/// - `background_thread`: purging runs on jemalloc's own thread, so pages are returned
-///   while compactd is idle too, not only on a later allocation;
-/// - `dirty_decay_ms:250`, `muzzy_decay_ms:0`: freed pages go back to the OS
-///   (`MADV_DONTNEED`, so RSS drops) over 250 ms. 0 ms measured lowest RSS but 2.5x the
-///   CPU under churn; jemalloc's defaults (10 s, no background thread) kept churn RSS
-///   at 2.6-2.8x the held bytes and 1.1 GB after deleting 1,000 sessions;
-/// - `narenas:2`: jemalloc's default is 4 arenas per CPU of the node, not of the
-///   container, and each arena keeps its own partly used pages; 2 measured the lowest
-///   RSS under churn (2 cores: 1.85-1.91x at peak, against 2.04-2.14x with the default).
+/// jemalloc's options (`cli::JEMALLOC_CONF` says what each is for).
 #[cfg(not(target_env = "msvc"))]
 #[unsafe(export_name = "_rjem_malloc_conf")]
-static MALLOC_CONF: &[u8; 69] =
-    b"background_thread:true,narenas:2,dirty_decay_ms:250,muzzy_decay_ms:0\0";
+static MALLOC_CONF: &[u8; 69] = cli::JEMALLOC_CONF;
 
 fn main() -> ExitCode {
     let layered = match cli::parse_layered(std::env::args_os().collect()) {

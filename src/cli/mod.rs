@@ -9,10 +9,12 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+mod allocator;
 pub mod bench;
 mod layers;
 pub mod logging;
 
+pub use allocator::JEMALLOC_CONF;
 pub use layers::{LayerError, Layered, Source, parse_layered, print_config};
 
 use crate::config::{
