@@ -37,9 +37,10 @@ use compactd::trace::{self, Export};
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-// And its options: without them jemalloc's thread-cache upkeep and purging ran inside the
-// timed updates (callgrind: 67.4k instructions per strategy turn at 10,000 messages
-// against 63-64k with them).
+// And its options, so the engine is timed under the allocator settings `compactd serve`
+// runs with. Callgrind counts fewer instructions per strategy turn under them (62.6-64.0k
+// at 10,000 messages, 67.4k under jemalloc's defaults), yet timed turns were slower
+// (README "One optimization unit": purged pages fault again when reused).
 #[cfg(not(target_env = "msvc"))]
 #[unsafe(export_name = "_rjem_malloc_conf")]
 static MALLOC_CONF: &[u8; 69] = compactd::cli::JEMALLOC_CONF;
