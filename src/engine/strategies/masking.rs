@@ -30,23 +30,26 @@ impl Masking {
     }
 
     /// A tool result (completed or failed) at `at`; `protected` ones count toward the
-    /// newest `keep` but are never masked. Returns the results that fell out of the
-    /// newest `keep` with this one and may be masked.
-    pub fn on_result(&mut self, at: PartRef, protected: bool, keep: u32) -> Vec<PartRef> {
+    /// newest `keep` but are never masked. Hands `mask` each result that fell out of the
+    /// newest `keep` with this one (no list built: it runs for every tool result).
+    pub fn on_result(
+        &mut self,
+        at: PartRef,
+        protected: bool,
+        keep: u32,
+        mut mask: impl FnMut(PartRef),
+    ) {
         if !self.seen.insert(at.part.clone()) {
-            return Vec::new(); // a re-sent result is not a new one
+            return; // a re-sent result is not a new one
         }
         self.results.push((at, protected));
         let keep = usize::try_from(keep).unwrap_or(usize::MAX);
-        let mut out = Vec::new();
         while self.results.len().saturating_sub(self.queued) > keep {
-            let (at, protected) = &self.results[self.queued];
-            if !protected {
-                out.push(at.clone());
+            if let Some((at, false)) = self.results.get(self.queued) {
+                mask(at.clone());
             }
             self.queued += 1;
         }
-        out
     }
 }
 
@@ -120,22 +123,41 @@ mod tests {
         }
     }
 
+    /// The results `on_result` hands out for one new result.
+    fn masked(m: &mut Masking, at: PartRef, protected: bool, keep: u32) -> Vec<PartRef> {
+        let mut out = Vec::new();
+        m.on_result(at, protected, keep, |v| out.push(v));
+        out
+    }
+
     #[test]
     fn results_beyond_the_newest_keep_are_masked_once() {
         let mut m = Masking::default();
-        assert!(m.on_result(at(0), false, 2).is_empty());
-        assert!(m.on_result(at(1), false, 2).is_empty());
-        assert_eq!(m.on_result(at(2), false, 2), vec![at(0)]);
-        assert!(m.on_result(at(2), false, 2).is_empty(), "re-sent");
-        assert_eq!(m.on_result(at(3), false, 2), vec![at(1)]);
+        assert!(masked(&mut m, at(0), false, 2).is_empty());
+        assert!(masked(&mut m, at(1), false, 2).is_empty());
+        assert_eq!(masked(&mut m, at(2), false, 2), vec![at(0)]);
+        assert!(masked(&mut m, at(2), false, 2).is_empty(), "re-sent");
+        assert_eq!(masked(&mut m, at(3), false, 2), vec![at(1)]);
     }
 
     #[test]
     fn protected_results_count_but_are_never_masked() {
         let mut m = Masking::default();
-        m.on_result(at(0), true, 1);
-        assert!(m.on_result(at(1), false, 1).is_empty(), "p0 is protected");
-        assert_eq!(m.on_result(at(2), false, 1), vec![at(1)]);
+        masked(&mut m, at(0), true, 1);
+        assert!(
+            masked(&mut m, at(1), false, 1).is_empty(),
+            "p0 is protected"
+        );
+        assert_eq!(masked(&mut m, at(2), false, 1), vec![at(1)]);
+    }
+
+    #[test]
+    fn a_smaller_keep_masks_every_result_beyond_it_at_once() {
+        let mut m = Masking::default();
+        for i in 0..4 {
+            masked(&mut m, at(i), i == 1, 10);
+        }
+        assert_eq!(masked(&mut m, at(4), false, 1), vec![at(0), at(2), at(3)]);
     }
 
     #[test]

@@ -64,6 +64,10 @@ struct Holder {
     protected: bool,
 }
 
+/// Decisions a turn typically queues: up to this many, the queue's set and list keep their
+/// capacity from one commit to the next.
+const KEPT_QUEUE: usize = 64;
+
 /// Age strategies and the user turns a message must be older than.
 const AGED: [(Strategy, usize); 3] = [
     (Strategy::PruneFiles, FILE_AGE_TURNS),
@@ -170,10 +174,17 @@ impl Tracker {
 
     /// Takes the pending decisions for a commit.
     pub fn take_pending(&mut self) -> Vec<Pending> {
-        // A fresh set, not `clear()`: clearing walks the whole capacity, which a rebuild
-        // over a long history leaves large, so every later commit paid for it.
-        self.queued = Default::default();
-        std::mem::take(&mut self.pending)
+        // `clear()` walks the whole capacity, which a rebuild over a long history leaves
+        // large: a set that large is dropped, a turn-sized one is cleared and kept, so the
+        // next turn's decisions do not grow a table from nothing again.
+        if self.queued.capacity() > KEPT_QUEUE {
+            self.queued = Default::default();
+        } else {
+            self.queued.clear();
+        }
+        let taken = std::mem::take(&mut self.pending);
+        self.pending = Vec::with_capacity(taken.len().min(KEPT_QUEUE));
+        taken
     }
 
     /// Rebuilds the state from the messages, exactly as the updates would have built it.
@@ -300,12 +311,18 @@ impl Tracker {
                 || paths.iter().any(|p| self.globs.is_match(p)),
         };
         if on(Strategy::MaskObservations) {
-            for victim in self
-                .masking
-                .on_result(holder.at.clone(), holder.protected, s.mask_keep)
-            {
-                self.queue(victim, Strategy::MaskObservations, String::new(), 0);
-            }
+            let (queued, pending) = (&mut self.queued, &mut self.pending);
+            self.masking
+                .on_result(holder.at.clone(), holder.protected, s.mask_keep, |victim| {
+                    queue(
+                        queued,
+                        pending,
+                        victim,
+                        Strategy::MaskObservations,
+                        String::new(),
+                        0,
+                    );
+                });
         }
         if on(Strategy::CapLargeOutputs)
             && t.state.status == ToolStatus::Completed
@@ -329,52 +346,42 @@ impl Tracker {
             }
             return;
         }
-        let mut keys: Vec<(Strategy, String)> = Vec::new();
-        let mut add = |st: Strategy, key: Option<String>| {
-            if let Some(key) = key.filter(|_| on(st)) {
-                keys.push((st, key));
-            }
-        };
-        add(Strategy::SupersedeTodos, todo_key(&t.tool));
-        add(Strategy::PruneSourceUrls, url_key(&t.tool, &t.state.input));
-        add(
-            Strategy::StateQuerySupersede,
-            query_key(&t.tool, &t.state.input),
-        );
-        add(
-            Strategy::PruneSnapshots,
-            snapshot_key(&t.tool, &s.snapshot_tools),
-        );
-        add(
-            Strategy::SupersedeSearches,
-            search_key(&t.tool, &t.state.input),
-        );
-        for p in &paths {
-            add(Strategy::AggressiveFilePrune, Some(prefixed("file:", p)));
-        }
-        if let Some(hash) = hash {
-            add(Strategy::SupersedeDuplicates, Some(call_key(hash)));
-            if on(Strategy::PruneRetryParts) {
-                self.succeeded_call(hash, &holder);
-            }
+        if let Some(hash) = hash.filter(|_| on(Strategy::PruneRetryParts)) {
+            self.succeeded_call(hash, &holder);
         }
         if paths.len() > 1 && on(Strategy::AggressiveFilePrune) {
             self.remaining
                 .entry(holder.at.clone())
                 .or_insert_with(|| paths.clone());
         }
-        // Each key but the last gets a copy of the holder; the last gets it.
-        let last = keys.len().saturating_sub(1);
-        let mut holder = Some(holder);
-        for (i, (st, key)) in keys.into_iter().enumerate() {
-            let h = if i == last {
-                holder.take()
-            } else {
-                holder.clone()
-            };
-            if let Some(h) = h {
-                self.offer(st, key, h);
+        // Each key the call holds, in this order; keys are built only for strategies on.
+        let mut offer = |st: Strategy, key: &dyn Fn() -> Option<String>| {
+            if on(st)
+                && let Some(key) = key()
+            {
+                self.offer(st, key, holder.clone());
             }
+        };
+        offer(Strategy::SupersedeTodos, &|| todo_key(&t.tool));
+        offer(Strategy::PruneSourceUrls, &|| {
+            url_key(&t.tool, &t.state.input)
+        });
+        offer(Strategy::StateQuerySupersede, &|| {
+            query_key(&t.tool, &t.state.input)
+        });
+        offer(Strategy::PruneSnapshots, &|| {
+            snapshot_key(&t.tool, &s.snapshot_tools)
+        });
+        offer(Strategy::SupersedeSearches, &|| {
+            search_key(&t.tool, &t.state.input)
+        });
+        for p in &paths {
+            offer(Strategy::AggressiveFilePrune, &|| {
+                Some(prefixed("file:", p))
+            });
+        }
+        if let Some(hash) = hash {
+            offer(Strategy::SupersedeDuplicates, &|| Some(call_key(hash)));
         }
     }
 
@@ -461,14 +468,27 @@ impl Tracker {
     }
 
     fn queue(&mut self, at: PartRef, strategy: Strategy, by: String, keep: u64) {
-        if self.queued.insert((at.clone(), strategy)) {
-            self.pending.push(Pending {
-                at,
-                strategy,
-                by,
-                keep,
-            });
-        }
+        queue(&mut self.queued, &mut self.pending, at, strategy, by, keep);
+    }
+}
+
+/// Queues a decision unless the same one waits already ([`Tracker::queue`] on the two
+/// fields, so a caller holding another field mutably can queue too).
+fn queue(
+    queued: &mut FastSet<(PartRef, Strategy)>,
+    pending: &mut Vec<Pending>,
+    at: PartRef,
+    strategy: Strategy,
+    by: String,
+    keep: u64,
+) {
+    if queued.insert((at.clone(), strategy)) {
+        pending.push(Pending {
+            at,
+            strategy,
+            by,
+            keep,
+        });
     }
 }
 
@@ -496,12 +516,12 @@ fn prefixed(prefix: &str, rest: &str) -> String {
 /// `format!("call:{hash:032x}")`, which snapshots hold, without the formatter).
 fn call_key(hash: u128) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut key = String::with_capacity(37);
-    key.push_str("call:");
-    for i in (0..32).rev() {
-        key.push(char::from(HEX[((hash >> (i * 4)) & 0xf) as usize]));
+    let mut key = *b"call:00000000000000000000000000000000";
+    for (i, digit) in key[5..].iter_mut().rev().enumerate() {
+        *digit = HEX[((hash >> (i * 4)) & 0xf) as usize];
     }
-    key
+    // Only ASCII was written: the conversion cannot fail.
+    String::from_utf8(key.to_vec()).unwrap_or_default()
 }
 
 #[cfg(test)]
