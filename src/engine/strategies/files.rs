@@ -71,10 +71,13 @@ pub fn normalize(path: &str) -> String {
     let path = path.trim();
     // Most paths are normal already (no empty, `.` or `..` segment past a leading `/`):
     // they are their own normal form, with no vector of segments to join.
+    // Split as bytes: `/` is one byte, and a byte loop is cheaper than `str::split`'s
+    // searcher on paths this short.
     let normal = path
-        .split('/')
+        .as_bytes()
+        .split(|&b| b == b'/')
         .enumerate()
-        .all(|(i, seg)| !matches!(seg, "." | "..") && (i == 0 || !seg.is_empty()));
+        .all(|(i, seg)| !matches!(seg, b"." | b"..") && (i == 0 || !seg.is_empty()));
     if normal {
         return path.to_string();
     }
