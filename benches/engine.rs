@@ -39,8 +39,9 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 // And its options, so the engine is timed under the allocator settings `compactd serve`
 // runs with. Callgrind counts fewer instructions per strategy turn under them (62.6-64.0k
-// at 10,000 messages, 67.4k under jemalloc's defaults), yet timed turns were slower
-// (README "One optimization unit": purged pages fault again when reused).
+// at 10,000 messages, 67.4k under jemalloc's defaults); timed, one set of rounds made
+// them slower and ten later rounds showed no difference beyond the machine's spread
+// (README "One optimization unit").
 #[cfg(not(target_env = "msvc"))]
 #[unsafe(export_name = "_rjem_malloc_conf")]
 static MALLOC_CONF: &[u8; 69] = compactd::cli::JEMALLOC_CONF;
