@@ -64,6 +64,7 @@ use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 
 pub use auth::{AuthConfig, BearerToken};
+pub use counting::THREAD_PREFIX as COUNT_THREAD_PREFIX;
 pub use hub::{CompactionConfig, Hub};
 pub use request::DEFAULT_MAX_UPDATE_BYTES;
 pub use service::SessionsService;

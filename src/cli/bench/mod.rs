@@ -572,6 +572,11 @@ impl Bench<'_> {
                 Prepared::new(self.pool.updates(plan), per, budget)
             })
             .collect();
+        // The counting threads are compactd's alone (the echo has none).
+        let counting =
+            |pid: u32| stats::threads_cpu_seconds(pid, crate::server::COUNT_THREAD_PREFIX);
+        let count_pid = pid.filter(|_| W::HOLDS_SESSIONS);
+        let count_before = count_pid.and_then(counting);
         let cpu_before = pid.and_then(stats::cpu_seconds);
         let began = Instant::now();
         let deadline = began + self.args.duration;
@@ -603,10 +608,12 @@ impl Bench<'_> {
             }
         }
         let elapsed = began.elapsed().as_secs_f64();
-        let cpu = cpu_before
-            .zip(pid.and_then(stats::cpu_seconds))
-            .map(|(before, after)| (after - before).max(0.0));
-        let rate = Rate::new(acked, bytes, elapsed).with_cpu(cpu);
+        let spent = |before: Option<f64>, after: Option<f64>| {
+            before.zip(after).map(|(b, a)| (a - b).max(0.0))
+        };
+        let cpu = spent(cpu_before, pid.and_then(stats::cpu_seconds));
+        let count = spent(count_before, count_pid.and_then(counting));
+        let rate = Rate::new(acked, bytes, elapsed).with_cpu(cpu, count);
         if W::HOLDS_SESSIONS {
             self.delete(&sessions).await;
         }

@@ -112,6 +112,10 @@ pub struct Rate {
     /// None when its pid is unknown, e.g. `--target`, or for the raw BPE reference). It
     /// shows why a ratio is what it is: each side's cost, apart from the shared client.
     pub server_cpu_us: Option<f64>,
+    /// Of that, what its counting threads spent per update (the BPE counts of long texts
+    /// off the async runtime), in microseconds; None for the echo, the raw BPE reference
+    /// and with `--target`. It splits a BPE row's cost into the counting and the rest.
+    pub count_cpu_us: Option<f64>,
 }
 
 impl Rate {
@@ -124,14 +128,19 @@ impl Rate {
             updates_per_s: per_s(updates as f64),
             mb_per_s: per_s(bytes as f64) / 1e6,
             server_cpu_us: None,
+            count_cpu_us: None,
         }
     }
 
-    /// The same, with `cpu_seconds` of the serving process spread over its updates.
-    pub fn with_cpu(mut self, cpu_seconds: Option<f64>) -> Rate {
-        self.server_cpu_us = cpu_seconds
-            .filter(|_| self.updates > 0)
-            .map(|s| s * 1e6 / self.updates as f64);
+    /// The same, with `cpu_seconds` of the serving process, and `count_seconds` of its
+    /// counting threads, spread over its updates.
+    pub fn with_cpu(mut self, cpu_seconds: Option<f64>, count_seconds: Option<f64>) -> Rate {
+        let per_update = |s: Option<f64>| {
+            s.filter(|_| self.updates > 0)
+                .map(|s| s * 1e6 / self.updates as f64)
+        };
+        self.server_cpu_us = per_update(cpu_seconds);
+        self.count_cpu_us = per_update(count_seconds);
         self
     }
 }
@@ -306,13 +315,14 @@ impl Report {
         );
         let _ = writeln!(
             o,
-            "\nINGEST (MB/s: protobuf bytes of the updates; CPU: the serving process's CPU µs per update)\n{:<6} {:>7} {:<9} {:>11} {:>8} {:>6}   {:<22} {:>11} {:>8} {:>6} {:>7} {:>11}  {:<8}",
+            "\nINGEST (MB/s: protobuf bytes of the updates; CPU: the serving process's CPU µs per update; count: the part its counting threads took)\n{:<6} {:>7} {:<9} {:>11} {:>8} {:>6} {:>6}   {:<22} {:>11} {:>8} {:>6} {:>7} {:>11}  {:<8}",
             "part",
             "streams",
             "tokenizer",
             "updates/s",
             "MB/s",
             "CPU",
+            "count",
             "reference",
             "updates/s",
             "MB/s",
@@ -329,13 +339,14 @@ impl Report {
             );
             let _ = writeln!(
                 o,
-                "{:<6} {:>7} {:<9} {:>11.0} {:>8.1} {:>6}   {:<22} {:>11.0} {:>8.1} {:>6} {:>7} {:>11}  {:<8}{}",
+                "{:<6} {:>7} {:<9} {:>11.0} {:>8.1} {:>6} {:>6}   {:<22} {:>11.0} {:>8.1} {:>6} {:>7} {:>11}  {:<8}{}",
                 size(r.part_bytes),
                 r.streams,
                 r.tokenizer,
                 r.compactd.updates_per_s,
                 r.compactd.mb_per_s,
                 cpu(r.compactd.server_cpu_us),
+                cpu(r.compactd.count_cpu_us),
                 r.reference,
                 r.reference_rate.updates_per_s,
                 r.reference_rate.mb_per_s,

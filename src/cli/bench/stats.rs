@@ -54,6 +54,30 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     cpu_seconds_of(&stat)
 }
 
+/// CPU time the threads of process `pid` whose names start with `prefix` have used so far
+/// (user and system, in seconds), as [`cpu_seconds`] counts it; None where
+/// `/proc/<pid>/task` cannot be read. Threads that ended are not counted.
+pub fn threads_cpu_seconds(pid: u32, prefix: &str) -> Option<f64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut seconds = 0.0;
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue; // the thread ended meanwhile
+        };
+        if thread_name_of(&stat).is_some_and(|name| name.starts_with(prefix)) {
+            seconds += cpu_seconds_of(&stat).unwrap_or(0.0);
+        }
+    }
+    Some(seconds)
+}
+
+/// The command (thread) name of one `/proc/<pid>/stat` line: between the first `(` and
+/// the last `)`.
+fn thread_name_of(stat: &str) -> Option<&str> {
+    let (_, rest) = stat.split_once('(')?;
+    Some(rest.rsplit_once(')')?.0)
+}
+
 /// [`cpu_seconds`] of one `/proc/<pid>/stat` line: `utime` and `stime` are the 14th and
 /// 15th fields, counted after the command name, which may itself hold spaces and
 /// parentheses (hence the last `)`).
@@ -154,5 +178,46 @@ mod tests {
             let me = cpu_seconds(std::process::id());
             assert!(me.is_some_and(|s| s >= 0.0), "{me:?}");
         }
+    }
+
+    #[test]
+    fn a_thread_is_known_by_its_name() {
+        let line = "4243 (compactd-count-) S 1 4242 4242 0 -1 4194560 1200 0 0 0 250 125 0";
+        assert_eq!(thread_name_of(line), Some("compactd-count-"));
+        let line = "4244 (tokio (rt) worker) S 1";
+        assert_eq!(thread_name_of(line), Some("tokio (rt) worker"));
+        assert_eq!(thread_name_of("no parenthesis"), None);
+        if !cfg!(target_os = "linux") {
+            return;
+        }
+        // A named thread of this process that works until the kernel has charged it a
+        // tick (10 ms) is counted under its name's prefix, and only there. The loop gives
+        // it up to 5 s.
+        let prefix = "bench-stats-t";
+        let before = threads_cpu_seconds(std::process::id(), prefix);
+        assert_eq!(before, Some(0.0));
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let worker = std::thread::Builder::new()
+            .name(format!("{prefix}-1"))
+            .spawn(move || {
+                let mut x = 0u64;
+                while rx.try_recv().is_err() {
+                    x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+                }
+            })
+            .expect("spawn a thread");
+        let charged = (0..500).find_map(|_| {
+            std::thread::sleep(Duration::from_millis(10));
+            threads_cpu_seconds(std::process::id(), prefix).filter(|s| *s > 0.0)
+        });
+        let _ = tx.send(());
+        let _ = worker.join();
+        // (Not compared with the whole process's: the kernel scales each figure it
+        // reports on its own, so one thread's may read a tick above its process's.)
+        assert!(charged.is_some(), "the thread was never charged");
+        assert_eq!(
+            threads_cpu_seconds(std::process::id(), "no-such-thread"),
+            Some(0.0)
+        );
     }
 }
