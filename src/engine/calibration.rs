@@ -5,15 +5,20 @@
 //! Every report says how many tokens the provider counted for a request whose size the
 //! engine predicted as `base + Σ estimate_c`: the base is the previous request's reported
 //! prompt, and the estimates are, by class, what the model wrote in that request (its
-//! reported output, which reads back into the next prompt more or less whole: reasoning
-//! is often dropped) and what was added since (tool output, code, prose, as the session's
-//! tokenizer counts them). The correction is the ridge regression
+//! reported output: the text and the reasoning apart, since hosts and providers carry its
+//! reasoning into the next request of the same turn or not at all), what a new user turn
+//! removes (providers drop the reasoning of earlier turns: Anthropic documents it as
+//! `(input_tokens − previous_thinking_tokens) + current_turn_tokens`, and OpenAI's
+//! reasoning items before the last user message are not kept), and what was added since
+//! (tool output, code, prose, as the session's tokenizer counts them). The correction is the ridge regression
 //! `actual − base ≈ Σ f_c · estimate_c` over the session's reports (older ones decayed),
 //! each report weighted by the inverse square of its estimate, so every request counts
 //! alike whatever its size (one huge output the host truncated is one request, not a
 //! thousand), pulled toward a prior (1.0, or what sessions of the same model learned)
-//! that weighs as [`PRIOR_REQUESTS`] requests against the session's decayed evidence. Factors stay within [`MIN_FACTOR`,
-//! `MAX_FACTOR`]. Pure arithmetic, O(1) per report.
+//! that weighs as [`PRIOR_REQUESTS`] requests against the session's decayed evidence.
+//! Factors stay within [`MIN_FACTOR`, `MAX_FACTOR`], except reasoning's, within 0 and 1: a
+//! reported count, not an estimate, of which the next request carries some or none.
+//! Pure arithmetic, O(1) per report.
 
 use serde::{Deserialize, Serialize};
 
@@ -40,6 +45,42 @@ pub fn split_anchor(u: &TokenUsage, rule: CacheCounting) -> (u64, u64) {
     }
 }
 
+/// What one report anchors the next request on: the prompt it counted, and what the model
+/// wrote, its reasoning apart (reasoning is part of the output for the providers that
+/// report it; a figure above the output was reported apart from it, and is left out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Anchor {
+    /// The prompt the provider counted.
+    pub prompt: u64,
+    /// What the model wrote other than reasoning.
+    pub text: u64,
+    /// The reasoning the model wrote.
+    pub reasoning: u64,
+}
+
+impl Anchor {
+    /// The anchor of one report.
+    pub fn of(u: &TokenUsage, rule: CacheCounting) -> Anchor {
+        let (prompt, written) = split_anchor(u, rule);
+        // Above the output, it was reported apart from it: not part of what is anchored on.
+        let reasoning = if u.reasoning <= written {
+            u.reasoning
+        } else {
+            0
+        };
+        Anchor {
+            prompt,
+            text: written.saturating_sub(reasoning),
+            reasoning,
+        }
+    }
+
+    /// What the model wrote, reasoning included.
+    pub fn written(&self) -> u64 {
+        self.text.saturating_add(self.reasoning)
+    }
+}
+
 /// [`split_anchor`]'s two parts together.
 pub fn anchor_tokens(u: &TokenUsage, rule: CacheCounting) -> u64 {
     let (prompt, written) = split_anchor(u, rule);
@@ -57,16 +98,28 @@ pub enum Class {
     Code,
     /// Prose: user and assistant text, reasoning, everything else.
     Prose,
-    /// What the model wrote in the previous request, by its reported output.
+    /// What the model wrote in the previous request other than reasoning, by its reported
+    /// output.
     Written,
+    /// The reasoning the model wrote in the previous request, by its report; at the first
+    /// request of a new user turn, minus the reasoning the turn's earlier requests carried
+    /// (which the provider drops). Its factor is how much of its reasoning the host sends
+    /// back within a turn.
+    Reasoning,
 }
 
 /// Number of classes.
-const N: usize = 4;
+const N: usize = 5;
 
 impl Class {
     /// Every class, in index order.
-    pub const ALL: [Class; N] = [Class::ToolOutput, Class::Code, Class::Prose, Class::Written];
+    pub const ALL: [Class; N] = [
+        Class::ToolOutput,
+        Class::Code,
+        Class::Prose,
+        Class::Written,
+        Class::Reasoning,
+    ];
 
     fn index(self) -> usize {
         match self {
@@ -74,6 +127,7 @@ impl Class {
             Class::Code => 1,
             Class::Prose => 2,
             Class::Written => 3,
+            Class::Reasoning => 4,
         }
     }
 
@@ -84,6 +138,7 @@ impl Class {
             Class::Code => "code",
             Class::Prose => "prose",
             Class::Written => "written",
+            Class::Reasoning => "reasoning",
         }
     }
 }
@@ -155,8 +210,10 @@ pub const MAX_FACTOR: f64 = 4.0;
 /// Per-class correction factors.
 pub type Factors = [f64; N];
 
-/// The neutral prior: trust the tokenizer.
-pub const NEUTRAL: Factors = [1.0; N];
+/// The neutral prior: trust the tokenizer, and take the model's reasoning as not sent
+/// back until the reports show it is (a drop of reasoning that was never there would be
+/// an under-prediction at every new turn; reasoning taken as absent is one step's).
+pub const NEUTRAL: Factors = [1.0, 1.0, 1.0, 1.0, 0.0];
 
 /// What a session has learned: the decayed normal equations of the regression, and the
 /// factors they give. Every figure is finite (an observation that would make one
@@ -214,7 +271,7 @@ impl Calibration {
     /// Starts from `prior` (what other sessions of the model learned) where this session
     /// has learned nothing yet of its own.
     pub fn set_prior(&mut self, prior: Factors) {
-        self.prior = prior.map(clamp);
+        self.prior = clamp_all(prior);
         self.factors = self.solve().unwrap_or(self.prior);
     }
 
@@ -292,7 +349,7 @@ impl Calibration {
         for (i, v) in f.iter_mut().enumerate() {
             *v = m[i][N] / m[i][i];
         }
-        f.iter().all(|v| v.is_finite()).then(|| f.map(clamp))
+        f.iter().all(|v| v.is_finite()).then(|| clamp_all(f))
     }
 }
 
@@ -339,12 +396,16 @@ impl ModelPriors {
     }
 }
 
-fn clamp(f: f64) -> f64 {
-    if f.is_finite() {
-        f.clamp(MIN_FACTOR, MAX_FACTOR)
-    } else {
-        1.0
+/// Every factor within its class's bounds (a non-finite one is 1.0).
+fn clamp_all(mut f: Factors) -> Factors {
+    for (v, class) in f.iter_mut().zip(Class::ALL) {
+        let (lo, hi) = match class {
+            Class::Reasoning => (0.0, 1.0),
+            _ => (MIN_FACTOR, MAX_FACTOR),
+        };
+        *v = if v.is_finite() { v.clamp(lo, hi) } else { 1.0 };
     }
+    f
 }
 
 #[cfg(test)]
@@ -389,7 +450,7 @@ mod tests {
         big.observe(&by(100_000, 0, 0), 250_000);
         assert!((big.factors()[0] - 1.5).abs() < 0.01, "{:?}", big.factors());
         // A prior from other sessions of the model moves the start.
-        c.set_prior([2.0, 1.0, 1.0, 1.0]);
+        c.set_prior([2.0, 1.0, 1.0, 1.0, 1.0]);
         assert!((c.factors()[0] - 2.166).abs() < 0.01, "{:?}", c.factors());
     }
 
@@ -403,9 +464,46 @@ mod tests {
         c.observe(&by(i64::MAX, i64::MIN, 0), i64::MIN);
         assert!(c.factors().iter().all(|f| f.is_finite()));
         assert!(
-            c.factors()
+            c.factors()[..4]
                 .iter()
                 .all(|f| (MIN_FACTOR..=MAX_FACTOR).contains(f))
+        );
+        assert!((0.0..=1.0).contains(&c.factors()[4]));
+    }
+
+    /// A host that never sends the model's reasoning back (it reports it, and the next
+    /// prompt grows by the text alone) keeps reasoning's factor near 0, below the other
+    /// classes' floor; one that sends it back teaches a factor near 1.
+    #[test]
+    fn reasoning_learns_whether_the_host_sends_it_back() {
+        let written = |text: i64, reasoning: i64| {
+            let mut b = ByClass::default();
+            b.add(Class::Written, text);
+            b.add(Class::Reasoning, reasoning);
+            b
+        };
+        let (mut dropped, mut kept) = (Calibration::default(), Calibration::default());
+        for i in 0..30 {
+            let (text, reasoning) = (100 + 37 * (i % 5), 200 + 450 * ((i * 3) % 7));
+            dropped.observe(&written(text, reasoning), text);
+            kept.observe(&written(text, reasoning), text + reasoning);
+        }
+        let r = Class::Reasoning.index();
+        assert!(dropped.factors()[r] < 0.05, "{:?}", dropped.factors());
+        assert!(kept.factors()[r] > 0.75, "{:?}", kept.factors());
+        // What each predicts for the next request's text and reasoning (150 and 1,650
+        // tokens). The prior of none still holds the second back by a share of one step's
+        // reasoning: the price of never dropping reasoning that was not there.
+        let next = written(150, 1_500);
+        assert!(
+            (140..=160).contains(&dropped.apply(&next)),
+            "{:?}",
+            dropped.factors()
+        );
+        assert!(
+            (1_400..=1_700).contains(&kept.apply(&next)),
+            "{:?}",
+            kept.factors()
         );
     }
 }

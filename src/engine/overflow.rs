@@ -12,9 +12,11 @@
 //!   content class's estimate times the factor the session's usage reports taught it
 //!   (`calibration.rs`). A report describes the request that started the current step, so
 //!   what the model did not write since that request began (tool results) is not in it
-//!   and counts as added. Overflow when `used` or `predicted` is above the threshold.
+//!   and counts as added. After a user message, the reasoning the turn's requests carried
+//!   is taken off (providers drop earlier turns' reasoning). Overflow when `used` or
+//!   `predicted` is above the threshold.
 
-use super::calibration::{Class, anchor_tokens, split_anchor};
+use super::calibration::{Anchor, anchor_tokens};
 use super::session::Session;
 use crate::config::{COMPACTION_BUFFER, CacheCounting, Reserved, Settings};
 use crate::domain::{ModelLimits, TokenUsage};
@@ -179,20 +181,19 @@ impl Settings {
 impl Session {
     /// What the next request adds to the last report's prompt and output, calibrated:
     /// the estimate of what was added since, and the correction of how that report's
-    /// output reads back, by what the session's reports taught. With no report since the
-    /// context began (a new session, a compaction), the whole context is estimated as
-    /// counted: the factors were learned on what requests added on top of a report.
+    /// output reads back (less a finished turn's reasoning), by what the session's reports
+    /// taught. With no report since the context began (a new session, a compaction), the
+    /// whole context is estimated as counted: the factors were learned on what requests
+    /// added on top of a report.
     fn calibrated_delta(&self) -> i64 {
         if self.usage().last().is_none() {
             return self.usage().delta_by().total();
         }
-        let mut added = *self.usage().delta_by();
-        let written = self
-            .usage()
-            .last()
-            .map_or(0, |u| split_anchor(u, self.settings().cache_counting).1);
-        let written = i64::try_from(written).unwrap_or(i64::MAX);
-        added.add(Class::Written, written);
+        let anchor = self.usage().last().map_or(Anchor::default(), |u| {
+            Anchor::of(u, self.settings().cache_counting)
+        });
+        let added = self.usage().added_on(&anchor);
+        let written = i64::try_from(anchor.written()).unwrap_or(i64::MAX);
         self.calibration().apply(&added).saturating_sub(written)
     }
 

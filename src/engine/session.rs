@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::auto::AutoState;
 use super::calibration::{
-    Calibration, Class, Factors, PredictionSample, prompt_tokens, split_anchor, tool_class,
+    Anchor, Calibration, Class, Factors, PredictionSample, prompt_tokens, tool_class,
 };
 use super::error::ApplyError;
 use super::estimate::{PartEstimate, estimate};
@@ -981,6 +981,7 @@ impl Session {
         let completed = info.is_completed_summary().then(|| info.parent_id.clone());
         if info.role == Role::User {
             self.users.push(idx);
+            self.totals.user_turn(); // the provider drops this turn's reasoning
         } else {
             self.request_started(); // a new assistant message is a new request
             self.requests.started(
@@ -1234,14 +1235,15 @@ impl Session {
             .totals
             .usage()
             .last()
-            .map(|u| split_anchor(u, self.settings.cache_counting));
+            .map(|u| Anchor::of(u, self.settings.cache_counting));
         self.totals.request_started(anchor);
     }
 
     /// A provider report arrived.
     fn usage_reported(&mut self, tokens: TokenUsage) {
         let prompt = prompt_tokens(&tokens, self.settings.cache_counting);
-        self.totals.usage_reported(tokens, prompt);
+        let reasoning = Anchor::of(&tokens, self.settings.cache_counting).reasoning;
+        self.totals.usage_reported(tokens, prompt, reasoning);
     }
 
     /// What the usage reports taught about this session's estimates.

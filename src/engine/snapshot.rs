@@ -6,8 +6,8 @@
 //! the non-finite ones are written as names (`config::float`).
 //!
 //! ```text
-//! {"format": 2, "session": {...}}      encode_session / decode_session
-//! {"format": 2, "change": {...}}       encode_change / decode_change
+//! {"format": 3, "session": {...}}      encode_session / decode_session
+//! {"format": 3, "change": {...}}       encode_change / decode_change
 //! ```
 //!
 //! A snapshot holds the engine's internal state as it is (the totals, the prune window,
@@ -37,8 +37,9 @@ use super::session::{Session, SessionState};
 
 /// The format [`encode_session`] and [`encode_change`] write, and the newest the decoders
 /// read (older ones are migrated up to it). Format 2: sessions have a `tokenizer` setting,
-/// their usage figures are kept by content class, and they carry a calibration.
-pub const SNAPSHOT_FORMAT: u32 = 2;
+/// their usage figures are kept by content class, and they carry a calibration. Format 3:
+/// the model's reasoning is a class of its own, and the usage figures follow user turns.
+pub const SNAPSHOT_FORMAT: u32 = 3;
 
 /// What a document held, for errors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -230,8 +231,9 @@ fn migrate(what: Document, value: Value, from: u32) -> Result<Value, SnapshotErr
     };
     match (from, what) {
         (1, Document::Session) => session_1_to_2(value).map_err(failed),
-        // A change holds updates and plans, which format 2 did not touch.
-        (1, Document::Change) => Ok(value),
+        (2, Document::Session) => session_2_to_3(value).map_err(failed),
+        // A change holds updates and plans, which formats 2 and 3 did not touch.
+        (1 | 2, Document::Change) => Ok(value),
         _ => Err(failed(format!("no migration from format {from}"))),
     }
 }
@@ -269,6 +271,73 @@ fn session_1_to_2(mut v: Value) -> Result<Value, String> {
         serde_json::to_value(super::calibration::Calibration::default())
             .map_err(|e| e.to_string())?,
     );
+    Ok(v)
+}
+
+/// Format 2 → 3: the `reasoning` class joins the four of format 2, last. Its figures
+/// start at zero and so do its factors (the neutral prior: reasoning not sent back until
+/// the reports show it is); the turn state starts empty
+/// (the session's next user turn drops nothing it did not count). Format 2's `written`
+/// figures, which counted reasoning too, stay where they are.
+fn session_2_to_3(mut v: Value) -> Result<Value, String> {
+    const CLASSES: usize = 5;
+    fn pad(slot: Option<&mut Value>, fill: Value, at: &str) -> Result<(), String> {
+        let a = slot
+            .and_then(Value::as_array_mut)
+            .ok_or(format!("{at} is not an array"))?;
+        if a.len() > CLASSES {
+            return Err(format!("{at} has {} classes, more than {CLASSES}", a.len()));
+        }
+        a.resize(CLASSES, fill);
+        Ok(())
+    }
+    let totals = v
+        .get_mut("totals")
+        .and_then(Value::as_object_mut)
+        .ok_or("no totals object")?;
+    let usage = totals
+        .get_mut("usage")
+        .and_then(Value::as_object_mut)
+        .ok_or("no totals.usage object")?;
+    pad(usage.get_mut("delta_by"), 0.into(), "totals.usage.delta_by")?;
+    pad(usage.get_mut("since_by"), 0.into(), "totals.usage.since_by")?;
+    if let Some(start) = usage.get_mut("at_request").filter(|a| !a.is_null()) {
+        pad(
+            start.get_mut("added"),
+            0.into(),
+            "totals.usage.at_request.added",
+        )?;
+    }
+    let calibration = totals
+        .get_mut("calibration")
+        .and_then(Value::as_object_mut)
+        .ok_or("no totals.calibration object")?;
+    let gram = calibration
+        .get_mut("gram")
+        .and_then(Value::as_array_mut)
+        .ok_or("totals.calibration.gram is not an array")?;
+    for row in gram.iter_mut() {
+        pad(Some(row), 0.0.into(), "a row of totals.calibration.gram")?;
+    }
+    if gram.len() > CLASSES {
+        return Err("totals.calibration.gram has more than 5 rows".into());
+    }
+    gram.resize(CLASSES, Value::from(vec![0.0; CLASSES]));
+    pad(
+        calibration.get_mut("moment"),
+        0.0.into(),
+        "totals.calibration.moment",
+    )?;
+    pad(
+        calibration.get_mut("prior"),
+        0.0.into(),
+        "totals.calibration.prior",
+    )?;
+    pad(
+        calibration.get_mut("factors"),
+        0.0.into(),
+        "totals.calibration.factors",
+    )?;
     Ok(v)
 }
 

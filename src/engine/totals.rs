@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::calibration::{ByClass, Calibration, Class, PredictionSample};
+use super::calibration::{Anchor, ByClass, Calibration, Class, PredictionSample};
 use crate::domain::TokenUsage;
 
 /// Usage bookkeeping behind the overflow check.
@@ -27,6 +27,18 @@ pub(crate) struct UsageState {
     since_by: ByClass,
     /// The prediction made when the current request started, which its report checks.
     at_request: Option<RequestStart>,
+    /// Reasoning tokens the reports of the current user turn counted (the last report's
+    /// included): what the turn's next request may carry, and what a new turn drops.
+    #[serde(default)]
+    turn_reasoning: u64,
+    /// A user message arrived since the current request started: the next request starts
+    /// a new turn, without the reasoning of this one.
+    #[serde(default)]
+    turn_ended: bool,
+    /// The current request (started, not reported yet) began a new turn: it does not carry
+    /// the reasoning counted in `turn_reasoning`, and its report starts the count afresh.
+    #[serde(default)]
+    request_new_turn: bool,
 }
 
 /// What the engine predicted when a request started: the previous report's prompt, and
@@ -52,6 +64,29 @@ impl UsageState {
     /// Context tokens cleared since the last report.
     pub(crate) fn pruned(&self) -> u64 {
         self.pruned
+    }
+
+    /// What the next request adds to the last report's prompt, by class: what was added
+    /// since, what the model wrote (`anchor`, the last report's), and at a new user turn
+    /// the reasoning the turn's earlier requests carried, removed.
+    pub(crate) fn added_on(&self, anchor: &Anchor) -> ByClass {
+        let mut added = self.delta_by;
+        added.add(Class::Written, signed(anchor.text));
+        let carried = signed(anchor.reasoning);
+        added.add(
+            Class::Reasoning,
+            carried.saturating_sub(signed(self.dropped())),
+        );
+        added
+    }
+
+    /// The reasoning the next request drops: the turn's, when a user message ended it.
+    fn dropped(&self) -> u64 {
+        if self.turn_ended || self.request_new_turn {
+            self.turn_reasoning
+        } else {
+            0
+        }
     }
 
     /// Context tokens added since the last report, by content class.
@@ -230,13 +265,22 @@ impl Totals {
     /// added so far is input to this request, which its report will cover. `anchor` is
     /// the last report's prompt and output (None: no report since the context began), on
     /// which the prediction this request's report checks is built.
-    pub(crate) fn request_started(&mut self, anchor: Option<(u64, u64)>) {
+    pub(crate) fn request_started(&mut self, anchor: Option<Anchor>) {
         self.usage.since_by = ByClass::default();
-        self.usage.at_request = anchor.map(|(base, written)| {
-            let mut added = self.usage.delta_by;
-            added.add(Class::Written, signed(written));
-            RequestStart { base, added }
+        // Starts with no report between them are one request (a message and its first
+        // `step-start`), or one that never reported: either way the next report's.
+        self.usage.request_new_turn |= self.usage.turn_ended;
+        self.usage.turn_ended = false;
+        self.usage.at_request = anchor.map(|a| RequestStart {
+            base: a.prompt,
+            added: self.usage.added_on(&a),
         });
+    }
+
+    /// A user message arrived: the next request starts a new turn, which does not carry
+    /// the reasoning of this one.
+    pub(crate) fn user_turn(&mut self) {
+        self.usage.turn_ended = true;
     }
 
     /// A provider report is the new baseline of the next request's size; what the model
@@ -244,11 +288,19 @@ impl Totals {
     /// `step-finish` and then its message) is one report. `prompt` is the prompt it
     /// reports (input + cache read + cache write): it checks, and teaches the calibration,
     /// the prediction made when its request started.
-    pub(crate) fn usage_reported(&mut self, tokens: TokenUsage, prompt: u64) {
+    pub(crate) fn usage_reported(&mut self, tokens: TokenUsage, prompt: u64, reasoning: u64) {
         if self.usage.last == Some(tokens) {
             return;
         }
+        // The turn's reasoning so far: a request that began a new turn starts it afresh.
+        let turn_reasoning = if self.usage.request_new_turn {
+            reasoning
+        } else {
+            self.usage.turn_reasoning.saturating_add(reasoning)
+        };
         if let Some(start) = self.usage.at_request.take() {
+            // The tokenizer's estimate as it is: what was added, what the model wrote and
+            // what a new turn drops, with no correction.
             let estimated = start.base.saturating_add_signed(start.added.total());
             let calibrated = start
                 .base
@@ -270,6 +322,9 @@ impl Totals {
             delta_by: self.usage.since_by,
             since_by: ByClass::default(),
             at_request: None,
+            turn_reasoning,
+            turn_ended: self.usage.turn_ended,
+            request_new_turn: false,
         };
     }
 
@@ -337,12 +392,85 @@ mod tests {
             input: 1000,
             ..TokenUsage::default()
         };
-        t.usage_reported(usage, 1000);
+        t.usage_reported(usage, 1000, 0);
         assert_eq!((t.usage().delta(), t.usage().last()), (12, Some(&usage)));
         // The same report twice is one report.
         t.part_changed(None, Some(figures(5, 5, false)));
-        t.usage_reported(usage, 1000);
+        t.usage_reported(usage, 1000, 0);
         assert_eq!(t.usage().delta(), 17);
+    }
+
+    /// A report of `prompt` tokens whose output of `output` held `reasoning`.
+    fn report(t: &mut Totals, prompt: u64, output: u64, reasoning: u64) {
+        let usage = TokenUsage {
+            input: prompt,
+            output,
+            reasoning,
+            ..TokenUsage::default()
+        };
+        t.usage_reported(usage, prompt, reasoning);
+    }
+
+    fn anchor(prompt: u64, output: u64, reasoning: u64) -> Anchor {
+        Anchor {
+            prompt,
+            text: output - reasoning,
+            reasoning,
+        }
+    }
+
+    #[test]
+    fn a_new_user_turn_drops_the_reasoning_its_requests_carried() {
+        let mut t = Totals::default();
+        t.request_started(None);
+        report(&mut t, 1_000, 300, 200);
+        // Within the turn, the next request carries what the model wrote, reasoning too.
+        let a = anchor(1_000, 300, 200);
+        assert_eq!(t.usage().added_on(&a).get(Class::Reasoning), 200);
+        assert_eq!(t.usage().added_on(&a).get(Class::Written), 100);
+        t.request_started(Some(a));
+        report(&mut t, 1_300, 150, 100);
+        // A user message: the next request drops the turn's reasoning, the 200 its prompt
+        // carried and the 100 just written.
+        t.user_turn();
+        let b = anchor(1_300, 150, 100);
+        assert_eq!(t.usage().added_on(&b).get(Class::Reasoning), -200);
+        assert_eq!(t.usage().added_on(&b).get(Class::Written), 50);
+        // A message and its first step-start are one request: the same prediction.
+        t.request_started(Some(b));
+        t.request_started(Some(b));
+        report(&mut t, 1_150, 80, 60);
+        let (_, sample) = t.sample().expect("a checked prediction");
+        assert_eq!((sample.estimated, sample.actual), (1_150, 1_150));
+        // The new turn counts its own reasoning only.
+        let c = anchor(1_150, 80, 60);
+        assert_eq!(t.usage().added_on(&c).get(Class::Reasoning), 60);
+        t.user_turn();
+        assert_eq!(t.usage().added_on(&c).get(Class::Reasoning), 0);
+    }
+
+    #[test]
+    fn a_user_message_during_a_request_ends_the_turn_after_it() {
+        let mut t = Totals::default();
+        t.request_started(None);
+        report(&mut t, 1_000, 300, 200);
+        t.request_started(Some(anchor(1_000, 300, 200)));
+        // The request already sent carries the turn's reasoning; the next one does not.
+        t.user_turn();
+        report(&mut t, 1_300, 100, 40);
+        let d = anchor(1_300, 100, 40);
+        assert_eq!(t.usage().added_on(&d).get(Class::Reasoning), -200);
+        // Without reports of reasoning, a new turn drops nothing.
+        let mut plain = Totals::default();
+        report(&mut plain, 1_000, 300, 0);
+        plain.user_turn();
+        assert_eq!(
+            plain
+                .usage()
+                .added_on(&anchor(1_000, 300, 0))
+                .get(Class::Reasoning),
+            0
+        );
     }
 
     #[test]

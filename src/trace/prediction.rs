@@ -7,9 +7,10 @@
 //! A request is left out when the original run pruned or compacted between it and the
 //! previous request (the recorded prompt then describes a context the replay does not
 //! have), and so is the first request of a session (nothing reported yet to build on).
-//! Modes: `chars4`, `o200k`, `cl100k` (the estimate as each tokenizer counts it) and
-//! `calibrated` (what overflow detection uses: the session's own tokenizer with the
-//! correction its earlier reports taught).
+//! Modes: `chars4`, `o200k`, `cl100k` (the estimate as each tokenizer counts it, with no
+//! correction: what the model wrote comes back whole, its reasoning until a user message
+//! starts a new turn) and `calibrated` (what overflow detection uses: the session's own
+//! tokenizer with the correction its earlier reports taught).
 
 use serde_json::{Value, json};
 

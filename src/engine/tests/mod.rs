@@ -30,6 +30,7 @@ mod rendered_tokens;
 mod snapshot;
 mod strategies;
 mod tokenizer;
+mod turns;
 
 use super::{PruneMode, PrunePlan, PruneReport, Session, Update, eligible_end, estimate};
 use crate::config::{EngineConfig, SessionOverrides};

@@ -701,11 +701,12 @@ fn fixture_scenario() -> (Vec<Change>, usize) {
     (changes, at)
 }
 
-const FIXTURE: &str = include_str!("data/snapshot_v2.json");
+const FIXTURE: &str = include_str!("data/snapshot_v3.json");
+const FIXTURE_V2: &str = include_str!("data/snapshot_v2.json");
 const FIXTURE_V1: &str = include_str!("data/snapshot_v1.json");
 
 #[test]
-fn snapshot_fixture_v2_decodes_to_the_same_context() {
+fn snapshot_fixture_v3_decodes_to_the_same_context() {
     // Regenerate (only with a format bump): COMPACTD_WRITE_FIXTURE=1 cargo test --lib
     // snapshot_fixture.
     let (changes, at) = fixture_scenario();
@@ -716,7 +717,7 @@ fn snapshot_fixture_v2_decodes_to_the_same_context() {
         std::fs::write(
             concat!(
                 env!("CARGO_MANIFEST_DIR"),
-                "/src/engine/tests/data/snapshot_v2.json"
+                "/src/engine/tests/data/snapshot_v3.json"
             ),
             pretty,
         )
@@ -724,10 +725,10 @@ fn snapshot_fixture_v2_decodes_to_the_same_context() {
         return;
     }
     // If this fails, the engine's stored state changed: bump SNAPSHOT_FORMAT, add a
-    // migration from format 2 (snapshot.rs), keep this fixture decoding through it and
+    // migration from format 3 (snapshot.rs), keep this fixture decoding through it and
     // add the new format's fixture.
     let restored = decode_session(FIXTURE.as_bytes())
-        .unwrap_or_else(|e| panic!("the format 2 fixture no longer decodes: {e}"));
+        .unwrap_or_else(|e| panic!("the format 3 fixture no longer decodes: {e}"));
     assert_same(&restored, &s, "the fixture's session");
     let parts: Vec<&Part> = restored
         .messages()
@@ -855,6 +856,66 @@ fn collect_paths(v: &serde_json::Value, at: &mut Vec<Key>, out: &mut Vec<Vec<Key
         }
         _ => {}
     }
+}
+
+/// A format 2 session (written before reasoning was a class of its own) migrates: its
+/// figures and what its calibration learned stay, the new class starts neutral, and it
+/// goes on like the session the scenario builds today.
+#[test]
+fn snapshot_fixture_v2_migrates() {
+    let raw: serde_json::Value = serde_json::from_str(FIXTURE_V2).expect("json");
+    let stored = &raw["session"]["totals"];
+    let restored = decode_session(FIXTURE_V2.as_bytes())
+        .unwrap_or_else(|e| panic!("the format 2 fixture no longer decodes: {e}"));
+    assert_eq!(json!(restored.total_tokens()), stored["tokens"]);
+    let c = restored.calibration();
+    let factors = c.factors();
+    assert_eq!(json!(factors[..4]), stored["calibration"]["factors"]);
+    assert_eq!(
+        factors[4],
+        crate::engine::calibration::NEUTRAL[4],
+        "reasoning starts at the neutral prior"
+    );
+    assert_eq!(
+        json!(c.observations()),
+        stored["calibration"]["observations"]
+    );
+    let mut by = [0i64; 5];
+    for (slot, class) in by.iter_mut().zip(crate::engine::calibration::Class::ALL) {
+        *slot = restored.totals().usage().delta_by().get(class);
+    }
+    assert_eq!(json!(by[..4]), stored["usage"]["delta_by"]);
+    assert_eq!(by[4], 0);
+    // The format 3 fixture is the same session written today: the same context, and the
+    // same decisions from here on.
+    let current = decode_session(FIXTURE.as_bytes()).expect("the format 3 fixture");
+    assert_eq!(restored.build_context(), current.build_context());
+    let (changes, at) = fixture_scenario();
+    let (mut restored, mut current) = (restored, current);
+    at_scale(FIXTURE_SCALE, || {
+        for c in &changes[at..] {
+            let config = rich_config();
+            assert_eq!(
+                restored.perform(c.clone(), &config),
+                current.perform(c.clone(), &config)
+            );
+        }
+    });
+    assert_eq!(restored.held_bytes(), restored.held_bytes_from_scratch());
+}
+
+/// A format 2 document whose class arrays are longer than format 3's is refused, naming
+/// the field.
+#[test]
+fn a_format_2_session_with_too_many_classes_is_refused() {
+    let mut v: serde_json::Value = serde_json::from_str(FIXTURE_V2).expect("json");
+    v["session"]["totals"]["usage"]["delta_by"] = json!([0, 0, 0, 0, 0, 0]);
+    let err = decode_session(&serde_json::to_vec(&v).expect("json")).expect_err("six classes");
+    assert!(
+        matches!(err, SnapshotError::Migration { from: 2, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("totals.usage.delta_by"), "{err}");
 }
 
 /// A format 1 session (written before sessions had a tokenizer and a calibration)
