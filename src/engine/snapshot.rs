@@ -30,7 +30,7 @@ use std::fmt;
 
 use serde::Serialize;
 use serde::de::{self, DeserializeOwned, DeserializeSeed, MapAccess, Visitor};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::change::Change;
 use super::session::{Session, SessionState};
@@ -243,19 +243,8 @@ fn migrate(what: Document, value: Value, from: u32) -> Result<Value, SnapshotErr
 /// the by-class form (all of it as prose: format 1 did not tell), and it starts with an
 /// empty calibration.
 fn session_1_to_2(mut v: Value) -> Result<Value, String> {
-    let settings = v
-        .get_mut("settings")
-        .and_then(Value::as_object_mut)
-        .ok_or("no settings object")?;
-    settings.insert("tokenizer".into(), Value::from("chars4"));
-    let totals = v
-        .get_mut("totals")
-        .and_then(Value::as_object_mut)
-        .ok_or("no totals object")?;
-    let usage = totals
-        .get_mut("usage")
-        .and_then(Value::as_object_mut)
-        .ok_or("no totals.usage object")?;
+    object(&mut v, "/settings")?.insert("tokenizer".into(), Value::from("chars4"));
+    let usage = object(&mut v, "/totals/usage")?;
     let mut take = |key: &str| -> Result<i64, String> {
         usage
             .remove(key)
@@ -266,7 +255,7 @@ fn session_1_to_2(mut v: Value) -> Result<Value, String> {
     usage.insert("delta_by".into(), serde_json::json!([0, 0, delta, 0]));
     usage.insert("since_by".into(), serde_json::json!([0, 0, since, 0]));
     usage.insert("at_request".into(), Value::Null);
-    totals.insert(
+    object(&mut v, "/totals")?.insert(
         "calibration".into(),
         serde_json::to_value(super::calibration::Calibration::default())
             .map_err(|e| e.to_string())?,
@@ -291,14 +280,7 @@ fn session_2_to_3(mut v: Value) -> Result<Value, String> {
         a.resize(CLASSES, fill);
         Ok(())
     }
-    let totals = v
-        .get_mut("totals")
-        .and_then(Value::as_object_mut)
-        .ok_or("no totals object")?;
-    let usage = totals
-        .get_mut("usage")
-        .and_then(Value::as_object_mut)
-        .ok_or("no totals.usage object")?;
+    let usage = object(&mut v, "/totals/usage")?;
     pad(usage.get_mut("delta_by"), 0.into(), "totals.usage.delta_by")?;
     pad(usage.get_mut("since_by"), 0.into(), "totals.usage.since_by")?;
     if let Some(start) = usage.get_mut("at_request").filter(|a| !a.is_null()) {
@@ -308,10 +290,7 @@ fn session_2_to_3(mut v: Value) -> Result<Value, String> {
             "totals.usage.at_request.added",
         )?;
     }
-    let calibration = totals
-        .get_mut("calibration")
-        .and_then(Value::as_object_mut)
-        .ok_or("no totals.calibration object")?;
+    let calibration = object(&mut v, "/totals/calibration")?;
     let gram = calibration
         .get_mut("gram")
         .and_then(Value::as_array_mut)
@@ -339,6 +318,13 @@ fn session_2_to_3(mut v: Value) -> Result<Value, String> {
         "totals.calibration.factors",
     )?;
     Ok(v)
+}
+
+/// The object at `pointer` (`/totals/usage`) of a document being migrated.
+fn object<'a>(v: &'a mut Value, pointer: &str) -> Result<&'a mut Map<String, Value>, String> {
+    v.pointer_mut(pointer)
+        .and_then(Value::as_object_mut)
+        .ok_or_else(|| format!("no {} object", pointer[1..].replace('/', ".")))
 }
 
 /// The payload, read as `T` when the document has the current format.
