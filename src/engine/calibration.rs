@@ -10,12 +10,13 @@
 //! removes (providers drop the reasoning of earlier turns: Anthropic documents it as
 //! `(input_tokens − previous_thinking_tokens) + current_turn_tokens`, and OpenAI's
 //! reasoning items before the last user message are not kept), and what was added since
-//! (tool output, code, prose, as the session's tokenizer counts them). The correction is the ridge regression
-//! `actual − base ≈ Σ f_c · estimate_c` over the session's reports (older ones decayed),
-//! each report weighted by the inverse square of its estimate, so every request counts
-//! alike whatever its size (one huge output the host truncated is one request, not a
-//! thousand), pulled toward a prior (1.0, or what sessions of the same model learned)
-//! that weighs as [`PRIOR_REQUESTS`] requests against the session's decayed evidence.
+//! (tool output, code, prose, as the session's tokenizer counts them). The correction is
+//! the ridge regression `actual − base ≈ Σ f_c · estimate_c` over the session's reports
+//! (older ones decayed), each report weighted by the inverse square of its estimate, so
+//! every request counts alike whatever its size (one huge output the host truncated is
+//! one request, not a thousand), pulled toward a prior ([`NEUTRAL`], or what sessions of
+//! the same model learned) that weighs as [`PRIOR_REQUESTS`] requests against the
+//! session's decayed evidence.
 //! Factors stay within [`MIN_FACTOR`, `MAX_FACTOR`], except reasoning's, within 0 and 1: a
 //! reported count, not an estimate, of which the next request carries some or none.
 //! Pure arithmetic, O(1) per report.
