@@ -316,6 +316,11 @@ export interface TokenUsage {
   total?: number | undefined;
   input: number;
   output: number;
+  /**
+   * Reasoning tokens, counted within `output` (as OpenAI and OpenCode report them). The
+   * provider drops them at the next user turn; compactd's prediction follows. A figure
+   * above `output` is taken as reported apart from it and left out.
+   */
   reasoning: number;
   cache: CacheTokens | undefined;
 }
