@@ -49,7 +49,7 @@ pub fn split_anchor(u: &TokenUsage, rule: CacheCounting) -> (u64, u64) {
 /// What one report anchors the next request on: the prompt it counted, and what the model
 /// wrote, its reasoning apart (reasoning is part of the output for the providers that
 /// report it; a figure above the output was reported apart from it, and is left out).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Anchor {
     /// The prompt the provider counted.
     pub prompt: u64,

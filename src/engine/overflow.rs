@@ -186,12 +186,10 @@ impl Session {
     /// whole context is estimated as counted: the factors were learned on what requests
     /// added on top of a report.
     fn calibrated_delta(&self) -> i64 {
-        if self.usage().last().is_none() {
+        let Some(last) = self.usage().last() else {
             return self.usage().delta_by().total();
-        }
-        let anchor = self.usage().last().map_or(Anchor::default(), |u| {
-            Anchor::of(u, self.settings().cache_counting)
-        });
+        };
+        let anchor = Anchor::of(last, self.settings().cache_counting);
         let added = self.usage().added_on(&anchor);
         let written = i64::try_from(anchor.written()).unwrap_or(i64::MAX);
         self.calibration().apply(&added).saturating_sub(written)
