@@ -3,7 +3,7 @@
 //!
 //! The recorder is process-global (the `metrics` crate's design); it is installed once.
 //! Recording without it does nothing, but still builds each metric's labelled key; the
-//! per-update figures ([`update`]) check [`recording`] first, so a server without
+//! per-update figures ([`update`]) check `recording` first, so a server without
 //! `--metrics-listen` neither builds keys nor reads the clock for them, and a server with
 //! it records through handles each thread registered once per update kind.
 
@@ -219,7 +219,7 @@ fn recording() -> bool {
 }
 
 /// Runs one update through the engine (`apply`) and records it: its count by result and
-/// its duration. Timed only while [`recording`]: otherwise two clock reads and two
+/// its duration. Timed only while `recording`: otherwise two clock reads and two
 /// labelled keys per update would be spent on nothing.
 pub fn update<T, E>(kind: &'static str, apply: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
     if !recording() {
@@ -266,7 +266,7 @@ impl UpdateHandles {
 
 thread_local! {
     /// This thread's handles, one entry per update kind seen (a handful), registered only
-    /// while [`recording`] (a handle taken before the recorder is installed records
+    /// while `recording` (a handle taken before the recorder is installed records
     /// nowhere).
     static UPDATE_HANDLES: std::cell::RefCell<Vec<UpdateHandles>> =
         const { std::cell::RefCell::new(Vec::new()) };

@@ -409,6 +409,8 @@ pub struct ServeArgs {
 /// The compaction model: any OpenAI-compatible chat-completions endpoint.
 #[derive(Debug, Clone, Args)]
 pub struct LlmArgs {
+    // A bare URL in `--help`'s text, which rustdoc would rather see linked.
+    #[allow(rustdoc::bare_urls)]
     /// Base URL, e.g. https://api.openai.com/v1 or http://127.0.0.1:8080/v1. Without it,
     /// compaction reports FAILED_PRECONDITION and everything else works.
     #[arg(long, env = "COMPACTD_LLM_BASE_URL")]

@@ -49,7 +49,7 @@ pub struct OpenAiContext<M = String> {
 }
 
 /// The context as native messages in another shape (the server's protobuf messages),
-/// rendered from parts borrowed from the session ([`Session::context_native_chunks`]),
+/// rendered from parts borrowed from the session (`Session::context_native_chunks`),
 /// with the figures a [`ContextView`] carries.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NativeContext<M> {

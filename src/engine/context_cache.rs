@@ -290,7 +290,7 @@ impl Session {
             .map(|b| self.messages()[b.start].info.id.clone())
     }
 
-    /// [`Self::context_openai`] from `cache` (see [`Self::context_openai_chunks`]): the
+    /// [`Self::context_openai`] from `cache` (see `Self::context_openai_chunks`): the
     /// same JSON text, rendering only the messages that changed since the cache last saw
     /// them.
     pub fn context_openai_cached(&self, cache: &mut ContextCache) -> OpenAiContext {

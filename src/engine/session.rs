@@ -245,7 +245,7 @@ pub(crate) struct SessionState {
 }
 
 impl Serialize for Session {
-    /// The session's state (see [`StateRef`]). Every field is named (no `..`), so a new
+    /// The session's state (see `StateRef`). Every field is named (no `..`), so a new
     /// field cannot be forgotten here.
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         debug_assert!(self.journal.is_none(), "a snapshot inside a trial run");

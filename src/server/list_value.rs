@@ -2,7 +2,7 @@
 //! here): prost's values when decoded or built, or a body already in wire form.
 //!
 //! GetContext's protobuf OpenAI shape is written straight to wire bytes
-//! ([`super::wire_value`]); carrying them in the reply as they are spares building a
+//! (`super::wire_value`); carrying them in the reply as they are spares building a
 //! tree of values that prost would only walk again to encode. The body may come in
 //! chunks, one per context message, shared with the session's context cache
 //! (`engine::ContextCache`): they are written one after the other, never joined first.
@@ -26,7 +26,7 @@ pub struct ListValue {
 
 impl ListValue {
     /// A list whose body is already encoded: repeated `values` entries (field 1), as
-    /// [`super::wire_value::list_body`] writes them. Encodes as exactly these bytes.
+    /// `super::wire_value::list_body` writes them. Encodes as exactly these bytes.
     pub fn from_encoded(body: Vec<u8>) -> ListValue {
         ListValue::from_chunks(vec![Arc::from(body)])
     }

@@ -99,7 +99,7 @@ pub struct BenchArgs {
     /// run); also the started server's `--tokenizer`.
     #[arg(long, default_value = "auto", value_parser = parse_bpe)]
     pub tokenizer: Tokenizer,
-    /// The started server's `--durability` (memory, interval=<ms>, sync); a durable mode
+    /// The started server's `--durability` (`memory`, `interval=<ms>`, `sync`); a durable mode
     /// stores in a fresh directory removed afterwards.
     #[arg(long, default_value = "memory", value_parser = Durability::parse)]
     pub durability: Durability,
