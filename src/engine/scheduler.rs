@@ -14,13 +14,14 @@
 //! - (b) the cache is cold anyway: a new user message arrives more than the TTL after the
 //!   last request (host timestamps); or
 //! - (c) an overflow is near: the next request is predicted at the threshold
-//!   ([`FLUSH_AT`]), where a compaction is the alternative.
+//!   ([`FLUSH_AT`]), where a compaction is the alternative. When it stays there even
+//!   without every part no request has sent yet, nothing is weighed (no trial run).
 //!
 //! Decisions on parts no request has sent yet (a new oversized output) cost nothing to
 //! apply and always apply. With a flat cache model (`none`, or the OpenCode preset)
 //! everything applies at once, as without the scheduler.
 
-use super::overflow::Trigger;
+use super::overflow::{OverflowCheck, Trigger};
 use super::prune::PruneReport;
 pub use super::request_log::Scope;
 use super::session::{Redo, Session};
@@ -85,6 +86,12 @@ pub enum Why {
     TooMany,
 }
 
+/// True when a next request of `next` tokens is at the flush point of `threshold` (rule
+/// (c); never without a known window).
+fn near_overflow(next: u64, threshold: u64) -> bool {
+    threshold > 0 && next as f64 >= FLUSH_AT * threshold as f64
+}
+
 /// True when applying `saved` tokens of changes, the earliest `tail` tokens from the end,
 /// pays over `horizon` requests under `read`/`write` prices (rule (a)).
 pub fn pays(saved: u64, tail: u64, horizon: u64, read: f64, write: f64) -> bool {
@@ -118,12 +125,36 @@ impl Session {
             .saturating_add(parts(sent_msg, 0, sent_parts))
     }
 
+    /// Our estimate of the context (at least 1), and the next request: by the provider's
+    /// count and by that estimate, whichever is larger.
+    fn next_request(&self, check: &OverflowCheck) -> (u64, u64) {
+        let len = self.messages().len();
+        let prompt = self.tokens_between(self.context_from(), len).max(1);
+        (prompt, check.predicted.max(prompt))
+    }
+
+    /// Context tokens in the parts no request has sent yet: the most that changes free
+    /// of cache cost can remove.
+    fn unsent_tokens(&self) -> u64 {
+        let (sent_msg, sent_parts) = self.request_log().sent();
+        let len = self.messages().len();
+        let rest = self.messages().get(sent_msg).map_or(0, |m| {
+            m.parts
+                .get(sent_parts.min(m.parts.len())..)
+                .unwrap_or(&[])
+                .iter()
+                .map(|p| p.context_tokens())
+                .fold(0u64, u64::saturating_add)
+        });
+        rest.saturating_add(self.tokens_between(sent_msg.saturating_add(1).min(len), len))
+    }
+
     /// The automatic commit after a finished assistant message: decides the scope with the
     /// cache model and runs prune and the strategies within it.
     ///
     /// The weighing is a trial run of everything; when the decision is to apply
     /// everything, that run is the commit's (the same run on the same session), so it is
-    /// put back rather than made again.
+    /// put back rather than made again. When the overflow is certain, there is no trial.
     pub(crate) fn auto_commit(&mut self, now_ms: i64) -> (PruneReport, Decision) {
         let (decision, trial) = self.weigh(now_ms, true);
         match trial {
@@ -167,6 +198,29 @@ impl Session {
             return (Decision::at_once(Why::TooMany), None);
         }
         let check = self.check_overflow(Trigger::Finished);
+        if self.overflow_certain(&check) {
+            return (Decision::at_once(Why::NearOverflow), None);
+        }
+        self.weigh_by_trial(check, now_ms, keep)
+    }
+
+    /// True when no trial could bring the next request under the flush point: not even
+    /// removing every part no request has sent yet (the most that changes free of cache
+    /// cost can remove). Weighing is then moot: everything applies, with no trial run to
+    /// capture and undo.
+    pub(crate) fn overflow_certain(&self, check: &OverflowCheck) -> bool {
+        let (_, next) = self.next_request(check);
+        near_overflow(next.saturating_sub(self.unsent_tokens()), check.threshold)
+    }
+
+    /// [`Self::weigh`] by a trial run of everything, rolled back (with `keep`, also
+    /// returning what puts it back).
+    pub(crate) fn weigh_by_trial(
+        &mut self,
+        check: OverflowCheck,
+        now_ms: i64,
+        keep: bool,
+    ) -> (Decision, Option<(PruneReport, Redo)>) {
         let before = self.total_tokens();
         // The run a commit of everything would make (`prune_scoped` with `Scope::All`):
         // committing only takes the queue and moves the prune window on, done on redo.
@@ -183,7 +237,7 @@ impl Session {
     /// the session as it was before the trial.
     fn decide(
         &self,
-        check: super::overflow::OverflowCheck,
+        check: OverflowCheck,
         before: u64,
         after: u64,
         changes: Option<((usize, usize), u64)>,
@@ -194,12 +248,8 @@ impl Session {
         let fresh = before
             .saturating_sub(after)
             .saturating_sub(changes.map_or(0, |c| c.1));
-        // The next request by the provider's count and by our own estimate of the
-        // context, whichever is larger.
-        let len = self.messages().len();
-        let prompt = self.tokens_between(self.context_from(), len).max(1);
-        let next = check.predicted.max(prompt).saturating_sub(fresh);
-        if check.threshold > 0 && next as f64 >= FLUSH_AT * check.threshold as f64 {
+        let (prompt, next) = self.next_request(&check);
+        if near_overflow(next.saturating_sub(fresh), check.threshold) {
             return Decision::at_once(Why::NearOverflow);
         }
         let Some((first, saved)) = changes else {

@@ -5,7 +5,8 @@
 use super::*;
 use crate::config::CacheModel;
 use crate::engine::RecallKey;
-use crate::engine::scheduler::{Why, pays};
+use crate::engine::overflow::Trigger;
+use crate::engine::scheduler::{Decision, Scope, Why, pays};
 
 const T0: i64 = 1_700_000_000_000;
 const TTL: i64 = 300_000;
@@ -347,6 +348,45 @@ fn near_the_threshold_everything_held_applies() {
 }
 
 #[test]
+fn past_the_threshold_whatever_is_sent_next_everything_applies_unweighed() {
+    // Usable 10,000 tokens, threshold 9,200.
+    let limits = ModelLimits {
+        context: 12_000,
+        input: 0,
+        output: 2_000,
+    };
+    let mut s = session(
+        only(&[St::MaskObservations], 1, CacheModel::ANTHROPIC),
+        limits,
+    );
+    turn(&mut s, 1, T0, &[("bash", 400)]);
+    // About 11,000 tokens sent: over the threshold before the next turn adds anything.
+    turn(&mut s, 2, T0 + 1_000, &[("bash", 44_000)]);
+    let small = [("bash", 400)];
+    let mut probe = s.clone();
+    user_says(&mut probe, 3, T0 + 2_000);
+    let mut a = assistant("a3", "u3");
+    a.time.created = T0 + 2_001;
+    go(&mut probe, Update::UpsertMessage(a), T0 + 2_001);
+    let check = probe.check_overflow(Trigger::Finished);
+    assert!(probe.overflow_certain(&check), "{check:?}");
+    // What weighing would have decided, and what the commit decides without it.
+    let (weighed, _) = probe.clone().weigh_by_trial(check, T0 + 2_010, false);
+    assert_eq!(weighed.why, Why::NearOverflow, "{weighed:?}");
+    let d = probe.schedule(T0 + 2_010);
+    assert_eq!(
+        d,
+        Decision {
+            scope: Scope::All,
+            ..weighed
+        }
+    );
+    // The cached a2-p0 is masked at once.
+    let events = turn(&mut s, 3, T0 + 2_000, &small);
+    assert!(marked(&events).contains(&"a2-p0".to_string()), "{events:?}");
+}
+
+#[test]
 fn with_the_none_model_or_the_opencode_preset_decisions_apply_at_once() {
     for o in [
         only(&[St::MaskObservations], 1, CacheModel::NONE),
@@ -410,9 +450,9 @@ fn changed(before: &Session, after: &Session) -> Vec<((usize, usize), u64, u64)>
     out
 }
 
-fn run_turns(turns: &[Turn], keep: u32) -> Result<Session, TestCaseError> {
+fn run_turns(turns: &[Turn], keep: u32, context: u64) -> Result<Session, TestCaseError> {
     let limits = ModelLimits {
-        context: 40_000,
+        context,
         input: 0,
         output: 8_000,
     };
@@ -467,6 +507,12 @@ fn run_turns(turns: &[Turn], keep: u32) -> Result<Session, TestCaseError> {
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         let d = before.clone().schedule(at + 10);
         same_as_weighing_then_committing(&before, at + 10)?;
+        // Weighing skipped because the overflow is certain decides as weighing would.
+        let check = before.check_overflow(Trigger::Finished);
+        if before.overflow_certain(&check) {
+            let (weighed, _) = before.clone().weigh_by_trial(check, at + 10, false);
+            prop_assert_eq!(weighed.why, Why::NearOverflow, "{:?}", weighed);
+        }
         go(&mut s, Update::UpsertMessage(info), at + 10);
         let changes = changed(&before, &s);
         let cached: Vec<_> = changes
@@ -565,8 +611,10 @@ proptest! {
     fn the_scheduler_only_rewrites_the_cache_when_the_cost_model_allows(
         keep in 0u32..4,
         turns in prop::collection::vec(turn_strategy(), 1..14),
+        // Two windows: the small one keeps the session near or past its threshold.
+        context in prop::sample::select(vec![16_000u64, 40_000]),
     ) {
-        run_turns(&turns, keep)?;
+        run_turns(&turns, keep, context)?;
     }
 
     /// Masking and the cap decide the same whether the session streamed in live or was
