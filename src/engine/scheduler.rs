@@ -24,7 +24,7 @@
 use super::overflow::{OverflowCheck, Trigger};
 use super::prune::PruneReport;
 pub use super::request_log::Scope;
-use super::session::{Redo, Session};
+use super::session::{SentChanges, Session};
 
 /// Share of the threshold at which held decisions apply whatever the cache costs: when
 /// the next request would cross it, a compaction (which rewrites the whole prompt) is the
@@ -154,19 +154,18 @@ impl Session {
     ///
     /// The weighing is a trial run of everything; when the decision is to apply
     /// everything, that run is the commit's (the same run on the same session), so it is
-    /// put back rather than made again. When the overflow is certain, there is no trial.
+    /// kept rather than undone and made again. When the overflow is certain, there is no
+    /// trial.
     pub(crate) fn auto_commit(&mut self, now_ms: i64) -> (PruneReport, Decision) {
-        let (decision, trial) = self.weigh(now_ms, true);
-        match trial {
-            Some((report, redo)) if decision.scope == Scope::All => {
-                self.redo(redo);
+        match self.weigh(now_ms, true) {
+            (decision, Some(report)) => {
                 self.strategies_committed();
                 if report.committed {
                     self.prune_plan_committed();
                 }
                 (report, decision)
             }
-            _ => (self.prune_scoped(now_ms, decision.scope), decision),
+            (decision, None) => (self.prune_scoped(now_ms, decision.scope), decision),
         }
     }
 
@@ -187,9 +186,10 @@ impl Session {
         self.weigh(now_ms, false).0
     }
 
-    /// [`Self::schedule`], also returning (with `keep`) the trial run it weighed: its
-    /// report, and what puts its outcome back.
-    fn weigh(&mut self, now_ms: i64, keep: bool) -> (Decision, Option<(PruneReport, Redo)>) {
+    /// [`Self::schedule`]; with `keep`, a trial run deciding to apply everything is kept,
+    /// and its report returned (the commit then only takes the queue and moves the prune
+    /// window on).
+    fn weigh(&mut self, now_ms: i64, keep: bool) -> (Decision, Option<PruneReport>) {
         let model = self.settings().cache_model;
         if model.is_flat() {
             return (Decision::at_once(Why::Flat), None);
@@ -213,49 +213,60 @@ impl Session {
         near_overflow(next.saturating_sub(self.unsent_tokens()), check.threshold)
     }
 
-    /// [`Self::weigh`] by a trial run of everything, rolled back (with `keep`, also
-    /// returning what puts it back).
+    /// [`Self::weigh`] by a trial run of everything: the run a commit of everything would
+    /// make (`prune_scoped` with `Scope::All`), decided on as it left the session, then
+    /// rolled back unless `keep` and the decision is to apply everything (then its
+    /// report is returned).
     pub(crate) fn weigh_by_trial(
         &mut self,
         check: OverflowCheck,
         now_ms: i64,
         keep: bool,
-    ) -> (Decision, Option<(PruneReport, Redo)>) {
+    ) -> (Decision, Option<PruneReport>) {
         let before = self.total_tokens();
-        // The run a commit of everything would make (`prune_scoped` with `Scope::All`):
-        // committing only takes the queue and moves the prune window on, done on redo.
-        let ((report, after, changes), redo) = self.trial_keeping(keep, |s| {
-            let report = s.prune_run(now_ms, false, Scope::All, false);
-            (report, s.total_tokens(), s.sent_changes())
-        });
-        let decision = self.decide(check, before, after, changes);
-        (decision, redo.map(|r| (report, r)))
+        let next = self.next_request(&check);
+        let (report, decision, kept) = self.trial_judged(
+            |s| s.prune_run(now_ms, false, Scope::All, false),
+            |s, _| {
+                let decision = s.decide(&check, next, before, s.sent_changes());
+                (decision, keep && decision.scope == Scope::All)
+            },
+        );
+        (decision, kept.then_some(report))
     }
 
-    /// The scope, from the trial's figures (`before`/`after`: total tokens around it;
-    /// `changes`: its earliest change to a cached part and what those changes save) and
-    /// the session as it was before the trial.
+    /// The scope, from a trial's outcome, with the session as the trial left it: `next`
+    /// is [`Self::next_request`] and `before` the total tokens, both from before the
+    /// trial; `changes` its changes to cached parts.
     fn decide(
         &self,
-        check: OverflowCheck,
+        check: &OverflowCheck,
+        (prompt, next): (u64, u64),
         before: u64,
-        after: u64,
-        changes: Option<((usize, usize), u64)>,
+        changes: Option<SentChanges>,
     ) -> Decision {
         let model = self.settings().cache_model;
         // What changes to unsent parts remove applies in any case: the next request is
         // near the threshold only if it stays so without them.
         let fresh = before
-            .saturating_sub(after)
-            .saturating_sub(changes.map_or(0, |c| c.1));
-        let (prompt, next) = self.next_request(&check);
+            .saturating_sub(self.total_tokens())
+            .saturating_sub(changes.map_or(0, |c| c.saved));
         if near_overflow(next.saturating_sub(fresh), check.threshold) {
             return Decision::at_once(Why::NearOverflow);
         }
-        let Some((first, saved)) = changes else {
+        let Some(SentChanges {
+            first,
+            saved,
+            grown,
+        }) = changes
+        else {
             return Decision::at_once(Why::NothingCached);
         };
-        let tail = self.cached_after(first);
+        // The cached tokens from `first` on as they were before the trial changed them.
+        let tail = self
+            .cached_after(first)
+            .saturating_add(saved)
+            .saturating_sub(grown);
         let requests = self.request_log().count().max(1);
         // Requests left before the threshold at the average growth per request so far.
         let growth = (prompt / requests).max(1);

@@ -68,17 +68,21 @@ struct Journal {
     parts: Vec<PriorRendering>,
 }
 
-/// What a trial left on the parts it changed, taken before it was rolled back, so
-/// [`Session::redo`] can put its outcome back without running it again.
-#[derive(Debug)]
-pub(crate) struct Redo {
-    totals: Totals,
-    /// Each changed part once, with its rendering at the trial's end.
-    parts: Vec<RenderingAt>,
+/// What a trial run changed among the parts a request has already sent (the cache
+/// scheduler's rewrite cost), from [`Session::sent_changes`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SentChanges {
+    /// The earliest changed part (message, part).
+    pub(crate) first: (usize, usize),
+    /// Context tokens the changed parts lost (those that shrank).
+    pub(crate) saved: u64,
+    /// Context tokens the changed parts gained (those that grew: a prune placeholder
+    /// longer than a short output).
+    pub(crate) grown: u64,
 }
 
 /// A part's rendering fields at one moment (mark, prune stamp, reduced size): what a
-/// trial rolls back to, and what a redo puts back.
+/// trial rolls back to.
 #[derive(Debug, Clone)]
 struct RenderingAt {
     msg: usize,
@@ -436,10 +440,10 @@ impl Session {
         self.by_msg.range(from, to)
     }
 
-    /// What a trial run changed among the parts a request has already sent: the earliest
-    /// of them, and the context tokens their changes saved (changes to parts no request
-    /// has sent are free and not counted).
-    pub(crate) fn sent_changes(&self) -> Option<((usize, usize), u64)> {
+    /// What the trial run in progress changed among the parts a request has already sent
+    /// (changes to parts no request has sent are free and not counted); `None` outside a
+    /// trial or when it changed none of them.
+    pub(crate) fn sent_changes(&self) -> Option<SentChanges> {
         let journal = self.journal.as_ref()?;
         let mut first: FastMap<(usize, usize), u64> = FastMap::default();
         for p in &journal.parts {
@@ -452,11 +456,17 @@ impl Session {
         // that outranks it): the cached prefix survives it.
         first.retain(|&(m, pi), before| self.messages[m].parts[pi].context_tokens() != *before);
         let earliest = *first.keys().min()?;
-        let saved = first.iter().fold(0u64, |acc, (&(m, pi), &before)| {
+        let (mut saved, mut grown) = (0u64, 0u64);
+        for (&(m, pi), &before) in &first {
             let now = self.messages[m].parts[pi].context_tokens();
-            acc.saturating_add(before.saturating_sub(now))
-        });
-        Some((earliest, saved))
+            saved = saved.saturating_add(before.saturating_sub(now));
+            grown = grown.saturating_add(now.saturating_sub(before));
+        }
+        Some(SentChanges {
+            first: earliest,
+            saved,
+            grown,
+        })
     }
 
     /// Bytes of the per-message token index (counted with the bytes held).
@@ -748,38 +758,28 @@ impl Session {
     /// same path as the commit it previews. `trial` must change the session only through
     /// [`Self::rerender`].
     pub(crate) fn trial<T>(&mut self, trial: impl FnOnce(&mut Session) -> T) -> T {
-        self.trial_keeping(false, trial).0
+        self.trial_judged(trial, |_, _| ((), false)).0
     }
 
-    /// [`Self::trial`], also returning (with `keep`) what [`Self::redo`] needs to put the
-    /// trial's outcome back: the cache scheduler weighs a run as a trial and, when it
-    /// decides to apply everything, keeps that run instead of making it again.
-    pub(crate) fn trial_keeping<T>(
+    /// [`Self::trial`], with `judge` looking at the session as the trial left it (its
+    /// changes still journaled, for [`Self::sent_changes`]) and saying whether to keep
+    /// them: the cache scheduler weighs a run as a trial and, when it decides to apply
+    /// everything, keeps that run instead of undoing it and making it again. Returns the
+    /// trial's value, the judgement, and whether the changes were kept.
+    pub(crate) fn trial_judged<T, D>(
         &mut self,
-        keep: bool,
         trial: impl FnOnce(&mut Session) -> T,
-    ) -> (T, Option<Redo>) {
+        judge: impl FnOnce(&Session, &T) -> (D, bool),
+    ) -> (T, D, bool) {
         self.journal = Some(Journal {
             totals: self.totals,
             parts: Vec::new(),
         });
         let out = trial(self);
-        let mut redo = None;
-        if let Some(journal) = self.journal.take() {
-            if keep {
-                let mut seen: FastSet<(usize, usize)> = FastSet::default();
-                let parts = journal
-                    .parts
-                    .iter()
-                    .map(|p| (p.rendering.msg, p.rendering.pi))
-                    .filter(|&at| seen.insert(at))
-                    .map(|(msg, pi)| RenderingAt::of(&self.messages[msg].parts[pi], msg, pi))
-                    .collect();
-                redo = Some(Redo {
-                    totals: self.totals,
-                    parts,
-                });
-            }
+        let (judged, keep) = judge(self, &out);
+        if let Some(journal) = self.journal.take()
+            && !keep
+        {
             for prior in journal.parts.into_iter().rev() {
                 let msg = prior.rendering.msg;
                 self.set_rendering(prior.rendering);
@@ -789,20 +789,11 @@ impl Session {
             }
             self.totals = journal.totals;
         }
-        (out, redo)
+        (out, judged, keep)
     }
 
-    /// Puts back the outcome of the trial `redo` was taken from. Valid only while the
-    /// session is as that trial found it (the scheduler redoes right after weighing).
-    pub(crate) fn redo(&mut self, redo: Redo) {
-        for r in redo.parts {
-            self.set_rendering(r);
-        }
-        self.totals = redo.totals;
-    }
-
-    /// Sets a part's rendering fields back to `r` (a rollback or a redo; the totals are
-    /// restored whole by the caller) and moves the per-message index with them.
+    /// Sets a part's rendering fields back to `r` (a rollback; the totals are restored
+    /// whole by the caller) and moves the per-message index with them.
     fn set_rendering(&mut self, r: RenderingAt) {
         self.touch(r.msg);
         let stored = &mut self.messages[r.msg].parts[r.pi];

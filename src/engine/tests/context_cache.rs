@@ -136,7 +136,7 @@ fn new_settings_render_every_message_again() {
 }
 
 #[test]
-fn a_trial_rolled_back_then_redone_reads_as_its_outcome() {
+fn a_trial_rolled_back_reads_as_before_and_a_kept_one_as_its_outcome() {
     let (mut s, _) = twice_read();
     let mut cache = ContextCache::default();
     let before = s.context_openai_cached(&mut cache).json;
@@ -146,16 +146,23 @@ fn a_trial_rolled_back_then_redone_reads_as_its_outcome() {
         time: NOW,
         keep: 0,
     };
-    let ((), redo) = s.trial_keeping(true, |s| {
-        s.rerender(1, 0, Rendering::Mark(Some(mark)), true);
-    });
+    let run = |s: &mut Session, keep: bool| {
+        let ((), (), kept) = s.trial_judged(
+            |s| {
+                s.rerender(1, 0, Rendering::Mark(Some(mark.clone())), true);
+            },
+            |_, _| ((), keep),
+        );
+        assert_eq!(kept, keep);
+    };
+    run(&mut s, false);
     // Rolled back: the context as before, and nothing rendered again (the message got
     // its revision back with its rendering).
     let rendered = cache.rendered_reused().0;
     assert_eq!(s.context_openai_cached(&mut cache).json, before);
     assert_eq!(cache.rendered_reused().0, rendered);
-    s.redo(redo.expect("kept"));
+    run(&mut s, true);
     let after = s.context_openai_cached(&mut cache).json;
-    assert_ne!(after, before, "the redone mark shows");
-    assert_fresh(&s, &mut cache, "after the redo");
+    assert_ne!(after, before, "the kept mark shows");
+    assert_fresh(&s, &mut cache, "after the kept trial");
 }
