@@ -324,9 +324,9 @@ fn a_saving_that_pays_for_the_rewrite_applies_at_once() {
     assert_eq!(d.why, Why::Pays, "{d:?}");
 }
 
-#[test]
-fn near_the_threshold_everything_held_applies() {
-    // Usable 10,000 tokens, threshold 9,200.
+/// Masking (keep 1) in a window of 10,000 usable tokens (threshold 9,200), after one
+/// turn with a 400-character output.
+fn small_window_after_one_turn() -> Session {
     let limits = ModelLimits {
         context: 12_000,
         input: 0,
@@ -337,6 +337,12 @@ fn near_the_threshold_everything_held_applies() {
         limits,
     );
     turn(&mut s, 1, T0, &[("bash", 400)]);
+    s
+}
+
+#[test]
+fn near_the_threshold_everything_held_applies() {
+    let mut s = small_window_after_one_turn();
     let small = turn(&mut s, 2, T0 + 1_000, &[("bash", 3_000)]);
     assert!(
         !marked(&small).contains(&"a1-p0".to_string()),
@@ -349,17 +355,7 @@ fn near_the_threshold_everything_held_applies() {
 
 #[test]
 fn past_the_threshold_whatever_is_sent_next_everything_applies_unweighed() {
-    // Usable 10,000 tokens, threshold 9,200.
-    let limits = ModelLimits {
-        context: 12_000,
-        input: 0,
-        output: 2_000,
-    };
-    let mut s = session(
-        only(&[St::MaskObservations], 1, CacheModel::ANTHROPIC),
-        limits,
-    );
-    turn(&mut s, 1, T0, &[("bash", 400)]);
+    let mut s = small_window_after_one_turn();
     // About 11,000 tokens sent: over the threshold before the next turn adds anything.
     turn(&mut s, 2, T0 + 1_000, &[("bash", 44_000)]);
     let small = [("bash", 400)];
