@@ -1,7 +1,7 @@
 //! The context cache: a call renders only the messages that changed since the cache last
 //! saw them, and reads exactly as a context rendered whole after every kind of change
 //! (the traces' every change is checked in `tests/snapshot.rs`; here the changes the
-//! traces never make: pins on carried messages, new settings, a trial redone).
+//! traces never make: pins on carried messages, new settings, a trial rolled back or kept).
 
 use super::*;
 use crate::config::Strategy;
