@@ -753,17 +753,8 @@ fn snapshot_fixture_v3_decodes_to_the_same_context() {
         "usage"
     );
     // And it goes on like the live session.
-    let mut live = s;
-    let mut restored = restored;
-    at_scale(FIXTURE_SCALE, || {
-        for c in &changes[at..] {
-            let config = rich_config();
-            assert_eq!(
-                live.perform(c.clone(), &config),
-                restored.perform(c.clone(), &config)
-            );
-        }
-    });
+    let (mut live, mut restored) = (s, restored);
+    go_on_alike(&mut live, &mut restored, &changes[at..]);
     assert_same(&live, &restored, "after the rest of the scenario");
 }
 
@@ -858,15 +849,33 @@ fn collect_paths(v: &serde_json::Value, at: &mut Vec<Key>, out: &mut Vec<Vec<Key
     }
 }
 
+/// Performs `changes` on both sessions (at the fixture's scale), checking each gives
+/// both the same outcome.
+fn go_on_alike(a: &mut Session, b: &mut Session, changes: &[Change]) {
+    at_scale(FIXTURE_SCALE, || {
+        for c in changes {
+            let config = rich_config();
+            assert_eq!(a.perform(c.clone(), &config), b.perform(c.clone(), &config));
+        }
+    });
+}
+
+/// An older format's fixture `text` (format `format`): its JSON, to compare the stored
+/// figures with, and the session it decodes to.
+fn old_fixture(text: &str, format: u32) -> (serde_json::Value, Session) {
+    let raw = serde_json::from_str(text).expect("json");
+    let restored = decode_session(text.as_bytes())
+        .unwrap_or_else(|e| panic!("the format {format} fixture no longer decodes: {e}"));
+    (raw, restored)
+}
+
 /// A format 2 session (written before reasoning was a class of its own) migrates: its
 /// figures and what its calibration learned stay, the new class starts neutral, and it
 /// goes on like the session the scenario builds today.
 #[test]
 fn snapshot_fixture_v2_migrates() {
-    let raw: serde_json::Value = serde_json::from_str(FIXTURE_V2).expect("json");
+    let (raw, restored) = old_fixture(FIXTURE_V2, 2);
     let stored = &raw["session"]["totals"];
-    let restored = decode_session(FIXTURE_V2.as_bytes())
-        .unwrap_or_else(|e| panic!("the format 2 fixture no longer decodes: {e}"));
     assert_eq!(json!(restored.total_tokens()), stored["tokens"]);
     let c = restored.calibration();
     let factors = c.factors();
@@ -892,15 +901,7 @@ fn snapshot_fixture_v2_migrates() {
     assert_eq!(restored.build_context(), current.build_context());
     let (changes, at) = fixture_scenario();
     let (mut restored, mut current) = (restored, current);
-    at_scale(FIXTURE_SCALE, || {
-        for c in &changes[at..] {
-            let config = rich_config();
-            assert_eq!(
-                restored.perform(c.clone(), &config),
-                current.perform(c.clone(), &config)
-            );
-        }
-    });
+    go_on_alike(&mut restored, &mut current, &changes[at..]);
     assert_eq!(restored.held_bytes(), restored.held_bytes_from_scratch());
 }
 
@@ -924,10 +925,8 @@ fn a_format_2_session_with_too_many_classes_is_refused() {
 /// decisions may differ from a session built today: the prediction is calibrated now.)
 #[test]
 fn snapshot_fixture_v1_migrates() {
-    let raw: serde_json::Value = serde_json::from_str(FIXTURE_V1).expect("json");
+    let (raw, restored) = old_fixture(FIXTURE_V1, 1);
     let stored = &raw["session"]["totals"];
-    let restored = decode_session(FIXTURE_V1.as_bytes())
-        .unwrap_or_else(|e| panic!("the format 1 fixture no longer decodes: {e}"));
     assert_eq!(
         restored.settings().tokenizer,
         crate::tokens::Tokenizer::Chars4
