@@ -231,6 +231,24 @@ impl Builder {
         })
     }
 
+    /// A `write` call of the 4 KB output as a file's content, sent running and then
+    /// completed (the same part: same id and input).
+    fn resent_write(&self, message_id: &str) -> (Update, Update) {
+        let input = serde_json::json!({"filePath": "src/generated.rs", "content": self.output});
+        let Update::UpsertPart(mut done) = self.call(message_id, "write", input) else {
+            unreachable!("call builds a part")
+        };
+        let mut running = done.clone();
+        if let PartKind::Tool(t) = &mut running.kind {
+            t.state.status = ToolStatus::Running;
+            t.state.output.clear();
+        }
+        if let PartKind::Tool(t) = &mut done.kind {
+            t.state.output = "Wrote file successfully.".into();
+        }
+        (Update::UpsertPart(running), Update::UpsertPart(done))
+    }
+
     /// A completed `grep` call with no input and a 4 KB output.
     fn tool(&self, message_id: &str) -> Update {
         self.call(message_id, "grep", serde_json::Value::Null)
@@ -311,6 +329,24 @@ fn upsert_tool_part(bencher: divan::Bencher, n: usize) {
 #[divan::bench(args = sizes())]
 fn upsert_tool_part_o200k(bencher: divan::Bencher, n: usize) {
     upsert(bencher, Feeder::with_config(n, o200k()));
+}
+
+/// A `write` call with 4 KB of content, resent completed after it was sent running
+/// (counting with o200k): how hosts send a tool part as it runs. Only the resend is timed.
+#[divan::bench(args = sizes())]
+fn resend_tool_part_o200k(bencher: divan::Bencher, n: usize) {
+    let mut f = Feeder::with_config(n, o200k());
+    let (user, (message, text)) = f.build.user();
+    let open = f.build.assistant(&user);
+    f.apply_all([message, text, Update::UpsertMessage(open.clone())]);
+    let f = RefCell::new(f);
+    bencher
+        .with_inputs(|| {
+            let (running, done) = f.borrow().build.resent_write(&open.id);
+            f.borrow_mut().apply(running);
+            done
+        })
+        .bench_local_values(|u| f.borrow_mut().apply(u));
 }
 
 fn upsert(bencher: divan::Bencher, mut f: Feeder) {

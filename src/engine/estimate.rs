@@ -30,12 +30,33 @@ impl PartEstimate {
 
 /// Counts a part the way it will be rendered into the model context.
 pub fn estimate(part: &Part, counter: &dyn TokenCounter) -> PartEstimate {
+    estimate_over(part, None, counter)
+}
+
+/// [`estimate`] of a part replacing `old` (the same part as stored, with its estimate):
+/// a tool call whose input is unchanged keeps its input's count. Hosts resend a tool part
+/// as it runs (pending, running, completed), and a real tokenizer would otherwise
+/// serialize, hash and look up (or count) the same input at each.
+pub fn estimate_over(
+    part: &Part,
+    old: Option<(&Part, &PartEstimate)>,
+    counter: &dyn TokenCounter,
+) -> PartEstimate {
     match &part.kind {
         PartKind::Text(t) if t.ignored => PartEstimate::default(),
         PartKind::Text(t) => generated(counter.count(&t.text)),
         PartKind::Reasoning(r) => generated(counter.count(&r.text)),
         PartKind::Tool(tool) => {
-            let input = count_input(&tool.state.input, counter);
+            let input = match old {
+                Some((
+                    Part {
+                        kind: PartKind::Tool(was),
+                        ..
+                    },
+                    est,
+                )) if was.state.input == tool.state.input => est.generated,
+                _ => count_input(&tool.state.input, counter),
+            };
             let (extra, output) = match tool.state.status {
                 ToolStatus::Completed => (0, counter.count(&tool.state.output)),
                 ToolStatus::Error => (counter.count(&tool.state.error), 0),

@@ -18,7 +18,7 @@ use super::calibration::{
     Anchor, Calibration, Class, Factors, PredictionSample, prompt_tokens, tool_class,
 };
 use super::error::ApplyError;
-use super::estimate::{PartEstimate, estimate};
+use super::estimate::{PartEstimate, estimate, estimate_over};
 use super::footprint::{
     ByteLimit, info_bytes, message_bytes, part_bytes, part_slot_growth, part_slots_bytes, pin_bytes,
 };
@@ -1032,7 +1032,10 @@ impl Session {
                 t.state.time.compacted = None;
             }
         }
-        let est = estimate(&part, self.counter());
+        let parts = &self.messages[idx].parts;
+        let existing = self.part_index.find(idx, &part.id, parts);
+        let old = existing.map(|i| (&parts[i].part, &parts[i].est));
+        let est = estimate_over(&part, old, self.counter());
         let is_tool = matches!(part.kind, PartKind::Tool(_));
         let is_compaction = matches!(part.kind, PartKind::Compaction(_));
         let step_usage = match &part.kind {
@@ -1042,7 +1045,6 @@ impl Session {
         let is_step_start = matches!(part.kind, PartKind::StepStart { .. });
         let assistant = self.messages[idx].info.role == Role::Assistant;
         let parts = &self.messages[idx].parts;
-        let existing = self.part_index.find(idx, &part.id, parts);
         // A strategy's mark is compactd's decision: a host re-sending the part (which
         // knows nothing of marks) keeps it.
         if let Some(i) = existing

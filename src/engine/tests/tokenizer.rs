@@ -6,6 +6,7 @@ use std::sync::Mutex;
 
 use super::*;
 use crate::domain::{ModelLimits, TokenUsage};
+use crate::engine::estimate::{estimate_over, json_text};
 use crate::engine::{Trigger, counted_texts, estimate};
 use crate::tokens::{Counting, TokenCounter, Tokenizer};
 
@@ -230,4 +231,65 @@ fn the_server_precounts_every_long_text_the_estimate_counts() {
             assert!(precounted.contains(t), "{} not precounted", p.id);
         }
     }
+}
+
+/// A `write` call with a build log as its content, in `status`, with `input`.
+fn write_call(status: ToolStatus, input: &serde_json::Value) -> Part {
+    let mut p = tool_in("a1", "p1", "write", status, "");
+    if status == ToolStatus::Completed {
+        state_mut(&mut p).output = "Wrote file successfully.".into();
+    }
+    state_mut(&mut p).input = input.clone();
+    p
+}
+
+/// Hosts resend a tool part as it runs; while its input is unchanged the input is not
+/// counted again, and the estimate is the one counting everything gives.
+#[test]
+fn a_resent_tool_call_keeps_its_input_count() {
+    let input = serde_json::json!({"filePath": "src/lib.rs", "content": build_log(3, 40)});
+    let o200k = Counting::O200k.counter();
+    let running = write_call(ToolStatus::Running, &input);
+    let was = estimate(&running, o200k);
+    let done = write_call(ToolStatus::Completed, &input);
+    assert_eq!(
+        estimate_over(&done, Some((&running, &was)), o200k),
+        estimate(&done, o200k)
+    );
+    let counted_over = |part: &Part| {
+        let recording = Recording::default();
+        estimate_over(part, Some((&running, &was)), &recording);
+        recording.0.lock().map(|v| v.clone()).unwrap_or_default()
+    };
+    assert!(!counted_over(&done).contains(&json_text(&input)));
+    // An edited input is counted afresh.
+    let edited_input = serde_json::json!({"filePath": "src/lib.rs", "content": build_log(4, 40)});
+    let edited = write_call(ToolStatus::Completed, &edited_input);
+    assert!(counted_over(&edited).contains(&json_text(&edited_input)));
+    assert_eq!(
+        estimate_over(&edited, Some((&running, &was)), o200k),
+        estimate(&edited, o200k)
+    );
+}
+
+/// The same, through a session: a call sent pending, running, then completed leaves the
+/// totals of one sent completed only.
+#[test]
+fn a_call_sent_as_it_runs_totals_as_one_sent_done() {
+    let input = serde_json::json!({"command": "cargo build", "log": build_log(5, 30)});
+    let session = |statuses: &[ToolStatus]| {
+        let mut s = after_build(Tokenizer::O200k, 20_000, "ok");
+        for &status in statuses {
+            apply(&mut s, Update::UpsertPart(write_call(status, &input)));
+        }
+        s
+    };
+    let resent = session(&[
+        ToolStatus::Pending,
+        ToolStatus::Running,
+        ToolStatus::Completed,
+    ]);
+    let once = session(&[ToolStatus::Completed]);
+    assert_eq!(resent.total_tokens(), once.total_tokens());
+    assert!(once.total_tokens() > session(&[]).total_tokens());
 }
