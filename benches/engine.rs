@@ -214,10 +214,15 @@ impl Builder {
 
     /// A completed call of `tool` with `input` and a 4 KB output.
     fn call(&self, message_id: &str, tool: &str, input: serde_json::Value) -> Update {
+        Update::UpsertPart(self.call_part(message_id, tool, input))
+    }
+
+    /// The part [`Builder::call`] upserts.
+    fn call_part(&self, message_id: &str, tool: &str, input: serde_json::Value) -> Part {
         let mut state = ToolState::new(ToolStatus::Completed);
         state.output = self.output.clone();
         state.input = input;
-        Update::UpsertPart(Part {
+        Part {
             id: self.id("prt"),
             message_id: message_id.to_string(),
             kind: PartKind::Tool(Box::new(ToolPart {
@@ -228,16 +233,14 @@ impl Builder {
             })),
             mark: None,
             extra: Default::default(),
-        })
+        }
     }
 
     /// A `write` call of the 4 KB output as a file's content, sent running and then
     /// completed (the same part: same id and input).
     fn resent_write(&self, message_id: &str) -> (Update, Update) {
         let input = serde_json::json!({"filePath": "src/generated.rs", "content": self.output});
-        let Update::UpsertPart(mut done) = self.call(message_id, "write", input) else {
-            unreachable!("call builds a part")
-        };
+        let mut done = self.call_part(message_id, "write", input);
         let mut running = done.clone();
         if let PartKind::Tool(t) = &mut running.kind {
             t.state.status = ToolStatus::Running;

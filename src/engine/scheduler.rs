@@ -227,7 +227,7 @@ impl Session {
         let next = self.next_request(&check);
         let (report, decision, kept) = self.trial_judged(
             |s| s.prune_run(now_ms, false, Scope::All, false),
-            |s, _| {
+            |s| {
                 let decision = s.decide(&check, next, before, s.sent_changes());
                 (decision, keep && decision.scope == Scope::All)
             },

@@ -758,7 +758,7 @@ impl Session {
     /// same path as the commit it previews. `trial` must change the session only through
     /// [`Self::rerender`].
     pub(crate) fn trial<T>(&mut self, trial: impl FnOnce(&mut Session) -> T) -> T {
-        self.trial_judged(trial, |_, _| ((), false)).0
+        self.trial_judged(trial, |_| ((), false)).0
     }
 
     /// [`Self::trial`], with `judge` looking at the session as the trial left it (its
@@ -769,14 +769,14 @@ impl Session {
     pub(crate) fn trial_judged<T, D>(
         &mut self,
         trial: impl FnOnce(&mut Session) -> T,
-        judge: impl FnOnce(&Session, &T) -> (D, bool),
+        judge: impl FnOnce(&Session) -> (D, bool),
     ) -> (T, D, bool) {
         self.journal = Some(Journal {
             totals: self.totals,
             parts: Vec::new(),
         });
         let out = trial(self);
-        let (judged, keep) = judge(self, &out);
+        let (judged, keep) = judge(self);
         if let Some(journal) = self.journal.take()
             && !keep
         {
@@ -1044,7 +1044,6 @@ impl Session {
         };
         let is_step_start = matches!(part.kind, PartKind::StepStart { .. });
         let assistant = self.messages[idx].info.role == Role::Assistant;
-        let parts = &self.messages[idx].parts;
         // A strategy's mark is compactd's decision: a host re-sending the part (which
         // knows nothing of marks) keeps it.
         if let Some(i) = existing

@@ -151,7 +151,7 @@ fn a_trial_rolled_back_reads_as_before_and_a_kept_one_as_its_outcome() {
             |s| {
                 s.rerender(1, 0, Rendering::Mark(Some(mark.clone())), true);
             },
-            |_, _| ((), keep),
+            |_| ((), keep),
         );
         assert_eq!(kept, keep);
     };
