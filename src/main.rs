@@ -1,5 +1,5 @@
-//! The `compactd` binary: parses the command line, sets up logging, and runs `serve` or
-//! `replay`. Bad configuration stops the start with one clear line before any port is bound.
+//! The `compactd` binary: parses the command line, sets up logging, and runs `serve`,
+//! `replay`, `config`, `bench` or `recall-tool`. Bad configuration stops the start with one clear line before any port is bound.
 
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -2,10 +2,12 @@
 //! (v1 and v1alpha), served on a listener the caller owns until the caller's shutdown
 //! future resolves.
 //!
-//! Architecture invariant: protobuf types live here and nowhere else. `convert.rs` is the
+//! Architecture invariant: `compactd.v1`'s protobuf types are served and converted here
+//! and nowhere else (`compactd bench` uses them only as a client). `convert.rs` is the
 //! only file that maps them to domain types (calling the domain's and the config's own
-//! `validate()`, the one home of every rule); `status.rs` is the only place errors become
-//! gRPC codes.
+//! `validate()`, the one home of every rule); `status.rs` is the only place the errors of
+//! a request's content or its session become gRPC codes (the transport's own refusals,
+//! auth, the pre-decode guard, slow readers and draining, build theirs where they happen).
 //!
 //! # Reading order
 //! Follow one update from the wire to the engine and back:

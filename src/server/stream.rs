@@ -50,9 +50,10 @@ pub const EVENT_BYTES: usize = 32 << 20;
 const EVENT_UNIT: usize = 1024;
 /// Updates a stream may have in flight (queued on actors, not yet acked).
 const IN_FLIGHT: usize = 256;
-/// Updates a stream reads ahead of the one it queues next, their long texts counting
-/// meanwhile (real BPE, ~150 µs for 4 KB): enough to keep every core counting for one
-/// stream; each holds its ledger reservation, like an update in flight.
+/// Updates a stream holds read and not yet queued (the one it queues next included),
+/// their long texts counting meanwhile (real BPE, ~150 µs for 4 KB): enough to keep every
+/// core counting for one stream; each holds its ledger reservation, like an update in
+/// flight.
 const COUNT_AHEAD: usize = 32;
 
 /// Outbound event stream of `Stream`.

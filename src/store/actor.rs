@@ -13,8 +13,10 @@
 //! `Durability::Sync` the job's result is delivered only once they are durable. While one
 //! batch is being committed, the next jobs run and their changes gather for the next
 //! batch, so a session pipelines as many updates per fsync as arrive meanwhile. If a
-//! commit fails, the session is reloaded from disk (the state before the batch) and every
-//! result waiting on it is an error: nothing unacknowledged stays applied.
+//! commit fails under `Sync`, the session is reloaded from disk (the state before the
+//! batch) and every result waiting on it is an error: nothing unacknowledged stays
+//! applied. Under `Interval` those results were already answered: the session stays as it
+//! is and its next batch carries a whole snapshot.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -93,7 +95,7 @@ pub struct SessionHandle {
     /// True while the actor waits for the evictor (which then leaves it alone).
     waiting: Arc<AtomicBool>,
     /// What the session counts with, as of its last job (callers count long texts of an
-    /// update with it on a blocking thread before queuing it).
+    /// update with it on the server's counting threads before queuing it).
     counting: Arc<std::sync::atomic::AtomicU8>,
 }
 

@@ -10,7 +10,7 @@
 //!
 //! SQLite (`sqlite.rs`) is the embedded default. A shared networked backend (PostgreSQL,
 //! for hosts that move sessions between pods) implements the same trait; see
-//! ARCHITECTURE.md, "Durable store".
+//! ARCHITECTURE.md, "API boundaries", "Store ↔ backend".
 
 use std::fmt;
 use std::time::Duration;
