@@ -58,7 +58,7 @@ pub use json_array::JsonArray;
 #[cfg(test)]
 pub(crate) use openai::json_len_hint;
 pub use overflow::{Crossed, OverflowCheck, Trigger, check, max_output, usable_input, used_tokens};
-pub use prune::{PruneMode, PruneReport, PrunedPart};
+pub use prune::{NotCommitted, PruneMode, PruneReport, PrunedPart};
 pub use prune_index::{Candidate, PruneIndex, PrunePlan, eligible_end, reference_scan};
 pub use recall::{
     RECALL_TOOL, RecallKey, Recalled, RecalledCall, RecalledContent, Reduction, recall_tool,

@@ -4,6 +4,8 @@
 //! `time.compacted`, outputs kept) and reported. A dry run is a commit rolled back.
 //! Pinned outputs never enter the window's plan, so what is reported is what is cleared.
 
+use std::fmt;
+
 use super::prune_index::Candidate;
 use super::render::active_mark;
 use super::request_log::Scope;
@@ -35,6 +37,47 @@ pub struct PrunedPart {
     pub tokens: u64,
 }
 
+/// Why a prune run committed nothing. Typed, and put in words only when a report is sent:
+/// the automatic run after nearly every finished message drops its report unread, and
+/// formatting the reason there was about 1% of a strategy turn's instructions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotCommitted {
+    /// A dry run (the report says what a commit would do).
+    DryRun,
+    /// The cache scheduler held prune's clearing: the rewrite would cost more than it saves.
+    Held,
+    /// No output lies beyond the protected window.
+    NothingBeyond {
+        /// PRUNE_PROTECT used.
+        protect: u64,
+    },
+    /// The saving is not above PRUNE_MINIMUM.
+    UnderMinimum {
+        /// Tokens the outputs beyond the window hold.
+        saving: u64,
+        /// PRUNE_MINIMUM used.
+        minimum: u64,
+    },
+}
+
+impl fmt::Display for NotCommitted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NotCommitted::DryRun => f.write_str("dry run"),
+            NotCommitted::Held => f.write_str(
+                "held by the cache scheduler: the rewrite would cost more than it saves",
+            ),
+            NotCommitted::NothingBeyond { protect } => write!(
+                f,
+                "nothing beyond the protected window (PRUNE_PROTECT {protect})"
+            ),
+            NotCommitted::UnderMinimum { saving, minimum } => {
+                write!(f, "saving {saving} is not above PRUNE_MINIMUM {minimum}")
+            }
+        }
+    }
+}
+
 /// What a prune run did or would do.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PruneReport {
@@ -56,7 +99,7 @@ pub struct PruneReport {
     /// The (would-be) cleared outputs, oldest first.
     pub parts: Vec<PrunedPart>,
     /// Why nothing was committed, when nothing was.
-    pub reason: Option<String>,
+    pub reason: Option<NotCommitted>,
     /// PRUNE_PROTECT used.
     pub prune_protect: u64,
     /// PRUNE_MINIMUM used.
@@ -87,7 +130,7 @@ impl Session {
                 report.dry_run = true;
                 if report.committed {
                     report.committed = false;
-                    report.reason = Some("dry run".to_string());
+                    report.reason = Some(NotCommitted::DryRun);
                 }
                 report
             }
@@ -118,9 +161,7 @@ impl Session {
             // list grows while it is held).
             let settings = self.settings();
             return PruneReport {
-                reason: Some(
-                    "held by the cache scheduler: the rewrite would cost more than it saves".into(),
-                ),
+                reason: Some(NotCommitted::Held),
                 prune_protect: settings.prune_protect,
                 prune_minimum: settings.prune_minimum,
                 strategies,
@@ -147,15 +188,14 @@ impl Session {
         }
         if plan.pruned <= minimum {
             report.reason = Some(if plan.prune.is_empty() {
-                format!(
-                    "nothing beyond the protected window (PRUNE_PROTECT {})",
-                    settings.prune_protect
-                )
+                NotCommitted::NothingBeyond {
+                    protect: settings.prune_protect,
+                }
             } else {
-                format!(
-                    "saving {} is not above PRUNE_MINIMUM {minimum}",
-                    plan.pruned
-                )
+                NotCommitted::UnderMinimum {
+                    saving: plan.pruned,
+                    minimum,
+                }
             });
             return report;
         }

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::config::{PLACEHOLDER, PROTECT_TURNS, PRUNE_MINIMUM, PRUNE_PROTECT};
-use crate::engine::{Event, PrunedPart, step};
+use crate::engine::{Event, NotCommitted, PrunedPart, step};
 use crate::tokens::CHARS_PER_TOKEN;
 
 fn overrides(protect: u64, minimum: u64) -> SessionOverrides {
@@ -74,7 +74,14 @@ fn empty_session() {
     check_prune("", false, &[], 0);
     let r = session("").prune(PruneMode::Commit, NOW);
     assert_eq!(r.tokens_scanned, 0);
-    assert!(r.reason.is_some());
+    let reason = Some(NotCommitted::NothingBeyond {
+        protect: PRUNE_PROTECT,
+    });
+    assert_eq!(r.reason, reason);
+    assert_eq!(
+        r.reason.map(|r| r.to_string()).as_deref(),
+        Some("nothing beyond the protected window (PRUNE_PROTECT 40000)")
+    );
 }
 
 #[test]
@@ -175,6 +182,19 @@ fn minimum_is_strict() {
     check_prune(&fixture(19_999), false, &["p1"], 19_999);
     check_prune(&fixture(20_000), false, &["p1"], 20_000);
     check_prune(&fixture(20_001), true, &["p1"], 20_001);
+    // The reason carries the figures, and says them only when asked.
+    let held = session(&fixture(20_000)).prune(PruneMode::Commit, NOW);
+    let reason = NotCommitted::UnderMinimum {
+        saving: 20_000,
+        minimum: PRUNE_MINIMUM,
+    };
+    assert_eq!(held.reason, Some(reason));
+    assert_eq!(
+        reason.to_string(),
+        "saving 20000 is not above PRUNE_MINIMUM 20000"
+    );
+    let done = session(&fixture(20_001)).prune(PruneMode::Commit, NOW);
+    assert_eq!(done.reason, None);
 }
 
 /// `total > PRUNE_PROTECT`: a running total of exactly 40000 is still protected.
@@ -501,7 +521,8 @@ fn dry_run_changes_nothing() {
         (r.dry_run, r.committed, part_ids(&r), r.tokens_saved),
         (true, false, vec!["p1".to_string()], 30_000)
     );
-    assert_eq!(r.reason.as_deref(), Some("dry run"));
+    assert_eq!(r.reason, Some(NotCommitted::DryRun));
+    assert_eq!(r.reason.map(|r| r.to_string()).as_deref(), Some("dry run"));
     assert_eq!(s.messages(), before);
     assert_eq!(s.total_tokens(), total);
 }
