@@ -4,8 +4,6 @@
 //! `time.compacted`, outputs kept) and reported. A dry run is a commit rolled back.
 //! Pinned outputs never enter the window's plan, so what is reported is what is cleared.
 
-use std::fmt;
-
 use super::prune_index::Candidate;
 use super::render::active_mark;
 use super::request_log::Scope;
@@ -37,45 +35,20 @@ pub struct PrunedPart {
     pub tokens: u64,
 }
 
-/// Why a prune run committed nothing. Typed, and put in words only when a report is sent:
-/// the automatic run after nearly every finished message drops its report unread, and
-/// formatting the reason there was about 1% of a strategy turn's instructions.
+/// Why a prune run committed nothing. Typed, and put in words only when a report is sent
+/// ([`PruneReport::reason_text`], with the report's own figures): the automatic run after
+/// nearly every finished message drops its report unread, and formatting the reason there
+/// was about 1% of a strategy turn's instructions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NotCommitted {
     /// A dry run (the report says what a commit would do).
     DryRun,
     /// The cache scheduler held prune's clearing: the rewrite would cost more than it saves.
     Held,
-    /// No output lies beyond the protected window.
-    NothingBeyond {
-        /// PRUNE_PROTECT used.
-        protect: u64,
-    },
-    /// The saving is not above PRUNE_MINIMUM.
-    UnderMinimum {
-        /// Tokens the outputs beyond the window hold.
-        saving: u64,
-        /// PRUNE_MINIMUM used.
-        minimum: u64,
-    },
-}
-
-impl fmt::Display for NotCommitted {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            NotCommitted::DryRun => f.write_str("dry run"),
-            NotCommitted::Held => f.write_str(
-                "held by the cache scheduler: the rewrite would cost more than it saves",
-            ),
-            NotCommitted::NothingBeyond { protect } => write!(
-                f,
-                "nothing beyond the protected window (PRUNE_PROTECT {protect})"
-            ),
-            NotCommitted::UnderMinimum { saving, minimum } => {
-                write!(f, "saving {saving} is not above PRUNE_MINIMUM {minimum}")
-            }
-        }
-    }
+    /// No output lies beyond the protected window (`prune_protect`).
+    NothingBeyond,
+    /// The saving (`tokens_saved`) is not above `prune_minimum`.
+    UnderMinimum,
 }
 
 /// What a prune run did or would do.
@@ -110,6 +83,24 @@ pub struct PruneReport {
 }
 
 impl PruneReport {
+    /// The reason in words, for a client; None when the run committed.
+    pub fn reason_text(&self) -> Option<String> {
+        Some(match self.reason? {
+            NotCommitted::DryRun => "dry run".to_string(),
+            NotCommitted::Held => {
+                "held by the cache scheduler: the rewrite would cost more than it saves".into()
+            }
+            NotCommitted::NothingBeyond => format!(
+                "nothing beyond the protected window (PRUNE_PROTECT {})",
+                self.prune_protect
+            ),
+            NotCommitted::UnderMinimum => format!(
+                "saving {} is not above PRUNE_MINIMUM {}",
+                self.tokens_saved, self.prune_minimum
+            ),
+        })
+    }
+
     /// True when the run changed the session (prune committed or a strategy marked).
     pub fn changed(&self) -> bool {
         !self.dry_run && (self.committed || !self.strategies.parts.is_empty())
@@ -188,14 +179,9 @@ impl Session {
         }
         if plan.pruned <= minimum {
             report.reason = Some(if plan.prune.is_empty() {
-                NotCommitted::NothingBeyond {
-                    protect: settings.prune_protect,
-                }
+                NotCommitted::NothingBeyond
             } else {
-                NotCommitted::UnderMinimum {
-                    saving: plan.pruned,
-                    minimum,
-                }
+                NotCommitted::UnderMinimum
             });
             return report;
         }

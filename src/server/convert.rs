@@ -748,7 +748,7 @@ pub fn prune_to_pb(r: &PruneReport) -> pb::PruneReport {
                 tokens: p.tokens,
             })
             .collect(),
-        reason: r.reason.map(|r| r.to_string()).unwrap_or_default(),
+        reason: r.reason_text().unwrap_or_default(),
         prune_protect: r.prune_protect,
         prune_minimum: r.prune_minimum,
         strategies: r

@@ -74,12 +74,9 @@ fn empty_session() {
     check_prune("", false, &[], 0);
     let r = session("").prune(PruneMode::Commit, NOW);
     assert_eq!(r.tokens_scanned, 0);
-    let reason = Some(NotCommitted::NothingBeyond {
-        protect: PRUNE_PROTECT,
-    });
-    assert_eq!(r.reason, reason);
+    assert_eq!(r.reason, Some(NotCommitted::NothingBeyond));
     assert_eq!(
-        r.reason.map(|r| r.to_string()).as_deref(),
+        r.reason_text().as_deref(),
         Some("nothing beyond the protected window (PRUNE_PROTECT 40000)")
     );
 }
@@ -184,17 +181,13 @@ fn minimum_is_strict() {
     check_prune(&fixture(20_001), true, &["p1"], 20_001);
     // The reason carries the figures, and says them only when asked.
     let held = session(&fixture(20_000)).prune(PruneMode::Commit, NOW);
-    let reason = NotCommitted::UnderMinimum {
-        saving: 20_000,
-        minimum: PRUNE_MINIMUM,
-    };
-    assert_eq!(held.reason, Some(reason));
+    assert_eq!(held.reason, Some(NotCommitted::UnderMinimum));
     assert_eq!(
-        reason.to_string(),
-        "saving 20000 is not above PRUNE_MINIMUM 20000"
+        held.reason_text().as_deref(),
+        Some("saving 20000 is not above PRUNE_MINIMUM 20000")
     );
     let done = session(&fixture(20_001)).prune(PruneMode::Commit, NOW);
-    assert_eq!(done.reason, None);
+    assert_eq!((done.reason, done.reason_text()), (None, None));
 }
 
 /// `total > PRUNE_PROTECT`: a running total of exactly 40000 is still protected.
@@ -522,7 +515,7 @@ fn dry_run_changes_nothing() {
         (true, false, vec!["p1".to_string()], 30_000)
     );
     assert_eq!(r.reason, Some(NotCommitted::DryRun));
-    assert_eq!(r.reason.map(|r| r.to_string()).as_deref(), Some("dry run"));
+    assert_eq!(r.reason_text().as_deref(), Some("dry run"));
     assert_eq!(s.messages(), before);
     assert_eq!(s.total_tokens(), total);
 }
