@@ -4,13 +4,15 @@
 //! traces against both over loopback, and prints compactd's figures next to a reference
 //! that shows what the transport (or the tokenizer) alone allows: ingest throughput,
 //! ping-pong ack latency, `GetContext` latency of a ~200K-token session, and the server's
-//! resident memory. Each compared figure has a target and is marked `MISS` below it.
+//! resident memory. Each compared figure has a target and is marked `MISS` below it. The
+//! client shares the machine's cores with the servers, so each ingest row also shows the
+//! client's CPU per update and, for a BPE row, the most these cores allow (`bound`).
 //!
 //! Reading order: this file (flags, the run), `workload.rs` (the updates, from traces;
 //! `prepared.rs` builds an ingest case's before its clock starts),
 //! `drive.rs` (one stream driven, compactd's or the echo's), `echo.rs` (the echo
-//! service), `spawn.rs` (the child processes), `stats.rs` (percentiles, RSS, the raw BPE
-//! rate), `report.rs` (the tables and the JSON document).
+//! service), `spawn.rs` (the child processes), `stats.rs` (percentiles, RSS, CPU time,
+//! the raw BPE rate), `report.rs` (the tables, the JSON document and the BPE bound).
 //!
 //! The bench never asserts on speed: a run fails (non-zero exit) only when an RPC failed
 //! or an update was refused or left unanswered.
@@ -37,7 +39,7 @@ use self::drive::{Compactd, Driven, Echo, Wire, drive};
 use self::prepared::Prepared;
 use self::report::{
     ContextRow, IngestRow, Latency, LatencyRow, Rate, Report, Rss, ServerInfo, Target,
-    WorkloadInfo, median_round, ratio,
+    WorkloadInfo, bpe_bound, median_round, ratio,
 };
 use self::spawn::Spawned;
 use self::workload::{Plan, Pool, Sizing};
@@ -525,10 +527,18 @@ impl Bench<'_> {
                     counted.updates,
                     counted.bytes,
                     counted.elapsed.as_secs_f64(),
-                );
+                )
+                .with_cpu(None, counted.cpu_seconds);
                 let what = format!("{tokenizer} raw, {threads} thread{}", plural(threads));
                 (what, rate, BPE_INGEST_TARGET)
             };
+            let exchange = echo.exchange_cpu_us().filter(|_| tokenizer != "chars4");
+            let bound = bpe_bound(
+                self.cores,
+                reference_rate.count_cpu_us,
+                exchange,
+                reference_rate.updates_per_s,
+            );
             let r = ratio(rate.updates_per_s, reference_rate.updates_per_s);
             rows.push(IngestRow {
                 part_bytes: size,
@@ -539,6 +549,8 @@ impl Bench<'_> {
                 reference_rate,
                 ratio: r,
                 ratio_range: (r, r),
+                bound,
+                bound_exchange_us: exchange,
                 target,
                 miss: !target.met(r),
             });
@@ -578,6 +590,7 @@ impl Bench<'_> {
         let count_pid = pid.filter(|_| W::HOLDS_SESSIONS);
         let count_before = count_pid.and_then(counting);
         let cpu_before = pid.and_then(stats::cpu_seconds);
+        let client_before = stats::cpu_seconds(std::process::id());
         let began = Instant::now();
         let deadline = began + self.args.duration;
         let tasks: Vec<_> = prepared
@@ -608,12 +621,12 @@ impl Bench<'_> {
             }
         }
         let elapsed = began.elapsed().as_secs_f64();
-        let spent = |before: Option<f64>, after: Option<f64>| {
-            before.zip(after).map(|(b, a)| (a - b).max(0.0))
-        };
-        let cpu = spent(cpu_before, pid.and_then(stats::cpu_seconds));
-        let count = spent(count_before, count_pid.and_then(counting));
-        let rate = Rate::new(acked, bytes, elapsed).with_cpu(cpu, count);
+        let client = stats::spent(client_before, stats::cpu_seconds(std::process::id()));
+        let cpu = stats::spent(cpu_before, pid.and_then(stats::cpu_seconds));
+        let count = stats::spent(count_before, count_pid.and_then(counting));
+        let rate = Rate::new(acked, bytes, elapsed)
+            .with_cpu(cpu, count)
+            .with_client_cpu(client);
         if W::HOLDS_SESSIONS {
             self.delete(&sessions).await;
         }

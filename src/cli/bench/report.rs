@@ -113,9 +113,14 @@ pub struct Rate {
     /// shows why a ratio is what it is: each side's cost, apart from the shared client.
     pub server_cpu_us: Option<f64>,
     /// Of that, what its counting threads spent per update (the BPE counts of long texts
-    /// off the async runtime), in microseconds; None for the echo, the raw BPE reference
-    /// and with `--target`. It splits a BPE row's cost into the counting and the rest.
+    /// off the async runtime), in microseconds; None for the echo and with `--target`.
+    /// It splits a BPE row's cost into the counting and the rest. For the raw BPE
+    /// reference, the CPU its counting threads (in this process) spent: all its work.
     pub count_cpu_us: Option<f64>,
+    /// CPU time the load generator (this process, all its threads) spent per update
+    /// driving the server, in microseconds; None for the raw BPE reference, which has no
+    /// client. It is the client's share of the cores the server runs on.
+    pub client_cpu_us: Option<f64>,
 }
 
 impl Rate {
@@ -129,6 +134,7 @@ impl Rate {
             mb_per_s: per_s(bytes as f64) / 1e6,
             server_cpu_us: None,
             count_cpu_us: None,
+            client_cpu_us: None,
         }
     }
 
@@ -143,6 +149,36 @@ impl Rate {
         self.count_cpu_us = per_update(count_seconds);
         self
     }
+
+    /// The same, with `seconds` of the load generator's CPU spread over its updates.
+    pub fn with_client_cpu(mut self, seconds: Option<f64>) -> Rate {
+        self.client_cpu_us = seconds
+            .filter(|_| self.updates > 0)
+            .map(|s| s * 1e6 / self.updates as f64);
+        self
+    }
+
+    /// The CPU per update of the whole exchange on this machine: the server's and its
+    /// client's, in microseconds; None unless both are known.
+    pub fn exchange_cpu_us(&self) -> Option<f64> {
+        Some(self.server_cpu_us? + self.client_cpu_us?)
+    }
+}
+
+/// The highest ratio to `reference_per_s` (the raw BPE rate of its threads, which share
+/// the cores with nothing) that `cores` allow a server that counts each update in
+/// `count_us` of CPU and otherwise costs what the echo's exchange costs (`exchange_us`:
+/// its server and the client driving it, per update). The bench's client shares the
+/// cores, so once they are full no server can do better. None when a figure is unknown.
+pub fn bpe_bound(
+    cores: usize,
+    count_us: Option<f64>,
+    exchange_us: Option<f64>,
+    reference_per_s: f64,
+) -> Option<f64> {
+    let per_update_us = count_us? + exchange_us?;
+    let bound = cores as f64 * 1e6 / (per_update_us * reference_per_s);
+    bound.is_finite().then_some(bound)
 }
 
 /// One ingest case against its reference.
@@ -165,6 +201,14 @@ pub struct IngestRow {
     pub ratio: f64,
     /// The lowest and highest ratio of the rounds.
     pub ratio_range: (f64, f64),
+    /// For a BPE row, the highest ratio this machine allows ([`bpe_bound`]): counting at
+    /// the raw rate, plus the echo's server and client CPU per update of the same round,
+    /// on all the cores. None for a chars4 row (its echo shares the cores with the same
+    /// client) and when a figure is unknown.
+    pub bound: Option<f64>,
+    /// The echo's server and client CPU per update the bound counted on (that round's echo
+    /// case, the same part size and streams); None for a chars4 row.
+    pub bound_exchange_us: Option<f64>,
     /// The ratio's target.
     pub target: Target,
     /// True when the ratio misses the target.
@@ -315,7 +359,7 @@ impl Report {
         );
         let _ = writeln!(
             o,
-            "\nINGEST (MB/s: protobuf bytes of the updates; CPU: the serving process's CPU µs per update; count: the part its counting threads took)\n{:<6} {:>7} {:<9} {:>11} {:>8} {:>6} {:>6}   {:<22} {:>11} {:>8} {:>6} {:>7} {:>11}  {:<8}",
+            "\nINGEST (MB/s: protobuf bytes of the updates; CPU: the serving process's CPU µs per update (for a raw reference, its counting threads'); count: the part compactd's counting threads took; client: the load generator's CPU µs per update; bound: the most a BPE row can reach here, counting at the raw rate and otherwise costing the echo's CPU, client included)\n{:<6} {:>7} {:<9} {:>11} {:>8} {:>6} {:>6} {:>6}   {:<22} {:>11} {:>8} {:>6} {:>6} {:>7} {:>6} {:>11}  {:<8}",
             "part",
             "streams",
             "tokenizer",
@@ -323,11 +367,14 @@ impl Report {
             "MB/s",
             "CPU",
             "count",
+            "client",
             "reference",
             "updates/s",
             "MB/s",
             "CPU",
+            "client",
             "ratio",
+            "bound",
             "rounds",
             "target"
         );
@@ -337,9 +384,12 @@ impl Report {
                 r.target.ratio(r.ratio_range.0),
                 r.target.ratio(r.ratio_range.1)
             );
+            // A raw reference's CPU is its counting.
+            let reference = &r.reference_rate;
+            let reference_cpu = reference.server_cpu_us.or(reference.count_cpu_us);
             let _ = writeln!(
                 o,
-                "{:<6} {:>7} {:<9} {:>11.0} {:>8.1} {:>6} {:>6}   {:<22} {:>11.0} {:>8.1} {:>6} {:>7} {:>11}  {:<8}{}",
+                "{:<6} {:>7} {:<9} {:>11.0} {:>8.1} {:>6} {:>6} {:>6}   {:<22} {:>11.0} {:>8.1} {:>6} {:>6} {:>7} {:>6} {:>11}  {:<8}{}",
                 size(r.part_bytes),
                 r.streams,
                 r.tokenizer,
@@ -347,11 +397,14 @@ impl Report {
                 r.compactd.mb_per_s,
                 cpu(r.compactd.server_cpu_us),
                 cpu(r.compactd.count_cpu_us),
+                cpu(r.compactd.client_cpu_us),
                 r.reference,
                 r.reference_rate.updates_per_s,
                 r.reference_rate.mb_per_s,
-                cpu(r.reference_rate.server_cpu_us),
+                cpu(reference_cpu),
+                cpu(r.reference_rate.client_cpu_us),
                 r.target.ratio(r.ratio),
+                r.bound.map_or_else(|| "-".into(), |b| r.target.ratio(b)),
                 range,
                 r.target.label(),
                 miss(r.miss)
@@ -474,6 +527,8 @@ mod tests {
             reference_rate: Rate::new(1, 0, 1.0),
             ratio,
             ratio_range: (ratio, ratio),
+            bound: None,
+            bound_exchange_us: None,
             target: Target::Min(0.5),
             miss: false,
         }
@@ -497,5 +552,29 @@ mod tests {
         assert_eq!((row.compactd.updates, row.ratio), (4, 0.4));
         assert_eq!(row.ratio_range, (0.3, 0.5));
         assert!(median_round(Vec::new()).is_none());
+    }
+
+    #[test]
+    fn the_bpe_bound_is_the_cores_over_counting_and_the_echos_exchange() {
+        // Two cores; counting 30 µs an update and the echo's exchange 10 µs: at most
+        // 50,000 updates/s, 80% of a raw rate of 62,500/s (two threads of 32 µs).
+        let bound = bpe_bound(2, Some(30.0), Some(10.0), 62_500.0);
+        assert!(bound.is_some_and(|b| (b - 0.8).abs() < 1e-12), "{bound:?}");
+        // The exchange's CPU is its server's and its client's.
+        let echo = Rate::new(1_000, 0, 1.0)
+            .with_cpu(Some(0.004), None)
+            .with_client_cpu(Some(0.006));
+        assert_eq!(echo.exchange_cpu_us(), Some(10.0));
+        assert_eq!(Rate::new(1_000, 0, 1.0).exchange_cpu_us(), None);
+        // Unknown figures, or none to spread CPU over, give no bound.
+        assert_eq!(bpe_bound(2, None, Some(10.0), 62_500.0), None);
+        assert_eq!(bpe_bound(2, Some(30.0), None, 62_500.0), None);
+        assert_eq!(bpe_bound(2, Some(0.0), Some(0.0), 62_500.0), None);
+        assert_eq!(
+            Rate::new(0, 0, 1.0)
+                .with_client_cpu(Some(1.0))
+                .client_cpu_us,
+            None
+        );
     }
 }

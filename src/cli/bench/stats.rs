@@ -100,6 +100,15 @@ pub struct Counted {
     pub bytes: u64,
     /// Wall time, all threads together.
     pub elapsed: Duration,
+    /// CPU seconds this process spent meanwhile (the counting threads': nothing else runs
+    /// in it then); None where `/proc` is not readable.
+    pub cpu_seconds: Option<f64>,
+}
+
+/// The CPU seconds spent between two readings of [`cpu_seconds`] (or of
+/// [`threads_cpu_seconds`]); None when either is unknown.
+pub fn spent(before: Option<f64>, after: Option<f64>) -> Option<f64> {
+    before.zip(after).map(|(b, a)| (a - b).max(0.0))
 }
 
 /// Counts, uncached, the texts of the first `n` updates of each `(plan, n)` of `work` (what
@@ -118,6 +127,7 @@ pub fn raw_bpe(
     for (i, (plan, n)) in work.iter().enumerate() {
         batches[i % threads].extend(pool.updates(plan.clone()).take(*n));
     }
+    let cpu_before = cpu_seconds(std::process::id());
     let began = Instant::now();
     let deadline = began + budget;
     let results: Vec<(u64, u64)> = std::thread::scope(|s| {
@@ -145,10 +155,12 @@ pub fn raw_bpe(
             .map(|h| h.join().unwrap_or((0, 0)))
             .collect()
     });
+    let elapsed = began.elapsed();
     Counted {
         updates: results.iter().map(|r| r.0).sum(),
         bytes: results.iter().map(|r| r.1).sum(),
-        elapsed: began.elapsed(),
+        elapsed,
+        cpu_seconds: spent(cpu_before, cpu_seconds(std::process::id())),
     }
 }
 
