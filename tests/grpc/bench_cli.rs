@@ -100,7 +100,6 @@ fn bench_json_holds_the_same_figures() {
     };
     let ingest = doc["ingest"].as_array().expect("ingest rows");
     assert_eq!(ingest.len(), 8, "{doc:#}");
-    let mut compactd_cpu = 0.0;
     for (_, bytes) in SIZES {
         for streams in STREAMS {
             for tokenizer in TOKENIZERS {
@@ -116,41 +115,42 @@ fn bench_json_holds_the_same_figures() {
                     number(&row[rate]["updates_per_s"], "updates_per_s");
                     number(&row[rate]["mb_per_s"], "mb_per_s");
                 }
-                // The started server's and the echo's CPU per update; none for counting
-                // on the client.
+                // The started server's and the echo's CPU per update (read in the
+                // scheduler's nanoseconds: even a case of 40 updates has some); none for
+                // counting on the client.
                 if cfg!(target_os = "linux") {
                     let cpu = &row["compactd"]["server_cpu_us"];
-                    assert!(cpu.as_f64().is_some_and(|us| us >= 0.0), "{row}");
-                    compactd_cpu += cpu.as_f64().unwrap_or(0.0);
+                    assert!(cpu.as_f64() > Some(0.0), "{row}");
                     let reference = &row["reference_rate"]["server_cpu_us"];
                     if tokenizer == "chars4" {
-                        assert!(reference.as_f64().is_some_and(|us| us >= 0.0), "{row}");
+                        assert!(reference.as_f64() > Some(0.0), "{row}");
                     } else {
                         assert!(reference.is_null(), "{row}");
                     }
-                    // What compactd's counting threads took of it (a case of 40 updates
-                    // may count for less than the kernel's 10 ms tick); the echo has
-                    // none, the raw reference is all counting.
+                    // What compactd's counting threads took of it; the echo has none,
+                    // the raw reference is all counting.
                     let count = &row["compactd"]["count_cpu_us"];
                     assert!(count.as_f64().is_some_and(|us| us >= 0.0), "{row}");
                     let raw_count = &row["reference_rate"]["count_cpu_us"];
                     // The load generator's own CPU driving each server; the raw
                     // reference has no client.
                     let client = &row["compactd"]["client_cpu_us"];
-                    assert!(client.as_f64().is_some_and(|us| us >= 0.0), "{row}");
+                    assert!(client.as_f64() > Some(0.0), "{row}");
                     let raw_client = &row["reference_rate"]["client_cpu_us"];
-                    // A BPE row's bound needs every figure above CPU time of the
-                    // kernel's ticks: in cases this short it may have none.
+                    // A BPE row's bound, from the raw counting's CPU (which may read 0
+                    // here: the kernel charges a thread still running at its next tick,
+                    // and the raw reference counts these few texts in well under one)
+                    // and the echo's exchange.
                     let (bound, exchange) = (&row["bound"], &row["bound_exchange_us"]);
                     if tokenizer == "chars4" {
                         assert!(raw_count.is_null() && bound.is_null(), "{row}");
                         assert!(exchange.is_null(), "{row}");
-                        assert!(raw_client.as_f64().is_some_and(|us| us >= 0.0), "{row}");
+                        assert!(raw_client.as_f64() > Some(0.0), "{row}");
                     } else {
                         assert!(raw_count.as_f64().is_some_and(|us| us >= 0.0), "{row}");
                         assert!(raw_client.is_null(), "{row}");
-                        assert!(bound.is_null() || bound.as_f64() > Some(0.0), "{row}");
-                        assert!(exchange.as_f64().is_some_and(|us| us >= 0.0), "{row}");
+                        assert!(exchange.as_f64() > Some(0.0), "{row}");
+                        assert!(bound.as_f64() > Some(0.0), "{row}");
                     }
                 }
                 number(&row["ratio"], "ratio");
@@ -163,11 +163,6 @@ fn bench_json_holds_the_same_figures() {
                 assert!(row["target"].is_object(), "{row}");
             }
         }
-    }
-    if cfg!(target_os = "linux") {
-        // Over eight cases, the server spent some CPU (a case alone may be shorter than
-        // the kernel's 10 ms tick).
-        assert!(compactd_cpu > 0.0, "{doc:#}");
     }
     let latency = doc["latency"].as_array().expect("latency rows");
     assert_eq!(latency.len(), 4, "{doc:#}");

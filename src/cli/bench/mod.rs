@@ -586,11 +586,12 @@ impl Bench<'_> {
             .collect();
         // The counting threads are compactd's alone (the echo has none).
         let counting =
-            |pid: u32| stats::threads_cpu_seconds(pid, crate::server::COUNT_THREAD_PREFIX);
+            |pid: u32| stats::thread_times(pid, Some(crate::server::COUNT_THREAD_PREFIX));
+        let all = |pid: u32| stats::thread_times(pid, None);
         let count_pid = pid.filter(|_| W::HOLDS_SESSIONS);
         let count_before = count_pid.and_then(counting);
-        let cpu_before = pid.and_then(stats::cpu_seconds);
-        let client_before = stats::cpu_seconds(std::process::id());
+        let cpu_before = pid.and_then(all);
+        let client_before = all(std::process::id());
         let began = Instant::now();
         let deadline = began + self.args.duration;
         let tasks: Vec<_> = prepared
@@ -621,8 +622,8 @@ impl Bench<'_> {
             }
         }
         let elapsed = began.elapsed().as_secs_f64();
-        let client = stats::spent(client_before, stats::cpu_seconds(std::process::id()));
-        let cpu = stats::spent(cpu_before, pid.and_then(stats::cpu_seconds));
+        let client = stats::spent(client_before, all(std::process::id()));
+        let cpu = stats::spent(cpu_before, pid.and_then(all));
         let count = stats::spent(count_before, count_pid.and_then(counting));
         let rate = Rate::new(acked, bytes, elapsed)
             .with_cpu(cpu, count)
