@@ -88,11 +88,16 @@ impl Target {
         }
     }
 
+    /// A ratio as the tables print it, rounded toward the target's failing side (a floor
+    /// for a minimum, a ceiling for a maximum), so that a row marked `MISS` never reads
+    /// as its target (79.6% is "79%", not "80%"; 2.001× is "2.01x", not "2.00x").
     fn ratio(self, r: f64) -> String {
         match self {
             _ if !r.is_finite() => "n/a".into(),
-            Target::Min(_) => format!("{:.0}%", r * 100.0),
-            Target::Max(_) => format!("{r:.2}x"),
+            // (The 1e-9 keeps a ratio that is exact in decimal, 1.1 or 0.29, from moving
+            // a digit on binary rounding: 1.1 × 100 is 110.00000000000001.)
+            Target::Min(_) => format!("{:.0}%", (r * 100.0 + 1e-9).floor()),
+            Target::Max(_) => format!("{:.2}x", (r * 100.0 - 1e-9).ceil() / 100.0),
         }
     }
 }
@@ -514,6 +519,14 @@ mod tests {
         assert!(ratio(1.0, 0.0).is_nan());
         assert_eq!(Target::Min(0.8).ratio(0.853), "85%");
         assert_eq!(Target::Max(2.0).ratio(1.5), "1.50x");
+        // A miss never prints as its target.
+        assert!(!Target::Min(0.8).met(0.7961));
+        assert_eq!(Target::Min(0.8).ratio(0.7961), "79%");
+        assert!(!Target::Max(2.0).met(2.001));
+        assert_eq!(Target::Max(2.0).ratio(2.001), "2.01x");
+        assert_eq!(Target::Max(2.0).ratio(f64::INFINITY), "n/a");
+        assert_eq!(Target::Max(2.0).ratio(110.0 / 100.0), "1.10x");
+        assert_eq!(Target::Min(0.5).ratio(0.29), "29%");
     }
 
     /// A round whose compactd sent `updates` (so each round is recognisable) at `ratio`.
