@@ -92,12 +92,26 @@ impl Target {
     /// for a minimum, a ceiling for a maximum), so that a row marked `MISS` never reads
     /// as its target (79.6% is "79%", not "80%"; 2.001× is "2.01x", not "2.00x").
     fn ratio(self, r: f64) -> String {
+        // (The 1e-9 keeps a ratio that is exact in decimal, 1.1 or 0.29, from moving a
+        // digit on binary rounding: 1.1 × 100 is 110.00000000000001; a miss by less than
+        // that is still shown one unit past the target.)
+        let missed = !self.met(r);
         match self {
             _ if !r.is_finite() => "n/a".into(),
-            // (The 1e-9 keeps a ratio that is exact in decimal, 1.1 or 0.29, from moving
-            // a digit on binary rounding: 1.1 × 100 is 110.00000000000001.)
-            Target::Min(_) => format!("{:.0}%", (r * 100.0 + 1e-9).floor()),
-            Target::Max(_) => format!("{:.2}x", (r * 100.0 - 1e-9).ceil() / 100.0),
+            Target::Min(t) => {
+                let mut shown = (r * 100.0 + 1e-9).floor();
+                if missed {
+                    shown = shown.min((t * 100.0).round() - 1.0);
+                }
+                format!("{shown:.0}%")
+            }
+            Target::Max(t) => {
+                let mut shown = (r * 100.0 - 1e-9).ceil();
+                if missed {
+                    shown = shown.max((t * 100.0).round() + 1.0);
+                }
+                format!("{:.2}x", shown / 100.0)
+            }
         }
     }
 }
@@ -208,8 +222,8 @@ pub struct IngestRow {
     pub ratio_range: (f64, f64),
     /// For a BPE row, the highest ratio this machine allows ([`bpe_bound`]): counting at
     /// the raw rate, plus the echo's server and client CPU per update of the same round,
-    /// on all the cores. None for a chars4 row (its echo shares the cores with the same
-    /// client) and when a figure is unknown.
+    /// on all the cores. None for a chars4 row (it counts nothing: its reference is the
+    /// echo itself) and when a figure is unknown.
     pub bound: Option<f64>,
     /// The echo's server and client CPU per update the bound counted on (that round's echo
     /// case, the same part size and streams); None for a chars4 row.
@@ -364,7 +378,7 @@ impl Report {
         );
         let _ = writeln!(
             o,
-            "\nINGEST (MB/s: protobuf bytes of the updates; CPU: the serving process's CPU µs per update (for a raw reference, its counting threads'); count: the part compactd's counting threads took; client: the load generator's CPU µs per update; bound: the most a BPE row can reach here, counting at the raw rate and otherwise costing the echo's CPU, client included)\n{:<6} {:>7} {:<9} {:>11} {:>8} {:>6} {:>6} {:>6}   {:<22} {:>11} {:>8} {:>6} {:>6} {:>7} {:>6} {:>11}  {:<8}",
+            "\nINGEST (MB/s: protobuf bytes of the updates; CPU: the serving process's CPU µs per update (for a raw reference, its counting threads'); count: the part compactd's counting threads took; client: the load generator's CPU µs per update; bound: the most a BPE row can reach here, counting at the raw rate and otherwise costing the CPU of the echo case of its own round, client included, which may not be the round shown on the chars4 row; --json has it as bound_exchange_us)\n{:<6} {:>7} {:<9} {:>11} {:>8} {:>6} {:>6} {:>6}   {:<22} {:>11} {:>8} {:>6} {:>6} {:>7} {:>6} {:>11}  {:<8}",
             "part",
             "streams",
             "tokenizer",
@@ -527,6 +541,10 @@ mod tests {
         assert_eq!(Target::Max(2.0).ratio(f64::INFINITY), "n/a");
         assert_eq!(Target::Max(2.0).ratio(110.0 / 100.0), "1.10x");
         assert_eq!(Target::Min(0.5).ratio(0.29), "29%");
+        assert_eq!(Target::Min(0.8).ratio(0.8 - 1e-12), "79%");
+        assert_eq!(Target::Max(2.0).ratio(2.0 + 1e-12), "2.01x");
+        assert_eq!(Target::Min(0.8).ratio(0.8), "80%");
+        assert_eq!(Target::Max(2.0).ratio(2.0), "2.00x");
     }
 
     /// A round whose compactd sent `updates` (so each round is recognisable) at `ratio`.

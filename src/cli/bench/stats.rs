@@ -57,8 +57,12 @@ pub struct ThreadTimes(HashMap<u32, u64>);
 
 /// The [`ThreadTimes`] of `pid`'s threads, only of those whose names start with `prefix`
 /// when one is given; None where `/proc/<pid>/task` cannot be read (not Linux, or the
-/// process is gone).
+/// process is gone) or the kernel keeps no `schedstat` (see [`own_thread_ns`]), so that
+/// a figure it cannot know prints as unknown, not as 0. A running thread's figure may
+/// lag by up to one scheduler tick (the kernel brings it up to date at switches and
+/// ticks), well under 1% of a 1 s case.
 pub fn thread_times(pid: u32, prefix: Option<&str>) -> Option<ThreadTimes> {
+    own_thread_ns()?;
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
     let mut times = HashMap::new();
     for task in tasks.flatten() {
@@ -86,8 +90,9 @@ pub fn thread_times(pid: u32, prefix: Option<&str>) -> Option<ThreadTimes> {
 impl ThreadTimes {
     /// CPU seconds these threads spent since `before`: each thread's time less its time
     /// then. A thread started since counts whole; one that ended since is not seen, and
-    /// its time in between is lost (the bench's and the servers' threads live through a
-    /// case).
+    /// its time in between is lost: the runtime's and the counting threads live through
+    /// a case, but tokio's blocking-pool threads end after 10 s idle, so a case of a
+    /// longer `--duration` may miss a few of theirs.
     pub fn since(&self, before: &ThreadTimes) -> f64 {
         let ns: u64 = self
             .0
@@ -105,9 +110,11 @@ pub fn spent(before: Option<ThreadTimes>, after: Option<ThreadTimes>) -> Option<
 }
 
 /// CPU time the calling thread has used so far, in nanoseconds
-/// (`/proc/thread-self/schedstat`); None where it cannot be read.
+/// (`/proc/thread-self/schedstat`); None where it cannot be read, or reads 0: a kernel
+/// built or booted without scheduler statistics prints `0 0 0` for every thread, and a
+/// thread that is reading has run.
 pub fn own_thread_ns() -> Option<u64> {
-    on_cpu_ns(&std::fs::read_to_string("/proc/thread-self/schedstat").ok()?)
+    on_cpu_ns(&std::fs::read_to_string("/proc/thread-self/schedstat").ok()?).filter(|ns| *ns > 0)
 }
 
 /// The time on a CPU of one `schedstat` line: its first field, in nanoseconds.
@@ -124,10 +131,14 @@ pub struct Counted {
     pub bytes: u64,
     /// Wall time, all threads together.
     pub elapsed: Duration,
-    /// CPU seconds the counting threads spent, each read on the thread itself from its
-    /// start to its end; None where `/proc/thread-self` is not readable.
+    /// CPU seconds the counting threads spent, their whole lives (they only count), read
+    /// while they wait to end, when the kernel's figure is up to date; None where
+    /// [`thread_times`] cannot tell.
     pub cpu_seconds: Option<f64>,
 }
+
+/// The name prefix of [`raw_bpe`]'s counting threads, by which their time is read.
+const RAW_THREAD_PREFIX: &str = "bench-raw-count";
 
 /// Counts, uncached, the texts of the first `n` updates of each `(plan, n)` of `work` (what
 /// each compactd stream had acknowledged), the streams dealt round-robin to `threads`
@@ -147,42 +158,58 @@ pub fn raw_bpe(
     }
     let began = Instant::now();
     let deadline = began + budget;
-    let results: Vec<(u64, u64, Option<u64>)> = std::thread::scope(|s| {
+    // A thread done counting says so and waits at `gate` (held shut by this thread), so
+    // that all their times are read while none runs (a running thread's figure can lag
+    // by a tick); then the gate opens and they end.
+    let gate = std::sync::RwLock::new(());
+    let (results, elapsed, cpu_seconds) = std::thread::scope(|s| {
+        let shut = gate.write();
+        let (said_done, done) = std::sync::mpsc::channel::<()>();
         let handles: Vec<_> = batches
             .iter()
-            .map(|batch| {
-                s.spawn(move || {
-                    let (mut n, mut bytes) = (0u64, 0u64);
-                    let started = own_thread_ns();
-                    for u in batch {
-                        if Instant::now() >= deadline {
-                            break;
+            .enumerate()
+            .filter_map(|(i, batch)| {
+                let (said_done, gate) = (said_done.clone(), &gate);
+                std::thread::Builder::new()
+                    .name(format!("{RAW_THREAD_PREFIX}-{i}"))
+                    .spawn_scoped(s, move || {
+                        let (mut n, mut bytes) = (0u64, 0u64);
+                        for u in batch {
+                            if Instant::now() >= deadline {
+                                break;
+                            }
+                            for t in workload::counted_texts(u) {
+                                std::hint::black_box(bpe.count_uncached(t));
+                            }
+                            n += 1;
+                            bytes += u.encoded_len() as u64;
                         }
-                        for t in workload::counted_texts(u) {
-                            std::hint::black_box(bpe.count_uncached(t));
-                        }
-                        n += 1;
-                        bytes += u.encoded_len() as u64;
-                    }
-                    let cpu = own_thread_ns()
-                        .zip(started)
-                        .map(|(end, start)| end.saturating_sub(start));
-                    (n, bytes, cpu)
-                })
+                        let _ = said_done.send(());
+                        drop(said_done);
+                        drop(gate.read());
+                        (n, bytes)
+                    })
+                    .ok()
             })
             .collect();
-        handles
+        // Every thread has said it is done, or ended (its sender dropped either way).
+        drop(said_done);
+        done.iter().for_each(drop);
+        let elapsed = began.elapsed();
+        let cpu_seconds = thread_times(std::process::id(), Some(RAW_THREAD_PREFIX))
+            .map(|t| t.since(&ThreadTimes::default()));
+        drop(shut);
+        let results: Vec<(u64, u64)> = handles
             .into_iter()
-            .map(|h| h.join().unwrap_or((0, 0, None)))
-            .collect()
+            .map(|h| h.join().unwrap_or((0, 0)))
+            .collect();
+        (results, elapsed, cpu_seconds)
     });
-    let elapsed = began.elapsed();
-    let cpu_ns: Option<u64> = results.iter().map(|r| r.2).sum();
     Counted {
         updates: results.iter().map(|r| r.0).sum(),
         bytes: results.iter().map(|r| r.1).sum(),
         elapsed,
-        cpu_seconds: cpu_ns.map(|ns| ns as f64 / 1e9),
+        cpu_seconds,
     }
 }
 
@@ -215,7 +242,9 @@ mod tests {
 
     #[test]
     fn a_thread_is_known_by_its_name_and_charged_its_own_time() {
-        if !cfg!(target_os = "linux") {
+        if own_thread_ns().is_none() {
+            // Not Linux, or a kernel without scheduler statistics: no figure is read.
+            assert!(thread_times(std::process::id(), None).is_none());
             return;
         }
         let me = std::process::id();
@@ -230,8 +259,11 @@ mod tests {
             .name(format!("{prefix}-1"))
             .spawn(move || {
                 let start = own_thread_ns().unwrap_or(0);
+                let give_up = Instant::now() + Duration::from_secs(5);
                 let mut x = 0u64;
-                while own_thread_ns().is_some_and(|now| now.saturating_sub(start) < 20_000_000) {
+                while Instant::now() < give_up
+                    && own_thread_ns().is_some_and(|now| now.saturating_sub(start) < 20_000_000)
+                {
                     x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
                 }
                 let _ = worked.send(());
