@@ -88,30 +88,22 @@ impl Target {
         }
     }
 
-    /// A ratio as the tables print it, rounded toward the target's failing side (a floor
-    /// for a minimum, a ceiling for a maximum), so that a row marked `MISS` never reads
-    /// as its target (79.6% is "79%", not "80%"; 2.001× is "2.01x", not "2.00x").
+    /// A ratio as the tables print it: rounded, except that a miss never reads as its
+    /// target (79.6% of an 80% target is "79%", 2.001× of a 2× one "2.01x"); a row
+    /// marked `MISS` would otherwise show the very figure it missed.
     fn ratio(self, r: f64) -> String {
-        // (The 1e-9 keeps a ratio that is exact in decimal, 1.1 or 0.29, from moving a
-        // digit on binary rounding: 1.1 × 100 is 110.00000000000001; a miss by less than
-        // that is still shown one unit past the target.)
         let missed = !self.met(r);
+        let hundredths = (r * 100.0).round();
         match self {
             _ if !r.is_finite() => "n/a".into(),
-            Target::Min(t) => {
-                let mut shown = (r * 100.0 + 1e-9).floor();
-                if missed {
-                    shown = shown.min((t * 100.0).round() - 1.0);
-                }
-                format!("{shown:.0}%")
+            Target::Min(t) if missed => {
+                format!("{:.0}%", hundredths.min((t * 100.0).round() - 1.0))
             }
-            Target::Max(t) => {
-                let mut shown = (r * 100.0 - 1e-9).ceil();
-                if missed {
-                    shown = shown.max((t * 100.0).round() + 1.0);
-                }
-                format!("{:.2}x", shown / 100.0)
+            Target::Min(_) => format!("{hundredths:.0}%"),
+            Target::Max(t) if missed => {
+                format!("{:.2}x", hundredths.max((t * 100.0).round() + 1.0) / 100.0)
             }
+            Target::Max(_) => format!("{:.2}x", hundredths / 100.0),
         }
     }
 }
@@ -160,21 +152,23 @@ impl Rate {
     /// The same, with `cpu_seconds` of the serving process, and `count_seconds` of its
     /// counting threads, spread over its updates.
     pub fn with_cpu(mut self, cpu_seconds: Option<f64>, count_seconds: Option<f64>) -> Rate {
-        let per_update = |s: Option<f64>| {
-            s.filter(|_| self.updates > 0)
-                .map(|s| s * 1e6 / self.updates as f64)
-        };
-        self.server_cpu_us = per_update(cpu_seconds);
-        self.count_cpu_us = per_update(count_seconds);
+        self.server_cpu_us = self.per_update_us(cpu_seconds);
+        self.count_cpu_us = self.per_update_us(count_seconds);
         self
     }
 
     /// The same, with `seconds` of the load generator's CPU spread over its updates.
     pub fn with_client_cpu(mut self, seconds: Option<f64>) -> Rate {
-        self.client_cpu_us = seconds
-            .filter(|_| self.updates > 0)
-            .map(|s| s * 1e6 / self.updates as f64);
+        self.client_cpu_us = self.per_update_us(seconds);
         self
+    }
+
+    /// `seconds` of CPU per update, in microseconds; None when unknown or no update was
+    /// sent.
+    fn per_update_us(&self, seconds: Option<f64>) -> Option<f64> {
+        seconds
+            .filter(|_| self.updates > 0)
+            .map(|s| s * 1e6 / self.updates as f64)
     }
 
     /// The CPU per update of the whole exchange on this machine: the server's and its
