@@ -53,6 +53,16 @@ after(() => {
   server?.kill("SIGTERM")
 })
 
+// Runs each session (name -> runSession options) into `runs`, at most two at a time
+// (OpenCode's runs are CPU-bound and CI has two cores).
+async function inTwos(sessions) {
+  const queue = Object.entries(sessions)
+  const worker = async () => {
+    for (let next = queue.shift(); next; next = queue.shift()) runs[next[0]] = await runSession(next[1])
+  }
+  await Promise.all([worker(), worker()])
+}
+
 const contentOf = (m) => (typeof m.content === "string" ? m.content : JSON.stringify(m.content ?? ""))
 const toolResult = (req, callId) => req.body.messages.find((m) => m.role === "tool" && m.tool_call_id === callId)
 
@@ -267,13 +277,17 @@ test("compactd dies mid-session: OpenCode's own messages are sent, the session f
 
 test("comparison: no plugin, DCP, compactd, in a 64k window and in a 10.5k one", async () => {
   const tight = { context: 10500, output: 1000 }
-  runs["none"] = await runSession({ mode: "none" })
-  runs["dcp"] = await runSession({ mode: "dcp" })
-  runs["compactd (defaults)"] = await runSession({ mode: "compactd", pluginOptions: { binary: BIN } })
-  runs["compactd (mask_keep 3)"] = await runSession({ mode: "compactd", pluginOptions: { binary: BIN, session: { mask_keep: 3 } } })
-  runs["none, 10.5k window"] = await runSession({ mode: "none", modelLimits: tight })
-  runs["dcp, 10.5k window"] = await runSession({ mode: "dcp", modelLimits: tight })
-  runs["compactd (defaults), 10.5k window"] = await runSession({ mode: "compactd", modelLimits: tight, pluginOptions: { binary: BIN } })
+  // Each run has its own endpoint, repository, OpenCode home and (for compactd) sidecar,
+  // and what it measures is counted from its requests, not timed: two at a time.
+  await inTwos({
+    "none": { mode: "none" },
+    "dcp": { mode: "dcp" },
+    "compactd (defaults)": { mode: "compactd", pluginOptions: { binary: BIN } },
+    "compactd (mask_keep 3)": { mode: "compactd", pluginOptions: { binary: BIN, session: { mask_keep: 3 } } },
+    "none, 10.5k window": { mode: "none", modelLimits: tight },
+    "dcp, 10.5k window": { mode: "dcp", modelLimits: tight },
+    "compactd (defaults), 10.5k window": { mode: "compactd", modelLimits: tight, pluginOptions: { binary: BIN } },
+  })
   const order = ["none", "dcp", "compactd (defaults)", "compactd (mask_keep 3)", "compactd (mask_keep 3, cache none)", "none, 10.5k window", "dcp, 10.5k window", "compactd (defaults), 10.5k window"]
   const compactions = (r) => (r.exported?.messages ?? []).filter((m) => m.parts.some((p) => p.type === "compaction")).length
   const rows = order
