@@ -5,7 +5,8 @@
 //! compactd's BPE ingest is held to).
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use prost::Message as _;
@@ -114,20 +115,26 @@ pub fn spent(before: Option<ThreadTimes>, after: Option<ThreadTimes>) -> Option<
 /// Whether this kernel keeps per-thread CPU time in `schedstat`: one built or booted
 /// without scheduler statistics prints `0 0 0` for every thread, while in a process that
 /// has run some thread has been charged (a thread just started may still read 0 until its
-/// first tick or switch, so no single thread can tell). Read once: the kernel's
-/// configuration does not change while the bench runs.
+/// first tick or switch, so no single thread can tell). A yes is kept: the kernel's
+/// configuration does not change while the bench runs. A no is read again next time, so a
+/// call before any thread was charged does not turn the CPU figures off for the run.
 pub fn schedstat_kept() -> bool {
-    static KEPT: LazyLock<bool> = LazyLock::new(|| {
-        std::fs::read_dir("/proc/self/task").is_ok_and(|tasks| {
-            tasks.flatten().any(|task| {
-                std::fs::read_to_string(task.path().join("schedstat"))
-                    .ok()
-                    .and_then(|s| on_cpu_ns(&s))
-                    .is_some_and(|ns| ns > 0)
-            })
+    static KEPT: AtomicBool = AtomicBool::new(false);
+    if KEPT.load(Ordering::Relaxed) {
+        return true;
+    }
+    let kept = std::fs::read_dir("/proc/self/task").is_ok_and(|tasks| {
+        tasks.flatten().any(|task| {
+            std::fs::read_to_string(task.path().join("schedstat"))
+                .ok()
+                .and_then(|s| on_cpu_ns(&s))
+                .is_some_and(|ns| ns > 0)
         })
     });
-    *KEPT
+    if kept {
+        KEPT.store(true, Ordering::Relaxed);
+    }
+    kept
 }
 
 /// The time on a CPU of one `schedstat` line: its first field, in nanoseconds.
