@@ -80,23 +80,30 @@ fn snapshot_threshold(snapshot_bytes: u64) -> u64 {
     SNAPSHOT_MIN_LOG_BYTES.max(snapshot_bytes.saturating_mul(SNAPSHOT_LOG_PER_SNAPSHOT))
 }
 
-/// A cheap, cloneable address of one session's actor.
+/// A cheap, cloneable address of one session's actor: its mailbox and one shared
+/// [`State`] (one reference count to move per clone, not one per field).
 #[derive(Clone, Debug)]
 pub struct SessionHandle {
-    id: Arc<str>,
     tx: mpsc::Sender<Msg>,
+    state: Arc<State>,
+}
+
+/// What a session's handles and its actor share: the actor writes it, handles read it.
+#[derive(Debug)]
+struct State {
+    id: Box<str>,
     /// Bytes the session holds, as of its last job.
-    bytes: Arc<AtomicU64>,
+    bytes: AtomicU64,
     /// When the session last ran a job (ms on the store's clock): eviction picks the
     /// least recently used.
-    used: Arc<AtomicU64>,
+    used: AtomicU64,
     /// True once the actor evicted itself; jobs are sent only under this lock.
-    gate: Arc<Mutex<bool>>,
+    gate: Mutex<bool>,
     /// True while the actor waits for the evictor (which then leaves it alone).
-    waiting: Arc<AtomicBool>,
+    waiting: AtomicBool,
     /// What the session counts with, as of its last job (callers count long texts of an
     /// update with it on the server's counting threads before queuing it).
-    counting: Arc<std::sync::atomic::AtomicU8>,
+    counting: std::sync::atomic::AtomicU8,
 }
 
 impl std::fmt::Debug for Msg {
@@ -112,32 +119,32 @@ impl std::fmt::Debug for Msg {
 impl SessionHandle {
     /// Session id.
     pub fn id(&self) -> &str {
-        &self.id
+        &self.state.id
     }
 
     /// Bytes the session holds, as of its last finished job.
     pub fn held_bytes(&self) -> u64 {
-        self.bytes.load(Ordering::Relaxed)
+        self.state.bytes.load(Ordering::Relaxed)
     }
 
     /// When it last ran a job, on the store's clock.
     pub(super) fn last_used(&self) -> u64 {
-        self.used.load(Ordering::Relaxed)
+        self.state.used.load(Ordering::Relaxed)
     }
 
     /// True while the actor waits for room (the evictor skips it).
     pub(super) fn is_waiting(&self) -> bool {
-        self.waiting.load(Ordering::Relaxed)
+        self.state.waiting.load(Ordering::Relaxed)
     }
 
     /// What the session counts with, as of its last job.
     pub fn counting(&self) -> Counting {
-        counting_from(self.counting.load(Ordering::Relaxed))
+        counting_from(self.state.counting.load(Ordering::Relaxed))
     }
 
     /// True when this handle and `other` address the same actor.
     pub(super) fn same(&self, other: &SessionHandle) -> bool {
-        Arc::ptr_eq(&self.gate, &other.gate)
+        Arc::ptr_eq(&self.state, &other.state)
     }
 
     /// Queues `f` behind every job already queued and returns where its result will land.
@@ -172,9 +179,9 @@ impl SessionHandle {
         };
         // Under the gate: either the actor has not decided yet (and will find this job
         // when it looks under the same lock) or it has left.
-        let evicted = lock(&self.gate);
+        let evicted = lock(&self.state.gate);
         if *evicted {
-            return Err((StoreError::NotFound(self.id.to_string()), f));
+            return Err((StoreError::NotFound(self.state.id.to_string()), f));
         }
         let (tx, rx) = oneshot::channel();
         let job: Job = Box::new(move |s, config| {
@@ -196,7 +203,7 @@ impl SessionHandle {
     {
         let rx = self.submit(f).await?;
         rx.await
-            .map_err(|_| StoreError::Closed(self.id.to_string()))?
+            .map_err(|_| StoreError::Closed(self.state.id.to_string()))?
     }
 
     /// Asks the actor to leave memory for disk; true when it left.
@@ -219,10 +226,10 @@ impl SessionHandle {
 
     /// Why the mailbox is shut: the actor evicted itself, or it ended otherwise.
     fn gone(&self) -> StoreError {
-        if *lock(&self.gate) {
-            StoreError::NotFound(self.id.to_string())
+        if *lock(&self.state.gate) {
+            StoreError::NotFound(self.state.id.to_string())
         } else {
-            StoreError::Closed(self.id.to_string())
+            StoreError::Closed(self.state.id.to_string())
         }
     }
 }
@@ -298,19 +305,20 @@ pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
         clock,
     } = start;
     let (tx, rx) = mpsc::channel::<Msg>(mailbox);
-    let id: Arc<str> = Arc::from(session.info().id.as_str());
+    let id: Box<str> = Box::from(session.info().id.as_str());
     let last = session.held_bytes();
     ledger.add_held(last);
-    let handle = SessionHandle {
+    let state = Arc::new(State {
         id,
+        bytes: AtomicU64::new(last),
+        used: AtomicU64::new(millis_since(clock)),
+        gate: Mutex::new(false),
+        waiting: AtomicBool::new(false),
+        counting: std::sync::atomic::AtomicU8::new(counting_code(session.counting())),
+    });
+    let handle = SessionHandle {
         tx,
-        bytes: Arc::new(AtomicU64::new(last)),
-        used: Arc::new(AtomicU64::new(millis_since(clock))),
-        gate: Arc::new(Mutex::new(false)),
-        waiting: Arc::new(AtomicBool::new(false)),
-        counting: Arc::new(std::sync::atomic::AtomicU8::new(counting_code(
-            session.counting(),
-        ))),
+        state: state.clone(),
     };
     let journal = durable.map(|d| Journal {
         waits: d.backend.durability().waits(),
@@ -334,14 +342,7 @@ pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
             last,
             cached: 0,
         },
-        me: Me {
-            id: handle.id.clone(),
-            bytes: handle.bytes.clone(),
-            used: handle.used.clone(),
-            gate: handle.gate.clone(),
-            waiting: handle.waiting.clone(),
-            counting: handle.counting.clone(),
-        },
+        me: state,
         store: Arc::downgrade(shared),
         journal,
         clock,
@@ -349,7 +350,7 @@ pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
         failed: false,
         shared_at: 0,
     };
-    let span = tracing::info_span!("session", session_id = %handle.id);
+    let span = tracing::info_span!("session", session_id = %handle.state.id);
     tokio::spawn(actor.run().instrument(span));
     handle
 }
@@ -360,15 +361,6 @@ fn millis_since(clock: Instant) -> u64 {
 
 /// What the actor knows of its handle: everything but a sender, which would keep its own
 /// mailbox open.
-struct Me {
-    id: Arc<str>,
-    bytes: Arc<AtomicU64>,
-    used: Arc<AtomicU64>,
-    gate: Arc<Mutex<bool>>,
-    waiting: Arc<AtomicBool>,
-    counting: Arc<std::sync::atomic::AtomicU8>,
-}
-
 /// A session's actor.
 struct Actor {
     session: Session,
@@ -378,7 +370,8 @@ struct Actor {
     config: Arc<EngineConfig>,
     limits: Limits,
     counted: Counted,
-    me: Me,
+    /// What it shares with its handles.
+    me: Arc<State>,
     /// Weak: a dropped store ends its actors (their senders go with its map).
     store: Weak<Shared>,
     /// None without a durable store.
@@ -797,7 +790,7 @@ impl Actor {
                     if map
                         .hot
                         .get(&*self.me.id)
-                        .is_some_and(|h| Arc::ptr_eq(&h.gate, &self.me.gate))
+                        .is_some_and(|h| Arc::ptr_eq(&h.state, &self.me))
                     {
                         map.hot.remove(&*self.me.id);
                         map.cold.insert(self.me.id.to_string());
@@ -868,7 +861,7 @@ impl Actor {
             if !map
                 .hot
                 .get(id)
-                .is_some_and(|h| Arc::ptr_eq(&h.gate, &self.me.gate))
+                .is_some_and(|h| Arc::ptr_eq(&h.state, &self.me))
             {
                 return Leave::Orphan;
             }
