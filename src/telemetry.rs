@@ -125,6 +125,10 @@ fn describe() {
         "Sessions removed from memory, by reason (idle, memory)."
     );
     describe_gauge!(
+        "compactd_watchers",
+        "Subscribe watchers open (each one task and one place on the event bus)."
+    );
+    describe_gauge!(
         "compactd_sessions_cold",
         "Sessions only on disk (loaded back on their next use)."
     );
@@ -162,6 +166,25 @@ fn describe() {
         "compactd_rejected_requests_total",
         "Requests and updates refused, by gRPC code."
     );
+}
+
+/// One open `Subscribe` watcher, counted in `compactd_watchers` while it lives: a
+/// watcher whose client hung up must end, and this gauge shows it does.
+#[derive(Debug)]
+pub struct Watching(());
+
+impl Watching {
+    /// Counts a watcher that starts now.
+    pub fn start() -> Watching {
+        gauge!("compactd_watchers").increment(1.0);
+        Watching(())
+    }
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        gauge!("compactd_watchers").decrement(1.0);
+    }
 }
 
 /// The number of sessions held (sampled at each scrape).

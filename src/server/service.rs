@@ -170,9 +170,18 @@ impl pb::sessions_server::Sessions for SessionsService {
         // The closing status travels apart from the events: a watcher that stopped reading
         // has a full buffer, and dropping it must not wait for room there.
         let (end_tx, end_rx) = oneshot::channel::<Status>();
+        let watching = crate::telemetry::Watching::start();
         tokio::spawn(async move {
+            let _watching = watching;
             loop {
-                let event = match bus.recv().await {
+                // A watcher that hung up ends now, not at the next event it would be sent
+                // (with a session filter, that event may never come).
+                let received = tokio::select! {
+                    biased;
+                    () = tx.closed() => return,
+                    received = bus.recv() => received,
+                };
+                let event = match received {
                     Ok(e) => e,
                     Err(broadcast::error::RecvError::Closed) => return,
                     Err(broadcast::error::RecvError::Lagged(n)) => {

@@ -203,3 +203,37 @@ async fn counters_move_as_updates_prunes_overflows_rejections_and_compactions_ha
     bin.sigterm();
     assert!(bin.wait_exit().await.success());
 }
+
+/// A `Subscribe` watcher whose client hangs up ends at once, even when no event of its
+/// session ever comes: before, its task and its place on the event bus stayed until one
+/// did, so a client subscribing to a quiet session and hanging up in a loop grew both
+/// without bound.
+#[tokio::test]
+async fn a_watcher_that_hung_up_ends_without_waiting_for_an_event() {
+    let bin = Binary::start(&["--metrics-listen", "127.0.0.1:0"], &[]);
+    let metrics = bin.metrics.clone().expect("metrics address");
+    let mut c = pb::sessions_client::SessionsClient::connect(format!("http://{}", bin.addr))
+        .await
+        .expect("connect");
+    open_session(&mut c, session_with_limits("quiet", 100_000, 20_000)).await;
+    open_session(&mut c, session_with_limits("busy", 100_000, 20_000)).await;
+    let watchers = || async { metric(&scrape(&metrics).await, "compactd_watchers") };
+
+    let watcher = subscribe(&mut c, "quiet").await;
+    assert_eq!(
+        watchers().await,
+        1.0,
+        "the watcher is counted while it lives"
+    );
+    drop(watcher);
+    // Events of another session keep coming; the quiet session's never do.
+    put_message(&mut c, "busy", user_msg("u1")).await;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while watchers().await != 0.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the watcher of a hung-up client still runs after 10 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
