@@ -104,6 +104,9 @@ struct State {
     /// What the session counts with, as of its last job (callers count long texts of an
     /// update with it on the server's counting threads before queuing it).
     counting: std::sync::atomic::AtomicU8,
+    /// Set when the session's `Create` failed after it was acknowledged (`Interval`):
+    /// its actor's next batch writes it whole as a new row.
+    recreate: AtomicBool,
 }
 
 impl std::fmt::Debug for Msg {
@@ -224,6 +227,15 @@ impl SessionHandle {
         rx.await.unwrap_or(Ok(()))
     }
 
+    /// The session's first write (its `Create`) failed after the session was
+    /// acknowledged: every later write would find no row and land nowhere. The actor
+    /// writes the session whole as a new row at once (a flush) and keeps trying, one
+    /// batch at a time, until that write succeeds or the session is deleted or replaced.
+    pub(super) async fn recreate(&self) {
+        self.state.recreate.store(true, Ordering::Relaxed);
+        let _ = self.flush().await;
+    }
+
     /// Why the mailbox is shut: the actor evicted itself, or it ended otherwise.
     fn gone(&self) -> StoreError {
         if *lock(&self.state.gate) {
@@ -274,6 +286,8 @@ struct Journal {
     outstanding: Option<(Committed, Vec<Deliver>)>,
     /// A commit failed under `Interval`: the next batch carries a full snapshot.
     resync: bool,
+    /// The batch in flight is the session written whole as a new row ([`State::recreate`]).
+    creating: bool,
 }
 
 impl Journal {
@@ -315,6 +329,7 @@ pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
         gate: Mutex::new(false),
         waiting: AtomicBool::new(false),
         counting: std::sync::atomic::AtomicU8::new(counting_code(session.counting())),
+        recreate: AtomicBool::new(false),
     });
     let handle = SessionHandle {
         tx,
@@ -328,6 +343,7 @@ pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
         waiting: Vec::new(),
         outstanding: None,
         resync: false,
+        creating: false,
     });
     let actor = Actor {
         session,
@@ -686,9 +702,47 @@ impl Actor {
         let Some(j) = self.journal.as_mut() else {
             return;
         };
-        if j.outstanding.is_some() || (j.unsent.is_empty() && !j.resync) {
+        if j.outstanding.is_some() {
             return;
         }
+        if self.me.recreate.swap(false, Ordering::Relaxed) {
+            let snapshot = encode_session(&self.session);
+            let Some(store) = self.store.upgrade() else {
+                return;
+            };
+            // Under the map lock, as a `Create` is queued and a delete or a replacement
+            // is made: only while the map still holds this actor (a session deleted or
+            // replaced meanwhile keeps what the map did).
+            let map = store.write();
+            if !map
+                .hot
+                .get(&*self.me.id)
+                .is_some_and(|h| Arc::ptr_eq(&h.state, &self.me))
+            {
+                return;
+            }
+            // The new row holds every change so far: the log starts again after it.
+            j.d.seq = 0;
+            j.d.log_bytes = 0;
+            j.d.snapshot_bytes = snapshot.len() as u64;
+            j.resync = false;
+            j.unsent.clear();
+            j.unsent_bytes = 0;
+            j.creating = true;
+            let waiting = std::mem::take(&mut j.waiting);
+            let rx = j.d.backend.write(vec![Write::Create {
+                id: self.me.id.to_string(),
+                incarnation: j.d.incarnation,
+                snapshot,
+            }]);
+            drop(map);
+            j.outstanding = Some((rx, waiting));
+            return;
+        }
+        if j.unsent.is_empty() && !j.resync {
+            return;
+        }
+        j.creating = false;
         if j.resync || snapshot_due(j.d.log_bytes, j.d.snapshot_bytes) {
             let snapshot = encode_session(&self.session);
             j.d.snapshot_bytes = snapshot.len() as u64;
@@ -738,6 +792,14 @@ impl Actor {
                 self.reload().await;
                 for d in failed {
                     d(Err(err.clone()));
+                }
+            }
+            Err(e) if j.creating => {
+                // The session's new row was not written: try again with the next batch.
+                tracing::warn!(error = %e, "the session was not written whole; trying again");
+                self.me.recreate.store(true, Ordering::Relaxed);
+                for d in delivers {
+                    d(Ok(()));
                 }
             }
             Err(e) => {
@@ -820,7 +882,7 @@ impl Actor {
                 }
                 continue;
             }
-            if j.unsent.is_empty() && !j.resync {
+            if j.unsent.is_empty() && !j.resync && !self.me.recreate.load(Ordering::Relaxed) {
                 return Ok(());
             }
             self.send_batch();

@@ -357,3 +357,79 @@ async fn interval_durability_acknowledges_at_once_and_close_writes_the_rest() {
     let h = store.get("s").await.expect("loads");
     assert_eq!(observed(&h).await, before);
 }
+
+/// A backend whose first write holding a `Create` fails (a full disk at the moment a
+/// session is opened), everything else passing through to SQLite.
+#[derive(Debug)]
+struct FailFirstCreate {
+    inner: Sqlite,
+    failed: std::sync::atomic::AtomicBool,
+}
+
+impl Backend for FailFirstCreate {
+    fn sessions(&self) -> Result<Vec<String>, BackendError> {
+        self.inner.sessions()
+    }
+    fn last_incarnation(&self) -> Result<u64, BackendError> {
+        self.inner.last_incarnation()
+    }
+    fn load(&self, id: &str) -> Result<Option<backend::Stored>, BackendError> {
+        self.inner.load(id)
+    }
+    fn write(&self, writes: Vec<Write>) -> backend::Committed {
+        let create = writes.iter().any(|w| matches!(w, Write::Create { .. }));
+        if create && !self.failed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let _ = tx.send(Err(BackendError::Full("injected".into())));
+            return rx;
+        }
+        self.inner.write(writes)
+    }
+    fn state(&self) -> BackendState {
+        self.inner.state()
+    }
+    fn durability(&self) -> Durability {
+        self.inner.durability()
+    }
+    fn disk_bytes(&self) -> u64 {
+        self.inner.disk_bytes()
+    }
+    fn close(&self) {
+        self.inner.close()
+    }
+}
+
+/// Under `interval` a session is acknowledged before its first write is durable. When
+/// that write (the `Create`) fails, every later write of the session would find no row
+/// and land nowhere: the session, acknowledged and held in memory, would be gone at its
+/// first eviction or restart. Its actor writes it whole as a new row instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_interval_a_session_whose_first_write_failed_is_written_whole_again() {
+    let d = tempfile::tempdir().expect("dir");
+    let before = {
+        let backend = FailFirstCreate {
+            inner: Sqlite::open(
+                d.path(),
+                Durability::Interval(Duration::from_millis(50)),
+                None,
+                0,
+            )
+            .expect("open"),
+            failed: std::sync::atomic::AtomicBool::new(false),
+        };
+        let store = Store::new(EngineConfig::default())
+            .with_backend(Arc::new(backend))
+            .expect("listed");
+        let (h, created) = store.open(info("s")).await.expect("acknowledged at once");
+        assert!(created);
+        for t in 0..3 {
+            feed(&h, turn(t, 2, 1_000)).await;
+        }
+        let before = observed(&h).await;
+        store.close().await;
+        before
+    };
+    let store = durable(d.path(), Limits::default(), 0);
+    let h = store.get("s").await.expect("the session is on disk");
+    assert_eq!(observed(&h).await, before);
+}

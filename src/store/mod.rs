@@ -579,7 +579,8 @@ impl Store {
     }
 
     /// Waits for a new session's first write under `Durability::Sync`; on failure the
-    /// session is taken back out (it was never acknowledged).
+    /// session is taken back out (it was never acknowledged). Under `Interval` the session
+    /// is acknowledged at once, and a failed first write is made again by its actor.
     async fn created(
         &self,
         id: &str,
@@ -590,6 +591,15 @@ impl Store {
             return Ok(());
         };
         if !self.durability().waits() {
+            // Acknowledged now; if the write fails, the actor writes the session whole
+            // again (its later writes would otherwise find no row and land nowhere).
+            let handle = handle.clone();
+            tokio::spawn(async move {
+                if let Err(e) = rx.await.unwrap_or(Err(BackendError::Closed)) {
+                    tracing::warn!(session_id = %handle.id(), error = %e, "a new session was not written; writing it whole again");
+                    handle.recreate().await;
+                }
+            });
             return Ok(());
         }
         match rx.await.unwrap_or(Err(BackendError::Closed)) {
