@@ -25,7 +25,8 @@
 //! 8. `hub.rs`: the shared state: store, `Subscribe` bus, compaction slots, drain.
 //!
 //! Then the edges: `convert.rs` (protobuf ↔ domain), `status.rs` (errors → codes),
-//! `drain.rs` (closing streams), `evict.rs` (idle evictions announced), `counting.rs`
+//! `drain.rs` (closing streams), `evict.rs` (idle evictions announced), `held_reply.rs`
+//! (a unary reply's bytes counted in flight until it is sent), `counting.rs`
 //! (the threads that count long texts off the runtime), `clock.rs` (the wall clock), `auth.rs`, `transport.rs` (HTTP/2 settings), `codec.rs` (the guard that
 //! refuses amplifying requests before decoding, and the encoder that sizes each reply),
 //! `wire_value/` (GetContext's protobuf OpenAI shape written straight to wire bytes),
@@ -43,6 +44,7 @@ mod drain;
 mod evict;
 #[cfg(test)]
 mod fuzz_tests;
+mod held_reply;
 pub mod hub;
 pub mod list_value;
 mod ops;
@@ -254,6 +256,7 @@ where
     }
     let server = builder
         .trace_fn(|req| tracing::info_span!("rpc", rpc = %req.uri().path()))
+        .layer(tower::util::MapResponseLayer::new(held_reply::into_body))
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

@@ -397,7 +397,7 @@ fn build_context(
         Ok(ContextReply {
             body,
             session_messages: s.messages().len(),
-            _held: held,
+            held,
         })
     }
 }

@@ -30,7 +30,7 @@ pub struct ContextReply {
     /// Messages the session holds (the context may hold fewer).
     pub session_messages: usize,
     /// The body's bytes, counted in flight until the reply is sent.
-    pub _held: crate::store::Reservation,
+    pub held: crate::store::Reservation,
 }
 
 /// A context reply's content.
@@ -114,6 +114,11 @@ impl ContextReply {
     /// The wire form (the messages, JSON text or values move into it).
     pub fn into_pb(self) -> pb::Context {
         self.body.into_pb(self.session_messages)
+    }
+
+    /// The wire form and the reservation of its bytes, to be held until it is sent.
+    pub fn into_parts(self) -> (pb::Context, crate::store::Reservation) {
+        (self.body.into_pb(self.session_messages), self.held)
     }
 }
 

@@ -11,6 +11,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::compaction::{self, Sink};
 use super::convert;
+use super::held_reply;
 use super::hub::Hub;
 use super::ops;
 use super::pb;
@@ -102,6 +103,24 @@ impl SessionsService {
             .ledger()
             .reserve(bytes, "updates")
             .map_err(Rejection::from)?)
+    }
+
+    /// `reply` as a response whose encoded bytes stay counted in flight (as `what`) until
+    /// it is sent; past the in-flight share, `RESOURCE_EXHAUSTED`.
+    fn held_until_sent<T: prost::Message>(
+        &self,
+        reply: T,
+        what: &'static str,
+    ) -> Result<Response<T>, Status> {
+        let bytes = u64::try_from(reply.encoded_len()).unwrap_or(u64::MAX);
+        let held = self
+            .store
+            .ledger()
+            .reserve(bytes, what)
+            .map_err(Rejection::from)?;
+        let mut response = Response::new(reply);
+        held_reply::hold(&mut response, held);
+        Ok(response)
     }
 }
 
@@ -317,7 +336,10 @@ impl pb::sessions_server::Sessions for SessionsService {
         let format = context_format(req.format)?;
         let pending = ops::context(&self.hub, &req.session_id, format).await;
         let context = self.answer(&req.session_id, "get_context", pending).await?;
-        Ok(Response::new(context.into_pb()))
+        let (context, held) = context.into_parts();
+        let mut response = Response::new(context);
+        held_reply::hold(&mut response, held);
+        Ok(response)
     }
 
     async fn prune(
@@ -363,7 +385,7 @@ impl pb::sessions_server::Sessions for SessionsService {
             })
             .await
             .map_err(Rejection::from)?;
-        Ok(Response::new(resp))
+        self.held_until_sent(resp, "sessions")
     }
 
     async fn list_sessions(
@@ -514,7 +536,7 @@ impl pb::sessions_server::Sessions for SessionsService {
         let key = recall_key(req.key)?;
         let pending = ops::recall(&self.hub, &req.session_id, key).await;
         let recalled = self.answer(&req.session_id, "recall", pending).await?;
-        Ok(Response::new(convert::recalled_to_pb(&recalled)))
+        self.held_until_sent(convert::recalled_to_pb(&recalled), "recalled parts")
     }
 
     async fn get_recall_tool(

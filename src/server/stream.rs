@@ -362,7 +362,7 @@ impl Writer {
         // A context's bytes were reserved when it was built; its event takes the
         // reservation over, so the actor building the next contexts cannot starve it.
         let mut carried = match &mut outcome {
-            Ok(Reply::Context(c)) => Some(std::mem::take(&mut c._held)),
+            Ok(Reply::Context(c)) => Some(std::mem::take(&mut c.held)),
             _ => None,
         };
         let mut auto = false;

@@ -237,3 +237,104 @@ async fn a_watcher_that_hung_up_ends_without_waiting_for_an_event() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+/// Sends `message` (a unary call's request, encoded) to `path` on its own HTTP/2 connection with a
+/// 64 KiB window and never reads the answer: the client that keeps a server's replies in
+/// its send buffer. Returns the stream's two halves once the answer's headers came.
+async fn unread_reply(
+    addr: &str,
+    path: &str,
+    message: Vec<u8>,
+) -> (h2::SendStream<tonic::codegen::Bytes>, h2::RecvStream) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (client, conn) = h2::client::Builder::new()
+        .initial_window_size(65_535)
+        .initial_connection_window_size(65_535)
+        .handshake::<_, tonic::codegen::Bytes>(tcp)
+        .await
+        .expect("h2 handshake");
+    tokio::spawn(conn);
+    let mut client = client.ready().await.expect("ready");
+    let head = http::Request::post(format!("http://{addr}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .expect("request");
+    let (response, mut send) = client.send_request(head, false).expect("send");
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&u32::try_from(message.len()).expect("small").to_be_bytes());
+    framed.extend_from_slice(&message);
+    send.send_data(framed.into(), true).expect("body");
+    let response = tokio::time::timeout(std::time::Duration::from_secs(10), response)
+        .await
+        .expect("headers in time")
+        .expect("response");
+    assert_eq!(response.status(), 200);
+    (send, response.into_body())
+}
+
+/// Waits up to 10 s for `compactd_bytes_in_flight` to satisfy `ok`; returns the last
+/// value read.
+async fn in_flight_until(metrics: &str, ok: impl Fn(f64) -> bool) -> f64 {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let now = metric(&scrape(metrics).await, "compactd_bytes_in_flight");
+        if ok(now) || tokio::time::Instant::now() >= deadline {
+            return now;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// A unary reply the client does not read stays in the server's HTTP/2 send buffer: its
+/// bytes stay counted in flight (against `--memory-budget`) until the stream ends, for
+/// GetContext, GetSession and Recall. Before, they were given back when the handler
+/// returned, so many unread large replies held memory the budget never saw.
+#[tokio::test]
+async fn an_unread_unary_reply_stays_counted_in_flight_until_its_stream_ends() {
+    use prost::Message as _;
+    let bin = Binary::start(&["--metrics-listen", "127.0.0.1:0"], &[]);
+    let metrics = bin.metrics.clone().expect("metrics address");
+    let mut c = pb::sessions_client::SessionsClient::connect(format!("http://{}", bin.addr))
+        .await
+        .expect("connect");
+    open_session(&mut c, session_with_limits("big", 2_000_000, 20_000)).await;
+    put_message(&mut c, "big", user_msg("u1")).await;
+    put_part(
+        &mut c,
+        "big",
+        text_part("u1", "u1-t", &"0123456789abcdef".repeat(64 << 10)),
+    )
+    .await;
+    assert_eq!(in_flight_until(&metrics, |b| b == 0.0).await, 0.0);
+
+    let get_context = pb::GetContextRequest {
+        session_id: "big".into(),
+        ..Default::default()
+    };
+    let get_session = pb::GetSessionRequest {
+        session_id: "big".into(),
+    };
+    let recall = pb::RecallRequest {
+        session_id: "big".into(),
+        key: Some(pb::recall_request::Key::PartId("u1-t".into())),
+    };
+    let calls = [
+        ("GetContext", get_context.encode_to_vec()),
+        ("GetSession", get_session.encode_to_vec()),
+        ("Recall", recall.encode_to_vec()),
+    ];
+    for (rpc, request) in calls {
+        let (mut send, recv) =
+            unread_reply(&bin.addr, &format!("/compactd.v1.Sessions/{rpc}"), request).await;
+        let held = in_flight_until(&metrics, |b| b >= 1_000_000.0).await;
+        assert!(
+            held >= 1_000_000.0,
+            "{rpc}: the unread 1 MiB reply is counted in flight: {held}"
+        );
+        send.send_reset(h2::Reason::CANCEL);
+        drop(recv);
+        let after = in_flight_until(&metrics, |b| b == 0.0).await;
+        assert_eq!(after, 0.0, "{rpc}: given back once its stream is reset");
+    }
+}
