@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
+use crate::store::Reservation;
 use crate::tokens::TokenCounter;
 
 type Job = Box<dyn FnOnce() + Send>;
@@ -62,13 +63,24 @@ impl CountPool {
         }
     }
 
-    /// Queues counting `texts` with `counter` into the count cache.
-    pub fn count(&self, counter: &'static dyn TokenCounter, texts: Vec<String>) -> Queued {
+    /// Queues counting `texts` with `counter` into the count cache. `held` is the texts'
+    /// reservation in the store's ledger, given back when the job ends: the queue holds
+    /// copies of them. A count whose waiter is gone (its request cancelled) is skipped.
+    pub fn count(
+        &self,
+        counter: &'static dyn TokenCounter,
+        texts: Vec<String>,
+        held: Reservation,
+    ) -> Queued {
         let Some(jobs) = &self.jobs else {
             return Queued(None);
         };
         let (done, rx) = oneshot::channel();
         let job: Job = Box::new(move || {
+            let _held = held;
+            if done.is_closed() {
+                return;
+            }
             crate::tokens::precount(counter, texts.iter().map(String::as_str));
             let _ = done.send(());
         });
@@ -127,12 +139,16 @@ mod tests {
         let counter = Counting::O200k.counter();
         let text = "cargo build: Compiling crate-17 v0.3.1\n".repeat(100);
         assert!(!counter.is_cached(&text));
-        let mut queued = pool.count(counter, vec![text.clone()]);
+        let mut queued = pool.count(counter, vec![text.clone()], Reservation::default());
         queued.done().await;
         assert!(queued.is_done());
         assert!(counter.is_cached(&text));
         // Asked in either order, any number of times.
-        let mut again = pool.count(counter, vec![text.replace("17", "18")]);
+        let mut again = pool.count(
+            counter,
+            vec![text.replace("17", "18")],
+            Reservation::default(),
+        );
         while !again.is_done() {
             tokio::task::yield_now().await;
         }
@@ -140,10 +156,45 @@ mod tests {
         again.done().await;
     }
 
+    /// A count whose request went away before its turn is not made, and the texts'
+    /// reservation is given back either way once the job has run.
+    #[tokio::test]
+    async fn a_count_nobody_waits_for_is_skipped_and_its_reservation_given_back() {
+        let pool = CountPool::new(1);
+        let counter = Counting::O200k.counter();
+        let ledger = Arc::new(crate::store::Ledger::new(1 << 30));
+        // A count that keeps the one thread busy for a while (o200k: ~40 MB/s).
+        let long = "compiling crate-a v0.1.0 (/src/a)\n".repeat(30_000);
+        let mut first = pool.count(counter, vec![long], Reservation::default());
+        let skipped = "warning: unused variable `x_41`\n".repeat(500);
+        let dropped = pool.count(
+            counter,
+            vec![skipped.clone()],
+            ledger.reserve(1_000, "counts").expect("room"),
+        );
+        drop(dropped);
+        let mut last = pool.count(
+            counter,
+            vec!["error[E0308]: mismatched types\n".repeat(500)],
+            Reservation::default(),
+        );
+        first.done().await;
+        last.done().await;
+        assert!(
+            !counter.is_cached(&skipped),
+            "the cancelled count was skipped"
+        );
+        assert_eq!(ledger.in_flight(), 0, "its reservation went with the job");
+    }
+
     #[tokio::test]
     async fn a_pool_without_threads_leaves_counts_to_the_actors() {
         let pool = CountPool { jobs: None };
-        let mut queued = pool.count(Counting::O200k.counter(), vec!["x".repeat(4096)]);
+        let mut queued = pool.count(
+            Counting::O200k.counter(),
+            vec!["x".repeat(4096)],
+            Reservation::default(),
+        );
         assert!(queued.is_done());
         queued.done().await;
     }

@@ -171,7 +171,14 @@ fn start_count(hub: &Hub, handle: &SessionHandle, part: &Part) -> Option<countin
     if texts.is_empty() {
         return None;
     }
-    Some(hub.count_pool.count(counter, texts))
+    // The copies wait in the counting queue, counted in flight; past the in-flight share
+    // the session's actor counts the texts itself.
+    let bytes = texts
+        .iter()
+        .map(|t| t.len() as u64)
+        .fold(0u64, u64::saturating_add);
+    let held = hub.store.ledger().reserve(bytes, "counts").ok()?;
+    Some(hub.count_pool.count(counter, texts, held))
 }
 
 /// Builds the context.
