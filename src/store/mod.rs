@@ -59,8 +59,12 @@ pub enum StoreError {
     /// A session with this id exists and the caller asked not to replace it.
     #[error("session {0} already exists")]
     AlreadyExists(String),
-    /// The session was deleted while the request was queued. Retrying reopens nothing.
-    #[error("session {0} was deleted")]
+    /// The session's actor closed while the request was queued: the session was deleted,
+    /// or (durable store) dropped from memory after a failed write, when it stays on disk
+    /// and a retry loads it back. The request was not applied.
+    #[error(
+        "session {0} closed before the request ran (deleted, or dropped from memory after a failed write); nothing was applied"
+    )]
     Closed(String),
     /// Creating the session would exceed `max_sessions`.
     #[error("max_sessions ({0}) reached: delete sessions or raise --max-sessions")]
