@@ -104,9 +104,6 @@ struct State {
     /// What the session counts with, as of its last job (callers count long texts of an
     /// update with it on the server's counting threads before queuing it).
     counting: std::sync::atomic::AtomicU8,
-    /// Set when the session's `Create` failed after it was acknowledged (`Interval`):
-    /// its actor's next batch writes it whole as a new row.
-    recreate: AtomicBool,
 }
 
 impl std::fmt::Debug for Msg {
@@ -227,15 +224,6 @@ impl SessionHandle {
         rx.await.unwrap_or(Ok(()))
     }
 
-    /// The session's first write (its `Create`) failed after the session was
-    /// acknowledged: every later write would find no row and land nowhere. The actor
-    /// writes the session whole as a new row at once (a flush) and keeps trying, one
-    /// batch at a time, until that write succeeds or the session is deleted or replaced.
-    pub(super) async fn recreate(&self) {
-        self.state.recreate.store(true, Ordering::Relaxed);
-        let _ = self.flush().await;
-    }
-
     /// Why the mailbox is shut: the actor evicted itself, or it ended otherwise.
     fn gone(&self) -> StoreError {
         if *lock(&self.state.gate) {
@@ -271,6 +259,10 @@ pub(super) struct Durable {
     /// Bytes logged since the last snapshot, and that snapshot's size.
     pub log_bytes: u64,
     pub snapshot_bytes: u64,
+    /// The session's `Create`, when it was acknowledged before being durable
+    /// (`Interval`): the actor's first batch in flight, so it learns the result (and
+    /// does not leave memory before it).
+    pub created: Option<Committed>,
 }
 
 /// The actor's side of a durable session: what is written, in flight, and waiting.
@@ -286,8 +278,12 @@ struct Journal {
     outstanding: Option<(Committed, Vec<Deliver>)>,
     /// A commit failed under `Interval`: the next batch carries a full snapshot.
     resync: bool,
-    /// The batch in flight is the session written whole as a new row ([`State::recreate`]).
+    /// The batch in flight is the session written whole as a new row (its `Create`).
     creating: bool,
+    /// The session's `Create` failed after it was acknowledged: every later write would
+    /// find no row and land nowhere, so the next batch writes the session whole as a new
+    /// row, until one lands or the session is deleted or replaced.
+    recreate: bool,
 }
 
 impl Journal {
@@ -329,21 +325,24 @@ pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
         gate: Mutex::new(false),
         waiting: AtomicBool::new(false),
         counting: std::sync::atomic::AtomicU8::new(counting_code(session.counting())),
-        recreate: AtomicBool::new(false),
     });
     let handle = SessionHandle {
         tx,
         state: state.clone(),
     };
-    let journal = durable.map(|d| Journal {
-        waits: d.backend.durability().waits(),
-        d,
-        unsent: Vec::new(),
-        unsent_bytes: 0,
-        waiting: Vec::new(),
-        outstanding: None,
-        resync: false,
-        creating: false,
+    let journal = durable.map(|mut d| {
+        let created = d.created.take();
+        Journal {
+            waits: d.backend.durability().waits(),
+            d,
+            unsent: Vec::new(),
+            unsent_bytes: 0,
+            waiting: Vec::new(),
+            creating: created.is_some(),
+            outstanding: created.map(|rx| (rx, Vec::new())),
+            resync: false,
+            recreate: false,
+        }
     });
     let actor = Actor {
         session,
@@ -705,7 +704,8 @@ impl Actor {
         if j.outstanding.is_some() {
             return;
         }
-        if self.me.recreate.swap(false, Ordering::Relaxed) {
+        if j.recreate {
+            j.recreate = false;
             let snapshot = encode_session(&self.session);
             let Some(store) = self.store.upgrade() else {
                 return;
@@ -796,8 +796,8 @@ impl Actor {
             }
             Err(e) if j.creating => {
                 // The session's new row was not written: try again with the next batch.
-                tracing::warn!(error = %e, "the session was not written whole; trying again");
-                self.me.recreate.store(true, Ordering::Relaxed);
+                tracing::warn!(error = %e, "the session was not written whole; writing it again");
+                j.recreate = true;
                 for d in delivers {
                     d(Ok(()));
                 }
@@ -882,7 +882,7 @@ impl Actor {
                 }
                 continue;
             }
-            if j.unsent.is_empty() && !j.resync && !self.me.recreate.load(Ordering::Relaxed) {
+            if j.unsent.is_empty() && !j.resync && !j.recreate {
                 return Ok(());
             }
             self.send_batch();

@@ -358,12 +358,29 @@ async fn interval_durability_acknowledges_at_once_and_close_writes_the_rest() {
     assert_eq!(observed(&h).await, before);
 }
 
-/// A backend whose first write holding a `Create` fails (a full disk at the moment a
-/// session is opened), everything else passing through to SQLite.
+/// A backend whose first write holding a `Create` fails after `delay` (a full disk at
+/// the moment a session is opened), everything else passing through to SQLite.
 #[derive(Debug)]
 struct FailFirstCreate {
     inner: Sqlite,
     failed: std::sync::atomic::AtomicBool,
+    delay: Duration,
+}
+
+impl FailFirstCreate {
+    fn open(dir: &std::path::Path, delay: Duration) -> FailFirstCreate {
+        FailFirstCreate {
+            inner: Sqlite::open(
+                dir,
+                Durability::Interval(Duration::from_millis(50)),
+                None,
+                0,
+            )
+            .expect("open"),
+            failed: std::sync::atomic::AtomicBool::new(false),
+            delay,
+        }
+    }
 }
 
 impl Backend for FailFirstCreate {
@@ -380,7 +397,11 @@ impl Backend for FailFirstCreate {
         let create = writes.iter().any(|w| matches!(w, Write::Create { .. }));
         if create && !self.failed.swap(true, std::sync::atomic::Ordering::SeqCst) {
             let (tx, rx) = tokio::sync::oneshot::channel();
-            let _ = tx.send(Err(BackendError::Full("injected".into())));
+            let delay = self.delay;
+            std::thread::spawn(move || {
+                std::thread::sleep(delay);
+                let _ = tx.send(Err(BackendError::Full("injected".into())));
+            });
             return rx;
         }
         self.inner.write(writes)
@@ -407,16 +428,7 @@ impl Backend for FailFirstCreate {
 async fn under_interval_a_session_whose_first_write_failed_is_written_whole_again() {
     let d = tempfile::tempdir().expect("dir");
     let before = {
-        let backend = FailFirstCreate {
-            inner: Sqlite::open(
-                d.path(),
-                Durability::Interval(Duration::from_millis(50)),
-                None,
-                0,
-            )
-            .expect("open"),
-            failed: std::sync::atomic::AtomicBool::new(false),
-        };
+        let backend = FailFirstCreate::open(d.path(), Duration::ZERO);
         let store = Store::new(EngineConfig::default())
             .with_backend(Arc::new(backend))
             .expect("listed");
@@ -432,4 +444,30 @@ async fn under_interval_a_session_whose_first_write_failed_is_written_whole_agai
     let store = durable(d.path(), Limits::default(), 0);
     let h = store.get("s").await.expect("the session is on disk");
     assert_eq!(observed(&h).await, before);
+}
+
+/// The same when the session would go cold (idle) before its first write failed: it does
+/// not leave memory before that write's result is known, so it is written whole again
+/// first and loads back from disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_interval_a_session_does_not_go_cold_before_its_first_write_is_known() {
+    let d = tempfile::tempdir().expect("dir");
+    let backend = FailFirstCreate::open(d.path(), Duration::from_millis(300));
+    let store = Store::new(EngineConfig::default())
+        .with_backend(Arc::new(backend))
+        .expect("listed");
+    let mut evictions = store.evict_idle_after(Duration::from_millis(50));
+    let (h, created) = store.open(info("s")).await.expect("acknowledged at once");
+    assert!(created);
+    let before = observed(&h).await;
+    drop(h);
+    let evicted = tokio::time::timeout(Duration::from_secs(10), evictions.recv())
+        .await
+        .expect("evicted when idle")
+        .expect("an eviction");
+    assert_eq!(evicted.session_id, "s");
+    assert!(evicted.cold, "left for disk");
+    let h = store.get("s").await.expect("loaded back from disk");
+    assert_eq!(observed(&h).await, before);
+    store.close().await;
 }

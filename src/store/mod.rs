@@ -510,6 +510,7 @@ impl Store {
             seq,
             log_bytes,
             snapshot_bytes,
+            created: None,
         })
     }
 
@@ -576,7 +577,17 @@ impl Store {
             }])),
             _ => None,
         };
-        let handle = self.spawn(session, self.durable(incarnation, 0, 0, 0));
+        // Under `Sync` the caller waits for the write (`created`); otherwise the actor
+        // does, as its first batch in flight.
+        let (committed, created) = if self.durability().waits() {
+            (committed, None)
+        } else {
+            (None, committed)
+        };
+        let durable = self
+            .durable(incarnation, 0, 0, 0)
+            .map(|d| actor::Durable { created, ..d });
+        let handle = self.spawn(session, durable);
         map.cold.remove(&id);
         map.hot.insert(id, handle.clone());
         (handle, committed)
@@ -584,7 +595,8 @@ impl Store {
 
     /// Waits for a new session's first write under `Durability::Sync`; on failure the
     /// session is taken back out (it was never acknowledged). Under `Interval` the session
-    /// is acknowledged at once, and a failed first write is made again by its actor.
+    /// is acknowledged at once: its actor holds the write as its first batch in flight
+    /// and, if it fails, writes the session whole again.
     async fn created(
         &self,
         id: &str,
@@ -595,15 +607,6 @@ impl Store {
             return Ok(());
         };
         if !self.durability().waits() {
-            // Acknowledged now; if the write fails, the actor writes the session whole
-            // again (its later writes would otherwise find no row and land nowhere).
-            let handle = handle.clone();
-            tokio::spawn(async move {
-                if let Err(e) = rx.await.unwrap_or(Err(BackendError::Closed)) {
-                    tracing::warn!(session_id = %handle.id(), error = %e, "a new session was not written; writing it whole again");
-                    handle.recreate().await;
-                }
-            });
             return Ok(());
         }
         match rx.await.unwrap_or(Err(BackendError::Closed)) {
