@@ -157,10 +157,7 @@ pub async fn start(
                 overflow,
             })?;
             let head = s.head_view(&plan);
-            let tail_id = plan
-                .tail_start
-                .map(|i| s.messages()[i].info.id.clone())
-                .unwrap_or_default();
+            let tail_id = plan.tail_start_id().unwrap_or_default().to_string();
             Ok::<_, CompactionError>((plan, head, tail_id, s.info().config.clone()))
         })
         .await;
@@ -382,8 +379,11 @@ impl Job {
                 CompactionError::NotSmaller { .. } => "not_smaller",
                 CompactionError::NothingToCompact => "nothing_to_compact",
                 CompactionError::Apply(_) => "commit",
+                CompactionError::Stale(_) => "stale",
             };
-            fail(kind, e.to_string(), false)
+            // A compaction planned afresh summarizes what the session holds now.
+            let retryable = matches!(e, CompactionError::Stale(_));
+            fail(kind, e.to_string(), retryable)
         })?;
         Ok(pb::SessionCompacted {
             user_message_id: done.user_message_id,

@@ -656,7 +656,9 @@ export interface CompactionFailed {
   retryable: boolean;
   /**
    * What failed: "not_configured", "request", "broken_stream", "malformed", "timeout",
-   * "cancelled", "empty_summary", "not_smaller", "nothing_to_compact".
+   * "cancelled", "empty_summary", "not_smaller", "nothing_to_compact", "stale" (the
+   * session was replaced, by an import or a delete and re-create, while the summary was
+   * written: nothing was committed).
    */
   kind: string;
   /**
