@@ -277,6 +277,12 @@ impl Job {
         let began = Instant::now();
         let outcome = self.summarize().await;
         let result = match outcome {
+            // Cancelled once the summary was written (its session deleted or replaced,
+            // CancelCompaction, the drain's deadline): a cancelled compaction commits
+            // nothing.
+            Ok(_) if self.link.running.cancel.is_cancelled() => {
+                Err(failed(&SummarizeError::Cancelled))
+            }
             Ok(summary) => self.commit(summary, began).await,
             Err(e) => Err(failed(&e)),
         };

@@ -278,6 +278,15 @@ pub fn cancel_compaction(hub: &Hub, session_id: &str) -> Result<(), Rejection> {
     }
 }
 
+/// Stops the running compaction of a session that was deleted or replaced by an import:
+/// its summary describes messages the session no longer holds (its commit would be
+/// refused as stale), so its LLM request stops now rather than at its end.
+pub fn cancel_replaced(hub: &Hub, session_id: &str, why: &'static str) {
+    if let Some(id) = hub.cancel(session_id) {
+        tracing::info!(session_id, compaction_id = %id, why, "compaction cancelled");
+    }
+}
+
 /// Opens `info`'s session: created on the spot, or reconfigured on its actor.
 async fn open_as<R: Send + 'static>(
     hub: &Arc<Hub>,
