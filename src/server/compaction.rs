@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, oneshot};
 use tonic::Code;
 
 use super::clock::now_ms;
-use super::hub::{Hub, Running};
+use super::hub::{Claim, Hub, Running};
 use super::pb;
 use super::pb::compaction_event::Event as Ce;
 use super::status::Rejection;
@@ -135,7 +135,8 @@ pub async fn start(
         return Err(precondition(SummarizeError::NotConfigured.to_string()));
     };
     let handle = hub.store.get(session_id).await?;
-    let running = hub.claim(session_id).map_err(|refused| match refused {
+    // Held by this call until the job takes it: every early return below frees it.
+    let claim = hub.claim(session_id).map_err(|refused| match refused {
         super::hub::Refused::Draining => Rejection {
             code: tonic::Code::Unavailable,
             field: String::new(),
@@ -146,6 +147,7 @@ pub async fn start(
             r.id
         )),
     })?;
+    let running = claim.running().clone();
     let cfg = hub.compaction.clone();
     let (auto, overflow, turns) = (options.auto, options.overflow, options.tail_turns);
     let planned = handle
@@ -163,14 +165,8 @@ pub async fn start(
         .await;
     let (plan, head, tail_id, session) = match planned {
         Ok(Ok(p)) => p,
-        Ok(Err(e)) => {
-            hub.release(session_id, &running.id);
-            return Err(precondition(e.to_string()));
-        }
-        Err(e) => {
-            hub.release(session_id, &running.id);
-            return Err(e.into());
-        }
+        Ok(Err(e)) => return Err(precondition(e.to_string())),
+        Err(e) => return Err(e.into()),
     };
     // The request's model and prompts win over the session's, which win over the server's.
     for (field, session) in [
@@ -188,24 +184,15 @@ pub async fn start(
         .filter(|m| !m.is_empty())
         .or(session.compaction_model);
     // Checked at use too: the allow-list may have changed since the session was opened.
-    if let Some(m) = &model
-        && let Err(r) = hub.compaction.check_model("options.model", m)
-    {
-        hub.release(session_id, &running.id);
-        return Err(r);
+    if let Some(m) = &model {
+        hub.compaction.check_model("options.model", m)?;
     }
     // The head copied out of the session and the prompts built from it are held until
     // the compaction ends: counted in flight (about 4 bytes per token, twice).
-    let prompt = match hub.store.ledger().reserve(
+    let prompt = hub.store.ledger().reserve(
         plan.head_tokens.saturating_mul(PROMPT_BYTES_PER_TOKEN),
         "compaction prompt",
-    ) {
-        Ok(r) => r,
-        Err(e) => {
-            hub.release(session_id, &running.id);
-            return Err(e.into());
-        }
-    };
+    )?;
     let started = event(
         session_id,
         &running.id,
@@ -234,6 +221,7 @@ pub async fn start(
             hub: hub.clone(),
             session_id: session_id.to_string(),
             running,
+            _claim: claim,
             sink,
             summarizer,
             model,
@@ -265,6 +253,8 @@ struct Link {
     hub: Arc<Hub>,
     session_id: String,
     running: Running,
+    /// The session's compaction slot, freed when the job ends, however it ends.
+    _claim: Claim,
     sink: Option<Sink>,
     summarizer: Arc<dyn Summarizer>,
     /// Model override for the endpoint (None: the summarizer's own).
@@ -311,7 +301,7 @@ impl Job {
             }
         };
         link.emit(ev).await;
-        link.hub.release(&link.session_id, &link.running.id);
+        // The slot is freed as the job drops (`Link::_claim`), after its last event.
     }
 
     /// Feeds the outcome to the session's loop protection; true when it paused
@@ -566,3 +556,7 @@ fn precondition(message: String) -> Rejection {
         message,
     }
 }
+
+#[cfg(test)]
+#[path = "compaction_tests.rs"]
+mod tests;
