@@ -276,7 +276,11 @@ impl Job {
             Ok(summary) => self.commit(summary, began).await,
             Err(e) => Err(failed(&e)),
         };
-        let paused = self.record(result.is_ok()).await;
+        let paused = match &result {
+            Ok(_) => self.record(true).await,
+            Err(f) if counts_for_breaker(f) => self.record(false).await,
+            Err(_) => false,
+        };
         let link = &mut self.link;
         match &result {
             Ok(done) => crate::telemetry::compaction(
@@ -538,6 +542,14 @@ fn failure_kind(e: &SummarizeError) -> &'static str {
         SummarizeError::TooLong(_) => "too_long",
         SummarizeError::Cancelled => "cancelled",
     }
+}
+
+/// True when a failure counts toward the session's breaker: only a compaction that
+/// failed of itself. A cancelled one (CancelCompaction, the drain's deadline, its session
+/// deleted or replaced) or a stale one (its session replaced) says nothing of the
+/// session's compactions, and changes nothing, as a cancel promises.
+fn counts_for_breaker(f: &pb::CompactionFailed) -> bool {
+    !matches!(f.kind.as_str(), "cancelled" | "stale")
 }
 
 fn fail(kind: &str, reason: String, retryable: bool) -> pb::CompactionFailed {

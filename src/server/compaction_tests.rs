@@ -118,3 +118,38 @@ async fn a_start_dropped_while_planning_frees_the_slot() {
         .expect("a new compaction starts");
     assert!(matches!(started.event, Some(Ce::Started(_))), "{started:?}");
 }
+
+/// The next compaction failure announced on `bus`.
+async fn next_failure(
+    bus: &mut tokio::sync::broadcast::Receiver<Arc<pb::SessionEvent>>,
+) -> pb::CompactionFailed {
+    loop {
+        let event = bus.recv().await.expect("the bus is open");
+        if let Some(pb::session_event::Event::Compaction(c)) = &event.event
+            && let Some(Ce::Failed(f)) = &c.event
+        {
+            return f.clone();
+        }
+    }
+}
+
+#[tokio::test]
+async fn cancelled_automatic_compactions_leave_the_breaker_alone() {
+    // A rolling restart cancels running compactions at the drain's deadline: that says
+    // nothing of the session, so as many as would trip the breaker must not pause it.
+    let hub = hub_with_session(Fake { text: None }).await;
+    let handle = hub.store.get(SID).await.expect("the session");
+    let before = handle.call(|s, _| s.auto_state()).await.expect("actor");
+    let mut bus = hub.bus.subscribe();
+    for _ in 0..=EngineConfig::default().breaker_failures {
+        let started = start(&hub, SID, Options::automatic(), None, None)
+            .await
+            .expect("an automatic compaction starts");
+        assert_eq!(hub.cancel(SID), Some(started.compaction_id));
+        let failed = next_failure(&mut bus).await;
+        assert_eq!(failed.kind, "cancelled", "{failed:?}");
+        assert!(!failed.auto_compaction_paused, "{failed:?}");
+    }
+    let after = handle.call(|s, _| s.auto_state()).await.expect("actor");
+    assert_eq!(after, before, "the breaker saw nothing");
+}
