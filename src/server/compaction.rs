@@ -123,7 +123,9 @@ pub async fn start_automatic(
 const PROMPT_BYTES_PER_TOKEN: u64 = 8;
 
 /// Starts a compaction of `session_id` and returns its `started` event. The rest of the
-/// events follow on `sink` (once `go` fires, when given) and on the bus.
+/// events follow on `sink` (once `go` fires, when given) and on the bus. A refusal names
+/// its field within the options (`model`): the caller puts them where its request has
+/// them ([`Rejection::within_payload`]).
 pub async fn start(
     hub: &Arc<Hub>,
     session_id: &str,
@@ -184,8 +186,9 @@ pub async fn start(
         .filter(|m| !m.is_empty())
         .or(session.compaction_model);
     // Checked at use too: the allow-list may have changed since the session was opened.
+    // The field is named within the options; each entry point names where they sit.
     if let Some(m) = &model {
-        hub.compaction.check_model("options.model", m)?;
+        hub.compaction.check_model("model", m)?;
     }
     // The head copied out of the session and the prompts built from it are held until
     // the compaction ends: counted in flight (about 4 bytes per token, twice).

@@ -54,13 +54,7 @@ impl<T> Pending<T> {
     /// Answered already. A rejection gets the payload's prefix, unless it names the
     /// `session_id`, which sits beside the payload, not in it.
     fn ready(outcome: Result<T, Rejection>, prefix: &'static str) -> Pending<T> {
-        let outcome = outcome.map_err(|r| {
-            if r.field == "session_id" {
-                r
-            } else {
-                r.within(prefix)
-            }
-        });
+        let outcome = outcome.map_err(|r| r.within_payload(prefix));
         Pending {
             state: State::Ready(Box::new(outcome)),
             prefix,

@@ -147,7 +147,8 @@ impl pb::sessions_server::Sessions for SessionsService {
             Some(Sink::owning(tx.clone())),
             None,
         )
-        .await?;
+        .await
+        .map_err(|r| r.within_payload("options"))?;
         // The receiver is ours until we return it; this send cannot fail.
         let _ = tx.send(started).await;
         drop(tx);
