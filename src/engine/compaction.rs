@@ -78,6 +78,28 @@ pub struct CompactionPlan {
     pub tokens_before: u64,
     /// How it was asked for.
     pub request: CompactionRequest,
+    /// Who `head` and `tail_start` named when the plan was made, so the commit can tell
+    /// the session still holds them there. `None` in a plan read back from the log: a
+    /// logged commit was checked when performed, and replaying it meets the same state.
+    #[serde(skip)]
+    held: Option<HeldIds>,
+}
+
+impl CompactionPlan {
+    /// Id of the first message kept verbatim, as planned (for the `started` event).
+    pub fn tail_start_id(&self) -> Option<&str> {
+        self.held.as_ref().and_then(|h| h.tail_start.as_deref())
+    }
+}
+
+/// Ids of the messages a plan's positions named: the summarized head, in the plan's
+/// order, and the first message kept verbatim. Messages are never removed from a
+/// session, so only a session replaced under the same id (an import, a delete and
+/// re-create) holds other messages there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct HeldIds {
+    head: Vec<String>,
+    tail_start: Option<String>,
 }
 
 /// Why a compaction cannot start or cannot be recorded.
@@ -100,6 +122,11 @@ pub enum CompactionError {
     /// Recording the messages failed (an id collided).
     #[error("recording the summary failed: {0}")]
     Apply(#[from] ApplyError),
+    /// The session no longer holds the messages the plan summarized where it found them:
+    /// it was replaced (imported over, deleted and re-created) while the summary was
+    /// written. Nothing is recorded; a new compaction plans what the session holds now.
+    #[error("the session changed while the summary was written: {0}")]
+    Stale(String),
 }
 
 /// Ids for the messages a commit creates; the caller makes them unique.
@@ -169,6 +196,10 @@ impl Session {
         }
         let head_tokens: u64 = head.iter().map(|&i| self.message_tokens(i)).sum();
         let pinned_tokens: u64 = head.iter().map(|&i| self.pinned_tokens(i)).sum();
+        let held = HeldIds {
+            head: head.iter().filter_map(|&i| self.id_at(i)).collect(),
+            tail_start: tail_start.and_then(|i| self.id_at(i)),
+        };
         Ok(CompactionPlan {
             replaced_tokens: head_tokens
                 .saturating_sub(pinned_tokens)
@@ -180,13 +211,60 @@ impl Session {
             head_tokens,
             tokens_before,
             request,
+            held: Some(held),
         })
     }
 
     /// The head as the summarizer sees it: rendered like the context (placeholders for
     /// cleared outputs, interrupted tools as errors).
     pub fn head_view(&self, plan: &CompactionPlan) -> super::ContextView {
-        self.view_of(plan.head.iter().map(|&i| (i, Keep::All)))
+        let len = self.messages().len();
+        self.view_of(
+            plan.head
+                .iter()
+                .filter(|&&i| i < len)
+                .map(|&i| (i, Keep::All)),
+        )
+    }
+
+    /// Id of the message at position `i`, if there is one.
+    fn id_at(&self, i: usize) -> Option<String> {
+        self.messages().get(i).map(|m| m.info.id.clone())
+    }
+
+    /// Checks the session still holds, where the plan found them, the messages it
+    /// summarizes and the first one it keeps: a plan outlives the actor job that made it
+    /// (the summary is written outside), and the session may be replaced meanwhile.
+    fn check_still_holds(&self, plan: &CompactionPlan) -> Result<(), CompactionError> {
+        let messages = self.messages();
+        let held = plan.held.as_ref();
+        if held.is_some_and(|h| {
+            h.head.len() != plan.head.len() || h.tail_start.is_some() != plan.tail_start.is_some()
+        }) {
+            return Err(CompactionError::Stale(
+                "the plan's ids do not match its positions".into(),
+            ));
+        }
+        let head =
+            (plan.head.iter().enumerate()).map(|(k, &i)| (i, held.and_then(|h| h.head.get(k))));
+        let tail = (plan.tail_start).map(|i| (i, held.and_then(|h| h.tail_start.as_ref())));
+        for (i, id) in head.chain(tail) {
+            let Some(m) = messages.get(i) else {
+                return Err(CompactionError::Stale(format!(
+                    "position {i} of the plan is past the session's {} messages",
+                    messages.len()
+                )));
+            };
+            if let Some(id) = id
+                && m.info.id != *id
+            {
+                return Err(CompactionError::Stale(format!(
+                    "message {id} is no longer at position {i} ({} is)",
+                    m.info.id
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// The earliest of the last `turns` user messages whose suffix fits the budget.
@@ -263,8 +341,8 @@ impl Session {
             }
         }
         let mut protected = String::new();
-        for &i in &plan.head {
-            for p in &self.messages()[i].parts {
+        for m in plan.head.iter().filter_map(|&i| self.messages().get(i)) {
+            for p in &m.parts {
                 if let PartKind::Tool(t) = &p.part.kind
                     && self.settings().is_protected_tool(&t.tool)
                     && !t.state.output.is_empty()
@@ -286,9 +364,10 @@ impl Session {
         out
     }
 
-    /// Records a finished compaction. Checks the summary first (non-empty, smaller than
-    /// what it replaces: the head and any previous summary); on error the session is
-    /// unchanged.
+    /// Records a finished compaction. Checks first that the session still holds what the
+    /// plan summarized (else [`CompactionError::Stale`]), then the summary (non-empty,
+    /// smaller than what it replaces: the head and any previous summary); on error the
+    /// session is unchanged.
     pub fn commit_compaction(
         &mut self,
         plan: &CompactionPlan,
@@ -297,6 +376,7 @@ impl Session {
         now_ms: i64,
         config: &EngineConfig,
     ) -> Result<Committed, CompactionError> {
+        self.check_still_holds(plan)?;
         let model_text = outcome.text.trim();
         if model_text.is_empty() {
             return Err(CompactionError::EmptySummary);
@@ -319,7 +399,7 @@ impl Session {
         let tail_start_id = plan
             .tail_start
             .or((plan.covers < self.messages().len()).then_some(plan.covers))
-            .map(|i| self.messages()[i].info.id.clone())
+            .and_then(|i| self.id_at(i))
             .unwrap_or_default();
 
         let user_id = ids.id("user");

@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, oneshot};
 use tonic::Code;
 
 use super::clock::now_ms;
-use super::hub::{Hub, Running};
+use super::hub::{Claim, Hub, Running};
 use super::pb;
 use super::pb::compaction_event::Event as Ce;
 use super::status::Rejection;
@@ -123,7 +123,9 @@ pub async fn start_automatic(
 const PROMPT_BYTES_PER_TOKEN: u64 = 8;
 
 /// Starts a compaction of `session_id` and returns its `started` event. The rest of the
-/// events follow on `sink` (once `go` fires, when given) and on the bus.
+/// events follow on `sink` (once `go` fires, when given) and on the bus. A refusal names
+/// its field within the options (`model`): the caller puts them where its request has
+/// them ([`Rejection::within_payload`]).
 pub async fn start(
     hub: &Arc<Hub>,
     session_id: &str,
@@ -135,7 +137,8 @@ pub async fn start(
         return Err(precondition(SummarizeError::NotConfigured.to_string()));
     };
     let handle = hub.store.get(session_id).await?;
-    let running = hub.claim(session_id).map_err(|refused| match refused {
+    // Held by this call until the job takes it: every early return below frees it.
+    let claim = hub.claim(session_id).map_err(|refused| match refused {
         super::hub::Refused::Draining => Rejection {
             code: tonic::Code::Unavailable,
             field: String::new(),
@@ -146,6 +149,7 @@ pub async fn start(
             r.id
         )),
     })?;
+    let running = claim.running().clone();
     let cfg = hub.compaction.clone();
     let (auto, overflow, turns) = (options.auto, options.overflow, options.tail_turns);
     let planned = handle
@@ -157,23 +161,14 @@ pub async fn start(
                 overflow,
             })?;
             let head = s.head_view(&plan);
-            let tail_id = plan
-                .tail_start
-                .map(|i| s.messages()[i].info.id.clone())
-                .unwrap_or_default();
+            let tail_id = plan.tail_start_id().unwrap_or_default().to_string();
             Ok::<_, CompactionError>((plan, head, tail_id, s.info().config.clone()))
         })
         .await;
     let (plan, head, tail_id, session) = match planned {
         Ok(Ok(p)) => p,
-        Ok(Err(e)) => {
-            hub.release(session_id, &running.id);
-            return Err(precondition(e.to_string()));
-        }
-        Err(e) => {
-            hub.release(session_id, &running.id);
-            return Err(e.into());
-        }
+        Ok(Err(e)) => return Err(precondition(e.to_string())),
+        Err(e) => return Err(e.into()),
     };
     // The request's model and prompts win over the session's, which win over the server's.
     for (field, session) in [
@@ -191,24 +186,16 @@ pub async fn start(
         .filter(|m| !m.is_empty())
         .or(session.compaction_model);
     // Checked at use too: the allow-list may have changed since the session was opened.
-    if let Some(m) = &model
-        && let Err(r) = hub.compaction.check_model("options.model", m)
-    {
-        hub.release(session_id, &running.id);
-        return Err(r);
+    // The field is named within the options; each entry point names where they sit.
+    if let Some(m) = &model {
+        hub.compaction.check_model("model", m)?;
     }
     // The head copied out of the session and the prompts built from it are held until
     // the compaction ends: counted in flight (about 4 bytes per token, twice).
-    let prompt = match hub.store.ledger().reserve(
+    let prompt = hub.store.ledger().reserve(
         plan.head_tokens.saturating_mul(PROMPT_BYTES_PER_TOKEN),
         "compaction prompt",
-    ) {
-        Ok(r) => r,
-        Err(e) => {
-            hub.release(session_id, &running.id);
-            return Err(e.into());
-        }
-    };
+    )?;
     let started = event(
         session_id,
         &running.id,
@@ -237,6 +224,7 @@ pub async fn start(
             hub: hub.clone(),
             session_id: session_id.to_string(),
             running,
+            _claim: claim,
             sink,
             summarizer,
             model,
@@ -268,6 +256,8 @@ struct Link {
     hub: Arc<Hub>,
     session_id: String,
     running: Running,
+    /// The session's compaction slot, freed when the job ends, however it ends.
+    _claim: Claim,
     sink: Option<Sink>,
     summarizer: Arc<dyn Summarizer>,
     /// Model override for the endpoint (None: the summarizer's own).
@@ -280,10 +270,20 @@ impl Job {
         let began = Instant::now();
         let outcome = self.summarize().await;
         let result = match outcome {
+            // Cancelled once the summary was written (its session deleted or replaced,
+            // CancelCompaction, the drain's deadline): a cancelled compaction commits
+            // nothing.
+            Ok(_) if self.link.running.cancel.is_cancelled() => {
+                Err(failed(&SummarizeError::Cancelled))
+            }
             Ok(summary) => self.commit(summary, began).await,
             Err(e) => Err(failed(&e)),
         };
-        let paused = self.record(result.is_ok()).await;
+        let paused = match &result {
+            Ok(_) => self.record(true).await,
+            Err(f) if counts_for_breaker(f) => self.record(false).await,
+            Err(_) => false,
+        };
         let link = &mut self.link;
         match &result {
             Ok(done) => crate::telemetry::compaction(
@@ -308,7 +308,7 @@ impl Job {
             }
         };
         link.emit(ev).await;
-        link.hub.release(&link.session_id, &link.running.id);
+        // The slot is freed as the job drops (`Link::_claim`), after its last event.
     }
 
     /// Feeds the outcome to the session's loop protection; true when it paused
@@ -382,8 +382,11 @@ impl Job {
                 CompactionError::NotSmaller { .. } => "not_smaller",
                 CompactionError::NothingToCompact => "nothing_to_compact",
                 CompactionError::Apply(_) => "commit",
+                CompactionError::Stale(_) => "stale",
             };
-            fail(kind, e.to_string(), false)
+            // A compaction planned afresh summarizes what the session holds now.
+            let retryable = matches!(e, CompactionError::Stale(_));
+            fail(kind, e.to_string(), retryable)
         })?;
         Ok(pb::SessionCompacted {
             user_message_id: done.user_message_id,
@@ -544,6 +547,14 @@ fn failure_kind(e: &SummarizeError) -> &'static str {
     }
 }
 
+/// True when a failure counts toward the session's breaker: only a compaction that
+/// failed of itself. A cancelled one (CancelCompaction, the drain's deadline, its session
+/// deleted or replaced) or a stale one (its session replaced) says nothing of the
+/// session's compactions, and changes nothing, as a cancel promises.
+fn counts_for_breaker(f: &pb::CompactionFailed) -> bool {
+    !matches!(f.kind.as_str(), "cancelled" | "stale")
+}
+
 fn fail(kind: &str, reason: String, retryable: bool) -> pb::CompactionFailed {
     pb::CompactionFailed {
         reason,
@@ -560,3 +571,7 @@ fn precondition(message: String) -> Rejection {
         message,
     }
 }
+
+#[cfg(test)]
+#[path = "compaction_tests.rs"]
+mod tests;

@@ -92,6 +92,37 @@ struct Slot {
     _tracked: TaskTrackerToken,
 }
 
+/// A claimed compaction slot, freed when dropped. Whoever drives the compaction holds
+/// it (the starting call, then the compaction's task), so a start dropped mid-way (tonic
+/// drops a `Compact` whose client went away or whose deadline passed) frees the slot too.
+pub struct Claim {
+    hub: Arc<Hub>,
+    session_id: String,
+    running: Running,
+}
+
+impl Claim {
+    /// The compaction holding the slot.
+    pub fn running(&self) -> &Running {
+        &self.running
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.hub.release(&self.session_id, &self.running.id);
+    }
+}
+
+impl std::fmt::Debug for Claim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Claim")
+            .field("session_id", &self.session_id)
+            .field("running", &self.running)
+            .finish_non_exhaustive()
+    }
+}
+
 /// How long cancelled compactions get to report before the drain closes the streams.
 const CANCEL_GRACE: Duration = Duration::from_secs(2);
 
@@ -205,9 +236,9 @@ impl Hub {
         }));
     }
 
-    /// Claims the session's compaction slot; refused while draining or when another
-    /// compaction holds it (named in the error).
-    pub fn claim(&self, session_id: &str) -> Result<Running, Refused> {
+    /// Claims the session's compaction slot, held until the returned [`Claim`] drops;
+    /// refused while draining or when another compaction holds it (named in the error).
+    pub fn claim(self: &Arc<Self>, session_id: &str) -> Result<Claim, Refused> {
         let mut slots = self.slots();
         if self.draining.is_cancelled() {
             return Err(Refused::Draining);
@@ -227,7 +258,11 @@ impl Hub {
                 _tracked: self.compactions.token(),
             },
         );
-        Ok(running)
+        Ok(Claim {
+            hub: self.clone(),
+            session_id: session_id.to_string(),
+            running,
+        })
     }
 
     /// Cancels the session's running compaction; returns its id.
@@ -239,8 +274,8 @@ impl Hub {
     }
 
     /// Frees the session's compaction slot if `id` holds it (a drain waiting for it
-    /// wakes when the last slot is freed).
-    pub fn release(&self, session_id: &str, id: &str) {
+    /// wakes when the last slot is freed). Only a [`Claim`] dropping calls it.
+    fn release(&self, session_id: &str, id: &str) {
         let mut slots = self.slots();
         if slots.get(session_id).is_some_and(|s| s.running.id == id) {
             slots.remove(session_id);

@@ -54,13 +54,7 @@ impl<T> Pending<T> {
     /// Answered already. A rejection gets the payload's prefix, unless it names the
     /// `session_id`, which sits beside the payload, not in it.
     fn ready(outcome: Result<T, Rejection>, prefix: &'static str) -> Pending<T> {
-        let outcome = outcome.map_err(|r| {
-            if r.field == "session_id" {
-                r
-            } else {
-                r.within(prefix)
-            }
-        });
+        let outcome = outcome.map_err(|r| r.within_payload(prefix));
         Pending {
             state: State::Ready(Box::new(outcome)),
             prefix,
@@ -282,6 +276,15 @@ pub fn cancel_compaction(hub: &Hub, session_id: &str) -> Result<(), Rejection> {
             field: String::new(),
             message: format!("no compaction is running for session {session_id}"),
         }),
+    }
+}
+
+/// Stops the running compaction of a session that was deleted or replaced by an import:
+/// its summary describes messages the session no longer holds (its commit would be
+/// refused as stale), so its LLM request stops now rather than at its end.
+pub fn cancel_replaced(hub: &Hub, session_id: &str, why: &'static str) {
+    if let Some(id) = hub.cancel(session_id) {
+        tracing::info!(session_id, compaction_id = %id, why, "compaction cancelled");
     }
 }
 

@@ -166,7 +166,8 @@ impl pb::sessions_server::Sessions for SessionsService {
             Some(Sink::owning(tx.clone())),
             None,
         )
-        .await?;
+        .await
+        .map_err(|r| r.within_payload("options"))?;
         // The receiver is ours until we return it; this send cannot fail.
         let _ = tx.send(started).await;
         drop(tx);
@@ -434,6 +435,7 @@ impl pb::sessions_server::Sessions for SessionsService {
         if !removed {
             return Err(Rejection::from(crate::store::StoreError::NotFound(req.session_id)).into());
         }
+        ops::cancel_replaced(&self.hub, &req.session_id, "session deleted");
         tracing::info!(session_id = %req.session_id, "session deleted");
         Ok(Response::new(pb::DeleteSessionResponse { deleted: true }))
     }
@@ -513,6 +515,9 @@ impl pb::sessions_server::Sessions for SessionsService {
             .insert(session, req.replace)
             .await
             .map_err(Rejection::from)?;
+        if req.replace {
+            ops::cancel_replaced(&self.hub, &id, "session replaced by an import");
+        }
         tracing::info!(session_id = %id, messages, parts, "session imported");
         Ok(Response::new(self.summary(&id, true).await?))
     }

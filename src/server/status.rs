@@ -46,6 +46,15 @@ impl Rejection {
         }
         self
     }
+
+    /// [`Self::within`] the request's payload, unless the field is the `session_id`,
+    /// which sits beside the payload, not in it.
+    pub fn within_payload(self, prefix: &str) -> Self {
+        if self.field == "session_id" {
+            return self;
+        }
+        self.within(prefix)
+    }
 }
 
 impl Rejection {

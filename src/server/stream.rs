@@ -263,7 +263,8 @@ impl Reader {
                 let sink = Sink::listening(self.compactions.clone());
                 let started =
                     compaction::start(&self.hub, &session_id, options, Some(sink), Some(go_rx))
-                        .await;
+                        .await
+                        .map_err(|r| r.within_payload("compact"));
                 let pending = Pending::answered(started.map(Reply::CompactionStarted));
                 ("compact", pending, Some(go_tx))
             }

@@ -337,6 +337,135 @@ fn empty_or_larger_summaries_are_rejected_and_change_nothing() {
     assert_eq!(s.messages(), &before[..]);
 }
 
+/// Plans on `planned`, replaces the session by `replaced` (an import over it, a delete
+/// and re-create: same session id, other messages) and commits the plan there: the
+/// commit must be refused as stale and leave `replaced` exactly as it was.
+fn check_stale_commit(planned: &str, replaced: &str, auto: bool) -> CompactionError {
+    let plan = session(planned)
+        .plan_compaction(req(TAIL, auto))
+        .expect("plan");
+    let mut s = session(replaced);
+    let before = session(replaced);
+    let err = s
+        .commit_compaction(&plan, &outcome("summary"), &ids(1), NOW, &config())
+        .expect_err("a plan of another session is refused");
+    assert!(matches!(err, CompactionError::Stale(_)), "{err:?}");
+    super::snapshot::assert_same(&s, &before, "a stale commit changes nothing");
+    err
+}
+
+#[test]
+fn a_plan_committed_on_a_shorter_replacement_is_stale_not_a_panic() {
+    // Replaced by an older, shorter export of the same conversation: the plan's tail
+    // (u2) and part of its head are past the end. Indexing would panic the actor.
+    let err = check_stale_commit(FIXTURE, "user u1 text:t1=10", true);
+    assert_eq!(
+        err.to_string(),
+        "the session changed while the summary was written: \
+         position 1 of the plan is past the session's 1 messages"
+    );
+    // Everything summarized (no tail), the replacement shorter than the head.
+    let no_tail = "user u1 text:t1=10\nassistant a1 read:p1=3000";
+    let plan = session(no_tail)
+        .plan_compaction(req(
+            TailOptions {
+                turns: 0,
+                max_tokens: 0,
+            },
+            false,
+        ))
+        .expect("plan");
+    let mut s = session("user x1 text:t1=10");
+    let before = session("user x1 text:t1=10");
+    let err = s.commit_compaction(&plan, &outcome("summary"), &ids(1), NOW, &config());
+    assert!(matches!(err, Err(CompactionError::Stale(_))), "{err:?}");
+    super::snapshot::assert_same(&s, &before, "a stale commit changes nothing");
+}
+
+#[test]
+fn a_plan_committed_on_a_longer_replacement_is_stale_not_a_silent_summary() {
+    // Another conversation, longer: every position exists, but the summary of u1..a1
+    // would hide its first messages.
+    let other = "
+        user x1 text:t1=10
+        assistant y1 read:p1=3000
+        user x2 text:t2=10
+        assistant y2 bash:p2=200
+        user x3 text:t3=10
+        assistant y3 text:t4=50
+        user x4 text:t5=10
+    ";
+    let err = check_stale_commit(FIXTURE, other, false);
+    assert_eq!(
+        err.to_string(),
+        "the session changed while the summary was written: \
+         message u1 is no longer at position 0 (x1 is)"
+    );
+}
+
+#[test]
+fn a_plan_committed_after_its_first_messages_were_removed_is_stale() {
+    // The same conversation without its first turn (an export trimmed before the
+    // import): the ids exist, at other positions.
+    let trimmed = "
+        user u2 text:t2=10
+        assistant a2 bash:p2=200
+        user u3 text:t3=10
+        assistant a3 text:t4=50
+    ";
+    let err = check_stale_commit(FIXTURE, trimmed, true);
+    assert_eq!(
+        err.to_string(),
+        "the session changed while the summary was written: \
+         message u1 is no longer at position 0 (u2 is)"
+    );
+    // Only the tail moved: its first message is elsewhere.
+    let tail_moved = "
+        user u1 text:t1=10
+        assistant a1 read:p1=3000
+        user u9 text:t9=10
+        user u2 text:t2=10
+    ";
+    let err = check_stale_commit(FIXTURE, tail_moved, true);
+    assert_eq!(
+        err.to_string(),
+        "the session changed while the summary was written: \
+         message u2 is no longer at position 2 (u9 is)"
+    );
+}
+
+#[test]
+fn a_logged_plan_is_still_bounds_checked() {
+    // A plan read back from the log carries positions only (its commit was checked when
+    // performed): on a session it does not fit, the commit is refused, never a panic.
+    let plan = session(FIXTURE)
+        .plan_compaction(req(TAIL, true))
+        .expect("plan");
+    let logged = crate::engine::encode_change(&crate::engine::Change::CommitCompaction {
+        plan,
+        outcome: outcome("summary"),
+        ids: ids(1),
+        now_ms: NOW,
+    });
+    let Ok(crate::engine::Change::CommitCompaction { plan, .. }) =
+        crate::engine::decode_change(&logged)
+    else {
+        panic!("the change decodes as a commit")
+    };
+    let mut s = session("user u1 text:t1=10");
+    let before = session("user u1 text:t1=10");
+    let err = s.commit_compaction(&plan, &outcome("summary"), &ids(1), NOW, &config());
+    assert!(matches!(err, Err(CompactionError::Stale(_))), "{err:?}");
+    super::snapshot::assert_same(&s, &before, "a stale commit changes nothing");
+    // On the session it was planned on, the logged plan commits as the live one does.
+    let mut live = session(FIXTURE);
+    let mut replayed = session(FIXTURE);
+    let live_plan = live.plan_compaction(req(TAIL, true)).expect("plan");
+    commit(&mut live, &live_plan, "summary", true, 1);
+    commit(&mut replayed, &plan, "summary", true, 1);
+    super::snapshot::assert_same(&replayed, &live, "the logged plan replays");
+}
+
 #[test]
 fn a_commit_over_the_byte_limit_adds_nothing_and_one_under_it_adds_all() {
     let base = session(FIXTURE);

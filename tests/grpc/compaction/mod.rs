@@ -8,5 +8,6 @@ mod failures;
 mod folding;
 mod manual;
 mod settings;
+mod stale;
 mod subscribe;
 mod window;

@@ -166,6 +166,20 @@ async fn models_outside_the_operators_allow_list_are_refused() {
         })
         .await;
     assert_status(refused, tonic::Code::PermissionDenied, "options.model");
+    // On the main stream the options are the update's `compact`.
+    let mut s = server.stream().await;
+    let events = s
+        .request(
+            SID,
+            pb::client_update::Update::Compact(options("expensive")),
+        )
+        .await;
+    let e = error(&events);
+    assert_eq!(
+        (e.code.as_str(), e.field.as_str()),
+        ("PERMISSION_DENIED", "compact.model"),
+        "{e:?}"
+    );
     assert_eq!(get_session(&mut client, SID).await, before);
     assert_eq!(fake.request_count(), 0);
     let events = compact_with(&mut client, SID, options("cheap"))

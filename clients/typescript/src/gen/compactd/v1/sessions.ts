@@ -479,7 +479,10 @@ export interface ImportSessionRequest {
   config:
     | SessionConfig
     | undefined;
-  /** Replace a session with the same id instead of failing with ALREADY_EXISTS. */
+  /**
+   * Replace a session with the same id instead of failing with ALREADY_EXISTS (its
+   * running compaction, if any, is cancelled).
+   */
   replace: boolean;
 }
 
@@ -656,7 +659,9 @@ export interface CompactionFailed {
   retryable: boolean;
   /**
    * What failed: "not_configured", "request", "broken_stream", "malformed", "timeout",
-   * "cancelled", "empty_summary", "not_smaller", "nothing_to_compact".
+   * "cancelled", "empty_summary", "not_smaller", "nothing_to_compact", "stale" (the
+   * session was replaced, by an import or a delete and re-create, while the summary was
+   * written: nothing was committed).
    */
   kind: string;
   /**
@@ -7232,7 +7237,7 @@ export const SessionsService = {
       Buffer.from(ListSessionsResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ListSessionsResponse => ListSessionsResponse.decode(value),
   },
-  /** Forgets a session. */
+  /** Forgets a session (and cancels its running compaction). */
   deleteSession: {
     path: "/compactd.v1.Sessions/DeleteSession" as const,
     requestStream: false as const,
@@ -7351,7 +7356,7 @@ export interface SessionsServer extends UntypedServiceImplementation {
   getSession: handleUnaryCall<GetSessionRequest, GetSessionResponse>;
   /** One summary line per session held. */
   listSessions: handleUnaryCall<ListSessionsRequest, ListSessionsResponse>;
-  /** Forgets a session. */
+  /** Forgets a session (and cancels its running compaction). */
   deleteSession: handleUnaryCall<DeleteSessionRequest, DeleteSessionResponse>;
   /** Loads an `opencode export` JSON document as a session. */
   importSession: handleUnaryCall<ImportSessionRequest, SessionSummary>;
@@ -7552,7 +7557,7 @@ export interface SessionsClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ListSessionsResponse) => void,
   ): ClientUnaryCall;
-  /** Forgets a session. */
+  /** Forgets a session (and cancels its running compaction). */
   deleteSession(
     request: DeleteSessionRequest,
     callback: (error: ServiceError | null, response: DeleteSessionResponse) => void,

@@ -1,0 +1,155 @@
+//! A compaction's slot and its outcome's bookkeeping, driven without a transport: a hub
+//! over an in-memory store and a summarizer that answers at once or only its cancel.
+
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+use crate::config::EngineConfig;
+use crate::domain::{MessageInfo, Part, PartKind, Role, SessionInfo, TextPart};
+use crate::engine::Update;
+use crate::server::hub::CompactionConfig;
+use crate::store::Store;
+
+/// The session every test compacts.
+const SID: &str = "s";
+
+/// A summarizer that answers `text` at once, or, without one, only its cancel.
+#[derive(Debug)]
+struct Fake {
+    text: Option<&'static str>,
+}
+
+#[tonic::async_trait]
+impl Summarizer for Fake {
+    async fn summarize(
+        &self,
+        _request: SummaryRequest,
+        _progress: mpsc::Sender<Progress>,
+        cancel: CancellationToken,
+    ) -> Result<SummaryOutcome, SummarizeError> {
+        let Some(text) = self.text else {
+            cancel.cancelled().await;
+            return Err(SummarizeError::Cancelled);
+        };
+        Ok(SummaryOutcome {
+            text: text.into(),
+            usage: None,
+            cost: 0.0,
+            model: None,
+        })
+    }
+
+    fn model(&self) -> &str {
+        "fake"
+    }
+
+    async fn window(&self, _model: Option<&str>) -> Option<Window> {
+        None
+    }
+}
+
+/// Three user turns with long texts: a compaction summarizes the first and keeps two.
+fn turns() -> Vec<Update> {
+    let mut updates = Vec::new();
+    for n in 1..=3 {
+        let id = format!("u{n}");
+        updates.push(Update::UpsertMessage(MessageInfo::new(
+            id.clone(),
+            Role::User,
+        )));
+        let text: String = (0..400).map(|w| format!("word{w} of turn {n}. ")).collect();
+        updates.push(Update::UpsertPart(Part {
+            id: format!("{id}-t"),
+            message_id: id,
+            kind: PartKind::Text(TextPart {
+                text,
+                ..Default::default()
+            }),
+            mark: None,
+            extra: Default::default(),
+        }));
+    }
+    updates
+}
+
+/// A hub whose summarizer is `fake`, holding session [`SID`] with [`turns`].
+async fn hub_with_session(fake: Fake) -> Arc<Hub> {
+    let store = Arc::new(Store::new(EngineConfig::default()));
+    let info = SessionInfo {
+        id: SID.into(),
+        ..Default::default()
+    };
+    let (handle, _) = store.open(info).await.expect("open");
+    handle
+        .call(|s, _| turns().into_iter().try_for_each(|u| s.step(u, 1).map(drop)))
+        .await
+        .expect("the actor answers")
+        .expect("the turns apply");
+    let compaction = CompactionConfig {
+        summarizer: Some(Arc::new(fake)),
+        ..Default::default()
+    };
+    Arc::new(Hub::new(store, compaction))
+}
+
+#[tokio::test]
+async fn a_start_dropped_while_planning_frees_the_slot() {
+    let hub = hub_with_session(Fake {
+        text: Some("summary"),
+    })
+    .await;
+    // tonic drops a `Compact` handler's future when its client goes away or its
+    // deadline passes: here while it waits for the plan from the session's actor (which
+    // this thread has not run yet).
+    let mut starting = Box::pin(start(&hub, SID, Options::default(), None, None));
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(matches!(starting.as_mut().poll(&mut cx), Poll::Pending));
+    assert!(
+        hub.cancel(SID).is_some(),
+        "the slot is claimed while planning"
+    );
+    drop(starting);
+    assert_eq!(hub.cancel(SID), None, "the dropped start freed its slot");
+    let started = start(&hub, SID, Options::default(), None, None)
+        .await
+        .expect("a new compaction starts");
+    assert!(matches!(started.event, Some(Ce::Started(_))), "{started:?}");
+}
+
+/// The next compaction failure announced on `bus`.
+async fn next_failure(
+    bus: &mut tokio::sync::broadcast::Receiver<Arc<pb::SessionEvent>>,
+) -> pb::CompactionFailed {
+    loop {
+        let event = bus.recv().await.expect("the bus is open");
+        if let Some(pb::session_event::Event::Compaction(c)) = &event.event
+            && let Some(Ce::Failed(f)) = &c.event
+        {
+            return f.clone();
+        }
+    }
+}
+
+#[tokio::test]
+async fn cancelled_automatic_compactions_leave_the_breaker_alone() {
+    // A rolling restart cancels running compactions at the drain's deadline: that says
+    // nothing of the session, so as many as would trip the breaker must not pause it.
+    let hub = hub_with_session(Fake { text: None }).await;
+    let handle = hub.store.get(SID).await.expect("the session");
+    let before = handle.call(|s, _| s.auto_state()).await.expect("actor");
+    let mut bus = hub.bus.subscribe();
+    for _ in 0..=EngineConfig::default().breaker_failures {
+        let started = start(&hub, SID, Options::automatic(), None, None)
+            .await
+            .expect("an automatic compaction starts");
+        assert_eq!(hub.cancel(SID), Some(started.compaction_id));
+        let failed = next_failure(&mut bus).await;
+        assert_eq!(failed.kind, "cancelled", "{failed:?}");
+        assert!(!failed.auto_compaction_paused, "{failed:?}");
+    }
+    let after = handle.call(|s, _| s.auto_state()).await.expect("actor");
+    assert_eq!(after, before, "the breaker saw nothing");
+}
