@@ -97,18 +97,24 @@ impl OpenAiSummarizer {
         request_model.unwrap_or(&self.config.model)
     }
 
-    /// Some providers echo the key in error text; it never leaves this type.
+    /// The one place an error's text is made fit to show: some providers echo the key in
+    /// error text (it never leaves this type), and an endpoint's error text may be any size
+    /// (cut to [`errors::MAX_MESSAGE_BYTES`], after the key is redacted so no cut can leave
+    /// part of it behind).
     fn scrub(&self, e: SummarizeError) -> SummarizeError {
-        let Some(key) = self
+        let key = self
             .config
             .api_key
             .as_ref()
             .map(|k| k.expose())
-            .filter(|k| !k.is_empty())
-        else {
-            return e;
+            .filter(|k| !k.is_empty());
+        let clean = |m: String| {
+            let m = match key {
+                Some(key) => redact::text(&m, key),
+                None => m,
+            };
+            errors::bounded(m)
         };
-        let clean = |m: String| crate::config::redact::text(&m, key);
         match e {
             SummarizeError::Request {
                 status,

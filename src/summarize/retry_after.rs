@@ -1,6 +1,8 @@
 //! The server's own retry hint. async-openai turns an HTTP error into an `ApiError` without
 //! its headers, so a thin tower layer under it notes `retry-after-ms` / `Retry-After` of a
 //! 429 or 503 into a task-local slot that the retry loop reads after the attempt fails.
+//! The same layer reads an error's body, bounded (`bounded.rs`), before async-openai would
+//! read all of it.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -11,6 +13,8 @@ use async_openai::config::OpenAIConfig;
 use async_openai::error::OpenAIError;
 use async_openai::middleware::{HttpRequestFactory, ReqwestService};
 use tower::ServiceExt;
+
+use super::bounded;
 
 tokio::task_local! {
     static HINT: Cell<Option<Duration>>;
@@ -27,7 +31,8 @@ pub(super) async fn scoped<T>(attempt: impl Future<Output = T>) -> (T, Option<Du
 }
 
 /// A client whose HTTP service is the bare reqwest transport (no retries of its own:
-/// compactd owns them, bounded by its deadline and reported as events) plus the hint probe.
+/// compactd owns them, bounded by its deadline and reported as events) plus the hint probe
+/// and the bounded read of error bodies.
 pub(super) fn client(config: OpenAIConfig) -> Client<OpenAIConfig> {
     let inner = ReqwestService::default();
     let service = tower::service_fn(move |request: HttpRequestFactory| {
@@ -48,7 +53,10 @@ pub(super) fn client(config: OpenAIConfig) -> Client<OpenAIConfig> {
                     let _ = HINT.try_with(|slot| slot.set(Some(hint)));
                 }
             }
-            Ok::<_, OpenAIError>(response)
+            if response.status().is_success() {
+                return Ok::<_, OpenAIError>(response);
+            }
+            bounded::read_error(response).await
         }
     });
     Client::with_config(config).with_http_service(service)

@@ -8,6 +8,12 @@ use async_openai::error::OpenAIError;
 use crate::summarize::SummarizeError;
 use crate::summarize::window;
 
+/// The most of an endpoint's text an error keeps: ample for any real error message and the
+/// start of an HTML error page. An endpoint's error body may be any size (a proxy's 502
+/// page, a stack trace), and the text goes to a log line, to every `retrying` event and to
+/// the failure's reason, which clients decode under a 4 MiB message limit by default.
+pub(super) const MAX_MESSAGE_BYTES: usize = 4 * 1024;
+
 /// Maps a client error; `started` tells whether summary text had arrived.
 pub(super) fn request_error(e: OpenAIError, started: bool) -> SummarizeError {
     match e {
@@ -118,6 +124,31 @@ fn refusal_text(body: &str) -> String {
     text
 }
 
+/// `message` cut to [`MAX_MESSAGE_BYTES`] on a character boundary, with a note saying so;
+/// unchanged when it fits (so cutting twice changes nothing). Cut after the key is
+/// redacted, so no cut can leave part of the key behind.
+pub(super) fn bounded(message: String) -> String {
+    if message.len() <= MAX_MESSAGE_BYTES {
+        return message;
+    }
+    let total = message.len();
+    // The note's longest form; the kept part is never longer than the bound, so the note
+    // written is never longer than this.
+    let room = format!("… (cut at {MAX_MESSAGE_BYTES} of {total} bytes)").len();
+    let kept = floor_char_boundary(&message, MAX_MESSAGE_BYTES.saturating_sub(room));
+    format!("{}… (cut at {kept} of {total} bytes)", &message[..kept])
+}
+
+/// The largest character boundary of `s` at or below `at` (`str::floor_char_boundary` is
+/// newer than the crate's minimum Rust).
+fn floor_char_boundary(s: &str, at: usize) -> usize {
+    let mut i = at.min(s.len());
+    while !s.is_char_boundary(i) {
+        i = i.saturating_sub(1);
+    }
+    i
+}
+
 /// An error with its causes ("error sending request: connection refused"), so the event
 /// says what actually failed.
 pub(super) fn chain(e: impl std::error::Error) -> String {
@@ -183,6 +214,29 @@ mod tests {
                 SummarizeError::Request { status: Some(s), .. } if s == status
             ));
         }
+    }
+
+    #[test]
+    fn long_messages_are_cut_on_a_character_boundary_once() {
+        assert_eq!(bounded("short".to_string()), "short");
+        let fits = "x".repeat(MAX_MESSAGE_BYTES);
+        assert_eq!(bounded(fits.clone()), fits);
+
+        // Three-byte characters, so the cut must step back to a boundary.
+        let long = "€".repeat(50_000);
+        let cut = bounded(long.clone());
+        assert!(cut.len() <= MAX_MESSAGE_BYTES, "{}", cut.len());
+        assert!(
+            cut.ends_with(&format!(" of {} bytes)", long.len())),
+            "{cut}"
+        );
+        let (head, _) = cut.split_once('…').unwrap_or_default();
+        assert!(long.starts_with(head) && head.len() > MAX_MESSAGE_BYTES / 2);
+        assert_eq!(
+            bounded(cut.clone()),
+            cut,
+            "a bounded message stays as it is"
+        );
     }
 
     #[test]
