@@ -238,6 +238,28 @@ fn secrets_stay_out_of_config_errors_and_urls_lose_their_credentials() {
 }
 
 #[test]
+fn a_base_url_that_is_not_http_keeps_its_credentials_out_of_the_error() {
+    // An upper-case scheme is not accepted; the key in the userinfo must not be echoed.
+    let (ok, _, err) = compactd(
+        &[
+            "serve",
+            "--llm-base-url",
+            "HTTPS://user:sk-LEAK-456@gateway.example/v1",
+            "--llm-model",
+            "m",
+        ],
+        &[],
+    );
+    assert!(!ok);
+    assert!(err.contains("is not an http(s) URL"), "{err}");
+    assert!(!err.contains("sk-LEAK-456"), "{err}");
+    assert!(
+        err.contains("HTTPS://[redacted]@gateway.example/v1"),
+        "{err}"
+    );
+}
+
+#[test]
 fn config_print_states_what_the_durability_mode_guarantees() {
     for (mode, env, guarantee) in [
         ("sync", None, "a crash loses nothing acknowledged"),

@@ -481,7 +481,11 @@ impl LlmArgs {
                 if !(url.starts_with("http://") || url.starts_with("https://")) {
                     return Err(ConfigError {
                         flag: "llm-base-url",
-                        message: format!("{url:?} is not an http(s) URL"),
+                        // The URL may carry credentials (`https://user:key@host`).
+                        message: format!(
+                            "{:?} is not an http(s) URL",
+                            crate::config::redact::url(url)
+                        ),
                     });
                 }
                 let Some(model) = self.llm_model.clone().filter(|m| !m.is_empty()) else {

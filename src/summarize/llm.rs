@@ -7,7 +7,8 @@
 //! omit optional fields still work; a stream counts as complete only when a choice reports
 //! a `finish_reason`. A stream with no answer at all, and a refusal for length, are "too
 //! long" (`too_long.rs`): never retried as they were, they teach the window instead.
-//! Client errors are mapped in `errors.rs`.
+//! Client errors are mapped in `errors.rs`. One request may bring only so much text
+//! ([`summary_cap`]); past it compactd stops reading and fails the request.
 
 mod errors;
 mod too_long;
@@ -35,6 +36,22 @@ const MAX_RETRY_DELAY: Duration = Duration::from_secs(8);
 
 /// Longest wait compactd accepts from a server's `Retry-After`.
 const MAX_HINTED_DELAY: Duration = Duration::from_secs(60);
+
+/// Summary text one request may bring per token it asked for (`max_tokens`). A token is
+/// about 4 bytes of English (3 of CJK), and rarely over 16 even in code's runs of spaces; 32
+/// leaves room for a server that counts loosely, and an answer past it is not the one asked
+/// for.
+const SUMMARY_BYTES_PER_TOKEN: usize = 32;
+
+/// The least a request may bring, however few tokens it asked for: some servers ignore
+/// `max_tokens`, and 64 KiB costs nothing.
+const MIN_SUMMARY_BYTES: usize = 64 * 1024;
+
+/// The most a request may bring, whatever it asked for (and when it asked for no limit, the
+/// window being unknown): about a million tokens, eight times the longest answer any model
+/// writes today (128k tokens, about 512 KiB), and as much as a client decodes of a whole
+/// `GetContext` under gRPC's default 4 MiB message limit.
+const MAX_SUMMARY_BYTES: usize = 4 * 1024 * 1024;
 
 /// Summarizer for OpenAI-compatible chat-completions endpoints.
 pub struct OpenAiSummarizer {
@@ -97,18 +114,24 @@ impl OpenAiSummarizer {
         request_model.unwrap_or(&self.config.model)
     }
 
-    /// Some providers echo the key in error text; it never leaves this type.
+    /// The one place an error's text is made fit to show: some providers echo the key in
+    /// error text (it never leaves this type), and an endpoint's error text may be any size
+    /// (cut to [`errors::MAX_MESSAGE_BYTES`], after the key is redacted so no cut can leave
+    /// part of it behind).
     fn scrub(&self, e: SummarizeError) -> SummarizeError {
-        let Some(key) = self
+        let key = self
             .config
             .api_key
             .as_ref()
             .map(|k| k.expose())
-            .filter(|k| !k.is_empty())
-        else {
-            return e;
+            .filter(|k| !k.is_empty());
+        let clean = |m: String| {
+            let m = match key {
+                Some(key) => redact::text(&m, key),
+                None => m,
+            };
+            errors::bounded(m)
         };
-        let clean = |m: String| crate::config::redact::text(&m, key);
         match e {
             SummarizeError::Request {
                 status,
@@ -141,12 +164,16 @@ impl OpenAiSummarizer {
     }
 
     /// One attempt: open the stream, forward deltas, collect text, usage and finish reason.
+    /// Text past [`summary_cap`] fails the attempt; returning drops the stream, which
+    /// closes the connection, so nothing more is read.
     async fn attempt(
         &self,
         body: &Value,
         progress: &mpsc::Sender<Progress>,
         started: &mut bool,
     ) -> Result<SummaryOutcome, Failed> {
+        let max_tokens = body["max_tokens"].as_u64();
+        let cap = summary_cap(max_tokens);
         let mut stream = self
             .client
             .chat()
@@ -175,6 +202,9 @@ impl OpenAiSummarizer {
                     .filter(|d| !d.is_empty())
                 {
                     *started = true;
+                    if text.len().saturating_add(delta.len()) > cap {
+                        return Err(overlong(cap, max_tokens).into());
+                    }
                     text.push_str(delta);
                     // A closed receiver means the caller stopped listening; keep going so
                     // the summary can still be committed.
@@ -224,12 +254,21 @@ impl OpenAiSummarizer {
         let mut attempt = 1;
         loop {
             let mut started = false;
-            let (result, hint) =
+            let (result, seen) =
                 retry_after::scoped(self.attempt(&body, &progress, &mut started)).await;
             let e = match result {
                 Ok(outcome) => {
                     self.observe(&request, &outcome);
                     return Ok(outcome);
+                }
+                // The HTTP layer cut the answer short; what async-openai made of the cut
+                // says less. The same request would be answered the same way.
+                Err(_) if seen.cut.is_some() => {
+                    return Err(SummarizeError::Request {
+                        status: None,
+                        message: seen.cut.unwrap_or_default(),
+                        retryable: false,
+                    });
                 }
                 Err(Failed::Silent(what)) => return Err(self.silent(&request, &body, what).await),
                 // Scrubbed where it comes out: the retry log and the `retrying` event carry it.
@@ -247,7 +286,8 @@ impl OpenAiSummarizer {
                         .min(MAX_RETRY_DELAY);
                     // The server's own hint wins when it asks for longer; the deadline
                     // still bounds the whole compaction.
-                    let delay = hint
+                    let delay = seen
+                        .hint
                         .map_or(backoff, |h| h.max(backoff))
                         .min(MAX_HINTED_DELAY);
                     attempt += 1;
@@ -319,6 +359,33 @@ impl Summarizer for OpenAiSummarizer {
     }
 }
 
+/// The most summary text a request asking for `max_tokens` may bring: per token asked
+/// for, within [`MIN_SUMMARY_BYTES`]..=[`MAX_SUMMARY_BYTES`]; the ceiling when it asked for
+/// no limit.
+fn summary_cap(max_tokens: Option<u64>) -> usize {
+    max_tokens.map_or(MAX_SUMMARY_BYTES, |tokens| {
+        usize::try_from(tokens)
+            .unwrap_or(usize::MAX)
+            .saturating_mul(SUMMARY_BYTES_PER_TOKEN)
+            .clamp(MIN_SUMMARY_BYTES, MAX_SUMMARY_BYTES)
+    })
+}
+
+/// The failure of a request whose summary ran past `cap`: not retryable, as the same
+/// request would likely ramble the same way, and not "too long" (the prompt fit; cutting
+/// it smaller would not help).
+fn overlong(cap: usize, max_tokens: Option<u64>) -> SummarizeError {
+    let asked = match max_tokens {
+        Some(tokens) => format!("more than the {tokens} tokens asked for can hold"),
+        None => "the most compactd reads of one summary".to_string(),
+    };
+    SummarizeError::Request {
+        status: None,
+        message: format!("the summary exceeded {cap} bytes, {asked}; compactd stopped reading it"),
+        retryable: false,
+    }
+}
+
 /// Says what was learned, once per change.
 fn log_learned(base: &str, model: &str, before: Option<Window>, after: Option<Window>) {
     let Some(after) = after else { return };
@@ -330,4 +397,18 @@ fn log_learned(base: &str, model: &str, before: Option<Window>, after: Option<Wi
         return;
     }
     tracing::info!(endpoint = %redact::url(base), model, window = after.tokens, source = after.source.as_str(), ratio = after.ratio, "learned the compaction model's window");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_summary_cap_follows_max_tokens_within_its_bounds() {
+        assert_eq!(summary_cap(None), MAX_SUMMARY_BYTES);
+        assert_eq!(summary_cap(Some(1)), MIN_SUMMARY_BYTES);
+        assert_eq!(summary_cap(Some(8_192)), 8_192 * SUMMARY_BYTES_PER_TOKEN);
+        assert_eq!(summary_cap(Some(1_000_000)), MAX_SUMMARY_BYTES);
+        assert_eq!(summary_cap(Some(u64::MAX)), MAX_SUMMARY_BYTES);
+    }
 }

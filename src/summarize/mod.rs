@@ -9,6 +9,7 @@
 //! Architecture invariant: nothing here touches a `Session`; the store prepares the request
 //! inside the session actor and commits the result there.
 
+mod bounded;
 pub mod budget;
 pub mod chunk;
 mod discover;

@@ -1,9 +1,13 @@
 //! The server's own retry hint. async-openai turns an HTTP error into an `ApiError` without
 //! its headers, so a thin tower layer under it notes `retry-after-ms` / `Retry-After` of a
 //! 429 or 503 into a task-local slot that the retry loop reads after the attempt fails.
+//! The same layer bounds what is read of a response (`bounded.rs`): an error's body it reads
+//! itself, before async-openai would read all of it; an answer's body fails once it runs
+//! too long, and the slot says why, which async-openai's stream error cannot carry.
 
 use std::cell::Cell;
 use std::future::Future;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_openai::Client;
@@ -12,22 +16,48 @@ use async_openai::error::OpenAIError;
 use async_openai::middleware::{HttpRequestFactory, ReqwestService};
 use tower::ServiceExt;
 
-tokio::task_local! {
-    static HINT: Cell<Option<Duration>>;
+use super::bounded;
+
+/// What the HTTP layer saw of one attempt, for the retry loop.
+#[derive(Debug, Default)]
+pub(super) struct Seen {
+    /// The wait a 429/503 asked for.
+    pub hint: Option<Duration>,
+    /// Why the answer's body was cut short (`bounded::guard`), when it was.
+    pub cut: Option<String>,
 }
 
-/// Runs one attempt with a fresh hint slot; returns its result and the hint the server
-/// sent with a 429/503, if any.
-pub(super) async fn scoped<T>(attempt: impl Future<Output = T>) -> (T, Option<Duration>) {
-    HINT.scope(Cell::new(None), async {
+/// One attempt's slot. The cut is shared because the answer's body is read by
+/// async-openai's own task, outside the attempt's task-local scope.
+struct Slot {
+    hint: Cell<Option<Duration>>,
+    cut: Arc<OnceLock<String>>,
+}
+
+tokio::task_local! {
+    static SLOT: Slot;
+}
+
+/// Runs one attempt with a fresh slot; returns its result and what the HTTP layer saw.
+pub(super) async fn scoped<T>(attempt: impl Future<Output = T>) -> (T, Seen) {
+    let slot = Slot {
+        hint: Cell::new(None),
+        cut: Arc::new(OnceLock::new()),
+    };
+    SLOT.scope(slot, async {
         let out = attempt.await;
-        (out, HINT.with(Cell::get))
+        let seen = SLOT.with(|slot| Seen {
+            hint: slot.hint.get(),
+            cut: slot.cut.get().cloned(),
+        });
+        (out, seen)
     })
     .await
 }
 
 /// A client whose HTTP service is the bare reqwest transport (no retries of its own:
-/// compactd owns them, bounded by its deadline and reported as events) plus the hint probe.
+/// compactd owns them, bounded by its deadline and reported as events) plus the hint probe
+/// and the bounds on what is read of a response.
 pub(super) fn client(config: OpenAIConfig) -> Client<OpenAIConfig> {
     let inner = ReqwestService::default();
     let service = tower::service_fn(move |request: HttpRequestFactory| {
@@ -45,10 +75,14 @@ pub(super) fn client(config: OpenAIConfig) -> Client<OpenAIConfig> {
                 };
                 if let Some(hint) = parse(header("retry-after-ms"), header("retry-after")) {
                     // Outside `scoped` (no slot) there is nobody to tell.
-                    let _ = HINT.try_with(|slot| slot.set(Some(hint)));
+                    let _ = SLOT.try_with(|slot| slot.hint.set(Some(hint)));
                 }
             }
-            Ok::<_, OpenAIError>(response)
+            if response.status().is_success() {
+                let cut = SLOT.try_with(|slot| slot.cut.clone()).ok();
+                return Ok::<_, OpenAIError>(bounded::guard(response, cut));
+            }
+            bounded::read_error(response).await
         }
     });
     Client::with_config(config).with_http_service(service)

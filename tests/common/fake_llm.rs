@@ -24,6 +24,11 @@
 //! [`FakeLlm::serve_models`]), and 404 otherwise; those requests are recorded apart
 //! ([`FakeLlm::discovery_requests`]).
 //!
+//! A [`Reply::Flood`] sends a body that does not end (an endless stream of deltas, one
+//! endless SSE line, an endless error body) and counts the bytes it hands to the
+//! connection ([`Counters::flood_bytes`]), so a test sees how much a client read before it
+//! hung up.
+//!
 //! Note: async-openai 0.43 retries 429 and 5xx responses itself (3 retries, honouring
 //! `Retry-After` in seconds, else 100/200/400 ms backoff), so a scripted error reply is
 //! requested up to 4 times unless a later reply in the script succeeds.
@@ -102,7 +107,31 @@ pub enum Reply {
     /// A server with a window of its own (`fake_window`): `"summary #N"` for requests that
     /// fit, a refusal with numbers or an empty stream for those that do not. Never consumed.
     Window(WindowSpec),
+    /// A body that does not end: what `kind` says, in frames of [`FLOOD_FRAME_BYTES`], until
+    /// the client goes away or `limit` bytes went out (then a stream is cut, an error body
+    /// ends, so a client that reads it whole sees all of it).
+    Flood {
+        /// What the body repeats.
+        kind: Flood,
+        /// Bytes after which the fake stops on its own, so a client that never stops
+        /// reading fails its test instead of filling the machine's memory.
+        limit: usize,
+    },
 }
+
+/// What a [`Reply::Flood`] sends.
+#[derive(Clone, Debug)]
+pub enum Flood {
+    /// HTTP 200, an SSE stream of content chunks carrying this delta, never finished.
+    Deltas(String),
+    /// HTTP 200, an SSE stream whose first data line never ends.
+    Line,
+    /// This error status with an OpenAI error object whose message never ends.
+    Status(u16),
+}
+
+/// The size of the repeated part of a [`Reply::Flood`]'s body (one frame each).
+pub const FLOOD_FRAME_BYTES: usize = 16 * 1024;
 
 impl Reply {
     /// A fast stream of `chunks`, usage `(10, chunks.len())`, finish reason `"stop"`.
@@ -306,6 +335,8 @@ pub struct Counters {
     pub cancelled: usize,
     /// Responses that ran to their scripted end (including deliberate cuts).
     pub completed: usize,
+    /// Bytes of [`Reply::Flood`] bodies handed to the connection.
+    pub flood_bytes: usize,
 }
 
 /// Script, records and counters shared by the handler and the handle.
@@ -651,6 +682,7 @@ async fn chat_completions(
             }
         }
         Reply::Empty => sse_response(shared, Vec::new()),
+        Reply::Flood { kind, limit } => flood_response(shared, &chunk, kind, limit),
         Reply::Window(_) => unreachable!("judged above"),
         Reply::Hang => {
             let mut flight = Flight::begin(shared.clone());
@@ -784,6 +816,65 @@ fn sse_response(shared: Arc<Shared>, steps: Vec<Step>) -> Response {
         .header(header::CONTENT_TYPE, "text/event-stream")
         .header(header::CACHE_CONTROL, "no-cache")
         .body(body)
+        .unwrap()
+}
+
+/// A [`Reply::Flood`]: a head, then the same frame again and again, each counted in
+/// `flood_bytes`, until the client goes away or `limit` bytes went out.
+fn flood_response(shared: Arc<Shared>, chunk: &ChunkWriter, kind: Flood, limit: usize) -> Response {
+    let filler = "x".repeat(FLOOD_FRAME_BYTES);
+    // A stream that reaches the limit is cut; an error body ends, so a client that reads
+    // it whole sees all of it.
+    let cut = !matches!(kind, Flood::Status(_));
+    let (status, content_type, head, frame) = match kind {
+        Flood::Deltas(delta) => (
+            200,
+            "text/event-stream",
+            chunk.role(),
+            chunk.content(&delta),
+        ),
+        Flood::Line => (
+            200,
+            "text/event-stream",
+            format!(
+                "{}data: {{\"id\":\"{FAKE_COMPLETION_ID}\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"",
+                chunk.role()
+            ),
+            filler,
+        ),
+        Flood::Status(code) => (
+            code,
+            "application/json",
+            r#"{"error":{"type":"server_error","message":"upstream failed: "#.to_string(),
+            filler,
+        ),
+    };
+    let flight = Flight::begin(shared.clone());
+    let frames = std::iter::once(Bytes::from(head)).chain(std::iter::repeat(Bytes::from(frame)));
+    let body = futures::stream::unfold(
+        (frames, 0usize, Some(flight), shared),
+        move |(mut frames, sent, flight, shared)| async move {
+            let mut flight = flight?;
+            if sent >= limit {
+                flight.finish();
+                if !cut {
+                    return None;
+                }
+                // The client kept reading: cut the stream (no finish, no `[DONE]`).
+                tokio::task::yield_now().await;
+                let err = io::Error::other("fake LLM flood reached its limit");
+                return Some((Err(err), (frames, sent, None, shared)));
+            }
+            let frame = frames.next()?;
+            let n = frame.len();
+            shared.counters.send_modify(|c| c.flood_bytes += n);
+            Some((Ok(frame), (frames, sent + n, Some(flight), shared)))
+        },
+    );
+    Response::builder()
+        .status(StatusCode::from_u16(status).expect("valid status code"))
+        .header(header::CONTENT_TYPE, content_type)
+        .body(Body::from_stream(body))
         .unwrap()
 }
 

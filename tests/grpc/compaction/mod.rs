@@ -4,6 +4,7 @@
 
 mod automatic;
 mod concurrency;
+mod endpoint_limits;
 mod failures;
 mod folding;
 mod manual;

@@ -1,0 +1,256 @@
+//! What compactd reads of an endpoint's response, bounded, in the HTTP layer under
+//! async-openai (`retry_after.rs`). async-openai reads any non-2xx body whole, so the layer
+//! reads an error's body first, at most [`ERROR_BODY_BYTES`] of it, and hands async-openai
+//! a response it still reads the status and message of. An answer's body (2xx) passes
+//! through [`guard`], which fails it past [`MAX_ANSWER_BYTES`], or past [`MAX_LINE_BYTES`]
+//! in one line. What is not read never is: the response is dropped, which closes the
+//! connection. How much summary text one request may bring is `llm.rs`'s concern, how much
+//! of a message an error keeps `llm/errors.rs`'s.
+
+use std::sync::{Arc, OnceLock};
+
+use async_openai::error::OpenAIError;
+use futures::StreamExt;
+use reqwest::header::{CONTENT_ENCODING, CONTENT_LENGTH, TRANSFER_ENCODING};
+
+/// The most compactd reads of an error body: any JSON error a server sends fits many times
+/// over (OpenAI's and llama.cpp's, numbers included, are under 1 KiB), and a proxy's 50 MB
+/// error page costs 64 KiB. Larger than the message an error keeps, so the cut made here
+/// (before the key is redacted) never shows.
+pub(super) const ERROR_BODY_BYTES: usize = 64 * 1024;
+
+/// The most compactd reads of one answer's body (a summary's stream, or the probe's JSON).
+/// async-openai reads a stream ahead of compactd into an unbounded queue, so while a caller
+/// is slow to take the summary's deltas the queue holds whatever the endpoint sends; and an
+/// event that never ends grows across its lines. 64 MiB holds a stream of over 100,000
+/// tokens at the 500 bytes of SSE the wordiest servers spend on one, more than any model
+/// writes in one answer.
+pub(super) const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
+
+/// The longest line of an answer across reads. async-openai's SSE parser keeps an unfinished
+/// line and scans all of it again on every read, so one endless line costs memory and
+/// quadratic time. A chunk of a stream is one line of a few hundred bytes; 1 MiB holds a
+/// quarter of a million tokens' text in one chunk.
+pub(super) const MAX_LINE_BYTES: usize = 1024 * 1024;
+
+/// `response` (a success) whose body fails once it passes [`MAX_ANSWER_BYTES`], or a line of
+/// it [`MAX_LINE_BYTES`]; why goes to `cut`, as async-openai's stream error says only that
+/// the body failed. The failure ends async-openai's reading task, which drops the response.
+pub(super) fn guard(
+    response: reqwest::Response,
+    cut: Option<Arc<OnceLock<String>>>,
+) -> reqwest::Response {
+    let status = response.status();
+    let version = response.version();
+    let headers = response.headers().clone();
+    let body = response
+        .bytes_stream()
+        .scan(Meter::default(), move |meter, chunk| {
+            let item = match chunk {
+                // Fused: once over, nothing more is read.
+                _ if meter.over => None,
+                Err(e) => Some(Err(BoxError::from(e))),
+                Ok(bytes) => Some(match meter.admit(&bytes) {
+                    Ok(()) => Ok(bytes),
+                    Err(why) => {
+                        if let Some(cut) = &cut {
+                            let _ = cut.set(why.clone());
+                        }
+                        Err(BoxError::from(why))
+                    }
+                }),
+            };
+            std::future::ready(item)
+        });
+    let mut rebuilt = http::Response::new(reqwest::Body::wrap_stream(body));
+    *rebuilt.status_mut() = status;
+    *rebuilt.version_mut() = version;
+    *rebuilt.headers_mut() = headers;
+    reqwest::Response::from(rebuilt)
+}
+
+/// `response` (not a success) with its body read, at most [`ERROR_BODY_BYTES`] of it. A
+/// longer body is replaced by its start, marked as cut, in the form async-openai expects
+/// of the status: the text as it is for a server error (async-openai does not parse
+/// those), an OpenAI error object otherwise (a cut JSON body would not parse, and the
+/// status would be lost).
+pub(super) async fn read_error(
+    mut response: reqwest::Response,
+) -> Result<reqwest::Response, OpenAIError> {
+    let status = response.status();
+    let version = response.version();
+    let mut headers = response.headers().clone();
+    let (kept, whole) = read_at_most(&mut response, ERROR_BODY_BYTES).await?;
+    drop(response);
+    let body = if whole {
+        kept
+    } else {
+        cut_error_body(status, &kept)
+    };
+    // The body is read (and decoded) already; what the headers said of it no longer holds.
+    for name in [CONTENT_LENGTH, TRANSFER_ENCODING, CONTENT_ENCODING] {
+        headers.remove(name);
+    }
+    let mut rebuilt = http::Response::new(reqwest::Body::from(body));
+    *rebuilt.status_mut() = status;
+    *rebuilt.version_mut() = version;
+    *rebuilt.headers_mut() = headers;
+    Ok(reqwest::Response::from(rebuilt))
+}
+
+/// The first `limit` bytes of `response`'s body, and whether that is all of it. Stops
+/// reading once past the limit.
+async fn read_at_most(
+    response: &mut reqwest::Response,
+    limit: usize,
+) -> Result<(Vec<u8>, bool), OpenAIError> {
+    let mut kept = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(OpenAIError::Reqwest)? {
+        let room = limit.saturating_sub(kept.len());
+        if chunk.len() > room {
+            kept.extend_from_slice(&chunk[..room]);
+            return Ok((kept, false));
+        }
+        kept.extend_from_slice(&chunk);
+    }
+    Ok((kept, true))
+}
+
+/// The body standing in for an error body cut at `kept`: its text (lossy UTF-8) after a
+/// note, as text for a server error and inside `{"error":{"message":…}}` otherwise. The
+/// note goes first so it survives the cut of the message (`llm/errors.rs`).
+fn cut_error_body(status: reqwest::StatusCode, kept: &[u8]) -> Vec<u8> {
+    let text = format!(
+        "[the error body is over {ERROR_BODY_BYTES} bytes; compactd read no more] {}",
+        String::from_utf8_lossy(kept)
+    );
+    if status.is_server_error() {
+        return text.into_bytes();
+    }
+    serde_json::json!({ "error": { "message": text } })
+        .to_string()
+        .into_bytes()
+}
+
+/// A body's error, as reqwest takes it.
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Counts an answer's body as it arrives.
+#[derive(Debug, Default)]
+struct Meter {
+    /// Bytes so far.
+    total: usize,
+    /// Bytes of the line still open at the end of the last read.
+    open_line: usize,
+    /// A limit was passed: nothing more is read.
+    over: bool,
+}
+
+impl Meter {
+    /// Counts `chunk`; why it is one too many when the answer, or a line that spans reads,
+    /// is now past its limit. A line within one read is not measured: the transport bounds
+    /// a read, and the parser takes such a line in one pass.
+    fn admit(&mut self, chunk: &[u8]) -> Result<(), String> {
+        self.total = self.total.saturating_add(chunk.len());
+        let is_eol = |b: &u8| *b == b'\n' || *b == b'\r';
+        let longest = match (
+            chunk.iter().position(is_eol),
+            chunk.iter().rposition(is_eol),
+        ) {
+            (Some(first), Some(last)) => {
+                let ended = self.open_line.saturating_add(first);
+                self.open_line = chunk.len().saturating_sub(last.saturating_add(1));
+                ended.max(self.open_line)
+            }
+            _ => {
+                self.open_line = self.open_line.saturating_add(chunk.len());
+                self.open_line
+            }
+        };
+        let why = if self.total > MAX_ANSWER_BYTES {
+            format!("the endpoint's answer exceeded {MAX_ANSWER_BYTES} bytes")
+        } else if longest > MAX_LINE_BYTES {
+            format!("a line of the endpoint's answer exceeded {MAX_LINE_BYTES} bytes")
+        } else {
+            return Ok(());
+        };
+        self.over = true;
+        Err(format!("{why}; compactd stopped reading it"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::StatusCode;
+
+    #[test]
+    fn a_cut_server_error_stays_text_and_a_cut_client_error_stays_an_error_object() {
+        let kept = br#"{"error":{"message":"upstream failed: xxxx"#;
+        let note =
+            format!("[the error body is over {ERROR_BODY_BYTES} bytes; compactd read no more] ");
+
+        let text = cut_error_body(StatusCode::BAD_GATEWAY, kept);
+        assert_eq!(
+            String::from_utf8_lossy(&text),
+            format!("{note}{}", String::from_utf8_lossy(kept))
+        );
+
+        let json = cut_error_body(StatusCode::BAD_REQUEST, kept);
+        let parsed: async_openai::error::ApiError =
+            serde_json::from_slice::<serde_json::Value>(&json)
+                .ok()
+                .and_then(|v| serde_json::from_value(v["error"].clone()).ok())
+                .unwrap_or_default();
+        assert_eq!(
+            parsed.message,
+            format!("{note}{}", String::from_utf8_lossy(kept))
+        );
+    }
+
+    #[test]
+    fn a_line_that_spans_reads_is_measured_across_them() {
+        let mut meter = Meter::default();
+        let half = vec![b'x'; MAX_LINE_BYTES / 2 + 1];
+        assert_eq!(meter.admit(&half), Ok(()));
+        // A line that ends in this read, longer than the limit with the last one.
+        let mut ending = half.clone();
+        ending.extend_from_slice(b"\n\ndata: {");
+        assert_eq!(
+            meter.admit(&ending),
+            Err(format!(
+                "a line of the endpoint's answer exceeded {MAX_LINE_BYTES} bytes; compactd stopped reading it"
+            ))
+        );
+        assert!(meter.over);
+
+        // Lines that end keep the count low, whatever the total.
+        let mut meter = Meter::default();
+        let frame = b"data: {\"choices\":[]}\r\n\r\n".repeat(1_000);
+        for _ in 0..1_000 {
+            assert_eq!(meter.admit(&frame), Ok(()));
+        }
+        assert_eq!(meter.open_line, 0);
+    }
+
+    #[test]
+    fn an_answer_past_its_limit_is_over() {
+        let mut meter = Meter::default();
+        let read = b"data: {}\n\n".repeat(MAX_ANSWER_BYTES / 10 / 64);
+        let mut reads = 0;
+        let why = loop {
+            if let Err(why) = meter.admit(&read) {
+                break why;
+            }
+            reads += 1;
+            assert!(reads <= 65, "the limit was never reached");
+        };
+        assert!(
+            why.starts_with(&format!(
+                "the endpoint's answer exceeded {MAX_ANSWER_BYTES} bytes"
+            )),
+            "{why}"
+        );
+        assert!(meter.total > MAX_ANSWER_BYTES);
+    }
+}
