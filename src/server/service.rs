@@ -106,7 +106,8 @@ impl SessionsService {
     }
 
     /// `reply` as a response whose encoded bytes stay counted in flight (as `what`) until
-    /// it is sent; past the in-flight share, `RESOURCE_EXHAUSTED`.
+    /// it is sent; past the in-flight share, `RESOURCE_EXHAUSTED`, unless nothing else is
+    /// in flight (a session larger than the share can still be read back, alone).
     fn held_until_sent<T: prost::Message>(
         &self,
         reply: T,
@@ -116,7 +117,7 @@ impl SessionsService {
         let held = self
             .store
             .ledger()
-            .reserve(bytes, what)
+            .reserve_or_alone(bytes, what)
             .map_err(Rejection::from)?;
         let mut response = Response::new(reply);
         held_reply::hold(&mut response, held);

@@ -114,11 +114,31 @@ impl Ledger {
         bytes: u64,
         what: &'static str,
     ) -> Result<Reservation, StoreError> {
+        self.reserve_within(bytes, what, false)
+    }
+
+    /// [`Self::reserve`], but past the ceiling too when nothing else is in flight: one
+    /// reply larger than the in-flight share (a whole session read back) can still be
+    /// sent, alone, while any number of them cannot pile up.
+    pub fn reserve_or_alone(
+        self: &Arc<Self>,
+        bytes: u64,
+        what: &'static str,
+    ) -> Result<Reservation, StoreError> {
+        self.reserve_within(bytes, what, true)
+    }
+
+    fn reserve_within(
+        self: &Arc<Self>,
+        bytes: u64,
+        what: &'static str,
+        alone: bool,
+    ) -> Result<Reservation, StoreError> {
         let limit = self.in_flight_limit();
         let mut now = self.in_flight.load(Ordering::Relaxed);
         loop {
             let after = now.saturating_add(bytes);
-            if after > limit {
+            if after > limit && !(alone && now == 0) {
                 return Err(StoreError::InFlightOverBudget {
                     what,
                     bytes,
@@ -229,6 +249,25 @@ mod tests {
         assert_eq!(l.in_flight(), 100);
         drop(r);
         drop(empty);
+        assert_eq!(l.in_flight(), 0);
+    }
+
+    #[test]
+    fn one_item_past_the_share_goes_alone_and_no_second_one_with_it() {
+        let l = Arc::new(Ledger::new(800));
+        let big = l
+            .reserve_or_alone(300, "sessions")
+            .expect("alone, past the share");
+        assert_eq!(l.in_flight(), 300);
+        l.reserve_or_alone(300, "sessions")
+            .expect_err("not a second one beside it");
+        l.reserve_or_alone(1, "sessions")
+            .expect_err("nor anything else while over the share");
+        drop(big);
+        let small = l.reserve(10, "updates").expect("within the share");
+        l.reserve_or_alone(300, "sessions")
+            .expect_err("not alone: 10 bytes are in flight");
+        drop(small);
         assert_eq!(l.in_flight(), 0);
     }
 
