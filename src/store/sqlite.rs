@@ -444,11 +444,19 @@ impl Backend for Sqlite {
                     .as_bytes()
                     .map_err(|e| corrupt(format!("log entry {seq}: {e}")))?
                     .to_vec();
-                log.push((u64::try_from(seq).unwrap_or(0), change));
+                let seq = u64::try_from(seq)
+                    .map_err(|_| corrupt(format!("log entry {seq}: a negative seq")))?;
+                log.push((seq, change));
             }
+            // Read as 0, a negative incarnation would make every later write of the
+            // session match no row and land nowhere, acknowledged: refused instead.
+            let incarnation = u64::try_from(incarnation)
+                .map_err(|_| corrupt(format!("incarnation {incarnation} is negative")))?;
+            let snapshot_seq = u64::try_from(snapshot_seq)
+                .map_err(|_| corrupt(format!("snapshot seq {snapshot_seq} is negative")))?;
             Ok(Some(Stored {
-                incarnation: u64::try_from(incarnation).unwrap_or(0),
-                snapshot_seq: u64::try_from(snapshot_seq).unwrap_or(0),
+                incarnation,
+                snapshot_seq,
                 snapshot,
                 log,
             }))
