@@ -794,6 +794,14 @@ impl Actor {
                     d(Err(err.clone()));
                 }
             }
+            Err(BackendError::Closed) => {
+                // The backend is closed (the store is closing): nothing can be written any
+                // more, and trying again at once would only spin.
+                tracing::warn!("changes not written: the session store is closed");
+                for d in delivers {
+                    d(Ok(()));
+                }
+            }
             Err(e) if j.creating => {
                 // The session's new row was not written: try again with the next batch.
                 tracing::warn!(error = %e, "the session was not written whole; writing it again");

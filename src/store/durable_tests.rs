@@ -471,3 +471,74 @@ async fn under_interval_a_session_does_not_go_cold_before_its_first_write_is_kno
     assert_eq!(observed(&h).await, before);
     store.close().await;
 }
+
+/// Counts the writes that reach a backend after it was closed.
+#[derive(Debug)]
+struct CountingWrites {
+    inner: Sqlite,
+    after_close: std::sync::atomic::AtomicUsize,
+    closed: std::sync::atomic::AtomicBool,
+}
+
+impl Backend for CountingWrites {
+    fn sessions(&self) -> Result<Vec<String>, BackendError> {
+        self.inner.sessions()
+    }
+    fn last_incarnation(&self) -> Result<u64, BackendError> {
+        self.inner.last_incarnation()
+    }
+    fn load(&self, id: &str) -> Result<Option<backend::Stored>, BackendError> {
+        self.inner.load(id)
+    }
+    fn write(&self, writes: Vec<Write>) -> backend::Committed {
+        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            self.after_close
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        self.inner.write(writes)
+    }
+    fn state(&self) -> BackendState {
+        self.inner.state()
+    }
+    fn durability(&self) -> Durability {
+        self.inner.durability()
+    }
+    fn disk_bytes(&self) -> u64 {
+        self.inner.disk_bytes()
+    }
+    fn close(&self) {
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.inner.close()
+    }
+}
+
+/// Under `interval`, a change made after the store closed cannot be written (the backend
+/// answers `Closed` at once): the actor gives up on it instead of trying again at once,
+/// batch after batch, at full speed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_interval_a_closed_store_is_not_written_again_and_again() {
+    let d = tempfile::tempdir().expect("dir");
+    let backend = Arc::new(CountingWrites {
+        inner: Sqlite::open(
+            d.path(),
+            Durability::Interval(Duration::from_millis(20)),
+            None,
+            0,
+        )
+        .expect("open"),
+        after_close: std::sync::atomic::AtomicUsize::new(0),
+        closed: std::sync::atomic::AtomicBool::new(false),
+    });
+    let store = Store::new(EngineConfig::default())
+        .with_backend(backend.clone())
+        .expect("listed");
+    let (h, _) = store.open(info("s")).await.expect("open");
+    feed(&h, turn(0, 1, 1_000)).await;
+    store.close().await;
+    feed(&h, turn(1, 1, 1_000)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let tries = backend
+        .after_close
+        .load(std::sync::atomic::Ordering::SeqCst);
+    assert!(tries <= 3, "{tries} writes tried after the store closed");
+}
