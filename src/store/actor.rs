@@ -374,8 +374,6 @@ fn millis_since(clock: Instant) -> u64 {
     u64::try_from(clock.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
-/// What the actor knows of its handle: everything but a sender, which would keep its own
-/// mailbox open.
 /// A session's actor.
 struct Actor {
     session: Session,
@@ -385,7 +383,8 @@ struct Actor {
     config: Arc<EngineConfig>,
     limits: Limits,
     counted: Counted,
-    /// What it shares with its handles.
+    /// What it shares with its handles (not a sender, which would keep its own mailbox
+    /// open).
     me: Arc<State>,
     /// Weak: a dropped store ends its actors (their senders go with its map).
     store: Weak<Shared>,
