@@ -124,6 +124,10 @@ fn describe() {
         "compactd_sessions_evicted_total",
         "Sessions removed from memory, by reason (idle, memory)."
     );
+    describe_counter!(
+        "compactd_replies_abandoned_total",
+        "GetContext, GetSession or Recall replies dropped (their streams reset) because the client read none of them for --slow-reader-grace-secs."
+    );
     describe_gauge!(
         "compactd_watchers",
         "Subscribe watchers open (each one task and one place on the event bus)."
@@ -337,6 +341,11 @@ pub fn compaction(outcome: &str, auto: bool, took: Duration, llm: Option<(u64, u
 /// failure kind).
 pub fn compaction_request(result: &'static str) {
     counter!("compactd_compaction_llm_requests_total", "result" => result).increment(1);
+}
+
+/// A unary reply was dropped because its client read none of it for the grace.
+pub fn reply_abandoned() {
+    counter!("compactd_replies_abandoned_total").increment(1);
 }
 
 /// A compaction cut the rest of its head smaller after a "too long" answer.

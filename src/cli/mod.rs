@@ -385,7 +385,8 @@ pub struct ServeArgs {
     #[arg(long, env = "COMPACTD_SESSION_IDLE_TTL_SECS", default_value_t = 86_400)]
     pub session_idle_ttl_secs: u64,
     /// A Stream client that leaves its event buffer (1024 events) full this many seconds
-    /// is disconnected with RESOURCE_EXHAUSTED; its sessions are kept.
+    /// is disconnected with RESOURCE_EXHAUSTED; its sessions are kept. A unary reply the
+    /// client reads none of this long is dropped and its stream reset.
     #[arg(long, env = "COMPACTD_SLOW_READER_GRACE_SECS", default_value_t = 10)]
     pub slow_reader_grace_secs: u64,
     /// Serve Prometheus metrics on this address (`GET /metrics`); off when unset.

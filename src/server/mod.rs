@@ -94,7 +94,7 @@ pub struct ServerOptions {
     /// Sessions untouched this long are evicted (None: never).
     pub idle_ttl: Option<Duration>,
     /// How long a `Stream` client may leave its event buffer full before the stream is
-    /// closed with `RESOURCE_EXHAUSTED`.
+    /// closed with `RESOURCE_EXHAUSTED`, and a unary reply unread before it is dropped.
     pub slow_reader_grace: Duration,
     /// TLS (and, with a client CA, mutual TLS); plaintext when None.
     pub tls: Option<tonic::transport::ServerTlsConfig>,
@@ -236,6 +236,7 @@ where
         .map_err(|e| ServeError::Reflection(e.to_string()))?;
 
     let token = options.auth.token.clone();
+    let slow_reader_grace = options.slow_reader_grace;
     let guard = |on: bool| auth::interceptor(token.clone().filter(|_| on));
     let health = tonic::service::interceptor::InterceptedService::new(
         health,
@@ -256,7 +257,9 @@ where
     }
     let server = builder
         .trace_fn(|req| tracing::info_span!("rpc", rpc = %req.uri().path()))
-        .layer(tower::util::MapResponseLayer::new(held_reply::into_body))
+        .layer(tower::util::MapResponseLayer::new(move |r| {
+            held_reply::into_body(r, slow_reader_grace)
+        }))
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

@@ -338,3 +338,108 @@ async fn an_unread_unary_reply_stays_counted_in_flight_until_its_stream_ends() {
         assert_eq!(after, 0.0, "{rpc}: given back once its stream is reset");
     }
 }
+
+/// A client that reads none of its replies cannot keep everyone's updates refused. With a
+/// 48 MiB budget (6 MiB in flight), two unread GetContext replies of a 1 MiB text (2 MiB
+/// each held) leave no room for a 2.5 MB update; after `--slow-reader-grace-secs` the replies are dropped (their bytes
+/// given back while the client still holds their streams open), the update goes through,
+/// and the client reading on finds its stream reset, not a reply cut short. Before, the
+/// replies stayed counted until the client read them or hung up.
+#[tokio::test]
+async fn replies_left_unread_for_the_grace_are_dropped_and_free_the_share() {
+    use prost::Message as _;
+    let bin = Binary::start(
+        &[
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--memory-budget",
+            "50331648",
+            "--slow-reader-grace-secs",
+            "1",
+        ],
+        &[],
+    );
+    let metrics = bin.metrics.clone().expect("metrics address");
+    let mut c = pb::sessions_client::SessionsClient::connect(format!("http://{}", bin.addr))
+        .await
+        .expect("connect");
+    open_session(&mut c, session_with_limits("big", 2_000_000, 20_000)).await;
+    put_message(&mut c, "big", user_msg("u1")).await;
+    put_part(
+        &mut c,
+        "big",
+        text_part("u1", "u1-t", &"0123456789abcdef".repeat(64 << 10)),
+    )
+    .await;
+    let request = pb::GetContextRequest {
+        session_id: "big".into(),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let mut unread = Vec::new();
+    for _ in 0..2 {
+        unread.push(
+            unread_reply(
+                &bin.addr,
+                "/compactd.v1.Sessions/GetContext",
+                request.clone(),
+            )
+            .await,
+        );
+    }
+    let held = in_flight_until(&metrics, |b| b >= 4_000_000.0).await;
+    assert!(
+        held >= 4_000_000.0,
+        "both unread replies are counted: {held}"
+    );
+    let update = |id: &str| pb::UpsertPartRequest {
+        session_id: "big".into(),
+        part: Some(text_part("u1", id, &"x".repeat(2_500_000))),
+    };
+    let refused = c
+        .upsert_part(update("u1-a"))
+        .await
+        .expect_err("no room in flight");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+
+    let after = in_flight_until(&metrics, |b| b == 0.0).await;
+    assert_eq!(
+        after, 0.0,
+        "the unread replies are given back after the grace"
+    );
+    assert_eq!(
+        metric(&scrape(&metrics).await, "compactd_replies_abandoned_total"),
+        2.0
+    );
+    c.upsert_part(update("u1-b")).await.expect("room again");
+
+    for (_send, mut recv) in unread {
+        let mut read = 0usize;
+        let end = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            loop {
+                match recv.data().await {
+                    Some(Ok(data)) => {
+                        read += data.len();
+                        let _ = recv.flow_control().release_capacity(data.len());
+                    }
+                    Some(Err(e)) => return Err(e),
+                    None => return Ok(recv.trailers().await),
+                }
+            }
+        })
+        .await
+        .expect("the stream ends in time");
+        assert!(
+            end.is_err(),
+            "the dropped reply's stream is reset after {read} bytes, not ended: {end:?}"
+        );
+        assert!(
+            read < 1_000_000,
+            "only what HTTP/2 had buffered arrives: {read}"
+        );
+    }
+}
