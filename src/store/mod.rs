@@ -570,10 +570,7 @@ impl Store {
         snapshot: Option<Vec<u8>>,
     ) -> Result<(SessionHandle, Option<Written>), StoreError> {
         let id = session.info().id.clone();
-        let incarnation = self
-            .incarnations
-            .fetch_add(1, Ordering::Relaxed)
-            .saturating_add(1);
+        let incarnation = self.next_incarnation()?;
         let mut written = None;
         let created = match (&self.backend, snapshot) {
             (Some(b), Some(snapshot)) => {
@@ -610,6 +607,20 @@ impl Store {
         map.cold.remove(&id);
         map.hot.insert(id, handle.clone());
         Ok((handle, written))
+    }
+
+    /// The incarnation of the next session created (each gets one above the last).
+    fn next_incarnation(&self) -> Result<u64, StoreError> {
+        self.incarnations
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
+                last.checked_add(1).filter(|&next| next <= MAX_INCARNATION)
+            })
+            .map(|last| last.saturating_add(1))
+            .map_err(|last| {
+                StoreError::Storage(BackendError::Io(format!(
+                    "no incarnation left: the store's last is {last} (at most {MAX_INCARNATION})"
+                )))
+            })
     }
 
     /// Adds a fully built session (from an import). Fails when the id is taken (in
@@ -756,6 +767,10 @@ impl Store {
 
 /// Where a new session's first write's result lands under `Durability::Sync`.
 type Written = oneshot::Receiver<Result<(), StoreError>>;
+
+/// The largest incarnation a session may get (backends store it as a signed 64-bit
+/// integer).
+const MAX_INCARNATION: u64 = i64::MAX as u64;
 
 /// Waits for a new session's first write under `Durability::Sync` (None: nothing to
 /// wait for).

@@ -1,6 +1,6 @@
 //! Under `Durability::Sync`, a session's first write (its `Create`) failing: nothing is
 //! acknowledged on a session that was never written, and a failed replacement changes
-//! nothing.
+//! nothing. And the last incarnation a store may hand out.
 
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
@@ -111,4 +111,34 @@ async fn under_sync_a_failed_replacement_leaves_the_old_session_as_it_was() {
     assert_eq!(observed(&h).await, hot);
     let c = store.get("cold").await.expect("on disk");
     assert_eq!(observed(&c).await, cold);
+}
+
+/// A store whose last incarnation is the largest a backend stores refuses to create a
+/// session, naming why (before, the next one was clamped to the same incarnation as the
+/// stored session, whose late writes would then land in the new one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_incarnation_past_the_largest_is_handed_out() {
+    let d = tempfile::tempdir().expect("dir");
+    {
+        let store = durable(d.path(), Limits::default(), 0);
+        store.open(info("old")).await.expect("open");
+        store.close().await;
+    }
+    rusqlite::Connection::open(d.path().join(DB_FILE))
+        .expect("open")
+        .execute_batch("UPDATE sessions SET incarnation = 9223372036854775807")
+        .expect("the largest incarnation");
+    let store = durable(d.path(), Limits::default(), 0);
+    match store.open(info("new")).await {
+        Err(StoreError::Storage(BackendError::Io(why))) => {
+            assert!(why.contains("no incarnation left"), "{why}");
+        }
+        other => panic!("expected no incarnation left, got {other:?}"),
+    }
+    let replacement = Session::new(info("old"), &EngineConfig::default());
+    assert!(store.insert(replacement, true).await.is_err());
+    store
+        .get("old")
+        .await
+        .expect("the stored session is served");
 }
