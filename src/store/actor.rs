@@ -144,9 +144,10 @@ impl SessionHandle {
         counting_from(self.state.counting.load(Ordering::Relaxed))
     }
 
-    /// True until the result of the session's first write (its `Create`) is known.
+    /// True until the result of the session's first write (its `Create`) is known (and
+    /// acted on), while its actor runs.
     pub(super) fn is_creating(&self) -> bool {
-        self.state.creating.load(Ordering::Acquire)
+        self.state.creating.load(Ordering::Acquire) && !self.tx.is_closed()
     }
 
     /// True when this handle and `other` address the same actor.
@@ -799,9 +800,7 @@ impl Actor {
             return;
         };
         let replaced = j.replaced.take();
-        if j.creating {
-            self.me.creating.store(false, Ordering::Release);
-        }
+        let created = j.creating;
         match result {
             Ok(()) => {
                 for d in delivers {
@@ -864,6 +863,11 @@ impl Actor {
                     d(Ok(()));
                 }
             }
+        }
+        if created {
+            // Only now: a failed one has put back what the map held (a replacement waits
+            // for this before it replaces the session).
+            self.me.creating.store(false, Ordering::Release);
         }
     }
 
