@@ -17,6 +17,11 @@
 //! batch) and every result waiting on it is an error: nothing unacknowledged stays
 //! applied. Under `Interval` those results were already answered: the session stays as it
 //! is and its next batch carries a whole snapshot.
+//!
+//! A new (or imported) session's first write, its `Create`, is the actor's first batch in
+//! flight. If it fails under `Sync`, the session never existed: the actor leaves the map,
+//! puts back what the map held before (a replaced session) and fails every result waiting;
+//! under `Interval` it writes the session whole again.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
