@@ -17,6 +17,11 @@
 //! batch) and every result waiting on it is an error: nothing unacknowledged stays
 //! applied. Under `Interval` those results were already answered: the session stays as it
 //! is and its next batch carries a whole snapshot.
+//!
+//! A new (or imported) session's first write, its `Create`, is the actor's first batch in
+//! flight. If it fails under `Sync`, the session never existed: the actor leaves the map,
+//! puts back what the map held before (a replaced session) and fails every result waiting;
+//! under `Interval` it writes the session whole again.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -101,6 +106,8 @@ struct State {
     gate: Mutex<bool>,
     /// True while the actor waits for the evictor (which then leaves it alone).
     waiting: AtomicBool,
+    /// True until the result of the session's `Create` is known.
+    creating: AtomicBool,
     /// What the session counts with, as of its last job (callers count long texts of an
     /// update with it on the server's counting threads before queuing it).
     counting: std::sync::atomic::AtomicU8,
@@ -142,7 +149,14 @@ impl SessionHandle {
         counting_from(self.state.counting.load(Ordering::Relaxed))
     }
 
+    /// True until the result of the session's first write (its `Create`) is known (and
+    /// acted on), while its actor runs.
+    pub(super) fn is_creating(&self) -> bool {
+        self.state.creating.load(Ordering::Acquire) && !self.tx.is_closed()
+    }
+
     /// True when this handle and `other` address the same actor.
+    #[cfg(test)]
     pub(super) fn same(&self, other: &SessionHandle) -> bool {
         Arc::ptr_eq(&self.state, &other.state)
     }
@@ -259,10 +273,29 @@ pub(super) struct Durable {
     /// Bytes logged since the last snapshot, and that snapshot's size.
     pub log_bytes: u64,
     pub snapshot_bytes: u64,
-    /// The session's `Create`, when it was acknowledged before being durable
-    /// (`Interval`): the actor's first batch in flight, so it learns the result (and
-    /// does not leave memory before it).
-    pub created: Option<Committed>,
+    /// The session's `Create`, for a session just created or imported: the actor's first
+    /// batch in flight, so it learns the result (and does not leave memory before it)
+    /// and any job queued behind it waits for it.
+    pub created: Option<Created>,
+}
+
+/// A new session's (or a new incarnation's) first write, handed to its actor.
+pub(super) struct Created {
+    /// The `Create`'s result.
+    pub committed: Committed,
+    /// Under `Sync`: told the result (the creator answers its caller with it).
+    pub creator: Option<Deliver>,
+    /// Under `Sync`: what the map held under this id before, put back if the `Create`
+    /// fails (a failed replacement changes nothing).
+    pub replaced: Option<Previous>,
+}
+
+/// What the map held under an id before a session replaced it.
+pub(super) enum Previous {
+    /// A session in memory, with its actor (kept alive by this handle).
+    Hot(SessionHandle),
+    /// A session only on disk.
+    Cold,
 }
 
 /// The actor's side of a durable session: what is written, in flight, and waiting.
@@ -280,6 +313,8 @@ struct Journal {
     resync: bool,
     /// The batch in flight is the session written whole as a new row (its `Create`).
     creating: bool,
+    /// Under `Sync`, while the first `Create` is in flight: what it replaced.
+    replaced: Option<Previous>,
     /// The session's `Create` failed after it was acknowledged: every later write would
     /// find no row and land nowhere, so the next batch writes the session whole as a new
     /// row, until one lands or the session is deleted or replaced.
@@ -324,6 +359,7 @@ pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
         used: AtomicU64::new(millis_since(clock)),
         gate: Mutex::new(false),
         waiting: AtomicBool::new(false),
+        creating: AtomicBool::new(durable.as_ref().is_some_and(|d| d.created.is_some())),
         counting: std::sync::atomic::AtomicU8::new(counting_code(session.counting())),
     });
     let handle = SessionHandle {
@@ -331,15 +367,22 @@ pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
         state: state.clone(),
     };
     let journal = durable.map(|mut d| {
-        let created = d.created.take();
+        let (outstanding, replaced) = match d.created.take() {
+            Some(c) => (
+                Some((c.committed, c.creator.into_iter().collect())),
+                c.replaced,
+            ),
+            None => (None, None),
+        };
         Journal {
             waits: d.backend.durability().waits(),
             d,
             unsent: Vec::new(),
             unsent_bytes: 0,
             waiting: Vec::new(),
-            creating: created.is_some(),
-            outstanding: created.map(|rx| (rx, Vec::new())),
+            creating: outstanding.is_some(),
+            outstanding,
+            replaced,
             resync: false,
             recreate: false,
         }
@@ -409,7 +452,8 @@ enum Leave {
     /// No one listens for evictions and nothing is on disk (the server is closing): stay.
     Unheard,
     /// The map holds another session under this id, or none (deleted or replaced): this
-    /// actor only finishes what its remaining handles queue.
+    /// actor finishes what its remaining handles queue, and looks again after the next
+    /// idle TTL (a failed replacement puts it back).
     Orphan,
     /// Every handle is gone.
     Ended,
@@ -428,14 +472,9 @@ impl Actor {
     async fn run(mut self) {
         tracing::debug!("session actor started");
         let mut last_job = Instant::now();
-        let mut orphan = false;
         loop {
             self.send_batch();
-            let ttl = if orphan {
-                None
-            } else {
-                self.store.upgrade().and_then(|s| s.idle_ttl())
-            };
+            let ttl = self.store.upgrade().and_then(|s| s.idle_ttl());
             let wake = match self.next.take() {
                 Some(msg) => Wake::Msg(Some(msg)),
                 None => self.wait(ttl).await,
@@ -449,11 +488,7 @@ impl Actor {
                 Wake::Idle => match self.leave(last_job, "idle").await {
                     Leave::Evicted | Leave::Ended => break,
                     Leave::Stay(msg) => Some(msg),
-                    Leave::Unheard | Leave::Unsaved => continue,
-                    Leave::Orphan => {
-                        orphan = true;
-                        continue;
-                    }
+                    Leave::Unheard | Leave::Unsaved | Leave::Orphan => continue,
                 },
             };
             let Some(msg) = msg else {
@@ -769,6 +804,8 @@ impl Actor {
         let Some((_, delivers)) = j.outstanding.take() else {
             return;
         };
+        let replaced = j.replaced.take();
+        let created = j.creating;
         match result {
             Ok(()) => {
                 for d in delivers {
@@ -779,6 +816,20 @@ impl Actor {
                     for d in std::mem::take(&mut j.waiting) {
                         d(Ok(()));
                     }
+                }
+            }
+            Err(e) if j.waits && j.creating => {
+                // Nothing was acknowledged: the session never existed. What the map held
+                // before takes its place again.
+                tracing::warn!(error = %e, "the new session was not written; taking it back out");
+                let err = StoreError::Storage(e);
+                let mut failed = delivers;
+                failed.append(&mut j.waiting);
+                j.unsent.clear();
+                j.unsent_bytes = 0;
+                self.drop_from_map(replaced);
+                for d in failed {
+                    d(Err(err.clone()));
                 }
             }
             Err(e) if j.waits => {
@@ -818,6 +869,11 @@ impl Actor {
                 }
             }
         }
+        if created {
+            // Only now: a failed one has put back what the map held (a replacement waits
+            // for this before it replaces the session).
+            self.me.creating.store(false, Ordering::Release);
+        }
     }
 
     /// Puts back the session as the disk has it (after a failed commit). If even that
@@ -852,22 +908,35 @@ impl Actor {
                     _ => "the session is no longer stored".to_string(),
                 };
                 tracing::error!(error = %why, "cannot reload the session after a failed commit; dropping it from memory");
-                self.failed = true;
-                if let Some(store) = self.store.upgrade() {
-                    let mut map = store.write();
-                    *lock(&self.me.gate) = true;
-                    if map
-                        .hot
-                        .get(&*self.me.id)
-                        .is_some_and(|h| Arc::ptr_eq(&h.state, &self.me))
-                    {
-                        map.hot.remove(&*self.me.id);
-                        map.cold.insert(self.me.id.to_string());
+                self.drop_from_map(Some(Previous::Cold));
+            }
+        }
+    }
+
+    /// Takes the session out of memory for good (the jobs still queued are dropped
+    /// unrun): under the map lock, and only while the map holds this actor, `instead`
+    /// takes its place (None: nothing; a session in memory whose actor has ended: the
+    /// disk's copy).
+    fn drop_from_map(&mut self, instead: Option<Previous>) {
+        self.failed = true;
+        if let Some(store) = self.store.upgrade() {
+            let mut map = store.write();
+            *lock(&self.me.gate) = true;
+            if self.in_map(&map) {
+                let id: &str = &self.me.id;
+                map.hot.remove(id);
+                match instead {
+                    Some(Previous::Hot(h)) if !h.tx.is_closed() => {
+                        map.hot.insert(id.to_string(), h);
                     }
-                    self.rx.close();
+                    Some(_) => {
+                        map.cold.insert(id.to_string());
+                    }
+                    None => {}
                 }
             }
         }
+        self.rx.close();
     }
 
     /// Sends what is pending (with a snapshot when the log has grown) and waits until it
@@ -896,6 +965,13 @@ impl Actor {
         }
     }
 
+    /// True when the map holds this actor under its id.
+    fn in_map(&self, map: &super::Map) -> bool {
+        map.hot
+            .get(&*self.me.id)
+            .is_some_and(|h| Arc::ptr_eq(&h.state, &self.me))
+    }
+
     /// Leaves the store (idle TTL or memory pressure), unless a message slipped in (see
     /// the module doc). A durable session is written out first (a final snapshot, so its
     /// next load reads no log) and stays on disk, cold.
@@ -906,6 +982,10 @@ impl Actor {
         let announce = store.evictions();
         if self.journal.is_none() && announce.as_ref().is_none_or(|a| a.is_closed()) {
             return Leave::Unheard;
+        }
+        if !self.in_map(&store.read()) {
+            // Before writing anything out: an orphan has nothing to go cold as.
+            return Leave::Orphan;
         }
         if let Some(j) = self.journal.as_mut()
             && j.d.log_bytes > 0
@@ -926,14 +1006,10 @@ impl Actor {
                 Err(TryRecvError::Disconnected) => return Leave::Ended,
                 Err(TryRecvError::Empty) => {}
             }
-            let id: &str = &self.me.id;
-            if !map
-                .hot
-                .get(id)
-                .is_some_and(|h| Arc::ptr_eq(&h.state, &self.me))
-            {
+            if !self.in_map(&map) {
                 return Leave::Orphan;
             }
+            let id: &str = &self.me.id;
             *evicted = true;
             map.hot.remove(id);
             if self.journal.is_some() {

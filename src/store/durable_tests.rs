@@ -12,9 +12,9 @@ use crate::domain::{
 };
 use crate::engine::Update;
 
-const NOW: i64 = 1_705_512_345_678;
+pub(super) const NOW: i64 = 1_705_512_345_678;
 
-fn durable(dir: &std::path::Path, limits: Limits, max_disk_bytes: u64) -> Store {
+pub(super) fn durable(dir: &std::path::Path, limits: Limits, max_disk_bytes: u64) -> Store {
     let backend = Sqlite::open(dir, Durability::Sync, None, max_disk_bytes).expect("open");
     Store::new(EngineConfig::default())
         .with_limits(limits)
@@ -22,7 +22,7 @@ fn durable(dir: &std::path::Path, limits: Limits, max_disk_bytes: u64) -> Store 
         .expect("the backend lists its sessions")
 }
 
-fn info(id: &str) -> SessionInfo {
+pub(super) fn info(id: &str) -> SessionInfo {
     SessionInfo {
         id: id.into(),
         limits: ModelLimits {
@@ -54,7 +54,7 @@ fn tool(msg: &str, id: &str, output: String) -> Part {
 
 /// A turn: a user message, an assistant message with `parts` tool outputs of `bytes`
 /// each, finished (so the automatic prune and strategies run).
-fn turn(t: usize, parts: usize, bytes: usize) -> Vec<Update> {
+pub(super) fn turn(t: usize, parts: usize, bytes: usize) -> Vec<Update> {
     let (u, a) = (format!("u{t}"), format!("a{t}"));
     let mut assistant = MessageInfo::new(&a, Role::Assistant);
     assistant.parent_id = u.clone();
@@ -71,7 +71,7 @@ fn turn(t: usize, parts: usize, bytes: usize) -> Vec<Update> {
     out
 }
 
-async fn feed(h: &SessionHandle, updates: Vec<Update>) {
+pub(super) async fn feed(h: &SessionHandle, updates: Vec<Update>) {
     for u in updates {
         h.call(move |s, _| s.step(u, NOW))
             .await
@@ -83,7 +83,7 @@ async fn feed(h: &SessionHandle, updates: Vec<Update>) {
 /// What a host can observe of a session: its context, its messages and parts (with their
 /// marks and token figures) and its overflow check. Not `bytes`: held bytes follow
 /// allocation history (a restored string holds exactly its length).
-async fn observed(h: &SessionHandle) -> String {
+pub(super) async fn observed(h: &SessionHandle) -> String {
     h.call(|s, _| {
         let parts = |m: &crate::engine::Message| {
             m.parts
@@ -358,30 +358,42 @@ async fn interval_durability_acknowledges_at_once_and_close_writes_the_rest() {
     assert_eq!(observed(&h).await, before);
 }
 
-/// SQLite under `interval` (50 ms) behind two faults a disk can show: with `fail_create`,
-/// the first write holding a `Create` fails after that delay (a full disk at the moment a
-/// session is opened); and it counts the writes tried after it was closed.
+/// SQLite (under `interval`, 50 ms, unless built with `sync`) behind two faults a disk
+/// can show: with `fail_create`, the next `creates_to_fail` writes holding a `Create`
+/// (1 unless changed) fail after that delay (a full disk at the moment a session is
+/// opened or imported); and it counts the writes tried after it was closed.
 #[derive(Debug)]
-struct Faulty {
+pub(super) struct Faulty {
     inner: Sqlite,
     fail_create: Option<Duration>,
-    create_failed: std::sync::atomic::AtomicBool,
+    pub(super) creates_to_fail: std::sync::atomic::AtomicUsize,
     closed: std::sync::atomic::AtomicBool,
     after_close: std::sync::atomic::AtomicUsize,
 }
 
 impl Faulty {
     fn open(dir: &std::path::Path, fail_create: Option<Duration>) -> Faulty {
-        Faulty {
-            inner: Sqlite::open(
-                dir,
-                Durability::Interval(Duration::from_millis(50)),
-                None,
-                0,
-            )
-            .expect("open"),
+        Faulty::with(
+            dir,
+            Durability::Interval(Duration::from_millis(50)),
             fail_create,
-            create_failed: std::sync::atomic::AtomicBool::new(false),
+        )
+    }
+
+    /// The same under `Durability::Sync`.
+    pub(super) fn sync(dir: &std::path::Path, fail_create: Option<Duration>) -> Faulty {
+        Faulty::with(dir, Durability::Sync, fail_create)
+    }
+
+    fn with(
+        dir: &std::path::Path,
+        durability: Durability,
+        fail_create: Option<Duration>,
+    ) -> Faulty {
+        Faulty {
+            inner: Sqlite::open(dir, durability, None, 0).expect("open"),
+            fail_create,
+            creates_to_fail: std::sync::atomic::AtomicUsize::new(1),
             closed: std::sync::atomic::AtomicBool::new(false),
             after_close: std::sync::atomic::AtomicUsize::new(0),
         }
@@ -404,9 +416,13 @@ impl Backend for Faulty {
             self.after_close.fetch_add(1, SeqCst);
         }
         let create = writes.iter().any(|w| matches!(w, Write::Create { .. }));
+        let fail = |n: usize| n.checked_sub(1);
         if let Some(delay) = self.fail_create
             && create
-            && !self.create_failed.swap(true, SeqCst)
+            && self
+                .creates_to_fail
+                .fetch_update(SeqCst, SeqCst, fail)
+                .is_ok()
         {
             let (tx, rx) = tokio::sync::oneshot::channel();
             std::thread::spawn(move || {

@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use thiserror::Error;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::config::EngineConfig;
@@ -545,44 +545,60 @@ impl Store {
                     return Err(StoreError::Full(max));
                 }
                 let snapshot = self.backend.is_some().then(|| encode_session(&session));
-                Some(self.place(&mut map, session, snapshot))
+                Some(self.place(&mut map, session, snapshot)?)
             }
         };
-        let Some((handle, committed)) = created else {
+        let Some((handle, written)) = created else {
             return Box::pin(self.get(&id)).await.map(|h| (h, false));
         };
-        self.created(&id, &handle, committed).await?;
+        written_or_not(written).await?;
         Ok((handle, true))
     }
 
     /// Puts a new session (or a new incarnation of an id) in the map, hot, and queues its
-    /// first snapshot (`snapshot`, encoded by the caller; None without a backend). Called
-    /// under the map lock, so the `Create` is queued before any write of its actor.
+    /// first snapshot (`snapshot`, encoded by the caller; None without a backend) as its
+    /// actor's first batch in flight: any job queued on it waits for that write's result.
+    /// Called under the map lock, so the `Create` is queued before any write of its actor.
+    /// Under `Durability::Sync`, returns where the write's result lands: the caller
+    /// answers with it, and if it failed the actor has put back what the map held before
+    /// (nothing was acknowledged). Under `Interval` the session is acknowledged at once:
+    /// if the write fails, its actor writes the session whole again.
     fn place(
         &self,
         map: &mut Map,
         session: Session,
         snapshot: Option<Vec<u8>>,
-    ) -> (SessionHandle, Option<backend::Committed>) {
+    ) -> Result<(SessionHandle, Option<Written>), StoreError> {
         let id = session.info().id.clone();
-        let incarnation = self
-            .incarnations
-            .fetch_add(1, Ordering::Relaxed)
-            .saturating_add(1);
-        let committed = match (&self.backend, snapshot) {
-            (Some(b), Some(snapshot)) => Some(b.write(vec![Write::Create {
-                id: id.clone(),
-                incarnation,
-                snapshot,
-            }])),
+        let incarnation = self.next_incarnation()?;
+        let mut written = None;
+        let created = match (&self.backend, snapshot) {
+            (Some(b), Some(snapshot)) => {
+                let committed = b.write(vec![Write::Create {
+                    id: id.clone(),
+                    incarnation,
+                    snapshot,
+                }]);
+                let (mut creator, mut replaced) = (None, None);
+                if self.durability().waits() {
+                    let (tx, rx) = oneshot::channel();
+                    written = Some(rx);
+                    let tell: actor::Deliver = Box::new(move |r| {
+                        let _ = tx.send(r);
+                    });
+                    creator = Some(tell);
+                    replaced = match map.hot.get(&id) {
+                        Some(h) => Some(actor::Previous::Hot(h.clone())),
+                        None => map.cold.contains(&id).then_some(actor::Previous::Cold),
+                    };
+                }
+                Some(actor::Created {
+                    committed,
+                    creator,
+                    replaced,
+                })
+            }
             _ => None,
-        };
-        // Under `Sync` the caller waits for the write (`created`); otherwise the actor
-        // does, as its first batch in flight.
-        let (committed, created) = if self.durability().waits() {
-            (committed, None)
-        } else {
-            (None, committed)
         };
         let durable = self
             .durable(incarnation, 0, 0, 0)
@@ -590,35 +606,21 @@ impl Store {
         let handle = self.spawn(session, durable);
         map.cold.remove(&id);
         map.hot.insert(id, handle.clone());
-        (handle, committed)
+        Ok((handle, written))
     }
 
-    /// Waits for a new session's first write under `Durability::Sync`; on failure the
-    /// session is taken back out (it was never acknowledged). Under `Interval` the session
-    /// is acknowledged at once: its actor holds the write as its first batch in flight
-    /// and, if it fails, writes the session whole again.
-    async fn created(
-        &self,
-        id: &str,
-        handle: &SessionHandle,
-        committed: Option<backend::Committed>,
-    ) -> Result<(), StoreError> {
-        let Some(rx) = committed else {
-            return Ok(());
-        };
-        if !self.durability().waits() {
-            return Ok(());
-        }
-        match rx.await.unwrap_or(Err(BackendError::Closed)) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                let mut map = self.write();
-                if map.hot.get(id).is_some_and(|h| h.same(handle)) {
-                    map.hot.remove(id);
-                }
-                Err(StoreError::Storage(e))
-            }
-        }
+    /// The incarnation of the next session created (each gets one above the last).
+    fn next_incarnation(&self) -> Result<u64, StoreError> {
+        self.incarnations
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
+                last.checked_add(1).filter(|&next| next <= MAX_INCARNATION)
+            })
+            .map(|last| last.saturating_add(1))
+            .map_err(|last| {
+                StoreError::Storage(BackendError::Io(format!(
+                    "no incarnation left: the store's last is {last} (at most {MAX_INCARNATION})"
+                )))
+            })
     }
 
     /// Adds a fully built session (from an import). Fails when the id is taken (in
@@ -648,19 +650,28 @@ impl Store {
             .map_err(|e| StoreError::Storage(BackendError::Io(format!("encoding {id}: {e}"))))?,
             None => (session, None),
         };
-        let (handle, committed) = {
-            let mut map = self.write();
-            let taken = map.hot.contains_key(&id) || map.cold.contains(&id);
-            if taken && !replace {
-                return Err(StoreError::AlreadyExists(id));
-            }
-            let max = self.limits.max_sessions;
-            if !taken && max > 0 && map.hot.len().saturating_add(map.cold.len()) >= max {
-                return Err(StoreError::Full(max));
-            }
-            self.place(&mut map, session, snapshot)
+        let (handle, written) = loop {
+            let pending = {
+                let mut map = self.write();
+                let taken = map.hot.contains_key(&id) || map.cold.contains(&id);
+                if taken && !replace {
+                    return Err(StoreError::AlreadyExists(id));
+                }
+                let max = self.limits.max_sessions;
+                if !taken && max > 0 && map.hot.len().saturating_add(map.cold.len()) >= max {
+                    return Err(StoreError::Full(max));
+                }
+                match map.hot.get(&id) {
+                    // Under `Sync` a replacement waits until what it replaces is written
+                    // (or taken back out), so a failed one puts back what the disk holds.
+                    Some(h) if self.durability().waits() && h.is_creating() => h.clone(),
+                    _ => break self.place(&mut map, session, snapshot)?,
+                }
+            };
+            // Its result is not ours: only that it is known.
+            let _ = pending.flush().await;
         };
-        self.created(&id, &handle, committed).await?;
+        written_or_not(written).await?;
         Ok(handle)
     }
 
@@ -754,6 +765,24 @@ impl Store {
     }
 }
 
+/// Where a new session's first write's result lands under `Durability::Sync`.
+type Written = oneshot::Receiver<Result<(), StoreError>>;
+
+/// The largest incarnation a session may get (backends store it as a signed 64-bit
+/// integer).
+const MAX_INCARNATION: u64 = i64::MAX as u64;
+
+/// Waits for a new session's first write under `Durability::Sync` (None: nothing to
+/// wait for).
+async fn written_or_not(written: Option<Written>) -> Result<(), StoreError> {
+    match written {
+        Some(rx) => rx
+            .await
+            .unwrap_or(Err(StoreError::Storage(BackendError::Closed))),
+        None => Ok(()),
+    }
+}
+
 /// `per_mille` of `budget`.
 fn watermark(budget: u64, per_mille: u64) -> u64 {
     budget / 1000 * per_mille
@@ -814,3 +843,7 @@ mod tests;
 #[cfg(test)]
 #[path = "durable_tests.rs"]
 mod durable_tests;
+
+#[cfg(test)]
+#[path = "sync_tests.rs"]
+mod sync_tests;

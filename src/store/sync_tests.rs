@@ -1,0 +1,144 @@
+//! Under `Durability::Sync`, a session's first write (its `Create`) failing: nothing is
+//! acknowledged on a session that was never written, and a failed replacement changes
+//! nothing. And the last incarnation a store may hand out.
+
+use std::sync::atomic::Ordering::SeqCst;
+use std::time::Duration;
+
+use super::durable_tests::{Faulty, NOW, durable, feed, info, observed, turn};
+use super::*;
+
+fn store(backend: Faulty) -> Store {
+    Store::new(EngineConfig::default())
+        .with_backend(Arc::new(backend))
+        .expect("listed")
+}
+
+/// Waits (10 s at most) until `done` holds.
+async fn until(what: &str, done: impl Fn() -> bool) {
+    let waited = tokio::time::timeout(Duration::from_secs(10), async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "{what} in time");
+}
+
+/// A second opener of a new id finds the session while its `Create` is being written:
+/// its update waits for that write, and when it fails, the update fails too (before, it
+/// was acknowledged and landed nowhere: the session had no row).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_sync_no_update_is_acknowledged_before_its_session_is_written() {
+    let d = tempfile::tempdir().expect("dir");
+    let store = Arc::new(store(Faulty::sync(
+        d.path(),
+        Some(Duration::from_millis(300)),
+    )));
+    let first = tokio::spawn({
+        let store = store.clone();
+        async move { store.open(info("s")).await.map(|(_, created)| created) }
+    });
+    until("the session is in the map", || store.hot_len() == 1).await;
+    let (h, created) = store.open(info("s")).await.expect("found");
+    assert!(!created, "the first opener created it");
+    let Some(update) = turn(0, 1, 100).into_iter().next() else {
+        panic!("a turn has updates");
+    };
+    let answered = h.call(move |s, _| s.step(update, NOW)).await;
+    assert!(
+        answered.is_err(),
+        "an update on a session never written was acknowledged: {answered:?}"
+    );
+    match first.await.expect("the first opener ran") {
+        Err(StoreError::Storage(BackendError::Full(_))) => {}
+        other => panic!("expected the first opener to see the full disk, got {other:?}"),
+    }
+    assert!(matches!(store.get("s").await, Err(StoreError::NotFound(_))));
+    // A fresh attempt creates it, and what it acknowledges is on disk.
+    let (h, created) = store.open(info("s")).await.expect("opened again");
+    assert!(created);
+    feed(&h, turn(0, 1, 100)).await;
+    let after = observed(&h).await;
+    store.close().await;
+    let store = durable(d.path(), Limits::default(), 0);
+    let h = store.get("s").await.expect("on disk");
+    assert_eq!(observed(&h).await, after);
+}
+
+/// An import replacing a session (in memory, or only on disk) whose `Create` fails
+/// changes nothing: the old session is still reachable, as it was, and still written
+/// (before, it was NOT_FOUND until a restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_sync_a_failed_replacement_leaves_the_old_session_as_it_was() {
+    let d = tempfile::tempdir().expect("dir");
+    {
+        let store = durable(d.path(), Limits::default(), 0);
+        for id in ["hot", "cold"] {
+            let (h, _) = store.open(info(id)).await.expect("open");
+            feed(&h, turn(0, 2, 1_000)).await;
+        }
+        store.close().await;
+    }
+    let backend = Faulty::sync(d.path(), Some(Duration::from_millis(100)));
+    backend.creates_to_fail.store(2, SeqCst);
+    let store = store(backend);
+    let old = store.get("hot").await.expect("loaded");
+    let before = observed(&old).await;
+    for id in ["hot", "cold"] {
+        let replacement = Session::new(info(id), &EngineConfig::default());
+        match store.insert(replacement, true).await {
+            Err(StoreError::Storage(BackendError::Full(_))) => {}
+            other => panic!("expected {id}'s import to fail on the full disk, got {other:?}"),
+        }
+    }
+    let h = store
+        .get("hot")
+        .await
+        .expect("the old session is reachable");
+    assert!(h.same(&old), "the same actor as before the import");
+    assert_eq!(observed(&h).await, before);
+    assert_eq!(store.cold_ids(), vec!["cold".to_string()], "still on disk");
+    // Both go on being written where they were.
+    feed(&h, turn(1, 1, 100)).await;
+    let hot = observed(&h).await;
+    let c = store.get("cold").await.expect("loads from disk");
+    feed(&c, turn(1, 1, 100)).await;
+    let cold = observed(&c).await;
+    store.close().await;
+    let store = durable(d.path(), Limits::default(), 0);
+    let h = store.get("hot").await.expect("on disk");
+    assert_eq!(observed(&h).await, hot);
+    let c = store.get("cold").await.expect("on disk");
+    assert_eq!(observed(&c).await, cold);
+}
+
+/// A store whose last incarnation is the largest a backend stores refuses to create a
+/// session, naming why (before, the next one was clamped to the same incarnation as the
+/// stored session, whose late writes would then land in the new one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_incarnation_past_the_largest_is_handed_out() {
+    let d = tempfile::tempdir().expect("dir");
+    {
+        let store = durable(d.path(), Limits::default(), 0);
+        store.open(info("old")).await.expect("open");
+        store.close().await;
+    }
+    rusqlite::Connection::open(d.path().join(DB_FILE))
+        .expect("open")
+        .execute_batch("UPDATE sessions SET incarnation = 9223372036854775807")
+        .expect("the largest incarnation");
+    let store = durable(d.path(), Limits::default(), 0);
+    match store.open(info("new")).await {
+        Err(StoreError::Storage(BackendError::Io(why))) => {
+            assert!(why.contains("no incarnation left"), "{why}");
+        }
+        other => panic!("expected no incarnation left, got {other:?}"),
+    }
+    let replacement = Session::new(info("old"), &EngineConfig::default());
+    assert!(store.insert(replacement, true).await.is_err());
+    store
+        .get("old")
+        .await
+        .expect("the stored session is served");
+}
