@@ -277,3 +277,99 @@ async fn a_summary_committed_on_a_reimport_of_the_same_ids_is_stale() {
         "the imported session is unchanged"
     );
 }
+
+#[tokio::test]
+async fn a_replacement_leaves_a_compaction_of_the_new_session_running() {
+    let gated = Gated::new("summary of the imported conversation");
+    let hub = hub_with_session(gated.clone()).await;
+    // ImportSession{replace} put the new session in place and is still writing it (an
+    // fsync under sync durability): a compaction of the new session starts meanwhile.
+    let again = same_conversation_again(hub.store.config());
+    let generation = again.generation();
+    hub.store.insert(again, true).await.expect("replaced");
+    let (tx, mut events) = mpsc::channel(64);
+    start(
+        &hub,
+        SID,
+        Options::default(),
+        Some(Sink::listening(tx)),
+        None,
+    )
+    .await
+    .expect("the compaction of the new session starts");
+    gated.asked.notified().await;
+    // The import's write done, it cancels the replaced session's compaction: not this one.
+    crate::server::ops::cancel_replaced(&hub, SID, Some(generation), "test: the import");
+    gated.release();
+    match outcome(&mut events).await {
+        Ce::Compacted(_) => {}
+        other => panic!("the new session's compaction must commit: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_replacement_while_planning_cancels_only_a_plan_of_the_replaced_value() {
+    for replaced in [true, false] {
+        let hub = hub_with_session(Fake {
+            text: Some("summary"),
+        })
+        .await;
+        let handle = hub.store.get(SID).await.expect("the session");
+        let held = handle.call(|s, _| s.generation()).await.expect("actor");
+        // What the id holds once the import is written: another value, or (the import
+        // done before this compaction's lookup) the very value it plans on.
+        let now = if replaced {
+            same_conversation_again(hub.store.config()).generation()
+        } else {
+            held
+        };
+        let (tx, mut events) = mpsc::channel(64);
+        let mut starting = Box::pin(start(
+            &hub,
+            SID,
+            Options::default(),
+            Some(Sink::listening(tx)),
+            None,
+        ));
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(matches!(starting.as_mut().poll(&mut cx), Poll::Pending));
+        // The slot is claimed, the plan not made yet: the cancel is decided once it is.
+        crate::server::ops::cancel_replaced(&hub, SID, Some(now), "test: the import");
+        starting.await.expect("the compaction starts");
+        match (replaced, outcome(&mut events).await) {
+            (true, Ce::Failed(f)) => assert_eq!(f.kind, "cancelled", "{f:?}"),
+            (false, Ce::Compacted(_)) => {}
+            (_, other) => panic!("replaced: {replaced}: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_delete_leaves_a_compaction_of_the_session_created_again_meanwhile_running() {
+    let gated = Gated::new("summary of the new conversation");
+    let hub = hub_with_session(gated.clone()).await;
+    // DeleteSession removed the session and is writing the delete (an fsync under sync
+    // durability); the session is created again and a compaction of it starts meanwhile.
+    assert!(hub.store.remove(SID).await.expect("removed"));
+    let again = same_conversation_again(hub.store.config());
+    hub.store.insert(again, false).await.expect("created again");
+    let (tx, mut events) = mpsc::channel(64);
+    start(
+        &hub,
+        SID,
+        Options::default(),
+        Some(Sink::listening(tx)),
+        None,
+    )
+    .await
+    .expect("the new session's compaction starts");
+    gated.asked.notified().await;
+    // The delete written, it cancels the deleted session's compaction: not this one.
+    let now = crate::server::ops::generation_held(&hub, SID).await;
+    crate::server::ops::cancel_replaced(&hub, SID, now, "test: the delete");
+    gated.release();
+    match outcome(&mut events).await {
+        Ce::Compacted(_) => {}
+        other => panic!("the new session's compaction must commit: {other:?}"),
+    }
+}
