@@ -33,6 +33,12 @@ fn traces() -> Vec<PathBuf> {
     files
 }
 
+/// `c` as the change log holds it (encoded and decoded): a compaction plan without the
+/// session value it was made on.
+fn logged(c: Change) -> Change {
+    decode_change(&encode_change(&c)).unwrap_or_else(|e| panic!("the change decodes: {e}"))
+}
+
 fn load(path: &PathBuf) -> Export {
     let json = std::fs::read_to_string(path).expect("trace readable");
     trace::parse_export(&json).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
@@ -100,7 +106,9 @@ fn changes_of(export: &Export) -> (Vec<Change>, Vec<Performed>) {
                 continue;
             };
             compactions += 1;
-            let commit = Change::CommitCompaction {
+            // As the log holds it: the changes are replayed on other session values than
+            // `live`, and a live plan's commit on another value is stale.
+            let commit = logged(Change::CommitCompaction {
                 plan,
                 outcome: SummaryOutcome {
                     text: format!("Summary {compactions}: the work so far, in brief."),
@@ -112,7 +120,7 @@ fn changes_of(export: &Export) -> (Vec<Change>, Vec<Performed>) {
                     prefix: format!("cmp_{compactions}"),
                 },
                 now_ms: now,
-            };
+            });
             let committed = live.perform(commit.clone(), &config);
             let ok = matches!(committed, Performed::CommitCompaction(Ok(_)));
             changes.push(commit);

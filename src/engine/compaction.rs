@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use super::context::Keep;
 use super::error::ApplyError;
 use super::footprint::ByteLimit;
-use super::session::Session;
+use super::session::{Generation, Session};
 use super::update::Update;
 use crate::config::EngineConfig;
 use crate::domain::{
@@ -78,9 +78,10 @@ pub struct CompactionPlan {
     pub tokens_before: u64,
     /// How it was asked for.
     pub request: CompactionRequest,
-    /// Who `head` and `tail_start` named when the plan was made, so the commit can tell
-    /// the session still holds them there. `None` in a plan read back from the log: a
-    /// logged commit was checked when performed, and replaying it meets the same state.
+    /// The session value the plan was made on and who `head` and `tail_start` named
+    /// there, so the commit can tell the session is still that value and holds them
+    /// there. `None` in a plan read back from the log: a logged commit was checked when
+    /// performed, and replaying it meets the same state.
     #[serde(skip)]
     held: Option<HeldIds>,
 }
@@ -90,14 +91,21 @@ impl CompactionPlan {
     pub fn tail_start_id(&self) -> Option<&str> {
         self.held.as_ref().and_then(|h| h.tail_start.as_deref())
     }
+
+    /// The session value the plan was made on (`None` in a plan read back from the log).
+    pub fn generation(&self) -> Option<Generation> {
+        self.held.as_ref().map(|h| h.generation)
+    }
 }
 
-/// Ids of the messages a plan's positions named: the summarized head, in the plan's
-/// order, and the first message kept verbatim. Messages are never removed from a
-/// session, so only a session replaced under the same id (an import, a delete and
-/// re-create) holds other messages there.
+/// What a plan's positions named: the session value (its [`Generation`]), the ids of
+/// the summarized head, in the plan's order, and of the first message kept verbatim.
+/// Messages are never removed from a session, so only a session replaced under the same
+/// id (an import, a delete and re-create) holds other messages there; and a replacement
+/// holding the same ids (the same export imported again) is another generation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct HeldIds {
+    generation: Generation,
     head: Vec<String>,
     tail_start: Option<String>,
 }
@@ -122,9 +130,10 @@ pub enum CompactionError {
     /// Recording the messages failed (an id collided).
     #[error("recording the summary failed: {0}")]
     Apply(#[from] ApplyError),
-    /// The session no longer holds the messages the plan summarized where it found them:
-    /// it was replaced (imported over, deleted and re-created) while the summary was
-    /// written. Nothing is recorded; a new compaction plans what the session holds now.
+    /// The session no longer holds the messages the plan summarized where it found them,
+    /// or is another session value holding the same ids: it was replaced (imported over,
+    /// deleted and re-created, loaded back from disk) while the summary was written.
+    /// Nothing is recorded; a new compaction plans what the session holds now.
     #[error("the session changed while the summary was written: {0}")]
     Stale(String),
 }
@@ -197,6 +206,7 @@ impl Session {
         let head_tokens: u64 = head.iter().map(|&i| self.message_tokens(i)).sum();
         let pinned_tokens: u64 = head.iter().map(|&i| self.pinned_tokens(i)).sum();
         let held = HeldIds {
+            generation: self.generation(),
             head: head.iter().filter_map(|&i| self.id_at(i)).collect(),
             tail_start: tail_start.and_then(|i| self.id_at(i)),
         };
@@ -233,8 +243,9 @@ impl Session {
     }
 
     /// Checks the session still holds, where the plan found them, the messages it
-    /// summarizes and the first one it keeps: a plan outlives the actor job that made it
-    /// (the summary is written outside), and the session may be replaced meanwhile.
+    /// summarizes and the first one it keeps, and is the session value the plan was made
+    /// on: a plan outlives the actor job that made it (the summary is written outside),
+    /// and the session may be replaced meanwhile.
     fn check_still_holds(&self, plan: &CompactionPlan) -> Result<(), CompactionError> {
         let messages = self.messages();
         let held = plan.held.as_ref();
@@ -263,6 +274,14 @@ impl Session {
                     m.info.id
                 )));
             }
+        }
+        // The same ids where the plan found them, in another session value: the same
+        // conversation imported again, or re-created with the same ids. Its messages may
+        // hold other content than the summary was written from.
+        if held.is_some_and(|h| h.generation != self.generation()) {
+            return Err(CompactionError::Stale(
+                "it was replaced under the same id".into(),
+            ));
         }
         Ok(())
     }

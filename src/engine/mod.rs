@@ -65,7 +65,7 @@ pub use recall::{
     recall_tool_json,
 };
 pub(crate) use render::Reading;
-pub use session::Session;
+pub use session::{Generation, Session};
 pub use snapshot::{
     Document, SNAPSHOT_FORMAT, SnapshotError, decode_change, decode_session, encode_change,
     encode_session,

@@ -154,6 +154,32 @@ pub struct Session {
     requests: RequestLog,
     /// Each part's position in its message, by id.
     part_index: PartIndex,
+    /// Which session value this is (kept by a copy, new for a session created, imported
+    /// or loaded): a compaction planned on another value is stale.
+    generation: Generation,
+}
+
+/// Which session value a [`Session`] is: one process-wide counter hands a new one to
+/// every session created, imported (built anew) or loaded from disk, and a copy keeps its
+/// original's. A session replaced under the same id (an import over it, a delete and
+/// re-create) is therefore another generation even when it holds the same message ids.
+/// Not stored: it names a value in this process only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Generation(u64);
+
+impl Generation {
+    /// A generation never handed out before in this process.
+    fn next() -> Generation {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Generation(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+impl std::fmt::Display for Generation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
 }
 
 impl Clone for Session {
@@ -180,6 +206,7 @@ impl Clone for Session {
             by_msg,
             requests,
             part_index,
+            generation,
         } = self;
         let mut messages = messages.clone();
         // A copy changes apart from its original: its messages take their own revisions.
@@ -204,6 +231,7 @@ impl Clone for Session {
             by_msg: by_msg.clone(),
             requests: *requests,
             part_index: part_index.clone(),
+            generation: *generation,
         }
     }
 }
@@ -272,6 +300,7 @@ impl Serialize for Session {
             by_msg,
             requests,
             part_index: _,
+            generation: _,
         } = self;
         let mut parents: Vec<(&String, &usize)> = completed_parents.iter().collect();
         parents.sort_unstable();
@@ -325,6 +354,7 @@ impl Session {
             by_msg: TokenIndex::default(),
             requests: RequestLog::default(),
             part_index: PartIndex::default(),
+            generation: Generation::next(),
         }
     }
 
@@ -421,6 +451,7 @@ impl Session {
             by_msg,
             requests,
             part_index,
+            generation: Generation::next(),
         })
     }
 
@@ -490,6 +521,11 @@ impl Session {
     /// Session info (id, model, limits, overrides, todos).
     pub fn info(&self) -> &SessionInfo {
         &self.info
+    }
+
+    /// Which session value this is (see [`Generation`]).
+    pub fn generation(&self) -> Generation {
+        self.generation
     }
 
     /// The settings the session runs with.

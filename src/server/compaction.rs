@@ -170,6 +170,13 @@ pub async fn start(
         Ok(Err(e)) => return Err(precondition(e.to_string())),
         Err(e) => return Err(e.into()),
     };
+    // Deleted or replaced while planning, and planned on a value the id no longer holds:
+    // cancelled now, so the job ends "cancelled" (its request ends at once).
+    if let Some(generation) = plan.generation()
+        && claim.planned_on(generation)
+    {
+        tracing::info!(session_id, compaction_id = %running.id, "compaction cancelled: its session was replaced while it was planned");
+    }
     // The request's model and prompts win over the session's, which win over the server's.
     for (field, session) in [
         (&mut options.system, session.compaction_system),

@@ -1,5 +1,6 @@
 //! A compaction's slot and its outcome's bookkeeping, driven without a transport: a hub
-//! over an in-memory store and a summarizer that answers at once or only its cancel.
+//! over an in-memory store and a summarizer that answers at once, only its cancel, or
+//! once the test lets it (to replace the session while the summary is written).
 
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
@@ -76,7 +77,7 @@ fn turns() -> Vec<Update> {
 }
 
 /// A hub whose summarizer is `fake`, holding session [`SID`] with [`turns`].
-async fn hub_with_session(fake: Fake) -> Arc<Hub> {
+async fn hub_with_session(fake: impl Summarizer + 'static) -> Arc<Hub> {
     let store = Arc::new(Store::new(EngineConfig::default()));
     let info = SessionInfo {
         id: SID.into(),
@@ -152,4 +153,223 @@ async fn cancelled_automatic_compactions_leave_the_breaker_alone() {
     }
     let after = handle.call(|s, _| s.auto_state()).await.expect("actor");
     assert_eq!(after, before, "the breaker saw nothing");
+}
+
+/// A summarizer that says when it is asked, then answers `text` once let go (or ends
+/// cancelled, when cancelled first).
+#[derive(Debug, Clone)]
+struct Gated {
+    text: &'static str,
+    asked: Arc<tokio::sync::Notify>,
+    go: Arc<tokio::sync::Semaphore>,
+}
+
+impl Gated {
+    fn new(text: &'static str) -> Gated {
+        Gated {
+            text,
+            asked: Arc::default(),
+            go: Arc::new(tokio::sync::Semaphore::new(0)),
+        }
+    }
+
+    /// Lets the summary (one request) answer.
+    fn release(&self) {
+        self.go.add_permits(1);
+    }
+}
+
+#[tonic::async_trait]
+impl Summarizer for Gated {
+    async fn summarize(
+        &self,
+        _request: SummaryRequest,
+        _progress: mpsc::Sender<Progress>,
+        cancel: CancellationToken,
+    ) -> Result<SummaryOutcome, SummarizeError> {
+        self.asked.notify_one();
+        tokio::select! {
+            permit = self.go.acquire() => drop(permit),
+            _ = cancel.cancelled() => return Err(SummarizeError::Cancelled),
+        }
+        Ok(SummaryOutcome {
+            text: self.text.into(),
+            usage: None,
+            cost: 0.0,
+            model: None,
+        })
+    }
+
+    fn model(&self) -> &str {
+        "gated"
+    }
+
+    async fn window(&self, _model: Option<&str>) -> Option<Window> {
+        None
+    }
+}
+
+/// Session [`SID`] built again from [`turns`], as an import of the same export builds it:
+/// the same message ids at the same positions, another session value.
+fn same_conversation_again(config: &EngineConfig) -> crate::engine::Session {
+    let info = SessionInfo {
+        id: SID.into(),
+        ..Default::default()
+    };
+    let mut s = crate::engine::Session::new(info, config);
+    for u in turns() {
+        s.apply(u, config).expect("the turns apply");
+    }
+    s
+}
+
+/// The session's whole value, encoded.
+async fn encoded(hub: &Hub) -> Vec<u8> {
+    let handle = hub.store.get(SID).await.expect("the session");
+    handle
+        .call(|s, _| crate::engine::encode_session(s))
+        .await
+        .expect("the actor answers")
+}
+
+/// The compaction's last event on `events`: compacted or failed.
+async fn outcome(events: &mut mpsc::Receiver<pb::CompactionEvent>) -> Ce {
+    loop {
+        let e = events.recv().await.expect("the compaction reports its end");
+        match e.event {
+            Some(ev @ (Ce::Compacted(_) | Ce::Failed(_))) => return ev,
+            _ => continue,
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_summary_committed_on_a_reimport_of_the_same_ids_is_stale() {
+    let gated = Gated::new("summary of the old conversation");
+    let hub = hub_with_session(gated.clone()).await;
+    let (tx, mut events) = mpsc::channel(64);
+    start(
+        &hub,
+        SID,
+        Options::default(),
+        Some(Sink::listening(tx)),
+        None,
+    )
+    .await
+    .expect("the compaction starts");
+    gated.asked.notified().await;
+    // ImportSession{replace} of the same export puts the new session in place; its
+    // summary written, the old compaction commits before the import's cancel takes effect.
+    let again = same_conversation_again(hub.store.config());
+    hub.store.insert(again, true).await.expect("replaced");
+    let imported = encoded(&hub).await;
+    gated.release();
+    match outcome(&mut events).await {
+        Ce::Failed(f) => {
+            assert_eq!(f.kind, "stale", "{f:?}");
+            assert!(f.retryable, "{f:?}");
+        }
+        other => panic!("the old summary must not land on the new session: {other:?}"),
+    }
+    assert_eq!(
+        encoded(&hub).await,
+        imported,
+        "the imported session is unchanged"
+    );
+}
+
+#[tokio::test]
+async fn a_replacement_leaves_a_compaction_of_the_new_session_running() {
+    let gated = Gated::new("summary of the imported conversation");
+    let hub = hub_with_session(gated.clone()).await;
+    // ImportSession{replace} put the new session in place and is still writing it (an
+    // fsync under sync durability): a compaction of the new session starts meanwhile.
+    let again = same_conversation_again(hub.store.config());
+    let generation = again.generation();
+    hub.store.insert(again, true).await.expect("replaced");
+    let (tx, mut events) = mpsc::channel(64);
+    start(
+        &hub,
+        SID,
+        Options::default(),
+        Some(Sink::listening(tx)),
+        None,
+    )
+    .await
+    .expect("the compaction of the new session starts");
+    gated.asked.notified().await;
+    // The import's write done, it cancels the replaced session's compaction: not this one.
+    crate::server::ops::cancel_replaced(&hub, SID, Some(generation), "test: the import");
+    gated.release();
+    match outcome(&mut events).await {
+        Ce::Compacted(_) => {}
+        other => panic!("the new session's compaction must commit: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_replacement_while_planning_cancels_only_a_plan_of_the_replaced_value() {
+    for replaced in [true, false] {
+        let hub = hub_with_session(Fake {
+            text: Some("summary"),
+        })
+        .await;
+        let handle = hub.store.get(SID).await.expect("the session");
+        let held = handle.call(|s, _| s.generation()).await.expect("actor");
+        // What the id holds once the import is written: another value, or (the import
+        // done before this compaction's lookup) the very value it plans on.
+        let now = if replaced {
+            same_conversation_again(hub.store.config()).generation()
+        } else {
+            held
+        };
+        let (tx, mut events) = mpsc::channel(64);
+        let mut starting = Box::pin(start(
+            &hub,
+            SID,
+            Options::default(),
+            Some(Sink::listening(tx)),
+            None,
+        ));
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(matches!(starting.as_mut().poll(&mut cx), Poll::Pending));
+        // The slot is claimed, the plan not made yet: the cancel is decided once it is.
+        crate::server::ops::cancel_replaced(&hub, SID, Some(now), "test: the import");
+        starting.await.expect("the compaction starts");
+        match (replaced, outcome(&mut events).await) {
+            (true, Ce::Failed(f)) => assert_eq!(f.kind, "cancelled", "{f:?}"),
+            (false, Ce::Compacted(_)) => {}
+            (_, other) => panic!("replaced: {replaced}: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_delete_leaves_a_compaction_of_the_session_created_again_meanwhile_running() {
+    let gated = Gated::new("summary of the new conversation");
+    let hub = hub_with_session(gated.clone()).await;
+    // DeleteSession removed the session and is writing the delete (an fsync under sync
+    // durability); the session is created again and a compaction of it starts meanwhile.
+    assert!(hub.store.remove(SID).await.expect("removed"));
+    let again = same_conversation_again(hub.store.config());
+    hub.store.insert(again, false).await.expect("created again");
+    let (tx, mut events) = mpsc::channel(64);
+    start(
+        &hub,
+        SID,
+        Options::default(),
+        Some(Sink::listening(tx)),
+        None,
+    )
+    .await
+    .expect("the new session's compaction starts");
+    gated.asked.notified().await;
+    // The delete written, it cancels the deleted session's compaction: not this one.
+    let now = crate::server::ops::generation_held(&hub, SID).await;
+    crate::server::ops::cancel_replaced(&hub, SID, now, "test: the delete");
+    gated.release();
+    match outcome(&mut events).await {
+        Ce::Compacted(_) => {}
+        other => panic!("the new session's compaction must commit: {other:?}"),
+    }
 }

@@ -14,7 +14,7 @@ use tokio_util::task::task_tracker::TaskTrackerToken;
 use super::counting::CountPool;
 use super::pb;
 use super::status::Rejection;
-use crate::engine::TailOptions;
+use crate::engine::{Generation, TailOptions};
 use crate::store::Store;
 use crate::summarize::{PromptConfig, Summarizer};
 
@@ -84,12 +84,27 @@ pub struct Running {
     pub cancel: CancellationToken,
 }
 
-/// A claimed compaction slot: the compaction, and its place in the drain's count
-/// (given back when the slot is released).
+/// A claimed compaction slot: the compaction, the session value it summarizes, and its
+/// place in the drain's count (given back when the slot is released).
 #[derive(Debug)]
 struct Slot {
     running: Running,
+    target: Target,
     _tracked: TaskTrackerToken,
+}
+
+/// Which session value a compaction summarizes, as far as its slot knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    /// Still planning (the slot is claimed before the plan is made): the value is not
+    /// known yet. `replaced` is set when the session was deleted or replaced meanwhile:
+    /// the value its id holds now (`None`: none), so the plan, once made, is cancelled
+    /// unless it was made on that value.
+    Planning {
+        replaced: Option<Option<Generation>>,
+    },
+    /// Planned on this value.
+    Planned(Generation),
 }
 
 /// A claimed compaction slot, freed when dropped. Whoever drives the compaction holds
@@ -105,6 +120,30 @@ impl Claim {
     /// The compaction holding the slot.
     pub fn running(&self) -> &Running {
         &self.running
+    }
+
+    /// Records the session value the compaction was planned on. If the session was
+    /// deleted or replaced while it was planning ([`Hub::cancel_replaced`]) and the plan
+    /// was not made on the value its id holds now, the compaction is cancelled: true then.
+    pub fn planned_on(&self, generation: Generation) -> bool {
+        let mut slots = self.hub.slots();
+        let Some(slot) = slots
+            .get_mut(&self.session_id)
+            .filter(|s| s.running.id == self.running.id)
+        else {
+            return false;
+        };
+        let replaced = match slot.target {
+            Target::Planning {
+                replaced: Some(now),
+            } => now != Some(generation),
+            Target::Planning { replaced: None } | Target::Planned(_) => false,
+        };
+        slot.target = Target::Planned(generation);
+        if replaced {
+            slot.running.cancel.cancel();
+        }
+        replaced
     }
 }
 
@@ -255,6 +294,7 @@ impl Hub {
             session_id.to_string(),
             Slot {
                 running: running.clone(),
+                target: Target::Planning { replaced: None },
                 _tracked: self.compactions.token(),
             },
         );
@@ -271,6 +311,30 @@ impl Hub {
             slot.running.cancel.cancel();
             slot.running.id.clone()
         })
+    }
+
+    /// Cancels the session's running compaction if it summarizes a session value the id
+    /// no longer holds: the session was deleted or replaced, and `now` is the value it
+    /// holds now (`None`: none). A compaction planned on `now` (started on the new
+    /// session while the replacement was being written) goes on. One still planning is
+    /// decided when its plan is made ([`Claim::planned_on`]). Returns the id of the
+    /// compaction cancelled.
+    pub fn cancel_replaced(&self, session_id: &str, now: Option<Generation>) -> Option<String> {
+        let mut slots = self.slots();
+        let slot = slots.get_mut(session_id)?;
+        match slot.target {
+            Target::Planned(g) if Some(g) == now => None,
+            Target::Planned(_) => {
+                slot.running.cancel.cancel();
+                Some(slot.running.id.clone())
+            }
+            Target::Planning { .. } => {
+                slot.target = Target::Planning {
+                    replaced: Some(now),
+                };
+                None
+            }
+        }
     }
 
     /// Frees the session's compaction slot if `id` holds it (a drain waiting for it

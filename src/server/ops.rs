@@ -19,8 +19,8 @@ use super::status::Rejection;
 use crate::config::EngineConfig;
 use crate::domain::{Part, SessionInfo};
 use crate::engine::{
-    Event, OverflowCheck, PruneMode, PruneReport, RecallKey, Recalled, StepReport, Trigger, Update,
-    counted_texts,
+    Event, Generation, OverflowCheck, PruneMode, PruneReport, RecallKey, Recalled, StepReport,
+    Trigger, Update, counted_texts,
 };
 use crate::store::{SessionHandle, StoreError, Tx};
 
@@ -281,11 +281,23 @@ pub fn cancel_compaction(hub: &Hub, session_id: &str) -> Result<(), Rejection> {
 
 /// Stops the running compaction of a session that was deleted or replaced by an import:
 /// its summary describes messages the session no longer holds (its commit would be
-/// refused as stale), so its LLM request stops now rather than at its end.
-pub fn cancel_replaced(hub: &Hub, session_id: &str, why: &'static str) {
-    if let Some(id) = hub.cancel(session_id) {
+/// refused as stale), so its LLM request stops now rather than at its end. `now` is the
+/// session value the id holds now (the import's; after a delete, a re-created one, see
+/// [`generation_held`]): a compaction of that value, started while the delete or the
+/// import was being written, goes on.
+pub fn cancel_replaced(hub: &Hub, session_id: &str, now: Option<Generation>, why: &'static str) {
+    if let Some(id) = hub.cancel_replaced(session_id, now) {
         tracing::info!(session_id, compaction_id = %id, why, "compaction cancelled");
     }
+}
+
+/// The session value `session_id` names now, when it is in memory: after a delete, a
+/// session created again under the id while the delete was being written. `None` when
+/// none is: a compaction still running then summarizes a value the id no longer holds
+/// (deleted, or sent to disk, which a load would bring back as another value).
+pub async fn generation_held(hub: &Hub, session_id: &str) -> Option<Generation> {
+    let handle = hub.store.hot(session_id)?;
+    handle.call(|s, _| s.generation()).await.ok()
 }
 
 /// Opens `info`'s session: created on the spot, or reconfigured on its actor.

@@ -436,7 +436,8 @@ impl pb::sessions_server::Sessions for SessionsService {
         if !removed {
             return Err(Rejection::from(crate::store::StoreError::NotFound(req.session_id)).into());
         }
-        ops::cancel_replaced(&self.hub, &req.session_id, "session deleted");
+        let now = ops::generation_held(&self.hub, &req.session_id).await;
+        ops::cancel_replaced(&self.hub, &req.session_id, now, "session deleted");
         tracing::info!(session_id = %req.session_id, "session deleted");
         Ok(Response::new(pb::DeleteSessionResponse { deleted: true }))
     }
@@ -512,12 +513,19 @@ impl pb::sessions_server::Sessions for SessionsService {
         .map_err(|e| Status::internal(format!("import task failed: {e}")))??;
         let id = session.info().id.clone();
         let (messages, parts) = (session.messages().len(), session.part_count());
+        let generation = session.generation();
         self.store
             .insert(session, req.replace)
             .await
             .map_err(Rejection::from)?;
         if req.replace {
-            ops::cancel_replaced(&self.hub, &id, "session replaced by an import");
+            // Not a compaction of the imported session, started while it was written.
+            ops::cancel_replaced(
+                &self.hub,
+                &id,
+                Some(generation),
+                "session replaced by an import",
+            );
         }
         tracing::info!(session_id = %id, messages, parts, "session imported");
         Ok(Response::new(self.summary(&id, true).await?))

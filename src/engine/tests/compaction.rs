@@ -435,6 +435,28 @@ fn a_plan_committed_after_its_first_messages_were_removed_is_stale() {
 }
 
 #[test]
+fn a_plan_committed_on_a_replacement_with_the_same_ids_is_stale() {
+    // The same export imported again over the session (or the conversation deleted and
+    // re-created with the same ids): every planned position holds the planned id, but
+    // the session is another value. Its summary was written from the old value's
+    // messages, which the new one may hold with other content: the commit is refused.
+    let err = check_stale_commit(FIXTURE, FIXTURE, true);
+    assert_eq!(
+        err.to_string(),
+        "the session changed while the summary was written: \
+         it was replaced under the same id"
+    );
+    // The same ids with other content: what the old summary would have hidden.
+    let rewritten = FIXTURE.replace("read:p1=3000", "read:p1=2000");
+    check_stale_commit(FIXTURE, &rewritten, false);
+    // A copy of the session it was planned on is that session: the plan commits there.
+    let planned = session(FIXTURE);
+    let plan = planned.plan_compaction(req(TAIL, true)).expect("plan");
+    let mut copy = planned.clone();
+    commit(&mut copy, &plan, "summary", true, 1);
+}
+
+#[test]
 fn a_logged_plan_is_still_bounds_checked() {
     // A plan read back from the log carries positions only (its commit was checked when
     // performed): on a session it does not fit, the commit is refused, never a panic.

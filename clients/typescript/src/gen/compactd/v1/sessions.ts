@@ -660,8 +660,9 @@ export interface CompactionFailed {
   /**
    * What failed: "not_configured", "request", "broken_stream", "malformed", "timeout",
    * "cancelled", "empty_summary", "not_smaller", "nothing_to_compact", "stale" (the
-   * session was replaced, by an import or a delete and re-create, while the summary was
-   * written: nothing was committed).
+   * session was replaced, by an import or a delete and re-create, even with the same
+   * message ids, or was loaded back from disk, while the summary was written: nothing
+   * was committed).
    */
   kind: string;
   /**
