@@ -149,7 +149,11 @@ impl Drop for HeldBody {
     /// Gives the reply and its reservation back now, not when the watchdog next wakes.
     fn drop(&mut self) {
         let mut reply = lock(&self.shared);
-        let gone = (reply.inner.take(), std::mem::take(&mut reply.rest), reply.held.take());
+        let gone = (
+            reply.inner.take(),
+            std::mem::take(&mut reply.rest),
+            reply.held.take(),
+        );
         drop(reply);
         drop(gone);
     }
