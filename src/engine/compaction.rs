@@ -132,7 +132,7 @@ pub enum CompactionError {
     Apply(#[from] ApplyError),
     /// The session no longer holds the messages the plan summarized where it found them,
     /// or is another session value holding the same ids: it was replaced (imported over,
-    /// deleted and re-created, loaded back from disk) while the summary was written.
+    /// deleted and re-created) while the summary was written.
     /// Nothing is recorded; a new compaction plans what the session holds now.
     #[error("the session changed while the summary was written: {0}")]
     Stale(String),

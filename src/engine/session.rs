@@ -161,7 +161,8 @@ pub struct Session {
 
 /// Which session value a [`Session`] is: one process-wide counter hands a new one to
 /// every session created, imported (built anew) or loaded from disk, and a copy keeps its
-/// original's. A session replaced under the same id (an import over it, a delete and
+/// original's (so does a session the store sent cold and loads back in the same process:
+/// [`Session::resume_generation`]). A session replaced under the same id (an import over it, a delete and
 /// re-create) is therefore another generation even when it holds the same message ids.
 /// Not stored: it names a value in this process only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -526,6 +527,13 @@ impl Session {
     /// Which session value this is (see [`Generation`]).
     pub fn generation(&self) -> Generation {
         self.generation
+    }
+
+    /// Takes `generation` back: a session loaded from disk in the process that sent it
+    /// there (evicted for memory or idleness) is the value it was, so a compaction
+    /// planned before the eviction still commits on it.
+    pub fn resume_generation(&mut self, generation: Generation) {
+        self.generation = generation;
     }
 
     /// The settings the session runs with.

@@ -1012,8 +1012,10 @@ impl Actor {
             let id: &str = &self.me.id;
             *evicted = true;
             map.hot.remove(id);
-            if self.journal.is_some() {
+            if let Some(j) = &self.journal {
                 map.cold.insert(id.to_string());
+                map.resume
+                    .insert(id.to_string(), (j.d.incarnation, self.session.generation()));
             }
             self.rx.close();
         }

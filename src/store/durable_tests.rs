@@ -208,6 +208,39 @@ async fn an_idle_session_goes_cold_and_loads_back_on_its_next_use() {
     assert!(!created);
 }
 
+/// A session sent cold and loaded back in the same process is the value it was (its
+/// [`Generation`]), so a compaction planned before the eviction still commits; one
+/// imported over it is another value. Before, a load always gave a new generation and
+/// such a compaction ended `stale`, its summary thrown away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_loaded_back_keeps_its_generation_and_a_replacement_does_not() {
+    let d = tempfile::tempdir().expect("dir");
+    let store = durable(d.path(), Limits::default(), 0);
+    let mut evictions = store.evict_idle_after(Duration::from_millis(50));
+    let (h, _) = store.open(info("s")).await.expect("open");
+    feed(&h, turn(0, 2, 2_000)).await;
+    let generation =
+        |h: SessionHandle| async move { h.call(|s, _| s.generation()).await.expect("answered") };
+    let first = generation(h.clone()).await;
+    tokio::time::timeout(Duration::from_secs(5), evictions.recv())
+        .await
+        .expect("evicted in time")
+        .expect("announced");
+    assert_eq!(store.cold_ids(), vec!["s".to_string()]);
+    let h = store.get("s").await.expect("loaded");
+    assert_eq!(
+        generation(h.clone()).await,
+        first,
+        "loaded back: the same value"
+    );
+
+    drop(h);
+    drop(store.evict_idle_after(Duration::from_secs(3600)));
+    let replacement = Session::new(info("s"), &EngineConfig::default());
+    let h = store.insert(replacement, true).await.expect("replaced");
+    assert_ne!(generation(h).await, first, "imported over: another value");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_pressure_sends_sessions_cold_instead_of_refusing_them() {
     let d = tempfile::tempdir().expect("dir");

@@ -36,6 +36,7 @@ use tokio::time::Instant;
 
 use crate::config::EngineConfig;
 use crate::domain::{FastMap, FastSet, SessionInfo};
+use crate::engine::Generation;
 use crate::engine::calibration::ModelPriors;
 use crate::engine::encode_session;
 use crate::engine::{ByteLimit, Session};
@@ -176,6 +177,10 @@ pub struct Evicted {
 struct Map {
     hot: FastMap<String, SessionHandle>,
     cold: FastSet<String>,
+    /// Of the cold sessions this process sent cold, the incarnation each was stored under
+    /// and its [`Generation`]: loaded back as the same incarnation, it is the same value
+    /// (a compaction planned before the eviction still commits).
+    resume: FastMap<String, (u64, Generation)>,
 }
 
 /// What the store's actors share with it: the map of handles and the idle policy.
@@ -462,7 +467,9 @@ impl Store {
         let outcome = match loaded {
             Ok(Some(r)) => self.admit_loaded(id, r).await,
             Ok(None) => {
-                self.write().cold.remove(id);
+                let mut map = self.write();
+                map.cold.remove(id);
+                map.resume.remove(id);
                 Err(StoreError::NotFound(id.to_string()))
             }
             Err(e) => {
@@ -485,6 +492,7 @@ impl Store {
         self.admit_evicting(r.session.held_bytes(), 0).await?;
         let durable = self.durable(r.incarnation, r.seq, r.log_bytes, r.snapshot_bytes);
         let mut map = self.write();
+        let resume = map.resume.remove(id);
         if !map.cold.remove(id) {
             // Deleted (or replaced) while it was being read.
             return match map.hot.get(id) {
@@ -492,7 +500,13 @@ impl Store {
                 None => Err(StoreError::NotFound(id.to_string())),
             };
         }
-        let handle = self.spawn(r.session, durable);
+        let mut session = r.session;
+        if let Some((incarnation, generation)) = resume
+            && incarnation == r.incarnation
+        {
+            session.resume_generation(generation);
+        }
+        let handle = self.spawn(session, durable);
         map.hot.insert(id.to_string(), handle.clone());
         Ok(handle)
     }
@@ -605,6 +619,7 @@ impl Store {
             .map(|d| actor::Durable { created, ..d });
         let handle = self.spawn(session, durable);
         map.cold.remove(&id);
+        map.resume.remove(&id);
         map.hot.insert(id, handle.clone());
         Ok((handle, written))
     }
@@ -683,6 +698,7 @@ impl Store {
             let mut map = self.write();
             let hot = map.hot.remove(id).is_some();
             let cold = map.cold.remove(id);
+            map.resume.remove(id);
             if !hot && !cold {
                 return Ok(false);
             }
