@@ -286,15 +286,9 @@ async fn in_flight_until(metrics: &str, ok: impl Fn(f64) -> bool) -> f64 {
     }
 }
 
-/// A unary reply the client does not read stays in the server's HTTP/2 send buffer: its
-/// bytes stay counted in flight (against `--memory-budget`) until the stream ends, for
-/// GetContext, GetSession and Recall. Before, they were given back when the handler
-/// returned, so many unread large replies held memory the budget never saw.
-#[tokio::test]
-async fn an_unread_unary_reply_stays_counted_in_flight_until_its_stream_ends() {
-    use prost::Message as _;
-    let bin = Binary::start(&["--metrics-listen", "127.0.0.1:0"], &[]);
-    let metrics = bin.metrics.clone().expect("metrics address");
+/// A client of `bin` and its session "big": one user message whose text part "u1-t" is
+/// 1 MiB.
+async fn big_session(bin: &Binary) -> Client {
     let mut c = pb::sessions_client::SessionsClient::connect(format!("http://{}", bin.addr))
         .await
         .expect("connect");
@@ -306,6 +300,19 @@ async fn an_unread_unary_reply_stays_counted_in_flight_until_its_stream_ends() {
         text_part("u1", "u1-t", &"0123456789abcdef".repeat(64 << 10)),
     )
     .await;
+    c
+}
+
+/// A unary reply the client does not read stays in the server's HTTP/2 send buffer: its
+/// bytes stay counted in flight (against `--memory-budget`) until the stream ends, for
+/// GetContext, GetSession and Recall. Before, they were given back when the handler
+/// returned, so many unread large replies held memory the budget never saw.
+#[tokio::test]
+async fn an_unread_unary_reply_stays_counted_in_flight_until_its_stream_ends() {
+    use prost::Message as _;
+    let bin = Binary::start(&["--metrics-listen", "127.0.0.1:0"], &[]);
+    let metrics = bin.metrics.clone().expect("metrics address");
+    let _client = big_session(&bin).await;
     assert_eq!(in_flight_until(&metrics, |b| b == 0.0).await, 0.0);
 
     let get_context = pb::GetContextRequest {
@@ -360,17 +367,7 @@ async fn replies_left_unread_for_the_grace_are_dropped_and_free_the_share() {
         &[],
     );
     let metrics = bin.metrics.clone().expect("metrics address");
-    let mut c = pb::sessions_client::SessionsClient::connect(format!("http://{}", bin.addr))
-        .await
-        .expect("connect");
-    open_session(&mut c, session_with_limits("big", 2_000_000, 20_000)).await;
-    put_message(&mut c, "big", user_msg("u1")).await;
-    put_part(
-        &mut c,
-        "big",
-        text_part("u1", "u1-t", &"0123456789abcdef".repeat(64 << 10)),
-    )
-    .await;
+    let mut c = big_session(&bin).await;
     let request = pb::GetContextRequest {
         session_id: "big".into(),
         ..Default::default()
