@@ -942,6 +942,7 @@ impl Actor {
     /// Sends what is pending (with a snapshot when the log has grown) and waits until it
     /// is durable.
     async fn flush(&mut self) -> Result<(), StoreError> {
+        let mut retried = false;
         loop {
             if self.failed {
                 return Ok(());
@@ -952,9 +953,17 @@ impl Actor {
             if let Some((rx, _)) = j.outstanding.as_mut() {
                 let r = rx.await.unwrap_or(Err(BackendError::Closed));
                 let failed = r.clone().err();
+                let waits = j.waits;
                 self.committed(r).await;
                 if let Some(e) = failed {
-                    return Err(StoreError::Storage(e));
+                    // Under `interval` the failed batch was acknowledged already and the
+                    // next one writes it again (the session whole): it gets one try
+                    // before the flush gives up, or a close would lose what a retry
+                    // would have written.
+                    if waits || retried || matches!(e, BackendError::Closed) {
+                        return Err(StoreError::Storage(e));
+                    }
+                    retried = true;
                 }
                 continue;
             }

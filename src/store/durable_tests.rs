@@ -227,6 +227,8 @@ async fn a_session_loaded_back_keeps_its_generation_and_a_replacement_does_not()
         .expect("evicted in time")
         .expect("announced");
     assert_eq!(store.cold_ids(), vec!["s".to_string()]);
+    // Loaded back, it must not go cold again before it is asked.
+    drop(store.evict_idle_after(Duration::from_secs(3600)));
     let h = store.get("s").await.expect("loaded");
     assert_eq!(
         generation(h.clone()).await,
@@ -235,7 +237,6 @@ async fn a_session_loaded_back_keeps_its_generation_and_a_replacement_does_not()
     );
 
     drop(h);
-    drop(store.evict_idle_after(Duration::from_secs(3600)));
     let replacement = Session::new(info("s"), &EngineConfig::default());
     let h = store.insert(replacement, true).await.expect("replaced");
     assert_ne!(generation(h).await, first, "imported over: another value");
@@ -499,6 +500,35 @@ async fn under_interval_a_session_whose_first_write_failed_is_written_whole_agai
             feed(&h, turn(t, 2, 1_000)).await;
         }
         let before = observed(&h).await;
+        store.close().await;
+        before
+    };
+    let store = durable(d.path(), Limits::default(), 0);
+    let h = store.get("s").await.expect("the session is on disk");
+    assert_eq!(observed(&h).await, before);
+}
+
+/// The same when a flush (the store's close) meets the failed first write: it writes the
+/// session whole before it returns. Before, it returned the error at once, and the close
+/// then closed the backend while the actor's retry raced it: the session was lost when
+/// the close won (seen in CI under load, where a `Create` failing at once answered late).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_interval_a_flush_writes_again_a_session_whose_first_write_failed() {
+    let d = tempfile::tempdir().expect("dir");
+    let before = {
+        let backend = Arc::new(Faulty::open(d.path(), Some(Duration::from_secs(2))));
+        let store = Store::new(EngineConfig::default())
+            .with_backend(backend.clone())
+            .expect("listed");
+        let (h, _) = store.open(info("s")).await.expect("acknowledged at once");
+        feed(&h, turn(0, 2, 1_000)).await;
+        let before = observed(&h).await;
+        // The Create's failure comes while the flush waits for it.
+        h.flush().await.expect("written whole again");
+        assert!(
+            backend.load("s").expect("readable").is_some(),
+            "on disk when the flush returns"
+        );
         store.close().await;
         before
     };

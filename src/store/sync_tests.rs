@@ -33,7 +33,7 @@ async fn under_sync_no_update_is_acknowledged_before_its_session_is_written() {
     let d = tempfile::tempdir().expect("dir");
     let store = Arc::new(store(Faulty::sync(
         d.path(),
-        Some(Duration::from_millis(300)),
+        Some(Duration::from_millis(1_000)),
     )));
     let first = tokio::spawn({
         let store = store.clone();
