@@ -14,6 +14,10 @@ pub const MAX_AUTO_CONTINUE: usize = 4 << 10;
 pub const MAX_PROMPT: usize = 64 << 10;
 /// Most user turns prune can be told to protect.
 pub const MAX_PROTECT_TURNS: u32 = 1000;
+/// Longest model or provider name accepted (a session's model, a compaction model):
+/// names are keys of process-wide tables (calibration priors, learned windows), so a
+/// client cannot make one entry hold megabytes.
+pub const MAX_MODEL_NAME: usize = 256;
 
 /// A setting out of range, named by its key (`threshold`, `protected_file_globs`, ...).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -88,6 +92,21 @@ fn prompt(key: &'static str, v: &str, max: usize) -> Result<(), InvalidSetting> 
     Ok(())
 }
 
+/// A model or provider name: at most [`MAX_MODEL_NAME`] bytes. Public: the session's
+/// model and a compaction request's model are held to the same rule.
+pub fn model_name(key: &'static str, v: &str) -> Result<(), InvalidSetting> {
+    if v.len() > MAX_MODEL_NAME {
+        return Err(invalid(
+            key,
+            format!(
+                "{} bytes long; model names are at most {MAX_MODEL_NAME} bytes",
+                v.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Glob patterns over normalized paths, each compiled once here so a bad one is refused
 /// where it enters.
 fn globs(key: &'static str, patterns: &[String]) -> Result<(), InvalidSetting> {
@@ -135,6 +154,9 @@ impl SessionOverrides {
             if let Some(v) = v {
                 prompt(key, v, MAX_PROMPT)?;
             }
+        }
+        if let Some(m) = &self.compaction_model {
+            model_name("compaction_model", m)?;
         }
         if let Some(g) = &self.protected_file_globs {
             globs("protected_file_globs", g)?;
@@ -190,6 +212,10 @@ mod tests {
                 ..Default::default()
             },
             SessionOverrides {
+                compaction_model: Some("m".repeat(MAX_MODEL_NAME + 1)),
+                ..Default::default()
+            },
+            SessionOverrides {
                 protected_file_globs: Some(vec!["src/[".into()]),
                 ..Default::default()
             },
@@ -223,6 +249,7 @@ mod tests {
                 "placeholder",
                 "auto_continue",
                 "compaction_prompt",
+                "compaction_model",
                 "protected_file_globs",
                 "mask_keep",
                 "output_cap",

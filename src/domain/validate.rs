@@ -98,9 +98,17 @@ fn check_extra(field: &str, extra: &Extra) -> Result<(), InvalidField> {
 }
 
 impl SessionInfo {
-    /// Checks the id, the unmodelled fields and the per-session overrides.
+    /// Checks the id, the model's names, the unmodelled fields and the per-session overrides.
     pub fn validate(&self) -> Result<(), InvalidField> {
         check_id("id", &self.id)?;
+        if let Some(m) = &self.model {
+            for (field, name) in [
+                ("model.provider_id", &m.provider_id),
+                ("model.model_id", &m.model_id),
+            ] {
+                crate::config::model_name("model", name).map_err(|e| invalid(field, e.message))?;
+            }
+        }
         check_extra("extra", &self.extra)?;
         self.config
             .validate()

@@ -168,6 +168,38 @@ fn every_refusal_names_its_field() {
         ),
         ("session without id", info(pb::SessionInfo::default()), "id"),
         (
+            "model name too long",
+            info(pb::SessionInfo {
+                id: "s".into(),
+                model: Some(pb::ModelRef {
+                    provider_id: "openai".into(),
+                    model_id: long.clone(),
+                }),
+                ..Default::default()
+            }),
+            "model.model_id",
+        ),
+        (
+            "provider name too long",
+            info(pb::SessionInfo {
+                id: "s".into(),
+                model: Some(pb::ModelRef {
+                    provider_id: long.clone(),
+                    model_id: "gpt-5".into(),
+                }),
+                ..Default::default()
+            }),
+            "model.provider_id",
+        ),
+        (
+            "compaction model name too long",
+            info(session(pb::SessionConfig {
+                compaction_model: Some(long.clone()),
+                ..Default::default()
+            })),
+            "config.compaction_model",
+        ),
+        (
             "session id differs from the update's",
             session_from_pb(
                 pb::SessionInfo {

@@ -49,8 +49,12 @@ impl Default for CompactionConfig {
 }
 
 impl CompactionConfig {
-    /// Refuses a client-chosen compaction model outside `allowed_models` (field names it).
+    /// Refuses a client-chosen compaction model that is too long or outside
+    /// `allowed_models` (field names it).
     pub fn check_model(&self, field: &str, model: &str) -> Result<(), Rejection> {
+        if let Err(e) = crate::config::model_name("model", model) {
+            return Err(Rejection::invalid(field, e.message));
+        }
         if self.allowed_models.is_empty() || self.allowed_models.iter().any(|m| m == model) {
             return Ok(());
         }

@@ -81,6 +81,11 @@ pub struct Refusal {
 /// One endpoint and model (the base URL as configured, the model name as sent).
 type Key = (String, String);
 
+/// Most endpoint + model pairs kept: far more than a deployment's compaction models
+/// (the model a request names is the client's choice unless `--compaction-allowed-models`
+/// lists them; names are at most `config::MAX_MODEL_NAME` bytes).
+pub const MAX_KNOWN: usize = 256;
+
 /// What is known per endpoint and model.
 #[derive(Debug, Clone, Copy)]
 struct Known {
@@ -120,7 +125,7 @@ impl Windows {
 
     /// What is known of `base_url` + `model` now, without asking anyone.
     pub fn get(&self, base_url: &str, model: &str) -> Option<Window> {
-        let known = self.with(base_url, model, |k| *k);
+        let known = self.read(base_url, model);
         let ratio = known.ratio;
         match (self.configured, known.window) {
             (Some(tokens), _) => Some(Window {
@@ -140,7 +145,7 @@ impl Windows {
     /// Whether the endpoint should be asked for its window (nothing configured, not asked
     /// with an answer yet).
     pub fn should_ask(&self, base_url: &str, model: &str) -> bool {
-        self.configured.is_none() && !self.with(base_url, model, |k| k.asked)
+        self.configured.is_none() && !self.read(base_url, model).asked
     }
 
     /// Records the answer to the discovery requests (`told`: the window it told, if any).
@@ -199,14 +204,26 @@ impl Windows {
         });
     }
 
+    /// What is known of `base_url` + `model`, without keeping an entry for it.
+    fn read(&self, base_url: &str, model: &str) -> Known {
+        let map = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(&(base_url.to_string(), model.to_string()))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Runs `f` on what is known of `base_url` + `model`, kept for later. Past
+    /// [`MAX_KNOWN`] pairs a new one is not kept: `f` sees a fresh value that is then
+    /// dropped (a client naming a new compaction model on each call cannot grow the map).
     fn with<T>(&self, base_url: &str, model: &str, f: impl FnOnce(&mut Known) -> T) -> T {
         // A panic while holding the lock leaves a consistent map (every change is one
         // assignment), so a poisoned lock is used as it is.
         let mut map = self.known.lock().unwrap_or_else(|p| p.into_inner());
-        let entry = map
-            .entry((base_url.to_string(), model.to_string()))
-            .or_default();
-        f(entry)
+        let key = (base_url.to_string(), model.to_string());
+        if map.len() >= MAX_KNOWN && !map.contains_key(&key) {
+            return f(&mut Known::default());
+        }
+        f(map.entry(key).or_default())
     }
 }
 

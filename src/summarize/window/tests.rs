@@ -189,3 +189,24 @@ fn the_ratio_only_rises_and_stays_within_bounds() {
     w.observed(URL, "m", 0, 5);
     assert_eq!(scale(u64::MAX, RATIO_BOUNDS.1), u64::MAX, "saturates");
 }
+
+#[test]
+fn the_pairs_kept_are_bounded_and_asking_keeps_nothing() {
+    let w = Windows::new(None);
+    // Asking about models no one told anything of keeps no entry.
+    for i in 0..1_000 {
+        assert_eq!(w.get(URL, &format!("asked-{i}")), None);
+    }
+    assert_eq!(w.known.lock().expect("lock").len(), 0);
+    // Models told of are kept up to the bound; past it a new one is not (each costs a
+    // key), while those already kept go on learning.
+    for i in 0..(MAX_KNOWN + 100) {
+        w.told(URL, &format!("m{i}"), Some((8_192, WindowSource::Props)));
+    }
+    assert_eq!(w.known.lock().expect("lock").len(), MAX_KNOWN);
+    assert_eq!(w.get(URL, &format!("m{}", MAX_KNOWN + 1)), None);
+    w.told(URL, "m0", Some((4_096, WindowSource::Props)));
+    w.observed(URL, "m0", 1_000, 2_000);
+    let m0 = w.get(URL, "m0").expect("kept");
+    assert_eq!((m0.tokens, m0.ratio), (8_192, 2.0));
+}

@@ -242,3 +242,31 @@ async fn the_api_key_is_read_from_a_file_without_its_newline_and_never_logged() 
         assert!(!text.contains(KEY), "the key leaked into {what}");
     }
 }
+
+#[tokio::test]
+async fn a_compaction_model_name_past_256_bytes_is_refused_naming_the_field() {
+    // No allow-list: any name passes it, but each name the endpoint is asked about is a
+    // key kept for the process's life, so its length is bounded.
+    let fake = FakeLlm::start(vec![Reply::text(["summary"])]).await;
+    let server = start_server_with_options(ServerOptions {
+        compaction: compaction_config(llm_config(&fake)),
+        ..Default::default()
+    })
+    .await;
+    let mut client = server.client().await;
+    seed_session_with_cleared_output(&mut client, SID).await;
+    let before = get_session(&mut client, SID).await;
+    let refused = client
+        .compact(pb::CompactRequest {
+            session_id: SID.into(),
+            options: Some(pb::CompactOptions {
+                model: "m".repeat(257),
+                ..Default::default()
+            }),
+        })
+        .await;
+    let status = assert_status(refused, tonic::Code::InvalidArgument, "options.model");
+    assert!(status.message().contains("at most 256 bytes"), "{status:?}");
+    assert_eq!(get_session(&mut client, SID).await, before);
+    assert_eq!(fake.request_count(), 0);
+}

@@ -153,7 +153,9 @@ export interface ModelLimits {
 
 /** The model a session talks to. */
 export interface ModelRef {
+  /** At most 256 bytes. */
   providerId: string;
+  /** At most 256 bytes. */
   modelId: string;
 }
 
@@ -198,6 +200,7 @@ export interface SessionConfig {
   /**
    * Model name sent to the summarizer endpoint for this session's compactions (the
    * compaction model may differ from the session's own model). Default: the server's.
+   * At most 256 bytes.
    */
   compactionModel?:
     | string

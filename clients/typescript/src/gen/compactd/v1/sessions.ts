@@ -582,7 +582,10 @@ export interface CompactOptions {
   system: string;
   /** Replaces the summary template for this compaction. */
   template: string;
-  /** Model name for this compaction (wins over the session's `compaction_model`). */
+  /**
+   * Model name for this compaction (wins over the session's `compaction_model`). At
+   * most 256 bytes.
+   */
   model: string;
 }
 
