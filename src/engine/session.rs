@@ -992,7 +992,7 @@ impl Session {
             (None, None) => {}
         }
         if usage {
-            self.usage_reported(tokens.unwrap_or_default());
+            self.usage_reported(tokens.unwrap_or_default(), summary);
         }
         if finished && self.messages[idx].info.role == Role::Assistant {
             let t = &self.messages[idx].info.time;
@@ -1047,7 +1047,7 @@ impl Session {
             self.summary_completed(parent, idx);
         }
         if usage {
-            self.usage_reported(tokens.unwrap_or_default());
+            self.usage_reported(tokens.unwrap_or_default(), summary);
         }
         Applied {
             created: true,
@@ -1082,8 +1082,14 @@ impl Session {
         let est = estimate_over(&part, old, self.counter());
         let is_tool = matches!(part.kind, PartKind::Tool(_));
         let is_compaction = matches!(part.kind, PartKind::Compaction(_));
+        // A report is news only once: the same step-finish sent again (a host re-sending
+        // an unchanged part) must not make an older report the newest.
+        let old_usage = match old.map(|(p, _)| &p.kind) {
+            Some(PartKind::StepFinish(s)) => s.tokens,
+            _ => None,
+        };
         let step_usage = match &part.kind {
-            PartKind::StepFinish(s) => s.tokens.filter(|t| !t.is_empty()),
+            PartKind::StepFinish(s) => s.tokens.filter(|t| !t.is_empty() && s.tokens != old_usage),
             _ => None,
         };
         let is_step_start = matches!(part.kind, PartKind::StepStart { .. });
@@ -1166,7 +1172,7 @@ impl Session {
             self.compaction_part_added(idx);
         }
         if let Some(tokens) = step_usage {
-            self.usage_reported(tokens);
+            self.usage_reported(tokens, self.messages[idx].info.is_summary());
         }
         Ok(Applied {
             created,
@@ -1241,9 +1247,12 @@ impl Session {
                 ));
             }
             info.tokens = Some(tokens);
+            let summary = info.is_summary();
             self.touch(idx);
+            self.usage_reported(tokens, summary);
+        } else {
+            self.usage_reported(tokens, false);
         }
-        self.usage_reported(tokens);
         Ok(Applied {
             usage_reported: true,
             ..Applied::default()
@@ -1275,11 +1284,13 @@ impl Session {
         self.totals.request_started(anchor);
     }
 
-    /// A provider report arrived.
-    fn usage_reported(&mut self, tokens: TokenUsage) {
+    /// A provider report arrived (`of_summary`: on a summary message, so it reports a
+    /// compaction request, whose prompt is the summarized head, not the session's).
+    fn usage_reported(&mut self, tokens: TokenUsage, of_summary: bool) {
         let prompt = prompt_tokens(&tokens, self.settings.cache_counting);
         let reasoning = Anchor::of(&tokens, self.settings.cache_counting).reasoning;
-        self.totals.usage_reported(tokens, prompt, reasoning);
+        self.totals
+            .usage_reported(tokens, prompt, reasoning, of_summary);
     }
 
     /// What the usage reports taught about this session's estimates.

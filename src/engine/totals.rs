@@ -39,6 +39,12 @@ pub(crate) struct UsageState {
     /// the reasoning counted in `turn_reasoning`, and its report starts the count afresh.
     #[serde(default)]
     request_new_turn: bool,
+    /// The last report was a summary message's: a compaction request, whose prompt (the
+    /// summarized head, to another model perhaps) is not the session's. It checks no
+    /// prediction and is no base for the next request's check, so the calibration never
+    /// learns from it. (Written only when set: snapshots of format 3 stay as they were.)
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    last_of_summary: bool,
 }
 
 /// What the engine predicted when a request started: the previous report's prompt, and
@@ -271,6 +277,7 @@ impl Totals {
         // `step-start`), or one that never reported: either way the next report's.
         self.usage.request_new_turn |= self.usage.turn_ended;
         self.usage.turn_ended = false;
+        let anchor = anchor.filter(|_| !self.usage.last_of_summary);
         self.usage.at_request = anchor.map(|a| RequestStart {
             base: a.prompt,
             added: self.usage.added_on(&a),
@@ -288,7 +295,13 @@ impl Totals {
     /// `step-finish` and then its message) is one report. `prompt` is the prompt it
     /// reports (input + cache read + cache write): it checks, and teaches the calibration,
     /// the prediction made when its request started.
-    pub(crate) fn usage_reported(&mut self, tokens: TokenUsage, prompt: u64, reasoning: u64) {
+    pub(crate) fn usage_reported(
+        &mut self,
+        tokens: TokenUsage,
+        prompt: u64,
+        reasoning: u64,
+        of_summary: bool,
+    ) {
         if self.usage.last == Some(tokens) {
             return;
         }
@@ -298,7 +311,8 @@ impl Totals {
         } else {
             self.usage.turn_reasoning.saturating_add(reasoning)
         };
-        if let Some(start) = self.usage.at_request.take() {
+        let at_request = self.usage.at_request.take().filter(|_| !of_summary);
+        if let Some(start) = at_request {
             // The tokenizer's estimate as it is: what was added, what the model wrote and
             // what a new turn drops, with no correction.
             let estimated = start.base.saturating_add_signed(start.added.total());
@@ -325,6 +339,7 @@ impl Totals {
             turn_reasoning,
             turn_ended: self.usage.turn_ended,
             request_new_turn: false,
+            last_of_summary: of_summary,
         };
     }
 
@@ -392,11 +407,11 @@ mod tests {
             input: 1000,
             ..TokenUsage::default()
         };
-        t.usage_reported(usage, 1000, 0);
+        t.usage_reported(usage, 1000, 0, false);
         assert_eq!((t.usage().delta(), t.usage().last()), (12, Some(&usage)));
         // The same report twice is one report.
         t.part_changed(None, Some(figures(5, 5, false)));
-        t.usage_reported(usage, 1000, 0);
+        t.usage_reported(usage, 1000, 0, false);
         assert_eq!(t.usage().delta(), 17);
     }
 
@@ -408,7 +423,7 @@ mod tests {
             reasoning,
             ..TokenUsage::default()
         };
-        t.usage_reported(usage, prompt, reasoning);
+        t.usage_reported(usage, prompt, reasoning, false);
     }
 
     fn anchor(prompt: u64, output: u64, reasoning: u64) -> Anchor {

@@ -550,6 +550,54 @@ fn prune_stops_at_the_summary_and_usage_restarts_from_the_new_context() {
     assert_index_agrees(&mut s, "after a compaction");
 }
 
+#[test]
+fn a_compactions_own_usage_teaches_the_calibration_nothing() {
+    let mut s = session(FIXTURE);
+    apply(
+        &mut s,
+        Update::ReportUsage {
+            message_id: None,
+            tokens: TokenUsage {
+                input: 150_000,
+                ..Default::default()
+            },
+        },
+    );
+    let (calibration, sample) = (*s.calibration(), s.prediction_sample());
+    let plan = s.plan_compaction(req(TAIL, true)).expect("plan");
+    // The summary message carries the compaction request's usage (900 tokens of head to
+    // the compaction model): not a request of this session's prompt.
+    commit(&mut s, &plan, "summary", true, 1);
+    assert_eq!(s.calibration(), &calibration);
+    assert_eq!(s.prediction_sample(), sample);
+}
+
+#[test]
+fn a_host_written_summary_neither_checks_nor_anchors_a_prediction() {
+    let mut s = overflowing();
+    finish_with_usage(&mut s, "b1", 10_000);
+    let (calibration, sample) = (*s.calibration(), s.prediction_sample());
+    // The host compacts: its summary reports the compaction request (the head, 9,000).
+    let mut sm = summary("s9", "u3");
+    sm.finish.clear();
+    apply(&mut s, Update::UpsertMessage(sm.clone()));
+    sm.finish = "stop".into();
+    sm.tokens = Some(TokenUsage {
+        input: 9_000,
+        ..Default::default()
+    });
+    apply(&mut s, Update::UpsertMessage(sm));
+    assert_eq!(s.calibration(), &calibration, "the summary's report");
+    // The next request of the session reports 3,000: measured against the summary's
+    // 9,000 it would teach that added text counts negative.
+    finish_with_usage(&mut s, "b2", 3_000);
+    assert_eq!(s.calibration(), &calibration, "the report after it");
+    assert_eq!(s.prediction_sample(), sample);
+    // The one after that is checked again.
+    finish_with_usage(&mut s, "b3", 3_100);
+    assert_ne!(s.prediction_sample(), sample);
+}
+
 // ---- automatic compaction -------------------------------------------------------------
 
 /// A session with a 20k window (usable 16k, threshold 14,720) and three user turns.

@@ -799,6 +799,45 @@ fn step_results_written_before_step_finish_stay_predicted() {
     assert_eq!((c.used, c.predicted), (70_500, 70_500));
 }
 
+#[test]
+fn an_unchanged_step_finish_sent_again_is_not_a_newer_report() {
+    let mut s = new_session(SessionOverrides::default(), lim(200_000, 0, 32_000));
+    for u in [
+        Update::UpsertMessage(user("u1")),
+        Update::UpsertMessage(assistant("a1", "u1")),
+        Update::UpsertPart(step_start("a1", "s1")),
+        Update::UpsertPart(tool("a1", "p1", "bash", &chars(4 * 50_000))),
+        Update::UpsertPart(step_finish("a1", "f1", usage(20_000, 300, 0))),
+        Update::UpsertPart(step_start("a1", "s2")),
+        Update::UpsertPart(step_finish("a1", "f2", usage(70_400, 100, 0))),
+    ] {
+        apply(&mut s, u);
+    }
+    let before = s.check_overflow(Trigger::Request);
+    let calibration = *s.calibration();
+    // A host re-sends the first step's part as it was (upserts are safe to repeat).
+    let applied = s
+        .apply(
+            Update::UpsertPart(step_finish("a1", "f1", usage(20_000, 300, 0))),
+            &config(),
+        )
+        .expect("applies");
+    assert!(!applied.usage_reported, "nothing new was reported");
+    let c = s.check_overflow(Trigger::Request);
+    assert_eq!((c.used, c.predicted), (before.used, before.predicted));
+    assert_eq!((c.used, c.predicted), (70_500, 70_500));
+    assert_eq!(s.calibration(), &calibration, "no observation learned");
+    // A step-finish whose figures changed is a report.
+    let applied = s
+        .apply(
+            Update::UpsertPart(step_finish("a1", "f2", usage(70_800, 100, 0))),
+            &config(),
+        )
+        .expect("applies");
+    assert!(applied.usage_reported);
+    assert_eq!(s.check_overflow(Trigger::Request).used, 70_900);
+}
+
 fn step_finish(msg: &str, id: &str, tokens: TokenUsage) -> Part {
     Part {
         id: id.into(),

