@@ -97,8 +97,9 @@ impl Session {
     /// Without a compaction: every message. After one (boundary `B` = the compaction's user
     /// message, `S` = its summary): `B`, `S`, then every message from the compaction part's
     /// `tail_start_id` on (the verbatim tail and whatever arrived while the compaction ran,
-    /// which sit before `B` in arrival order), skipping `B` and `S`; without a tail, every
-    /// message after `B`. This is seed 02's `filterCompacted` extended with OpenCode's tail.
+    /// which sit before `B` in arrival order), skipping `B`, `S` and any earlier
+    /// compaction's pair (a second compaction's tail may start before the first's);
+    /// without a tail, every message after `B`. This is seed 02's `filterCompacted` extended with OpenCode's tail.
     pub(crate) fn context_order(&self) -> Vec<usize> {
         let len = self.messages().len();
         let Some(b) = self.boundary() else {
@@ -107,7 +108,7 @@ impl Session {
         let from = self.context_from();
         let mut order = Vec::with_capacity(len.saturating_sub(from) + 2);
         order.extend([b.start, b.summary]);
-        order.extend((from..len).filter(|&i| i != b.start && i != b.summary));
+        order.extend((from..len).filter(|&i| !self.is_compaction_pair(i)));
         order
     }
 
@@ -154,10 +155,10 @@ impl Session {
 
     /// True when message `i` is in the context.
     pub(crate) fn in_context(&self, i: usize) -> bool {
-        i >= self.context_from()
-            || self
-                .boundary()
-                .is_some_and(|b| i == b.start || i == b.summary)
+        let Some(b) = self.boundary() else {
+            return true;
+        };
+        i == b.start || i == b.summary || (i >= self.context_from() && !self.is_compaction_pair(i))
     }
 
     /// Renders the given messages (positions, each whole or its pinned parts only, in

@@ -609,6 +609,22 @@ impl Session {
         self.boundary
     }
 
+    /// True when message `i` belongs to a completed compaction's pair (its user message
+    /// with the compaction part, or its summary): the newest pair opens the context and
+    /// folds the earlier ones' summaries, so no pair is ever sent among the other
+    /// messages (a second compaction's tail may start before the first pair). O(1).
+    pub(crate) fn is_compaction_pair(&self, i: usize) -> bool {
+        let Some(m) = self.messages.get(i) else {
+            return false;
+        };
+        if m.info.is_completed_summary() {
+            return self
+                .position(&m.info.parent_id)
+                .is_some_and(|p| has_compaction_part(&self.messages[p]));
+        }
+        has_compaction_part(m) && self.completed_parents.contains_key(&m.info.id)
+    }
+
     /// The usage bookkeeping behind the overflow check.
     pub(crate) fn usage(&self) -> &UsageState {
         self.totals.usage()

@@ -256,6 +256,47 @@ fn a_second_compaction_folds_the_first_summary() {
 }
 
 #[test]
+fn a_second_compaction_right_after_the_first_leaves_the_first_pair_out() {
+    // Found in review: the new tail (the last two user turns) starts inside the first
+    // compaction's tail, before its pair in storage order, and the context used to take
+    // every message from there on but the new pair: the first pair came back, its old
+    // summary after newer turns, and was counted as replaced.
+    let mut s = session(FIXTURE);
+    let plan = s.plan_compaction(req(TAIL, true)).expect("plan");
+    commit(&mut s, &plan, "first summary", true, 1);
+    for u in parse("assistant a4 text:t8=5") {
+        apply(&mut s, u);
+    }
+    let plan = s.plan_compaction(req(TAIL, true)).expect("plan");
+    assert_eq!(ids_of(&s, &plan.head), ["u2", "a2"]);
+    commit(&mut s, &plan, "second", false, 2);
+    assert_eq!(
+        context_ids(&s),
+        [
+            "cmp2_user",
+            "cmp2_summary",
+            "u3",
+            "a3",
+            "cmp1_continue",
+            "a4"
+        ]
+    );
+    for id in ["cmp1_user", "cmp1_summary"] {
+        let i = s.position(id).expect("stored");
+        assert!(!s.in_context(i), "{id} is not in the context");
+    }
+    let sent: u64 = s.build_context().tokens;
+    assert_eq!(s.context_tokens(), sent);
+    // A third compaction summarizes the second summary's turns, not the first pair again.
+    for u in parse("user u6 text:t9=10\nassistant a6 text:t10=5\nuser u7 text:t11=10") {
+        apply(&mut s, u);
+    }
+    let plan = s.plan_compaction(req(TAIL, true)).expect("plan");
+    assert_eq!(plan.previous_summary.as_deref(), Some("second"));
+    assert_eq!(ids_of(&s, &plan.head), ["u3", "a3", "cmp1_continue", "a4"]);
+}
+
+#[test]
 fn a_folded_summary_only_has_to_be_smaller_than_the_head_and_the_summary_it_replaces() {
     // Found by the gRPC tests: a long first summary and a short new head made every
     // accurate folded summary fail as "not smaller than the head".
