@@ -21,7 +21,7 @@ use super::openai::{ChatMessage, PartRead, chat_messages, json_len_hint};
 use super::render::{Copying, Reading, render_reading};
 use super::session::Session;
 use super::stored::{Message, StoredPart};
-use crate::domain::{PartKind, Role};
+use crate::domain::PartKind;
 
 /// The rendered context.
 #[derive(Debug, Clone, PartialEq)]
@@ -244,7 +244,7 @@ impl Session {
     ) -> impl Iterator<Item = Sent<'a>> + 'a {
         slots.into_iter().filter_map(move |(i, keep)| {
             let msg = &self.messages()[i];
-            if !keeps_message(msg) {
+            if !msg.is_sent() {
                 return None;
             }
             // Sized for every part up front: the list never grows.
@@ -290,23 +290,6 @@ fn tail_start_id(m: &Message) -> Option<&str> {
     })
 }
 
-/// OpenCode skips errored assistant messages unless they were aborted with real content.
-fn keeps_message(msg: &Message) -> bool {
-    let Some(err) = &msg.info.error else {
-        return true;
-    };
-    if msg.info.role != Role::Assistant {
-        return true;
-    }
-    err.name == "MessageAbortedError"
-        && msg.parts.iter().any(|p| {
-            !matches!(
-                p.part.kind,
-                PartKind::StepStart { .. } | PartKind::Reasoning(_)
-            )
-        })
-}
-
 impl ContextView {
     /// The context as OpenAI chat-completions `messages`: user content, assistant text with
     /// `tool_calls` (one assistant message per model step), then one `tool` message per call.
@@ -334,7 +317,7 @@ impl Session {
     pub fn context_tokens(&self) -> u64 {
         self.context_slots()
             .into_iter()
-            .filter(|&(i, _)| keeps_message(&self.messages()[i]))
+            .filter(|&(i, _)| self.messages()[i].is_sent())
             .flat_map(|(i, keep)| {
                 self.messages()[i]
                     .parts

@@ -996,8 +996,12 @@ impl Session {
         let (old_bytes, new_bytes) = (message_bytes(old), message_bytes(&info));
         self.check_growth("", old_bytes, new_bytes)?;
         self.totals.bytes_changed(old_bytes, new_bytes);
+        let was_sent = self.messages[idx].is_sent();
         self.messages[idx].info = info;
         self.touch(idx);
+        if was_sent != self.messages[idx].is_sent() {
+            self.sending_changed(idx);
+        }
         if summary_changed {
             self.prune.touch(idx);
         }
@@ -1366,6 +1370,36 @@ impl Session {
             strip,
             self.counter(),
         )
+    }
+
+    /// Message `idx` became sent or not sent (an error set or cleared): its calls
+    /// supersede older ones only while the context sends them. The strategies' state is
+    /// rebuilt at the next commit, and a message no longer sent gives back what its calls
+    /// superseded (one scan; errors are rare).
+    fn sending_changed(&mut self, idx: usize) {
+        self.tracker.invalidate();
+        if self.messages[idx].is_sent() {
+            return;
+        }
+        let calls: FastSet<String> = self.messages[idx]
+            .parts
+            .iter()
+            .filter_map(|p| match &p.part.kind {
+                PartKind::Tool(t) if !t.call_id.is_empty() => Some(t.call_id.clone()),
+                _ => None,
+            })
+            .collect();
+        if calls.is_empty() {
+            return;
+        }
+        for mi in 0..self.messages.len() {
+            for pi in 0..self.messages[mi].parts.len() {
+                let by = self.messages[mi].parts[pi].part.mark.as_ref();
+                if by.is_some_and(|m| calls.contains(&m.superseded_by)) {
+                    self.rerender(mi, pi, Rendering::Mark(None), false);
+                }
+            }
+        }
     }
 
     /// Removes the marks naming `call_id` as the newer call (it was deleted).

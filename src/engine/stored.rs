@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::estimate::PartEstimate;
 use super::render::is_compacted;
-use crate::domain::{MessageInfo, Part};
+use crate::domain::{MessageInfo, Part, PartKind, Role};
 
 /// A message and its parts, as held by the session.
 #[derive(Clone, Serialize, Deserialize)]
@@ -21,6 +21,27 @@ pub struct Message {
     /// takes a new one.
     #[serde(skip)]
     pub(crate) rev: u64,
+}
+
+impl Message {
+    /// Whether the context sends this message: OpenCode skips errored assistant messages
+    /// unless they were aborted with real content. A call in a message not sent supersedes
+    /// nothing (its result never reaches the model).
+    pub(crate) fn is_sent(&self) -> bool {
+        let Some(err) = &self.info.error else {
+            return true;
+        };
+        if self.info.role != Role::Assistant {
+            return true;
+        }
+        err.name == "MessageAbortedError"
+            && self.parts.iter().any(|p| {
+                !matches!(
+                    p.part.kind,
+                    PartKind::StepStart { .. } | PartKind::Reasoning(_)
+                )
+            })
+    }
 }
 
 impl std::fmt::Debug for Message {

@@ -193,6 +193,9 @@ impl Tracker {
         *self = Tracker::new(s);
         self.cap_chars = cap;
         for (mi, m) in messages.iter().enumerate() {
+            if !m.is_sent() {
+                continue; // its calls never reach the model: they supersede nothing
+            }
             for (pi, stored) in m.parts.iter().enumerate() {
                 if let PartKind::Tool(t) = &stored.part.kind {
                     self.on_tool(mi, pi, &stored.part, t, s);
@@ -209,7 +212,9 @@ impl Tracker {
         }
         let m = &messages[msg];
         let stored = &m.parts[part].part;
-        if let PartKind::Tool(t) = &stored.kind {
+        if let PartKind::Tool(t) = &stored.kind
+            && m.is_sent()
+        {
             self.on_tool(msg, part, stored, t, s);
         }
         // A late write to a message an age strategy has already passed.

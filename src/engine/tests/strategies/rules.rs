@@ -648,3 +648,54 @@ fn rule_switches_strategies_follow_the_automatic_prune_switch() {
     commit(&mut s, NOW);
     expect_marks(&s, &[("r1", St::AggressiveFilePrune, "r2")]);
 }
+
+/// `a2` of a script, failed with a provider error (not an abort): the context skips it.
+fn failed_message(id: &str, parent: &str) -> MessageInfo {
+    let mut m = assistant(id, parent);
+    m.error = Some(crate::domain::MessageError {
+        name: "APIError".into(),
+        data: json!({ "message": "overloaded" }),
+    });
+    m
+}
+
+/// Two reads of one file, the second in `a2`, then two more user turns.
+fn read_again_in_a2(body: &str) -> Script {
+    let mut sc = Script::new();
+    sc.user("u1", "Read it.")
+        .assistant("a1", vec![read("a1", "r1", "src/a.rs", body)]);
+    sc.user("u2", "Again.")
+        .assistant("a2", vec![read("a2", "r2", "src/a.rs", body)]);
+    sc.user("u3", "Next.")
+        .assistant("a3", vec![text("a3", "a3_t", "Done.")]);
+    sc.user("u4", "More.")
+        .assistant("a4", vec![text("a4", "a4_t", "Done.")]);
+    sc
+}
+
+#[test]
+fn rule_a_call_in_a_message_the_context_skips_supersedes_nothing() {
+    // Found in review: a call in an errored message (not sent) superseded the older call,
+    // so the file's content was sent nowhere.
+    let body = file_body(40);
+    let mut sc = read_again_in_a2(&body);
+    put(&mut sc.s, Update::UpsertMessage(failed_message("a2", "u2")));
+    sc.commit();
+    expect_no_marks(&sc.s);
+    assert_eq!(state(shown(&sc.s.build_context(), "r1")).output, body);
+
+    // Marked first, then the newer call's message fails: the mark is given back.
+    let mut sc = read_again_in_a2(&body);
+    sc.commit();
+    expect_marks(&sc.s, &[("r1", St::AggressiveFilePrune, "r2")]);
+    put(&mut sc.s, Update::UpsertMessage(failed_message("a2", "u2")));
+    expect_no_marks(&sc.s);
+    assert_eq!(state(shown(&sc.s.build_context(), "r1")).output, body);
+    assert_eq!(sc.s.total_tokens(), rendered_tokens_from_scratch(&sc.s));
+    sc.commit();
+    expect_no_marks(&sc.s);
+    // The error cleared (the host retried the message): the newer call counts again.
+    put(&mut sc.s, Update::UpsertMessage(assistant("a2", "u2")));
+    sc.commit();
+    expect_marks(&sc.s, &[("r1", St::AggressiveFilePrune, "r2")]);
+}
