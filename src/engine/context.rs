@@ -99,7 +99,8 @@ impl Session {
     /// `tail_start_id` on (the verbatim tail and whatever arrived while the compaction ran,
     /// which sit before `B` in arrival order), skipping `B`, `S` and any earlier
     /// compaction's pair (a second compaction's tail may start before the first's);
-    /// without a tail, every message after `B`. This is seed 02's `filterCompacted` extended with OpenCode's tail.
+    /// without a tail, every message after `B`. This is seed 02's `filterCompacted`
+    /// extended with OpenCode's tail.
     pub(crate) fn context_order(&self) -> Vec<usize> {
         let len = self.messages().len();
         let Some(b) = self.boundary() else {
