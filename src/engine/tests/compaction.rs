@@ -565,19 +565,25 @@ fn a_commit_over_the_byte_limit_adds_nothing_and_one_under_it_adds_all() {
     assert_eq!(s.held_bytes(), free.held_bytes());
 }
 
-#[test]
-fn prune_stops_at_the_summary_and_usage_restarts_from_the_new_context() {
+/// The fixture after a usage report of `input` prompt tokens.
+fn fixture_reporting(input: u64) -> Session {
     let mut s = session(FIXTURE);
     apply(
         &mut s,
         Update::ReportUsage {
             message_id: None,
             tokens: TokenUsage {
-                input: 150_000,
+                input,
                 ..Default::default()
             },
         },
     );
+    s
+}
+
+#[test]
+fn prune_stops_at_the_summary_and_usage_restarts_from_the_new_context() {
+    let mut s = fixture_reporting(150_000);
     let plan = s.plan_compaction(req(TAIL, true)).expect("plan");
     commit(&mut s, &plan, "summary", true, 1);
     let c = s.check_overflow(Trigger::Request);
@@ -593,17 +599,7 @@ fn prune_stops_at_the_summary_and_usage_restarts_from_the_new_context() {
 
 #[test]
 fn a_compactions_own_usage_teaches_the_calibration_nothing() {
-    let mut s = session(FIXTURE);
-    apply(
-        &mut s,
-        Update::ReportUsage {
-            message_id: None,
-            tokens: TokenUsage {
-                input: 150_000,
-                ..Default::default()
-            },
-        },
-    );
+    let mut s = fixture_reporting(150_000);
     let (calibration, sample) = (*s.calibration(), s.prediction_sample());
     let plan = s.plan_compaction(req(TAIL, true)).expect("plan");
     // The summary message carries the compaction request's usage (900 tokens of head to

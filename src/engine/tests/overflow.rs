@@ -768,11 +768,9 @@ fn prediction_follows_session_tokens() {
     assert_eq!(s.check_overflow(Trigger::Request).predicted, 1_000 + 560);
 }
 
-/// OpenCode writes a step's tool results before its `step-finish` (which carries the
-/// step's usage). The usage describes the request that started the step, so the results
-/// must stay in the prediction; a new `step-start` begins the next request.
-#[test]
-fn step_results_written_before_step_finish_stay_predicted() {
+/// A session whose first step wrote a 50,000-token bash result and then reported
+/// 20,000 + 300 tokens.
+fn first_step_with_a_bash_result() -> Session {
     let mut s = new_session(SessionOverrides::default(), lim(200_000, 0, 32_000));
     for u in [
         Update::UpsertMessage(user("u1")),
@@ -783,6 +781,15 @@ fn step_results_written_before_step_finish_stay_predicted() {
     ] {
         apply(&mut s, u);
     }
+    s
+}
+
+/// OpenCode writes a step's tool results before its `step-finish` (which carries the
+/// step's usage). The usage describes the request that started the step, so the results
+/// must stay in the prediction; a new `step-start` begins the next request.
+#[test]
+fn step_results_written_before_step_finish_stay_predicted() {
+    let mut s = first_step_with_a_bash_result();
     let c = s.check_overflow(Trigger::Request);
     // 50,000 output tokens of p1 are input to the next request; its `{}` input (1 token)
     // was written by the model and is in the reported output.
@@ -801,13 +808,8 @@ fn step_results_written_before_step_finish_stay_predicted() {
 
 #[test]
 fn an_unchanged_step_finish_sent_again_is_not_a_newer_report() {
-    let mut s = new_session(SessionOverrides::default(), lim(200_000, 0, 32_000));
+    let mut s = first_step_with_a_bash_result();
     for u in [
-        Update::UpsertMessage(user("u1")),
-        Update::UpsertMessage(assistant("a1", "u1")),
-        Update::UpsertPart(step_start("a1", "s1")),
-        Update::UpsertPart(tool("a1", "p1", "bash", &chars(4 * 50_000))),
-        Update::UpsertPart(step_finish("a1", "f1", usage(20_000, 300, 0))),
         Update::UpsertPart(step_start("a1", "s2")),
         Update::UpsertPart(step_finish("a1", "f2", usage(70_400, 100, 0))),
     ] {
