@@ -808,8 +808,17 @@ impl Session {
         stored.reduced = reduced;
         let (new, now_compacted) = (stored.context_tokens(), stored.is_compacted());
         let class = class_of(&stored.part);
-        self.totals
-            .rendering_changed(class, (old, new), (was_compacted, now_compacted), reduction);
+        // A reduction of a part the context does not send (prune reaching into the
+        // messages a compaction summarized, stored before its pair) makes no request
+        // smaller: the session's total moves, the usage figures do not.
+        let sent = !reduction || self.in_context(msg);
+        self.totals.rendering_changed(
+            class,
+            (old, new),
+            (was_compacted, now_compacted),
+            reduction,
+            sent,
+        );
         self.by_msg.moved(msg, old, new);
         (old, new)
     }

@@ -242,16 +242,22 @@ impl Totals {
 
     /// A part's rendering changed (a strategy's mark set or removed, prune's stamp): its
     /// context tokens move from `old` to `new`. A `reduction` (prune or a strategy clearing
-    /// content) also counts toward what the last report over-states.
+    /// content) also counts toward what the last report over-states. A part the context
+    /// does not `send` moves only the session's total: no request holds it.
     pub(crate) fn rendering_changed(
         &mut self,
         class: Class,
         (old, new): (u64, u64),
         (was_compacted, now_compacted): (bool, bool),
         reduction: bool,
+        sent: bool,
     ) {
-        self.move_tokens(class, old, new);
         self.move_compacted(was_compacted, now_compacted);
+        if !sent {
+            self.tokens = self.tokens.saturating_sub(old).saturating_add(new);
+            return;
+        }
+        self.move_tokens(class, old, new);
         if reduction {
             self.usage.pruned = self.usage.pruned.saturating_add(old.saturating_sub(new));
         }
@@ -492,10 +498,10 @@ mod tests {
     fn reductions_count_toward_pruned_and_saturate() {
         let mut t = Totals::default();
         t.part_changed(None, Some(figures(100, 100, false)));
-        t.rendering_changed(Class::ToolOutput, (100, 8), (false, true), true);
+        t.rendering_changed(Class::ToolOutput, (100, 8), (false, true), true, true);
         assert_eq!((t.tokens(), t.compacted(), t.usage().pruned()), (8, 1, 92));
         // Figures that do not add up saturate instead of wrapping.
-        t.rendering_changed(Class::ToolOutput, (u64::MAX, 0), (true, false), false);
+        t.rendering_changed(Class::ToolOutput, (u64::MAX, 0), (true, false), false, true);
         assert_eq!((t.tokens(), t.compacted()), (0, 0));
     }
 }

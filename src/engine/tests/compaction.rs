@@ -635,6 +635,38 @@ fn a_host_written_summary_neither_checks_nor_anchors_a_prediction() {
     assert_ne!(s.prediction_sample(), sample);
 }
 
+#[test]
+fn prune_reaching_summarized_outputs_does_not_lower_the_prediction() {
+    // Found in review: a compaction's pair is stored after its tail, so for two user
+    // turns OpenCode's prune scan (kept literal) starts before the pair and reaches the
+    // summarized messages. Clearing an output no request sends must not make the next
+    // request look smaller.
+    let mut s = session_with(
+        FIXTURE,
+        SessionOverrides {
+            prune_protect: Some(100),
+            prune_minimum: Some(0),
+            ..Default::default()
+        },
+    );
+    compact_keeping(&mut s, 2, "summary", "cmp1");
+    let before = s.check_overflow(Trigger::Request);
+    assert_eq!(before.predicted, s.context_tokens());
+    let report = s.prune(PruneMode::Commit, NOW);
+    assert!(report.committed);
+    let cleared: Vec<&str> = report.parts.iter().map(|p| p.part_id.as_str()).collect();
+    assert!(cleared.contains(&"p1"), "a summarized output: {cleared:?}");
+    assert!(
+        cleared.contains(&"p2"),
+        "an output of the tail: {cleared:?}"
+    );
+    // The context lost p2's output only, and so did the prediction.
+    let after = s.check_overflow(Trigger::Request);
+    assert!(s.context_tokens() < before.predicted);
+    assert_eq!(after.predicted, s.context_tokens());
+    assert_eq!(s.total_tokens(), rendered_tokens_from_scratch(&s));
+}
+
 // ---- automatic compaction -------------------------------------------------------------
 
 /// A session with a 20k window (usable 16k, threshold 14,720) and three user turns.
