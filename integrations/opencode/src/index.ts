@@ -372,6 +372,28 @@ class Mirror {
     }
   }
 
+  /**
+   * Waits for the acks of the updates sent, at most `timeoutMs` (stream updates carry no
+   * deadline): a compactd that stopped answering must not hold OpenCode's request, which
+   * then goes out with OpenCode's own messages. The session is loaded whole next time.
+   */
+  private async acked(s: SessionState) {
+    if (s.pending.size === 0) return
+    let timer: ReturnType<typeof setTimeout> | undefined
+    const late = new Promise<"late">((resolve) => {
+      timer = setTimeout(() => resolve("late"), this.settings.timeoutMs)
+    })
+    try {
+      const waiting = s.pending.size
+      if ((await Promise.race([Promise.allSettled([...s.pending]), late])) === "late") {
+        s.status = "import"
+        throw new Error(`compactd did not answer updates of session ${s.id} within ${this.settings.timeoutMs} ms (${waiting} waiting)`)
+      }
+    } finally {
+      clearTimeout(timer)
+    }
+  }
+
   /** Loads OpenCode's whole session into compactd (replacing what it held). */
   private async importSession(s: SessionState, fallback: WithParts[]) {
     let all: WithParts[] = fallback
@@ -386,7 +408,7 @@ class Mirror {
     if (last?.model) s.model = { providerID: last.model.providerID, modelID: last.model.modelID }
     const limits = s.model ? await this.limitsOf(s.model) : undefined
     const info = this.sessionInfo(s, limits)
-    await Promise.allSettled([...s.pending])
+    await this.acked(s)
     s.pending.clear()
     await this.client.importSession({
       sessionId: s.id,
@@ -432,6 +454,20 @@ class Mirror {
         break
       }
     }
+    // compactd keeps messages in arrival order too: a message it has not seen before one it
+    // holds (a session resumed after a restart, whose first event was its new prompt, or
+    // events missed) would land after it, so load the session whole instead.
+    if (s.status === "ready") {
+      let missing = ""
+      for (const m of messages) {
+        if (!s.parts.has(m.info.id)) missing ||= m.info.id
+        else if (missing) {
+          this.log.info(`session ${sessionID}: ${missing} is not in compactd but comes before ${m.info.id}; loading the session`)
+          s.status = "import"
+          break
+        }
+      }
+    }
     if (s.status !== "ready") await this.importSession(s, messages)
     // Reconcile: anything the events missed (or that changed since) is sent now.
     for (const m of messages) {
@@ -445,7 +481,7 @@ class Mirror {
       for (const id of held ?? []) if (!now.has(id)) this.partRemoved(s, m.info.id, id)
     }
     this.open(s)
-    await Promise.allSettled([...s.pending])
+    await this.acked(s)
     if (s.status !== "ready") {
       // An update was rejected: load the whole session once more, then go on.
       await this.importSession(s, messages)

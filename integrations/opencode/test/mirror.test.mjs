@@ -1,0 +1,133 @@
+// The plugin's mirror against the real compactd binary, with OpenCode's side stubbed:
+// the hooks are called as OpenCode calls them. Needs COMPACTD_BIN. Run through ../test.sh.
+import { test, before, after } from "node:test"
+import assert from "node:assert/strict"
+import { spawn } from "node:child_process"
+import { mkdtempSync, rmSync, existsSync } from "node:fs"
+import { createServer } from "node:net"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { CompactdClient } from "@compactd/client"
+import plugin from "../dist/index.js"
+
+const BIN = process.env.COMPACTD_BIN
+assert.ok(BIN && existsSync(BIN), `COMPACTD_BIN must name the compactd binary (got ${BIN})`)
+
+let server
+let client
+let address
+
+function freePort() {
+  return new Promise((resolve) => {
+    const s = createServer()
+    s.listen(0, "127.0.0.1", () => {
+      const p = s.address().port
+      s.close(() => resolve(p))
+    })
+  })
+}
+
+before(async () => {
+  address = `127.0.0.1:${await freePort()}`
+  const dataDir = mkdtempSync(join(tmpdir(), "compactd-mirror-"))
+  server = spawn(BIN, ["serve", "--listen", address, "--data-dir", dataDir], { stdio: ["ignore", "ignore", "pipe"] })
+  server.stderr.on("data", () => {})
+  server.on("exit", () => rmSync(dataDir, { recursive: true, force: true }))
+  client = new CompactdClient({ address })
+  await client.waitForReady(15000)
+})
+
+after(() => {
+  client?.close()
+  server?.kill("SIGTERM")
+})
+
+const MODEL = { providerID: "p", modelID: "m" }
+
+/** OpenCode's session `ses` of `turns` user/assistant pairs (ids msg_01, msg_02, ...). */
+function history(ses, turns) {
+  const out = []
+  for (let t = 0; t < turns; t++) {
+    const u = `msg_${String(2 * t + 1).padStart(2, "0")}`
+    const a = `msg_${String(2 * t + 2).padStart(2, "0")}`
+    out.push({
+      info: { id: u, sessionID: ses, role: "user", time: { created: 10 * t + 1 }, agent: "build", model: MODEL },
+      parts: [{ id: `prt_${u}`, sessionID: ses, messageID: u, type: "text", text: `question ${t}` }],
+    })
+    out.push({
+      info: {
+        id: a, sessionID: ses, role: "assistant", parentID: u, time: { created: 10 * t + 2, completed: 10 * t + 3 },
+        modelID: MODEL.modelID, providerID: MODEL.providerID, mode: "build", agent: "build", cost: 0, finish: "stop",
+        tokens: { input: 100 * (t + 1), output: 10, reasoning: 0, cache: { read: 0, write: 0 } },
+      },
+      parts: [{ id: `prt_${a}`, sessionID: ses, messageID: a, type: "text", text: `answer ${t}` }],
+    })
+  }
+  return out
+}
+
+/** The plugin connected to the test's compactd, with OpenCode's client stubbed. */
+async function hooksFor(messagesOf, more = {}) {
+  const opencode = {
+    app: { log: async () => ({}) },
+    session: { messages: async ({ path }) => ({ data: messagesOf(path.id) }) },
+    config: { providers: async () => ({ data: { providers: [{ id: "p", models: { m: { limit: { context: 200000, output: 32000 } } } }] } }) },
+  }
+  return plugin({ client: opencode }, { address, recall: false, ...more })
+}
+
+test("a session resumed after a restart is sent in OpenCode's order", async () => {
+  // OpenCode restarted: the plugin has never seen this session; its first event is the
+  // new prompt, after eight messages compactd does not hold.
+  const ses = "ses_resumed"
+  const all = history(ses, 5).slice(0, 9)
+  const hooks = await hooksFor(() => all)
+  try {
+    const prompt = all[8]
+    await hooks.event({ event: { type: "message.updated", properties: { info: prompt.info } } })
+    await hooks.event({ event: { type: "message.part.updated", properties: { part: prompt.parts[0] } } })
+    const output = { messages: [...all] }
+    await hooks["experimental.chat.messages.transform"]({}, output)
+    const ids = all.map((m) => m.info.id)
+    assert.deepEqual(output.messages.map((m) => m.info.id), ids, "the context sent")
+    const held = await client.getSession(ses)
+    assert.deepEqual(held.messages.map((m) => m.info.id), ids, "compactd's copy")
+  } finally {
+    await hooks.dispose()
+  }
+})
+
+test("a compactd that stops answering does not hold OpenCode's request", async () => {
+  const ses = "ses_stalled"
+  const all = history(ses, 2)
+  const hooks = await hooksFor((id) => (id === ses ? all : []), { timeoutMs: 1500 })
+  try {
+    // One turn mirrored and answered.
+    const first = { messages: all.slice(0, 1) }
+    for (const e of [
+      { type: "message.updated", properties: { info: all[0].info } },
+      { type: "message.part.updated", properties: { part: all[0].parts[0] } },
+    ]) await hooks.event({ event: e })
+    await hooks["experimental.chat.messages.transform"]({}, first)
+    // compactd stops (a stuck process, a half-open connection): the next updates are
+    // never acknowledged.
+    server.kill("SIGSTOP")
+    for (const m of all.slice(1, 3)) {
+      await hooks.event({ event: { type: "message.updated", properties: { info: m.info } } })
+      await hooks.event({ event: { type: "message.part.updated", properties: { part: m.parts[0] } } })
+    }
+    const output = { messages: all.slice(0, 3) }
+    const started = Date.now()
+    const outcome = await Promise.race([
+      hooks["experimental.chat.messages.transform"]({}, output).then(() => "returned"),
+      new Promise((resolve) => setTimeout(() => resolve("hung"), 10000)),
+    ])
+    assert.equal(outcome, "returned", "the request is not held")
+    assert.ok(Date.now() - started < 5000, `returned after ${Date.now() - started} ms`)
+    // OpenCode's own messages go out.
+    assert.deepEqual(output.messages, all.slice(0, 3))
+  } finally {
+    server.kill("SIGCONT")
+    await hooks.dispose()
+  }
+})
