@@ -375,7 +375,9 @@ class Mirror {
   /**
    * Waits for the acks of the updates sent, at most `timeoutMs` (stream updates carry no
    * deadline): a compactd that stopped answering must not hold OpenCode's request, which
-   * then goes out with OpenCode's own messages. The session is loaded whole next time.
+   * then goes out with OpenCode's own messages. The stream is dropped (a half-open one
+   * would never answer; every session is loaded whole on the next), and so are the acks
+   * waited for, so later requests do not wait on them again.
    */
   private async acked(s: SessionState) {
     if (s.pending.size === 0) return
@@ -387,6 +389,8 @@ class Mirror {
       const waiting = s.pending.size
       if ((await Promise.race([Promise.allSettled([...s.pending]), late])) === "late") {
         s.status = "import"
+        s.pending.clear()
+        this.stream?.cancel()
         throw new Error(`compactd did not answer updates of session ${s.id} within ${this.settings.timeoutMs} ms (${waiting} waiting)`)
       }
     } finally {
