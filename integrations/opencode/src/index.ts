@@ -484,6 +484,9 @@ class Mirror {
       }
       for (const id of held ?? []) if (!now.has(id)) this.partRemoved(s, m.info.id, id)
     }
+    // A model met for the first time (the user switched): its limits are looked up before
+    // this request's overflow check, not after it (OpenCode's chat.params comes later).
+    if (s.model) await this.limitsOf(s.model)
     this.open(s)
     await this.acked(s)
     if (s.status !== "ready") {

@@ -43,6 +43,13 @@ after(() => {
 })
 
 const MODEL = { providerID: "p", modelID: "m" }
+const PROVIDERS = {
+  data: {
+    providers: [
+      { id: "p", models: { m: { limit: { context: 200000, output: 32000 } }, small: { limit: { context: 8000, output: 1000 } } } },
+    ],
+  },
+}
 
 /** OpenCode's session `ses` of `turns` user/assistant pairs (ids msg_01, msg_02, ...). */
 function history(ses, turns) {
@@ -67,11 +74,11 @@ function history(ses, turns) {
 }
 
 /** The plugin connected to the test's compactd, with OpenCode's client stubbed. */
-async function hooksFor(messagesOf, more = {}) {
+async function hooksFor(messagesOf, more = {}, providers = async () => PROVIDERS) {
   const opencode = {
     app: { log: async () => ({}) },
     session: { messages: async ({ path }) => ({ data: messagesOf(path.id) }) },
-    config: { providers: async () => ({ data: { providers: [{ id: "p", models: { m: { limit: { context: 200000, output: 32000 } } } }] } }) },
+    config: { providers },
   }
   return plugin({ client: opencode }, { address, recall: false, ...more })
 }
@@ -138,6 +145,36 @@ test("a compactd that stops answering does not hold OpenCode's request", async (
     assert.notEqual(next.messages[0], all[0], "compactd's context replaced OpenCode's messages")
   } finally {
     server.kill("SIGCONT")
+    await hooks.dispose()
+  }
+})
+
+test("after a model switch the request is checked against the new model's limits", async () => {
+  const ses = "ses_switch"
+  const all = history(ses, 2).slice(0, 3)
+  // The new prompt is for the small model; OpenCode's provider list answers slowly.
+  all[2].info.model = { providerID: "p", modelID: "small" }
+  const slow = () => new Promise((resolve) => setTimeout(() => resolve(PROVIDERS), 500))
+  const hooks = await hooksFor(() => all, {}, slow)
+  try {
+    // The first turn on the large model (chat.params tells its limits).
+    for (const e of [
+      { type: "message.updated", properties: { info: all[0].info } },
+      { type: "message.part.updated", properties: { part: all[0].parts[0] } },
+    ]) await hooks.event({ event: e })
+    await hooks["chat.params"]({ sessionID: ses, model: { providerID: "p", id: "m", limit: { context: 200000, output: 32000 } } })
+    await hooks["experimental.chat.messages.transform"]({}, { messages: all.slice(0, 1) })
+    assert.equal((await client.getSession(ses)).info.limits.context, 200000)
+    for (const m of all.slice(1)) {
+      await hooks.event({ event: { type: "message.updated", properties: { info: m.info } } })
+      await hooks.event({ event: { type: "message.part.updated", properties: { part: m.parts[0] } } })
+    }
+    await hooks["experimental.chat.messages.transform"]({}, { messages: [...all] })
+    // Right after the transform (before OpenCode's chat.params for it).
+    const info = (await client.getSession(ses)).info
+    assert.equal(info.model.modelId, "small")
+    assert.equal(info.limits.context, 8000)
+  } finally {
     await hooks.dispose()
   }
 })
