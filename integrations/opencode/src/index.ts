@@ -514,39 +514,61 @@ class Mirror {
 
   // ---- compaction "compactd" -----------------------------------------------------------
 
-  /** Follows compactd's compactions (automatic ones included) to wait for them and log them. */
+  /**
+   * Follows compactd's compactions (automatic ones included) to wait for them and log them.
+   * A watch that ends (compactd restarted, the connection dropped) is opened again a
+   * second later: without it no compaction compactd runs would be waited for again.
+   */
   watchCompactions() {
     const run = async () => {
-      const sub = this.client.subscribe("")
-      this.watcher = sub
-      const running = new Map<string, () => void>()
-      try {
-        for await (const ev of sub) {
-          const c = ev.compaction
-          if (!c) continue
-          const s = this.session(ev.sessionId)
-          if (c.started) {
-            this.log.info(`compactd compaction ${c.compactionId} of session ${ev.sessionId} started (${c.started.auto ? "automatic" : "manual"}, ~${c.started.tokensBefore} tokens)`)
-            s.compaction = new Promise<void>((resolve) => running.set(ev.sessionId, resolve))
-          } else if (c.compacted || c.failed) {
-            if (c.compacted) {
-              this.log.info(`compactd compacted session ${ev.sessionId}: ${c.compacted.tokensBefore} -> ${c.compacted.tokensAfter} tokens`)
-              this.toast(`compactd summarized the session (${c.compacted.tokensBefore} -> ${c.compacted.tokensAfter} tokens)`, "info")
-            } else {
-              this.log.warn(`compactd compaction of session ${ev.sessionId} failed (${c.failed!.kind}): ${c.failed!.reason}`)
-            }
-            running.get(ev.sessionId)?.()
-            running.delete(ev.sessionId)
-            s.compaction = undefined
-          }
-        }
-      } catch (e) {
-        this.log.warn(`compactd watch ended: ${(e as Error).message}`)
-      } finally {
-        for (const r of running.values()) r()
+      let quiet = false
+      while (!this.closing) {
+        const watched = await this.watchOnce(quiet)
+        if (this.closing) return
+        // Warned once per outage: a compactd that stays down is retried quietly.
+        quiet = !watched
+        await new Promise((resolve) => setTimeout(resolve, 1000).unref())
       }
     }
     void run()
+  }
+
+  /** One Subscribe; true when it lasted (more than 2 s) before it ended. */
+  private async watchOnce(quiet: boolean): Promise<boolean> {
+    const sub = this.client.subscribe("")
+    this.watcher = sub
+    const running = new Map<string, () => void>()
+    const since = Date.now()
+    try {
+      for await (const ev of sub) {
+        const c = ev.compaction
+        if (!c) continue
+        const s = this.session(ev.sessionId)
+        if (c.started) {
+          this.log.info(`compactd compaction ${c.compactionId} of session ${ev.sessionId} started (${c.started.auto ? "automatic" : "manual"}, ~${c.started.tokensBefore} tokens)`)
+          s.compaction = new Promise<void>((resolve) => running.set(ev.sessionId, resolve))
+        } else if (c.compacted || c.failed) {
+          if (c.compacted) {
+            this.log.info(`compactd compacted session ${ev.sessionId}: ${c.compacted.tokensBefore} -> ${c.compacted.tokensAfter} tokens`)
+            this.toast(`compactd summarized the session (${c.compacted.tokensBefore} -> ${c.compacted.tokensAfter} tokens)`, "info")
+          } else {
+            this.log.warn(`compactd compaction of session ${ev.sessionId} failed (${c.failed!.kind}): ${c.failed!.reason}`)
+          }
+          running.get(ev.sessionId)?.()
+          running.delete(ev.sessionId)
+          s.compaction = undefined
+        }
+      }
+    } catch (e) {
+      if (!this.closing && !quiet) this.log.warn(`compactd watch ended: ${(e as Error).message}; watching again`)
+    } finally {
+      for (const [id, resolve] of running) {
+        resolve()
+        const s = this.sessions.get(id)
+        if (s) s.compaction = undefined
+      }
+    }
+    return Date.now() - since > 2000
   }
 
   private toast(message: string, variant: "info" | "warning" | "error") {

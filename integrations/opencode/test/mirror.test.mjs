@@ -178,3 +178,53 @@ test("after a model switch the request is checked against the new model's limits
     await hooks.dispose()
   }
 })
+
+/** compactd's `compactd_watchers` gauge (0 when not reported yet). */
+async function watchers(metrics) {
+  try {
+    const text = await (await fetch(`http://${metrics}/metrics`)).text()
+    const line = text.split("\n").find((l) => l.startsWith("compactd_watchers "))
+    return line ? Number(line.split(" ")[1]) : 0
+  } catch {
+    return -1 // not up
+  }
+}
+
+async function until(what, check, ms) {
+  const deadline = Date.now() + ms
+  for (;;) {
+    if (await check()) return
+    assert.ok(Date.now() < deadline, `${what} within ${ms} ms`)
+    await new Promise((resolve) => setTimeout(resolve, 100))
+  }
+}
+
+test('with compaction "compactd", the watcher subscribes again after compactd restarts', async () => {
+  const [port, metricsPort] = [await freePort(), await freePort()]
+  const addr = `127.0.0.1:${port}`
+  const metrics = `127.0.0.1:${metricsPort}`
+  const start = () => {
+    const p = spawn(BIN, ["serve", "--listen", addr, "--metrics-listen", metrics, "--durability", "memory"], { stdio: ["ignore", "ignore", "pipe"] })
+    p.stderr.on("data", () => {})
+    return p
+  }
+  let own = start()
+  const probe = new CompactdClient({ address: addr })
+  await probe.waitForReady(15000)
+  const opencode = { app: { log: async () => ({}) }, session: { messages: async () => ({ data: [] }) }, config: { providers: async () => PROVIDERS } }
+  const hooks = await plugin({ client: opencode }, { address: addr, recall: false, compaction: "compactd" })
+  try {
+    await until("the watcher subscribed", async () => (await watchers(metrics)) === 1, 10000)
+    // compactd restarts on the same address (a rolling restart, a crash).
+    const exited = new Promise((resolve) => own.on("exit", resolve))
+    own.kill("SIGKILL")
+    await exited
+    own = start()
+    await probe.waitForReady(15000)
+    await until("the watcher subscribed again", async () => (await watchers(metrics)) === 1, 10000)
+  } finally {
+    await hooks.dispose()
+    probe.close()
+    own.kill("SIGTERM")
+  }
+})
