@@ -1248,7 +1248,7 @@ impl Session {
             && !t.call_id.is_empty()
         {
             // Give back their content to the calls it superseded (one scan).
-            self.unmark_superseded_by(&t.call_id);
+            self.unmark_superseded_by(&FastSet::from_iter([t.call_id.clone()]));
         }
         if matches!(old.part.kind, PartKind::Compaction(_)) {
             self.recompute_boundary();
@@ -1398,25 +1398,21 @@ impl Session {
                 _ => None,
             })
             .collect();
+        self.unmark_superseded_by(&calls);
+    }
+
+    /// Removes the marks naming one of `calls` as the newer call (deleted, or in a message
+    /// the context no longer sends). One scan of the session; nothing when `calls` is empty.
+    fn unmark_superseded_by(&mut self, calls: &FastSet<String>) {
         if calls.is_empty() {
             return;
         }
         for mi in 0..self.messages.len() {
             for pi in 0..self.messages[mi].parts.len() {
                 let by = self.messages[mi].parts[pi].part.mark.as_ref();
-                if by.is_some_and(|m| calls.contains(&m.superseded_by)) {
-                    self.rerender(mi, pi, Rendering::Mark(None), false);
-                }
-            }
-        }
-    }
-
-    /// Removes the marks naming `call_id` as the newer call (it was deleted).
-    fn unmark_superseded_by(&mut self, call_id: &str) {
-        for mi in 0..self.messages.len() {
-            for pi in 0..self.messages[mi].parts.len() {
-                let by = self.messages[mi].parts[pi].part.mark.as_ref();
-                if by.is_some_and(|m| !m.superseded_by.is_empty() && m.superseded_by == call_id) {
+                if by.is_some_and(|m| {
+                    !m.superseded_by.is_empty() && calls.contains(&m.superseded_by)
+                }) {
                     self.rerender(mi, pi, Rendering::Mark(None), false);
                 }
             }
