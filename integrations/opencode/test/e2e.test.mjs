@@ -7,10 +7,10 @@ import { test, before, after } from "node:test"
 import assert from "node:assert/strict"
 import { spawn } from "node:child_process"
 import { mkdtempSync, readFileSync, writeFileSync, rmSync, existsSync } from "node:fs"
-import { createServer } from "node:net"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { CompactdClient } from "@compactd/client"
+import { freePort, startCompactd } from "./compactd.mjs"
 import { runSession, summarize, pkgDir } from "./run-session.mjs"
 import { startEndpoint } from "./scripted-endpoint.mjs"
 import { toMessageInfo, toPart, kindOf } from "../dist/convert.js"
@@ -27,25 +27,8 @@ let client
 let address
 const runs = {}
 
-function freePort() {
-  return new Promise((resolve) => {
-    const s = createServer()
-    s.listen(0, "127.0.0.1", () => {
-      const p = s.address().port
-      s.close(() => resolve(p))
-    })
-  })
-}
-
 before(async () => {
-  const port = await freePort()
-  address = `127.0.0.1:${port}`
-  const dataDir = mkdtempSync(join(tmpdir(), "compactd-e2e-"))
-  server = spawn(BIN, ["serve", "--listen", address, "--data-dir", dataDir], { stdio: ["ignore", "ignore", "pipe"] })
-  server.stderr.on("data", () => {})
-  server.on("exit", () => rmSync(dataDir, { recursive: true, force: true }))
-  client = new CompactdClient({ address })
-  await client.waitForReady(15000)
+  ;({ server, client, address } = await startCompactd(BIN, "e2e"))
 })
 
 after(() => {

@@ -3,11 +3,9 @@
 import { test, before, after } from "node:test"
 import assert from "node:assert/strict"
 import { spawn } from "node:child_process"
-import { mkdtempSync, rmSync, existsSync } from "node:fs"
-import { createServer } from "node:net"
-import { tmpdir } from "node:os"
-import { join } from "node:path"
+import { existsSync } from "node:fs"
 import { CompactdClient } from "@compactd/client"
+import { freePort, startCompactd } from "./compactd.mjs"
 import plugin from "../dist/index.js"
 
 const BIN = process.env.COMPACTD_BIN
@@ -17,24 +15,8 @@ let server
 let client
 let address
 
-function freePort() {
-  return new Promise((resolve) => {
-    const s = createServer()
-    s.listen(0, "127.0.0.1", () => {
-      const p = s.address().port
-      s.close(() => resolve(p))
-    })
-  })
-}
-
 before(async () => {
-  address = `127.0.0.1:${await freePort()}`
-  const dataDir = mkdtempSync(join(tmpdir(), "compactd-mirror-"))
-  server = spawn(BIN, ["serve", "--listen", address, "--data-dir", dataDir], { stdio: ["ignore", "ignore", "pipe"] })
-  server.stderr.on("data", () => {})
-  server.on("exit", () => rmSync(dataDir, { recursive: true, force: true }))
-  client = new CompactdClient({ address })
-  await client.waitForReady(15000)
+  ;({ server, client, address } = await startCompactd(BIN, "mirror"))
 })
 
 after(() => {
