@@ -11,6 +11,7 @@
 
 mod auto;
 pub mod calibration;
+mod carry;
 mod change;
 mod compaction;
 mod context;
@@ -44,6 +45,7 @@ mod update;
 mod window;
 
 pub use auto::AutoState;
+pub use carry::{ExportMessage, Trail};
 pub use change::{Change, Performed};
 pub use compaction::{
     AUTO_CONTINUE, COMPACTION_AGENT, CommitIds, Committed, CompactionError, CompactionPlan,

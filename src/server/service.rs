@@ -20,8 +20,8 @@ use super::request::{
     check_size, context_format, delete_update, pin_update, recall_key, usage_update,
 };
 use super::status::Rejection;
-use crate::engine::Update;
-use crate::store::{Reservation, Store};
+use crate::engine::{Trail, Update};
+use crate::store::{Reservation, Store, StoreError};
 use crate::trace;
 
 pub use super::stream::EventStream;
@@ -90,6 +90,22 @@ impl SessionsService {
             .call(move |s, _| convert::summary_to_pb(s, created))
             .await
             .map_err(|e| Status::from(Rejection::from(e)))
+    }
+
+    /// The compactions of the session an import replaces (`keep_compactions`), or `None`
+    /// when there is no such session.
+    async fn compaction_trail(&self, session_id: &str) -> Result<Option<Trail>, Status> {
+        let handle = match self.store.get(session_id).await {
+            Ok(h) => h,
+            Err(StoreError::NotFound(_)) => return Ok(None),
+            Err(e) => return Err(Rejection::from(e).into()),
+        };
+        match handle.call(|s, _| s.compaction_trail()).await {
+            Ok(trail) => Ok(Some(trail)),
+            // Deleted meanwhile: nothing to keep.
+            Err(StoreError::NotFound(_)) => Ok(None),
+            Err(e) => Err(Rejection::from(e).into()),
+        }
     }
 
     /// Refuses a request over `max_update_bytes`; otherwise counts its bytes in flight
@@ -487,15 +503,18 @@ impl pb::sessions_server::Sessions for SessionsService {
             .await
             .map_err(|_| Status::unavailable("compactd is closing"))?;
 
+        let root = match document {
+            Document::Text(_) => "export_json",
+            Document::Object(_) => "export",
+        };
         // Parsing a multi-megabyte export is CPU work: keep it off the async workers.
-        let session = tokio::task::spawn_blocking(move || -> Result<_, Rejection> {
-            let root = match document {
-                Document::Text(_) => "export_json",
-                Document::Object(_) => "export",
-            };
+        let parse_store = store.clone();
+        let mut export = tokio::task::spawn_blocking(move || -> Result<_, Rejection> {
             // Built no further than the limit it will be held to: the first message
             // past it ends the parse.
-            let byte_limit = store.limits().byte_limit(0, store.ledger().counted());
+            let byte_limit = parse_store
+                .limits()
+                .byte_limit(0, parse_store.ledger().counted());
             let parsed = match document {
                 Document::Text(t) => trace::parse_export_limited(&t, byte_limit),
                 Document::Object(v) => trace::from_value_limited(v, byte_limit),
@@ -505,6 +524,21 @@ impl pb::sessions_server::Sessions for SessionsService {
                 export.info.id = id_override;
             }
             crate::domain::check_id("session_id", &export.info.id)?;
+            Ok(export)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("import task failed: {e}")))??;
+        let trail = if req.replace && req.keep_compactions {
+            self.compaction_trail(&export.info.id).await?
+        } else {
+            None
+        };
+        let session = tokio::task::spawn_blocking(move || -> Result<_, Rejection> {
+            let carried = trail.map_or(0, |t| t.carry_into(&mut export.messages));
+            if carried > 0 {
+                tracing::info!(session_id = %export.info.id, carried, "import keeps the replaced session's compactions");
+            }
+            let byte_limit = store.limits().byte_limit(0, store.ledger().counted());
             let session = trace::load_within(export, limits, overrides, store.config(), byte_limit)
                 .map_err(|e| Rejection::from(e).within(root))?;
             Ok(session)

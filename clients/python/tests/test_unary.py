@@ -15,6 +15,7 @@ from compactd_client import (
     builders as b,
     pb,
 )
+from compactd_client.results import import_request
 
 PLACEHOLDER = "[Old tool result content cleared]"
 
@@ -159,6 +160,12 @@ def test_import_text_and_dict(client: Client, sid: str, example_export: str) -> 
     assert e.value.code == grpc.StatusCode.ALREADY_EXISTS and e.value.field == "session_id"
     replaced = client.import_session(doc, session_id=sid, replace=True)
     assert replaced.messages == summary.messages
+    # Nothing compacted: keeping compactions keeps the export as it is.
+    kept = client.import_session(doc, session_id=sid, replace=True, keep_compactions=True)
+    assert kept.messages == summary.messages
+    req = import_request(doc, sid, None, None, True, keep_compactions=True)
+    assert req.replace and req.keep_compactions
+    assert not import_request(doc, sid, None, None, True).keep_compactions
     # The walk-through's numbers: the example prunes with these settings.
     client.import_session(doc, session_id=sid, replace=True, limits=(16000, 4000),
                           config={"prune_protect": 2000, "prune_minimum": 1000})

@@ -117,6 +117,11 @@ export interface ImportInit {
   config?: DeepPartial<SessionConfig>;
   /** Replace a session with the same id instead of failing with ALREADY_EXISTS. */
   replace?: boolean;
+  /**
+   * With `replace`: keep the compactions compactd committed on the replaced session, which
+   * a host's own history lacks (a reload of a session compactd compacts for the host).
+   */
+  keepCompactions?: boolean;
 }
 
 const DEFAULT_ADDRESS = "127.0.0.1:50051";
@@ -338,6 +343,7 @@ export class CompactdClient {
         limits: init.limits,
         config: init.config,
         replace: init.replace ?? false,
+        keepCompactions: init.keepCompactions ?? false,
       }),
       opts,
     );

@@ -9,12 +9,12 @@ use crate::engine::{
     TailOptions, Trigger,
 };
 
-const TAIL: TailOptions = TailOptions {
+pub(super) const TAIL: TailOptions = TailOptions {
     turns: 2,
     max_tokens: 15_000,
 };
 
-fn req(tail: TailOptions, auto: bool) -> CompactionRequest {
+pub(super) fn req(tail: TailOptions, auto: bool) -> CompactionRequest {
     CompactionRequest {
         tail,
         auto,
@@ -41,7 +41,7 @@ fn ids(n: u32) -> CommitIds {
     }
 }
 
-fn commit(
+pub(super) fn commit(
     s: &mut Session,
     plan: &CompactionPlan,
     text: &str,
@@ -58,7 +58,7 @@ fn commit(
 }
 
 /// Ids of the context's messages, in order.
-fn context_ids(s: &Session) -> Vec<String> {
+pub(super) fn context_ids(s: &Session) -> Vec<String> {
     s.build_context()
         .messages
         .iter()
@@ -73,7 +73,7 @@ fn ids_of(s: &Session, positions: &[usize]) -> Vec<String> {
         .collect()
 }
 
-const FIXTURE: &str = "
+pub(super) const FIXTURE: &str = "
     user u1 text:t1=10
     assistant a1 read:p1=3000
     user u2 text:t2=10

@@ -17,6 +17,7 @@
 //! Each behaviour has one `check_*` helper that builds the fixture, runs the engine and
 //! compares whole values.
 
+mod carry;
 mod compaction;
 mod context;
 mod context_cache;

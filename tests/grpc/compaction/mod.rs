@@ -8,6 +8,7 @@ mod endpoint_limits;
 mod failures;
 mod folding;
 mod manual;
+mod reload;
 mod settings;
 mod stale;
 mod subscribe;

@@ -188,9 +188,14 @@ class Client:
         limits: LimitsLike = None,
         config: builders.Config = None,
         replace: bool = False,
+        keep_compactions: bool = False,
     ) -> pb.SessionSummary:
-        """Loads an ``opencode export`` document (JSON text or a dict) as a session."""
-        req = import_request(export, session_id, limits, config, replace)
+        """Loads an ``opencode export`` document (JSON text or a dict) as a session.
+
+        With ``replace`` and ``keep_compactions``, the compactions compactd committed on
+        the replaced session (absent from a host's own history) are kept.
+        """
+        req = import_request(export, session_id, limits, config, replace, keep_compactions)
         return self._unary(self.stub.ImportSession, req)
 
     # Unary twins of the stream updates.

@@ -136,9 +136,12 @@ def import_request(
     limits: LimitsLike,
     config: builders.Config,
     replace: bool,
+    keep_compactions: bool = False,
 ) -> pb.ImportSessionRequest:
     """An ImportSession request from an ``opencode export`` document (text or dict)."""
-    req = pb.ImportSessionRequest(session_id=session_id, replace=replace)
+    req = pb.ImportSessionRequest(
+        session_id=session_id, replace=replace, keep_compactions=keep_compactions
+    )
     if isinstance(export, (str, bytes)):
         req.export_json = export.decode() if isinstance(export, bytes) else export
     else:

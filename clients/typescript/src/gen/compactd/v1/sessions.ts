@@ -484,6 +484,16 @@ export interface ImportSessionRequest {
    * running compaction, if any, is cancelled).
    */
   replace: boolean;
+  /**
+   * With `replace`: keep the compactions compactd committed on the replaced session
+   * (their request, summary and auto-continue messages), which a host reloading a session
+   * compactd compacts for does not hold. Each goes back after the message it followed, as
+   * long as the export holds the replaced session's other messages in the same order
+   * (messages the replaced session lacks may come anywhere): where the histories part (a
+   * message missing, as after a revert, or out of order), no later compaction is kept.
+   * A compaction the export holds itself is not added twice.
+   */
+  keepCompactions: boolean;
 }
 
 export interface PinRequest {
@@ -4644,7 +4654,15 @@ export const DeleteSessionResponse: MessageFns<DeleteSessionResponse> = {
 };
 
 function createBaseImportSessionRequest(): ImportSessionRequest {
-  return { exportJson: "", export: undefined, sessionId: "", limits: undefined, config: undefined, replace: false };
+  return {
+    exportJson: "",
+    export: undefined,
+    sessionId: "",
+    limits: undefined,
+    config: undefined,
+    replace: false,
+    keepCompactions: false,
+  };
 }
 
 export const ImportSessionRequest: MessageFns<ImportSessionRequest> = {
@@ -4666,6 +4684,9 @@ export const ImportSessionRequest: MessageFns<ImportSessionRequest> = {
     }
     if (message.replace !== false) {
       writer.uint32(40).bool(message.replace);
+    }
+    if (message.keepCompactions !== false) {
+      writer.uint32(56).bool(message.keepCompactions);
     }
     return writer;
   },
@@ -4731,6 +4752,14 @@ export const ImportSessionRequest: MessageFns<ImportSessionRequest> = {
             message.replace = reader.bool();
             continue;
           }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.keepCompactions = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4759,6 +4788,11 @@ export const ImportSessionRequest: MessageFns<ImportSessionRequest> = {
       limits: isSet(object.limits) ? ModelLimits.fromJSON(object.limits) : undefined,
       config: isSet(object.config) ? SessionConfig.fromJSON(object.config) : undefined,
       replace: isSet(object.replace) ? globalThis.Boolean(object.replace) : false,
+      keepCompactions: isSet(object.keepCompactions)
+        ? globalThis.Boolean(object.keepCompactions)
+        : isSet(object.keep_compactions)
+        ? globalThis.Boolean(object.keep_compactions)
+        : false,
     };
   },
 
@@ -4782,6 +4816,9 @@ export const ImportSessionRequest: MessageFns<ImportSessionRequest> = {
     if (message.replace !== false) {
       obj.replace = message.replace;
     }
+    if (message.keepCompactions !== false) {
+      obj.keepCompactions = message.keepCompactions;
+    }
     return obj;
   },
 
@@ -4800,6 +4837,7 @@ export const ImportSessionRequest: MessageFns<ImportSessionRequest> = {
       ? SessionConfig.fromPartial(object.config)
       : undefined;
     message.replace = object.replace ?? false;
+    message.keepCompactions = object.keepCompactions ?? false;
     return message;
   },
 };

@@ -1,0 +1,195 @@
+//! A replacing import keeps compactd's compactions (`carry.rs`): a host reloading a
+//! session whole holds none of compactd's own messages; they are put back where they were
+//! as long as the host's history is the one they summarized.
+
+use super::compaction::{FIXTURE, TAIL, commit, context_ids, req};
+use super::*;
+use crate::engine::ExportMessage;
+
+/// The session's messages as the host holds them: without compactd's (`cmp*` ids).
+fn host_export(s: &Session) -> Vec<ExportMessage> {
+    s.messages()
+        .iter()
+        .filter(|m| !m.info.id.starts_with("cmp"))
+        .map(|m| {
+            let parts = m.parts.iter().map(|p| p.part.clone()).collect();
+            (m.info.clone(), parts)
+        })
+        .collect()
+}
+
+/// A new session loaded from an export, as ImportSession loads one.
+fn load(messages: &[ExportMessage]) -> Session {
+    let mut s = new_session(SessionOverrides::default(), ModelLimits::default());
+    for (info, parts) in messages {
+        apply(&mut s, Update::UpsertMessage(info.clone()));
+        for p in parts {
+            apply(&mut s, Update::UpsertPart(p.clone()));
+        }
+    }
+    s
+}
+
+fn ids(messages: &[ExportMessage]) -> Vec<&str> {
+    messages.iter().map(|(i, _)| i.id.as_str()).collect()
+}
+
+/// FIXTURE compacted automatically (tail u2..a3), then one more turn.
+fn compacted() -> Session {
+    let mut s = session(FIXTURE);
+    let plan = s.plan_compaction(req(TAIL, true)).expect("plan");
+    commit(&mut s, &plan, "We fixed the parser; next: tests.", true, 1);
+    for u in parse("user u4 text:t5=10\nassistant a4 text:t6=40") {
+        apply(&mut s, u);
+    }
+    s
+}
+
+#[test]
+fn a_reload_without_compactds_messages_keeps_the_compaction() {
+    let s = compacted();
+    let mut export = host_export(&s);
+    assert!(
+        context_ids(&load(&export)).contains(&"u1".to_string()),
+        "without carrying, the summarized head is sent again"
+    );
+
+    assert_eq!(s.compaction_trail().carry_into(&mut export), 3);
+    let reloaded = load(&export);
+    assert_eq!(ids(&export), ids(&host_export_with_all(&s)));
+    assert_eq!(context_ids(&reloaded), context_ids(&s));
+    assert_eq!(reloaded.context_tokens(), s.context_tokens());
+}
+
+/// Every message of the session, compactd's included, in stored order.
+fn host_export_with_all(s: &Session) -> Vec<ExportMessage> {
+    s.messages()
+        .iter()
+        .map(|m| (m.info.clone(), Vec::new()))
+        .collect()
+}
+
+#[test]
+fn messages_the_host_has_and_compactd_never_saw_follow_the_compaction() {
+    let s = compacted();
+    let mut export = host_export(&s);
+    // A turn compactd missed, between a3 and u4 in the host's history.
+    let at = export.iter().position(|(i, _)| i.id == "u4").expect("u4");
+    let missed = parse("user ux text:tx=10");
+    let Update::UpsertMessage(info) = &missed[0] else {
+        panic!("fixture")
+    };
+    export.insert(at, (info.clone(), Vec::new()));
+
+    assert_eq!(s.compaction_trail().carry_into(&mut export), 3);
+    assert_eq!(
+        ids(&export),
+        [
+            "u1",
+            "a1",
+            "u2",
+            "a2",
+            "u3",
+            "a3",
+            "cmp1_user",
+            "cmp1_summary",
+            "cmp1_continue",
+            "ux",
+            "u4",
+            "a4"
+        ]
+    );
+}
+
+#[test]
+fn a_history_that_lost_a_summarized_message_keeps_no_compaction() {
+    let s = compacted();
+    let mut export = host_export(&s);
+    export.retain(|(i, _)| i.id != "a1");
+    let before = ids(&export)
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>();
+    assert_eq!(s.compaction_trail().carry_into(&mut export), 0);
+    assert_eq!(ids(&export), before);
+}
+
+#[test]
+fn a_history_in_another_order_keeps_no_compaction() {
+    let s = compacted();
+    let mut export = host_export(&s);
+    export.swap(2, 3); // a2 before u2
+    assert_eq!(s.compaction_trail().carry_into(&mut export), 0);
+}
+
+#[test]
+fn messages_removed_after_the_compaction_leave_it_in_place() {
+    // The host reverted the turn after the compaction.
+    let s = compacted();
+    let mut export = host_export(&s);
+    export.retain(|(i, _)| i.id != "u4" && i.id != "a4");
+    assert_eq!(s.compaction_trail().carry_into(&mut export), 3);
+    assert_eq!(
+        ids(&export)[6..],
+        ["cmp1_user", "cmp1_summary", "cmp1_continue"]
+    );
+}
+
+#[test]
+fn a_compaction_the_export_holds_is_not_put_in_twice() {
+    let s = compacted();
+    let mut export: Vec<ExportMessage> = s
+        .messages()
+        .iter()
+        .map(|m| {
+            let parts = m.parts.iter().map(|p| p.part.clone()).collect();
+            (m.info.clone(), parts)
+        })
+        .collect();
+    let n = export.len();
+    assert_eq!(s.compaction_trail().carry_into(&mut export), 0);
+    assert_eq!(export.len(), n);
+}
+
+#[test]
+fn a_manual_compaction_and_a_second_one_are_both_carried() {
+    let mut s = session(FIXTURE);
+    let plan = s.plan_compaction(req(TAIL, false)).expect("plan");
+    commit(&mut s, &plan, "First summary.", false, 1);
+    for u in parse(
+        "user u4 text:t5=10\nassistant a4 read:p5=3000\nuser u5 text:t7=10\nassistant a5 text:t8=40",
+    ) {
+        apply(&mut s, u);
+    }
+    let plan = s.plan_compaction(req(TAIL, true)).expect("second plan");
+    commit(&mut s, &plan, "Second summary.", true, 2);
+
+    let mut export = host_export(&s);
+    // Manual: request and summary; automatic: and the continue.
+    assert_eq!(s.compaction_trail().carry_into(&mut export), 5);
+    let reloaded = load(&export);
+    assert_eq!(context_ids(&reloaded), context_ids(&s));
+    assert_eq!(reloaded.context_tokens(), s.context_tokens());
+}
+
+#[test]
+fn a_summary_without_its_request_is_not_carried() {
+    // The export holds compactd's request message but not its summary (a host that
+    // mirrored one and lost the other): half a compaction is never put back.
+    let s = compacted();
+    let mut export = host_export(&s);
+    let request = s
+        .messages()
+        .iter()
+        .find(|m| m.info.id == "cmp1_user")
+        .map(|m| {
+            (
+                m.info.clone(),
+                m.parts.iter().map(|p| p.part.clone()).collect(),
+            )
+        })
+        .expect("request");
+    let at = export.iter().position(|(i, _)| i.id == "u4").expect("u4");
+    export.insert(at, request);
+    assert_eq!(s.compaction_trail().carry_into(&mut export), 0);
+}

@@ -1,0 +1,101 @@
+//! A host that lets compactd compact for it reloads a session whole (ImportSession with
+//! `replace`) from its own history, which lacks compactd's messages: with
+//! `keep_compactions` the compaction stays, so the summarized head is not sent again and
+//! no second summary is paid for.
+
+use compactd::server::pb;
+
+use crate::common::compaction::*;
+use crate::common::fake_llm::{FakeLlm, Reply};
+use crate::common::*;
+
+/// The example export (three user turns) with limits, so it can be compacted.
+fn host_import(sid: &str) -> pb::ImportSessionRequest {
+    pb::ImportSessionRequest {
+        limits: Some(limits(100_000, 20_000)),
+        ..example_import(sid)
+    }
+}
+
+async fn compacted_example(client: &mut Client) -> (pb::SessionCompacted, pb::Context) {
+    client
+        .import_session(host_import(SID))
+        .await
+        .expect("ImportSession");
+    let events = compact(client, SID).await;
+    let done = compacted(&events).clone();
+    let context = get_context(client, SID).await;
+    assert_eq!(
+        context_ids(&context)[..2],
+        [
+            done.user_message_id.clone(),
+            done.summary_message_id.clone()
+        ]
+    );
+    (done, context)
+}
+
+#[tokio::test]
+async fn a_reload_from_the_hosts_history_keeps_compactds_compaction() {
+    let fake = FakeLlm::start(vec![Reply::text(["the summary of turn one"])]).await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    let (_, context) = compacted_example(&mut client).await;
+
+    // The host's history again: it never held compactd's two messages.
+    client
+        .import_session(pb::ImportSessionRequest {
+            replace: true,
+            keep_compactions: true,
+            ..host_import(SID)
+        })
+        .await
+        .expect("ImportSession keeping compactions");
+    let reloaded = get_context(&mut client, SID).await;
+    assert_eq!(context_ids(&reloaded), context_ids(&context));
+    assert_eq!(reloaded.estimated_tokens, context.estimated_tokens);
+    assert_eq!(reloaded.boundary_message_id, context.boundary_message_id);
+    assert_eq!(fake.requests().len(), 1, "no second summary");
+
+    // Without the flag the import is the host's history as it is: the head is back.
+    client
+        .import_session(pb::ImportSessionRequest {
+            replace: true,
+            ..host_import(SID)
+        })
+        .await
+        .expect("ImportSession");
+    let plain = get_context(&mut client, SID).await;
+    assert!(
+        plain.estimated_tokens > context.estimated_tokens,
+        "{plain:?}"
+    );
+    assert_eq!(plain.boundary_message_id, "");
+}
+
+#[tokio::test]
+async fn a_reload_of_a_history_that_lost_a_summarized_message_keeps_no_compaction() {
+    let fake = FakeLlm::start(vec![Reply::text(["the summary of turn one"])]).await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    compacted_example(&mut client).await;
+
+    // The host's history without its second message (summarized): another history.
+    let mut export: serde_json::Value =
+        serde_json::from_str(&host_import(SID).export_json).expect("example is JSON");
+    let messages = export["messages"].as_array_mut().expect("messages");
+    messages.remove(1);
+    let trimmed = pb::ImportSessionRequest {
+        export_json: export.to_string(),
+        replace: true,
+        keep_compactions: true,
+        ..host_import(SID)
+    };
+    client
+        .import_session(trimmed)
+        .await
+        .expect("ImportSession keeping compactions");
+    let reloaded = get_context(&mut client, SID).await;
+    assert_eq!(reloaded.boundary_message_id, "");
+    assert_eq!(context_ids(&reloaded).len(), 10);
+}
