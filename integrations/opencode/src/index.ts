@@ -587,8 +587,16 @@ class Mirror {
    * nothing to summarize; the request then goes out with the context as it is.
    */
   private async compactIfNeeded(s: SessionState) {
+    // At most 3 minutes; the timer goes with the wait (it would keep a process that is
+    // done, `opencode run`, alive until it fires).
     const wait = async (p: Promise<void> | undefined) => {
-      if (p) await Promise.race([p, new Promise((r) => setTimeout(r, 180_000))])
+      if (!p) return
+      let timer: ReturnType<typeof setTimeout> | undefined
+      try {
+        await Promise.race([p, new Promise((r) => (timer = setTimeout(r, 180_000)))])
+      } finally {
+        clearTimeout(timer)
+      }
     }
     await wait(s.compaction)
     const check = await this.client.checkOverflow(s.id)
