@@ -398,7 +398,11 @@ class Mirror {
     }
   }
 
-  /** Loads OpenCode's whole session into compactd (replacing what it held). */
+  /**
+   * Loads OpenCode's whole session into compactd (replacing what it held). With compaction
+   * "compactd", the compactions compactd committed stay: OpenCode's history lacks their
+   * messages, and without them the summarized head would be sent (and summarized) again.
+   */
   private async importSession(s: SessionState, fallback: WithParts[]) {
     let all: WithParts[] = fallback
     try {
@@ -417,6 +421,7 @@ class Mirror {
     await this.client.importSession({
       sessionId: s.id,
       replace: true,
+      keepCompactions: this.settings.compaction === "compactd",
       export: { info: { id: s.id }, messages: all as any },
       limits: info.limits,
       config: info.config,

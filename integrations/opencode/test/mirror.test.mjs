@@ -3,6 +3,7 @@
 import { test, before, after } from "node:test"
 import assert from "node:assert/strict"
 import { spawn } from "node:child_process"
+import { createServer as createHttpServer } from "node:http"
 import { existsSync } from "node:fs"
 import { CompactdClient } from "@compactd/client"
 import { freePort, startCompactd } from "./compactd.mjs"
@@ -208,5 +209,77 @@ test('with compaction "compactd", the watcher subscribes again after compactd re
     await hooks.dispose()
     probe.close()
     own.kill("SIGTERM")
+  }
+})
+
+/** An OpenAI-compatible endpoint that streams `summary` to every chat request (counted in
+ * `requests`); everything else is 404 (compactd's window discovery). */
+async function summaryEndpoint(summary) {
+  const requests = []
+  const port = await freePort()
+  const server = createHttpServer((req, res) => {
+    if (req.method !== "POST" || !req.url.endsWith("/chat/completions")) {
+      res.writeHead(404).end()
+      return
+    }
+    let body = ""
+    req.on("data", (c) => (body += c))
+    req.on("end", () => {
+      requests.push(body)
+      const chunk = (delta, finish, usage) =>
+        `data: ${JSON.stringify({ id: "c", object: "chat.completion.chunk", created: 0, model: "m", choices: [{ index: 0, delta, finish_reason: finish }], ...(usage ? { usage } : {}) })}\n\n`
+      res.writeHead(200, { "content-type": "text/event-stream" })
+      res.write(chunk({ role: "assistant", content: summary }, null))
+      res.write(chunk({}, "stop", { prompt_tokens: 900, completion_tokens: 20, total_tokens: 920 }))
+      res.end("data: [DONE]\n\n")
+    })
+  })
+  await new Promise((resolve) => server.listen(port, "127.0.0.1", resolve))
+  return { url: `http://127.0.0.1:${port}/v1`, requests, close: () => (server.closeAllConnections(), server.close()) }
+}
+
+test('with compaction "compactd", a session loaded again keeps compactd\'s summary', async () => {
+  const llm = await summaryEndpoint("We read the files and fixed nothing yet.")
+  const addr = `127.0.0.1:${await freePort()}`
+  const own = spawn(BIN, ["serve", "--listen", addr, "--durability", "memory", "--llm-base-url", llm.url, "--llm-model", "m", "--llm-context-tokens", "32000"], { stdio: ["ignore", "ignore", "pipe"] })
+  own.stderr.on("data", () => {})
+  const probe = new CompactdClient({ address: addr })
+  const ses = "ses_reloaded"
+  const all = history(ses, 4).slice(0, 7)
+  for (const m of all) if (m.info.role === "assistant") m.parts[0].text += " " + "long answer ".repeat(400)
+  const opencode = { app: { log: async () => ({}) }, session: { messages: async () => ({ data: all }) }, config: { providers: async () => PROVIDERS } }
+  const settings = { address: addr, recall: false, compaction: "compactd" }
+  let hooks
+  try {
+    await probe.waitForReady(15000)
+    hooks = await plugin({ client: opencode }, settings)
+    for (const m of all.slice(0, 6)) {
+      await hooks.event({ event: { type: "message.updated", properties: { info: m.info } } })
+      await hooks.event({ event: { type: "message.part.updated", properties: { part: m.parts[0] } } })
+    }
+    await hooks["experimental.chat.messages.transform"]({}, { messages: all.slice(0, 6) })
+    const done = await probe.compact(ses).result()
+    assert.ok(done.compacted, `compacted: ${JSON.stringify(done)}`)
+    const summarized = { messages: all.slice(0, 6) }
+    await hooks["experimental.chat.messages.transform"]({}, summarized)
+    const compactedIds = summarized.messages.map((m) => m.info.id)
+    assert.equal(compactedIds[0], done.compacted.userMessageId)
+    await hooks.dispose()
+
+    // OpenCode restarts: a new plugin meets the session through its next prompt and loads
+    // it whole from OpenCode's history, which holds none of compactd's messages.
+    hooks = await plugin({ client: opencode }, settings)
+    await hooks.event({ event: { type: "message.updated", properties: { info: all[6].info } } })
+    await hooks.event({ event: { type: "message.part.updated", properties: { part: all[6].parts[0] } } })
+    const output = { messages: [...all] }
+    await hooks["experimental.chat.messages.transform"]({}, output)
+    assert.deepEqual(output.messages.map((m) => m.info.id), [...compactedIds, all[6].info.id], "the context sent")
+    assert.equal((await probe.getContext(ses, "native")).boundaryMessageId, done.compacted.userMessageId)
+    assert.equal(llm.requests.length, 1, "one summary paid for")
+  } finally {
+    await hooks?.dispose()
+    probe.close()
+    own.kill("SIGTERM")
+    llm.close()
   }
 })
