@@ -39,5 +39,5 @@ fi
 bash ../../clients/typescript/scripts/prepare.sh
 npm run --silent build
 
-node --test --test-concurrency=1 --test-reporter=spec test/convert.test.mjs test/mirror.test.mjs test/e2e.test.mjs
+node --test --test-concurrency=1 --test-reporter=spec test/convert.test.mjs test/mirror.test.mjs test/sidecar.test.mjs test/e2e.test.mjs
 echo "integrations/opencode: passed in $((SECONDS - start))s"

@@ -29,6 +29,11 @@ function freePort(): Promise<number> {
   })
 }
 
+/** Restarts of a sidecar that exits: 1 s, doubling to 30 s; back to 1 s once one ran a minute. */
+const RESTART_FIRST_MS = 1000
+const RESTART_MAX_MS = 30_000
+const RESTART_STABLE_MS = 60_000
+
 export async function startSidecar(s: PluginSettings, log: Log): Promise<Sidecar> {
   if (s.address) {
     const client = new CompactdClient({ address: s.address, token: s.token, deadlineMs: s.timeoutMs })
@@ -47,49 +52,103 @@ export async function startSidecar(s: PluginSettings, log: Log): Promise<Sidecar
     if (s.llmBaseUrl) args.push("--llm-base-url", s.llmBaseUrl)
     if (s.llmModel) args.push("--llm-model", s.llmModel)
     args.push(...s.serverArgs)
-    let stderr = ""
-    let exited: string | null = null
-    const child = spawn(s.binary, args, { stdio: ["ignore", "ignore", "pipe"], env: process.env })
-    child.stderr?.on("data", (d: Buffer) => {
-      stderr = (stderr + d.toString()).slice(-4000)
-      if (s.debug) log.debug(`compactd: ${d.toString().trimEnd()}`)
-    })
-    child.on("error", (e) => (exited = `could not start ${s.binary}: ${e.message}`))
-    child.on("exit", (code, signal) => {
-      exited ??= `exited with ${signal ?? code}`
-    })
+    let stopping = false
+    let proc = launch(s, args, log)
     const cleanup = () => {
-      if (child.exitCode === null && child.signalCode === null) child.kill("SIGTERM")
+      stopping = true
+      if (proc.child.exitCode === null && proc.child.signalCode === null) proc.child.kill("SIGTERM")
       if (ownDir) rmSync(dataDir, { recursive: true, force: true })
     }
     process.once("exit", cleanup)
     const client = new CompactdClient({ address, token: s.token, deadlineMs: s.timeoutMs })
     try {
-      const deadline = Date.now() + s.timeoutMs
-      while (true) {
-        if (exited) throw new Error(`compactd ${exited}: ${stderr.trim().split("\n").slice(-3).join(" | ")}`)
-        try {
-          await client.waitForReady(Math.min(500, deadline - Date.now()))
-          break
-        } catch (e) {
-          if (Date.now() >= deadline) throw e
-        }
+      await ready(client, proc, s.timeoutMs)
+      log.info(`started compactd (${s.binary}, pid ${proc.child.pid}) on ${address}`)
+      // A sidecar that exits (a crash, the OOM killer) is started again on the same address
+      // and data directory: the sessions it had acknowledged are on disk (durability
+      // `sync` by default), the plugin's stream and watcher reconnect, and every session
+      // is loaded again before its next request. Without this, a dead sidecar would leave
+      // OpenCode without pruning and, with compaction "compactd", without compaction.
+      let delay = RESTART_FIRST_MS
+      const supervise = (current: Launched) => {
+        const since = Date.now()
+        current.child.once("exit", () => {
+          if (stopping) return
+          if (Date.now() - since >= RESTART_STABLE_MS) delay = RESTART_FIRST_MS
+          log.warn(`compactd ${current.exited() ?? "exited"}: starting it again in ${delay} ms on ${address}`)
+          const timer = setTimeout(() => {
+            if (stopping) return
+            proc = launch(s, args, log)
+            supervise(proc)
+            ready(client, proc, s.timeoutMs).then(
+              () => log.info(`compactd started again (pid ${proc.child.pid}) on ${address}`),
+              (e) => log.warn(`compactd did not come back on ${address}: ${(e as Error).message}`),
+            )
+          }, delay)
+          timer.unref()
+          delay = Math.min(delay * 2, RESTART_MAX_MS)
+        })
       }
-      log.info(`started compactd (${s.binary}, pid ${child.pid}) on ${address}`)
+      supervise(proc)
       const stop = () => {
         process.removeListener("exit", cleanup)
         client.close()
         cleanup()
       }
-      return { client, address, child, stop }
+      return {
+        client,
+        address,
+        get child() {
+          return proc.child
+        },
+        stop,
+      }
     } catch (e) {
       lastError = e
       client.close()
       process.removeListener("exit", cleanup)
       cleanup()
       log.warn(`compactd did not start on ${address}: ${(e as Error).message}`)
+      const exited = proc.exited()
       if (exited && /could not start/.test(exited)) break
     }
   }
   throw lastError
+}
+
+interface Launched {
+  child: ChildProcess
+  /** Why the process ended, once it has; its last stderr lines kept apart. */
+  exited(): string | null
+  stderr(): string
+}
+
+function launch(s: PluginSettings, args: string[], log: Log): Launched {
+  let stderr = ""
+  let exited: string | null = null
+  const child = spawn(s.binary, args, { stdio: ["ignore", "ignore", "pipe"], env: process.env })
+  child.stderr?.on("data", (d: Buffer) => {
+    stderr = (stderr + d.toString()).slice(-4000)
+    if (s.debug) log.debug(`compactd: ${d.toString().trimEnd()}`)
+  })
+  child.on("error", (e) => (exited = `could not start ${s.binary}: ${e.message}`))
+  child.on("exit", (code, signal) => {
+    exited ??= `exited with ${signal ?? code}`
+  })
+  return { child, exited: () => exited, stderr: () => stderr }
+}
+
+/** Waits until `client` answers, failing at once when the process exits. */
+async function ready(client: CompactdClient, proc: Launched, timeoutMs: number) {
+  const deadline = Date.now() + timeoutMs
+  while (true) {
+    const exited = proc.exited()
+    if (exited) throw new Error(`compactd ${exited}: ${proc.stderr().trim().split("\n").slice(-3).join(" | ")}`)
+    try {
+      await client.waitForReady(Math.min(500, deadline - Date.now()))
+      return
+    } catch (e) {
+      if (Date.now() >= deadline) throw e
+    }
+  }
 }
