@@ -6,21 +6,24 @@
 //! another summary to get back where it was.
 //!
 //! [`Session::compaction_trail`] records the replaced session's message order with a copy
-//! of each completed compaction's messages; [`Trail::carry_into`] puts the ones the export
-//! lacks back at their place, for as long as the export holds the replaced session's other
-//! messages in the same order. A history that diverged (a message removed, a revert, an
-//! order changed) ends the carrying there: a summary is never kept over messages it did
-//! not see or that are gone.
+//! of each message a compaction commit made (told by the ids the commit gave it, so a
+//! host's own compaction, which the host may have undone, is never brought back);
+//! [`Trail::carry_into`] puts the ones the export lacks back at their place, for as long
+//! as the export holds the replaced session's other messages in the same order. A history
+//! that diverged (a message removed, a revert, an order changed, a message the summary
+//! never saw where it would hide it) ends the carrying there: a summary is never kept over
+//! messages it did not see or that are gone.
 
+use super::compaction::{CommitMessage, commit_message};
 use super::session::Session;
 use super::stored::Message;
-use crate::domain::{FastMap, FastSet, MessageInfo, Part, PartKind, Role};
+use crate::domain::{FastMap, FastSet, MessageInfo, Part, PartKind};
 
 /// One message of an export: its info and its parts, in order.
 pub type ExportMessage = (MessageInfo, Vec<Part>);
 
-/// The replaced session's messages in stored order, with a copy of each message that
-/// belongs to a completed compaction (see [`Session::compaction_trail`]).
+/// The replaced session's messages in stored order, with a copy of each message a
+/// compaction commit made (see [`Session::compaction_trail`]).
 #[derive(Debug, Clone, Default)]
 pub struct Trail {
     entries: Vec<Entry>,
@@ -29,70 +32,76 @@ pub struct Trail {
 #[derive(Debug, Clone)]
 struct Entry {
     id: String,
-    /// A compaction's message: a copy, and what it is.
-    made: Option<(Made, ExportMessage)>,
+    /// A commit's message: which one, the commit's prefix, a copy.
+    made: Option<(CommitMessage, String, ExportMessage)>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Made {
-    /// The user message holding the compaction part.
-    Request,
-    /// The completed summary answering it.
-    Summary,
-    /// The synthetic user message right after a summary (automatic compaction).
-    Continue,
+/// A message put back: where, which commit, what.
+struct Carried {
+    before: usize,
+    kind: CommitMessage,
+    prefix: String,
+    message: ExportMessage,
 }
 
 impl Session {
-    /// The message order and the completed compactions' messages, copied, for a
-    /// replacing import to keep ([`Trail::carry_into`]). O(messages) ids, but only the
-    /// compactions' messages are copied.
+    /// The message order and a copy of every message a compaction commit made, for a
+    /// replacing import to keep ([`Trail::carry_into`]). O(messages) ids; only the
+    /// commits' messages are copied.
     pub fn compaction_trail(&self) -> Trail {
-        let messages = self.messages();
-        let mut entries = Vec::with_capacity(messages.len());
-        let mut after_summary = false;
-        for (i, m) in messages.iter().enumerate() {
-            let made = if self.is_compaction_pair(i) {
-                Some(if m.info.role == Role::User {
-                    Made::Request
-                } else {
-                    Made::Summary
-                })
-            } else if after_summary && is_continue(m) {
-                Some(Made::Continue)
-            } else {
-                None
-            };
-            after_summary = made == Some(Made::Summary);
-            entries.push(Entry {
+        let entries = self
+            .messages()
+            .iter()
+            .map(|m| Entry {
                 id: m.info.id.clone(),
-                made: made.map(|kind| (kind, copy(m))),
-            });
-        }
+                made: commit_message(m).map(|(kind, prefix)| (kind, prefix.to_string(), copy(m))),
+            })
+            .collect();
         Trail { entries }
     }
 }
 
 impl Trail {
-    /// Puts the compactions' messages `messages` lacks back in it, each right after the
+    /// Puts the commits' messages `messages` lacks back in it, each right after the
     /// message it followed in the replaced session (or first). Walks the replaced
-    /// session's messages: each that is not a compaction's must be in `messages`, after
-    /// the one before it; the first that is missing or out of order stops the carrying.
-    /// A compaction is carried only whole (its request and its summary; the continue only
-    /// with them). Returns how many messages were put in.
+    /// session's messages: each that is not a commit's must be in `messages`, after the
+    /// one before it; the first that is missing or out of order stops the carrying, and
+    /// so does a compaction that would hide a message of `messages` the replaced session
+    /// never held (one before the compaction's verbatim tail). A compaction is carried
+    /// only whole (its request and its finished summary; the continue only with them).
+    /// Returns how many messages were put in.
     pub fn carry_into(self, messages: &mut Vec<ExportMessage>) -> usize {
         let at: FastMap<&str, usize> = messages
             .iter()
             .enumerate()
             .map(|(i, (info, _))| (info.id.as_str(), i))
             .collect();
-        // (insert before this index of `messages`, what, the message)
-        let mut carried: Vec<(usize, Made, ExportMessage)> = Vec::new();
+        let mut carried: Vec<Carried> = Vec::new();
+        // The next index of `messages` a held message may match, and the first index
+        // skipped over (a message the replaced session did not hold).
         let mut next = 0usize;
+        let mut first_unseen: Option<usize> = None;
         for entry in self.entries {
             match (at.get(entry.id.as_str()), entry.made) {
-                (Some(&i), _) if i >= next => next = i.saturating_add(1),
-                (None, Some((kind, message))) => carried.push((next, kind, message)),
+                (Some(&i), _) if i >= next => {
+                    if i > next {
+                        first_unseen.get_or_insert(next);
+                    }
+                    next = i.saturating_add(1);
+                }
+                (None, Some((kind, prefix, message))) => {
+                    if kind == CommitMessage::Request
+                        && first_unseen.is_some_and(|u| u < hidden_before(&message, &at, next))
+                    {
+                        break;
+                    }
+                    carried.push(Carried {
+                        before: next,
+                        kind,
+                        prefix,
+                        message,
+                    });
+                }
                 // Missing, or held out of the replaced session's order: the histories
                 // part here.
                 _ => break,
@@ -102,55 +111,44 @@ impl Trail {
         let carried = whole_compactions(carried);
         let n = carried.len();
         // Back to front, so each index still names the place it was computed for.
-        for (before, _, message) in carried.into_iter().rev() {
-            messages.insert(before, message);
+        for c in carried.into_iter().rev() {
+            messages.insert(c.before, c.message);
         }
         n
     }
 }
 
-/// The carried messages that form whole compactions: a request with its summary (the
-/// summary's parent), and a continue right after a carried summary.
-fn whole_compactions(
-    carried: Vec<(usize, Made, ExportMessage)>,
-) -> Vec<(usize, Made, ExportMessage)> {
-    let requests: FastSet<&str> = carried
-        .iter()
-        .filter(|(_, kind, _)| *kind == Made::Request)
-        .map(|(_, _, (info, _))| info.id.as_str())
-        .collect();
-    let answered: FastSet<String> = carried
-        .iter()
-        .filter(|(_, kind, (info, _))| {
-            *kind == Made::Summary && requests.contains(info.parent_id.as_str())
-        })
-        .map(|(_, _, (info, _))| info.parent_id.clone())
-        .collect();
-    drop(requests);
-    let mut out = Vec::with_capacity(carried.len());
-    let mut last_kept: Option<Made> = None;
-    for (before, kind, message) in carried {
-        let keep = match kind {
-            Made::Request => answered.contains(&message.0.id),
-            Made::Summary => answered.contains(&message.0.parent_id),
-            Made::Continue => last_kept == Some(Made::Summary),
-        };
-        last_kept = keep.then_some(kind);
-        if keep {
-            out.push((before, kind, message));
-        }
-    }
-    out
+/// The index of `messages` before which a compaction request (carried before `next`)
+/// hides what it summarized: its verbatim tail's first message, or itself when it kept
+/// no tail.
+fn hidden_before(request: &ExportMessage, at: &FastMap<&str, usize>, next: usize) -> usize {
+    let tail = request.1.iter().find_map(|p| match &p.kind {
+        PartKind::Compaction(c) if !c.tail_start_id.is_empty() => Some(c.tail_start_id.as_str()),
+        _ => None,
+    });
+    tail.and_then(|t| at.get(t).copied()).unwrap_or(next)
 }
 
-/// A synthetic user message, every part a synthetic text: the auto-continue a compaction
-/// adds after its summary.
-fn is_continue(m: &Message) -> bool {
-    m.info.role == Role::User
-        && !m.parts.is_empty()
-        && m.parts
+/// The carried messages that form whole compactions: a commit's request and summary
+/// both carried, and its continue with them.
+fn whole_compactions(carried: Vec<Carried>) -> Vec<Carried> {
+    let with = |kind: CommitMessage| -> FastSet<&str> {
+        carried
             .iter()
-            .all(|p| matches!(&p.part.kind, PartKind::Text(t) if t.synthetic))
+            .filter(|c| c.kind == kind)
+            .map(|c| c.prefix.as_str())
+            .collect()
+    };
+    let (requests, summaries) = (with(CommitMessage::Request), with(CommitMessage::Summary));
+    let whole: FastSet<String> = requests
+        .intersection(&summaries)
+        .map(|p| p.to_string())
+        .collect();
+    drop((requests, summaries));
+    carried
+        .into_iter()
+        .filter(|c| whole.contains(&c.prefix))
+        .collect()
 }
 
 /// A message as an export holds it: the info and the parts as stored, without the marks

@@ -151,6 +151,52 @@ impl CommitIds {
     }
 }
 
+/// Which message of a commit a message is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CommitMessage {
+    /// The user message holding the compaction part.
+    Request,
+    /// The summary answering it (finished, not failed).
+    Summary,
+    /// The auto-continue after an automatic compaction's summary.
+    Continue,
+}
+
+/// The commit `m` is a message of, by the ids [`Session::commit_compaction`] gave it and
+/// its first part (`<prefix>_user` holding `<prefix>_compaction`, ...): compactd's own
+/// messages, which a host's history never holds, told apart from a host's compaction of
+/// the same shape. Returns the kind and the commit's prefix.
+pub(crate) fn commit_message(m: &super::stored::Message) -> Option<(CommitMessage, &str)> {
+    let id = m.info.id.as_str();
+    let first = m.parts.first().map(|p| (p.part.id.as_str(), &p.part.kind));
+    let named = |prefix: &str, what: &str| {
+        first.is_some_and(|(part, _)| {
+            part.strip_prefix(prefix)
+                .and_then(|rest| rest.strip_prefix('_'))
+                == Some(what)
+        })
+    };
+    if let Some(p) = id.strip_suffix("_user") {
+        let compaction = matches!(first, Some((_, PartKind::Compaction(_))));
+        return (m.info.role == Role::User && compaction && named(p, "compaction"))
+            .then_some((CommitMessage::Request, p));
+    }
+    if let Some(p) = id.strip_suffix("_summary") {
+        let answers = m.info.parent_id.strip_suffix("_user") == Some(p);
+        return (m.info.role == Role::Assistant
+            && m.info.is_completed_summary()
+            && answers
+            && named(p, "summary_text"))
+        .then_some((CommitMessage::Summary, p));
+    }
+    if let Some(p) = id.strip_suffix("_continue") {
+        let synthetic = matches!(first, Some((_, PartKind::Text(t))) if t.synthetic);
+        return (m.info.role == Role::User && synthetic && named(p, "continue_text"))
+            .then_some((CommitMessage::Continue, p));
+    }
+    None
+}
+
 /// The model's answer, as the summarizer received it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SummaryOutcome {

@@ -92,20 +92,31 @@ impl SessionsService {
             .map_err(|e| Status::from(Rejection::from(e)))
     }
 
-    /// The compactions of the session an import replaces (`keep_compactions`), or `None`
-    /// when there is no such session.
-    async fn compaction_trail(&self, session_id: &str) -> Result<Option<Trail>, Status> {
-        let handle = match self.store.get(session_id).await {
-            Ok(h) => h,
-            Err(StoreError::NotFound(_)) => return Ok(None),
-            Err(e) => return Err(Rejection::from(e).into()),
-        };
-        match handle.call(|s, _| s.compaction_trail()).await {
-            Ok(trail) => Ok(Some(trail)),
-            // Deleted meanwhile: nothing to keep.
-            Err(StoreError::NotFound(_)) => Ok(None),
-            Err(e) => Err(Rejection::from(e).into()),
+    /// The compactions of the session an import replaces (`keep_compactions`). Whatever
+    /// keeps them from being read (no such session, a stored copy that does not load, the
+    /// memory budget) leaves the import as the host sent it: a replace must still repair
+    /// a session that cannot be read.
+    async fn compaction_trail(&self, session_id: &str) -> Option<Trail> {
+        // A session sent cold between `get` and `call` answers NotFound: look again once.
+        for _ in 0..2 {
+            let handle = match self.store.get(session_id).await {
+                Ok(h) => h,
+                Err(StoreError::NotFound(_)) => return None,
+                Err(e) => {
+                    tracing::warn!(session_id, error = %e, "import keeps no compaction: the replaced session could not be read");
+                    return None;
+                }
+            };
+            match handle.call(|s, _| s.compaction_trail()).await {
+                Ok(trail) => return Some(trail),
+                Err(StoreError::NotFound(_)) => continue,
+                Err(e) => {
+                    tracing::warn!(session_id, error = %e, "import keeps no compaction: the replaced session could not be read");
+                    return None;
+                }
+            }
         }
+        None
     }
 
     /// Refuses a request over `max_update_bytes`; otherwise counts its bytes in flight
@@ -507,14 +518,12 @@ impl pb::sessions_server::Sessions for SessionsService {
             Document::Text(_) => "export_json",
             Document::Object(_) => "export",
         };
+        // Built no further than the limit it will be held to: the first message past it
+        // ends the parse. Taken once, before a replaced session is read for its
+        // compactions (reading a cold one would count it twice).
+        let byte_limit = store.limits().byte_limit(0, store.ledger().counted());
         // Parsing a multi-megabyte export is CPU work: keep it off the async workers.
-        let parse_store = store.clone();
         let mut export = tokio::task::spawn_blocking(move || -> Result<_, Rejection> {
-            // Built no further than the limit it will be held to: the first message
-            // past it ends the parse.
-            let byte_limit = parse_store
-                .limits()
-                .byte_limit(0, parse_store.ledger().counted());
             let parsed = match document {
                 Document::Text(t) => trace::parse_export_limited(&t, byte_limit),
                 Document::Object(v) => trace::from_value_limited(v, byte_limit),
@@ -529,7 +538,15 @@ impl pb::sessions_server::Sessions for SessionsService {
         .await
         .map_err(|e| Status::internal(format!("import task failed: {e}")))??;
         let trail = if req.replace && req.keep_compactions {
-            self.compaction_trail(&export.info.id).await?
+            // A compaction still running on the replaced session would commit after its
+            // trail is read and be lost with it: cancelled first, as the replace would.
+            ops::cancel_replaced(
+                &self.hub,
+                &export.info.id,
+                None,
+                "session replaced by an import",
+            );
+            self.compaction_trail(&export.info.id).await
         } else {
             None
         };
@@ -538,7 +555,6 @@ impl pb::sessions_server::Sessions for SessionsService {
             if carried > 0 {
                 tracing::info!(session_id = %export.info.id, carried, "import keeps the replaced session's compactions");
             }
-            let byte_limit = store.limits().byte_limit(0, store.ledger().counted());
             let session = trace::load_within(export, limits, overrides, store.config(), byte_limit)
                 .map_err(|e| Rejection::from(e).within(root))?;
             Ok(session)

@@ -193,3 +193,85 @@ fn a_summary_without_its_request_is_not_carried() {
     export.insert(at, request);
     assert_eq!(s.compaction_trail().carry_into(&mut export), 0);
 }
+
+/// A compaction the host made itself (OpenCode's `/compact`): its request and summary, ids
+/// of the host's.
+fn host_compaction(s: &mut Session, tail_start: &str) {
+    apply(s, Update::UpsertMessage(user("oc_u")));
+    apply(
+        s,
+        Update::UpsertPart(Part {
+            id: "oc_u_c".into(),
+            message_id: "oc_u".into(),
+            kind: PartKind::Compaction(crate::domain::CompactionPart {
+                auto: false,
+                overflow: false,
+                tail_start_id: tail_start.into(),
+            }),
+            mark: None,
+            extra: Default::default(),
+        }),
+    );
+    apply(s, Update::UpsertMessage(summary("oc_s", "oc_u")));
+    apply(
+        s,
+        Update::UpsertPart(text("oc_s", "oc_s_t", "the host's summary")),
+    );
+}
+
+#[test]
+fn a_compaction_the_host_made_and_undid_is_not_brought_back() {
+    let mut s = session(FIXTURE);
+    host_compaction(&mut s, "u2");
+    assert_eq!(context_ids(&s)[..2], ["oc_u", "oc_s"]);
+    // The user undid the compaction: the host's history no longer holds it.
+    let mut export = host_export(&s);
+    export.retain(|(i, _)| !i.id.starts_with("oc_"));
+    assert_eq!(s.compaction_trail().carry_into(&mut export), 0);
+    assert!(context_ids(&load(&export)).contains(&"u1".to_string()));
+}
+
+#[test]
+fn a_message_the_summary_never_saw_before_its_tail_stops_the_carrying() {
+    let s = compacted();
+    let mut export = host_export(&s);
+    // ux, between u1 and a1, would be hidden behind a summary that never read it.
+    let missed = parse("user ux text:tx=10");
+    let Update::UpsertMessage(info) = &missed[0] else {
+        panic!("fixture")
+    };
+    export.insert(1, (info.clone(), Vec::new()));
+    assert_eq!(s.compaction_trail().carry_into(&mut export), 0);
+    // In the verbatim tail (after u2) it is sent anyway: the compaction is kept.
+    let Update::UpsertPart(part) = &missed[1] else {
+        panic!("fixture")
+    };
+    let mut export = host_export(&s);
+    let at = export.iter().position(|(i, _)| i.id == "a2").expect("a2");
+    export.insert(at, (info.clone(), vec![part.clone()]));
+    assert_eq!(s.compaction_trail().carry_into(&mut export), 3);
+    assert!(context_ids(&load(&export)).contains(&"ux".to_string()));
+}
+
+#[test]
+fn a_synthetic_host_message_after_a_summary_is_not_taken_for_the_continue() {
+    // A manual compaction (no continue), then a host message of synthetic text only (an
+    // OpenCode `!shell` run), which the user then undid.
+    let mut s = session(FIXTURE);
+    let plan = s.plan_compaction(req(TAIL, false)).expect("plan");
+    commit(&mut s, &plan, "We fixed the parser; next: tests.", false, 1);
+    apply(&mut s, Update::UpsertMessage(user("ush")));
+    let mut shell = text(
+        "ush",
+        "ush_t",
+        "The following tool was executed by the user",
+    );
+    if let PartKind::Text(t) = &mut shell.kind {
+        t.synthetic = true;
+    }
+    apply(&mut s, Update::UpsertPart(shell));
+    let mut export = host_export(&s);
+    export.retain(|(i, _)| i.id != "ush");
+    assert_eq!(s.compaction_trail().carry_into(&mut export), 2);
+    assert!(!ids(&export).contains(&"ush"));
+}

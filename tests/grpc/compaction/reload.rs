@@ -99,3 +99,45 @@ async fn a_reload_of_a_history_that_lost_a_summarized_message_keeps_no_compactio
     assert_eq!(reloaded.boundary_message_id, "");
     assert_eq!(context_ids(&reloaded).len(), 10);
 }
+
+#[tokio::test]
+async fn a_replaced_session_that_cannot_be_read_is_still_replaced() {
+    use crate::durable::{connect, data_dir, sigterm, start_on};
+    let dir = data_dir("keep-compactions-unreadable");
+    let bin = start_on(dir.path(), "sync", &[], &[]);
+    let mut client = connect(&bin.addr).await;
+    client
+        .import_session(host_import(SID))
+        .await
+        .expect("ImportSession");
+    sigterm(bin).await;
+    rusqlite::Connection::open(dir.path().join("compactd.db"))
+        .expect("open the store")
+        .execute(
+            "UPDATE sessions SET snapshot = '{\"format\":1,\"session\":{' WHERE id = ?1",
+            [SID],
+        )
+        .expect("damage the stored session");
+
+    let bin = start_on(dir.path(), "sync", &[], &[]);
+    let mut client = connect(&bin.addr).await;
+    let unreadable = client
+        .get_context(pb::GetContextRequest {
+            session_id: SID.into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("the damaged session is not served");
+    assert_eq!(unreadable.code(), tonic::Code::DataLoss);
+    // The host's history repairs it, keeping compactions or not.
+    client
+        .import_session(pb::ImportSessionRequest {
+            replace: true,
+            keep_compactions: true,
+            ..host_import(SID)
+        })
+        .await
+        .expect("the replace goes through");
+    assert_eq!(context_ids(&get_context(&mut client, SID).await).len(), 11);
+    sigterm(bin).await;
+}

@@ -486,12 +486,16 @@ export interface ImportSessionRequest {
   replace: boolean;
   /**
    * With `replace`: keep the compactions compactd committed on the replaced session
-   * (their request, summary and auto-continue messages), which a host reloading a session
-   * compactd compacts for does not hold. Each goes back after the message it followed, as
-   * long as the export holds the replaced session's other messages in the same order
-   * (messages the replaced session lacks may come anywhere): where the histories part (a
-   * message missing, as after a revert, or out of order), no later compaction is kept.
-   * A compaction the export holds itself is not added twice.
+   * (their request, summary and auto-continue messages, told by the ids compactd gave
+   * them: a host's own compaction is never brought back), which a host reloading a
+   * session compactd compacts for does not hold. Each goes back after the message it
+   * followed, as long as the export holds the replaced session's other messages in the
+   * same order: where the histories part (a message missing, as after a revert, or out
+   * of order, or one the replaced session lacks before a compaction's verbatim tail,
+   * which its summary never read), no later compaction is kept. A compaction the export
+   * holds itself is not added twice. A compaction still running is cancelled before the
+   * replaced session is read; one that cannot be read (damaged on disk) is replaced with
+   * nothing kept.
    */
   keepCompactions: boolean;
 }
