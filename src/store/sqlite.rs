@@ -11,6 +11,8 @@
 //! A log row or snapshot of an incarnation that is no longer stored (deleted or replaced)
 //! is not written. Reads use their own connection: WAL lets them run beside the writer.
 
+use std::fs::File;
+use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, RwLock};
@@ -53,6 +55,55 @@ pub struct Sqlite {
     writer: Mutex<Option<JoinHandle<()>>>,
     /// Stops the checkpointer when dropped.
     checkpoints: Mutex<Option<(Sender<()>, JoinHandle<()>)>>,
+    /// The data dir's lock, held until the backend is closed (see [`lock_data_dir`]).
+    lock: Mutex<Option<File>>,
+}
+
+/// The file in the data dir a running backend holds locked.
+pub const LOCK_FILE: &str = "compactd.lock";
+
+/// Locks the data dir for this process: two servers on one directory would share the
+/// database (SQLite lets them) and hand out the same incarnations, so one's writes could
+/// land on the other's sessions. The lock is the OS's (released when the process ends,
+/// however it ends); the file holds the holder's pid, to name it.
+fn lock_data_dir(dir: &Path) -> Result<File, BackendError> {
+    let path = dir.join(LOCK_FILE);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| BackendError::Io(format!("cannot open {}: {e}", path.display())))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            // Best effort: the pid is only named in the message.
+            let _ = file.read_to_string(&mut holder);
+            let holder = holder.trim();
+            let by = if holder.is_empty() || holder.len() > 20 {
+                String::new()
+            } else {
+                format!(" (pid {holder})")
+            };
+            return Err(BackendError::Io(format!(
+                "data dir {} is in use by another compactd{by}: give each server its own --data-dir",
+                dir.display()
+            )));
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(BackendError::Io(format!(
+                "cannot lock {}: {e}",
+                path.display()
+            )));
+        }
+    }
+    let pid = std::process::id().to_string();
+    file.set_len(0)
+        .and_then(|()| file.write_all(pid.as_bytes()))
+        .map_err(|e| BackendError::Io(format!("cannot write {}: {e}", path.display())))?;
+    Ok(file)
 }
 
 impl Sqlite {
@@ -70,6 +121,7 @@ impl Sqlite {
         std::fs::create_dir_all(dir).map_err(|e| {
             BackendError::Io(format!("cannot create data dir {}: {e}", dir.display()))
         })?;
+        let lock = lock_data_dir(dir)?;
         let path = dir.join(DB_FILE);
         let writer_conn = connect(&path)?;
         migrate(&writer_conn, &path)?;
@@ -113,6 +165,7 @@ impl Sqlite {
                 .map_err(|e| BackendError::Io(format!("cannot start the store writer: {e}")))?
         };
         Ok(Sqlite {
+            lock: Mutex::new(Some(lock)),
             path,
             durability,
             queue: RwLock::new(Some(tx)),
@@ -518,6 +571,8 @@ impl Backend for Sqlite {
             drop(stop);
             let _ = thread.join();
         }
+        // Nothing more is written: another server may take the directory.
+        drop(self.lock.lock().unwrap_or_else(|e| e.into_inner()).take());
     }
 }
 

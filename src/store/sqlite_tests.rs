@@ -198,3 +198,20 @@ async fn a_negative_incarnation_or_snapshot_seq_is_refused_as_corrupt() {
     let b = db.load("b").expect_err("b is corrupt");
     assert!(b.to_string().contains("snapshot seq -2 is negative"), "{b}");
 }
+
+#[test]
+fn a_second_backend_on_a_data_dir_in_use_is_refused_naming_the_holder() {
+    let d = dir();
+    let first = Sqlite::open(d.path(), Durability::Sync, None, 0).expect("open");
+    let Err(BackendError::Io(message)) = Sqlite::open(d.path(), Durability::Sync, None, 0) else {
+        panic!("a second backend opened the same data dir");
+    };
+    assert!(message.contains("in use by another compactd"), "{message}");
+    assert!(
+        message.contains(&format!("pid {}", std::process::id())),
+        "{message}"
+    );
+    // Closed (or its process gone), the directory can be taken again.
+    first.close();
+    drop(Sqlite::open(d.path(), Durability::Sync, None, 0).expect("open after close"));
+}

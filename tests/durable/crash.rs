@@ -190,7 +190,7 @@ impl Sess {
             completed: None,
         });
         self.queue.push_back(upsert_message(user));
-        let ask = if t % 3 == 0 {
+        let ask = if t.is_multiple_of(3) {
             format!("turn {t}: this fails, fix it\n```rust\nfn f{t}() -> u32 {{ {t} }}\n```\n")
         } else {
             format!("turn {t}: go on with {}", self.id)

@@ -498,7 +498,7 @@ impl Report {
 }
 
 fn size(bytes: usize) -> String {
-    if bytes % 1024 == 0 {
+    if bytes.is_multiple_of(1024) {
         format!("{} KB", bytes / 1024)
     } else {
         format!("{bytes} B")

@@ -351,12 +351,12 @@ pub(super) fn compacted_at(s: &Session, at: i64) -> Vec<String> {
 pub(super) fn without_stamps(s: &Session, at: i64) -> Vec<super::Message> {
     let mut messages = s.messages().to_vec();
     for p in messages.iter_mut().flat_map(|m| &mut m.parts) {
-        if let PartKind::Tool(t) = &mut p.part.kind {
-            if t.state.time.compacted == Some(at) {
-                t.state.time.compacted = None;
-                // The rendered size that comes with the stamp.
-                p.reduced = None;
-            }
+        if let PartKind::Tool(t) = &mut p.part.kind
+            && t.state.time.compacted == Some(at)
+        {
+            t.state.time.compacted = None;
+            // The rendered size that comes with the stamp.
+            p.reduced = None;
         }
     }
     messages

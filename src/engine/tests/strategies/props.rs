@@ -37,7 +37,7 @@ fn pool(pick: u8, size: u16) -> (&'static str, Value, String) {
     let n = usize::from(size);
     let path = |i: u8| {
         let p = PATHS[usize::from(i) % PATHS.len()];
-        if size % 3 == 0 {
+        if size.is_multiple_of(3) {
             format!("./{p}")
         } else {
             p.to_string()
@@ -67,7 +67,7 @@ fn pool(pick: u8, size: u16) -> (&'static str, Value, String) {
             "todowrite",
             todos(&[(
                 "Step",
-                if size % 2 == 0 {
+                if size.is_multiple_of(2) {
                     "pending"
                 } else {
                     "completed"
