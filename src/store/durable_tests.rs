@@ -368,6 +368,58 @@ async fn an_unreadable_session_is_reported_and_the_others_are_served() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_logged_change_that_no_longer_applies_keeps_the_session_unread_and_its_log() {
+    let d = tempfile::tempdir().expect("dir");
+    {
+        let store = durable(d.path(), Limits::default(), 0);
+        let (h, _) = store.open(info("s")).await.expect("open");
+        feed(&h, turn(0, 1, 100)).await;
+        store.close().await;
+    }
+    // A change this engine refuses (a part of a message the session never held), logged
+    // next as another version would have logged what it applied.
+    let conn = rusqlite::Connection::open(d.path().join(DB_FILE)).expect("open");
+    let (incarnation, last): (i64, i64) = conn
+        .query_row(
+            "SELECT incarnation, MAX(seq) FROM log WHERE session_id = 's'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .expect("the session has a log");
+    let refused = crate::engine::encode_change(&crate::engine::Change::Step {
+        update: Update::UpsertPart(tool("nope", "p-nope", "x".into())),
+        now_ms: NOW,
+    });
+    conn.execute(
+        "INSERT INTO log (session_id, incarnation, seq, change) VALUES ('s', ?1, ?2, ?3)",
+        rusqlite::params![
+            incarnation,
+            last + 1,
+            String::from_utf8(refused).expect("utf-8")
+        ],
+    )
+    .expect("log it");
+    let logged = |conn: &rusqlite::Connection| -> i64 {
+        conn.query_row("SELECT COUNT(*) FROM log WHERE session_id = 's'", [], |r| {
+            r.get(0)
+        })
+        .expect("count")
+    };
+    let rows = logged(&conn);
+
+    let store = durable(d.path(), Limits::default(), 0);
+    match store.get("s").await {
+        Err(StoreError::Storage(BackendError::Corrupt { id, reason })) => {
+            assert_eq!(id, "s");
+            assert!(reason.contains("no longer applies"), "{reason}");
+        }
+        other => panic!("expected the session unread, got {other:?}"),
+    }
+    store.close().await;
+    assert_eq!(logged(&conn), rows, "the log is kept");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interval_durability_acknowledges_at_once_and_close_writes_the_rest() {
     let d = tempfile::tempdir().expect("dir");
     let before = {

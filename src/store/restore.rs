@@ -3,7 +3,7 @@
 
 use super::backend::{BackendError, Stored};
 use crate::config::EngineConfig;
-use crate::engine::Session;
+use crate::engine::{Performed, Session};
 use crate::engine::{decode_change, decode_session};
 
 /// A session read back from its backend, with where its log stands.
@@ -21,9 +21,9 @@ pub(crate) struct Restored {
     pub snapshot_bytes: u64,
 }
 
-/// Decodes `stored` and replays its log. A snapshot or change that does not decode, or a
-/// gap in the log, makes the session unreadable (`Corrupt`): it is reported and skipped,
-/// never half restored.
+/// Decodes `stored` and replays its log. A snapshot or change that does not decode or no
+/// longer applies, or a gap in the log, makes the session unreadable (`Corrupt`): it is
+/// reported and skipped, its rows kept, never half restored.
 pub(crate) fn restore(
     id: &str,
     stored: Stored,
@@ -48,15 +48,19 @@ pub(crate) fn restore(
             return Err(corrupt(format!("the log jumps from seq {seq} to {n}")));
         }
         let change = decode_change(bytes).map_err(|e| corrupt(format!("log entry {n}: {e}")))?;
-        let done = session.perform(change, config);
-        if !done.changed() {
-            // The same engine refused what it once applied: the settings it runs under
-            // changed. Keep going: the rest of the log is still this session's history.
-            tracing::warn!(
-                session_id = id,
-                seq = n,
-                "a logged change no longer applies"
-            );
+        // Only changes that applied were logged, and a session's settings are stored with
+        // it: one refused now means this engine reads the history otherwise (another
+        // version's rules). Restoring without it would serve a state no client was
+        // acknowledged, and the next snapshot would drop the entry for good; the rows are
+        // kept instead, for this version to be rolled back or the session imported again.
+        match session.perform(change, config) {
+            Performed::Step(Err(e)) => {
+                return Err(corrupt(format!("log entry {n} no longer applies: {e}")));
+            }
+            Performed::CommitCompaction(Err(e)) => {
+                return Err(corrupt(format!("log entry {n} no longer applies: {e}")));
+            }
+            _ => {}
         }
         seq = *n;
         log_bytes = log_bytes.saturating_add(bytes.len() as u64);
