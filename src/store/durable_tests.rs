@@ -368,6 +368,52 @@ async fn an_unreadable_session_is_reported_and_the_others_are_served() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_id_or_incarnation_leaves_the_other_sessions_served() {
+    for (damage, corrupt) in [
+        // Not listed: no id to serve it under.
+        (
+            "UPDATE sessions SET id = CAST('bad' AS BLOB) WHERE id = 'bad'",
+            false,
+        ),
+        // Listed, unreadable (DATA_LOSS, not a failing disk).
+        (
+            "UPDATE sessions SET incarnation = 'x' WHERE id = 'bad'",
+            true,
+        ),
+    ] {
+        let d = tempfile::tempdir().expect("dir");
+        {
+            let store = durable(d.path(), Limits::default(), 0);
+            for id in ["good", "bad"] {
+                let (h, _) = store.open(info(id)).await.expect("open");
+                feed(&h, turn(0, 1, 100)).await;
+            }
+            store.close().await;
+        }
+        rusqlite::Connection::open(d.path().join(DB_FILE))
+            .expect("open")
+            .execute_batch(damage)
+            .expect("damage one row");
+        let backend = Sqlite::open(d.path(), Durability::Sync, None, 0).expect("open");
+        let store = Store::new(EngineConfig::default())
+            .with_backend(Arc::new(backend))
+            .unwrap_or_else(|e| panic!("{damage}: the store does not start: {e}"));
+        store
+            .get("good")
+            .await
+            .expect("the other session is served");
+        match (store.get("bad").await, corrupt) {
+            (Err(StoreError::NotFound(_)), false)
+            | (Err(StoreError::Storage(BackendError::Corrupt { .. })), true) => {}
+            (other, _) => panic!("{damage}: expected the damaged session set aside, got {other:?}"),
+        }
+        // New sessions are still created.
+        store.open(info("new")).await.expect("a new session");
+        store.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_logged_change_that_no_longer_applies_keeps_the_session_unread_and_its_log() {
     let d = tempfile::tempdir().expect("dir");
     {

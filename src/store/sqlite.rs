@@ -268,6 +268,17 @@ fn db(e: rusqlite::Error) -> BackendError {
     }
 }
 
+/// A read error: a value of the wrong type in a row (damaged on disk, not a failing disk)
+/// makes the session unreadable (`Corrupt`, DATA_LOSS); anything else is [`db`]'s.
+fn damaged(e: rusqlite::Error, corrupt: &impl Fn(String) -> BackendError) -> BackendError {
+    match e {
+        rusqlite::Error::InvalidColumnType(..)
+        | rusqlite::Error::FromSqlConversionFailure(..)
+        | rusqlite::Error::IntegralValueOutOfRange(..) => corrupt(e.to_string()),
+        e => db(e),
+    }
+}
+
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -435,19 +446,39 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> rusqlite::Result<()> {
 impl Backend for Sqlite {
     fn sessions(&self) -> Result<Vec<String>, BackendError> {
         let conn = self.reader();
-        let mut stmt = conn.prepare("SELECT id FROM sessions").map_err(db)?;
-        let ids = stmt
-            .query_map([], |r| r.get::<_, String>(0))
-            .map_err(db)?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(db)?;
+        let mut stmt = conn.prepare("SELECT rowid, id FROM sessions").map_err(db)?;
+        let mut rows = stmt.query([]).map_err(db)?;
+        let mut ids = Vec::new();
+        while let Some(r) = rows.next().map_err(db)? {
+            // A damaged id (not text, not UTF-8) is set aside, not a failed start: every
+            // other session is still served.
+            match r.get_ref(1).map_err(db)? {
+                ValueRef::Text(t) if std::str::from_utf8(t).is_ok() => {
+                    ids.push(String::from_utf8_lossy(t).into_owned());
+                }
+                other => {
+                    let rowid: i64 = r.get(0).map_err(db)?;
+                    tracing::error!(
+                        rowid,
+                        kind = ?other.data_type(),
+                        "a stored session's id is not text: the row is kept and skipped"
+                    );
+                }
+            }
+        }
         Ok(ids)
     }
 
     fn last_incarnation(&self) -> Result<u64, BackendError> {
         let conn = self.reader();
+        // Integers only: a damaged value of another type (which MAX would return, SQLite
+        // ordering text above numbers) makes its own session unreadable, not the store.
         let max: Option<i64> = conn
-            .query_row("SELECT MAX(incarnation) FROM sessions", [], |r| r.get(0))
+            .query_row(
+                "SELECT MAX(incarnation) FROM sessions WHERE typeof(incarnation) = 'integer'",
+                [],
+                |r| r.get(0),
+            )
             .map_err(db)?;
         Ok(max.map_or(0, |m| u64::try_from(m).unwrap_or(0)))
     }
@@ -474,7 +505,7 @@ impl Backend for Sqlite {
                     ))
                 })
                 .optional()
-                .map_err(db)?;
+                .map_err(|e| damaged(e, &corrupt))?;
             let Some((incarnation, snapshot_seq, snapshot)) = row else {
                 return Ok(None);
             };
@@ -490,7 +521,7 @@ impl Backend for Sqlite {
                 .map_err(db)?;
             let mut log = Vec::new();
             while let Some(r) = rows.next().map_err(db)? {
-                let seq: i64 = r.get(0).map_err(db)?;
+                let seq: i64 = r.get(0).map_err(|e| damaged(e, &corrupt))?;
                 let change = r
                     .get_ref(1)
                     .map_err(db)?
