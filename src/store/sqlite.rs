@@ -346,18 +346,32 @@ fn run_writer(
                 ok: result.is_ok(),
             });
         }
+        // One request's failure (a snapshot past the disk limit, a constraint) must not
+        // fail the sessions it was batched with: after a failed group commit each request
+        // is committed again on its own, and only the ones that fail again fail.
+        let results: Vec<Result<(), BackendError>> = match result {
+            Err(e) if batch.len() > 1 => {
+                tracing::warn!(error = %e, requests = batch.len(), "session store group commit failed: committing each request alone");
+                batch
+                    .iter()
+                    .map(|r| commit(&mut conn, std::slice::from_ref(r)))
+                    .collect()
+            }
+            result => vec![result; batch.len()],
+        };
         {
             let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
-            *s = match &result {
-                Ok(()) => BackendState::Ok,
-                Err(e) => {
-                    tracing::error!(error = %e, writes = batch.len(), "session store commit failed");
+            *s = match results.iter().find_map(|r| r.as_ref().err()) {
+                None => BackendState::Ok,
+                Some(e) => {
+                    let failed = results.iter().filter(|r| r.is_err()).count();
+                    tracing::error!(error = %e, requests = failed, "session store commit failed");
                     BackendState::Failing(e.to_string())
                 }
             };
         }
-        for r in batch {
-            let _ = r.done.send(result.clone());
+        for (r, result) in batch.into_iter().zip(results) {
+            let _ = r.done.send(result);
         }
     }
 }

@@ -215,3 +215,29 @@ fn a_second_backend_on_a_data_dir_in_use_is_refused_naming_the_holder() {
     first.close();
     drop(Sqlite::open(d.path(), Durability::Sync, None, 0).expect("open after close"));
 }
+
+#[tokio::test]
+async fn a_write_that_fails_does_not_fail_the_writes_batched_with_it() {
+    let d = dir();
+    let db = Sqlite::open(
+        d.path(),
+        Durability::Interval(Duration::from_millis(200)),
+        None,
+        0,
+    )
+    .expect("open");
+    write(&db, vec![create("a", 1, "{}"), append("a", 1, 1, "{}")]).await;
+    // Queued within one interval: one group commit, whose first request fails (seq 1
+    // is taken).
+    let bad = db.write(vec![append("a", 1, 1, "{\"again\":1}")]);
+    let good = db.write(vec![create("b", 2, "{\"b\":0}")]);
+    assert!(bad.await.expect("answered").is_err(), "the duplicate fails");
+    good.await
+        .expect("answered")
+        .expect("the other session's write commits");
+    assert_eq!(
+        db.load("b").expect("load").expect("stored").snapshot,
+        b"{\"b\":0}"
+    );
+    assert_eq!(db.load("a").expect("load").expect("stored").log.len(), 1);
+}
