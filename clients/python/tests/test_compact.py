@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Iterator
 
 import pytest
 
-from compactd_client import AsyncClient, Client, CompactionFailed, builders as b
+from compactd_client import AsyncClient, Client, CompactionFailed, builders as b, pb
 from compactd_server import Server
 from fake_openai import FakeOpenAI, Reply
 
@@ -142,5 +143,97 @@ def test_async_compact(llm_server: Server, fake: FakeOpenAI, sid: str) -> None:
                 on_stream = await s.compact(sid)
                 assert "".join([t async for t in on_stream.deltas()]) == "Stream summary."
                 assert (await on_stream.wait()).summary_message_id
+
+    asyncio.run(main())
+
+
+def turns_on(s, sid: str, first: int, last: int) -> None:
+    """User turns of ~2,000 tokens of prose each (prune cannot make room: only a
+    compaction can), each answered briefly."""
+    for n in range(first, last + 1):
+        s.upsert_message(sid, b.user_message(f"u{n}"))
+        s.upsert_part(sid, b.text_part(f"u{n}", f"u{n}-t", f"turn {n}: " + "lorem ipsum " * 700))
+        s.upsert_message(sid, b.assistant_message(f"a{n}", f"u{n}"))
+        s.upsert_part(sid, b.text_part(f"a{n}", f"a{n}-t", f"answer {n}"))
+        s.upsert_message(sid, b.assistant_message(f"a{n}", f"u{n}", finish="stop"))
+
+
+def test_a_raising_on_event_or_a_cancelled_future_does_not_end_the_stream(
+    llm_server: Server, fake: FakeOpenAI, sid: str
+) -> None:
+    # An automatic compaction's events arrive after the ack of the update that started
+    # it: they go to on_event, which raises (a host bug).
+    fake.push(Reply.text("summary of the first turns", usage=(900, 12)))
+    seen: list = []
+
+    def boom(ev: pb.ServerEvent) -> None:
+        seen.append(ev)
+        raise ValueError("a bug in the host's callback")
+
+    with Client(llm_server.addr) as c:
+        with c.stream(on_event=boom) as s:
+            s.open(sid, limits=(8000, 1000))
+            turns_on(s, sid, 1, 5)
+            deadline = time.monotonic() + 15
+            while not any(ev.compaction.WhichOneof("event") == "compacted" for ev in seen):
+                assert time.monotonic() < deadline, f"no automatic compaction: {seen}"
+                time.sleep(0.05)
+            # The stream still reads acks.
+            check = s.submit(sid, check_overflow=pb.CheckOverflowOptions()).result(5)
+            assert check.overflow_check is not None
+
+            # A future the host gave up on (cancelled before its ack) leaves the stream
+            # working too.
+            given_up = s.submit(sid, check_overflow=pb.CheckOverflowOptions())
+            given_up.cancel()
+            assert s.submit(sid, check_overflow=pb.CheckOverflowOptions()).result(5).overflow_check
+
+            # Waiting from on_event would wait for itself: refused, not a deadlock.
+            errors: list = []
+
+            def waits(ev: pb.ServerEvent) -> None:
+                try:
+                    s.check_overflow(sid)
+                except RuntimeError as e:
+                    errors.append(e)
+
+            s._on_event = waits
+            fake.push(Reply.text("summary of more turns", usage=(900, 12)))
+            turns_on(s, sid, 6, 10)
+            deadline = time.monotonic() + 15
+            while not errors:
+                assert time.monotonic() < deadline, "on_event never ran (or hung)"
+                time.sleep(0.05)
+            assert "on_event" in str(errors[0])
+            assert s.submit(sid, check_overflow=pb.CheckOverflowOptions()).result(5).overflow_check
+
+
+def test_a_raising_on_event_does_not_end_the_async_stream(
+    llm_server: Server, fake: FakeOpenAI, sid: str
+) -> None:
+    fake.push(Reply.text("summary of the first turns", usage=(900, 12)))
+    seen: list = []
+
+    def boom(ev: pb.ServerEvent) -> None:
+        seen.append(ev)
+        raise ValueError("a bug in the host's callback")
+
+    async def main() -> None:
+        async with AsyncClient(llm_server.addr) as c:
+            async with await c.stream(on_event=boom) as s:
+                await s.open(sid, limits=(8000, 1000))
+                for n in range(1, 6):
+                    await s.upsert_message(sid, b.user_message(f"u{n}"))
+                    await s.upsert_part(sid, b.text_part(f"u{n}", f"u{n}-t", f"turn {n}: " + "lorem ipsum " * 700))
+                    await s.upsert_message(sid, b.assistant_message(f"a{n}", f"u{n}"))
+                    await s.upsert_part(sid, b.text_part(f"a{n}", f"a{n}-t", f"answer {n}"))
+                    await s.upsert_message(sid, b.assistant_message(f"a{n}", f"u{n}", finish="stop"))
+                deadline = time.monotonic() + 15
+                while not any(ev.compaction.WhichOneof("event") == "compacted" for ev in seen):
+                    assert time.monotonic() < deadline, f"no automatic compaction: {seen}"
+                    await asyncio.sleep(0.05)
+                # The stream still reads acks.
+                check = await asyncio.wait_for(s.check_overflow(sid), 5)
+                assert check.threshold > 0
 
     asyncio.run(main())

@@ -100,3 +100,17 @@ def test_closed_stream_refuses_updates(client: Client, sid: str) -> None:
     with pytest.raises(RuntimeError, match="closed"):
         s.open(sid)
     assert s.next_event(timeout=0.1) is None
+
+
+def test_events_no_one_reads_are_kept_bounded(client: Client, sid: str) -> None:
+    # Events after their update's ack (an automatic compaction's) that a host with no
+    # on_event never reads: only the newest LATE_EVENTS_KEPT stay.
+    from compactd_client.stream import LATE_EVENTS_KEPT
+
+    with client.stream() as s:
+        for n in range(1, 3 * LATE_EVENTS_KEPT + 1):
+            s._dispatch(pb.ServerEvent(seq=1_000_000 + n, session_id=sid))  # as the reader routes one
+        assert s._late.qsize() == LATE_EVENTS_KEPT
+        first = s.next_event(timeout=1)
+        assert first is not None and first.seq == 1_000_000 + 2 * LATE_EVENTS_KEPT + 1
+        s.open(sid)  # the stream goes on

@@ -4,6 +4,7 @@ awaitable, with an async ``Stream`` whose updates await their ack."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
@@ -13,6 +14,7 @@ from . import builders, pb
 from .client import auth_metadata, channel_options
 from .compaction import AsyncCompaction
 from .errors import CompactdError, error_from_event, error_from_rpc, make_error, split_field
+from .stream import LATE_EVENTS_KEPT
 from .results import (
     LimitsLike,
     ModelLike,
@@ -29,6 +31,21 @@ from .results import (
 __all__ = ["AsyncClient", "AsyncSessionStream", "AsyncSubscription"]
 
 _END = object()
+
+_log = logging.getLogger("compactd_client")
+
+
+def _keep(q: "asyncio.Queue[Any]", item: Any) -> None:
+    """Puts ``item`` on the bounded ``q``, dropping the oldest entry when it is full."""
+    while True:
+        try:
+            q.put_nowait(item)
+            return
+        except asyncio.QueueFull:
+            try:
+                q.get_nowait()
+            except asyncio.QueueEmpty:
+                pass
 
 
 class AsyncSubscription:
@@ -87,7 +104,7 @@ class AsyncSessionStream:
         self._seq = 0
         self._pending: Dict[int, _Pending] = {}
         self._listeners: Dict[int, "asyncio.Queue[Any]"] = {}
-        self._late: "asyncio.Queue[Any]" = asyncio.Queue()
+        self._late: "asyncio.Queue[Any]" = asyncio.Queue(maxsize=LATE_EVENTS_KEPT)
         self._on_event = on_event
         self._failure: Optional[CompactdError] = None
         self._closing = False
@@ -139,6 +156,10 @@ class AsyncSessionStream:
                 failure = error_from_rpc(e)
         except asyncio.CancelledError:
             pass
+        except Exception as e:  # a bug here must not leave every ack waiting
+            _log.exception("compactd stream reader failed")
+            failure = CompactdError(grpc.StatusCode.INTERNAL, f"the stream's reader failed: {e!r}")
+            self._call.cancel()
         if failure is None:
             failure = CompactdError(grpc.StatusCode.CANCELLED, "the stream ended")
         self._failure = failure
@@ -151,7 +172,7 @@ class AsyncSessionStream:
                 p.listener.put_nowait(failure)
         for q in listeners.values():
             q.put_nowait(failure)
-        self._late.put_nowait(_END)
+        _keep(self._late, _END)
 
     def _dispatch(self, ev: pb.ServerEvent) -> None:
         kind = ev.WhichOneof("event")
@@ -181,9 +202,12 @@ class AsyncSessionStream:
                 del self._listeners[ev.seq]
             listener.put_nowait(ev.compaction)
         elif self._on_event is not None:
-            self._on_event(ev)
+            try:
+                self._on_event(ev)
+            except Exception:  # the host's callback: its bug must not end the stream
+                _log.exception("compactd stream on_event raised; the stream goes on")
         else:
-            self._late.put_nowait(ev)
+            _keep(self._late, ev)
 
     async def next_event(self, timeout: Optional[float] = None) -> Optional[pb.ServerEvent]:
         """The next event that arrived after its update's ack and that no compaction of
@@ -193,7 +217,7 @@ class AsyncSessionStream:
         except asyncio.TimeoutError:
             return None
         if ev is _END:
-            self._late.put_nowait(_END)
+            _keep(self._late, _END)
             return None
         return ev
 

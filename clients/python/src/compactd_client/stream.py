@@ -9,13 +9,19 @@ A background thread reads the server's events and routes each by ``seq``:
   (the stream stays open, the session unchanged);
 * compaction events: to the compaction started by that update (before or after its
   ack), else to ``on_event`` or the queue read by :meth:`SessionStream.next_event`.
+
+``on_event`` runs on that thread: an exception it raises is logged (logger
+``compactd_client``) and the stream goes on; it may ``submit()`` updates but not wait for
+them (their acks are read by the thread it holds), so the stream's waiting methods raise
+``RuntimeError`` there. A future the host cancelled is left as it is when its ack comes.
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import grpc
@@ -37,6 +43,38 @@ __all__ = ["SessionStream"]
 
 _CLOSE = object()
 _END = object()
+
+_log = logging.getLogger("compactd_client")
+
+#: Events :meth:`SessionStream.next_event` keeps for a host that reads none (no
+#: ``on_event``): past it the oldest are dropped, so a long stream's memory stays bounded.
+LATE_EVENTS_KEPT = 1024
+
+
+def _keep(q: "queue.Queue[Any]", item: Any) -> None:
+    """Puts ``item`` on the bounded ``q``, dropping the oldest entry when it is full."""
+    while True:
+        try:
+            q.put_nowait(item)
+            return
+        except queue.Full:
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                pass
+
+
+def _settle(future: "Future[Any]", result: Any = None, error: Optional[BaseException] = None) -> None:
+    """Completes ``future`` unless the host cancelled it (or it is already done)."""
+    if future.done():
+        return
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except InvalidStateError:  # cancelled meanwhile
+        pass
 
 
 class _Pending:
@@ -67,7 +105,7 @@ class SessionStream:
         self._seq = 0
         self._pending: Dict[int, _Pending] = {}
         self._listeners: Dict[int, "queue.Queue[Any]"] = {}
-        self._late: "queue.Queue[pb.ServerEvent]" = queue.Queue()
+        self._late: "queue.Queue[Any]" = queue.Queue(maxsize=LATE_EVENTS_KEPT)
         self._on_event = on_event
         self._failure: Optional[CompactdError] = None
         self._closing = False
@@ -87,7 +125,17 @@ class SessionStream:
 
     def send(self, session_id: str, timeout: Optional[float] = None, **update: Any) -> UpdateResult:
         """Sends one update and waits for its ack; raises CompactdError on its error."""
+        self._not_on_reader("send")
         return self.submit(session_id, **update).result(timeout)
+
+    def _not_on_reader(self, what: str) -> None:
+        # The reader thread would wait for an ack only it can read: a deadlock.
+        if threading.current_thread() is self._reader:
+            raise RuntimeError(
+                f"SessionStream.{what}() called from on_event, on the stream's reader "
+                "thread: it would wait for an ack only that thread reads; use submit() "
+                "without waiting, or act from another thread"
+            )
 
     def _submit(
         self, session_id: str, update: Dict[str, Any], listener: Optional["queue.Queue[Any]"]
@@ -124,6 +172,10 @@ class SessionStream:
         except grpc.RpcError as e:
             if not (self._closing and e.code() == grpc.StatusCode.CANCELLED):
                 failure = error_from_rpc(e)
+        except BaseException as e:  # a bug here must not leave every ack waiting
+            _log.exception("compactd stream reader failed")
+            failure = CompactdError(grpc.StatusCode.INTERNAL, f"the stream's reader failed: {e!r}")
+            self._call.cancel()
         if failure is None:
             failure = CompactdError(grpc.StatusCode.CANCELLED, "the stream ended")
         with self._lock:
@@ -131,12 +183,12 @@ class SessionStream:
             pending, self._pending = self._pending, {}
             listeners, self._listeners = self._listeners, {}
         for p in pending.values():
-            p.future.set_exception(failure)
+            _settle(p.future, error=failure)
             if p.listener is not None:
                 p.listener.put(failure)
         for q in listeners.values():
             q.put(failure)  # a compaction still running reads why it ended
-        self._late.put(_END)  # wakes a next_event() waiter
+        _keep(self._late, _END)  # wakes a next_event() waiter
 
     def _dispatch(self, ev: pb.ServerEvent) -> None:
         kind = ev.WhichOneof("event")
@@ -152,12 +204,10 @@ class SessionStream:
                     del self._listeners[ev.seq]
         if p is not None:
             if kind == "ack":
-                p.future.set_result(
-                    UpdateResult(ev.seq, ev.ack.kind, ev.ack.created, p.events)
-                )
+                _settle(p.future, UpdateResult(ev.seq, ev.ack.kind, ev.ack.created, p.events))
             elif kind == "error":
                 err = error_from_event(ev.error, ev.seq)
-                p.future.set_exception(err)
+                _settle(p.future, error=err)
                 if p.listener is not None:
                     p.listener.put(err)
             elif kind == "compaction" and p.listener is not None:
@@ -167,20 +217,23 @@ class SessionStream:
         elif late_listener is not None and kind == "compaction":
             late_listener.put(ev.compaction)
         elif self._on_event is not None:
-            self._on_event(ev)
+            try:
+                self._on_event(ev)
+            except Exception:  # the host's callback: its bug must not end the stream
+                _log.exception("compactd stream on_event raised; the stream goes on")
         else:
-            self._late.put(ev)
+            _keep(self._late, ev)
 
     def next_event(self, timeout: Optional[float] = None) -> Optional[pb.ServerEvent]:
         """The next event that arrived after its update's ack and no compaction of
         this stream claimed (an automatic compaction's events); None on timeout or once
-        the stream has ended."""
+        the stream has ended. The newest ``LATE_EVENTS_KEPT`` are kept."""
         try:
             ev = self._late.get(timeout=timeout)
         except queue.Empty:
             return None
         if ev is _END:
-            self._late.put(_END)
+            _keep(self._late, _END)
             return None
         return ev
 
@@ -278,6 +331,7 @@ class SessionStream:
     ) -> Compaction:
         """Starts a compaction on this stream; waits for its ack (a refusal raises) and
         returns its events. ``cancel()`` sends a ``cancel_compaction`` update."""
+        self._not_on_reader("compact")
         events: "queue.Queue[Any]" = queue.Queue()
         opts = compact_options(instructions, prompt, system, template, model, tail_turns)
         self._submit(session_id, {"compact": opts}, events).result(timeout)
