@@ -154,12 +154,13 @@ export class CompactdClient {
   /** The generated grpc-js client, for anything this wrapper does not cover. */
   readonly raw: SessionsClient;
   readonly address: string;
-  private readonly token?: string;
+  /** Private at run time too (`#`): printing or inspecting the client never shows it. */
+  readonly #token?: string;
   private readonly deadlineMs: number;
 
   constructor(options: ClientOptionsInit = {}) {
     this.address = options.address ?? envVar("COMPACTD_ADDR") ?? DEFAULT_ADDRESS;
-    this.token = options.token ?? envVar("COMPACTD_AUTH_TOKEN");
+    this.#token = options.token ?? envVar("COMPACTD_AUTH_TOKEN");
     this.deadlineMs = options.deadlineMs ?? DEFAULT_DEADLINE_MS;
     const max = options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
     let creds = options.credentials;
@@ -194,7 +195,7 @@ export class CompactdClient {
   /** Metadata carrying the bearer token (exposed for calls made through `raw`). */
   metadata(): Metadata {
     const md = new Metadata();
-    if (this.token) md.set("authorization", `Bearer ${this.token}`);
+    if (this.#token) md.set("authorization", `Bearer ${this.#token}`);
     return md;
   }
 
@@ -264,13 +265,15 @@ export class CompactdClient {
     call.on("end", () => {
       // 'end' comes before 'error' for a failed call; wait for the status.
     });
+    const onAbort = () => cancel();
     call.on("status", (st) => {
+      // The call is over: a signal shared by many calls keeps no listener of this one.
+      opts?.signal?.removeEventListener("abort", onAbort);
       if (st.code === Status.OK) {
         readyResolve();
         queue.end();
       }
     });
-    const onAbort = () => cancel();
     if (opts?.signal) {
       if (opts.signal.aborted) cancel();
       else opts.signal.addEventListener("abort", onAbort, { once: true });
@@ -304,8 +307,14 @@ export class CompactdClient {
     );
     const s = new SessionStream(call);
     if (opts?.signal) {
-      if (opts.signal.aborted) s.cancel();
-      else opts.signal.addEventListener("abort", () => s.cancel(), { once: true });
+      const signal = opts.signal;
+      const onAbort = () => s.cancel();
+      if (signal.aborted) s.cancel();
+      else {
+        signal.addEventListener("abort", onAbort, { once: true });
+        // The stream is over: a signal shared by many streams keeps no listener of this one.
+        void s.closed.then(() => signal.removeEventListener("abort", onAbort));
+      }
     }
     return s;
   }

@@ -60,6 +60,8 @@ export class SessionStream {
   private readonly compactions = new Map<number, AsyncQueue<CompactionEvent>>();
   private readonly listeners = new Map<keyof StreamEvents, Set<(...args: never[]) => void>>();
   private ended: CompactdError | null | undefined = undefined; // undefined: open; null: clean end
+  /** `end()` was called: no more updates (a write after it would break the call). */
+  private halfClosed = false;
   /** Resolves when the stream is over: undefined for a clean end, else the error it ended with. */
   readonly closed: Promise<CompactdError | undefined>;
   private closedResolve!: (e: CompactdError | undefined) => void;
@@ -77,7 +79,8 @@ export class SessionStream {
     });
   }
 
-  /** Adds a listener. Returns a function that removes it. */
+  /** Adds a listener. Returns a function that removes it. A listener that throws is reported
+   * as a process warning (`CompactdListenerWarning`); the stream goes on. */
   on<K extends keyof StreamEvents>(name: K, fn: StreamEvents[K]): () => void {
     let set = this.listeners.get(name);
     if (!set) this.listeners.set(name, (set = new Set()));
@@ -93,10 +96,9 @@ export class SessionStream {
       try {
         fn(...args);
       } catch (err) {
-        // A listener's bug must not break the stream's bookkeeping; report it asynchronously.
-        queueMicrotask(() => {
-          throw err;
-        });
+        // A listener's bug must not break the stream's bookkeeping, nor end the host's
+        // process (an uncaught exception would): it is reported as a process warning.
+        process.emitWarning(err instanceof Error ? err : new Error(String(err)), "CompactdListenerWarning");
       }
     }
   }
@@ -150,7 +152,7 @@ export class SessionStream {
 
   /** True once the stream has ended. */
   get isClosed(): boolean {
-    return this.ended !== undefined;
+    return this.ended !== undefined || this.halfClosed;
   }
 
   /** Updates sent whose ack or error has not arrived yet. */
@@ -169,7 +171,8 @@ export class SessionStream {
 
   private sendWithSeq(sessionId: string, body: UpdateBody): { seq: number; result: Promise<UpdateResult> } {
     const seq = this.nextSeq++;
-    if (this.ended !== undefined) {
+    if (this.ended !== undefined || this.halfClosed) {
+      // After end(), a write would destroy the call and reject the updates still in flight.
       const err = this.ended ?? new CompactdError({ code: Status.UNAVAILABLE, details: "the stream is closed" });
       return { seq, result: Promise.reject(err) };
     }
@@ -265,7 +268,10 @@ export class SessionStream {
 
   /** Half-closes: no more updates; the stream ends once compactd has answered those sent. */
   end(): Promise<CompactdError | undefined> {
-    if (this.ended === undefined) this.call.end();
+    if (this.ended === undefined && !this.halfClosed) {
+      this.halfClosed = true;
+      this.call.end();
+    }
     return this.closed;
   }
 

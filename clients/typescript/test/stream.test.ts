@@ -1,5 +1,6 @@
 // The main Stream: seqs, acks, error events, the events updates cause, and its end.
 import assert from "node:assert/strict";
+import { getEventListeners } from "node:events";
 import { after, before, describe, test } from "node:test";
 import { CompactdClient, CompactdError, type ServerEvent, type OverflowCheck, type PruneReport } from "@compactd/client";
 import { assistantMsg, logOf, startCompactd, textPart, toolPart, userMsg, type Compactd } from "./harness.js";
@@ -174,6 +175,49 @@ describe("Stream", () => {
     await t.open({ id: "cancel-2" });
     assert.equal(await t.end(), undefined);
     await assert.rejects(t.upsertMessage("cancel-2", userMsg("u1")), (e: unknown) => e instanceof CompactdError && e.codeName === "UNAVAILABLE");
+  });
+
+  test("a send after end() is refused and leaves the updates in flight to their acks", async () => {
+    const s = c.stream();
+    const opened = s.open({ id: "end-1" });
+    const ended = s.end();
+    await assert.rejects(s.upsertMessage("end-1", userMsg("u1")), (e: unknown) => e instanceof CompactdError && e.codeName === "UNAVAILABLE");
+    assert.equal((await opened).kind, "open", "the update sent before end() gets its ack");
+    assert.equal(await ended, undefined, "a clean end");
+    assert.ok(s.isClosed);
+  });
+
+  test("a listener that throws is a warning, not the end of the stream or of the process", async () => {
+    const warnings: Error[] = [];
+    const onWarning = (w: Error) => warnings.push(w);
+    process.on("warning", onWarning);
+    try {
+      const s = c.stream();
+      s.on("event", () => {
+        throw new Error("a bug in the host's listener");
+      });
+      assert.equal((await s.open({ id: "throws-1" })).kind, "open");
+      assert.equal((await s.upsertMessage("throws-1", userMsg("u1"))).kind, "upsert_message");
+      await s.end();
+      await new Promise((r) => setImmediate(r));
+      assert.ok(warnings.some((w) => /host's listener/.test(w.message)), warnings.join("; "));
+    } finally {
+      process.off("warning", onWarning);
+    }
+  });
+
+  test("calls that end leave no abort listener on a signal they share", async () => {
+    const ctl = new AbortController();
+    for (let i = 0; i < 20; i++) {
+      const sub = c.subscribe("", { signal: ctl.signal });
+      await sub.ready;
+      sub.cancel();
+      const s = c.stream({ signal: ctl.signal });
+      await s.open({ id: `signal-${i}` });
+      await s.end();
+    }
+    await new Promise((r) => setTimeout(r, 200));
+    assert.equal(getEventListeners(ctl.signal, "abort").length, 0);
   });
 
   test("a stream to an unreachable address rejects its updates with UNAVAILABLE", async () => {

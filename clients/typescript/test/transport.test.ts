@@ -1,6 +1,7 @@
 // Connection options: bearer token, Unix socket, address from the environment.
 import assert from "node:assert/strict";
 import { join } from "node:path";
+import { inspect } from "node:util";
 import { after, before, describe, test } from "node:test";
 import { CompactdClient, CompactdError } from "@compactd/client";
 import { startCompactd, tempDir, writeFile, type Compactd } from "./harness.js";
@@ -39,6 +40,10 @@ describe("bearer token (--auth-token-file)", () => {
     assert.equal((await s.upsertMessage("authed", { id: "u1", role: "user" })).kind, "upsert_message");
     await s.end();
     assert.deepEqual((await c.listSessions()).map((x) => x.id), ["authed"]);
+    // A host that logs its client (console.log, a logger dumping objects) shows no token.
+    for (const shown of [inspect(c, { showHidden: true, depth: 5 }), JSON.stringify(Object.entries(c))]) {
+      assert.ok(!shown.includes(TOKEN), shown);
+    }
   });
 
   test("the token can come from COMPACTD_AUTH_TOKEN, the address from COMPACTD_ADDR", async () => {
