@@ -319,6 +319,23 @@ struct Journal {
     /// find no row and land nowhere, so the next batch writes the session whole as a new
     /// row, until one lands or the session is deleted or replaced.
     recreate: bool,
+    /// Failed commits in a row (under `interval`), and when the next may be tried: the
+    /// next one writes the session whole, so a disk that stays full is not sent a whole
+    /// session (encoded again) every interval by every session.
+    failures: u32,
+    retry_at: Option<tokio::time::Instant>,
+}
+
+/// The wait after the first failed commit under `interval`, doubled after each next one
+/// up to [`RETRY_MAX`].
+const RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(250);
+/// The longest wait between two tries of a failing session's write.
+const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The wait before the next try after `failures` failed commits in a row.
+fn retry_delay(failures: u32) -> std::time::Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    RETRY_FIRST.saturating_mul(1u32 << doublings).min(RETRY_MAX)
 }
 
 impl Journal {
@@ -385,6 +402,8 @@ pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
             replaced,
             resync: false,
             recreate: false,
+            failures: 0,
+            retry_at: None,
         }
     });
     let actor = Actor {
@@ -466,6 +485,8 @@ enum Wake {
     Msg(Option<Msg>),
     Committed(Result<(), BackendError>),
     Idle,
+    /// A failed write's wait is over: try it again.
+    Retry,
 }
 
 impl Actor {
@@ -473,7 +494,7 @@ impl Actor {
         tracing::debug!("session actor started");
         let mut last_job = Instant::now();
         loop {
-            self.send_batch();
+            self.send_batch(false);
             let ttl = self.store.upgrade().and_then(|s| s.idle_ttl());
             let wake = match self.next.take() {
                 Some(msg) => Wake::Msg(Some(msg)),
@@ -484,6 +505,7 @@ impl Actor {
                     self.committed(r).await;
                     continue;
                 }
+                Wake::Retry => continue,
                 Wake::Msg(msg) => msg,
                 Wake::Idle => match self.leave(last_job, "idle").await {
                     Leave::Evicted | Leave::Ended => break,
@@ -572,6 +594,17 @@ impl Actor {
     async fn wait(&mut self, ttl: Option<std::time::Duration>) -> Wake {
         let blocked = self.blocked();
         let busy = self.journal.as_ref().is_some_and(|j| !j.idle());
+        let retry_at = self
+            .journal
+            .as_ref()
+            .filter(|j| j.outstanding.is_none())
+            .and_then(|j| j.retry_at);
+        let retry = async {
+            match retry_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         let outstanding = self.journal.as_mut().and_then(|j| j.outstanding.as_mut());
         let commit = async {
             match outstanding {
@@ -589,6 +622,7 @@ impl Actor {
             biased;
             r = commit => Wake::Committed(r),
             m = self.rx.recv(), if !blocked => Wake::Msg(m),
+            () = retry => Wake::Retry,
             () = idle => Wake::Idle,
         }
     }
@@ -727,8 +761,9 @@ impl Actor {
     }
 
     /// Sends what is unsent when no batch is being committed (one batch at a time keeps
-    /// the session's writes in order and bounded).
-    fn send_batch(&mut self) {
+    /// the session's writes in order and bounded). After a failed commit, not before its
+    /// wait is over (`retry_at`) unless `now` (a flush: closing, going cold).
+    fn send_batch(&mut self, now: bool) {
         if self.failed {
             return;
         }
@@ -736,6 +771,12 @@ impl Actor {
             return;
         };
         if j.outstanding.is_some() {
+            return;
+        }
+        if !now
+            && j.retry_at
+                .is_some_and(|at| tokio::time::Instant::now() < at)
+        {
             return;
         }
         if j.recreate {
@@ -806,6 +847,14 @@ impl Actor {
         };
         let replaced = j.replaced.take();
         let created = j.creating;
+        if result.is_ok() {
+            j.failures = 0;
+            j.retry_at = None;
+        } else if !j.waits {
+            // Acknowledged already (interval): written again, after a wait that grows.
+            j.failures = j.failures.saturating_add(1);
+            j.retry_at = Some(tokio::time::Instant::now() + retry_delay(j.failures));
+        }
         match result {
             Ok(()) => {
                 for d in delivers {
@@ -854,7 +903,7 @@ impl Actor {
             }
             Err(e) if j.creating => {
                 // The session's new row was not written: try again with the next batch.
-                tracing::warn!(error = %e, "the session was not written whole; writing it again");
+                tracing::warn!(error = %e, failures = j.failures, "the session was not written whole; writing it again");
                 j.recreate = true;
                 for d in delivers {
                     d(Ok(()));
@@ -862,7 +911,7 @@ impl Actor {
             }
             Err(e) => {
                 // Already acknowledged (interval): write the whole session next time.
-                tracing::warn!(error = %e, "changes not written; the next write is a snapshot");
+                tracing::warn!(error = %e, failures = j.failures, "changes not written; the next write is a snapshot");
                 j.resync = true;
                 for d in delivers {
                     d(Ok(()));
@@ -970,7 +1019,7 @@ impl Actor {
             if j.unsent.is_empty() && !j.resync && !j.recreate {
                 return Ok(());
             }
-            self.send_batch();
+            self.send_batch(true);
         }
     }
 

@@ -501,6 +501,10 @@ pub(super) struct Faulty {
     pub(super) creates_to_fail: std::sync::atomic::AtomicUsize,
     closed: std::sync::atomic::AtomicBool,
     after_close: std::sync::atomic::AtomicUsize,
+    /// While set, every write fails (a disk that stays full).
+    fail_all: std::sync::atomic::AtomicBool,
+    /// Writes tried.
+    writes: std::sync::atomic::AtomicUsize,
 }
 
 impl Faulty {
@@ -528,6 +532,8 @@ impl Faulty {
             creates_to_fail: std::sync::atomic::AtomicUsize::new(1),
             closed: std::sync::atomic::AtomicBool::new(false),
             after_close: std::sync::atomic::AtomicUsize::new(0),
+            fail_all: std::sync::atomic::AtomicBool::new(false),
+            writes: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 }
@@ -546,6 +552,14 @@ impl Backend for Faulty {
         use std::sync::atomic::Ordering::SeqCst;
         if self.closed.load(SeqCst) {
             self.after_close.fetch_add(1, SeqCst);
+        }
+        self.writes.fetch_add(1, SeqCst);
+        if self.fail_all.load(SeqCst) {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let _ = tx.send(Err(BackendError::Full(
+                "injected: the disk stays full".into(),
+            )));
+            return rx;
         }
         let create = writes.iter().any(|w| matches!(w, Write::Create { .. }));
         let fail = |n: usize| n.checked_sub(1);
@@ -686,4 +700,36 @@ async fn under_interval_a_closed_store_is_not_written_again_and_again() {
         tries <= updates,
         "{tries} writes tried after the store closed, for {updates} updates"
     );
+}
+
+/// Under `interval` a failed write is acknowledged already and the next one writes the
+/// session whole: with a disk that stays full, that must not be every interval (a whole
+/// session encoded again each time, by every session, and a warning each time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_interval_a_disk_that_stays_full_is_tried_less_and_less_often() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let d = tempfile::tempdir().expect("dir");
+    let backend = Arc::new(Faulty::open(d.path(), None));
+    let store = Store::new(EngineConfig::default())
+        .with_backend(backend.clone())
+        .expect("listed");
+    let (h, _) = store.open(info("s")).await.expect("open");
+    feed(&h, turn(0, 1, 100)).await;
+    h.flush().await.expect("written");
+    backend.fail_all.store(true, SeqCst);
+    feed(&h, turn(1, 1, 100)).await; // acknowledged at once; its write fails
+    let before = backend.writes.load(SeqCst);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let tried = backend.writes.load(SeqCst) - before;
+    // One try per 50 ms interval would be ~40; waits of 0.25, 0.5 and 1 s leave 4.
+    assert!(tried <= 6, "{tried} writes tried in 2 s");
+    let held = observed(&h).await;
+    // The disk has room again: a flush writes at once, whatever the wait.
+    backend.fail_all.store(false, SeqCst);
+    h.flush().await.expect("written once the disk has room");
+    store.close().await;
+    drop(h);
+    let store = durable(d.path(), Limits::default(), 0);
+    let h = store.get("s").await.expect("loaded from disk");
+    assert_eq!(observed(&h).await, held);
 }
