@@ -54,7 +54,8 @@ impl Session {
             .iter()
             .map(|m| Entry {
                 id: m.info.id.clone(),
-                made: commit_message(m).map(|(kind, prefix)| (kind, prefix.to_string(), copy(m))),
+                made: commit_message(m)
+                    .map(|(kind, prefix)| (kind, prefix.to_string(), exported(m))),
             })
             .collect();
         Trail { entries }
@@ -152,8 +153,8 @@ fn whole_compactions(carried: Vec<Carried>) -> Vec<Carried> {
 }
 
 /// A message as an export holds it: the info and the parts as stored, without the marks
-/// the engine set (the new session decides its own).
-fn copy(m: &Message) -> ExportMessage {
+/// the engine set (a session loaded from it decides its own).
+pub(crate) fn exported(m: &Message) -> ExportMessage {
     let parts = m
         .parts
         .iter()

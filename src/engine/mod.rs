@@ -11,7 +11,7 @@
 
 mod auto;
 pub mod calibration;
-mod carry;
+pub(crate) mod carry;
 mod change;
 mod compaction;
 mod context;

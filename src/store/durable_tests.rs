@@ -339,17 +339,21 @@ async fn a_full_disk_refuses_the_update_and_leaves_the_session_as_it_was() {
     );
 }
 
+/// A data dir holding two stored sessions, `good` and `bad` (one turn each), closed.
+async fn good_and_bad() -> tempfile::TempDir {
+    let d = tempfile::tempdir().expect("dir");
+    let store = durable(d.path(), Limits::default(), 0);
+    for id in ["good", "bad"] {
+        let (h, _) = store.open(info(id)).await.expect("open");
+        feed(&h, turn(0, 1, 100)).await;
+    }
+    store.close().await;
+    d
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_session_is_reported_and_the_others_are_served() {
-    let d = tempfile::tempdir().expect("dir");
-    {
-        let store = durable(d.path(), Limits::default(), 0);
-        for id in ["good", "bad"] {
-            let (h, _) = store.open(info(id)).await.expect("open");
-            feed(&h, turn(0, 1, 100)).await;
-        }
-        store.close().await;
-    }
+    let d = good_and_bad().await;
     rusqlite::Connection::open(d.path().join(DB_FILE))
         .expect("open")
         .execute_batch(
@@ -381,15 +385,7 @@ async fn a_damaged_id_or_incarnation_leaves_the_other_sessions_served() {
             true,
         ),
     ] {
-        let d = tempfile::tempdir().expect("dir");
-        {
-            let store = durable(d.path(), Limits::default(), 0);
-            for id in ["good", "bad"] {
-                let (h, _) = store.open(info(id)).await.expect("open");
-                feed(&h, turn(0, 1, 100)).await;
-            }
-            store.close().await;
-        }
+        let d = good_and_bad().await;
         rusqlite::Connection::open(d.path().join(DB_FILE))
             .expect("open")
             .execute_batch(damage)

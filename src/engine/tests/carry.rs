@@ -5,16 +5,14 @@
 use super::compaction::{FIXTURE, TAIL, commit, context_ids, req};
 use super::*;
 use crate::engine::ExportMessage;
+use crate::engine::carry::exported;
 
 /// The session's messages as the host holds them: without compactd's (`cmp*` ids).
 fn host_export(s: &Session) -> Vec<ExportMessage> {
     s.messages()
         .iter()
         .filter(|m| !m.info.id.starts_with("cmp"))
-        .map(|m| {
-            let parts = m.parts.iter().map(|p| p.part.clone()).collect();
-            (m.info.clone(), parts)
-        })
+        .map(exported)
         .collect()
 }
 
@@ -138,14 +136,7 @@ fn messages_removed_after_the_compaction_leave_it_in_place() {
 #[test]
 fn a_compaction_the_export_holds_is_not_put_in_twice() {
     let s = compacted();
-    let mut export: Vec<ExportMessage> = s
-        .messages()
-        .iter()
-        .map(|m| {
-            let parts = m.parts.iter().map(|p| p.part.clone()).collect();
-            (m.info.clone(), parts)
-        })
-        .collect();
+    let mut export: Vec<ExportMessage> = s.messages().iter().map(exported).collect();
     let n = export.len();
     assert_eq!(s.compaction_trail().carry_into(&mut export), 0);
     assert_eq!(export.len(), n);

@@ -653,16 +653,6 @@ fn ids(v: &ContextView) -> (Vec<String>, Vec<String>) {
 fn final_messages(s: &Session) -> Vec<(MessageInfo, Vec<Part>)> {
     s.messages()
         .iter()
-        .map(|m| {
-            let parts = m
-                .parts
-                .iter()
-                .map(|p| Part {
-                    mark: None,
-                    ..p.part.clone()
-                })
-                .collect();
-            (m.info.clone(), parts)
-        })
+        .map(crate::engine::carry::exported)
         .collect()
 }
