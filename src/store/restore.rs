@@ -21,9 +21,10 @@ pub(crate) struct Restored {
     pub snapshot_bytes: u64,
 }
 
-/// Decodes `stored` and replays its log. A snapshot or change that does not decode or no
-/// longer applies, or a gap in the log, makes the session unreadable (`Corrupt`): it is
-/// reported and skipped, its rows kept, never half restored.
+/// Decodes `stored` and replays its log. A snapshot or change that does not decode, or a
+/// gap in the log, makes the session unreadable (`Corrupt`): it is reported and skipped,
+/// its rows kept, never half restored. A change that decodes but no longer applies
+/// (the server's configuration changed) is left out and logged.
 pub(crate) fn restore(
     id: &str,
     stored: Stored,
@@ -48,19 +49,18 @@ pub(crate) fn restore(
             return Err(corrupt(format!("the log jumps from seq {seq} to {n}")));
         }
         let change = decode_change(bytes).map_err(|e| corrupt(format!("log entry {n}: {e}")))?;
-        // Only changes that applied were logged, and a session's settings are stored with
-        // it: one refused now means this engine reads the history otherwise (another
-        // version's rules). Restoring without it would serve a state no client was
-        // acknowledged, and the next snapshot would drop the entry for good; the rows are
-        // kept instead, for this version to be rolled back or the session imported again.
-        match session.perform(change, config) {
-            Performed::Step(Err(e)) => {
-                return Err(corrupt(format!("log entry {n} no longer applies: {e}")));
-            }
-            Performed::CommitCompaction(Err(e)) => {
-                return Err(corrupt(format!("log entry {n} no longer applies: {e}")));
-            }
-            _ => {}
+        // Only changes that applied were logged, but a refusal now is not always damage:
+        // an Open replayed re-resolves the session's settings from the server's current
+        // configuration (a lower `--max-parts-per-message`, another tokenizer), which may
+        // refuse what the log goes on with. The session is restored without that change
+        // (its next snapshot leaves it out for good); the refusal is logged.
+        let refused = match session.perform(change, config) {
+            Performed::Step(Err(e)) => Some(e.to_string()),
+            Performed::CommitCompaction(Err(e)) => Some(e.to_string()),
+            _ => None,
+        };
+        if let Some(reason) = refused {
+            tracing::warn!(session_id = id, seq = n, %reason, "a logged change no longer applies; restored without it");
         }
         seq = *n;
         log_bytes = log_bytes.saturating_add(bytes.len() as u64);
