@@ -594,10 +594,12 @@ impl Actor {
     async fn wait(&mut self, ttl: Option<std::time::Duration>) -> Wake {
         let blocked = self.blocked();
         let busy = self.journal.as_ref().is_some_and(|j| !j.idle());
+        // Only with something to write: a wait over with nothing to send (the session
+        // deleted or replaced meanwhile) would wake the actor on every pass.
         let retry_at = self
             .journal
             .as_ref()
-            .filter(|j| j.outstanding.is_none())
+            .filter(|j| j.outstanding.is_none() && (j.resync || j.recreate || !j.unsent.is_empty()))
             .and_then(|j| j.retry_at);
         let retry = async {
             match retry_at {
@@ -694,8 +696,15 @@ impl Actor {
         match self.journal.as_mut() {
             None => deliver(Ok(())),
             Some(j) => {
+                // The next write is the session whole (a failed batch under `interval`):
+                // it covers these changes, which are not kept to be sent before it (a
+                // disk that stays full would have them pile up for the whole wait).
+                let whole_next = !j.waits && (j.resync || j.recreate);
                 for change in changes {
                     j.d.seq = j.d.seq.saturating_add(1);
+                    if whole_next {
+                        continue;
+                    }
                     let len = change.len() as u64;
                     j.d.log_bytes = j.d.log_bytes.saturating_add(len);
                     j.unsent_bytes = j.unsent_bytes.saturating_add(len);
