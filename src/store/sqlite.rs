@@ -350,14 +350,14 @@ fn run_writer(
         // fail the sessions it was batched with: after a failed group commit each request
         // is committed again on its own, and only the ones that fail again fail.
         let results: Vec<Result<(), BackendError>> = match result {
-            Err(e) if batch.len() > 1 => {
+            Err((e, true)) if batch.len() > 1 => {
                 tracing::warn!(error = %e, requests = batch.len(), "session store group commit failed: committing each request alone");
                 batch
                     .iter()
-                    .map(|r| commit(&mut conn, std::slice::from_ref(r)))
+                    .map(|r| commit(&mut conn, std::slice::from_ref(r)).map_err(|(e, _)| e))
                     .collect()
             }
-            result => vec![result; batch.len()],
+            result => vec![result.map_err(|(e, _)| e); batch.len()],
         };
         {
             let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
@@ -376,14 +376,25 @@ fn run_writer(
     }
 }
 
-fn commit(conn: &mut Connection, batch: &[Request]) -> Result<(), BackendError> {
-    let tx = conn.transaction().map_err(db)?;
+/// Commits `batch` in one transaction. A failure is tagged with whether one request may
+/// have caused it alone (a constraint, a row too big, the disk or `--max-disk-bytes` full:
+/// the others may fit), as opposed to the database itself failing (busy, I/O), which
+/// committing each request alone would only repeat.
+fn commit(conn: &mut Connection, batch: &[Request]) -> Result<(), (BackendError, bool)> {
+    let failed = |e: rusqlite::Error| {
+        let one = matches!(
+            e.sqlite_error_code(),
+            Some(ErrorCode::ConstraintViolation | ErrorCode::TooBig | ErrorCode::DiskFull)
+        );
+        (db(e), one)
+    };
+    let tx = conn.transaction().map_err(failed)?;
     for r in batch {
         for w in &r.writes {
-            apply(&tx, w).map_err(db)?;
+            apply(&tx, w).map_err(failed)?;
         }
     }
-    tx.commit().map_err(db)
+    tx.commit().map_err(failed)
 }
 
 /// Writes one change. The statements that can fail on a constraint say `OR FAIL`: with
