@@ -98,7 +98,12 @@ export class SessionStream {
       } catch (err) {
         // A listener's bug must not break the stream's bookkeeping, nor end the host's
         // process (an uncaught exception would): it is reported as a process warning.
-        process.emitWarning(err instanceof Error ? err : new Error(String(err)), "CompactdListenerWarning");
+        // (A string message: given an Error, Node ignores the warning type.)
+        const message = err instanceof Error ? err.message : String(err);
+        process.emitWarning(`a compactd stream listener threw: ${message}`, {
+          type: "CompactdListenerWarning",
+          detail: err instanceof Error ? err.stack : undefined,
+        });
       }
     }
   }

@@ -228,6 +228,7 @@ class SessionStream:
         """The next event that arrived after its update's ack and no compaction of
         this stream claimed (an automatic compaction's events); None on timeout or once
         the stream has ended. The newest ``LATE_EVENTS_KEPT`` are kept."""
+        self._not_on_reader("next_event")
         try:
             ev = self._late.get(timeout=timeout)
         except queue.Empty:
@@ -247,6 +248,8 @@ class SessionStream:
                 return
             self._closing = True
         self._outbox.put(_CLOSE)
+        if threading.current_thread() is self._reader:
+            return  # from on_event: the reader ends the stream once the server does
         self._reader.join(timeout)
         if self._reader.is_alive():
             self._call.cancel()
@@ -337,6 +340,7 @@ class SessionStream:
         self._submit(session_id, {"compact": opts}, events).result(timeout)
 
         def source() -> Iterator[pb.CompactionEvent]:
+            self._not_on_reader("compaction events")
             while True:
                 item = events.get()
                 if item is _END:
