@@ -91,6 +91,7 @@ impl From<StoreError> for Rejection {
             StoreError::Closed(_) => Code::Aborted,
             StoreError::Full(_)
             | StoreError::SessionTooLarge { .. }
+            | StoreError::TooLargeToLoad { .. }
             | StoreError::OverBudget { .. }
             | StoreError::InFlightOverBudget { .. } => Code::ResourceExhausted,
             // Disk full: retry once space is freed. Any other I/O failure: retry later.

@@ -213,6 +213,11 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     fn last_incarnation(&self) -> Result<u64, BackendError>;
     /// One session's snapshot and log tail; `None` when it is not stored.
     fn load(&self, id: &str) -> Result<Option<Stored>, BackendError>;
+    /// The bytes of one session's stored snapshot, read without reading the snapshot
+    /// (so a row far past the limits is refused before it is read); `None` when not known.
+    fn snapshot_bytes(&self, _id: &str) -> Option<u64> {
+        None
+    }
     /// Queues `writes` (applied in order, all or none); the receiver resolves when they
     /// are durable, or at once under `Durability::Interval` once they are queued.
     fn write(&self, writes: Vec<Write>) -> Committed;

@@ -729,3 +729,39 @@ async fn under_interval_a_disk_that_stays_full_is_tried_less_and_less_often() {
     let h = store.get("s").await.expect("loaded from disk");
     assert_eq!(observed(&h).await, held);
 }
+
+/// A stored session far past what it may hold once loaded (a limit lowered since it
+/// was written) is refused from its size on disk, without reading it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_session_far_past_the_limit_is_refused_unread() {
+    let d = tempfile::tempdir().expect("dir");
+    {
+        // Sent cold: written whole as its snapshot.
+        let store = durable(d.path(), Limits::default(), 0);
+        let mut evictions = store.evict_idle_after(Duration::from_millis(50));
+        let (h, _) = store.open(info("big")).await.expect("open");
+        feed(&h, turn(0, 4, 50_000)).await;
+        drop(h);
+        tokio::time::timeout(Duration::from_secs(5), evictions.recv())
+            .await
+            .expect("evicted in time")
+            .expect("announced");
+        store.close().await;
+    }
+    let limits = Limits {
+        max_session_bytes: 16 << 10,
+        ..Limits::default()
+    };
+    let store = durable(d.path(), limits, 0);
+    match store.get("big").await {
+        Err(StoreError::TooLargeToLoad { bytes, name, limit }) => {
+            assert_eq!((name, limit), ("max_session_bytes", 16 << 10));
+            assert!(bytes > 6 * (16 << 10), "{bytes}");
+        }
+        other => panic!("expected a refusal before reading, got {other:?}"),
+    }
+    // Within the limit again, it loads.
+    store.close().await;
+    let store = durable(d.path(), Limits::default(), 0);
+    store.get("big").await.expect("loads under the old limits");
+}

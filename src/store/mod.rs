@@ -80,6 +80,21 @@ pub enum StoreError {
         /// The limit.
         limit: u64,
     },
+    /// A stored session's snapshot alone is so far past what the session may hold once
+    /// loaded (a limit lowered since it was written, or a damaged row) that it is not
+    /// read at all.
+    #[error(
+        "{name} ({limit} bytes) reached: the stored session's snapshot alone is {bytes} bytes on disk; raise --{flag} to load it",
+        flag = name.replace('_', "-")
+    )]
+    TooLargeToLoad {
+        /// Bytes of the stored snapshot.
+        bytes: u64,
+        /// The limit that binds (`max_session_bytes` or `memory_budget`).
+        name: &'static str,
+        /// Its value.
+        limit: u64,
+    },
     /// All sessions together would hold more than `memory_budget`.
     #[error(
         "memory_budget ({budget} bytes) reached: sessions hold {held} bytes and this one needs {bytes}; delete sessions or raise --memory-budget"
@@ -125,7 +140,44 @@ pub struct Limits {
     pub memory_budget: u64,
 }
 
+/// How many times larger than the held bytes a stored snapshot can be: JSON escaping
+/// writes a control character in six bytes (the ten shared traces' snapshots are 0.56 to
+/// 0.98 of the bytes their sessions hold). A snapshot past this many times the limit is
+/// refused before it is read. Only the snapshot is weighed: the log after it (at most
+/// the snapshot's size or 4 MiB) may repeat a part many times and says little about
+/// what the session holds.
+const LOAD_EXPANSION: u64 = 6;
+
+/// Why a stored session was not read back.
+enum LoadError {
+    /// Its snapshot alone is past [`LOAD_EXPANSION`] times the binding limit.
+    TooLarge {
+        bytes: u64,
+        name: &'static str,
+        limit: u64,
+    },
+    Backend(BackendError),
+}
+
+impl From<BackendError> for LoadError {
+    fn from(e: BackendError) -> Self {
+        LoadError::Backend(e)
+    }
+}
+
 impl Limits {
+    /// The smaller of `max_session_bytes` and `memory_budget` (0: none), which a session
+    /// loaded from disk must fit, with its name; `None` without either.
+    fn load_ceiling(&self) -> Option<(&'static str, u64)> {
+        [
+            ("max_session_bytes", self.max_session_bytes),
+            ("memory_budget", self.memory_budget),
+        ]
+        .into_iter()
+        .filter(|&(_, v)| v > 0)
+        .min_by_key(|&(_, v)| v)
+    }
+
     /// The byte limit of a session holding `own` bytes while all sessions hold `total`:
     /// whichever of `max_session_bytes` and the rest of the budget binds first.
     pub fn byte_limit(&self, own: u64, total: u64) -> ByteLimit {
@@ -455,24 +507,41 @@ impl Store {
         }
         let began = Instant::now();
         let (config, key) = (self.config.clone(), id.to_string());
+        let ceiling = self.limits.load_ceiling();
         let loaded = tokio::task::spawn_blocking(move || {
+            if let Some((name, limit)) = ceiling
+                && let Some(bytes) = backend.snapshot_bytes(&key)
+                && bytes / LOAD_EXPANSION > limit
+            {
+                return Err(LoadError::TooLarge { bytes, name, limit });
+            }
             let stored = backend.load(&key)?;
-            stored
+            Ok(stored
                 .map(|s| restore::restore(&key, s, &config))
-                .transpose()
+                .transpose()?)
         })
         .await
-        .map_err(|e| BackendError::Io(format!("loading session {id}: {e}")))
+        .map_err(|e| BackendError::Io(format!("loading session {id}: {e}")).into())
         .and_then(|r| r);
         let outcome = match loaded {
             Ok(Some(r)) => self.admit_loaded(id, r).await,
+            Err(LoadError::TooLarge { bytes, name, limit }) => {
+                tracing::error!(
+                    session_id = id,
+                    bytes,
+                    limit_name = name,
+                    limit,
+                    "the stored session is far too large to load; not read"
+                );
+                Err(StoreError::TooLargeToLoad { bytes, name, limit })
+            }
             Ok(None) => {
                 let mut map = self.write();
                 map.cold.remove(id);
                 map.resume.remove(id);
                 Err(StoreError::NotFound(id.to_string()))
             }
-            Err(e) => {
+            Err(LoadError::Backend(e)) => {
                 tracing::error!(session_id = id, error = %e, "cannot load the session from disk");
                 Err(StoreError::Storage(e))
             }

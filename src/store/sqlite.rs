@@ -508,6 +508,18 @@ impl Backend for Sqlite {
         Ok(max.map_or(0, |m| u64::try_from(m).unwrap_or(0)))
     }
 
+    fn snapshot_bytes(&self, id: &str) -> Option<u64> {
+        // SQLite answers from the row's header: the snapshot itself is not read.
+        self.reader()
+            .query_row(
+                "SELECT octet_length(snapshot) FROM sessions WHERE id = ?1",
+                params![id],
+                |r| r.get::<_, i64>(0),
+            )
+            .ok()
+            .and_then(|n| u64::try_from(n).ok())
+    }
+
     fn load(&self, id: &str) -> Result<Option<Stored>, BackendError> {
         let conn = self.reader();
         let corrupt = |reason: String| BackendError::Corrupt {
