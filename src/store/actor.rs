@@ -594,12 +594,17 @@ impl Actor {
     async fn wait(&mut self, ttl: Option<std::time::Duration>) -> Wake {
         let blocked = self.blocked();
         let busy = self.journal.as_ref().is_some_and(|j| !j.idle());
-        // Only with something to write: a wait over with nothing to send (the session
-        // deleted or replaced meanwhile) would wake the actor on every pass.
+        // Only with something `send_batch` would write: a wait over with nothing to send
+        // (the session deleted or replaced meanwhile, or the actor failed) would wake the
+        // actor on every pass.
         let retry_at = self
             .journal
             .as_ref()
-            .filter(|j| j.outstanding.is_none() && (j.resync || j.recreate || !j.unsent.is_empty()))
+            .filter(|j| {
+                !self.failed
+                    && j.outstanding.is_none()
+                    && (j.resync || j.recreate || !j.unsent.is_empty())
+            })
             .and_then(|j| j.retry_at);
         let retry = async {
             match retry_at {
