@@ -20,7 +20,7 @@ use crate::config::EngineConfig;
 use crate::domain::{Part, SessionInfo};
 use crate::engine::{
     Event, Generation, OverflowCheck, PruneMode, PruneReport, RecallKey, Recalled, StepReport,
-    Trigger, Update, counted_texts,
+    Trail, Trigger, Update, counted_texts,
 };
 use crate::store::{SessionHandle, StoreError, Tx};
 
@@ -192,6 +192,12 @@ pub async fn prune(hub: &Arc<Hub>, session_id: &str, dry_run: bool) -> Pending<P
 /// Runs the overflow check.
 pub async fn check_overflow(hub: &Arc<Hub>, session_id: &str) -> Pending<OverflowCheck> {
     on_session(hub, session_id, "", overflow_check).await
+}
+
+/// The message order and compactions of a session an import with `keep_compactions`
+/// replaces (`engine::Trail`).
+pub async fn compaction_trail(hub: &Arc<Hub>, session_id: &str) -> Pending<Trail> {
+    on_session(hub, session_id, "", |s, _| Ok(s.compaction_trail())).await
 }
 
 /// Recalls a part's original content; NOT_FOUND names the key's field when no part has

@@ -21,7 +21,7 @@ use super::request::{
 };
 use super::status::Rejection;
 use crate::engine::{Trail, Update};
-use crate::store::{Reservation, Store, StoreError};
+use crate::store::{Reservation, Store};
 use crate::trace;
 
 pub use super::stream::EventStream;
@@ -97,26 +97,18 @@ impl SessionsService {
     /// memory budget) leaves the import as the host sent it: a replace must still repair
     /// a session that cannot be read.
     async fn compaction_trail(&self, session_id: &str) -> Option<Trail> {
-        // A session sent cold between `get` and `call` answers NotFound: look again once.
-        for _ in 0..2 {
-            let handle = match self.store.get(session_id).await {
-                Ok(h) => h,
-                Err(StoreError::NotFound(_)) => return None,
-                Err(e) => {
-                    tracing::warn!(session_id, error = %e, "import keeps no compaction: the replaced session could not be read");
-                    return None;
-                }
-            };
-            match handle.call(|s, _| s.compaction_trail()).await {
-                Ok(trail) => return Some(trail),
-                Err(StoreError::NotFound(_)) => continue,
-                Err(e) => {
-                    tracing::warn!(session_id, error = %e, "import keeps no compaction: the replaced session could not be read");
-                    return None;
-                }
+        match ops::compaction_trail(&self.hub, session_id)
+            .await
+            .outcome(session_id)
+            .await
+        {
+            Ok(trail) => Some(trail),
+            Err(r) if r.code == tonic::Code::NotFound => None,
+            Err(r) => {
+                tracing::warn!(session_id, error = %r.message, "import keeps no compaction: the replaced session could not be read");
+                None
             }
         }
-        None
     }
 
     /// Refuses a request over `max_update_bytes`; otherwise counts its bytes in flight

@@ -80,6 +80,15 @@ pub(super) async fn feed(h: &SessionHandle, updates: Vec<Update>) {
     }
 }
 
+/// Session `id` as a store newly opened on `dir` loads it back (the store closed after).
+async fn on_disk(dir: &std::path::Path, id: &str) -> String {
+    let store = durable(dir, Limits::default(), 0);
+    let h = store.get(id).await.expect("loaded from disk");
+    let seen = observed(&h).await;
+    store.close().await;
+    seen
+}
+
 /// What a host can observe of a session: its context, its messages and parts (with their
 /// marks and token figures) and its overflow check. Not `bytes`: held bytes follow
 /// allocation history (a restored string holds exactly its length).
@@ -141,9 +150,7 @@ async fn a_session_comes_back_after_the_store_is_gone_exactly_as_it_was() {
     feed(&h, turn(30, 1, 100)).await;
     let later = observed(&h).await;
     store.close().await;
-    let store = durable(d.path(), Limits::default(), 0);
-    let h = store.get("s").await.expect("loaded again");
-    assert_eq!(observed(&h).await, later);
+    assert_eq!(on_disk(d.path(), "s").await, later);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -451,9 +458,7 @@ async fn a_logged_change_that_no_longer_applies_is_left_out_and_the_session_load
     feed(&h, turn(1, 1, 100)).await;
     let later = observed(&h).await;
     store.close().await;
-    let store = durable(d.path(), Limits::default(), 0);
-    let h = store.get("s").await.expect("loaded again");
-    assert_eq!(observed(&h).await, later);
+    assert_eq!(on_disk(d.path(), "s").await, later);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -725,9 +730,7 @@ async fn under_interval_a_disk_that_stays_full_is_tried_less_and_less_often() {
     h.flush().await.expect("written once the disk has room");
     store.close().await;
     drop(h);
-    let store = durable(d.path(), Limits::default(), 0);
-    let h = store.get("s").await.expect("loaded from disk");
-    assert_eq!(observed(&h).await, held);
+    assert_eq!(on_disk(d.path(), "s").await, held);
 }
 
 /// A stored session far past what it may hold once loaded (a limit lowered since it
@@ -762,6 +765,5 @@ async fn a_stored_session_far_past_the_limit_is_refused_unread() {
     }
     // Within the limit again, it loads.
     store.close().await;
-    let store = durable(d.path(), Limits::default(), 0);
-    store.get("big").await.expect("loads under the old limits");
+    on_disk(d.path(), "big").await;
 }

@@ -147,15 +147,21 @@ def test_async_compact(llm_server: Server, fake: FakeOpenAI, sid: str) -> None:
     asyncio.run(main())
 
 
-def turns_on(s, sid: str, first: int, last: int) -> None:
+def turn_updates(first: int, last: int) -> Iterator[tuple]:
     """User turns of ~2,000 tokens of prose each (prune cannot make room: only a
-    compaction can), each answered briefly."""
+    compaction can), each answered briefly: (stream method, message or part) pairs."""
     for n in range(first, last + 1):
-        s.upsert_message(sid, b.user_message(f"u{n}"))
-        s.upsert_part(sid, b.text_part(f"u{n}", f"u{n}-t", f"turn {n}: " + "lorem ipsum " * 700))
-        s.upsert_message(sid, b.assistant_message(f"a{n}", f"u{n}"))
-        s.upsert_part(sid, b.text_part(f"a{n}", f"a{n}-t", f"answer {n}"))
-        s.upsert_message(sid, b.assistant_message(f"a{n}", f"u{n}", finish="stop"))
+        yield "upsert_message", b.user_message(f"u{n}")
+        yield "upsert_part", b.text_part(f"u{n}", f"u{n}-t", f"turn {n}: " + "lorem ipsum " * 700)
+        yield "upsert_message", b.assistant_message(f"a{n}", f"u{n}")
+        yield "upsert_part", b.text_part(f"a{n}", f"a{n}-t", f"answer {n}")
+        yield "upsert_message", b.assistant_message(f"a{n}", f"u{n}", finish="stop")
+
+
+def turns_on(s, sid: str, first: int, last: int) -> None:
+    """:func:`turn_updates` sent on the blocking stream ``s``."""
+    for method, value in turn_updates(first, last):
+        getattr(s, method)(sid, value)
 
 
 def test_a_raising_on_event_or_a_cancelled_future_does_not_end_the_stream(
@@ -226,12 +232,8 @@ def test_a_raising_on_event_does_not_end_the_async_stream(
         async with AsyncClient(llm_server.addr) as c:
             async with await c.stream(on_event=boom) as s:
                 await s.open(sid, limits=(8000, 1000))
-                for n in range(1, 6):
-                    await s.upsert_message(sid, b.user_message(f"u{n}"))
-                    await s.upsert_part(sid, b.text_part(f"u{n}", f"u{n}-t", f"turn {n}: " + "lorem ipsum " * 700))
-                    await s.upsert_message(sid, b.assistant_message(f"a{n}", f"u{n}"))
-                    await s.upsert_part(sid, b.text_part(f"a{n}", f"a{n}-t", f"answer {n}"))
-                    await s.upsert_message(sid, b.assistant_message(f"a{n}", f"u{n}", finish="stop"))
+                for method, value in turn_updates(1, 5):
+                    await getattr(s, method)(sid, value)
                 deadline = time.monotonic() + 15
                 while not any(ev.compaction.WhichOneof("event") == "compacted" for ev in seen):
                     assert time.monotonic() < deadline, f"no automatic compaction: {seen}"

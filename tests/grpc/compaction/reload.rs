@@ -17,6 +17,15 @@ fn host_import(sid: &str) -> pb::ImportSessionRequest {
     }
 }
 
+/// `req` as a reload keeping compactd's compactions.
+fn keeping(req: pb::ImportSessionRequest) -> pb::ImportSessionRequest {
+    pb::ImportSessionRequest {
+        replace: true,
+        keep_compactions: true,
+        ..req
+    }
+}
+
 async fn compacted_example(client: &mut Client) -> (pb::SessionCompacted, pb::Context) {
     client
         .import_session(host_import(SID))
@@ -44,11 +53,7 @@ async fn a_reload_from_the_hosts_history_keeps_compactds_compaction() {
 
     // The host's history again: it never held compactd's two messages.
     client
-        .import_session(pb::ImportSessionRequest {
-            replace: true,
-            keep_compactions: true,
-            ..host_import(SID)
-        })
+        .import_session(keeping(host_import(SID)))
         .await
         .expect("ImportSession keeping compactions");
     let reloaded = get_context(&mut client, SID).await;
@@ -85,12 +90,10 @@ async fn a_reload_of_a_history_that_lost_a_summarized_message_keeps_no_compactio
         serde_json::from_str(&host_import(SID).export_json).expect("example is JSON");
     let messages = export["messages"].as_array_mut().expect("messages");
     messages.remove(1);
-    let trimmed = pb::ImportSessionRequest {
+    let trimmed = keeping(pb::ImportSessionRequest {
         export_json: export.to_string(),
-        replace: true,
-        keep_compactions: true,
         ..host_import(SID)
-    };
+    });
     client
         .import_session(trimmed)
         .await
@@ -131,11 +134,7 @@ async fn a_replaced_session_that_cannot_be_read_is_still_replaced() {
     assert_eq!(unreadable.code(), tonic::Code::DataLoss);
     // The host's history repairs it, keeping compactions or not.
     client
-        .import_session(pb::ImportSessionRequest {
-            replace: true,
-            keep_compactions: true,
-            ..host_import(SID)
-        })
+        .import_session(keeping(host_import(SID)))
         .await
         .expect("the replace goes through");
     assert_eq!(context_ids(&get_context(&mut client, SID).await).len(), 11);

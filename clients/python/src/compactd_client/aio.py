@@ -15,6 +15,7 @@ from .client import auth_metadata, channel_options
 from .compaction import AsyncCompaction
 from .errors import CompactdError, error_from_event, error_from_rpc, make_error, split_field
 from .stream import LATE_EVENTS_KEPT
+from .stream import _keep as _keep_bounded
 from .results import (
     LimitsLike,
     ModelLike,
@@ -36,16 +37,8 @@ _log = logging.getLogger("compactd_client")
 
 
 def _keep(q: "asyncio.Queue[Any]", item: Any) -> None:
-    """Puts ``item`` on the bounded ``q``, dropping the oldest entry when it is full."""
-    while True:
-        try:
-            q.put_nowait(item)
-            return
-        except asyncio.QueueFull:
-            try:
-                q.get_nowait()
-            except asyncio.QueueEmpty:
-                pass
+    """:func:`compactd_client.stream._keep` for an ``asyncio.Queue``."""
+    _keep_bounded(q, item, asyncio.QueueFull, asyncio.QueueEmpty)
 
 
 class AsyncSubscription:

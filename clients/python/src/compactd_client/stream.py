@@ -51,16 +51,17 @@ _log = logging.getLogger("compactd_client")
 LATE_EVENTS_KEPT = 1024
 
 
-def _keep(q: "queue.Queue[Any]", item: Any) -> None:
-    """Puts ``item`` on the bounded ``q``, dropping the oldest entry when it is full."""
+def _keep(q: Any, item: Any, full: type = queue.Full, empty: type = queue.Empty) -> None:
+    """Puts ``item`` on the bounded ``q``, dropping the oldest entry when it is full
+    (a ``queue.Queue``, or an ``asyncio.Queue`` with its ``QueueFull``/``QueueEmpty``)."""
     while True:
         try:
             q.put_nowait(item)
             return
-        except queue.Full:
+        except full:
             try:
                 q.get_nowait()
-            except queue.Empty:
+            except empty:
                 pass
 
 
