@@ -167,13 +167,42 @@ class Mirror {
     this.stream?.cancel()
   }
 
+  /** The session's state, created when first met; it becomes the most recently used. */
   private session(id: string): SessionState {
-    let s = this.sessions.get(id)
+    let s = this.known(id)
     if (!s) {
       s = { id, status: "new", sent: new Map(), parts: new Map(), pending: new Set(), opened: "", deferred: new Map() }
       this.sessions.set(id, s)
+      this.forgetIdle(id)
     }
     return s
+  }
+
+  /** The session's state if there is one, made the most recently used (the map's order). */
+  private known(id: string): SessionState | undefined {
+    const s = this.sessions.get(id)
+    if (s) {
+      this.sessions.delete(id)
+      this.sessions.set(id, s)
+    }
+    return s
+  }
+
+  /**
+   * Past `maxSessions`, forgets the least recently used sessions that wait on nothing (no
+   * ack, no compaction): a long-running OpenCode meets many sessions, and each state holds
+   * a digest per part. A forgotten session is loaded whole when it is used again, as after
+   * a restart (compactd keeps its summaries).
+   */
+  private forgetIdle(keep: string) {
+    let over = this.sessions.size - this.settings.maxSessions
+    for (const [id, s] of this.sessions) {
+      if (over <= 0) return
+      if (id === keep || s.pending.size || s.compaction) continue
+      this.sessions.delete(id)
+      over -= 1
+      if (this.settings.debug) this.log.debug(`forgetting the mirror state of idle session ${id}`)
+    }
   }
 
   private getStream(): SessionStream {
@@ -339,7 +368,7 @@ class Mirror {
       case "message.part.updated": {
         const part = props.part
         if (!part?.sessionID) return
-        const s = this.sessions.get(part.sessionID)
+        const s = this.known(part.sessionID)
         if (s?.status !== "ready") return
         // Text still streaming is sent when it appears (compactd keeps parts in arrival
         // order) and once it is whole, not at every delta.
@@ -349,7 +378,7 @@ class Mirror {
         return
       }
       case "message.part.removed": {
-        const s = this.sessions.get(props.sessionID)
+        const s = this.known(props.sessionID)
         if (s?.status === "ready") this.partRemoved(s, props.messageID, props.partID)
         return
       }

@@ -36,6 +36,9 @@ export interface PluginSettings {
   debug: boolean
   /** Milliseconds to wait for compactd at start and for each call. */
   timeoutMs: number
+  /** Sessions whose mirror state (what compactd holds of each) is kept; the least recently
+   * used idle one beyond it is forgotten and loaded whole again when it is next used. */
+  maxSessions: number
 }
 
 function env(name: string): string | undefined {
@@ -83,8 +86,15 @@ export function resolveSettings(options: Record<string, any> = {}): PluginSettin
     limits: o.limits ?? jsonEnv("COMPACTD_OPENCODE_LIMITS"),
     logFile: o.logFile ?? env("COMPACTD_OPENCODE_LOG"),
     debug: bool(o.debug ?? env("COMPACTD_OPENCODE_DEBUG"), false),
-    timeoutMs: Number(o.timeoutMs ?? env("COMPACTD_OPENCODE_TIMEOUT_MS") ?? 15000),
+    timeoutMs: positive("timeoutMs", o.timeoutMs ?? env("COMPACTD_OPENCODE_TIMEOUT_MS") ?? 15000),
+    maxSessions: positive("maxSessions", o.maxSessions ?? env("COMPACTD_OPENCODE_MAX_SESSIONS") ?? 256),
   }
+}
+
+function positive(name: string, v: unknown): number {
+  const n = Number(v)
+  if (!Number.isSafeInteger(n) || n < 1) throw new Error(`${name} must be a positive integer, not ${JSON.stringify(v)}`)
+  return n
 }
 
 const camel = (k: string) => k.replace(/_([a-z])/g, (_, c: string) => c.toUpperCase())

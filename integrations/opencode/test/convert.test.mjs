@@ -2,7 +2,7 @@
 import { test } from "node:test"
 import assert from "node:assert/strict"
 import { toMessageInfo, toPart, toOpenCodeMessages, kindOf } from "../dist/convert.js"
-import { sessionConfig } from "../dist/options.js"
+import { resolveSettings, sessionConfig } from "../dist/options.js"
 
 const user = { id: "msg_1", sessionID: "ses", role: "user", time: { created: 1 }, agent: "build", model: { providerID: "p", modelID: "m" }, summary: { diffs: [] } }
 const assistant = {
@@ -72,4 +72,15 @@ test("session settings: snake_case or camelCase, lists and enums by short name",
     protectedTools: { values: ["skill"] },
     preset: "OVERFLOW_PRESET_OPENCODE",
   })
+})
+
+test("maxSessions and timeoutMs: defaults, a positive integer or a clear error", () => {
+  assert.equal(resolveSettings({}).maxSessions, 256)
+  assert.equal(resolveSettings({}).timeoutMs, 15000)
+  // NaN would make every ack wait time out at once.
+  assert.throws(() => resolveSettings({ timeoutMs: "15s" }), /timeoutMs must be a positive integer, not "15s"/)
+  assert.equal(resolveSettings({ maxSessions: "8" }).maxSessions, 8)
+  for (const bad of [0, -1, 1.5, "many"]) {
+    assert.throws(() => resolveSettings({ maxSessions: bad }), /maxSessions must be a positive integer/)
+  }
 })

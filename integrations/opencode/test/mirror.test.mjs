@@ -87,6 +87,34 @@ test("a session resumed after a restart is sent in OpenCode's order", async () =
   }
 })
 
+test("idle sessions past maxSessions are forgotten, and loaded whole when used again", async () => {
+  // A long-running OpenCode meets many sessions: the plugin keeps the state (a digest per
+  // part) of the most recently used ones only.
+  const a = history("ses_lru_a", 2).slice(0, 3)
+  const reads = []
+  const hooks = await hooksFor((id) => (reads.push(id), id === "ses_lru_a" ? a : []), { maxSessions: 2 })
+  try {
+    const transform = async () => {
+      const output = { messages: [...a] }
+      await hooks["experimental.chat.messages.transform"]({}, output)
+      return output.messages.map((m) => m.info.id)
+    }
+    assert.deepEqual(await transform(), a.map((m) => m.info.id))
+    assert.deepEqual(await transform(), a.map((m) => m.info.id))
+    assert.deepEqual(reads, ["ses_lru_a"], "a remembered session is not read again")
+    // Two more sessions start: ses_lru_a is now the least recently used of three.
+    for (const ses of ["ses_lru_b", "ses_lru_c"]) {
+      await hooks.event({ event: { type: "message.updated", properties: { info: history(ses, 1)[0].info } } })
+    }
+    assert.deepEqual(await transform(), a.map((m) => m.info.id), "the context after it was forgotten")
+    assert.deepEqual(reads, ["ses_lru_a", "ses_lru_a"], "the forgotten session was loaded whole")
+    const held = await client.getSession("ses_lru_a")
+    assert.deepEqual(held.messages.map((m) => m.info.id), a.map((m) => m.info.id))
+  } finally {
+    await hooks.dispose()
+  }
+})
+
 test("a compactd that stops answering does not hold OpenCode's request", async () => {
   const ses = "ses_stalled"
   const all = history(ses, 2).slice(0, 3)
