@@ -109,6 +109,17 @@ impl Performed {
 }
 
 impl Session {
+    /// [`Session::perform`] for a change read back from a store's log: it was admitted
+    /// when it was logged, so an admission limit the configuration lowered since (a
+    /// lower `--max-parts-per-message`, another tokenizer counting a summary larger) does
+    /// not refuse it again, and the session holds every change its clients were acked.
+    pub fn replay(&mut self, change: Change, config: &EngineConfig) -> Performed {
+        self.replaying = true;
+        let performed = self.perform(change, config);
+        self.replaying = false;
+        performed
+    }
+
     /// Performs `change`: the one place the four mutations are dispatched, live and on
     /// replay alike. A store encodes the change before performing it (the change is
     /// consumed) and logs it when [`Performed::changed`].

@@ -447,7 +447,9 @@ impl Session {
             return Err(CompactionError::EmptySummary);
         }
         let model_tokens = self.counter().count(model_text);
-        if model_tokens >= plan.replaced_tokens {
+        // Replayed, the summary is counted by the tokenizer the session resolves now,
+        // which need not be the one that admitted it.
+        if model_tokens >= plan.replaced_tokens && !self.replaying {
             return Err(CompactionError::NotSmaller {
                 summary: model_tokens,
                 head: plan.replaced_tokens,

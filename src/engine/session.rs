@@ -157,6 +157,9 @@ pub struct Session {
     /// Which session value this is (kept by a copy, new for a session created, imported
     /// or loaded): a compaction planned on another value is stale.
     generation: Generation,
+    /// True while [`Session::replay`] performs a logged change: what was admitted once is
+    /// not refused again by an admission limit the server's flags have lowered since.
+    pub(super) replaying: bool,
 }
 
 /// Which session value a [`Session`] is: one process-wide counter hands a new one to
@@ -208,6 +211,7 @@ impl Clone for Session {
             requests,
             part_index,
             generation,
+            replaying: _,
         } = self;
         let mut messages = messages.clone();
         // A copy changes apart from its original: its messages take their own revisions.
@@ -233,6 +237,7 @@ impl Clone for Session {
             requests: *requests,
             part_index: part_index.clone(),
             generation: *generation,
+            replaying: false,
         }
     }
 }
@@ -302,6 +307,7 @@ impl Serialize for Session {
             requests,
             part_index: _,
             generation: _,
+            replaying: _,
         } = self;
         let mut parents: Vec<(&String, &usize)> = completed_parents.iter().collect();
         parents.sort_unstable();
@@ -356,6 +362,7 @@ impl Session {
             requests: RequestLog::default(),
             part_index: PartIndex::default(),
             generation: Generation::next(),
+            replaying: false,
         }
     }
 
@@ -453,6 +460,7 @@ impl Session {
             requests,
             part_index,
             generation: Generation::next(),
+            replaying: false,
         })
     }
 
@@ -1147,7 +1155,7 @@ impl Session {
         self.check_growth("", old_bytes, bytes.saturating_add(slots))?;
         let created = existing.is_none();
         let max = self.settings.max_parts_per_message;
-        if created && max > 0 && parts.len() >= max {
+        if created && max > 0 && parts.len() >= max && !self.replaying {
             return Err(ApplyError::exhausted(
                 "id",
                 format!(

@@ -418,9 +418,9 @@ async fn a_damaged_id_or_incarnation_leaves_the_other_sessions_served() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_logged_change_that_no_longer_applies_is_left_out_and_the_session_loads() {
-    // What a lower `--max-parts-per-message` does to a log holding an Open: the replayed
-    // Open takes the new limit, and a later part of a full message is refused. That is
-    // a configuration change, not damage: the session loads without it.
+    // A logged change this engine refuses even on replay (another version's reading of
+    // the history): the session loads without it rather than not at all. (A lowered
+    // admission limit no longer refuses one: see the test after this one.)
     let d = tempfile::tempdir().expect("dir");
     let held = {
         let store = durable(d.path(), Limits::default(), 0);
@@ -459,6 +459,42 @@ async fn a_logged_change_that_no_longer_applies_is_left_out_and_the_session_load
     let later = observed(&h).await;
     store.close().await;
     assert_eq!(on_disk(d.path(), "s").await, later);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parts_logged_under_a_higher_parts_limit_come_back_after_it_is_lowered() {
+    // The server restarts with a lower `--max-parts-per-message`. A logged Configure
+    // resolves the session's settings from the new flags when it is replayed, but the
+    // parts logged after it were admitted (and acknowledged) under the old limit.
+    let d = tempfile::tempdir().expect("dir");
+    let held = {
+        let store = durable(d.path(), Limits::default(), 0);
+        let (h, _) = store.open(info("s")).await.expect("open");
+        feed(&h, vec![Update::Configure(info("s"))]).await;
+        feed(&h, turn(0, 3, 100)).await;
+        store.close().await;
+        observed(&h).await
+    };
+    let lowered = EngineConfig {
+        max_parts_per_message: 2,
+        ..EngineConfig::default()
+    };
+    let backend = Sqlite::open(d.path(), Durability::Sync, None, 0).expect("open");
+    let store = Store::new(lowered)
+        .with_backend(Arc::new(backend))
+        .expect("listed");
+    let h = store.get("s").await.expect("the session loads");
+    assert_eq!(observed(&h).await, held, "every acknowledged part is back");
+    // What comes next meets the limit the server has now.
+    let refused = h
+        .call(|s, _| s.step(Update::UpsertPart(tool("a0", "a0-new", "x".into())), NOW))
+        .await
+        .expect("durable");
+    match refused {
+        Err(e) => assert!(e.to_string().contains("max_parts_per_message"), "{e}"),
+        Ok(_) => panic!("a fourth part past the lowered limit was admitted"),
+    }
+    store.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -23,8 +23,8 @@ pub(crate) struct Restored {
 
 /// Decodes `stored` and replays its log. A snapshot or change that does not decode, or a
 /// gap in the log, makes the session unreadable (`Corrupt`): it is reported and skipped,
-/// its rows kept, never half restored. A change that decodes but no longer applies
-/// (the server's configuration changed) is left out and logged.
+/// its rows kept, never half restored. Changes replay past admission limits lowered since
+/// they were logged; one that still does not apply is left out and logged.
 pub(crate) fn restore(
     id: &str,
     stored: Stored,
@@ -49,12 +49,11 @@ pub(crate) fn restore(
             return Err(corrupt(format!("the log jumps from seq {seq} to {n}")));
         }
         let change = decode_change(bytes).map_err(|e| corrupt(format!("log entry {n}: {e}")))?;
-        // Only changes that applied were logged, but a refusal now is not always damage:
-        // an Open replayed re-resolves the session's settings from the server's current
-        // configuration (a lower `--max-parts-per-message`, another tokenizer), which may
-        // refuse what the log goes on with. The session is restored without that change
-        // (its next snapshot leaves it out for good); the refusal is logged.
-        let refused = match session.perform(change, config) {
+        // Only changes that applied were logged. Replayed, they pass the admission limits
+        // the server's flags may have lowered since (`Session::replay`), but a refusal
+        // that remains (another engine version reading the history otherwise) leaves the
+        // change out, logged, rather than the whole session unreadable.
+        let refused = match session.replay(change, config) {
             Performed::Step(Err(e)) => Some(e.to_string()),
             Performed::CommitCompaction(Err(e)) => Some(e.to_string()),
             _ => None,

@@ -530,6 +530,51 @@ fn a_logged_plan_is_still_bounds_checked() {
 }
 
 #[test]
+fn a_replayed_commit_is_not_refused_for_a_summary_that_counts_larger_now() {
+    // A commit read back from the log was checked when it was performed. Replayed after
+    // the server's tokenizer changed, its summary may count as many tokens as the head
+    // it replaced (a plan keeps the figures of its own count): a live commit of that
+    // summary is refused, the logged one is performed again.
+    let plan = session(FIXTURE)
+        .plan_compaction(req(TAIL, true))
+        .expect("plan");
+    let larger = chars(4 * 3_100);
+    let logged = || {
+        let bytes = crate::engine::encode_change(&crate::engine::Change::CommitCompaction {
+            plan: plan.clone(),
+            outcome: outcome(&larger),
+            ids: ids(1),
+            now_ms: NOW,
+        });
+        crate::engine::decode_change(&bytes).expect("decodes")
+    };
+    let mut live = session(FIXTURE);
+    let refused = live.perform(logged(), &config());
+    assert!(
+        matches!(
+            refused,
+            crate::engine::Performed::CommitCompaction(Err(CompactionError::NotSmaller { .. }))
+        ),
+        "{refused:?}"
+    );
+    let mut replayed = session(FIXTURE);
+    let done = replayed.replay(logged(), &config());
+    assert!(
+        matches!(done, crate::engine::Performed::CommitCompaction(Ok(_))),
+        "{done:?}"
+    );
+    assert_eq!(context_ids(&replayed)[..2], ["cmp1_user", "cmp1_summary"]);
+    // Replay is over: the next live commit is checked again.
+    let again = replayed.plan_compaction(req(TAIL, false)).expect("plan");
+    let larger_still = chars(4 * (again.replaced_tokens as usize + 100));
+    let err = replayed.commit_compaction(&again, &outcome(&larger_still), &ids(2), NOW, &config());
+    assert!(
+        matches!(err, Err(CompactionError::NotSmaller { .. })),
+        "{err:?}"
+    );
+}
+
+#[test]
 fn a_commit_over_the_byte_limit_adds_nothing_and_one_under_it_adds_all() {
     let base = session(FIXTURE);
     let plan = base.clone().plan_compaction(req(TAIL, true)).expect("plan");
