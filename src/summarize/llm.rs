@@ -258,6 +258,9 @@ impl OpenAiSummarizer {
                 retry_after::scoped(self.attempt(&body, &progress, &mut started)).await;
             let e = match result {
                 Ok(outcome) => {
+                    if let Some(too_long) = self.truncated(&request, &outcome) {
+                        return Err(too_long);
+                    }
                     self.observe(&request, &outcome);
                     return Ok(outcome);
                 }

@@ -604,13 +604,17 @@ async fn chat_completions(
         Reply::Window(spec) => match spec.judge(&body) {
             // llama-cpp-python ignores `include_usage`.
             Verdict::Fits(prompt) => Reply::text([format!("summary #{number}")])
-                .with_usage((spec.overflow == Overflow::Refuse).then_some((prompt, 3))),
+                .with_usage((spec.overflow != Overflow::EmptyStream).then_some((prompt, 3))),
             Verdict::Refuse(body) => Reply::Status {
                 code: 400,
                 body,
                 retry_after: None,
             },
             Verdict::Empty => Reply::Empty,
+            Verdict::Truncated(kept) => {
+                Reply::text([format!("summary #{number} of what was kept")])
+                    .with_usage(Some((kept, 3)))
+            }
         },
         other => other,
     };

@@ -32,6 +32,10 @@ pub enum Overflow {
     /// HTTP 200 with an empty body and a plain one a 400 with the numbers; `max_tokens`
     /// past the window is cut short silently.
     EmptyStream,
+    /// Ollama: messages that do not fit are dropped from the prompt, the first (system)
+    /// and the last kept, and the rest is answered as usual, its usage counting only what
+    /// was kept.
+    Truncate,
 }
 
 /// The fake's judgement of one request.
@@ -43,19 +47,27 @@ pub enum Verdict {
     Refuse(String),
     /// 200 with an empty body.
     Empty,
+    /// Answered after dropping the messages between the first and the last; the fake
+    /// read this many tokens.
+    Truncated(u64),
 }
 
 impl WindowSpec {
     /// The fake's count of the request's prompt.
     pub fn prompt_tokens(&self, body: &Value) -> u64 {
+        self.message_tokens(body).iter().sum()
+    }
+
+    /// The fake's count of each message of the request.
+    fn message_tokens(&self, body: &Value) -> Vec<u64> {
         let counter = Counting::O200k.counter();
-        body["messages"].as_array().map_or(0, |ms| {
+        body["messages"].as_array().map_or(Vec::new(), |ms| {
             ms.iter()
                 .map(|m| {
                     let text = m["content"].as_str().unwrap_or_default();
                     counter.count(text) * self.percent / 100 + FAKE_TEMPLATE_PER_MESSAGE
                 })
-                .sum()
+                .collect()
         })
     }
 
@@ -78,6 +90,16 @@ impl WindowSpec {
             Overflow::Refuse if prompt + completion > self.n_ctx => refusal,
             Overflow::EmptyStream if prompt >= self.n_ctx && streamed => Verdict::Empty,
             Overflow::EmptyStream if prompt >= self.n_ctx => refusal,
+            Overflow::Truncate if prompt + completion > self.n_ctx => {
+                let each = self.message_tokens(body);
+                let kept = each.first().copied().unwrap_or(0)
+                    + if each.len() > 1 {
+                        each.last().copied().unwrap_or(0)
+                    } else {
+                        0
+                    };
+                Verdict::Truncated(kept)
+            }
             _ => Verdict::Fits(prompt),
         }
     }

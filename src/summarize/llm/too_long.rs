@@ -7,7 +7,8 @@
 //! [`SummarizeError::TooLong`]: the chunker then cuts the request smaller, and the same
 //! request is never sent again.
 //!
-//! Usage reports of answered requests teach the ratio too.
+//! Usage reports of answered requests teach the ratio too, and tell a prompt the endpoint
+//! truncated to fit its window without saying so (Ollama): "too long" as well.
 
 use serde_json::Value;
 
@@ -87,6 +88,38 @@ impl OpenAiSummarizer {
         };
         tracing::warn!(model = self.model_of(request.model.as_deref()), counted_tokens = request.counted_tokens, max_tokens = request.max_tokens, reason = %why, "compaction request answered with nothing; it will be cut smaller");
         SummarizeError::TooLong(why)
+    }
+
+    /// An answer to a prompt the endpoint read under half of: it dropped what did not fit
+    /// its window (Ollama drops the messages between the first and the last, the
+    /// transcript) and answered the rest, so the summary would hide a conversation the
+    /// model never read. Learns a window below what it read and returns the "too long"
+    /// the chunker cuts the head smaller on. No endpoint's tokenizer counts a text at
+    /// half of compactd's (`window::RATIO_BOUNDS`).
+    pub(super) fn truncated(
+        &self,
+        request: &SummaryRequest,
+        outcome: &SummaryOutcome,
+    ) -> Option<SummarizeError> {
+        let counted = request.counted_tokens?;
+        let reported = outcome.usage?.input;
+        let read = without_template(reported);
+        if counted < MIN_OBSERVED_TOKENS || read == 0 || read.saturating_mul(2) >= counted {
+            return None;
+        }
+        let why = format!(
+            "the endpoint read {read} tokens of a prompt compactd counts at {counted}: it cut \
+             the conversation to fit its window"
+        );
+        self.learn(
+            request,
+            Refusal {
+                window: None,
+                prompt_tokens: Some(reported),
+            },
+        );
+        tracing::warn!(model = self.model_of(request.model.as_deref()), counted_tokens = counted, max_tokens = request.max_tokens, reason = %why, "compaction request truncated by the endpoint; its answer is dropped and the head cut smaller");
+        Some(SummarizeError::TooLong(why))
     }
 
     /// One request that is not streamed; errors mapped and scrubbed.

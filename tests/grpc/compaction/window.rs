@@ -178,6 +178,44 @@ async fn an_empty_stream_is_too_long_and_the_head_is_cut_smaller_never_resent() 
 }
 
 #[tokio::test]
+async fn a_prompt_the_endpoint_truncated_is_too_long_not_a_summary() {
+    // Ollama: a prompt over its window loses the messages between the first and the last
+    // (here the transcript) and is answered as usual; only the usage tells.
+    let window = spec(100, Overflow::Truncate);
+    let fake = FakeLlm::start(vec![Reply::Window(window)]).await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_long_session(&mut client, SID).await;
+    let events = compact(&mut client, SID).await;
+    let done = compacted(&events);
+
+    let requests = fake.requests();
+    assert!(
+        matches!(window.judge(&requests[0].body), Verdict::Truncated(_)),
+        "the whole head first"
+    );
+    for r in &requests[1..] {
+        assert!(
+            matches!(window.judge(&r.body), Verdict::Fits(_)),
+            "after one truncation every request fits: {}",
+            window.prompt_tokens(&r.body)
+        );
+    }
+    assert_eq!(
+        done.chunks as usize,
+        requests.len() - 1,
+        "the truncated answer is not a chunk"
+    );
+    assert_no_repeat(&requests);
+    assert!(
+        !requests
+            .iter()
+            .any(|r| r.body.to_string().contains("of what was kept")),
+        "the truncated answer is folded into no later request"
+    );
+}
+
+#[tokio::test]
 async fn silent_answers_without_numbers_halve_the_chunk() {
     for (silent, probe_answer) in [
         // An empty stream, and a probe that fails otherwise.
