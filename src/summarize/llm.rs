@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::output_cap::{self, OutputCap};
 use super::window::{Window, WindowSource, Windows};
 use super::{
     LlmConfig, Progress, SummarizeError, Summarizer, SummaryRequest, discover, retry_after,
@@ -156,11 +157,26 @@ impl OpenAiSummarizer {
             "stream": true,
             "stream_options": {"include_usage": true},
         });
-        // Sized by the chunker so prompt and answer fit a known window.
-        if let Some(max_tokens) = request.max_tokens {
+        // Sized by the chunker so prompt and answer fit a known window, within the cap a
+        // refusal of the field taught (`output_cap.rs`).
+        let model = self.model_of(request.model.as_deref());
+        let cap = self.windows.output_cap(&self.config.base_url, model);
+        let max_tokens = match (request.max_tokens, cap) {
+            (Some(wanted), Some(cap)) => cap.apply(wanted),
+            (wanted, None) => wanted,
+            (None, Some(_)) => None,
+        };
+        if let Some(max_tokens) = max_tokens {
             body["max_tokens"] = json!(max_tokens);
         }
         body
+    }
+
+    /// The cap a 400 (`message`, after its status) of `body` teaches when it refuses the
+    /// `max_tokens` asked.
+    fn output_refused(&self, body: &Value, message: &str) -> Option<OutputCap> {
+        let sent = body["max_tokens"].as_u64()?;
+        output_cap::refusal(message.strip_prefix("400: ").unwrap_or(message), sent)
     }
 
     /// One attempt: open the stream, forward deltas, collect text, usage and finish reason.
@@ -250,8 +266,9 @@ impl OpenAiSummarizer {
         request: SummaryRequest,
         progress: mpsc::Sender<Progress>,
     ) -> Result<SummaryOutcome, SummarizeError> {
-        let body = self.body(&request);
+        let mut body = self.body(&request);
         let mut attempt = 1;
+        let mut capped = false;
         loop {
             let mut started = false;
             let (result, seen) =
@@ -281,6 +298,20 @@ impl OpenAiSummarizer {
                 // Sending the same request again would be refused again: the chunker cuts
                 // it smaller instead.
                 SummarizeError::TooLong(why) => return Err(self.refused(&request, why)),
+                // `max_tokens` past the model's output cap, or a field the model does not
+                // take: sent again at once within what the refusal taught (once; it is
+                // another request, not the same one again).
+                SummarizeError::Request {
+                    status: Some(400),
+                    ref message,
+                    ..
+                } if !capped && let Some(cap) = self.output_refused(&body, message) => {
+                    capped = true;
+                    let model = self.model_of(request.model.as_deref());
+                    self.windows.cap_output(&self.config.base_url, model, cap);
+                    tracing::warn!(model, ?cap, reason = %message, "the endpoint refused max_tokens; asking again within what it allows");
+                    body = self.body(&request);
+                }
                 e if !started && e.retryable() && attempt <= self.config.max_retries => {
                     let backoff = self
                         .config

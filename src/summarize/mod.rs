@@ -14,6 +14,7 @@ pub mod budget;
 pub mod chunk;
 mod discover;
 mod llm;
+pub mod output_cap;
 pub mod prompt;
 mod retry_after;
 pub mod window;

@@ -16,6 +16,8 @@ use std::sync::Mutex;
 
 use serde_json::Value;
 
+use super::output_cap::OutputCap;
+
 /// Smallest window figure believed: a server reporting less is misreporting (no chat model
 /// worth compacting with holds fewer tokens).
 pub const MIN_PLAUSIBLE_WINDOW: u64 = 256;
@@ -94,6 +96,8 @@ struct Known {
     /// The endpoint answered the discovery requests (told its window or had nothing to say):
     /// not asked again. An unreachable endpoint is asked again next time.
     asked: bool,
+    /// What a refusal of `max_tokens` taught (`output_cap.rs`).
+    output: Option<OutputCap>,
 }
 
 impl Default for Known {
@@ -102,6 +106,7 @@ impl Default for Known {
             window: None,
             ratio: RATIO_BOUNDS.0,
             asked: false,
+            output: None,
         }
     }
 }
@@ -201,6 +206,22 @@ impl Windows {
         }
         self.with(base_url, model, |k| {
             k.ratio = k.ratio.max(ratio(prompt_tokens, counted));
+        });
+    }
+
+    /// The answer-token cap a refusal taught for `base_url` + `model`, if any.
+    pub fn output_cap(&self, base_url: &str, model: &str) -> Option<OutputCap> {
+        self.read(base_url, model).output
+    }
+
+    /// Keeps the cap a refusal of `max_tokens` taught (a lower figure wins; once the field
+    /// is refused it stays omitted).
+    pub fn cap_output(&self, base_url: &str, model: &str, cap: OutputCap) {
+        self.with(base_url, model, |k| {
+            k.output = Some(match (k.output, cap) {
+                (Some(OutputCap::At(old)), OutputCap::At(new)) => OutputCap::At(old.min(new)),
+                _ => cap,
+            });
         });
     }
 

@@ -215,6 +215,76 @@ async fn a_prompt_the_endpoint_truncated_is_too_long_not_a_summary() {
     );
 }
 
+/// A 400 refusing the `max_tokens` asked, in `message`'s words.
+fn max_tokens_refused(message: &str) -> Reply {
+    Reply::Status {
+        code: 400,
+        body: crate::common::fake_llm::error_body(
+            message,
+            "invalid_request_error",
+            Some("max_tokens"),
+            None,
+        ),
+        retry_after: None,
+    }
+}
+
+#[tokio::test]
+async fn a_refused_max_tokens_is_asked_again_within_the_models_output_cap() {
+    // gpt-4o-mini: a 128k window (configured here) but 16,384 output tokens; compactd
+    // asks for a quarter of the window.
+    let fake = FakeLlm::start(vec![
+        max_tokens_refused(
+            "max_tokens is too large: 32000. This model supports at most 16384 completion tokens, whereas you provided 32000.",
+        ),
+        Reply::text(["the summary"]),
+        Reply::text(["the second summary"]),
+    ])
+    .await;
+    let server = server_with(&fake, |c| c.context_tokens = Some(128_000)).await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    let done = compacted(&compact(&mut client, SID).await).clone();
+    assert_eq!(done.chunks, 1);
+    let requests = fake.requests();
+    assert_eq!(requests[0].body["max_tokens"], 32_000);
+    assert_eq!(
+        requests[1].body["max_tokens"], 16_384,
+        "asked again within the cap"
+    );
+    assert_eq!(requests[1].messages(), requests[0].messages());
+    // Kept for the model: the next compaction asks within it at once.
+    seed_session(&mut client, "cmp-2").await;
+    compacted(&compact(&mut client, "cmp-2").await);
+    let requests = fake.requests();
+    assert_eq!(requests.len(), 3);
+    assert_eq!(requests[2].body["max_tokens"], 16_384);
+}
+
+#[tokio::test]
+async fn a_model_that_refuses_the_max_tokens_field_is_asked_without_it() {
+    // OpenAI's reasoning models take `max_completion_tokens` only.
+    let fake = FakeLlm::start(vec![
+        max_tokens_refused(
+            "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
+        ),
+        Reply::text(["the summary"]),
+    ])
+    .await;
+    let server = server_with(&fake, |c| c.context_tokens = Some(200_000)).await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    compacted(&compact(&mut client, SID).await);
+    let requests = fake.requests();
+    assert_eq!(requests.len(), 2);
+    assert!(requests[0].body.get("max_tokens").is_some());
+    assert!(
+        requests[1].body.get("max_tokens").is_none(),
+        "{}",
+        requests[1].body
+    );
+}
+
 #[tokio::test]
 async fn silent_answers_without_numbers_halve_the_chunk() {
     for (silent, probe_answer) in [
