@@ -687,6 +687,15 @@ impl Session {
         Ok(true)
     }
 
+    /// Holds the age strategies while a compaction's messages are written, or a whole
+    /// history is imported (`held`), then lets them advance: a compaction's request only
+    /// says it keeps a verbatim tail once its part is written, and until then it would
+    /// count as the newest user turn.
+    pub fn hold_ages(&mut self, held: bool) {
+        self.tracker
+            .hold_ages(held, &self.messages, &self.users, &self.settings);
+    }
+
     /// The most bytes the session may hold after the next update.
     pub(crate) fn byte_limit(&self) -> ByteLimit {
         self.byte_limit

@@ -49,12 +49,16 @@ pub fn load_within(
     info.config = overrides;
     let mut session = Session::new(info, config);
     session.set_byte_limit(byte_limit);
+    // The ages advance once, over the whole history: a compaction's request written
+    // before its part would otherwise count as the newest turn (`Session::hold_ages`).
+    session.hold_ages(true);
     for (minfo, parts) in export.messages {
         session.apply(Update::UpsertMessage(minfo), config)?;
         for p in parts {
             session.apply(Update::UpsertPart(p), config)?;
         }
     }
+    session.hold_ages(false);
     Ok(session)
 }
 
@@ -71,3 +75,6 @@ pub fn strip_compacted(export: &mut Export) -> usize {
     }
     n
 }
+
+#[cfg(test)]
+mod load_tests;

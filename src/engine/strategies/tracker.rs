@@ -105,6 +105,35 @@ pub struct Tracker {
     #[serde(skip)]
     globs: GlobSet,
     dirty: bool,
+    /// Set while a compaction's messages are written ([`Tracker::hold_ages`]): its
+    /// request arrives before the part that says it keeps a verbatim tail.
+    #[serde(skip)]
+    ages_held: bool,
+}
+
+/// Position of the `turns`-th user turn from the end, as the context sends them. A
+/// compaction's request that keeps a verbatim tail is written after that tail but sent
+/// before it: it is no newer than the tail's turns, so it is not counted (a few at most are
+/// passed over, so this stays O(turns)).
+fn turn_start(messages: &[Message], users: &[usize], turns: usize) -> Option<usize> {
+    let mut counted = 0;
+    for &u in users.iter().rev() {
+        if messages.get(u).is_some_and(keeps_a_tail) {
+            continue;
+        }
+        counted += 1;
+        if counted == turns {
+            return Some(u);
+        }
+    }
+    None
+}
+
+/// Whether `m` is a compaction's request that keeps a verbatim tail.
+fn keeps_a_tail(m: &Message) -> bool {
+    m.parts
+        .iter()
+        .any(|p| matches!(&p.part.kind, PartKind::Compaction(c) if !c.tail_start_id.is_empty()))
 }
 
 impl Tracker {
@@ -227,20 +256,31 @@ impl Tracker {
 
     /// A user message arrived: older messages may have crossed an age threshold.
     pub fn on_user_message(&mut self, messages: &[Message], users: &[usize], s: &Settings) {
-        if self.dirty || s.strategies.is_empty() {
+        if self.dirty || self.ages_held || s.strategies.is_empty() {
             return;
         }
         self.advance_ages(messages, users, s);
     }
 
+    /// Holds the age strategies while a compaction's messages are written (`held`), then
+    /// lets them advance over the messages as they stand.
+    pub fn hold_ages(&mut self, held: bool, messages: &[Message], users: &[usize], s: &Settings) {
+        self.ages_held = held;
+        if !held {
+            self.on_user_message(messages, users, s);
+        }
+    }
+
     fn advance_ages(&mut self, messages: &[Message], users: &[usize], s: &Settings) {
         for (k, (strategy, turns)) in AGED.iter().enumerate() {
-            if !s.strategies.has(*strategy) || users.len() < *turns {
+            if !s.strategies.has(*strategy) {
                 continue;
             }
-            // Messages before the `turns`-th user message from the end have at least
-            // `turns` user turns after them.
-            let target = users[users.len() - turns];
+            // Messages before the `turns`-th user turn from the end have at least `turns`
+            // user turns after them.
+            let Some(target) = turn_start(messages, users, *turns) else {
+                continue;
+            };
             for (mi, m) in messages.iter().enumerate().take(target).skip(self.aged[k]) {
                 for stored in &m.parts {
                     self.age_check(*strategy, mi, m, &stored.part, s);

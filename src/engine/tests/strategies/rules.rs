@@ -699,3 +699,81 @@ fn rule_a_call_in_a_message_the_context_skips_supersedes_nothing() {
     sc.commit();
     expect_marks(&sc.s, &[("r1", St::AggressiveFilePrune, "r2")]);
 }
+
+#[test]
+fn rule_a_compaction_does_not_age_the_turns_it_keeps_verbatim() {
+    // The compaction's request and auto-continue messages are appended after the tail it
+    // keeps, but the request is sent first: the tail's user turns are still the newest.
+    use crate::engine::{CommitIds, CompactionRequest, SummaryOutcome, TailOptions};
+    for auto in [true, false] {
+        let mut sc = Script::new();
+        sc.user("u0", "Build it.").assistant(
+            "a0",
+            vec![bash("a0", "b0", "cargo build", &"x".repeat(8_000))],
+        );
+        sc.user_with(
+            "u1",
+            "Does this page look right?",
+            vec![file("u1", "f1", "page.png", "image/png", &png(8_192))],
+        )
+        .assistant("a1", vec![text("a1", "x1", "Opened.")]);
+        sc.user_with(
+            "u2",
+            "Why does it render like this?",
+            vec![file("u2", "f2", "shot.png", "image/png", &png(8_192))],
+        )
+        .assistant("a2", vec![text("a2", "x2", "Checking the CSS.")]);
+        sc.commit();
+        expect_no_marks(&sc.s);
+        let plan =
+            sc.s.plan_compaction(CompactionRequest {
+                tail: TailOptions {
+                    turns: 2,
+                    max_tokens: 15_000,
+                },
+                auto,
+                overflow: auto,
+            })
+            .expect("plan");
+        let out = SummaryOutcome {
+            text: "Built it.".into(),
+            usage: None,
+            cost: 0.0,
+            model: None,
+        };
+        let ids = CommitIds {
+            prefix: "cmp".into(),
+        };
+        sc.s.commit_compaction(&plan, &out, &ids, NOW, &cfg())
+            .expect("commit");
+        let kept = crate::engine::tests::compaction::context_ids(&sc.s);
+        assert!(
+            kept.contains(&"u1".to_string()),
+            "the tail holds two turns: {kept:?}"
+        );
+        sc.commit();
+        // Auto: [request, summary, u1, a1, u2, a2, continue], so u1 is the third user turn
+        // from the end and its file ages; manual: u1 and u2 are the last two.
+        let aged: &[(&str, St, &str)] = if auto {
+            &[("f1", St::PruneFiles, "")]
+        } else {
+            &[]
+        };
+        expect_marks(&sc.s, aged);
+        // Rebuilt from the messages (a settings change), the same decisions.
+        let before = marks(&sc.s);
+        put(
+            &mut sc.s,
+            Update::Configure(SessionInfo {
+                id: "ses_strat".into(),
+                config: SessionOverrides {
+                    prune_minimum: Some(30_000),
+                    ..Default::default()
+                },
+                ..Default::default()
+            }),
+        );
+        sc.commit();
+        assert_eq!(marks(&sc.s), before, "auto {auto}: rebuilt");
+    }
+}
