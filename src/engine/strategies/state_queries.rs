@@ -1,7 +1,7 @@
 //! Strategy 4, `stateQuerySupersede`: commands that only report the current state
 //! (`ls`, `find`, `pwd`, `git status|branch|log`, `tree`: seed 03's patterns, matched on
-//! the trimmed bash command) keep only their newest run of the same command. OpenCode's
-//! `list` tool is the same query by another name.
+//! the trimmed bash command) keep only their newest run of the same command in the same
+//! directory. OpenCode's `list` tool is the same query by another name.
 
 use serde_json::Value;
 
@@ -28,9 +28,27 @@ pub fn query_key(tool: &str, input: &Value) -> Option<String> {
     if !is_state_query(words.next(), words.next()) {
         return None;
     }
+    // Run in another directory it reports another state (OpenCode's bash takes a
+    // `workdir`, Codex's shell too, Gemini CLI's a `directory`): the directory is part of
+    // the key, before the command. Without one the key reads as it always has.
+    let dir = ["workdir", "cwd", "directory"]
+        .iter()
+        .find_map(|field| str_field(input, field))
+        .map(str::trim)
+        .filter(|d| !d.is_empty());
     // One command, whitespace collapsed ("git  status" and "git status" are one query).
-    let mut key = String::with_capacity("state:".len() + command.len());
+    let dir_len = dir.map_or(0, |d| d.len().saturating_add(1));
+    let mut key = String::with_capacity(
+        "state:"
+            .len()
+            .saturating_add(dir_len)
+            .saturating_add(command.len()),
+    );
     key.push_str("state:");
+    if let Some(dir) = dir {
+        key.push_str(dir);
+        key.push('\0');
+    }
     for (i, word) in command.split_whitespace().enumerate() {
         if i > 0 {
             key.push(' ');
@@ -97,6 +115,27 @@ mod tests {
         assert_eq!(
             query_key("list", &json!({"path": " src "})),
             Some("state:ls src".into())
+        );
+    }
+
+    #[test]
+    fn the_same_query_in_another_directory_is_another_query() {
+        let core = query_key("bash", &json!({"command": "ls", "workdir": "/repo/core"}));
+        let web = query_key("bash", &json!({"command": "ls", "workdir": "/repo/web"}));
+        assert_eq!(core, Some("state:/repo/core\0ls".into()));
+        assert_ne!(core, web);
+        assert_ne!(core, key("ls"), "no directory: the host's own");
+        assert_eq!(
+            query_key("bash", &json!({"command": "ls", "workdir": " "})),
+            key("ls"),
+            "a blank directory is none"
+        );
+        assert_eq!(
+            query_key(
+                "run_shell_command",
+                &json!({"command": "git status", "directory": "a"})
+            ),
+            Some("state:a\0git status".into())
         );
     }
 

@@ -777,3 +777,43 @@ fn rule_a_compaction_does_not_age_the_turns_it_keeps_verbatim() {
         assert_eq!(marks(&sc.s), before, "auto {auto}: rebuilt");
     }
 }
+
+#[test]
+fn rule_a_state_query_in_another_directory_is_another_query() {
+    // OpenCode's bash runs `ls` in two packages: two states, neither supersedes the other;
+    // the same listing again in one of them does.
+    let mut sc = Script::new();
+    sc.user("u1", "List both packages.").assistant(
+        "a1",
+        vec![
+            call(
+                "a1",
+                "l1",
+                "bash",
+                json!({"command": "ls", "workdir": "/repo/core"}),
+                &"core_mod.rs\n".repeat(40),
+            ),
+            call(
+                "a1",
+                "l2",
+                "bash",
+                json!({"command": "ls", "workdir": "/repo/web"}),
+                &"web_page.tsx\n".repeat(40),
+            ),
+        ],
+    );
+    sc.commit();
+    expect_no_marks(&sc.s);
+    sc.user("u2", "And core again.").assistant(
+        "a2",
+        vec![call(
+            "a2",
+            "l3",
+            "bash",
+            json!({"command": "ls", "workdir": "/repo/core"}),
+            &"core_mod.rs\n".repeat(41),
+        )],
+    );
+    sc.commit();
+    expect_marks(&sc.s, &[("l1", St::StateQuerySupersede, "l3")]);
+}
