@@ -29,6 +29,7 @@
 //! (a unary reply's bytes counted in flight until it is sent), `counting.rs`
 //! (the threads that count long texts off the runtime), `clock.rs` (the wall clock), `auth.rs`, `transport.rs` (HTTP/2 settings), `codec.rs` (the guard that
 //! refuses amplifying requests before decoding, and the encoder that sizes each reply),
+//! `too_large.rs` (tonic's refusal of an update past the transport cap, said as compactd says it),
 //! `wire_value/` (GetContext's protobuf OpenAI shape written straight to wire bytes),
 //! `list_value.rs` (the `ListValue` that carries them), `context_message.rs` (the
 //! `Context` that carries the other shapes' cached chunks) and `pb.rs` (generated).
@@ -56,6 +57,7 @@ mod status;
 mod stream;
 #[cfg(test)]
 mod test_traces;
+mod too_large;
 pub mod transport;
 mod wire_value;
 
@@ -237,6 +239,7 @@ where
 
     let token = options.auth.token.clone();
     let slow_reader_grace = options.slow_reader_grace;
+    let max_update_bytes = options.max_update_bytes;
     let guard = |on: bool| auth::interceptor(token.clone().filter(|_| on));
     let health = tonic::service::interceptor::InterceptedService::new(
         health,
@@ -257,9 +260,12 @@ where
     }
     let server = builder
         .trace_fn(|req| tracing::info_span!("rpc", rpc = %req.uri().path()))
-        .layer(tower::util::MapResponseLayer::new(move |r| {
-            held_reply::into_body(r, slow_reader_grace)
-        }))
+        .layer(tower::util::MapResponseLayer::new(
+            move |mut r: http::Response<_>| {
+                too_large::headers(r.headers_mut(), max_update_bytes);
+                held_reply::into_body(r, slow_reader_grace)
+            },
+        ))
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

@@ -211,6 +211,8 @@ impl Reader {
                         }
                         Ok(None) => reading = false,
                         Err(status) => {
+                            let status =
+                                super::too_large::status(status, self.max_update_bytes, true);
                             tracing::debug!(%status, "stream read failed");
                             ahead.push_back(Read::Failed(status));
                             reading = false;

@@ -267,6 +267,17 @@ impl EventStream {
         ack(&events).clone()
     }
 
+    /// Reads (and drops) events until the stream ends with an error status; returns it.
+    pub async fn failure(&mut self) -> tonic::Status {
+        loop {
+            match self.events.message().await {
+                Ok(Some(_)) => {}
+                Ok(None) => panic!("the stream ended cleanly"),
+                Err(status) => return status,
+            }
+        }
+    }
+
     /// Closes the sending side; returns what the server still sends before it ends
     /// the stream.
     pub async fn close(mut self) -> Vec<pb::ServerEvent> {

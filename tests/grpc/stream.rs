@@ -528,7 +528,7 @@ async fn an_update_over_max_update_bytes_is_rejected_and_the_stream_stays_open()
     s.expect_ack(sid, upsert_message(user_msg("u1"))).await;
     let before = get_session(&mut client, sid).await;
 
-    // Over 1024 bytes but under the transport cap (4 × max_update_bytes).
+    // Over 1024 bytes but under the transport cap (max_update_bytes + 64 KiB).
     let events = s
         .request(sid, upsert_part(text_part("u1", "p1", &"y".repeat(2000))))
         .await;
@@ -543,6 +543,50 @@ async fn an_update_over_max_update_bytes_is_rejected_and_the_stream_stays_open()
         .expect_ack(sid, upsert_part(text_part("u1", "p1", &"y".repeat(900))))
         .await;
     assert!(a.created);
+}
+
+#[tokio::test]
+async fn an_update_past_the_transport_cap_is_resource_exhausted_naming_the_flag() {
+    // Past max_update_bytes plus the transport's slack, tonic's decoder refuses the
+    // message before compactd reads it: the stream cannot skip it and ends.
+    let server = start_server_with_options(ServerOptions {
+        max_update_bytes: 1024,
+        ..Default::default()
+    })
+    .await;
+    let mut client = server.client().await;
+    let mut s = server.stream().await;
+    let sid = "s-huge";
+    s.expect_ack(sid, open(session(sid))).await;
+    s.expect_ack(sid, upsert_message(user_msg("u1"))).await;
+    let before = get_session(&mut client, sid).await;
+    let huge = "y".repeat(200 << 10);
+    s.send(sid, upsert_part(text_part("u1", "p1", &huge))).await;
+    let status = s.failure().await;
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().contains("max_update_bytes (1024 bytes)"),
+        "{status:?}"
+    );
+    assert!(
+        status.message().contains("--max-update-bytes"),
+        "{status:?}"
+    );
+    assert_eq!(get_session(&mut client, sid).await, before);
+    // The unary twin says the same (its status is in the reply's headers).
+    let err = client
+        .upsert_part(pb::UpsertPartRequest {
+            session_id: sid.into(),
+            part: Some(text_part("u1", "p1", &huge)),
+        })
+        .await
+        .expect_err("refused");
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+    assert!(
+        err.message().contains("max_update_bytes (1024 bytes)"),
+        "{err:?}"
+    );
+    assert_eq!(get_session(&mut client, sid).await, before);
 }
 
 #[tokio::test]
