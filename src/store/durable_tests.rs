@@ -534,7 +534,7 @@ pub(super) struct Faulty {
     closed: std::sync::atomic::AtomicBool,
     after_close: std::sync::atomic::AtomicUsize,
     /// While set, every write fails (a disk that stays full).
-    fail_all: std::sync::atomic::AtomicBool,
+    pub(super) fail_all: std::sync::atomic::AtomicBool,
     /// Writes tried.
     writes: std::sync::atomic::AtomicUsize,
 }

@@ -761,28 +761,54 @@ impl Store {
 
     /// Forgets a session, in memory and on disk (durable before this returns under
     /// `Durability::Sync`). Jobs already queued still run; its actor then stops. False
-    /// when there was no such session.
+    /// when there was no such session. Under `Sync` a delete the disk refused puts the
+    /// session back as it was (unless its id was taken meanwhile) and is an error: the
+    /// session still exists, in memory and after a restart alike.
     pub async fn remove(&self, id: &str) -> Result<bool, StoreError> {
-        let committed = {
+        let (removed, committed) = {
             let mut map = self.write();
-            let hot = map.hot.remove(id).is_some();
-            let cold = map.cold.remove(id);
-            map.resume.remove(id);
-            if !hot && !cold {
+            let removed = Removed {
+                hot: map.hot.remove(id),
+                cold: map.cold.remove(id),
+                resume: map.resume.remove(id),
+            };
+            if removed.hot.is_none() && !removed.cold {
                 return Ok(false);
             }
-            self.backend
+            let committed = self
+                .backend
                 .as_ref()
-                .map(|b| b.write(vec![Write::Delete { id: id.to_string() }]))
+                .map(|b| b.write(vec![Write::Delete { id: id.to_string() }]));
+            (removed, committed)
         };
         if let Some(rx) = committed
             && self.durability().waits()
         {
-            rx.await
-                .unwrap_or(Err(BackendError::Closed))
-                .map_err(StoreError::Storage)?;
+            // The removed handle is held until then: its actor lives on, to be put back.
+            let result = rx.await.unwrap_or(Err(BackendError::Closed));
+            if let Err(e) = result {
+                self.put_back(id, removed);
+                return Err(StoreError::Storage(e));
+            }
         }
         Ok(true)
+    }
+
+    /// Puts back what [`Store::remove`] took out of the map, unless the id was taken
+    /// meanwhile (a session created under it: the refused delete no longer concerns it).
+    fn put_back(&self, id: &str, removed: Removed) {
+        let mut map = self.write();
+        if map.hot.contains_key(id) || map.cold.contains(id) {
+            return;
+        }
+        if let Some(h) = removed.hot {
+            map.hot.insert(id.to_string(), h);
+        } else if removed.cold {
+            map.cold.insert(id.to_string());
+        }
+        if let Some(resume) = removed.resume {
+            map.resume.insert(id.to_string(), resume);
+        }
     }
 
     /// Handles of every session in memory, in no particular order.
@@ -920,6 +946,13 @@ fn pressure(shared: &Arc<Shared>, ledger: &Arc<Ledger>) {
         });
     }
     shared.pressure.notify_one();
+}
+
+/// What [`Store::remove`] took out of the map, kept until the delete is durable.
+struct Removed {
+    hot: Option<SessionHandle>,
+    cold: bool,
+    resume: Option<(u64, Generation)>,
 }
 
 #[cfg(test)]

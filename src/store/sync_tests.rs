@@ -142,3 +142,40 @@ async fn no_incarnation_past_the_largest_is_handed_out() {
         .await
         .expect("the stored session is served");
 }
+
+/// A delete the disk refuses: the session is still there, in memory and after a restart
+/// alike (before, it was gone from memory, NOT_FOUND to a retried delete, and came back
+/// from disk after a restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_sync_a_refused_delete_leaves_the_session_as_it_was() {
+    let d = tempfile::tempdir().expect("dir");
+    let backend = Arc::new(Faulty::sync(d.path(), None));
+    let store = Store::new(EngineConfig::default())
+        .with_backend(backend.clone())
+        .expect("listed");
+    let (h, _) = store.open(info("s")).await.expect("open");
+    feed(&h, turn(0, 1, 100)).await;
+    let held = observed(&h).await;
+    drop(h);
+    backend.fail_all.store(true, SeqCst);
+    match store.remove("s").await {
+        Err(StoreError::Storage(BackendError::Full(_))) => {}
+        other => panic!("expected the delete to fail on the full disk, got {other:?}"),
+    }
+    let h = store.get("s").await.expect("still held");
+    assert_eq!(observed(&h).await, held);
+    drop(h);
+    // The disk has room again: the delete goes through.
+    backend.fail_all.store(false, SeqCst);
+    assert!(
+        store.remove("s").await.expect("deleted"),
+        "it was there to delete"
+    );
+    assert!(matches!(store.get("s").await, Err(StoreError::NotFound(_))));
+    store.close().await;
+    let store = durable(d.path(), Limits::default(), 0);
+    assert!(
+        matches!(store.get("s").await, Err(StoreError::NotFound(_))),
+        "deleted on disk"
+    );
+}
