@@ -128,6 +128,16 @@ async fn summarize_blocks(
             counted_tokens: Some(counted),
         };
         match requester.request(request, last).await {
+            // Folded as the running summary, nothing would carry the chunks answered so
+            // far into the summary that gets committed (the last answer is checked when
+            // it is committed).
+            Ok(outcome) if !last && outcome.text.trim().is_empty() => {
+                return Err(SummarizeError::Malformed(format!(
+                    "the model answered a chunk of {} tokens with nothing: the conversation \
+                     up to it would be missing from the summary",
+                    chunk.tokens
+                )));
+            }
             Ok(outcome) => {
                 next += chunk.blocks;
                 fold.add(outcome, chunk.dropped);

@@ -30,6 +30,8 @@ struct Scripted {
     sent: Vec<Sent>,
     bodies: Vec<Vec<Value>>,
     splits: Vec<u64>,
+    /// The answered request (1-based) answered with no text.
+    empty: Option<usize>,
 }
 
 impl Requester for Scripted {
@@ -56,12 +58,17 @@ impl Requester for Scripted {
         self.bodies.push(request.messages);
         let n = self.sent.iter().filter(|s| !s.refused).count();
         let usage = self.usage;
+        let empty = self.empty == Some(n);
         async move {
             if refused {
                 return Err(SummarizeError::TooLong(format!("{chars} chars")));
             }
             Ok(SummaryOutcome {
-                text: format!("summary {n}"),
+                text: if empty {
+                    String::new()
+                } else {
+                    format!("summary {n}")
+                },
                 usage,
                 cost: 0.5,
                 model: None,
@@ -173,6 +180,23 @@ async fn a_head_that_fits_the_window_goes_whole_with_a_sized_answer() {
     let s = run(&blocks(10, 500), &mut r).await.expect("summary");
     assert_eq!(s.chunks, 1);
     assert_eq!(r.sent[0].max_tokens, Some(2_048), "a quarter of the window");
+}
+
+#[tokio::test]
+async fn an_empty_answer_to_an_earlier_chunk_fails_the_summary() {
+    // A small model that stops at once: folded as an empty running summary, the chunks
+    // before it would be missing from a summary that still commits.
+    let mut r = Scripted {
+        window: window(4_096),
+        empty: Some(1),
+        ..Scripted::default()
+    };
+    let e = run(&blocks(40, 500), &mut r).await.expect_err("no summary");
+    assert!(
+        matches!(&e, SummarizeError::Malformed(m) if m.contains("nothing")),
+        "{e}"
+    );
+    assert_eq!(r.sent.len(), 1, "nothing sent after it");
 }
 
 #[tokio::test]
