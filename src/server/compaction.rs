@@ -501,17 +501,30 @@ impl Link {
         self.emit(ev).await;
     }
 
-    async fn emit(&self, ev: Ce) {
+    /// Publishes an event and hands it to the caller's sink. A caller that takes none
+    /// for the slow-reader grace is given up on (its sink dropped; the compaction
+    /// cancelled when the caller owns it): waiting on it would hold the job, its slot and
+    /// its reservations, deaf to a cancel, for as long as the caller kept the call open.
+    async fn emit(&mut self, ev: Ce) {
         let e = event(&self.session_id, &self.running.id, ev);
         self.hub.publish(
             &self.session_id,
             pb::session_event::Event::Compaction(e.clone()),
         );
-        if let Some(sink) = &self.sink
-            && sink.tx.send(e).await.is_err()
-            && sink.cancel_on_drop
-        {
-            self.running.cancel.cancel();
+        let Some(sink) = &self.sink else { return };
+        let grace = self.hub.slow_reader_grace;
+        let sent = match tokio::time::timeout(grace, sink.tx.send(e)).await {
+            Ok(sent) => sent.is_ok(),
+            Err(_) => {
+                tracing::warn!(session_id = %self.session_id, compaction_id = %self.running.id, grace_secs = grace.as_secs(), "the caller took no compaction event for the slow-reader grace; its events are dropped");
+                false
+            }
+        };
+        if !sent {
+            if sink.cancel_on_drop {
+                self.running.cancel.cancel();
+            }
+            self.sink = None;
         }
     }
 }

@@ -76,8 +76,43 @@ fn turns() -> Vec<Update> {
     updates
 }
 
+/// A summarizer that streams `deltas` deltas, then answers only its cancel.
+#[derive(Debug)]
+struct Chatty {
+    deltas: usize,
+}
+
+#[tonic::async_trait]
+impl Summarizer for Chatty {
+    async fn summarize(
+        &self,
+        _request: SummaryRequest,
+        progress: mpsc::Sender<Progress>,
+        cancel: CancellationToken,
+    ) -> Result<SummaryOutcome, SummarizeError> {
+        for n in 0..self.deltas {
+            let _ = progress.send(Progress::Delta(format!("delta {n} "))).await;
+        }
+        cancel.cancelled().await;
+        Err(SummarizeError::Cancelled)
+    }
+
+    fn model(&self) -> &str {
+        "chatty"
+    }
+
+    async fn window(&self, _model: Option<&str>) -> Option<Window> {
+        None
+    }
+}
+
 /// A hub whose summarizer is `fake`, holding session [`SID`] with [`turns`].
 async fn hub_with_session(fake: impl Summarizer + 'static) -> Arc<Hub> {
+    hub_with(fake, crate::server::hub::DEFAULT_SLOW_READER_GRACE).await
+}
+
+/// [`hub_with_session`] with a slow-reader grace of `grace`.
+async fn hub_with(fake: impl Summarizer + 'static, grace: std::time::Duration) -> Arc<Hub> {
     let store = Arc::new(Store::new(EngineConfig::default()));
     let info = SessionInfo {
         id: SID.into(),
@@ -93,7 +128,36 @@ async fn hub_with_session(fake: impl Summarizer + 'static) -> Arc<Hub> {
         summarizer: Some(Arc::new(fake)),
         ..Default::default()
     };
-    Arc::new(Hub::new(store, compaction))
+    let mut hub = Hub::new(store, compaction);
+    hub.slow_reader_grace = grace;
+    Arc::new(hub)
+}
+
+#[tokio::test]
+async fn a_caller_that_reads_no_event_does_not_hold_a_cancelled_compaction() {
+    // A `Compact` caller that keeps its call open and reads nothing: once its channel is
+    // full the job waits to hand it a delta, and before, neither a cancel nor anything
+    // else could end the job: the slot stayed claimed for as long as the call was open.
+    let hub = hub_with(Chatty { deltas: 8 }, std::time::Duration::from_millis(300)).await;
+    let (tx, _unread) = mpsc::channel(1);
+    start(&hub, SID, Options::default(), Some(Sink::owning(tx)), None)
+        .await
+        .expect("started");
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(hub.cancel(SID).is_some(), "the compaction runs");
+    let again = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        loop {
+            if start(&hub, SID, Options::default(), None, None)
+                .await
+                .is_ok()
+            {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(again.is_ok(), "the slot is still claimed after 5 s");
 }
 
 #[tokio::test]
