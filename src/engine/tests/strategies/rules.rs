@@ -817,3 +817,44 @@ fn rule_a_state_query_in_another_directory_is_another_query() {
     sc.commit();
     expect_marks(&sc.s, &[("l1", St::StateQuerySupersede, "l3")]);
 }
+
+#[test]
+fn rule_a_screenshot_does_not_supersede_the_accessibility_snapshot() {
+    // The agent clicks by the snapshot's element refs; a screenshot after it shows the
+    // page but holds none.
+    let mut sc = Script::new();
+    sc.user("u1", "Sign in.").assistant(
+        "a1",
+        vec![
+            call(
+                "a1",
+                "s1",
+                "playwright_browser_snapshot",
+                json!({}),
+                &"- button \"Sign in\" [ref=e12]\n".repeat(40),
+            ),
+            call(
+                "a1",
+                "s2",
+                "playwright_browser_take_screenshot",
+                json!({"type": "png"}),
+                &"Took the viewport screenshot.\n".repeat(20),
+            ),
+        ],
+    );
+    sc.commit();
+    expect_no_marks(&sc.s);
+    // A newer snapshot does supersede the older one.
+    sc.user("u2", "Again.").assistant(
+        "a2",
+        vec![call(
+            "a2",
+            "s3",
+            "playwright_browser_snapshot",
+            json!({}),
+            &"- button \"Sign out\" [ref=e13]\n".repeat(40),
+        )],
+    );
+    sc.commit();
+    expect_marks(&sc.s, &[("s1", St::PruneSnapshots, "s3")]);
+}
