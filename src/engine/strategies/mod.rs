@@ -77,6 +77,33 @@ pub(crate) fn input_field<'a>(input: &'a Value, key: &str) -> Option<&'a Value> 
     }
 }
 
+/// The fields of a tool input other than `known`, for a supersede key: "" when there are
+/// none (so a key reads as it always has for the hosts whose inputs hold only `known`),
+/// else each `\0name=value` (value as compact JSON), sorted by name. Two calls that
+/// differ in a field a key does not name (Claude Code's `Grep` `glob`, `-i`,
+/// `output_mode`; its `WebFetch` `prompt`) are then two queries, not one.
+pub(crate) fn other_fields(input: &Value, known: &[&str]) -> String {
+    let Some(map) = input.as_object() else {
+        return String::new();
+    };
+    let mut extra: Vec<(&String, &Value)> = map
+        .iter()
+        .filter(|(k, _)| !known.contains(&k.as_str()))
+        .collect();
+    if extra.is_empty() {
+        return String::new();
+    }
+    extra.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    let mut out = String::new();
+    for (k, v) in extra {
+        out.push('\0');
+        out.push_str(k);
+        out.push('=');
+        out.push_str(&v.to_string());
+    }
+    out
+}
+
 /// The string field `key` of a tool input (`None`: absent or not a string).
 pub(crate) fn str_field<'a>(input: &'a Value, key: &str) -> Option<&'a str> {
     input_field(input, key).and_then(Value::as_str)

@@ -1,9 +1,10 @@
 //! Strategy 3, `pruneSourceUrls`: a `webfetch` of a url, or a `websearch` of a query,
-//! supersedes every earlier fetch of the same url / search of the same query.
+//! supersedes every earlier fetch of the same url / search of the same query (and of the
+//! same other fields, such as a `WebFetch` `prompt`).
 
 use serde_json::Value;
 
-use super::{str_field, tool_is};
+use super::{other_fields, str_field, tool_is};
 
 /// The supersede key of a fetch or search call (`None`: neither).
 pub fn url_key(tool: &str, input: &Value) -> Option<String> {
@@ -12,11 +13,16 @@ pub fn url_key(tool: &str, input: &Value) -> Option<String> {
         let url = field("url")?;
         // The fragment never reaches the server: same document.
         let url = url.split('#').next().unwrap_or(url);
-        return (!url.is_empty()).then(|| format!("url:{url}"));
+        // OpenCode's fields only change how the same document is written; any other
+        // (Claude Code's `WebFetch` `prompt`: an answer about the page, not the page)
+        // makes another fetch.
+        let rest = other_fields(input, &["url", "format", "timeout"]);
+        return (!url.is_empty()).then(|| format!("url:{url}{rest}"));
     }
     if tool_is(tool, &["websearch", "web_search"]) {
         let query = field("query")?;
-        return (!query.is_empty()).then(|| format!("search:{query}"));
+        let rest = other_fields(input, &["query"]);
+        return (!query.is_empty()).then(|| format!("search:{query}{rest}"));
     }
     None
 }

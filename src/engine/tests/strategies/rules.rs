@@ -858,3 +858,47 @@ fn rule_a_screenshot_does_not_supersede_the_accessibility_snapshot() {
     sc.commit();
     expect_marks(&sc.s, &[("s1", St::PruneSnapshots, "s3")]);
 }
+
+#[test]
+fn rule_claude_codes_searches_and_fetches_key_by_every_field() {
+    // Claude Code's Grep takes `glob` (not `include`), and its WebFetch answers a
+    // `prompt` about the page: other fields, other results.
+    let lines = |what: &str| format!("src/{what}:1: TODO\n").repeat(30);
+    let mut sc = Script::new();
+    sc.user("u1", "Find the TODOs, and read the docs.")
+        .assistant(
+            "a1",
+            vec![
+                call(
+                    "a1",
+                    "g1",
+                    "Grep",
+                    json!({"pattern": "TODO", "path": "src", "glob": "*.rs"}),
+                    &lines("a.rs"),
+                ),
+                call(
+                    "a1",
+                    "g2",
+                    "Grep",
+                    json!({"pattern": "TODO", "path": "src", "glob": "*.py"}),
+                    &lines("b.py"),
+                ),
+                call(
+                    "a1",
+                    "w1",
+                    "WebFetch",
+                    json!({"url": "https://x.dev/api", "prompt": "list the endpoints"}),
+                    &"GET /v1/items\n".repeat(30),
+                ),
+                call(
+                    "a1",
+                    "w2",
+                    "WebFetch",
+                    json!({"url": "https://x.dev/api", "prompt": "what licence?"}),
+                    &"MIT, see LICENSE.\n".repeat(30),
+                ),
+            ],
+        );
+    sc.commit();
+    expect_no_marks(&sc.s);
+}
