@@ -29,6 +29,7 @@
 //! (a unary reply's bytes counted in flight until it is sent), `counting.rs`
 //! (the threads that count long texts off the runtime), `clock.rs` (the wall clock), `auth.rs`, `transport.rs` (HTTP/2 settings), `codec.rs` (the guard that
 //! refuses amplifying requests before decoding, and the encoder that sizes each reply),
+//! `outbound.rs` (a stream's event buffer, given up on when its client takes nothing),
 //! `too_large.rs` (tonic's refusal of an update past the transport cap, said as compactd says it),
 //! `wire_value/` (GetContext's protobuf OpenAI shape written straight to wire bytes),
 //! `list_value.rs` (the `ListValue` that carries them), `context_message.rs` (the
@@ -49,6 +50,7 @@ mod held_reply;
 pub mod hub;
 pub mod list_value;
 mod ops;
+mod outbound;
 pub mod pb;
 mod reply;
 mod request;

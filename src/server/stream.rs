@@ -26,7 +26,6 @@ use prost::Message as _;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError, mpsc, oneshot};
 use tokio_stream::Stream;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 use tracing::Instrument;
 
@@ -34,6 +33,7 @@ use super::compaction::{self, Sink};
 use super::counting;
 use super::hub::Hub;
 use super::ops::{self, Pending};
+use super::outbound::{self, Buffer};
 use super::pb;
 use super::pb::server_event::Event as Ev;
 use super::reply::{self, Reply};
@@ -110,8 +110,9 @@ pub fn run(
         compactions: cmp_tx.clone(),
     };
     tokio::spawn(reader.run(inbound).instrument(span.clone()));
+    let grace = hub.slow_reader_grace;
     let writer = Writer {
-        grace: hub.slow_reader_grace,
+        grace,
         hub,
         out: Outbound {
             tx: out_tx,
@@ -121,15 +122,45 @@ pub fn run(
         auto: Some(cmp_tx),
         started_by: HashMap::new(),
     };
+    let buffer = Buffer::new(out_rx);
+    tokio::spawn(
+        outbound::watch(
+            Arc::downgrade(&buffer),
+            grace,
+            move |b: &Buffer<Buffered>| {
+                b.abandon(|(event, _, _)| event.seq, |first| not_taking(first, grace));
+            },
+        )
+        .instrument(span.clone()),
+    );
     tokio::spawn(writer.run(slot_rx, cmp_rx).instrument(span));
     // Events already buffered first; then the closing status, if the stream ended with one.
     let end = futures::StreamExt::filter_map(
         futures::stream::once(async move { end_rx.await.ok() }),
         |s| async move { s.map(Err) },
     );
+    let events = futures::stream::poll_fn(move |cx| buffer.poll_next(cx));
     Box::pin(futures::StreamExt::chain(
-        futures::StreamExt::map(ReceiverStream::new(out_rx), |(event, _, _)| Ok(event)),
+        futures::StreamExt::map(events, |item| item.map(|(event, _, _)| event)),
         end,
+    ))
+}
+
+/// The status a stream ends with when its client took none of its buffered events for
+/// `grace`: they were dropped, from seq `first` on.
+fn not_taking(first: Option<u64>, grace: Duration) -> Status {
+    tracing::warn!(
+        grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX),
+        dropped_from_seq = first,
+        "client took none of its buffered events; dropping them and closing the stream"
+    );
+    crate::telemetry::rejected(tonic::Code::ResourceExhausted);
+    let from = first.map_or_else(String::new, |seq| {
+        format!(" Events of seq {seq} and later were not all sent: the updates compactd had read were applied as usual (GetSession shows each session's state before you resend).")
+    });
+    Status::resource_exhausted(format!(
+        "client is not reading its events (took none for {} ms); stream closed and its buffered events dropped.{from}",
+        grace.as_millis()
     ))
 }
 

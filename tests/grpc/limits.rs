@@ -328,7 +328,7 @@ async fn a_stream_client_that_stops_reading_is_disconnected_and_its_session_kept
     open_session(&mut other, session("other")).await;
     put_message(&mut other, "other", user_msg("x")).await;
 
-    // Reading now: the buffered events, then the closing status.
+    // Reading now: what HTTP/2 held, then the closing status.
     let (mut acked, mut last_seq) = (0u64, 0u64);
     let status = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
@@ -359,7 +359,9 @@ async fn a_stream_client_that_stops_reading_is_disconnected_and_its_session_kept
         from == last_seq || from == last_seq + 1,
         "{status:?} after seq {last_seq}"
     );
-    assert!(acked >= 1000, "the buffered events came first: {acked}");
+    // What HTTP/2 held came first; the events still buffered after the grace were
+    // dropped (their bytes given back), so far fewer than were asked for arrive.
+    assert!(acked >= 1, "what HTTP/2 held came first: {acked}");
     assert!(
         acked < 5_000,
         "the stream ended before every request was answered"

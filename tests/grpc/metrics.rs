@@ -246,6 +246,15 @@ async fn unread_reply(
     path: &str,
     message: Vec<u8>,
 ) -> (h2::SendStream<tonic::codegen::Bytes>, h2::RecvStream) {
+    unread_call(addr, path, vec![message]).await
+}
+
+/// [`unread_reply`] with `messages` sent one after another (a `Stream`'s updates).
+async fn unread_call(
+    addr: &str,
+    path: &str,
+    messages: Vec<Vec<u8>>,
+) -> (h2::SendStream<tonic::codegen::Bytes>, h2::RecvStream) {
     let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let (client, conn) = h2::client::Builder::new()
         .initial_window_size(65_535)
@@ -261,9 +270,12 @@ async fn unread_reply(
         .body(())
         .expect("request");
     let (response, mut send) = client.send_request(head, false).expect("send");
-    let mut framed = vec![0u8];
-    framed.extend_from_slice(&u32::try_from(message.len()).expect("small").to_be_bytes());
-    framed.extend_from_slice(&message);
+    let mut framed = Vec::new();
+    for message in messages {
+        framed.push(0u8);
+        framed.extend_from_slice(&u32::try_from(message.len()).expect("small").to_be_bytes());
+        framed.extend_from_slice(&message);
+    }
     send.send_data(framed.into(), true).expect("body");
     let response = tokio::time::timeout(std::time::Duration::from_secs(10), response)
         .await
@@ -439,4 +451,65 @@ async fn replies_left_unread_for_the_grace_are_dropped_and_free_the_share() {
             "only what HTTP/2 had buffered arrives: {read}"
         );
     }
+}
+
+/// A `Stream` client that asks for contexts and reads none of its events cannot keep them
+/// counted against the budget: after `--slow-reader-grace-secs` with none taken, the
+/// buffered events are dropped (their bytes given back while the client still holds the
+/// call open) and the client reading on finds the stream ended, RESOURCE_EXHAUSTED.
+/// Before, they stayed counted until the client read them or hung up, since the writer
+/// had buffered them all without waiting.
+#[tokio::test]
+async fn stream_events_left_untaken_for_the_grace_are_dropped_and_free_the_share() {
+    use prost::Message as _;
+    let bin = Binary::start(
+        &[
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--slow-reader-grace-secs",
+            "1",
+        ],
+        &[],
+    );
+    let metrics = bin.metrics.clone().expect("metrics address");
+    let _c = big_session(&bin).await;
+    let updates = (0..6u64)
+        .map(|n| {
+            pb::ClientUpdate {
+                seq: n + 1,
+                session_id: "big".into(),
+                update: Some(pb::client_update::Update::GetContext(
+                    pb::ContextOptions::default(),
+                )),
+            }
+            .encode_to_vec()
+        })
+        .collect();
+    let (_send, mut recv) = unread_call(&bin.addr, "/compactd.v1.Sessions/Stream", updates).await;
+    let held = in_flight_until(&metrics, |b| b >= 3_000_000.0).await;
+    assert!(
+        held >= 3_000_000.0,
+        "the buffered contexts are counted: {held}"
+    );
+    let after = in_flight_until(&metrics, |b| b == 0.0).await;
+    assert_eq!(
+        after, 0.0,
+        "given back after the grace, the call still open"
+    );
+    // Reading on: what was handed to HTTP/2 before, then the stream's end.
+    let end = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while let Some(chunk) = recv.data().await {
+            let Ok(chunk) = chunk else { return None };
+            let _ = recv.flow_control().release_capacity(chunk.len());
+        }
+        recv.trailers().await.ok().flatten()
+    })
+    .await
+    .expect("the stream ends");
+    let trailers = end.expect("trailers with a status");
+    assert_eq!(
+        trailers.get("grpc-status").map(|v| v.as_bytes()),
+        Some(&b"8"[..]),
+        "{trailers:?}"
+    );
 }
