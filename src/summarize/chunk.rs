@@ -15,7 +15,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::budget::{Budget, MIN_CHUNK_TOKENS};
-use super::window::Window;
+use super::window::{Window, WindowSource};
 use super::{PromptConfig, SummarizeError, SummaryRequest, prompt};
 use crate::domain::TokenUsage;
 use crate::engine::{ContextView, SummaryOutcome};
@@ -155,13 +155,21 @@ async fn summarize_blocks(
                 splits += 1;
                 window = requester.window().await;
                 // What the endpoint's numbers allow when that is smaller, else half: either
-                // way the next request is smaller than the refused one.
+                // way the next request is smaller than the refused one. A window compactd
+                // guessed (one below what a refusal without numbers was sent) still
+                // leaves most of the refused chunk: at most half, as without one.
                 let taught = window
                     .and_then(|w| {
                         room(Some(w), fixed, fold.running_tokens, u64::MAX, u64::MAX).ok()
                     })
                     .filter(|r| *r < chunk.tokens);
-                cap = taught.unwrap_or(chunk.tokens / 2);
+                let half = chunk.tokens / 2;
+                let guessed = window.is_some_and(|w| w.source == WindowSource::Shrunk);
+                cap = match taught {
+                    Some(t) if guessed => t.min(half),
+                    Some(t) => t,
+                    None => half,
+                };
                 requester.splitting(cap, &why);
             }
             Err(SummarizeError::TooLong(why)) => {

@@ -32,6 +32,9 @@ struct Scripted {
     splits: Vec<u64>,
     /// The answered request (1-based) answered with no text.
     empty: Option<usize>,
+    /// A refusal without numbers teaches what `Windows::refused` learns from one: a
+    /// window just below what was sent (its source `Shrunk`).
+    shrinks: bool,
 }
 
 impl Requester for Scripted {
@@ -48,6 +51,17 @@ impl Requester for Scripted {
         let refused = self.limit.is_some_and(|l| chars > l);
         if refused && self.teaches.is_some() {
             self.window = self.teaches;
+        }
+        if refused && self.shrinks {
+            let sent = request
+                .counted_tokens
+                .unwrap_or(0)
+                .saturating_add(request.max_tokens.unwrap_or(0));
+            self.window = Some(Window {
+                tokens: sent.saturating_sub(1).max(2_048),
+                source: WindowSource::Shrunk,
+                ratio: 1.0,
+            });
         }
         self.sent.push(Sent {
             last,
@@ -251,6 +265,37 @@ async fn a_refusal_halves_what_is_left_and_never_repeats_a_request() {
     assert_eq!(r.splits, [1_000, 500]);
     assert_eq!(s.chunks, 4);
     assert_eq!(r.sent.len(), 6, "two refusals, four answers");
+    r.assert_no_repeat();
+}
+
+#[tokio::test]
+async fn refusals_without_numbers_halve_the_chunk_though_they_teach_a_window() {
+    // A refusal without numbers teaches a window one below what was sent; the room it
+    // leaves is most of the refused chunk (the answer's quarter aside), so cut to that,
+    // a head many times the real window ran out of cuts before it fit.
+    let prompts = PromptConfig::default();
+    let overhead = prompt::overhead_chars(Some("summary 1"), &prompts, Some(""));
+    let mut r = Scripted {
+        limit: Some(overhead + 2_500),
+        shrinks: true,
+        ..Scripted::default()
+    };
+    // 32 blocks of 250 tokens (8,000); the endpoint takes two a request.
+    let s = run(&blocks(32, 1_000), &mut r).await.expect("summary");
+    let refused: Vec<u64> = r
+        .sent
+        .iter()
+        .filter(|s| s.refused)
+        .filter_map(|s| s.counted)
+        .collect();
+    for (cut, refused) in r.splits.iter().zip(&refused) {
+        assert!(
+            cut * 2 <= *refused,
+            "cut to {cut} after a refusal at {refused}: {:?}",
+            r.splits
+        );
+    }
+    assert!(s.chunks >= 4, "{}", s.chunks);
     r.assert_no_repeat();
 }
 
