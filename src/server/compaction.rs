@@ -22,6 +22,7 @@ use crate::engine::{
     CommitIds, CompactionError, CompactionPlan, CompactionRequest, ContextView, SummaryOutcome,
     usable_input,
 };
+use crate::store::StoreError;
 use crate::summarize::{Progress, SummarizeError, Summarizer, SummaryRequest, Window, chunk};
 use crate::tokens::Tokenizer;
 
@@ -371,7 +372,7 @@ impl Job {
             .store
             .get(&link.session_id)
             .await
-            .map_err(|e| fail("session_gone", e.to_string(), false))?;
+            .map_err(|e| unreachable_session(&e))?;
         let plan = self.plan.clone();
         let ids = CommitIds {
             prefix: link.running.id.clone(),
@@ -382,7 +383,7 @@ impl Job {
         let committed = handle
             .call(move |s, _| s.commit_compaction(plan, outcome, ids, now_ms()))
             .await
-            .map_err(|e| fail("session_gone", e.to_string(), false))?;
+            .map_err(|e| unreachable_session(&e))?;
         let done = committed.map_err(|e| {
             let kind = match e {
                 CompactionError::EmptySummary => "empty_summary",
@@ -567,12 +568,24 @@ fn failure_kind(e: &SummarizeError) -> &'static str {
     }
 }
 
+/// The failure of a commit whose session could not be reached: gone (deleted, or its
+/// actor closed with it) is final; a store that could not load or write it (the disk, the
+/// memory budget) may take it later, and the paid-for summary was only lost this once.
+fn unreachable_session(e: &StoreError) -> pb::CompactionFailed {
+    match e {
+        StoreError::NotFound(_) | StoreError::Closed(_) => {
+            fail("session_gone", e.to_string(), false)
+        }
+        _ => fail("storage", e.to_string(), true),
+    }
+}
+
 /// True when a failure counts toward the session's breaker: only a compaction that
 /// failed of itself. A cancelled one (CancelCompaction, the drain's deadline, its session
-/// deleted or replaced) or a stale one (its session replaced) says nothing of the
-/// session's compactions, and changes nothing, as a cancel promises.
+/// deleted or replaced), a stale one (its session replaced) or one the store could not
+/// commit (a full disk, the memory budget) says nothing of the session's compactions.
 fn counts_for_breaker(f: &pb::CompactionFailed) -> bool {
-    !matches!(f.kind.as_str(), "cancelled" | "stale")
+    !matches!(f.kind.as_str(), "cancelled" | "stale" | "storage")
 }
 
 fn fail(kind: &str, reason: String, retryable: bool) -> pb::CompactionFailed {

@@ -113,7 +113,16 @@ async fn hub_with_session(fake: impl Summarizer + 'static) -> Arc<Hub> {
 
 /// [`hub_with_session`] with a slow-reader grace of `grace`.
 async fn hub_with(fake: impl Summarizer + 'static, grace: std::time::Duration) -> Arc<Hub> {
-    let store = Arc::new(Store::new(EngineConfig::default()));
+    hub_over(Store::new(EngineConfig::default()), fake, grace).await
+}
+
+/// [`hub_with`] over `store`.
+async fn hub_over(
+    store: Store,
+    fake: impl Summarizer + 'static,
+    grace: std::time::Duration,
+) -> Arc<Hub> {
+    let store = Arc::new(store);
     let info = SessionInfo {
         id: SID.into(),
         ..Default::default()
@@ -435,5 +444,37 @@ async fn a_delete_leaves_a_compaction_of_the_session_created_again_meanwhile_run
     match outcome(&mut events).await {
         Ce::Compacted(_) => {}
         other => panic!("the new session's compaction must commit: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_the_disk_refuses_is_a_storage_failure_worth_retrying() {
+    use std::sync::atomic::Ordering::SeqCst;
+    // Under sync the commit waits for its write: a full disk refuses it. The session is
+    // there and the summary was fine: before, this read "session_gone", not retryable.
+    let d = tempfile::tempdir().expect("dir");
+    let backend = Arc::new(crate::store::durable_tests::Faulty::sync(d.path(), None));
+    let store = Store::new(EngineConfig::default())
+        .with_backend(backend.clone())
+        .expect("listed");
+    let hub = hub_over(
+        store,
+        Fake {
+            text: Some("summary"),
+        },
+        crate::server::hub::DEFAULT_SLOW_READER_GRACE,
+    )
+    .await;
+    backend.fail_all.store(true, SeqCst);
+    let (tx, mut events) = mpsc::channel(64);
+    start(&hub, SID, Options::default(), Some(Sink::owning(tx)), None)
+        .await
+        .expect("started");
+    match outcome(&mut events).await {
+        Ce::Failed(f) => {
+            assert_eq!(f.kind, "storage", "{f:?}");
+            assert!(f.retryable, "{f:?}");
+        }
+        other => panic!("expected a failure, got {other:?}"),
     }
 }

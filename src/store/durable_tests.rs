@@ -527,14 +527,14 @@ async fn interval_durability_acknowledges_at_once_and_close_writes_the_rest() {
 /// (1 unless changed) fail after that delay (a full disk at the moment a session is
 /// opened or imported); and it counts the writes tried after it was closed.
 #[derive(Debug)]
-pub(super) struct Faulty {
+pub(crate) struct Faulty {
     inner: Sqlite,
     fail_create: Option<Duration>,
     pub(super) creates_to_fail: std::sync::atomic::AtomicUsize,
     closed: std::sync::atomic::AtomicBool,
     after_close: std::sync::atomic::AtomicUsize,
     /// While set, every write fails (a disk that stays full).
-    pub(super) fail_all: std::sync::atomic::AtomicBool,
+    pub(crate) fail_all: std::sync::atomic::AtomicBool,
     /// Writes tried.
     writes: std::sync::atomic::AtomicUsize,
 }
@@ -549,7 +549,7 @@ impl Faulty {
     }
 
     /// The same under `Durability::Sync`.
-    pub(super) fn sync(dir: &std::path::Path, fail_create: Option<Duration>) -> Faulty {
+    pub(crate) fn sync(dir: &std::path::Path, fail_create: Option<Duration>) -> Faulty {
         Faulty::with(dir, Durability::Sync, fail_create)
     }
 

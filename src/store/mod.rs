@@ -960,7 +960,7 @@ mod tests;
 
 #[cfg(test)]
 #[path = "durable_tests.rs"]
-mod durable_tests;
+pub(crate) mod durable_tests;
 
 #[cfg(test)]
 #[path = "sync_tests.rs"]

@@ -676,10 +676,12 @@ export interface CompactionFailed {
   retryable: boolean;
   /**
    * What failed: "not_configured", "request", "broken_stream", "malformed", "timeout",
-   * "cancelled", "empty_summary", "not_smaller", "nothing_to_compact", "stale" (the
-   * session was replaced, by an import or a delete and re-create, even with the same
-   * message ids, or was loaded back from disk, while the summary was written: nothing
-   * was committed).
+   * "too_long", "cancelled", "empty_summary", "not_smaller", "nothing_to_compact",
+   * "commit", "stale" (the session was replaced, by an import or a delete and re-create,
+   * even with the same message ids, or was loaded back from disk, while the summary was
+   * written: nothing was committed), "session_gone" (deleted meanwhile), "storage" (the
+   * store could not load or write the session: a full disk, the memory budget; worth
+   * trying again, and not counted toward pausing automatic compaction).
    */
   kind: string;
   /**
