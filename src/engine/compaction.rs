@@ -565,11 +565,9 @@ impl Session {
         self.check_growth("", 0, self.growth_of(&updates))?;
         let limit = self.byte_limit();
         self.set_byte_limit(ByteLimit::NONE);
-        self.hold_ages(true);
         let applied = updates
             .into_iter()
             .try_for_each(|u| self.apply(u, config).map(drop));
-        self.hold_ages(false);
         self.set_byte_limit(limit);
         applied?;
         let tokens_after = self.context_tokens();

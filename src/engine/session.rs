@@ -687,15 +687,6 @@ impl Session {
         Ok(true)
     }
 
-    /// Holds the age strategies while a compaction's messages are written, or a whole
-    /// history is imported (`held`), then lets them advance: a compaction's request only
-    /// says it keeps a verbatim tail once its part is written, and until then it would
-    /// count as the newest user turn.
-    pub fn hold_ages(&mut self, held: bool) {
-        self.tracker
-            .hold_ages(held, &self.messages, &self.users, &self.settings);
-    }
-
     /// The most bytes the session may hold after the next update.
     pub(crate) fn byte_limit(&self) -> ByteLimit {
         self.byte_limit
@@ -1206,6 +1197,15 @@ impl Session {
         }
         self.tracker
             .on_part(&self.messages, idx, at, &self.settings);
+        // A user message is a turn once it holds a part (a compaction's request says it
+        // keeps a tail only with its part): its first one moves the ages on.
+        if created
+            && self.messages[idx].parts.len() == 1
+            && self.messages[idx].info.role == Role::User
+        {
+            self.tracker
+                .on_user_message(&self.messages, &self.users, &self.settings);
+        }
         self.by_msg
             .moved(idx, old_figures.map_or(0, |f| f.tokens), new_figures.tokens);
         self.totals.part_changed(old_figures, Some(new_figures));

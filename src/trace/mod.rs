@@ -49,16 +49,12 @@ pub fn load_within(
     info.config = overrides;
     let mut session = Session::new(info, config);
     session.set_byte_limit(byte_limit);
-    // The ages advance once, over the whole history: a compaction's request written
-    // before its part would otherwise count as the newest turn (`Session::hold_ages`).
-    session.hold_ages(true);
     for (minfo, parts) in export.messages {
         session.apply(Update::UpsertMessage(minfo), config)?;
         for p in parts {
             session.apply(Update::UpsertPart(p), config)?;
         }
     }
-    session.hold_ages(false);
     Ok(session)
 }
 

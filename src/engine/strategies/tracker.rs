@@ -105,20 +105,21 @@ pub struct Tracker {
     #[serde(skip)]
     globs: GlobSet,
     dirty: bool,
-    /// Set while a compaction's messages are written ([`Tracker::hold_ages`]): its
-    /// request arrives before the part that says it keeps a verbatim tail.
-    #[serde(skip)]
-    ages_held: bool,
 }
 
 /// Position of the `turns`-th user turn from the end, as the context sends them. A
 /// compaction's request that keeps a verbatim tail is written after that tail but sent
-/// before it: it is no newer than the tail's turns, so it is not counted (a few at most are
-/// passed over, so this stays O(turns)).
+/// before it: it is no newer than the tail's turns, so it is not counted. Nor is a user
+/// message with no part yet: a host writes a message, then its parts, and a compaction's
+/// request says it keeps a tail only with its part (the session moves the ages on when a
+/// user message gets its first part). A few at most are passed over: O(turns).
 fn turn_start(messages: &[Message], users: &[usize], turns: usize) -> Option<usize> {
     let mut counted = 0;
     for &u in users.iter().rev() {
-        if messages.get(u).is_some_and(keeps_a_tail) {
+        if messages
+            .get(u)
+            .is_some_and(|m| m.parts.is_empty() || keeps_a_tail(m))
+        {
             continue;
         }
         counted += 1;
@@ -256,19 +257,10 @@ impl Tracker {
 
     /// A user message arrived: older messages may have crossed an age threshold.
     pub fn on_user_message(&mut self, messages: &[Message], users: &[usize], s: &Settings) {
-        if self.dirty || self.ages_held || s.strategies.is_empty() {
+        if self.dirty || s.strategies.is_empty() {
             return;
         }
         self.advance_ages(messages, users, s);
-    }
-
-    /// Holds the age strategies while a compaction's messages are written (`held`), then
-    /// lets them advance over the messages as they stand.
-    pub fn hold_ages(&mut self, held: bool, messages: &[Message], users: &[usize], s: &Settings) {
-        self.ages_held = held;
-        if !held {
-            self.on_user_message(messages, users, s);
-        }
     }
 
     fn advance_ages(&mut self, messages: &[Message], users: &[usize], s: &Settings) {

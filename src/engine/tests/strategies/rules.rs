@@ -902,3 +902,67 @@ fn rule_claude_codes_searches_and_fetches_key_by_every_field() {
     sc.commit();
     expect_no_marks(&sc.s);
 }
+
+#[test]
+fn rule_a_hosts_compaction_with_a_tail_ages_live_as_a_rebuild_does() {
+    // The OpenCode plugin forwards OpenCode's compaction as it happens: the request
+    // message first (no part yet), then its compaction part naming the tail, then the
+    // summary. Before its part, the request looked like the newest user turn.
+    let mut sc = Script::new();
+    for t in 0..3 {
+        let (u, a) = (format!("u{t}"), format!("a{t}"));
+        sc.user_with(
+            &u,
+            "Why does it render like this?",
+            vec![file(
+                &u,
+                &format!("f{t}"),
+                "shot.png",
+                "image/png",
+                &png(8_192),
+            )],
+        )
+        .assistant(&a, vec![text(&a, &format!("{a}_t"), "Checking.")]);
+    }
+    put(&mut sc.s, Update::UpsertMessage(user("req")));
+    put(
+        &mut sc.s,
+        Update::UpsertPart(Part {
+            id: "req_c".into(),
+            message_id: "req".into(),
+            kind: PartKind::Compaction(crate::domain::CompactionPart {
+                auto: false,
+                overflow: false,
+                tail_start_id: "u1".into(),
+            }),
+            mark: None,
+            extra: Default::default(),
+        }),
+    );
+    let mut summary = assistant("sum", "req");
+    summary.summary = true;
+    summary.mode = "compaction".into();
+    put(&mut sc.s, Update::UpsertMessage(summary.clone()));
+    put(
+        &mut sc.s,
+        Update::UpsertPart(text("sum", "sum_t", "Looked at the page.")),
+    );
+    summary.finish = "stop".into();
+    put(&mut sc.s, Update::UpsertMessage(summary));
+    sc.commit();
+    // Sent: [req, sum, u1, a1, u2, a2]: u1 and u2 are the last two turns.
+    expect_no_marks(&sc.s);
+    put(
+        &mut sc.s,
+        Update::Configure(SessionInfo {
+            id: "ses_strat".into(),
+            config: SessionOverrides {
+                prune_minimum: Some(30_000),
+                ..Default::default()
+            },
+            ..Default::default()
+        }),
+    );
+    sc.commit();
+    expect_no_marks(&sc.s);
+}
