@@ -390,9 +390,13 @@ class Mirror {
       }
       case "session.deleted": {
         const id = props.info?.id
-        if (id && this.sessions.delete(id)) {
-          this.client.deleteSession(id).catch((e) => this.log.warn(`DeleteSession ${id}: ${e.message}`))
-        }
+        if (!id) return
+        // Forwarded whether or not the plugin still holds the session's state (an idle
+        // one past maxSessions was forgotten, but compactd still holds the session).
+        this.sessions.delete(id)
+        this.client.deleteSession(id).catch((e) => {
+          if (e?.codeName !== "NOT_FOUND") this.log.warn(`DeleteSession ${id}: ${e.message}`)
+        })
         return
       }
       case "session.compacted":

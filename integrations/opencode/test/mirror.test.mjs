@@ -115,6 +115,32 @@ test("idle sessions past maxSessions are forgotten, and loaded whole when used a
   }
 })
 
+test("a session deleted in OpenCode is deleted in compactd though its mirror state was forgotten", async () => {
+  const hooks = await hooksFor(() => [], { maxSessions: 1 })
+  try {
+    // Each reaches compactd (and its acks the plugin) before the next comes: then
+    // ses_del_a is idle, and its state is forgotten when ses_del_b comes.
+    for (const ses of ["ses_del_a", "ses_del_b"]) {
+      await hooks.event({ event: { type: "message.updated", properties: { info: history(ses, 1)[0].info } } })
+      let held
+      for (let i = 0; i < 100 && !held?.messages?.length; i++) {
+        held = await client.getSession(ses).catch(() => undefined)
+        await new Promise((r) => setTimeout(r, 20))
+      }
+      assert.ok(held?.messages?.length, `${ses} is in compactd`)
+    }
+    await hooks.event({ event: { type: "session.deleted", properties: { info: { id: "ses_del_a" } } } })
+    let gone
+    for (let i = 0; i < 100 && !gone; i++) {
+      gone = await client.getSession("ses_del_a").then(() => undefined, (e) => e)
+      if (!gone) await new Promise((r) => setTimeout(r, 20))
+    }
+    assert.equal(gone?.codeName, "NOT_FOUND", "deleted in compactd")
+  } finally {
+    await hooks.dispose()
+  }
+})
+
 test("a compactd that stops answering does not hold OpenCode's request", async () => {
   const ses = "ses_stalled"
   const all = history(ses, 2).slice(0, 3)
