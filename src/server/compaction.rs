@@ -502,10 +502,13 @@ impl Link {
         self.emit(ev).await;
     }
 
-    /// Publishes an event and hands it to the caller's sink. A caller that takes none
-    /// for the slow-reader grace is given up on (its sink dropped; the compaction
-    /// cancelled when the caller owns it): waiting on it would hold the job, its slot and
+    /// Publishes an event and hands it to the caller's sink. A `Compact` caller (it owns
+    /// the compaction) that takes none for the slow-reader grace is given up on (its sink
+    /// dropped, the compaction cancelled): waiting on it would hold the job, its slot and
     /// its reservations, deaf to a cancel, for as long as the caller kept the call open.
+    /// A `Stream` (it listens) has a slow-reader grace of its own, and its writer may be
+    /// busy answering updates: it is waited on, until the compaction is cancelled and a
+    /// grace has passed.
     async fn emit(&mut self, ev: Ce) {
         let e = event(&self.session_id, &self.running.id, ev);
         self.hub.publish(
@@ -514,9 +517,17 @@ impl Link {
         );
         let Some(sink) = &self.sink else { return };
         let grace = self.hub.slow_reader_grace;
-        let sent = match tokio::time::timeout(grace, sink.tx.send(e)).await {
-            Ok(sent) => sent.is_ok(),
-            Err(_) => {
+        let cancel = &self.running.cancel;
+        let given_up = async {
+            if !sink.cancel_on_drop {
+                cancel.cancelled().await;
+            }
+            tokio::time::sleep(grace).await;
+        };
+        let sent = tokio::select! {
+            biased;
+            sent = sink.tx.send(e) => sent.is_ok(),
+            () = given_up => {
                 tracing::warn!(session_id = %self.session_id, compaction_id = %self.running.id, grace_secs = grace.as_secs(), "the caller took no compaction event for the slow-reader grace; its events are dropped");
                 false
             }

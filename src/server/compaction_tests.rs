@@ -76,10 +76,12 @@ fn turns() -> Vec<Update> {
     updates
 }
 
-/// A summarizer that streams `deltas` deltas, then answers only its cancel.
+/// A summarizer that streams `deltas` deltas, then answers `answer`, or without one only
+/// its cancel.
 #[derive(Debug)]
 struct Chatty {
     deltas: usize,
+    answer: Option<&'static str>,
 }
 
 #[tonic::async_trait]
@@ -93,8 +95,16 @@ impl Summarizer for Chatty {
         for n in 0..self.deltas {
             let _ = progress.send(Progress::Delta(format!("delta {n} "))).await;
         }
-        cancel.cancelled().await;
-        Err(SummarizeError::Cancelled)
+        let Some(text) = self.answer else {
+            cancel.cancelled().await;
+            return Err(SummarizeError::Cancelled);
+        };
+        Ok(SummaryOutcome {
+            text: text.into(),
+            usage: None,
+            cost: 0.0,
+            model: None,
+        })
     }
 
     fn model(&self) -> &str {
@@ -147,7 +157,14 @@ async fn a_caller_that_reads_no_event_does_not_hold_a_cancelled_compaction() {
     // A `Compact` caller that keeps its call open and reads nothing: once its channel is
     // full the job waits to hand it a delta, and before, neither a cancel nor anything
     // else could end the job: the slot stayed claimed for as long as the call was open.
-    let hub = hub_with(Chatty { deltas: 8 }, std::time::Duration::from_millis(300)).await;
+    let hub = hub_with(
+        Chatty {
+            deltas: 8,
+            answer: None,
+        },
+        std::time::Duration::from_millis(300),
+    )
+    .await;
     let (tx, _unread) = mpsc::channel(1);
     start(&hub, SID, Options::default(), Some(Sink::owning(tx)), None)
         .await
@@ -477,4 +494,40 @@ async fn a_commit_the_disk_refuses_is_a_storage_failure_worth_retrying() {
         }
         other => panic!("expected a failure, got {other:?}"),
     }
+}
+
+#[tokio::test]
+async fn a_stream_busy_elsewhere_still_gets_every_event_of_its_compaction() {
+    // A Stream listens to the compactions it started; its writer may leave their events
+    // waiting while it answers updates (it has a slow-reader grace of its own). Its
+    // events are waited for, past the grace, and none is dropped.
+    let hub = hub_with(
+        Chatty {
+            deltas: 8,
+            answer: Some("summary"),
+        },
+        std::time::Duration::from_millis(100),
+    )
+    .await;
+    let (tx, mut events) = mpsc::channel(1);
+    start(
+        &hub,
+        SID,
+        Options::default(),
+        Some(Sink::listening(tx)),
+        None,
+    )
+    .await
+    .expect("started");
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let mut deltas = 0;
+    loop {
+        let e = events.recv().await.expect("every event, then the end");
+        match e.event {
+            Some(Ce::Delta(_)) => deltas += 1,
+            Some(Ce::Compacted(_)) => break,
+            other => assert!(!matches!(other, Some(Ce::Failed(_))), "{other:?}"),
+        }
+    }
+    assert_eq!(deltas, 8);
 }

@@ -191,7 +191,7 @@ impl pb::sessions_server::Sessions for SessionsService {
         // The receiver is ours until we return it; this send cannot fail.
         let _ = tx.send(started).await;
         drop(tx);
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx).map(Ok))))
+        Ok(Response::new(Box::pin(until_outcome(rx))))
     }
 
     async fn subscribe(
@@ -617,4 +617,33 @@ fn require_session(id: &str) -> Result<(), Status> {
         return Err(Rejection::invalid("session_id", "required").into());
     }
     Ok(())
+}
+
+/// A `Compact` call's events, ending with the compaction's outcome (`compacted` or
+/// `failed`). The job drops a caller that took no event for the slow-reader grace (it
+/// cancels the compaction); such a caller, reading on, finds the call ended with
+/// RESOURCE_EXHAUSTED, never a clean end without an outcome.
+fn until_outcome(
+    rx: mpsc::Receiver<pb::CompactionEvent>,
+) -> impl Stream<Item = Result<pb::CompactionEvent, Status>> + Send + 'static {
+    futures::stream::unfold((rx, false), |(mut rx, ended)| async move {
+        if ended {
+            return None;
+        }
+        match rx.recv().await {
+            Some(e) => {
+                use pb::compaction_event::Event as Ce;
+                let outcome = matches!(e.event, Some(Ce::Compacted(_) | Ce::Failed(_)));
+                Some((Ok(e), (rx, outcome)))
+            }
+            None => Some((
+                Err(Status::resource_exhausted(
+                    "the compaction ended without its outcome reaching this call: its events \
+                     were not read for the slow-reader grace (--slow-reader-grace-secs), so it \
+                     was cancelled",
+                )),
+                (rx, true),
+            )),
+        }
+    })
 }

@@ -513,3 +513,54 @@ async fn stream_events_left_untaken_for_the_grace_are_dropped_and_free_the_share
         "{trailers:?}"
     );
 }
+
+/// A `Compact` caller that reads none of its events for the grace is given up on (its
+/// compaction cancelled, so nothing else waits on it); reading on, it finds the call
+/// ended RESOURCE_EXHAUSTED. Before, the call ended cleanly (grpc-status 0) without the
+/// compaction's outcome.
+#[tokio::test]
+async fn a_compact_call_given_up_on_ends_with_an_error_not_a_clean_end() {
+    use crate::common::compaction::{SID, compaction_config, llm_config, seed_session};
+    use compactd::server::ServerOptions;
+    use prost::Message as _;
+    // 3,000 deltas of 1 KB: far more than the call's channel and HTTP/2 windows hold.
+    let fake = FakeLlm::start(vec![Reply::text(vec!["x".repeat(1_000); 3_000])]).await;
+    let server = start_server_with(
+        ServerOptions {
+            compaction: compaction_config(llm_config(&fake)),
+            slow_reader_grace: std::time::Duration::from_millis(300),
+            ..Default::default()
+        },
+        acp_config(),
+    )
+    .await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    let request = pb::CompactRequest {
+        session_id: SID.into(),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let (_send, mut recv) = unread_call(
+        &server.addr.to_string(),
+        "/compactd.v1.Sessions/Compact",
+        vec![request],
+    )
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+    let trailers = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while let Some(chunk) = recv.data().await {
+            let Ok(chunk) = chunk else { return None };
+            let _ = recv.flow_control().release_capacity(chunk.len());
+        }
+        recv.trailers().await.ok().flatten()
+    })
+    .await
+    .expect("the call ends")
+    .expect("trailers with a status");
+    assert_eq!(
+        trailers.get("grpc-status").map(|v| v.as_bytes()),
+        Some(&b"8"[..]),
+        "{trailers:?}"
+    );
+}
