@@ -493,11 +493,15 @@ impl Link {
                 attempt,
                 reason,
                 delay,
-            } => Ce::Retrying(pb::CompactionRetrying {
-                attempt,
-                reason,
-                delay_ms: millis(delay),
-            }),
+            } => {
+                // What was streamed before is void: the next delta starts again at 0.
+                self.deltas = 0;
+                Ce::Retrying(pb::CompactionRetrying {
+                    attempt,
+                    reason,
+                    delay_ms: millis(delay),
+                })
+            }
         };
         self.emit(ev).await;
     }

@@ -267,7 +267,7 @@ impl OpenAiSummarizer {
         progress: mpsc::Sender<Progress>,
     ) -> Result<SummaryOutcome, SummarizeError> {
         let mut body = self.body(&request);
-        let mut attempt = 1;
+        let mut attempt: u32 = 1;
         let mut capped = false;
         loop {
             let mut started = false;
@@ -276,6 +276,14 @@ impl OpenAiSummarizer {
             let e = match result {
                 Ok(outcome) => {
                     if let Some(too_long) = self.truncated(&request, &outcome) {
+                        // Its deltas went out already: say they are void.
+                        let _ = progress
+                            .send(Progress::Retrying {
+                                attempt: attempt.saturating_add(1),
+                                reason: too_long.to_string(),
+                                delay: Duration::ZERO,
+                            })
+                            .await;
                         return Err(too_long);
                     }
                     self.observe(&request, &outcome);

@@ -243,3 +243,19 @@ def test_a_raising_on_event_does_not_end_the_async_stream(
                 assert check.threshold > 0
 
     asyncio.run(main())
+
+
+def test_a_retry_voids_the_deltas_streamed_before_it() -> None:
+    # compactd drops an answer it streamed when the endpoint had truncated the prompt,
+    # says so with `retrying`, and streams the next answer from index 0.
+    from compactd_client.compaction import _State
+
+    state = _State()
+    for ev in [
+        pb.CompactionEvent(delta=pb.SummaryDelta(text="summary of what was kept", index=0)),
+        pb.CompactionEvent(retrying=pb.CompactionRetrying(attempt=2, reason="truncated")),
+        pb.CompactionEvent(delta=pb.SummaryDelta(text="the real ", index=0)),
+        pb.CompactionEvent(delta=pb.SummaryDelta(text="summary", index=1)),
+    ]:
+        state._record(ev)
+    assert state.summary == "the real summary"

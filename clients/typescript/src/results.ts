@@ -48,6 +48,8 @@ export async function collectCompaction(events: AsyncIterable<CompactionEvent>):
     for await (const e of events) {
       r.events.push(e);
       if (e.compactionId) r.compactionId = e.compactionId;
+      // A retry voids what was streamed before it.
+      if (e.retrying) r.summary = "";
       if (e.delta) r.summary += e.delta.text;
       if (e.compacted) r.compacted = e.compacted;
       if (e.failed) r.failed = e.failed;

@@ -2,7 +2,7 @@
 // streaming endpoint (node http, SSE chat.completion chunks).
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
-import { CompactdClient, CompactdError, type CompactionEvent, type SessionEvent } from "@compactd/client";
+import { CompactdClient, CompactdError, collectCompaction, type CompactionEvent, type SessionEvent } from "@compactd/client";
 import { seedTurns, startCompactd, startFakeLlm, userMsg, textPart, waitFor, type Compactd, type FakeLlm } from "./harness.js";
 
 const SECRET = "sk-test-SECRET-ts-client";
@@ -212,6 +212,21 @@ describe("Compact and Subscribe", () => {
     assert.equal(first.value.overflow?.used, 15_000);
     sub.cancel();
   });
+});
+
+test("collectCompaction: a retry voids the deltas streamed before it", async () => {
+  // compactd drops an answer it streamed when the endpoint had truncated the prompt,
+  // says so with `retrying`, and streams the next answer from index 0.
+  async function* events(): AsyncGenerator<CompactionEvent> {
+    const e = (event: Partial<CompactionEvent>) => ({ sessionId: "s", compactionId: "c", ...event }) as CompactionEvent;
+    yield e({ delta: { text: "summary of what was kept", index: 0 } });
+    yield e({ retrying: { attempt: 2, reason: "the endpoint read 300 tokens", delayMs: 0 } });
+    yield e({ delta: { text: "the real ", index: 0 } });
+    yield e({ delta: { text: "summary", index: 1 } });
+    yield e({ compacted: { userMessageId: "u", summaryMessageId: "s" } as CompactionEvent["compacted"] });
+  }
+  const r = await collectCompaction(events());
+  assert.equal(r.summary, "the real summary");
 });
 
 describe("Compact without an endpoint", () => {

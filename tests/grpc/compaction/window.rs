@@ -213,6 +213,24 @@ async fn a_prompt_the_endpoint_truncated_is_too_long_not_a_summary() {
             .any(|r| r.body.to_string().contains("of what was kept")),
         "the truncated answer is folded into no later request"
     );
+    // Its deltas had gone out: a `retrying` voids them, and the deltas after it (their
+    // indices from 0 again) are the summary committed.
+    use compactd::server::pb::compaction_event::Event as Ce;
+    let last_retry = events
+        .iter()
+        .rposition(|e| matches!(e.event, Some(Ce::Retrying(_))))
+        .expect("a retrying event");
+    let deltas: Vec<_> = events[last_retry..]
+        .iter()
+        .filter_map(|e| match &e.event {
+            Some(Ce::Delta(d)) => Some(d.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(deltas.first().map(|d| d.index), Some(0), "{events:?}");
+    let streamed: String = deltas.iter().map(|d| d.text.as_str()).collect();
+    assert!(!streamed.contains("of what was kept"), "{streamed}");
+    assert_eq!(streamed, format!("summary #{}", requests.len()));
 }
 
 /// A 400 refusing the `max_tokens` asked, in `message`'s words.

@@ -43,6 +43,9 @@ class _State:
         kind = ev.WhichOneof("event")
         if kind == "started":
             self.started = ev.started
+        elif kind == "retrying":
+            # A retry voids what was streamed before it.
+            self._deltas.clear()
         elif kind == "delta":
             self._deltas.append(ev.delta.text)
         elif kind == "compacted":

@@ -616,7 +616,10 @@ export interface CompactionEvent {
   started?:
     | CompactionStarted
     | undefined;
-  /** Summary text as it arrives; the deltas concatenate to the committed summary. */
+  /**
+   * Summary text as it arrives; the deltas since the last `retrying` concatenate to
+   * the committed summary.
+   */
   delta?:
     | SummaryDelta
     | undefined;
@@ -625,7 +628,11 @@ export interface CompactionEvent {
   failed?:
     | CompactionFailed
     | undefined;
-  /** A retryable failure before the first token; compactd retries after a delay. */
+  /**
+   * A retryable failure; compactd tries again after a delay. Deltas received before
+   * it are void (an answer dropped after it streamed: the endpoint had truncated the
+   * prompt), and the next delta's index is 0.
+   */
   retrying?: CompactionRetrying | undefined;
 }
 
