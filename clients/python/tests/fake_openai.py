@@ -26,16 +26,18 @@ class Reply:
 
     chunks: Sequence[str] = ()
     tool_calls: Sequence[Dict[str, Any]] = ()  # {"id", "name", "arguments": dict}
-    usage: Optional[tuple] = (100, 10)  # (prompt_tokens, completion_tokens)
+    # (prompt_tokens, completion_tokens); a prompt of None is counted from the request
+    # (characters / 4), as a real endpoint reports what it read.
+    usage: Optional[tuple] = (None, 10)
     status: int = 200
     delay: float = 0.0  # seconds before each streamed chunk
 
     @staticmethod
-    def text(*chunks: str, usage: Optional[tuple] = (100, 10), delay: float = 0.0) -> "Reply":
+    def text(*chunks: str, usage: Optional[tuple] = (None, 10), delay: float = 0.0) -> "Reply":
         return Reply(chunks=chunks, usage=usage, delay=delay)
 
     @staticmethod
-    def calls(*calls: Dict[str, Any], usage: Optional[tuple] = (100, 10)) -> "Reply":
+    def calls(*calls: Dict[str, Any], usage: Optional[tuple] = (None, 10)) -> "Reply":
         return Reply(tool_calls=calls, usage=usage)
 
     @staticmethod
@@ -126,6 +128,8 @@ class FakeOpenAI:
                     frame([{"index": 0, "delta": {}, "finish_reason": "stop"}])
                     if usage_wanted and reply.usage:
                         p, c = reply.usage
+                        if p is None:
+                            p = sum(len(str(m.get("content") or "")) for m in body.get("messages") or []) // 4
                         frame([], {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c})
                     self.wfile.write(b"data: [DONE]\n\n")
                     self.wfile.flush()

@@ -169,7 +169,7 @@ def test_a_raising_on_event_or_a_cancelled_future_does_not_end_the_stream(
 ) -> None:
     # An automatic compaction's events arrive after the ack of the update that started
     # it: they go to on_event, which raises (a host bug).
-    fake.push(Reply.text("summary of the first turns", usage=(900, 12)))
+    fake.push(Reply.text("summary of the first turns", usage=(None, 12)))
     seen: list = []
 
     def boom(ev: pb.ServerEvent) -> None:
@@ -208,7 +208,7 @@ def test_a_raising_on_event_or_a_cancelled_future_does_not_end_the_stream(
                     errors.append(e)
 
             s._on_event = waits
-            fake.push(Reply.text("summary of more turns", usage=(900, 12)))
+            fake.push(Reply.text("summary of more turns", usage=(None, 12)))
             turns_on(s, sid, 6, 10)
             deadline = time.monotonic() + 15
             while len(errors) < 2:
@@ -221,7 +221,7 @@ def test_a_raising_on_event_or_a_cancelled_future_does_not_end_the_stream(
 def test_a_raising_on_event_does_not_end_the_async_stream(
     llm_server: Server, fake: FakeOpenAI, sid: str
 ) -> None:
-    fake.push(Reply.text("summary of the first turns", usage=(900, 12)))
+    fake.push(Reply.text("summary of the first turns", usage=(None, 12)))
     seen: list = []
 
     def boom(ev: pb.ServerEvent) -> None:

@@ -236,7 +236,10 @@ export async function startFakeLlm(script: FakeReply[]): Promise<FakeLlm> {
         res.write(chunk({}, "stop"));
         const wantsUsage = (parsed.stream_options as { include_usage?: boolean } | undefined)?.include_usage;
         if (wantsUsage) {
-          res.write(`data: ${JSON.stringify({ id: "chatcmpl-fake", object: "chat.completion.chunk", created, model, choices: [], usage: { prompt_tokens: 100, completion_tokens: reply.chunks.length, total_tokens: 100 + reply.chunks.length } })}\n\n`);
+          // What it read, as a real endpoint reports it (characters / 4).
+          const messages = (parsed.messages as { content?: unknown }[] | undefined) ?? [];
+          const prompt = Math.floor(messages.reduce((n, m) => n + String(m.content ?? "").length, 0) / 4);
+          res.write(`data: ${JSON.stringify({ id: "chatcmpl-fake", object: "chat.completion.chunk", created, model, choices: [], usage: { prompt_tokens: prompt, completion_tokens: reply.chunks.length, total_tokens: prompt + reply.chunks.length } })}\n\n`);
         }
         res.write("data: [DONE]\n\n");
         finished = true;
