@@ -220,6 +220,7 @@ impl Windows {
         self.with(base_url, model, |k| {
             k.output = Some(match (k.output, cap) {
                 (Some(OutputCap::At(old)), OutputCap::At(new)) => OutputCap::At(old.min(new)),
+                (Some(OutputCap::Omit), _) => OutputCap::Omit,
                 _ => cap,
             });
         });

@@ -18,6 +18,7 @@ use crate::engine::SummaryOutcome;
 use crate::summarize::budget::{
     MESSAGES_PER_REQUEST, TEMPLATE_TOKENS_PER_MESSAGE, TEMPLATE_TOKENS_PER_REQUEST,
 };
+use crate::summarize::output_cap::OutputCap;
 use crate::summarize::window::{self, Refusal};
 use crate::summarize::{SummarizeError, SummaryRequest};
 
@@ -44,7 +45,19 @@ impl OpenAiSummarizer {
     ) -> SummarizeError {
         let mut probe = body.clone();
         probe["stream"] = Value::Bool(false);
-        probe["max_tokens"] = Value::from(1);
+        // One token, in the field the model takes (one that refused `max_tokens` takes
+        // `max_completion_tokens`, OpenAI's reasoning models).
+        let model = self.model_of(request.model.as_deref());
+        let omit = self.windows.output_cap(&self.config.base_url, model) == Some(OutputCap::Omit);
+        if let Some(fields) = probe.as_object_mut() {
+            fields.remove("max_tokens");
+        }
+        let field = if omit {
+            "max_completion_tokens"
+        } else {
+            "max_tokens"
+        };
+        probe[field] = Value::from(1);
         if let Some(fields) = probe.as_object_mut() {
             fields.remove("stream_options");
         }

@@ -210,3 +210,20 @@ fn the_pairs_kept_are_bounded_and_asking_keeps_nothing() {
     let m0 = w.get(URL, "m0").expect("kept");
     assert_eq!((m0.tokens, m0.ratio), (8_192, 2.0));
 }
+
+#[test]
+fn a_refused_max_tokens_field_stays_omitted() {
+    use crate::summarize::output_cap::OutputCap;
+    let w = Windows::new(None);
+    w.cap_output("u", "m", OutputCap::At(16_384));
+    w.cap_output("u", "m", OutputCap::At(32_000));
+    assert_eq!(
+        w.output_cap("u", "m"),
+        Some(OutputCap::At(16_384)),
+        "the lower cap"
+    );
+    w.cap_output("u", "m", OutputCap::Omit);
+    // A request built before the field was refused may still teach a figure.
+    w.cap_output("u", "m", OutputCap::At(8_192));
+    assert_eq!(w.output_cap("u", "m"), Some(OutputCap::Omit));
+}

@@ -304,6 +304,34 @@ async fn a_model_that_refuses_the_max_tokens_field_is_asked_without_it() {
 }
 
 #[tokio::test]
+async fn the_probe_of_a_silent_answer_asks_in_the_field_the_model_takes() {
+    // A model that refuses `max_tokens` (learned), then answers with nothing: the
+    // one-token probe asks with `max_completion_tokens`, not the refused field.
+    let fake = FakeLlm::start(vec![
+        max_tokens_refused(
+            "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
+        ),
+        Reply::Empty,
+        Reply::text(["x"]),
+        Reply::text(["first part"]),
+        Reply::text(["second part"]),
+        Reply::text(["third part"]),
+        Reply::text(["fourth part"]),
+    ])
+    .await;
+    fake.serve_props(json!({"default_generation_settings": {"n_ctx": 200_000, "params": {}}}));
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_long_session(&mut client, SID).await;
+    let _ = compact(&mut client, SID).await;
+    let requests = fake.requests();
+    let probe = &requests[2];
+    assert_eq!(probe.body["stream"], false, "{}", probe.body);
+    assert!(probe.body.get("max_tokens").is_none(), "{}", probe.body);
+    assert_eq!(probe.body["max_completion_tokens"], 1);
+}
+
+#[tokio::test]
 async fn silent_answers_without_numbers_halve_the_chunk() {
     for (silent, probe_answer) in [
         // An empty stream, and a probe that fails otherwise.
