@@ -2,6 +2,22 @@
 
 use super::*;
 
+/// A settings change: the strategies' state is rebuilt from the messages at the next
+/// commit.
+fn rebuild_by_a_settings_change(s: &mut Session) {
+    put(
+        s,
+        Update::Configure(SessionInfo {
+            id: "ses_strat".into(),
+            config: SessionOverrides {
+                prune_minimum: Some(30_000),
+                ..Default::default()
+            },
+            ..Default::default()
+        }),
+    );
+}
+
 #[test]
 fn rule_idempotence_a_second_commit_marks_nothing_and_changes_nothing() {
     let mut s = import(&rich_messages(), SessionOverrides::default());
@@ -16,17 +32,7 @@ fn rule_idempotence_a_second_commit_marks_nothing_and_changes_nothing() {
 
     // A settings change rebuilds the strategy state from the messages: the same decisions,
     // all already applied.
-    put(
-        &mut s,
-        Update::Configure(SessionInfo {
-            id: "ses_strat".into(),
-            config: SessionOverrides {
-                prune_minimum: Some(30_000),
-                ..Default::default()
-            },
-            ..Default::default()
-        }),
-    );
+    rebuild_by_a_settings_change(&mut s);
     let rebuilt = commit(&mut s, NOW + 2);
     assert!(rebuilt.report.strategies.is_empty(), "{:?}", rebuilt.report);
     assert_eq!(s.messages(), messages.as_slice());
@@ -762,17 +768,7 @@ fn rule_a_compaction_does_not_age_the_turns_it_keeps_verbatim() {
         expect_marks(&sc.s, aged);
         // Rebuilt from the messages (a settings change), the same decisions.
         let before = marks(&sc.s);
-        put(
-            &mut sc.s,
-            Update::Configure(SessionInfo {
-                id: "ses_strat".into(),
-                config: SessionOverrides {
-                    prune_minimum: Some(30_000),
-                    ..Default::default()
-                },
-                ..Default::default()
-            }),
-        );
+        rebuild_by_a_settings_change(&mut sc.s);
         sc.commit();
         assert_eq!(marks(&sc.s), before, "auto {auto}: rebuilt");
     }
@@ -952,17 +948,7 @@ fn rule_a_hosts_compaction_with_a_tail_ages_live_as_a_rebuild_does() {
     sc.commit();
     // Sent: [req, sum, u1, a1, u2, a2]: u1 and u2 are the last two turns.
     expect_no_marks(&sc.s);
-    put(
-        &mut sc.s,
-        Update::Configure(SessionInfo {
-            id: "ses_strat".into(),
-            config: SessionOverrides {
-                prune_minimum: Some(30_000),
-                ..Default::default()
-            },
-            ..Default::default()
-        }),
-    );
+    rebuild_by_a_settings_change(&mut sc.s);
     sc.commit();
     expect_no_marks(&sc.s);
 }
