@@ -281,8 +281,8 @@ impl Job {
             // Cancelled once the summary was written (its session deleted or replaced,
             // CancelCompaction, the drain's deadline): a cancelled compaction commits
             // nothing.
-            Ok(_) if self.link.running.cancel.is_cancelled() => {
-                Err(failed(&SummarizeError::Cancelled))
+            Ok(summary) if self.link.running.cancel.is_cancelled() => {
+                Err(spent(failed(&SummarizeError::Cancelled), &summary.outcome))
             }
             Ok(summary) => self.commit(summary, began).await,
             Err(e) => Err(failed(&e)),
@@ -300,9 +300,12 @@ impl Job {
                 began.elapsed(),
                 done.usage.as_ref().map(|u| (u.input, u.output)),
             ),
-            Err(f) => {
-                crate::telemetry::compaction(&f.kind, self.plan.request.auto, began.elapsed(), None)
-            }
+            Err(f) => crate::telemetry::compaction(
+                &f.kind,
+                self.plan.request.auto,
+                began.elapsed(),
+                f.usage.as_ref().map(|u| (u.input, u.output)),
+            ),
         }
         let ev = match result {
             Ok(done) => {
@@ -377,13 +380,20 @@ impl Job {
         let ids = CommitIds {
             prefix: link.running.id.clone(),
         };
+        // What the summary cost, kept for a failure to report (not its text).
+        let paid = SummaryOutcome {
+            text: String::new(),
+            usage: summary.outcome.usage,
+            cost: summary.outcome.cost,
+            model: None,
+        };
         let outcome = summary.outcome;
         let usage = outcome.usage;
         let cost = outcome.cost;
         let committed = handle
             .call(move |s, _| s.commit_compaction(plan, outcome, ids, now_ms()))
             .await
-            .map_err(|e| unreachable_session(&e))?;
+            .map_err(|e| spent(unreachable_session(&e), &paid))?;
         let done = committed.map_err(|e| {
             let kind = match e {
                 CompactionError::EmptySummary => "empty_summary",
@@ -394,7 +404,7 @@ impl Job {
             };
             // A compaction planned afresh summarizes what the session holds now.
             let retryable = matches!(e, CompactionError::Stale(_));
-            fail(kind, e.to_string(), retryable)
+            spent(fail(kind, e.to_string(), retryable), &paid)
         })?;
         Ok(pb::SessionCompacted {
             user_message_id: done.user_message_id,
@@ -583,6 +593,14 @@ fn failure_kind(e: &SummarizeError) -> &'static str {
     }
 }
 
+/// `f` with what the summary it drops cost (its usage and price), so the spend of a
+/// compaction that commits nothing is still reported.
+fn spent(mut f: pb::CompactionFailed, paid: &SummaryOutcome) -> pb::CompactionFailed {
+    f.usage = paid.usage.as_ref().map(super::convert::usage_to_pb);
+    f.cost = paid.cost;
+    f
+}
+
 /// The failure of a commit whose session could not be reached: gone (deleted, or its
 /// actor closed with it) is final; a store that could not load or write it (the disk, the
 /// memory budget) may take it later, and the paid-for summary was only lost this once.
@@ -609,6 +627,8 @@ fn fail(kind: &str, reason: String, retryable: bool) -> pb::CompactionFailed {
         retryable,
         kind: kind.into(),
         auto_compaction_paused: false,
+        usage: None,
+        cost: 0.0,
     }
 }
 

@@ -531,3 +531,61 @@ async fn a_stream_busy_elsewhere_still_gets_every_event_of_its_compaction() {
     }
     assert_eq!(deltas, 8);
 }
+
+/// A summarizer whose answer (`text`) was billed: 900 tokens in, 40 out, 0.25.
+#[derive(Debug)]
+struct Billed {
+    text: String,
+}
+
+#[tonic::async_trait]
+impl Summarizer for Billed {
+    async fn summarize(
+        &self,
+        _request: SummaryRequest,
+        _progress: mpsc::Sender<Progress>,
+        _cancel: CancellationToken,
+    ) -> Result<SummaryOutcome, SummarizeError> {
+        Ok(SummaryOutcome {
+            text: self.text.clone(),
+            usage: Some(crate::domain::TokenUsage {
+                input: 900,
+                output: 40,
+                ..Default::default()
+            }),
+            cost: 0.25,
+            model: None,
+        })
+    }
+
+    fn model(&self) -> &str {
+        "billed"
+    }
+
+    async fn window(&self, _model: Option<&str>) -> Option<Window> {
+        None
+    }
+}
+
+#[tokio::test]
+async fn a_summary_refused_at_commit_still_reports_what_it_cost() {
+    // An answer longer than what it replaces is refused (not_smaller): nothing is
+    // committed, but the model was paid. Before, the failure said nothing of it.
+    let hub = hub_with_session(Billed {
+        text: "word ".repeat(20_000),
+    })
+    .await;
+    let (tx, mut events) = mpsc::channel(64);
+    start(&hub, SID, Options::default(), Some(Sink::owning(tx)), None)
+        .await
+        .expect("started");
+    match outcome(&mut events).await {
+        Ce::Failed(f) => {
+            assert_eq!(f.kind, "not_smaller", "{f:?}");
+            let usage = f.usage.expect("what the answer cost");
+            assert_eq!((usage.input, usage.output), (900, 40));
+            assert_eq!(f.cost, 0.25);
+        }
+        other => panic!("expected a failure, got {other:?}"),
+    }
+}

@@ -696,6 +696,13 @@ export interface CompactionFailed {
    * successful manual compaction resumes it.
    */
   autoCompactionPaused: boolean;
+  /**
+   * What the compaction model's answers cost though nothing was committed (a summary
+   * refused at commit: not smaller, empty, stale, the store; or cancelled after it was
+   * written). Absent when the failure came before a whole summary.
+   */
+  usage: TokenUsage | undefined;
+  cost: number;
 }
 
 export interface CompactionRetrying {
@@ -6638,7 +6645,7 @@ export const SessionCompacted: MessageFns<SessionCompacted> = {
 };
 
 function createBaseCompactionFailed(): CompactionFailed {
-  return { reason: "", retryable: false, kind: "", autoCompactionPaused: false };
+  return { reason: "", retryable: false, kind: "", autoCompactionPaused: false, usage: undefined, cost: 0 };
 }
 
 export const CompactionFailed: MessageFns<CompactionFailed> = {
@@ -6654,6 +6661,12 @@ export const CompactionFailed: MessageFns<CompactionFailed> = {
     }
     if (message.autoCompactionPaused !== false) {
       writer.uint32(32).bool(message.autoCompactionPaused);
+    }
+    if (message.usage !== undefined) {
+      TokenUsage.encode(message.usage, writer.uint32(42).fork()).join();
+    }
+    if (message.cost !== 0) {
+      writer.uint32(49).double(message.cost);
     }
     return writer;
   },
@@ -6703,6 +6716,22 @@ export const CompactionFailed: MessageFns<CompactionFailed> = {
             message.autoCompactionPaused = reader.bool();
             continue;
           }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.usage = TokenUsage.decode(reader, reader.uint32());
+            continue;
+          }
+          case 6: {
+            if (tag !== 49) {
+              break;
+            }
+
+            message.cost = reader.double();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -6725,6 +6754,8 @@ export const CompactionFailed: MessageFns<CompactionFailed> = {
         : isSet(object.auto_compaction_paused)
         ? globalThis.Boolean(object.auto_compaction_paused)
         : false,
+      usage: isSet(object.usage) ? TokenUsage.fromJSON(object.usage) : undefined,
+      cost: isSet(object.cost) ? globalThis.Number(object.cost) : 0,
     };
   },
 
@@ -6742,6 +6773,12 @@ export const CompactionFailed: MessageFns<CompactionFailed> = {
     if (message.autoCompactionPaused !== false) {
       obj.autoCompactionPaused = message.autoCompactionPaused;
     }
+    if (message.usage !== undefined) {
+      obj.usage = TokenUsage.toJSON(message.usage);
+    }
+    if (message.cost !== 0) {
+      obj.cost = floatToJson(message.cost);
+    }
     return obj;
   },
 
@@ -6754,6 +6791,10 @@ export const CompactionFailed: MessageFns<CompactionFailed> = {
     message.retryable = object.retryable ?? false;
     message.kind = object.kind ?? "";
     message.autoCompactionPaused = object.autoCompactionPaused ?? false;
+    message.usage = (object.usage !== undefined && object.usage !== null)
+      ? TokenUsage.fromPartial(object.usage)
+      : undefined;
+    message.cost = object.cost ?? 0;
     return message;
   },
 };
