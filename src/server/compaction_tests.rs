@@ -17,10 +17,28 @@ use crate::store::Store;
 /// The session every test compacts.
 const SID: &str = "s";
 
-/// A summarizer that answers `text` at once, or, without one, only its cancel.
-#[derive(Debug)]
+/// A summarizer that streams `deltas` deltas, then answers `text` (billed 900 tokens in,
+/// 40 out and 0.25 when `billed`), or without one waits for its cancel.
+#[derive(Debug, Default)]
 struct Fake {
-    text: Option<&'static str>,
+    text: Option<String>,
+    deltas: usize,
+    billed: bool,
+}
+
+impl Fake {
+    /// Answers `text` at once.
+    fn answering(text: &str) -> Fake {
+        Fake {
+            text: Some(text.into()),
+            ..Fake::default()
+        }
+    }
+
+    /// Answers only its cancel.
+    fn waiting() -> Fake {
+        Fake::default()
+    }
 }
 
 #[tonic::async_trait]
@@ -28,17 +46,25 @@ impl Summarizer for Fake {
     async fn summarize(
         &self,
         _request: SummaryRequest,
-        _progress: mpsc::Sender<Progress>,
+        progress: mpsc::Sender<Progress>,
         cancel: CancellationToken,
     ) -> Result<SummaryOutcome, SummarizeError> {
-        let Some(text) = self.text else {
+        for n in 0..self.deltas {
+            let _ = progress.send(Progress::Delta(format!("delta {n} "))).await;
+        }
+        let Some(text) = &self.text else {
             cancel.cancelled().await;
             return Err(SummarizeError::Cancelled);
         };
+        let usage = self.billed.then(|| crate::domain::TokenUsage {
+            input: 900,
+            output: 40,
+            ..Default::default()
+        });
         Ok(SummaryOutcome {
-            text: text.into(),
-            usage: None,
-            cost: 0.0,
+            text: text.clone(),
+            usage,
+            cost: if self.billed { 0.25 } else { 0.0 },
             model: None,
         })
     }
@@ -74,46 +100,6 @@ fn turns() -> Vec<Update> {
         }));
     }
     updates
-}
-
-/// A summarizer that streams `deltas` deltas, then answers `answer`, or without one only
-/// its cancel.
-#[derive(Debug)]
-struct Chatty {
-    deltas: usize,
-    answer: Option<&'static str>,
-}
-
-#[tonic::async_trait]
-impl Summarizer for Chatty {
-    async fn summarize(
-        &self,
-        _request: SummaryRequest,
-        progress: mpsc::Sender<Progress>,
-        cancel: CancellationToken,
-    ) -> Result<SummaryOutcome, SummarizeError> {
-        for n in 0..self.deltas {
-            let _ = progress.send(Progress::Delta(format!("delta {n} "))).await;
-        }
-        let Some(text) = self.answer else {
-            cancel.cancelled().await;
-            return Err(SummarizeError::Cancelled);
-        };
-        Ok(SummaryOutcome {
-            text: text.into(),
-            usage: None,
-            cost: 0.0,
-            model: None,
-        })
-    }
-
-    fn model(&self) -> &str {
-        "chatty"
-    }
-
-    async fn window(&self, _model: Option<&str>) -> Option<Window> {
-        None
-    }
 }
 
 /// A hub whose summarizer is `fake`, holding session [`SID`] with [`turns`].
@@ -158,9 +144,9 @@ async fn a_caller_that_reads_no_event_does_not_hold_a_cancelled_compaction() {
     // full the job waits to hand it a delta, and before, neither a cancel nor anything
     // else could end the job: the slot stayed claimed for as long as the call was open.
     let hub = hub_with(
-        Chatty {
+        Fake {
             deltas: 8,
-            answer: None,
+            ..Fake::default()
         },
         std::time::Duration::from_millis(300),
     )
@@ -188,10 +174,7 @@ async fn a_caller_that_reads_no_event_does_not_hold_a_cancelled_compaction() {
 
 #[tokio::test]
 async fn a_start_dropped_while_planning_frees_the_slot() {
-    let hub = hub_with_session(Fake {
-        text: Some("summary"),
-    })
-    .await;
+    let hub = hub_with_session(Fake::answering("summary")).await;
     // tonic drops a `Compact` handler's future when its client goes away or its
     // deadline passes: here while it waits for the plan from the session's actor (which
     // this thread has not run yet).
@@ -228,7 +211,7 @@ async fn next_failure(
 async fn cancelled_automatic_compactions_leave_the_breaker_alone() {
     // A rolling restart cancels running compactions at the drain's deadline: that says
     // nothing of the session, so as many as would trip the breaker must not pause it.
-    let hub = hub_with_session(Fake { text: None }).await;
+    let hub = hub_with_session(Fake::waiting()).await;
     let handle = hub.store.get(SID).await.expect("the session");
     let before = handle.call(|s, _| s.auto_state()).await.expect("actor");
     let mut bus = hub.bus.subscribe();
@@ -400,10 +383,7 @@ async fn a_replacement_leaves_a_compaction_of_the_new_session_running() {
 #[tokio::test]
 async fn a_replacement_while_planning_cancels_only_a_plan_of_the_replaced_value() {
     for replaced in [true, false] {
-        let hub = hub_with_session(Fake {
-            text: Some("summary"),
-        })
-        .await;
+        let hub = hub_with_session(Fake::answering("summary")).await;
         let handle = hub.store.get(SID).await.expect("the session");
         let held = handle.call(|s, _| s.generation()).await.expect("actor");
         // What the id holds once the import is written: another value, or (the import
@@ -476,9 +456,7 @@ async fn a_commit_the_disk_refuses_is_a_storage_failure_worth_retrying() {
         .expect("listed");
     let hub = hub_over(
         store,
-        Fake {
-            text: Some("summary"),
-        },
+        Fake::answering("summary"),
         crate::server::hub::DEFAULT_SLOW_READER_GRACE,
     )
     .await;
@@ -502,9 +480,9 @@ async fn a_stream_busy_elsewhere_still_gets_every_event_of_its_compaction() {
     // waiting while it answers updates (it has a slow-reader grace of its own). Its
     // events are waited for, past the grace, and none is dropped.
     let hub = hub_with(
-        Chatty {
+        Fake {
             deltas: 8,
-            answer: Some("summary"),
+            ..Fake::answering("summary")
         },
         std::time::Duration::from_millis(100),
     )
@@ -532,47 +510,13 @@ async fn a_stream_busy_elsewhere_still_gets_every_event_of_its_compaction() {
     assert_eq!(deltas, 8);
 }
 
-/// A summarizer whose answer (`text`) was billed: 900 tokens in, 40 out, 0.25.
-#[derive(Debug)]
-struct Billed {
-    text: String,
-}
-
-#[tonic::async_trait]
-impl Summarizer for Billed {
-    async fn summarize(
-        &self,
-        _request: SummaryRequest,
-        _progress: mpsc::Sender<Progress>,
-        _cancel: CancellationToken,
-    ) -> Result<SummaryOutcome, SummarizeError> {
-        Ok(SummaryOutcome {
-            text: self.text.clone(),
-            usage: Some(crate::domain::TokenUsage {
-                input: 900,
-                output: 40,
-                ..Default::default()
-            }),
-            cost: 0.25,
-            model: None,
-        })
-    }
-
-    fn model(&self) -> &str {
-        "billed"
-    }
-
-    async fn window(&self, _model: Option<&str>) -> Option<Window> {
-        None
-    }
-}
-
 #[tokio::test]
 async fn a_summary_refused_at_commit_still_reports_what_it_cost() {
     // An answer longer than what it replaces is refused (not_smaller): nothing is
     // committed, but the model was paid. Before, the failure said nothing of it.
-    let hub = hub_with_session(Billed {
-        text: "word ".repeat(20_000),
+    let hub = hub_with_session(Fake {
+        billed: true,
+        ..Fake::answering(&"word ".repeat(20_000))
     })
     .await;
     let (tx, mut events) = mpsc::channel(64);
