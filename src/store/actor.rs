@@ -333,7 +333,7 @@ const RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(250);
 const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The wait before the next try after `failures` failed commits in a row.
-fn retry_delay(failures: u32) -> std::time::Duration {
+pub(super) fn retry_delay(failures: u32) -> std::time::Duration {
     let doublings = failures.saturating_sub(1).min(16);
     RETRY_FIRST.saturating_mul(1u32 << doublings).min(RETRY_MAX)
 }

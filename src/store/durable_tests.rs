@@ -540,12 +540,18 @@ pub(crate) struct Faulty {
 }
 
 impl Faulty {
-    fn open(dir: &std::path::Path, fail_create: Option<Duration>) -> Faulty {
+    /// A SQLite backend under `interval` (50 ms) that fails as asked.
+    pub(super) fn open(dir: &std::path::Path, fail_create: Option<Duration>) -> Faulty {
         Faulty::with(
             dir,
             Durability::Interval(Duration::from_millis(50)),
             fail_create,
         )
+    }
+
+    /// Writes tried so far.
+    pub(super) fn writes(&self) -> usize {
+        self.writes.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The same under `Durability::Sync`.

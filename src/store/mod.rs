@@ -20,6 +20,7 @@
 
 mod actor;
 mod backend;
+mod deleting;
 mod ledger;
 mod restore;
 mod sqlite;
@@ -233,6 +234,9 @@ struct Map {
     /// and its [`Generation`]: loaded back as the same incarnation, it is the same value
     /// (a compaction planned before the eviction still commits).
     resume: FastMap<String, (u64, Generation)>,
+    /// Ids deleted under `interval` whose delete is not known written, each with the
+    /// ticket of the task that writes it (`deleting.rs`).
+    deleting: FastMap<String, u64>,
 }
 
 /// What the store's actors share with it: the map of handles and the idle policy.
@@ -765,7 +769,7 @@ impl Store {
     /// session back as it was (unless its id was taken meanwhile) and is an error: the
     /// session still exists, in memory and after a restart alike.
     pub async fn remove(&self, id: &str) -> Result<bool, StoreError> {
-        let (removed, committed) = {
+        let (removed, committed, ticket) = {
             let mut map = self.write();
             let removed = Removed {
                 hot: map.hot.remove(id),
@@ -779,17 +783,27 @@ impl Store {
                 .backend
                 .as_ref()
                 .map(|b| b.write(vec![Write::Delete { id: id.to_string() }]));
-            (removed, committed)
+            // Under `interval` it is acknowledged before it is written.
+            let ticket = (committed.is_some() && !self.durability().waits())
+                .then(|| deleting::ticket(&mut map, id));
+            (removed, committed, ticket)
         };
-        if let Some(rx) = committed
-            && self.durability().waits()
-        {
-            // The removed handle is held until then: its actor lives on, to be put back.
-            let result = rx.await.unwrap_or(Err(BackendError::Closed));
-            if let Err(e) = result {
-                self.put_back(id, removed);
-                return Err(StoreError::Storage(e));
+        match (committed, &self.backend) {
+            (Some(rx), _) if self.durability().waits() => {
+                // The removed handle is held until then: its actor lives on, to be put back.
+                let result = rx.await.unwrap_or(Err(BackendError::Closed));
+                if let Err(e) = result {
+                    self.put_back(id, removed);
+                    return Err(StoreError::Storage(e));
+                }
             }
+            // Acknowledged now: written again until it lands (or the id is taken again).
+            (Some(rx), Some(backend)) => {
+                if let Some(ticket) = ticket {
+                    deleting::follow(&self.shared, backend, id, ticket, rx);
+                }
+            }
+            _ => {}
         }
         Ok(true)
     }
@@ -848,6 +862,7 @@ impl Store {
                 tracing::error!(session_id = h.id(), error = %e, "session not written at shutdown");
             }
         }
+        deleting::write_pending(&self.shared, backend).await;
         let backend = backend.clone();
         let _ = tokio::task::spawn_blocking(move || backend.close()).await;
     }
@@ -965,3 +980,7 @@ pub(crate) mod durable_tests;
 #[cfg(test)]
 #[path = "sync_tests.rs"]
 mod sync_tests;
+
+#[cfg(test)]
+#[path = "delete_tests.rs"]
+mod delete_tests;
