@@ -104,7 +104,8 @@ impl CacheCounting {
 pub enum Reserved {
     /// A fixed number of tokens (compactd default: 0).
     Fixed(u64),
-    /// OpenCode today: `min(20000, limit.output)`.
+    /// OpenCode today: `min(20000, limit.output)` off `limit.input`, none without it; and
+    /// overflow at the threshold itself (`engine::overflow`).
     OpenCode,
 }
 
@@ -114,7 +115,7 @@ pub enum Reserved {
 pub enum OverflowPreset {
     /// Ratio 0.92, reserved 0.
     Compactd,
-    /// Ratio 1.0, reserved `min(20000, limit.output)`: what OpenCode does today.
+    /// Ratio 1.0, OpenCode's reserve ([`Reserved::OpenCode`]): what OpenCode does today.
     OpenCode,
 }
 

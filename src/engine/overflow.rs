@@ -4,9 +4,11 @@
 //! - used = `tokens.total` when the provider gives it, else `input + cache.read + output`
 //!   (or `input + output` when the provider's input already includes cache reads).
 //! - usable = `limit.input`, else `context − min(limit.output, 32000)` (32000 when 0).
-//! - threshold = floor((usable − reserved) × ratio); default ratio 0.92, reserved 0.
-//!   OpenCode today is ratio 1.0 with reserved = min(20000, max output): the `OpenCode`
-//!   preset.
+//! - threshold = floor((usable − reserved) × ratio); default ratio 0.92, reserved 0;
+//!   overflow above it. OpenCode today (`session/overflow.ts`) is the `OpenCode` preset:
+//!   ratio 1.0, reserved = min(20000, max output) when the model has `limit.input` and 0
+//!   without (its usable window is then the context less the max output), and overflow
+//!   at the threshold (`count >= usable`).
 //! - predicted = the report's whole prompt (with cache writes) plus its output, plus the
 //!   context tokens added since that report (minus tokens pruned since), calibrated: each
 //!   content class's estimate times the factor the session's usage reports taught it
@@ -113,7 +115,10 @@ pub fn check(
     let usable = usable_input(limits);
     let reserved = match s.reserved {
         Reserved::Fixed(n) => n,
-        Reserved::OpenCode => COMPACTION_BUFFER.min(max_output(limits)),
+        // OpenCode keeps its buffer off an input limit; without one, the window less the
+        // answer's room (already off `usable`) is all it keeps (`session/overflow.ts`).
+        Reserved::OpenCode if limits.input > 0 => COMPACTION_BUFFER.min(max_output(limits)),
+        Reserved::OpenCode => 0,
     };
     let threshold = floor_ratio(usable.saturating_sub(reserved), s.ratio_clamped());
     let mut c = OverflowCheck {
@@ -137,15 +142,25 @@ pub fn check(
         c.reason = Some("unlimited context (limit.context = 0)");
         return c;
     }
-    c.crossed = if used > threshold {
+    let over = |tokens: u64| crosses(s, tokens, threshold);
+    c.crossed = if over(used) {
         Some(Crossed::Used)
-    } else if predicted > threshold {
+    } else if over(predicted) {
         Some(Crossed::Predicted)
     } else {
         None
     };
     c.overflow = c.crossed.is_some();
     c
+}
+
+/// Whether `tokens` overflow at `threshold`. OpenCode compacts at its limit
+/// (`count >= usable`); compactd's threshold is the last count that still fits.
+fn crosses(s: &Settings, tokens: u64, threshold: u64) -> bool {
+    match s.reserved {
+        Reserved::OpenCode => tokens >= threshold,
+        Reserved::Fixed(_) => tokens > threshold,
+    }
 }
 
 /// `used + delta`, clamped to `0..=u64::MAX` (both can be anywhere in their range: `used`
@@ -208,7 +223,7 @@ impl Session {
         // the next one is the prediction (which subtracts what was cleared).
         if self.usage().pruned() > 0
             && c.crossed == Some(Crossed::Used)
-            && c.predicted <= c.threshold
+            && !crosses(self.settings(), c.predicted, c.threshold)
         {
             c.crossed = None;
             c.overflow = false;

@@ -382,29 +382,51 @@ async fn thresholds_follow_the_preset_ratio_reserved_and_input_limit() {
     let server = start_server().await;
     let mut c = server.client().await;
 
-    // OpenCode today: ratio 1.0, reserved min(20000, output) → 60000.
+    // OpenCode today (`session/overflow.ts`): ratio 1.0; without `limit.input` the
+    // window less the output is usable as is (80000), and it compacts at that count.
     let sid = "o-opencode";
+    let opencode = pb::SessionConfig {
+        preset: pb::OverflowPreset::Opencode as i32,
+        ..Default::default()
+    };
     let s = open_session(
         &mut c,
-        session_with_config(
-            sid,
-            CONTEXT,
-            OUTPUT,
-            pb::SessionConfig {
-                preset: pb::OverflowPreset::Opencode as i32,
-                ..Default::default()
-            },
-        ),
+        session_with_config(sid, CONTEXT, OUTPUT, opencode.clone()),
     )
     .await;
     let o = s.overflow.unwrap();
     assert_eq!(
         (o.usable, o.reserved, o.ratio, o.threshold),
-        (USABLE, 20_000, 1.0, 60_000)
+        (USABLE, 0, 1.0, 80_000)
     );
-    assert_eq!(kinds(&put_usage(&mut c, sid, usage(60_000)).await), ["ack"]);
+    assert_eq!(kinds(&put_usage(&mut c, sid, usage(79_999)).await), ["ack"]);
     assert_eq!(
-        kinds(&put_usage(&mut c, sid, usage(60_001)).await),
+        kinds(&put_usage(&mut c, sid, usage(80_000)).await),
+        ["overflow", "ack"]
+    );
+    // With `limit.input`, reserved min(20000, output) comes off it: 50000 - 20000.
+    let sid = "o-opencode-input";
+    let s = open_session(
+        &mut c,
+        pb::SessionInfo {
+            limits: Some(pb::ModelLimits {
+                context: CONTEXT,
+                input: 50_000,
+                output: OUTPUT,
+            }),
+            config: Some(opencode),
+            ..session(sid)
+        },
+    )
+    .await;
+    let o = s.overflow.unwrap();
+    assert_eq!(
+        (o.usable, o.reserved, o.threshold),
+        (50_000, 20_000, 30_000)
+    );
+    assert_eq!(kinds(&put_usage(&mut c, sid, usage(29_999)).await), ["ack"]);
+    assert_eq!(
+        kinds(&put_usage(&mut c, sid, usage(30_000)).await),
         ["overflow", "ack"]
     );
 

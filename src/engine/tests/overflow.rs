@@ -321,38 +321,40 @@ fn reserved_ratio_and_opencode_preset() {
             0,
             168_000,
         ),
-        // OpenCode: ratio 1.0, reserved min(20000, max output).
+        // OpenCode today (`session/overflow.ts`): ratio 1.0; with `limit.input` the
+        // reserve min(20000, max output) comes off it, without one the window less the
+        // answer's room (max output) is all that comes off.
         row(
             "opencode, output 32000",
             lim(200_000, 0, 32_000),
             opencode(),
             168_000,
-            20_000,
-            148_000,
+            0,
+            168_000,
         ),
         row(
             "opencode, output 8192",
             lim(200_000, 0, 8_192),
             opencode(),
             191_808,
-            8_192,
-            183_616,
+            0,
+            191_808,
         ),
         row(
             "opencode, output 0 (max output 32000)",
             lim(200_000, 0, 0),
             opencode(),
             168_000,
-            20_000,
-            148_000,
+            0,
+            168_000,
         ),
         row(
             "opencode, output 64000 (capped)",
             lim(400_000, 0, 64_000),
             opencode(),
             368_000,
-            20_000,
-            348_000,
+            0,
+            368_000,
         ),
         row(
             "opencode with limit.input",
@@ -361,6 +363,14 @@ fn reserved_ratio_and_opencode_preset() {
             100_000,
             16_384,
             83_616,
+        ),
+        row(
+            "opencode with limit.input, output 64000 (reserve capped)",
+            lim(400_000, 272_000, 64_000),
+            opencode(),
+            272_000,
+            20_000,
+            252_000,
         ),
         row(
             "opencode preset, reserved overridden",
@@ -377,17 +387,45 @@ fn reserved_ratio_and_opencode_preset() {
     let s = settings(opencode());
     assert_eq!(s.threshold, 1.0);
     assert_eq!(settings(SessionOverrides::default()).threshold, 0.92);
-    // Just below / at the OpenCode threshold: no overflow.
-    for used in [147_999, 148_000] {
+    // OpenCode compacts at its limit (`count >= usable`): just below it, no overflow;
+    // at it, the used count and the prediction alike cross.
+    for (limits, at) in [
+        (lim(200_000, 0, 32_000), 168_000),
+        (lim(128_000, 100_000, 16_384), 83_616),
+    ] {
+        let report = |used| check(&limits, &s, Some(&usage(used, 0, 0)), 0, Trigger::Request);
+        assert!(!report(at - 1).overflow, "used {} of {at}", at - 1);
+        let c = report(at);
+        assert_eq!(c.crossed, Some(Crossed::Used), "used {at} of {at}");
         let c = check(
-            &lim(200_000, 0, 32_000),
+            &limits,
             &s,
-            Some(&usage(used, 0, 0)),
-            0,
+            Some(&usage(at - 10, 0, 0)),
+            10,
             Trigger::Request,
         );
-        assert!(!c.overflow, "used {used}");
+        assert_eq!(
+            c.crossed,
+            Some(Crossed::Predicted),
+            "predicted {at} of {at}"
+        );
     }
+    // compactd's own rule stays strictly above its threshold.
+    let ratio_one = settings(SessionOverrides {
+        threshold: Some(1.0),
+        ..Default::default()
+    });
+    let l = lim(200_000, 0, 32_000);
+    assert!(
+        !check(
+            &l,
+            &ratio_one,
+            Some(&usage(168_000, 0, 0)),
+            0,
+            Trigger::Request
+        )
+        .overflow
+    );
 }
 
 /// floor((usable − reserved) × ratio) is exact arithmetic: 168000 × 0.7 = 117600, so a

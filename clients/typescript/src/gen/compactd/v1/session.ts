@@ -90,7 +90,10 @@ export enum OverflowPreset {
   OVERFLOW_PRESET_UNSPECIFIED = "OVERFLOW_PRESET_UNSPECIFIED",
   /** OVERFLOW_PRESET_COMPACTD - compactd's default: ratio 0.92 of usable input, reserved 0. */
   OVERFLOW_PRESET_COMPACTD = "OVERFLOW_PRESET_COMPACTD",
-  /** OVERFLOW_PRESET_OPENCODE - OpenCode today: ratio 1.0, reserved = min(20000, limit.output). */
+  /**
+   * OVERFLOW_PRESET_OPENCODE - OpenCode today: ratio 1.0, reserved = min(20000, limit.output) when the model has
+   * limit.input (none without), overflow at the threshold itself.
+   */
   OVERFLOW_PRESET_OPENCODE = "OVERFLOW_PRESET_OPENCODE",
   UNRECOGNIZED = "UNRECOGNIZED",
 }
