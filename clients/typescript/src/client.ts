@@ -57,7 +57,7 @@ export interface ClientOptionsInit {
    * else `127.0.0.1:50051` (compactd's default `--listen`).
    */
   address?: string;
-  /** Bearer token sent as `authorization: Bearer <token>` (compactd `--auth-token-file`). Default: `$COMPACTD_AUTH_TOKEN`. */
+  /** Bearer token sent as `authorization: Bearer <token>` (compactd `--auth-token-file`), surrounding whitespace trimmed. Default: `$COMPACTD_AUTH_TOKEN`. */
   token?: string;
   /**
    * TLS: `true` for the system roots, or PEM buffers (a CA, and a client key + chain for
@@ -147,6 +147,21 @@ function envVar(name: string): string | undefined {
 
 
 /**
+ * The token as the server reads its file: without surrounding whitespace (a file's or a
+ * secret's newline). One an HTTP/2 header cannot carry (control or non-ASCII characters) is
+ * refused here, naming the option but not the value, where grpc-js would put the whole
+ * header in every call's error.
+ */
+function bearerToken(raw: string | undefined): string | undefined {
+  const token = raw?.trim();
+  if (!token) return undefined;
+  if (!/^[\x20-\x7e]+$/.test(token)) {
+    throw new TypeError("token (or COMPACTD_AUTH_TOKEN) holds characters an HTTP header cannot carry (control or non-ASCII); its value is not shown");
+  }
+  return token;
+}
+
+/**
  * A compactd client. One instance holds one HTTP/2 channel; share it. Every method rejects
  * with a {@link CompactdError} carrying the gRPC code and, when the server names one, the field.
  */
@@ -160,7 +175,7 @@ export class CompactdClient {
 
   constructor(options: ClientOptionsInit = {}) {
     this.address = options.address ?? envVar("COMPACTD_ADDR") ?? DEFAULT_ADDRESS;
-    this.#token = options.token ?? envVar("COMPACTD_AUTH_TOKEN");
+    this.#token = bearerToken(options.token ?? envVar("COMPACTD_AUTH_TOKEN"));
     this.deadlineMs = options.deadlineMs ?? DEFAULT_DEADLINE_MS;
     const max = options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
     let creds = options.credentials;

@@ -46,6 +46,18 @@ describe("bearer token (--auth-token-file)", () => {
     }
   });
 
+  test("a token read with its file's newline works, as the server reads it; one no header can carry fails without showing it", async () => {
+    // A Kubernetes secret or `cat token` keeps the newline: the server trims it, so does the client.
+    const c = server.client({ token: `  ${TOKEN}\n` });
+    assert.ok((await c.listSessions()).length >= 0);
+    c.close();
+    const bad = `${TOKEN}\u0007inside`;
+    assert.throws(
+      () => server.client({ token: bad }),
+      (e: unknown) => e instanceof Error && /token/.test(e.message) && !e.message.includes(TOKEN) && !(e.stack ?? "").includes(TOKEN),
+    );
+  });
+
   test("the token can come from COMPACTD_AUTH_TOKEN, the address from COMPACTD_ADDR", async () => {
     const saved = { a: process.env.COMPACTD_ADDR, t: process.env.COMPACTD_AUTH_TOKEN };
     process.env.COMPACTD_ADDR = server.addr;

@@ -58,7 +58,8 @@ function jsonEnv(name: string): any {
   try {
     return JSON.parse(v)
   } catch {
-    throw new Error(`${name} is not JSON: ${v}`)
+    // Neither the value nor JSON.parse's message (which quotes it): server flags may hold a key.
+    throw new Error(`${name} is not JSON (${v.length} characters, not shown): write it as a JSON array of strings, e.g. ["--durability","sync"]`)
   }
 }
 

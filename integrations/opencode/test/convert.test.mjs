@@ -84,3 +84,18 @@ test("maxSessions and timeoutMs: defaults, a positive integer or a clear error",
     assert.throws(() => resolveSettings({ maxSessions: bad }), /maxSessions must be a positive integer/)
   }
 })
+
+test("COMPACTD_OPENCODE_SERVER_ARGS that is not JSON is named, its value (which may hold a key) not shown", () => {
+  const saved = process.env.COMPACTD_OPENCODE_SERVER_ARGS
+  // Written as a shell line, not JSON: JSON.parse's own message quotes the text.
+  process.env.COMPACTD_OPENCODE_SERVER_ARGS = "--llm-api-key sk-plugin-test-SECRET"
+  try {
+    assert.throws(
+      () => resolveSettings({}),
+      (e) => /COMPACTD_OPENCODE_SERVER_ARGS is not JSON/.test(e.message) && !e.message.includes("sk-plugin") && !String(e.stack).includes("sk-plugin"),
+    )
+  } finally {
+    if (saved === undefined) delete process.env.COMPACTD_OPENCODE_SERVER_ARGS
+    else process.env.COMPACTD_OPENCODE_SERVER_ARGS = saved
+  }
+})

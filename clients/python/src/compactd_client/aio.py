@@ -352,6 +352,8 @@ class AsyncClient:
         channel: Optional[grpc.aio.Channel] = None,
         options: Optional[Sequence[Tuple[str, Any]]] = None,
     ) -> None:
+        # Checked first: a refused token opens no channel.
+        self._md = auth_metadata(token)
         opts = list(options) if options is not None else channel_options()
         if channel is not None:
             self._channel, self._own = channel, False
@@ -360,7 +362,6 @@ class AsyncClient:
         else:
             self._channel, self._own = grpc.aio.insecure_channel(target, opts), True
         self.stub = pb.SessionsStub(self._channel)
-        self._md = auth_metadata(token)
         self._timeout = timeout
 
     async def _unary(self, method: Callable, request):

@@ -38,8 +38,22 @@ def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> List[
 
 
 def auth_metadata(token: Optional[str]) -> Tuple[Tuple[str, str], ...]:
-    """The ``authorization: Bearer`` header for a server started with an auth token."""
-    return (("authorization", f"Bearer {token}"),) if token else ()
+    """The ``authorization: Bearer`` header for a server started with an auth token.
+
+    The token is read as the server reads its file: without surrounding whitespace (a
+    file's or a secret's newline). One an HTTP/2 header cannot carry (control or non-ASCII
+    characters) is refused here with a ``ValueError`` that does not show it; grpcio would
+    fail every call with ``INTERNAL: Invalid metadata``.
+    """
+    token = token.strip() if token else ""
+    if not token:
+        return ()
+    if not all(" " <= ch <= "~" for ch in token):
+        raise ValueError(
+            "token holds characters an HTTP header cannot carry (control or non-ASCII); "
+            "its value is not shown"
+        )
+    return (("authorization", f"Bearer {token}"),)
 
 
 class Subscription:
@@ -96,6 +110,8 @@ class Client:
         channel: Optional[grpc.Channel] = None,
         options: Optional[Sequence[Tuple[str, Any]]] = None,
     ) -> None:
+        # Checked first: a refused token opens no channel.
+        self._md = auth_metadata(token)
         opts = list(options) if options is not None else channel_options()
         if channel is not None:
             self._channel, self._own = channel, False
@@ -104,7 +120,6 @@ class Client:
         else:
             self._channel, self._own = grpc.insecure_channel(target, opts), True
         self.stub = pb.SessionsStub(self._channel)
-        self._md = auth_metadata(token)
         self._timeout = timeout
 
     # Plumbing.
