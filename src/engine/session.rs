@@ -1331,12 +1331,17 @@ impl Session {
     }
 
     /// A provider report arrived (`of_summary`: on a summary message, so it reports a
-    /// compaction request, whose prompt is the summarized head, not the session's).
+    /// compaction request, whose prompt is the summarized head, not the session's: the
+    /// next request is estimated whole, O(context), on such reports only).
     fn usage_reported(&mut self, tokens: TokenUsage, of_summary: bool) {
+        if of_summary {
+            let context = self.context_tokens();
+            self.totals.summary_reported(context);
+            return;
+        }
         let prompt = prompt_tokens(&tokens, self.settings.cache_counting);
         let reasoning = Anchor::of(&tokens, self.settings.cache_counting).reasoning;
-        self.totals
-            .usage_reported(tokens, prompt, reasoning, of_summary);
+        self.totals.usage_reported(tokens, prompt, reasoning);
     }
 
     /// What the usage reports taught about this session's estimates.
@@ -1481,11 +1486,17 @@ impl Session {
         }
     }
 
+    /// A compaction completed: when it is the newest, the context starts at it, and the
+    /// last report (of the old context, or of the summary's request) is no base for the
+    /// next request, estimated whole as after compactd's own commit. O(context), once per
+    /// compaction.
     fn offer_boundary(&mut self, start: usize, summary: usize) {
         if has_compaction_part(&self.messages[start])
             && self.boundary.is_none_or(|b| start > b.start)
         {
             self.boundary = Some(Boundary { start, summary });
+            let after = self.context_tokens();
+            self.compaction_committed(after);
         }
     }
 

@@ -40,9 +40,10 @@ pub(crate) struct UsageState {
     #[serde(default)]
     request_new_turn: bool,
     /// The last report was a summary message's: a compaction request, whose prompt (the
-    /// summarized head, to another model perhaps) is not the session's. It checks no
-    /// prediction and is no base for the next request's check, so the calibration never
-    /// learns from it. (Written only when set: snapshots of format 3 stay as they were.)
+    /// summarized head, to another model perhaps) is not the session's. It is no baseline
+    /// (`summary_reported`), and the next request's report checks no prediction, so the
+    /// calibration never learns from it. (Written only when set: snapshots of format 3
+    /// stay as they were.)
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     last_of_summary: bool,
 }
@@ -301,13 +302,7 @@ impl Totals {
     /// `step-finish` and then its message) is one report. `prompt` is the prompt it
     /// reports (input + cache read + cache write): it checks, and teaches the calibration,
     /// the prediction made when its request started.
-    pub(crate) fn usage_reported(
-        &mut self,
-        tokens: TokenUsage,
-        prompt: u64,
-        reasoning: u64,
-        of_summary: bool,
-    ) {
+    pub(crate) fn usage_reported(&mut self, tokens: TokenUsage, prompt: u64, reasoning: u64) {
         if self.usage.last == Some(tokens) {
             return;
         }
@@ -317,8 +312,7 @@ impl Totals {
         } else {
             self.usage.turn_reasoning.saturating_add(reasoning)
         };
-        let at_request = self.usage.at_request.take().filter(|_| !of_summary);
-        if let Some(start) = at_request {
+        if let Some(start) = self.usage.at_request.take() {
             // The tokenizer's estimate as it is: what was added, what the model wrote and
             // what a new turn drops, with no correction.
             let estimated = start.base.saturating_add_signed(start.added.total());
@@ -345,8 +339,17 @@ impl Totals {
             turn_reasoning,
             turn_ended: self.usage.turn_ended,
             request_new_turn: false,
-            last_of_summary: of_summary,
+            last_of_summary: false,
         };
+    }
+
+    /// A summary message reported its usage: a compaction request's (the summarized
+    /// head, to another model perhaps), no base for the session's next request. That
+    /// request is estimated whole, `context` tokens, as after a committed compaction; and
+    /// its report checks no prediction.
+    pub(crate) fn summary_reported(&mut self, context: u64) {
+        self.compaction_committed(context);
+        self.usage.last_of_summary = true;
     }
 
     /// A compaction committed: the last report described the old context, and the next
@@ -413,11 +416,11 @@ mod tests {
             input: 1000,
             ..TokenUsage::default()
         };
-        t.usage_reported(usage, 1000, 0, false);
+        t.usage_reported(usage, 1000, 0);
         assert_eq!((t.usage().delta(), t.usage().last()), (12, Some(&usage)));
         // The same report twice is one report.
         t.part_changed(None, Some(figures(5, 5, false)));
-        t.usage_reported(usage, 1000, 0, false);
+        t.usage_reported(usage, 1000, 0);
         assert_eq!(t.usage().delta(), 17);
     }
 
@@ -429,7 +432,7 @@ mod tests {
             reasoning,
             ..TokenUsage::default()
         };
-        t.usage_reported(usage, prompt, reasoning, false);
+        t.usage_reported(usage, prompt, reasoning);
     }
 
     fn anchor(prompt: u64, output: u64, reasoning: u64) -> Anchor {

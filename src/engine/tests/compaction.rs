@@ -680,6 +680,54 @@ fn a_host_written_summary_neither_checks_nor_anchors_a_prediction() {
     assert_ne!(s.prediction_sample(), sample);
 }
 
+/// The host compacts (OpenCode's own compaction, forwarded): its summary's report is the
+/// compaction request (the old history), and once the summary completes the context is
+/// the summary and what follows. Before, that report was the baseline: the session still
+/// read as over the threshold right after a successful compaction (`used` 15,000 of
+/// 14,720), so a host asking before its next request compacted again.
+#[test]
+fn after_a_host_compaction_the_summarys_report_is_not_the_sessions_size() {
+    for report_after_finish in [false, true] {
+        let mut s = overflowing();
+        finish_with_usage(&mut s, "b1", 15_000);
+        assert!(s.check_overflow(Trigger::Request).overflow, "over before");
+        let mut updates =
+            parse("user c1 compaction:cp1\nassistant s9 summary unfinished text:t9=20");
+        let Update::UpsertMessage(mut done) = updates[2].clone() else {
+            panic!("the summary's message")
+        };
+        done.finish = "stop".into();
+        let report = Update::ReportUsage {
+            message_id: Some("s9".into()),
+            tokens: TokenUsage {
+                input: 15_000,
+                output: 300,
+                ..Default::default()
+            },
+        };
+        if report_after_finish {
+            updates.push(Update::UpsertMessage(done));
+            updates.push(report);
+        } else {
+            updates.push(report);
+            updates.push(Update::UpsertMessage(done));
+        }
+        for u in updates {
+            apply(&mut s, u);
+        }
+        let c = s.check_overflow(Trigger::Request);
+        assert!(
+            !c.overflow,
+            "report after finish {report_after_finish}: {c:?}"
+        );
+        assert_eq!(
+            (c.used, c.predicted),
+            (0, s.context_tokens()),
+            "report after finish {report_after_finish}: the new context, as counted"
+        );
+    }
+}
+
 #[test]
 fn prune_reaching_summarized_outputs_does_not_lower_the_prediction() {
     // Found in review: a compaction's pair is stored after its tail, so for two user
