@@ -1173,6 +1173,7 @@ impl Session {
             )
         });
         let new_figures = self.figures_of(&new, assistant);
+        let was_sent = self.messages[idx].is_sent();
         if created && is_step_start {
             self.request_started(); // the model is being called again
         }
@@ -1208,7 +1209,12 @@ impl Session {
         }
         self.by_msg
             .moved(idx, old_figures.map_or(0, |f| f.tokens), new_figures.tokens);
-        self.totals.part_changed(old_figures, Some(new_figures));
+        self.totals
+            .part_changed(old_figures, Some(new_figures), was_sent);
+        // An aborted message is sent once it holds content.
+        if was_sent != self.messages[idx].is_sent() {
+            self.sending_changed(idx);
+        }
         if is_tool || was_tool {
             self.prune.touch(idx);
         }
@@ -1244,13 +1250,17 @@ impl Session {
             ));
         };
         self.touch(idx);
+        let was_sent = self.messages[idx].is_sent();
         let old = self.messages[idx].parts.remove(i);
         self.part_index
             .removed(idx, part_id, i, &self.messages[idx].parts);
         let assistant = self.messages[idx].info.role == Role::Assistant;
         let figures = self.figures_of(&old, assistant);
-        self.totals.part_changed(Some(figures), None);
+        self.totals.part_changed(Some(figures), None, was_sent);
         self.by_msg.moved(idx, figures.tokens, 0);
+        if was_sent != self.messages[idx].is_sent() {
+            self.sending_changed(idx);
+        }
         // The part's own pin goes with it (a message pin stays: it covers later parts).
         if self.pins.remove(idx, Some(part_id)) {
             self.totals.bytes_changed(pin_bytes(Some(part_id)), 0);
@@ -1409,7 +1419,15 @@ impl Session {
     /// superseded (one scan; errors are rare).
     fn sending_changed(&mut self, idx: usize) {
         self.tracker.invalidate();
-        if self.messages[idx].is_sent() {
+        let now = self.messages[idx].is_sent();
+        let assistant = self.messages[idx].info.role == Role::Assistant;
+        let figures: Vec<PartFigures> = self.messages[idx]
+            .parts
+            .iter()
+            .map(|p| self.figures_of(p, assistant))
+            .collect();
+        self.totals.sending_changed(figures.into_iter(), now);
+        if now {
             return;
         }
         let calls: FastSet<String> = self.messages[idx]

@@ -221,23 +221,54 @@ impl Totals {
     }
 
     /// A part was written, replaced or deleted (`None`: absent before or after).
-    pub(crate) fn part_changed(&mut self, old: Option<PartFigures>, new: Option<PartFigures>) {
+    /// `sent`: the part's message is one the context sends; a part of one it does not
+    /// (an errored assistant message) moves only the session's figures, not the next
+    /// request's.
+    pub(crate) fn part_changed(
+        &mut self,
+        old: Option<PartFigures>,
+        new: Option<PartFigures>,
+        sent: bool,
+    ) {
         match (old.is_some(), new.is_some()) {
             (false, true) => self.parts = self.parts.saturating_add(1),
             (true, false) => self.parts = self.parts.saturating_sub(1),
             _ => {}
         }
         if let Some(o) = old {
-            self.usage.since_by.add(o.class, -signed(o.unwritten));
-            self.move_tokens(o.class, o.tokens, 0);
+            if sent {
+                self.usage.since_by.add(o.class, -signed(o.unwritten));
+                self.move_tokens(o.class, o.tokens, 0);
+            } else {
+                self.tokens = self.tokens.saturating_sub(o.tokens);
+            }
             self.move_compacted(o.compacted, false);
             self.bytes_changed(o.bytes, 0);
         }
         if let Some(n) = new {
-            self.usage.since_by.add(n.class, signed(n.unwritten));
-            self.move_tokens(n.class, 0, n.tokens);
+            if sent {
+                self.usage.since_by.add(n.class, signed(n.unwritten));
+                self.move_tokens(n.class, 0, n.tokens);
+            } else {
+                self.tokens = self.tokens.saturating_add(n.tokens);
+            }
             self.move_compacted(false, n.compacted);
             self.bytes_changed(0, n.bytes);
+        }
+    }
+
+    /// A message's parts, `parts`, became sent (`now`) or stopped being sent (an error set
+    /// on it or cleared): they join or leave what the next request adds.
+    pub(crate) fn sending_changed(&mut self, parts: impl Iterator<Item = PartFigures>, now: bool) {
+        for p in parts {
+            let (unwritten, tokens) = (signed(p.unwritten), signed(p.tokens));
+            let (unwritten, tokens) = if now {
+                (unwritten, tokens)
+            } else {
+                (unwritten.saturating_neg(), tokens.saturating_neg())
+            };
+            self.usage.since_by.add(p.class, unwritten);
+            self.usage.delta_by.add(p.class, tokens);
         }
     }
 
@@ -400,18 +431,22 @@ mod tests {
     #[test]
     fn a_part_written_replaced_and_deleted_leaves_nothing_behind() {
         let mut t = Totals::new(100);
-        t.part_changed(None, Some(figures(50, 50, false)));
+        t.part_changed(None, Some(figures(50, 50, false)), true);
         assert_eq!((t.tokens(), t.parts(), t.bytes()), (50, 1, 110));
-        t.part_changed(Some(figures(50, 50, false)), Some(figures(70, 20, true)));
+        t.part_changed(
+            Some(figures(50, 50, false)),
+            Some(figures(70, 20, true)),
+            true,
+        );
         assert_eq!((t.tokens(), t.parts(), t.compacted()), (70, 1, 1));
-        t.part_changed(Some(figures(70, 20, true)), None);
+        t.part_changed(Some(figures(70, 20, true)), None, true);
         assert_eq!(t, Totals::new(100));
     }
 
     #[test]
     fn a_report_takes_what_the_model_did_not_write_as_its_delta() {
         let mut t = Totals::default();
-        t.part_changed(None, Some(figures(30, 12, false)));
+        t.part_changed(None, Some(figures(30, 12, false)), true);
         let usage = TokenUsage {
             input: 1000,
             ..TokenUsage::default()
@@ -419,7 +454,7 @@ mod tests {
         t.usage_reported(usage, 1000, 0);
         assert_eq!((t.usage().delta(), t.usage().last()), (12, Some(&usage)));
         // The same report twice is one report.
-        t.part_changed(None, Some(figures(5, 5, false)));
+        t.part_changed(None, Some(figures(5, 5, false)), true);
         t.usage_reported(usage, 1000, 0);
         assert_eq!(t.usage().delta(), 17);
     }
@@ -500,7 +535,7 @@ mod tests {
     #[test]
     fn reductions_count_toward_pruned_and_saturate() {
         let mut t = Totals::default();
-        t.part_changed(None, Some(figures(100, 100, false)));
+        t.part_changed(None, Some(figures(100, 100, false)), true);
         t.rendering_changed(Class::ToolOutput, (100, 8), (false, true), true, true);
         assert_eq!((t.tokens(), t.compacted(), t.usage().pruned()), (8, 1, 92));
         // Figures that do not add up saturate instead of wrapping.

@@ -891,3 +891,80 @@ fn step_finish(msg: &str, id: &str, tokens: TokenUsage) -> Part {
         extra: Extra::new(),
     }
 }
+
+/// OpenCode does not send an errored assistant message (unless aborted with content), and
+/// neither does compactd's context: its parts are not in the next request. Before, they
+/// stayed in the prediction (5,000 tokens of bash output the provider never saw), and
+/// the next report taught the calibration that tool output counts for less.
+#[test]
+fn an_errored_assistant_message_is_not_predicted() {
+    let check = |s: &Session, what: &str| {
+        let c = s.check_overflow(Trigger::Request);
+        assert_eq!(c.predicted, s.context_tokens(), "{what}");
+    };
+    // Errored from the start, its parts arriving after.
+    let mut s = new_session(SessionOverrides::default(), lim(200_000, 0, 32_000));
+    for u in parse("user u1 text:t1=10\nassistant a1 error=APIError bash:p1=5000") {
+        apply(&mut s, u);
+    }
+    check(&s, "errored before its parts");
+    // The usual order: the parts stream, then the request fails; then it is retried.
+    let mut s = new_session(SessionOverrides::default(), lim(200_000, 0, 32_000));
+    for u in parse("user u1 text:t1=10\nassistant a1 unfinished bash:p1=5000") {
+        apply(&mut s, u);
+    }
+    check(&s, "sent while it runs");
+    let mut failed = assistant("a1", "u1");
+    failed.error = Some(MessageError {
+        name: "APIError".into(),
+        data: serde_json::Value::Null,
+    });
+    apply(&mut s, Update::UpsertMessage(failed.clone()));
+    check(&s, "errored after its parts");
+    apply(
+        &mut s,
+        Update::UpsertPart(tool("a1", "p2", "bash", &chars(4 * 700))),
+    );
+    check(&s, "a part added to the errored message");
+    apply(
+        &mut s,
+        Update::DeletePart {
+            message_id: "a1".into(),
+            part_id: "p1".into(),
+        },
+    );
+    check(&s, "a part deleted from it");
+    failed.error = None;
+    apply(&mut s, Update::UpsertMessage(failed));
+    check(&s, "its error cleared");
+    // A report, then a failed request's parts: the next request adds only what is sent
+    // (u2's text, and p2: a tool result written after a1's request began, so not in the
+    // report).
+    apply(&mut s, report_usage(usage(20_000, 0, 0)));
+    let before = s.check_overflow(Trigger::Request).predicted;
+    for u in parse("user u2 text:t2=10\nassistant a2 error=APIError bash:p3=3000") {
+        apply(&mut s, u);
+    }
+    let c = s.check_overflow(Trigger::Request);
+    assert_eq!(c.predicted, before + 10, "{c:?}");
+}
+
+/// An aborted message is sent once it holds content: its first text part makes it so.
+#[test]
+fn an_aborted_message_is_predicted_once_it_holds_content() {
+    let mut s = new_session(SessionOverrides::default(), lim(200_000, 0, 32_000));
+    for u in parse("user u1 text:t1=10\nassistant a1 error=MessageAbortedError step:s1") {
+        apply(&mut s, u);
+    }
+    assert_eq!(
+        s.check_overflow(Trigger::Request).predicted,
+        s.context_tokens()
+    );
+    apply(
+        &mut s,
+        Update::UpsertPart(text("a1", "t2", &chars(4 * 400))),
+    );
+    let c = s.check_overflow(Trigger::Request);
+    assert_eq!(c.predicted, s.context_tokens());
+    assert!(c.predicted >= 400, "{c:?}");
+}
