@@ -68,18 +68,15 @@ pub fn estimate_over(
                 generated: input,
             }
         }
-        PartKind::File(f) => {
-            // A data: URL carries the file itself; anything else is a reference.
-            let body = if f.url.starts_with("data:") {
-                f.url.as_str()
-            } else {
-                f.filename.as_str()
-            };
-            PartEstimate {
-                base: counter.count(body),
-                ..PartEstimate::default()
-            }
-        }
+        PartKind::File(f) => PartEstimate {
+            base: match sent_as(f) {
+                FileSent::Nothing => 0,
+                FileSent::Image => IMAGE_TOKENS,
+                FileSent::Data => counter.count(&f.url),
+                FileSent::Name => counter.count(&f.filename),
+            },
+            ..PartEstimate::default()
+        },
         PartKind::Subtask(s) => {
             let base = counter.count(&s.prompt) + counter.count(&s.description);
             PartEstimate {
@@ -97,6 +94,36 @@ pub fn estimate_over(
         | PartKind::Patch(_)
         | PartKind::Agent(_)
         | PartKind::Retry(_) => PartEstimate::default(),
+    }
+}
+
+/// Tokens one image is counted at: about the most a provider charges for one at the sizes
+/// it takes (Anthropic, width × height / 750 up to 1.15 megapixels: ~1,600; OpenAI's high
+/// detail up to ~1,100; Gemini 258). Its base64 text would count as hundreds of thousands.
+pub(crate) const IMAGE_TOKENS: u64 = 1_600;
+
+/// What a request carries for a file part (OpenCode's `toModelMessages`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FileSent {
+    /// A text file or a directory: its content arrives as a synthetic text part.
+    Nothing,
+    /// An image, read as an image.
+    Image,
+    /// Another file, inline (`data:`): counted as its text, which over-counts a binary.
+    Data,
+    /// Another file by reference: its name.
+    Name,
+}
+
+fn sent_as(f: &crate::domain::FilePart) -> FileSent {
+    if f.mime == "text/plain" || f.mime == "application/x-directory" {
+        FileSent::Nothing
+    } else if f.mime.starts_with("image/") {
+        FileSent::Image
+    } else if f.url.starts_with("data:") {
+        FileSent::Data
+    } else {
+        FileSent::Name
     }
 }
 
@@ -118,7 +145,7 @@ pub fn counted_texts(part: &Part) -> Vec<std::borrow::Cow<'_, str>> {
             }
             out
         }
-        PartKind::File(f) if f.url.starts_with("data:") => vec![Cow::Borrowed(f.url.as_str())],
+        PartKind::File(f) if sent_as(f) == FileSent::Data => vec![Cow::Borrowed(f.url.as_str())],
         PartKind::Subtask(s) => vec![Cow::Borrowed(s.prompt.as_str())],
         _ => Vec::new(),
     }

@@ -6,7 +6,8 @@ use serde_json::json;
 use super::*;
 use crate::config::{COMPACTION_PROMPT_TEXT, INTERRUPTED, PLACEHOLDER};
 use crate::domain::FilePart;
-use crate::engine::ContextView;
+use crate::engine::estimate::IMAGE_TOKENS;
+use crate::engine::{ContextView, Trigger};
 
 /// Builds the fixture and compares the boundary and the ids of the messages sent, each
 /// with the ids of its parts.
@@ -462,6 +463,59 @@ fn openai_user_content_parts() {
             ],
         }])
     );
+}
+
+/// A file is counted as what the provider is sent for it: a text file or a directory is
+/// nothing (its content arrives as a synthetic text part, counted there), an image is an
+/// image (a provider's tokens per image, not its base64 text), anything else by its name.
+/// Before, a 1 MB screenshot counted as ~350,000 tokens of base64 (an instant overflow),
+/// and a text file twice.
+#[test]
+fn files_count_as_what_the_provider_is_sent() {
+    let file = |id: &str, mime: &str, url: String| Part {
+        id: id.into(),
+        message_id: "u1".into(),
+        kind: PartKind::File(FilePart {
+            mime: mime.into(),
+            filename: "f".into(),
+            url,
+            ..Default::default()
+        }),
+        mark: None,
+        extra: Extra::new(),
+    };
+    let base64 = "iVBORw0KGgo".repeat(100_000);
+    let alone = |part: Option<Part>| {
+        let mut s = new_session(SessionOverrides::default(), ModelLimits::default());
+        apply(&mut s, Update::UpsertMessage(user("u1")));
+        apply(&mut s, Update::UpsertPart(text("u1", "t1", "hello there")));
+        if let Some(p) = part {
+            apply(&mut s, Update::UpsertPart(p));
+        }
+        let predicted = s.check_overflow(Trigger::Request).predicted;
+        assert_eq!(predicted, s.context_tokens());
+        s.context_tokens()
+    };
+    let text_only = alone(None);
+    let text_file = format!("data:text/plain;base64,{base64}");
+    assert_eq!(alone(Some(file("f1", "text/plain", text_file))), text_only);
+    let dir = "file:///repo/src".to_string();
+    assert_eq!(
+        alone(Some(file("f1", "application/x-directory", dir))),
+        text_only
+    );
+    let image = alone(Some(file(
+        "f1",
+        "image/png",
+        format!("data:image/png;base64,{base64}"),
+    )));
+    assert_eq!(image - text_only, IMAGE_TOKENS);
+    let linked = alone(Some(file(
+        "f1",
+        "image/png",
+        "https://example.com/a.png".into(),
+    )));
+    assert_eq!(linked - text_only, IMAGE_TOKENS);
 }
 
 /// A stamp on a call that is not completed has no effect on what is sent (only completed
