@@ -155,6 +155,11 @@ impl SessionHandle {
         self.state.creating.load(Ordering::Acquire) && !self.tx.is_closed()
     }
 
+    /// True when the actor has stopped (its session left memory): a handle no job reaches.
+    pub(super) fn has_ended(&self) -> bool {
+        self.tx.is_closed()
+    }
+
     /// True when this handle and `other` address the same actor.
     #[cfg(test)]
     pub(super) fn same(&self, other: &SessionHandle) -> bool {

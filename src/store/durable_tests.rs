@@ -535,6 +535,8 @@ pub(crate) struct Faulty {
     after_close: std::sync::atomic::AtomicUsize,
     /// While set, every write fails (a disk that stays full).
     pub(crate) fail_all: std::sync::atomic::AtomicBool,
+    /// Milliseconds those failures take to come back (0: at once).
+    pub(crate) fail_after_ms: std::sync::atomic::AtomicU64,
     /// Writes tried.
     writes: std::sync::atomic::AtomicUsize,
 }
@@ -571,6 +573,7 @@ impl Faulty {
             closed: std::sync::atomic::AtomicBool::new(false),
             after_close: std::sync::atomic::AtomicUsize::new(0),
             fail_all: std::sync::atomic::AtomicBool::new(false),
+            fail_after_ms: std::sync::atomic::AtomicU64::new(0),
             writes: std::sync::atomic::AtomicUsize::new(0),
         }
     }
@@ -594,9 +597,14 @@ impl Backend for Faulty {
         self.writes.fetch_add(1, SeqCst);
         if self.fail_all.load(SeqCst) {
             let (tx, rx) = tokio::sync::oneshot::channel();
-            let _ = tx.send(Err(BackendError::Full(
-                "injected: the disk stays full".into(),
-            )));
+            let full = || Err(BackendError::Full("injected: the disk stays full".into()));
+            match self.fail_after_ms.load(SeqCst) {
+                0 => drop(tx.send(full())),
+                ms => drop(std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(ms));
+                    let _ = tx.send(full());
+                })),
+            }
             return rx;
         }
         let create = writes.iter().any(|w| matches!(w, Write::Create { .. }));

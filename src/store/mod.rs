@@ -791,11 +791,18 @@ impl Store {
         match (committed, &self.backend) {
             (Some(rx), _) if self.durability().waits() => {
                 // The removed handle is held until then: its actor lives on, to be put back.
-                let result = rx.await.unwrap_or(Err(BackendError::Closed));
-                if let Err(e) = result {
-                    self.put_back(id, removed);
-                    return Err(StoreError::Storage(e));
-                }
+                // On a task of its own, so a caller that goes away (a deadline, a dropped
+                // connection) does not leave the session out of the map and on disk.
+                let (shared, owned) = (self.shared.clone(), id.to_string());
+                let settled = tokio::spawn(async move {
+                    let result = rx.await.unwrap_or(Err(BackendError::Closed));
+                    if result.is_err() {
+                        put_back(&shared, &owned, removed);
+                    }
+                    result
+                });
+                let result = settled.await.unwrap_or(Err(BackendError::Closed));
+                result.map_err(StoreError::Storage)?;
             }
             // Acknowledged now: written again until it lands (or the id is taken again).
             (Some(rx), Some(backend)) => {
@@ -806,23 +813,6 @@ impl Store {
             _ => {}
         }
         Ok(true)
-    }
-
-    /// Puts back what [`Store::remove`] took out of the map, unless the id was taken
-    /// meanwhile (a session created under it: the refused delete no longer concerns it).
-    fn put_back(&self, id: &str, removed: Removed) {
-        let mut map = self.write();
-        if map.hot.contains_key(id) || map.cold.contains(id) {
-            return;
-        }
-        if let Some(h) = removed.hot {
-            map.hot.insert(id.to_string(), h);
-        } else if removed.cold {
-            map.cold.insert(id.to_string());
-        }
-        if let Some(resume) = removed.resume {
-            map.resume.insert(id.to_string(), resume);
-        }
     }
 
     /// Handles of every session in memory, in no particular order.
@@ -968,6 +958,32 @@ struct Removed {
     hot: Option<SessionHandle>,
     cold: bool,
     resume: Option<(u64, Generation)>,
+}
+
+/// Puts back what [`Store::remove`] took out of the map, unless the id was taken
+/// meanwhile (a session created under it: the refused delete no longer concerns it). A
+/// session whose actor ended meanwhile (its own first write failed too) is put back as
+/// the disk's copy, as its actor would have left it: loaded on next use, or not found.
+fn put_back(shared: &Shared, id: &str, removed: Removed) {
+    let mut map = shared.write();
+    if map.hot.contains_key(id) || map.cold.contains(id) {
+        return;
+    }
+    match removed.hot {
+        Some(h) if !h.has_ended() => {
+            map.hot.insert(id.to_string(), h);
+        }
+        Some(_) => {
+            map.cold.insert(id.to_string());
+        }
+        None if removed.cold => {
+            map.cold.insert(id.to_string());
+        }
+        None => {}
+    }
+    if let Some(resume) = removed.resume {
+        map.resume.insert(id.to_string(), resume);
+    }
 }
 
 #[cfg(test)]

@@ -9,8 +9,12 @@ use super::durable_tests::{Faulty, NOW, durable, feed, info, observed, turn};
 use super::*;
 
 fn store(backend: Faulty) -> Store {
+    store_arc(Arc::new(backend))
+}
+
+fn store_arc(backend: Arc<Faulty>) -> Store {
     Store::new(EngineConfig::default())
-        .with_backend(Arc::new(backend))
+        .with_backend(backend)
         .expect("listed")
 }
 
@@ -178,4 +182,59 @@ async fn under_sync_a_refused_delete_leaves_the_session_as_it_was() {
         matches!(store.get("s").await, Err(StoreError::NotFound(_))),
         "deleted on disk"
     );
+}
+
+/// The caller of a delete the disk refuses goes away before the refusal arrives (a
+/// client's deadline, a dropped connection: tonic drops the handler's future). Before,
+/// nothing put the session back: it was gone from memory (NOT_FOUND) and came back after
+/// a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_delete_whose_caller_went_away_leaves_the_session_as_it_was() {
+    let d = tempfile::tempdir().expect("dir");
+    let backend = Arc::new(Faulty::sync(d.path(), None));
+    let store = Store::new(EngineConfig::default())
+        .with_backend(backend.clone())
+        .expect("listed");
+    let (h, _) = store.open(info("s")).await.expect("open");
+    feed(&h, turn(0, 1, 100)).await;
+    let held = observed(&h).await;
+    drop(h);
+    backend.fail_after_ms.store(200, SeqCst);
+    backend.fail_all.store(true, SeqCst);
+    let gone = tokio::time::timeout(Duration::from_millis(20), store.remove("s")).await;
+    assert!(gone.is_err(), "the caller gave up first");
+    until("the refusal arrived and was undone", || {
+        store.hot_len() == 1
+    })
+    .await;
+    backend.fail_all.store(false, SeqCst);
+    let h = store.get("s").await.expect("still held");
+    assert_eq!(observed(&h).await, held);
+}
+
+/// A new session's first write and its delete both refused: its actor ends while the
+/// delete is out, and the refused delete puts back what it took. Before, that was the
+/// ended actor: every call on the id failed NOT_FOUND, and a new session could not be
+/// created under it ("exists") until a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_delete_does_not_put_back_a_session_whose_actor_ended() {
+    let d = tempfile::tempdir().expect("dir");
+    let backend = Arc::new(Faulty::sync(d.path(), Some(Duration::from_millis(50))));
+    let store = Arc::new(store_arc(backend.clone()));
+    let opening = tokio::spawn({
+        let store = store.clone();
+        async move { store.open(info("s")).await.map(drop) }
+    });
+    until("the new session is in the map", || store.hot_len() == 1).await;
+    backend.fail_after_ms.store(200, SeqCst);
+    backend.fail_all.store(true, SeqCst);
+    assert!(store.remove("s").await.is_err(), "the delete was refused");
+    assert!(
+        opening.await.expect("joined").is_err(),
+        "its create was refused"
+    );
+    backend.fail_all.store(false, SeqCst);
+    let (h, created) = store.open(info("s")).await.expect("the id is usable");
+    assert!(created, "nothing was written under it");
+    feed(&h, turn(0, 1, 100)).await;
 }
