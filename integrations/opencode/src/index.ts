@@ -12,7 +12,7 @@
 //
 // A compactd error never breaks OpenCode: the request goes out with OpenCode's own
 // messages and the error is logged.
-import { createHash } from "node:crypto"
+import { createHash, randomUUID } from "node:crypto"
 import type { Plugin, Hooks, ToolDefinition } from "@opencode-ai/plugin"
 import { z } from "zod"
 import type { CompactdClient, SessionStream, Recalled } from "@compactd/client"
@@ -42,12 +42,29 @@ interface SessionState {
   deferred: Map<string, Obj>
   /** A compaction compactd is running for the session. */
   compaction?: Promise<void>
+  /** The user turn (its message id) in which a compaction the plugin asked for failed: not
+   *  asked for again before the next turn. */
+  failedIn?: string
 }
 
 const digest = (v: unknown) => createHash("sha1").update(JSON.stringify(v)).digest("base64")
 
 const RECALL_DESCRIPTION =
   "Returns the original content of a tool output that the context shows cleared, superseded, masked or truncated. Pass the tool call's call_id."
+
+/**
+ * Whether compactd has a summarizer: it refuses a compaction without one before it looks
+ * for the session, so one of a session no one holds answers FAILED_PRECONDITION naming the
+ * missing endpoint, or NOT_FOUND when there is one.
+ */
+async function canSummarize(client: CompactdClient): Promise<boolean> {
+  try {
+    await client.compact(`compactd-opencode-probe-${randomUUID()}`).result()
+    return true
+  } catch (e: any) {
+    return !(e?.codeName === "FAILED_PRECONDITION" && /no LLM endpoint is configured/.test(String(e?.message)))
+  }
+}
 
 const CompactdPlugin: Plugin = async (input, options) => {
   let settings: PluginSettings
@@ -77,6 +94,12 @@ const CompactdPlugin: Plugin = async (input, options) => {
       log.warn(`GetRecallTool failed, using the built-in description: ${(e as Error).message}`)
     }
   }
+  // OpenCode's own compaction is turned off only when compactd can summarize: without a
+  // summarizer, a session that outgrows its window would stop the turn.
+  const compactdSummarizes = settings.compaction === "compactd" && (await canSummarize(sidecar.client))
+  if (settings.compaction === "compactd" && !compactdSummarizes) {
+    log.warn('compaction "compactd", but compactd has no LLM endpoint (--llm-base-url, or llmBaseUrl): OpenCode keeps compacting on its own')
+  }
   if (settings.compaction === "compactd") mirror.watchCompactions()
 
   const hooks: Hooks = {
@@ -85,10 +108,9 @@ const CompactdPlugin: Plugin = async (input, options) => {
       sidecar.stop()
     },
     config: async (config: Obj) => {
-      if (settings.compaction === "compactd") {
+      if (compactdSummarizes) {
         // compactd decides when to compact; OpenCode must not summarize on its own too.
         config.compaction = { ...(config.compaction ?? {}), auto: false }
-        if (!settings.llmBaseUrl) log.warn('compaction "compactd" without llmBaseUrl: the sidecar must have its own --llm-base-url')
       }
     },
     event: async ({ event }) => {
@@ -496,6 +518,23 @@ class Mirror {
         break
       }
     }
+    // compactd keeps messages in the order they were sent: an assistant message held back
+    // until its first part lands after a user message that came meanwhile (a follow-up
+    // typed while the step starts). Held messages out of OpenCode's order: load it whole.
+    if (s.status === "ready") {
+      const rank = new Map([...s.parts.keys()].map((id, i) => [id, i]))
+      let before = -1
+      for (const m of messages) {
+        const r = rank.get(m.info.id)
+        if (r === undefined) continue
+        if (r < before) {
+          this.log.info(`session ${sessionID}: ${m.info.id} reached compactd out of OpenCode's order; loading the session`)
+          s.status = "import"
+          break
+        }
+        before = r
+      }
+    }
     // compactd keeps messages in arrival order too: a message it has not seen before one it
     // holds (a session resumed after a restart, whose first event was its new prompt, or
     // events missed) would land after it, so load the session whole instead.
@@ -531,7 +570,10 @@ class Mirror {
       // An update was rejected: load the whole session once more, then go on.
       await this.importSession(s, messages)
     }
-    if (this.settings.compaction === "compactd") await this.compactIfNeeded(s)
+    if (this.settings.compaction === "compactd") {
+      const turn = [...messages].reverse().find((m) => m.info?.role === "user")?.info?.id
+      await this.compactIfNeeded(s, turn)
+    }
     const ctx = await this.client.getContext(sessionID, "native")
     const known = new Map(messages.map((m) => [m.info.id, m]))
     // OpenCode messages not in this request (one OpenCode created after building it, such
@@ -624,7 +666,7 @@ class Mirror {
    * request goes out with its summary. Nothing starts when compactd has no summarizer or
    * nothing to summarize; the request then goes out with the context as it is.
    */
-  private async compactIfNeeded(s: SessionState) {
+  private async compactIfNeeded(s: SessionState, turn: string | undefined) {
     // At most 3 minutes; the timer goes with the wait (it would keep a process that is
     // done, `opencode run`, alive until it fires).
     const wait = async (p: Promise<void> | undefined) => {
@@ -646,6 +688,13 @@ class Mirror {
       this.log.info(`session ${s.id} is over its threshold (${numbers}): waiting for compactd's compaction`)
       return wait(s.compaction)
     }
+    // A compaction asked for in this turn failed (an endpoint refusing, a summary not
+    // smaller): every request of the turn would pay for, or wait on, another. compactd's
+    // own automatic compaction still runs (its pause after failures governs it).
+    if (turn !== undefined && s.failedIn === turn) {
+      this.log.debug(`session ${s.id} is over its threshold (${numbers}); compactd's compaction failed in this turn, not asked for again`)
+      return
+    }
     // The next request would cross the threshold but no finished message or usage report
     // triggered compactd's own compaction yet: compact now, keeping the last 2 user turns
     // verbatim, or, when they are the whole context (an agent run is often one long
@@ -655,11 +704,13 @@ class Mirror {
       try {
         const result = await this.client.compact(s.id, options).result()
         if (result.failed) this.log.warn(`compactd compaction failed (${result.failed.kind}): ${result.failed.reason}`)
+        s.failedIn = result.failed ? turn : undefined
         return
       } catch (e: any) {
         if (s.compaction) return wait(s.compaction) // an automatic one started meanwhile
         if (e?.codeName === "FAILED_PRECONDITION" && /nothing to compact/.test(e.message) && !("tailTurns" in options)) continue
         this.log.warn(`compactd compaction not run: ${e?.message}`)
+        s.failedIn = turn
         return
       }
     }

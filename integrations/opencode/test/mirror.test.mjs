@@ -87,6 +87,49 @@ test("a session resumed after a restart is sent in OpenCode's order", async () =
   }
 })
 
+test("a follow-up typed while a step starts does not reorder the session in compactd", async () => {
+  // OpenCode creates the step's assistant message G, then the user sends U2 before G's
+  // first part: the plugin holds G back until that part, so compactd got U2 before G.
+  const ses = "ses_follow_up"
+  const [u1, a1] = history(ses, 1)
+  const g = { info: { ...a1.info, id: "msg_02g", time: { created: 5 } }, parts: [{ ...a1.parts[0], id: "prt_g", messageID: "msg_02g" }] }
+  delete g.info.finish
+  const u2 = { info: { ...u1.info, id: "msg_03", time: { created: 6 } }, parts: [{ ...u1.parts[0], id: "prt_u2", messageID: "msg_03", text: "and also this" }] }
+  const all = [u1, g, u2]
+  const hooks = await hooksFor(() => all)
+  try {
+    await hooks.event({ event: { type: "message.updated", properties: { info: u1.info } } })
+    await hooks.event({ event: { type: "message.part.updated", properties: { part: u1.parts[0] } } })
+    await hooks["experimental.chat.messages.transform"]({}, { messages: [u1] })
+    await hooks.event({ event: { type: "message.updated", properties: { info: g.info } } })
+    await hooks.event({ event: { type: "message.updated", properties: { info: u2.info } } })
+    await hooks.event({ event: { type: "message.part.updated", properties: { part: u2.parts[0] } } })
+    await hooks.event({ event: { type: "message.part.updated", properties: { part: g.parts[0] } } })
+    const output = { messages: [...all] }
+    await hooks["experimental.chat.messages.transform"]({}, output)
+    const ids = all.map((m) => m.info.id)
+    assert.deepEqual(output.messages.map((m) => m.info.id), ids, "the context sent")
+    const held = await client.getSession(ses)
+    assert.deepEqual(held.messages.map((m) => m.info.id), ids, "compactd's copy")
+  } finally {
+    await hooks.dispose()
+  }
+})
+
+test('with compaction "compactd" but no summarizer in compactd, OpenCode keeps compacting on its own', async () => {
+  // The test's compactd has no --llm-base-url: turning OpenCode's compaction off would
+  // leave nothing to compact a session that outgrows its window (the turn would stop).
+  const hooks = await hooksFor(() => [], { compaction: "compactd" })
+  try {
+    const config = { compaction: { prune: true } }
+    await hooks.config(config)
+    assert.notEqual(config.compaction.auto, false, JSON.stringify(config))
+    assert.equal(config.compaction.prune, true)
+  } finally {
+    await hooks.dispose()
+  }
+})
+
 test("idle sessions past maxSessions are forgotten, and loaded whole when used again", async () => {
   // A long-running OpenCode meets many sessions: the plugin keeps the state (a digest per
   // part) of the most recently used ones only.
@@ -292,6 +335,49 @@ async function summaryEndpoint(summary) {
   return { url: `http://127.0.0.1:${port}/v1`, requests, close: () => (server.closeAllConnections(), server.close()) }
 }
 
+test('with compaction "compactd", a compaction that failed is not asked for again before the next user turn', async () => {
+  // Every chat request is refused (a 400 is not retried): each request of the turn would
+  // otherwise pay for another doomed summary, or wait for one.
+  const chats = []
+  const port = await freePort()
+  const llm = createHttpServer((req, res) => {
+    if (req.method === "POST" && req.url.endsWith("/chat/completions")) chats.push(req.url)
+    const body = JSON.stringify({ error: { message: "model m is not available", type: "invalid_request_error" } })
+    res.writeHead(req.url.endsWith("/chat/completions") ? 400 : 404, { "content-type": "application/json" }).end(body)
+  })
+  await new Promise((resolve) => llm.listen(port, "127.0.0.1", resolve))
+  const addr = `127.0.0.1:${await freePort()}`
+  const own = spawn(BIN, ["serve", "--listen", addr, "--durability", "memory", "--llm-base-url", `http://127.0.0.1:${port}/v1`, "--llm-model", "m", "--llm-context-tokens", "32000", "--llm-max-retries", "0"], { stdio: ["ignore", "ignore", "pipe"] })
+  own.stderr.on("data", () => {})
+  const probe = new CompactdClient({ address: addr })
+  const ses = "ses_failing_summaries"
+  const small = { providerID: "p", modelID: "small" }
+  const turn = (n, text) => ({
+    info: { id: `msg_${n}`, sessionID: ses, role: "user", time: { created: n }, agent: "build", model: small },
+    parts: [{ id: `prt_${n}`, sessionID: ses, messageID: `msg_${n}`, type: "text", text }],
+  })
+  // ~9,000 tokens in a window of 8,000: over the threshold, and one turn (summarized whole).
+  let all = [turn(1, "word ".repeat(9000))]
+  const opencode = { app: { log: async () => ({}) }, session: { messages: async () => ({ data: all }) }, config: { providers: async () => PROVIDERS } }
+  let hooks
+  try {
+    await probe.waitForReady(15000)
+    hooks = await plugin({ client: opencode }, { address: addr, recall: false, compaction: "compactd" })
+    for (let i = 0; i < 4; i++) await hooks["experimental.chat.messages.transform"]({}, { messages: [...all] })
+    assert.equal(chats.length, 1, "one summary asked for in the turn")
+    // A new user turn: compactd is asked again.
+    all = [...all, turn(2, "and now?")]
+    await hooks["experimental.chat.messages.transform"]({}, { messages: [...all] })
+    assert.equal(chats.length, 2, "asked again in the next turn")
+  } finally {
+    await hooks?.dispose()
+    probe.close()
+    own.kill("SIGTERM")
+    llm.closeAllConnections()
+    llm.close()
+  }
+})
+
 test('with compaction "compactd", a session loaded again keeps compactd\'s summary', async () => {
   const llm = await summaryEndpoint("We read the files and fixed nothing yet.")
   const addr = `127.0.0.1:${await freePort()}`
@@ -307,6 +393,9 @@ test('with compaction "compactd", a session loaded again keeps compactd\'s summa
   try {
     await probe.waitForReady(15000)
     hooks = await plugin({ client: opencode }, settings)
+    const config = {}
+    await hooks.config(config)
+    assert.equal(config.compaction?.auto, false, "compactd summarizes: OpenCode's automatic compaction is off")
     for (const m of all.slice(0, 6)) {
       await hooks.event({ event: { type: "message.updated", properties: { info: m.info } } })
       await hooks.event({ event: { type: "message.part.updated", properties: { part: m.parts[0] } } })
