@@ -9,6 +9,11 @@ use serde::{Deserialize, Serialize};
 use super::calibration::{Anchor, ByClass, Calibration, Class, PredictionSample};
 use crate::domain::TokenUsage;
 
+/// For serde: a zero is not written.
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 /// Usage bookkeeping behind the overflow check.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct UsageState {
@@ -17,6 +22,15 @@ pub(crate) struct UsageState {
     /// Context tokens prune and the strategies cleared since that report: when non-zero
     /// the report describes a request bigger than the next one will be.
     pruned: u64,
+    /// The part of `pruned` cleared since the current request started: that request was
+    /// sent before, so its report will count them whole too. (Written only when set:
+    /// snapshots of format 3 stay as they were.)
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pruned_since: u64,
+    /// A request started and has not reported yet: a change of rendering now comes after
+    /// it was sent, so its report will not hold it. (Written only when set.)
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    requesting: bool,
     /// Context tokens added (positive) or removed (negative) since that report, by
     /// content class.
     delta_by: ByClass,
@@ -290,8 +304,18 @@ impl Totals {
             return;
         }
         self.move_tokens(class, old, new);
+        // A request in flight was sent before this change: its report will not hold it.
+        if self.usage.requesting {
+            self.usage
+                .since_by
+                .add(class, signed(new).saturating_sub(signed(old)));
+        }
         if reduction {
-            self.usage.pruned = self.usage.pruned.saturating_add(old.saturating_sub(new));
+            let cleared = old.saturating_sub(new);
+            self.usage.pruned = self.usage.pruned.saturating_add(cleared);
+            if self.usage.requesting {
+                self.usage.pruned_since = self.usage.pruned_since.saturating_add(cleared);
+            }
         }
     }
 
@@ -311,6 +335,8 @@ impl Totals {
     /// which the prediction this request's report checks is built.
     pub(crate) fn request_started(&mut self, anchor: Option<Anchor>) {
         self.usage.since_by = ByClass::default();
+        self.usage.pruned_since = 0;
+        self.usage.requesting = true;
         // Starts with no report between them are one request (a message and its first
         // `step-start`), or one that never reported: either way the next report's.
         self.usage.request_new_turn |= self.usage.turn_ended;
@@ -363,7 +389,9 @@ impl Totals {
         }
         self.usage = UsageState {
             last: Some(tokens),
-            pruned: 0,
+            pruned: self.usage.pruned_since,
+            pruned_since: 0,
+            requesting: false,
             delta_by: self.usage.since_by,
             since_by: ByClass::default(),
             at_request: None,

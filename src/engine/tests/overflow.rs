@@ -795,15 +795,15 @@ fn prediction_follows_session_tokens() {
     assert_eq!(c.predicted, 154_000 + s.total_tokens() - at_report);
 
     // A new report is the new baseline, but it does not cover what the model did not write
-    // since the current request began (a2's creation): the tool outputs p1, p2, p3 (300 +
-    // 200 + 60, counted as written; prune cleared p1/p2 later, which errs high). Their
-    // `{}` inputs were written by the model and are in the reported output.
+    // since the current request began (a2's creation): the tool outputs p1, p2, p3, as
+    // the next request sends them (p1 and p2 cleared since: two placeholders of 8, and
+    // p3's 60). Their `{}` inputs were written by the model and are in the reported output.
     apply(&mut s, report_usage(usage(1_000, 0, 0)));
     let c = s.check_overflow(Trigger::Request);
-    assert_eq!((c.used, c.predicted), (1_000, 1_000 + 560));
+    assert_eq!((c.used, c.predicted), (1_000, 1_000 + 60 + 16));
     // The same report again changes nothing.
     apply(&mut s, report_usage(usage(1_000, 0, 0)));
-    assert_eq!(s.check_overflow(Trigger::Request).predicted, 1_000 + 560);
+    assert_eq!(s.check_overflow(Trigger::Request).predicted, 1_000 + 76);
 }
 
 /// A session whose first step wrote a 50,000-token bash result and then reported
@@ -967,4 +967,36 @@ fn an_aborted_message_is_predicted_once_it_holds_content() {
     let c = s.check_overflow(Trigger::Request);
     assert_eq!(c.predicted, s.context_tokens());
     assert!(c.predicted >= 400, "{c:?}");
+}
+
+/// A prune between a request's start and its report (the automatic prune after a finished
+/// message whose report comes after it, an explicit Prune mid-request): that request was
+/// sent before the prune, so its report counts the cleared output whole, and the next
+/// request does not. Before, the report dropped the reduction: predicted the report
+/// itself, ~3,000 tokens high, and the after-prune exemption was lost.
+#[test]
+fn a_prune_while_a_request_runs_stays_in_the_prediction_after_its_report() {
+    let mut s = session_with(
+        super::compaction::FIXTURE,
+        SessionOverrides {
+            prune_protect: Some(100),
+            prune_minimum: Some(0),
+            ..Default::default()
+        },
+    );
+    let c0 = s.context_tokens();
+    apply(&mut s, report_usage(usage(c0, 0, 0)));
+    let mut a4 = assistant("a4", "u3");
+    a4.finish.clear();
+    apply(&mut s, Update::UpsertMessage(a4));
+    let r = s.prune(PruneMode::Commit, NOW);
+    assert!(r.tokens_saved > 2_000, "{r:?}");
+    assert_eq!(
+        s.check_overflow(Trigger::Request).predicted,
+        s.context_tokens()
+    );
+    // a4's request, sent before the prune, reports the old context (plus 1).
+    apply(&mut s, report_usage(usage(c0 + 1, 0, 0)));
+    let c = s.check_overflow(Trigger::Request);
+    assert_eq!(c.predicted, s.context_tokens() + 1, "{c:?}");
 }
