@@ -466,7 +466,7 @@ impl pb::sessions_server::Sessions for SessionsService {
         request: Request<pb::ImportSessionRequest>,
     ) -> Result<Response<pb::SessionSummary>, Status> {
         let req = request.into_inner();
-        let _held = self.check_size(&req)?;
+        let mut held = self.check_size(&req)?;
         let document = match (req.export_json.is_empty(), req.export) {
             (false, None) => Document::Text(req.export_json),
             (true, Some(s)) => {
@@ -512,8 +512,10 @@ impl pb::sessions_server::Sessions for SessionsService {
         };
         // Built no further than the limit it will be held to: the first message past it
         // ends the parse. Taken once, before a replaced session is read for its
-        // compactions (reading a cold one would count it twice).
-        let byte_limit = store.limits().byte_limit(0, store.ledger().counted());
+        // compactions (reading a cold one would count it twice). The document's own
+        // reservation is not counted against the session it becomes.
+        let counted = store.ledger().counted().saturating_sub(held.bytes());
+        let byte_limit = store.limits().byte_limit(0, counted);
         // Parsing a multi-megabyte export is CPU work: keep it off the async workers.
         let mut export = tokio::task::spawn_blocking(move || -> Result<_, Rejection> {
             let parsed = match document {
@@ -529,6 +531,9 @@ impl pb::sessions_server::Sessions for SessionsService {
         })
         .await
         .map_err(|e| Status::internal(format!("import task failed: {e}")))??;
+        // The document is read and dropped: what it became is counted when it is admitted.
+        held.resize(store.ledger(), 0, "updates")
+            .map_err(Rejection::from)?;
         let trail = if req.replace && req.keep_compactions {
             // A compaction still running on the replaced session would commit after its
             // trail is read and be lost with it: cancelled first, as the replace would.

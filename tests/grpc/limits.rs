@@ -518,3 +518,70 @@ async fn a_request_that_would_amplify_when_decoded_is_refused_before_decoding() 
     assert_status(missing, tonic::Code::NotFound, "amp");
     open_session(&mut c, session("after")).await;
 }
+
+/// An import's document is reserved in flight while it is read, and becomes the session:
+/// once read, it is not counted again beside the session it became. Before, it was: an
+/// import that fits the budget (the session ~H, the rest held by another session) was
+/// refused while its document (~90 kB) was still counted.
+#[tokio::test]
+async fn an_imported_document_is_not_counted_beside_the_session_it_became() {
+    const BUDGET: u64 = 1 << 20;
+    let limits = Limits {
+        memory_budget: BUDGET,
+        ..Limits::default()
+    };
+    let server = start_server_with_limits(limits).await;
+    let mut c = server.client().await;
+    let mut doc: serde_json::Value =
+        serde_json::from_str(&example_import("x").export_json).expect("example");
+    doc["messages"][0]["parts"][0]["text"] = serde_json::json!("word ".repeat(18_000));
+    let import = |id: &str| pb::ImportSessionRequest {
+        export_json: doc.to_string(),
+        session_id: id.into(),
+        ..Default::default()
+    };
+    let d = import("i").export_json.len() as u64;
+    // The session the document becomes, measured alone.
+    let h = c
+        .import_session(import("probe"))
+        .await
+        .expect("fits alone")
+        .into_inner()
+        .held_bytes;
+    c.delete_session(pb::DeleteSessionRequest {
+        session_id: "probe".into(),
+    })
+    .await
+    .expect("delete");
+    // Another session holds the rest but for half the document: A + H fits, A + H + D
+    // does not.
+    open_session(&mut c, session("a")).await;
+    put_message(&mut c, "a", user_msg("ua")).await;
+    let target = BUDGET - h - d / 2;
+    let mut i = 0;
+    loop {
+        let a = held(&get_session(&mut c, "a").await);
+        if a + 12_000 > target {
+            assert!(a + h + d > BUDGET && a + h <= BUDGET, "a {a} h {h} d {d}");
+            break;
+        }
+        i += 1;
+        put_part(
+            &mut c,
+            "a",
+            text_part("ua", &format!("a-t{i}"), &output_of("f", 10_000)),
+        )
+        .await;
+    }
+    // The deleted probe's bytes are given back when its actor's last job is done.
+    let mut imported = Err(tonic::Status::unknown("not tried"));
+    for _ in 0..100 {
+        imported = c.import_session(import("i")).await;
+        if imported.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let summary = imported.expect("the import fits the budget").into_inner();
+    assert_eq!(summary.held_bytes, h);
+}
