@@ -175,19 +175,20 @@ fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
                 env!("CARGO_PKG_VERSION")
             );
         };
+        let stdin_eof = args.exit_on_stdin_eof;
         match &args.listen {
             cli::ListenAddr::Tcp(addr) => {
                 let listener = tokio::net::TcpListener::bind(addr)
                     .await
                     .with_context(|| format!("--listen {addr}: cannot bind"))?;
                 started(listener.local_addr()?.to_string());
-                server::serve(listener, store, options, shutdown_signal()).await?;
+                server::serve(listener, store, options, shutdown_signal(stdin_eof)).await?;
             }
             #[cfg(unix)]
             cli::ListenAddr::Unix(path) => {
                 let listener = bind_unix(path, uds_mode)?;
                 started(format!("unix:{}", path.display()));
-                server::serve_unix(listener, store, options, shutdown_signal()).await?;
+                server::serve_unix(listener, store, options, shutdown_signal(stdin_eof)).await?;
                 let _ = std::fs::remove_file(path);
             }
             #[cfg(not(unix))]
@@ -222,8 +223,9 @@ fn bind_unix(path: &std::path::Path, mode: u32) -> anyhow::Result<tokio::net::Un
     Ok(listener)
 }
 
-/// Resolves on SIGINT or SIGTERM (Kubernetes sends SIGTERM), logging which arrived.
-async fn shutdown_signal() {
+/// Resolves on SIGINT or SIGTERM (Kubernetes sends SIGTERM), or with `stdin_eof` when
+/// stdin reaches its end (the parent holding its pipe exited), logging which it was.
+async fn shutdown_signal(stdin_eof: bool) {
     let ctrl_c = async {
         if tokio::signal::ctrl_c().await.is_ok() {
             tracing::info!(signal = "SIGINT", "shutting down");
@@ -241,9 +243,35 @@ async fn shutdown_signal() {
     };
     #[cfg(not(unix))]
     let term = std::future::pending::<()>();
+    let parent = async {
+        if !stdin_eof {
+            return std::future::pending::<()>().await;
+        }
+        // On a thread of its own, not tokio's blocking pool: a read still blocked there
+        // would hold the runtime's shutdown until stdin closed.
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let spawned = std::thread::Builder::new()
+            .name("compactd-stdin".into())
+            .spawn(move || {
+                let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+                let _ = tx.send(());
+            });
+        match spawned {
+            Ok(_) => {
+                if rx.await.is_ok() {
+                    tracing::info!("stdin closed (the parent exited): shutting down");
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot watch stdin; --exit-on-stdin-eof is off");
+                std::future::pending::<()>().await
+            }
+        }
+    };
     tokio::select! {
         _ = ctrl_c => {},
         _ = term => {},
+        _ = parent => {},
     }
 }
 

@@ -396,6 +396,11 @@ pub struct ServeArgs {
     /// close (health turns NOT_SERVING at once).
     #[arg(long, env = "COMPACTD_DRAIN_TIMEOUT_SECS", default_value_t = 20)]
     pub drain_timeout_secs: u64,
+    /// Shut down, as on SIGTERM, when stdin reaches its end: a parent that starts compactd
+    /// with a pipe on its stdin (a host's sidecar) takes it down when it exits, killed
+    /// included (SIGKILL, the OOM killer), where no signal reaches compactd.
+    #[arg(long, env = "COMPACTD_EXIT_ON_STDIN_EOF")]
+    pub exit_on_stdin_eof: bool,
     /// Largest update accepted, in bytes (RESOURCE_EXHAUSTED beyond it).
     #[arg(long, env = "COMPACTD_MAX_UPDATE_BYTES", default_value_t = DEFAULT_MAX_UPDATE_BYTES)]
     pub max_update_bytes: usize,

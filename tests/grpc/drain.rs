@@ -162,3 +162,55 @@ async fn a_compaction_still_running_at_the_deadline_is_cancelled_and_the_process
     let exit = bin.wait_exit().await;
     assert!(exit.success(), "{exit:?}");
 }
+
+/// A parent that starts compactd with a pipe on its stdin and `--exit-on-stdin-eof` takes
+/// it down when it goes, killed included (SIGKILL, the OOM killer: no signal reaches
+/// compactd, but the pipe closes). Before, nothing did: the sidecar outlived its host.
+#[test]
+fn stdin_closing_shuts_the_server_down_cleanly() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_compactd"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--durability",
+            "memory",
+            "--log-format",
+            "json",
+            "--exit-on-stdin-eof",
+        ])
+        .env_remove("COMPACTD_LISTEN")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn compactd");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = BufReader::new(stderr).lines();
+    let started = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .any(|l| l.contains("starting compactd"));
+    assert!(started, "compactd started");
+    drop(child.stdin.take());
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("compactd still running 15 s after its stdin closed");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+    let log: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(
+        log.iter().any(|l| l.contains("stdin closed")),
+        "{}",
+        log.join("\n")
+    );
+}

@@ -48,7 +48,9 @@ export async function startSidecar(s: PluginSettings, log: Log): Promise<Sidecar
     const address = `127.0.0.1:${port}`
     const ownDir = !s.dataDir
     const dataDir = s.dataDir ?? mkdtempSync(join(tmpdir(), "opencode-compactd-"))
-    const args = ["serve", "--listen", address, "--data-dir", dataDir]
+    // compactd exits when its stdin (a pipe this process holds) closes: OpenCode killed
+    // outright (SIGKILL, the OOM killer) runs no exit handler, and would leave it running.
+    const args = ["serve", "--listen", address, "--data-dir", dataDir, "--exit-on-stdin-eof"]
     if (s.llmBaseUrl) args.push("--llm-base-url", s.llmBaseUrl)
     if (s.llmModel) args.push("--llm-model", s.llmModel)
     args.push(...s.serverArgs)
@@ -126,7 +128,11 @@ interface Launched {
 function launch(s: PluginSettings, args: string[], log: Log): Launched {
   let stderr = ""
   let exited: string | null = null
-  const child = spawn(s.binary, args, { stdio: ["ignore", "ignore", "pipe"], env: process.env })
+  const child = spawn(s.binary, args, { stdio: ["pipe", "ignore", "pipe"], env: process.env })
+  // Held open, never written; nor does it keep this process alive.
+  const stdin = child.stdin as unknown as { unref?: () => void } | null
+  stdin?.unref?.()
+  child.stdin?.on("error", () => {})
   child.stderr?.on("data", (d: Buffer) => {
     stderr = (stderr + d.toString()).slice(-4000)
     if (s.debug) log.debug(`compactd: ${d.toString().trimEnd()}`)

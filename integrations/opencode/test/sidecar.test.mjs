@@ -48,3 +48,38 @@ test("a sidecar that dies is started again, with the sessions it acknowledged", 
   assert.equal(sidecar.child, last, "no restart after stop()")
   rmSync(dataDir, { recursive: true, force: true })
 })
+
+test("the sidecar goes with OpenCode, even when OpenCode is killed outright", async () => {
+  // OpenCode killed with SIGKILL (or by the OOM killer) runs no exit handler: the sidecar
+  // must notice on its own (its stdin, a pipe OpenCode held, closes).
+  const { spawn } = await import("node:child_process")
+  const { fileURLToPath } = await import("node:url")
+  const sidecarJs = fileURLToPath(new URL("../dist/sidecar.js", import.meta.url))
+  const optionsJs = fileURLToPath(new URL("../dist/options.js", import.meta.url))
+  const host = spawn(process.execPath, ["--input-type=module", "-e", `
+    const { startSidecar } = await import(${JSON.stringify(sidecarJs)})
+    const { resolveSettings } = await import(${JSON.stringify(optionsJs)})
+    const log = { debug() {}, info() {}, warn() {}, error() {} }
+    const s = await startSidecar(resolveSettings({ binary: ${JSON.stringify(BIN)}, timeoutMs: 15000 }), log)
+    console.log("PID " + s.child.pid)
+    setInterval(() => {}, 1000)
+  `], { stdio: ["ignore", "pipe", "inherit"] })
+  let out = ""
+  host.stdout.on("data", (d) => (out += d))
+  let pid
+  try {
+    await until("the host started its sidecar", async () => (pid = Number(/PID (\d+)/.exec(out)?.[1])) > 0, 20000)
+    process.kill(pid, 0)
+  } finally {
+    host.kill("SIGKILL")
+  }
+  const alive = () => {
+    try {
+      process.kill(pid, 0)
+      return true
+    } catch {
+      return false
+    }
+  }
+  await until("the sidecar exited after its host was killed", async () => !alive(), 15000)
+})
