@@ -816,10 +816,11 @@ impl Session {
         stored.reduced = reduced;
         let (new, now_compacted) = (stored.context_tokens(), stored.is_compacted());
         let class = class_of(&stored.part);
-        // A reduction of a part the context does not send (prune reaching into the
-        // messages a compaction summarized, stored before its pair) makes no request
-        // smaller: the session's total moves, the usage figures do not.
-        let sent = !reduction || self.in_context(msg);
+        // A change of a part no request sends (its message errored), or a reduction of one
+        // the context does not send (prune reaching into the messages a compaction
+        // summarized, stored before its pair), makes no request smaller: the session's
+        // total moves, the usage figures do not.
+        let sent = self.messages[msg].is_sent() && (!reduction || self.in_context(msg));
         self.totals.rendering_changed(
             class,
             (old, new),
@@ -1523,7 +1524,18 @@ impl Session {
     /// such a parent and holds a compaction part opens the context. A full scan, run only
     /// when a compaction is undone (a summary loses `finish` or gains an error, a
     /// compaction part is deleted): never on ordinary updates.
+    /// When the context's start moves (a compaction undone), the last report no longer
+    /// describes it: the next request is estimated whole, as after a compaction.
     fn recompute_boundary(&mut self) {
+        let before = self.boundary.map(|b| (b.start, b.summary));
+        self.find_boundary();
+        if self.boundary.map(|b| (b.start, b.summary)) != before {
+            let context = self.context_tokens();
+            self.compaction_committed(context);
+        }
+    }
+
+    fn find_boundary(&mut self) {
         self.boundary = None;
         self.completed_parents.clear();
         for (i, m) in self.messages.iter().enumerate() {

@@ -424,6 +424,11 @@ impl Totals {
 
     /// Every part was re-rendered (the settings changed): the context holds `total` tokens.
     pub(crate) fn recounted(&mut self, total: u64) {
+        // A request in flight was sent before the recount: its report will not hold it.
+        if self.usage.requesting {
+            let moved = signed(total).saturating_sub(signed(self.tokens));
+            self.usage.since_by.add(Class::Prose, moved);
+        }
         self.move_tokens(Class::Prose, self.tokens, total);
     }
 

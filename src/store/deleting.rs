@@ -49,8 +49,13 @@ pub(super) fn follow(
             tokio::time::sleep(retry_delay(failures)).await;
             // Under the map lock, as a new session's first write is queued: a delete
             // queued here cannot overtake it.
-            let map = shared.write();
-            if !still_pending(&map, &id, ticket) {
+            let mut map = shared.write();
+            if map.deleting.get(&id) != Some(&ticket) {
+                return; // a later delete follows the id
+            }
+            if map.hot.contains_key(&id) || map.cold.contains(&id) {
+                // A new session holds the id: its first write replaces the row.
+                map.deleting.remove(&id);
                 return;
             }
             committed = backend.write(vec![Write::Delete { id: id.clone() }]);
@@ -60,12 +65,6 @@ pub(super) fn follow(
             map.deleting.remove(&id);
         }
     });
-}
-
-/// Whether the delete `ticket` of `id` still has to be written: no later delete follows
-/// the id, and no session holds it again.
-fn still_pending(map: &Map, id: &str, ticket: u64) -> bool {
-    map.deleting.get(id) == Some(&ticket) && !map.hot.contains_key(id) && !map.cold.contains(id)
 }
 
 /// Writes, once each, the deletes still pending (the store is closing), and logs those

@@ -725,6 +725,19 @@ fn after_a_host_compaction_the_summarys_report_is_not_the_sessions_size() {
             (0, s.context_tokens()),
             "report after finish {report_after_finish}: the new context, as counted"
         );
+        // The host undoes it (its summary gains an error): the whole history is the
+        // context again, estimated whole.
+        let Update::UpsertMessage(mut undone) = parse("user c1\nassistant s9 summary").remove(1)
+        else {
+            panic!("the summary's message")
+        };
+        undone.error = Some(MessageError {
+            name: "APIError".into(),
+            data: serde_json::Value::Null,
+        });
+        apply(&mut s, Update::UpsertMessage(undone));
+        let c = s.check_overflow(Trigger::Request);
+        assert_eq!(c.predicted, s.context_tokens(), "undone: {c:?}");
     }
 }
 

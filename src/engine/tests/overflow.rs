@@ -1000,3 +1000,70 @@ fn a_prune_while_a_request_runs_stays_in_the_prediction_after_its_report() {
     let c = s.check_overflow(Trigger::Request);
     assert_eq!(c.predicted, s.context_tokens() + 1, "{c:?}");
 }
+
+/// Prune reaching an errored message's output (prune walks every message): the message
+/// is not sent, so clearing its output makes no request smaller. (Found in review: its
+/// parts had left the prediction, and the prune took them out a second time.)
+#[test]
+fn a_prune_of_an_errored_messages_output_does_not_lower_the_prediction() {
+    let mut s = session_with(
+        "user u1 text:t1=10
+         assistant a1 error=APIError bash:p1=5000
+         user u2 text:t2=10
+         assistant a2 text:t3=10
+         user u3 text:t4=10
+         assistant a3 text:t5=10",
+        SessionOverrides {
+            prune_protect: Some(100),
+            prune_minimum: Some(0),
+            ..Default::default()
+        },
+    );
+    assert_eq!(
+        s.check_overflow(Trigger::Request).predicted,
+        s.context_tokens()
+    );
+    let r = s.prune(PruneMode::Commit, NOW);
+    assert!(r.tokens_saved >= 4_000, "{r:?}");
+    let c = s.check_overflow(Trigger::Request);
+    assert_eq!(c.predicted, s.context_tokens(), "{c:?}");
+}
+
+/// A Configure that re-renders every part while a request runs (here a longer
+/// placeholder for the cleared outputs): that request was sent before it, so its report
+/// does not hold the change. (Found in review of the prune case above.)
+#[test]
+fn a_recount_while_a_request_runs_stays_in_the_prediction_after_its_report() {
+    let mut s = session_with(
+        super::compaction::FIXTURE,
+        SessionOverrides {
+            prune_protect: Some(100),
+            prune_minimum: Some(0),
+            ..Default::default()
+        },
+    );
+    s.prune(PruneMode::Commit, NOW);
+    let c0 = s.context_tokens();
+    apply(&mut s, report_usage(usage(c0, 0, 0)));
+    let mut a4 = assistant("a4", "u3");
+    a4.finish.clear();
+    apply(&mut s, Update::UpsertMessage(a4));
+    let before = s.context_tokens();
+    let configure = Update::Configure(SessionInfo {
+        id: s.info().id.clone(),
+        limits: s.info().limits,
+        config: SessionOverrides {
+            placeholder: Some(format!("[cleared {}]", "to save room ".repeat(40))),
+            ..s.info().config.clone()
+        },
+        ..Default::default()
+    });
+    apply(&mut s, configure);
+    assert!(
+        s.context_tokens() > before + 100,
+        "the placeholder is longer"
+    );
+    apply(&mut s, report_usage(usage(c0 + 1, 0, 0)));
+    let c = s.check_overflow(Trigger::Request);
+    assert_eq!(c.predicted, s.context_tokens() + 1, "{c:?}");
+}
