@@ -84,6 +84,13 @@ const CompactdPlugin: Plugin = async (input, options) => {
     log.error(`compactd plugin disabled: compactd is not available: ${(e as Error).message}`)
     return {}
   }
+  // OpenCode's own compaction is turned off only when compactd can summarize: without a
+  // summarizer, a session that outgrows its window would stop the turn. Such a compactd is
+  // used as with compaction "opencode" (it follows OpenCode's compactions).
+  if (settings.compaction === "compactd" && !(await canSummarize(sidecar.client))) {
+    log.warn('compaction "compactd", but compactd has no LLM endpoint (--llm-base-url, or llmBaseUrl): OpenCode keeps compacting, as with compaction "opencode"')
+    settings = { ...settings, compaction: "opencode" }
+  }
   const mirror = new Mirror(sidecar.client, settings, log, input.client)
   let recallDescription = RECALL_DESCRIPTION
   if (settings.recall) {
@@ -94,12 +101,6 @@ const CompactdPlugin: Plugin = async (input, options) => {
       log.warn(`GetRecallTool failed, using the built-in description: ${(e as Error).message}`)
     }
   }
-  // OpenCode's own compaction is turned off only when compactd can summarize: without a
-  // summarizer, a session that outgrows its window would stop the turn.
-  const compactdSummarizes = settings.compaction === "compactd" && (await canSummarize(sidecar.client))
-  if (settings.compaction === "compactd" && !compactdSummarizes) {
-    log.warn('compaction "compactd", but compactd has no LLM endpoint (--llm-base-url, or llmBaseUrl): OpenCode keeps compacting on its own')
-  }
   if (settings.compaction === "compactd") mirror.watchCompactions()
 
   const hooks: Hooks = {
@@ -108,7 +109,7 @@ const CompactdPlugin: Plugin = async (input, options) => {
       sidecar.stop()
     },
     config: async (config: Obj) => {
-      if (compactdSummarizes) {
+      if (settings.compaction === "compactd") {
         // compactd decides when to compact; OpenCode must not summarize on its own too.
         config.compaction = { ...(config.compaction ?? {}), auto: false }
       }

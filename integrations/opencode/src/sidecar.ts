@@ -46,6 +46,9 @@ export async function startSidecar(s: PluginSettings, log: Log): Promise<Sidecar
   for (let attempt = 0; attempt < 3; attempt++) {
     const port = await freePort()
     const address = `127.0.0.1:${port}`
+    // Made first: a token the client refuses fails here, before a process or a directory
+    // exists to be left behind.
+    const client = new CompactdClient({ address, token: s.token, deadlineMs: s.timeoutMs })
     const ownDir = !s.dataDir
     const dataDir = s.dataDir ?? mkdtempSync(join(tmpdir(), "opencode-compactd-"))
     // compactd exits when its stdin (a pipe this process holds) closes: OpenCode killed
@@ -62,7 +65,6 @@ export async function startSidecar(s: PluginSettings, log: Log): Promise<Sidecar
       if (ownDir) rmSync(dataDir, { recursive: true, force: true })
     }
     process.once("exit", cleanup)
-    const client = new CompactdClient({ address, token: s.token, deadlineMs: s.timeoutMs })
     try {
       await ready(client, proc, s.timeoutMs)
       log.info(`started compactd (${s.binary}, pid ${proc.child.pid}) on ${address}`)

@@ -119,12 +119,30 @@ test("a follow-up typed while a step starts does not reorder the session in comp
 test('with compaction "compactd" but no summarizer in compactd, OpenCode keeps compacting on its own', async () => {
   // The test's compactd has no --llm-base-url: turning OpenCode's compaction off would
   // leave nothing to compact a session that outgrows its window (the turn would stop).
-  const hooks = await hooksFor(() => [], { compaction: "compactd" })
+  const ses = "ses_no_summarizer"
+  const small = { providerID: "p", modelID: "small" }
+  // ~9,000 tokens in a window of 8,000: over compactd's threshold.
+  const all = [{
+    info: { id: "msg_01", sessionID: ses, role: "user", time: { created: 1 }, agent: "build", model: small },
+    parts: [{ id: "prt_01", sessionID: ses, messageID: "msg_01", type: "text", text: "word ".repeat(9000) }],
+  }]
+  const logs = []
+  const opencode = {
+    app: { log: async ({ body }) => logs.push(`${body.level} ${body.message}`) },
+    session: { messages: async () => ({ data: all }) },
+    config: { providers: async () => PROVIDERS },
+  }
+  const hooks = await plugin({ client: opencode }, { address, recall: false, compaction: "compactd" })
   try {
     const config = { compaction: { prune: true } }
     await hooks.config(config)
     assert.notEqual(config.compaction.auto, false, JSON.stringify(config))
     assert.equal(config.compaction.prune, true)
+    assert.ok(logs.some((l) => /warn .*no LLM endpoint/.test(l)), logs.join("\n"))
+    // Used as with compaction "opencode": no compaction asked of compactd, none waited for.
+    await hooks["experimental.chat.messages.transform"]({}, { messages: [...all] })
+    assert.ok((await client.checkOverflow(ses)).overflow === false, "compactd leaves overflow to OpenCode")
+    assert.ok(!logs.some((l) => /over (its|the) threshold|compaction not run/.test(l)), logs.join("\n"))
   } finally {
     await hooks.dispose()
   }
@@ -284,7 +302,10 @@ test('with compaction "compactd", the watcher subscribes again after compactd re
   const addr = `127.0.0.1:${port}`
   const metrics = `127.0.0.1:${metricsPort}`
   const start = () => {
-    const p = spawn(BIN, ["serve", "--listen", addr, "--metrics-listen", metrics, "--durability", "memory"], { stdio: ["ignore", "ignore", "pipe"] })
+    // With a summarizer (never called here): without one the plugin leaves compaction to
+    // OpenCode and watches nothing.
+    const llm = ["--llm-base-url", "http://127.0.0.1:9/v1", "--llm-model", "m"]
+    const p = spawn(BIN, ["serve", "--listen", addr, "--metrics-listen", metrics, "--durability", "memory", ...llm], { stdio: ["ignore", "ignore", "pipe"] })
     p.stderr.on("data", () => {})
     return p
   }

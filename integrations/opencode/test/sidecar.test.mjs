@@ -83,3 +83,16 @@ test("the sidecar goes with OpenCode, even when OpenCode is killed outright", as
   }
   await until("the sidecar exited after its host was killed", async () => !alive(), 15000)
 })
+
+test("a token the client refuses leaves no sidecar behind", async () => {
+  const { execSync } = await import("node:child_process")
+  const children = () =>
+    execSync(`ps -o pid=,comm= --ppid ${process.pid}`).toString().split("\n").filter((l) => /compactd/.test(l))
+  const before = children()
+  await assert.rejects(
+    startSidecar(resolveSettings({ binary: BIN, token: "s3cret\u0007", timeoutMs: 15000 }), { debug() {}, info() {}, warn() {}, error() {} }),
+    (e) => /token/.test(e.message) && !e.message.includes("s3cret"),
+  )
+  await new Promise((resolve) => setTimeout(resolve, 300))
+  assert.deepEqual(children().filter((p) => !before.includes(p)), [], "no compactd started")
+})
