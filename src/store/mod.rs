@@ -492,10 +492,14 @@ impl Store {
         };
         let _one = gate.lock().await;
         let result = self.load_locked(id).await;
-        self.loading
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(id);
+        // The lock stays while another caller holds it (one waiting on this load): a
+        // caller coming now must wait behind that one, not load beside it. Clones are
+        // made under `loading` only, so the count read under it is exact.
+        let mut loading = self.loading.lock().unwrap_or_else(|e| e.into_inner());
+        let ours = loading.get(id).is_some_and(|g| Arc::ptr_eq(g, &gate));
+        if ours && Arc::strong_count(&gate) <= 2 {
+            loading.remove(id);
+        }
         result
     }
 
@@ -1000,3 +1004,7 @@ mod sync_tests;
 #[cfg(test)]
 #[path = "delete_tests.rs"]
 mod delete_tests;
+
+#[cfg(test)]
+#[path = "load_tests.rs"]
+mod load_tests;

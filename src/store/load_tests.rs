@@ -1,0 +1,137 @@
+//! Loading a cold session: callers that come while it is being loaded wait for that load
+//! and never load it a second time beside it (a second copy read from disk before the
+//! first one changed would replace it).
+
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+use super::backend::{Committed, Stored};
+use super::durable_tests::{durable, feed, info, observed, turn};
+use super::*;
+
+/// SQLite whose loads are scripted: the first fails once released, the third reads the
+/// disk and then waits until released; the others read it at once.
+struct ScriptedLoads {
+    inner: Arc<dyn Backend>,
+    calls: AtomicUsize,
+    released: Mutex<[bool; 2]>,
+    wake: Condvar,
+}
+
+impl std::fmt::Debug for ScriptedLoads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ScriptedLoads")
+    }
+}
+
+impl ScriptedLoads {
+    fn release(&self, which: usize) {
+        self.released.lock().expect("lock")[which] = true;
+        self.wake.notify_all();
+    }
+
+    fn wait(&self, which: usize) {
+        let mut released = self.released.lock().expect("lock");
+        while !released[which] {
+            released = self.wake.wait(released).expect("lock");
+        }
+    }
+}
+
+impl Backend for ScriptedLoads {
+    fn sessions(&self) -> Result<Vec<String>, BackendError> {
+        self.inner.sessions()
+    }
+    fn last_incarnation(&self) -> Result<u64, BackendError> {
+        self.inner.last_incarnation()
+    }
+    fn load(&self, id: &str) -> Result<Option<Stored>, BackendError> {
+        match self.calls.fetch_add(1, SeqCst) {
+            0 => {
+                self.wait(0);
+                Err(BackendError::Io("injected: the first load fails".into()))
+            }
+            2 => {
+                let stored = self.inner.load(id);
+                self.wait(1);
+                stored
+            }
+            _ => self.inner.load(id),
+        }
+    }
+    fn write(&self, writes: Vec<Write>) -> Committed {
+        self.inner.write(writes)
+    }
+    fn state(&self) -> BackendState {
+        self.inner.state()
+    }
+    fn durability(&self) -> Durability {
+        self.inner.durability()
+    }
+    fn disk_bytes(&self) -> u64 {
+        self.inner.disk_bytes()
+    }
+    fn close(&self) {
+        self.inner.close()
+    }
+}
+
+/// A caller waiting on a load that failed, and one that came after the failure: before,
+/// the failed load dropped the per-id lock the first still waited on, the second made a
+/// new one, and both read the disk. The one admitted first took a change and went cold
+/// again; the other then admitted what it had read before that change, losing it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_session_is_loaded_once_by_callers_that_overlap() {
+    let d = tempfile::tempdir().expect("dir");
+    {
+        let store = durable(d.path(), Limits::default(), 0);
+        let (h, _) = store.open(info("x")).await.expect("open");
+        feed(&h, turn(0, 1, 100)).await;
+        store.close().await;
+    }
+    let sqlite = Sqlite::open(d.path(), Durability::Sync, None, 0).expect("open");
+    let backend = Arc::new(ScriptedLoads {
+        inner: Arc::new(sqlite),
+        calls: AtomicUsize::new(0),
+        released: Mutex::new([false, false]),
+        wake: Condvar::new(),
+    });
+    let store = Arc::new(
+        Store::new(EngineConfig::default())
+            .with_backend(backend.clone())
+            .expect("listed"),
+    );
+    let get = |store: &Arc<Store>| {
+        let store = store.clone();
+        tokio::spawn(async move { store.get("x").await.map(drop) })
+    };
+    let a = get(&store);
+    while backend.calls.load(SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let b = get(&store);
+    tokio::time::sleep(Duration::from_millis(50)).await; // b waits on a's load
+    backend.release(0);
+    assert!(a.await.expect("joined").is_err(), "the first load failed");
+    let c = get(&store);
+    // One of b and c loads at once and is admitted; if the other loads too, it reads the
+    // disk now and waits.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while store.hot_len() == 0 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+    .expect("admitted");
+    let h = store.get("x").await.expect("held");
+    feed(&h, turn(1, 1, 100)).await;
+    let changed = observed(&h).await;
+    assert!(h.evict().await, "sent cold");
+    drop(h);
+    backend.release(1);
+    b.await.expect("joined").expect("b");
+    c.await.expect("joined").expect("c");
+    let h = store.get("x").await.expect("held");
+    assert_eq!(observed(&h).await, changed, "the change is kept");
+}
