@@ -662,6 +662,28 @@ class Mirror {
   }
 
   /**
+   * Waits (3 minutes at most) for a compaction that runs unseen by the watcher: until the
+   * session is no longer over its threshold, or no compaction runs (a Compact is no longer
+   * refused as already running; it then compacts, as this request needs).
+   */
+  private async waitUnseen(s: SessionState) {
+    const until = Date.now() + 180_000
+    while (Date.now() < until && !this.closing) {
+      await new Promise((r) => setTimeout(r, 250))
+      if (!(await this.client.checkOverflow(s.id)).overflow) return
+      try {
+        const result = await this.client.compact(s.id, {}).result()
+        if (result.failed) this.log.warn(`compactd compaction failed (${result.failed.kind}): ${result.failed.reason}`)
+        return
+      } catch (e: any) {
+        if (e?.codeName === "FAILED_PRECONDITION" && /already running/.test(e.message)) continue
+        this.log.warn(`compactd compaction not run: ${e?.message}`)
+        return
+      }
+    }
+  }
+
+  /**
    * Over the threshold, compactd compacts on its own (automatic compaction) right after
    * the update that crossed it: wait for that compaction (seen through Subscribe) so the
    * request goes out with its summary. Nothing starts when compactd has no summarizer or
@@ -709,6 +731,11 @@ class Mirror {
         return
       } catch (e: any) {
         if (s.compaction) return wait(s.compaction) // an automatic one started meanwhile
+        if (e?.codeName === "FAILED_PRECONDITION" && /already running/.test(e.message)) {
+          // One the watcher did not see start (it subscribed after, or was dropped).
+          this.log.info(`session ${s.id}: a compaction is already running; waiting for it`)
+          return this.waitUnseen(s)
+        }
         if (e?.codeName === "FAILED_PRECONDITION" && /nothing to compact/.test(e.message) && !("tailTurns" in options)) continue
         this.log.warn(`compactd compaction not run: ${e?.message}`)
         s.failedIn = turn

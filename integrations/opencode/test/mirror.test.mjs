@@ -332,7 +332,7 @@ test('with compaction "compactd", the watcher subscribes again after compactd re
 
 /** An OpenAI-compatible endpoint that streams `summary` to every chat request (counted in
  * `requests`); everything else is 404 (compactd's window discovery). */
-async function summaryEndpoint(summary) {
+async function summaryEndpoint(summary, delayMs = 0) {
   const requests = []
   const port = await freePort()
   const server = createHttpServer((req, res) => {
@@ -342,8 +342,9 @@ async function summaryEndpoint(summary) {
     }
     let body = ""
     req.on("data", (c) => (body += c))
-    req.on("end", () => {
+    req.on("end", async () => {
       requests.push(body)
+      if (delayMs) await new Promise((r) => setTimeout(r, delayMs))
       const chunk = (delta, finish, usage) =>
         `data: ${JSON.stringify({ id: "c", object: "chat.completion.chunk", created: 0, model: "m", choices: [{ index: 0, delta, finish_reason: finish }], ...(usage ? { usage } : {}) })}\n\n`
       res.writeHead(200, { "content-type": "text/event-stream" })
@@ -395,6 +396,51 @@ test('with compaction "compactd", a compaction that failed is not asked for agai
     probe.close()
     own.kill("SIGTERM")
     llm.closeAllConnections()
+    llm.close()
+  }
+})
+
+test('with compaction "compactd", a compaction the watcher did not see start is waited for', async () => {
+  // The watcher missed its start (it subscribed after it: a dropped watch, a restart of
+  // the plugin): the plugin's own Compact is refused as already running.
+  const llm = await summaryEndpoint("We read the files and fixed nothing yet.", 1500)
+  const addr = `127.0.0.1:${await freePort()}`
+  const own = spawn(BIN, ["serve", "--listen", addr, "--durability", "memory", "--llm-base-url", llm.url, "--llm-model", "m", "--llm-context-tokens", "32000"], { stdio: ["ignore", "ignore", "pipe"] })
+  own.stderr.on("data", () => {})
+  const probe = new CompactdClient({ address: addr })
+  const ses = "ses_unseen_compaction"
+  const small = { providerID: "p", modelID: "small" }
+  const all = history(ses, 3).slice(0, 5)
+  for (const m of all) {
+    if (m.info.role === "user") m.info.model = small
+    else Object.assign(m.info, { providerID: "p", modelID: "small", tokens: undefined })
+  }
+  all[1].parts[0].text += " " + "long answer ".repeat(4000)
+  const logs = []
+  const opencode = { app: { log: async ({ body }) => logs.push(body.message) }, session: { messages: async () => ({ data: all }) }, config: { providers: async () => PROVIDERS } }
+  let hooks
+  try {
+    await probe.waitForReady(15000)
+    await probe.importSession({ sessionId: ses, export: { info: { id: ses }, messages: all }, limits: { context: 8000, output: 1000 } })
+    const running = probe.compact(ses).result()
+    await new Promise((r) => setTimeout(r, 200))
+    hooks = await plugin({ client: opencode }, { address: addr, recall: false, compaction: "compactd" })
+    // The plugin follows the session from its first message (no reload, which would
+    // replace the session and cancel the compaction).
+    for (const m of all) {
+      await hooks.event({ event: { type: "message.updated", properties: { info: m.info } } })
+      for (const part of m.parts) await hooks.event({ event: { type: "message.part.updated", properties: { part } } })
+    }
+    const output = { messages: [...all] }
+    await hooks["experimental.chat.messages.transform"]({}, output)
+    const done = await running
+    assert.ok(done.compacted, `compacted: ${JSON.stringify(done)}`)
+    assert.equal(output.messages[0].info.id, done.compacted.userMessageId, "the request carries the summary")
+    assert.ok(logs.some((l) => /already running; waiting for it/.test(l)), logs.join("\n"))
+  } finally {
+    await hooks?.dispose()
+    probe.close()
+    own.kill("SIGTERM")
     llm.close()
   }
 })
