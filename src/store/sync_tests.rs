@@ -18,6 +18,13 @@ fn store_arc(backend: Arc<Faulty>) -> Store {
         .expect("listed")
 }
 
+/// Opens session "s" with one turn written; returns what it holds.
+async fn session_s(store: &Store) -> String {
+    let (h, _) = store.open(info("s")).await.expect("open");
+    feed(&h, turn(0, 1, 100)).await;
+    observed(&h).await
+}
+
 /// Waits (10 s at most) until `done` holds.
 async fn until(what: &str, done: impl Fn() -> bool) {
     let waited = tokio::time::timeout(Duration::from_secs(10), async {
@@ -154,13 +161,8 @@ async fn no_incarnation_past_the_largest_is_handed_out() {
 async fn under_sync_a_refused_delete_leaves_the_session_as_it_was() {
     let d = tempfile::tempdir().expect("dir");
     let backend = Arc::new(Faulty::sync(d.path(), None));
-    let store = Store::new(EngineConfig::default())
-        .with_backend(backend.clone())
-        .expect("listed");
-    let (h, _) = store.open(info("s")).await.expect("open");
-    feed(&h, turn(0, 1, 100)).await;
-    let held = observed(&h).await;
-    drop(h);
+    let store = store_arc(backend.clone());
+    let held = session_s(&store).await;
     backend.fail_all.store(true, SeqCst);
     match store.remove("s").await {
         Err(StoreError::Storage(BackendError::Full(_))) => {}
@@ -192,13 +194,8 @@ async fn under_sync_a_refused_delete_leaves_the_session_as_it_was() {
 async fn a_refused_delete_whose_caller_went_away_leaves_the_session_as_it_was() {
     let d = tempfile::tempdir().expect("dir");
     let backend = Arc::new(Faulty::sync(d.path(), None));
-    let store = Store::new(EngineConfig::default())
-        .with_backend(backend.clone())
-        .expect("listed");
-    let (h, _) = store.open(info("s")).await.expect("open");
-    feed(&h, turn(0, 1, 100)).await;
-    let held = observed(&h).await;
-    drop(h);
+    let store = store_arc(backend.clone());
+    let held = session_s(&store).await;
     backend.fail_after_ms.store(200, SeqCst);
     backend.fail_all.store(true, SeqCst);
     let gone = tokio::time::timeout(Duration::from_millis(20), store.remove("s")).await;

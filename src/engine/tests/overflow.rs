@@ -969,6 +969,26 @@ fn an_aborted_message_is_predicted_once_it_holds_content() {
     assert!(c.predicted >= 400, "{c:?}");
 }
 
+/// Prune protecting only 100 tokens, and clearing whatever it can.
+fn pruning_eagerly() -> SessionOverrides {
+    SessionOverrides {
+        prune_protect: Some(100),
+        prune_minimum: Some(0),
+        ..Default::default()
+    }
+}
+
+/// Reports the context as it is, then starts a4's request (unfinished); returns the
+/// context reported.
+fn report_then_start_a4(s: &mut Session) -> u64 {
+    let c0 = s.context_tokens();
+    apply(s, report_usage(usage(c0, 0, 0)));
+    let mut a4 = assistant("a4", "u3");
+    a4.finish.clear();
+    apply(s, Update::UpsertMessage(a4));
+    c0
+}
+
 /// A prune between a request's start and its report (the automatic prune after a finished
 /// message whose report comes after it, an explicit Prune mid-request): that request was
 /// sent before the prune, so its report counts the cleared output whole, and the next
@@ -976,19 +996,8 @@ fn an_aborted_message_is_predicted_once_it_holds_content() {
 /// itself, ~3,000 tokens high, and the after-prune exemption was lost.
 #[test]
 fn a_prune_while_a_request_runs_stays_in_the_prediction_after_its_report() {
-    let mut s = session_with(
-        super::compaction::FIXTURE,
-        SessionOverrides {
-            prune_protect: Some(100),
-            prune_minimum: Some(0),
-            ..Default::default()
-        },
-    );
-    let c0 = s.context_tokens();
-    apply(&mut s, report_usage(usage(c0, 0, 0)));
-    let mut a4 = assistant("a4", "u3");
-    a4.finish.clear();
-    apply(&mut s, Update::UpsertMessage(a4));
+    let mut s = session_with(super::compaction::FIXTURE, pruning_eagerly());
+    let c0 = report_then_start_a4(&mut s);
     let r = s.prune(PruneMode::Commit, NOW);
     assert!(r.tokens_saved > 2_000, "{r:?}");
     assert_eq!(
@@ -1013,11 +1022,7 @@ fn a_prune_of_an_errored_messages_output_does_not_lower_the_prediction() {
          assistant a2 text:t3=10
          user u3 text:t4=10
          assistant a3 text:t5=10",
-        SessionOverrides {
-            prune_protect: Some(100),
-            prune_minimum: Some(0),
-            ..Default::default()
-        },
+        pruning_eagerly(),
     );
     assert_eq!(
         s.check_overflow(Trigger::Request).predicted,
@@ -1034,20 +1039,9 @@ fn a_prune_of_an_errored_messages_output_does_not_lower_the_prediction() {
 /// does not hold the change. (Found in review of the prune case above.)
 #[test]
 fn a_recount_while_a_request_runs_stays_in_the_prediction_after_its_report() {
-    let mut s = session_with(
-        super::compaction::FIXTURE,
-        SessionOverrides {
-            prune_protect: Some(100),
-            prune_minimum: Some(0),
-            ..Default::default()
-        },
-    );
+    let mut s = session_with(super::compaction::FIXTURE, pruning_eagerly());
     s.prune(PruneMode::Commit, NOW);
-    let c0 = s.context_tokens();
-    apply(&mut s, report_usage(usage(c0, 0, 0)));
-    let mut a4 = assistant("a4", "u3");
-    a4.finish.clear();
-    apply(&mut s, Update::UpsertMessage(a4));
+    let c0 = report_then_start_a4(&mut s);
     let before = s.context_tokens();
     let configure = Update::Configure(SessionInfo {
         id: s.info().id.clone(),
