@@ -42,7 +42,7 @@ fn main() -> ExitCode {
         // What `serve` would refuse, `config print` refuses too (no file is read but the
         // engine settings; TLS, key and token files are checked at start).
         if let Command::Config(cli::ConfigCommand::Print(args)) = &layered.cli.command
-            && let Err(e) = args.engine.to_config()
+            && let Err(e) = args.engine.to_config().and_then(|_| args.inline_token())
         {
             eprintln!("compactd: {:#}", with_source(e, &layered));
             return ExitCode::from(2);

@@ -294,3 +294,20 @@ fn config_print_states_what_the_durability_mode_guarantees() {
     assert!(!ok, "an unknown mode is refused");
     assert!(err.contains("durability") && err.contains("fast"), "{err}");
 }
+
+/// `--auth-token "$TOKEN"` with the variable unset (or blank in the file or env) is a
+/// mistake, not a wish to serve without authentication. Before, it started with
+/// `authenticated=false` and no error.
+#[test]
+fn a_blank_auth_token_stops_the_start() {
+    // `config print` validates as `serve` does, and returns whether it would start.
+    let (ok, _, err) = compactd(&["config", "print", "--auth-token", ""], &[]);
+    assert!(!ok, "accepted without authentication: {err}");
+    assert!(
+        err.contains("--auth-token (flag)") && err.contains("empty"),
+        "{err}"
+    );
+    let (ok, _, err) = compactd(&["config", "print"], &[("COMPACTD_AUTH_TOKEN", "  ")]);
+    assert!(!ok, "accepted without authentication: {err}");
+    assert!(err.contains("env COMPACTD_AUTH_TOKEN"), "{err}");
+}

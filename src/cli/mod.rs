@@ -241,6 +241,20 @@ impl ServeArgs {
         }
     }
 
+    /// The token given inline (`--auth-token`, `COMPACTD_AUTH_TOKEN`), checked without
+    /// reading a file, so `config print` refuses it as `serve` does. Blank is a mistake
+    /// (`--auth-token "$TOKEN"` with the variable unset), not a wish to serve without
+    /// authentication.
+    pub fn inline_token(&self) -> Result<Option<crate::server::BearerToken>, ConfigError> {
+        let Some(t) = &self.auth_token else {
+            return Ok(None);
+        };
+        crate::server::BearerToken::new(t).map(Some).ok_or(ConfigError {
+            flag: "auth-token",
+            message: "is empty: give the token, or leave --auth-token (COMPACTD_AUTH_TOKEN) unset to serve without authentication".into(),
+        })
+    }
+
     /// The authentication settings (reads the token file).
     pub fn auth(&self) -> Result<crate::server::AuthConfig, ConfigError> {
         let token = match (&self.auth_token_file, &self.auth_token) {
@@ -251,7 +265,7 @@ impl ServeArgs {
                     message: format!("{} is empty", path.display()),
                 })?)
             }
-            (None, Some(t)) => crate::server::BearerToken::new(t),
+            (None, Some(_)) => self.inline_token()?,
             (None, None) => None,
         };
         Ok(crate::server::AuthConfig {
@@ -418,8 +432,9 @@ pub struct LlmArgs {
     // A bare URL in `--help`'s text, which rustdoc would rather see linked.
     #[allow(rustdoc::bare_urls)]
     /// Base URL, e.g. https://api.openai.com/v1 or http://127.0.0.1:8080/v1. Without it,
-    /// compaction reports FAILED_PRECONDITION and everything else works.
-    #[arg(long, env = "COMPACTD_LLM_BASE_URL")]
+    /// compaction reports FAILED_PRECONDITION and everything else works. (Its value is
+    /// hidden from --help: a URL may carry credentials.)
+    #[arg(long, env = "COMPACTD_LLM_BASE_URL", hide_env_values = true)]
     pub llm_base_url: Option<String>,
     /// Model name sent to the endpoint.
     #[arg(long, env = "COMPACTD_LLM_MODEL")]

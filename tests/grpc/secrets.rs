@@ -113,8 +113,14 @@ async fn the_api_key_stays_out_of_logs_events_errors_and_help() {
         assert!(!text.contains(KEY), "the key leaked into {what}");
     }
 
+    // A base URL carrying credentials (an Azure-style `?api-key=`, `user:key@`) in the
+    // environment: --help shows env values beside their flags.
     let help = Command::new(env!("CARGO_BIN_EXE_compactd"))
         .args(["serve", "--help"])
+        .env(
+            "COMPACTD_LLM_BASE_URL",
+            format!("https://user:{KEY}@llm.example.com/v1?api-key={KEY}"),
+        )
         .env("COMPACTD_LLM_API_KEY", KEY)
         .output()
         .expect("help");
