@@ -287,6 +287,8 @@ fn recall_tool() -> anyhow::Result<()> {
 }
 
 fn replay(args: ReplayArgs) -> anyhow::Result<()> {
+    // What the engine refused while replaying (an update skipped) reaches stderr.
+    cli::logging::init_with(cli::LogFormat::Pretty, "warn");
     match write_replay(&args, &mut std::io::stdout().lock()) {
         // A closed pipe (`compactd replay … | head`) is the reader's choice, not a failure.
         Err(e)
@@ -306,6 +308,8 @@ fn write_replay(args: &ReplayArgs, out: &mut impl std::io::Write) -> anyhow::Res
     // it from session to session.
     let mut priors = compactd::engine::calibration::ModelPriors::default();
     for path in &args.files {
+        // Each warning names its file.
+        let _file = tracing::warn_span!("replay", file = %path.display()).entered();
         let json =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let mut export =

@@ -26,7 +26,12 @@ const LOUD_TARGETS: [&str; 1] = ["tonic::transport::server"];
 /// Installs the global subscriber: `COMPACTD_LOG` filter (default `info`), stderr, in
 /// `format`.
 pub fn init(format: LogFormat) {
-    let spec = std::env::var("COMPACTD_LOG").unwrap_or_else(|_| "info".into());
+    init_with(format, "info");
+}
+
+/// [`init`] with another default filter (`replay` says only what went wrong: `warn`).
+pub fn init_with(format: LogFormat, default: &str) {
+    let spec = std::env::var("COMPACTD_LOG").unwrap_or_else(|_| default.into());
     let mut filter = EnvFilter::try_new(&spec).unwrap_or_else(|_| EnvFilter::new("info"));
     let levels = QUIET_TARGETS
         .iter()

@@ -459,3 +459,29 @@ fn replay_prints_the_lanes_table_for_humans() {
             .all(|r| r.starts_with("| **total** |"))
     );
 }
+
+/// An update the engine refuses while a trace replays (here a part past
+/// `--max-parts-per-message`) is skipped, and said so on stderr with its file. Before,
+/// the warning went nowhere (replay installed no log output): every lane's figures fell
+/// without a word.
+#[test]
+fn a_refused_update_is_reported_with_its_file() {
+    let trace = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/traces/opencode-jolly-eagle.json"
+    );
+    let out = replay_clean(&[trace, "--max-parts-per-message", "1"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("update refused") && stderr.contains("opencode-jolly-eagle.json"),
+        "{stderr}"
+    );
+    // Nothing refused, nothing said.
+    let out = replay_clean(&[trace]);
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
