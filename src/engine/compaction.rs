@@ -341,7 +341,7 @@ impl Session {
         let mut turns = 0;
         let mut start = None;
         for &i in order.iter().rev() {
-            suffix += self.message_tokens(i);
+            suffix = suffix.saturating_add(self.message_tokens(i));
             if suffix > tail.max_tokens {
                 break;
             }
@@ -356,12 +356,14 @@ impl Session {
         start
     }
 
+    /// Context tokens message `i` sends: none for one the context does not send (an
+    /// errored assistant message).
     fn message_tokens(&self, i: usize) -> u64 {
-        self.messages()[i]
-            .parts
-            .iter()
-            .map(|p| p.context_tokens())
-            .sum()
+        let m = &self.messages()[i];
+        if !m.is_sent() {
+            return 0;
+        }
+        m.parts.iter().map(|p| p.context_tokens()).sum()
     }
 
     /// Context tokens of the pinned parts of message `i` (carried past a compaction).

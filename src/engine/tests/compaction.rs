@@ -96,6 +96,27 @@ fn tail_keeps_the_last_two_user_turns() {
     assert_eq!(plan.tokens_before, s.context_tokens());
 }
 
+/// An errored assistant message is not sent: its parts take no room in the tail's budget
+/// (before, 16,000 tokens of a failed step's text pushed u2's turn into the head though
+/// the context never sends them), and a summary is not measured against them.
+#[test]
+fn the_tail_budget_leaves_out_what_is_not_sent() {
+    let s = session(
+        "user u1 text:t1=10
+         assistant a1 read:p1=3000
+         user u2 text:t2=10
+         assistant a2 error=APIError text:t3=16000
+         user u3 text:t4=10
+         assistant a3 text:t5=50",
+    );
+    let plan = s.plan_compaction(req(TAIL, true)).expect("plan");
+    assert_eq!(ids_of(&s, &plan.head), ["u1", "a1"]);
+    assert_eq!(
+        plan.tail_start.map(|i| s.messages()[i].info.id.clone()),
+        Some("u2".into())
+    );
+}
+
 #[test]
 fn tail_budget_drops_turns_that_do_not_fit() {
     let s = session(FIXTURE);
