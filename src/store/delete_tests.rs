@@ -6,14 +6,12 @@
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
-use super::durable_tests::{Faulty, durable, feed, info, observed, turn};
+use super::durable_tests::{Faulty, durable, feed, info, observed, store_over, turn};
 use super::*;
 
 /// A store under `interval` over `backend`, with session "s" written to disk.
 async fn with_session(backend: &Arc<Faulty>) -> Store {
-    let store = Store::new(EngineConfig::default())
-        .with_backend(backend.clone())
-        .expect("listed");
+    let store = store_over(backend.clone());
     let (h, _) = store.open(info("s")).await.expect("open");
     feed(&h, turn(0, 1, 100)).await;
     h.flush().await.expect("written");

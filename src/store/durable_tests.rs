@@ -22,6 +22,13 @@ pub(super) fn durable(dir: &std::path::Path, limits: Limits, max_disk_bytes: u64
         .expect("the backend lists its sessions")
 }
 
+/// A store over `backend`, with the sessions it lists.
+pub(super) fn store_over<B: Backend + 'static>(backend: Arc<B>) -> Store {
+    Store::new(EngineConfig::default())
+        .with_backend(backend)
+        .expect("listed")
+}
+
 pub(super) fn info(id: &str) -> SessionInfo {
     SessionInfo {
         id: id.into(),
@@ -508,9 +515,7 @@ async fn interval_durability_acknowledges_at_once_and_close_writes_the_rest() {
             0,
         )
         .expect("open");
-        let store = Store::new(EngineConfig::default())
-            .with_backend(Arc::new(backend))
-            .expect("listed");
+        let store = store_over(Arc::new(backend));
         let (h, _) = store.open(info("s")).await.expect("open");
         feed(&h, turn(0, 2, 1_000)).await;
         let before = observed(&h).await;
@@ -649,9 +654,7 @@ async fn under_interval_a_session_whose_first_write_failed_is_written_whole_agai
     let d = tempfile::tempdir().expect("dir");
     let before = {
         let backend = Faulty::open(d.path(), Some(Duration::ZERO));
-        let store = Store::new(EngineConfig::default())
-            .with_backend(Arc::new(backend))
-            .expect("listed");
+        let store = store_over(Arc::new(backend));
         let (h, created) = store.open(info("s")).await.expect("acknowledged at once");
         assert!(created);
         for t in 0..3 {
@@ -675,9 +678,7 @@ async fn under_interval_a_flush_writes_again_a_session_whose_first_write_failed(
     let d = tempfile::tempdir().expect("dir");
     let before = {
         let backend = Arc::new(Faulty::open(d.path(), Some(Duration::from_secs(2))));
-        let store = Store::new(EngineConfig::default())
-            .with_backend(backend.clone())
-            .expect("listed");
+        let store = store_over(backend.clone());
         let (h, _) = store.open(info("s")).await.expect("acknowledged at once");
         feed(&h, turn(0, 2, 1_000)).await;
         let before = observed(&h).await;
@@ -702,9 +703,7 @@ async fn under_interval_a_flush_writes_again_a_session_whose_first_write_failed(
 async fn under_interval_a_session_does_not_go_cold_before_its_first_write_is_known() {
     let d = tempfile::tempdir().expect("dir");
     let backend = Faulty::open(d.path(), Some(Duration::from_millis(300)));
-    let store = Store::new(EngineConfig::default())
-        .with_backend(Arc::new(backend))
-        .expect("listed");
+    let store = store_over(Arc::new(backend));
     let mut evictions = store.evict_idle_after(Duration::from_millis(50));
     let (h, created) = store.open(info("s")).await.expect("acknowledged at once");
     assert!(created);
@@ -728,9 +727,7 @@ async fn under_interval_a_session_does_not_go_cold_before_its_first_write_is_kno
 async fn under_interval_a_closed_store_is_not_written_again_and_again() {
     let d = tempfile::tempdir().expect("dir");
     let backend = Arc::new(Faulty::open(d.path(), None));
-    let store = Store::new(EngineConfig::default())
-        .with_backend(backend.clone())
-        .expect("listed");
+    let store = store_over(backend.clone());
     let (h, _) = store.open(info("s")).await.expect("open");
     feed(&h, turn(0, 1, 1_000)).await;
     store.close().await;
@@ -756,9 +753,7 @@ async fn under_interval_a_disk_that_stays_full_is_tried_less_and_less_often() {
     use std::sync::atomic::Ordering::SeqCst;
     let d = tempfile::tempdir().expect("dir");
     let backend = Arc::new(Faulty::open(d.path(), None));
-    let store = Store::new(EngineConfig::default())
-        .with_backend(backend.clone())
-        .expect("listed");
+    let store = store_over(backend.clone());
     let (h, _) = store.open(info("s")).await.expect("open");
     feed(&h, turn(0, 1, 100)).await;
     h.flush().await.expect("written");

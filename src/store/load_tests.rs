@@ -7,7 +7,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use super::backend::{Committed, Stored};
-use super::durable_tests::{durable, feed, info, observed, turn};
+use super::durable_tests::{durable, feed, info, observed, store_over, turn};
 use super::*;
 
 /// SQLite whose loads are scripted: the first fails once released, the third reads the
@@ -97,11 +97,7 @@ async fn a_cold_session_is_loaded_once_by_callers_that_overlap() {
         released: Mutex::new([false, false]),
         wake: Condvar::new(),
     });
-    let store = Arc::new(
-        Store::new(EngineConfig::default())
-            .with_backend(backend.clone())
-            .expect("listed"),
-    );
+    let store = Arc::new(store_over(backend.clone()));
     let get = |store: &Arc<Store>| {
         let store = store.clone();
         tokio::spawn(async move { store.get("x").await.map(drop) })

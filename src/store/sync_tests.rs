@@ -5,17 +5,11 @@
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
-use super::durable_tests::{Faulty, NOW, durable, feed, info, observed, turn};
+use super::durable_tests::{Faulty, NOW, durable, feed, info, observed, store_over, turn};
 use super::*;
 
 fn store(backend: Faulty) -> Store {
-    store_arc(Arc::new(backend))
-}
-
-fn store_arc(backend: Arc<Faulty>) -> Store {
-    Store::new(EngineConfig::default())
-        .with_backend(backend)
-        .expect("listed")
+    store_over(Arc::new(backend))
 }
 
 /// Opens session "s" with one turn written; returns what it holds.
@@ -161,7 +155,7 @@ async fn no_incarnation_past_the_largest_is_handed_out() {
 async fn under_sync_a_refused_delete_leaves_the_session_as_it_was() {
     let d = tempfile::tempdir().expect("dir");
     let backend = Arc::new(Faulty::sync(d.path(), None));
-    let store = store_arc(backend.clone());
+    let store = store_over(backend.clone());
     let held = session_s(&store).await;
     backend.fail_all.store(true, SeqCst);
     match store.remove("s").await {
@@ -194,7 +188,7 @@ async fn under_sync_a_refused_delete_leaves_the_session_as_it_was() {
 async fn a_refused_delete_whose_caller_went_away_leaves_the_session_as_it_was() {
     let d = tempfile::tempdir().expect("dir");
     let backend = Arc::new(Faulty::sync(d.path(), None));
-    let store = store_arc(backend.clone());
+    let store = store_over(backend.clone());
     let held = session_s(&store).await;
     backend.fail_after_ms.store(200, SeqCst);
     backend.fail_all.store(true, SeqCst);
@@ -217,7 +211,7 @@ async fn a_refused_delete_whose_caller_went_away_leaves_the_session_as_it_was() 
 async fn a_refused_delete_does_not_put_back_a_session_whose_actor_ended() {
     let d = tempfile::tempdir().expect("dir");
     let backend = Arc::new(Faulty::sync(d.path(), Some(Duration::from_millis(50))));
-    let store = Arc::new(store_arc(backend.clone()));
+    let store = Arc::new(store_over(backend.clone()));
     let opening = tokio::spawn({
         let store = store.clone();
         async move { store.open(info("s")).await.map(drop) }
