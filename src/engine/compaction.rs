@@ -332,7 +332,9 @@ impl Session {
         Ok(())
     }
 
-    /// The earliest of the last `turns` user messages whose suffix fits the budget.
+    /// The earliest of the last `turns` user messages whose suffix fits the budget. A turn
+    /// too large for what is left keeps its newest messages that fit and ends the tail
+    /// (OpenCode's `splitTurn`): an agent deep in one long turn keeps its latest steps.
     fn tail_start(&self, order: &[usize], tail: TailOptions) -> Option<usize> {
         if tail.turns == 0 {
             return None;
@@ -340,11 +342,18 @@ impl Session {
         let mut suffix = 0u64;
         let mut turns = 0;
         let mut start = None;
+        // The oldest message that fits so far: where a split turn starts.
+        let mut fits: Option<usize> = None;
         for &i in order.iter().rev() {
             suffix = suffix.saturating_add(self.message_tokens(i));
             if suffix > tail.max_tokens {
+                // A message that fits after a user message is part of this turn.
+                if let Some(j) = fits.filter(|&j| self.messages()[j].info.role != Role::User) {
+                    start = Some(j);
+                }
                 break;
             }
+            fits = Some(i);
             if self.messages()[i].info.role == Role::User {
                 start = Some(i);
                 turns += 1;

@@ -156,6 +156,56 @@ fn tail_budget_drops_turns_that_do_not_fit() {
     assert_eq!(plan.head.len(), 6);
 }
 
+/// A turn larger than what the tail has left keeps its newest steps that fit, as
+/// OpenCode's `splitTurn` does. Before, the tail was left empty: an agent in the middle of
+/// a long turn lost every step of it, its latest tool results included, to the summary.
+#[test]
+fn a_turn_too_large_for_the_tail_keeps_its_newest_steps() {
+    let s = session(
+        "user u1 text:t1=10
+         assistant a1 text:t2=50
+         user u2 text:t3=10
+         assistant a2 read:p1=3000
+         assistant a3 bash:p2=200
+         assistant a4 text:t4=50",
+    );
+    let budget = |max_tokens| TailOptions {
+        turns: 2,
+        max_tokens,
+    };
+    let plan = s.plan_compaction(req(budget(300), true)).expect("plan");
+    assert_eq!(ids_of(&s, &plan.head), ["u1", "a1", "u2", "a2"]);
+    assert_eq!(
+        plan.tail_start.map(|i| s.messages()[i].info.id.clone()),
+        Some("a3".into())
+    );
+    // Only the last step fits.
+    let plan = s.plan_compaction(req(budget(100), true)).expect("plan");
+    assert_eq!(
+        plan.tail_start.map(|i| s.messages()[i].info.id.clone()),
+        Some("a4".into())
+    );
+
+    // The split turn is the last one kept: an older turn never follows it in.
+    let mut s = session(
+        "user u1 text:t1=10
+         assistant a1 text:t2=50
+         user u2 text:t3=10
+         assistant a2 read:p1=3000
+         assistant a3 text:t4=50
+         user u3 text:t5=10
+         assistant a4 text:t6=50",
+    );
+    let plan = s.plan_compaction(req(budget(300), true)).expect("plan");
+    assert_eq!(ids_of(&s, &plan.head), ["u1", "a1", "u2", "a2"]);
+    // The context after the commit: the summary, then the kept steps, then the newer turn.
+    commit(&mut s, &plan, "summary", false, 1);
+    assert_eq!(
+        context_ids(&s),
+        ["cmp1_user", "cmp1_summary", "a3", "u3", "a4"]
+    );
+}
+
 #[test]
 fn nothing_to_compact_when_everything_is_tail() {
     let s = session("user u1 text:t1=10\nassistant a1 text:t2=10");
