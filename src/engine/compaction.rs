@@ -18,6 +18,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::anchors;
 use super::context::Keep;
 use super::error::ApplyError;
 use super::footprint::ByteLimit;
@@ -67,8 +68,13 @@ pub struct CompactionPlan {
     pub tail_start: Option<usize>,
     /// Messages held when the compaction began; later ones stay after the summary.
     pub covers: usize,
-    /// Text of the summary the context currently starts with, folded into the new one.
+    /// Text of the summary the context currently starts with, folded into the new one
+    /// (without the protected outputs it carries: `carried_outputs` holds them).
     pub previous_summary: Option<String>,
+    /// Protected tool outputs the previous summary carried, carried on verbatim ahead of
+    /// the head's own (empty in a plan logged before they were carried on).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub carried_outputs: String,
     /// Estimated tokens of the head (what the model summarizes).
     pub head_tokens: u64,
     /// Estimated tokens the summary replaces: the head without its pinned parts (they
@@ -235,9 +241,13 @@ impl Session {
         let mut order = self.context_order();
         let tokens_before = self.context_tokens();
         let mut previous_summary = None;
+        let mut carried_outputs = String::new();
         let mut previous_tokens = 0;
         if let Some(b) = self.boundary() {
-            previous_summary = Some(self.text_of(b.summary));
+            let text = self.text_of(b.summary);
+            let (summary, carried) = anchors::split_carried(&text);
+            carried_outputs = carried.to_string();
+            previous_summary = Some(summary.to_string());
             previous_tokens = self.message_tokens(b.start) + self.message_tokens(b.summary);
             order.retain(|&i| i != b.start && i != b.summary);
         }
@@ -264,6 +274,7 @@ impl Session {
             tail_start,
             covers: self.messages().len(),
             previous_summary,
+            carried_outputs,
             head_tokens,
             tokens_before,
             request,
@@ -389,7 +400,7 @@ impl Session {
     }
 
     /// Text parts of a message, joined (the summary text of a summary message).
-    fn text_of(&self, i: usize) -> String {
+    pub(super) fn text_of(&self, i: usize) -> String {
         let texts: Vec<&str> = self.messages()[i]
             .parts
             .iter()
@@ -399,45 +410,6 @@ impl Session {
             })
             .collect();
         texts.join("\n\n")
-    }
-
-    /// Text compactd appends after the model's summary, verbatim: the session's todo list
-    /// and the outputs of protected tools in the head. Deterministic: the model cannot
-    /// drop or garble them.
-    pub fn anchors(&self, plan: &CompactionPlan) -> String {
-        let mut out = String::new();
-        if !self.info().todos.is_empty() {
-            out.push_str("## Todo list (carried verbatim by compactd)\n");
-            for t in &self.info().todos {
-                out.push_str(&format!("- [{}] {}", t.status, t.content));
-                if !t.priority.is_empty() {
-                    out.push_str(&format!(" ({})", t.priority));
-                }
-                out.push('\n');
-            }
-        }
-        let mut protected = String::new();
-        for m in plan.head.iter().filter_map(|&i| self.messages().get(i)) {
-            for p in &m.parts {
-                if let PartKind::Tool(t) = &p.part.kind
-                    && self.settings().is_protected_tool(&t.tool)
-                    && !t.state.output.is_empty()
-                {
-                    protected.push_str(&format!(
-                        "### {} ({})\n{}\n",
-                        t.tool, t.call_id, t.state.output
-                    ));
-                }
-            }
-        }
-        if !protected.is_empty() {
-            if !out.is_empty() {
-                out.push('\n');
-            }
-            out.push_str("## Protected tool outputs (carried verbatim by compactd)\n");
-            out.push_str(&protected);
-        }
-        out
     }
 
     /// Records a finished compaction. Checks first that the session still holds what the

@@ -9,6 +9,7 @@
 //! `context.rs`, then [`step`] below, which strings them together as the server does
 //! after every update.
 
+mod anchors;
 mod auto;
 pub mod calibration;
 pub(crate) mod carry;

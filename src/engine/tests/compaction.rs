@@ -433,6 +433,62 @@ fn todos_and_protected_outputs_are_carried_verbatim() {
     );
 }
 
+/// A second compaction carries the first one's protected outputs on, verbatim. Before,
+/// they lived only in the previous summary's text, which the model rewrites: the second
+/// summary kept them only if the model copied them out whole.
+#[test]
+fn protected_outputs_outlive_a_second_compaction() {
+    let mut s = session(
+        "
+        user u1 text:t1=10
+        assistant a1 skill:k1=30 read:p1=3000
+        user u2 text:t2=10
+        assistant a2 read:p2=3000
+        user u3 text:t4=10
+        ",
+    );
+    let skill_output = match &find(&s, "k1").kind {
+        PartKind::Tool(t) => t.state.output.clone(),
+        _ => unreachable!(),
+    };
+    let carried = format!("### skill (call_k1)\n{skill_output}\n");
+    let plan = s.plan_compaction(req(TAIL, false)).expect("plan");
+    commit(&mut s, &plan, "first summary", false, 1);
+    for u in parse(
+        "
+        assistant a3 skill:k2=20 read:p3=3000
+        user u4 text:t5=10
+        assistant a4 text:t6=5
+        user u5 text:t7=10
+        ",
+    ) {
+        apply(&mut s, u);
+    }
+    let plan = s.plan_compaction(req(TAIL, false)).expect("plan");
+    let previous = plan.previous_summary.clone().expect("a previous summary");
+    assert!(previous.starts_with("first summary"), "{previous}");
+    assert!(
+        !previous.contains(&carried),
+        "the model is not asked to copy what compactd carries: {previous}"
+    );
+    commit(&mut s, &plan, "second summary", false, 2);
+    let view = s.build_context();
+    let text = match &view.messages[1].parts[0].part.kind {
+        PartKind::Text(t) => t.text.clone(),
+        other => panic!("summary text expected, got {other:?}"),
+    };
+    assert!(text.starts_with("second summary\n\n"), "{text}");
+    assert_eq!(text.matches(&carried).count(), 1, "{text}");
+    assert_eq!(
+        text.matches("## Protected tool outputs").count(),
+        1,
+        "{text}"
+    );
+    // Oldest first: the first compaction's, then the second head's.
+    let (k1, k2) = (text.find("(call_k1)"), text.find("(call_k2)"));
+    assert!(k1.is_some() && k1 < k2, "{text}");
+}
+
 #[test]
 fn empty_or_larger_summaries_are_rejected_and_change_nothing() {
     let mut s = session(FIXTURE);
