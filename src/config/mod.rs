@@ -73,8 +73,8 @@ pub use strategy::{
     DEFAULT_SNAPSHOT_TOOLS, Strategy, StrategyPreset, StrategySet, UnknownStrategy,
 };
 pub use validate::{
-    InvalidSetting, MAX_AUTO_CONTINUE, MAX_MASK_KEEP, MAX_MODEL_NAME, MAX_PLACEHOLDER, MAX_PROMPT,
-    MAX_PROTECT_TURNS, model_name,
+    InvalidSetting, MAX_AUTO_CONTINUE, MAX_GLOB, MAX_GLOBS, MAX_MASK_KEEP, MAX_MODEL_NAME,
+    MAX_PLACEHOLDER, MAX_PROMPT, MAX_PROTECT_TURNS, model_name,
 };
 
 /// How cached prompt tokens are counted when `tokens.total` is absent.

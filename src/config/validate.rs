@@ -14,6 +14,11 @@ pub const MAX_AUTO_CONTINUE: usize = 4 << 10;
 pub const MAX_PROMPT: usize = 64 << 10;
 /// Most user turns prune can be told to protect.
 pub const MAX_PROTECT_TURNS: u32 = 1000;
+/// Longest protected-file glob: bounds the nesting the glob parser recurses through
+/// (a 200 KB pattern of nested braces overflowed a worker's stack).
+pub const MAX_GLOB: usize = 1 << 10;
+/// Most protected-file globs a list may hold.
+pub const MAX_GLOBS: usize = 256;
 /// Longest model or provider name accepted (a session's model, a compaction model):
 /// names are keys of process-wide tables (calibration priors, learned windows), so a
 /// client cannot make one entry hold megabytes.
@@ -107,14 +112,31 @@ pub fn model_name(key: &'static str, v: &str) -> Result<(), InvalidSetting> {
     Ok(())
 }
 
-/// Glob patterns over normalized paths, each compiled once here so a bad one is refused
-/// where it enters.
+/// Glob patterns over normalized paths, compiled here as the strategies compile them (one
+/// matcher for the list), so a list they could not use is refused where it enters: a
+/// matcher that fails to build would protect none of the list's files.
 fn globs(key: &'static str, patterns: &[String]) -> Result<(), InvalidSetting> {
-    for p in patterns {
-        globset::Glob::new(p)
-            .map_err(|e| invalid(key, format!("{p:?} is not a valid glob: {e}")))?;
+    if patterns.len() > MAX_GLOBS {
+        return Err(invalid(
+            key,
+            format!("{} patterns; at most {MAX_GLOBS}", patterns.len()),
+        ));
     }
-    Ok(())
+    let mut set = globset::GlobSetBuilder::new();
+    for (i, p) in patterns.iter().enumerate() {
+        if p.len() > MAX_GLOB {
+            return Err(invalid(
+                key,
+                format!("pattern {i} is {} bytes long; at most {MAX_GLOB}", p.len()),
+            ));
+        }
+        let glob = globset::Glob::new(p)
+            .map_err(|e| invalid(key, format!("{p:?} is not a valid glob: {e}")))?;
+        set.add(glob);
+    }
+    set.build()
+        .map(drop)
+        .map_err(|e| invalid(key, format!("the patterns cannot be matched: {e}")))
 }
 
 impl EngineConfig {

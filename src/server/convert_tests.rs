@@ -254,6 +254,33 @@ fn every_refusal_names_its_field() {
             "config.protected_file_globs",
         ),
         (
+            // Accepted before, it built no matcher: every glob of the list protected
+            // nothing (regex's nesting limit is 250).
+            "glob nested past the matcher's limit",
+            info(session(pb::SessionConfig {
+                protected_file_globs: Some(pb::StringList {
+                    values: vec![
+                        "src/secret/**".into(),
+                        format!("{}b{}", "{a,".repeat(300), "}".repeat(300)),
+                    ],
+                }),
+                ..Default::default()
+            })),
+            "config.protected_file_globs",
+        ),
+        (
+            // Before, its parse recursed once per level: 100,000 levels overflowed the
+            // worker's stack and aborted the process, every session with it.
+            "glob nested 100,000 deep",
+            info(session(pb::SessionConfig {
+                protected_file_globs: Some(pb::StringList {
+                    values: vec![format!("{}{}", "{".repeat(100_000), "}".repeat(100_000))],
+                }),
+                ..Default::default()
+            })),
+            "config.protected_file_globs",
+        ),
+        (
             "unknown strategy",
             info(session(pb::SessionConfig {
                 strategies: HashMap::from([("pruneEverything".to_string(), true)]),

@@ -529,8 +529,8 @@ fn queue(
     }
 }
 
-/// Protected file globs; a pattern that does not compile protects nothing (patterns are
-/// validated where they enter: flags and session overrides).
+/// Protected file globs. The list is validated where it enters (flags, session
+/// overrides) by building this same matcher, so the empty fallback is never taken for it.
 fn compile_globs(patterns: &[String]) -> GlobSet {
     let mut b = GlobSetBuilder::new();
     for p in patterns {
