@@ -11,6 +11,7 @@
 //! ([`summary_cap`]); past it compactd stops reading and fails the request.
 
 mod errors;
+mod finish;
 mod too_long;
 
 use std::time::{Duration, Instant};
@@ -30,7 +31,8 @@ use super::{
 use crate::config::redact;
 use crate::domain::{ModelRef, TokenUsage};
 use crate::engine::SummaryOutcome;
-use errors::request_error;
+use errors::{request_error, stream_error};
+use finish::{Finish, stopped};
 
 /// Longest wait between retries.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(8);
@@ -209,6 +211,10 @@ impl OpenAiSummarizer {
                     ..Default::default()
                 });
             }
+            // A stream that fails says so in a chunk of its own (OpenAI, vLLM, SGLang).
+            if let Some(error) = chunk.get("error").filter(|e| e.is_object()) {
+                return Err(stream_error(error, *started).into());
+            }
             let Some(choices) = chunk.get("choices").and_then(Value::as_array) else {
                 return Err(SummarizeError::Malformed("a chunk without `choices`".into()).into());
             };
@@ -227,7 +233,7 @@ impl OpenAiSummarizer {
                     let _ = progress.send(Progress::Delta(delta.to_string())).await;
                 }
                 if let Some(reason) = choice["finish_reason"].as_str() {
-                    finished = Some(reason == "length");
+                    finished = Some(Finish::of(reason));
                 }
             }
         }
@@ -235,7 +241,7 @@ impl OpenAiSummarizer {
             None if !*started => {
                 return Err(Failed::Silent("the endpoint answered with an empty stream"));
             }
-            Some(true) if !*started => {
+            Some(Finish::Length) if !*started => {
                 return Err(Failed::Silent(
                     "the endpoint stopped for length before writing anything",
                 ));
@@ -244,7 +250,16 @@ impl OpenAiSummarizer {
                 let what = "the stream ended before the model finished".to_string();
                 return Err(SummarizeError::Broken(what).into());
             }
-            Some(_) => {}
+            Some(Finish::Stopped(reason)) => return Err(stopped(&reason, *started).into()),
+            Some(Finish::Filtered) => {
+                return Err(SummarizeError::Request {
+                    status: None,
+                    message: "the endpoint's content filter stopped the summary (finish_reason \"content_filter\")".into(),
+                    retryable: false,
+                }
+                .into());
+            }
+            Some(Finish::Done | Finish::Length) => {}
         }
         let (pin, pout) = self.config.price_per_mtok;
         let cost = usage.map_or(0.0, |u| {

@@ -93,6 +93,14 @@ pub enum Reply {
     },
     /// Role chunk, then the frame `data: {not json`, then the body ends cleanly.
     Malformed,
+    /// Role chunk and these content chunks, then a chunk holding only an OpenAI error
+    /// object (what OpenAI, vLLM and SGLang send when a stream fails), then `[DONE]`.
+    ErrorChunk {
+        /// The content deltas sent before the error.
+        chunks: Vec<String>,
+        /// The error's message.
+        message: String,
+    },
     /// 400 `context_length_exceeded` when the prompt is longer than `max_prompt_chars`,
     /// else a stream of `"summary #N"` (N = 1-based request number). Never consumed.
     ContextTooLong {
@@ -654,6 +662,14 @@ async fn chat_completions(
             let mut steps = vec![Step::Frame(chunk.role())];
             steps.extend(chunks.iter().map(|c| Step::Frame(chunk.content(c))));
             steps.push(Step::Cut);
+            sse_response(shared, steps)
+        }
+        Reply::ErrorChunk { chunks, message } => {
+            let mut steps = vec![Step::Frame(chunk.role())];
+            steps.extend(chunks.iter().map(|c| Step::Frame(chunk.content(c))));
+            let error = json!({"error": {"message": message, "type": "server_error", "param": null, "code": null}});
+            steps.push(Step::Frame(format!("data: {error}\n\n")));
+            steps.push(Step::Frame("data: [DONE]\n\n".to_string()));
             sse_response(shared, steps)
         }
         Reply::Malformed => {

@@ -58,6 +58,29 @@ pub(super) fn request_error(e: OpenAIError, started: bool) -> SummarizeError {
     }
 }
 
+/// The failure an error chunk in the middle of a stream reports (`{"error": {...}}`, as
+/// OpenAI, vLLM and SGLang send): a refusal for length in any server's wording; once text
+/// arrived, a broken stream; before, a failed request worth a retry (the endpoint failed
+/// while answering), unless it calls the request invalid.
+pub(super) fn stream_error(error: &serde_json::Value, started: bool) -> SummarizeError {
+    // Cut to size by `scrub`, after the key is redacted.
+    let message = error["message"]
+        .as_str()
+        .unwrap_or("the endpoint sent an error in the stream")
+        .to_string();
+    if started {
+        return SummarizeError::Broken(message);
+    }
+    if window::reads_too_long(&message) {
+        return SummarizeError::TooLong(message);
+    }
+    SummarizeError::Request {
+        status: None,
+        retryable: error["type"] != "invalid_request_error",
+        message,
+    }
+}
+
 /// The endpoint's words when `status` and `e` refuse the request because it does not fit
 /// the model's window: a 400 or 413 with OpenAI's `context_length_exceeded` or the wording
 /// other servers use, or a 5xx that says so plainly (some llama.cpp builds answer a prompt

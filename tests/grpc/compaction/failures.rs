@@ -166,3 +166,102 @@ async fn broken_malformed_or_oversized_summaries_change_nothing() {
         );
     }
 }
+
+/// A stream the endpoint stops for its own reason (OpenRouter's `error`, vLLM's `abort`)
+/// after text arrived is a broken stream, not a summary: before, the cut text was
+/// committed over the head.
+#[tokio::test]
+async fn a_stream_stopped_with_finish_reason_error_commits_nothing() {
+    let fake = FakeLlm::start(vec![
+        Reply::text(["## Objective\n", "half a sum"]).with_finish_reason(Some("error")),
+        Reply::text(["a retry must not happen"]),
+    ])
+    .await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    let before = get_session(&mut client, SID).await;
+
+    let events = compact(&mut client, SID).await;
+    let f = failure(&events);
+    assert_eq!(f.kind, "broken_stream", "{f:?}");
+    assert!(f.reason.contains("error"), "{}", f.reason);
+    assert_eq!(fake.request_count(), 1, "no retry once tokens arrived");
+    assert_unchanged(&before, &get_session(&mut client, SID).await, "error");
+}
+
+/// A summary the endpoint's content filter stopped is cut short: it fails, and is not
+/// asked for again (the same head would be filtered again).
+#[tokio::test]
+async fn a_summary_stopped_by_the_content_filter_commits_nothing() {
+    let fake = FakeLlm::start(vec![
+        Reply::text(["## Objective\n", "half a sum"]).with_finish_reason(Some("content_filter")),
+        Reply::text(["a retry must not happen"]),
+    ])
+    .await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    let before = get_session(&mut client, SID).await;
+
+    let events = compact(&mut client, SID).await;
+    let f = failure(&events);
+    assert!(!f.retryable, "{f:?}");
+    assert!(f.reason.contains("content filter"), "{}", f.reason);
+    assert_eq!(fake.request_count(), 1);
+    assert_unchanged(&before, &get_session(&mut client, SID).await, "filter");
+}
+
+/// A stream that fails with an error chunk before any text is a failed request, retried,
+/// with the endpoint's words: before, it read as a malformed stream and was not retried.
+#[tokio::test]
+async fn an_error_chunk_before_the_first_token_is_retried() {
+    let fake = FakeLlm::start(vec![
+        Reply::ErrorChunk {
+            chunks: vec![],
+            message: "engine overloaded".into(),
+        },
+        Reply::text(["short summary"]),
+    ])
+    .await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_session_with_cleared_output(&mut client, SID).await;
+    let events = compact(&mut client, SID).await;
+    assert_eq!(
+        names(&events),
+        ["started", "retrying", "delta", "compacted"]
+    );
+    let Some(Ce::Retrying(r)) = &events[1].event else {
+        unreachable!()
+    };
+    assert!(r.reason.contains("engine overloaded"), "{}", r.reason);
+    assert_eq!(fake.request_count(), 2);
+}
+
+/// An error chunk after text arrived: a broken stream, with the endpoint's words.
+#[tokio::test]
+async fn an_error_chunk_after_tokens_is_a_broken_stream() {
+    let fake = FakeLlm::start(vec![
+        Reply::ErrorChunk {
+            chunks: vec!["partial ".into()],
+            message: "upstream provider failed".into(),
+        },
+        Reply::text(["a retry must not happen"]),
+    ])
+    .await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    let before = get_session(&mut client, SID).await;
+    let events = compact(&mut client, SID).await;
+    let f = failure(&events);
+    assert_eq!(f.kind, "broken_stream", "{f:?}");
+    assert!(
+        f.reason.contains("upstream provider failed"),
+        "{}",
+        f.reason
+    );
+    assert_eq!(fake.request_count(), 1);
+    assert_unchanged(&before, &get_session(&mut client, SID).await, "error chunk");
+}
