@@ -82,10 +82,12 @@ pub(super) async fn read_error(
     let mut headers = response.headers().clone();
     let (kept, whole) = read_at_most(&mut response, ERROR_BODY_BYTES).await?;
     drop(response);
-    let body = if whole {
-        kept
-    } else {
+    let body = if !whole {
         cut_error_body(status, &kept)
+    } else if status.is_client_error() && !has_error_object(&kept) {
+        error_object(&String::from_utf8_lossy(&kept))
+    } else {
+        kept
     };
     // The body is read (and decoded) already; what the headers said of it no longer holds.
     for name in [CONTENT_LENGTH, TRANSFER_ENCODING, CONTENT_ENCODING] {
@@ -116,6 +118,21 @@ async fn read_at_most(
     Ok((kept, true))
 }
 
+/// Whether `body` is JSON with an `error` object: OpenAI's shape, or llama.cpp's (whose
+/// numeric `code` async-openai cannot read; `llm/errors.rs` reads that body itself).
+fn has_error_object(body: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(body).is_ok_and(|v| v["error"].is_object())
+}
+
+/// `{"error":{"message": text}}`: how a 4xx body of another shape (a gateway's JSON, an
+/// HTML page, plain text) reaches async-openai, which otherwise fails to parse it and
+/// loses the status (a 429 would read as a malformed answer, and not be retried).
+fn error_object(text: &str) -> Vec<u8> {
+    serde_json::json!({ "error": { "message": text } })
+        .to_string()
+        .into_bytes()
+}
+
 /// The body standing in for an error body cut at `kept`: its text (lossy UTF-8) after a
 /// note, as text for a server error and inside `{"error":{"message":…}}` otherwise. The
 /// note goes first so it survives the cut of the message (`llm/errors.rs`).
@@ -127,9 +144,7 @@ fn cut_error_body(status: reqwest::StatusCode, kept: &[u8]) -> Vec<u8> {
     if status.is_server_error() {
         return text.into_bytes();
     }
-    serde_json::json!({ "error": { "message": text } })
-        .to_string()
-        .into_bytes()
+    error_object(&text)
 }
 
 /// A body's error, as reqwest takes it.

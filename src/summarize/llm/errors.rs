@@ -22,10 +22,14 @@ pub(super) fn request_error(e: OpenAIError, started: bool) -> SummarizeError {
             if let Some(why) = refusal(status, &r.api_error) {
                 return SummarizeError::TooLong(why);
             }
+            // A billing failure: the same request fails until someone pays.
+            let quota = [&r.api_error.code, &r.api_error.r#type]
+                .iter()
+                .any(|v| v.as_deref() == Some("insufficient_quota"));
             SummarizeError::Request {
                 status: Some(status),
                 message: format!("{status}: {}", r.api_error.message),
-                retryable: status == 429 || status >= 500,
+                retryable: (status == 429 && !quota) || status >= 500,
             }
         }
         OpenAIError::Reqwest(e) if started => SummarizeError::Broken(chain(e.without_url())),
@@ -82,14 +86,16 @@ pub(super) fn stream_error(error: &serde_json::Value, started: bool) -> Summariz
 }
 
 /// The endpoint's words when `status` and `e` refuse the request because it does not fit
-/// the model's window: a 400 or 413 with OpenAI's `context_length_exceeded` or the wording
+/// the model's window: any 413, a 400 with OpenAI's `context_length_exceeded` or the wording
 /// other servers use, or a 5xx that says so plainly (some llama.cpp builds answer a prompt
 /// too long with 500 "Context size has been exceeded."; ggml-org/llama.cpp#19774).
 fn refusal(status: u16, e: &async_openai::error::ApiError) -> Option<String> {
     match status {
-        400 | 413
-            if e.code.as_deref() == Some("context_length_exceeded")
-                || window::reads_too_long(&e.message) =>
+        // "Payload too large", in any words: a proxy's body limit (nginx's default is
+        // 1 MB) is a window like the model's, and a smaller request passes it.
+        413 => Some(e.message.clone()),
+        400 if e.code.as_deref() == Some("context_length_exceeded")
+            || window::reads_too_long(&e.message) =>
         {
             Some(e.message.clone())
         }

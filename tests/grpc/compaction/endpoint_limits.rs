@@ -229,3 +229,92 @@ async fn an_sse_line_that_never_ends_is_not_read_further() {
     assert_eq!(counters.cancelled, 1, "compactd hung up: {counters:?}");
     assert!(counters.flood_bytes < LIMIT, "{counters:?}");
 }
+
+/// A gateway's rate limit whose body is not an OpenAI error object (Azure APIM's JSON,
+/// AWS API Gateway's, an nginx or Cloudflare page) is a rate limit: retried, after its
+/// `Retry-After`. Before, the body's shape hid the status: "malformed", not retried.
+#[tokio::test]
+async fn a_rate_limit_in_a_gateways_words_is_retried() {
+    let fake = FakeLlm::start(vec![
+        Reply::Status {
+            code: 429,
+            body: "<html><body><h1>429 Too Many Requests</h1></body></html>".into(),
+            retry_after: Some(1),
+        },
+        Reply::Status {
+            code: 429,
+            body:
+                r#"{"statusCode":429,"message":"Rate limit is exceeded. Try again in 1 seconds."}"#
+                    .into(),
+            retry_after: None,
+        },
+        Reply::text(["short summary"]),
+    ])
+    .await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_session_with_cleared_output(&mut client, SID).await;
+    let events = compact(&mut client, SID).await;
+    assert_eq!(
+        names(&events),
+        ["started", "retrying", "retrying", "delta", "compacted"]
+    );
+    let Some(Ce::Retrying(r)) = &events[1].event else {
+        unreachable!()
+    };
+    assert_eq!(r.delay_ms, 1000, "Retry-After: 1 is honoured");
+    assert!(
+        r.reason.contains("429") && r.reason.contains("Too Many Requests"),
+        "{}",
+        r.reason
+    );
+    let Some(Ce::Retrying(r)) = &events[2].event else {
+        unreachable!()
+    };
+    assert!(r.reason.contains("Rate limit is exceeded"), "{}", r.reason);
+    assert_eq!(fake.request_count(), 3);
+}
+
+/// A proxy's 413 (nginx's default body limit is 1 MB) says the request is too large:
+/// the head is cut smaller at once, whatever the body's words.
+#[tokio::test]
+async fn a_proxys_413_cuts_the_head_smaller_at_once() {
+    let fake = FakeLlm::start(vec![
+        Reply::Status {
+            code: 413,
+            body: "<html><head><title>413 Request Entity Too Large</title></head></html>".into(),
+            retry_after: None,
+        },
+        Reply::text(["first part"]),
+        Reply::text(["second part"]),
+    ])
+    .await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_long_session(&mut client, SID).await;
+    let events = compact(&mut client, SID).await;
+    let done = compacted(&events);
+    let requests = fake.requests();
+    let whole = requests[0].prompt_chars();
+    assert!(
+        requests[1].prompt_chars() < whole * 2 / 3,
+        "cut smaller at once: {} of {whole}",
+        requests[1].prompt_chars()
+    );
+    assert!(done.chunks >= 2, "{done:?}");
+}
+
+/// OpenAI's `insufficient_quota` 429 is a billing failure: not retried, and not
+/// retryable (before: retried to the limit, and reported worth another try).
+#[tokio::test]
+async fn an_exhausted_quota_is_not_retried() {
+    let fake = FakeLlm::start(vec![Reply::insufficient_quota(), Reply::text(["never"])]).await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    let events = compact(&mut client, SID).await;
+    let f = failure(&events);
+    assert!(!f.retryable, "{f:?}");
+    assert!(f.reason.contains("quota"), "{}", f.reason);
+    assert_eq!(fake.request_count(), 1);
+}
