@@ -61,6 +61,7 @@ mod stream;
 mod test_traces;
 mod too_large;
 pub mod transport;
+mod watch;
 mod wire_value;
 
 use std::future::Future;

@@ -4,9 +4,8 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
-use tokio::sync::{broadcast, mpsc, oneshot};
-use tokio_stream::wrappers::ReceiverStream;
-use tokio_stream::{Stream, StreamExt};
+use tokio::sync::mpsc;
+use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::compaction::{self, Sink};
@@ -159,8 +158,7 @@ fn limited(e: trace::LimitedError, root: &str) -> Rejection {
 
 /// Outbound stream of `Compact`.
 pub type CompactionStream = Pin<Box<dyn Stream<Item = Result<pb::CompactionEvent, Status>> + Send>>;
-/// Outbound stream of `Subscribe`.
-pub type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::SessionEvent, Status>> + Send>>;
+pub use super::watch::WatchStream;
 
 #[tonic::async_trait]
 impl pb::sessions_server::Sessions for SessionsService {
@@ -205,57 +203,9 @@ impl pb::sessions_server::Sessions for SessionsService {
         if !only.is_empty() {
             self.store.get(&only).await.map_err(Rejection::from)?;
         }
-        let mut bus = self.hub.bus.subscribe();
-        let (tx, rx) = mpsc::channel(256);
-        // The closing status travels apart from the events: a watcher that stopped reading
-        // has a full buffer, and dropping it must not wait for room there.
-        let (end_tx, end_rx) = oneshot::channel::<Status>();
-        let watching = crate::telemetry::Watching::start();
-        tokio::spawn(async move {
-            let _watching = watching;
-            loop {
-                // A watcher that hung up ends now, not at the next event it would be sent
-                // (with a session filter, that event may never come).
-                let received = tokio::select! {
-                    biased;
-                    () = tx.closed() => return,
-                    received = bus.recv() => received,
-                };
-                let event = match received {
-                    Ok(e) => e,
-                    Err(broadcast::error::RecvError::Closed) => return,
-                    Err(broadcast::error::RecvError::Lagged(n)) => {
-                        let status = Status::resource_exhausted(format!(
-                            "watcher fell {n} events behind (the bus keeps {}); subscribe again",
-                            super::hub::BUS_CAPACITY
-                        ));
-                        let _ = end_tx.send(status);
-                        return;
-                    }
-                };
-                if !only.is_empty() && event.session_id != only {
-                    continue;
-                }
-                // A full buffer means the watcher is not reading: drop it, never wait.
-                match tx.try_send((*event).clone()) {
-                    Ok(()) => {}
-                    Err(mpsc::error::TrySendError::Full(_)) => {
-                        let status = Status::resource_exhausted(
-                            "watcher is not reading its events; dropped",
-                        );
-                        let _ = end_tx.send(status);
-                        return;
-                    }
-                    Err(mpsc::error::TrySendError::Closed(_)) => return,
-                }
-            }
-        });
-        // Events already buffered are delivered first; then the closing status, if any.
-        let end =
-            futures::stream::once(async move { end_rx.await.ok() }).filter_map(|s| s.map(Err));
-        let events = ReceiverStream::new(rx).map(Ok);
+        let events = super::watch::run(&self.hub, only);
         Ok(Response::new(super::drain::until_closed(
-            Box::pin(events.chain(end)),
+            events,
             self.hub.closing(),
         )))
     }

@@ -574,3 +574,74 @@ async fn a_compact_call_given_up_on_ends_with_an_error_not_a_clean_end() {
         "{trailers:?}"
     );
 }
+
+/// A `Subscribe` caller that reads none of its events cannot keep them buffered outside
+/// the budget: the events waiting for it are counted in flight, and after
+/// `--slow-reader-grace-secs` with none taken they are dropped (their bytes given back
+/// while the call is still open) and the call ends RESOURCE_EXHAUSTED. Before, they were
+/// never counted, and stayed until the caller hung up: up to 256 events per watcher,
+/// each as large as a session's events can be.
+#[tokio::test]
+async fn subscribe_events_left_untaken_are_counted_and_dropped_after_the_grace() {
+    let bin = Binary::start(
+        &[
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--slow-reader-grace-secs",
+            "1",
+        ],
+        &[],
+    );
+    let metrics = bin.metrics.clone().expect("metrics address");
+    // Events of at least 256 bytes: the client's HTTP/2 library (h2) ends a connection
+    // that buffers too many smaller DATA frames unread.
+    let sid = "w".repeat(250);
+    let url = format!("http://{}", bin.addr);
+    let mut client = pb::sessions_client::SessionsClient::connect(url.clone())
+        .await
+        .expect("connect");
+    open_session(&mut client, session_with_limits(&sid, 20_000, 4_000)).await;
+    // A watcher on its own connection with a small HTTP/2 window, which does not read.
+    let channel = tonic::transport::Endpoint::from_shared(url)
+        .expect("url")
+        .initial_stream_window_size(Some(65_535))
+        .initial_connection_window_size(Some(65_535))
+        .connect()
+        .await
+        .expect("connect");
+    let mut slow = subscribe(&mut pb::sessions_client::SessionsClient::new(channel), &sid).await;
+
+    // Overflow events, a batch at a time, until some wait in compactd for the watcher
+    // (HTTP/2's window takes the first 64 KB of them).
+    let mut s = EventStream::open(&mut client).await;
+    let mut held = 0.0;
+    for batch in 0..100u64 {
+        for i in 0..50 {
+            let seq = s
+                .send(&sid, report_usage(usage(19_000 + batch * 50 + i)))
+                .await;
+            s.reply(seq).await;
+        }
+        held = metric(&scrape(&metrics).await, "compactd_bytes_in_flight");
+        if held > 0.0 {
+            break;
+        }
+    }
+    assert!(held > 0.0, "the events waiting for the watcher are counted");
+    let after = in_flight_until(&metrics, |b| b == 0.0).await;
+    assert_eq!(
+        after, 0.0,
+        "given back after the grace, the call still open"
+    );
+    // Reading on: what HTTP/2 had taken, then the status.
+    let status = loop {
+        match tokio::time::timeout(std::time::Duration::from_secs(10), slow.message()).await {
+            Ok(Ok(Some(_))) => {}
+            Ok(Ok(None)) => panic!("the call ended without a status"),
+            Ok(Err(status)) => break status,
+            Err(_) => panic!("the call did not end"),
+        }
+    };
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("took none"), "{status:?}");
+}

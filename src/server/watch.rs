@@ -1,0 +1,116 @@
+//! The `Subscribe` RPC's events: a task per watcher takes the session events the bus
+//! publishes (all of them, or one session's) and buffers them for the client.
+//!
+//! What a watcher costs is bounded like a `Stream`'s outbound buffer (`outbound.rs`):
+//! every event buffered holds a reservation in the store's ledger until the response body
+//! takes it, so it counts against `memory_budget`; a watcher whose buffer is full is
+//! dropped at once (it never makes the bus wait); and one that leaves events untaken for
+//! the slow-reader grace has them dropped, its call ended `RESOURCE_EXHAUSTED`.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prost::Message as _;
+use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio_stream::{Stream, StreamExt};
+use tonic::Status;
+
+use super::hub::{BUS_CAPACITY, Hub};
+use super::outbound::{self, Buffer};
+use super::pb;
+use crate::store::Reservation;
+
+/// Events of `Subscribe`.
+pub type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::SessionEvent, Status>> + Send>>;
+
+/// Events buffered per watcher before it counts as not reading.
+const WATCH_BUFFER: usize = 256;
+
+/// An event waiting for the watcher, with its bytes' reservation.
+type Buffered = (pb::SessionEvent, Reservation);
+
+/// Starts following the bus for one watcher (`only`: one session's events; empty: all).
+pub fn run(hub: &Arc<Hub>, only: String) -> WatchStream {
+    let mut bus = hub.bus.subscribe();
+    let (tx, rx) = mpsc::channel::<Buffered>(WATCH_BUFFER);
+    // The closing status travels apart from the events: a watcher that stopped reading
+    // has a full buffer, and dropping it must not wait for room there.
+    let (end_tx, end_rx) = oneshot::channel::<Status>();
+    let buffer = Buffer::new(rx);
+    let grace = hub.slow_reader_grace;
+    tokio::spawn(outbound::watch(
+        Arc::downgrade(&buffer),
+        grace,
+        move |b: &Buffer<Buffered>| b.abandon(|_| 0, |_| not_taking(grace)),
+    ));
+    let ledger = hub.store.ledger().clone();
+    let watching = crate::telemetry::Watching::start();
+    tokio::spawn(async move {
+        let _watching = watching;
+        loop {
+            // A watcher that hung up (or was given up on) ends now, not at the next event
+            // it would be sent (with a session filter, that event may never come).
+            let received = tokio::select! {
+                biased;
+                () = tx.closed() => return,
+                received = bus.recv() => received,
+            };
+            let event = match received {
+                Ok(e) => e,
+                Err(broadcast::error::RecvError::Closed) => return,
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    let status = Status::resource_exhausted(format!(
+                        "watcher fell {n} events behind (the bus keeps {BUS_CAPACITY}); subscribe again"
+                    ));
+                    let _ = end_tx.send(status);
+                    return;
+                }
+            };
+            if !only.is_empty() && event.session_id != only {
+                continue;
+            }
+            let bytes = u64::try_from(event.encoded_len()).unwrap_or(u64::MAX);
+            let held = match ledger.reserve(bytes, "events") {
+                Ok(held) => held,
+                Err(e) => {
+                    crate::telemetry::rejected(tonic::Code::ResourceExhausted);
+                    let _ = end_tx.send(Status::resource_exhausted(format!(
+                        "{e}; watcher dropped, subscribe again"
+                    )));
+                    return;
+                }
+            };
+            // A full buffer means the watcher is not reading: drop it, never wait.
+            match tx.try_send(((*event).clone(), held)) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    let status =
+                        Status::resource_exhausted("watcher is not reading its events; dropped");
+                    let _ = end_tx.send(status);
+                    return;
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => return,
+            }
+        }
+    });
+    // Events already buffered are delivered first; then the closing status, if any.
+    let end = futures::stream::once(async move { end_rx.await.ok() }).filter_map(|s| s);
+    let events = futures::stream::poll_fn(move |cx| buffer.poll_next(cx))
+        .map(|item| item.map(|(event, _held)| event));
+    Box::pin(events.chain(end.map(Err)))
+}
+
+/// The status a watcher's call ends with when it took none of its buffered events for
+/// `grace`: they were dropped.
+fn not_taking(grace: Duration) -> Status {
+    tracing::warn!(
+        grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX),
+        "watcher took none of its buffered events; dropping them and closing the call"
+    );
+    crate::telemetry::rejected(tonic::Code::ResourceExhausted);
+    Status::resource_exhausted(format!(
+        "watcher is not reading its events (took none for {} ms); dropped, subscribe again",
+        grace.as_millis()
+    ))
+}
