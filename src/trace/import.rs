@@ -17,7 +17,7 @@ use crate::domain::HeapSize;
 use crate::engine::ByteLimit;
 
 use crate::domain::{
-    AgentPart, CompactionPart, Extra, FilePart, InvalidField, MessageError, MessageInfo,
+    AgentPart, CompactionPart, Extra, FastSet, FilePart, InvalidField, MessageError, MessageInfo,
     MessageTime, ModelRef, Part, PartKind, PartTime, PatchPart, ReasoningPart, RetryPart, Role,
     SessionInfo, StepFinishPart, SubtaskPart, TextPart, Todo, TokenUsage, ToolPart, ToolState,
     ToolStatus, ToolTime,
@@ -277,6 +277,9 @@ struct Builder {
     limit: ByteLimit,
     bytes: u64,
     messages: Vec<(MessageInfo, Vec<Part>)>,
+    /// Ids taken so far: a second message or part with one would be merged into the
+    /// first when loaded (the history reordered, a part replaced).
+    ids: FastSet<String>,
 }
 
 impl Builder {
@@ -285,6 +288,7 @@ impl Builder {
             limit,
             bytes: 0,
             messages: Vec::new(),
+            ids: FastSet::default(),
         }
     }
 
@@ -292,7 +296,26 @@ impl Builder {
     fn message(&mut self, m: Value) -> Result<(), LimitedError> {
         let i = self.messages.len();
         let (minfo, parts) = message(m, i)?;
-        let own = size_of::<(MessageInfo, Vec<Part>)>() + minfo.heap_bytes() + parts.heap_bytes();
+        // One set, each id under its kind; its copies count against the limit below.
+        if !self.ids.insert(format!("m:{}", minfo.id)) {
+            return Err(err(
+                &format!("messages[{i}].info.id"),
+                "an earlier message has this id",
+            )
+            .into());
+        }
+        for (j, p) in parts.iter().enumerate() {
+            if !self.ids.insert(format!("p:{}", p.id)) {
+                return Err(err(
+                    &format!("messages[{i}].parts[{j}].id"),
+                    "an earlier part has this id",
+                )
+                .into());
+            }
+        }
+        let ids: usize = parts.iter().map(|p| p.id.len() + 2).sum::<usize>() + minfo.id.len() + 2;
+        let own =
+            size_of::<(MessageInfo, Vec<Part>)>() + minfo.heap_bytes() + parts.heap_bytes() + ids;
         self.bytes = self
             .bytes
             .saturating_add(u64::try_from(own).unwrap_or(u64::MAX));
@@ -483,12 +506,16 @@ fn part(mut o: Map<String, Value>, message_id: &str, path: &str) -> Result<Part,
     if id.is_empty() {
         return Err(err(&format!("{path}.id"), "missing"));
     }
+    // A part belongs to the message it is listed under; a `messageID` naming another
+    // would file it elsewhere (or nowhere) behind the document's back.
     let mid = string(&mut o, "messageID");
-    let message_id = if mid.is_empty() {
-        message_id.to_string()
-    } else {
-        mid
-    };
+    if !mid.is_empty() && mid != message_id {
+        return Err(err(
+            &format!("{path}.messageID"),
+            format!("names another message than {message_id:?}, which the part is listed under"),
+        ));
+    }
+    let message_id = message_id.to_string();
     o.remove("sessionID");
     let ty = string(&mut o, "type");
     let kind = match ty.as_str() {

@@ -90,3 +90,62 @@ fn invalid_documents_still_name_their_path() {
         .is_err()
     );
 }
+
+/// A document whose messages and parts do not say the same thing about where a part
+/// belongs, or that holds an id twice, is refused naming the path. Before, a part was
+/// filed under the message its own `messageID` named (moved silently, or refused with a
+/// path the document does not have), and a second message or part with an id taken was
+/// merged into the first: the history reordered, a part lost.
+#[test]
+fn a_part_under_another_message_or_an_id_twice_is_refused_naming_the_path() {
+    let msg = |id: &str, role: &str, parts: Value| serde_json::json!({"info": {"id": id, "sessionID": "s", "role": role, "time": {"created": 1}}, "parts": parts});
+    let text = |id: &str, mid: &str| serde_json::json!({"id": id, "messageID": mid, "sessionID": "s", "type": "text", "text": "x"});
+    let doc = |messages: Vec<Value>| {
+        serde_json::json!({"info": {"id": "s"}, "messages": messages}).to_string()
+    };
+    let cases = [
+        (
+            doc(vec![
+                msg("m1", "user", serde_json::json!([text("p1", "m2")])),
+                msg("m2", "user", serde_json::json!([])),
+            ]),
+            "messages[0].parts[0].messageID",
+        ),
+        (
+            doc(vec![
+                msg("m1", "user", serde_json::json!([])),
+                msg("m2", "user", serde_json::json!([text("p1", "m1")])),
+            ]),
+            "messages[1].parts[0].messageID",
+        ),
+        (
+            doc(vec![
+                msg("m1", "user", serde_json::json!([text("p1", "m1")])),
+                msg("m2", "assistant", serde_json::json!([])),
+                msg("m1", "user", serde_json::json!([text("p2", "m1")])),
+            ]),
+            "messages[2].info.id",
+        ),
+        (
+            doc(vec![
+                msg("m1", "user", serde_json::json!([text("p1", "m1")])),
+                msg("m2", "user", serde_json::json!([text("p1", "m2")])),
+            ]),
+            "messages[1].parts[0].id",
+        ),
+    ];
+    for (document, path) in cases {
+        let e = parse_export(&document).expect_err(path);
+        assert_eq!(e.path, path, "{e:?}");
+    }
+    // A part without its own messageID is the message's, as before.
+    let ok = doc(vec![msg(
+        "m1",
+        "user",
+        serde_json::json!([{"id": "p1", "type": "text", "text": "x"}]),
+    )]);
+    assert_eq!(
+        parse_export(&ok).expect("valid").messages[0].1[0].message_id,
+        "m1"
+    );
+}
