@@ -97,6 +97,12 @@ fn prompt(key: &'static str, v: &str, max: usize) -> Result<(), InvalidSetting> 
     Ok(())
 }
 
+/// A compaction prompt, system prompt, template or instructions: at most [`MAX_PROMPT`]
+/// bytes. Public: a compaction request's own are held to a session's rule.
+pub fn compaction_text(key: &'static str, v: &str) -> Result<(), InvalidSetting> {
+    prompt(key, v, MAX_PROMPT)
+}
+
 /// A model or provider name: at most [`MAX_MODEL_NAME`] bytes. Public: the session's
 /// model and a compaction request's model are held to the same rule.
 pub fn model_name(key: &'static str, v: &str) -> Result<(), InvalidSetting> {

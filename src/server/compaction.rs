@@ -85,9 +85,22 @@ impl Options {
     }
 }
 
-impl From<pb::CompactOptions> for Options {
-    fn from(o: pb::CompactOptions) -> Self {
-        Options {
+impl TryFrom<pb::CompactOptions> for Options {
+    type Error = Rejection;
+
+    /// A request's own prompts and model, held to the rules a session's are (they stay
+    /// in memory for the whole compaction); the field is named within the options.
+    fn try_from(o: pb::CompactOptions) -> Result<Self, Rejection> {
+        for (key, v) in [
+            ("instructions", &o.instructions),
+            ("prompt", &o.prompt),
+            ("system", &o.system),
+            ("template", &o.template),
+        ] {
+            crate::config::compaction_text(key, v)?;
+        }
+        crate::config::model_name("model", &o.model)?;
+        Ok(Options {
             instructions: o.instructions,
             prompt: o.prompt,
             system: o.system,
@@ -96,7 +109,7 @@ impl From<pb::CompactOptions> for Options {
             tail_turns: o.tail_turns,
             auto: false,
             overflow: false,
-        }
+        })
     }
 }
 

@@ -338,3 +338,69 @@ fn an_empty_prompt_inherits_but_an_empty_placeholder_is_refused() {
     .expect_err("blank placeholder");
     assert_eq!(r.field, "placeholder");
 }
+
+/// A compaction request's own prompts and model are held to the rules a session's are
+/// (64 KiB, 256 bytes), named where they sit. Before, they were bounded only by the
+/// update limit, held for the whole compaction outside the ledger, and the model was
+/// checked only after the head had been copied out of the session.
+#[test]
+fn a_compaction_requests_prompts_and_model_are_bounded_like_a_sessions() {
+    use crate::server::request::decode_update;
+    let long = "x".repeat(crate::config::MAX_PROMPT + 1);
+    let compact = |o: pb::CompactOptions| pb::ClientUpdate {
+        seq: 1,
+        session_id: "s".into(),
+        update: Some(pb::client_update::Update::Compact(o)),
+    };
+    let cases = [
+        (
+            pb::CompactOptions {
+                instructions: long.clone(),
+                ..Default::default()
+            },
+            "compact.instructions",
+        ),
+        (
+            pb::CompactOptions {
+                prompt: long.clone(),
+                ..Default::default()
+            },
+            "compact.prompt",
+        ),
+        (
+            pb::CompactOptions {
+                system: long.clone(),
+                ..Default::default()
+            },
+            "compact.system",
+        ),
+        (
+            pb::CompactOptions {
+                template: long.clone(),
+                ..Default::default()
+            },
+            "compact.template",
+        ),
+        (
+            pb::CompactOptions {
+                model: "m".repeat(300),
+                ..Default::default()
+            },
+            "compact.model",
+        ),
+    ];
+    for (options, field) in cases {
+        let u = compact(options);
+        let len = prost::Message::encoded_len(&u);
+        match decode_update(u, len, 16 << 20) {
+            Err(r) => assert_eq!((r.code, r.field.as_str()), (Code::InvalidArgument, field)),
+            Ok(_) => panic!("{field} accepted"),
+        }
+    }
+    let fits = compact(pb::CompactOptions {
+        instructions: "focus on the failing test".into(),
+        ..Default::default()
+    });
+    let len = prost::Message::encoded_len(&fits);
+    assert!(decode_update(fits, len, 16 << 20).is_ok());
+}

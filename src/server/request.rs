@@ -98,7 +98,7 @@ pub fn decode_update(u: pb::ClientUpdate, len: usize, max: usize) -> Result<Op, 
         }
         U::Prune(p) => Op::Prune { dry_run: p.dry_run },
         U::CheckOverflow(_) => Op::CheckOverflow,
-        U::Compact(o) => Op::Compact(o.into()),
+        U::Compact(o) => Op::Compact(o.try_into().map_err(|r: Rejection| r.within("compact"))?),
         U::CancelCompaction(_) => Op::CancelCompaction,
         U::Pin(p) => Op::Apply(Box::new(
             pin_update(p.message_id, p.part_id, p.pinned).map_err(|e| e.within("pin"))?,

@@ -176,7 +176,8 @@ impl pb::sessions_server::Sessions for SessionsService {
         let req = request.into_inner();
         require_session(&req.session_id)?;
         let (tx, rx) = mpsc::channel(256);
-        let options = req.options.unwrap_or_default().into();
+        let options = compaction::Options::try_from(req.options.unwrap_or_default())
+            .map_err(|r| Status::from(r.within("options")))?;
         let started = compaction::start(
             &self.hub,
             &req.session_id,
