@@ -68,9 +68,7 @@ pub fn check_size(len: usize, max: usize) -> Result<(), Rejection> {
 pub fn decode_update(u: pb::ClientUpdate, len: usize, max: usize) -> Result<Op, Rejection> {
     use pb::client_update::Update as U;
     check_size(len, max)?;
-    if u.session_id.is_empty() {
-        return Err(Rejection::invalid("session_id", "required"));
-    }
+    check_id("session_id", &u.session_id)?;
     let Some(update) = u.update else {
         return Err(Rejection::invalid(
             "update",
@@ -108,12 +106,8 @@ pub fn decode_update(u: pb::ClientUpdate, len: usize, max: usize) -> Result<Op, 
 
 /// Decodes a delete.
 pub fn delete_update(message_id: String, part_id: String) -> Result<Update, Rejection> {
-    if message_id.is_empty() {
-        return Err(Rejection::invalid("message_id", "required"));
-    }
-    if part_id.is_empty() {
-        return Err(Rejection::invalid("part_id", "required"));
-    }
+    check_id("message_id", &message_id)?;
+    check_id("part_id", &part_id)?;
     Ok(Update::DeletePart {
         message_id,
         part_id,
@@ -162,6 +156,9 @@ pub fn usage_update(r: pb::UsageReport) -> Result<Update, Rejection> {
         return Err(Rejection::invalid("tokens", "required"));
     };
     let message_id = (!r.message_id.is_empty()).then_some(r.message_id);
+    if let Some(id) = &message_id {
+        check_id("message_id", id)?;
+    }
     Ok(Update::ReportUsage {
         message_id,
         tokens: convert::usage_from_pb(tokens),

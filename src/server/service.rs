@@ -202,6 +202,7 @@ impl pb::sessions_server::Sessions for SessionsService {
         }
         let only = request.into_inner().session_id;
         if !only.is_empty() {
+            require_session(&only)?;
             self.store.get(&only).await.map_err(Rejection::from)?;
         }
         let events = super::watch::run(&self.hub, only);
@@ -568,11 +569,10 @@ enum Document {
     Object(serde_json::Value),
 }
 
+/// A session id a call names: present, and bounded like every id (a longer one names no
+/// session, and would be echoed whole in the NOT_FOUND).
 fn require_session(id: &str) -> Result<(), Status> {
-    if id.is_empty() {
-        return Err(Rejection::invalid("session_id", "required").into());
-    }
-    Ok(())
+    crate::domain::check_id("session_id", id).map_err(|e| Status::from(Rejection::from(e)))
 }
 
 /// A `Compact` call's events, ending with the compaction's outcome (`compacted` or

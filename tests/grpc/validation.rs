@@ -230,3 +230,73 @@ async fn import_bounds_every_id_and_requires_call_ids() {
         .await
         .expect("the example imports");
 }
+
+/// An id a call only looks up is bounded like every id, and never echoed whole: before,
+/// a DeletePart, ReportUsage or GetSession with an 8 MB id answered NOT_FOUND with the
+/// whole id in `grpc-message` (clients cap metadata at 8-16 KiB, so many read a
+/// transport error instead).
+#[tokio::test]
+async fn a_looked_up_id_past_the_bound_is_refused_and_not_echoed() {
+    let server = start_server().await;
+    let mut c = server.client().await;
+    session_with_one_message(&mut c, "s").await;
+    let long = "m".repeat(1 << 20);
+    let short = |status: tonic::Status| {
+        assert!(
+            status.message().len() < 1_000,
+            "{} bytes",
+            status.message().len()
+        );
+    };
+    short(assert_status(
+        c.delete_part(pb::DeletePartRequest {
+            session_id: "s".into(),
+            message_id: long.clone(),
+            part_id: "p".into(),
+        })
+        .await,
+        Code::InvalidArgument,
+        "message_id",
+    ));
+    short(assert_status(
+        c.delete_part(pb::DeletePartRequest {
+            session_id: "s".into(),
+            message_id: "u1".into(),
+            part_id: long.clone(),
+        })
+        .await,
+        Code::InvalidArgument,
+        "part_id",
+    ));
+    short(assert_status(
+        c.report_usage(pb::ReportUsageRequest {
+            session_id: "s".into(),
+            usage: Some(pb::UsageReport {
+                message_id: long.clone(),
+                tokens: Some(usage(10)),
+            }),
+        })
+        .await,
+        Code::InvalidArgument,
+        "message_id",
+    ));
+    short(assert_status(
+        c.get_session(pb::GetSessionRequest {
+            session_id: long.clone(),
+        })
+        .await,
+        Code::InvalidArgument,
+        "session_id",
+    ));
+    // On the stream too, naming the same fields.
+    let mut s = server.stream().await;
+    for (sid, update, field) in [
+        (long.as_str(), report_usage(usage(10)), "session_id"),
+        ("s", delete_part(&long, "p"), "delete_part.message_id"),
+    ] {
+        let events = s.request(sid, update).await;
+        let error = error(&events);
+        assert_eq!(error.field, field, "{error:?}");
+        assert!(error.message.len() < 1_000);
+    }
+}
