@@ -37,8 +37,12 @@ pub trait ProtoName {
     const GUARDED: bool;
 }
 
-/// A request's decoded size may be this multiple of `max_update_bytes`.
+/// A request's decoded size may be this multiple of `max_update_bytes`...
 pub const DECODED_FACTOR: usize = 2;
+/// ... plus this: every string costs a header in memory, so under a small
+/// `max_update_bytes` an ordinary update (one text part of a few KB) would otherwise read
+/// as amplifying, and be refused in a way that ends its stream.
+pub const DECODED_ALLOWANCE: usize = 1 << 20;
 /// Requests at least this large on the wire count as large decodes.
 pub const LARGE: usize = 1 << 20;
 /// Large requests decoding at once; more are refused until one finishes.
@@ -47,10 +51,11 @@ pub const MAX_LARGE_DECODES: usize = 4;
 /// request anyway.
 const MAX_DEPTH: usize = 100;
 
-/// Estimated decoded bytes allowed per request: `DECODED_FACTOR` × `max_update_bytes` of
+/// Estimated decoded bytes allowed per request: `DECODED_FACTOR` × `max_update_bytes` +
+/// `DECODED_ALLOWANCE` of
 /// the servers in this process (the largest, when tests run several).
 static DECODED_LIMIT: AtomicUsize =
-    AtomicUsize::new(super::request::DEFAULT_MAX_UPDATE_BYTES * DECODED_FACTOR);
+    AtomicUsize::new(super::request::DEFAULT_MAX_UPDATE_BYTES * DECODED_FACTOR + DECODED_ALLOWANCE);
 /// Large requests decoding now.
 static LARGE_DECODES: AtomicUsize = AtomicUsize::new(0);
 
@@ -58,7 +63,9 @@ static LARGE_DECODES: AtomicUsize = AtomicUsize::new(0);
 /// a process serving twice keeps the larger).
 pub fn set_max_update_bytes(max_update_bytes: usize) {
     static CONFIGURED: std::sync::Once = std::sync::Once::new();
-    let limit = max_update_bytes.saturating_mul(DECODED_FACTOR);
+    let limit = max_update_bytes
+        .saturating_mul(DECODED_FACTOR)
+        .saturating_add(DECODED_ALLOWANCE);
     let mut first = false;
     CONFIGURED.call_once(|| {
         DECODED_LIMIT.store(limit, Ordering::Relaxed);
@@ -166,7 +173,7 @@ impl<U: Message + Default + ProtoName> Decoder for GuardedDecoder<U> {
 pub enum Refused {
     /// The request would decode to more than the limit.
     #[error(
-        "request of {wire} bytes would decode to about {estimate} bytes in memory, over the limit of {limit} bytes ({DECODED_FACTOR} × max_update_bytes); send large content as text rather than as many small repeated entries"
+        "request of {wire} bytes would decode to about {estimate} bytes in memory, over the limit of {limit} bytes ({DECODED_FACTOR} × max_update_bytes + {DECODED_ALLOWANCE}); send large content as text rather than as many small repeated entries"
     )]
     Amplifying {
         /// Wire size.
