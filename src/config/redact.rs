@@ -52,6 +52,49 @@ pub fn url(url: &str) -> String {
     out
 }
 
+/// The secrets a URL carries, for [`text`] to remove from what an endpoint says: the
+/// userinfo's password (as written and percent-decoded, as reqwest sends it), the whole
+/// `user:password` (whose base64 is the Basic auth header), and every query value of at
+/// least 8 bytes (a key taken in the query; shorter values are versions and flags).
+pub fn url_secrets(url: &str) -> Vec<String> {
+    let mut secrets = Vec::new();
+    let Some((_, rest)) = url.split_once("://") else {
+        return secrets;
+    };
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    if let Some((userinfo, _)) = authority.rsplit_once('@')
+        && let Some((user, password)) = userinfo.split_once(':')
+        && !password.is_empty()
+    {
+        let decode = |s: &str| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8_lossy()
+                .into_owned()
+        };
+        // The longest first: each is removed in turn, and a password removed first would
+        // leave the user's half of the Basic header's base64 behind.
+        for form in [
+            userinfo.to_string(),
+            format!("{}:{}", decode(user), decode(password)),
+            password.to_string(),
+            decode(password),
+        ] {
+            if !secrets.contains(&form) {
+                secrets.push(form);
+            }
+        }
+    }
+    let query = rest.split_once('?').map_or("", |(_, q)| q);
+    let query = query.split_once('#').map_or(query, |(q, _)| q);
+    for pair in query.split('&') {
+        let value = pair.split_once('=').map_or(pair, |(_, v)| v);
+        if value.len() >= 8 && !secrets.iter().any(|s| s == value) {
+            secrets.push(value.to_string());
+        }
+    }
+    secrets
+}
+
 /// `text` with `secret` removed in every form it is sent or echoed in: as is (which
 /// covers `Bearer <secret>`), base64 (standard and URL-safe), and base64 of `:secret`.
 /// An empty secret changes nothing.
@@ -93,6 +136,34 @@ mod tests {
             "http://h/v1?[redacted]#frag"
         );
         assert_eq!(url("what? no url"), "what? no url");
+    }
+
+    #[test]
+    fn a_urls_secrets_are_its_password_its_userinfo_and_its_long_query_values() {
+        assert_eq!(
+            url_secrets("https://bob:p%40ss-word@h.example/v1?api-key=sk-12345678&v=2024"),
+            [
+                "bob:p%40ss-word",
+                "bob:p@ss-word",
+                "p%40ss-word",
+                "p@ss-word",
+                "sk-12345678"
+            ]
+        );
+        assert!(url_secrets("http://127.0.0.1:8080/v1").is_empty());
+        assert!(
+            url_secrets("http://bob@h/v1").is_empty(),
+            "a user without a password"
+        );
+        assert!(url_secrets("no url").is_empty());
+        // Basic auth's header is the base64 of user:password: text() removes it.
+        let basic = STANDARD.encode("bob:p@ss-word");
+        let echoed = format!("authorization: Basic {basic}");
+        let mut out = echoed.clone();
+        for s in url_secrets("https://bob:p%40ss-word@h/v1") {
+            out = text(&out, &s);
+        }
+        assert_eq!(out, "authorization: Basic [redacted]");
     }
 
     #[test]

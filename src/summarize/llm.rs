@@ -65,6 +65,8 @@ pub struct OpenAiSummarizer {
     config: LlmConfig,
     /// What is known of each model's window at this endpoint.
     windows: Windows,
+    /// The base URL's credentials ([`redact::url_secrets`]), removed from error text.
+    url_secrets: Vec<String>,
 }
 
 /// Written by hand so no dependency's `Debug` can ever print the key.
@@ -108,6 +110,7 @@ impl OpenAiSummarizer {
             client,
             http: reqwest::Client::new(),
             windows: Windows::new(config.context_tokens),
+            url_secrets: redact::url_secrets(&config.base_url),
             config,
         }
     }
@@ -129,10 +132,14 @@ impl OpenAiSummarizer {
             .map(|k| k.expose())
             .filter(|k| !k.is_empty());
         let clean = |m: String| {
-            let m = match key {
+            let mut m = match key {
                 Some(key) => redact::text(&m, key),
                 None => m,
             };
+            // The base URL's credentials too: reqwest sends them as Basic auth.
+            for secret in &self.url_secrets {
+                m = redact::text(&m, secret);
+            }
             errors::bounded(m)
         };
         match e {

@@ -216,6 +216,43 @@ async fn a_5xx_body_echoing_the_headers_leaks_the_key_nowhere() {
     }
 }
 
+/// Credentials in the base URL are a secret like the key: reqwest sends them as Basic
+/// auth, and an endpoint that echoes its request's headers or the password must not get
+/// them into the log or the events. Before, only the API key was redacted from what an
+/// endpoint said.
+#[tokio::test]
+async fn credentials_in_the_base_url_echoed_by_the_endpoint_leak_nowhere() {
+    use base64::Engine as _;
+    const PASSWORD: &str = "pw-DO-NOT-LEAK-77d2";
+    let basic = base64::engine::general_purpose::STANDARD.encode(format!("bob:{PASSWORD}"));
+    let echo = format!(
+        "{{\"error\": {{\"message\": \"upstream failed; authorization: Basic {basic}; password {PASSWORD}\", \"type\": \"server_error\"}}}}"
+    );
+    let replies = (0..4)
+        .map(|_| Reply::Status {
+            code: 502,
+            body: echo.clone(),
+            retry_after: None,
+        })
+        .collect();
+    let fake = FakeLlm::start(replies).await;
+    let url = fake
+        .base_url()
+        .replacen("http://", &format!("http://bob:{PASSWORD}@"), 1);
+    let (log, events) = failing_compaction_at(url, Some("debug")).await;
+    assert!(log.contains("LLM request failed: 502"), "{log}");
+    for (what, text) in [("log", &log), ("events", &events)] {
+        assert!(
+            !text.contains(PASSWORD),
+            "the password reached the {what}:\n{text}"
+        );
+        assert!(
+            !text.contains(basic.trim_end_matches('=')),
+            "the Basic credentials reached the {what}:\n{text}"
+        );
+    }
+}
+
 #[test]
 fn a_key_in_the_base_url_is_redacted_at_start_and_in_config_print() {
     let url = format!("https://user:{KEY}@llm.example.com/v1?api-key={KEY}&api-version=2024");
