@@ -208,6 +208,9 @@ impl OpenAiSummarizer {
         let mut text = String::new();
         let mut usage = None;
         let mut finished = None;
+        // A reasoning model's thinking arrives apart from the content (llama.cpp, vLLM and
+        // DeepSeek: `reasoning_content`; OpenRouter: `reasoning`).
+        let mut reasoned = false;
         while let Some(item) = stream.next().await {
             let chunk = item.map_err(|e| request_error(e, *started))?;
             if let Some(u) = chunk.get("usage").filter(|u| u.is_object()) {
@@ -226,6 +229,10 @@ impl OpenAiSummarizer {
                 return Err(SummarizeError::Malformed("a chunk without `choices`".into()).into());
             };
             for choice in choices {
+                reasoned = reasoned
+                    || ["reasoning_content", "reasoning"]
+                        .iter()
+                        .any(|k| choice["delta"][*k].as_str().is_some_and(|r| !r.is_empty()));
                 if let Some(delta) = choice["delta"]["content"]
                     .as_str()
                     .filter(|d| !d.is_empty())
@@ -247,6 +254,17 @@ impl OpenAiSummarizer {
         match finished {
             None if !*started => {
                 return Err(Failed::Silent("the endpoint answered with an empty stream"));
+            }
+            // The model wrote tokens, all of them thinking: the prompt fit, so this is no
+            // "too long" to learn a window from or to cut the head for.
+            Some(Finish::Length)
+                if !*started
+                    && (reasoned
+                        || usage
+                            .zip(max_tokens)
+                            .is_some_and(|(u, m)| m > 0 && u.output >= m)) =>
+            {
+                return Err(reasoned_away(max_tokens).into());
             }
             Some(Finish::Length) if !*started => {
                 return Err(Failed::Silent(
@@ -446,6 +464,23 @@ fn overlong(cap: usize, max_tokens: Option<u64>) -> SummarizeError {
     SummarizeError::Request {
         status: None,
         message: format!("the summary exceeded {cap} bytes, {asked}; compactd stopped reading it"),
+        retryable: false,
+    }
+}
+
+/// The failure of a request whose model spent every output token it was given reasoning:
+/// not retried (it would likely think as long again) and not "too long" (the prompt fit).
+fn reasoned_away(max_tokens: Option<u64>) -> SummarizeError {
+    let given = max_tokens.map_or_else(
+        || "the output tokens".to_string(),
+        |m| format!("all {m} output tokens"),
+    );
+    SummarizeError::Request {
+        status: None,
+        message: format!(
+            "the model spent {given} it was given reasoning and wrote no summary (its prompt fit); \
+             a larger window (--llm-context-tokens) leaves it more room, or use a compaction model that does not reason"
+        ),
         retryable: false,
     }
 }

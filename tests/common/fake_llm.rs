@@ -93,6 +93,15 @@ pub enum Reply {
     },
     /// Role chunk, then the frame `data: {not json`, then the body ends cleanly.
     Malformed,
+    /// A reasoning model that thinks its whole `max_tokens` away: role chunk, these
+    /// `reasoning_content` deltas (no content), finish reason `length`, usage `(prompt,
+    /// completion)`, `[DONE]`.
+    Reasoning {
+        /// The reasoning deltas.
+        reasoning: Vec<String>,
+        /// `(prompt_tokens, completion_tokens)`.
+        usage: (u64, u64),
+    },
     /// Role chunk and these content chunks, then a chunk holding only an OpenAI error
     /// object (what OpenAI, vLLM and SGLang send when a stream fails), then `[DONE]`.
     ErrorChunk {
@@ -664,6 +673,16 @@ async fn chat_completions(
             steps.push(Step::Cut);
             sse_response(shared, steps)
         }
+        Reply::Reasoning { reasoning, usage } => {
+            let mut steps = vec![Step::Frame(chunk.role())];
+            steps.extend(reasoning.iter().map(|r| Step::Frame(chunk.reasoning(r))));
+            steps.push(Step::Frame(chunk.finish("length")));
+            if chunk.usage_wanted {
+                steps.push(Step::Frame(chunk.usage(usage.0, usage.1)));
+            }
+            steps.push(Step::Frame("data: [DONE]\n\n".to_string()));
+            sse_response(shared, steps)
+        }
         Reply::ErrorChunk { chunks, message } => {
             let mut steps = vec![Step::Frame(chunk.role())];
             steps.extend(chunks.iter().map(|c| Step::Frame(chunk.content(c))));
@@ -989,6 +1008,14 @@ impl ChunkWriter {
     fn content(&self, text: &str) -> String {
         self.frame(
             json!([{"index": 0, "delta": {"content": text}, "finish_reason": null}]),
+            None,
+        )
+    }
+
+    /// A reasoning delta frame (`reasoning_content`, as llama.cpp, vLLM and DeepSeek send).
+    fn reasoning(&self, text: &str) -> String {
+        self.frame(
+            json!([{"index": 0, "delta": {"reasoning_content": text}, "finish_reason": null}]),
             None,
         )
     }

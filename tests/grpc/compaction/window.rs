@@ -368,6 +368,48 @@ async fn silent_answers_without_numbers_halve_the_chunk() {
     }
 }
 
+/// A reasoning model that spends its whole `max_tokens` thinking wrote no summary, but
+/// its prompt fit: that is not "too long". Before, compactd took it for one, learned a
+/// window below prompt + max_tokens (kept for the process's life, only ever lowered) and
+/// cut the head smaller, so every later request asked for less room to think, and the
+/// compaction failed `too_long` after its splits.
+#[tokio::test]
+async fn a_model_that_reasons_its_max_tokens_away_teaches_no_window() {
+    let fake = FakeLlm::start(vec![
+        Reply::Reasoning {
+            reasoning: vec!["Let me think. ".into(); 20],
+            usage: (13_000, 8_192),
+        },
+        Reply::text(["a summary"]),
+    ])
+    .await;
+    fake.serve_props(json!({"default_generation_settings": {"n_ctx": 32_768}}));
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    let events = compact(&mut client, SID).await;
+    let f = failure(&events);
+    assert_ne!(f.kind, "too_long", "{f:?}");
+    assert!(f.reason.contains("reasoning"), "{}", f.reason);
+    let requests = fake.requests();
+    assert_eq!(
+        requests.len(),
+        1,
+        "no probe, no smaller chunk: {requests:?}"
+    );
+    let first = requests[0].body["max_tokens"].clone();
+
+    // The next compaction asks for as much room as the first.
+    let events = compact(&mut client, SID).await;
+    compacted(&events);
+    let requests = fake.requests();
+    assert_eq!(
+        requests[1].body["max_tokens"], first,
+        "{}",
+        requests[1].body
+    );
+}
+
 #[tokio::test]
 async fn the_configured_window_wins_over_what_the_endpoint_says() {
     let window = spec(100, Overflow::Refuse);
