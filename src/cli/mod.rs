@@ -450,7 +450,8 @@ pub struct LlmArgs {
         hide = true
     )]
     pub llm_api_key: Option<String>,
-    /// Deadline for one summary, retries included, in seconds.
+    /// Deadline of one summary request, its retries included, in seconds (per chunk when
+    /// a head is summarized in chunks).
     #[arg(long, env = "COMPACTD_LLM_TIMEOUT_SECS", default_value_t = 120)]
     pub llm_timeout_secs: u64,
     /// Retries for 429/5xx/connection errors before the first token.

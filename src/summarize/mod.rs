@@ -70,7 +70,8 @@ pub struct LlmConfig {
     pub model: String,
     /// API key (sent as a bearer token), when the endpoint needs one.
     pub api_key: Option<ApiKey>,
-    /// Deadline for a whole summary, retries included.
+    /// Deadline of one summary request, its retries included (a head summarized in
+    /// chunks has it per chunk: a slow local model may need many).
     pub timeout: Duration,
     /// Retries for 429/5xx/connection errors before the first token.
     pub max_retries: u32,
