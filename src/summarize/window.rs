@@ -120,7 +120,8 @@ pub struct Windows {
 }
 
 impl Windows {
-    /// A cache where `configured` (`--llm-context-tokens`), when set, is every model's window.
+    /// A cache where `configured` (`--llm-context-tokens`), when set, is every model's window,
+    /// unless a refusal names a smaller one for a model.
     pub fn new(configured: Option<u64>) -> Windows {
         Windows {
             configured,
@@ -133,6 +134,15 @@ impl Windows {
         let known = self.read(base_url, model);
         let ratio = known.ratio;
         match (self.configured, known.window) {
+            // The configured window is a ceiling: a refusal naming a smaller one is the
+            // endpoint's own word for this model.
+            (Some(tokens), Some((refused, WindowSource::Refusal))) if refused < tokens => {
+                Some(Window {
+                    tokens: refused,
+                    source: WindowSource::Refusal,
+                    ratio,
+                })
+            }
             (Some(tokens), _) => Some(Window {
                 tokens,
                 source: WindowSource::Configured,

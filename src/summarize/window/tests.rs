@@ -101,18 +101,45 @@ fn refusals_name_the_window_and_the_prompt_in_every_known_wording() {
     );
 }
 
+/// The configured window is every model's, and wins over what the endpoint tells and
+/// over a refusal without numbers; a refusal naming a smaller window lowers it for that
+/// model. Before, the configured figure won over that too: a session's compaction model
+/// with an 8k window, under `--llm-context-tokens 128000`, was sent requests it refused
+/// naming its window, each time, and every compaction failed `too_long`.
 #[test]
-fn the_configured_window_wins_over_everything_the_endpoint_says() {
+fn the_configured_window_is_a_ceiling_a_refusal_naming_a_smaller_one_lowers() {
     let w = Windows::new(Some(6_000));
     assert!(!w.should_ask(URL, "m"), "nothing to ask");
     w.told(URL, "m", Some((8_192, WindowSource::Props)));
+    let now = w.get(URL, "m").expect("known");
+    assert_eq!((now.tokens, now.source), (6_000, WindowSource::Configured));
+    let silent = w
+        .refused(URL, "m", Refusal::default(), 2_000, Some(1_000))
+        .expect("known");
+    assert_eq!(
+        (silent.tokens, silent.source),
+        (6_000, WindowSource::Configured)
+    );
+    // A refusal naming a window above the configured one changes nothing.
+    let above = Refusal {
+        window: Some(16_384),
+        prompt_tokens: None,
+    };
+    let now = w.refused(URL, "m", above, 2_000, None).expect("known");
+    assert_eq!((now.tokens, now.source), (6_000, WindowSource::Configured));
     let refusal = Refusal {
         window: Some(4_096),
         prompt_tokens: Some(3_000),
     };
     let now = w.refused(URL, "m", refusal, 2_000, None).expect("known");
-    assert_eq!((now.tokens, now.source), (6_000, WindowSource::Configured));
+    assert_eq!((now.tokens, now.source), (4_096, WindowSource::Refusal));
     assert_eq!(now.ratio, 1.5, "the ratio is still learned");
+    // Only for that model.
+    let other = w.get(URL, "other").expect("known");
+    assert_eq!(
+        (other.tokens, other.source),
+        (6_000, WindowSource::Configured)
+    );
 }
 
 #[test]
