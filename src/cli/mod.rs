@@ -98,12 +98,14 @@ pub enum CacheArg {
 /// Engine settings shared by `serve` and `replay`.
 #[derive(Debug, Clone, Args)]
 pub struct EngineArgs {
-    /// Overflow threshold as a ratio of usable input, in (0, 1].
-    #[arg(long, env = "COMPACTD_THRESHOLD", default_value_t = crate::config::DEFAULT_THRESHOLD)]
-    pub threshold: f64,
-    /// Tokens reserved below usable input before the ratio applies.
-    #[arg(long, env = "COMPACTD_RESERVED", default_value_t = 0)]
-    pub reserved: u64,
+    /// Overflow threshold as a ratio of usable input, in (0, 1] [default: 0.92, or the
+    /// preset's].
+    #[arg(long, env = "COMPACTD_THRESHOLD")]
+    pub threshold: Option<f64>,
+    /// Tokens reserved below usable input before the ratio applies [default: 0, or the
+    /// preset's].
+    #[arg(long, env = "COMPACTD_RESERVED")]
+    pub reserved: Option<u64>,
     /// Overflow preset; applied before --threshold/--reserved given explicitly.
     #[arg(long, env = "COMPACTD_PRESET", value_enum)]
     pub preset: Option<PresetArg>,
@@ -712,8 +714,8 @@ impl EngineArgs {
         let base = EngineConfig {
             auto_compact: !self.disable_autocompact,
             prune: !self.disable_prune,
-            threshold: self.threshold,
-            reserved: Reserved::Fixed(self.reserved),
+            threshold: self.threshold.unwrap_or(crate::config::DEFAULT_THRESHOLD),
+            reserved: Reserved::Fixed(self.reserved.unwrap_or(0)),
             cache_counting: match self.cache_counting {
                 CacheArg::Separate => CacheCounting::Separate,
                 CacheArg::Included => CacheCounting::Included,
@@ -749,8 +751,11 @@ impl EngineArgs {
             Some(PresetArg::Compactd) => OverflowPreset::Compactd,
             Some(PresetArg::Opencode) => OverflowPreset::OpenCode,
         };
+        // The preset, then what was given explicitly over it.
         Ok(base.resolve(&SessionOverrides {
             preset: Some(preset),
+            threshold: self.threshold,
+            reserved: self.reserved,
             ..Default::default()
         }))
     }
@@ -767,6 +772,38 @@ mod tests {
             Command::Serve(s) => s.llm,
             _ => unreachable!("`serve` was parsed"),
         }
+    }
+
+    fn engine(extra: &[&str]) -> EngineConfig {
+        let mut argv = vec!["compactd", "serve"];
+        argv.extend_from_slice(extra);
+        match Cli::try_parse_from(argv).expect("flags parse").command {
+            Command::Serve(s) => s.engine.to_config().expect("valid"),
+            _ => unreachable!("`serve` was parsed"),
+        }
+    }
+
+    /// `--threshold` and `--reserved` given explicitly win over the preset's, as their
+    /// help says. Before, `--preset opencode --threshold 0.8` ran at 1.0: the preset was
+    /// applied over everything.
+    #[test]
+    fn explicit_threshold_and_reserved_win_over_the_preset() {
+        let c = engine(&["--preset", "opencode", "--threshold", "0.8"]);
+        assert_eq!((c.threshold, c.reserved), (0.8, Reserved::OpenCode));
+        let c = engine(&["--preset", "opencode"]);
+        assert_eq!((c.threshold, c.reserved), (1.0, Reserved::OpenCode));
+        let c = engine(&["--preset", "compactd", "--reserved", "5000"]);
+        assert_eq!(
+            (c.threshold, c.reserved),
+            (crate::config::DEFAULT_THRESHOLD, Reserved::Fixed(5000))
+        );
+        let c = engine(&["--threshold", "0.8"]);
+        assert_eq!((c.threshold, c.reserved), (0.8, Reserved::Fixed(0)));
+        let c = engine(&[]);
+        assert_eq!(
+            (c.threshold, c.reserved),
+            (crate::config::DEFAULT_THRESHOLD, Reserved::Fixed(0))
+        );
     }
 
     #[test]
