@@ -13,7 +13,7 @@ use prost::Message as _;
 use tokio_stream::StreamExt;
 use tonic::Streaming;
 
-use super::fake_llm::FakeLlm;
+use super::fake_llm::{FakeLlm, Reply};
 use super::*;
 
 /// The API key the test servers send; it must never show up in events or errors.
@@ -229,4 +229,30 @@ pub fn assert_unchanged(
         before.encode_to_vec(),
         "{what}: GetSession is byte-for-byte the same"
     );
+}
+
+/// One manual compaction of a session with a cleared output, against `failures` and then
+/// a summary: each failure must be retried, so the events are `started`, one `retrying`
+/// per failure, the delta and `compacted`. Returns the `retrying` events.
+pub async fn retried_then_compacted(failures: Vec<Reply>) -> Vec<pb::CompactionRetrying> {
+    let n = failures.len();
+    let mut replies = failures;
+    replies.push(Reply::text(["short summary"]));
+    let fake = FakeLlm::start(replies).await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_session_with_cleared_output(&mut client, SID).await;
+    let events = compact(&mut client, SID).await;
+    let mut expected = vec!["started"];
+    expected.extend(std::iter::repeat_n("retrying", n));
+    expected.extend(["delta", "compacted"]);
+    assert_eq!(names(&events), expected);
+    assert_eq!(fake.request_count(), n + 1);
+    events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Some(Ce::Retrying(r)) => Some(r.clone()),
+            _ => None,
+        })
+        .collect()
 }

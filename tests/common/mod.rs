@@ -665,6 +665,19 @@ pub async fn prune(client: &mut Client, session_id: &str, dry_run: bool) -> pb::
 }
 
 /// `Subscribe` to the events of `session_id` (empty: of every session).
+/// A client on its own connection to `url` with a 64 KiB HTTP/2 window: one that does
+/// not read its events soon leaves the server unable to send more.
+pub async fn small_window_client(url: String) -> Client {
+    let channel = tonic::transport::Endpoint::from_shared(url)
+        .expect("url")
+        .initial_stream_window_size(Some(65_535))
+        .initial_connection_window_size(Some(65_535))
+        .connect()
+        .await
+        .expect("connect");
+    pb::sessions_client::SessionsClient::new(channel)
+}
+
 pub async fn subscribe(client: &mut Client, session_id: &str) -> Streaming<pb::SessionEvent> {
     client
         .subscribe(pb::SubscribeRequest {

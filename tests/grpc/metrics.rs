@@ -295,6 +295,19 @@ async fn unread_call(
     (send, response.into_body())
 }
 
+/// The binary with metrics on and a slow-reader grace of 1 s.
+fn with_metrics_and_a_short_grace() -> Binary {
+    Binary::start(
+        &[
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--slow-reader-grace-secs",
+            "1",
+        ],
+        &[],
+    )
+}
+
 /// Waits up to 10 s for `compactd_bytes_in_flight` to satisfy `ok`; returns the last
 /// value read.
 async fn in_flight_until(metrics: &str, ok: impl Fn(f64) -> bool) -> f64 {
@@ -472,15 +485,7 @@ async fn replies_left_unread_for_the_grace_are_dropped_and_free_the_share() {
 #[tokio::test]
 async fn stream_events_left_untaken_for_the_grace_are_dropped_and_free_the_share() {
     use prost::Message as _;
-    let bin = Binary::start(
-        &[
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--slow-reader-grace-secs",
-            "1",
-        ],
-        &[],
-    );
+    let bin = with_metrics_and_a_short_grace();
     let metrics = bin.metrics.clone().expect("metrics address");
     let _c = big_session(&bin).await;
     let updates = (0..6u64)
@@ -583,15 +588,7 @@ async fn a_compact_call_given_up_on_ends_with_an_error_not_a_clean_end() {
 /// each as large as a session's events can be.
 #[tokio::test]
 async fn subscribe_events_left_untaken_are_counted_and_dropped_after_the_grace() {
-    let bin = Binary::start(
-        &[
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--slow-reader-grace-secs",
-            "1",
-        ],
-        &[],
-    );
+    let bin = with_metrics_and_a_short_grace();
     let metrics = bin.metrics.clone().expect("metrics address");
     // Events of at least 256 bytes: the client's HTTP/2 library (h2) ends a connection
     // that buffers too many smaller DATA frames unread.
@@ -602,14 +599,7 @@ async fn subscribe_events_left_untaken_are_counted_and_dropped_after_the_grace()
         .expect("connect");
     open_session(&mut client, session_with_limits(&sid, 20_000, 4_000)).await;
     // A watcher on its own connection with a small HTTP/2 window, which does not read.
-    let channel = tonic::transport::Endpoint::from_shared(url)
-        .expect("url")
-        .initial_stream_window_size(Some(65_535))
-        .initial_connection_window_size(Some(65_535))
-        .connect()
-        .await
-        .expect("connect");
-    let mut slow = subscribe(&mut pb::sessions_client::SessionsClient::new(channel), &sid).await;
+    let mut slow = subscribe(&mut small_window_client(url).await, &sid).await;
 
     // Overflow events, a batch at a time, until some wait in compactd for the watcher
     // (HTTP/2's window takes the first 64 KB of them).

@@ -129,6 +129,18 @@ async fn the_api_key_stays_out_of_logs_events_errors_and_help() {
     assert!(!help.contains(KEY), "the key leaked into --help");
 }
 
+/// Asserts that no secret of `secrets` is in the log or the events.
+fn assert_absent(log: &str, events: &str, secrets: &[&str]) {
+    for (what, text) in [("log", log), ("events", events)] {
+        for secret in secrets {
+            assert!(
+                !text.contains(secret),
+                "{secret} reached the {what}:\n{text}"
+            );
+        }
+    }
+}
+
 /// Runs one failing compaction against the endpoint at `base_url` with the key in the
 /// environment at log level `level` (`None`: the default), and returns the log and the
 /// events.
@@ -192,16 +204,7 @@ async fn a_5xx_body_echoing_the_headers_leaks_the_key_nowhere() {
         let (log, events) = failing_compaction_at(fake.base_url(), level).await;
         // The echo reached compactd: the 502 is reported, its body redacted.
         assert!(log.contains("LLM request failed: 502"), "{log}");
-        for (what, text) in [("log", &log), ("events", &events)] {
-            assert!(
-                !text.contains(KEY),
-                "{level:?}: the key reached the {what}:\n{text}"
-            );
-            assert!(
-                !text.contains(b64.trim_end_matches('=')),
-                "{level:?}: the base64 key reached the {what}"
-            );
-        }
+        assert_absent(&log, &events, &[KEY, b64.trim_end_matches('=')]);
         // The key in the endpoint's query too (as Azure-style gateways take it): the
         // start line and the error naming the URL must not carry it.
         let url = format!("{}?api-key={KEY}", fake.base_url());
@@ -241,16 +244,7 @@ async fn credentials_in_the_base_url_echoed_by_the_endpoint_leak_nowhere() {
         .replacen("http://", &format!("http://bob:{PASSWORD}@"), 1);
     let (log, events) = failing_compaction_at(url, Some("debug")).await;
     assert!(log.contains("LLM request failed: 502"), "{log}");
-    for (what, text) in [("log", &log), ("events", &events)] {
-        assert!(
-            !text.contains(PASSWORD),
-            "the password reached the {what}:\n{text}"
-        );
-        assert!(
-            !text.contains(basic.trim_end_matches('=')),
-            "the Basic credentials reached the {what}:\n{text}"
-        );
-    }
+    assert_absent(&log, &events, &[PASSWORD, basic.trim_end_matches('=')]);
 }
 
 #[test]

@@ -56,12 +56,14 @@ async fn compact_counting(client: &mut Client, sid: &str) -> (Vec<pb::Compaction
 const LLAMA_CPP_CONTEXT_500: &str =
     r#"{"error":{"code":500,"message":"Context size has been exceeded.","type":"server_error"}}"#;
 
-#[tokio::test]
-async fn a_server_error_saying_the_context_was_exceeded_cuts_the_head_smaller_at_once() {
+/// Compacts a long session whose first request is refused with `code` and `body`: the
+/// refusal must be read as "too long", so the head is cut smaller at once (never the same
+/// request retried) and compacts in chunks.
+async fn cut_smaller_at_once(code: u16, body: &str) {
     let fake = FakeLlm::start(vec![
         Reply::Status {
-            code: 500,
-            body: LLAMA_CPP_CONTEXT_500.to_string(),
+            code,
+            body: body.to_string(),
             retry_after: None,
         },
         Reply::text(["first part"]),
@@ -78,16 +80,21 @@ async fn a_server_error_saying_the_context_was_exceeded_cuts_the_head_smaller_at
         !events
             .iter()
             .any(|e| matches!(e.event, Some(Ce::Retrying(_)))),
-        "a refusal for length is not retried as it was: {events:?}"
+        "{code}: a refusal for length is not retried as it was: {events:?}"
     );
     let requests = fake.requests();
     let whole = requests[0].prompt_chars();
     assert!(
         requests[1].prompt_chars() < whole * 2 / 3,
-        "cut smaller at once: {} of {whole}",
+        "{code}: cut smaller at once: {} of {whole}",
         requests[1].prompt_chars()
     );
-    assert!(done.chunks >= 2, "{done:?}");
+    assert!(done.chunks >= 2, "{code}: {done:?}");
+}
+
+#[tokio::test]
+async fn a_server_error_saying_the_context_was_exceeded_cuts_the_head_smaller_at_once() {
+    cut_smaller_at_once(500, LLAMA_CPP_CONTEXT_500).await;
 }
 
 #[tokio::test]
@@ -235,7 +242,7 @@ async fn an_sse_line_that_never_ends_is_not_read_further() {
 /// `Retry-After`. Before, the body's shape hid the status: "malformed", not retried.
 #[tokio::test]
 async fn a_rate_limit_in_a_gateways_words_is_retried() {
-    let fake = FakeLlm::start(vec![
+    let retries = retried_then_compacted(vec![
         Reply::Status {
             code: 429,
             body: "<html><body><h1>429 Too Many Requests</h1></body></html>".into(),
@@ -248,60 +255,30 @@ async fn a_rate_limit_in_a_gateways_words_is_retried() {
                     .into(),
             retry_after: None,
         },
-        Reply::text(["short summary"]),
     ])
     .await;
-    let server = server_with_llm(&fake).await;
-    let mut client = server.client().await;
-    seed_session_with_cleared_output(&mut client, SID).await;
-    let events = compact(&mut client, SID).await;
-    assert_eq!(
-        names(&events),
-        ["started", "retrying", "retrying", "delta", "compacted"]
-    );
-    let Some(Ce::Retrying(r)) = &events[1].event else {
-        unreachable!()
-    };
-    assert_eq!(r.delay_ms, 1000, "Retry-After: 1 is honoured");
+    assert_eq!(retries[0].delay_ms, 1000, "Retry-After: 1 is honoured");
+    let first = &retries[0].reason;
     assert!(
-        r.reason.contains("429") && r.reason.contains("Too Many Requests"),
-        "{}",
-        r.reason
+        first.contains("429") && first.contains("Too Many Requests"),
+        "{first}"
     );
-    let Some(Ce::Retrying(r)) = &events[2].event else {
-        unreachable!()
-    };
-    assert!(r.reason.contains("Rate limit is exceeded"), "{}", r.reason);
-    assert_eq!(fake.request_count(), 3);
+    assert!(
+        retries[1].reason.contains("Rate limit is exceeded"),
+        "{}",
+        retries[1].reason
+    );
 }
 
 /// A proxy's 413 (nginx's default body limit is 1 MB) says the request is too large:
 /// the head is cut smaller at once, whatever the body's words.
 #[tokio::test]
 async fn a_proxys_413_cuts_the_head_smaller_at_once() {
-    let fake = FakeLlm::start(vec![
-        Reply::Status {
-            code: 413,
-            body: "<html><head><title>413 Request Entity Too Large</title></head></html>".into(),
-            retry_after: None,
-        },
-        Reply::text(["first part"]),
-        Reply::text(["second part"]),
-    ])
+    cut_smaller_at_once(
+        413,
+        "<html><head><title>413 Request Entity Too Large</title></head></html>",
+    )
     .await;
-    let server = server_with_llm(&fake).await;
-    let mut client = server.client().await;
-    seed_long_session(&mut client, SID).await;
-    let events = compact(&mut client, SID).await;
-    let done = compacted(&events);
-    let requests = fake.requests();
-    let whole = requests[0].prompt_chars();
-    assert!(
-        requests[1].prompt_chars() < whole * 2 / 3,
-        "cut smaller at once: {} of {whole}",
-        requests[1].prompt_chars()
-    );
-    assert!(done.chunks >= 2, "{done:?}");
 }
 
 /// OpenAI's `insufficient_quota` 429 is a billing failure: not retried, and not

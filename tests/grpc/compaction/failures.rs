@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use compactd::server::pb;
 use compactd::server::pb::compaction_event::Event as Ce;
 
 use crate::common::compaction::*;
@@ -12,41 +13,17 @@ use crate::common::*;
 
 #[tokio::test]
 async fn a_server_error_before_the_first_token_is_retried() {
-    let fake = FakeLlm::start(vec![Reply::status(500), Reply::text(["short summary"])]).await;
-    let server = server_with_llm(&fake).await;
-    let mut client = server.client().await;
-    seed_session_with_cleared_output(&mut client, SID).await;
-    let events = compact(&mut client, SID).await;
-    assert_eq!(
-        names(&events),
-        ["started", "retrying", "delta", "compacted"]
-    );
-    let Some(Ce::Retrying(r)) = &events[1].event else {
-        unreachable!()
-    };
-    assert_eq!(r.attempt, 2);
-    assert!(r.reason.contains("500"), "{}", r.reason);
-    assert_eq!(fake.request_count(), 2);
+    let retries = retried_then_compacted(vec![Reply::status(500)]).await;
+    assert_eq!(retries[0].attempt, 2);
+    assert!(retries[0].reason.contains("500"), "{}", retries[0].reason);
 }
 
 #[tokio::test]
 async fn a_rate_limit_waits_as_long_as_retry_after_asks() {
     // The test server retries after 5 ms on its own; the 429 asks for a full second.
-    let fake = FakeLlm::start(vec![Reply::rate_limited(1), Reply::text(["short summary"])]).await;
-    let server = server_with_llm(&fake).await;
-    let mut client = server.client().await;
-    seed_session_with_cleared_output(&mut client, SID).await;
-    let events = compact(&mut client, SID).await;
-    assert_eq!(
-        names(&events),
-        ["started", "retrying", "delta", "compacted"]
-    );
-    let Some(Ce::Retrying(r)) = &events[1].event else {
-        unreachable!()
-    };
-    assert_eq!(r.delay_ms, 1000, "Retry-After: 1 is honoured");
-    assert!(r.reason.contains("429"), "{}", r.reason);
-    assert_eq!(fake.request_count(), 2);
+    let retries = retried_then_compacted(vec![Reply::rate_limited(1)]).await;
+    assert_eq!(retries[0].delay_ms, 1000, "Retry-After: 1 is honoured");
+    assert!(retries[0].reason.contains("429"), "{}", retries[0].reason);
 }
 #[tokio::test]
 async fn a_server_error_that_keeps_coming_exhausts_the_retries_and_changes_nothing() {
@@ -167,101 +144,72 @@ async fn broken_malformed_or_oversized_summaries_change_nothing() {
     }
 }
 
+/// Runs one manual compaction whose first request is answered `first` (a second
+/// answer, which would commit, is there to catch a retry): it must fail after that one
+/// request and leave the session as it was. Returns the failure.
+async fn fails_after_one_request(first: Reply, what: &str) -> pb::CompactionFailed {
+    let fake = FakeLlm::start(vec![first, Reply::text(["a retry must not happen"])]).await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    let before = get_session(&mut client, SID).await;
+    let events = compact(&mut client, SID).await;
+    let f = failure(&events).clone();
+    assert_eq!(fake.request_count(), 1, "{what}: not asked again");
+    assert_unchanged(&before, &get_session(&mut client, SID).await, what);
+    f
+}
+
 /// A stream the endpoint stops for its own reason (OpenRouter's `error`, vLLM's `abort`)
 /// after text arrived is a broken stream, not a summary: before, the cut text was
 /// committed over the head.
 #[tokio::test]
 async fn a_stream_stopped_with_finish_reason_error_commits_nothing() {
-    let fake = FakeLlm::start(vec![
-        Reply::text(["## Objective\n", "half a sum"]).with_finish_reason(Some("error")),
-        Reply::text(["a retry must not happen"]),
-    ])
-    .await;
-    let server = server_with_llm(&fake).await;
-    let mut client = server.client().await;
-    seed_session(&mut client, SID).await;
-    let before = get_session(&mut client, SID).await;
-
-    let events = compact(&mut client, SID).await;
-    let f = failure(&events);
+    let cut = Reply::text(["## Objective\n", "half a sum"]).with_finish_reason(Some("error"));
+    let f = fails_after_one_request(cut, "error").await;
     assert_eq!(f.kind, "broken_stream", "{f:?}");
     assert!(f.reason.contains("error"), "{}", f.reason);
-    assert_eq!(fake.request_count(), 1, "no retry once tokens arrived");
-    assert_unchanged(&before, &get_session(&mut client, SID).await, "error");
 }
 
 /// A summary the endpoint's content filter stopped is cut short: it fails, and is not
 /// asked for again (the same head would be filtered again).
 #[tokio::test]
 async fn a_summary_stopped_by_the_content_filter_commits_nothing() {
-    let fake = FakeLlm::start(vec![
-        Reply::text(["## Objective\n", "half a sum"]).with_finish_reason(Some("content_filter")),
-        Reply::text(["a retry must not happen"]),
-    ])
-    .await;
-    let server = server_with_llm(&fake).await;
-    let mut client = server.client().await;
-    seed_session(&mut client, SID).await;
-    let before = get_session(&mut client, SID).await;
-
-    let events = compact(&mut client, SID).await;
-    let f = failure(&events);
+    let cut =
+        Reply::text(["## Objective\n", "half a sum"]).with_finish_reason(Some("content_filter"));
+    let f = fails_after_one_request(cut, "filter").await;
     assert!(!f.retryable, "{f:?}");
     assert!(f.reason.contains("content filter"), "{}", f.reason);
-    assert_eq!(fake.request_count(), 1);
-    assert_unchanged(&before, &get_session(&mut client, SID).await, "filter");
 }
 
 /// A stream that fails with an error chunk before any text is a failed request, retried,
 /// with the endpoint's words: before, it read as a malformed stream and was not retried.
 #[tokio::test]
 async fn an_error_chunk_before_the_first_token_is_retried() {
-    let fake = FakeLlm::start(vec![
-        Reply::ErrorChunk {
-            chunks: vec![],
-            message: "engine overloaded".into(),
-        },
-        Reply::text(["short summary"]),
-    ])
+    let retries = retried_then_compacted(vec![Reply::ErrorChunk {
+        chunks: vec![],
+        message: "engine overloaded".into(),
+    }])
     .await;
-    let server = server_with_llm(&fake).await;
-    let mut client = server.client().await;
-    seed_session_with_cleared_output(&mut client, SID).await;
-    let events = compact(&mut client, SID).await;
-    assert_eq!(
-        names(&events),
-        ["started", "retrying", "delta", "compacted"]
+    assert!(
+        retries[0].reason.contains("engine overloaded"),
+        "{}",
+        retries[0].reason
     );
-    let Some(Ce::Retrying(r)) = &events[1].event else {
-        unreachable!()
-    };
-    assert!(r.reason.contains("engine overloaded"), "{}", r.reason);
-    assert_eq!(fake.request_count(), 2);
 }
 
 /// An error chunk after text arrived: a broken stream, with the endpoint's words.
 #[tokio::test]
 async fn an_error_chunk_after_tokens_is_a_broken_stream() {
-    let fake = FakeLlm::start(vec![
-        Reply::ErrorChunk {
-            chunks: vec!["partial ".into()],
-            message: "upstream provider failed".into(),
-        },
-        Reply::text(["a retry must not happen"]),
-    ])
-    .await;
-    let server = server_with_llm(&fake).await;
-    let mut client = server.client().await;
-    seed_session(&mut client, SID).await;
-    let before = get_session(&mut client, SID).await;
-    let events = compact(&mut client, SID).await;
-    let f = failure(&events);
+    let cut = Reply::ErrorChunk {
+        chunks: vec!["partial ".into()],
+        message: "upstream provider failed".into(),
+    };
+    let f = fails_after_one_request(cut, "error chunk").await;
     assert_eq!(f.kind, "broken_stream", "{f:?}");
     assert!(
         f.reason.contains("upstream provider failed"),
         "{}",
         f.reason
     );
-    assert_eq!(fake.request_count(), 1);
-    assert_unchanged(&before, &get_session(&mut client, SID).await, "error chunk");
 }

@@ -2,7 +2,6 @@
 //! they asked for, and a watcher that stops reading is dropped while the session keeps
 //! acking.
 
-use compactd::server::pb;
 use compactd::server::pb::compaction_event::Event as Ce;
 use compactd::server::pb::session_event::Event as Se;
 
@@ -71,14 +70,7 @@ async fn a_watcher_that_never_reads_is_dropped_while_the_session_keeps_acking() 
     open_session(&mut client, session_with_limits(SID, 20_000, 4_000)).await;
 
     // A watcher on its own connection with a small HTTP/2 window, which never reads.
-    let channel = tonic::transport::Endpoint::from_shared(server.url())
-        .expect("url")
-        .initial_stream_window_size(Some(65_535))
-        .initial_connection_window_size(Some(65_535))
-        .connect()
-        .await
-        .expect("connect");
-    let mut slow = subscribe(&mut pb::sessions_client::SessionsClient::new(channel), SID).await;
+    let mut slow = subscribe(&mut small_window_client(server.url()).await, SID).await;
 
     // Every usage report overflows and publishes an overflow event; each one is acked.
     let mut s = server.stream().await;
