@@ -3,7 +3,6 @@
 //! them; and carried on by the next compaction, which finds the previous summary's
 //! protected outputs under their heading ([`split_carried`]).
 
-use super::compaction::CompactionPlan;
 use super::session::Session;
 use crate::domain::PartKind;
 
@@ -24,8 +23,9 @@ pub(super) fn split_carried(summary: &str) -> (&str, &str) {
 
 impl Session {
     /// Text compactd appends after the model's summary, verbatim: the session's todo list,
-    /// then the protected outputs the previous summary carried and those of the head.
-    pub fn anchors(&self, plan: &CompactionPlan) -> String {
+    /// then the protected outputs the previous summary carried (`carried`) and those of
+    /// the messages summarized (`head`, positions).
+    pub fn anchors(&self, head: &[usize], carried: &str) -> String {
         let mut out = String::new();
         if !self.info().todos.is_empty() {
             out.push_str(TODO_HEADING);
@@ -37,8 +37,8 @@ impl Session {
                 out.push('\n');
             }
         }
-        let mut protected = plan.carried_outputs.clone();
-        for m in plan.head.iter().filter_map(|&i| self.messages().get(i)) {
+        let mut protected = carried.to_string();
+        for m in head.iter().filter_map(|&i| self.messages().get(i)) {
             for p in &m.parts {
                 if let PartKind::Tool(t) = &p.part.kind
                     && self.settings().is_protected_tool(&t.tool)

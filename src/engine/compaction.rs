@@ -439,7 +439,7 @@ impl Session {
             });
         }
         let (auto, overflow) = (plan.request.auto, plan.request.overflow);
-        let anchors = self.anchors(plan);
+        let anchors = self.anchors(&plan.head, &plan.carried_outputs);
         let text = if anchors.is_empty() {
             model_text.to_string()
         } else {
