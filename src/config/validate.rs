@@ -118,13 +118,16 @@ pub fn model_name(key: &'static str, v: &str) -> Result<(), InvalidSetting> {
     Ok(())
 }
 
-/// Glob patterns over normalized paths, compiled here as the strategies compile them (one
-/// matcher for the list), so a list they could not use is refused where it enters: a
-/// matcher that fails to build would protect none of the list's files.
-fn globs(key: &'static str, patterns: &[String]) -> Result<(), InvalidSetting> {
+/// The matcher of a protected-file glob list, and the one place the list is checked: at
+/// most [`MAX_GLOBS`] patterns of [`MAX_GLOB`] bytes, compiled into one set (a list whose
+/// set cannot be built is refused, not left to protect nothing). A pattern without a
+/// leading `/` matches at any depth, as a .gitignore line does: hosts' file tools send
+/// absolute paths (`Cargo.toml` matches `/home/u/proj/Cargo.toml`).
+pub fn protected_globs(patterns: &[String]) -> Result<globset::GlobSet, InvalidSetting> {
+    const KEY: &str = "protected_file_globs";
     if patterns.len() > MAX_GLOBS {
         return Err(invalid(
-            key,
+            KEY,
             format!("{} patterns; at most {MAX_GLOBS}", patterns.len()),
         ));
     }
@@ -132,17 +135,18 @@ fn globs(key: &'static str, patterns: &[String]) -> Result<(), InvalidSetting> {
     for (i, p) in patterns.iter().enumerate() {
         if p.len() > MAX_GLOB {
             return Err(invalid(
-                key,
+                KEY,
                 format!("pattern {i} is {} bytes long; at most {MAX_GLOB}", p.len()),
             ));
         }
-        let glob = globset::Glob::new(p)
-            .map_err(|e| invalid(key, format!("{p:?} is not a valid glob: {e}")))?;
-        set.add(glob);
+        let bad = |e: globset::Error| invalid(KEY, format!("{p:?} is not a valid glob: {e}"));
+        set.add(globset::Glob::new(p).map_err(bad)?);
+        if !p.starts_with('/') && !p.starts_with("**/") {
+            set.add(globset::Glob::new(&format!("**/{p}")).map_err(bad)?);
+        }
     }
     set.build()
-        .map(drop)
-        .map_err(|e| invalid(key, format!("the patterns cannot be matched: {e}")))
+        .map_err(|e| invalid(KEY, format!("the patterns cannot be matched: {e}")))
 }
 
 impl EngineConfig {
@@ -155,7 +159,7 @@ impl EngineConfig {
         mask_keep(self.mask_keep)?;
         output_cap(self.output_cap)?;
         cache_model(&self.cache_model)?;
-        globs("protected_file_globs", &self.protected_file_globs)
+        protected_globs(&self.protected_file_globs).map(drop)
     }
 }
 
@@ -187,7 +191,7 @@ impl SessionOverrides {
             model_name("compaction_model", m)?;
         }
         if let Some(g) = &self.protected_file_globs {
-            globs("protected_file_globs", g)?;
+            protected_globs(g)?;
         }
         if let Some(n) = self.mask_keep {
             mask_keep(n)?;

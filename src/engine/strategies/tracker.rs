@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use globset::{Glob, GlobSet, GlobSetBuilder};
+use globset::GlobSet;
 use serde::{Deserialize, Serialize};
 
 use super::file_masking::{inlined_breadcrumb, is_inlined_file};
@@ -529,16 +529,10 @@ fn queue(
     }
 }
 
-/// Protected file globs. The list is validated where it enters (flags, session
-/// overrides) by building this same matcher, so the empty fallback is never taken for it.
+/// Protected file globs, compiled by the rule that validated them where they entered
+/// (flags, session overrides), so the empty fallback is never taken for such a list.
 fn compile_globs(patterns: &[String]) -> GlobSet {
-    let mut b = GlobSetBuilder::new();
-    for p in patterns {
-        if let Ok(g) = Glob::new(p) {
-            b.add(g);
-        }
-    }
-    b.build().unwrap_or_else(|_| GlobSet::empty())
+    crate::config::protected_globs(patterns).unwrap_or_else(|_| GlobSet::empty())
 }
 
 /// `prefix` then `rest`, in one allocation (keys are built for every tool call).

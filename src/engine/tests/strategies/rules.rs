@@ -176,6 +176,36 @@ fn rule_protected_tools_and_files_are_never_marked_but_todos_are_superseded() {
     );
 }
 
+/// A protected glob without a leading `/` matches at any depth, as a .gitignore line:
+/// OpenCode's and Claude Code's file tools send absolute paths. Before, `Cargo.toml`
+/// never matched `/home/u/proj/Cargo.toml`, nor `secrets/**` a file under
+/// `/home/u/proj/secrets`: their reads were superseded like any other.
+#[test]
+fn rule_protected_globs_match_absolute_paths_at_any_depth() {
+    let page = "Result line.\n".repeat(100);
+    let mut sc = Script::with(SessionOverrides {
+        protected_file_globs: Some(vec!["Cargo.toml".into(), "secrets/**".into()]),
+        ..Default::default()
+    });
+    sc.user("u1", "Explore.").assistant(
+        "a1",
+        vec![
+            read("a1", "c1", "/home/u/proj/Cargo.toml", &page),
+            read("a1", "c2", "/home/u/proj/Cargo.toml", &page),
+            read("a1", "x1", "/home/u/proj/secrets/api/key.txt", &page),
+            read("a1", "x2", "/home/u/proj/secrets/api/key.txt", &page),
+            read("a1", "o1", "/home/u/proj/src/main.rs", &page),
+            read("a1", "o2", "/home/u/proj/src/main.rs", &page),
+        ],
+    );
+    for n in 2..=6 {
+        sc.user(&format!("u{n}"), "next");
+    }
+    sc.commit();
+    // Only the unprotected file's first read is superseded.
+    expect_marks(&sc.s, &[("o1", St::AggressiveFilePrune, "o2")]);
+}
+
 #[test]
 
 fn rule_protected_files_errors_are_not_truncated_for_age() {
