@@ -344,7 +344,10 @@ impl Tracker {
             },
             order: (msg, pi),
             call: Arc::from(t.call_id.as_str()),
+            // A recall's result is what the agent asked to read whole: capped or masked,
+            // it could never be read.
             protected: s.is_strategy_protected(&t.tool)
+                || t.tool == crate::engine::RECALL_TOOL
                 || paths.iter().any(|p| self.globs.is_match(p)),
         };
         if on(Strategy::MaskObservations) {

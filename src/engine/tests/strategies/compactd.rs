@@ -251,6 +251,36 @@ fn an_oversized_output_reads_as_head_and_tail_and_is_recalled_whole() {
     assert!(text.contains("TAIL-a1-p0") && text.len() > 20_000);
 }
 
+/// What the agent recalled is what it asked to read whole: the recall's result is never
+/// capped nor masked. Before, a 20,000-character recall of a capped output was capped
+/// again, its text inviting a recall of the recall: the output could never be read.
+#[test]
+fn a_recalls_result_is_neither_capped_nor_masked() {
+    let limits = ModelLimits {
+        context: 10_000,
+        input: 0,
+        output: 2_000,
+    };
+    let both = only(
+        &[St::CapLargeOutputs, St::MaskObservations],
+        1,
+        CacheModel::NONE,
+    );
+    let mut s = session(both, limits);
+    turn(&mut s, 1, T0, &[("bash", 20_000)]);
+    assert_eq!(strategy_of(&s, "a1-p0"), Some(St::CapLargeOutputs));
+    turn(&mut s, 2, T0 + 100, &[(crate::engine::RECALL_TOOL, 20_000)]);
+    turn(&mut s, 3, T0 + 200, &[("bash", 10)]);
+    assert_eq!(strategy_of(&s, "a2-p0"), None, "the recall stays whole");
+    let v = s.build_context();
+    let out = output_in(&v, "a2-p0");
+    assert!(
+        out.ends_with("TAIL-a2-p0") && out.len() > 20_000,
+        "{} characters",
+        out.len()
+    );
+}
+
 #[test]
 fn a_small_saving_on_a_cached_part_is_held_and_fresh_parts_still_change() {
     let limits = ModelLimits {
