@@ -304,8 +304,9 @@ impl Builder {
             )
             .into());
         }
+        // A part id is unique within its message (the engine keys parts per message).
         for (j, p) in parts.iter().enumerate() {
-            if !self.ids.insert(format!("p:{}", p.id)) {
+            if !self.ids.insert(format!("p:{}:{}", minfo.id, p.id)) {
                 return Err(err(
                     &format!("messages[{i}].parts[{j}].id"),
                     "an earlier part has this id",
@@ -313,7 +314,12 @@ impl Builder {
                 .into());
             }
         }
-        let ids: usize = parts.iter().map(|p| p.id.len() + 2).sum::<usize>() + minfo.id.len() + 2;
+        let ids: usize = parts
+            .iter()
+            .map(|p| p.id.len() + minfo.id.len() + 3)
+            .sum::<usize>()
+            + minfo.id.len()
+            + 2;
         let own =
             size_of::<(MessageInfo, Vec<Part>)>() + minfo.heap_bytes() + parts.heap_bytes() + ids;
         self.bytes = self

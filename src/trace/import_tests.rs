@@ -127,17 +127,24 @@ fn a_part_under_another_message_or_an_id_twice_is_refused_naming_the_path() {
             "messages[2].info.id",
         ),
         (
-            doc(vec![
-                msg("m1", "user", serde_json::json!([text("p1", "m1")])),
-                msg("m2", "user", serde_json::json!([text("p1", "m2")])),
-            ]),
-            "messages[1].parts[0].id",
+            doc(vec![msg(
+                "m1",
+                "user",
+                serde_json::json!([text("p1", "m1"), text("p1", "m1")]),
+            )]),
+            "messages[0].parts[1].id",
         ),
     ];
     for (document, path) in cases {
         let e = parse_export(&document).expect_err(path);
         assert_eq!(e.path, path, "{e:?}");
     }
+    // The same part id under two messages is two parts, as on a Stream.
+    let two = doc(vec![
+        msg("m1", "user", serde_json::json!([text("p1", "m1")])),
+        msg("m2", "user", serde_json::json!([text("p1", "m2")])),
+    ]);
+    assert_eq!(parse_export(&two).expect("valid").messages.len(), 2);
     // A part without its own messageID is the message's, as before.
     let ok = doc(vec![msg(
         "m1",
