@@ -11,17 +11,33 @@ const TODO_HEADING: &str = "## Todo list (carried verbatim by compactd)\n";
 /// Heading of the protected outputs in a summary's text; they are the text's last section.
 const PROTECTED_HEADING: &str = "## Protected tool outputs (carried verbatim by compactd)\n";
 
-/// Splits a summary's text into what the model is shown again (its text and todo list)
-/// and the protected outputs it carries (their entries, without the heading).
+/// Splits a summary's text (compactd's own) into what the model is shown again (its text
+/// and todo list) and the protected outputs it carries (their entries, without the
+/// heading). compactd's section is the last one: a copy of the heading the model wrote
+/// (it was shown the section before outputs were carried on) stays in the text.
 pub(super) fn split_carried(summary: &str) -> (&str, &str) {
     let separator = format!("\n\n{PROTECTED_HEADING}");
-    match summary.find(&separator) {
+    match summary.rfind(&separator) {
         Some(at) => (&summary[..at], &summary[at + separator.len()..]),
         None => (summary, ""),
     }
 }
 
 impl Session {
+    /// Context tokens of the protected outputs among `head`'s parts: carried on verbatim
+    /// after the summary, so not replaced by it.
+    pub(super) fn protected_tokens(&self, head: &[usize]) -> u64 {
+        head.iter()
+            .filter_map(|&i| self.messages().get(i))
+            .flat_map(|m| &m.parts)
+            .filter(|p| {
+                matches!(&p.part.kind, PartKind::Tool(t)
+                    if self.settings().is_protected_tool(&t.tool) && !t.state.output.is_empty())
+            })
+            .map(|p| p.context_tokens())
+            .fold(0u64, u64::saturating_add)
+    }
+
     /// Text compactd appends after the model's summary, verbatim: the session's todo list,
     /// then the protected outputs the previous summary carried (`carried`) and those of
     /// the messages summarized (`head`, positions).
@@ -43,6 +59,8 @@ impl Session {
                 if let PartKind::Tool(t) = &p.part.kind
                     && self.settings().is_protected_tool(&t.tool)
                     && !t.state.output.is_empty()
+                    // The same output loaded again (a skill read twice) is carried once.
+                    && !protected.contains(&format!(")\n{}\n", t.state.output))
                 {
                     protected.push_str(&format!(
                         "### {} ({})\n{}\n",

@@ -78,7 +78,8 @@ pub struct CompactionPlan {
     /// Estimated tokens of the head (what the model summarizes).
     pub head_tokens: u64,
     /// Estimated tokens the summary replaces: the head without its pinned parts (they
-    /// stay), plus the previous compaction's two messages when a summary is folded in.
+    /// stay), plus the previous compaction's two messages when a summary is folded in,
+    /// less the protected outputs the summary message carries on verbatim.
     pub replaced_tokens: u64,
     /// Estimated tokens of the whole context when the compaction began.
     pub tokens_before: u64,
@@ -245,7 +246,14 @@ impl Session {
         let mut previous_tokens = 0;
         if let Some(b) = self.boundary() {
             let text = self.text_of(b.summary);
-            let (summary, carried) = anchors::split_carried(&text);
+            // Only compactd's own summary carries outputs on; a host's is text only.
+            let own = commit_message(&self.messages()[b.summary])
+                .is_some_and(|(kind, _)| kind == CommitMessage::Summary);
+            let (summary, carried) = if own {
+                anchors::split_carried(&text)
+            } else {
+                (text.as_str(), "")
+            };
             carried_outputs = carried.to_string();
             previous_summary = Some(summary.to_string());
             previous_tokens = self.message_tokens(b.start) + self.message_tokens(b.summary);
@@ -261,6 +269,10 @@ impl Session {
         }
         let head_tokens: u64 = head.iter().map(|&i| self.message_tokens(i)).sum();
         let pinned_tokens: u64 = head.iter().map(|&i| self.pinned_tokens(i)).sum();
+        // What the summary message carries on verbatim is not replaced by it.
+        let kept_tokens = self
+            .protected_tokens(&head)
+            .saturating_add(self.counter().count(&carried_outputs));
         let held = HeldIds {
             generation: self.generation(),
             head: head.iter().filter_map(|&i| self.id_at(i)).collect(),
@@ -269,7 +281,8 @@ impl Session {
         Ok(CompactionPlan {
             replaced_tokens: head_tokens
                 .saturating_sub(pinned_tokens)
-                .saturating_add(previous_tokens),
+                .saturating_add(previous_tokens)
+                .saturating_sub(kept_tokens),
             head,
             tail_start,
             covers: self.messages().len(),

@@ -489,6 +489,82 @@ fn protected_outputs_outlive_a_second_compaction() {
     assert!(k1.is_some() && k1 < k2, "{text}");
 }
 
+/// What a compaction carries on verbatim is not replaced by the summary: it does not
+/// count in what the summary must be smaller than. Before, a previous summary's 3,000
+/// tokens of carried outputs let a model summary larger than the whole head pass, and
+/// the context grew. The same protected output loaded again is carried once.
+#[test]
+fn carried_outputs_are_not_counted_as_replaced_nor_carried_twice() {
+    let mut s = session(
+        "
+        user u1 text:t1=10
+        assistant a1 skill:k1=3000 read:p1=1000
+        user u2 text:t2=10
+        assistant a2 read:p2=300
+        user u3 text:t3=10
+        ",
+    );
+    let plan = s.plan_compaction(req(TAIL, false)).expect("plan");
+    assert!(
+        plan.replaced_tokens < 1_300,
+        "the skill output stays: {}",
+        plan.replaced_tokens
+    );
+    commit(&mut s, &plan, "first summary", false, 1);
+    let skill = match &find(&s, "k1").kind {
+        PartKind::Tool(t) => t.state.output.clone(),
+        _ => unreachable!(),
+    };
+    // The same skill loaded again, and a small head.
+    let mut again = parse("assistant a3 read:p3=200");
+    again.push(Update::UpsertPart(Part {
+        id: "k2".into(),
+        message_id: "a3".into(),
+        ..find(&s, "k1")
+    }));
+    for u in again.into_iter().chain(parse(
+        "
+        user u4 text:t4=10
+        assistant a4 text:t5=5
+        user u5 text:t6=10
+        ",
+    )) {
+        apply(&mut s, u);
+    }
+    let plan = s.plan_compaction(req(TAIL, false)).expect("plan");
+    assert!(
+        plan.replaced_tokens < 1_000,
+        "neither the carried nor the reloaded skill output is replaced: {}",
+        plan.replaced_tokens
+    );
+    // A model summary larger than all it replaces is refused.
+    let larger = chars(4 * 1_500);
+    let err = s.commit_compaction(&plan, &outcome(&larger), &ids(2), NOW, &config());
+    assert!(
+        matches!(err, Err(CompactionError::NotSmaller { .. })),
+        "{err:?}"
+    );
+    commit(&mut s, &plan, "second summary", false, 2);
+    let view = s.build_context();
+    let text = match &view.messages[1].parts[0].part.kind {
+        PartKind::Text(t) => t.text.clone(),
+        other => panic!("summary text expected, got {other:?}"),
+    };
+    assert_eq!(text.matches(skill.as_str()).count(), 1, "carried once");
+}
+
+/// Only compactd's own summary has its carried section split off; one the model copied
+/// the heading into before (a summary written before outputs were carried on) splits at
+/// compactd's own section, the last. A host's summary carries nothing.
+#[test]
+fn the_carried_section_is_compactds_own_last_one() {
+    let (text, carried) = crate::engine::anchors::split_carried(
+        "Model text.\n\n## Protected tool outputs (carried verbatim by compactd)\n### skill (c0)\ncopied\n\nMore model text.\n\n## Protected tool outputs (carried verbatim by compactd)\n### skill (c1)\nreal\n",
+    );
+    assert!(text.ends_with("More model text."), "{text}");
+    assert_eq!(carried, "### skill (c1)\nreal\n");
+}
+
 #[test]
 fn empty_or_larger_summaries_are_rejected_and_change_nothing() {
     let mut s = session(FIXTURE);
