@@ -53,47 +53,58 @@ pub fn url(url: &str) -> String {
 }
 
 /// The secrets a URL carries, for [`text`] to remove from what an endpoint says: the
-/// userinfo's password (as written and percent-decoded, as reqwest sends it), the whole
-/// `user:password` (whose base64 is the Basic auth header), and every query value of at
-/// least 8 bytes (a key taken in the query; shorter values are versions and flags).
+/// userinfo (`user:password`, whose base64 is the Basic auth header reqwest sends, as
+/// written and percent-decoded) and the password alone; a user without a password when it
+/// is long enough to be a token (`https://sk-...@gateway/v1`, sent as `user:`); and every
+/// query value. Forms under [`MIN_SHOWN_SECRET`] bytes are left out: a one-letter password
+/// would turn every such letter of an error into `[redacted]`, and break the numbers a
+/// refusal is read by.
 pub fn url_secrets(url: &str) -> Vec<String> {
-    let mut secrets = Vec::new();
+    let mut forms: Vec<String> = Vec::new();
     let Some((_, rest)) = url.split_once("://") else {
-        return secrets;
+        return forms;
+    };
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8_lossy()
+            .into_owned()
     };
     let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
-    if let Some((userinfo, _)) = authority.rsplit_once('@')
-        && let Some((user, password)) = userinfo.split_once(':')
-        && !password.is_empty()
-    {
-        let decode = |s: &str| {
-            percent_encoding::percent_decode_str(s)
-                .decode_utf8_lossy()
-                .into_owned()
-        };
-        // The longest first: each is removed in turn, and a password removed first would
-        // leave the user's half of the Basic header's base64 behind.
-        for form in [
-            userinfo.to_string(),
-            format!("{}:{}", decode(user), decode(password)),
-            password.to_string(),
-            decode(password),
-        ] {
-            if !secrets.contains(&form) {
-                secrets.push(form);
-            }
+    if let Some((userinfo, _)) = authority.rsplit_once('@') {
+        let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+        if !password.is_empty() {
+            forms.extend([
+                userinfo.to_string(),
+                format!("{}:{}", decode(user), decode(password)),
+                password.to_string(),
+                decode(password),
+            ]);
+        } else if user.len() >= MIN_TOKEN {
+            forms.extend([format!("{}:", decode(user)), user.to_string(), decode(user)]);
         }
     }
     let query = rest.split_once('?').map_or("", |(_, q)| q);
     let query = query.split_once('#').map_or(query, |(q, _)| q);
     for pair in query.split('&') {
         let value = pair.split_once('=').map_or(pair, |(_, v)| v);
-        if value.len() >= 8 && !secrets.iter().any(|s| s == value) {
-            secrets.push(value.to_string());
+        forms.extend([value.to_string(), decode(value)]);
+    }
+    let mut secrets: Vec<String> = Vec::new();
+    for form in forms {
+        if form.len() >= MIN_SHOWN_SECRET && !secrets.contains(&form) {
+            secrets.push(form);
         }
     }
+    // The longest first: each is removed in turn, and a shorter one removed first would
+    // leave part of a longer one's encoded form behind.
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
     secrets
 }
+
+/// Shortest URL secret removed from text (see [`url_secrets`]).
+pub const MIN_SHOWN_SECRET: usize = 6;
+/// Shortest user name taken for a token when the URL has no password.
+const MIN_TOKEN: usize = 8;
 
 /// `text` with `secret` removed in every form it is sent or echoed in: as is (which
 /// covers `Bearer <secret>`), base64 (standard and URL-safe), and base64 of `:secret`.
@@ -139,21 +150,21 @@ mod tests {
     }
 
     #[test]
-    fn a_urls_secrets_are_its_password_its_userinfo_and_its_long_query_values() {
+    fn a_urls_secrets_are_its_userinfo_its_password_and_its_query_values() {
         assert_eq!(
             url_secrets("https://bob:p%40ss-word@h.example/v1?api-key=sk-12345678&v=2024"),
             [
                 "bob:p%40ss-word",
                 "bob:p@ss-word",
                 "p%40ss-word",
-                "p@ss-word",
-                "sk-12345678"
+                "sk-12345678",
+                "p@ss-word"
             ]
         );
         assert!(url_secrets("http://127.0.0.1:8080/v1").is_empty());
         assert!(
             url_secrets("http://bob@h/v1").is_empty(),
-            "a user without a password"
+            "a short user is no token"
         );
         assert!(url_secrets("no url").is_empty());
         // Basic auth's header is the base64 of user:password: text() removes it.
@@ -164,6 +175,19 @@ mod tests {
             out = text(&out, &s);
         }
         assert_eq!(out, "authorization: Basic [redacted]");
+        // A token given as the user: reqwest sends base64("token:").
+        let mut out = format!("Basic {}", STANDARD.encode("sk-abcdefgh:"));
+        for s in url_secrets("https://sk-abcdefgh@gw/v1") {
+            out = text(&out, &s);
+        }
+        assert_eq!(out, "Basic [redacted]");
+        // A one-letter password is not removed as text: numbers stay readable.
+        let secrets = url_secrets("http://u:0@h/v1");
+        let mut out = "maximum context length is 4096".to_string();
+        for s in &secrets {
+            out = text(&out, s);
+        }
+        assert_eq!(out, "maximum context length is 4096");
     }
 
     #[test]

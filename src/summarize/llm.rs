@@ -65,8 +65,9 @@ pub struct OpenAiSummarizer {
     config: LlmConfig,
     /// What is known of each model's window at this endpoint.
     windows: Windows,
-    /// The base URL's credentials ([`redact::url_secrets`]), removed from error text.
-    url_secrets: Vec<String>,
+    /// The API key and the base URL's credentials ([`redact::url_secrets`]), longest
+    /// first: removed from every text an endpoint's words reach.
+    secrets: Vec<String>,
 }
 
 /// Written by hand so no dependency's `Debug` can ever print the key.
@@ -110,7 +111,7 @@ impl OpenAiSummarizer {
             client,
             http: reqwest::Client::new(),
             windows: Windows::new(config.context_tokens),
-            url_secrets: redact::url_secrets(&config.base_url),
+            secrets: secrets(&config),
             config,
         }
     }
@@ -125,23 +126,7 @@ impl OpenAiSummarizer {
     /// (cut to [`errors::MAX_MESSAGE_BYTES`], after the key is redacted so no cut can leave
     /// part of it behind).
     fn scrub(&self, e: SummarizeError) -> SummarizeError {
-        let key = self
-            .config
-            .api_key
-            .as_ref()
-            .map(|k| k.expose())
-            .filter(|k| !k.is_empty());
-        let clean = |m: String| {
-            let mut m = match key {
-                Some(key) => redact::text(&m, key),
-                None => m,
-            };
-            // The base URL's credentials too: reqwest sends them as Basic auth.
-            for secret in &self.url_secrets {
-                m = redact::text(&m, secret);
-            }
-            errors::bounded(m)
-        };
+        let clean = |m: String| self.scrub_text(m);
         match e {
             SummarizeError::Request {
                 status,
@@ -157,6 +142,17 @@ impl OpenAiSummarizer {
             SummarizeError::TooLong(m) => SummarizeError::TooLong(clean(m)),
             other => other,
         }
+    }
+
+    /// [`Self::scrub`] for one text: the key and the base URL's credentials removed (in
+    /// every form, the longest first), then cut to size. What is parsed of an endpoint's
+    /// words (a refusal's numbers) is read before this, on the text as it came.
+    fn scrub_text(&self, m: String) -> String {
+        let mut m = m;
+        for secret in &self.secrets {
+            m = redact::text(&m, secret);
+        }
+        errors::bounded(m)
     }
 
     fn body(&self, request: &SummaryRequest) -> Value {
@@ -339,8 +335,9 @@ impl OpenAiSummarizer {
                     });
                 }
                 Err(Failed::Silent(what)) => return Err(self.silent(&request, &body, what).await),
-                // Scrubbed where it comes out: the retry log and the `retrying` event carry it.
-                Err(Failed::Error(e)) => self.scrub(e),
+                // Read as it came (a refusal's numbers), scrubbed where it comes out: the
+                // logs, the `retrying` event, the failure.
+                Err(Failed::Error(e)) => e,
             };
             match e {
                 // Sending the same request again would be refused again: the chunker cuts
@@ -357,10 +354,12 @@ impl OpenAiSummarizer {
                     capped = true;
                     let model = self.model_of(request.model.as_deref());
                     self.windows.cap_output(&self.config.base_url, model, cap);
-                    tracing::warn!(model, ?cap, reason = %message, "the endpoint refused max_tokens; asking again within what it allows");
+                    let reason = self.scrub_text(message.clone());
+                    tracing::warn!(model, ?cap, %reason, "the endpoint refused max_tokens; asking again within what it allows");
                     body = self.body(&request);
                 }
                 e if !started && e.retryable() && attempt <= self.config.max_retries => {
+                    let e = self.scrub(e);
                     let backoff = self
                         .config
                         .retry_base
@@ -439,6 +438,23 @@ impl Summarizer for OpenAiSummarizer {
         }
         self.windows.get(base, model)
     }
+}
+
+/// The secrets an endpoint may echo: the key and the base URL's credentials, the longest
+/// first (removing a shorter one first could break a longer one's encoded form).
+fn secrets(config: &LlmConfig) -> Vec<String> {
+    let mut secrets = redact::url_secrets(&config.base_url);
+    if let Some(key) = config
+        .api_key
+        .as_ref()
+        .map(|k| k.expose())
+        .filter(|k| !k.is_empty())
+    {
+        secrets.push(key.to_string());
+    }
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    secrets.dedup();
+    secrets
 }
 
 /// The most summary text a request asking for `max_tokens` may bring: per token asked

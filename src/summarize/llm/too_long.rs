@@ -31,6 +31,7 @@ impl OpenAiSummarizer {
     /// error the chunker acts on.
     pub(super) fn refused(&self, request: &SummaryRequest, why: String) -> SummarizeError {
         self.learn(request, window::refusal(&why));
+        let why = self.scrub_text(why);
         tracing::info!(model = self.model_of(request.model.as_deref()), counted_tokens = request.counted_tokens, max_tokens = request.max_tokens, reason = %why, "compaction request refused for length; it will be cut smaller");
         SummarizeError::TooLong(why)
     }
@@ -99,6 +100,7 @@ impl OpenAiSummarizer {
                 format!("{what}, though the prompt alone fits (asked again without streaming)")
             }
         };
+        let why = self.scrub_text(why);
         tracing::warn!(model = self.model_of(request.model.as_deref()), counted_tokens = request.counted_tokens, max_tokens = request.max_tokens, reason = %why, "compaction request answered with nothing; it will be cut smaller");
         SummarizeError::TooLong(why)
     }
@@ -135,13 +137,14 @@ impl OpenAiSummarizer {
         Some(SummarizeError::TooLong(why))
     }
 
-    /// One request that is not streamed; errors mapped and scrubbed.
+    /// One request that is not streamed; errors mapped, as they came (the caller reads
+    /// them, then scrubs what it shows).
     async fn ask(&self, body: &Value) -> Result<Value, SummarizeError> {
         self.client
             .chat()
             .create_byot::<&Value, Value>(body)
             .await
-            .map_err(|e| self.scrub(request_error(e, false)))
+            .map_err(|e| request_error(e, false))
     }
 
     /// Learns the ratio from an answered request's usage report.
