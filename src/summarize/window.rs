@@ -98,6 +98,9 @@ struct Known {
     asked: bool,
     /// What a refusal of `max_tokens` taught (`output_cap.rs`).
     output: Option<OutputCap>,
+    /// A refusal named this model's window: what is learned from then on is below the
+    /// endpoint's own word, and wins over a larger configured window.
+    named: bool,
 }
 
 impl Default for Known {
@@ -107,6 +110,7 @@ impl Default for Known {
             ratio: RATIO_BOUNDS.0,
             asked: false,
             output: None,
+            named: false,
         }
     }
 }
@@ -135,11 +139,12 @@ impl Windows {
         let ratio = known.ratio;
         match (self.configured, known.window) {
             // The configured window is a ceiling: a refusal naming a smaller one is the
-            // endpoint's own word for this model.
-            (Some(tokens), Some((refused, WindowSource::Refusal))) if refused < tokens => {
+            // endpoint's own word for this model, and so is what was learned below it
+            // since.
+            (Some(tokens), Some((learned, source))) if known.named && learned < tokens => {
                 Some(Window {
-                    tokens: refused,
-                    source: WindowSource::Refusal,
+                    tokens: learned,
+                    source,
                     ratio,
                 })
             }
@@ -191,7 +196,10 @@ impl Windows {
                 k.ratio = k.ratio.max(ratio(prompt, counted));
             }
             match refusal.window.filter(|w| plausible(*w)) {
-                Some(w) => k.window = Some((w, WindowSource::Refusal)),
+                Some(w) => {
+                    k.window = Some((w, WindowSource::Refusal));
+                    k.named = true;
+                }
                 None => {
                     let sent = refusal
                         .prompt_tokens

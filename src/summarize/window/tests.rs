@@ -134,6 +134,11 @@ fn the_configured_window_is_a_ceiling_a_refusal_naming_a_smaller_one_lowers() {
     let now = w.refused(URL, "m", refusal, 2_000, None).expect("known");
     assert_eq!((now.tokens, now.source), (4_096, WindowSource::Refusal));
     assert_eq!(now.ratio, 1.5, "the ratio is still learned");
+    // A later refusal without numbers shrinks below it, never back up to the ceiling.
+    let now = w
+        .refused(URL, "m", Refusal::default(), 2_000, Some(1_000))
+        .expect("known");
+    assert!(now.tokens < 4_096, "{now:?}");
     // Only for that model.
     let other = w.get(URL, "other").expect("known");
     assert_eq!(
