@@ -75,6 +75,7 @@ pub use strategy::{
 pub use validate::{
     InvalidSetting, MAX_AUTO_CONTINUE, MAX_GLOB, MAX_GLOBS, MAX_MASK_KEEP, MAX_MODEL_NAME,
     MAX_PLACEHOLDER, MAX_PROMPT, MAX_PROTECT_TURNS, compaction_text, model_name, protected_globs,
+    protected_globs_lenient,
 };
 
 /// How cached prompt tokens are counted when `tokens.total` is absent.

@@ -149,6 +149,36 @@ pub fn protected_globs(patterns: &[String]) -> Result<globset::GlobSet, InvalidS
         .map_err(|e| invalid(KEY, format!("the patterns cannot be matched: {e}")))
 }
 
+/// The matcher of a list that may predate [`protected_globs`]'s bounds (a session stored
+/// by an older version): the list itself when it passes, else every pattern that
+/// compiles alone, by the same any-depth rule. A pattern over 16 × [`MAX_GLOB`] bytes is
+/// skipped: compiling it recurses once per nesting level.
+pub fn protected_globs_lenient(patterns: &[String]) -> globset::GlobSet {
+    if let Ok(set) = protected_globs(patterns) {
+        return set;
+    }
+    let mut set = globset::GlobSetBuilder::new();
+    for p in patterns.iter().filter(|p| p.len() <= 16 * MAX_GLOB) {
+        let mut forms = vec![p.clone()];
+        if !p.starts_with('/') && !p.starts_with("**/") {
+            forms.push(format!("**/{p}"));
+        }
+        for form in forms {
+            let Ok(glob) = globset::Glob::new(&form) else {
+                continue;
+            };
+            if globset::GlobSetBuilder::new()
+                .add(glob.clone())
+                .build()
+                .is_ok()
+            {
+                set.add(glob);
+            }
+        }
+    }
+    set.build().unwrap_or_else(|_| globset::GlobSet::empty())
+}
+
 impl EngineConfig {
     /// Checks every setting; the first one out of range is named.
     pub fn validate(&self) -> Result<(), InvalidSetting> {

@@ -533,9 +533,10 @@ fn queue(
 }
 
 /// Protected file globs, compiled by the rule that validated them where they entered
-/// (flags, session overrides), so the empty fallback is never taken for such a list.
+/// (flags, session overrides); a list an older version stored past today's bounds keeps
+/// every pattern that compiles.
 fn compile_globs(patterns: &[String]) -> GlobSet {
-    crate::config::protected_globs(patterns).unwrap_or_else(|_| GlobSet::empty())
+    crate::config::protected_globs_lenient(patterns)
 }
 
 /// `prefix` then `rest`, in one allocation (keys are built for every tool call).

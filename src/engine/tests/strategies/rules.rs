@@ -206,6 +206,32 @@ fn rule_protected_globs_match_absolute_paths_at_any_depth() {
     expect_marks(&sc.s, &[("o1", St::AggressiveFilePrune, "o2")]);
 }
 
+/// A list the rules of today refuse (over 256 patterns) but an older version stored
+/// still protects what it names when the session is restored. Before, its matcher
+/// failed to build and fell back to protecting nothing.
+#[test]
+fn rule_a_stored_list_over_todays_bounds_still_protects() {
+    let page = "Result line.\n".repeat(100);
+    let mut globs: Vec<String> = (0..300).map(|i| format!("generated/{i}/**")).collect();
+    globs.push("Cargo.toml".into());
+    let mut sc = Script::with(SessionOverrides {
+        protected_file_globs: Some(globs),
+        ..Default::default()
+    });
+    sc.user("u1", "Explore.").assistant(
+        "a1",
+        vec![
+            read("a1", "c1", "/home/u/proj/Cargo.toml", &page),
+            read("a1", "c2", "/home/u/proj/Cargo.toml", &page),
+        ],
+    );
+    for n in 2..=6 {
+        sc.user(&format!("u{n}"), "next");
+    }
+    sc.commit();
+    expect_marks(&sc.s, &[]);
+}
+
 #[test]
 
 fn rule_protected_files_errors_are_not_truncated_for_age() {
