@@ -184,13 +184,15 @@ pub struct EngineArgs {
     pub output_cap: f64,
     /// The provider's prompt-cache prices, which every rewrite of the prompt's past is
     /// weighed against (and `replay` prices requests with): anthropic, openai, none
-    /// (apply at once) or custom:READ:WRITE:TTL_SECONDS.
-    #[arg(long, env = "COMPACTD_CACHE_MODEL", default_value = "anthropic", value_parser = parse_cache_model)]
-    pub cache_model: CacheModel,
+    /// (apply at once) or custom:READ:WRITE:TTL_SECONDS [default: anthropic, or the
+    /// preset's].
+    #[arg(long, env = "COMPACTD_CACHE_MODEL", value_parser = parse_cache_model)]
+    pub cache_model: Option<CacheModel>,
     /// What counts session text: auto (by model family: cl100k for GPT-3.5/GPT-4, o200k
-    /// otherwise), o200k, cl100k or chars4 (OpenCode's length / 4, the OpenCode preset's).
-    #[arg(long, env = "COMPACTD_TOKENIZER", default_value = "auto", value_parser = parse_tokenizer)]
-    pub tokenizer: Tokenizer,
+    /// otherwise), o200k, cl100k or chars4 (OpenCode's length / 4) [default: auto, or the
+    /// preset's: chars4 for opencode].
+    #[arg(long, env = "COMPACTD_TOKENIZER", value_parser = parse_tokenizer)]
+    pub tokenizer: Option<Tokenizer>,
 }
 
 /// Where `serve` listens.
@@ -738,8 +740,8 @@ impl EngineArgs {
             snapshot_tools: non_empty(&self.snapshot_tools),
             mask_keep: self.mask_keep,
             output_cap: self.output_cap,
-            cache_model: self.cache_model,
-            tokenizer: self.tokenizer,
+            cache_model: self.cache_model.unwrap_or(CacheModel::ANTHROPIC),
+            tokenizer: self.tokenizer.unwrap_or_default(),
             ..EngineConfig::default()
         };
         base.validate().map_err(|e| ConfigError {
@@ -756,6 +758,8 @@ impl EngineArgs {
             preset: Some(preset),
             threshold: self.threshold,
             reserved: self.reserved,
+            cache_model: self.cache_model,
+            tokenizer: self.tokenizer,
             ..Default::default()
         }))
     }
@@ -787,7 +791,7 @@ mod tests {
     /// help says. Before, `--preset opencode --threshold 0.8` ran at 1.0: the preset was
     /// applied over everything.
     #[test]
-    fn explicit_threshold_and_reserved_win_over_the_preset() {
+    fn explicit_values_win_over_the_preset() {
         let c = engine(&["--preset", "opencode", "--threshold", "0.8"]);
         assert_eq!((c.threshold, c.reserved), (0.8, Reserved::OpenCode));
         let c = engine(&["--preset", "opencode"]);
@@ -803,6 +807,29 @@ mod tests {
         assert_eq!(
             (c.threshold, c.reserved),
             (crate::config::DEFAULT_THRESHOLD, Reserved::Fixed(0))
+        );
+        // The tokenizer and the cache model too.
+        let c = engine(&[
+            "--preset",
+            "opencode",
+            "--tokenizer",
+            "o200k",
+            "--cache-model",
+            "openai",
+        ]);
+        assert_eq!(
+            (c.tokenizer, c.cache_model),
+            (Tokenizer::O200k, CacheModel::OPENAI)
+        );
+        let c = engine(&["--preset", "opencode"]);
+        assert_eq!(
+            (c.tokenizer, c.cache_model),
+            (Tokenizer::Chars4, CacheModel::NONE)
+        );
+        let c = engine(&[]);
+        assert_eq!(
+            (c.tokenizer, c.cache_model),
+            (Tokenizer::Auto, CacheModel::ANTHROPIC)
         );
     }
 
