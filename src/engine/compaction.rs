@@ -2,7 +2,8 @@
 //! summary exactly as OpenCode does. The LLM call itself lives in `summarize/`.
 //!
 //! - [`Session::plan_compaction`] splits the context into the *head* (summarized) and the
-//!   *verbatim tail* (the last `tail_turns` user turns, at most `preserve_recent_tokens`),
+//!   *verbatim tail* (the last `tail_turns` user turns, at most `preserve_recent_tokens`; a
+//!   turn too large for what is left keeps its newest messages that fit),
 //!   and picks up the previous summary so it is folded in rather than summarized again.
 //! - [`Session::commit_compaction`] appends, through the ordinary `apply` path, the user
 //!   message with a `compaction` part (recording `tail_start_id`), the summary assistant

@@ -4,9 +4,6 @@
 
 use crate::summarize::SummarizeError;
 
-/// Longest finish reason quoted in an error: an endpoint may send any string.
-const MAX_REASON_CHARS: usize = 64;
-
 /// A stream's `finish_reason`, classified.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Finish {
@@ -27,8 +24,9 @@ impl Finish {
         match reason {
             "length" => Finish::Length,
             "content_filter" => Finish::Filtered,
+            // One of these few words, so quoting it in an error is safe.
             "error" | "abort" | "aborted" | "cancelled" | "canceled" => {
-                Finish::Stopped(reason.chars().take(MAX_REASON_CHARS).collect())
+                Finish::Stopped(reason.to_string())
             }
             _ => Finish::Done,
         }
@@ -61,8 +59,7 @@ mod tests {
         assert_eq!(Finish::of("length"), Finish::Length);
         assert_eq!(Finish::of("content_filter"), Finish::Filtered);
         assert_eq!(Finish::of("error"), Finish::Stopped("error".into()));
-        let long = "abort".to_string();
-        assert!(matches!(Finish::of(&long), Finish::Stopped(_)));
+        assert_eq!(Finish::of("abort"), Finish::Stopped("abort".into()));
         assert!(matches!(stopped("error", true), SummarizeError::Broken(_)));
         assert!(stopped("error", false).retryable());
     }
