@@ -5,7 +5,8 @@
 //! every event buffered holds a reservation in the store's ledger until the response body
 //! takes it, so it counts against `memory_budget`; a watcher whose buffer is full is
 //! dropped at once (it never makes the bus wait); and one that leaves events untaken for
-//! the slow-reader grace has them dropped, its call ended `RESOURCE_EXHAUSTED`.
+//! the slow-reader grace has them dropped, its call ended `RESOURCE_EXHAUSTED`. An event
+//! that finds no room in flight waits for it as long (ended the same way after).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -71,7 +72,7 @@ pub fn run(hub: &Arc<Hub>, only: String) -> WatchStream {
                 continue;
             }
             let bytes = u64::try_from(event.encoded_len()).unwrap_or(u64::MAX);
-            let held = match ledger.reserve(bytes, "events") {
+            let held = match reserve_within(&ledger, bytes, grace).await {
                 Ok(held) => held,
                 Err(e) => {
                     crate::telemetry::rejected(tonic::Code::ResourceExhausted);
@@ -101,6 +102,28 @@ pub fn run(hub: &Arc<Hub>, only: String) -> WatchStream {
     Box::pin(events.chain(end.map(Err)))
 }
 
+/// How long a watcher waits between tries for room in flight.
+const ROOM_RETRY: Duration = Duration::from_millis(10);
+
+/// Reserves an event's bytes in flight, waiting up to `grace` for room: the share may be
+/// full for a moment (a large reply another client has yet to read), which is no reason
+/// to end this watcher. The bus keeps its events meanwhile (a watcher that falls too far
+/// behind ends as lagging).
+async fn reserve_within(
+    ledger: &Arc<crate::store::Ledger>,
+    bytes: u64,
+    grace: Duration,
+) -> Result<Reservation, crate::store::StoreError> {
+    let deadline = tokio::time::Instant::now() + grace;
+    loop {
+        match ledger.reserve(bytes, "events") {
+            Ok(held) => return Ok(held),
+            Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
+            Err(_) => tokio::time::sleep(ROOM_RETRY).await,
+        }
+    }
+}
+
 /// The status a watcher's call ends with when it took none of its buffered events for
 /// `grace`: they were dropped.
 fn not_taking(grace: Duration) -> Status {
@@ -113,4 +136,42 @@ fn not_taking(grace: Duration) -> Status {
         "watcher is not reading its events (took none for {} ms); dropped, subscribe again",
         grace.as_millis()
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::EngineConfig;
+    use crate::server::hub::CompactionConfig;
+    use crate::store::{Limits, Store};
+
+    /// A watcher whose event finds the in-flight share full for a moment (a large reply
+    /// another client has not read yet) waits for room, within the grace, and delivers
+    /// it. Before, the watcher ended at once, RESOURCE_EXHAUSTED, whoever filled the share.
+    #[tokio::test]
+    async fn a_moment_without_room_in_flight_delays_the_event_not_the_watcher() {
+        let limits = Limits {
+            memory_budget: 8 << 20,
+            ..Limits::default()
+        };
+        let store = Arc::new(Store::new(EngineConfig::default()).with_limits(limits));
+        let hub = Arc::new(Hub::new(store.clone(), CompactionConfig::default()));
+        let mut events = run(&hub, String::new());
+        // Another reply holds the whole in-flight share.
+        let share = store.ledger().in_flight_limit();
+        let held = store.ledger().reserve(share, "replies").expect("the share");
+        hub.publish(
+            "s",
+            pb::session_event::Event::Overflow(pb::OverflowCheck::default()),
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(held);
+        let event = tokio::time::timeout(Duration::from_secs(5), events.next())
+            .await
+            .expect("an event within the grace");
+        let event = event
+            .expect("the watcher is open")
+            .expect("an event, not a status");
+        assert_eq!(event.session_id, "s");
+    }
 }
