@@ -42,11 +42,21 @@ impl Masking {
         if !self.seen.insert(at.part.clone()) {
             return; // a re-sent result is not a new one
         }
+        let newest = at.msg;
         self.results.push((at, protected));
         let keep = usize::try_from(keep).unwrap_or(usize::MAX);
         while self.results.len().saturating_sub(self.queued) > keep {
-            if let Some((at, false)) = self.results.get(self.queued) {
-                mask(at.clone());
+            let Some((victim, protected)) = self.results.get(self.queued) else {
+                break;
+            };
+            // A result of the message still being written (a step's 12 parallel calls)
+            // has not reached the model yet: it waits for the next message's results,
+            // whose request sends it.
+            if victim.msg == newest {
+                break;
+            }
+            if !protected {
+                mask(victim.clone());
             }
             self.queued += 1;
         }

@@ -711,6 +711,10 @@ fn fixture_scenario() -> (Vec<Change>, usize) {
 
 const FIXTURE: &str = include_str!("data/snapshot_v3.json");
 const FIXTURE_V2: &str = include_str!("data/snapshot_v2.json");
+/// The format 3 fixture as written before masking waited for a step's results to reach
+/// the model (it masked one of a5's three results at once): the rule the format 2
+/// fixture was written under, so the session it migrates to.
+const FIXTURE_V3_MASKED_EARLY: &str = include_str!("data/snapshot_v3_masked_early.json");
 const FIXTURE_V1: &str = include_str!("data/snapshot_v1.json");
 
 #[test]
@@ -903,11 +907,11 @@ fn snapshot_fixture_v2_migrates() {
     }
     assert_eq!(json!(by[..4]), stored["usage"]["delta_by"]);
     assert_eq!(by[4], 0);
-    // The format 3 fixture is the same session written today: the same context, and the
-    // same decisions from here on. Its calibration is taken from the format 2 session:
-    // that one learned under older rules (it also learned from the compaction's own
-    // usage report, which no longer teaches anything).
-    let mut v3: serde_json::Value = serde_json::from_str(FIXTURE).expect("json");
+    // The format 3 fixture of the same rules is the same session: the same context, and
+    // the same decisions from here on. Its calibration is taken from the format 2
+    // session: that one learned under older rules (it also learned from the compaction's
+    // own usage report, which no longer teaches anything).
+    let mut v3: serde_json::Value = serde_json::from_str(FIXTURE_V3_MASKED_EARLY).expect("json");
     let migrated: serde_json::Value =
         serde_json::from_slice(&encode_session(&restored)).expect("json");
     v3["session"]["totals"]["calibration"] = migrated["session"]["totals"]["calibration"].clone();

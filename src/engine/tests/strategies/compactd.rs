@@ -119,7 +119,8 @@ fn masking_hides_outputs_older_than_the_newest_n_and_names_the_call() {
         only(&[St::MaskObservations], 2, CacheModel::NONE),
         ModelLimits::default(),
     );
-    // One user turn, as a sub-agent runs: masking reaches inside it.
+    // Five parallel calls in one step: the model has not seen them yet, so none is
+    // masked (before, the three oldest were, the model never reading them).
     let outputs = [
         ("bash", 2_000),
         ("bash", 2_000),
@@ -128,17 +129,21 @@ fn masking_hides_outputs_older_than_the_newest_n_and_names_the_call() {
         ("bash", 2_000),
     ];
     let events = turn(&mut s, 1, T0, &outputs);
-    assert_eq!(marked(&events), ["a1-p0", "a1-p1", "a1-p2"]);
+    assert!(marked(&events).is_empty(), "{:?}", marked(&events));
+    // The next step's results: its request sent the first five, which masking now reaches
+    // (inside one user turn, as a sub-agent runs).
+    let events = turn(&mut s, 2, T0 + 10, &[("bash", 2_000)]);
+    assert_eq!(marked(&events), ["a1-p0", "a1-p1", "a1-p2", "a1-p3"]);
     let v = s.build_context();
     let masked = output_in(&v, "a1-p0");
     for needle in ["bash", "call_a1-p0", "2.0 KB", "compactd_recall"] {
         assert!(masked.contains(needle), "{needle} missing from {masked:?}");
     }
     assert!(
-        output_in(&v, "a1-p3").starts_with("HEAD-a1-p3"),
+        output_in(&v, "a1-p4").starts_with("HEAD-a1-p4"),
         "the newest two read in full"
     );
-    assert!(output_in(&v, "a1-p4").starts_with("HEAD-a1-p4"));
+    assert!(output_in(&v, "a2-p0").starts_with("HEAD-a2-p0"));
     assert_eq!(
         shown_text(&v, "u1-t"),
         "go on",
@@ -210,8 +215,12 @@ fn masking_leaves_tiny_outputs_protected_tools_and_pinned_parts_alone() {
     };
     go(&mut s, pin, T0);
     go(&mut s, Update::UpsertMessage(assistant("a1", "u1")), T0 + 1);
-    assert_eq!(strategy_of(&s, "old"), Some(St::MaskObservations));
-    for id in ["tiny", "sub", "kept", "new"] {
+    // The next step's result: its request sent a1's.
+    turn(&mut s, 2, T0 + 10, &[("bash", 10)]);
+    for id in ["old", "new"] {
+        assert_eq!(strategy_of(&s, id), Some(St::MaskObservations), "{id}");
+    }
+    for id in ["tiny", "sub", "kept"] {
         assert_eq!(strategy_of(&s, id), None, "{id} must read in full");
     }
 }
@@ -332,7 +341,8 @@ fn a_saving_that_pays_for_the_rewrite_applies_at_once() {
     let mut probe = s.clone();
     user_says(&mut probe, 2, T0 + 1_000);
     let events = turn(&mut s, 2, T0 + 1_000, &[("bash", 100), ("bash", 100)]);
-    assert_eq!(marked(&events), ["a1-p0", "a2-p0"]);
+    // a2-p0 waits for a later step: the model has not seen it yet.
+    assert_eq!(marked(&events), ["a1-p0"]);
     // What the scheduler weighed at that finish: nearly the whole tail is saved.
     let mut a = assistant("a2", "u2");
     a.time.created = T0 + 1_001;
@@ -425,7 +435,9 @@ fn with_the_none_model_or_the_opencode_preset_decisions_apply_at_once() {
         let mut s = session(o, ModelLimits::default());
         turn(&mut s, 1, T0, &[("bash", 400)]);
         let events = turn(&mut s, 2, T0 + 1_000, &[("bash", 40_000), ("bash", 40_000)]);
-        assert_eq!(marked(&events), ["a1-p0", "a2-p0"]);
+        assert_eq!(marked(&events), ["a1-p0"], "a2-p0 is not seen yet");
+        let events = turn(&mut s, 3, T0 + 2_000, &[("bash", 400)]);
+        assert_eq!(marked(&events), ["a2-p0", "a2-p1"]);
     }
 }
 
