@@ -737,11 +737,17 @@ impl Session {
     }
 
     /// Decisions waiting: the strategies' queue and the outputs prune would clear (an
-    /// upper bound of what the scheduler holds). O(1).
+    /// upper bound of what the scheduler holds); none of prune's while their saving is
+    /// under PRUNE_MINIMUM, as prune would not commit them. O(1).
     pub(crate) fn held_decisions(&mut self) -> usize {
         self.prune
             .sync(&self.messages, &self.users, &self.settings, &self.pins);
-        self.tracker.pending().len() + self.prune.window_len()
+        let prune = if self.prune.pending() > self.settings.prune_minimum {
+            self.prune.window_len()
+        } else {
+            0
+        };
+        self.tracker.pending().len() + prune
     }
 
     /// Puts decisions the scheduler held back in the queue for a later commit.

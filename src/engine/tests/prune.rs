@@ -639,6 +639,33 @@ fn the_opencode_preset_prunes_when_the_turn_ends_not_after_each_step() {
     assert!(matches!(report.events.as_slice(), [Event::Pruned(r)] if r.committed));
 }
 
+/// Outputs prune will not clear (their saving is under PRUNE_MINIMUM) are no decision
+/// waiting: they do not count toward the scheduler's MAX_HELD, past which it applies
+/// every decision without weighing its cost. Before, 600 small old outputs beyond the
+/// protected window switched the cache scheduler off for good.
+#[test]
+fn outputs_prune_will_not_clear_are_not_held_decisions() {
+    // 600 small old outputs (12,000 tokens) behind a newer 39,990 that fills the window.
+    let mut fixture = String::new();
+    for i in 0..600 {
+        fixture.push_str(&format!("user v{i}\nassistant b{i} read:s{i}=20\n"));
+    }
+    fixture.push_str("user u1\nassistant a1 read:big=39990\nuser u2\nuser u3\n");
+    let mut s = session_with(&fixture, SessionOverrides::default());
+    assert_eq!(
+        s.held_decisions(),
+        0,
+        "12,000 tokens: under PRUNE_MINIMUM, nothing waits"
+    );
+    // With a minimum they reach, they are decisions waiting.
+    let o = SessionOverrides {
+        prune_minimum: Some(100),
+        ..Default::default()
+    };
+    let mut s = session_with(&fixture, o);
+    assert_eq!(s.held_decisions(), 600);
+}
+
 // ---- the incremental index against the reference scan --------------------------------
 
 /// Applies the fixture one update at a time, checking the index after each.
