@@ -131,11 +131,6 @@ pub struct EngineConfig {
     pub auto_compact: bool,
     /// Automatic prune after finished assistant messages (`COMPACTD_DISABLE_PRUNE`).
     pub prune: bool,
-    /// Automatic prune only when a turn ends (OpenCode runs it once its loop exits: a
-    /// step that finished for tool calls ends none), not after every step. The OpenCode
-    /// preset's.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub prune_at_turn_end: bool,
     /// Overflow threshold ratio of usable input.
     #[serde(with = "crate::config::float")]
     pub threshold: f64,
@@ -187,7 +182,6 @@ impl Default for EngineConfig {
         EngineConfig {
             auto_compact: true,
             prune: true,
-            prune_at_turn_end: false,
             threshold: DEFAULT_THRESHOLD,
             reserved: Reserved::Fixed(0),
             cache_counting: CacheCounting::Separate,
@@ -322,15 +316,12 @@ impl EngineConfig {
                 s.reserved = Reserved::OpenCode;
                 // OpenCode prunes as soon as it decides: no cache-aware holding.
                 s.cache_model = CacheModel::NONE;
-                // ... on its own counts (JavaScript length ÷ 4) ...
+                // ... on its own counts (JavaScript length ÷ 4).
                 s.tokenizer = Tokenizer::Chars4;
-                // ... once its loop exits.
-                s.prune_at_turn_end = true;
             }
             Some(OverflowPreset::Compactd) => {
                 s.threshold = DEFAULT_THRESHOLD;
                 s.reserved = Reserved::Fixed(0);
-                s.prune_at_turn_end = false;
             }
             None => {}
         }

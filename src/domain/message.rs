@@ -137,17 +137,6 @@ impl MessageInfo {
         self.role == Role::Assistant && (self.time.completed.is_some() || !self.finish.is_empty())
     }
 
-    /// A finished assistant message that ends its user turn, by OpenCode's loop-exit
-    /// rule: it failed, or finished for a reason other than `tool-calls` and `unknown`
-    /// (which go on to the next step).
-    pub fn ends_turn(&self) -> bool {
-        self.is_finished()
-            && (self.error.is_some()
-                || (!self.finish.is_empty()
-                    && self.finish != "tool-calls"
-                    && self.finish != "unknown"))
-    }
-
     /// The summary flag only means "compaction summary" on assistant messages.
     pub fn is_summary(&self) -> bool {
         self.role == Role::Assistant && self.summary

@@ -128,8 +128,7 @@ pub fn step(
     {
         events.push(Event::Pruned(report));
     }
-    let settings = session.settings();
-    if applied.finished && settings.prune && (applied.ends_turn || !settings.prune_at_turn_end) {
+    if applied.finished && session.settings().prune {
         let (report, _) = session.auto_commit(now_ms);
         if report.changed() {
             events.push(Event::Pruned(report));

@@ -1045,7 +1045,6 @@ impl Session {
         Ok(Applied {
             created: false,
             finished,
-            ends_turn: finished && self.messages[idx].info.ends_turn(),
             usage_reported: usage,
             summary,
             user_at: None,
@@ -1055,7 +1054,6 @@ impl Session {
     fn insert_message(&mut self, info: MessageInfo) -> Applied {
         let idx = self.messages.len();
         let finished = info.is_finished();
-        let ends_turn = info.ends_turn();
         let summary = info.is_summary();
         let usage = info.role == Role::Assistant && info.tokens.is_some_and(|t| !t.is_empty());
         let tokens = info.tokens;
@@ -1098,7 +1096,6 @@ impl Session {
         Applied {
             created: true,
             finished,
-            ends_turn,
             usage_reported: usage,
             summary,
             user_at,

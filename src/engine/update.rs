@@ -63,8 +63,6 @@ pub struct Applied {
     pub created: bool,
     /// An assistant message became finished (triggers overflow check and auto prune).
     pub finished: bool,
-    /// ... and it ends its user turn ([`crate::domain::MessageInfo::ends_turn`]).
-    pub ends_turn: bool,
     /// New provider usage was recorded (triggers an overflow check).
     pub usage_reported: bool,
     /// The finished message is a compaction summary (never triggers another compaction).

@@ -16,7 +16,7 @@ use crate::engine::ContextView;
 pub const LANES: [&str; 4] = ["none", "opencode", "masking-10", "compactd"];
 
 /// Settings of a reference lane derived from the replayed config: `none` (no management
-/// at all), `opencode` (OpenCode's prune alone, applied at once when a turn ends), `masking-10` (outputs
+/// at all), `opencode` (OpenCode's prune alone, applied at once), `masking-10` (outputs
 /// older than the newest 10 tool results masked every request, nothing else), or the
 /// config itself (`compactd`).
 pub fn lane_config(lane: &str, config: &EngineConfig) -> EngineConfig {
@@ -31,8 +31,6 @@ pub fn lane_config(lane: &str, config: &EngineConfig) -> EngineConfig {
             strategies: StrategySet::NONE,
             auto_compact: false,
             cache_model: CacheModel::NONE,
-            // When OpenCode prunes: once its loop exits.
-            prune_at_turn_end: true,
             ..config.clone()
         },
         "masking-10" => EngineConfig {

@@ -610,35 +610,6 @@ fn unfinished_assistant_does_not_prune() {
     assert!(matches!(report.events.as_slice(), [Event::Pruned(r)] if r.committed));
 }
 
-/// Under the OpenCode preset, prune runs when OpenCode's loop exits, after the turn's last
-/// step, not after each step: a step that finished for tool calls prunes nothing (the
-/// turn's next requests still send the old outputs, as OpenCode's do). Before, compactd
-/// pruned after the first step, so the preset's mid-turn prompts and cache breaks were
-/// not OpenCode's.
-#[test]
-fn the_opencode_preset_prunes_when_the_turn_ends_not_after_each_step() {
-    let o = SessionOverrides {
-        preset: Some(crate::config::OverflowPreset::OpenCode),
-        ..Default::default()
-    };
-    let mut s = session_with(AUTO, o);
-    let mut step1 = assistant("a4", "u4");
-    step1.finish = "tool-calls".into();
-    let report = step(&mut s, Update::UpsertMessage(step1), &config(), NOW).unwrap();
-    assert!(report.applied.finished);
-    assert_eq!(report.events, vec![], "a tool-calls step ends no turn");
-    let mut last = assistant("a5", "u4");
-    last.finish = "stop".into();
-    let report = step(&mut s, Update::UpsertMessage(last), &config(), NOW).unwrap();
-    assert!(matches!(report.events.as_slice(), [Event::Pruned(r)] if r.committed));
-    // compactd's own preset prunes after each step, as before.
-    let mut s = session(AUTO);
-    let mut step1 = assistant("a4", "u4");
-    step1.finish = "tool-calls".into();
-    let report = step(&mut s, Update::UpsertMessage(step1), &config(), NOW).unwrap();
-    assert!(matches!(report.events.as_slice(), [Event::Pruned(r)] if r.committed));
-}
-
 /// Outputs prune will not clear (their saving is under PRUNE_MINIMUM) are no decision
 /// waiting: they do not count toward the scheduler's MAX_HELD, past which it applies
 /// every decision without weighing its cost. Before, 600 small old outputs beyond the

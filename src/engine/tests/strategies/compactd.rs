@@ -433,19 +433,10 @@ fn with_the_none_model_or_the_opencode_preset_decisions_apply_at_once() {
         },
     ] {
         let mut s = session(o, ModelLimits::default());
-        // Each turn ends with a step that finishes for good: the OpenCode preset commits
-        // when its loop exits, compactd's after every step.
-        let whole_turn = |s: &mut Session, n: usize, at: i64, outputs: &[(&str, usize)]| {
-            let mut events = turn(s, n, at, outputs);
-            let mut last = assistant(&format!("a{n}z"), &format!("u{n}"));
-            last.time.created = at + 20;
-            events.extend(go(s, Update::UpsertMessage(last), at + 20));
-            events
-        };
-        whole_turn(&mut s, 1, T0, &[("bash", 400)]);
-        let events = whole_turn(&mut s, 2, T0 + 1_000, &[("bash", 40_000), ("bash", 40_000)]);
+        turn(&mut s, 1, T0, &[("bash", 400)]);
+        let events = turn(&mut s, 2, T0 + 1_000, &[("bash", 40_000), ("bash", 40_000)]);
         assert_eq!(marked(&events), ["a1-p0"], "a2-p0 is not seen yet");
-        let events = whole_turn(&mut s, 3, T0 + 2_000, &[("bash", 400)]);
+        let events = turn(&mut s, 3, T0 + 2_000, &[("bash", 400)]);
         assert_eq!(marked(&events), ["a2-p0", "a2-p1"]);
     }
 }
