@@ -4,12 +4,24 @@
 //! protected outputs under their heading ([`split_carried`]).
 
 use super::session::Session;
-use crate::domain::PartKind;
+use crate::domain::{FastSet, PartKind};
 
 /// Heading of the todo list in a summary's text.
 const TODO_HEADING: &str = "## Todo list (carried verbatim by compactd)\n";
 /// Heading of the protected outputs in a summary's text; they are the text's last section.
 const PROTECTED_HEADING: &str = "## Protected tool outputs (carried verbatim by compactd)\n";
+
+/// Whether `carried` (a summary's protected entries) holds `output` as a whole entry's
+/// output: after an entry's heading line, up to the next entry or the end.
+pub(super) fn carries(carried: &str, output: &str) -> bool {
+    let whole = format!(")\n{output}\n");
+    carried.match_indices(&whole).any(|(at, _)| {
+        let line = carried[..at].rfind('\n').map_or(0, |n| n + 1);
+        let end = at + whole.len();
+        carried[line..].starts_with("### ")
+            && (end == carried.len() || carried[end..].starts_with("### "))
+    })
+}
 
 /// Splits a summary's text (compactd's own) into what the model is shown again (its text
 /// and todo list) and the protected outputs it carries (their entries, without the
@@ -24,23 +36,33 @@ pub(super) fn split_carried(summary: &str) -> (&str, &str) {
 }
 
 impl Session {
-    /// Context tokens of the protected outputs among `head`'s parts: carried on verbatim
-    /// after the summary, so not replaced by it.
-    pub(super) fn protected_tokens(&self, head: &[usize]) -> u64 {
-        head.iter()
-            .filter_map(|&i| self.messages().get(i))
-            .flat_map(|m| &m.parts)
-            .filter(|p| {
-                matches!(&p.part.kind, PartKind::Tool(t)
-                    if self.settings().is_protected_tool(&t.tool) && !t.state.output.is_empty())
-            })
-            .map(|p| p.context_tokens())
-            .fold(0u64, u64::saturating_add)
+    /// The protected outputs a summary carries on: those the previous summary carried
+    /// (`carried`), then those of the messages summarized (`head`, positions), each output
+    /// once (a skill loaded again is carried once; the copy is replaced like any part).
+    pub(super) fn protected_section(&self, head: &[usize], carried: &str) -> String {
+        let mut section = carried.to_string();
+        let mut seen: FastSet<&str> = FastSet::default();
+        for m in head.iter().filter_map(|&i| self.messages().get(i)) {
+            for p in &m.parts {
+                let PartKind::Tool(t) = &p.part.kind else {
+                    continue;
+                };
+                let output = t.state.output.as_str();
+                if !self.settings().is_protected_tool(&t.tool)
+                    || output.is_empty()
+                    || !seen.insert(output)
+                    || carries(carried, output)
+                {
+                    continue;
+                }
+                section.push_str(&format!("### {} ({})\n{output}\n", t.tool, t.call_id));
+            }
+        }
+        section
     }
 
     /// Text compactd appends after the model's summary, verbatim: the session's todo list,
-    /// then the protected outputs the previous summary carried (`carried`) and those of
-    /// the messages summarized (`head`, positions).
+    /// then the protected outputs ([`Self::protected_section`]).
     pub fn anchors(&self, head: &[usize], carried: &str) -> String {
         let mut out = String::new();
         if !self.info().todos.is_empty() {
@@ -53,22 +75,7 @@ impl Session {
                 out.push('\n');
             }
         }
-        let mut protected = carried.to_string();
-        for m in head.iter().filter_map(|&i| self.messages().get(i)) {
-            for p in &m.parts {
-                if let PartKind::Tool(t) = &p.part.kind
-                    && self.settings().is_protected_tool(&t.tool)
-                    && !t.state.output.is_empty()
-                    // The same output loaded again (a skill read twice) is carried once.
-                    && !protected.contains(&format!(")\n{}\n", t.state.output))
-                {
-                    protected.push_str(&format!(
-                        "### {} ({})\n{}\n",
-                        t.tool, t.call_id, t.state.output
-                    ));
-                }
-            }
-        }
+        let protected = self.protected_section(head, carried);
         if !protected.is_empty() {
             if !out.is_empty() {
                 out.push('\n');

@@ -272,8 +272,8 @@ impl Session {
         let pinned_tokens: u64 = head.iter().map(|&i| self.pinned_tokens(i)).sum();
         // What the summary message carries on verbatim is not replaced by it.
         let kept_tokens = self
-            .protected_tokens(&head)
-            .saturating_add(self.counter().count(&carried_outputs));
+            .counter()
+            .count(&self.protected_section(&head, &carried_outputs));
         let held = HeldIds {
             generation: self.generation(),
             head: head.iter().filter_map(|&i| self.id_at(i)).collect(),
