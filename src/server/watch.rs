@@ -72,7 +72,12 @@ pub fn run(hub: &Arc<Hub>, only: String) -> WatchStream {
                 continue;
             }
             let bytes = u64::try_from(event.encoded_len()).unwrap_or(u64::MAX);
-            let held = match reserve_within(&ledger, bytes, grace).await {
+            let room = tokio::select! {
+                biased;
+                () = tx.closed() => return, // the watcher hung up while waiting
+                room = reserve_within(&ledger, bytes, grace) => room,
+            };
+            let held = match room {
                 Ok(held) => held,
                 Err(e) => {
                     crate::telemetry::rejected(tonic::Code::ResourceExhausted);
@@ -118,6 +123,8 @@ async fn reserve_within(
     loop {
         match ledger.reserve(bytes, "events") {
             Ok(held) => return Ok(held),
+            // Larger than the whole share: no wait makes room for it.
+            Err(e) if bytes > ledger.in_flight_limit() => return Err(e),
             Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
             Err(_) => tokio::time::sleep(ROOM_RETRY).await,
         }
@@ -173,5 +180,39 @@ mod tests {
             .expect("the watcher is open")
             .expect("an event, not a status");
         assert_eq!(event.session_id, "s");
+    }
+
+    /// A watcher that hangs up while its event waits for room ends then, not at the end
+    /// of the grace: its task stops counting in `compactd_watchers` at once.
+    #[tokio::test]
+    async fn a_watcher_that_hangs_up_while_waiting_for_room_ends_at_once() {
+        let limits = Limits {
+            memory_budget: 8 << 20,
+            ..Limits::default()
+        };
+        let store = Arc::new(Store::new(EngineConfig::default()).with_limits(limits));
+        let mut hub = Hub::new(store.clone(), CompactionConfig::default());
+        hub.slow_reader_grace = Duration::from_secs(60);
+        let hub = Arc::new(hub);
+        let events = run(&hub, String::new());
+        let share = store.ledger().in_flight_limit();
+        let _held = store.ledger().reserve(share, "replies").expect("the share");
+        hub.publish(
+            "s",
+            pb::session_event::Event::Overflow(pb::OverflowCheck::default()),
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(hub.bus.receiver_count(), 1, "the watcher waits for room");
+        drop(events);
+        let ended = tokio::time::timeout(Duration::from_secs(5), async {
+            while hub.bus.receiver_count() > 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        assert!(
+            ended.is_ok(),
+            "the watcher's task ended within 5 s of a 60 s grace"
+        );
     }
 }
