@@ -176,7 +176,8 @@ pub struct EngineArgs {
         default_value = "browser_snapshot,browser_take_screenshot,take_snapshot,take_screenshot,screenshot,snapshot"
     )]
     pub snapshot_tools: Vec<String>,
-    /// maskObservations: the newest tool results that always read in full.
+    /// maskObservations: the newest tool results that always read in full (and the newest
+    /// message's results, which no request has sent yet).
     #[arg(long, env = "COMPACTD_MASK_KEEP", default_value_t = crate::config::MASK_KEEP)]
     pub mask_keep: u32,
     /// capLargeOutputs: the share of usable input one tool output may fill, in (0, 1].

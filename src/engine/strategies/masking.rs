@@ -2,10 +2,15 @@
 //! outputs older than the newest `mask_keep` tool results read as a short placeholder that
 //! names the tool, the call id and the size, so the agent knows what it saw and can ask
 //! for it back (`compactd_recall`). Unlike OpenCode's prune it reaches into the current
-//! user turn, where single-prompt sub-agent runs spend most of their tokens.
+//! user turn, where single-prompt sub-agent runs spend most of their tokens. It masks only
+//! what the model has seen: the results of the newest message with results (a step's 12
+//! parallel calls) wait for a later message's results, whose request sent them. A host
+//! that writes every step into one assistant message is masked only once a later
+//! message has results.
 //!
-//! The state is a list of results in position order and how far masking has reached, so
-//! each new result costs O(1).
+//! The state is a list of results in arrival order and how far masking has reached, so
+//! each new result costs O(1). (A rebuild feeds them in position order: a step whose
+//! calls completed out of order may be masked differently after one.)
 
 use std::sync::Arc;
 

@@ -130,8 +130,8 @@ fn masking_hides_outputs_older_than_the_newest_n_and_names_the_call() {
     ];
     let events = turn(&mut s, 1, T0, &outputs);
     assert!(marked(&events).is_empty(), "{:?}", marked(&events));
-    // The next step's results: its request sent the first five, which masking now reaches
-    // (inside one user turn, as a sub-agent runs).
+    // The next message's results: its request sent the first five, which masking now
+    // reaches.
     let events = turn(&mut s, 2, T0 + 10, &[("bash", 2_000)]);
     assert_eq!(marked(&events), ["a1-p0", "a1-p1", "a1-p2", "a1-p3"]);
     let v = s.build_context();
