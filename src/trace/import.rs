@@ -279,7 +279,7 @@ struct Builder {
     messages: Vec<(MessageInfo, Vec<Part>)>,
     /// Ids taken so far: a second message or part with one would be merged into the
     /// first when loaded (the history reordered, a part replaced).
-    ids: FastSet<String>,
+    ids: FastSet<(String, String)>,
 }
 
 impl Builder {
@@ -296,8 +296,9 @@ impl Builder {
     fn message(&mut self, m: Value) -> Result<(), LimitedError> {
         let i = self.messages.len();
         let (minfo, parts) = message(m, i)?;
-        // One set, each id under its kind; its copies count against the limit below.
-        if !self.ids.insert(format!("m:{}", minfo.id)) {
+        // One set: a message as (id, ""), a part as (message id, part id), part ids being
+        // never empty; its copies count against the limit below.
+        if !self.ids.insert((minfo.id.clone(), String::new())) {
             return Err(err(
                 &format!("messages[{i}].info.id"),
                 "an earlier message has this id",
@@ -306,7 +307,7 @@ impl Builder {
         }
         // A part id is unique within its message (the engine keys parts per message).
         for (j, p) in parts.iter().enumerate() {
-            if !self.ids.insert(format!("p:{}:{}", minfo.id, p.id)) {
+            if !self.ids.insert((minfo.id.clone(), p.id.clone())) {
                 return Err(err(
                     &format!("messages[{i}].parts[{j}].id"),
                     "an earlier part has this id",

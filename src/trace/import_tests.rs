@@ -145,6 +145,13 @@ fn a_part_under_another_message_or_an_id_twice_is_refused_naming_the_path() {
         msg("m2", "user", serde_json::json!([text("p1", "m2")])),
     ]);
     assert_eq!(parse_export(&two).expect("valid").messages.len(), 2);
+    // Ids with colons are theirs: message "a" with part "b:c" and message "a:b" with
+    // part "c" are four ids, not two.
+    let colons = doc(vec![
+        msg("a", "user", serde_json::json!([text("b:c", "a")])),
+        msg("a:b", "user", serde_json::json!([text("c", "a:b")])),
+    ]);
+    assert_eq!(parse_export(&colons).expect("valid").messages.len(), 2);
     // A part without its own messageID is the message's, as before.
     let ok = doc(vec![msg(
         "m1",
