@@ -155,22 +155,32 @@ mod tests {
     /// A watcher whose event finds the in-flight share full for a moment (a large reply
     /// another client has not read yet) waits for room, within the grace, and delivers
     /// it. Before, the watcher ended at once, RESOURCE_EXHAUSTED, whoever filled the share.
-    #[tokio::test]
-    async fn a_moment_without_room_in_flight_delays_the_event_not_the_watcher() {
+    /// A hub over an 8 MiB budget with a slow-reader grace of `grace`, one watcher of it,
+    /// and a reservation (another reply) holding the whole in-flight share while an event
+    /// is published.
+    fn watcher_without_room(grace: Duration) -> (Arc<Hub>, WatchStream, Reservation) {
         let limits = Limits {
             memory_budget: 8 << 20,
             ..Limits::default()
         };
         let store = Arc::new(Store::new(EngineConfig::default()).with_limits(limits));
-        let hub = Arc::new(Hub::new(store.clone(), CompactionConfig::default()));
-        let mut events = run(&hub, String::new());
-        // Another reply holds the whole in-flight share.
+        let mut hub = Hub::new(store.clone(), CompactionConfig::default());
+        hub.slow_reader_grace = grace;
+        let hub = Arc::new(hub);
+        let events = run(&hub, String::new());
         let share = store.ledger().in_flight_limit();
         let held = store.ledger().reserve(share, "replies").expect("the share");
         hub.publish(
             "s",
             pb::session_event::Event::Overflow(pb::OverflowCheck::default()),
         );
+        (hub, events, held)
+    }
+
+    #[tokio::test]
+    async fn a_moment_without_room_in_flight_delays_the_event_not_the_watcher() {
+        let grace = crate::server::hub::DEFAULT_SLOW_READER_GRACE;
+        let (_hub, mut events, held) = watcher_without_room(grace);
         tokio::time::sleep(Duration::from_millis(100)).await;
         drop(held);
         let event = tokio::time::timeout(Duration::from_secs(5), events.next())
@@ -186,21 +196,7 @@ mod tests {
     /// of the grace: its task stops counting in `compactd_watchers` at once.
     #[tokio::test]
     async fn a_watcher_that_hangs_up_while_waiting_for_room_ends_at_once() {
-        let limits = Limits {
-            memory_budget: 8 << 20,
-            ..Limits::default()
-        };
-        let store = Arc::new(Store::new(EngineConfig::default()).with_limits(limits));
-        let mut hub = Hub::new(store.clone(), CompactionConfig::default());
-        hub.slow_reader_grace = Duration::from_secs(60);
-        let hub = Arc::new(hub);
-        let events = run(&hub, String::new());
-        let share = store.ledger().in_flight_limit();
-        let _held = store.ledger().reserve(share, "replies").expect("the share");
-        hub.publish(
-            "s",
-            pb::session_event::Event::Overflow(pb::OverflowCheck::default()),
-        );
+        let (hub, events, _held) = watcher_without_room(Duration::from_secs(60));
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(hub.bus.receiver_count(), 1, "the watcher waits for room");
         drop(events);

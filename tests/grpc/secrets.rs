@@ -129,6 +129,18 @@ async fn the_api_key_stays_out_of_logs_events_errors_and_help() {
     assert!(!help.contains(KEY), "the key leaked into --help");
 }
 
+/// Four 502s with `body`: every attempt of a failing compaction (one retry, as
+/// `failing_compaction_at` configures) answered the same.
+fn bad_gateways(body: &str) -> Vec<Reply> {
+    (0..4)
+        .map(|_| Reply::Status {
+            code: 502,
+            body: body.to_string(),
+            retry_after: None,
+        })
+        .collect()
+}
+
 /// Asserts that no secret of `secrets` is in the log or the events.
 fn assert_absent(log: &str, events: &str, secrets: &[&str]) {
     for (what, text) in [("log", log), ("events", events)] {
@@ -193,14 +205,7 @@ async fn a_5xx_body_echoing_the_headers_leaks_the_key_nowhere() {
         "{{\"error\": {{\"message\": \"upstream failed; request headers: authorization: Bearer {KEY}, x-api-key: {b64}\", \"type\": \"server_error\"}}}}"
     );
     for level in [None, Some("debug")] {
-        let replies = (0..4)
-            .map(|_| Reply::Status {
-                code: 502,
-                body: echo.clone(),
-                retry_after: None,
-            })
-            .collect();
-        let fake = FakeLlm::start(replies).await;
+        let fake = FakeLlm::start(bad_gateways(&echo)).await;
         let (log, events) = failing_compaction_at(fake.base_url(), level).await;
         // The echo reached compactd: the 502 is reported, its body redacted.
         assert!(log.contains("LLM request failed: 502"), "{log}");
@@ -231,14 +236,7 @@ async fn credentials_in_the_base_url_echoed_by_the_endpoint_leak_nowhere() {
     let echo = format!(
         "{{\"error\": {{\"message\": \"upstream failed; authorization: Basic {basic}; password {PASSWORD}\", \"type\": \"server_error\"}}}}"
     );
-    let replies = (0..4)
-        .map(|_| Reply::Status {
-            code: 502,
-            body: echo.clone(),
-            retry_after: None,
-        })
-        .collect();
-    let fake = FakeLlm::start(replies).await;
+    let fake = FakeLlm::start(bad_gateways(&echo)).await;
     let url = fake
         .base_url()
         .replacen("http://", &format!("http://bob:{PASSWORD}@"), 1);

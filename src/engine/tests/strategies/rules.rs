@@ -182,28 +182,36 @@ fn rule_protected_tools_and_files_are_never_marked_but_todos_are_superseded() {
 /// `/home/u/proj/secrets`: their reads were superseded like any other.
 #[test]
 fn rule_protected_globs_match_absolute_paths_at_any_depth() {
-    let page = "Result line.\n".repeat(100);
-    let mut sc = Script::with(SessionOverrides {
-        protected_file_globs: Some(vec!["Cargo.toml".into(), "secrets/**".into()]),
-        ..Default::default()
-    });
-    sc.user("u1", "Explore.").assistant(
-        "a1",
-        vec![
-            read("a1", "c1", "/home/u/proj/Cargo.toml", &page),
-            read("a1", "c2", "/home/u/proj/Cargo.toml", &page),
-            read("a1", "x1", "/home/u/proj/secrets/api/key.txt", &page),
-            read("a1", "x2", "/home/u/proj/secrets/api/key.txt", &page),
-            read("a1", "o1", "/home/u/proj/src/main.rs", &page),
-            read("a1", "o2", "/home/u/proj/src/main.rs", &page),
+    let sc = reads_twice(
+        vec!["Cargo.toml".into(), "secrets/**".into()],
+        &[
+            ("c", "/home/u/proj/Cargo.toml"),
+            ("x", "/home/u/proj/secrets/api/key.txt"),
+            ("o", "/home/u/proj/src/main.rs"),
         ],
     );
+    // Only the unprotected file's first read is superseded.
+    expect_marks(&sc.s, &[("o1", St::AggressiveFilePrune, "o2")]);
+}
+
+/// A session under `globs` whose first turn reads each `(id, path)` twice (`<id>1`, then
+/// `<id>2`), committed five user turns later.
+fn reads_twice(globs: Vec<String>, files: &[(&str, &str)]) -> Script {
+    let page = "Result line.\n".repeat(100);
+    let mut sc = Script::with(SessionOverrides {
+        protected_file_globs: Some(globs),
+        ..Default::default()
+    });
+    let parts = files
+        .iter()
+        .flat_map(|(id, path)| [1, 2].map(|n| read("a1", &format!("{id}{n}"), path, &page)))
+        .collect();
+    sc.user("u1", "Explore.").assistant("a1", parts);
     for n in 2..=6 {
         sc.user(&format!("u{n}"), "next");
     }
     sc.commit();
-    // Only the unprotected file's first read is superseded.
-    expect_marks(&sc.s, &[("o1", St::AggressiveFilePrune, "o2")]);
+    sc
 }
 
 /// A list the rules of today refuse (over 256 patterns) but an older version stored
@@ -211,24 +219,9 @@ fn rule_protected_globs_match_absolute_paths_at_any_depth() {
 /// failed to build and fell back to protecting nothing.
 #[test]
 fn rule_a_stored_list_over_todays_bounds_still_protects() {
-    let page = "Result line.\n".repeat(100);
     let mut globs: Vec<String> = (0..300).map(|i| format!("generated/{i}/**")).collect();
     globs.push("Cargo.toml".into());
-    let mut sc = Script::with(SessionOverrides {
-        protected_file_globs: Some(globs),
-        ..Default::default()
-    });
-    sc.user("u1", "Explore.").assistant(
-        "a1",
-        vec![
-            read("a1", "c1", "/home/u/proj/Cargo.toml", &page),
-            read("a1", "c2", "/home/u/proj/Cargo.toml", &page),
-        ],
-    );
-    for n in 2..=6 {
-        sc.user(&format!("u{n}"), "next");
-    }
-    sc.commit();
+    let sc = reads_twice(globs, &[("c", "/home/u/proj/Cargo.toml")]);
     expect_marks(&sc.s, &[]);
 }
 
