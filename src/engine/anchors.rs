@@ -11,14 +11,18 @@ const TODO_HEADING: &str = "## Todo list (carried verbatim by compactd)\n";
 /// Heading of the protected outputs in a summary's text; they are the text's last section.
 const PROTECTED_HEADING: &str = "## Protected tool outputs (carried verbatim by compactd)\n";
 
-/// Whether `carried` (a summary's protected entries) holds `output` as a whole entry's
-/// output: after an entry's heading line, up to the next entry or the end.
-pub(super) fn carries(carried: &str, output: &str) -> bool {
+/// Whether `carried` (a summary's protected entries) holds `output` as the whole output of
+/// an entry of `tool`: right after a `### <tool> (<call id>)` line, up to the next entry
+/// or the end. A line of a carried output that merely looks like a heading (a skill's own
+/// `### Verify (required)`) never counts: a false match would drop an output, a missed one
+/// only carries it twice.
+pub(super) fn carries(carried: &str, tool: &str, output: &str) -> bool {
     let whole = format!(")\n{output}\n");
+    let heading = format!("### {tool} (");
     carried.match_indices(&whole).any(|(at, _)| {
         let line = carried[..at].rfind('\n').map_or(0, |n| n + 1);
         let end = at + whole.len();
-        carried[line..].starts_with("### ")
+        carried[line..].starts_with(&heading)
             && (end == carried.len() || carried[end..].starts_with("### "))
     })
 }
@@ -51,7 +55,7 @@ impl Session {
                 if !self.settings().is_protected_tool(&t.tool)
                     || output.is_empty()
                     || !seen.insert(output)
-                    || carries(carried, output)
+                    || carries(carried, &t.tool, output)
                 {
                     continue;
                 }

@@ -270,10 +270,9 @@ impl Session {
         }
         let head_tokens: u64 = head.iter().map(|&i| self.message_tokens(i)).sum();
         let pinned_tokens: u64 = head.iter().map(|&i| self.pinned_tokens(i)).sum();
-        // What the summary message carries on verbatim is not replaced by it.
-        let kept_tokens = self
-            .counter()
-            .count(&self.protected_section(&head, &carried_outputs));
+        // What the summary message carries verbatim (todos, protected outputs, their
+        // headings) is not replaced by the model's text.
+        let kept_tokens = self.counter().count(&self.anchors(&head, &carried_outputs));
         let held = HeldIds {
             generation: self.generation(),
             head: head.iter().filter_map(|&i| self.id_at(i)).collect(),

@@ -152,9 +152,6 @@ mod tests {
     use crate::server::hub::CompactionConfig;
     use crate::store::{Limits, Store};
 
-    /// A watcher whose event finds the in-flight share full for a moment (a large reply
-    /// another client has not read yet) waits for room, within the grace, and delivers
-    /// it. Before, the watcher ended at once, RESOURCE_EXHAUSTED, whoever filled the share.
     /// A hub over an 8 MiB budget with a slow-reader grace of `grace`, one watcher of it,
     /// and a reservation (another reply) holding the whole in-flight share while an event
     /// is published.
@@ -177,6 +174,9 @@ mod tests {
         (hub, events, held)
     }
 
+    /// A watcher whose event finds the in-flight share full for a moment (a large reply
+    /// another client has not read yet) waits for room, within the grace, and delivers
+    /// it. Before, the watcher ended at once, RESOURCE_EXHAUSTED, whoever filled the share.
     #[tokio::test]
     async fn a_moment_without_room_in_flight_delays_the_event_not_the_watcher() {
         let grace = crate::server::hub::DEFAULT_SLOW_READER_GRACE;

@@ -297,7 +297,7 @@ impl Builder {
         let i = self.messages.len();
         let (minfo, parts) = message(m, i)?;
         // One set: a message as (id, ""), a part as (message id, part id), part ids being
-        // never empty; its copies count against the limit below.
+        // never empty; its entries count against the limit below.
         if !self.ids.insert((minfo.id.clone(), String::new())) {
             return Err(err(
                 &format!("messages[{i}].info.id"),
@@ -315,12 +315,14 @@ impl Builder {
                 .into());
             }
         }
+        // Each entry of the set: a pair of strings and their bytes.
+        let entry = 2 * size_of::<String>();
         let ids: usize = parts
             .iter()
-            .map(|p| p.id.len() + minfo.id.len() + 3)
+            .map(|p| entry + p.id.len() + minfo.id.len())
             .sum::<usize>()
-            + minfo.id.len()
-            + 2;
+            + entry
+            + minfo.id.len();
         let own =
             size_of::<(MessageInfo, Vec<Part>)>() + minfo.heap_bytes() + parts.heap_bytes() + ids;
         self.bytes = self

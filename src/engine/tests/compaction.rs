@@ -560,11 +560,19 @@ fn carried_outputs_are_not_counted_as_replaced_nor_carried_twice() {
 fn a_short_output_inside_a_carried_one_is_still_carried() {
     use crate::engine::anchors::carries;
     let carried = "### skill (c1)\nrun(x)\nok\n";
-    assert!(!carries(carried, "ok"));
-    assert!(carries(carried, "run(x)\nok"));
+    assert!(!carries(carried, "skill", "ok"));
+    assert!(carries(carried, "skill", "run(x)\nok"));
     let two = "### skill (c1)\nrun(x)\nok\n### skill (c2)\nother\n";
-    assert!(carries(two, "run(x)\nok"));
-    assert!(!carries(two, "ok"));
+    assert!(carries(two, "skill", "run(x)\nok"));
+    assert!(!carries(two, "skill", "ok"));
+    // A line of a skill that looks like a heading is not one.
+    let markdown = "### skill (c1)\n# Deploy\n### Verify (required)\nRun the tests.\n";
+    assert!(!carries(markdown, "skill", "Run the tests."));
+    assert!(carries(
+        markdown,
+        "skill",
+        "# Deploy\n### Verify (required)\nRun the tests."
+    ));
 }
 
 /// Only compactd's own summary has its carried section split off; one the model copied
