@@ -118,6 +118,16 @@ pub fn model_name(key: &'static str, v: &str) -> Result<(), InvalidSetting> {
     Ok(())
 }
 
+/// The globs one protected-file pattern compiles to: itself, and, without a leading `/`,
+/// `**/` before it (any depth, as a .gitignore line).
+fn glob_forms(p: &str) -> Vec<String> {
+    let mut forms = vec![p.to_string()];
+    if !p.starts_with('/') && !p.starts_with("**/") {
+        forms.push(format!("**/{p}"));
+    }
+    forms
+}
+
 /// The matcher of a protected-file glob list, and the one place the list is checked: at
 /// most [`MAX_GLOBS`] patterns of [`MAX_GLOB`] bytes, compiled into one set (a list whose
 /// set cannot be built is refused, not left to protect nothing). A pattern without a
@@ -139,10 +149,10 @@ pub fn protected_globs(patterns: &[String]) -> Result<globset::GlobSet, InvalidS
                 format!("pattern {i} is {} bytes long; at most {MAX_GLOB}", p.len()),
             ));
         }
-        let bad = |e: globset::Error| invalid(KEY, format!("{p:?} is not a valid glob: {e}"));
-        set.add(globset::Glob::new(p).map_err(bad)?);
-        if !p.starts_with('/') && !p.starts_with("**/") {
-            set.add(globset::Glob::new(&format!("**/{p}")).map_err(bad)?);
+        for form in glob_forms(p) {
+            let glob = globset::Glob::new(&form)
+                .map_err(|e| invalid(KEY, format!("{p:?} is not a valid glob: {e}")))?;
+            set.add(glob);
         }
     }
     set.build()
@@ -159,11 +169,7 @@ pub fn protected_globs_lenient(patterns: &[String]) -> globset::GlobSet {
     }
     let mut set = globset::GlobSetBuilder::new();
     for p in patterns.iter().filter(|p| p.len() <= 16 * MAX_GLOB) {
-        let mut forms = vec![p.clone()];
-        if !p.starts_with('/') && !p.starts_with("**/") {
-            forms.push(format!("**/{p}"));
-        }
-        for form in forms {
+        for form in glob_forms(p) {
             let Ok(glob) = globset::Glob::new(&form) else {
                 continue;
             };
