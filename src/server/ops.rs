@@ -34,8 +34,8 @@ pub struct Pending<T> {
 
 #[derive(Debug)]
 enum State<T> {
-    /// Answered without the actor (validation errors, session creation). Boxed: rare, and
-    /// a reply can be large while a queued op is one pointer.
+    /// Answered without the actor (validation errors, session creation, a job run inline).
+    /// Boxed: a reply can be large while a queued op is one pointer.
     Ready(Box<Result<T, Rejection>>),
     /// Queued on the actor.
     Queued(oneshot::Receiver<Result<Result<T, Rejection>, StoreError>>),
@@ -344,9 +344,10 @@ where
     }
 }
 
-/// Queues `job` on `handle`'s actor. A session sent cold between the caller's `get` and
-/// here (its idle TTL or the memory budget) is loaded back and the job queued there: the
-/// client never hears "does not exist" about a session on disk.
+/// Runs `job` on the session: at once on this task when its actor is idle
+/// (`SessionHandle::try_run`), else queued on the actor. A session sent cold between the
+/// caller's `get` and here (its idle TTL or the memory budget) is loaded back and the job
+/// queued there: the client never hears "does not exist" about a session on disk.
 async fn queue<T, J>(
     hub: &Hub,
     session_id: &str,
@@ -358,6 +359,15 @@ where
     T: Send + 'static,
     J: FnOnce(&mut Tx<'_>, &EngineConfig) -> Result<T, Rejection> + Send + 'static,
 {
+    let job = match handle.try_run(job) {
+        Ok(outcome) => {
+            return Pending {
+                state: State::Ready(Box::new(outcome.map_err(|r| r.within(prefix)))),
+                prefix,
+            };
+        }
+        Err(job) => job,
+    };
     let (mut handle, mut job, mut loads) = (handle.clone(), job, 0);
     loop {
         match handle.try_submit(job).await {

@@ -1,13 +1,15 @@
-//! One session's actor and its address: the task that owns the [`Session`] and runs jobs
-//! from its mailbox in order, and the [`SessionHandle`] that queues them.
+//! One session's actor and its address: the task that runs jobs on the [`Session`] from
+//! its mailbox in order, and the [`SessionHandle`] that queues them (or, for an
+//! in-memory session whose actor is idle, runs one inline: [`SessionHandle::try_run`]).
 //!
-//! Idle eviction is the actor's own: when its mailbox stays empty for the idle TTL (on
-//! tokio's monotonic clock, so a wall-clock step cannot evict every session at once), it
-//! takes the store's map lock, then its gate, and leaves only if no job slipped in. A
-//! handle queues a job only under the same gate after checking the actor has not left, so
-//! an update racing the eviction is either run (the session stays) or refused with
-//! `NOT_FOUND`: never applied to a session no one can reach. With a durable store the
-//! session is written to disk first and stays reachable there (it is *cold*).
+//! Idle eviction is the actor's own: when the session has run no job for the idle TTL
+//! (on tokio's monotonic clock, so a wall-clock step cannot evict every session at once),
+//! it takes the store's map lock, then its gate, and leaves only if no job slipped in. A
+//! handle queues a job, or starts one inline, only under the same gate after checking the
+//! actor has not left, so an update racing the eviction is either run (the session stays)
+//! or refused with `NOT_FOUND`: never applied to a session no one can reach. With a
+//! durable store the session is written to disk first and stays reachable there (it is
+//! *cold*).
 //!
 //! With a durable store, the changes a job made (`Tx`) are queued for the backend; under
 //! `Durability::Sync` the job's result is delivered only once they are durable. While one
@@ -32,6 +34,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::backend::{Backend, BackendError, Committed, StoreEvent, Write};
+use super::locked::{Counted, Locked, Published};
 use super::tx::Tx;
 use super::{Evicted, Ledger, Limits, Shared, StoreError, restore};
 use crate::config::EngineConfig;
@@ -97,20 +100,31 @@ pub struct SessionHandle {
 #[derive(Debug)]
 struct State {
     id: Box<str>,
-    /// Bytes the session holds, as of its last job.
-    bytes: AtomicU64,
+    /// The session's size and tokenizer, as of its last job.
+    published: Published,
     /// When the session last ran a job (ms on the store's clock): eviction picks the
-    /// least recently used.
+    /// least recently used, and an idle actor leaves only this long after it.
     used: AtomicU64,
-    /// True once the actor evicted itself; jobs are sent only under this lock.
+    /// The store's clock (`used` counts from it).
+    clock: Instant,
+    /// True once the actor evicted itself; jobs are sent (or run inline) only under this
+    /// lock.
     gate: Mutex<bool>,
     /// True while the actor waits for the evictor (which then leaves it alone).
     waiting: AtomicBool,
     /// True until the result of the session's `Create` is known.
     creating: AtomicBool,
-    /// What the session counts with, as of its last job (callers count long texts of an
-    /// update with it on the server's counting threads before queuing it).
-    counting: std::sync::atomic::AtomicU8,
+    /// Jobs sent to the mailbox and not yet run (or dropped): a handle runs a job inline
+    /// only when none is, so the session's order holds. Lowered under `cell`'s lock.
+    queued: AtomicU64,
+    /// The session, taken by the actor for each job, and by a handle for a job it runs
+    /// inline. None once the actor has stopped (a panicking job empties it too).
+    cell: Mutex<Option<Locked>>,
+    /// Handles may run jobs inline: an in-memory session (a durable one's results wait on
+    /// its journal, which only the actor keeps).
+    inline: bool,
+    /// Weak: a dropped store ends its actors (their senders go with its map).
+    store: Weak<Shared>,
 }
 
 impl std::fmt::Debug for Msg {
@@ -131,7 +145,7 @@ impl SessionHandle {
 
     /// Bytes the session holds, as of its last finished job.
     pub fn held_bytes(&self) -> u64 {
-        self.state.bytes.load(Ordering::Relaxed)
+        self.state.published.bytes.load(Ordering::Relaxed)
     }
 
     /// When it last ran a job, on the store's clock.
@@ -146,7 +160,7 @@ impl SessionHandle {
 
     /// What the session counts with, as of its last job.
     pub fn counting(&self) -> Counting {
-        counting_from(self.state.counting.load(Ordering::Relaxed))
+        self.state.published.counting()
     }
 
     /// True until the result of the session's first write (its `Create`) is known (and
@@ -164,6 +178,45 @@ impl SessionHandle {
     #[cfg(test)]
     pub(super) fn same(&self, other: &SessionHandle) -> bool {
         Arc::ptr_eq(&self.state, &other.state)
+    }
+
+    /// Runs `f` on the session now, on the caller's task, when that keeps the session's
+    /// order and nothing needs the actor: an in-memory session with no job queued or
+    /// running, whose actor has not left. This saves the mailbox's hop (its send, the
+    /// actor's wake and the reply's channel). Hands `f` back otherwise, for
+    /// [`Self::try_submit`].
+    pub fn try_run<R, F>(&self, f: F) -> Result<R, F>
+    where
+        F: FnOnce(&mut Tx<'_>, &EngineConfig) -> R,
+    {
+        let state = &*self.state;
+        if !state.inline {
+            return Err(f);
+        }
+        // Under the gate, as a job is queued: the actor leaves only under it, after
+        // taking the cell (so after a job run here has finished), and stays when one
+        // started since it last looked (`used`).
+        let gate = lock(&state.gate);
+        if *gate {
+            return Err(f);
+        }
+        let Ok(mut cell) = state.cell.try_lock() else {
+            // Busy (a job is running) or poisoned (the actor clears it): the queue.
+            return Err(f);
+        };
+        // Lowered only under the cell's lock once a job has run: zero means every job
+        // queued before this one has run.
+        if state.queued.load(Ordering::Acquire) != 0 {
+            return Err(f);
+        }
+        let Some(locked) = cell.as_mut() else {
+            return Err(f);
+        };
+        state
+            .used
+            .store(millis_since(state.clock), Ordering::Relaxed);
+        drop(gate);
+        Ok(locked.run(&state.published, &state.store, None, f))
     }
 
     /// Queues `f` behind every job already queued and returns where its result will land.
@@ -210,6 +263,8 @@ impl SessionHandle {
                 let _ = tx.send(durable.map(|()| r));
             })
         });
+        // Before the send: a handle running a job inline sees it queued.
+        self.state.queued.fetch_add(1, Ordering::AcqRel);
         permit.send(Msg::Job(job));
         Ok(rx)
     }
@@ -250,22 +305,6 @@ impl SessionHandle {
         } else {
             StoreError::Closed(self.state.id.to_string())
         }
-    }
-}
-
-/// One actor's share of the store's byte total, returned when the actor ends.
-struct Counted {
-    ledger: Arc<Ledger>,
-    /// The session and its rendered context.
-    last: u64,
-    /// Of `last`, the rendered context.
-    cached: u64,
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.ledger.sub_held(self.last);
-        self.ledger.sub_cached(self.cached);
     }
 }
 
@@ -375,19 +414,6 @@ pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
     let id: Box<str> = Box::from(session.info().id.as_str());
     let last = session.held_bytes();
     ledger.add_held(last);
-    let state = Arc::new(State {
-        id,
-        bytes: AtomicU64::new(last),
-        used: AtomicU64::new(millis_since(clock)),
-        gate: Mutex::new(false),
-        waiting: AtomicBool::new(false),
-        creating: AtomicBool::new(durable.as_ref().is_some_and(|d| d.created.is_some())),
-        counting: std::sync::atomic::AtomicU8::new(counting_code(session.counting())),
-    });
-    let handle = SessionHandle {
-        tx,
-        state: state.clone(),
-    };
     let journal = durable.map(|mut d| {
         let (outstanding, replaced) = match d.created.take() {
             Some(c) => (
@@ -411,26 +437,44 @@ pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
             retry_at: None,
         }
     });
+    let state = Arc::new(State {
+        id,
+        published: Published::of(&session),
+        used: AtomicU64::new(millis_since(clock)),
+        clock,
+        gate: Mutex::new(false),
+        waiting: AtomicBool::new(false),
+        creating: AtomicBool::new(journal.as_ref().is_some_and(|j| j.creating)),
+        queued: AtomicU64::new(0),
+        inline: journal.is_none(),
+        store: Arc::downgrade(shared),
+        cell: Mutex::new(Some(Locked {
+            session,
+            cache: ContextCache::default(),
+            config: config.clone(),
+            limits,
+            // Gives the session's bytes back however it ends (a panicking job
+            // included), so the budget never counts a session that is gone.
+            counted: Counted {
+                ledger: ledger.clone(),
+                last,
+                cached: 0,
+            },
+            shared_at: 0,
+        })),
+    });
+    let handle = SessionHandle {
+        tx,
+        state: state.clone(),
+    };
     let actor = Actor {
-        session,
-        cache: ContextCache::default(),
         rx,
         config,
-        limits,
-        // Gives the session's bytes back however the actor ends (a panicking job
-        // included), so the budget never counts a session that is gone.
-        counted: Counted {
-            ledger,
-            last,
-            cached: 0,
-        },
+        ledger,
         me: state,
-        store: Arc::downgrade(shared),
         journal,
-        clock,
         next: None,
         failed: false,
-        shared_at: 0,
     };
     let span = tracing::info_span!("session", session_id = %handle.state.id);
     tokio::spawn(actor.run().instrument(span));
@@ -443,28 +487,27 @@ fn millis_since(clock: Instant) -> u64 {
 
 /// A session's actor.
 struct Actor {
-    session: Session,
-    /// The context's messages as last rendered (its bytes count with the session's).
-    cache: ContextCache,
     rx: mpsc::Receiver<Msg>,
     config: Arc<EngineConfig>,
-    limits: Limits,
-    counted: Counted,
-    /// What it shares with its handles (not a sender, which would keep its own mailbox
-    /// open).
+    ledger: Arc<Ledger>,
+    /// What it shares with its handles, the session included (not a sender, which would
+    /// keep its own mailbox open).
     me: Arc<State>,
-    /// Weak: a dropped store ends its actors (their senders go with its map).
-    store: Weak<Shared>,
     /// None without a durable store.
     journal: Option<Journal>,
-    clock: Instant,
     /// A message taken from the mailbox while trying to leave, handled next.
     next: Option<Msg>,
     /// A commit failed and the session could not be reloaded: it has left the map, and
     /// the jobs still queued are dropped unrun.
     failed: bool,
-    /// The calibration's observations when it was last shared with the model's priors.
-    shared_at: u32,
+}
+
+impl Drop for Actor {
+    /// Drops the session (its bytes leave the budget) however the actor ends, a
+    /// panicking job included: its handles may outlive it.
+    fn drop(&mut self) {
+        *lock_cell(&self.me) = None;
+    }
 }
 
 /// What an idle actor found when it tried to leave.
@@ -483,6 +526,8 @@ enum Leave {
     Ended,
     /// Its changes could not be written: it stays in memory.
     Unsaved,
+    /// A job ran inline within the idle TTL: it stays.
+    Used,
 }
 
 /// What woke the actor.
@@ -497,13 +542,14 @@ enum Wake {
 impl Actor {
     async fn run(mut self) {
         tracing::debug!("session actor started");
-        let mut last_job = Instant::now();
+        // The rest of the idle TTL after a job ran inline while the actor waited.
+        let mut defer = None;
         loop {
             self.send_batch(false);
-            let ttl = self.store.upgrade().and_then(|s| s.idle_ttl());
+            let ttl = self.me.store.upgrade().and_then(|s| s.idle_ttl());
             let wake = match self.next.take() {
                 Some(msg) => Wake::Msg(Some(msg)),
-                None => self.wait(ttl).await,
+                None => self.wait(defer.take().or(ttl)).await,
             };
             let msg = match wake {
                 Wake::Committed(r) => {
@@ -512,11 +558,21 @@ impl Actor {
                 }
                 Wake::Retry => continue,
                 Wake::Msg(msg) => msg,
-                Wake::Idle => match self.leave(last_job, "idle").await {
-                    Leave::Evicted | Leave::Ended => break,
-                    Leave::Stay(msg) => Some(msg),
-                    Leave::Unheard | Leave::Unsaved | Leave::Orphan => continue,
-                },
+                Wake::Idle => {
+                    if let Some(rest) = ttl.and_then(|ttl| ttl.checked_sub(self.idle_for()))
+                        && !rest.is_zero()
+                    {
+                        defer = Some(rest);
+                        continue;
+                    }
+                    match self.leave(ttl, "idle").await {
+                        Leave::Evicted | Leave::Ended => break,
+                        Leave::Stay(msg) => Some(msg),
+                        Leave::Unheard | Leave::Unsaved | Leave::Orphan | Leave::Used => {
+                            continue;
+                        }
+                    }
+                }
             };
             let Some(msg) = msg else {
                 // Every handle is gone: write what is pending, then stop.
@@ -535,7 +591,7 @@ impl Actor {
                         match self.rx.try_recv() {
                             Ok(Msg::Job(job)) => self.run_job(job),
                             Ok(other) => {
-                                if self.control(other, last_job).await {
+                                if self.control(other).await {
                                     return self.stopped();
                                 }
                                 break;
@@ -543,13 +599,12 @@ impl Actor {
                             Err(_) => break,
                         }
                     }
-                    last_job = Instant::now();
                     self.me
                         .used
-                        .store(millis_since(self.clock), Ordering::Relaxed);
+                        .store(millis_since(self.me.clock), Ordering::Relaxed);
                 }
                 other => {
-                    if self.control(other, last_job).await {
+                    if self.control(other).await {
                         return self.stopped();
                     }
                 }
@@ -562,8 +617,14 @@ impl Actor {
         tracing::debug!("session actor stopped");
     }
 
+    /// How long since the session last ran a job (here or inline).
+    fn idle_for(&self) -> std::time::Duration {
+        let used = self.me.used.load(Ordering::Relaxed);
+        std::time::Duration::from_millis(millis_since(self.me.clock).saturating_sub(used))
+    }
+
     /// Handles an `Evict` or `Flush`; true when the actor left.
-    async fn control(&mut self, msg: Msg, last_job: Instant) -> bool {
+    async fn control(&mut self, msg: Msg) -> bool {
         match msg {
             Msg::Job(job) => {
                 self.run_job(job);
@@ -574,14 +635,14 @@ impl Actor {
                 false
             }
             Msg::Evict(done) => {
-                let left = match self.leave(last_job, "memory").await {
+                let left = match self.leave(None, "memory").await {
                     Leave::Evicted | Leave::Ended => true,
                     // A message slipped in: it is handled next, and the session stays.
                     Leave::Stay(next) => {
                         self.next = Some(next);
                         false
                     }
-                    Leave::Unheard | Leave::Orphan | Leave::Unsaved => false,
+                    Leave::Unheard | Leave::Orphan | Leave::Unsaved | Leave::Used => false,
                 };
                 let _ = done.send(left);
                 left
@@ -644,64 +705,61 @@ impl Actor {
     /// other sessions go cold rather than refused. The session is marked used and
     /// waiting first, so the evictor picks others.
     async fn make_room(&mut self) {
-        if self.journal.is_none() || !super::over_high_water(&self.counted.ledger) {
+        if self.journal.is_none() || !super::over_high_water(&self.ledger) {
             return;
         }
-        let Some(store) = self.store.upgrade() else {
+        let Some(store) = self.me.store.upgrade() else {
             return;
         };
         self.me
             .used
-            .store(millis_since(self.clock), Ordering::Relaxed);
+            .store(millis_since(self.me.clock), Ordering::Relaxed);
         self.me.waiting.store(true, Ordering::Relaxed);
         let passes = store.passes.clone();
         let pass = passes.notified();
         tokio::pin!(pass);
         pass.as_mut().enable();
-        super::pressure(&store, &self.counted.ledger);
+        super::pressure(&store, &self.ledger);
         drop(store);
         let _ = tokio::time::timeout(ROOM_WAIT, pass).await;
         self.me.waiting.store(false, Ordering::Relaxed);
     }
 
     fn run_job(&mut self, job: Job) {
-        if self.failed {
-            // The session could not be put back as the disk has it: running the job on
-            // what memory holds could log changes on a state the disk never had. Dropping
-            // it answers its caller that the session is gone.
-            drop(job);
-            return;
-        }
-        let counted = &mut self.counted;
-        // Sessions plus what is in flight: reserved bytes leave less room to grow.
-        let total = counted.ledger.counted();
-        if !self.cache.is_empty() && super::over_high_water(&counted.ledger) {
-            // Renderings are the first thing to give back: the next context renders
-            // everything again.
-            self.cache.clear();
-        }
-        // The session may grow into what it holds itself, not into its cache's bytes.
-        let own = self.session.held_bytes();
-        self.session
-            .set_byte_limit(self.limits.byte_limit(own, total));
         let mut changes = Vec::new();
         let logging = self.journal.is_some();
         let deliver = {
-            let mut tx = Tx::new(
-                &mut self.session,
-                &mut self.cache,
-                &self.config,
-                logging.then_some(&mut changes),
-            );
-            job(&mut tx, &self.config)
+            let mut cell = lock_cell(&self.me);
+            let deliver = match cell.as_mut() {
+                // The session could not be put back as the disk has it (`failed`):
+                // running the job on what memory holds could log changes on a state the
+                // disk never had. Dropping it answers its caller that the session is
+                // gone; so does a session a panicking job took down (no cell).
+                Some(locked) if !self.failed => Some(locked.run(
+                    &self.me.published,
+                    &self.me.store,
+                    logging.then_some(&mut changes),
+                    job,
+                )),
+                _ => None,
+            };
+            // Under the cell's lock: a handle that finds no job queued knows this one
+            // has run.
+            self.me.queued.fetch_sub(1, Ordering::AcqRel);
+            if cell.is_none() {
+                // A job run inline panicked: the session is gone, and so is its mailbox
+                // (the jobs still queued are dropped unrun).
+                self.rx.close();
+            }
+            deliver
         };
-        self.account();
-        self.share_calibration();
-        self.publish_counting();
+        let Some(deliver) = deliver else {
+            return;
+        };
         if self.journal.is_some()
-            && let Some(store) = self.store.upgrade()
+            && let Some(store) = self.me.store.upgrade()
         {
-            super::pressure(&store, &self.counted.ledger);
+            super::pressure(&store, &self.ledger);
         }
         match self.journal.as_mut() {
             None => deliver(Ok(())),
@@ -734,51 +792,6 @@ impl Actor {
         }
     }
 
-    /// Tells the handles what the session counts with (a Configure can change it).
-    fn publish_counting(&self) {
-        let code = counting_code(self.session.counting());
-        self.me.counting.store(code, Ordering::Relaxed);
-    }
-
-    /// Gives the model's priors what a usage report just taught (a check per job; the
-    /// lock only when the calibration learned something).
-    fn share_calibration(&mut self) {
-        let seen = self.session.calibration().observations();
-        if seen == self.shared_at {
-            return;
-        }
-        self.shared_at = seen;
-        if let (Some(key), Some(store)) = (self.session.prior_key(), self.store.upgrade()) {
-            store.learned(&key, self.session.calibration());
-        }
-    }
-
-    /// Moves the store's byte total to the session's size after a change. A rendered
-    /// context that would take the sessions' contexts past their share of the budget is
-    /// dropped instead (the next context is rendered whole, as without a cache).
-    fn account(&mut self) {
-        let counted = &mut self.counted;
-        let mut cached = self.cache.held_bytes();
-        let others = counted.ledger.cached().saturating_sub(counted.cached);
-        if cached > 0 && others.saturating_add(cached) > counted.ledger.cache_limit() {
-            self.cache.clear();
-            cached = self.cache.held_bytes();
-        }
-        if cached != counted.cached {
-            counted
-                .ledger
-                .add_cached(cached.wrapping_sub(counted.cached));
-            counted.cached = cached;
-        }
-        let now = self.session.held_bytes().saturating_add(cached);
-        if now != counted.last {
-            // Two atomic adds, never a scan: the store's total follows each job.
-            counted.ledger.add_held(now.wrapping_sub(counted.last));
-            self.me.bytes.store(now, Ordering::Relaxed);
-            counted.last = now;
-        }
-    }
-
     /// Sends what is unsent when no batch is being committed (one batch at a time keeps
     /// the session's writes in order and bounded). After a failed commit, not before its
     /// wait is over (`retry_at`) unless `now` (a flush: closing, going cold).
@@ -800,8 +813,10 @@ impl Actor {
         }
         if j.recreate {
             j.recreate = false;
-            let snapshot = encode_session(&self.session);
-            let Some(store) = self.store.upgrade() else {
+            let Some(snapshot) = encoded(&self.me) else {
+                return;
+            };
+            let Some(store) = self.me.store.upgrade() else {
                 return;
             };
             // Under the map lock, as a `Create` is queued and a delete or a replacement
@@ -838,7 +853,9 @@ impl Actor {
         }
         j.creating = false;
         if j.resync || snapshot_due(j.d.log_bytes, j.d.snapshot_bytes) {
-            let snapshot = encode_session(&self.session);
+            let Some(snapshot) = encoded(&self.me) else {
+                return;
+            };
             j.d.snapshot_bytes = snapshot.len() as u64;
             j.d.log_bytes = 0;
             j.resync = false;
@@ -965,9 +982,11 @@ impl Actor {
                 j.d.seq = r.seq;
                 j.d.log_bytes = r.log_bytes;
                 j.d.snapshot_bytes = r.snapshot_bytes;
-                self.session = r.session;
-                self.cache.clear();
-                self.account();
+                if let Some(locked) = lock_cell(&self.me).as_mut() {
+                    locked.session = r.session;
+                    locked.cache.clear();
+                    locked.account(&self.me.published);
+                }
             }
             other => {
                 let why = match other {
@@ -987,7 +1006,7 @@ impl Actor {
     /// disk's copy).
     fn drop_from_map(&mut self, instead: Option<Previous>) {
         self.failed = true;
-        if let Some(store) = self.store.upgrade() {
+        if let Some(store) = self.me.store.upgrade() {
             let mut map = store.write();
             *lock(&self.me.gate) = true;
             if self.in_map(&map) {
@@ -1052,8 +1071,9 @@ impl Actor {
     /// Leaves the store (idle TTL or memory pressure), unless a message slipped in (see
     /// the module doc). A durable session is written out first (a final snapshot, so its
     /// next load reads no log) and stays on disk, cold.
-    async fn leave(&mut self, last_job: Instant, reason: &'static str) -> Leave {
-        let Some(store) = self.store.upgrade() else {
+    /// `ttl`: leaving for being idle this long, it stays when a job ran inline since.
+    async fn leave(&mut self, ttl: Option<std::time::Duration>, reason: &'static str) -> Leave {
+        let Some(store) = self.me.store.upgrade() else {
             return Leave::Orphan;
         };
         let announce = store.evictions();
@@ -1086,21 +1106,33 @@ impl Actor {
             if !self.in_map(&map) {
                 return Leave::Orphan;
             }
+            // A job run inline starts under the gate: one started since the actor looked
+            // has marked the session used, and one still running holds the cell.
+            if ttl.is_some_and(|ttl| self.idle_for() < ttl) {
+                return Leave::Used;
+            }
+            let Some(cell) = try_lock_cell(&self.me) else {
+                return Leave::Used;
+            };
             let id: &str = &self.me.id;
             *evicted = true;
             map.hot.remove(id);
             if let Some(j) = &self.journal {
                 map.cold.insert(id.to_string());
-                map.resume
-                    .insert(id.to_string(), (j.d.incarnation, self.session.generation()));
+                if let Some(locked) = cell.as_ref() {
+                    let generation = locked.session.generation();
+                    map.resume
+                        .insert(id.to_string(), (j.d.incarnation, generation));
+                }
             }
+            drop(cell);
             self.rx.close();
         }
         store.observe(&StoreEvent::Evicted { reason });
         if let Some(announce) = announce {
             let _ = announce.send(Evicted {
                 session_id: self.me.id.to_string(),
-                idle: last_job.elapsed(),
+                idle: self.idle_for(),
                 reason,
                 cold: self.journal.is_some(),
             });
@@ -1115,20 +1147,29 @@ fn lock(gate: &Mutex<bool>) -> std::sync::MutexGuard<'_, bool> {
     gate.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A [`Counting`] as a byte (handles share it through an atomic).
-fn counting_code(c: Counting) -> u8 {
-    match c {
-        Counting::Chars4 => 0,
-        Counting::O200k => 1,
-        Counting::Cl100k => 2,
+/// The session's lock. A job that panicked poisoned it, leaving the session half
+/// changed: it is dropped, as the actor's panic dropped it before jobs could run inline.
+fn lock_cell(state: &State) -> std::sync::MutexGuard<'_, Option<Locked>> {
+    state.cell.lock().unwrap_or_else(|e| {
+        let mut cell = e.into_inner();
+        *cell = None;
+        state.cell.clear_poison();
+        cell
+    })
+}
+
+/// [`lock_cell`] unless a job holds it (None).
+fn try_lock_cell(state: &State) -> Option<std::sync::MutexGuard<'_, Option<Locked>>> {
+    match state.cell.try_lock() {
+        Ok(cell) => Some(cell),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+        Err(std::sync::TryLockError::Poisoned(_)) => Some(lock_cell(state)),
     }
 }
 
-/// The [`Counting`] a byte from [`counting_code`] stands for.
-fn counting_from(code: u8) -> Counting {
-    match code {
-        1 => Counting::O200k,
-        2 => Counting::Cl100k,
-        _ => Counting::Chars4,
-    }
+/// The session encoded whole (None once it is gone).
+fn encoded(state: &State) -> Option<Vec<u8>> {
+    lock_cell(state)
+        .as_ref()
+        .map(|l| encode_session(&l.session))
 }

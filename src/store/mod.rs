@@ -22,6 +22,7 @@ mod actor;
 mod backend;
 mod deleting;
 mod ledger;
+mod locked;
 mod restore;
 mod sqlite;
 mod tx;
@@ -1008,3 +1009,7 @@ mod delete_tests;
 #[cfg(test)]
 #[path = "load_tests.rs"]
 mod load_tests;
+
+#[cfg(test)]
+#[path = "inline_tests.rs"]
+mod inline_tests;
