@@ -311,3 +311,43 @@ fn a_blank_auth_token_stops_the_start() {
     assert!(!ok, "accepted without authentication: {err}");
     assert!(err.contains("env COMPACTD_AUTH_TOKEN"), "{err}");
 }
+
+/// The overflow and counting settings a preset may set are optional flags, so a
+/// setting not given has no value of its own; `config print` still says what applies,
+/// the default or the preset's. Before, it said only "threshold is not set".
+#[test]
+fn config_print_says_what_applies_for_a_setting_the_preset_may_set() {
+    let (ok, out, err) = compactd(&["config", "print"], &[]);
+    assert!(ok, "{err}");
+    for (key, applies) in [
+        ("threshold", "0.92"),
+        ("reserved", "0"),
+        ("tokenizer", "auto"),
+        ("cache_model", "anthropic"),
+    ] {
+        let expected = format!("# {key} is not set: {applies} applies (default)");
+        assert!(out.lines().any(|l| l == expected), "{expected}\n{out}");
+    }
+    let (ok, out, err) = compactd(&["config", "print", "--preset", "opencode"], &[]);
+    assert!(ok, "{err}");
+    for expected in [
+        "# threshold is not set: 1 applies (preset opencode)",
+        "# reserved is not set: min(20000, the model's output limit) applies (preset opencode)",
+    ] {
+        assert!(out.lines().any(|l| l == expected), "{expected}\n{out}");
+    }
+    // Given explicitly, it is a value with its source, as any other.
+    let (ok, out, err) = compactd(
+        &[
+            "config",
+            "print",
+            "--preset",
+            "opencode",
+            "--threshold",
+            "0.8",
+        ],
+        &[],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(line(&out, "threshold"), "threshold = 0.8  # flag");
+}

@@ -377,7 +377,12 @@ pub fn print_config(l: &Layered) -> String {
                 match raw.first() {
                     Some(v) => toml_scalar(v, value_kind(arg)),
                     None => {
-                        out.push_str(&format!("# {key} is not set  # {source}\n"));
+                        match applies_unset(l, long) {
+                            Some(applies) => {
+                                out.push_str(&format!("# {key} is not set: {applies}\n"));
+                            }
+                            None => out.push_str(&format!("# {key} is not set  # {source}\n")),
+                        }
                         continue;
                     }
                 }
@@ -391,6 +396,32 @@ pub fn print_config(l: &Layered) -> String {
         }
     }
     out
+}
+
+/// What applies for a setting a preset may set, when it is not given (these flags have
+/// no default of their own, so that given explicitly they win over `--preset`): the
+/// default or the preset's value, and which. None for any other flag, or a
+/// configuration that does not validate (`config print` then fails anyway).
+fn applies_unset(l: &Layered, long: &str) -> Option<String> {
+    let Command::Config(ConfigCommand::Print(args)) = &l.cli.command else {
+        return None;
+    };
+    let c = args.engine.to_config().ok()?;
+    let value = match long {
+        "threshold" => c.threshold.to_string(),
+        "reserved" => match c.reserved {
+            crate::config::Reserved::Fixed(n) => n.to_string(),
+            crate::config::Reserved::OpenCode => "min(20000, the model's output limit)".to_string(),
+        },
+        "tokenizer" => c.tokenizer.to_string(),
+        "cache-model" => c.cache_model.to_string(),
+        _ => return None,
+    };
+    let from = match l.values.get("preset").and_then(|v| v.first()) {
+        Some(preset) => format!("preset {preset}"),
+        None => "default".to_string(),
+    };
+    Some(format!("{value} applies ({from})"))
 }
 
 /// What a `--durability` value promises, in one line (`config print` states the loss
