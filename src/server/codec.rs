@@ -11,14 +11,17 @@
 //! to pass the limit however it decodes (at most 141 bytes per wire byte) is not walked at
 //! all, which is every ordinary update at the default limit. A request estimated
 //! over [`decoded_limit`] is refused with `RESOURCE_EXHAUSTED` naming `max_update_bytes`,
-//! and at most [`MAX_LARGE_DECODES`] requests over [`LARGE`] bytes decode at once.
+//! and at most [`MAX_LARGE_DECODES`] requests over [`LARGE`] bytes decode at once: one
+//! more waits for a slot (at most [`LARGE_DECODE_WAIT`]; decodes never wait on anything
+//! else, so a slot always frees), and only past that wait is it refused (a refusal in
+//! the codec ends a `Stream`, for a load other clients cause).
 //!
 //! Only requests are guarded (`ProtoName::GUARDED`, set by `build.rs` for every RPC's
 //! input type); responses decoded by clients built from the same stubs are not.
 
 use std::marker::PhantomData;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, OnceLock};
 
 use prost::Message;
 use prost_types::field_descriptor_proto::{Label, Type};
@@ -45,8 +48,11 @@ pub const DECODED_FACTOR: usize = 2;
 pub const DECODED_ALLOWANCE: usize = 1 << 20;
 /// Requests at least this large on the wire count as large decodes.
 pub const LARGE: usize = 1 << 20;
-/// Large requests decoding at once; more are refused until one finishes.
+/// Large requests decoding at once; more wait until one finishes.
 pub const MAX_LARGE_DECODES: usize = 4;
+/// How long a large request waits for a decode slot before it is refused. A 16 MiB
+/// decode takes tens of milliseconds, so only a machine far behind waits this long.
+pub const LARGE_DECODE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// Nesting the walk follows: past prost's own recursion limit (100), which refuses the
 /// request anyway.
 const MAX_DEPTH: usize = 100;
@@ -56,8 +62,9 @@ const MAX_DEPTH: usize = 100;
 /// the servers in this process (the largest, when tests run several).
 static DECODED_LIMIT: AtomicUsize =
     AtomicUsize::new(super::request::DEFAULT_MAX_UPDATE_BYTES * DECODED_FACTOR + DECODED_ALLOWANCE);
-/// Large requests decoding now.
-static LARGE_DECODES: AtomicUsize = AtomicUsize::new(0);
+/// Large requests decoding now, and where one waits for a slot.
+static LARGE_DECODES: Mutex<usize> = Mutex::new(0);
+static SLOT_FREED: Condvar = Condvar::new();
 
 /// Sets the decoded-size limit from `max_update_bytes` (called when a server starts;
 /// a process serving twice keeps the larger).
@@ -157,7 +164,7 @@ impl<U: Message + Default + ProtoName> Decoder for GuardedDecoder<U> {
             check(U::NAME, wire, decoded_limit()).map_err(Status::from)?;
         }
         let _large = (buf.remaining() >= LARGE)
-            .then(LargeDecode::enter)
+            .then(|| LargeDecode::enter(LARGE_DECODE_WAIT))
             .transpose()
             .map_err(Status::from)?;
         self.0.decode(buf)
@@ -183,9 +190,10 @@ pub enum Refused {
         /// The limit.
         limit: usize,
     },
-    /// Too many large requests are decoding at once.
+    /// Too many large requests were decoding for the whole wait.
     #[error(
-        "{MAX_LARGE_DECODES} requests over {LARGE} bytes are being decoded already (max_update_bytes traffic is throttled); retry shortly"
+        "{MAX_LARGE_DECODES} requests over {LARGE} bytes were being decoded for {} ms (max_update_bytes traffic is throttled); retry shortly",
+        LARGE_DECODE_WAIT.as_millis()
     )]
     Busy,
 }
@@ -199,22 +207,42 @@ impl From<Refused> for Status {
 }
 
 /// A large decode in progress, counted until dropped.
-struct LargeDecode;
+#[derive(Debug)]
+pub(super) struct LargeDecode;
+
+/// The count's lock (poisoned only by a panic between two integer operations).
+fn large_decodes() -> std::sync::MutexGuard<'static, usize> {
+    LARGE_DECODES.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 impl LargeDecode {
-    fn enter() -> Result<LargeDecode, Refused> {
-        let before = LARGE_DECODES.fetch_add(1, Ordering::AcqRel);
-        if before >= MAX_LARGE_DECODES {
-            LARGE_DECODES.fetch_sub(1, Ordering::AcqRel);
-            return Err(Refused::Busy);
+    /// Takes a decode slot, waiting at most `wait` for one. The wait blocks the calling
+    /// thread (decoding is synchronous); the slots' holders are decoding, on other
+    /// threads, and free them without waiting on anything.
+    pub(super) fn enter(wait: std::time::Duration) -> Result<LargeDecode, Refused> {
+        let deadline = std::time::Instant::now() + wait;
+        let mut running = large_decodes();
+        while *running >= MAX_LARGE_DECODES {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(Refused::Busy);
+            }
+            running = SLOT_FREED
+                .wait_timeout(running, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
+        *running += 1;
         Ok(LargeDecode)
     }
 }
 
 impl Drop for LargeDecode {
     fn drop(&mut self) {
-        LARGE_DECODES.fetch_sub(1, Ordering::AcqRel);
+        let mut running = large_decodes();
+        *running = running.saturating_sub(1);
+        drop(running);
+        SLOT_FREED.notify_one();
     }
 }
 

@@ -195,3 +195,25 @@ fn an_unknown_group_does_not_hide_what_follows_it() {
     );
     assert!(check(UPDATE, &wire, 4 * wire.len()).is_err());
 }
+
+/// A large request past the decode slots waits for one rather than being refused: a
+/// refusal in the codec ends the client's whole stream, for a load other clients cause.
+#[test]
+fn a_large_decode_waits_for_a_slot_and_is_refused_only_past_the_wait() {
+    use std::time::{Duration, Instant};
+    let mut held: Vec<LargeDecode> = (0..MAX_LARGE_DECODES)
+        .map(|_| LargeDecode::enter(Duration::from_secs(30)).expect("a free slot"))
+        .collect();
+    // Past a short wait with every slot held: refused.
+    let started = Instant::now();
+    let refused = LargeDecode::enter(Duration::from_millis(50));
+    assert_eq!(refused.map(|_| ()), Err(Refused::Busy));
+    assert!(started.elapsed() >= Duration::from_millis(50));
+    // Within the wait: it gets the slot a finished decode frees.
+    let waiting = std::thread::spawn(|| LargeDecode::enter(Duration::from_secs(30)));
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!waiting.is_finished(), "every slot is held: it waits");
+    held.pop();
+    let entered = waiting.join().expect("no panic");
+    assert!(entered.is_ok(), "{entered:?}");
+}
