@@ -360,9 +360,14 @@ where
     J: FnOnce(&mut Tx<'_>, &EngineConfig) -> Result<T, Rejection> + Send + 'static,
 {
     let job = match handle.try_run(job) {
-        Ok(outcome) => {
+        // As `Pending::outcome` maps a queued job's result.
+        Ok(ran) => {
+            let outcome = match ran {
+                Ok(outcome) => outcome.map_err(|r| r.within(prefix)),
+                Err(e) => Err(Rejection::from(e)),
+            };
             return Pending {
-                state: State::Ready(Box::new(outcome.map_err(|r| r.within(prefix)))),
+                state: State::Ready(Box::new(outcome)),
                 prefix,
             };
         }

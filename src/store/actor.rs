@@ -184,8 +184,9 @@ impl SessionHandle {
     /// order and nothing needs the actor: an in-memory session with no job queued or
     /// running, whose actor has not left. This saves the mailbox's hop (its send, the
     /// actor's wake and the reply's channel). Hands `f` back otherwise, for
-    /// [`Self::try_submit`].
-    pub fn try_run<R, F>(&self, f: F) -> Result<R, F>
+    /// [`Self::try_submit`]. A job that panics takes its session down (as a panic on the
+    /// actor does) and answers `Closed`, not the caller's task: a stream goes on.
+    pub fn try_run<R, F>(&self, f: F) -> Result<Result<R, StoreError>, F>
     where
         F: FnOnce(&mut Tx<'_>, &EngineConfig) -> R,
     {
@@ -216,7 +217,23 @@ impl SessionHandle {
             .used
             .store(millis_since(state.clock), Ordering::Relaxed);
         drop(gate);
-        Ok(locked.run(&state.published, &state.store, None, f))
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            locked.run(&state.published, &state.store, None, f)
+        }));
+        // The idle TTL counts from the job's end, as for the actor's jobs.
+        state
+            .used
+            .store(millis_since(state.clock), Ordering::Relaxed);
+        match ran {
+            Ok(r) => Ok(Ok(r)),
+            Err(_) => {
+                // Half changed: dropped with its bytes, here; the actor closes its mailbox
+                // when it next looks.
+                *cell = None;
+                tracing::error!(session_id = %state.id, "a job panicked; the session is dropped");
+                Ok(Err(StoreError::Closed(state.id.to_string())))
+            }
+        }
     }
 
     /// Queues `f` behind every job already queued and returns where its result will land.
@@ -746,10 +763,14 @@ impl Actor {
             // Under the cell's lock: a handle that finds no job queued knows this one
             // has run.
             self.me.queued.fetch_sub(1, Ordering::AcqRel);
-            if cell.is_none() {
-                // A job run inline panicked: the session is gone, and so is its mailbox
-                // (the jobs still queued are dropped unrun).
-                self.rx.close();
+            let gone = cell.is_none();
+            drop(cell);
+            if gone && !self.failed {
+                // A job run inline panicked: the session is gone. It leaves the map (a
+                // durable one's disk copy stays) and its mailbox closes (the jobs still
+                // queued are dropped unrun), rather than staying there, dead.
+                let instead = self.journal.as_ref().map(|_| Previous::Cold);
+                self.drop_from_map(instead);
             }
             deliver
         };
@@ -1163,7 +1184,13 @@ fn try_lock_cell(state: &State) -> Option<std::sync::MutexGuard<'_, Option<Locke
     match state.cell.try_lock() {
         Ok(cell) => Some(cell),
         Err(std::sync::TryLockError::WouldBlock) => None,
-        Err(std::sync::TryLockError::Poisoned(_)) => Some(lock_cell(state)),
+        Err(std::sync::TryLockError::Poisoned(e)) => {
+            // Held already (the error carries the guard): emptied as `lock_cell` does.
+            let mut cell = e.into_inner();
+            *cell = None;
+            state.cell.clear_poison();
+            Some(cell)
+        }
     }
 }
 

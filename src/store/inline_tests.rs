@@ -33,7 +33,8 @@ fn ran<R>(
     why: &str,
 ) -> R {
     match handle.try_run(job) {
-        Ok(r) => r,
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => panic!("{e}: {why}"),
         Err(_) => panic!("handed back, expected to run inline: {why}"),
     }
 }
@@ -149,29 +150,49 @@ async fn a_durable_session_never_runs_a_job_inline() {
 }
 
 /// A job that panics inline takes down its session (half changed, as a panicking actor
-/// took it down), gives its bytes back, and leaves every other session as it was.
+/// took it down) and gives its bytes back, but not the caller's task (a stream's reader
+/// goes on with its other sessions) and no other session. The dead session leaves the
+/// map at its next job, and the id can be opened again.
 #[tokio::test]
 async fn a_panicking_inline_job_takes_down_only_its_session() {
     let store = Store::new(EngineConfig::default());
     let (doomed, _) = store.open(info("a")).await.expect("open");
     let (other, _) = store.open(info("b")).await.expect("open");
     ran(&other, add("m1"), "inline");
-    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        doomed.try_run(|_, _| panic!("a bug in a job"))
-    }));
-    assert!(panicked.is_err());
+    match doomed.try_run(|_, _| panic!("a bug in a job")) {
+        Ok(Err(e)) => assert_eq!(e, StoreError::Closed("a".into())),
+        Ok(Ok(())) => panic!("ran"),
+        Err(_) => panic!("handed back"),
+    }
+    assert_eq!(store.held_bytes(), other.held_bytes(), "its bytes are back");
+    assert!(doomed.try_run(|_, _| ()).is_err());
     assert_eq!(
         doomed.call(|_, _| ()).await,
         Err(StoreError::Closed("a".into()))
     );
-    assert!(doomed.try_run(|_, _| ()).is_err());
-    for _ in 0..100 {
-        if store.held_bytes() == other.held_bytes() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert_eq!(store.held_bytes(), other.held_bytes());
+    assert!(matches!(store.get("a").await, Err(StoreError::NotFound(_))));
     assert_eq!(ids(&other).await, ["m1"]);
     ran(&other, add("m2"), "the other session still runs inline");
+    let (again, _) = store.open(info("a")).await.expect("the id is free again");
+    ran(&again, add("m1"), "a new session under the id runs inline");
+}
+
+/// A session whose inline job panicked, and that nothing uses after, still leaves when
+/// idle (its emptied cell does not stop the actor, or the store).
+#[tokio::test]
+async fn a_session_dead_of_a_panic_leaves_when_idle() {
+    let store = Store::new(EngineConfig::default());
+    let mut evictions = store.evict_idle_after(Duration::from_millis(50));
+    let (doomed, _) = store.open(info("a")).await.expect("open");
+    assert!(matches!(
+        doomed.try_run(|_, _| panic!("a bug in a job")),
+        Ok(Err(StoreError::Closed(_)))
+    ));
+    let evicted = tokio::time::timeout(Duration::from_secs(5), evictions.recv())
+        .await
+        .expect("it leaves in time")
+        .expect("the store is alive");
+    assert_eq!(evicted.session_id, "a");
+    assert!(matches!(store.get("a").await, Err(StoreError::NotFound(_))));
+    store.open(info("b")).await.expect("the store still serves");
 }
