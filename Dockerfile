@@ -41,7 +41,7 @@ USER 65532:65532
 
 # gRPC: compactd.v1.Sessions, grpc.health.v1.Health and reflection, all on one port.
 EXPOSE 50051
-# Reserved for the Prometheus /metrics endpoint (issue 6, not served yet).
+# Prometheus GET /metrics, served with --metrics-listen 0.0.0.0:9464 (plain HTTP, no auth).
 EXPOSE 9464
 
 ENTRYPOINT ["/compactd"]

@@ -22,6 +22,16 @@ const UPDATE_BUCKETS: &[f64] = &[
 ];
 /// Seconds buckets of the compaction duration histogram (LLM calls take seconds).
 const COMPACTION_BUCKETS: &[f64] = &[0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
+/// Seconds buckets of the store's commit and cold-load histograms (an fsync or a
+/// decode: sub-millisecond to seconds on a slow disk).
+const STORE_BUCKETS: &[f64] = &[
+    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    10.0,
+];
+/// How often the recorder's recent histogram samples are folded into their buckets. The
+/// recorder keeps every sample until then (about 24 bytes each, one per update), and
+/// only a scrape folds them otherwise: a server no one scrapes would grow without end.
+pub const UPKEEP_EVERY: Duration = Duration::from_secs(5);
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
@@ -39,6 +49,18 @@ pub fn install() -> Result<PrometheusHandle, String> {
             b.set_buckets_for_metric(
                 Matcher::Full("compactd_compaction_duration_seconds".into()),
                 COMPACTION_BUCKETS,
+            )
+        })
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full("compactd_store_commit_seconds".into()),
+                STORE_BUCKETS,
+            )
+        })
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full("compactd_session_load_seconds".into()),
+                STORE_BUCKETS,
             )
         })
         .map_err(|e| e.to_string())?
@@ -61,7 +83,7 @@ fn describe() {
     describe_gauge!(
         "compactd_bytes_held",
         metrics::Unit::Bytes,
-        "Bytes all sessions hold (what --memory-budget counts, with the bytes in flight)."
+        "Bytes all sessions hold (--memory-budget counts these plus compactd_bytes_in_flight)."
     );
     describe_gauge!(
         "compactd_bytes_in_flight",
@@ -383,13 +405,15 @@ pub fn code_name(code: tonic::Code) -> &'static str {
 }
 
 /// Serves `GET /metrics` (Prometheus text format) on `listener` until `shutdown`;
-/// `sample` runs before each render to set the gauges that are read, not pushed.
+/// `sample` runs before each render to set the gauges that are read, not pushed. Folds
+/// the recent histogram samples every [`UPKEEP_EVERY`] meanwhile, scraped or not.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     handle: PrometheusHandle,
     sample: impl Fn() + Clone + Send + Sync + 'static,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let kept = handle.clone();
     let app = axum::Router::new().route(
         "/metrics",
         axum::routing::get(move || {
@@ -403,7 +427,16 @@ pub async fn serve(
             }
         }),
     );
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    let upkeep = async move {
+        let mut every = tokio::time::interval(UPKEEP_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            kept.run_upkeep();
+        }
+    };
+    tokio::select! {
+        served = axum::serve(listener, app).with_graceful_shutdown(shutdown) => served,
+        () = upkeep => Ok(()),
+    }
 }

@@ -325,7 +325,8 @@ async fn open_as<R: Send + 'static>(
     };
     let id = info.id.clone();
     queue(hub, &id, &handle, prefix, move |s, _| {
-        s.step(Update::Configure(info), now_ms())
+        let update = Update::Configure(info);
+        crate::telemetry::update(update.kind(), || s.step(update, now_ms()))
             .map(|_| wrap(Opened { created: false }))
             .map_err(Rejection::from)
     })

@@ -52,6 +52,8 @@ async fn counters_move_as_updates_prunes_overflows_rejections_and_compactions_ha
         .await
         .expect("connect");
     open_session(&mut c, session_with_limits(SID, 100_000, 20_000)).await;
+    // Opened again: a reconfiguration, counted as an `open` update.
+    open_session(&mut c, session_with_limits(SID, 100_000, 20_000)).await;
     let file = serde_json::json!({"filePath": "src/lib.rs"});
     for (u, a) in [("u1", "a1"), ("u2", "a2"), ("u3", "a3")] {
         put_message(&mut c, SID, user_msg(u)).await;
@@ -156,6 +158,29 @@ async fn counters_move_as_updates_prunes_overflows_rejections_and_compactions_ha
         7.0,
         "{after}"
     );
+    assert_eq!(
+        metric(
+            &after,
+            "compactd_updates_total{kind=\"open\",result=\"ok\"}"
+        ),
+        1.0,
+        "{after}"
+    );
+    // The store's timings are histograms as the README lists them (buckets, not a
+    // summary's quantiles, which cannot be summed across replicas).
+    for name in [
+        "compactd_store_commit_seconds",
+        "compactd_update_duration_seconds",
+    ] {
+        assert!(
+            after.contains(&format!("{name}_bucket{{")),
+            "{name}: {after}"
+        );
+        assert!(
+            !after.contains(&format!("{name}{{quantile=")),
+            "{name}: {after}"
+        );
+    }
     assert_eq!(
         metric(
             &after,

@@ -1,0 +1,95 @@
+//! The metrics recorder keeps every histogram sample (one per update) until it folds
+//! them into their buckets. A scrape folds them; so must the metrics endpoint's upkeep,
+//! or a server whose metrics no one scrapes grows without end, outside the memory
+//! budget.
+//!
+//! Its own test binary because it installs a counting global allocator (the bytes the
+//! samples hold are read from it) and the process-wide metrics recorder.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// The system allocator, counting the bytes currently allocated.
+struct Counting;
+
+static ALLOCATED: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call is forwarded to `System` unchanged; the counter is only arithmetic.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: same contract as the caller's.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            ALLOCATED.fetch_add(layout.size(), Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) };
+        ALLOCATED.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: same contract as the caller's.
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            ALLOCATED.fetch_add(new_size, Ordering::Relaxed);
+            ALLOCATED.fetch_sub(layout.size(), Ordering::Relaxed);
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocated() -> usize {
+    ALLOCATED.load(Ordering::Relaxed)
+}
+
+/// Samples recorded: at about 24 bytes each, megabytes the recorder holds unfolded.
+const SAMPLES: usize = 200_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn histogram_samples_are_folded_without_a_scrape() {
+    let handle = compactd::telemetry::install().expect("the recorder");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let served = tokio::spawn(compactd::telemetry::serve(
+        listener,
+        handle,
+        || {},
+        stop.clone().cancelled_owned(),
+    ));
+    let record = || {
+        for _ in 0..SAMPLES {
+            let _ = compactd::telemetry::update("upsert_part", || Ok::<(), ()>(()));
+        }
+    };
+    // Every kind registers its handle once; later samples are what the recorder keeps.
+    let _ = compactd::telemetry::update("upsert_part", || Ok::<(), ()>(()));
+    let start = allocated();
+    record();
+    let first = allocated().saturating_sub(start);
+    assert!(
+        first >= SAMPLES * 8,
+        "the samples hold {first} bytes: too few to tell an upkeep from none"
+    );
+    // No one scrapes. Folded samples leave their room to the next ones, which then take
+    // no more; unfolded, the next ones take as much again.
+    tokio::time::sleep(compactd::telemetry::UPKEEP_EVERY * 2 + Duration::from_millis(500)).await;
+    let folded = allocated();
+    record();
+    let second = allocated().saturating_sub(folded);
+    assert!(
+        second < first / 4,
+        "{SAMPLES} samples took {first} bytes, and {second} more after two upkeep periods"
+    );
+    stop.cancel();
+    served.await.expect("no panic").expect("served");
+}
