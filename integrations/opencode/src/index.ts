@@ -55,14 +55,17 @@ const RECALL_DESCRIPTION =
 /**
  * Whether compactd has a summarizer: it refuses a compaction without one before it looks
  * for the session, so one of a session no one holds answers FAILED_PRECONDITION naming the
- * missing endpoint, or NOT_FOUND when there is one.
+ * missing endpoint, or NOT_FOUND when there is one. Only NOT_FOUND is a yes: any other
+ * answer (a wrong token, compactd unavailable, a timeout) leaves OpenCode's own
+ * compaction on, or nothing would compact. `why` is what the probe got instead.
  */
-async function canSummarize(client: CompactdClient): Promise<boolean> {
+async function canSummarize(client: CompactdClient): Promise<{ yes: boolean; why: string }> {
   try {
     await client.compact(`compactd-opencode-probe-${randomUUID()}`).result()
-    return true
+    return { yes: true, why: "" }
   } catch (e: any) {
-    return !(e?.codeName === "FAILED_PRECONDITION" && /no LLM endpoint is configured/.test(String(e?.message)))
+    if (e?.codeName === "NOT_FOUND") return { yes: true, why: "" }
+    return { yes: false, why: `${e?.codeName ?? "error"}: ${String(e?.message ?? e)}` }
   }
 }
 
@@ -87,9 +90,15 @@ const CompactdPlugin: Plugin = async (input, options) => {
   // OpenCode's own compaction is turned off only when compactd can summarize: without a
   // summarizer, a session that outgrows its window would stop the turn. Such a compactd is
   // used as with compaction "opencode" (it follows OpenCode's compactions).
-  if (settings.compaction === "compactd" && !(await canSummarize(sidecar.client))) {
-    log.warn('compaction "compactd", but compactd has no LLM endpoint (--llm-base-url, or llmBaseUrl): OpenCode keeps compacting, as with compaction "opencode"')
-    settings = { ...settings, compaction: "opencode" }
+  if (settings.compaction === "compactd") {
+    const probe = await canSummarize(sidecar.client)
+    if (!probe.yes) {
+      const missing = /no LLM endpoint is configured/.test(probe.why)
+        ? "compactd has no LLM endpoint (--llm-base-url, or llmBaseUrl)"
+        : `compactd could not confirm it can summarize (${probe.why})`
+      log.warn(`compaction "compactd", but ${missing}: OpenCode keeps compacting, as with compaction "opencode"`)
+      settings = { ...settings, compaction: "opencode" }
+    }
   }
   const mirror = new Mirror(sidecar.client, settings, log, input.client)
   let recallDescription = RECALL_DESCRIPTION

@@ -54,7 +54,6 @@ export async function startSidecar(s: PluginSettings, log: Log): Promise<Sidecar
     // compactd exits when its stdin (a pipe this process holds) closes: OpenCode killed
     // outright (SIGKILL, the OOM killer) runs no exit handler, and would leave it running.
     const args = ["serve", "--listen", address, "--data-dir", dataDir, "--exit-on-stdin-eof"]
-    if (s.llmBaseUrl) args.push("--llm-base-url", s.llmBaseUrl)
     if (s.llmModel) args.push("--llm-model", s.llmModel)
     args.push(...s.serverArgs)
     let stopping = false
@@ -120,6 +119,20 @@ export async function startSidecar(s: PluginSettings, log: Log): Promise<Sidecar
   throw lastError
 }
 
+/**
+ * The sidecar's environment: OpenCode's, with the plugin's token (so the sidecar requires
+ * the token its client sends: without it any local user could read and change every
+ * mirrored session) and summarizer URL (which may carry credentials). Both go through the
+ * environment, which only the process's owner can read, never the command line, which
+ * every local user can (`ps`).
+ */
+function sidecarEnv(s: PluginSettings): NodeJS.ProcessEnv {
+  const env: NodeJS.ProcessEnv = { ...process.env }
+  if (s.token) env.COMPACTD_AUTH_TOKEN = s.token
+  if (s.llmBaseUrl) env.COMPACTD_LLM_BASE_URL = s.llmBaseUrl
+  return env
+}
+
 interface Launched {
   child: ChildProcess
   /** Why the process ended, once it has; its last stderr lines kept apart. */
@@ -130,7 +143,7 @@ interface Launched {
 function launch(s: PluginSettings, args: string[], log: Log): Launched {
   let stderr = ""
   let exited: string | null = null
-  const child = spawn(s.binary, args, { stdio: ["pipe", "ignore", "pipe"], env: process.env })
+  const child = spawn(s.binary, args, { stdio: ["pipe", "ignore", "pipe"], env: sidecarEnv(s) })
   // Held open, never written; nor does it keep this process alive.
   const stdin = child.stdin as unknown as { unref?: () => void } | null
   stdin?.unref?.()

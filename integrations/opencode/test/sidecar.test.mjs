@@ -96,3 +96,63 @@ test("a token the client refuses leaves no sidecar behind", async () => {
   await new Promise((resolve) => setTimeout(resolve, 300))
   assert.deepEqual(children().filter((p) => !before.includes(p)), [], "no compactd started")
 })
+
+test("the sidecar started with a token requires it, and no secret is on its command line", async () => {
+  const { CompactdClient } = await import("@compactd/client")
+  const log = { debug() {}, info() {}, warn() {}, error() {} }
+  const token = "plugin-token-5f1e9c"
+  const llmBaseUrl = "http://user:url-secret-77@127.0.0.1:9/v1"
+  const sidecar = await startSidecar(
+    resolveSettings({ binary: BIN, token, llmBaseUrl, llmModel: "any-model", timeoutMs: 15000 }),
+    log,
+  )
+  try {
+    // The plugin's own client carries the token.
+    await sidecar.client.openSession({ id: "ses_auth" })
+    // Any other local client without it is refused: the sidecar is not open to every user.
+    const stranger = new CompactdClient({ address: sidecar.address, deadlineMs: 5000 })
+    try {
+      await assert.rejects(stranger.getSession("ses_auth"), (e) => e.code === 16 /* UNAUTHENTICATED */)
+    } finally {
+      stranger.close()
+    }
+    // Other local users read a process's command line (`ps`); only its owner reads its
+    // environment.
+    const { readFileSync } = await import("node:fs")
+    const argv = readFileSync(`/proc/${sidecar.child.pid}/cmdline`, "utf8")
+    assert.ok(!argv.includes(token), argv)
+    assert.ok(!argv.includes("url-secret-77"), argv)
+  } finally {
+    sidecar.stop()
+  }
+})
+
+test("OpenCode keeps its own compaction when compactd's summarizer cannot be confirmed", async () => {
+  // compaction "compactd" turns OpenCode's auto compaction off only when compactd says it
+  // can summarize (its probe answers NOT_FOUND). Any other answer (here UNAUTHENTICATED, a
+  // wrong token) used to count as yes: then nothing compacted at all.
+  const { default: plugin } = await import("../dist/index.js")
+  const log = { debug() {}, info() {}, warn() {}, error() {} }
+  const sidecar = await startSidecar(
+    resolveSettings({ binary: BIN, token: "right-token-1", llmBaseUrl: "http://127.0.0.1:9/v1", llmModel: "m", timeoutMs: 15000 }),
+    log,
+  )
+  const logs = []
+  const opencode = {
+    app: { log: async ({ body }) => logs.push(`${body.level} ${body.message}`) },
+    session: { messages: async () => ({ data: [] }) },
+    config: { providers: async () => ({}) },
+  }
+  try {
+    const hooks = await plugin({ client: opencode }, { address: sidecar.address, token: "wrong-token-2", recall: false, compaction: "compactd", timeoutMs: 5000 })
+    try {
+      const config = { compaction: { prune: true } }
+      await hooks.config?.(config)
+      assert.notEqual(config.compaction.auto, false, `${JSON.stringify(config)}\n${logs.join("\n")}`)
+    } finally {
+      await hooks.dispose?.()
+    }
+  } finally {
+    sidecar.stop()
+  }
+})
