@@ -661,6 +661,11 @@ class Mirror {
     return Date.now() - since > 2000
   }
 
+  /** A compaction not done within `compactionWaitMs`: the request goes out without it. */
+  private late(s: SessionState) {
+    this.log.warn(`session ${s.id}: compaction not done within ${this.settings.compactionWaitMs} ms; the request goes out without it (the compaction goes on)`)
+  }
+
   private toast(message: string, variant: "info" | "warning" | "error") {
     try {
       const p = this.opencode?.tui?.showToast?.({ body: { message, variant } })
@@ -671,17 +676,18 @@ class Mirror {
   }
 
   /**
-   * Waits (3 minutes at most) for a compaction that runs unseen by the watcher: until the
-   * session is no longer over its threshold, or no compaction runs (a Compact is no longer
-   * refused as already running; it then compacts, as this request needs).
+   * Waits (`compactionWaitMs` at most) for a compaction that runs unseen by the watcher:
+   * until the session is no longer over its threshold, or no compaction runs (a Compact is
+   * no longer refused as already running; it then compacts, as this request needs).
    */
   private async waitUnseen(s: SessionState) {
-    const until = Date.now() + 180_000
+    const until = Date.now() + this.settings.compactionWaitMs
     while (Date.now() < until && !this.closing) {
       await new Promise((r) => setTimeout(r, 250))
       if (!(await this.client.checkOverflow(s.id)).overflow) return
       try {
-        const result = await this.client.compact(s.id, {}).result()
+        const result = await within(this.client.compact(s.id, {}).result(), until - Date.now())
+        if (result === "late") return this.late(s)
         if (result.failed) this.log.warn(`compactd compaction failed (${result.failed.kind}): ${result.failed.reason}`)
         return
       } catch (e: any) {
@@ -699,23 +705,18 @@ class Mirror {
    * nothing to summarize; the request then goes out with the context as it is.
    */
   private async compactIfNeeded(s: SessionState, turn: string | undefined) {
-    // At most 3 minutes; the timer goes with the wait (it would keep a process that is
-    // done, `opencode run`, alive until it fires).
+    // At most `compactionWaitMs` in all: a compaction that takes longer (a slow endpoint,
+    // a compactd gone without closing the connection) must not hold OpenCode's request.
+    const until = Date.now() + this.settings.compactionWaitMs
     const wait = async (p: Promise<void> | undefined) => {
-      if (!p) return
-      let timer: ReturnType<typeof setTimeout> | undefined
-      try {
-        await Promise.race([p, new Promise((r) => (timer = setTimeout(r, 180_000)))])
-      } finally {
-        clearTimeout(timer)
-      }
+      if (p && (await within(p, until - Date.now())) === "late") this.late(s)
     }
     await wait(s.compaction)
     const check = await this.client.checkOverflow(s.id)
     if (!check.overflow) return
     const numbers = `${check.crossed} ${check.crossed === "used" ? check.used : check.predicted}/${check.threshold}`
-    const until = Date.now() + 300
-    while (!s.compaction && Date.now() < until) await new Promise((r) => setTimeout(r, 25))
+    const started = Date.now() + 300
+    while (!s.compaction && Date.now() < started) await new Promise((r) => setTimeout(r, 25))
     if (s.compaction) {
       this.log.info(`session ${s.id} is over its threshold (${numbers}): waiting for compactd's compaction`)
       return wait(s.compaction)
@@ -734,7 +735,8 @@ class Mirror {
     this.log.info(`session ${s.id}: the next request is over the threshold (${numbers}): compacting`)
     for (const options of [{}, { tailTurns: 0 }]) {
       try {
-        const result = await this.client.compact(s.id, options).result()
+        const result = await within(this.client.compact(s.id, options).result(), until - Date.now())
+        if (result === "late") return this.late(s)
         if (result.failed) this.log.warn(`compactd compaction failed (${result.failed.kind}): ${result.failed.reason}`)
         s.failedIn = result.failed ? turn : undefined
         return
@@ -751,6 +753,21 @@ class Mirror {
         return
       }
     }
+  }
+}
+
+/**
+ * `p`, or "late" once `ms` have passed. The timer goes with the wait (it would keep a
+ * process that is done, `opencode run`, alive until it fires); a late `p` that rejects
+ * later is not left unhandled.
+ */
+async function within<T>(p: Promise<T>, ms: number): Promise<T | "late"> {
+  let timer: ReturnType<typeof setTimeout> | undefined
+  p.catch(() => undefined)
+  try {
+    return await Promise.race([p, new Promise<"late">((r) => (timer = setTimeout(() => r("late"), Math.max(0, ms))))])
+  } finally {
+    clearTimeout(timer)
   }
 }
 

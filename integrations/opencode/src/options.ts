@@ -36,6 +36,9 @@ export interface PluginSettings {
   debug: boolean
   /** Milliseconds to wait for compactd at start and for each call. */
   timeoutMs: number
+  /** Milliseconds a request waits for a compaction (compactd's own, or one it asked for)
+   * before it goes out without it; the compaction goes on, and a later request has it. */
+  compactionWaitMs: number
   /** Sessions whose mirror state (what compactd holds of each) is kept; the least recently
    * used idle one beyond it is forgotten and loaded whole again when it is next used. */
   maxSessions: number
@@ -88,6 +91,7 @@ export function resolveSettings(options: Record<string, any> = {}): PluginSettin
     logFile: o.logFile ?? env("COMPACTD_OPENCODE_LOG"),
     debug: bool(o.debug ?? env("COMPACTD_OPENCODE_DEBUG"), false),
     timeoutMs: positive("timeoutMs", o.timeoutMs ?? env("COMPACTD_OPENCODE_TIMEOUT_MS") ?? 15000),
+    compactionWaitMs: positive("compactionWaitMs", o.compactionWaitMs ?? env("COMPACTD_OPENCODE_COMPACTION_WAIT_MS") ?? 180_000),
     maxSessions: positive("maxSessions", o.maxSessions ?? env("COMPACTD_OPENCODE_MAX_SESSIONS") ?? 256),
   }
 }

@@ -400,6 +400,50 @@ test('with compaction "compactd", a compaction that failed is not asked for agai
   }
 })
 
+test('with compaction "compactd", a request waits for a compaction at most compactionWaitMs', async () => {
+  // The summarizer takes the request and never answers (a stuck endpoint, a network
+  // partition): the request goes out without the compaction, which goes on.
+  const chats = []
+  const port = await freePort()
+  const llm = createHttpServer((req) => {
+    if (req.method === "POST" && req.url.endsWith("/chat/completions")) chats.push(req.url)
+    // Never answered.
+  })
+  await new Promise((resolve) => llm.listen(port, "127.0.0.1", resolve))
+  const addr = `127.0.0.1:${await freePort()}`
+  const own = spawn(BIN, ["serve", "--listen", addr, "--durability", "memory", "--llm-base-url", `http://127.0.0.1:${port}/v1`, "--llm-model", "m", "--llm-context-tokens", "32000", "--llm-max-retries", "0", "--llm-timeout-secs", "30"], { stdio: ["ignore", "ignore", "pipe"] })
+  own.stderr.on("data", () => {})
+  const probe = new CompactdClient({ address: addr })
+  const ses = "ses_stuck_summarizer"
+  const small = { providerID: "p", modelID: "small" }
+  // ~9,000 tokens in a window of 8,000: over the threshold.
+  const all = [{
+    info: { id: "msg_1", sessionID: ses, role: "user", time: { created: 1 }, agent: "build", model: small },
+    parts: [{ id: "prt_1", sessionID: ses, messageID: "msg_1", type: "text", text: "word ".repeat(9000) }],
+  }]
+  const logs = []
+  const opencode = { app: { log: async ({ body }) => logs.push(body.message) }, session: { messages: async () => ({ data: all }) }, config: { providers: async () => PROVIDERS } }
+  let hooks
+  try {
+    await probe.waitForReady(15000)
+    hooks = await plugin({ client: opencode }, { address: addr, recall: false, compaction: "compactd", compactionWaitMs: 1500 })
+    const began = Date.now()
+    const output = { messages: [...all] }
+    await hooks["experimental.chat.messages.transform"]({}, output)
+    const took = Date.now() - began
+    assert.ok(chats.length >= 1, "a summary was asked for")
+    assert.ok(took < 10_000, `the request waited ${took} ms for a compaction that never ends`)
+    assert.equal(output.messages[0].info.id, "msg_1", "sent without a summary")
+    assert.ok(logs.some((l) => /compaction not done within 1500 ms/.test(l)), logs.join("\n"))
+  } finally {
+    await hooks?.dispose()
+    probe.close()
+    own.kill("SIGTERM")
+    llm.closeAllConnections()
+    llm.close()
+  }
+})
+
 test('with compaction "compactd", a compaction the watcher did not see start is waited for', async () => {
   // The watcher missed its start (it subscribed after it: a dropped watch, a restart of
   // the plugin): the plugin's own Compact is refused as already running.
