@@ -11,7 +11,7 @@ import grpc
 import grpc.aio
 
 from . import builders, pb
-from .client import auth_metadata, channel_options
+from .client import DEFAULT_TIMEOUT, auth_metadata, channel_options
 from .compaction import AsyncCompaction
 from .errors import CompactdError, error_from_event, error_from_rpc, make_error, split_field
 from .stream import LATE_EVENTS_KEPT
@@ -348,7 +348,7 @@ class AsyncClient:
         *,
         token: Optional[str] = None,
         credentials: Optional[grpc.ChannelCredentials] = None,
-        timeout: Optional[float] = None,
+        timeout: Optional[float] = DEFAULT_TIMEOUT,
         channel: Optional[grpc.aio.Channel] = None,
         options: Optional[Sequence[Tuple[str, Any]]] = None,
     ) -> None:

@@ -28,6 +28,10 @@ __all__ = ["Client", "Subscription", "channel_options"]
 # gRPC's default receive limit is 4 MiB; a long session read with GetSession is larger.
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
+# Seconds a unary call may take by default (the TypeScript client's default too): a
+# server that stops answering must not hold the caller forever.
+DEFAULT_TIMEOUT = 30.0
+
 
 def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> List[Tuple[str, Any]]:
     """Channel options the clients use: larger message limits than gRPC's 4 MiB."""
@@ -96,7 +100,9 @@ class Client:
         token: bearer token, for a server started with ``--auth-token-file``.
         credentials: ``grpc.ssl_channel_credentials(...)`` for a TLS server; plaintext
             without it.
-        timeout: deadline in seconds of each unary call (None: none).
+        timeout: deadline in seconds of each unary call (default 30, as the TypeScript
+            client; None: none, and a server that stops answering holds the call
+            forever).
         channel: an existing channel to use instead of opening one (``target`` ignored).
     """
 
@@ -106,7 +112,7 @@ class Client:
         *,
         token: Optional[str] = None,
         credentials: Optional[grpc.ChannelCredentials] = None,
-        timeout: Optional[float] = None,
+        timeout: Optional[float] = DEFAULT_TIMEOUT,
         channel: Optional[grpc.Channel] = None,
         options: Optional[Sequence[Tuple[str, Any]]] = None,
     ) -> None:

@@ -1,0 +1,65 @@
+"""A unary call has a deadline by default (30 s, as the TypeScript client's): a server that
+takes the connection and never answers must not hold the caller forever."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent import futures
+from typing import Iterator
+
+import grpc
+import pytest
+
+from compactd_client import AsyncClient, Client, CompactdError
+
+
+@pytest.fixture()
+def silent() -> Iterator[str]:
+    """A gRPC server that takes every ListSessions call and never answers it (a stuck
+    peer: the connection is up, the call is not)."""
+    release = threading.Event()
+
+    def hang(_request: bytes, _context: grpc.ServicerContext) -> bytes:
+        release.wait()
+        return b""
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "compactd.v1.Sessions",
+                {"ListSessions": grpc.unary_unary_rpc_method_handler(hang)},
+            ),
+        )
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"127.0.0.1:{port}"
+    release.set()
+    server.stop(grace=None)
+
+
+def test_a_unary_call_to_a_silent_server_ends_at_the_default_deadline(silent: str) -> None:
+    began = time.monotonic()
+    with Client(silent) as c:
+        with pytest.raises(CompactdError) as e:
+            c.list_sessions()
+    took = time.monotonic() - began
+    assert e.value.code_name == "DEADLINE_EXCEEDED", e.value
+    assert 25 <= took <= 45, took
+
+
+def test_an_async_unary_call_to_a_silent_server_ends_at_the_default_deadline(silent: str) -> None:
+    async def call() -> CompactdError:
+        async with AsyncClient(silent) as c:
+            with pytest.raises(CompactdError) as e:
+                await c.list_sessions()
+            return e.value
+
+    began = time.monotonic()
+    error = asyncio.run(call())
+    took = time.monotonic() - began
+    assert error.code_name == "DEADLINE_EXCEEDED", error
+    assert 25 <= took <= 45, took
