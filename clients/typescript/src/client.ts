@@ -313,9 +313,12 @@ export class CompactdClient {
    */
   stream(opts?: CallOptions): SessionStream {
     const def = SessionsService.stream;
+    // Updates are encoded by the stream before they are written (`SessionStream.send`):
+    // grpc-js would encode inside the call and cancel the whole call on a value that does
+    // not encode.
     const call = this.raw.makeBidiStreamRequest(
       def.path,
-      def.requestSerialize,
+      (encoded: Buffer) => encoded,
       def.responseDeserialize,
       this.metadata(),
       this.callOptions(opts, false),

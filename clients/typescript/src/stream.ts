@@ -66,10 +66,10 @@ export class SessionStream {
   readonly closed: Promise<CompactdError | undefined>;
   private closedResolve!: (e: CompactdError | undefined) => void;
 
-  /** The underlying grpc-js call. */
-  readonly call: ClientDuplexStream<ClientUpdate, ServerEvent>;
+  /** The underlying grpc-js call (it takes each `ClientUpdate` encoded). */
+  readonly call: ClientDuplexStream<Buffer, ServerEvent>;
 
-  constructor(call: ClientDuplexStream<ClientUpdate, ServerEvent>) {
+  constructor(call: ClientDuplexStream<Buffer, ServerEvent>) {
     this.call = call;
     this.closed = new Promise((r) => (this.closedResolve = r));
     call.on("data", (e: ServerEvent) => this.onEvent(e));
@@ -175,16 +175,29 @@ export class SessionStream {
   }
 
   private sendWithSeq(sessionId: string, body: UpdateBody): { seq: number; result: Promise<UpdateResult> } {
-    const seq = this.nextSeq++;
     if (this.ended !== undefined || this.halfClosed) {
       // After end(), a write would destroy the call and reject the updates still in flight.
       const err = this.ended ?? new CompactdError({ code: Status.UNAVAILABLE, details: "the stream is closed" });
+      return { seq: this.nextSeq++, result: Promise.reject(err) };
+    }
+    const seq = this.nextSeq;
+    let encoded: Buffer;
+    try {
+      encoded = Buffer.from(ClientUpdate.encode(ClientUpdate.fromPartial({ ...body, seq, sessionId })).finish());
+    } catch (e) {
+      // Refused here, alone (a fractional or negative count, a wrong type): written, it
+      // would have ended the call and every update in flight. No seq is spent on it.
+      const err = new CompactdError({
+        code: Status.INVALID_ARGUMENT,
+        details: `the update cannot be encoded: ${(e as Error).message}`,
+      });
       return { seq, result: Promise.reject(err) };
     }
+    this.nextSeq++;
     const result = new Promise<UpdateResult>((resolve, reject) => {
       this.pending.set(seq, { seq, sessionId, events: [], resolve, reject });
     });
-    this.call.write(ClientUpdate.fromPartial({ ...body, seq, sessionId }));
+    this.call.write(encoded);
     return { seq, result };
   }
 

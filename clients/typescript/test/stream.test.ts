@@ -43,6 +43,28 @@ describe("Stream", () => {
     assert.equal(s.isClosed, true);
   });
 
+  test("an update that cannot be encoded is refused alone; the stream and the updates in flight go on", async () => {
+    // grpc-js encodes a written message inside the call and cancels the whole call
+    // (INTERNAL) when that fails: one bad value (a fractional token count) rejected every
+    // update in flight, of every session.
+    const s = c.stream();
+    const sid = "unencodable-1";
+    await s.open({ id: sid });
+    const before = s.upsertMessage(sid, userMsg("u1"));
+    const bad = s.reportUsage(sid, { tokens: { input: 1.5 } as never });
+    const after = s.upsertPart(sid, textPart("u1", "t1", "still open"));
+    await assert.rejects(bad, (err: unknown) => {
+      assert.ok(err instanceof CompactdError);
+      assert.equal(err.codeName, "INVALID_ARGUMENT");
+      assert.match(err.message, /encode/);
+      return true;
+    });
+    const [b, a] = await Promise.all([before, after]);
+    assert.deepEqual([b.seq, a.seq], [2, 3], "no seq is spent on the refused update");
+    assert.equal(s.isClosed, false);
+    assert.equal(await s.end(), undefined, "a clean end");
+  });
+
   test("an error event rejects that update with code, field and seq; the stream stays open", async () => {
     const s = c.stream();
     const sid = "err-1";
