@@ -104,3 +104,39 @@ def test_unreachable_server_is_unavailable() -> None:
         with pytest.raises(CompactdError) as e:
             c.list_sessions()
     assert e.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.fixture(scope="module")
+def small_updates():
+    """compactd refusing updates over 64 KiB (the transport cap ends the stream)."""
+    from compactd_server import Server
+
+    srv = Server(["--max-update-bytes", "65536"])
+    yield srv
+    srv.stop()
+
+
+def test_updates_left_unanswered_when_the_stream_ends_say_their_outcome_is_unknown(small_updates) -> None:
+    # An update past the transport cap ends the whole stream (RESOURCE_EXHAUSTED): the
+    # updates sent after it were never read, and had a slow reader ended it, those read
+    # would have been applied. Their errors said "RESOURCE_EXHAUSTED" as if each update
+    # had been refused for its own size.
+    sid = "stream-ended"
+    with Client(small_updates.addr, timeout=10) as c, c.stream() as s:
+        s.open(sid)
+        s.upsert_message(sid, b.user_message("u1"))
+        big = s.submit(sid, upsert_part=b.text_part("u1", "p-big", "x" * 200_000))
+        after = s.submit(sid, upsert_part=b.text_part("u1", "p-after", "small"))
+        for future, seq in ((big, 3), (after, 4)):
+            with pytest.raises(CompactdError) as e:
+                future.result(timeout=10)
+            assert e.value.stream_ended, e.value
+            assert e.value.seq == seq, e.value
+            assert e.value.code_name == "RESOURCE_EXHAUSTED", e.value
+            assert "outcome is unknown" in str(e.value), e.value
+    # A refusal of the update itself, on an open stream, is no such error.
+    with Client(small_updates.addr, timeout=10) as c, c.stream() as s:
+        s.open(sid + "-2")
+        with pytest.raises(NotFound) as e:
+            s.upsert_part("no-such-session", b.text_part("u1", "p", "x"))
+        assert not e.value.stream_ended

@@ -63,6 +63,12 @@ export class CompactdError extends Error {
   readonly events: ServerEvent[];
   /** Trailing metadata of the failed call, when it came from a gRPC status. */
   readonly metadata?: Record<string, unknown>;
+  /**
+   * True for a stream update left unanswered when the stream ended: the code is the
+   * stream's, not a refusal of this update, and whether it was applied is unknown
+   * (`getSession` shows the session).
+   */
+  readonly streamEnded: boolean;
 
   constructor(init: {
     code: number;
@@ -73,6 +79,7 @@ export class CompactdError extends Error {
     events?: ServerEvent[];
     metadata?: Record<string, unknown>;
     cause?: unknown;
+    streamEnded?: boolean;
   }) {
     const name = codeName(init.code);
     const field = init.field ?? "";
@@ -86,6 +93,22 @@ export class CompactdError extends Error {
     this.sessionId = init.sessionId;
     this.events = init.events ?? [];
     this.metadata = init.metadata;
+    this.streamEnded = init.streamEnded ?? false;
+  }
+
+  /** The error of stream update `seq` (of `sessionId`) left unanswered when its stream ended with `ended`. */
+  static streamEnded(ended: CompactdError, seq: number, sessionId: string, events: ServerEvent[]): CompactdError {
+    return new CompactdError({
+      code: ended.code,
+      details: `the stream ended before this update's ack, so its outcome is unknown (getSession shows the session): ${ended.details}`,
+      field: ended.field,
+      seq,
+      sessionId,
+      events,
+      metadata: ended.metadata,
+      cause: ended,
+      streamEnded: true,
+    });
   }
 
   /** From a gRPC status (a unary call, or the end of a stream). */

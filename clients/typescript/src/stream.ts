@@ -144,7 +144,7 @@ export class SessionStream {
     const reason =
       err ??
       new CompactdError({ code: Status.UNAVAILABLE, details: "the stream ended before this update's ack" });
-    for (const p of this.pending.values()) p.reject(reason);
+    for (const p of this.pending.values()) p.reject(CompactdError.streamEnded(reason, p.seq, p.sessionId, p.events));
     this.pending.clear();
     for (const q of this.compactions.values()) {
       if (err) q.fail(err);

@@ -65,6 +65,26 @@ describe("Stream", () => {
     assert.equal(await s.end(), undefined, "a clean end");
   });
 
+  test("updates left unanswered when the stream ends say their outcome is unknown", async () => {
+    // Cancelled with updates in flight: their errors carry the stream's code, their own
+    // seq and streamEnded, where they read as refusals of each update before.
+    const s = c.stream();
+    const sid = "ended-1";
+    await s.open({ id: sid });
+    const left = [s.upsertMessage(sid, userMsg("u1")), s.upsertPart(sid, textPart("u1", "t1", "x"))];
+    s.cancel();
+    for (const [i, p] of left.entries()) {
+      await assert.rejects(p, (err: unknown) => {
+        assert.ok(err instanceof CompactdError);
+        assert.equal(err.streamEnded, true);
+        assert.equal(err.seq, i + 2);
+        assert.equal(err.sessionId, sid);
+        assert.match(err.message, /outcome is unknown/);
+        return true;
+      });
+    }
+  });
+
   test("an error event rejects that update with code, field and seq; the stream stays open", async () => {
     const s = c.stream();
     const sid = "err-1";

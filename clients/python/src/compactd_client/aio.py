@@ -13,7 +13,7 @@ import grpc.aio
 from . import builders, pb
 from .client import DEFAULT_TIMEOUT, auth_metadata, channel_options
 from .compaction import AsyncCompaction
-from .errors import CompactdError, error_from_event, error_from_rpc, make_error, split_field
+from .errors import CompactdError, error_from_event, error_from_rpc, make_error, split_field, stream_ended
 from .stream import LATE_EVENTS_KEPT
 from .stream import _keep as _keep_bounded
 from .results import (
@@ -158,11 +158,12 @@ class AsyncSessionStream:
         self._failure = failure
         pending, self._pending = self._pending, {}
         listeners, self._listeners = self._listeners, {}
-        for p in pending.values():
+        for seq, p in pending.items():
+            err = stream_ended(failure, seq)
             if not p.future.done():
-                p.future.set_exception(failure)
+                p.future.set_exception(err)
             if p.listener is not None:
-                p.listener.put_nowait(failure)
+                p.listener.put_nowait(err)
         for q in listeners.values():
             q.put_nowait(failure)
         _keep(self._late, _END)

@@ -52,6 +52,9 @@ class CompactdError(Exception):
         message: the human message, without the field prefix.
         field: the offending field, dotted (``"part.tool.state.status"``), or ``""``.
         seq: the stream update's ``seq`` for errors from ``Stream``, else ``None``.
+        stream_ended: True when the stream ended before this update's ack or error: the
+            code is the stream's, not a refusal of this update, and whether it was applied
+            is unknown (``get_session`` shows the session).
     """
 
     def __init__(
@@ -66,6 +69,7 @@ class CompactdError(Exception):
         self.message = message
         self.field = field
         self.seq = seq
+        self.stream_ended = False
         where = f" [{field}]" if field else ""
         super().__init__(f"{code.name}{where}: {message}")
 
@@ -139,6 +143,21 @@ def make_error(
 ) -> CompactdError:
     """The :class:`CompactdError` subclass for ``code`` (the base class for other codes)."""
     return _BY_CODE.get(code, CompactdError)(code, message, field, seq)
+
+
+def stream_ended(failure: CompactdError, seq: int) -> CompactdError:
+    """The error of an update left unanswered when its stream ended with ``failure``:
+    the stream's code (its class, so a caller catching it still does), with the update's
+    seq, ``stream_ended`` set and a message saying its outcome is unknown."""
+    err = make_error(
+        failure.code,
+        "the stream ended before this update's ack, so its outcome is unknown (get_session "
+        f"shows the session): {failure.message}",
+        failure.field,
+        seq,
+    )
+    err.stream_ended = True
+    return err
 
 
 def split_field(details: str) -> "tuple[str, str]":

@@ -28,7 +28,7 @@ import grpc
 
 from . import builders, pb
 from .compaction import Compaction
-from .errors import CompactdError, error_from_event, error_from_rpc
+from .errors import CompactdError, error_from_event, error_from_rpc, stream_ended
 from .results import (
     LimitsLike,
     ModelLike,
@@ -183,10 +183,11 @@ class SessionStream:
             self._failure = failure
             pending, self._pending = self._pending, {}
             listeners, self._listeners = self._listeners, {}
-        for p in pending.values():
-            _settle(p.future, error=failure)
+        for seq, p in pending.items():
+            err = stream_ended(failure, seq)
+            _settle(p.future, error=err)
             if p.listener is not None:
-                p.listener.put(failure)
+                p.listener.put(err)
         for q in listeners.values():
             q.put(failure)  # a compaction still running reads why it ended
         _keep(self._late, _END)  # wakes a next_event() waiter
