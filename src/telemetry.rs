@@ -406,12 +406,14 @@ pub fn code_name(code: tonic::Code) -> &'static str {
 
 /// Serves `GET /metrics` (Prometheus text format) on `listener` until `shutdown`;
 /// `sample` runs before each render to set the gauges that are read, not pushed. Folds
-/// the recent histogram samples every [`UPKEEP_EVERY`] meanwhile, scraped or not.
+/// the recent histogram samples every `upkeep_every` ([`UPKEEP_EVERY`]) meanwhile,
+/// scraped or not.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     handle: PrometheusHandle,
     sample: impl Fn() + Clone + Send + Sync + 'static,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    upkeep_every: Duration,
 ) -> std::io::Result<()> {
     let kept = handle.clone();
     let app = axum::Router::new().route(
@@ -428,7 +430,7 @@ pub async fn serve(
         }),
     );
     let upkeep = async move {
-        let mut every = tokio::time::interval(UPKEEP_EVERY);
+        let mut every = tokio::time::interval(upkeep_every);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             every.tick().await;

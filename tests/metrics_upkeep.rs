@@ -50,8 +50,13 @@ fn allocated() -> usize {
     ALLOCATED.load(Ordering::Relaxed)
 }
 
-/// Samples recorded: at about 24 bytes each, megabytes the recorder holds unfolded.
+/// Samples recorded per round: at about 8 bytes each, megabytes the recorder would hold
+/// unfolded after a few rounds.
 const SAMPLES: usize = 200_000;
+/// Rounds of recording, each followed by a few upkeep periods.
+const ROUNDS: usize = 6;
+/// The upkeep period the test serves with (the server's is `UPKEEP_EVERY`, 5 s).
+const EVERY: Duration = Duration::from_millis(100);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn histogram_samples_are_folded_without_a_scrape() {
@@ -65,6 +70,7 @@ async fn histogram_samples_are_folded_without_a_scrape() {
         handle,
         || {},
         stop.clone().cancelled_owned(),
+        EVERY,
     ));
     let record = || {
         for _ in 0..SAMPLES {
@@ -77,18 +83,21 @@ async fn histogram_samples_are_folded_without_a_scrape() {
     record();
     let first = allocated().saturating_sub(start);
     assert!(
-        first >= SAMPLES * 8,
+        first >= SAMPLES * 4,
         "the samples hold {first} bytes: too few to tell an upkeep from none"
     );
-    // No one scrapes. Folded samples leave their room to the next ones, which then take
-    // no more; unfolded, the next ones take as much again.
-    tokio::time::sleep(compactd::telemetry::UPKEEP_EVERY * 2 + Duration::from_millis(500)).await;
-    let folded = allocated();
-    record();
-    let second = allocated().saturating_sub(folded);
+    // No one scrapes. Folded, the samples' memory is given back (when the epoch GC of
+    // the recorder's buckets gets to it) and what is held stays about one round's;
+    // unfolded, every round adds as much again.
+    for _ in 1..ROUNDS {
+        tokio::time::sleep(EVERY * 3).await;
+        record();
+    }
+    tokio::time::sleep(EVERY * 3).await;
+    let held = allocated().saturating_sub(start);
     assert!(
-        second < first / 4,
-        "{SAMPLES} samples took {first} bytes, and {second} more after two upkeep periods"
+        held < first * 3,
+        "{ROUNDS} rounds of {SAMPLES} samples: the first took {first} bytes, all hold {held}"
     );
     stop.cancel();
     served.await.expect("no panic").expect("served");

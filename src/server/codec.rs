@@ -218,8 +218,24 @@ fn large_decodes() -> std::sync::MutexGuard<'static, usize> {
 impl LargeDecode {
     /// Takes a decode slot, waiting at most `wait` for one. The wait blocks the calling
     /// thread (decoding is synchronous); the slots' holders are decoding, on other
-    /// threads, and free them without waiting on anything.
+    /// threads, and free them without waiting on anything. On a multi-thread runtime
+    /// the wait is `block_in_place`: the worker's other tasks move to another thread
+    /// meanwhile, so waiting decodes cannot stall health checks and small updates.
     pub(super) fn enter(wait: std::time::Duration) -> Result<LargeDecode, Refused> {
+        let free = {
+            let running = large_decodes();
+            *running < MAX_LARGE_DECODES
+        };
+        let multi_thread = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        if free || !multi_thread {
+            Self::wait_for_slot(wait)
+        } else {
+            tokio::task::block_in_place(|| Self::wait_for_slot(wait))
+        }
+    }
+
+    fn wait_for_slot(wait: std::time::Duration) -> Result<LargeDecode, Refused> {
         let deadline = std::time::Instant::now() + wait;
         let mut running = large_decodes();
         while *running >= MAX_LARGE_DECODES {

@@ -227,12 +227,34 @@ impl SessionHandle {
         match ran {
             Ok(r) => Ok(Ok(r)),
             Err(_) => {
-                // Half changed: dropped with its bytes, here; the actor closes its mailbox
-                // when it next looks.
+                // Half changed: dropped with its bytes, here, and out of the map at once
+                // (a reopen creates the session anew, and the id no longer counts against
+                // `max_sessions`); the actor closes its mailbox when it next looks.
                 *cell = None;
+                drop(cell);
                 tracing::error!(session_id = %state.id, "a job panicked; the session is dropped");
+                self.leave_map();
                 Ok(Err(StoreError::Closed(state.id.to_string())))
             }
+        }
+    }
+
+    /// Takes this session out of the store's map (only while the map holds it) and shuts
+    /// its gate, so no job is queued or run on it any more. Takes the map lock, then the
+    /// gate, as the actor's own leaving does; the caller holds neither, nor the cell.
+    fn leave_map(&self) {
+        let Some(store) = self.state.store.upgrade() else {
+            return;
+        };
+        let mut map = store.write();
+        *lock(&self.state.gate) = true;
+        let id: &str = &self.state.id;
+        if map
+            .hot
+            .get(id)
+            .is_some_and(|h| Arc::ptr_eq(&h.state, &self.state))
+        {
+            map.hot.remove(id);
         }
     }
 

@@ -165,34 +165,34 @@ async fn a_panicking_inline_job_takes_down_only_its_session() {
         Err(_) => panic!("handed back"),
     }
     assert_eq!(store.held_bytes(), other.held_bytes(), "its bytes are back");
+    // Out of the map at once, not at its next job.
+    assert!(matches!(store.get("a").await, Err(StoreError::NotFound(_))));
     assert!(doomed.try_run(|_, _| ()).is_err());
     assert_eq!(
         doomed.call(|_, _| ()).await,
-        Err(StoreError::Closed("a".into()))
+        Err(StoreError::NotFound("a".into()))
     );
-    assert!(matches!(store.get("a").await, Err(StoreError::NotFound(_))));
     assert_eq!(ids(&other).await, ["m1"]);
     ran(&other, add("m2"), "the other session still runs inline");
     let (again, _) = store.open(info("a")).await.expect("the id is free again");
     ran(&again, add("m1"), "a new session under the id runs inline");
 }
 
-/// A session whose inline job panicked, and that nothing uses after, still leaves when
-/// idle (its emptied cell does not stop the actor, or the store).
+/// A session whose inline job panicked frees its id and its place under `max_sessions`
+/// at once: a client reopening it gets a new session, not the dead one.
 #[tokio::test]
-async fn a_session_dead_of_a_panic_leaves_when_idle() {
-    let store = Store::new(EngineConfig::default());
-    let mut evictions = store.evict_idle_after(Duration::from_millis(50));
+async fn a_session_dead_of_a_panic_frees_its_id_at_once() {
+    let store = Store::new(EngineConfig::default()).with_limits(Limits {
+        max_sessions: 1,
+        ..Limits::default()
+    });
     let (doomed, _) = store.open(info("a")).await.expect("open");
     assert!(matches!(
         doomed.try_run(|_, _| panic!("a bug in a job")),
         Ok(Err(StoreError::Closed(_)))
     ));
-    let evicted = tokio::time::timeout(Duration::from_secs(5), evictions.recv())
-        .await
-        .expect("it leaves in time")
-        .expect("the store is alive");
-    assert_eq!(evicted.session_id, "a");
-    assert!(matches!(store.get("a").await, Err(StoreError::NotFound(_))));
-    store.open(info("b")).await.expect("the store still serves");
+    let (again, created) = store.open(info("a")).await.expect("the place is free");
+    assert!(created, "a new session, not the dead one");
+    ran(&again, add("m1"), "it runs");
+    assert_eq!(ids(&again).await, ["m1"]);
 }
