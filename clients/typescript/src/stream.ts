@@ -263,14 +263,18 @@ export class SessionStream {
    */
   async compact(sessionId: string, options: DeepPartial<CompactOptions> = {}): Promise<StreamCompaction> {
     const seq = this.nextSeq; // the seq sendWithSeq will take: register before any event can arrive
-    const q = new AsyncQueue<CompactionEvent>(() => this.compactions.delete(seq));
+    const q: AsyncQueue<CompactionEvent> = new AsyncQueue<CompactionEvent>(() => {
+      if (this.compactions.get(seq) === q) this.compactions.delete(seq);
+    });
     this.compactions.set(seq, q);
     let ack: UpdateResult;
     try {
       const sent = this.sendWithSeq(sessionId, { compact: options });
       ack = await sent.result;
     } catch (err) {
-      this.compactions.delete(seq);
+      // Only its own queue: an update refused before it was sent spends no seq, so a
+      // compaction sent meanwhile may have registered under the same one.
+      if (this.compactions.get(seq) === q) this.compactions.delete(seq);
       throw err;
     }
     const it = q as unknown as StreamCompaction;

@@ -28,6 +28,27 @@ describe("Compact and Subscribe", () => {
     await seedTurns(c, sid);
   }
 
+  test("a stream compaction refused before it is sent leaves one sent beside it routed", async () => {
+    // A refused update spends no seq: the next compact() registers under the same one,
+    // and the refused one's cleanup took its queue: its result never came.
+    const sid = "cmp-seq";
+    await seeded(sid);
+    fake.script = [{ chunks: ["## Objective\n", "Routed."] }];
+    const s = c.stream();
+    const [bad, good] = await Promise.allSettled([s.compact(sid, { tailTurns: 1.5 } as never), s.compact(sid)]);
+    assert.equal(bad.status, "rejected");
+    assert.match(String((bad as PromiseRejectedResult).reason), /encode/);
+    assert.equal(good.status, "fulfilled", String((good as PromiseRejectedResult).reason));
+    const run = (good as PromiseFulfilledResult<Awaited<ReturnType<typeof s.compact>>>).value;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const late = new Promise<"late">((r) => (timer = setTimeout(() => r("late"), 15_000)));
+    const result = await Promise.race([run.result(), late]);
+    clearTimeout(timer);
+    assert.notEqual(result, "late", "the compaction's events reached it");
+    assert.ok((result as { compacted?: unknown }).compacted, JSON.stringify(result));
+    await s.end();
+  });
+
   test("Compact streams started, the summary deltas, then compacted; Subscribe sees the same", async () => {
     const sid = "cmp-1";
     await seeded(sid);

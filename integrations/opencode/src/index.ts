@@ -676,15 +676,17 @@ class Mirror {
   }
 
   /**
-   * Waits (`compactionWaitMs` at most) for a compaction that runs unseen by the watcher:
-   * until the session is no longer over its threshold, or no compaction runs (a Compact is
-   * no longer refused as already running; it then compacts, as this request needs).
+   * Waits (until `until`, the request's compaction deadline) for a compaction that runs
+   * unseen by the watcher: until the session is no longer over its threshold, or no
+   * compaction runs (a Compact is no longer refused as already running; it then compacts,
+   * as this request needs).
    */
-  private async waitUnseen(s: SessionState) {
-    const until = Date.now() + this.settings.compactionWaitMs
+  private async waitUnseen(s: SessionState, until: number) {
     while (Date.now() < until && !this.closing) {
       await new Promise((r) => setTimeout(r, 250))
-      if (!(await this.client.checkOverflow(s.id)).overflow) return
+      const check = await within(this.client.checkOverflow(s.id), until - Date.now())
+      if (check === "late") return this.late(s)
+      if (!check.overflow) return
       try {
         const result = await within(this.client.compact(s.id, {}).result(), until - Date.now())
         if (result === "late") return this.late(s)
@@ -708,18 +710,25 @@ class Mirror {
     // At most `compactionWaitMs` in all: a compaction that takes longer (a slow endpoint,
     // a compactd gone without closing the connection) must not hold OpenCode's request.
     const until = Date.now() + this.settings.compactionWaitMs
+    // False once the deadline has passed (said once): the request goes out as it is.
     const wait = async (p: Promise<void> | undefined) => {
-      if (p && (await within(p, until - Date.now())) === "late") this.late(s)
+      if (p && (await within(p, until - Date.now())) === "late") {
+        this.late(s)
+        return false
+      }
+      return true
     }
-    await wait(s.compaction)
-    const check = await this.client.checkOverflow(s.id)
+    if (!(await wait(s.compaction))) return
+    const check = await within(this.client.checkOverflow(s.id), until - Date.now())
+    if (check === "late") return this.late(s)
     if (!check.overflow) return
     const numbers = `${check.crossed} ${check.crossed === "used" ? check.used : check.predicted}/${check.threshold}`
     const started = Date.now() + 300
     while (!s.compaction && Date.now() < started) await new Promise((r) => setTimeout(r, 25))
     if (s.compaction) {
       this.log.info(`session ${s.id} is over its threshold (${numbers}): waiting for compactd's compaction`)
-      return wait(s.compaction)
+      await wait(s.compaction)
+      return
     }
     // A compaction asked for in this turn failed (an endpoint refusing, a summary not
     // smaller): every request of the turn would pay for, or wait on, another. compactd's
@@ -741,11 +750,14 @@ class Mirror {
         s.failedIn = result.failed ? turn : undefined
         return
       } catch (e: any) {
-        if (s.compaction) return wait(s.compaction) // an automatic one started meanwhile
+        if (s.compaction) {
+          await wait(s.compaction) // an automatic one started meanwhile
+          return
+        }
         if (e?.codeName === "FAILED_PRECONDITION" && /already running/.test(e.message)) {
           // One the watcher did not see start (it subscribed after, or was dropped).
           this.log.info(`session ${s.id}: a compaction is already running; waiting for it`)
-          return this.waitUnseen(s)
+          return this.waitUnseen(s, until)
         }
         if (e?.codeName === "FAILED_PRECONDITION" && /nothing to compact/.test(e.message) && !("tailTurns" in options)) continue
         this.log.warn(`compactd compaction not run: ${e?.message}`)

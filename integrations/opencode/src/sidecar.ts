@@ -128,7 +128,8 @@ export async function startSidecar(s: PluginSettings, log: Log): Promise<Sidecar
  */
 function sidecarEnv(s: PluginSettings): NodeJS.ProcessEnv {
   const env: NodeJS.ProcessEnv = { ...process.env }
-  if (s.token) env.COMPACTD_AUTH_TOKEN = s.token
+  // Blank: no token, as the client reads it (compactd refuses a blank one at start).
+  if (s.token?.trim()) env.COMPACTD_AUTH_TOKEN = s.token
   if (s.llmBaseUrl) env.COMPACTD_LLM_BASE_URL = s.llmBaseUrl
   return env
 }

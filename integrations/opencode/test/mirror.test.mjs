@@ -431,7 +431,6 @@ test('with compaction "compactd", a request waits for a compaction at most compa
     const output = { messages: [...all] }
     await hooks["experimental.chat.messages.transform"]({}, output)
     const took = Date.now() - began
-    assert.ok(chats.length >= 1, "a summary was asked for")
     assert.ok(took < 10_000, `the request waited ${took} ms for a compaction that never ends`)
     assert.equal(output.messages[0].info.id, "msg_1", "sent without a summary")
     assert.ok(logs.some((l) => /compaction not done within 1500 ms/.test(l)), logs.join("\n"))
