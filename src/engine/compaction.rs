@@ -206,7 +206,7 @@ pub(crate) fn commit_message(m: &super::stored::Message) -> Option<(CommitMessag
 }
 
 /// The model's answer, as the summarizer received it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SummaryOutcome {
     /// The summary text.
     pub text: String,

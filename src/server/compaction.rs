@@ -250,6 +250,7 @@ pub async fn start(
             summarizer,
             model,
             deltas: 0,
+            paid: SummaryOutcome::default(),
         },
     };
     tokio::spawn(async move {
@@ -284,6 +285,9 @@ struct Link {
     /// Model override for the endpoint (None: the summarizer's own).
     model: Option<String>,
     deltas: u32,
+    /// What the requests answered so far cost (usage and price): a compaction that fails
+    /// after some chunks were summarized still reports their spend.
+    paid: SummaryOutcome,
 }
 
 impl Job {
@@ -298,7 +302,7 @@ impl Job {
                 Err(spent(failed(&SummarizeError::Cancelled), &summary.outcome))
             }
             Ok(summary) => self.commit(summary, began).await,
-            Err(e) => Err(failed(&e)),
+            Err(e) => Err(spent(failed(&e), &self.link.paid)),
         };
         let paused = match &result {
             Ok(_) => self.record(true).await,
@@ -501,6 +505,9 @@ impl Link {
             Ok(_) => "answered",
             Err(e) => failure_kind(e),
         });
+        if let Ok(answered) = &result {
+            pay(&mut self.paid, answered);
+        }
         result
     }
 
@@ -604,6 +611,17 @@ fn failure_kind(e: &SummarizeError) -> &'static str {
         SummarizeError::TooLong(_) => "too_long",
         SummarizeError::Cancelled => "cancelled",
     }
+}
+
+/// Adds what one answered request cost to `paid` (sums saturate: the numbers come from
+/// the endpoint).
+fn pay(paid: &mut SummaryOutcome, answered: &SummaryOutcome) {
+    if let Some(u) = &answered.usage {
+        let total = paid.usage.get_or_insert_with(Default::default);
+        total.input = total.input.saturating_add(u.input);
+        total.output = total.output.saturating_add(u.output);
+    }
+    paid.cost += answered.cost;
 }
 
 /// `f` with what the summary it drops cost (its usage and price), so the spend of a

@@ -146,3 +146,36 @@ async fn a_refusal_for_length_splits_the_head_and_tries_again() {
         .count();
     assert!(refused >= 1, "the whole head was tried first");
 }
+
+#[tokio::test]
+async fn a_chunked_compaction_that_fails_part_way_reports_what_it_spent() {
+    // The first chunk is answered (3,500 prompt and 50 completion tokens), the second is
+    // refused for good: nothing commits, but the tokens of the first were paid for.
+    let fake = FakeLlm::start(vec![
+        Reply::Stream {
+            chunks: vec!["summary of the first chunk".into()],
+            usage: Some((3_500, 50)),
+            delay_per_chunk: std::time::Duration::ZERO,
+            finish_reason: Some("stop".into()),
+        },
+        Reply::status(400),
+    ])
+    .await;
+    let server = server_with(&fake, |c| c.context_tokens = Some(4_000)).await;
+    let mut client = server.client().await;
+    seed_long_session(&mut client, SID).await;
+    let events = compact(&mut client, SID).await;
+    let Some(Ce::Failed(failed)) = &events.last().and_then(|e| e.event.clone()) else {
+        panic!("{events:?}")
+    };
+    assert!(
+        fake.requests().len() >= 2,
+        "chunked: {}",
+        fake.requests().len()
+    );
+    let usage = failed
+        .usage
+        .as_ref()
+        .unwrap_or_else(|| panic!("no usage: {failed:?}"));
+    assert_eq!((usage.input, usage.output), (3_500, 50), "{failed:?}");
+}
