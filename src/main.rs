@@ -153,7 +153,7 @@ fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
                 );
             };
             tokio::spawn(async move {
-                if let Err(e) = compactd::telemetry::serve(listener, handle, sample, stop.cancelled_owned(), compactd::telemetry::UPKEEP_EVERY).await {
+                if let Err(e) = compactd::telemetry::serve(listener, handle, sample, stop.cancelled_owned(), compactd::telemetry::EndpointLimits::default()).await {
                     tracing::error!(error = %e, "metrics endpoint stopped");
                 }
             });

@@ -70,7 +70,10 @@ async fn histogram_samples_are_folded_without_a_scrape() {
         handle,
         || {},
         stop.clone().cancelled_owned(),
-        EVERY,
+        compactd::telemetry::EndpointLimits {
+            upkeep_every: EVERY,
+            ..Default::default()
+        },
     ));
     let record = || {
         for _ in 0..SAMPLES {

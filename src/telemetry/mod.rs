@@ -7,6 +7,8 @@
 //! `--metrics-listen` neither builds keys nor reads the clock for them, and a server with
 //! it records through handles each thread registered once per update kind.
 
+mod bounded;
+
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -29,9 +31,32 @@ const STORE_BUCKETS: &[f64] = &[
     10.0,
 ];
 /// How often the recorder's recent histogram samples are folded into their buckets. The
-/// recorder keeps every sample until then (about 24 bytes each, one per update), and
+/// recorder keeps every sample until then (about 16 bytes each, one per update), and
 /// only a scrape folds them otherwise: a server no one scrapes would grow without end.
 pub const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// What the metrics endpoint allows itself: its upkeep period and its connections.
+#[derive(Debug, Clone, Copy)]
+pub struct EndpointLimits {
+    /// How often histogram samples are folded ([`UPKEEP_EVERY`]).
+    pub upkeep_every: Duration,
+    /// Connections open at once; more wait to be accepted.
+    pub max_connections: usize,
+    /// How long a connection is read from before it is closed (a scraper reconnects).
+    pub connection_lifetime: Duration,
+}
+
+impl Default for EndpointLimits {
+    /// Upkeep every 5 s; 64 connections, each for at most 60 s (a scrape takes
+    /// milliseconds; Prometheus scrapes every 15 to 60 s).
+    fn default() -> EndpointLimits {
+        EndpointLimits {
+            upkeep_every: UPKEEP_EVERY,
+            max_connections: 64,
+            connection_lifetime: Duration::from_secs(60),
+        }
+    }
+}
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
@@ -406,14 +431,14 @@ pub fn code_name(code: tonic::Code) -> &'static str {
 
 /// Serves `GET /metrics` (Prometheus text format) on `listener` until `shutdown`;
 /// `sample` runs before each render to set the gauges that are read, not pushed. Folds
-/// the recent histogram samples every `upkeep_every` ([`UPKEEP_EVERY`]) meanwhile,
-/// scraped or not.
+/// the recent histogram samples every `limits.upkeep_every` meanwhile, scraped or not,
+/// and bounds its connections (`bounded.rs`).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     handle: PrometheusHandle,
     sample: impl Fn() + Clone + Send + Sync + 'static,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-    upkeep_every: Duration,
+    limits: EndpointLimits,
 ) -> std::io::Result<()> {
     let kept = handle.clone();
     let app = axum::Router::new().route(
@@ -429,8 +454,10 @@ pub async fn serve(
             }
         }),
     );
+    let listener =
+        bounded::Bounded::new(listener, limits.max_connections, limits.connection_lifetime);
     let upkeep = async move {
-        let mut every = tokio::time::interval(upkeep_every);
+        let mut every = tokio::time::interval(limits.upkeep_every);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             every.tick().await;

@@ -1,0 +1,175 @@
+//! The metrics endpoint's listener: at most so many connections at once, each closed a
+//! while after it was accepted. The endpoint is plain HTTP on a port of its own, often
+//! open to the whole cluster; unbounded, idle or slow connections from any pod would
+//! hold sockets and tasks outside the memory budget, and file descriptors the gRPC port
+//! and the database need too. A scraper reconnects, as after any closed keep-alive.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Sleep;
+
+/// A TCP listener that accepts a connection only while fewer than its maximum are open.
+pub(super) struct Bounded {
+    inner: TcpListener,
+    open: Arc<Semaphore>,
+    lifetime: Duration,
+}
+
+impl Bounded {
+    /// `listener`, with at most `max` connections open at once (at least one), each read
+    /// from for at most `lifetime`.
+    pub(super) fn new(listener: TcpListener, max: usize, lifetime: Duration) -> Bounded {
+        Bounded {
+            inner: listener,
+            open: Arc::new(Semaphore::new(max.max(1))),
+            lifetime,
+        }
+    }
+}
+
+impl axum::serve::Listener for Bounded {
+    type Io = Limited;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Limited, SocketAddr) {
+        // The semaphore is never closed; were it, no connection would be taken again.
+        let Ok(permit) = self.open.clone().acquire_owned().await else {
+            return std::future::pending().await;
+        };
+        let (io, addr) = axum::serve::Listener::accept(&mut self.inner).await;
+        let limited = Limited {
+            io,
+            _open: permit,
+            closes: Box::pin(tokio::time::sleep(self.lifetime)),
+        };
+        (limited, addr)
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+}
+
+/// One accepted connection: it holds its place among the open ones until dropped, and
+/// its reads fail once its lifetime is over (a reply being written is finished first;
+/// hyper then reads the next request and closes the connection).
+pub(super) struct Limited {
+    io: TcpStream,
+    _open: OwnedSemaphorePermit,
+    closes: Pin<Box<Sleep>>,
+}
+
+impl AsyncRead for Limited {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.closes.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "metrics connection open past its lifetime",
+            )));
+        }
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Limited {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    use super::Bounded;
+
+    /// Reads until the peer closes or `within` passes; what was read.
+    async fn read_within(s: &mut TcpStream, within: Duration) -> (Vec<u8>, bool) {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, s.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return (got, true),
+                Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+                Err(_) => return (got, false),
+            }
+        }
+    }
+
+    /// Idle connections take every place: the next one waits, and is served once their
+    /// lifetime closes them. Unbounded, it was served at once and they stayed forever.
+    #[tokio::test]
+    async fn connections_past_the_maximum_wait_and_idle_ones_are_closed() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let addr = listener.local_addr().expect("its address");
+        let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let bounded = Bounded::new(listener, 2, Duration::from_millis(400));
+        let served = tokio::spawn(async move { axum::serve(bounded, app).await });
+        let mut idle = Vec::new();
+        for _ in 0..2 {
+            idle.push(TcpStream::connect(addr).await.expect("connects"));
+        }
+        // Let the server accept both before the third comes.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut third = TcpStream::connect(addr)
+            .await
+            .expect("queued by the kernel");
+        third
+            .write_all(b"GET / HTTP/1.1\r\nHost: metrics\r\nConnection: close\r\n\r\n")
+            .await
+            .expect("written");
+        let (early, _) = read_within(&mut third, Duration::from_millis(150)).await;
+        assert!(early.is_empty(), "served past the maximum: {early:?}");
+        for s in &mut idle {
+            let (_, closed) = read_within(s, Duration::from_secs(3)).await;
+            assert!(closed, "an idle connection stayed open past its lifetime");
+        }
+        let (reply, _) = read_within(&mut third, Duration::from_secs(3)).await;
+        let reply = String::from_utf8_lossy(&reply);
+        assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+        served.abort();
+    }
+}
