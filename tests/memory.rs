@@ -8,54 +8,16 @@
 //!
 //! `COMPACTD_MEMORY_SESSIONS` changes the number of sessions (default 1,000).
 
-use std::alloc::{GlobalAlloc, Layout, System};
+#[path = "support/counting_alloc.rs"]
+mod counting_alloc;
+
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use compactd::config::EngineConfig;
 use compactd::domain::{ModelLimits, Part, PartKind};
 use compactd::store::{DEFAULT_MAX_SESSION_BYTES, DEFAULT_MEMORY_BUDGET, Limits, Store};
 use compactd::trace::{Export, load, parse_export};
-
-/// The system allocator, counting the bytes currently allocated.
-struct Counting;
-
-static ALLOCATED: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every call is forwarded to `System` unchanged; the counter is only arithmetic.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: same contract as the caller's.
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            ALLOCATED.fetch_add(layout.size(), Ordering::Relaxed);
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) };
-        ALLOCATED.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: same contract as the caller's.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            ALLOCATED.fetch_add(new_size, Ordering::Relaxed);
-            ALLOCATED.fetch_sub(layout.size(), Ordering::Relaxed);
-        }
-        p
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn allocated() -> usize {
-    ALLOCATED.load(Ordering::Relaxed)
-}
+use counting_alloc::allocated;
 
 fn traces() -> Vec<(String, String)> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/traces");

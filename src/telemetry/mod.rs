@@ -30,6 +30,15 @@ const STORE_BUCKETS: &[f64] = &[
     0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
     10.0,
 ];
+/// Every histogram and its buckets: one without buckets would be exported as a summary
+/// (quantiles that cannot be summed across replicas).
+const HISTOGRAMS: &[(&str, &[f64])] = &[
+    ("compactd_update_duration_seconds", UPDATE_BUCKETS),
+    ("compactd_compaction_duration_seconds", COMPACTION_BUCKETS),
+    ("compactd_store_commit_seconds", STORE_BUCKETS),
+    ("compactd_session_load_seconds", STORE_BUCKETS),
+];
+
 /// How often the recorder's recent histogram samples are folded into their buckets. The
 /// recorder keeps every sample until then (about 16 bytes each, one per update), and
 /// only a scrape folds them otherwise: a server no one scrapes would grow without end.
@@ -65,31 +74,13 @@ pub fn install() -> Result<PrometheusHandle, String> {
     if let Some(h) = HANDLE.get() {
         return Ok(h.clone());
     }
-    let recorder = PrometheusBuilder::new()
-        .set_buckets_for_metric(
-            Matcher::Full("compactd_update_duration_seconds".into()),
-            UPDATE_BUCKETS,
-        )
-        .and_then(|b| {
-            b.set_buckets_for_metric(
-                Matcher::Full("compactd_compaction_duration_seconds".into()),
-                COMPACTION_BUCKETS,
-            )
-        })
-        .and_then(|b| {
-            b.set_buckets_for_metric(
-                Matcher::Full("compactd_store_commit_seconds".into()),
-                STORE_BUCKETS,
-            )
-        })
-        .and_then(|b| {
-            b.set_buckets_for_metric(
-                Matcher::Full("compactd_session_load_seconds".into()),
-                STORE_BUCKETS,
-            )
-        })
-        .map_err(|e| e.to_string())?
-        .build_recorder();
+    let mut builder = PrometheusBuilder::new();
+    for (name, buckets) in HISTOGRAMS {
+        builder = builder
+            .set_buckets_for_metric(Matcher::Full((*name).into()), buckets)
+            .map_err(|e| e.to_string())?;
+    }
+    let recorder = builder.build_recorder();
     let handle = recorder.handle();
     // Another thread may have won the race: then its recorder is the global one.
     if metrics::set_global_recorder(recorder).is_ok() {

@@ -56,6 +56,16 @@ function history(ses, turns) {
   return out
 }
 
+/** Session `ses` of one user turn of ~9,000 tokens on the "small" model (a window of
+ * 8,000): over compactd's threshold from its first request. */
+function oneLongTurn(ses) {
+  const small = { providerID: "p", modelID: "small" }
+  return [{
+    info: { id: "msg_01", sessionID: ses, role: "user", time: { created: 1 }, agent: "build", model: small },
+    parts: [{ id: "prt_01", sessionID: ses, messageID: "msg_01", type: "text", text: "word ".repeat(9000) }],
+  }]
+}
+
 /** The plugin connected to the test's compactd, with OpenCode's client stubbed. */
 async function hooksFor(messagesOf, more = {}, providers = async () => PROVIDERS) {
   const opencode = {
@@ -120,12 +130,7 @@ test('with compaction "compactd" but no summarizer in compactd, OpenCode keeps c
   // The test's compactd has no --llm-base-url: turning OpenCode's compaction off would
   // leave nothing to compact a session that outgrows its window (the turn would stop).
   const ses = "ses_no_summarizer"
-  const small = { providerID: "p", modelID: "small" }
-  // ~9,000 tokens in a window of 8,000: over compactd's threshold.
-  const all = [{
-    info: { id: "msg_01", sessionID: ses, role: "user", time: { created: 1 }, agent: "build", model: small },
-    parts: [{ id: "prt_01", sessionID: ses, messageID: "msg_01", type: "text", text: "word ".repeat(9000) }],
-  }]
+  const all = oneLongTurn(ses)
   const logs = []
   const opencode = {
     app: { log: async ({ body }) => logs.push(`${body.level} ${body.message}`) },
@@ -415,12 +420,7 @@ test('with compaction "compactd", a request waits for a compaction at most compa
   own.stderr.on("data", () => {})
   const probe = new CompactdClient({ address: addr })
   const ses = "ses_stuck_summarizer"
-  const small = { providerID: "p", modelID: "small" }
-  // ~9,000 tokens in a window of 8,000: over the threshold.
-  const all = [{
-    info: { id: "msg_1", sessionID: ses, role: "user", time: { created: 1 }, agent: "build", model: small },
-    parts: [{ id: "prt_1", sessionID: ses, messageID: "msg_1", type: "text", text: "word ".repeat(9000) }],
-  }]
+  const all = oneLongTurn(ses)
   const logs = []
   const opencode = { app: { log: async ({ body }) => logs.push(body.message) }, session: { messages: async () => ({ data: all }) }, config: { providers: async () => PROVIDERS } }
   let hooks
@@ -432,7 +432,7 @@ test('with compaction "compactd", a request waits for a compaction at most compa
     await hooks["experimental.chat.messages.transform"]({}, output)
     const took = Date.now() - began
     assert.ok(took < 10_000, `the request waited ${took} ms for a compaction that never ends`)
-    assert.equal(output.messages[0].info.id, "msg_1", "sent without a summary")
+    assert.equal(output.messages[0].info.id, "msg_01", "sent without a summary")
     assert.ok(logs.some((l) => /compaction not done within 1500 ms/.test(l)), logs.join("\n"))
   } finally {
     await hooks?.dispose()
