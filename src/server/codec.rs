@@ -11,10 +11,11 @@
 //! to pass the limit however it decodes (at most 141 bytes per wire byte) is not walked at
 //! all, which is every ordinary update at the default limit. A request estimated
 //! over [`decoded_limit`] is refused with `RESOURCE_EXHAUSTED` naming `max_update_bytes`,
-//! and at most [`MAX_LARGE_DECODES`] requests over [`LARGE`] bytes decode at once: one
-//! more waits for a slot (at most [`LARGE_DECODE_WAIT`]; decodes never wait on anything
-//! else, so a slot always frees), and only past that wait is it refused (a refusal in
-//! the codec ends a `Stream`, for a load other clients cause).
+//! and at most [`MAX_LARGE_DECODES`] requests over [`LARGE`] bytes decode at once: as
+//! many more wait for a slot (at most [`LARGE_DECODE_WAIT`], off the runtime's worker;
+//! decodes never wait on anything else, so a slot always frees), and only past that
+//! wait, or past those waiting, is one refused (a refusal in the codec ends a `Stream`,
+//! for a load other clients cause).
 //!
 //! Only requests are guarded (`ProtoName::GUARDED`, set by `build.rs` for every RPC's
 //! input type); responses decoded by clients built from the same stubs are not.
@@ -62,8 +63,11 @@ const MAX_DEPTH: usize = 100;
 /// the servers in this process (the largest, when tests run several).
 static DECODED_LIMIT: AtomicUsize =
     AtomicUsize::new(super::request::DEFAULT_MAX_UPDATE_BYTES * DECODED_FACTOR + DECODED_ALLOWANCE);
-/// Large requests decoding now, and where one waits for a slot.
-static LARGE_DECODES: Mutex<usize> = Mutex::new(0);
+/// Large requests decoding now, and those waiting for a slot; where one waits.
+static LARGE_DECODES: Mutex<Slots> = Mutex::new(Slots {
+    running: 0,
+    waiting: 0,
+});
 static SLOT_FREED: Condvar = Condvar::new();
 
 /// Sets the decoded-size limit from `max_update_bytes` (called when a server starts;
@@ -211,8 +215,17 @@ impl From<Refused> for Status {
 pub(super) struct LargeDecode;
 
 /// The count's lock (poisoned only by a panic between two integer operations).
-fn large_decodes() -> std::sync::MutexGuard<'static, usize> {
+fn large_decodes() -> std::sync::MutexGuard<'static, Slots> {
     LARGE_DECODES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The large decodes' slots.
+#[derive(Debug)]
+struct Slots {
+    running: usize,
+    /// Waiting for a slot: each holds a thread (`block_in_place` hands its worker's
+    /// tasks to another), so at most [`MAX_LARGE_DECODES`] wait; one more is refused.
+    waiting: usize,
 }
 
 impl LargeDecode {
@@ -222,42 +235,53 @@ impl LargeDecode {
     /// the wait is `block_in_place`: the worker's other tasks move to another thread
     /// meanwhile, so waiting decodes cannot stall health checks and small updates.
     pub(super) fn enter(wait: std::time::Duration) -> Result<LargeDecode, Refused> {
-        let free = {
-            let running = large_decodes();
-            *running < MAX_LARGE_DECODES
-        };
+        {
+            // Taken at once when free (under the lock: no other decode takes it between).
+            let mut slots = large_decodes();
+            if slots.running < MAX_LARGE_DECODES {
+                slots.running += 1;
+                return Ok(LargeDecode);
+            }
+            if slots.waiting >= MAX_LARGE_DECODES {
+                return Err(Refused::Busy);
+            }
+            slots.waiting += 1;
+        }
         let multi_thread = tokio::runtime::Handle::try_current()
             .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-        if free || !multi_thread {
-            Self::wait_for_slot(wait)
-        } else {
+        let entered = if multi_thread {
             tokio::task::block_in_place(|| Self::wait_for_slot(wait))
-        }
+        } else {
+            Self::wait_for_slot(wait)
+        };
+        let mut slots = large_decodes();
+        slots.waiting = slots.waiting.saturating_sub(1);
+        entered
     }
 
     fn wait_for_slot(wait: std::time::Duration) -> Result<LargeDecode, Refused> {
         let deadline = std::time::Instant::now() + wait;
-        let mut running = large_decodes();
-        while *running >= MAX_LARGE_DECODES {
+        let mut slots = large_decodes();
+        while slots.running >= MAX_LARGE_DECODES {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
                 return Err(Refused::Busy);
             }
-            running = SLOT_FREED
-                .wait_timeout(running, left)
+            slots = SLOT_FREED
+                .wait_timeout(slots, left)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-        *running += 1;
+        slots.running += 1;
         Ok(LargeDecode)
     }
 }
 
 impl Drop for LargeDecode {
     fn drop(&mut self) {
-        let mut running = large_decodes();
-        *running = running.saturating_sub(1);
-        drop(running);
+        let mut slots = large_decodes();
+        slots.running = slots.running.saturating_sub(1);
+        drop(slots);
         SLOT_FREED.notify_one();
     }
 }

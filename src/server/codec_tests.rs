@@ -216,4 +216,25 @@ fn a_large_decode_waits_for_a_slot_and_is_refused_only_past_the_wait() {
     held.pop();
     let entered = waiting.join().expect("no panic");
     assert!(entered.is_ok(), "{entered:?}");
+    // Waiters hold a thread each: past as many waiting as there are slots, one more is
+    // refused at once.
+    held.extend(entered);
+    let waiters: Vec<_> = (0..MAX_LARGE_DECODES)
+        .map(|_| std::thread::spawn(|| LargeDecode::enter(Duration::from_secs(30))))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while large_decodes().waiting < MAX_LARGE_DECODES && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let started = Instant::now();
+    let refused = LargeDecode::enter(Duration::from_secs(30));
+    assert_eq!(refused.map(|_| ()), Err(Refused::Busy));
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "refused at once"
+    );
+    held.clear();
+    for w in waiters {
+        assert!(w.join().expect("no panic").is_ok());
+    }
 }

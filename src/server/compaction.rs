@@ -617,9 +617,11 @@ fn failure_kind(e: &SummarizeError) -> &'static str {
 /// the endpoint).
 fn pay(paid: &mut SummaryOutcome, answered: &SummaryOutcome) {
     if let Some(u) = &answered.usage {
-        let total = paid.usage.get_or_insert_with(Default::default);
-        total.input = total.input.saturating_add(u.input);
-        total.output = total.output.saturating_add(u.output);
+        let sum = paid.usage.get_or_insert_with(Default::default);
+        sum.input = sum.input.saturating_add(u.input);
+        sum.output = sum.output.saturating_add(u.output);
+        // As a committed summary's (`chunk::Fold::finish`).
+        sum.total = Some(sum.input.saturating_add(sum.output));
     }
     paid.cost += answered.cost;
 }

@@ -1,5 +1,5 @@
-//! The metrics endpoint's listener: at most so many connections at once, each closed a
-//! while after it was accepted. The endpoint is plain HTTP on a port of its own, often
+//! The metrics endpoint's listener: at most so many connections at once, each closed
+//! once it has made no progress for a few seconds, or a while after it was accepted. The endpoint is plain HTTP on a port of its own, often
 //! open to the whole cluster; unbounded, idle or slow connections from any pod would
 //! hold sockets and tasks outside the memory budget, and file descriptors the gRPC port
 //! and the database need too. A scraper reconnects, as after any closed keep-alive.
@@ -20,16 +20,24 @@ use tokio::time::Sleep;
 pub(super) struct Bounded {
     inner: TcpListener,
     open: Arc<Semaphore>,
+    idle: Duration,
     lifetime: Duration,
 }
 
 impl Bounded {
-    /// `listener`, with at most `max` connections open at once (at least one), each read
-    /// from for at most `lifetime`.
-    pub(super) fn new(listener: TcpListener, max: usize, lifetime: Duration) -> Bounded {
+    /// `listener`, with at most `max` connections open at once (at least one, at most
+    /// the semaphore's maximum), each closed after `idle` without a byte read or written,
+    /// or `lifetime` after it was accepted.
+    pub(super) fn new(
+        listener: TcpListener,
+        max: usize,
+        idle: Duration,
+        lifetime: Duration,
+    ) -> Bounded {
         Bounded {
             inner: listener,
-            open: Arc::new(Semaphore::new(max.max(1))),
+            open: Arc::new(Semaphore::new(max.clamp(1, Semaphore::MAX_PERMITS))),
+            idle,
             lifetime,
         }
     }
@@ -48,7 +56,9 @@ impl axum::serve::Listener for Bounded {
         let limited = Limited {
             io,
             _open: permit,
-            closes: Box::pin(tokio::time::sleep(self.lifetime)),
+            idle: self.idle,
+            stalls: Box::pin(tokio::time::sleep(self.idle)),
+            ends: Box::pin(tokio::time::sleep(self.lifetime)),
         };
         (limited, addr)
     }
@@ -58,13 +68,39 @@ impl axum::serve::Listener for Bounded {
     }
 }
 
-/// One accepted connection: it holds its place among the open ones until dropped, and
-/// its reads fail once its lifetime is over (a reply being written is finished first;
-/// hyper then reads the next request and closes the connection).
+/// One accepted connection: it holds its place among the open ones until dropped. Once
+/// it has moved no byte for its idle time, or its lifetime is over, every read, write
+/// and flush fails, and hyper drops it (a reply cut short, if one was being written to
+/// a client that stopped reading). Each is checked on all three, as hyper may poll only
+/// writes and flushes of a connection whose client sends and never reads.
 pub(super) struct Limited {
     io: TcpStream,
     _open: OwnedSemaphorePermit,
-    closes: Pin<Box<Sleep>>,
+    idle: Duration,
+    /// Reset on every byte moved.
+    stalls: Pin<Box<Sleep>>,
+    ends: Pin<Box<Sleep>>,
+}
+
+impl Limited {
+    /// An error once the connection stalled or outlived its lifetime (polling the timers
+    /// registers the task to be woken when they fire).
+    fn expired(&mut self, cx: &mut Context<'_>) -> Option<io::Error> {
+        let why = if self.ends.as_mut().poll(cx).is_ready() {
+            "metrics connection open past its lifetime"
+        } else if self.stalls.as_mut().poll(cx).is_ready() {
+            "metrics connection idle too long"
+        } else {
+            return None;
+        };
+        Some(io::Error::new(io::ErrorKind::TimedOut, why))
+    }
+
+    /// Bytes moved: the idle time starts again.
+    fn moved(&mut self) {
+        let again = tokio::time::Instant::now() + self.idle;
+        self.stalls.as_mut().reset(again);
+    }
 }
 
 impl AsyncRead for Limited {
@@ -73,13 +109,15 @@ impl AsyncRead for Limited {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        if self.closes.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "metrics connection open past its lifetime",
-            )));
+        if let Some(e) = self.expired(cx) {
+            return Poll::Ready(Err(e));
         }
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let read = Pin::new(&mut self.io).poll_read(cx, buf);
+        if matches!(read, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.moved();
+        }
+        read
     }
 }
 
@@ -89,10 +127,20 @@ impl AsyncWrite for Limited {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        if let Some(e) = self.expired(cx) {
+            return Poll::Ready(Err(e));
+        }
+        let written = Pin::new(&mut self.io).poll_write(cx, buf);
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            self.moved();
+        }
+        written
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if let Some(e) = self.expired(cx) {
+            return Poll::Ready(Err(e));
+        }
         Pin::new(&mut self.io).poll_flush(cx)
     }
 
@@ -105,7 +153,14 @@ impl AsyncWrite for Limited {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        if let Some(e) = self.expired(cx) {
+            return Poll::Ready(Err(e));
+        }
+        let written = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            self.moved();
+        }
+        written
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -146,7 +201,12 @@ mod tests {
             .expect("a port");
         let addr = listener.local_addr().expect("its address");
         let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
-        let bounded = Bounded::new(listener, 2, Duration::from_millis(400));
+        let bounded = Bounded::new(
+            listener,
+            2,
+            Duration::from_millis(400),
+            Duration::from_secs(3600),
+        );
         let served = tokio::spawn(async move { axum::serve(bounded, app).await });
         let mut idle = Vec::new();
         for _ in 0..2 {
@@ -170,6 +230,51 @@ mod tests {
         let (reply, _) = read_within(&mut third, Duration::from_secs(3)).await;
         let reply = String::from_utf8_lossy(&reply);
         assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+        served.abort();
+    }
+
+    /// A connection that keeps asking is not idle, but still ends with its lifetime.
+    #[tokio::test]
+    async fn a_busy_connection_ends_with_its_lifetime() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let addr = listener.local_addr().expect("its address");
+        let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let bounded = Bounded::new(
+            listener,
+            2,
+            Duration::from_millis(300),
+            Duration::from_millis(800),
+        );
+        let served = tokio::spawn(async move { axum::serve(bounded, app).await });
+        let mut c = TcpStream::connect(addr).await.expect("connects");
+        let began = Instant::now();
+        let mut answered = 0;
+        loop {
+            if c.write_all(b"GET / HTTP/1.1\r\nHost: metrics\r\n\r\n")
+                .await
+                .is_err()
+            {
+                break;
+            }
+            let (reply, closed) = read_within(&mut c, Duration::from_millis(100)).await;
+            if reply.starts_with(b"HTTP/1.1 200") {
+                answered += 1;
+            }
+            if closed {
+                break;
+            }
+            assert!(
+                began.elapsed() < Duration::from_secs(5),
+                "still open after 5 s"
+            );
+        }
+        assert!(answered >= 3, "served while alive: {answered}");
+        assert!(
+            began.elapsed() >= Duration::from_millis(700),
+            "closed as idle, not at its lifetime"
+        );
         served.abort();
     }
 }

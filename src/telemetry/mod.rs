@@ -51,17 +51,21 @@ pub struct EndpointLimits {
     pub upkeep_every: Duration,
     /// Connections open at once; more wait to be accepted.
     pub max_connections: usize,
-    /// How long a connection is read from before it is closed (a scraper reconnects).
+    /// How long a connection may move no byte before it is closed (a scraper sends its
+    /// request at once, and reconnects for the next scrape).
+    pub connection_idle: Duration,
+    /// How long a connection lives at most.
     pub connection_lifetime: Duration,
 }
 
 impl Default for EndpointLimits {
-    /// Upkeep every 5 s; 64 connections, each for at most 60 s (a scrape takes
-    /// milliseconds; Prometheus scrapes every 15 to 60 s).
+    /// Upkeep every 5 s; 64 connections, each closed after 5 s without a byte moved or
+    /// 60 s in all (a scrape takes milliseconds; Prometheus scrapes every 15 to 60 s).
     fn default() -> EndpointLimits {
         EndpointLimits {
             upkeep_every: UPKEEP_EVERY,
             max_connections: 64,
+            connection_idle: Duration::from_secs(5),
             connection_lifetime: Duration::from_secs(60),
         }
     }
@@ -445,8 +449,12 @@ pub async fn serve(
             }
         }),
     );
-    let listener =
-        bounded::Bounded::new(listener, limits.max_connections, limits.connection_lifetime);
+    let listener = bounded::Bounded::new(
+        listener,
+        limits.max_connections,
+        limits.connection_idle,
+        limits.connection_lifetime,
+    );
     let upkeep = async move {
         let mut every = tokio::time::interval(limits.upkeep_every);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

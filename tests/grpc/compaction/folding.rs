@@ -177,5 +177,9 @@ async fn a_chunked_compaction_that_fails_part_way_reports_what_it_spent() {
         .usage
         .as_ref()
         .unwrap_or_else(|| panic!("no usage: {failed:?}"));
-    assert_eq!((usage.input, usage.output), (3_500, 50), "{failed:?}");
+    assert_eq!(
+        (usage.input, usage.output, usage.total),
+        (3_500, 50, Some(3_550)),
+        "{failed:?}"
+    );
 }
