@@ -247,33 +247,56 @@ impl LargeDecode {
             }
             slots.waiting += 1;
         }
+        // Counted as waiting until `wait_for_slot` lowers it, under the lock it takes the
+        // slot under (a waiter that panics before lowers it as it unwinds).
+        let mut waiter = Waiter { counted: true };
         let multi_thread = tokio::runtime::Handle::try_current()
             .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-        let entered = if multi_thread {
-            tokio::task::block_in_place(|| Self::wait_for_slot(wait))
+        if multi_thread {
+            tokio::task::block_in_place(|| Self::wait_for_slot(wait, &mut waiter))
         } else {
-            Self::wait_for_slot(wait)
-        };
-        let mut slots = large_decodes();
-        slots.waiting = slots.waiting.saturating_sub(1);
-        entered
+            Self::wait_for_slot(wait, &mut waiter)
+        }
     }
 
-    fn wait_for_slot(wait: std::time::Duration) -> Result<LargeDecode, Refused> {
+    fn wait_for_slot(
+        wait: std::time::Duration,
+        waiter: &mut Waiter,
+    ) -> Result<LargeDecode, Refused> {
         let deadline = std::time::Instant::now() + wait;
         let mut slots = large_decodes();
-        while slots.running >= MAX_LARGE_DECODES {
+        let taken = loop {
+            if slots.running < MAX_LARGE_DECODES {
+                slots.running += 1;
+                break Ok(LargeDecode);
+            }
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
-                return Err(Refused::Busy);
+                break Err(Refused::Busy);
             }
             slots = SLOT_FREED
                 .wait_timeout(slots, left)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
+        };
+        slots.waiting = slots.waiting.saturating_sub(1);
+        waiter.counted = false;
+        taken
+    }
+}
+
+/// A place among those waiting for a slot, given back by `wait_for_slot` (or on a panic
+/// before it did).
+struct Waiter {
+    counted: bool,
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        if self.counted {
+            let mut slots = large_decodes();
+            slots.waiting = slots.waiting.saturating_sub(1);
         }
-        slots.running += 1;
-        Ok(LargeDecode)
     }
 }
 

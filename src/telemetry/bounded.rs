@@ -69,10 +69,10 @@ impl axum::serve::Listener for Bounded {
 }
 
 /// One accepted connection: it holds its place among the open ones until dropped. Once
-/// it has moved no byte for its idle time, or its lifetime is over, every read, write
-/// and flush fails, and hyper drops it (a reply cut short, if one was being written to
-/// a client that stopped reading). Each is checked on all three, as hyper may poll only
-/// writes and flushes of a connection whose client sends and never reads.
+/// it has moved no byte for its idle time, every read, write and flush fails (hyper may
+/// poll only writes and flushes of a client that sends and never reads); once its
+/// lifetime is over, its next read does (hyper reads between requests, so a reply being
+/// written to a client that takes it is finished first). hyper then drops it.
 pub(super) struct Limited {
     io: TcpStream,
     _open: OwnedSemaphorePermit,
@@ -83,10 +83,10 @@ pub(super) struct Limited {
 }
 
 impl Limited {
-    /// An error once the connection stalled or outlived its lifetime (polling the timers
-    /// registers the task to be woken when they fire).
-    fn expired(&mut self, cx: &mut Context<'_>) -> Option<io::Error> {
-        let why = if self.ends.as_mut().poll(cx).is_ready() {
+    /// An error once the connection stalled, or (`reading`) outlived its lifetime
+    /// (polling the timers registers the task to be woken when they fire).
+    fn expired(&mut self, cx: &mut Context<'_>, reading: bool) -> Option<io::Error> {
+        let why = if reading && self.ends.as_mut().poll(cx).is_ready() {
             "metrics connection open past its lifetime"
         } else if self.stalls.as_mut().poll(cx).is_ready() {
             "metrics connection idle too long"
@@ -96,9 +96,13 @@ impl Limited {
         Some(io::Error::new(io::ErrorKind::TimedOut, why))
     }
 
-    /// Bytes moved: the idle time starts again.
+    /// Bytes moved: the idle time starts again (an idle time too long to add to now
+    /// never ends).
     fn moved(&mut self) {
-        let again = tokio::time::Instant::now() + self.idle;
+        let now = tokio::time::Instant::now();
+        let again = now
+            .checked_add(self.idle)
+            .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30));
         self.stalls.as_mut().reset(again);
     }
 }
@@ -109,7 +113,7 @@ impl AsyncRead for Limited {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        if let Some(e) = self.expired(cx) {
+        if let Some(e) = self.expired(cx, true) {
             return Poll::Ready(Err(e));
         }
         let before = buf.filled().len();
@@ -127,7 +131,7 @@ impl AsyncWrite for Limited {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        if let Some(e) = self.expired(cx) {
+        if let Some(e) = self.expired(cx, false) {
             return Poll::Ready(Err(e));
         }
         let written = Pin::new(&mut self.io).poll_write(cx, buf);
@@ -138,7 +142,7 @@ impl AsyncWrite for Limited {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if let Some(e) = self.expired(cx) {
+        if let Some(e) = self.expired(cx, false) {
             return Poll::Ready(Err(e));
         }
         Pin::new(&mut self.io).poll_flush(cx)
@@ -153,7 +157,7 @@ impl AsyncWrite for Limited {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        if let Some(e) = self.expired(cx) {
+        if let Some(e) = self.expired(cx, false) {
             return Poll::Ready(Err(e));
         }
         let written = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
@@ -244,8 +248,8 @@ mod tests {
         let bounded = Bounded::new(
             listener,
             2,
-            Duration::from_millis(300),
-            Duration::from_millis(800),
+            Duration::from_millis(1_000),
+            Duration::from_millis(2_000),
         );
         let served = tokio::spawn(async move { axum::serve(bounded, app).await });
         let mut c = TcpStream::connect(addr).await.expect("connects");
@@ -270,9 +274,9 @@ mod tests {
                 "still open after 5 s"
             );
         }
-        assert!(answered >= 3, "served while alive: {answered}");
+        assert!(answered >= 5, "served while alive: {answered}");
         assert!(
-            began.elapsed() >= Duration::from_millis(700),
+            began.elapsed() >= Duration::from_millis(1_900),
             "closed as idle, not at its lifetime"
         );
         served.abort();
