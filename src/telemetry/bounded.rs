@@ -196,22 +196,31 @@ mod tests {
         }
     }
 
-    /// Idle connections take every place: the next one waits, and is served once their
-    /// lifetime closes them. Unbounded, it was served at once and they stayed forever.
-    #[tokio::test]
-    async fn connections_past_the_maximum_wait_and_idle_ones_are_closed() {
+    /// An endpoint answering "ok" at `/` behind two places with these times.
+    async fn serve(
+        idle: Duration,
+        lifetime: Duration,
+    ) -> (
+        std::net::SocketAddr,
+        tokio::task::JoinHandle<std::io::Result<()>>,
+    ) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("a port");
         let addr = listener.local_addr().expect("its address");
         let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
-        let bounded = Bounded::new(
-            listener,
-            2,
-            Duration::from_millis(400),
-            Duration::from_secs(3600),
-        );
-        let served = tokio::spawn(async move { axum::serve(bounded, app).await });
+        let bounded = Bounded::new(listener, 2, idle, lifetime);
+        (
+            addr,
+            tokio::spawn(async move { axum::serve(bounded, app).await }),
+        )
+    }
+
+    /// Idle connections take every place: the next one waits, and is served once their
+    /// lifetime closes them. Unbounded, it was served at once and they stayed forever.
+    #[tokio::test]
+    async fn connections_past_the_maximum_wait_and_idle_ones_are_closed() {
+        let (addr, served) = serve(Duration::from_millis(400), Duration::from_secs(3600)).await;
         let mut idle = Vec::new();
         for _ in 0..2 {
             idle.push(TcpStream::connect(addr).await.expect("connects"));
@@ -240,18 +249,8 @@ mod tests {
     /// A connection that keeps asking is not idle, but still ends with its lifetime.
     #[tokio::test]
     async fn a_busy_connection_ends_with_its_lifetime() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("a port");
-        let addr = listener.local_addr().expect("its address");
-        let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
-        let bounded = Bounded::new(
-            listener,
-            2,
-            Duration::from_millis(1_000),
-            Duration::from_millis(2_000),
-        );
-        let served = tokio::spawn(async move { axum::serve(bounded, app).await });
+        let (addr, served) =
+            serve(Duration::from_millis(1_000), Duration::from_millis(2_000)).await;
         let mut c = TcpStream::connect(addr).await.expect("connects");
         let began = Instant::now();
         let mut answered = 0;
