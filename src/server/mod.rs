@@ -27,7 +27,9 @@
 //! Then the edges: `convert.rs` (protobuf ↔ domain), `status.rs` (errors → codes),
 //! `drain.rs` (closing streams), `evict.rs` (idle evictions announced), `held_reply.rs`
 //! (a unary reply's bytes counted in flight until it is sent), `counting.rs`
-//! (the threads that count long texts off the runtime), `clock.rs` (the wall clock), `auth.rs`, `transport.rs` (HTTP/2 settings), `codec.rs` (the guard that
+//! (the threads that count long texts off the runtime), `import.rs` (ImportSession and
+//! its chunked twin for documents past `max_update_bytes`), `clock.rs` (the wall clock),
+//! `auth.rs`, `transport.rs` (HTTP/2 settings), `codec.rs` (the guard that
 //! refuses amplifying requests before decoding, and the encoder that sizes each reply),
 //! `outbound.rs` (a stream's event buffer, given up on when its client takes nothing),
 //! `too_large.rs` (tonic's refusal of an update past the transport cap, said as compactd says it),
@@ -48,6 +50,7 @@ mod evict;
 mod fuzz_tests;
 mod held_reply;
 pub mod hub;
+mod import;
 pub mod list_value;
 mod ops;
 mod outbound;

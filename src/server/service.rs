@@ -12,6 +12,7 @@ use super::compaction::{self, Sink};
 use super::convert;
 use super::held_reply;
 use super::hub::Hub;
+use super::import;
 use super::ops;
 use super::pb;
 use super::reply::{self, Reply};
@@ -21,18 +22,17 @@ use super::request::{
 use super::status::Rejection;
 use crate::engine::{Trail, Update};
 use crate::store::{Reservation, Store};
-use crate::trace;
 
 pub use super::stream::EventStream;
 
 /// The service state: the shared hub and the per-update size limit.
 #[derive(Debug, Clone)]
 pub struct SessionsService {
-    hub: Arc<Hub>,
-    store: Arc<Store>,
+    pub(super) hub: Arc<Hub>,
+    pub(super) store: Arc<Store>,
     max_update_bytes: usize,
     /// Imports parsing at once; more wait their turn.
-    imports: Arc<tokio::sync::Semaphore>,
+    pub(super) imports: Arc<tokio::sync::Semaphore>,
 }
 
 /// Imports parsed at once: parsing is CPU work on the blocking pool, and each holds its
@@ -83,7 +83,11 @@ impl SessionsService {
         Ok(Response::new(pb::UpdateResponse { events }))
     }
 
-    async fn summary(&self, session_id: &str, created: bool) -> Result<pb::SessionSummary, Status> {
+    pub(super) async fn summary(
+        &self,
+        session_id: &str,
+        created: bool,
+    ) -> Result<pb::SessionSummary, Status> {
         let handle = self.store.get(session_id).await.map_err(Rejection::from)?;
         handle
             .call(move |s, _| convert::summary_to_pb(s, created))
@@ -95,7 +99,7 @@ impl SessionsService {
     /// keeps them from being read (no such session, a stored copy that does not load, the
     /// memory budget) leaves the import as the host sent it: a replace must still repair
     /// a session that cannot be read.
-    async fn compaction_trail(&self, session_id: &str) -> Option<Trail> {
+    pub(super) async fn compaction_trail(&self, session_id: &str) -> Option<Trail> {
         match ops::compaction_trail(&self.hub, session_id)
             .await
             .outcome(session_id)
@@ -140,19 +144,6 @@ impl SessionsService {
         let mut response = Response::new(reply);
         held_reply::hold(&mut response, held);
         Ok(response)
-    }
-}
-
-/// A limited import's refusal: an invalid document names its JSON path under `root`;
-/// one past the limit is `RESOURCE_EXHAUSTED` naming the limit.
-fn limited(e: trace::LimitedError, root: &str) -> Rejection {
-    match e {
-        trace::LimitedError::Invalid(e) => Rejection::from(e).within_root(root),
-        trace::LimitedError::TooLarge { ref path, .. } => Rejection {
-            code: tonic::Code::ResourceExhausted,
-            field: format!("{root}.{path}"),
-            message: e.to_string(),
-        },
     }
 }
 
@@ -417,117 +408,19 @@ impl pb::sessions_server::Sessions for SessionsService {
         &self,
         request: Request<pb::ImportSessionRequest>,
     ) -> Result<Response<pb::SessionSummary>, Status> {
-        let req = request.into_inner();
-        let mut held = self.check_size(&req)?;
-        let document = match (req.export_json.is_empty(), req.export) {
-            (false, None) => Document::Text(req.export_json),
-            (true, Some(s)) => {
-                Document::Object(serde_json::Value::Object(convert::struct_from_pb(s)))
-            }
-            (false, Some(_)) => {
-                return Err(
-                    Rejection::invalid("export", "set export_json or export, not both").into(),
-                );
-            }
-            (true, None) => {
-                return Err(Rejection::invalid(
-                    "export_json",
-                    "required: an `opencode export` JSON document (export_json as text or export as an object)",
-                )
-                .into());
-            }
-        };
-        let overrides = match req.config {
-            Some(c) => {
-                convert::overrides_from_pb(c).map_err(|r| Status::from(r.within("config")))?
-            }
-            None => Default::default(),
-        };
-        if let Some(m) = &overrides.compaction_model {
-            self.hub
-                .compaction
-                .check_model("config.compaction_model", m)
-                .map_err(Status::from)?;
-        }
-        let limits = req.limits.map(convert::limits_from_pb).unwrap_or_default();
-        let store = self.store.clone();
-        let id_override = req.session_id;
-        let _turn = self
-            .imports
-            .acquire()
-            .await
-            .map_err(|_| Status::unavailable("compactd is closing"))?;
+        let mut req = request.into_inner();
+        let held = self.check_size(&req)?;
+        let document = import::document(&mut req)?;
+        Ok(Response::new(self.import(req, document, held).await?))
+    }
 
-        let root = match document {
-            Document::Text(_) => "export_json",
-            Document::Object(_) => "export",
-        };
-        // Built no further than the limit it will be held to: the first message past it
-        // ends the parse. Taken once, before a replaced session is read for its
-        // compactions (reading a cold one would count it twice). The document's own
-        // reservation is not counted against the session it becomes.
-        let counted = store.ledger().counted().saturating_sub(held.bytes());
-        let byte_limit = store.limits().byte_limit(0, counted);
-        // Parsing a multi-megabyte export is CPU work: keep it off the async workers.
-        let mut export = tokio::task::spawn_blocking(move || -> Result<_, Rejection> {
-            let parsed = match document {
-                Document::Text(t) => trace::parse_export_limited(&t, byte_limit),
-                Document::Object(v) => trace::from_value_limited(v, byte_limit),
-            };
-            let mut export = parsed.map_err(|e| limited(e, root))?;
-            if !id_override.is_empty() {
-                export.info.id = id_override;
-            }
-            crate::domain::check_id("session_id", &export.info.id)?;
-            Ok(export)
-        })
-        .await
-        .map_err(|e| Status::internal(format!("import task failed: {e}")))??;
-        // The document is read and dropped: what it became is counted when it is admitted.
-        held.resize(store.ledger(), 0, "updates")
-            .map_err(Rejection::from)?;
-        let trail = if req.replace && req.keep_compactions {
-            // A compaction still running on the replaced session would commit after its
-            // trail is read and be lost with it: cancelled first, as the replace would.
-            ops::cancel_replaced(
-                &self.hub,
-                &export.info.id,
-                None,
-                "session replaced by an import",
-            );
-            self.compaction_trail(&export.info.id).await
-        } else {
-            None
-        };
-        let session = tokio::task::spawn_blocking(move || -> Result<_, Rejection> {
-            let carried = trail.map_or(0, |t| t.carry_into(&mut export.messages));
-            if carried > 0 {
-                tracing::info!(session_id = %export.info.id, carried, "import keeps the replaced session's compactions");
-            }
-            let session = trace::load_within(export, limits, overrides, store.config(), byte_limit)
-                .map_err(|e| Rejection::from(e).within(root))?;
-            Ok(session)
-        })
-        .await
-        .map_err(|e| Status::internal(format!("import task failed: {e}")))??;
-        let id = session.info().id.clone();
-        let (messages, parts) = (session.messages().len(), session.part_count());
-        let generation = session.generation();
-        self.store
-            .insert(session, req.replace)
-            .await
-            .map_err(Rejection::from)?;
-        if req.replace {
-            // Not a compaction of the imported session, started while it was written.
-            ops::cancel_replaced(
-                &self.hub,
-                &id,
-                Some(generation),
-                "session replaced by an import",
-            );
-        }
-        tracing::info!(session_id = %id, messages, parts, "session imported");
-        Ok(Response::new(self.summary(&id, true).await?))
+    async fn import_session_chunked(
+        &self,
+        request: Request<Streaming<pb::ImportSessionChunk>>,
+    ) -> Result<Response<pb::SessionSummary>, Status> {
+        let (req, document, held) =
+            import::collect(request.into_inner(), self.store.ledger()).await?;
+        Ok(Response::new(self.import(req, document, held).await?))
     }
 
     async fn pin(
@@ -561,12 +454,6 @@ impl pb::sessions_server::Sessions for SessionsService {
             json: crate::engine::recall_tool_json(),
         }))
     }
-}
-
-/// The export document as the client sent it.
-enum Document {
-    Text(String),
-    Object(serde_json::Value),
 }
 
 /// A session id a call names: present, and bounded like every id (a longer one names no

@@ -14,6 +14,7 @@ mod e2e_llm;
 mod fake_llm_selftest;
 mod health;
 mod import;
+mod import_chunked;
 mod limits;
 mod log_injection;
 mod metrics;
