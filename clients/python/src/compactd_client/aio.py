@@ -21,6 +21,8 @@ from .results import (
     ModelLike,
     UpdateResult,
     compact_options,
+    IMPORT_CHUNK_BYTES,
+    import_chunks,
     import_request,
     open_info,
     openai_messages,
@@ -433,14 +435,20 @@ class AsyncClient:
         config: builders.Config = None,
         replace: bool = False,
         keep_compactions: bool = False,
+        chunk_bytes: int = IMPORT_CHUNK_BYTES,
     ) -> pb.SessionSummary:
         """Loads an ``opencode export`` document (JSON text or a dict) as a session.
 
         With ``replace`` and ``keep_compactions``, the compactions compactd committed on
-        the replaced session (absent from a host's own history) are kept.
+        the replaced session (absent from a host's own history) are kept. A document past
+        ``chunk_bytes`` (4 MiB; 0: never) is sent in chunks of that size, so one longer
+        than compactd's ``max_update_bytes`` imports too.
         """
         req = import_request(export, session_id, limits, config, replace, keep_compactions)
-        return await self._unary(self.stub.ImportSession, req)
+        chunks = import_chunks(export, req, chunk_bytes)
+        if chunks is None:
+            return await self._unary(self.stub.ImportSession, req)
+        return await self._unary(self.stub.ImportSessionChunked, chunks)
 
     async def upsert_message(self, session_id: str, message: pb.MessageInfo) -> UpdateResult:
         """Inserts a message or updates it in place."""

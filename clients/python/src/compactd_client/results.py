@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from google.protobuf import json_format
 
@@ -152,6 +152,42 @@ def import_request(
     if config is not None:
         req.config.CopyFrom(builders.session_config(config))
     return req
+
+
+IMPORT_CHUNK_BYTES = 4 * 1024 * 1024
+"""An import past this many bytes goes in chunks of this size (ImportSessionChunked): one
+ImportSession request may be at most compactd's ``max_update_bytes`` (16 MiB by default)."""
+
+
+def import_chunks(
+    export: Union[str, bytes, Mapping[str, Any]],
+    req: pb.ImportSessionRequest,
+    chunk_bytes: int,
+) -> Optional[Iterator[pb.ImportSessionChunk]]:
+    """The chunks of an ImportSessionChunked call when ``req`` (from :func:`import_request`)
+    is over ``chunk_bytes`` (0: never), the document as JSON text; None when it goes whole."""
+    if chunk_bytes <= 0 or req.ByteSize() <= chunk_bytes:
+        return None
+    if isinstance(export, bytes):
+        text = export
+    elif isinstance(export, str):
+        text = export.encode()
+    else:
+        text = json.dumps(dict(export), ensure_ascii=False, separators=(",", ":")).encode()
+    head = pb.ImportSessionRequest()
+    head.CopyFrom(req)
+    head.ClearField("export_json")
+    head.ClearField("export")
+
+    def chunks() -> Iterator[pb.ImportSessionChunk]:
+        view = memoryview(text)
+        for at in range(0, len(text), chunk_bytes):
+            chunk = pb.ImportSessionChunk(export_json=bytes(view[at : at + chunk_bytes]))
+            if at == 0:
+                chunk.request.CopyFrom(head)
+            yield chunk
+
+    return chunks()
 
 
 def compact_options(
