@@ -71,6 +71,12 @@ export interface ClientOptionsInit {
    * 4 MiB receive limit, which a large `GetSession` or `GetContext` exceeds.
    */
   maxMessageBytes?: number;
+  /**
+   * An `importSession` document longer than this many bytes goes in chunks of this size
+   * (`ImportSessionChunked`): one request may be at most compactd's `max_update_bytes`
+   * (16 MiB by default). Default 4 MiB; 0 never chunks.
+   */
+  importChunkBytes?: number;
   /** Extra grpc-js channel options (keepalive, ...), applied last. */
   channelOptions?: Partial<ClientOptions>;
   /** Ready-made channel credentials (wins over `tls`). */
@@ -127,6 +133,7 @@ export interface ImportInit {
 const DEFAULT_ADDRESS = "127.0.0.1:50051";
 const DEFAULT_DEADLINE_MS = 30_000;
 const DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024;
+const DEFAULT_IMPORT_CHUNK_BYTES = 4 * 1024 * 1024;
 
 type Service = typeof SessionsService;
 type UnaryName = {
@@ -172,11 +179,13 @@ export class CompactdClient {
   /** Private at run time too (`#`): printing or inspecting the client never shows it. */
   readonly #token?: string;
   private readonly deadlineMs: number;
+  private readonly importChunkBytes: number;
 
   constructor(options: ClientOptionsInit = {}) {
     this.address = options.address ?? envVar("COMPACTD_ADDR") ?? DEFAULT_ADDRESS;
     this.#token = bearerToken(options.token ?? envVar("COMPACTD_AUTH_TOKEN"));
     this.deadlineMs = options.deadlineMs ?? DEFAULT_DEADLINE_MS;
+    this.importChunkBytes = options.importChunkBytes ?? DEFAULT_IMPORT_CHUNK_BYTES;
     const max = options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
     let creds = options.credentials;
     if (!creds) {
@@ -361,19 +370,66 @@ export class CompactdClient {
 
   /** Loads an `opencode export` document (text or object) as a session. */
   importSession(init: ImportInit, opts?: CallOptions): Promise<SessionSummary> {
-    return this.unary(
-      "importSession",
-      ImportSessionRequest.fromPartial({
-        exportJson: init.exportJson ?? "",
-        export: init.export as { [key: string]: unknown } | undefined,
-        sessionId: init.sessionId ?? "",
-        limits: init.limits,
-        config: init.config,
-        replace: init.replace ?? false,
-        keepCompactions: init.keepCompactions ?? false,
-      }),
-      opts,
-    );
+    const request = ImportSessionRequest.fromPartial({
+      exportJson: init.exportJson ?? "",
+      export: init.export as { [key: string]: unknown } | undefined,
+      sessionId: init.sessionId ?? "",
+      limits: init.limits,
+      config: init.config,
+      replace: init.replace ?? false,
+      keepCompactions: init.keepCompactions ?? false,
+    });
+    const size = this.importChunkBytes;
+    // The document's JSON text measures it (an object goes as a Struct of about that size).
+    const text = init.exportJson || (init.export === undefined ? "" : JSON.stringify(init.export));
+    const both = Boolean(init.exportJson) && init.export !== undefined; // refused by compactd as it is
+    if (size > 0 && !both && Buffer.byteLength(text, "utf8") > size) {
+      return this.importChunked({ ...request, exportJson: "", export: undefined }, Buffer.from(text, "utf8"), size, opts);
+    }
+    return this.unary("importSession", request, opts);
+  }
+
+  /**
+   * `ImportSessionChunked`: `request` rides on the first chunk, `doc` is cut every `size`
+   * bytes, and each chunk waits for the call to drain (grpc-js' backpressure) before the next.
+   */
+  private importChunked(request: ImportSessionRequest, doc: Buffer, size: number, opts?: CallOptions): Promise<SessionSummary> {
+    const def = SessionsService.importSessionChunked;
+    return new Promise<SessionSummary>((resolve, reject) => {
+      if (opts?.signal?.aborted) {
+        reject(new CompactdError({ code: Status.CANCELLED, details: "aborted before the call" }));
+        return;
+      }
+      let ended = false;
+      const call = this.raw.makeClientStreamRequest(
+        def.path,
+        def.requestSerialize,
+        def.responseDeserialize,
+        this.metadata(),
+        this.callOptions(opts, true),
+        (err: ServiceError | null, res?: SessionSummary) => {
+          ended = true;
+          opts?.signal?.removeEventListener("abort", onAbort);
+          if (err) reject(CompactdError.fromStatus(err));
+          else resolve(res as SessionSummary);
+        },
+      );
+      const onAbort = () => call.cancel();
+      opts?.signal?.addEventListener("abort", onAbort, { once: true });
+      let at = 0;
+      const send = () => {
+        while (!ended && at < doc.length) {
+          const chunk = { request: at === 0 ? request : undefined, exportJson: doc.subarray(at, at + size) };
+          at += size;
+          if (!call.write(chunk)) {
+            call.once("drain", send);
+            return;
+          }
+        }
+        if (!ended) call.end();
+      };
+      send();
+    });
   }
 
   // ---- unary twins of the stream updates --------------------------------------------------

@@ -14,7 +14,9 @@ import {
   type ClientOptions,
   type ClientReadableStream,
   type ClientUnaryCall,
+  type ClientWritableStream,
   type handleBidiStreamingCall,
+  type handleClientStreamingCall,
   type handleServerStreamingCall,
   type handleUnaryCall,
   makeGenericClientConstructor,
@@ -498,6 +500,16 @@ export interface ImportSessionRequest {
    * nothing kept.
    */
   keepCompactions: boolean;
+}
+
+/** One piece of an ImportSessionChunked call. */
+export interface ImportSessionChunk {
+  /** First chunk only: the request, with `export_json` and `export` left empty. */
+  request:
+    | ImportSessionRequest
+    | undefined;
+  /** The next bytes of the `opencode export` JSON text (UTF-8 once joined). */
+  exportJson: Buffer;
 }
 
 export interface PinRequest {
@@ -4862,6 +4874,97 @@ export const ImportSessionRequest: MessageFns<ImportSessionRequest> = {
   },
 };
 
+function createBaseImportSessionChunk(): ImportSessionChunk {
+  return { request: undefined, exportJson: Buffer.alloc(0) };
+}
+
+export const ImportSessionChunk: MessageFns<ImportSessionChunk> = {
+  encode(message: ImportSessionChunk, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.request !== undefined) {
+      ImportSessionRequest.encode(message.request, writer.uint32(10).fork()).join();
+    }
+    if (message.exportJson.length !== 0) {
+      writer.uint32(18).bytes(message.exportJson);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ImportSessionChunk {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseImportSessionChunk();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.request = ImportSessionRequest.decode(reader, reader.uint32());
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.exportJson = Buffer.from(reader.bytes());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ImportSessionChunk {
+    return {
+      request: isSet(object.request) ? ImportSessionRequest.fromJSON(object.request) : undefined,
+      exportJson: isSet(object.exportJson)
+        ? Buffer.from(bytesFromBase64(object.exportJson))
+        : isSet(object.export_json)
+        ? Buffer.from(bytesFromBase64(object.export_json))
+        : Buffer.alloc(0),
+    };
+  },
+
+  toJSON(message: ImportSessionChunk): unknown {
+    const obj: any = {};
+    if (message.request !== undefined) {
+      obj.request = ImportSessionRequest.toJSON(message.request);
+    }
+    if (message.exportJson.length !== 0) {
+      obj.exportJson = base64FromBytes(message.exportJson);
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<ImportSessionChunk>): ImportSessionChunk {
+    return ImportSessionChunk.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<ImportSessionChunk>): ImportSessionChunk {
+    const message = createBaseImportSessionChunk();
+    message.request = (object.request !== undefined && object.request !== null)
+      ? ImportSessionRequest.fromPartial(object.request)
+      : undefined;
+    message.exportJson = object.exportJson ?? Buffer.alloc(0);
+    return message;
+  },
+};
+
 function createBasePinRequest(): PinRequest {
   return { sessionId: "", messageId: "", partId: "", pinned: undefined };
 }
@@ -7355,6 +7458,22 @@ export const SessionsService = {
     responseDeserialize: (value: Buffer): SessionSummary => SessionSummary.decode(value),
   },
   /**
+   * ImportSession for a document larger than one request may be (`max_update_bytes`):
+   * the first chunk carries the request, with its document fields empty, and the chunks
+   * carry the document's JSON text in order, split anywhere. The document is held in
+   * flight while it arrives (RESOURCE_EXHAUSTED past the memory budget's in-flight
+   * share), then imported whole, exactly as ImportSession would.
+   */
+  importSessionChunked: {
+    path: "/compactd.v1.Sessions/ImportSessionChunked" as const,
+    requestStream: true as const,
+    responseStream: false as const,
+    requestSerialize: (value: ImportSessionChunk): Buffer => Buffer.from(ImportSessionChunk.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ImportSessionChunk => ImportSessionChunk.decode(value),
+    responseSerialize: (value: SessionSummary): Buffer => Buffer.from(SessionSummary.encode(value).finish()),
+    responseDeserialize: (value: Buffer): SessionSummary => SessionSummary.decode(value),
+  },
+  /**
    * Pins a part, or a whole message, so it is never pruned or rewritten by a strategy and
    * is carried verbatim through compaction (a part already reduced reads verbatim again);
    * `pinned: false` unpins it. NOT_FOUND names `message_id` or `part_id` when unknown.
@@ -7456,6 +7575,14 @@ export interface SessionsServer extends UntypedServiceImplementation {
   deleteSession: handleUnaryCall<DeleteSessionRequest, DeleteSessionResponse>;
   /** Loads an `opencode export` JSON document as a session. */
   importSession: handleUnaryCall<ImportSessionRequest, SessionSummary>;
+  /**
+   * ImportSession for a document larger than one request may be (`max_update_bytes`):
+   * the first chunk carries the request, with its document fields empty, and the chunks
+   * carry the document's JSON text in order, split anywhere. The document is held in
+   * flight while it arrives (RESOURCE_EXHAUSTED past the memory budget's in-flight
+   * share), then imported whole, exactly as ImportSession would.
+   */
+  importSessionChunked: handleClientStreamingCall<ImportSessionChunk, SessionSummary>;
   /**
    * Pins a part, or a whole message, so it is never pruned or rewritten by a strategy and
    * is carried verbatim through compaction (a part already reduced reads verbatim again);
@@ -7686,6 +7813,29 @@ export interface SessionsClient extends Client {
     callback: (error: ServiceError | null, response: SessionSummary) => void,
   ): ClientUnaryCall;
   /**
+   * ImportSession for a document larger than one request may be (`max_update_bytes`):
+   * the first chunk carries the request, with its document fields empty, and the chunks
+   * carry the document's JSON text in order, split anywhere. The document is held in
+   * flight while it arrives (RESOURCE_EXHAUSTED past the memory budget's in-flight
+   * share), then imported whole, exactly as ImportSession would.
+   */
+  importSessionChunked(
+    callback: (error: ServiceError | null, response: SessionSummary) => void,
+  ): ClientWritableStream<ImportSessionChunk>;
+  importSessionChunked(
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: SessionSummary) => void,
+  ): ClientWritableStream<ImportSessionChunk>;
+  importSessionChunked(
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: SessionSummary) => void,
+  ): ClientWritableStream<ImportSessionChunk>;
+  importSessionChunked(
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: SessionSummary) => void,
+  ): ClientWritableStream<ImportSessionChunk>;
+  /**
    * Pins a part, or a whole message, so it is never pruned or rewritten by a strategy and
    * is carried verbatim through compaction (a part already reduced reads verbatim again);
    * `pinned: false` unpins it. NOT_FOUND names `message_id` or `part_id` when unknown.
@@ -7766,6 +7916,14 @@ export const SessionsClient = makeGenericClientConstructor(SessionsService, "com
   service: typeof SessionsService;
   serviceName: string;
 };
+
+function bytesFromBase64(b64: string): Uint8Array {
+  return Uint8Array.from(globalThis.Buffer.from(b64, "base64"));
+}
+
+function base64FromBytes(arr: Uint8Array): string {
+  return globalThis.Buffer.from(arr).toString("base64");
+}
 
 function floatToJson(value: number | null | undefined): number | string | null | undefined {
   return typeof value === "number" && !globalThis.Number.isFinite(value) ? globalThis.String(value) : value;
