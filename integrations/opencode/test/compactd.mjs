@@ -18,11 +18,11 @@ export function freePort() {
 }
 
 /** `bin serve` on a free port with a throwaway data directory (removed when it exits),
- * and a client of it, ready. */
-export async function startCompactd(bin, name) {
+ * and `args`, and a client of it, ready. */
+export async function startCompactd(bin, name, args = []) {
   const address = `127.0.0.1:${await freePort()}`
   const dataDir = mkdtempSync(join(tmpdir(), `compactd-${name}-`))
-  const server = spawn(bin, ["serve", "--listen", address, "--data-dir", dataDir], { stdio: ["ignore", "ignore", "pipe"] })
+  const server = spawn(bin, ["serve", "--listen", address, "--data-dir", dataDir, ...args], { stdio: ["ignore", "ignore", "pipe"] })
   server.stderr.on("data", () => {})
   server.on("exit", () => rmSync(dataDir, { recursive: true, force: true }))
   const client = new CompactdClient({ address })

@@ -536,3 +536,25 @@ test('with compaction "compactd", a session loaded again keeps compactd\'s summa
     llm.close()
   }
 })
+
+test("a session longer than compactd's max_update_bytes is loaded whole, in chunks", async () => {
+  // A long session's history (about 6 MB) past what one request to this compactd may hold
+  // (5 MiB): ImportSession alone would refuse it, and the session would go unmanaged.
+  const capped = await startCompactd(BIN, "capped", ["--max-update-bytes", String(5 << 20)])
+  const ses = "ses_long"
+  const all = history(ses, 30)
+  for (const m of all) if (m.info.role === "assistant") m.parts[0].text = "a line of build output\n".repeat(8600)
+  assert.ok(Buffer.byteLength(JSON.stringify(all)) > 5.5 * 2 ** 20)
+  const hooks = await hooksFor(() => all, { address: capped.address })
+  try {
+    const output = { messages: [...all] }
+    await hooks["experimental.chat.messages.transform"]({}, output)
+    const held = await capped.client.getSession(ses)
+    assert.deepEqual(held.messages.map((m) => m.info.id), all.map((m) => m.info.id), "compactd's copy")
+    assert.deepEqual(output.messages.map((m) => m.info.id), all.map((m) => m.info.id), "compactd's context is sent")
+  } finally {
+    await hooks.dispose()
+    capped.client.close()
+    capped.server.kill("SIGTERM")
+  }
+})
