@@ -63,3 +63,28 @@ def test_an_async_unary_call_to_a_silent_server_ends_at_the_default_deadline(sil
     took = time.monotonic() - began
     assert error.code_name == "DEADLINE_EXCEEDED", error
     assert 25 <= took <= 45, took
+
+
+def test_with_timeout_gives_one_call_its_own_deadline_on_the_same_channel(silent: str) -> None:
+    with Client(silent, timeout=None) as c:
+        short = c.with_timeout(0.5)
+        began = time.monotonic()
+        with pytest.raises(CompactdError) as e:
+            short.list_sessions()
+        assert e.value.code_name == "DEADLINE_EXCEEDED", e.value
+        assert time.monotonic() - began < 10
+        short.close()  # the copy does not own the channel
+        assert c._timeout is None
+        with pytest.raises(CompactdError) as e:
+            c.with_timeout(0.5).list_sessions()
+        assert e.value.code_name == "DEADLINE_EXCEEDED", e.value
+
+
+def test_the_async_client_has_with_timeout_too(silent: str) -> None:
+    async def call() -> CompactdError:
+        async with AsyncClient(silent, timeout=None) as c:
+            with pytest.raises(CompactdError) as e:
+                await c.with_timeout(0.5).list_sessions()
+            return e.value
+
+    assert asyncio.run(call()).code_name == "DEADLINE_EXCEEDED"

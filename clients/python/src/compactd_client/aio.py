@@ -4,6 +4,7 @@ awaitable, with an async ``Stream`` whose updates await their ack."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -366,6 +367,15 @@ class AsyncClient:
             self._channel, self._own = grpc.aio.insecure_channel(target, opts), True
         self.stub = pb.SessionsStub(self._channel)
         self._timeout = timeout
+
+    def with_timeout(self, timeout: Optional[float]) -> "AsyncClient":
+        """This client with another deadline for its unary calls (seconds; None: none),
+        sharing the channel: ``c.with_timeout(300).import_session(doc)``. Closing the
+        copy leaves the channel open."""
+        other = copy.copy(self)
+        other._own = False
+        other._timeout = timeout
+        return other
 
     async def _unary(self, method: Callable, request):
         try:
