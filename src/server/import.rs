@@ -3,6 +3,8 @@
 //! session a host reloads): its chunks are gathered, counted in flight as they arrive,
 //! and the whole document then goes the unary call's way, so both import alike.
 
+use std::time::Duration;
+
 use tonic::{Status, Streaming};
 
 use super::convert;
@@ -50,16 +52,32 @@ pub(super) fn document(req: &mut pb::ImportSessionRequest) -> Result<Document, S
 
 /// Gathers an ImportSessionChunked call: its request (first chunk) and its document
 /// (every chunk's bytes, joined), counted in flight as they arrive; a client that sends
-/// more than the in-flight share allows is refused before it is held.
+/// more than the in-flight share allows is refused before it is held, and one that sends
+/// no chunk for `grace` is refused too (what it sent would otherwise pin the in-flight
+/// share every client shares, for as long as its connection lives).
 pub(super) async fn collect(
     mut chunks: Streaming<pb::ImportSessionChunk>,
     ledger: &std::sync::Arc<Ledger>,
+    grace: Duration,
 ) -> Result<(pb::ImportSessionRequest, Document, Reservation), Status> {
     let mut request: Option<pb::ImportSessionRequest> = None;
     let mut text: Vec<u8> = Vec::new();
     let mut held = Reservation::default();
     let mut index: u64 = 0;
-    while let Some(chunk) = chunks.message().await? {
+    loop {
+        let Ok(next) = tokio::time::timeout(grace, chunks.message()).await else {
+            return Err(Rejection {
+                code: tonic::Code::ResourceExhausted,
+                field: String::new(),
+                message: format!(
+                    "no chunk of the import for {} ms after chunk {index} ({} bytes of the document held in flight): send the chunks without pausing",
+                    grace.as_millis(),
+                    text.len()
+                ),
+            }
+            .into());
+        };
+        let Some(chunk) = next? else { break };
         match (chunk.request, &request) {
             (Some(r), None) => {
                 if !r.export_json.is_empty() || r.export.is_some() {

@@ -418,8 +418,9 @@ impl pb::sessions_server::Sessions for SessionsService {
         &self,
         request: Request<Streaming<pb::ImportSessionChunk>>,
     ) -> Result<Response<pb::SessionSummary>, Status> {
+        let grace = self.hub.slow_reader_grace;
         let (req, document, held) =
-            import::collect(request.into_inner(), self.store.ledger()).await?;
+            import::collect(request.into_inner(), self.store.ledger(), grace).await?;
         Ok(Response::new(self.import(req, document, held).await?))
     }
 

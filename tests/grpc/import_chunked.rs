@@ -211,3 +211,45 @@ async fn a_chunked_document_past_the_in_flight_share_is_refused_and_given_back()
         .into_inner();
     assert_eq!(summary.id, "t");
 }
+
+#[tokio::test]
+async fn a_chunked_import_that_pauses_past_the_grace_is_refused_and_given_back() {
+    // In flight may hold 512 KiB; a paused import holding 300 KiB would leave no room
+    // for another of that size.
+    let store = compactd::store::Store::new(chars4_unless_named(Default::default())).with_limits(
+        Limits {
+            memory_budget: 4 << 20,
+            ..Limits::default()
+        },
+    );
+    let server = start_server_on(
+        store,
+        ServerOptions {
+            slow_reader_grace: std::time::Duration::from_millis(300),
+            ..ServerOptions::default()
+        },
+    )
+    .await;
+    let mut c = server.client().await;
+    let piece = vec![b' '; 300 << 10];
+    let first = chunks(request("s"), vec![piece.clone()]);
+    let paused = tokio_stream::StreamExt::chain(
+        tokio_stream::iter(first),
+        futures::stream::pending::<pb::ImportSessionChunk>(),
+    );
+    let began = std::time::Instant::now();
+    let status = assert_status(
+        c.import_session_chunked(paused).await,
+        Code::ResourceExhausted,
+        "no chunk of the import for 300 ms",
+    );
+    assert!(began.elapsed() < std::time::Duration::from_secs(10), "{status:?}");
+    let mut doc = example_import("t").export_json.into_bytes();
+    doc.extend_from_slice(&piece);
+    let summary = c
+        .import_session_chunked(tokio_stream::iter(chunks(request("t"), vec![doc])))
+        .await
+        .expect("the paused import's bytes were given back")
+        .into_inner();
+    assert_eq!(summary.id, "t");
+}

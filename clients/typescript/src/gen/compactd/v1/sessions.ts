@@ -7462,7 +7462,8 @@ export const SessionsService = {
    * the first chunk carries the request, with its document fields empty, and the chunks
    * carry the document's JSON text in order, split anywhere. The document is held in
    * flight while it arrives (RESOURCE_EXHAUSTED past the memory budget's in-flight
-   * share), then imported whole, exactly as ImportSession would.
+   * share, or when no chunk comes for the server's slow-reader grace), then imported
+   * whole, exactly as ImportSession would.
    */
   importSessionChunked: {
     path: "/compactd.v1.Sessions/ImportSessionChunked" as const,
@@ -7580,7 +7581,8 @@ export interface SessionsServer extends UntypedServiceImplementation {
    * the first chunk carries the request, with its document fields empty, and the chunks
    * carry the document's JSON text in order, split anywhere. The document is held in
    * flight while it arrives (RESOURCE_EXHAUSTED past the memory budget's in-flight
-   * share), then imported whole, exactly as ImportSession would.
+   * share, or when no chunk comes for the server's slow-reader grace), then imported
+   * whole, exactly as ImportSession would.
    */
   importSessionChunked: handleClientStreamingCall<ImportSessionChunk, SessionSummary>;
   /**
@@ -7817,7 +7819,8 @@ export interface SessionsClient extends Client {
    * the first chunk carries the request, with its document fields empty, and the chunks
    * carry the document's JSON text in order, split anywhere. The document is held in
    * flight while it arrives (RESOURCE_EXHAUSTED past the memory budget's in-flight
-   * share), then imported whole, exactly as ImportSession would.
+   * share, or when no chunk comes for the server's slow-reader grace), then imported
+   * whole, exactly as ImportSession would.
    */
   importSessionChunked(
     callback: (error: ServiceError | null, response: SessionSummary) => void,
