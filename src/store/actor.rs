@@ -125,9 +125,6 @@ struct State {
     inline: bool,
     /// Weak: a dropped store ends its actors (their senders go with its map).
     store: Weak<Shared>,
-    /// The `session` span the actor runs in, entered by inline jobs too, so every log
-    /// line of a job names its session whichever path ran it.
-    span: tracing::Span,
 }
 
 impl std::fmt::Debug for Msg {
@@ -220,11 +217,9 @@ impl SessionHandle {
             .used
             .store(millis_since(state.clock), Ordering::Relaxed);
         drop(gate);
-        let ran = state.span.in_scope(|| {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                locked.run(&state.published, &state.store, None, f)
-            }))
-        });
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            locked.run(&state.published, &state.store, None, f)
+        }));
         // The idle TTL counts from the job's end, as for the actor's jobs.
         state
             .used
@@ -481,9 +476,7 @@ pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
             retry_at: None,
         }
     });
-    let span = tracing::info_span!("session", session_id = %id);
     let state = Arc::new(State {
-        span: span.clone(),
         id,
         published: Published::of(&session),
         used: AtomicU64::new(millis_since(clock)),
@@ -522,6 +515,7 @@ pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
         next: None,
         failed: false,
     };
+    let span = tracing::info_span!("session", session_id = %handle.state.id);
     tokio::spawn(actor.run().instrument(span));
     handle
 }

@@ -196,23 +196,3 @@ async fn a_session_dead_of_a_panic_frees_its_id_at_once() {
     ran(&again, add("m1"), "it runs");
     assert_eq!(ids(&again).await, ["m1"]);
 }
-
-/// An inline job logs inside its session's span, as the actor's jobs do: its log lines
-/// name the session.
-#[tokio::test(flavor = "current_thread")]
-async fn an_inline_job_runs_in_its_sessions_span() {
-    let _subscriber = tracing::subscriber::set_default(tracing_subscriber::registry());
-    let store = Store::new(EngineConfig::default());
-    let (handle, _) = store.open(info("s")).await.expect("open");
-    let queued = handle
-        .call(|_, _| tracing::Span::current().metadata().map(|m| m.name()))
-        .await
-        .expect("served");
-    assert_eq!(queued, Some("session"), "the actor's jobs");
-    let inline = ran(
-        &handle,
-        |_, _| tracing::Span::current().metadata().map(|m| m.name()),
-        "idle",
-    );
-    assert_eq!(inline, Some("session"));
-}
