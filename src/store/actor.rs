@@ -515,7 +515,9 @@ pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
         next: None,
         failed: false,
     };
-    let span = tracing::info_span!("session", session_id = %handle.state.id);
+    // No parent: the request that happened to open the session is not the context of
+    // everything it logs afterwards.
+    let span = tracing::info_span!(parent: None, "session", session_id = %handle.state.id);
     tokio::spawn(actor.run().instrument(span));
     handle
 }

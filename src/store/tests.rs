@@ -294,3 +294,31 @@ async fn rendered_contexts_count_with_their_session_within_their_share_of_the_bu
     );
     assert_eq!(b.held_bytes(), held);
 }
+
+/// An actor's span has no parent: the request that happened to open the session is not
+/// the context of everything the session logs afterwards.
+#[tokio::test(flavor = "current_thread")]
+async fn an_actors_span_is_not_a_child_of_the_request_that_opened_it() {
+    use tracing::Instrument;
+    use tracing_subscriber::registry::LookupSpan;
+    let _subscriber = tracing::subscriber::set_default(tracing_subscriber::registry());
+    let store = store();
+    let (handle, _) = store
+        .open(info("s"))
+        .instrument(tracing::info_span!("rpc"))
+        .await
+        .expect("open");
+    let id = handle
+        .call(|_, _| tracing::Span::current().id())
+        .await
+        .expect("served")
+        .expect("the job runs in a span");
+    let (name, parent) = tracing::dispatcher::get_default(|d| {
+        let registry = d
+            .downcast_ref::<tracing_subscriber::Registry>()
+            .expect("the registry");
+        let span = registry.span(&id).expect("open span");
+        (span.name(), span.parent().map(|p| p.name()))
+    });
+    assert_eq!((name, parent), ("session", None));
+}

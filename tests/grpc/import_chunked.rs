@@ -216,12 +216,11 @@ async fn a_chunked_document_past_the_in_flight_share_is_refused_and_given_back()
 async fn a_chunked_import_that_pauses_past_the_grace_is_refused_and_given_back() {
     // In flight may hold 512 KiB; a paused import holding 300 KiB would leave no room
     // for another of that size.
-    let store = compactd::store::Store::new(chars4_unless_named(Default::default())).with_limits(
-        Limits {
+    let store =
+        compactd::store::Store::new(chars4_unless_named(Default::default())).with_limits(Limits {
             memory_budget: 4 << 20,
             ..Limits::default()
-        },
-    );
+        });
     let server = start_server_on(
         store,
         ServerOptions {
@@ -243,7 +242,10 @@ async fn a_chunked_import_that_pauses_past_the_grace_is_refused_and_given_back()
         Code::ResourceExhausted,
         "no chunk of the import for 300 ms",
     );
-    assert!(began.elapsed() < std::time::Duration::from_secs(10), "{status:?}");
+    assert!(
+        began.elapsed() < std::time::Duration::from_secs(10),
+        "{status:?}"
+    );
     let mut doc = example_import("t").export_json.into_bytes();
     doc.extend_from_slice(&piece);
     let summary = c
