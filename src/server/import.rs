@@ -2,8 +2,14 @@
 //! session. The chunked call exists for documents over `max_update_bytes` (a long
 //! session a host reloads): its chunks are gathered, counted in flight as they arrive,
 //! and the whole document then goes the unary call's way, so both import alike.
+//!
+//! What an import holds is reserved in the ledger until it is let go: the document as it
+//! arrives, then twice its size while it is parsed (its text and what it becomes), then
+//! once until the session is built. The parse tasks own the reservation and the import
+//! slot, so a caller that goes away mid-parse frees neither before the parse ends.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::Instant;
 
 use tonic::{Status, Streaming};
 
@@ -12,8 +18,15 @@ use super::ops;
 use super::pb;
 use super::service::SessionsService;
 use super::status::Rejection;
+use crate::config::SessionOverrides;
+use crate::domain::ModelLimits;
+use crate::engine::ByteLimit;
 use crate::store::{Ledger, Reservation};
 use crate::trace;
+
+/// The slowest pace a chunked import may arrive at (after its first grace period): a
+/// client trickling bytes would otherwise hold what it sent for as long as it liked.
+const MIN_UPLOAD_BYTES_PER_SEC: u64 = 256 * 1024;
 
 /// The export document as the client sent it.
 pub(super) enum Document {
@@ -50,149 +63,221 @@ pub(super) fn document(req: &mut pb::ImportSessionRequest) -> Result<Document, S
     }
 }
 
-/// Gathers an ImportSessionChunked call: its request (first chunk) and its document
-/// (every chunk's bytes, joined), counted in flight as they arrive; a client that sends
-/// more than the in-flight share allows is refused before it is held, and one that sends
-/// no chunk for `grace` is refused too (what it sent would otherwise pin the in-flight
-/// share every client shares, for as long as its connection lives).
-pub(super) async fn collect(
-    mut chunks: Streaming<pb::ImportSessionChunk>,
-    ledger: &std::sync::Arc<Ledger>,
-    grace: Duration,
-) -> Result<(pb::ImportSessionRequest, Document, Reservation), Status> {
-    let mut request: Option<pb::ImportSessionRequest> = None;
-    let mut text: Vec<u8> = Vec::new();
-    let mut held = Reservation::default();
-    let mut index: u64 = 0;
-    loop {
-        let Ok(next) = tokio::time::timeout(grace, chunks.message()).await else {
-            return Err(Rejection {
-                code: tonic::Code::ResourceExhausted,
-                field: String::new(),
-                message: format!(
-                    "no chunk of the import for {} ms after chunk {index} ({} bytes of the document held in flight): send the chunks without pausing",
-                    grace.as_millis(),
-                    text.len()
-                ),
-            }
-            .into());
-        };
-        let Some(chunk) = next? else { break };
-        match (chunk.request, &request) {
-            (Some(r), None) => {
-                if !r.export_json.is_empty() || r.export.is_some() {
-                    return Err(Rejection::invalid(
-                        "request.export_json",
-                        "the document goes in the chunks' export_json, not in the request",
-                    )
-                    .into());
-                }
-                request = Some(r);
-            }
-            (Some(_), Some(_)) => {
-                return Err(Rejection::invalid(
-                    "request",
-                    format!("only the first chunk carries the request (chunk {index} does too)"),
-                )
-                .into());
-            }
-            (None, None) => {
-                return Err(Rejection::invalid(
-                    "request",
-                    "required in the first chunk (the session's id, limits and config)",
-                )
-                .into());
-            }
-            (None, Some(_)) => {}
-        }
-        // What is counted is the buffer's capacity, grown as a Vec would grow it.
-        let needed = text.len().saturating_add(chunk.export_json.len());
-        if needed > text.capacity() {
-            let capacity = needed.max(text.capacity().saturating_mul(2));
-            let bytes = u64::try_from(capacity).unwrap_or(u64::MAX);
-            held.resize(ledger, bytes, "an imported document")
-                .map_err(Rejection::from)?;
-            text.reserve_exact(capacity.saturating_sub(text.len()));
-        }
-        text.extend_from_slice(&chunk.export_json);
-        index = index.saturating_add(1);
-    }
-    let Some(request) = request else {
-        return Err(Rejection::invalid("request", "required: the call sent no chunk").into());
+/// The import's settings, checked: its config overrides and the model limits.
+fn settings(
+    service: &SessionsService,
+    req: &pb::ImportSessionRequest,
+) -> Result<(SessionOverrides, ModelLimits), Rejection> {
+    let overrides = match req.config.clone() {
+        Some(c) => convert::overrides_from_pb(c).map_err(|r| r.within("config"))?,
+        None => SessionOverrides::default(),
     };
-    if text.is_empty() {
-        return Err(Rejection::invalid(
-            "export_json",
-            "required: the chunks carried no document (an `opencode export` JSON text)",
-        )
-        .into());
+    if let Some(m) = &overrides.compaction_model {
+        service
+            .hub
+            .compaction
+            .check_model("config.compaction_model", m)?;
     }
-    let text = String::from_utf8(text).map_err(|e| {
-        Status::from(Rejection::invalid(
-            "export_json",
-            format!(
-                "the joined chunks are not UTF-8 text (at byte {})",
-                e.utf8_error().valid_up_to()
-            ),
-        ))
-    })?;
-    Ok((request, Document::Text(text), held))
+    let limits = req.limits.map(convert::limits_from_pb).unwrap_or_default();
+    Ok((overrides, limits))
+}
+
+/// A document past `limit` (at least `bytes`): refused, naming the limit.
+fn too_large(bytes: usize, limit: ByteLimit) -> Status {
+    let why = match limit.name {
+        "memory_budget" => format!(
+            "half the in-flight share of memory_budget ({} bytes)",
+            limit.value
+        ),
+        name => format!(
+            "{} times {name} ({} bytes)",
+            crate::store::LOAD_EXPANSION,
+            limit.value
+        ),
+    };
+    Rejection {
+        code: tonic::Code::ResourceExhausted,
+        field: "export_json".into(),
+        message: format!(
+            "the document is at least {bytes} bytes, over the {} bytes one import may send ({why})",
+            limit.bytes
+        ),
+    }
+    .into()
 }
 
 impl SessionsService {
+    /// Gathers an ImportSessionChunked call: its request (first chunk, checked at once)
+    /// and its document (every chunk's bytes, joined), counted in flight as they arrive.
+    /// Refused: a document past the store's import limit or the in-flight share, an empty
+    /// chunk after the first, and a client that sends no chunk for the slow-reader grace
+    /// or falls under [`MIN_UPLOAD_BYTES_PER_SEC`]: what it sent would otherwise pin the
+    /// in-flight share every client shares, for as long as its connection lived.
+    pub(super) async fn collect(
+        &self,
+        mut chunks: Streaming<pb::ImportSessionChunk>,
+    ) -> Result<(pb::ImportSessionRequest, Document, Reservation), Status> {
+        let ledger = self.store.ledger();
+        let limit = self.store.limits().import_limit();
+        let grace = self.hub.slow_reader_grace;
+        let began = Instant::now();
+        let mut request: Option<pb::ImportSessionRequest> = None;
+        let mut text: Vec<u8> = Vec::new();
+        let mut held = Reservation::default();
+        let mut index: u64 = 0;
+        loop {
+            let Ok(next) = tokio::time::timeout(grace, chunks.message()).await else {
+                return Err(slow(format!(
+                    "no chunk of the import for {} ms after chunk {index} ({} bytes of the document held in flight): send the chunks without pausing",
+                    grace.as_millis(),
+                    text.len()
+                )));
+            };
+            let Some(chunk) = next? else { break };
+            match (chunk.request, &request) {
+                (Some(r), None) => {
+                    if !r.export_json.is_empty() || r.export.is_some() {
+                        let field = if r.export.is_some() {
+                            "request.export"
+                        } else {
+                            "request.export_json"
+                        };
+                        return Err(Rejection::invalid(
+                            field,
+                            "the document goes in the chunks' export_json, not in the request",
+                        )
+                        .into());
+                    }
+                    crate::domain::check_id("session_id", &r.session_id)
+                        .map_err(|e| Rejection::from(e).within("request"))?;
+                    settings(self, &r).map_err(|e| Status::from(e.within("request")))?;
+                    request = Some(r);
+                }
+                (Some(_), Some(_)) => {
+                    return Err(Rejection::invalid(
+                        "request",
+                        format!(
+                            "only the first chunk carries the request (chunk {index} does too)"
+                        ),
+                    )
+                    .into());
+                }
+                (None, None) => {
+                    return Err(Rejection::invalid(
+                        "request",
+                        "required in the first chunk (the session's id, limits and config)",
+                    )
+                    .into());
+                }
+                (None, Some(_)) => {
+                    if chunk.export_json.is_empty() {
+                        return Err(Rejection::invalid(
+                            "export_json",
+                            format!("chunk {index} is empty: every chunk after the first carries bytes of the document"),
+                        )
+                        .into());
+                    }
+                }
+            }
+            let needed = text.len().saturating_add(chunk.export_json.len());
+            if u64::try_from(needed).unwrap_or(u64::MAX) > limit.bytes {
+                return Err(too_large(needed, limit));
+            }
+            let allowed = grace.as_secs().saturating_add(
+                u64::try_from(text.len()).unwrap_or(u64::MAX) / MIN_UPLOAD_BYTES_PER_SEC,
+            );
+            if began.elapsed().as_secs() > allowed {
+                return Err(slow(format!(
+                    "the import sent {} bytes in {} s, under {MIN_UPLOAD_BYTES_PER_SEC} bytes per second: send the chunks without pausing",
+                    text.len(),
+                    began.elapsed().as_secs()
+                )));
+            }
+            if needed > text.capacity() {
+                grow(&mut text, &mut held, ledger, needed, limit)?;
+            }
+            text.extend_from_slice(&chunk.export_json);
+            index = index.saturating_add(1);
+        }
+        let Some(request) = request else {
+            return Err(Rejection::invalid("request", "required: the call sent no chunk").into());
+        };
+        if text.is_empty() {
+            return Err(Rejection::invalid(
+                "export_json",
+                "required: the chunks carried no document (an `opencode export` JSON text)",
+            )
+            .into());
+        }
+        let text = String::from_utf8(text).map_err(|e| {
+            Status::from(Rejection::invalid(
+                "export_json",
+                format!(
+                    "the joined chunks are not UTF-8 text (at byte {})",
+                    e.utf8_error().valid_up_to()
+                ),
+            ))
+        })?;
+        Ok((request, Document::Text(text), held))
+    }
+
     /// Imports `document` as `req` asks (its document fields already taken out); `held`
-    /// counts the document in flight until it is parsed.
+    /// counts the document in flight.
     pub(super) async fn import(
         &self,
         req: pb::ImportSessionRequest,
         document: Document,
         mut held: Reservation,
     ) -> Result<pb::SessionSummary, Status> {
-        let overrides = match req.config {
-            Some(c) => {
-                convert::overrides_from_pb(c).map_err(|r| Status::from(r.within("config")))?
-            }
-            None => Default::default(),
-        };
-        if let Some(m) = &overrides.compaction_model {
-            self.hub
-                .compaction
-                .check_model("config.compaction_model", m)
-                .map_err(Status::from)?;
-        }
-        let limits = req.limits.map(convert::limits_from_pb).unwrap_or_default();
+        let (overrides, limits) = settings(self, &req)?;
         let store = self.store.clone();
         let id_override = req.session_id;
-        let _turn = self
+        let turn = self
             .imports
-            .acquire()
+            .clone()
+            .acquire_owned()
             .await
             .map_err(|_| Status::unavailable("compactd is closing"))?;
 
         let root = document.root();
+        let document_bytes = match &document {
+            Document::Text(t) => u64::try_from(t.len()).unwrap_or(u64::MAX),
+            Document::Object(_) => 0,
+        }
+        .max(held.bytes());
         // Built no further than the limit it will be held to: the first message past it
         // ends the parse. Taken once, before a replaced session is read for its
         // compactions (reading a cold one would count it twice). The document's own
         // reservation is not counted against the session it becomes.
         let counted = store.ledger().counted().saturating_sub(held.bytes());
         let byte_limit = store.limits().byte_limit(0, counted);
+        // While it is parsed the document is held twice: its text and what it becomes
+        // (past the in-flight share only alone, so that one large import still can).
+        held.resize_or_alone(
+            store.ledger(),
+            document_bytes.saturating_mul(2),
+            "an import being parsed",
+        )
+        .map_err(Rejection::from)?;
         // Parsing a multi-megabyte export is CPU work: keep it off the async workers.
-        let mut export = tokio::task::spawn_blocking(move || -> Result<_, Rejection> {
+        let (mut export, mut held, turn) = tokio::task::spawn_blocking(move || {
             let parsed = match document {
                 Document::Text(t) => trace::parse_export_limited(&t, byte_limit),
                 Document::Object(v) => trace::from_value_limited(v, byte_limit),
             };
-            let mut export = parsed.map_err(|e| limited(e, root))?;
-            if !id_override.is_empty() {
-                export.info.id = id_override;
-            }
-            crate::domain::check_id("session_id", &export.info.id)?;
-            Ok(export)
+            let checked = parsed.map_err(|e| limited(e, root)).and_then(|mut export| {
+                if !id_override.is_empty() {
+                    export.info.id = id_override;
+                }
+                crate::domain::check_id("session_id", &export.info.id)?;
+                Ok(export)
+            });
+            checked.map(|export| (export, held, turn))
         })
         .await
         .map_err(|e| Status::internal(format!("import task failed: {e}")))??;
-        // The document is read and dropped: what it became is counted when it is admitted.
-        held.resize(store.ledger(), 0, "updates")
+        // The text is dropped: what it became is held until it is a session.
+        held.resize(store.ledger(), document_bytes, "an import being built")
             .map_err(Rejection::from)?;
         let trail = if req.replace && req.keep_compactions {
             // A compaction still running on the replaced session would commit after its
@@ -213,8 +298,10 @@ impl SessionsService {
                 tracing::info!(session_id = %export.info.id, carried, "import keeps the replaced session's compactions");
             }
             let session = trace::load_within(export, limits, overrides, store.config(), byte_limit)
-                .map_err(|e| Rejection::from(e).within(root))?;
-            Ok(session)
+                .map_err(|e| Rejection::from(e).within(root));
+            // Let go only once the build has ended, whether or not its caller still waits.
+            drop((held, turn));
+            session
         })
         .await
         .map_err(|e| Status::internal(format!("import task failed: {e}")))??;
@@ -237,6 +324,43 @@ impl SessionsService {
         tracing::info!(session_id = %id, messages, parts, "session imported");
         self.summary(&id, true).await
     }
+}
+
+/// Grows the document's buffer to hold `needed` bytes, reserving its capacity first: as
+/// a Vec would grow it (doubling, within `limit`), or exactly when the doubled size is
+/// refused.
+fn grow(
+    text: &mut Vec<u8>,
+    held: &mut Reservation,
+    ledger: &Arc<Ledger>,
+    needed: usize,
+    limit: ByteLimit,
+) -> Result<(), Status> {
+    let cap = usize::try_from(limit.bytes).unwrap_or(usize::MAX);
+    let doubled = needed.max(text.capacity().saturating_mul(2)).min(cap);
+    let bytes = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+    let capacity = if held
+        .resize(ledger, bytes(doubled), "an imported document")
+        .is_ok()
+    {
+        doubled
+    } else {
+        held.resize(ledger, bytes(needed), "an imported document")
+            .map_err(Rejection::from)?;
+        needed
+    };
+    text.reserve_exact(capacity.saturating_sub(text.len()));
+    Ok(())
+}
+
+/// A chunked import refused for its pace.
+fn slow(message: String) -> Status {
+    Rejection {
+        code: tonic::Code::ResourceExhausted,
+        field: String::new(),
+        message,
+    }
+    .into()
 }
 
 /// A limited import's refusal: an invalid document names its JSON path under `root`;

@@ -418,9 +418,7 @@ impl pb::sessions_server::Sessions for SessionsService {
         &self,
         request: Request<Streaming<pb::ImportSessionChunk>>,
     ) -> Result<Response<pb::SessionSummary>, Status> {
-        let grace = self.hub.slow_reader_grace;
-        let (req, document, held) =
-            import::collect(request.into_inner(), self.store.ledger(), grace).await?;
+        let (req, document, held) = self.collect(request.into_inner()).await?;
         Ok(Response::new(self.import(req, document, held).await?))
     }
 

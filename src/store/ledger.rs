@@ -114,7 +114,7 @@ impl Ledger {
         bytes: u64,
         what: &'static str,
     ) -> Result<Reservation, StoreError> {
-        self.reserve_within(bytes, what, false)
+        self.reserve_within(bytes, what, None)
     }
 
     /// [`Self::reserve`], but past the ceiling too when nothing else is in flight: one
@@ -125,20 +125,22 @@ impl Ledger {
         bytes: u64,
         what: &'static str,
     ) -> Result<Reservation, StoreError> {
-        self.reserve_within(bytes, what, true)
+        self.reserve_within(bytes, what, Some(0))
     }
 
+    /// Reserves `bytes`, past the ceiling too while no more than `alone` bytes are in
+    /// flight (the caller's own, when it grows a reservation of that size).
     fn reserve_within(
         self: &Arc<Self>,
         bytes: u64,
         what: &'static str,
-        alone: bool,
+        alone: Option<u64>,
     ) -> Result<Reservation, StoreError> {
         let limit = self.in_flight_limit();
         let mut now = self.in_flight.load(Ordering::Relaxed);
         loop {
             let after = now.saturating_add(bytes);
-            if after > limit && !(alone && now == 0) {
+            if after > limit && alone.is_none_or(|own| now > own) {
                 return Err(StoreError::InFlightOverBudget {
                     what,
                     bytes,
@@ -194,12 +196,33 @@ impl Reservation {
             self.bytes = bytes;
             return Ok(());
         }
-        let mut extra = ledger.reserve(bytes - self.bytes, what)?;
-        // The two become one: this reservation now holds both amounts.
+        let extra = ledger.reserve(bytes - self.bytes, what)?;
+        self.absorb(ledger, extra);
+        Ok(())
+    }
+
+    /// [`Self::resize`], but past the in-flight ceiling too while this reservation is all
+    /// that is in flight (as [`Ledger::reserve_or_alone`]): one import larger than the
+    /// share can still be parsed, alone, while several cannot pile up.
+    pub fn resize_or_alone(
+        &mut self,
+        ledger: &Arc<Ledger>,
+        bytes: u64,
+        what: &'static str,
+    ) -> Result<(), StoreError> {
+        if bytes <= self.bytes {
+            return self.resize(ledger, bytes, what);
+        }
+        let extra = ledger.reserve_within(bytes - self.bytes, what, Some(self.bytes))?;
+        self.absorb(ledger, extra);
+        Ok(())
+    }
+
+    /// Takes `extra`'s bytes into this reservation: the two become one.
+    fn absorb(&mut self, ledger: &Arc<Ledger>, mut extra: Reservation) {
         extra.ledger = None;
         self.ledger = Some(ledger.clone());
-        self.bytes = bytes;
-        Ok(())
+        self.bytes = self.bytes.saturating_add(extra.bytes);
     }
 }
 
@@ -249,6 +272,22 @@ mod tests {
         assert_eq!(l.in_flight(), 100);
         drop(r);
         drop(empty);
+        assert_eq!(l.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_reservation_grows_past_the_share_only_alone() {
+        let l = Arc::new(Ledger::new(800));
+        let mut r = l.reserve(60, "test").expect("within");
+        r.resize_or_alone(&l, 150, "test")
+            .expect("alone: past the share");
+        assert_eq!(l.in_flight(), 150);
+        r.resize_or_alone(&l, 50, "test").expect("shrinks");
+        let other = l.reserve(10, "test").expect("within");
+        let refused = r.resize_or_alone(&l, 150, "test");
+        assert!(refused.is_err(), "another reservation is in flight");
+        assert_eq!(l.in_flight(), 60, "a refused growth leaves it as it was");
+        drop((r, other));
         assert_eq!(l.in_flight(), 0);
     }
 

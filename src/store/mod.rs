@@ -148,7 +148,7 @@ pub struct Limits {
 /// refused before it is read. Only the snapshot is weighed: the log after it (at most
 /// the snapshot's size or 4 MiB) may repeat a part many times and says little about
 /// what the session holds.
-const LOAD_EXPANSION: u64 = 6;
+pub const LOAD_EXPANSION: u64 = 6;
 
 /// Why a stored session was not read back.
 enum LoadError {
@@ -168,6 +168,33 @@ impl From<BackendError> for LoadError {
 }
 
 impl Limits {
+    /// The largest document one import may send, and the limit that says so: half the
+    /// in-flight share of `memory_budget` (while it is parsed a document is held twice,
+    /// its text and what it becomes, so one import never takes more than the share), and
+    /// [`LOAD_EXPANSION`] times `max_session_bytes` (a larger one cannot become a session
+    /// within it); none without either.
+    pub fn import_limit(&self) -> ByteLimit {
+        let mut limit = ByteLimit::NONE;
+        if self.max_session_bytes > 0 {
+            limit = ByteLimit {
+                bytes: self.max_session_bytes.saturating_mul(LOAD_EXPANSION),
+                name: "max_session_bytes",
+                value: self.max_session_bytes,
+            };
+        }
+        if self.memory_budget > 0 {
+            let half_share = self.memory_budget / IN_FLIGHT_SHARE / 2;
+            if half_share < limit.bytes {
+                limit = ByteLimit {
+                    bytes: half_share,
+                    name: "memory_budget",
+                    value: self.memory_budget,
+                };
+            }
+        }
+        limit
+    }
+
     /// The smaller of `max_session_bytes` and `memory_budget` (0: none), which a session
     /// loaded from disk must fit, with its name; `None` without either.
     fn load_ceiling(&self) -> Option<(&'static str, u64)> {

@@ -5,6 +5,7 @@
 use compactd::server::ServerOptions;
 use compactd::server::pb;
 use compactd::store::Limits;
+use std::time::Duration;
 use tonic::Code;
 
 use crate::common::*;
@@ -184,74 +185,183 @@ async fn a_malformed_chunked_import_names_its_field_and_leaves_the_session_as_it
     }
 }
 
-#[tokio::test]
-async fn a_chunked_document_past_the_in_flight_share_is_refused_and_given_back() {
-    // In flight may hold an eighth of the budget: 512 KiB here.
-    let budget: u64 = 4 << 20;
-    let server = start_server_with_limits(Limits {
-        memory_budget: budget,
-        ..Limits::default()
-    })
-    .await;
-    let mut c = server.client().await;
-    let big = vec![b' '; 64 << 10];
-    let call = chunks(request("s"), vec![big; 16]);
-    let status = assert_status(
-        c.import_session_chunked(tokio_stream::iter(call)).await,
-        Code::ResourceExhausted,
-        "an imported document",
-    );
-    assert!(status.message().contains("in flight"), "{status:?}");
-    // Nothing stays reserved: a document that fits imports right after.
-    let doc = example_import("t").export_json.into_bytes();
-    let summary = c
-        .import_session_chunked(tokio_stream::iter(chunks(request("t"), vec![doc])))
-        .await
-        .expect("a document within the share")
-        .into_inner();
-    assert_eq!(summary.id, "t");
-}
-
-#[tokio::test]
-async fn a_chunked_import_that_pauses_past_the_grace_is_refused_and_given_back() {
-    // In flight may hold 512 KiB; a paused import holding 300 KiB would leave no room
-    // for another of that size.
+/// A server whose in-flight share is 512 KiB (a budget of 4 MiB): one import may send at
+/// most 256 KiB; and a slow-reader grace of `grace`.
+async fn tight(grace: Duration) -> TestServer {
     let store =
         compactd::store::Store::new(chars4_unless_named(Default::default())).with_limits(Limits {
             memory_budget: 4 << 20,
             ..Limits::default()
         });
-    let server = start_server_on(
-        store,
-        ServerOptions {
-            slow_reader_grace: std::time::Duration::from_millis(300),
-            ..ServerOptions::default()
-        },
-    )
-    .await;
-    let mut c = server.client().await;
-    let piece = vec![b' '; 300 << 10];
-    let first = chunks(request("s"), vec![piece.clone()]);
-    let paused = tokio_stream::StreamExt::chain(
-        tokio_stream::iter(first),
+    let options = ServerOptions {
+        slow_reader_grace: grace,
+        ..ServerOptions::default()
+    };
+    start_server_on(store, options).await
+}
+
+/// `bytes` of the example export (spaces after it: still one JSON document).
+fn padded(id: &str, bytes: usize) -> Vec<u8> {
+    let mut doc = example_import(id).export_json.into_bytes();
+    doc.resize(bytes, b' ');
+    doc
+}
+
+/// A chunked import of `first` that then sends nothing, left running.
+fn paused(c: &Client, id: &str, first: Vec<u8>) -> tokio::task::JoinHandle<tonic::Status> {
+    let mut c = c.clone();
+    let stream = tokio_stream::StreamExt::chain(
+        tokio_stream::iter(chunks(request(id), vec![first])),
         futures::stream::pending::<pb::ImportSessionChunk>(),
     );
-    let began = std::time::Instant::now();
+    tokio::spawn(async move {
+        c.import_session_chunked(stream)
+            .await
+            .expect_err("a paused import ends refused")
+    })
+}
+
+#[tokio::test]
+async fn one_import_may_send_half_the_in_flight_share_and_several_no_more_than_all_of_it() {
+    let server = tight(Duration::from_secs(3)).await;
+    let mut c = server.client().await;
+    let call = chunks(request("s"), vec![vec![b' '; 64 << 10]; 5]);
     let status = assert_status(
-        c.import_session_chunked(paused).await,
+        c.import_session_chunked(tokio_stream::iter(call)).await,
         Code::ResourceExhausted,
-        "no chunk of the import for 300 ms",
+        "over the 262144 bytes one import may send (half the in-flight share of memory_budget",
     );
+    assert!(status.message().starts_with("export_json"), "{status:?}");
+    // Two imports of 200 KiB hold 400 KiB while they pause: a third finds no room.
+    let a = paused(&c, "a", padded("a", 200 << 10));
+    let b = paused(&c, "b", padded("b", 200 << 10));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let third = c
+        .import_session_chunked(tokio_stream::iter(chunks(
+            request("c"),
+            vec![padded("c", 200 << 10)],
+        )))
+        .await;
+    assert_status(third, Code::ResourceExhausted, "an imported document");
+    // Once they are refused for their pause, what they held is given back.
+    for paused in [a, b] {
+        let status = paused.await.expect("joined");
+        assert!(
+            status.message().contains("no chunk of the import"),
+            "{status:?}"
+        );
+    }
+    let summary = c
+        .import_session_chunked(tokio_stream::iter(chunks(
+            request("c"),
+            vec![padded("c", 200 << 10)],
+        )))
+        .await
+        .expect("room again")
+        .into_inner();
+    assert_eq!(summary.id, "c");
+}
+
+#[tokio::test]
+async fn a_chunked_import_that_pauses_past_the_grace_is_refused_and_given_back() {
+    let server = tight(Duration::from_millis(300)).await;
+    let mut c = server.client().await;
+    let began = std::time::Instant::now();
+    let status = paused(&c, "s", padded("s", 250 << 10))
+        .await
+        .expect("joined");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
     assert!(
-        began.elapsed() < std::time::Duration::from_secs(10),
+        status
+            .message()
+            .contains("no chunk of the import for 300 ms"),
         "{status:?}"
     );
-    let mut doc = example_import("t").export_json.into_bytes();
-    doc.extend_from_slice(&piece);
+    assert!(began.elapsed() < Duration::from_secs(10), "{status:?}");
     let summary = c
-        .import_session_chunked(tokio_stream::iter(chunks(request("t"), vec![doc])))
+        .import_session_chunked(tokio_stream::iter(chunks(
+            request("t"),
+            vec![padded("t", 250 << 10)],
+        )))
         .await
         .expect("the paused import's bytes were given back")
         .into_inner();
     assert_eq!(summary.id, "t");
+}
+
+#[tokio::test]
+async fn a_chunked_import_that_trickles_is_refused() {
+    let server = tight(Duration::from_millis(300)).await;
+    let mut c = server.client().await;
+    let doc = padded("s", 4 << 10);
+    let pieces: Vec<Vec<u8>> = doc.chunks(100).map(<[u8]>::to_vec).collect();
+    let slow = tokio_stream::StreamExt::throttle(
+        tokio_stream::iter(chunks(request("s"), pieces)),
+        Duration::from_millis(200),
+    );
+    assert_status(
+        c.import_session_chunked(slow).await,
+        Code::ResourceExhausted,
+        "bytes per second",
+    );
+}
+
+#[tokio::test]
+async fn a_chunked_import_is_checked_at_its_first_chunk_and_refuses_empty_ones() {
+    let server = tight(Duration::from_secs(2)).await;
+    let mut c = server.client().await;
+    let bad = pb::ImportSessionRequest {
+        config: Some(pb::SessionConfig {
+            threshold: Some(7.0),
+            ..Default::default()
+        }),
+        ..request("s")
+    };
+    // Refused at once: the rest of the call never comes.
+    let first_only = tokio_stream::StreamExt::chain(
+        tokio_stream::iter(chunks(bad, vec![b"{".to_vec()])),
+        futures::stream::pending::<pb::ImportSessionChunk>(),
+    );
+    let status = assert_status(
+        c.import_session_chunked(first_only).await,
+        Code::InvalidArgument,
+        "threshold",
+    );
+    assert!(
+        status.message().starts_with("request.config.threshold"),
+        "{status:?}"
+    );
+    let object = pb::ImportSessionRequest {
+        export: Some(Default::default()),
+        ..request("s")
+    };
+    assert_status(
+        c.import_session_chunked(tokio_stream::iter(chunks(object, vec![b"{}".to_vec()])))
+            .await,
+        Code::InvalidArgument,
+        "request.export:",
+    );
+    let doc = padded("s", 2 << 10);
+    let empty = chunks(request("s"), vec![doc.clone(), Vec::new(), doc]);
+    assert_status(
+        c.import_session_chunked(tokio_stream::iter(empty)).await,
+        Code::InvalidArgument,
+        "chunk 1 is empty",
+    );
+}
+
+#[tokio::test]
+async fn without_a_budget_a_document_is_bounded_by_the_session_limit() {
+    let server = start_server_with_limits(Limits {
+        max_session_bytes: 64 << 10,
+        ..Limits::default()
+    })
+    .await;
+    let mut c = server.client().await;
+    let call = chunks(request("s"), vec![vec![b' '; 128 << 10]; 4]);
+    assert_status(
+        c.import_session_chunked(tokio_stream::iter(call)).await,
+        Code::ResourceExhausted,
+        "(6 times max_session_bytes (65536 bytes))",
+    );
 }

@@ -7460,10 +7460,12 @@ export const SessionsService = {
   /**
    * ImportSession for a document larger than one request may be (`max_update_bytes`):
    * the first chunk carries the request, with its document fields empty, and the chunks
-   * carry the document's JSON text in order, split anywhere. The document is held in
-   * flight while it arrives (RESOURCE_EXHAUSTED past the memory budget's in-flight
-   * share, or when no chunk comes for the server's slow-reader grace), then imported
-   * whole, exactly as ImportSession would.
+   * carry the document's JSON text in order, split anywhere; every chunk after the
+   * first carries some. The document is held in flight while it arrives:
+   * RESOURCE_EXHAUSTED past half the memory budget's in-flight share or 6 times
+   * max_session_bytes, past the share with what else is in flight, when no chunk comes
+   * for the server's slow-reader grace, or under 256 KiB/s. Then it is imported whole,
+   * exactly as ImportSession would.
    */
   importSessionChunked: {
     path: "/compactd.v1.Sessions/ImportSessionChunked" as const,
@@ -7579,10 +7581,12 @@ export interface SessionsServer extends UntypedServiceImplementation {
   /**
    * ImportSession for a document larger than one request may be (`max_update_bytes`):
    * the first chunk carries the request, with its document fields empty, and the chunks
-   * carry the document's JSON text in order, split anywhere. The document is held in
-   * flight while it arrives (RESOURCE_EXHAUSTED past the memory budget's in-flight
-   * share, or when no chunk comes for the server's slow-reader grace), then imported
-   * whole, exactly as ImportSession would.
+   * carry the document's JSON text in order, split anywhere; every chunk after the
+   * first carries some. The document is held in flight while it arrives:
+   * RESOURCE_EXHAUSTED past half the memory budget's in-flight share or 6 times
+   * max_session_bytes, past the share with what else is in flight, when no chunk comes
+   * for the server's slow-reader grace, or under 256 KiB/s. Then it is imported whole,
+   * exactly as ImportSession would.
    */
   importSessionChunked: handleClientStreamingCall<ImportSessionChunk, SessionSummary>;
   /**
@@ -7817,10 +7821,12 @@ export interface SessionsClient extends Client {
   /**
    * ImportSession for a document larger than one request may be (`max_update_bytes`):
    * the first chunk carries the request, with its document fields empty, and the chunks
-   * carry the document's JSON text in order, split anywhere. The document is held in
-   * flight while it arrives (RESOURCE_EXHAUSTED past the memory budget's in-flight
-   * share, or when no chunk comes for the server's slow-reader grace), then imported
-   * whole, exactly as ImportSession would.
+   * carry the document's JSON text in order, split anywhere; every chunk after the
+   * first carries some. The document is held in flight while it arrives:
+   * RESOURCE_EXHAUSTED past half the memory budget's in-flight share or 6 times
+   * max_session_bytes, past the share with what else is in flight, when no chunk comes
+   * for the server's slow-reader grace, or under 256 KiB/s. Then it is imported whole,
+   * exactly as ImportSession would.
    */
   importSessionChunked(
     callback: (error: ServiceError | null, response: SessionSummary) => void,
