@@ -55,3 +55,46 @@ def test_the_async_client_imports_in_chunks_too(small_cap, trace: str) -> None:
             assert s.messages == len(json.loads(trace)["messages"])
 
     asyncio.run(main())
+
+
+def test_a_compactd_without_the_chunked_call_gets_the_document_whole(trace: str) -> None:
+    """An older compactd answers ImportSessionChunked with UNIMPLEMENTED: the client sends
+    the document whole instead, as it did before."""
+    from concurrent import futures
+
+    import grpc
+
+    from compactd_client import pb
+
+    seen = []
+
+    def import_session(request: bytes, _context: grpc.ServicerContext) -> bytes:
+        req = pb.ImportSessionRequest.FromString(request)
+        seen.append(len(req.export_json))
+        return pb.SessionSummary(id=req.session_id, messages=1).SerializeToString()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "compactd.v1.Sessions",
+                {"ImportSession": grpc.unary_unary_rpc_method_handler(import_session)},
+            ),
+        )
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with Client(f"127.0.0.1:{port}", timeout=10) as c:
+            s = c.import_session(trace, session_id="old", chunk_bytes=CAP // 2)
+        assert s.id == "old"
+        assert seen == [len(trace)]
+    finally:
+        server.stop(grace=None)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "4096", True])
+def test_chunk_bytes_is_checked(bad) -> None:
+    with Client("127.0.0.1:1", timeout=1) as c:
+        with pytest.raises(ValueError, match="chunk_bytes"):
+            c.import_session("{}", chunk_bytes=bad)

@@ -73,8 +73,9 @@ export interface ClientOptionsInit {
   maxMessageBytes?: number;
   /**
    * An `importSession` document longer than this many bytes goes in chunks of this size
-   * (`ImportSessionChunked`): one request may be at most compactd's `max_update_bytes`
-   * (16 MiB by default). Default 4 MiB; 0 never chunks.
+   * (`ImportSessionChunked`; whole to a compactd without it): one request may be at most
+   * compactd's `max_update_bytes` (16 MiB by default), and a chunk under 1 MiB decodes
+   * outside the server's few slots for large requests. Default 960 KiB; 0 never chunks.
    */
   importChunkBytes?: number;
   /** Extra grpc-js channel options (keepalive, ...), applied last. */
@@ -133,7 +134,7 @@ export interface ImportInit {
 const DEFAULT_ADDRESS = "127.0.0.1:50051";
 const DEFAULT_DEADLINE_MS = 30_000;
 const DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024;
-const DEFAULT_IMPORT_CHUNK_BYTES = 4 * 1024 * 1024;
+const DEFAULT_IMPORT_CHUNK_BYTES = 960 * 1024;
 
 type Service = typeof SessionsService;
 type UnaryName = {
@@ -186,6 +187,9 @@ export class CompactdClient {
     this.#token = bearerToken(options.token ?? envVar("COMPACTD_AUTH_TOKEN"));
     this.deadlineMs = options.deadlineMs ?? DEFAULT_DEADLINE_MS;
     this.importChunkBytes = options.importChunkBytes ?? DEFAULT_IMPORT_CHUNK_BYTES;
+    if (!Number.isSafeInteger(this.importChunkBytes) || this.importChunkBytes < 0) {
+      throw new RangeError(`importChunkBytes must be a whole number of bytes >= 0, not ${String(options.importChunkBytes)}`);
+    }
     const max = options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
     let creds = options.credentials;
     if (!creds) {
@@ -380,13 +384,17 @@ export class CompactdClient {
       keepCompactions: init.keepCompactions ?? false,
     });
     const size = this.importChunkBytes;
+    const both = Boolean(init.exportJson) && init.export !== undefined; // refused by compactd as it is
+    if (size === 0 || both) return this.unary("importSession", request, opts);
     // The document's JSON text measures it (an object goes as a Struct of about that size).
     const text = init.exportJson || (init.export === undefined ? "" : JSON.stringify(init.export));
-    const both = Boolean(init.exportJson) && init.export !== undefined; // refused by compactd as it is
-    if (size > 0 && !both && Buffer.byteLength(text, "utf8") > size) {
-      return this.importChunked({ ...request, exportJson: "", export: undefined }, Buffer.from(text, "utf8"), size, opts);
-    }
-    return this.unary("importSession", request, opts);
+    if (Buffer.byteLength(text, "utf8") <= size) return this.unary("importSession", request, opts);
+    const head = { ...request, exportJson: "", export: undefined };
+    return this.importChunked(head, Buffer.from(text, "utf8"), size, opts).catch((e: unknown) => {
+      // A compactd without ImportSessionChunked: the document whole, as before it.
+      if (e instanceof CompactdError && e.codeName === "UNIMPLEMENTED") return this.unary("importSession", request, opts);
+      throw e;
+    });
   }
 
   /**

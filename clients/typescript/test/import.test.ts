@@ -4,7 +4,8 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
-import { CompactdError, type CompactdClient } from "@compactd/client";
+import { Server, ServerCredentials, type sendUnaryData, type ServerUnaryCall } from "@grpc/grpc-js";
+import { CompactdClient, CompactdError, SessionsService, SessionSummary, type ImportSessionRequest } from "@compactd/client";
 import { REPO, startCompactd, type Compactd } from "./harness.js";
 
 const CAP = 65536;
@@ -50,4 +51,79 @@ describe("chunked import", () => {
       return true;
     });
   });
+
+  test("a long document in many large chunks waits for the call to drain, and arrives whole", async () => {
+    // A document of about 6 MB in 300 KiB chunks: more than grpc-js buffers before
+    // write() says to wait.
+    const text = TRACE + " ".repeat(6 * 2 ** 20); // still one JSON document
+    const big = DOC;
+    const roomy = await startCompactd();
+    try {
+      const c = roomy.client({ importChunkBytes: 300 * 1024 });
+      const writes: boolean[] = [];
+      spyOnWrites(c, (ok) => writes.push(ok));
+      const s = await c.importSession({ exportJson: text, sessionId: "ts-drained" });
+      assert.equal(s.messages, big.messages.length);
+      assert.ok(writes.length > 16 && writes.includes(false), `write() results: ${writes.join()}`);
+    } finally {
+      await roomy.stop();
+    }
+  });
+
+  test("an abort mid-upload cancels the call", async () => {
+    const c = server.client({ importChunkBytes: 16 * 1024 });
+    const abort = new AbortController();
+    spyOnWrites(c, () => abort.abort());
+    await assert.rejects(c.importSession({ exportJson: TRACE, sessionId: "ts-aborted" }, { signal: abort.signal }), (e: unknown) => {
+      assert.ok(e instanceof CompactdError);
+      assert.equal(e.codeName, "CANCELLED");
+      return true;
+    });
+    await assert.rejects(c.getSession("ts-aborted"), (e: unknown) => e instanceof CompactdError && e.codeName === "NOT_FOUND");
+  });
+});
+
+/** Calls `seen` with what each write() of `c`'s client-streaming calls returned. */
+function spyOnWrites(c: CompactdClient, seen: (ok: boolean) => void): void {
+  const raw = c.raw as unknown as { makeClientStreamRequest: (...args: unknown[]) => { write: (chunk: unknown) => boolean } };
+  const make = raw.makeClientStreamRequest.bind(raw);
+  raw.makeClientStreamRequest = (...args: unknown[]) => {
+    const call = make(...args);
+    const write = call.write.bind(call);
+    call.write = (chunk: unknown) => {
+      const ok = write(chunk);
+      seen(ok);
+      return ok;
+    };
+    return call;
+  };
+}
+
+test("a compactd without ImportSessionChunked gets the document whole", async () => {
+  const seen: number[] = [];
+  const old = new Server();
+  old.addService(SessionsService, {
+    importSession: (call: ServerUnaryCall<ImportSessionRequest, SessionSummary>, done: sendUnaryData<SessionSummary>) => {
+      seen.push(call.request.exportJson.length);
+      done(null, SessionSummary.fromPartial({ id: call.request.sessionId, messages: 1 }));
+    },
+  } as never);
+  const port = await new Promise<number>((resolve, reject) =>
+    old.bindAsync("127.0.0.1:0", ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))),
+  );
+  const c = new CompactdClient({ address: `127.0.0.1:${port}`, importChunkBytes: CAP / 2 });
+  try {
+    const s = await c.importSession({ exportJson: TRACE, sessionId: "old" });
+    assert.equal(s.id, "old");
+    assert.deepEqual(seen, [TRACE.length]);
+  } finally {
+    c.close();
+    old.forceShutdown();
+  }
+});
+
+test("importChunkBytes is checked", () => {
+  for (const bad of [-1, 1.5, Number.NaN]) {
+    assert.throws(() => new CompactdClient({ importChunkBytes: bad }), RangeError);
+  }
 });

@@ -25,6 +25,7 @@ from .results import (
     IMPORT_CHUNK_BYTES,
     import_chunks,
     import_request,
+    import_text,
     open_info,
     openai_messages,
     pin_fields,
@@ -451,14 +452,22 @@ class AsyncClient:
 
         With ``replace`` and ``keep_compactions``, the compactions compactd committed on
         the replaced session (absent from a host's own history) are kept. A document past
-        ``chunk_bytes`` (4 MiB; 0: never) is sent in chunks of that size, so one longer
-        than compactd's ``max_update_bytes`` imports too.
+        ``chunk_bytes`` (960 KiB; 0: never) is sent in chunks of that size, so one longer
+        than compactd's ``max_update_bytes`` imports too (whole, to a compactd without
+        ImportSessionChunked).
         """
+        text = import_text(export, chunk_bytes)
+        if text is not None:
+            head = import_request("", session_id, limits, config, replace, keep_compactions)
+            try:
+                return await self._unary(
+                    self.stub.ImportSessionChunked, import_chunks(text, head, chunk_bytes)
+                )
+            except CompactdError as e:
+                if e.code != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
         req = import_request(export, session_id, limits, config, replace, keep_compactions)
-        chunks = import_chunks(export, req, chunk_bytes)
-        if chunks is None:
-            return await self._unary(self.stub.ImportSession, req)
-        return await self._unary(self.stub.ImportSessionChunked, chunks)
+        return await self._unary(self.stub.ImportSession, req)
 
     async def upsert_message(self, session_id: str, message: pb.MessageInfo) -> UpdateResult:
         """Inserts a message or updates it in place."""

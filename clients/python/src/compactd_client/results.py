@@ -154,19 +154,18 @@ def import_request(
     return req
 
 
-IMPORT_CHUNK_BYTES = 4 * 1024 * 1024
+IMPORT_CHUNK_BYTES = 960 * 1024
 """An import past this many bytes goes in chunks of this size (ImportSessionChunked): one
-ImportSession request may be at most compactd's ``max_update_bytes`` (16 MiB by default)."""
+ImportSession request may be at most compactd's ``max_update_bytes`` (16 MiB by default),
+and a chunk under 1 MiB decodes outside the server's few slots for large requests."""
 
 
-def import_chunks(
-    export: Union[str, bytes, Mapping[str, Any]],
-    req: pb.ImportSessionRequest,
-    chunk_bytes: int,
-) -> Optional[Iterator[pb.ImportSessionChunk]]:
-    """The chunks of an ImportSessionChunked call when ``req`` (from :func:`import_request`)
-    is over ``chunk_bytes`` (0: never), the document as JSON text; None when it goes whole."""
-    if chunk_bytes <= 0 or req.ByteSize() <= chunk_bytes:
+def import_text(export: Union[str, bytes, Mapping[str, Any]], chunk_bytes: int) -> Optional[bytes]:
+    """The document as JSON text when it is over ``chunk_bytes`` (0: never), so it goes
+    in chunks; None when it goes whole, in one ImportSession."""
+    if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 0:
+        raise ValueError(f"chunk_bytes must be a whole number of bytes >= 0, not {chunk_bytes!r}")
+    if chunk_bytes == 0:
         return None
     if isinstance(export, bytes):
         text = export
@@ -174,20 +173,20 @@ def import_chunks(
         text = export.encode()
     else:
         text = json.dumps(dict(export), ensure_ascii=False, separators=(",", ":")).encode()
-    head = pb.ImportSessionRequest()
-    head.CopyFrom(req)
-    head.ClearField("export_json")
-    head.ClearField("export")
+    return text if len(text) > chunk_bytes else None
 
-    def chunks() -> Iterator[pb.ImportSessionChunk]:
-        view = memoryview(text)
-        for at in range(0, len(text), chunk_bytes):
-            chunk = pb.ImportSessionChunk(export_json=bytes(view[at : at + chunk_bytes]))
-            if at == 0:
-                chunk.request.CopyFrom(head)
-            yield chunk
 
-    return chunks()
+def import_chunks(
+    text: bytes, head: pb.ImportSessionRequest, chunk_bytes: int
+) -> Iterator[pb.ImportSessionChunk]:
+    """An ImportSessionChunked call's chunks: ``head`` (a request without its document)
+    rides on the first, and ``text`` is cut every ``chunk_bytes``."""
+    view = memoryview(text)
+    for at in range(0, len(text), chunk_bytes):
+        chunk = pb.ImportSessionChunk(export_json=bytes(view[at : at + chunk_bytes]))
+        if at == 0:
+            chunk.request.CopyFrom(head)
+        yield chunk
 
 
 def compact_options(
