@@ -514,6 +514,7 @@ pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
         journal,
         next: None,
         failed: false,
+        recovering: false,
     };
     // No parent: the request that happened to open the session is not the context of
     // everything it logs afterwards.
@@ -541,6 +542,9 @@ struct Actor {
     /// A commit failed and the session could not be reloaded: it has left the map, and
     /// the jobs still queued are dropped unrun.
     failed: bool,
+    /// A job panicked on a durable session: what memory holds may be half changed, and
+    /// is rebuilt ([`Actor::recover`]) before the next job runs.
+    recovering: bool,
 }
 
 impl Drop for Actor {
@@ -626,7 +630,7 @@ impl Actor {
                     self.run_job(job);
                     // Run what else is queued before looking at the batch again.
                     for _ in 1..JOBS_PER_TURN {
-                        if self.blocked() {
+                        if self.blocked() || self.recovering {
                             break;
                         }
                         match self.rx.try_recv() {
@@ -639,6 +643,9 @@ impl Actor {
                             }
                             Err(_) => break,
                         }
+                    }
+                    if self.recovering {
+                        self.recover().await;
                     }
                     self.me
                         .used
@@ -776,12 +783,32 @@ impl Actor {
                 // running the job on what memory holds could log changes on a state the
                 // disk never had. Dropping it answers its caller that the session is
                 // gone; so does a session a panicking job took down (no cell).
-                Some(locked) if !self.failed => Some(locked.run(
-                    &self.me.published,
-                    &self.me.store,
-                    logging.then_some(&mut changes),
-                    job,
-                )),
+                Some(locked) if !self.failed && !self.recovering => {
+                    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        locked.run(
+                            &self.me.published,
+                            &self.me.store,
+                            logging.then_some(&mut changes),
+                            job,
+                        )
+                    }));
+                    match ran {
+                        Ok(deliver) => Some(deliver),
+                        Err(_) => {
+                            // Its caller is answered by its dropped reply. A durable
+                            // session is rebuilt from the disk and the changes since;
+                            // one in memory, whose only copy this was, is dropped.
+                            tracing::error!("a job panicked on the session");
+                            changes.clear();
+                            if logging {
+                                self.recovering = true;
+                            } else {
+                                *cell = None;
+                            }
+                            None
+                        }
+                    }
+                }
                 _ => None,
             };
             // Under the cell's lock: a handle that finds no job queued knows this one
@@ -1003,6 +1030,88 @@ impl Actor {
             // Only now: a failed one has put back what the map held (a replacement waits
             // for this before it replaces the session).
             self.me.creating.store(false, Ordering::Release);
+        }
+    }
+
+    /// After a job panicked on a durable session, whose copy in memory may be half
+    /// changed: rebuilds it from what the disk holds and the changes logged since (each
+    /// from a job that ran whole), replayed as a load replays its log, so it is exactly
+    /// as before the job and its unsent changes are written as they were. Where that
+    /// cannot be done exactly (the next write was to be the session whole, or the disk
+    /// does not read back), the session leaves memory and loads from the disk on its next
+    /// use, losing what a crash would lose.
+    async fn recover(&mut self) {
+        self.recovering = false;
+        if let Some((rx, _)) = self.journal.as_mut().and_then(|j| j.outstanding.as_mut()) {
+            // The batch in flight lands first: then the disk holds every change sent.
+            let r = rx.await.unwrap_or(Err(BackendError::Closed));
+            self.committed(r).await;
+        }
+        if self.failed {
+            return;
+        }
+        let Some(j) = self.journal.as_mut() else {
+            return;
+        };
+        if j.resync || j.recreate {
+            tracing::error!("the session cannot be rebuilt after a panic; dropping it from memory");
+            self.drop_from_map(Some(Previous::Cold));
+            return;
+        }
+        let pending: Vec<Vec<u8>> = j
+            .unsent
+            .iter()
+            .filter_map(|w| match w {
+                Write::Append { change, .. } => Some(change.clone()),
+                _ => None,
+            })
+            .collect();
+        let expected = j.d.seq;
+        let incarnation = j.d.incarnation;
+        let backend = j.d.backend.clone();
+        let id = self.me.id.to_string();
+        let config = self.config.clone();
+        let rebuilt = tokio::task::spawn_blocking(move || -> Result<restore::Restored, String> {
+            let stored = backend
+                .load(&id)
+                .map_err(|e| e.to_string())?
+                .ok_or("the session is no longer stored")?;
+            let mut r = restore::restore(&id, stored, &config).map_err(|e| e.to_string())?;
+            for bytes in pending {
+                let change = crate::engine::decode_change(&bytes).map_err(|e| e.to_string())?;
+                match r.session.replay(change, &config) {
+                    crate::engine::Performed::Step(Err(e)) => return Err(e.to_string()),
+                    crate::engine::Performed::CommitCompaction(Err(e)) => {
+                        return Err(e.to_string());
+                    }
+                    _ => {}
+                }
+                r.seq = r.seq.saturating_add(1);
+            }
+            Ok(r)
+        })
+        .await;
+        match rebuilt {
+            Ok(Ok(r)) if r.incarnation == incarnation && r.seq == expected => {
+                if let Some(locked) = lock_cell(&self.me).as_mut() {
+                    locked.session = r.session;
+                    locked.cache.clear();
+                    locked.account(&self.me.published);
+                }
+                tracing::warn!("the session was rebuilt from the disk after a panic");
+            }
+            other => {
+                let why = match other {
+                    Ok(Err(e)) => e,
+                    Err(e) => e.to_string(),
+                    Ok(Ok(r)) => format!(
+                        "the disk holds incarnation {} up to change {}, not {incarnation} up to {expected}",
+                        r.incarnation, r.seq
+                    ),
+                };
+                tracing::error!(error = %why, "cannot rebuild the session after a panic; dropping it from memory");
+                self.drop_from_map(Some(Previous::Cold));
+            }
         }
     }
 

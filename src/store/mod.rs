@@ -1040,3 +1040,7 @@ mod load_tests;
 #[cfg(test)]
 #[path = "inline_tests.rs"]
 mod inline_tests;
+
+#[cfg(test)]
+#[path = "panic_tests.rs"]
+mod panic_tests;
