@@ -390,6 +390,9 @@ struct Journal {
     unsent_bytes: u64,
     /// Results waiting for `unsent` to be durable.
     waiting: Vec<Deliver>,
+    /// When the oldest change not yet sent was acknowledged (under `interval`, the next
+    /// batch is on disk within the interval of it, not of its sending).
+    unsent_since: Option<std::time::Instant>,
     /// The batch being committed and the results waiting for it.
     outstanding: Option<(Committed, Vec<Deliver>)>,
     /// A commit failed under `Interval`: the next batch carries a full snapshot.
@@ -467,6 +470,7 @@ pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
             unsent: Vec::new(),
             unsent_bytes: 0,
             waiting: Vec::new(),
+            unsent_since: None,
             creating: outstanding.is_some(),
             outstanding,
             replaced,
@@ -840,6 +844,9 @@ impl Actor {
                 // it covers these changes, which are not kept to be sent before it (a
                 // disk that stays full would have them pile up for the whole wait).
                 let whole_next = !j.waits && (j.resync || j.recreate);
+                if !changes.is_empty() && j.unsent_since.is_none() {
+                    j.unsent_since = Some(std::time::Instant::now());
+                }
                 for change in changes {
                     j.d.seq = j.d.seq.saturating_add(1);
                     if whole_next {
@@ -911,11 +918,15 @@ impl Actor {
             j.unsent_bytes = 0;
             j.creating = true;
             let waiting = std::mem::take(&mut j.waiting);
-            let rx = j.d.backend.write(vec![Write::Create {
+            let create = vec![Write::Create {
                 id: self.me.id.to_string(),
                 incarnation: j.d.incarnation,
                 snapshot,
-            }]);
+            }];
+            let rx = match j.unsent_since.take() {
+                Some(since) => j.d.backend.write_since(create, since),
+                None => j.d.backend.write(create),
+            };
             drop(map);
             j.outstanding = Some((rx, waiting));
             return;
@@ -941,7 +952,10 @@ impl Actor {
         let writes = std::mem::take(&mut j.unsent);
         j.unsent_bytes = 0;
         let waiting = std::mem::take(&mut j.waiting);
-        let rx = j.d.backend.write(writes);
+        let rx = match j.unsent_since.take() {
+            Some(since) => j.d.backend.write_since(writes, since),
+            None => j.d.backend.write(writes),
+        };
         j.outstanding = Some((rx, waiting));
     }
 

@@ -219,8 +219,14 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         None
     }
     /// Queues `writes` (applied in order, all or none); the receiver resolves when they
-    /// are durable, or at once under `Durability::Interval` once they are queued.
+    /// are durable (under `Durability::Interval` too: acknowledging them is the caller's).
     fn write(&self, writes: Vec<Write>) -> Committed;
+    /// [`Self::write`] of changes the oldest of which was acknowledged at `since`: under
+    /// `Durability::Interval` they are on disk within the interval of that moment, not of
+    /// this call (a session's batch waits for the one before it to land).
+    fn write_since(&self, writes: Vec<Write>, _since: std::time::Instant) -> Committed {
+        self.write(writes)
+    }
     /// The backend's state, for health and metrics.
     fn state(&self) -> BackendState;
     /// When writes are acknowledged.

@@ -1044,3 +1044,7 @@ mod inline_tests;
 #[cfg(test)]
 #[path = "panic_tests.rs"]
 mod panic_tests;
+
+#[cfg(test)]
+#[path = "interval_tests.rs"]
+mod interval_tests;

@@ -42,6 +42,9 @@ const WRITER_CACHE_KIB: u32 = 16 << 10;
 struct Request {
     writes: Vec<Write>,
     done: oneshot::Sender<Result<(), BackendError>>,
+    /// When the oldest of its changes was acknowledged (under `interval`, the writer
+    /// commits within the interval of it).
+    since: Option<Instant>,
 }
 
 /// SQLite behind the [`Backend`] trait.
@@ -107,6 +110,27 @@ fn lock_data_dir(dir: &Path) -> Result<File, BackendError> {
 }
 
 impl Sqlite {
+    /// Queues one request for the writer (answered `Closed` once it has stopped).
+    fn queue_request(&self, writes: Vec<Write>, since: Option<Instant>) -> Committed {
+        let (done, rx) = oneshot::channel();
+        let queue = self.queue.read().unwrap_or_else(|e| e.into_inner());
+        let request = Request {
+            writes,
+            done,
+            since,
+        };
+        match queue.as_ref() {
+            Some(q) => {
+                if let Err(mpsc::SendError(r)) = q.send(request) {
+                    let _ = r.done.send(Err(BackendError::Closed));
+                }
+            }
+            None => {
+                let _ = request.done.send(Err(BackendError::Closed));
+            }
+        }
+        rx
+    }
     /// Opens (or creates) the database in `dir` and starts its writer.
     /// `observer` hears each commit (the server turns them into metrics). With
     /// `max_disk_bytes` (0: none) the database stops growing there: a write past it fails
@@ -320,11 +344,16 @@ fn run_writer(
 ) {
     while let Ok(first) = rx.recv() {
         let mut bytes: usize = first.writes.iter().map(Write::bytes).sum();
-        let mut batch = vec![first];
-        let deadline = match durability {
-            Durability::Interval(d) => Some(Instant::now() + d),
+        // Under `interval`, within the interval of the oldest change acknowledged.
+        let due = |r: &Request, d: Duration| {
+            let since = r.since.unwrap_or_else(Instant::now);
+            since.checked_add(d).unwrap_or(since)
+        };
+        let mut deadline = match durability {
+            Durability::Interval(d) => Some(due(&first, d)),
             _ => None,
         };
+        let mut batch = vec![first];
         while bytes < MAX_BATCH_BYTES {
             let next = match deadline {
                 None => rx.try_recv().ok(),
@@ -334,6 +363,9 @@ fn run_writer(
             };
             let Some(next) = next else { break };
             bytes = bytes.saturating_add(next.writes.iter().map(Write::bytes).sum());
+            if let (Some(at), Durability::Interval(d)) = (deadline, durability) {
+                deadline = Some(at.min(due(&next, d)));
+            }
             batch.push(next);
         }
         let began = Instant::now();
@@ -587,20 +619,11 @@ impl Backend for Sqlite {
     }
 
     fn write(&self, writes: Vec<Write>) -> Committed {
-        let (done, rx) = oneshot::channel();
-        let queue = self.queue.read().unwrap_or_else(|e| e.into_inner());
-        let request = Request { writes, done };
-        match queue.as_ref() {
-            Some(q) => {
-                if let Err(mpsc::SendError(r)) = q.send(request) {
-                    let _ = r.done.send(Err(BackendError::Closed));
-                }
-            }
-            None => {
-                let _ = request.done.send(Err(BackendError::Closed));
-            }
-        }
-        rx
+        self.queue_request(writes, None)
+    }
+
+    fn write_since(&self, writes: Vec<Write>, since: Instant) -> Committed {
+        self.queue_request(writes, Some(since))
     }
 
     fn state(&self) -> BackendState {
