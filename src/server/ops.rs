@@ -401,7 +401,9 @@ where
 const MAX_RELOADS: u32 = 3;
 
 /// The actor's side of an update: apply it, count it, and publish what the engine noticed
-/// to the watchers (inside the actor, so the bus keeps the session's order).
+/// to the watchers (from the actor, so the bus keeps the session's order, once the update
+/// is durable: under `sync` a change the disk refuses is undone, and watchers must not
+/// have heard of it).
 fn step(
     hub: &Arc<Hub>,
     session_id: &str,
@@ -415,11 +417,15 @@ fn step(
         for e in &report.events {
             match e {
                 Event::Overflow(check) => crate::telemetry::overflow(check),
-                Event::Pruned(r) => crate::telemetry::pruned(r, "auto"),
+                Event::Pruned(r) => {
+                    let r = r.clone();
+                    s.when_durable(move || crate::telemetry::pruned(&r, "auto"));
+                }
                 Event::CompactionNeeded(_) => {}
             }
             if let Some(b) = reply::bus_event(e) {
-                hub.publish(&sid, b);
+                let (hub, sid) = (hub.clone(), sid.clone());
+                s.when_durable(move || hub.publish(&sid, b));
             }
         }
         Ok(report)
@@ -456,7 +462,8 @@ fn run_prune(
             PruneMode::Commit
         };
         let report = s.prune(mode, now_ms());
-        crate::telemetry::pruned(&report, "request");
+        let counted = report.clone();
+        s.when_durable(move || crate::telemetry::pruned(&counted, "request"));
         Ok(report)
     }
 }

@@ -218,7 +218,14 @@ impl SessionHandle {
             .store(millis_since(state.clock), Ordering::Relaxed);
         drop(gate);
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            locked.run(&state.published, &state.store, None, f)
+            // In memory: durable as soon as it has run.
+            locked.run(&state.published, &state.store, None, |tx, config| {
+                let r = f(tx, config);
+                for f in tx.take_when_durable() {
+                    f();
+                }
+                r
+            })
         }));
         // The idle TTL counts from the job's end, as for the actor's jobs.
         state
@@ -297,7 +304,13 @@ impl SessionHandle {
         let (tx, rx) = oneshot::channel();
         let job: Job = Box::new(move |s, config| {
             let r = f(s, config);
+            let then = s.take_when_durable();
             Box::new(move |durable: Result<(), StoreError>| {
+                if durable.is_ok() {
+                    for f in then {
+                        f();
+                    }
+                }
                 // The caller may have gone away; the job's effect on the session stands.
                 let _ = tx.send(durable.map(|()| r));
             })

@@ -812,3 +812,34 @@ async fn a_stored_session_far_past_the_limit_is_refused_unread() {
     store.close().await;
     on_disk(d.path(), "big").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_waits_for_durability_runs_only_for_changes_the_disk_took() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let d = tempfile::tempdir().expect("dir");
+    let store = durable(d.path(), Limits::default(), 256 << 10);
+    let (h, _) = store.open(info("s")).await.expect("open");
+    feed(&h, turn(0, 1, 1_000)).await;
+    let heard = Arc::new(AtomicUsize::new(0));
+    let job = |update: Update| {
+        let heard = heard.clone();
+        move |s: &mut Tx<'_>, _: &EngineConfig| {
+            let r = s.step(update, NOW);
+            s.when_durable(move || {
+                heard.fetch_add(1, SeqCst);
+            });
+            r
+        }
+    };
+    let small = Update::UpsertPart(tool("a0", "small", "x".repeat(100)));
+    h.call(job(small)).await.expect("durable").expect("applied");
+    assert_eq!(heard.load(SeqCst), 1, "run once the change is on disk");
+    let big = Update::UpsertPart(tool("a0", "huge", "y".repeat(600_000)));
+    let refused = h.call(job(big)).await;
+    assert!(
+        matches!(refused, Err(StoreError::Storage(BackendError::Full(_)))),
+        "{refused:?}"
+    );
+    assert_eq!(heard.load(SeqCst), 1, "never for a change the disk refused");
+    store.close().await;
+}

@@ -196,3 +196,18 @@ async fn a_session_dead_of_a_panic_frees_its_id_at_once() {
     ran(&again, add("m1"), "it runs");
     assert_eq!(ids(&again).await, ["m1"]);
 }
+
+/// In memory a change is durable once it has run: what waits for that runs at once.
+#[tokio::test(flavor = "current_thread")]
+async fn an_inline_job_runs_what_waits_for_durability_at_once() {
+    let store = Store::new(EngineConfig::default());
+    let (handle, _) = store.open(info("s")).await.expect("open");
+    let heard = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let h = heard.clone();
+    ran(
+        &handle,
+        move |s, _| s.when_durable(move || h.store(true, Ordering::SeqCst)),
+        "idle",
+    );
+    assert!(heard.load(Ordering::SeqCst));
+}

@@ -20,6 +20,8 @@ pub struct Tx<'a> {
     config: &'a EngineConfig,
     /// Encoded changes, when the store is durable.
     log: Option<&'a mut Vec<Vec<u8>>>,
+    /// What runs once the job's changes are durable ([`Tx::when_durable`]).
+    durable: Vec<Box<dyn FnOnce() + Send>>,
 }
 
 impl Deref for Tx<'_> {
@@ -44,7 +46,20 @@ impl<'a> Tx<'a> {
             cache,
             config,
             log,
+            durable: Vec::new(),
         }
+    }
+
+    /// Runs `f` once this job's changes are durable (at once when nothing is on disk, or
+    /// under `interval`), never when the disk refuses them and they are undone: what a
+    /// watcher is told, or a metric counts, must not be taken back.
+    pub fn when_durable(&mut self, f: impl FnOnce() + Send + 'static) {
+        self.durable.push(Box::new(f));
+    }
+
+    /// What the job asked to run once durable ([`Tx::when_durable`]).
+    pub(super) fn take_when_durable(&mut self) -> Vec<Box<dyn FnOnce() + Send>> {
+        std::mem::take(&mut self.durable)
     }
 
     /// The session with its context cache, to build a context that renders only the
