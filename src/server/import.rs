@@ -14,19 +14,34 @@ use std::time::Instant;
 use tonic::{Status, Streaming};
 
 use super::convert;
+use super::hub::Hub;
 use super::ops;
 use super::pb;
-use super::service::SessionsService;
 use super::status::Rejection;
 use crate::config::SessionOverrides;
 use crate::domain::ModelLimits;
 use crate::engine::ByteLimit;
-use crate::store::{Ledger, Reservation};
+use crate::engine::Trail;
+use crate::store::{Ledger, Reservation, Store};
 use crate::trace;
 
 /// The slowest pace a chunked import may arrive at (after its first grace period): a
 /// client trickling bytes would otherwise hold what it sent for as long as it liked.
 const MIN_UPLOAD_BYTES_PER_SEC: u64 = 256 * 1024;
+
+/// Imports parsed at once: parsing is CPU work on the blocking pool, and each holds its
+/// document and what it built so far.
+pub const MAX_CONCURRENT_IMPORTS: usize = 2;
+
+/// What imports need of the server: the hub (the store, running compactions) and the
+/// turns of the parse.
+#[derive(Debug, Clone)]
+pub(super) struct Importer {
+    hub: Arc<Hub>,
+    store: Arc<Store>,
+    /// Imports parsing at once; more wait their turn.
+    imports: Arc<tokio::sync::Semaphore>,
+}
 
 /// The export document as the client sent it.
 pub(super) enum Document {
@@ -65,7 +80,7 @@ pub(super) fn document(req: &mut pb::ImportSessionRequest) -> Result<Document, S
 
 /// The import's settings, checked: its config overrides and the model limits.
 fn settings(
-    service: &SessionsService,
+    service: &Importer,
     req: &pb::ImportSessionRequest,
 ) -> Result<(SessionOverrides, ModelLimits), Rejection> {
     let overrides = match req.config.clone() {
@@ -106,7 +121,35 @@ fn too_large(bytes: usize, limit: ByteLimit) -> Status {
     .into()
 }
 
-impl SessionsService {
+impl Importer {
+    /// An importer over `hub`'s store.
+    pub(super) fn new(hub: Arc<Hub>) -> Importer {
+        Importer {
+            store: hub.store.clone(),
+            hub,
+            imports: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_IMPORTS)),
+        }
+    }
+
+    /// The compactions of the session an import replaces (`keep_compactions`). Whatever
+    /// keeps them from being read (no such session, a stored copy that does not load, the
+    /// memory budget) leaves the import as the host sent it: a replace must still repair
+    /// a session that cannot be read.
+    async fn compaction_trail(&self, session_id: &str) -> Option<Trail> {
+        match ops::compaction_trail(&self.hub, session_id)
+            .await
+            .outcome(session_id)
+            .await
+        {
+            Ok(trail) => Some(trail),
+            Err(r) if r.code == tonic::Code::NotFound => None,
+            Err(r) => {
+                tracing::warn!(session_id, error = %r.message, "import keeps no compaction: the replaced session could not be read");
+                None
+            }
+        }
+    }
+
     /// Gathers an ImportSessionChunked call: its request (first chunk, checked at once)
     /// and its document (every chunk's bytes, joined), counted in flight as they arrive.
     /// Refused: a document past the store's import limit or the in-flight share, an empty
@@ -322,7 +365,7 @@ impl SessionsService {
             );
         }
         tracing::info!(session_id = %id, messages, parts, "session imported");
-        self.summary(&id, true).await
+        Ok(ops::summary(&self.store, &id, true).await?)
     }
 }
 

@@ -471,3 +471,15 @@ fn run_prune(
 fn overflow_check(s: &mut Tx<'_>, _: &EngineConfig) -> Result<OverflowCheck, Rejection> {
     Ok(s.check_overflow(Trigger::Request))
 }
+
+/// A session's summary (OpenSession's and an import's reply).
+pub async fn summary(
+    store: &crate::store::Store,
+    session_id: &str,
+    created: bool,
+) -> Result<super::pb::SessionSummary, Rejection> {
+    let handle = store.get(session_id).await?;
+    Ok(handle
+        .call(move |s, _| super::convert::summary_to_pb(s, created))
+        .await?)
+}

@@ -12,7 +12,7 @@ use super::compaction::{self, Sink};
 use super::convert;
 use super::held_reply;
 use super::hub::Hub;
-use super::import;
+use super::import::{self, Importer};
 use super::ops;
 use super::pb;
 use super::reply::{self, Reply};
@@ -20,7 +20,7 @@ use super::request::{
     check_size, context_format, delete_update, pin_update, recall_key, usage_update,
 };
 use super::status::Rejection;
-use crate::engine::{Trail, Update};
+use crate::engine::Update;
 use crate::store::{Reservation, Store};
 
 pub use super::stream::EventStream;
@@ -28,25 +28,21 @@ pub use super::stream::EventStream;
 /// The service state: the shared hub and the per-update size limit.
 #[derive(Debug, Clone)]
 pub struct SessionsService {
-    pub(super) hub: Arc<Hub>,
-    pub(super) store: Arc<Store>,
+    hub: Arc<Hub>,
+    store: Arc<Store>,
     max_update_bytes: usize,
-    /// Imports parsing at once; more wait their turn.
-    pub(super) imports: Arc<tokio::sync::Semaphore>,
+    /// ImportSession and ImportSessionChunked.
+    importer: Importer,
 }
-
-/// Imports parsed at once: parsing is CPU work on the blocking pool, and each holds its
-/// document and what it built so far.
-pub const MAX_CONCURRENT_IMPORTS: usize = 2;
 
 impl SessionsService {
     /// A service over `hub`.
     pub fn new(hub: Arc<Hub>, max_update_bytes: usize) -> Self {
         SessionsService {
             store: hub.store.clone(),
+            importer: Importer::new(hub.clone()),
             hub,
             max_update_bytes,
-            imports: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_IMPORTS)),
         }
     }
 
@@ -83,35 +79,8 @@ impl SessionsService {
         Ok(Response::new(pb::UpdateResponse { events }))
     }
 
-    pub(super) async fn summary(
-        &self,
-        session_id: &str,
-        created: bool,
-    ) -> Result<pb::SessionSummary, Status> {
-        let handle = self.store.get(session_id).await.map_err(Rejection::from)?;
-        handle
-            .call(move |s, _| convert::summary_to_pb(s, created))
-            .await
-            .map_err(|e| Status::from(Rejection::from(e)))
-    }
-
-    /// The compactions of the session an import replaces (`keep_compactions`). Whatever
-    /// keeps them from being read (no such session, a stored copy that does not load, the
-    /// memory budget) leaves the import as the host sent it: a replace must still repair
-    /// a session that cannot be read.
-    pub(super) async fn compaction_trail(&self, session_id: &str) -> Option<Trail> {
-        match ops::compaction_trail(&self.hub, session_id)
-            .await
-            .outcome(session_id)
-            .await
-        {
-            Ok(trail) => Some(trail),
-            Err(r) if r.code == tonic::Code::NotFound => None,
-            Err(r) => {
-                tracing::warn!(session_id, error = %r.message, "import keeps no compaction: the replaced session could not be read");
-                None
-            }
-        }
+    async fn summary(&self, session_id: &str, created: bool) -> Result<pb::SessionSummary, Status> {
+        Ok(ops::summary(&self.store, session_id, created).await?)
     }
 
     /// Refuses a request over `max_update_bytes`; otherwise counts its bytes in flight
@@ -411,15 +380,19 @@ impl pb::sessions_server::Sessions for SessionsService {
         let mut req = request.into_inner();
         let held = self.check_size(&req)?;
         let document = import::document(&mut req)?;
-        Ok(Response::new(self.import(req, document, held).await?))
+        Ok(Response::new(
+            self.importer.import(req, document, held).await?,
+        ))
     }
 
     async fn import_session_chunked(
         &self,
         request: Request<Streaming<pb::ImportSessionChunk>>,
     ) -> Result<Response<pb::SessionSummary>, Status> {
-        let (req, document, held) = self.collect(request.into_inner()).await?;
-        Ok(Response::new(self.import(req, document, held).await?))
+        let (req, document, held) = self.importer.collect(request.into_inner()).await?;
+        Ok(Response::new(
+            self.importer.import(req, document, held).await?,
+        ))
     }
 
     async fn pin(
