@@ -49,7 +49,7 @@ pub fn check_id(field: &str, id: &str) -> Result<(), InvalidField> {
 }
 
 /// An id that may be empty, bounded like every id.
-fn check_optional_id(field: &str, id: &str) -> Result<(), InvalidField> {
+pub fn check_optional_id(field: &str, id: &str) -> Result<(), InvalidField> {
     if id.len() > MAX_ID_BYTES {
         return Err(invalid(
             field,

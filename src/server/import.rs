@@ -39,6 +39,8 @@ pub const MAX_CONCURRENT_IMPORTS: usize = 2;
 pub(super) struct Importer {
     hub: Arc<Hub>,
     store: Arc<Store>,
+    /// What one ImportSession may carry: a chunked import may always send as much.
+    max_update_bytes: usize,
     /// Imports parsing at once; more wait their turn.
     imports: Arc<tokio::sync::Semaphore>,
 }
@@ -123,10 +125,11 @@ fn too_large(bytes: usize, limit: ByteLimit) -> Status {
 
 impl Importer {
     /// An importer over `hub`'s store.
-    pub(super) fn new(hub: Arc<Hub>) -> Importer {
+    pub(super) fn new(hub: Arc<Hub>, max_update_bytes: usize) -> Importer {
         Importer {
             store: hub.store.clone(),
             hub,
+            max_update_bytes,
             imports: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_IMPORTS)),
         }
     }
@@ -161,7 +164,11 @@ impl Importer {
         mut chunks: Streaming<pb::ImportSessionChunk>,
     ) -> Result<(pb::ImportSessionRequest, Document, Reservation), Status> {
         let ledger = self.store.ledger();
-        let limit = self.store.limits().import_limit();
+        let mut limit = self.store.limits().import_limit();
+        // Never under what one ImportSession may carry (which may be parsed past the
+        // share, alone): the chunked call is for larger documents, not fewer.
+        let floor = u64::try_from(self.max_update_bytes).unwrap_or(u64::MAX);
+        limit.bytes = limit.bytes.max(floor);
         let grace = self.hub.slow_reader_grace;
         let began = Instant::now();
         let mut request: Option<pb::ImportSessionRequest> = None;
@@ -191,7 +198,8 @@ impl Importer {
                         )
                         .into());
                     }
-                    crate::domain::check_id("session_id", &r.session_id)
+                    // Optional: it overrides the document's own id (checked once parsed).
+                    crate::domain::check_optional_id("session_id", &r.session_id)
                         .map_err(|e| Rejection::from(e).within("request"))?;
                     settings(self, &r).map_err(|e| Status::from(e.within("request")))?;
                     request = Some(r);

@@ -416,7 +416,10 @@ fn step(
         let report = crate::telemetry::update(kind, || s.step(*update, now_ms()))?;
         for e in &report.events {
             match e {
-                Event::Overflow(check) => crate::telemetry::overflow(check),
+                Event::Overflow(check) => {
+                    let check = check.clone();
+                    s.when_durable(move || crate::telemetry::overflow(&check));
+                }
                 Event::Pruned(r) => {
                     let r = r.clone();
                     s.when_durable(move || crate::telemetry::pruned(&r, "auto"));

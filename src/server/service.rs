@@ -40,7 +40,7 @@ impl SessionsService {
     pub fn new(hub: Arc<Hub>, max_update_bytes: usize) -> Self {
         SessionsService {
             store: hub.store.clone(),
-            importer: Importer::new(hub.clone()),
+            importer: Importer::new(hub.clone(), max_update_bytes),
             hub,
             max_update_bytes,
         }

@@ -118,7 +118,8 @@ struct State {
     /// only when none is, so the session's order holds. Lowered under `cell`'s lock.
     queued: AtomicU64,
     /// The session, taken by the actor for each job, and by a handle for a job it runs
-    /// inline. None once the actor has stopped (a panicking job empties it too).
+    /// inline. None once the actor has stopped, or once a job panicked on a session in
+    /// memory (a durable one is rebuilt instead).
     cell: Mutex<Option<Locked>>,
     /// Handles may run jobs inline: an in-memory session (a durable one's results wait on
     /// its journal, which only the actor keeps).
@@ -221,9 +222,7 @@ impl SessionHandle {
             // In memory: durable as soon as it has run.
             locked.run(&state.published, &state.store, None, |tx, config| {
                 let r = f(tx, config);
-                for f in tx.take_when_durable() {
-                    f();
-                }
+                run_when_durable(tx.take_when_durable());
                 r
             })
         }));
@@ -307,9 +306,7 @@ impl SessionHandle {
             let then = s.take_when_durable();
             Box::new(move |durable: Result<(), StoreError>| {
                 if durable.is_ok() {
-                    for f in then {
-                        f();
-                    }
+                    run_when_durable(then);
                 }
                 // The caller may have gone away; the job's effect on the session stands.
                 let _ = tx.send(durable.map(|()| r));
@@ -1119,8 +1116,10 @@ impl Actor {
         })
         .await;
         match rebuilt {
-            Ok(Ok(r)) if r.incarnation == incarnation && r.seq == expected => {
+            Ok(Ok(mut r)) if r.incarnation == incarnation && r.seq == expected => {
                 if let Some(locked) = lock_cell(&self.me).as_mut() {
+                    // The same value as before the job: a compaction planned on it commits.
+                    r.session.resume_generation(locked.session.generation());
                     locked.session = r.session;
                     locked.cache.clear();
                     locked.account(&self.me.published);
@@ -1159,11 +1158,14 @@ impl Actor {
         })
         .await;
         match loaded {
-            Ok(Ok(Some(r))) if r.incarnation == j.d.incarnation => {
+            Ok(Ok(Some(mut r))) if r.incarnation == j.d.incarnation => {
                 j.d.seq = r.seq;
                 j.d.log_bytes = r.log_bytes;
                 j.d.snapshot_bytes = r.snapshot_bytes;
                 if let Some(locked) = lock_cell(&self.me).as_mut() {
+                    // The same session, short of the refused change: a compaction running
+                    // on it still commits.
+                    r.session.resume_generation(locked.session.generation());
                     locked.session = r.session;
                     locked.cache.clear();
                     locked.account(&self.me.published);
@@ -1328,8 +1330,18 @@ fn lock(gate: &Mutex<bool>) -> std::sync::MutexGuard<'_, bool> {
     gate.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The session's lock. A job that panicked poisoned it, leaving the session half
-/// changed: it is dropped, as the actor's panic dropped it before jobs could run inline.
+/// Runs what a job asked to run once durable (`Tx::when_durable`); one that panics is
+/// logged and the rest run, as the actor must go on (a panic here would end it).
+fn run_when_durable(then: Vec<Box<dyn FnOnce() + Send>>) {
+    for f in then {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+            tracing::error!("what waited for a change to be durable panicked");
+        }
+    }
+}
+
+/// The session's lock. Jobs run under `catch_unwind`, so a poisoned lock means something
+/// else panicked while holding it, leaving the session maybe half changed: it is dropped.
 fn lock_cell(state: &State) -> std::sync::MutexGuard<'_, Option<Locked>> {
     state.cell.lock().unwrap_or_else(|e| {
         let mut cell = e.into_inner();

@@ -326,6 +326,7 @@ async fn a_full_disk_refuses_the_update_and_leaves_the_session_as_it_was() {
     let (h, _) = store.open(info("s")).await.expect("open");
     feed(&h, turn(0, 1, 1_000)).await;
     let before = observed(&h).await;
+    let generation = h.call(|s, _| s.generation()).await.expect("served");
     let big = Update::UpsertPart(tool("a0", "huge", "y".repeat(600_000)));
     let refused = h.call(move |s, _| s.step(big, NOW)).await;
     match refused {
@@ -336,6 +337,11 @@ async fn a_full_disk_refuses_the_update_and_leaves_the_session_as_it_was() {
         observed(&h).await,
         before,
         "nothing unacknowledged stays applied"
+    );
+    assert_eq!(
+        h.call(|s, _| s.generation()).await.expect("served"),
+        generation,
+        "the same session: a compaction running on it still commits"
     );
     let backend = store.backend().expect("durable").clone();
     assert!(matches!(backend.state(), BackendState::Failing(_)));

@@ -186,7 +186,8 @@ async fn a_malformed_chunked_import_names_its_field_and_leaves_the_session_as_it
 }
 
 /// A server whose in-flight share is 512 KiB (a budget of 4 MiB): one import may send at
-/// most 256 KiB; and a slow-reader grace of `grace`.
+/// most 256 KiB (a request at most 64 KiB, so the share binds); and a slow-reader grace
+/// of `grace`.
 async fn tight(grace: Duration) -> TestServer {
     let store =
         compactd::store::Store::new(chars4_unless_named(Default::default())).with_limits(Limits {
@@ -195,9 +196,15 @@ async fn tight(grace: Duration) -> TestServer {
         });
     let options = ServerOptions {
         slow_reader_grace: grace,
+        max_update_bytes: SMALL_CAP,
         ..ServerOptions::default()
     };
     start_server_on(store, options).await
+}
+
+/// `doc` in pieces of 32 KiB, under the tight server's request cap.
+fn cut(doc: Vec<u8>) -> Vec<Vec<u8>> {
+    doc.chunks(32 << 10).map(<[u8]>::to_vec).collect()
 }
 
 /// `bytes` of the example export (spaces after it: still one JSON document).
@@ -211,7 +218,7 @@ fn padded(id: &str, bytes: usize) -> Vec<u8> {
 fn paused(c: &Client, id: &str, first: Vec<u8>) -> tokio::task::JoinHandle<tonic::Status> {
     let mut c = c.clone();
     let stream = tokio_stream::StreamExt::chain(
-        tokio_stream::iter(chunks(request(id), vec![first])),
+        tokio_stream::iter(chunks(request(id), cut(first))),
         futures::stream::pending::<pb::ImportSessionChunk>(),
     );
     tokio::spawn(async move {
@@ -225,7 +232,7 @@ fn paused(c: &Client, id: &str, first: Vec<u8>) -> tokio::task::JoinHandle<tonic
 async fn one_import_may_send_half_the_in_flight_share_and_several_no_more_than_all_of_it() {
     let server = tight(Duration::from_secs(3)).await;
     let mut c = server.client().await;
-    let call = chunks(request("s"), vec![vec![b' '; 64 << 10]; 5]);
+    let call = chunks(request("s"), vec![vec![b' '; 32 << 10]; 10]);
     let status = assert_status(
         c.import_session_chunked(tokio_stream::iter(call)).await,
         Code::ResourceExhausted,
@@ -239,7 +246,7 @@ async fn one_import_may_send_half_the_in_flight_share_and_several_no_more_than_a
     let third = c
         .import_session_chunked(tokio_stream::iter(chunks(
             request("c"),
-            vec![padded("c", 200 << 10)],
+            cut(padded("c", 200 << 10)),
         )))
         .await;
     assert_status(third, Code::ResourceExhausted, "an imported document");
@@ -254,7 +261,7 @@ async fn one_import_may_send_half_the_in_flight_share_and_several_no_more_than_a
     let summary = c
         .import_session_chunked(tokio_stream::iter(chunks(
             request("c"),
-            vec![padded("c", 200 << 10)],
+            cut(padded("c", 200 << 10)),
         )))
         .await
         .expect("room again")
@@ -281,7 +288,7 @@ async fn a_chunked_import_that_pauses_past_the_grace_is_refused_and_given_back()
     let summary = c
         .import_session_chunked(tokio_stream::iter(chunks(
             request("t"),
-            vec![padded("t", 250 << 10)],
+            cut(padded("t", 250 << 10)),
         )))
         .await
         .expect("the paused import's bytes were given back")
@@ -352,16 +359,71 @@ async fn a_chunked_import_is_checked_at_its_first_chunk_and_refuses_empty_ones()
 
 #[tokio::test]
 async fn without_a_budget_a_document_is_bounded_by_the_session_limit() {
-    let server = start_server_with_limits(Limits {
-        max_session_bytes: 64 << 10,
-        ..Limits::default()
-    })
-    .await;
+    let store =
+        compactd::store::Store::new(chars4_unless_named(Default::default())).with_limits(Limits {
+            max_session_bytes: 64 << 10,
+            ..Limits::default()
+        });
+    let options = ServerOptions {
+        max_update_bytes: SMALL_CAP,
+        ..ServerOptions::default()
+    };
+    let server = start_server_on(store, options).await;
     let mut c = server.client().await;
-    let call = chunks(request("s"), vec![vec![b' '; 128 << 10]; 4]);
+    let call = chunks(request("s"), vec![vec![b' '; 32 << 10]; 16]);
     assert_status(
         c.import_session_chunked(tokio_stream::iter(call)).await,
         Code::ResourceExhausted,
         "(6 times max_session_bytes (65536 bytes))",
     );
+}
+
+#[tokio::test]
+async fn a_chunked_import_may_leave_the_session_id_to_the_document() {
+    let server = start_server().await;
+    let mut c = server.client().await;
+    let doc = example_import("ignored").export_json;
+    let id = serde_json::from_str::<serde_json::Value>(&doc).expect("json")["info"]["id"]
+        .as_str()
+        .expect("the example has an id")
+        .to_string();
+    let summary = c
+        .import_session_chunked(tokio_stream::iter(chunks(
+            request(""),
+            vec![doc.into_bytes()],
+        )))
+        .await
+        .expect("the document's own id")
+        .into_inner();
+    assert_eq!(summary.id, id);
+}
+
+#[tokio::test]
+async fn a_chunked_import_may_always_send_what_one_importsession_may() {
+    // Half the in-flight share is 256 KiB here, under the 1 MiB one request may carry:
+    // a document ImportSession would take (within the share) is not refused in chunks.
+    let store =
+        compactd::store::Store::new(chars4_unless_named(Default::default())).with_limits(Limits {
+            memory_budget: 4 << 20,
+            ..Limits::default()
+        });
+    let server = start_server_on(
+        store,
+        ServerOptions {
+            max_update_bytes: 1 << 20,
+            ..ServerOptions::default()
+        },
+    )
+    .await;
+    let mut c = server.client().await;
+    let doc = padded("s", 400 << 10);
+    let summary = c
+        .import_session_chunked(tokio_stream::iter(chunks(
+            request("s"),
+            doc.chunks(200 << 10).map(<[u8]>::to_vec).collect(),
+        )))
+        .await
+        .expect("within what one ImportSession may carry")
+        .into_inner();
+    assert_eq!(summary.id, "s");
 }

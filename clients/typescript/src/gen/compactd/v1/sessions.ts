@@ -7463,9 +7463,9 @@ export const SessionsService = {
    * carry the document's JSON text in order, split anywhere; every chunk after the
    * first carries some. The document is held in flight while it arrives:
    * RESOURCE_EXHAUSTED past half the memory budget's in-flight share or 6 times
-   * max_session_bytes, past the share with what else is in flight, when no chunk comes
-   * for the server's slow-reader grace, or under 256 KiB/s. Then it is imported whole,
-   * exactly as ImportSession would.
+   * max_session_bytes (never under max_update_bytes), past the share with what else is
+   * in flight, when no chunk comes for the server's slow-reader grace, or under
+   * 256 KiB/s. Then it is imported whole, exactly as ImportSession would.
    */
   importSessionChunked: {
     path: "/compactd.v1.Sessions/ImportSessionChunked" as const,
@@ -7584,9 +7584,9 @@ export interface SessionsServer extends UntypedServiceImplementation {
    * carry the document's JSON text in order, split anywhere; every chunk after the
    * first carries some. The document is held in flight while it arrives:
    * RESOURCE_EXHAUSTED past half the memory budget's in-flight share or 6 times
-   * max_session_bytes, past the share with what else is in flight, when no chunk comes
-   * for the server's slow-reader grace, or under 256 KiB/s. Then it is imported whole,
-   * exactly as ImportSession would.
+   * max_session_bytes (never under max_update_bytes), past the share with what else is
+   * in flight, when no chunk comes for the server's slow-reader grace, or under
+   * 256 KiB/s. Then it is imported whole, exactly as ImportSession would.
    */
   importSessionChunked: handleClientStreamingCall<ImportSessionChunk, SessionSummary>;
   /**
@@ -7824,9 +7824,9 @@ export interface SessionsClient extends Client {
    * carry the document's JSON text in order, split anywhere; every chunk after the
    * first carries some. The document is held in flight while it arrives:
    * RESOURCE_EXHAUSTED past half the memory budget's in-flight share or 6 times
-   * max_session_bytes, past the share with what else is in flight, when no chunk comes
-   * for the server's slow-reader grace, or under 256 KiB/s. Then it is imported whole,
-   * exactly as ImportSession would.
+   * max_session_bytes (never under max_update_bytes), past the share with what else is
+   * in flight, when no chunk comes for the server's slow-reader grace, or under
+   * 256 KiB/s. Then it is imported whole, exactly as ImportSession would.
    */
   importSessionChunked(
     callback: (error: ServiceError | null, response: SessionSummary) => void,
