@@ -154,8 +154,9 @@ pub struct Session {
     requests: RequestLog,
     /// Each part's position in its message, by id.
     part_index: PartIndex,
-    /// Which session value this is (kept by a copy, new for a session created, imported
-    /// or loaded): a compaction planned on another value is stale.
+    /// Which session value this is (kept by a copy and by a copy its store restores as
+    /// the same value; new for a session created, imported or loaded anew): a compaction
+    /// planned on another value is stale.
     generation: Generation,
     /// True while [`Session::replay`] performs a logged change: what was admitted once is
     /// not refused again by an admission limit the server's flags have lowered since.
@@ -164,7 +165,8 @@ pub struct Session {
 
 /// Which session value a [`Session`] is: one process-wide counter hands a new one to
 /// every session created, imported (built anew) or loaded from disk, and a copy keeps its
-/// original's (so does a session the store sent cold and loads back in the same process:
+/// original's (so does a session the store sent cold and loads back in the same process,
+/// or rebuilds from the disk after a refused commit or a panicking job:
 /// [`Session::resume_generation`]). A session replaced under the same id (an import over it, a delete and
 /// re-create) is therefore another generation even when it holds the same message ids.
 /// Not stored: it names a value in this process only.
@@ -538,8 +540,9 @@ impl Session {
     }
 
     /// Takes `generation` back: a session loaded from disk in the process that sent it
-    /// there (evicted for memory or idleness) is the value it was, so a compaction
-    /// planned before the eviction still commits on it.
+    /// there (evicted for memory or idleness), or rebuilt from it by its actor (after a
+    /// refused commit or a panicking job), is the value it was, so a compaction planned
+    /// before still commits on it.
     pub fn resume_generation(&mut self, generation: Generation) {
         self.generation = generation;
     }

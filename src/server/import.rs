@@ -106,6 +106,7 @@ fn too_large(bytes: usize, limit: ByteLimit) -> Status {
             "half the in-flight share of memory_budget ({} bytes)",
             limit.value
         ),
+        "max_update_bytes" => "max_update_bytes: what one ImportSession may carry".to_string(),
         name => format!(
             "{} times {name} ({} bytes)",
             crate::store::LOAD_EXPANSION,
@@ -165,10 +166,16 @@ impl Importer {
     ) -> Result<(pb::ImportSessionRequest, Document, Reservation), Status> {
         let ledger = self.store.ledger();
         let mut limit = self.store.limits().import_limit();
-        // Never under what one ImportSession may carry (which may be parsed past the
-        // share, alone): the chunked call is for larger documents, not fewer.
+        // Never under what one ImportSession may carry: the chunked call is for larger
+        // documents, not fewer.
         let floor = u64::try_from(self.max_update_bytes).unwrap_or(u64::MAX);
-        limit.bytes = limit.bytes.max(floor);
+        if limit.bytes < floor {
+            limit = ByteLimit {
+                bytes: floor,
+                name: "max_update_bytes",
+                value: floor,
+            };
+        }
         let grace = self.hub.slow_reader_grace;
         let began = Instant::now();
         let mut request: Option<pb::ImportSessionRequest> = None;
@@ -216,7 +223,7 @@ impl Importer {
                 (None, None) => {
                     return Err(Rejection::invalid(
                         "request",
-                        "required in the first chunk (the session's id, limits and config)",
+                        "required in the first chunk (the session's limits, config and optional id)",
                     )
                     .into());
                 }

@@ -300,7 +300,8 @@ pub fn cancel_replaced(hub: &Hub, session_id: &str, now: Option<Generation>, why
 /// The session value `session_id` names now, when it is in memory: after a delete, a
 /// session created again under the id while the delete was being written. `None` when
 /// none is: a compaction still running then summarizes a value the id no longer holds
-/// (deleted, or sent to disk, which a load would bring back as another value).
+/// (deleted), or one sent to disk, which the store brings back as the same value when it
+/// loads it in this process (`Map::resume`).
 pub async fn generation_held(hub: &Hub, session_id: &str) -> Option<Generation> {
     let handle = hub.store.hot(session_id)?;
     handle.call(|s, _| s.generation()).await.ok()

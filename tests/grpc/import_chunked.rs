@@ -400,30 +400,40 @@ async fn a_chunked_import_may_leave_the_session_id_to_the_document() {
 
 #[tokio::test]
 async fn a_chunked_import_may_always_send_what_one_importsession_may() {
-    // Half the in-flight share is 256 KiB here, under the 1 MiB one request may carry:
-    // a document ImportSession would take (within the share) is not refused in chunks.
-    let store =
-        compactd::store::Store::new(chars4_unless_named(Default::default())).with_limits(Limits {
-            memory_budget: 4 << 20,
+    // Half the in-flight share is 1 MiB here, under the 1.5 MiB one request may carry: a
+    // document ImportSession would take is not refused in chunks, and one past both is
+    // refused naming the request's limit.
+    const CAP: usize = 3 << 19;
+    let store = compactd::store::Store::new(chars4_unless_named(Default::default())).with_limits(
+        Limits {
+            memory_budget: 16 << 20,
             ..Limits::default()
-        });
-    let server = start_server_on(
-        store,
-        ServerOptions {
-            max_update_bytes: 1 << 20,
-            ..ServerOptions::default()
         },
-    )
-    .await;
+    );
+    let options = ServerOptions {
+        max_update_bytes: CAP,
+        ..ServerOptions::default()
+    };
+    let server = start_server_on(store, options).await;
     let mut c = server.client().await;
-    let doc = padded("s", 400 << 10);
+    let pieces = |doc: Vec<u8>| doc.chunks(400 << 10).map(<[u8]>::to_vec).collect();
     let summary = c
         .import_session_chunked(tokio_stream::iter(chunks(
             request("s"),
-            doc.chunks(200 << 10).map(<[u8]>::to_vec).collect(),
+            pieces(padded("s", 1200 << 10)),
         )))
         .await
         .expect("within what one ImportSession may carry")
         .into_inner();
     assert_eq!(summary.id, "s");
+    let status = assert_status(
+        c.import_session_chunked(tokio_stream::iter(chunks(
+            request("t"),
+            pieces(padded("t", 1800 << 10)),
+        )))
+        .await,
+        Code::ResourceExhausted,
+        "over the 1572864 bytes one import may send (max_update_bytes: what one ImportSession may carry)",
+    );
+    assert!(status.message().starts_with("export_json"), "{status:?}");
 }
