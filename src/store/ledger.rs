@@ -189,16 +189,7 @@ impl Reservation {
         bytes: u64,
         what: &'static str,
     ) -> Result<(), StoreError> {
-        if bytes <= self.bytes {
-            if let Some(l) = &self.ledger {
-                l.in_flight.fetch_sub(self.bytes - bytes, Ordering::Relaxed);
-            }
-            self.bytes = bytes;
-            return Ok(());
-        }
-        let extra = ledger.reserve(bytes - self.bytes, what)?;
-        self.absorb(ledger, extra);
-        Ok(())
+        self.resize_within(ledger, bytes, what, false)
     }
 
     /// [`Self::resize`], but past the in-flight ceiling too while this reservation is all
@@ -210,19 +201,30 @@ impl Reservation {
         bytes: u64,
         what: &'static str,
     ) -> Result<(), StoreError> {
-        if bytes <= self.bytes {
-            return self.resize(ledger, bytes, what);
-        }
-        let extra = ledger.reserve_within(bytes - self.bytes, what, Some(self.bytes))?;
-        self.absorb(ledger, extra);
-        Ok(())
+        self.resize_within(ledger, bytes, what, true)
     }
 
-    /// Takes `extra`'s bytes into this reservation: the two become one.
-    fn absorb(&mut self, ledger: &Arc<Ledger>, mut extra: Reservation) {
+    fn resize_within(
+        &mut self,
+        ledger: &Arc<Ledger>,
+        bytes: u64,
+        what: &'static str,
+        alone: bool,
+    ) -> Result<(), StoreError> {
+        if bytes <= self.bytes {
+            if let Some(l) = &self.ledger {
+                l.in_flight.fetch_sub(self.bytes - bytes, Ordering::Relaxed);
+            }
+            self.bytes = bytes;
+            return Ok(());
+        }
+        let own = alone.then_some(self.bytes);
+        let mut extra = ledger.reserve_within(bytes - self.bytes, what, own)?;
+        // The two become one: this reservation now holds both amounts.
         extra.ledger = None;
         self.ledger = Some(ledger.clone());
-        self.bytes = self.bytes.saturating_add(extra.bytes);
+        self.bytes = bytes;
+        Ok(())
     }
 }
 

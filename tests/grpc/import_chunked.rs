@@ -404,12 +404,11 @@ async fn a_chunked_import_may_always_send_what_one_importsession_may() {
     // document ImportSession would take is not refused in chunks, and one past both is
     // refused naming the request's limit.
     const CAP: usize = 3 << 19;
-    let store = compactd::store::Store::new(chars4_unless_named(Default::default())).with_limits(
-        Limits {
+    let store =
+        compactd::store::Store::new(chars4_unless_named(Default::default())).with_limits(Limits {
             memory_budget: 16 << 20,
             ..Limits::default()
-        },
-    );
+        });
     let options = ServerOptions {
         max_update_bytes: CAP,
         ..ServerOptions::default()
