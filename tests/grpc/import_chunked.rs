@@ -189,14 +189,21 @@ async fn a_malformed_chunked_import_names_its_field_and_leaves_the_session_as_it
 /// most 256 KiB (a request at most 64 KiB, so the share binds); and a slow-reader grace
 /// of `grace`.
 async fn tight(grace: Duration) -> TestServer {
+    let limits = Limits {
+        memory_budget: 4 << 20,
+        ..Limits::default()
+    };
+    serve(limits, SMALL_CAP, grace).await
+}
+
+/// A server whose store holds to `limits`, taking requests up to `max_update_bytes`, with
+/// a slow-reader grace of `grace`.
+async fn serve(limits: Limits, max_update_bytes: usize, grace: Duration) -> TestServer {
     let store =
-        compactd::store::Store::new(chars4_unless_named(Default::default())).with_limits(Limits {
-            memory_budget: 4 << 20,
-            ..Limits::default()
-        });
+        compactd::store::Store::new(chars4_unless_named(Default::default())).with_limits(limits);
     let options = ServerOptions {
         slow_reader_grace: grace,
-        max_update_bytes: SMALL_CAP,
+        max_update_bytes,
         ..ServerOptions::default()
     };
     start_server_on(store, options).await
@@ -359,16 +366,11 @@ async fn a_chunked_import_is_checked_at_its_first_chunk_and_refuses_empty_ones()
 
 #[tokio::test]
 async fn without_a_budget_a_document_is_bounded_by_the_session_limit() {
-    let store =
-        compactd::store::Store::new(chars4_unless_named(Default::default())).with_limits(Limits {
-            max_session_bytes: 64 << 10,
-            ..Limits::default()
-        });
-    let options = ServerOptions {
-        max_update_bytes: SMALL_CAP,
-        ..ServerOptions::default()
+    let limits = Limits {
+        max_session_bytes: 64 << 10,
+        ..Limits::default()
     };
-    let server = start_server_on(store, options).await;
+    let server = serve(limits, SMALL_CAP, Duration::from_secs(10)).await;
     let mut c = server.client().await;
     let call = chunks(request("s"), vec![vec![b' '; 32 << 10]; 16]);
     assert_status(
@@ -404,16 +406,11 @@ async fn a_chunked_import_may_always_send_what_one_importsession_may() {
     // document ImportSession would take is not refused in chunks, and one past both is
     // refused naming the request's limit.
     const CAP: usize = 3 << 19;
-    let store =
-        compactd::store::Store::new(chars4_unless_named(Default::default())).with_limits(Limits {
-            memory_budget: 16 << 20,
-            ..Limits::default()
-        });
-    let options = ServerOptions {
-        max_update_bytes: CAP,
-        ..ServerOptions::default()
+    let limits = Limits {
+        memory_budget: 16 << 20,
+        ..Limits::default()
     };
-    let server = start_server_on(store, options).await;
+    let server = serve(limits, CAP, Duration::from_secs(10)).await;
     let mut c = server.client().await;
     let pieces = |doc: Vec<u8>| doc.chunks(400 << 10).map(<[u8]>::to_vec).collect();
     let summary = c

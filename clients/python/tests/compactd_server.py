@@ -89,3 +89,20 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def serve_sessions(methods: dict) -> "tuple[str, object]":
+    """A bare gRPC server answering only `methods` of ``compactd.v1.Sessions`` (name to
+    ``grpc.*_rpc_method_handler``), started on a free port: its address and the server
+    (``.stop(grace=None)`` when done). Every other method is UNIMPLEMENTED."""
+    from concurrent import futures
+
+    import grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("compactd.v1.Sessions", methods),)
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return f"127.0.0.1:{port}", server

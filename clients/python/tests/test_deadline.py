@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from concurrent import futures
 from typing import Iterator
 
 import grpc
 import pytest
 
 from compactd_client import AsyncClient, Client, CompactdError
+from compactd_server import serve_sessions
 
 
 @pytest.fixture()
@@ -25,18 +25,8 @@ def silent() -> Iterator[str]:
         release.wait()
         return b""
 
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    server.add_generic_rpc_handlers(
-        (
-            grpc.method_handlers_generic_handler(
-                "compactd.v1.Sessions",
-                {"ListSessions": grpc.unary_unary_rpc_method_handler(hang)},
-            ),
-        )
-    )
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield f"127.0.0.1:{port}"
+    addr, server = serve_sessions({"ListSessions": grpc.unary_unary_rpc_method_handler(hang)})
+    yield addr
     release.set()
     server.stop(grace=None)
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from compactd_client import AsyncClient, Client, ResourceExhausted
-from compactd_server import REPO, Server
+from compactd_server import REPO, Server, serve_sessions
 
 TRACE = REPO / "tests" / "data" / "traces" / "claudecode-subagent-6633a783.json"
 CAP = 65536
@@ -60,8 +60,6 @@ def test_the_async_client_imports_in_chunks_too(small_cap, trace: str) -> None:
 def test_a_compactd_without_the_chunked_call_gets_the_document_whole(trace: str) -> None:
     """An older compactd answers ImportSessionChunked with UNIMPLEMENTED: the client sends
     the document whole instead, as it did before."""
-    from concurrent import futures
-
     import grpc
 
     from compactd_client import pb
@@ -73,19 +71,11 @@ def test_a_compactd_without_the_chunked_call_gets_the_document_whole(trace: str)
         seen.append(len(req.export_json))
         return pb.SessionSummary(id=req.session_id, messages=1).SerializeToString()
 
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    server.add_generic_rpc_handlers(
-        (
-            grpc.method_handlers_generic_handler(
-                "compactd.v1.Sessions",
-                {"ImportSession": grpc.unary_unary_rpc_method_handler(import_session)},
-            ),
-        )
+    addr, server = serve_sessions(
+        {"ImportSession": grpc.unary_unary_rpc_method_handler(import_session)}
     )
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
     try:
-        with Client(f"127.0.0.1:{port}", timeout=10) as c:
+        with Client(addr, timeout=10) as c:
             s = c.import_session(trace, session_id="old", chunk_bytes=CAP // 2)
         assert s.id == "old"
         assert seen == [len(trace)]
