@@ -11,6 +11,7 @@ use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::common::binary::Binary;
 use crate::common::fake_llm::{FakeLlm, Reply};
+use crate::common::metrics::{metric, scrape};
 use crate::common::*;
 
 const SID: &str = "drain";
@@ -19,7 +20,12 @@ const SID: &str = "drain";
 fn start(fake: &FakeLlm, drain_secs: u64) -> Binary {
     let secs = drain_secs.to_string();
     Binary::start(
-        &["--drain-timeout-secs", &secs],
+        &[
+            "--drain-timeout-secs",
+            &secs,
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
         &[
             ("COMPACTD_LLM_BASE_URL", &fake.base_url()),
             ("COMPACTD_LLM_MODEL", "fake-model"),
@@ -105,6 +111,25 @@ async fn sigterm_lets_the_running_compaction_finish_then_closes_streams_and_exit
         .await
         .expect_err("no new stream while draining");
     assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    let refused = client
+        .compact(pb::CompactRequest {
+            session_id: SID.into(),
+            options: None,
+        })
+        .await
+        .expect_err("no new compaction while draining");
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    // Both refusals are counted with the others.
+    let metrics = bin.metrics.clone().expect("metrics address");
+    let text = scrape(&metrics).await;
+    assert_eq!(
+        metric(
+            &text,
+            "compactd_rejected_requests_total{code=\"UNAVAILABLE\"}"
+        ),
+        2.0,
+        "{text}"
+    );
 
     // The running compaction completes and commits.
     let mut last = None;
