@@ -298,8 +298,8 @@ impl Job {
             // Cancelled once the summary was written (its session deleted or replaced,
             // CancelCompaction, the drain's deadline): a cancelled compaction commits
             // nothing.
-            Ok(summary) if self.link.running.cancel.is_cancelled() => {
-                Err(spent(failed(&SummarizeError::Cancelled), &summary.outcome))
+            Ok(_) if self.link.running.cancel.is_cancelled() => {
+                Err(spent(failed(&SummarizeError::Cancelled), &self.link.paid))
             }
             Ok(summary) => self.commit(summary, began).await,
             Err(e) => Err(spent(failed(&e), &self.link.paid)),
@@ -397,14 +397,17 @@ impl Job {
         let ids = CommitIds {
             prefix: link.running.id.clone(),
         };
-        // What the summary cost, kept for a failure to report (not its text).
+        // What the summary cost: every answer paid for, the dropped ones too (the chunks
+        // only sum the answers they kept). Kept for a failure to report (not its text).
         let paid = SummaryOutcome {
             text: String::new(),
-            usage: summary.outcome.usage,
-            cost: summary.outcome.cost,
+            usage: link.paid.usage.or(summary.outcome.usage),
+            cost: link.paid.cost,
             model: None,
         };
-        let outcome = summary.outcome;
+        let mut outcome = summary.outcome;
+        outcome.usage = paid.usage;
+        outcome.cost = paid.cost;
         let usage = outcome.usage;
         let cost = outcome.cost;
         let committed = handle
@@ -513,6 +516,7 @@ impl Link {
 
     async fn progress(&mut self, p: Progress, stream: bool) {
         let ev = match p {
+            Progress::Voided(spent) => return pay(&mut self.paid, &spent),
             Progress::Delta(_) if !stream => return,
             Progress::Delta(text) => {
                 let index = self.deltas;
@@ -613,7 +617,7 @@ fn failure_kind(e: &SummarizeError) -> &'static str {
     }
 }
 
-/// Adds what one answered request cost to `paid` (sums saturate: the numbers come from
+/// Adds what one answered request (kept or dropped) cost to `paid` (sums saturate: the numbers come from
 /// the endpoint).
 fn pay(paid: &mut SummaryOutcome, answered: &SummaryOutcome) {
     if let Some(u) = &answered.usage {

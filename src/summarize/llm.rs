@@ -312,6 +312,12 @@ impl OpenAiSummarizer {
             let e = match result {
                 Ok(outcome) => {
                     if let Some(too_long) = self.truncated(&request, &outcome) {
+                        // Paid for all the same.
+                        let spent = SummaryOutcome {
+                            text: String::new(),
+                            ..outcome
+                        };
+                        let _ = progress.send(Progress::Voided(spent)).await;
                         // Its deltas went out already: say they are void.
                         let _ = progress
                             .send(Progress::Retrying {

@@ -128,6 +128,10 @@ pub enum Progress {
         /// Wait before it.
         delay: Duration,
     },
+    /// An answer paid for and dropped (a prompt the endpoint truncated to fit its
+    /// window): its usage and cost (no text), so that what a compaction reports it cost
+    /// includes it.
+    Voided(SummaryOutcome),
 }
 
 /// Why a summary could not be produced. Messages never contain the API key.

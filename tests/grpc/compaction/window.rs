@@ -213,6 +213,21 @@ async fn a_prompt_the_endpoint_truncated_is_too_long_not_a_summary() {
             .any(|r| r.body.to_string().contains("of what was kept")),
         "the truncated answer is folded into no later request"
     );
+    // Its tokens were paid for all the same: the usage reported is every answer's.
+    let input: u64 = requests
+        .iter()
+        .map(|r| match window.judge(&r.body) {
+            Verdict::Fits(prompt) => prompt,
+            Verdict::Truncated(kept) => kept,
+            other => panic!("{other:?}"),
+        })
+        .sum();
+    let usage = done.usage.expect("usage");
+    assert_eq!(
+        (usage.input, usage.output),
+        (input, 3 * requests.len() as u64),
+        "{usage:?}"
+    );
     // Its deltas had gone out: a `retrying` voids them, and the deltas after it (their
     // indices from 0 again) are the summary committed.
     use compactd::server::pb::compaction_event::Event as Ce;

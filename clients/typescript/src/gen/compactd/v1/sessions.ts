@@ -672,7 +672,10 @@ export interface SessionCompacted {
   tokensBefore: number;
   tokensAfter: number;
   summaryTokens: number;
-  /** Usage the provider reported for the compaction request (absent when it sent none). */
+  /**
+   * Usage the provider reported for the compaction's requests, summed: every answer paid
+   * for, one dropped as truncated too (absent when it sent none).
+   */
   usage:
     | TokenUsage
     | undefined;
