@@ -275,3 +275,25 @@ fn a_key_in_the_base_url_is_redacted_at_start_and_in_config_print() {
     );
     assert!(!log.contains(KEY), "the key reached the start log:\n{log}");
 }
+
+/// A refusal for length quoting the key where a 1,000-character cut of the endpoint's
+/// words would fall: the key is redacted before any cut, so no part of it is left behind.
+/// Before, the refusal's text was cut first and the key's first half reached the log and
+/// the events unredacted.
+#[tokio::test]
+async fn a_key_astride_the_cut_of_a_long_refusal_leaks_no_part_of_it() {
+    let head = "Context size has been exceeded. ";
+    let pad = 1_000 - head.len() - " auth=".len() - 12;
+    let body = format!("{head}{} auth={KEY}", "x".repeat(pad));
+    let replies = (0..10)
+        .map(|_| Reply::Status {
+            code: 500,
+            body: body.clone(),
+            retry_after: None,
+        })
+        .collect();
+    let fake = FakeLlm::start(replies).await;
+    let (log, events) = failing_compaction_at(fake.base_url(), Some("debug")).await;
+    assert!(log.contains("Context size has been exceeded"), "{log}");
+    assert_absent(&log, &events, &[&KEY[..12]]);
+}

@@ -128,20 +128,18 @@ fn says_exceeded(text: &str) -> bool {
 }
 
 /// The message of a raw error body, with llama.cpp's numbers (`n_prompt_tokens`, `n_ctx`)
-/// kept beside it when the message does not spell them out; the body itself (cut short)
-/// when it is not JSON.
+/// kept beside it when the message does not spell them out; the body itself when it is
+/// not JSON. Not cut here: `scrub` cuts it after the key is redacted (a cut first could
+/// leave part of the key behind), and the body is bounded as it is read.
 fn refusal_text(body: &str) -> String {
-    const MAX_CHARS: usize = 1_000;
     let Ok(v) = serde_json::from_str::<serde_json::Value>(body) else {
-        return body.chars().take(MAX_CHARS).collect();
+        return body.to_string();
     };
     let error = &v["error"];
     let mut text: String = error["message"]
         .as_str()
         .unwrap_or("the request exceeds the model's context")
-        .chars()
-        .take(MAX_CHARS)
-        .collect();
+        .to_string();
     let numbers: serde_json::Map<String, serde_json::Value> = ["n_prompt_tokens", "n_ctx"]
         .into_iter()
         .filter_map(|k| error[k].as_u64().map(|n| (k.to_string(), n.into())))
