@@ -418,7 +418,9 @@ fn llm_compactor(
     cfg.api_key = std::env::var("COMPACTD_LLM_API_KEY")
         .ok()
         .filter(|k| !k.is_empty())
-        .map(ApiKey::new);
+        .map(ApiKey::new)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("COMPACTD_LLM_API_KEY: {e}"))?;
     cfg.context_tokens = match std::env::var("COMPACTD_LLM_CONTEXT_TOKENS") {
         Ok(v) if !v.trim().is_empty() => Some(
             v.trim()

@@ -523,8 +523,11 @@ impl LlmArgs {
                 };
                 let mut cfg = LlmConfig::new(url.clone(), model);
                 cfg.api_key = match (&self.llm_api_key_file, &self.llm_api_key) {
-                    (Some(path), _) => Some(ApiKey::new(read_text("llm-api-key-file", path)?)),
-                    (None, Some(k)) if !k.is_empty() => Some(ApiKey::new(k.clone())),
+                    (Some(path), _) => Some(api_key(
+                        "llm-api-key-file",
+                        read_text("llm-api-key-file", path)?,
+                    )?),
+                    (None, Some(k)) if !k.is_empty() => Some(api_key("llm-api-key", k.clone())?),
                     _ => None,
                 };
                 cfg.timeout = Duration::from_secs(self.llm_timeout_secs.max(1));
@@ -675,6 +678,11 @@ fn read_text(flag: &'static str, path: &std::path::Path) -> Result<String, Confi
         flag,
         message: format!("cannot read {}: {e}", path.display()),
     })
+}
+
+/// The key given with `flag`, refused naming the flag (never quoting the key).
+fn api_key(flag: &'static str, key: String) -> Result<ApiKey, ConfigError> {
+    ApiKey::new(key).map_err(|message| ConfigError { flag, message })
 }
 
 fn non_empty(list: &[String]) -> Vec<String> {
@@ -871,5 +879,38 @@ mod tests {
             .expect_err("empty prompt");
         assert_eq!(err.flag, "compaction-prompt-file");
         std::fs::remove_file(&empty).ok();
+    }
+
+    /// A key that cannot be a header value (a key file of two lines, a pasted control
+    /// character) is refused at start naming its flag, never quoting it. Before, it was
+    /// taken, and every compaction request panicked in async-openai's header building.
+    #[test]
+    fn an_api_key_with_a_control_character_is_refused_at_start() {
+        let base = [
+            "--llm-base-url",
+            "http://127.0.0.1:1/v1",
+            "--llm-model",
+            "m",
+        ];
+        let file = std::env::temp_dir().join(format!("compactd-key2-{}", std::process::id()));
+        std::fs::write(&file, "sk-first-SECRET\nsk-second-SECRET\n").expect("write");
+        let mut args = base.to_vec();
+        args.extend(["--llm-api-key-file", file.to_str().expect("utf-8")]);
+        let err = llm_args(&args).to_config().expect_err("two lines");
+        std::fs::remove_file(&file).ok();
+        assert_eq!(err.flag, "llm-api-key-file");
+        assert!(!err.message.contains("SECRET"), "{}", err.message);
+        assert!(err.message.contains("control character"), "{}", err.message);
+
+        let mut args = base.to_vec();
+        args.extend(["--llm-api-key", "sk-a\u{7f}b-SECRET"]);
+        let err = llm_args(&args).to_config().expect_err("DEL");
+        assert_eq!(err.flag, "llm-api-key");
+        assert!(!err.message.contains("SECRET"), "{}", err.message);
+
+        // One line, with its newline and spaces trimmed, and non-ASCII: taken.
+        let mut args = base.to_vec();
+        args.extend(["--llm-api-key", " sk-é\tok \n"]);
+        llm_args(&args).to_config().expect("valid");
     }
 }

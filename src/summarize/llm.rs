@@ -103,9 +103,16 @@ impl From<SummarizeError> for Failed {
 impl OpenAiSummarizer {
     /// A summarizer for `config`.
     pub fn new(config: LlmConfig) -> OpenAiSummarizer {
-        let mut oc = OpenAIConfig::new().with_api_base(config.base_url.trim_end_matches('/'));
-        // async-openai sends a bearer header only when a key is set; local servers need none.
-        oc = oc.with_api_key(config.api_key.as_ref().map_or("", |k| k.expose()));
+        // Without a key, async-openai sends an empty bearer (`Bearer `), which servers run
+        // without keys ignore. Its own environment variables (OPENAI_API_KEY,
+        // OPENAI_ORG_ID, OPENAI_PROJECT_ID) are not compactd's settings: none is sent to
+        // the endpoint configured here (and a value that is no header value would panic
+        // every request).
+        let oc = OpenAIConfig::new()
+            .with_api_base(config.base_url.trim_end_matches('/'))
+            .with_api_key(config.api_key.as_ref().map_or("", |k| k.expose()))
+            .with_org_id("")
+            .with_project_id("");
         let client = retry_after::client(oc);
         OpenAiSummarizer {
             client,

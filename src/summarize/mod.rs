@@ -37,9 +37,22 @@ use crate::engine::SummaryOutcome;
 pub struct ApiKey(String);
 
 impl ApiKey {
-    /// Wraps a key (trailing newlines from key files are trimmed).
-    pub fn new(key: impl Into<String>) -> ApiKey {
-        ApiKey(key.into().trim().to_string())
+    /// Wraps a key (a key file's trailing newline and surrounding spaces are trimmed).
+    /// Refused when it cannot be sent as a header value (a control character: a key file
+    /// of two lines): the error says where, never what.
+    pub fn new(key: impl Into<String>) -> Result<ApiKey, String> {
+        let key = key.into().trim().to_string();
+        // What `http::HeaderValue` takes: tab, and every byte from space up but DEL.
+        match key
+            .bytes()
+            .position(|b| (b < b' ' && b != b'\t') || b == 0x7f)
+        {
+            Some(at) => Err(format!(
+                "the API key holds a control character at byte {at} (a second line?): a key \
+                 is one line of visible characters"
+            )),
+            None => Ok(ApiKey(key)),
+        }
     }
 
     /// The key itself, for the one place that sends it.
@@ -60,8 +73,9 @@ impl fmt::Display for ApiKey {
     }
 }
 
-/// Where and how to reach the compaction model.
-#[derive(Debug, Clone, PartialEq)]
+/// Where and how to reach the compaction model. Its `Debug` redacts credentials in the
+/// base URL (`user:key@`, `?api-key=`), as the key's own does.
+#[derive(Clone, PartialEq)]
 pub struct LlmConfig {
     /// OpenAI-compatible base URL, e.g. `https://api.openai.com/v1` or
     /// `http://127.0.0.1:8080/v1`.
@@ -83,6 +97,21 @@ pub struct LlmConfig {
     /// wins over what the endpoint tells; when unset compactd asks the endpoint and learns
     /// from its refusals.
     pub context_tokens: Option<u64>,
+}
+
+impl fmt::Debug for LlmConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LlmConfig")
+            .field("base_url", &crate::config::redact::url(&self.base_url))
+            .field("model", &self.model)
+            .field("api_key", &self.api_key)
+            .field("timeout", &self.timeout)
+            .field("max_retries", &self.max_retries)
+            .field("retry_base", &self.retry_base)
+            .field("price_per_mtok", &self.price_per_mtok)
+            .field("context_tokens", &self.context_tokens)
+            .finish()
+    }
 }
 
 impl LlmConfig {
@@ -249,5 +278,24 @@ pub async fn summarize_quietly(
             r = &mut run => return r,
             Some(_) = rx.recv() => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A config printed with `{:?}` (a log line, a panic message) shows no credential:
+    /// neither the key nor what the base URL carries. Before, the URL was printed raw.
+    #[test]
+    fn a_configs_debug_shows_no_credential() {
+        let mut cfg = LlmConfig::new("https://bob:pw-SECRET1@llm.example/v1?api-key=SECRET2", "m");
+        cfg.api_key = Some(ApiKey::new(" sk-SECRET3\n").expect("a valid key"));
+        assert_eq!(cfg.api_key.as_ref().map(ApiKey::expose), Some("sk-SECRET3"));
+        let windows = window::Windows::new(None);
+        windows.cap_output(&cfg.base_url, "m", output_cap::OutputCap::Omit);
+        let printed = format!("{cfg:?} {windows:?}");
+        assert!(printed.contains("llm.example"), "{printed}");
+        assert!(!printed.contains("SECRET"), "{printed}");
     }
 }

@@ -115,12 +115,22 @@ impl Default for Known {
     }
 }
 
-/// The windows compactd knows, per endpoint and model, for the process's life.
-#[derive(Debug)]
+/// The windows compactd knows, per endpoint and model, for the process's life. Its
+/// `Debug` shows how many: the keys are raw base URLs, which may carry credentials.
 pub struct Windows {
     configured: Option<u64>,
     /// A std mutex: held for a map lookup or insert, never across an `.await`.
     known: Mutex<HashMap<Key, Known>>,
+}
+
+impl std::fmt::Debug for Windows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let known = self.known.lock().map_or(0, |k| k.len());
+        f.debug_struct("Windows")
+            .field("configured", &self.configured)
+            .field("known", &known)
+            .finish()
+    }
 }
 
 impl Windows {

@@ -25,7 +25,7 @@ pub const SID: &str = "cmp";
 /// timeout and fast (5 ms) retries.
 pub fn llm_config(fake: &FakeLlm) -> LlmConfig {
     let mut llm = LlmConfig::new(fake.base_url(), "fake-model");
-    llm.api_key = Some(ApiKey::new(SECRET));
+    llm.api_key = Some(ApiKey::new(SECRET).expect("a valid key"));
     llm.timeout = Duration::from_secs(20);
     llm.retry_base = Duration::from_millis(5);
     llm

@@ -36,6 +36,9 @@ async fn the_api_key_stays_out_of_logs_events_errors_and_help() {
             ("COMPACTD_LLM_BASE_URL", &fake.base_url()),
             ("COMPACTD_LLM_MODEL", "fake-model"),
             ("COMPACTD_LLM_API_KEY", KEY),
+            // async-openai's own variables are not compactd's: not sent.
+            ("OPENAI_ORG_ID", "org-not-compactds"),
+            ("OPENAI_PROJECT_ID", "proj-not-compactds"),
         ],
     );
     let addr = bin.addr.clone();
@@ -84,6 +87,9 @@ async fn the_api_key_stays_out_of_logs_events_errors_and_help() {
         fake.last_request().header("authorization"),
         Some(format!("Bearer {KEY}").as_str())
     );
+    for header in ["openai-organization", "openai-project"] {
+        assert_eq!(fake.last_request().header(header), None, "{header}");
+    }
     // The window discovery requests (/props, /v1/models) carry the key too.
     let asked = fake.discovery_requests();
     assert_eq!(asked.len(), 2, "{asked:?}");
