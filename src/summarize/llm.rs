@@ -255,6 +255,18 @@ impl OpenAiSummarizer {
             }
         }
         match finished {
+            // Thinking, then the stream ended unfinished (a gateway's cut): the prompt was
+            // read, so this is a stream failed on the way, no empty answer to probe.
+            None if !*started && reasoned => {
+                return Err(SummarizeError::Request {
+                    status: None,
+                    message: "the stream ended while the model was still reasoning, before \
+                              the summary"
+                        .into(),
+                    retryable: true,
+                }
+                .into());
+            }
             None if !*started => {
                 return Err(Failed::Silent("the endpoint answered with an empty stream"));
             }

@@ -94,13 +94,16 @@ pub enum Reply {
     /// Role chunk, then the frame `data: {not json`, then the body ends cleanly.
     Malformed,
     /// A reasoning model that thinks its whole `max_tokens` away: role chunk, these
-    /// `reasoning_content` deltas (no content), finish reason `length`, usage `(prompt,
+    /// `reasoning_content` deltas (no content), the finish reason (`length`; `None`: no
+    /// finish chunk, a stream ended while the model was thinking), usage `(prompt,
     /// completion)`, `[DONE]`.
     Reasoning {
         /// The reasoning deltas.
         reasoning: Vec<String>,
         /// `(prompt_tokens, completion_tokens)`.
         usage: (u64, u64),
+        /// The final chunk's finish reason, if any.
+        finish_reason: Option<&'static str>,
     },
     /// Role chunk and these content chunks, then a chunk holding only an OpenAI error
     /// object (what OpenAI, vLLM and SGLang send when a stream fails), then `[DONE]`.
@@ -673,10 +676,16 @@ async fn chat_completions(
             steps.push(Step::Cut);
             sse_response(shared, steps)
         }
-        Reply::Reasoning { reasoning, usage } => {
+        Reply::Reasoning {
+            reasoning,
+            usage,
+            finish_reason,
+        } => {
             let mut steps = vec![Step::Frame(chunk.role())];
             steps.extend(reasoning.iter().map(|r| Step::Frame(chunk.reasoning(r))));
-            steps.push(Step::Frame(chunk.finish("length")));
+            if let Some(reason) = finish_reason {
+                steps.push(Step::Frame(chunk.finish(reason)));
+            }
             if chunk.usage_wanted {
                 steps.push(Step::Frame(chunk.usage(usage.0, usage.1)));
             }

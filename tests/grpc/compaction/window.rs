@@ -394,6 +394,7 @@ async fn a_model_that_reasons_its_max_tokens_away_teaches_no_window() {
         Reply::Reasoning {
             reasoning: vec!["Let me think. ".into(); 20],
             usage: (13_000, 8_192),
+            finish_reason: Some("length"),
         },
         Reply::text(["a summary"]),
     ])
@@ -422,6 +423,37 @@ async fn a_model_that_reasons_its_max_tokens_away_teaches_no_window() {
         requests[1].body["max_tokens"], first,
         "{}",
         requests[1].body
+    );
+}
+
+/// A stream that ends while the model is still thinking (a gateway's cut, no finish
+/// reason) failed on the way, as any stream cut before the summary: retried, and no
+/// "too long" to learn a window from. Before, it was taken for an empty answer: probed,
+/// a window below prompt + max_tokens learned for the process's life, and the head cut
+/// smaller.
+#[tokio::test]
+async fn a_stream_cut_while_the_model_reasons_is_retried_and_teaches_no_window() {
+    let fake = FakeLlm::start(vec![
+        Reply::Reasoning {
+            reasoning: vec!["Let me think. ".into(); 20],
+            usage: (13_000, 100),
+            finish_reason: None,
+        },
+        Reply::text(["a summary"]),
+    ])
+    .await;
+    fake.serve_props(json!({"default_generation_settings": {"n_ctx": 32_768}}));
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    let events = compact(&mut client, SID).await;
+    compacted(&events);
+    let requests = fake.requests();
+    assert_eq!(requests.len(), 2, "one retry, no probe: {requests:?}");
+    assert_eq!(requests[1].body["stream"], true, "{}", requests[1].body);
+    assert_eq!(
+        requests[1].body["max_tokens"], requests[0].body["max_tokens"],
+        "no window learned"
     );
 }
 
