@@ -88,11 +88,21 @@ type Key = (String, String);
 /// lists them; names are at most `config::MAX_MODEL_NAME` bytes).
 pub const MAX_KNOWN: usize = 256;
 
+/// Ratios kept per endpoint and model: the one used is the largest of the latest
+/// [`RATIO_KEPT`], so that the count stays on the safe side of what the endpoint said of
+/// late, and one report that was wrong (a misreporting gateway) ages out instead of
+/// shrinking every later compaction's room for the process's life.
+pub const RATIO_KEPT: usize = 8;
+
 /// What is known per endpoint and model.
 #[derive(Debug, Clone, Copy)]
 struct Known {
     window: Option<(u64, WindowSource)>,
-    ratio: f64,
+    /// The latest ratios the endpoint's numbers taught, oldest overwritten first (0.0:
+    /// none yet).
+    ratios: [f64; RATIO_KEPT],
+    /// Where the next ratio goes in `ratios`.
+    next_ratio: usize,
     /// The endpoint answered the discovery requests (told its window or had nothing to say):
     /// not asked again. An unreachable endpoint is asked again next time.
     asked: bool,
@@ -103,11 +113,26 @@ struct Known {
     named: bool,
 }
 
+impl Known {
+    /// Endpoint tokens per counted token: the largest of the latest ratios learned.
+    fn ratio(&self) -> f64 {
+        self.ratios.iter().copied().fold(RATIO_BOUNDS.0, f64::max)
+    }
+
+    /// Keeps `ratio` (within bounds) in place of the oldest kept.
+    fn learn_ratio(&mut self, ratio: f64) {
+        let at = self.next_ratio % RATIO_KEPT;
+        self.ratios[at] = ratio.clamp(RATIO_BOUNDS.0, RATIO_BOUNDS.1);
+        self.next_ratio = (at + 1) % RATIO_KEPT;
+    }
+}
+
 impl Default for Known {
     fn default() -> Self {
         Known {
             window: None,
-            ratio: RATIO_BOUNDS.0,
+            ratios: [0.0; RATIO_KEPT],
+            next_ratio: 0,
             asked: false,
             output: None,
             named: false,
@@ -146,7 +171,7 @@ impl Windows {
     /// What is known of `base_url` + `model` now, without asking anyone.
     pub fn get(&self, base_url: &str, model: &str) -> Option<Window> {
         let known = self.read(base_url, model);
-        let ratio = known.ratio;
+        let ratio = known.ratio();
         match (self.configured, known.window) {
             // The configured window is a ceiling: a refusal naming a smaller one is the
             // endpoint's own word for this model, and so is what was learned below it
@@ -203,7 +228,7 @@ impl Windows {
     ) -> Option<Window> {
         self.with(base_url, model, |k| {
             if let Some(prompt) = refusal.prompt_tokens {
-                k.ratio = k.ratio.max(ratio(prompt, counted));
+                k.learn_ratio(ratio(prompt, counted));
             }
             match refusal.window.filter(|w| plausible(*w)) {
                 Some(w) => {
@@ -213,7 +238,7 @@ impl Windows {
                 None => {
                     let sent = refusal
                         .prompt_tokens
-                        .unwrap_or_else(|| scale(counted, k.ratio))
+                        .unwrap_or_else(|| scale(counted, k.ratio()))
                         .saturating_add(max_tokens.unwrap_or(0));
                     let below = sent.saturating_sub(1).max(MIN_SHRUNK_WINDOW);
                     let lower = k.window.is_none_or(|(w, _)| below < w);
@@ -233,7 +258,7 @@ impl Windows {
             return;
         }
         self.with(base_url, model, |k| {
-            k.ratio = k.ratio.max(ratio(prompt_tokens, counted));
+            k.learn_ratio(ratio(prompt_tokens, counted));
         });
     }
 

@@ -208,16 +208,44 @@ fn a_signal_without_numbers_lowers_the_window_below_the_request() {
     assert_eq!(now.tokens, MIN_SHRUNK_WINDOW);
 }
 
+/// The ratio is the largest of the latest [`RATIO_KEPT`] the endpoint taught: never
+/// lower than any of them, and one wrong report ages out. Before, it was the largest
+/// ever: one inflated report fixed it at 4.0 for the process's life, and a 4,096-token
+/// model's chunks had no room left.
 #[test]
-fn the_ratio_only_rises_and_stays_within_bounds() {
+fn the_ratio_is_the_largest_of_the_latest_and_stays_within_bounds() {
     let w = Windows::new(None);
+    let ratio = |w: &Windows| w.get(URL, "m").map(|k| k.ratio);
     w.told(URL, "m", Some((8_192, WindowSource::Props)));
+    assert_eq!(ratio(&w), Some(RATIO_BOUNDS.0), "1.0 until told otherwise");
     w.observed(URL, "m", 1_000, 1_400);
-    assert_eq!(w.get(URL, "m").map(|k| k.ratio), Some(1.4));
+    assert_eq!(ratio(&w), Some(1.4));
     w.observed(URL, "m", 1_000, 1_100);
-    assert_eq!(w.get(URL, "m").map(|k| k.ratio), Some(1.4), "never lower");
+    assert_eq!(ratio(&w), Some(1.4), "never lower than one kept");
     w.observed(URL, "m", 1, u64::MAX);
-    assert_eq!(w.get(URL, "m").map(|k| k.ratio), Some(RATIO_BOUNDS.1));
+    assert_eq!(ratio(&w), Some(RATIO_BOUNDS.1));
+    for _ in 1..RATIO_KEPT {
+        w.observed(URL, "m", 1_000, 1_100);
+    }
+    assert_eq!(
+        ratio(&w),
+        Some(RATIO_BOUNDS.1),
+        "kept while among the latest"
+    );
+    w.observed(URL, "m", 1_000, 1_100);
+    assert_eq!(ratio(&w), Some(1.1), "aged out");
+    // A refusal's count teaches it too.
+    w.refused(
+        URL,
+        "m",
+        Refusal {
+            window: Some(8_192),
+            prompt_tokens: Some(2_000),
+        },
+        1_000,
+        None,
+    );
+    assert_eq!(ratio(&w), Some(2.0));
     w.observed(URL, "m", 0, 5);
     assert_eq!(scale(u64::MAX, RATIO_BOUNDS.1), u64::MAX, "saturates");
 }
