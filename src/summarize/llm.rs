@@ -379,9 +379,15 @@ impl OpenAiSummarizer {
                     capped = true;
                     let model = self.model_of(request.model.as_deref());
                     self.windows.cap_output(&self.config.base_url, model, cap);
+                    let within = self.body(&request);
+                    if within == body {
+                        // Nothing kept (past `window::MAX_KNOWN` models): the same
+                        // request would be refused the same way.
+                        return Err(e);
+                    }
                     let reason = self.scrub_text(message.clone());
                     tracing::warn!(model, ?cap, %reason, "the endpoint refused max_tokens; asking again within what it allows");
-                    body = self.body(&request);
+                    body = within;
                 }
                 e if !started && e.retryable() && attempt <= self.config.max_retries => {
                     let e = self.scrub(e);

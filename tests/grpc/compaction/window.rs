@@ -475,3 +475,40 @@ async fn the_configured_window_wins_over_what_the_endpoint_says() {
         "nothing to ask when the operator said"
     );
 }
+
+/// Past the models `Windows` keeps (`MAX_KNOWN`), a refusal of `max_tokens` teaches
+/// nothing that is kept: the request is not sent again as it was. Before, it was (the
+/// same body, refused the same way).
+#[tokio::test]
+async fn a_refused_max_tokens_is_not_sent_again_when_nothing_could_be_kept() {
+    use compactd::summarize::{OpenAiSummarizer, Summarizer, SummaryRequest, window};
+    let fake = FakeLlm::start(vec![
+        max_tokens_refused(
+            "max_tokens is too large: 32000. This model supports at most 16384 completion tokens, whereas you provided 32000.",
+        ),
+        Reply::text(["the summary"]),
+    ])
+    .await;
+    let summarizer = OpenAiSummarizer::new(llm_config(&fake));
+    // Every model the map keeps is taken (each told its window, or that there is none).
+    for i in 0..window::MAX_KNOWN {
+        summarizer.window(Some(&format!("m{i}"))).await;
+    }
+    let (tx, _rx) = tokio::sync::mpsc::channel(64);
+    let request = SummaryRequest {
+        messages: vec![json!({"role": "user", "content": "summarize this"})],
+        model: Some("one-more".into()),
+        max_tokens: Some(32_000),
+        counted_tokens: Some(10),
+    };
+    let result = summarizer
+        .summarize(request, tx, tokio_util::sync::CancellationToken::new())
+        .await;
+    assert!(result.is_err(), "{result:?}");
+    let chats: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.ends_with("/chat/completions"))
+        .collect();
+    assert_eq!(chats.len(), 1, "not sent again as it was");
+}
