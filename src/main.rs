@@ -445,13 +445,15 @@ fn llm_compactor(
                 instructions: "",
                 counter: Tokenizer::Auto.resolve(summarizer.model()).counter(),
             };
-            runtime
-                .block_on(chunk::summarize_head(
-                    head,
-                    options,
-                    &mut Quiet::new(&summarizer),
-                ))
-                .map(|summary| summary.outcome)
+            let mut quiet = Quiet::new(&summarizer);
+            let summary = runtime.block_on(chunk::summarize_head(head, options, &mut quiet));
+            summary
+                .map(|summary| {
+                    // Every answer paid for, the dropped ones too.
+                    let mut outcome = summary.outcome;
+                    outcome.add_spend(quiet.voided());
+                    outcome
+                })
                 .map_err(|e| e.to_string())
         },
     )

@@ -219,6 +219,21 @@ pub struct SummaryOutcome {
     pub model: Option<ModelRef>,
 }
 
+impl SummaryOutcome {
+    /// Adds what `other` cost (its usage and cost, not its text) to this one's: the
+    /// spend of a compaction is every answer paid for, dropped ones included. Sums
+    /// saturate (the numbers come from the endpoint).
+    pub fn add_spend(&mut self, other: &SummaryOutcome) {
+        if let Some(u) = &other.usage {
+            let sum = self.usage.get_or_insert_with(Default::default);
+            sum.input = sum.input.saturating_add(u.input);
+            sum.output = sum.output.saturating_add(u.output);
+            sum.total = Some(sum.input.saturating_add(sum.output));
+        }
+        self.cost += other.cost;
+    }
+}
+
 /// What a commit recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Committed {

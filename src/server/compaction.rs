@@ -509,14 +509,14 @@ impl Link {
             Err(e) => failure_kind(e),
         });
         if let Ok(answered) = &result {
-            pay(&mut self.paid, answered);
+            self.paid.add_spend(answered);
         }
         result
     }
 
     async fn progress(&mut self, p: Progress, stream: bool) {
         let ev = match p {
-            Progress::Voided(spent) => return pay(&mut self.paid, &spent),
+            Progress::Voided(spent) => return self.paid.add_spend(&spent),
             Progress::Delta(_) if !stream => return,
             Progress::Delta(text) => {
                 let index = self.deltas;
@@ -615,19 +615,6 @@ fn failure_kind(e: &SummarizeError) -> &'static str {
         SummarizeError::TooLong(_) => "too_long",
         SummarizeError::Cancelled => "cancelled",
     }
-}
-
-/// Adds what one answered request (kept or dropped) cost to `paid` (sums saturate: the numbers come from
-/// the endpoint).
-fn pay(paid: &mut SummaryOutcome, answered: &SummaryOutcome) {
-    if let Some(u) = &answered.usage {
-        let sum = paid.usage.get_or_insert_with(Default::default);
-        sum.input = sum.input.saturating_add(u.input);
-        sum.output = sum.output.saturating_add(u.output);
-        // As a committed summary's (`chunk::Fold::finish`).
-        sum.total = Some(sum.input.saturating_add(sum.output));
-    }
-    paid.cost += answered.cost;
 }
 
 /// `f` with what the summary it drops cost (its usage and price), so the spend of a

@@ -254,22 +254,19 @@ impl OpenAiSummarizer {
                 }
             }
         }
-        match finished {
+        let failure = match finished {
             // Thinking, then the stream ended unfinished (a gateway's cut): the prompt was
             // read, so this is a stream failed on the way, no empty answer to probe.
-            None if !*started && reasoned => {
-                return Err(SummarizeError::Request {
-                    status: None,
-                    message: "the stream ended while the model was still reasoning, before \
-                              the summary"
-                        .into(),
-                    retryable: true,
-                }
-                .into());
-            }
-            None if !*started => {
-                return Err(Failed::Silent("the endpoint answered with an empty stream"));
-            }
+            None if !*started && reasoned => Some(Failed::from(SummarizeError::Request {
+                status: None,
+                message: "the stream ended while the model was still reasoning, before the \
+                          summary"
+                    .into(),
+                retryable: true,
+            })),
+            None if !*started => Some(Failed::Silent(
+                "the endpoint answered with an empty stream",
+            )),
             // The model wrote tokens, all of them thinking: the prompt fit, so this is no
             // "too long" to learn a window from or to cut the head for.
             Some(Finish::Length)
@@ -279,41 +276,59 @@ impl OpenAiSummarizer {
                             .zip(max_tokens)
                             .is_some_and(|(u, m)| m > 0 && u.output >= m)) =>
             {
-                return Err(reasoned_away(max_tokens).into());
+                Some(reasoned_away(max_tokens).into())
             }
-            Some(Finish::Length) if !*started => {
-                return Err(Failed::Silent(
-                    "the endpoint stopped for length before writing anything",
-                ));
-            }
-            None => {
-                let what = "the stream ended before the model finished".to_string();
-                return Err(SummarizeError::Broken(what).into());
-            }
-            Some(Finish::Stopped(reason)) => return Err(stopped(&reason, *started).into()),
-            Some(Finish::Filtered) => {
-                return Err(SummarizeError::Request {
-                    status: None,
-                    message: "the endpoint's content filter stopped the summary (finish_reason \"content_filter\")".into(),
-                    retryable: false,
-                }
-                .into());
-            }
-            Some(Finish::Done | Finish::Length) => {}
+            Some(Finish::Length) if !*started => Some(Failed::Silent(
+                "the endpoint stopped for length before writing anything",
+            )),
+            None => Some(
+                SummarizeError::Broken("the stream ended before the model finished".into()).into(),
+            ),
+            Some(Finish::Stopped(reason)) => Some(stopped(&reason, *started).into()),
+            Some(Finish::Filtered) => Some(Failed::from(SummarizeError::Request {
+                status: None,
+                message: "the endpoint's content filter stopped the summary (finish_reason \"content_filter\")".into(),
+                retryable: false,
+            })),
+            Some(Finish::Done | Finish::Length) => None,
+        };
+        if let Some(failure) = failure {
+            // Answered and dropped: what it cost is reported all the same.
+            self.void(progress, usage).await;
+            return Err(failure);
         }
-        let (pin, pout) = self.config.price_per_mtok;
-        let cost = usage.map_or(0.0, |u| {
-            (u.input as f64 * pin + u.output as f64 * pout) / 1e6
-        });
         Ok(SummaryOutcome {
             text,
             usage,
-            cost,
+            cost: self.cost(usage),
             model: Some(ModelRef {
                 provider_id: "openai-compatible".into(),
                 model_id: body["model"].as_str().unwrap_or_default().to_string(),
             }),
         })
+    }
+
+    /// What `usage` cost at the configured prices.
+    fn cost(&self, usage: Option<TokenUsage>) -> f64 {
+        let (pin, pout) = self.config.price_per_mtok;
+        usage.map_or(0.0, |u| {
+            (u.input as f64 * pin + u.output as f64 * pout) / 1e6
+        })
+    }
+
+    /// Reports an answer paid for and dropped (its `usage`, if the endpoint told it), so
+    /// that what the compaction says it cost includes it.
+    pub(super) async fn void(&self, progress: &mpsc::Sender<Progress>, usage: Option<TokenUsage>) {
+        if usage.is_none() {
+            return;
+        }
+        let spent = SummaryOutcome {
+            text: String::new(),
+            usage,
+            cost: self.cost(usage),
+            model: None,
+        };
+        let _ = progress.send(Progress::Voided(spent)).await;
     }
 
     async fn with_retries(
@@ -332,11 +347,7 @@ impl OpenAiSummarizer {
                 Ok(outcome) => {
                     if let Some(too_long) = self.truncated(&request, &outcome) {
                         // Paid for all the same.
-                        let spent = SummaryOutcome {
-                            text: String::new(),
-                            ..outcome
-                        };
-                        let _ = progress.send(Progress::Voided(spent)).await;
+                        self.void(&progress, outcome.usage).await;
                         // Its deltas went out already: say they are void.
                         let _ = progress
                             .send(Progress::Retrying {
@@ -359,7 +370,9 @@ impl OpenAiSummarizer {
                         retryable: false,
                     });
                 }
-                Err(Failed::Silent(what)) => return Err(self.silent(&request, &body, what).await),
+                Err(Failed::Silent(what)) => {
+                    return Err(self.silent(&request, &body, what, &progress).await);
+                }
                 // Read as it came (a refusal's numbers), scrubbed where it comes out: the
                 // logs, the `retrying` event, the failure.
                 Err(Failed::Error(e)) => e,

@@ -237,26 +237,39 @@ pub trait Summarizer: Send + Sync + fmt::Debug {
 }
 
 /// A [`chunk::Requester`] that waits for each answer and discards progress: for callers
-/// that only want the summary (the replay), not the stream.
-#[derive(Debug, Clone, Copy)]
+/// that only want the summary (the replay), not the stream. It keeps what the answers it
+/// dropped cost ([`Quiet::voided`]).
+#[derive(Debug, Clone)]
 pub struct Quiet<'a> {
     summarizer: &'a dyn Summarizer,
+    voided: SummaryOutcome,
 }
 
 impl<'a> Quiet<'a> {
     /// Requests through `summarizer`, with its own model.
     pub fn new(summarizer: &'a dyn Summarizer) -> Quiet<'a> {
-        Quiet { summarizer }
+        Quiet {
+            summarizer,
+            voided: SummaryOutcome::default(),
+        }
+    }
+
+    /// What the answers paid for and dropped cost so far (usage and cost, no text): the
+    /// summary's own outcome sums only the answers it kept.
+    pub fn voided(&self) -> &SummaryOutcome {
+        &self.voided
     }
 }
 
 impl chunk::Requester for Quiet<'_> {
-    fn request(
+    async fn request(
         &mut self,
         request: SummaryRequest,
         _last: bool,
-    ) -> impl std::future::Future<Output = Result<SummaryOutcome, SummarizeError>> + Send {
-        summarize_quietly(self.summarizer, request)
+    ) -> Result<SummaryOutcome, SummarizeError> {
+        let (result, voided) = summarize_quietly(self.summarizer, request).await;
+        self.voided.add_spend(&voided);
+        result
     }
 
     fn window(&mut self) -> impl std::future::Future<Output = Option<Window>> + Send {
@@ -265,20 +278,31 @@ impl chunk::Requester for Quiet<'_> {
 }
 
 /// Runs `summarizer` to the end, discarding progress: for callers that only want the
-/// summary (the replay), not the stream.
+/// summary (the replay), not the stream. Also returns what the answers it dropped cost.
 pub async fn summarize_quietly(
     summarizer: &dyn Summarizer,
     request: SummaryRequest,
-) -> Result<SummaryOutcome, SummarizeError> {
+) -> (Result<SummaryOutcome, SummarizeError>, SummaryOutcome) {
     let (tx, mut rx) = mpsc::channel(64);
     let run = summarizer.summarize(request, tx, CancellationToken::new());
     tokio::pin!(run);
-    loop {
-        tokio::select! {
-            r = &mut run => return r,
-            Some(_) = rx.recv() => {}
+    let mut voided = SummaryOutcome::default();
+    let mut keep = |p: Progress| {
+        if let Progress::Voided(spent) = p {
+            voided.add_spend(&spent);
         }
+    };
+    let result = loop {
+        tokio::select! {
+            r = &mut run => break r,
+            Some(p) = rx.recv() => keep(p),
+        }
+    };
+    // Sent just before the end: still queued.
+    while let Ok(p) = rx.try_recv() {
+        keep(p);
     }
+    (result, voided)
 }
 
 #[cfg(test)]

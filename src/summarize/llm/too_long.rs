@@ -11,16 +11,18 @@
 //! truncated to fit its window without saying so (Ollama): "too long" as well.
 
 use serde_json::Value;
+use tokio::sync::mpsc;
 
 use super::errors::request_error;
 use super::{OpenAiSummarizer, log_learned};
+use crate::domain::TokenUsage;
 use crate::engine::SummaryOutcome;
 use crate::summarize::budget::{
     MESSAGES_PER_REQUEST, TEMPLATE_TOKENS_PER_MESSAGE, TEMPLATE_TOKENS_PER_REQUEST,
 };
 use crate::summarize::output_cap::OutputCap;
 use crate::summarize::window::{self, Refusal};
-use crate::summarize::{SummarizeError, SummaryRequest};
+use crate::summarize::{Progress, SummarizeError, SummaryRequest};
 
 /// Requests compactd counted at fewer tokens than this teach no ratio: the chat template's
 /// own tokens would weigh too much in the endpoint's count.
@@ -43,6 +45,7 @@ impl OpenAiSummarizer {
         request: &SummaryRequest,
         body: &Value,
         what: &'static str,
+        progress: &mpsc::Sender<Progress>,
     ) -> SummarizeError {
         let mut probe = body.clone();
         probe["stream"] = Value::Bool(false);
@@ -81,6 +84,15 @@ impl OpenAiSummarizer {
                 }
             },
             Ok(answer) => {
+                // The probe read the whole prompt: paid for.
+                let usage = &answer["usage"];
+                let spent = usage["prompt_tokens"].as_u64().map(|input| TokenUsage {
+                    input,
+                    output: usage["completion_tokens"].as_u64().unwrap_or(0),
+                    total: usage["total_tokens"].as_u64(),
+                    ..Default::default()
+                });
+                self.void(progress, spent).await;
                 // The prompt fits without the answer's room: a window below prompt plus
                 // answer, when an answer was asked for; the ratio either way.
                 let prompt_tokens = answer["usage"]["prompt_tokens"].as_u64();

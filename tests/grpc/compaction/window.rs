@@ -512,3 +512,50 @@ async fn a_refused_max_tokens_is_not_sent_again_when_nothing_could_be_kept() {
         .collect();
     assert_eq!(chats.len(), 1, "not sent again as it was");
 }
+
+/// Answers paid for and dropped count in what a compaction reports it cost: one stopped
+/// by a content filter (its usage told), and the one-token probe of an empty stream (it
+/// read the whole prompt). Before, only the answers whose summary was kept counted.
+#[tokio::test]
+async fn dropped_answers_and_the_probe_count_in_the_reported_usage() {
+    let filtered = Reply::Stream {
+        chunks: vec![],
+        usage: Some((700, 2)),
+        delay_per_chunk: std::time::Duration::ZERO,
+        finish_reason: Some("content_filter".into()),
+    };
+    let fake = FakeLlm::start(vec![filtered]).await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    let f = failure(&compact(&mut client, SID).await).clone();
+    assert!(f.reason.contains("content filter"), "{f:?}");
+    let usage = f.usage.expect("the filtered answer's usage");
+    assert_eq!((usage.input, usage.output), (700, 2));
+
+    // An empty stream, its probe answered (the prompt fits, 900 tokens read), then the
+    // head cut smaller and summarized.
+    let fake = FakeLlm::start(vec![
+        Reply::Empty,
+        Reply::text(["x"]).with_usage(Some((900, 1))),
+        Reply::text(["a", "summary"]),
+        Reply::text(["the", "whole", "summary"]),
+    ])
+    .await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    let done = compacted(&compact(&mut client, SID).await).clone();
+    let requests = fake.requests();
+    assert_eq!(requests[1].body["stream"], false, "the probe");
+    // The probe, then each chunk's answer: usage (10, its chunk count).
+    let chunks = requests.len() - 2;
+    assert_eq!(done.chunks as usize, chunks);
+    let outputs: u64 = [2u64, 3].iter().take(chunks).sum();
+    let usage = done.usage.expect("usage");
+    assert_eq!(
+        (usage.input, usage.output),
+        (900 + 10 * chunks as u64, 1 + outputs),
+        "{usage:?}"
+    );
+}
