@@ -63,6 +63,16 @@ impl Session {
 }
 
 impl Trail {
+    /// The ids of the messages compaction commits made, in order: two reads of a
+    /// session's trail with the same ids carry the same compactions.
+    pub fn commit_ids(&self) -> Vec<&str> {
+        self.entries
+            .iter()
+            .filter(|e| e.made.is_some())
+            .map(|e| e.id.as_str())
+            .collect()
+    }
+
     /// Puts the commits' messages `messages` lacks back in it, each right after the
     /// message it followed in the replaced session (or first). Walks the replaced
     /// session's messages: each that is not a commit's must be in `messages`, after the

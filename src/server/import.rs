@@ -337,19 +337,18 @@ impl Importer {
         // The text is dropped: what it became is held until it is a session.
         held.resize(store.ledger(), document_bytes, "an import being built")
             .map_err(Rejection::from)?;
-        let trail = if req.replace && req.keep_compactions {
-            // A compaction still running on the replaced session would commit after its
-            // trail is read and be lost with it: cancelled first, as the replace would.
-            ops::cancel_replaced(
-                &self.hub,
-                &export.info.id,
-                None,
-                "session replaced by an import",
-            );
+        let keeping = req.replace && req.keep_compactions;
+        let trail = if keeping {
             self.compaction_trail(&export.info.id).await
         } else {
             None
         };
+        // Which compactions the build carries: a compaction still running on the
+        // replaced session goes on while the document is built (a document refused
+        // there leaves it be) and is checked for below.
+        let carried: Option<Vec<String>> = trail
+            .as_ref()
+            .map(|t| t.commit_ids().into_iter().map(str::to_string).collect());
         let session = tokio::task::spawn_blocking(move || -> Result<_, Rejection> {
             let carried = trail.map_or(0, |t| t.carry_into(&mut export.messages));
             if carried > 0 {
@@ -364,6 +363,23 @@ impl Importer {
         .await
         .map_err(|e| Status::internal(format!("import task failed: {e}")))??;
         let id = session.info().id.clone();
+        if keeping {
+            // Built: the replace goes through, and what runs on the replaced session would
+            // be lost with it. A compaction that committed meanwhile is not in the build:
+            // refused, so the caller imports again and keeps it too.
+            ops::cancel_replaced(&self.hub, &id, None, "session replaced by an import");
+            let now = self.compaction_trail(&id).await;
+            let now: Option<Vec<&str>> = now.as_ref().map(Trail::commit_ids);
+            let then: Option<Vec<&str>> = carried
+                .as_ref()
+                .map(|c| c.iter().map(String::as_str).collect());
+            if now != then {
+                return Err(Status::aborted(format!(
+                    "session {id} was compacted while the import was built, which would \
+                     lose that compaction: import again (keep_compactions keeps it)"
+                )));
+            }
+        }
         let (messages, parts) = (session.messages().len(), session.part_count());
         let generation = session.generation();
         self.store

@@ -140,3 +140,71 @@ async fn a_replaced_session_that_cannot_be_read_is_still_replaced() {
     assert_eq!(context_ids(&get_context(&mut client, SID).await).len(), 11);
     sigterm(bin).await;
 }
+
+/// A reload keeping compactions that is refused leaves everything as it was, a
+/// compaction running on the session included: it goes on and commits. Before, it was
+/// cancelled before the document was built, so a document refused at the build cost the
+/// session its compaction.
+#[tokio::test]
+async fn a_refused_reload_leaves_a_running_compaction_running() {
+    use compactd::server::pb::compaction_event::Event as Ce;
+    use tokio_stream::StreamExt;
+    let chunks: Vec<String> = (0..6).map(|i| format!("part {i}. ")).collect();
+    let fake = FakeLlm::start(vec![Reply::slow(
+        chunks,
+        std::time::Duration::from_millis(100),
+    )])
+    .await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    client
+        .import_session(host_import(SID))
+        .await
+        .expect("ImportSession");
+    let mut running = client
+        .compact(pb::CompactRequest {
+            session_id: SID.into(),
+            options: None,
+        })
+        .await
+        .expect("compact")
+        .into_inner();
+    let first = running.next().await.expect("an event").expect("ok");
+    assert!(matches!(first.event, Some(Ce::Started(_))), "{first:?}");
+
+    // The host's history with a message of more parts than a message may hold: read
+    // whole, refused as it is built.
+    let mut export: serde_json::Value =
+        serde_json::from_str(&host_import(SID).export_json).expect("json");
+    let message = &mut export["messages"][10];
+    let template = message["parts"][0].clone();
+    let parts: Vec<serde_json::Value> = (0..=compactd::config::MAX_PARTS_PER_MESSAGE)
+        .map(|i| {
+            let mut p = template.clone();
+            p["id"] = format!("prt_many_{i:05}").into();
+            p
+        })
+        .collect();
+    message["parts"] = parts.into();
+    let refused = client
+        .import_session(keeping(pb::ImportSessionRequest {
+            export_json: export.to_string(),
+            ..host_import(SID)
+        }))
+        .await
+        .expect_err("too many parts");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+
+    let mut last = None;
+    while let Some(e) = running.next().await {
+        last = Some(e.expect("event").event);
+    }
+    assert!(
+        matches!(last, Some(Some(Ce::Compacted(_)))),
+        "the compaction went on: {last:?}"
+    );
+}

@@ -495,9 +495,10 @@ export interface ImportSessionRequest {
    * same order: where the histories part (a message missing, as after a revert, or out
    * of order, or one the replaced session lacks before a compaction's verbatim tail,
    * which its summary never read), no later compaction is kept. A compaction the export
-   * holds itself is not added twice. A compaction still running is cancelled before the
-   * replaced session is read; one that cannot be read (damaged on disk) is replaced with
-   * nothing kept.
+   * holds itself is not added twice. A compaction still running goes on while the export
+   * is built (an export refused there leaves it be) and is cancelled once it is; one that
+   * committed meanwhile fails the import with ABORTED (import again: it is kept then). A
+   * replaced session that cannot be read (damaged on disk) is replaced with nothing kept.
    */
   keepCompactions: boolean;
 }
