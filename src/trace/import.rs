@@ -13,6 +13,7 @@ use std::mem::size_of;
 use serde_json::{Map, Value};
 use thiserror::Error;
 
+use super::bounded_value::{Bounded, Budget};
 use crate::domain::HeapSize;
 use crate::engine::ByteLimit;
 
@@ -132,6 +133,15 @@ pub fn from_value_limited(doc: Value, limit: ByteLimit) -> Result<Export, Limite
     finish(info, todos, messages, rest)
 }
 
+/// The refusal of a document whose JSON at `path` took what is read past `limit`.
+fn past(path: &str, limit: ByteLimit) -> LimitedError {
+    LimitedError::TooLarge {
+        path: path.to_string(),
+        bytes: limit.bytes.saturating_add(1),
+        limit,
+    }
+}
+
 /// The refusal of a `messages` that is not an array.
 fn not_an_array() -> ImportError {
     err("messages", "missing or not an array")
@@ -158,10 +168,15 @@ fn finish(
 /// ever built. Only one message's JSON tree is held at a time.
 pub fn parse_export_limited(json: &str, limit: ByteLimit) -> Result<Export, LimitedError> {
     let stop = std::cell::RefCell::new(None);
+    let budget = Budget::new(limit.bytes);
     let mut de = serde_json::Deserializer::from_str(json);
-    let parsed =
-        serde::de::Deserializer::deserialize_map(&mut de, DocVisitor { limit, stop: &stop })
-            .and_then(|doc| de.end().map(|()| doc));
+    let visitor = DocVisitor {
+        limit,
+        stop: &stop,
+        budget: &budget,
+    };
+    let parsed = serde::de::Deserializer::deserialize_map(&mut de, visitor)
+        .and_then(|doc| de.end().map(|()| doc));
     if let Some(e) = stop.into_inner() {
         return Err(e);
     }
@@ -184,6 +199,9 @@ struct DocVisitor<'a> {
     limit: ByteLimit,
     /// The typed error that stopped the parse (serde's own error type carries text only).
     stop: &'a std::cell::RefCell<Option<LimitedError>>,
+    /// What the document may still build: the limit less the top-level fields' values
+    /// read so far and the messages built.
+    budget: &'a Budget,
 }
 
 impl<'de> serde::de::Visitor<'de> for DocVisitor<'_> {
@@ -197,17 +215,18 @@ impl<'de> serde::de::Visitor<'de> for DocVisitor<'_> {
         let (mut info, mut todos, mut messages, mut rest) = (None, None, None, Map::new());
         while let Some(key) = map.next_key::<String>()? {
             match key.as_str() {
-                "info" => match map.next_value::<Value>()? {
+                "info" => match self.value(&mut map, "info")? {
                     Value::Object(o) => info = Some(o),
                     _ => return Err(self.fail(err("info", "missing or not an object").into())),
                 },
-                "todos" => todos = Some(map.next_value::<Value>()?),
+                "todos" => todos = Some(self.value(&mut map, "todos")?),
                 "messages" => {
                     let entered = std::cell::Cell::new(false);
                     let seed = MessagesSeed {
                         limit: self.limit,
                         stop: self.stop,
                         entered: &entered,
+                        budget: self.budget,
                     };
                     match map.next_value_seed(seed) {
                         Ok(builder) => messages = Some(builder),
@@ -219,7 +238,8 @@ impl<'de> serde::de::Visitor<'de> for DocVisitor<'_> {
                     }
                 }
                 _ => {
-                    rest.insert(key, map.next_value::<Value>()?);
+                    let value = self.value(&mut map, &key)?;
+                    rest.insert(key, value);
                 }
             }
         }
@@ -228,6 +248,22 @@ impl<'de> serde::de::Visitor<'de> for DocVisitor<'_> {
 }
 
 impl DocVisitor<'_> {
+    /// The value of the top-level field `key`, read within the budget (it is held until
+    /// the document is read).
+    fn value<'de, A: serde::de::MapAccess<'de>>(
+        &self,
+        map: &mut A,
+        key: &str,
+    ) -> Result<Value, A::Error> {
+        map.next_value_seed(Bounded(self.budget)).map_err(|e| {
+            if self.budget.passed() {
+                self.fail(past(key, self.limit))
+            } else {
+                e
+            }
+        })
+    }
+
     /// Keeps the typed error and stops serde with a placeholder.
     fn fail<E: serde::de::Error>(&self, e: LimitedError) -> E {
         *self.stop.borrow_mut() = Some(e);
@@ -241,6 +277,9 @@ struct MessagesSeed<'a> {
     stop: &'a std::cell::RefCell<Option<LimitedError>>,
     /// Set once the value turned out to be an array.
     entered: &'a std::cell::Cell<bool>,
+    /// The document's budget: each message's JSON is read within what it leaves less
+    /// what was built, and what was built is charged to it at the end.
+    budget: &'a Budget,
 }
 
 impl<'de> serde::de::DeserializeSeed<'de> for MessagesSeed<'_> {
@@ -261,12 +300,29 @@ impl<'de> serde::de::Visitor<'de> for MessagesSeed<'_> {
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Builder, A::Error> {
         self.entered.set(true);
         let mut builder = Builder::new(self.limit);
-        while let Some(m) = seq.next_element::<Value>()? {
+        loop {
+            // One message's JSON is held at a time, beside what was built: at most what the
+            // top-level fields left of the limit (so the parse holds at most twice the
+            // limit, and a message whose JSON fits the limit gets the verdict its built form
+            // gets, as in `from_value_limited`).
+            let room = Budget::new(self.budget.left());
+            let m = match seq.next_element_seed(Bounded(&room)) {
+                Ok(Some(m)) => m,
+                Ok(None) => break,
+                Err(e) if room.passed() => {
+                    let at = format!("messages[{}]", builder.messages.len());
+                    *self.stop.borrow_mut() = Some(past(&at, self.limit));
+                    return Err(e);
+                }
+                Err(e) => return Err(e),
+            };
             if let Err(e) = builder.message(m) {
                 *self.stop.borrow_mut() = Some(e);
                 return Err(serde::de::Error::custom("import stopped"));
             }
         }
+        // Fields after `messages` are read within what the messages left.
+        self.budget.take(builder.bytes);
         Ok(builder)
     }
 }
@@ -350,6 +406,17 @@ impl Builder {
             info.todos = todo_list(todos, "todos")?;
         }
         info.extra.extend(rest);
+        // What the session itself holds (its todos above all) counts with its messages.
+        let bytes = self
+            .bytes
+            .saturating_add(u64::try_from(info.heap_bytes()).unwrap_or(u64::MAX));
+        if bytes > self.limit.bytes {
+            return Err(LimitedError::TooLarge {
+                path: "info".into(),
+                bytes,
+                limit: self.limit,
+            });
+        }
         // The domain's own rules on what the session itself carries (its unknown fields'
         // depth above all), as for a Stream `open`.
         checked(info.validate(), "info")?;

@@ -163,3 +163,68 @@ fn a_part_under_another_message_or_an_id_twice_is_refused_naming_the_path() {
         "m1"
     );
 }
+
+/// Many small JSON values build many times their text (`[0,0,…]`: 2 bytes of text, 32 of
+/// `Value`, 96 of `Todo`): each top-level field and each message is read within what the
+/// limit leaves, so the document is refused before it is built. Before, a 2 MB document
+/// of todos under a 1 MiB limit parsed and loaded as a 96 MB session, and a 16 MB
+/// message built 610 MB of JSON before its refusal.
+#[test]
+fn small_values_are_refused_past_the_limit_before_they_are_built() {
+    let zeros = |n: usize| format!("[{}0]", "0,".repeat(n));
+    let mib = limit(1 << 20);
+    // Todos, an unknown field and `info` itself: read whole before messages.
+    for (field, json) in [
+        (
+            "todos",
+            format!(
+                r#"{{"info":{{"id":"s"}},"messages":[],"todos":{}}}"#,
+                zeros(1_000_000)
+            ),
+        ),
+        (
+            "other",
+            format!(
+                r#"{{"info":{{"id":"s"}},"messages":[],"other":{}}}"#,
+                zeros(1_000_000)
+            ),
+        ),
+        (
+            "info",
+            format!(
+                r#"{{"info":{{"id":"s","x":{}}},"messages":[]}}"#,
+                zeros(1_000_000)
+            ),
+        ),
+    ] {
+        match parse_export_limited(&json, mib) {
+            Err(LimitedError::TooLarge { path, .. }) => assert_eq!(path, field),
+            other => panic!("{field}: {other:?}"),
+        }
+    }
+    // One message holding them, after one that fits.
+    let json = format!(
+        r#"{{"info":{{"id":"s"}},"messages":[{{"info":{{"id":"m0","role":"user"}},"parts":[]}},{{"info":{{"id":"m1","role":"user","x":{}}},"parts":[]}}]}}"#,
+        zeros(1_000_000)
+    );
+    match parse_export_limited(&json, mib) {
+        Err(LimitedError::TooLarge { path, .. }) => assert_eq!(path, "messages[1]"),
+        other => panic!("{other:?}"),
+    }
+    // Todos whose JSON fits but whose built form does not: counted once built.
+    let todos = format!("[{}{{}}]", "{},".repeat(6_000));
+    let json = format!(r#"{{"info":{{"id":"s"}},"messages":[],"todos":{todos}}}"#);
+    let small = limit(500_000);
+    match parse_export_limited(&json, small) {
+        Err(LimitedError::TooLarge { path, .. }) => assert_eq!(path, "info"),
+        other => panic!("{other:?}"),
+    }
+    let doc: Value = serde_json::from_str(&json).expect("json");
+    assert!(matches!(
+        from_value_limited(doc, small),
+        Err(LimitedError::TooLarge { .. })
+    ));
+    // Within the limit, all of it reads as before.
+    let export = parse_export_limited(&json, limit(10 << 20)).expect("within");
+    assert_eq!(export.info.todos.len(), 6_001);
+}

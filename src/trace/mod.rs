@@ -7,6 +7,7 @@
 //! through [`crate::engine::step`] one by one, as a live host would, and reports what
 //! compactd would have done.
 
+mod bounded_value;
 pub mod chart;
 pub mod cost;
 mod import;
