@@ -308,7 +308,13 @@ impl Importer {
         // compactions (reading a cold one would count it twice). The document's own
         // reservation is not counted against the session it becomes.
         let counted = store.ledger().counted().saturating_sub(held.bytes());
-        let byte_limit = store.limits().byte_limit(0, counted);
+        // A session it replaces gives back what it holds (in memory: one on disk is not
+        // counted), as `Store::insert` does.
+        let replaced = match req.replace && !id_override.is_empty() {
+            true => store.hot(&id_override).map_or(0, |h| h.held_bytes()),
+            false => 0,
+        };
+        let byte_limit = store.limits().byte_limit(replaced, counted);
         // While it is parsed the document is held twice: its text and what it becomes
         // (past the in-flight share only alone, so that one large import still can).
         held.resize_or_alone(
@@ -442,10 +448,17 @@ fn slow(message: String) -> Status {
 fn limited(e: trace::LimitedError, root: &str) -> Rejection {
     match e {
         trace::LimitedError::Invalid(e) => Rejection::from(e).within_root(root),
-        trace::LimitedError::TooLarge { ref path, .. } => Rejection {
-            code: tonic::Code::ResourceExhausted,
-            field: format!("{root}.{path}"),
-            message: e.to_string(),
-        },
+        trace::LimitedError::TooLarge { ref path, .. } => {
+            // The field names the path: the text does not say it twice.
+            let text = e.to_string();
+            let message = text
+                .strip_prefix(&format!("{path}: "))
+                .map_or_else(|| text.clone(), str::to_string);
+            Rejection {
+                code: tonic::Code::ResourceExhausted,
+                field: format!("{root}.{path}"),
+                message,
+            }
+        }
     }
 }

@@ -585,3 +585,59 @@ async fn an_imported_document_is_not_counted_beside_the_session_it_became() {
     let summary = imported.expect("the import fits the budget").into_inner();
     assert_eq!(summary.held_bytes, h);
 }
+
+/// A session reloaded with `replace` gives back what the replaced session held: it
+/// reloads into a budget that holds it once. Before, the import's limit counted the
+/// replaced session beside the one replacing it and refused naming `memory_budget`, so a
+/// host that reloads on every start (the OpenCode plugin) could not reload a session once
+/// the others had taken the rest of the budget.
+#[tokio::test]
+async fn a_replacing_import_may_use_what_the_replaced_session_holds() {
+    const BUDGET: u64 = 1 << 20;
+    let limits = Limits {
+        memory_budget: BUDGET,
+        ..Limits::default()
+    };
+    let server = start_server_with_limits(limits).await;
+    let mut c = server.client().await;
+    let mut doc: serde_json::Value =
+        serde_json::from_str(&example_import("x").export_json).expect("example");
+    doc["messages"][0]["parts"][0]["text"] = serde_json::json!("word ".repeat(18_000));
+    let import = |replace: bool| pb::ImportSessionRequest {
+        export_json: doc.to_string(),
+        session_id: "i".into(),
+        replace,
+        ..Default::default()
+    };
+    let h = c
+        .import_session(import(false))
+        .await
+        .expect("fits")
+        .into_inner()
+        .held_bytes;
+    // Another session takes the rest but for half of it: the reload fits only in what
+    // the replaced session gives back.
+    open_session(&mut c, session("a")).await;
+    put_message(&mut c, "a", user_msg("ua")).await;
+    let mut i = 0;
+    loop {
+        let a = held(&get_session(&mut c, "a").await);
+        if a + h + 12_000 > BUDGET - h / 2 {
+            assert!(a + 2 * h > BUDGET && a + h <= BUDGET, "a {a} h {h}");
+            break;
+        }
+        i += 1;
+        put_part(
+            &mut c,
+            "a",
+            text_part("ua", &format!("a-t{i}"), &output_of("f", 10_000)),
+        )
+        .await;
+    }
+    let again = c
+        .import_session(import(true))
+        .await
+        .expect("the reload fits in what the session gives back")
+        .into_inner();
+    assert_eq!(again.held_bytes, h);
+}
