@@ -24,20 +24,6 @@ const EVERY: Duration = Duration::from_millis(100);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn histogram_samples_are_folded_without_a_scrape() {
     let handle = compactd::telemetry::install().expect("the recorder");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a port");
-    let stop = tokio_util::sync::CancellationToken::new();
-    let served = tokio::spawn(compactd::telemetry::serve(
-        listener,
-        handle,
-        || {},
-        stop.clone().cancelled_owned(),
-        compactd::telemetry::EndpointLimits {
-            upkeep_every: EVERY,
-            ..Default::default()
-        },
-    ));
     let record = || {
         for _ in 0..SAMPLES {
             let _ = compactd::telemetry::update("upsert_part", || Ok::<(), ()>(()));
@@ -52,6 +38,23 @@ async fn histogram_samples_are_folded_without_a_scrape() {
         first >= SAMPLES * 4,
         "the samples hold {first} bytes: too few to tell an upkeep from none"
     );
+    // The endpoint and its upkeep start only now: the first round, measured above, is
+    // what samples hold unfolded however slowly the machine recorded them (an upkeep
+    // that ran during the round made it look smaller).
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let served = tokio::spawn(compactd::telemetry::serve(
+        listener,
+        handle,
+        || {},
+        stop.clone().cancelled_owned(),
+        compactd::telemetry::EndpointLimits {
+            upkeep_every: EVERY,
+            ..Default::default()
+        },
+    ));
     // No one scrapes. Folded, the samples' memory is given back (when the epoch GC of
     // the recorder's buckets gets to it) and what is held stays about one round's;
     // unfolded, every round adds as much again.
