@@ -51,9 +51,49 @@ fn err(path: &str, message: impl Into<String>) -> ImportError {
 }
 
 /// The domain's own rules (ids bounded, call ids present, JSON depth), applied to what an
-/// import built exactly as to what a Stream update carries; the error names the JSON path.
-fn checked(r: Result<(), InvalidField>, path: &str) -> Result<(), ImportError> {
-    r.map_err(|e| err(&format!("{path}.{}", e.field), e.message))
+/// import built exactly as to what a Stream update carries; the error names the JSON path
+/// ([`json_field`]).
+fn checked(r: Result<(), InvalidField>, path: &str, part: bool) -> Result<(), ImportError> {
+    r.map_err(|e| {
+        let field = json_field(&e.field, part);
+        let at = if field.is_empty() {
+            path.to_string()
+        } else {
+            format!("{path}.{field}")
+        };
+        err(&at, e.message)
+    })
+}
+
+/// A domain field name (`tool.call_id`, the protobuf's) as the export spells it: a part's
+/// fields sit beside its `type`, not under its kind (`callID`, `state.input`), ids are
+/// spelled `…ID`, and `extra` is the object's own unknown fields.
+fn json_field(field: &str, part: bool) -> String {
+    let mut segments: Vec<&str> = field.split('.').collect();
+    if part && segments.len() > 1 {
+        segments.remove(0);
+    }
+    segments
+        .into_iter()
+        .filter(|s| *s != "extra")
+        .map(|s| match s.strip_suffix("_id") {
+            Some(stem) => {
+                let mut camel = String::new();
+                for (i, word) in stem.split('_').enumerate() {
+                    let mut chars = word.chars();
+                    match (i, chars.next()) {
+                        (0, Some(c)) => camel.push(c),
+                        (_, Some(c)) => camel.push(c.to_ascii_uppercase()),
+                        (_, None) => {}
+                    }
+                    camel.push_str(chars.as_str());
+                }
+                camel + "ID"
+            }
+            None => s.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(".")
 }
 
 /// Parses an export document.
@@ -419,7 +459,7 @@ impl Builder {
         }
         // The domain's own rules on what the session itself carries (its unknown fields'
         // depth above all), as for a Stream `open`.
-        checked(info.validate(), "info")?;
+        checked(info.validate(), "info", false)?;
         Ok(Export {
             info,
             messages: self.messages,
@@ -437,7 +477,7 @@ fn message(m: Value, i: usize) -> Result<(MessageInfo, Vec<Part>), ImportError> 
         return Err(err(&format!("{path}.info"), "missing or not an object"));
     };
     let minfo = message_info(minfo, &format!("{path}.info"))?;
-    checked(minfo.validate(), &format!("{path}.info"))?;
+    checked(minfo.validate(), &format!("{path}.info"), false)?;
     let parts = match m.remove("parts") {
         Some(Value::Array(a)) => a,
         None => Vec::new(),
@@ -450,7 +490,7 @@ fn message(m: Value, i: usize) -> Result<(MessageInfo, Vec<Part>), ImportError> 
             return Err(err(&ppath, "not an object"));
         };
         let p = part(p, &minfo.id, &ppath)?;
-        checked(p.validate(), &ppath)?;
+        checked(p.validate(), &ppath, true)?;
         ps.push(p);
     }
     Ok((minfo, ps))

@@ -228,3 +228,23 @@ fn small_values_are_refused_past_the_limit_before_they_are_built() {
     let export = parse_export_limited(&json, limit(10 << 20)).expect("within");
     assert_eq!(export.info.todos.len(), 6_001);
 }
+
+/// The domain's field names as the export spells them. Before, a refusal named the
+/// protobuf's path (`tool.call_id`, `text.metadata`), which the document does not have.
+#[test]
+fn domain_fields_are_named_as_the_document_spells_them() {
+    for (field, part, json) in [
+        ("tool.call_id", true, "callID"),
+        ("tool.tool", true, "tool"),
+        ("tool.state.input", true, "state.input"),
+        ("text.metadata", true, "metadata"),
+        ("message_id", true, "messageID"),
+        ("extra", true, ""),
+        ("id", false, "id"),
+        ("parent_id", false, "parentID"),
+        ("model.provider_id", false, "model.providerID"),
+        ("error.data", false, "error.data"),
+    ] {
+        assert_eq!(json_field(field, part), json, "{field}");
+    }
+}

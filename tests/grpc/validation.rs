@@ -204,13 +204,19 @@ async fn import_bounds_every_id_and_requires_call_ids() {
             example_with(|d| d["messages"][0]["parts"][0]["id"] = json!(long)),
             "export_json.messages[0].parts[0].id".to_string(),
         ),
+        // The paths are the document's own (`callID` beside the part's `type`), not the
+        // protobuf's `tool.call_id`.
         (
             example_with(|d| d["messages"][mi]["parts"][pi]["callID"] = json!(long)),
-            format!("export_json.messages[{mi}].parts[{pi}].tool.call_id"),
+            format!("export_json.messages[{mi}].parts[{pi}].callID"),
         ),
         (
             example_with(|d| d["messages"][mi]["parts"][pi]["callID"] = json!("")),
-            format!("export_json.messages[{mi}].parts[{pi}].tool.call_id: required"),
+            format!("export_json.messages[{mi}].parts[{pi}].callID: required"),
+        ),
+        (
+            example_with(|d| d["messages"][1]["info"]["parentID"] = json!(long)),
+            "export_json.messages[1].info.parentID".to_string(),
         ),
     ];
     for (req, field) in cases {
