@@ -68,7 +68,7 @@ fn checked(r: Result<(), InvalidField>, path: &str, part: bool) -> Result<(), Im
 /// A domain field name (`tool.call_id`, the protobuf's) as the export spells it: a part's
 /// fields sit beside its `type`, not under its kind (`callID`, `state.input`), ids are
 /// spelled `…ID`, and `extra` is the object's own unknown fields.
-fn json_field(field: &str, part: bool) -> String {
+pub(super) fn json_field(field: &str, part: bool) -> String {
     let mut segments: Vec<&str> = field.split('.').collect();
     if part && segments.len() > 1 {
         segments.remove(0);

@@ -50,13 +50,30 @@ pub fn load_within(
     info.config = overrides;
     let mut session = Session::new(info, config);
     session.set_byte_limit(byte_limit);
-    for (minfo, parts) in export.messages {
-        session.apply(Update::UpsertMessage(minfo), config)?;
-        for p in parts {
-            session.apply(Update::UpsertPart(p), config)?;
+    for (i, (minfo, parts)) in export.messages.into_iter().enumerate() {
+        session
+            .apply(Update::UpsertMessage(minfo), config)
+            .map_err(|e| at(e, &format!("messages[{i}].info"), false))?;
+        for (j, p) in parts.into_iter().enumerate() {
+            session
+                .apply(Update::UpsertPart(p), config)
+                .map_err(|e| at(e, &format!("messages[{i}].parts[{j}]"), true))?;
         }
     }
     Ok(session)
+}
+
+/// A refusal of the update built from the document at `path`, naming its field there as
+/// the document spells it (the whole message or part when the refusal names none: a
+/// limit).
+fn at(mut e: ApplyError, path: &str, part: bool) -> ApplyError {
+    let field = import::json_field(&e.field, part);
+    e.field = if field.is_empty() {
+        path.to_string()
+    } else {
+        format!("{path}.{field}")
+    };
+    e
 }
 
 /// Removes every `time.compacted` mark, so a session pruned by OpenCode can be pruned

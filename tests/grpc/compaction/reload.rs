@@ -198,6 +198,12 @@ async fn a_refused_reload_leaves_a_running_compaction_running() {
         tonic::Code::ResourceExhausted,
         "{refused:?}"
     );
+    // Named where the document holds it.
+    let at = format!(
+        "export_json.messages[10].parts[{}]",
+        compactd::config::MAX_PARTS_PER_MESSAGE
+    );
+    assert!(refused.message().starts_with(&at), "{refused:?}");
 
     let mut last = None;
     while let Some(e) = running.next().await {
