@@ -254,6 +254,17 @@ impl<'de> serde::de::Visitor<'de> for DocVisitor<'_> {
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Doc, A::Error> {
         let (mut info, mut todos, mut messages, mut rest) = (None, None, None, Map::new());
         while let Some(key) = map.next_key::<String>()? {
+            // A field given twice: JSON parsers keep one of the two (serde_json the last),
+            // so part of the document would be dropped without a word.
+            let twice = match key.as_str() {
+                "info" => info.is_some(),
+                "todos" => todos.is_some(),
+                "messages" => messages.is_some(),
+                other => rest.contains_key(other),
+            };
+            if twice {
+                return Err(self.fail(err(&key, "given twice in the document").into()));
+            }
             match key.as_str() {
                 "info" => match self.value(&mut map, "info")? {
                     Value::Object(o) => info = Some(o),

@@ -248,3 +248,29 @@ fn domain_fields_are_named_as_the_document_spells_them() {
         assert_eq!(json_field(field, part), json, "{field}");
     }
 }
+
+/// A top-level field given twice is refused: a JSON parser keeps one of the two, so a
+/// document with two `messages` arrays imported only the last, without a word.
+#[test]
+fn a_top_level_field_given_twice_is_refused() {
+    for (json, field) in [
+        (
+            r#"{"info":{"id":"s"},"messages":[{"info":{"id":"m0","role":"user"},"parts":[]}],"messages":[]}"#,
+            "messages",
+        ),
+        (
+            r#"{"info":{"id":"s"},"info":{"id":"t"},"messages":[]}"#,
+            "info",
+        ),
+        (r#"{"info":{"id":"s"},"messages":[],"x":1,"x":2}"#, "x"),
+    ] {
+        assert_eq!(
+            parse_export_limited(json, limit(1 << 20)),
+            Err(LimitedError::Invalid(err(
+                field,
+                "given twice in the document"
+            ))),
+            "{json}"
+        );
+    }
+}
