@@ -345,7 +345,7 @@ impl OpenAiSummarizer {
                 retry_after::scoped(self.attempt(&body, &progress, &mut started)).await;
             let e = match result {
                 Ok(outcome) => {
-                    if let Some(too_long) = self.truncated(&request, &outcome) {
+                    if let Some(too_long) = self.truncated(&request, &body, &outcome) {
                         // Paid for all the same.
                         self.void(&progress, outcome.usage).await;
                         // Its deltas went out already: say they are void.
@@ -380,7 +380,7 @@ impl OpenAiSummarizer {
             match e {
                 // Sending the same request again would be refused again: the chunker cuts
                 // it smaller instead.
-                SummarizeError::TooLong(why) => return Err(self.refused(&request, why)),
+                SummarizeError::TooLong(why) => return Err(self.refused(&request, &body, why)),
                 // `max_tokens` past the model's output cap, or a field the model does not
                 // take: sent again at once within what the refusal taught (once; it is
                 // another request, not the same one again).

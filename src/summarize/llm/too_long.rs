@@ -31,8 +31,13 @@ pub const MIN_OBSERVED_TOKENS: u64 = 1_000;
 impl OpenAiSummarizer {
     /// Learns from a refusal for length (`why`, the endpoint's message) and returns the
     /// error the chunker acts on.
-    pub(super) fn refused(&self, request: &SummaryRequest, why: String) -> SummarizeError {
-        self.learn(request, window::refusal(&why));
+    pub(super) fn refused(
+        &self,
+        request: &SummaryRequest,
+        body: &Value,
+        why: String,
+    ) -> SummarizeError {
+        self.learn(request, body, window::refusal(&why));
         let why = self.scrub_text(why);
         tracing::info!(model = self.model_of(request.model.as_deref()), counted_tokens = request.counted_tokens, max_tokens = request.max_tokens, reason = %why, "compaction request refused for length; it will be cut smaller");
         SummarizeError::TooLong(why)
@@ -75,11 +80,11 @@ impl OpenAiSummarizer {
         let why = match asked {
             Err(e) => match e {
                 SummarizeError::TooLong(message) => {
-                    self.learn(request, window::refusal(&message));
+                    self.learn(request, body, window::refusal(&message));
                     format!("{what}; asked again without streaming, it refused: {message}")
                 }
                 other => {
-                    self.learn(request, Refusal::default());
+                    self.learn(request, body, Refusal::default());
                     format!("{what} (asked again without streaming: {other})")
                 }
             },
@@ -96,9 +101,10 @@ impl OpenAiSummarizer {
                 // The prompt fits without the answer's room: a window below prompt plus
                 // answer, when an answer was asked for; the ratio either way.
                 let prompt_tokens = answer["usage"]["prompt_tokens"].as_u64();
-                if request.max_tokens.is_some() {
+                if sent_max_tokens(body).is_some() {
                     self.learn(
                         request,
+                        body,
                         Refusal {
                             window: None,
                             prompt_tokens,
@@ -126,6 +132,7 @@ impl OpenAiSummarizer {
     pub(super) fn truncated(
         &self,
         request: &SummaryRequest,
+        body: &Value,
         outcome: &SummaryOutcome,
     ) -> Option<SummarizeError> {
         let counted = request.counted_tokens?;
@@ -140,6 +147,7 @@ impl OpenAiSummarizer {
         );
         self.learn(
             request,
+            body,
             Refusal {
                 window: None,
                 prompt_tokens: Some(reported),
@@ -178,7 +186,9 @@ impl OpenAiSummarizer {
         log_learned(base, model, before, self.windows.get(base, model));
     }
 
-    fn learn(&self, request: &SummaryRequest, mut refusal: Refusal) {
+    /// Learns from a refusal of `request`, sent as `body` (its answer's room is what the
+    /// body asked for, within the output cap, not what the chunker wanted).
+    fn learn(&self, request: &SummaryRequest, body: &Value, mut refusal: Refusal) {
         let model = self.model_of(request.model.as_deref());
         let base = &self.config.base_url;
         let counted = request.counted_tokens.unwrap_or(0);
@@ -190,9 +200,17 @@ impl OpenAiSummarizer {
         let before = self.windows.get(base, model);
         let after = self
             .windows
-            .refused(base, model, refusal, counted, request.max_tokens);
+            .refused(base, model, refusal, counted, sent_max_tokens(body));
         log_learned(base, model, before, after);
     }
+}
+
+/// The answer's room a request body asked for (`max_tokens`, or `max_completion_tokens`
+/// for a model that refused the first; none when it asked for none).
+fn sent_max_tokens(body: &Value) -> Option<u64> {
+    body["max_tokens"]
+        .as_u64()
+        .or_else(|| body["max_completion_tokens"].as_u64())
 }
 
 /// The endpoint's count of a prompt less what its chat template adds, so the ratio compares

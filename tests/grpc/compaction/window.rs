@@ -559,3 +559,48 @@ async fn dropped_answers_and_the_probe_count_in_the_reported_usage() {
         "{usage:?}"
     );
 }
+
+/// A refusal for length without numbers teaches a window below what was sent: the
+/// prompt and the answer's room the body asked for, within the output cap a refusal of
+/// `max_tokens` taught. Before, the room the chunker wanted (32,000, not the 16,384 sent)
+/// was counted, so the window learned sat above anything sent and nothing was learned.
+#[tokio::test]
+async fn a_bare_refusal_learns_from_the_max_tokens_sent() {
+    use compactd::summarize::{OpenAiSummarizer, Summarizer, SummaryRequest};
+    let fake = FakeLlm::start(vec![
+        max_tokens_refused(
+            "max_tokens is too large: 32000. This model supports at most 16384 completion tokens, whereas you provided 32000.",
+        ),
+        Reply::Status {
+            code: 400,
+            body: crate::common::fake_llm::error_body(
+                crate::common::fake_llm::CONTEXT_TOO_LONG_MESSAGE,
+                "invalid_request_error",
+                Some("messages"),
+                Some("context_length_exceeded"),
+            ),
+            retry_after: None,
+        },
+    ])
+    .await;
+    let summarizer = OpenAiSummarizer::new(llm_config(&fake));
+    let (tx, _rx) = tokio::sync::mpsc::channel(64);
+    let request = SummaryRequest {
+        messages: vec![json!({"role": "user", "content": "summarize this"})],
+        model: None,
+        max_tokens: Some(32_000),
+        counted_tokens: Some(5_000),
+    };
+    let result = summarizer
+        .summarize(request, tx, tokio_util::sync::CancellationToken::new())
+        .await;
+    assert!(result.is_err(), "{result:?}");
+    let chats: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.ends_with("/chat/completions"))
+        .collect();
+    assert_eq!(chats[1].body["max_tokens"], 16_384, "asked within the cap");
+    let window = summarizer.window(None).await.expect("a window learned");
+    assert_eq!(window.tokens, 5_000 + 16_384 - 1);
+}
