@@ -33,8 +33,8 @@ pub fn until_closed<T: Send + 'static>(
     ))
 }
 
-/// The refusal of a new stream or compaction while draining, counted with the other
-/// refusals (`compactd_rejected_requests_total{code="UNAVAILABLE"}`).
+/// The refusal of a new stream, compaction or subscription while draining, counted with
+/// the other refusals (`compactd_rejected_requests_total{code="UNAVAILABLE"}`).
 pub fn refused() -> Status {
     crate::telemetry::rejected(tonic::Code::Unavailable);
     Status::unavailable("compactd is draining and accepts no new streams or compactions")

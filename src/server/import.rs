@@ -309,7 +309,8 @@ impl Importer {
         // reservation is not counted against the session it becomes.
         let counted = store.ledger().counted().saturating_sub(held.bytes());
         // A session it replaces gives back what it holds (in memory: one on disk is not
-        // counted), as `Store::insert` does.
+        // counted), as `Store::insert` does. Known only when the request names the id (as
+        // hosts do): a document's own id is read with the document, under this limit.
         let replaced = match req.replace && !id_override.is_empty() {
             true => store.hot(&id_override).map_or(0, |h| h.held_bytes()),
             false => 0,
@@ -374,12 +375,16 @@ impl Importer {
             // be lost with it. A compaction that committed meanwhile is not in the build:
             // refused, so the caller imports again and keeps it too.
             ops::cancel_replaced(&self.hub, &id, None, "session replaced by an import");
+            // Compared only when both reads found the session: one deleted, created or
+            // unreadable meanwhile carried nothing that could be lost here.
             let now = self.compaction_trail(&id).await;
             let now: Option<Vec<&str>> = now.as_ref().map(Trail::commit_ids);
             let then: Option<Vec<&str>> = carried
                 .as_ref()
                 .map(|c| c.iter().map(String::as_str).collect());
-            if now != then {
+            if let (Some(now), Some(then)) = (&now, &then)
+                && now != then
+            {
                 return Err(Status::aborted(format!(
                     "session {id} was compacted while the import was built, which would \
                      lose that compaction: import again (keep_compactions keeps it)"

@@ -257,6 +257,16 @@ impl OpenAiSummarizer {
         let failure = match finished {
             // Thinking, then the stream ended unfinished (a gateway's cut): the prompt was
             // read, so this is a stream failed on the way, no empty answer to probe.
+            // Its usage says it thought its whole `max_tokens` away (a gateway that drops
+            // the finish reason at the limit): the advice of a `length` finish, no retry.
+            None if !*started
+                && reasoned
+                && usage
+                    .zip(max_tokens)
+                    .is_some_and(|(u, m)| m > 0 && u.output >= m) =>
+            {
+                Some(reasoned_away(max_tokens).into())
+            }
             None if !*started && reasoned => Some(Failed::from(SummarizeError::Request {
                 status: None,
                 message: "the stream ended while the model was still reasoning, before the \

@@ -157,9 +157,10 @@ pub enum Progress {
         /// Wait before it.
         delay: Duration,
     },
-    /// An answer paid for and dropped (a prompt the endpoint truncated to fit its
-    /// window): its usage and cost (no text), so that what a compaction reports it cost
-    /// includes it.
+    /// An answer paid for and dropped (a prompt the endpoint truncated, a stream stopped
+    /// by a filter or cut short, a model that reasoned its room away, the one-token
+    /// probe of an empty stream): its usage and cost (no text), so that what a compaction
+    /// reports it cost includes it.
     Voided(SummaryOutcome),
 }
 

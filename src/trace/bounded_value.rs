@@ -1,8 +1,10 @@
 //! A JSON value read within a byte budget. A `serde_json::Value` holds many times the
 //! text it is read from when that text is many small values (`[0,0,0,…]`: two bytes of
-//! text, 32 of `Value`), so an import reads each message and each top-level field through
-//! [`Bounded`], which charges what it builds to a budget and stops the parse the moment it
-//! passes: the document's limit then bounds the memory of its parse too.
+//! text, a `Value` of tens of bytes and its slot), so an import reads each message and
+//! each top-level field through [`Bounded`], which charges what it builds to a budget and
+//! stops the parse the moment it passes: the document's limit then bounds the memory of
+//! its parse too (what is held parsing: the built messages and one message's JSON, each
+//! within the limit, about twice it at most).
 
 use std::cell::Cell;
 use std::fmt;
@@ -11,9 +13,13 @@ use std::mem::size_of;
 use serde::de::{DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value};
 
-/// What building one map entry costs beyond its key's text and its value: the key's
-/// `String` and the map's own bookkeeping (a B-tree slot, about as much again).
-const ENTRY_BYTES: u64 = (size_of::<String>() + size_of::<Value>()) as u64;
+/// What building one map entry costs beyond its key's text and its value's own node: the
+/// crate's maps keep insertion order (an `IndexMap`: an entry of hash, key and value, and
+/// an index slot in a table kept at most 7/8 full), about twice the key's `String`.
+const ENTRY_BYTES: u64 = (2 * size_of::<String>() + size_of::<Value>()) as u64;
+/// What a map costs before its first entry is counted: its first table and entries
+/// (room for a few entries at once; measured at ~450 bytes for a one-entry map).
+const MAP_BYTES: u64 = 384;
 
 /// Bytes a value being read may still take; every [`Bounded`] read charges it.
 #[derive(Debug)]
@@ -35,11 +41,6 @@ impl Budget {
     /// Bytes left.
     pub fn left(&self) -> u64 {
         self.left.get()
-    }
-
-    /// Takes `bytes` built elsewhere out of what is left (down to nothing).
-    pub fn take(&self, bytes: u64) {
-        self.left.set(self.left.get().saturating_sub(bytes));
     }
 
     /// Whether a read stopped because it passed the budget.
@@ -133,13 +134,15 @@ impl<'de> Visitor<'de> for Bounded<'_> {
         self.0.charge(NODE)?;
         let mut items = Vec::new();
         while let Some(v) = seq.next_element_seed(self)? {
+            // The vector's room: it doubles as it grows, so up to a node more per item.
+            self.0.charge(NODE)?;
             items.push(v);
         }
         Ok(Value::Array(items))
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
-        self.0.charge(NODE)?;
+        self.0.charge(NODE.saturating_add(MAP_BYTES))?;
         let mut out = Map::new();
         while let Some(key) = map.next_key::<String>()? {
             self.0.charge(ENTRY_BYTES.saturating_add(len(&key)))?;
@@ -171,7 +174,7 @@ mod tests {
         assert_eq!(read(text, 1 << 20).expect("within"), expected);
     }
 
-    /// Many small values: the text is 2 bytes each, what they become 32. A budget of
+    /// Many small values: the text is 2 bytes each, what they become tens. A budget of
     /// ten times the text stops the read; before, such a document built 16-48 times its
     /// size before any limit was looked at.
     #[test]
@@ -182,6 +185,13 @@ mod tests {
         let mut de = serde_json::Deserializer::from_str(&text);
         let refused = Bounded(&budget).deserialize(&mut de);
         assert!(refused.is_err());
+        assert!(budget.passed());
+        // Small objects cost more than their text too (`{"a":0}`: 7 bytes of text, over
+        // 500 of map, entry and value).
+        let text = format!("[{}{{\"a\":0}}]", "{\"a\":0},".repeat(10_000));
+        let budget = Budget::new(text.len() as u64 * 10);
+        let mut de = serde_json::Deserializer::from_str(&text);
+        assert!(Bounded(&budget).deserialize(&mut de).is_err());
         assert!(budget.passed());
         // Malformed text is a syntax error, not a budget one.
         let budget = Budget::new(1 << 20);

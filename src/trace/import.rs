@@ -328,8 +328,8 @@ struct MessagesSeed<'a> {
     stop: &'a std::cell::RefCell<Option<LimitedError>>,
     /// Set once the value turned out to be an array.
     entered: &'a std::cell::Cell<bool>,
-    /// The document's budget: each message's JSON is read within what it leaves less
-    /// what was built, and what was built is charged to it at the end.
+    /// The document's budget: each message's JSON is read within what the top-level
+    /// fields read before it left (what is built is checked against the limit apart).
     budget: &'a Budget,
 }
 
@@ -372,8 +372,9 @@ impl<'de> serde::de::Visitor<'de> for MessagesSeed<'_> {
                 return Err(serde::de::Error::custom("import stopped"));
             }
         }
-        // Fields after `messages` are read within what the messages left.
-        self.budget.take(builder.bytes);
+        // Fields after `messages` are read within the same budget, whatever the messages
+        // built (checked apart, with what the fields become, once the document is read):
+        // the verdict does not depend on the fields' order.
         Ok(builder)
     }
 }

@@ -200,7 +200,7 @@ async fn a_refused_reload_leaves_a_running_compaction_running() {
     );
     // Named where the document holds it.
     let at = format!(
-        "export_json.messages[10].parts[{}]",
+        "export_json.messages[10].parts[{}].id: ",
         compactd::config::MAX_PARTS_PER_MESSAGE
     );
     assert!(refused.message().starts_with(&at), "{refused:?}");

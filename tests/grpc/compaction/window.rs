@@ -455,6 +455,22 @@ async fn a_stream_cut_while_the_model_reasons_is_retried_and_teaches_no_window()
         requests[1].body["max_tokens"], requests[0].body["max_tokens"],
         "no window learned"
     );
+
+    // Cut where its usage says it thought its whole max_tokens away: the advice of a
+    // `length` finish, not a retry of a request that would do the same.
+    let fake = FakeLlm::start(vec![Reply::Reasoning {
+        reasoning: vec!["Let me think. ".into(); 20],
+        usage: (13_000, 8_192),
+        finish_reason: None,
+    }])
+    .await;
+    fake.serve_props(json!({"default_generation_settings": {"n_ctx": 32_768}}));
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    let f = failure(&compact(&mut client, SID).await).clone();
+    assert!(f.reason.contains("reasoning"), "{}", f.reason);
+    assert_eq!(fake.requests().len(), 1, "not retried");
 }
 
 #[tokio::test]

@@ -713,9 +713,10 @@ export interface CompactionFailed {
    */
   autoCompactionPaused: boolean;
   /**
-   * What the compaction model's answers cost though nothing was committed (a summary
-   * refused at commit: not smaller, empty, stale, the store; or cancelled after it was
-   * written). Absent when the failure came before a whole summary.
+   * What the compaction model's answers cost though nothing was committed: every answer
+   * paid for (a summary refused at commit: not smaller, empty, stale, the store; one
+   * cancelled after it was written; answers dropped on the way, a probe's too). Absent
+   * when the endpoint reported no usage for any.
    */
   usage: TokenUsage | undefined;
   cost: number;
