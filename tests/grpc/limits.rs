@@ -519,6 +519,41 @@ async fn a_request_that_would_amplify_when_decoded_is_refused_before_decoding() 
     open_session(&mut c, session("after")).await;
 }
 
+/// A server with `budget` as its memory budget, and the example export with a 90 kB
+/// text in its first part.
+async fn budget_and_document(budget: u64) -> (TestServer, serde_json::Value) {
+    let limits = Limits {
+        memory_budget: budget,
+        ..Limits::default()
+    };
+    let server = start_server_with_limits(limits).await;
+    let mut doc: serde_json::Value =
+        serde_json::from_str(&example_import("x").export_json).expect("example");
+    doc["messages"][0]["parts"][0]["text"] = serde_json::json!("word ".repeat(18_000));
+    (server, doc)
+}
+
+/// Opens session "a" and adds 10 kB parts to it while it holds under `target` less one
+/// part; returns what it holds.
+async fn fill_a(c: &mut Client, target: u64) -> u64 {
+    open_session(c, session("a")).await;
+    put_message(c, "a", user_msg("ua")).await;
+    let mut i = 0;
+    loop {
+        let a = held(&get_session(c, "a").await);
+        if a + 12_000 > target {
+            return a;
+        }
+        i += 1;
+        put_part(
+            c,
+            "a",
+            text_part("ua", &format!("a-t{i}"), &output_of("f", 10_000)),
+        )
+        .await;
+    }
+}
+
 /// An import's document is reserved in flight while it is read, and becomes the session:
 /// once read, it is not counted again beside the session it became. Before, it was: an
 /// import that fits the budget (the session ~H, the rest held by another session) was
@@ -526,15 +561,8 @@ async fn a_request_that_would_amplify_when_decoded_is_refused_before_decoding() 
 #[tokio::test]
 async fn an_imported_document_is_not_counted_beside_the_session_it_became() {
     const BUDGET: u64 = 1 << 20;
-    let limits = Limits {
-        memory_budget: BUDGET,
-        ..Limits::default()
-    };
-    let server = start_server_with_limits(limits).await;
+    let (server, doc) = budget_and_document(BUDGET).await;
     let mut c = server.client().await;
-    let mut doc: serde_json::Value =
-        serde_json::from_str(&example_import("x").export_json).expect("example");
-    doc["messages"][0]["parts"][0]["text"] = serde_json::json!("word ".repeat(18_000));
     let import = |id: &str| pb::ImportSessionRequest {
         export_json: doc.to_string(),
         session_id: id.into(),
@@ -555,24 +583,8 @@ async fn an_imported_document_is_not_counted_beside_the_session_it_became() {
     .expect("delete");
     // Another session holds the rest but for half the document: A + H fits, A + H + D
     // does not.
-    open_session(&mut c, session("a")).await;
-    put_message(&mut c, "a", user_msg("ua")).await;
-    let target = BUDGET - h - d / 2;
-    let mut i = 0;
-    loop {
-        let a = held(&get_session(&mut c, "a").await);
-        if a + 12_000 > target {
-            assert!(a + h + d > BUDGET && a + h <= BUDGET, "a {a} h {h} d {d}");
-            break;
-        }
-        i += 1;
-        put_part(
-            &mut c,
-            "a",
-            text_part("ua", &format!("a-t{i}"), &output_of("f", 10_000)),
-        )
-        .await;
-    }
+    let a = fill_a(&mut c, BUDGET - h - d / 2).await;
+    assert!(a + h + d > BUDGET && a + h <= BUDGET, "a {a} h {h} d {d}");
     // The deleted probe's bytes are given back when its actor's last job is done.
     let mut imported = Err(tonic::Status::unknown("not tried"));
     for _ in 0..100 {
@@ -594,15 +606,8 @@ async fn an_imported_document_is_not_counted_beside_the_session_it_became() {
 #[tokio::test]
 async fn a_replacing_import_may_use_what_the_replaced_session_holds() {
     const BUDGET: u64 = 1 << 20;
-    let limits = Limits {
-        memory_budget: BUDGET,
-        ..Limits::default()
-    };
-    let server = start_server_with_limits(limits).await;
+    let (server, doc) = budget_and_document(BUDGET).await;
     let mut c = server.client().await;
-    let mut doc: serde_json::Value =
-        serde_json::from_str(&example_import("x").export_json).expect("example");
-    doc["messages"][0]["parts"][0]["text"] = serde_json::json!("word ".repeat(18_000));
     let import = |replace: bool| pb::ImportSessionRequest {
         export_json: doc.to_string(),
         session_id: "i".into(),
@@ -617,23 +622,8 @@ async fn a_replacing_import_may_use_what_the_replaced_session_holds() {
         .held_bytes;
     // Another session takes the rest but for half of it: the reload fits only in what
     // the replaced session gives back.
-    open_session(&mut c, session("a")).await;
-    put_message(&mut c, "a", user_msg("ua")).await;
-    let mut i = 0;
-    loop {
-        let a = held(&get_session(&mut c, "a").await);
-        if a + h + 12_000 > BUDGET - h / 2 {
-            assert!(a + 2 * h > BUDGET && a + h <= BUDGET, "a {a} h {h}");
-            break;
-        }
-        i += 1;
-        put_part(
-            &mut c,
-            "a",
-            text_part("ua", &format!("a-t{i}"), &output_of("f", 10_000)),
-        )
-        .await;
-    }
+    let a = fill_a(&mut c, BUDGET - h - h / 2).await;
+    assert!(a + 2 * h > BUDGET && a + h <= BUDGET, "a {a} h {h}");
     let again = c
         .import_session(import(true))
         .await

@@ -492,12 +492,39 @@ async fn the_configured_window_wins_over_what_the_endpoint_says() {
     );
 }
 
+/// Asks `summarizer` directly (no session) for a summary of one short message, with
+/// `max_tokens` 32,000 and counted at `counted` tokens, which the fake refuses; returns the
+/// chat requests the fake received.
+async fn refused_request(
+    summarizer: &compactd::summarize::OpenAiSummarizer,
+    fake: &FakeLlm,
+    model: Option<&str>,
+    counted: u64,
+) -> Vec<RecordedRequest> {
+    use compactd::summarize::{Summarizer, SummaryRequest};
+    let (tx, _rx) = tokio::sync::mpsc::channel(64);
+    let request = SummaryRequest {
+        messages: vec![json!({"role": "user", "content": "summarize this"})],
+        model: model.map(str::to_string),
+        max_tokens: Some(32_000),
+        counted_tokens: Some(counted),
+    };
+    let result = summarizer
+        .summarize(request, tx, tokio_util::sync::CancellationToken::new())
+        .await;
+    assert!(result.is_err(), "{result:?}");
+    fake.requests()
+        .into_iter()
+        .filter(|r| r.path.ends_with("/chat/completions"))
+        .collect()
+}
+
 /// Past the models `Windows` keeps (`MAX_KNOWN`), a refusal of `max_tokens` teaches
 /// nothing that is kept: the request is not sent again as it was. Before, it was (the
 /// same body, refused the same way).
 #[tokio::test]
 async fn a_refused_max_tokens_is_not_sent_again_when_nothing_could_be_kept() {
-    use compactd::summarize::{OpenAiSummarizer, Summarizer, SummaryRequest, window};
+    use compactd::summarize::{OpenAiSummarizer, Summarizer, window};
     let fake = FakeLlm::start(vec![
         max_tokens_refused(
             "max_tokens is too large: 32000. This model supports at most 16384 completion tokens, whereas you provided 32000.",
@@ -510,22 +537,7 @@ async fn a_refused_max_tokens_is_not_sent_again_when_nothing_could_be_kept() {
     for i in 0..window::MAX_KNOWN {
         summarizer.window(Some(&format!("m{i}"))).await;
     }
-    let (tx, _rx) = tokio::sync::mpsc::channel(64);
-    let request = SummaryRequest {
-        messages: vec![json!({"role": "user", "content": "summarize this"})],
-        model: Some("one-more".into()),
-        max_tokens: Some(32_000),
-        counted_tokens: Some(10),
-    };
-    let result = summarizer
-        .summarize(request, tx, tokio_util::sync::CancellationToken::new())
-        .await;
-    assert!(result.is_err(), "{result:?}");
-    let chats: Vec<_> = fake
-        .requests()
-        .into_iter()
-        .filter(|r| r.path.ends_with("/chat/completions"))
-        .collect();
+    let chats = refused_request(&summarizer, &fake, Some("one-more"), 10).await;
     assert_eq!(chats.len(), 1, "not sent again as it was");
 }
 
@@ -582,7 +594,7 @@ async fn dropped_answers_and_the_probe_count_in_the_reported_usage() {
 /// was counted, so the window learned sat above anything sent and nothing was learned.
 #[tokio::test]
 async fn a_bare_refusal_learns_from_the_max_tokens_sent() {
-    use compactd::summarize::{OpenAiSummarizer, Summarizer, SummaryRequest};
+    use compactd::summarize::{OpenAiSummarizer, Summarizer};
     let fake = FakeLlm::start(vec![
         max_tokens_refused(
             "max_tokens is too large: 32000. This model supports at most 16384 completion tokens, whereas you provided 32000.",
@@ -600,22 +612,7 @@ async fn a_bare_refusal_learns_from_the_max_tokens_sent() {
     ])
     .await;
     let summarizer = OpenAiSummarizer::new(llm_config(&fake));
-    let (tx, _rx) = tokio::sync::mpsc::channel(64);
-    let request = SummaryRequest {
-        messages: vec![json!({"role": "user", "content": "summarize this"})],
-        model: None,
-        max_tokens: Some(32_000),
-        counted_tokens: Some(5_000),
-    };
-    let result = summarizer
-        .summarize(request, tx, tokio_util::sync::CancellationToken::new())
-        .await;
-    assert!(result.is_err(), "{result:?}");
-    let chats: Vec<_> = fake
-        .requests()
-        .into_iter()
-        .filter(|r| r.path.ends_with("/chat/completions"))
-        .collect();
+    let chats = refused_request(&summarizer, &fake, None, 5_000).await;
     assert_eq!(chats[1].body["max_tokens"], 16_384, "asked within the cap");
     let window = summarizer.window(None).await.expect("a window learned");
     assert_eq!(window.tokens, 5_000 + 16_384 - 1);
