@@ -126,7 +126,9 @@ export interface ImportInit {
   replace?: boolean;
   /**
    * With `replace`: keep the compactions compactd committed on the replaced session, which
-   * a host's own history lacks (a reload of a session compactd compacts for the host).
+   * a host's own history lacks (a reload of a session compactd compacts for the host). One
+   * committed while the document was built fails the call with ABORTED: import again, and
+   * it is kept then.
    */
   keepCompactions?: boolean;
 }

@@ -228,7 +228,9 @@ class Client:
         """Loads an ``opencode export`` document (JSON text or a dict) as a session.
 
         With ``replace`` and ``keep_compactions``, the compactions compactd committed on
-        the replaced session (absent from a host's own history) are kept. A document past
+        the replaced session (absent from a host's own history) are kept; one committed
+        while the document was built fails the call with ABORTED (import again: it is
+        kept then). A document past
         ``chunk_bytes`` (960 KiB; 0: never) is sent in chunks of that size, so one longer
         than compactd's ``max_update_bytes`` imports too (whole, to a compactd without
         ImportSessionChunked).
