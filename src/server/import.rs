@@ -375,16 +375,16 @@ impl Importer {
             // be lost with it. A compaction that committed meanwhile is not in the build:
             // refused, so the caller imports again and keeps it too.
             ops::cancel_replaced(&self.hub, &id, None, "session replaced by an import");
-            // Compared only when both reads found the session: one deleted, created or
-            // unreadable meanwhile carried nothing that could be lost here.
+            // Compared when this read finds the session: one deleted meanwhile has nothing
+            // to lose. One the first read missed (created meanwhile, or not readable then)
+            // carried nothing, so any compaction it holds now would be lost.
             let now = self.compaction_trail(&id).await;
             let now: Option<Vec<&str>> = now.as_ref().map(Trail::commit_ids);
-            let then: Option<Vec<&str>> = carried
+            let then: Vec<&str> = carried
                 .as_ref()
-                .map(|c| c.iter().map(String::as_str).collect());
-            if let (Some(now), Some(then)) = (&now, &then)
-                && now != then
-            {
+                .map(|c| c.iter().map(String::as_str).collect())
+                .unwrap_or_default();
+            if now.is_some_and(|now| now != then) {
                 return Err(Status::aborted(format!(
                     "session {id} was compacted while the import was built, which would \
                      lose that compaction: import again (keep_compactions keeps it)"

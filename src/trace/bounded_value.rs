@@ -10,7 +10,7 @@ use std::cell::Cell;
 use std::fmt;
 use std::mem::size_of;
 
-use serde::de::{DeserializeSeed, MapAccess, SeqAccess, Visitor};
+use serde::de::{DeserializeSeed, Error as _, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value};
 
 /// What building one map entry costs beyond its key's text and its value's own node: the
@@ -146,6 +146,10 @@ impl<'de> Visitor<'de> for Bounded<'_> {
         let mut out = Map::new();
         while let Some(key) = map.next_key::<String>()? {
             self.0.charge(ENTRY_BYTES.saturating_add(len(&key)))?;
+            // Kept, the last of two would replace the first without a word.
+            if out.contains_key(&key) {
+                return Err(A::Error::custom(format!("key {key:?} given twice")));
+            }
             let value = map.next_value_seed(self)?;
             out.insert(key, value);
         }

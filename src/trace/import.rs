@@ -329,7 +329,8 @@ struct MessagesSeed<'a> {
     /// Set once the value turned out to be an array.
     entered: &'a std::cell::Cell<bool>,
     /// The document's budget: each message's JSON is read within what the top-level
-    /// fields read before it left (what is built is checked against the limit apart).
+    /// fields read before `messages` left of the limit (what is built is checked against
+    /// the limit apart).
     budget: &'a Budget,
 }
 
@@ -372,9 +373,9 @@ impl<'de> serde::de::Visitor<'de> for MessagesSeed<'_> {
                 return Err(serde::de::Error::custom("import stopped"));
             }
         }
-        // Fields after `messages` are read within the same budget, whatever the messages
-        // built (checked apart, with what the fields become, once the document is read):
-        // the verdict does not depend on the fields' order.
+        // Fields after `messages` are read within what the fields before it left, whatever
+        // the messages built: what is built is checked apart, with what the fields
+        // become, once the document is read.
         Ok(builder)
     }
 }

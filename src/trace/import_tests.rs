@@ -229,6 +229,31 @@ fn small_values_are_refused_past_the_limit_before_they_are_built() {
     // Within the limit, all of it reads as before.
     let export = parse_export_limited(&json, limit(10 << 20)).expect("within");
     assert_eq!(export.info.todos.len(), 6_001);
+    // Todos after the messages are read within what the fields before them left: here
+    // their JSON fits, and the messages built plus the todos built do not.
+    let text = "x".repeat(300_000);
+    let json = format!(
+        r#"{{"info":{{"id":"s"}},"messages":[{{"info":{{"id":"m0","role":"user"}},"parts":[{{"id":"p0","type":"text","text":"{text}"}}]}}],"todos":{}}}"#,
+        zeros(2_500)
+    );
+    match parse_export_limited(&json, small) {
+        Err(LimitedError::TooLarge { path, .. }) => assert_eq!(path, "info"),
+        other => panic!("{other:?}"),
+    }
+    assert!(parse_export_limited(&json, limit(1 << 20)).is_ok());
+}
+
+/// A key given twice inside a message is refused as well: the last of the two would
+/// replace the first (two `parts` arrays imported the second only).
+#[test]
+fn a_key_given_twice_inside_a_message_is_refused() {
+    let json = r#"{"info":{"id":"s"},"messages":[{"info":{"id":"m0","role":"user"},"parts":[{"id":"a","type":"text","text":"A"}],"parts":[]}]}"#;
+    match parse_export_limited(json, limit(1 << 20)) {
+        Err(LimitedError::Invalid(e)) => {
+            assert!(e.message.contains(r#"key "parts" given twice"#), "{e:?}")
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 /// The domain's field names as the export spells them. Before, a refusal named the

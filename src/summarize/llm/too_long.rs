@@ -80,7 +80,8 @@ impl OpenAiSummarizer {
         let why = match asked {
             Err(e) => match e {
                 SummarizeError::TooLong(message) => {
-                    self.learn(request, body, window::refusal(&message));
+                    // The probe itself was refused: it asked for one token.
+                    self.learn(request, &probe, window::refusal(&message));
                     format!("{what}; asked again without streaming, it refused: {message}")
                 }
                 other => {
@@ -205,8 +206,8 @@ impl OpenAiSummarizer {
     }
 }
 
-/// The answer's room a request body asked for (`max_tokens`, or `max_completion_tokens`
-/// for a model that refused the first; none when it asked for none).
+/// The answer's room a request body asked for (`max_tokens`, or `max_completion_tokens`,
+/// which the probe of a model that refused the first sends; none when it asked for none).
 fn sent_max_tokens(body: &Value) -> Option<u64> {
     body["max_tokens"]
         .as_u64()
