@@ -577,7 +577,7 @@ fn message_info(mut o: Map<String, Value>, path: &str) -> Result<MessageInfo, Im
     info.mode = string(&mut o, "mode");
     info.agent = string(&mut o, "agent");
     info.finish = string(&mut o, "finish");
-    info.tokens = o.remove("tokens").and_then(token_usage);
+    info.tokens = usage_at(&mut o, path)?;
     info.cost = o.remove("cost").and_then(|v| v.as_f64()).unwrap_or(0.0);
     info.error = match o.remove("error") {
         Some(Value::Object(mut e)) => {
@@ -609,6 +609,17 @@ fn message_info(mut o: Map<String, Value>, path: &str) -> Result<MessageInfo, Im
     o.remove("sessionID");
     info.extra = compact(o);
     Ok(info)
+}
+
+/// The usage report under `tokens` of the object at `path`: absent or null is none; any
+/// other non-object is refused (dropped, the report would be lost without a word, and
+/// with it what the session's overflow detection learns from it).
+fn usage_at(o: &mut Map<String, Value>, path: &str) -> Result<Option<TokenUsage>, ImportError> {
+    match o.remove("tokens") {
+        None | Some(Value::Null) => Ok(None),
+        Some(v @ Value::Object(_)) => Ok(token_usage(v)),
+        Some(_) => Err(err(&format!("{path}.tokens"), "not an object")),
+    }
 }
 
 fn token_usage(v: Value) -> Option<TokenUsage> {
@@ -668,7 +679,7 @@ fn part(mut o: Map<String, Value>, message_id: &str, path: &str) -> Result<Part,
             reason: string(&mut o, "reason"),
             snapshot: string(&mut o, "snapshot"),
             cost: o.remove("cost").and_then(|v| v.as_f64()).unwrap_or(0.0),
-            tokens: o.remove("tokens").and_then(token_usage),
+            tokens: usage_at(&mut o, path)?,
         }),
         "file" => PartKind::File(file_part(&mut o)),
         "snapshot" => PartKind::Snapshot {

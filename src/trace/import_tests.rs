@@ -301,3 +301,26 @@ fn a_top_level_field_given_twice_is_refused() {
         );
     }
 }
+
+/// A usage report that is not an object is refused naming it: dropped, the report was
+/// lost without a word (and with it what overflow detection learns). Null is no report.
+#[test]
+fn a_usage_report_that_is_not_an_object_is_refused() {
+    let doc = |info_tokens: &str, part_tokens: &str| {
+        format!(
+            r#"{{"info":{{"id":"s"}},"messages":[{{"info":{{"id":"m0","role":"assistant","tokens":{info_tokens}}},"parts":[{{"id":"p0","type":"step-finish","tokens":{part_tokens}}}]}}]}}"#
+        )
+    };
+    for (json, path) in [
+        (doc(r#""12""#, "null"), "messages[0].info.tokens"),
+        (doc("null", "[1]"), "messages[0].parts[0].tokens"),
+    ] {
+        assert_eq!(
+            parse_export_limited(&json, limit(1 << 20)),
+            Err(LimitedError::Invalid(err(path, "not an object"))),
+        );
+    }
+    let export = parse_export_limited(&doc("null", r#"{"input":5}"#), limit(1 << 20))
+        .expect("null and objects are taken");
+    assert_eq!(export.messages[0].0.tokens, None);
+}
