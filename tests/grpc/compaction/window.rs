@@ -248,6 +248,10 @@ async fn a_prompt_the_endpoint_truncated_is_too_long_not_a_summary() {
     assert_eq!(streamed, format!("summary #{}", requests.len()));
 }
 
+/// OpenAI's refusal of 32,000 answer tokens from a model that writes at most 16,384
+/// (gpt-4o-mini).
+const OUTPUT_CAP_16K: &str = "max_tokens is too large: 32000. This model supports at most 16384 completion tokens, whereas you provided 32000.";
+
 /// A 400 refusing the `max_tokens` asked, in `message`'s words.
 fn max_tokens_refused(message: &str) -> Reply {
     Reply::Status {
@@ -267,9 +271,7 @@ async fn a_refused_max_tokens_is_asked_again_within_the_models_output_cap() {
     // gpt-4o-mini: a 128k window (configured here) but 16,384 output tokens; compactd
     // asks for a quarter of the window.
     let fake = FakeLlm::start(vec![
-        max_tokens_refused(
-            "max_tokens is too large: 32000. This model supports at most 16384 completion tokens, whereas you provided 32000.",
-        ),
+        max_tokens_refused(OUTPUT_CAP_16K),
         Reply::text(["the summary"]),
         Reply::text(["the second summary"]),
     ])
@@ -526,9 +528,7 @@ async fn refused_request(
 async fn a_refused_max_tokens_is_not_sent_again_when_nothing_could_be_kept() {
     use compactd::summarize::{OpenAiSummarizer, Summarizer, window};
     let fake = FakeLlm::start(vec![
-        max_tokens_refused(
-            "max_tokens is too large: 32000. This model supports at most 16384 completion tokens, whereas you provided 32000.",
-        ),
+        max_tokens_refused(OUTPUT_CAP_16K),
         Reply::text(["the summary"]),
     ])
     .await;
@@ -596,9 +596,7 @@ async fn dropped_answers_and_the_probe_count_in_the_reported_usage() {
 async fn a_bare_refusal_learns_from_the_max_tokens_sent() {
     use compactd::summarize::{OpenAiSummarizer, Summarizer};
     let fake = FakeLlm::start(vec![
-        max_tokens_refused(
-            "max_tokens is too large: 32000. This model supports at most 16384 completion tokens, whereas you provided 32000.",
-        ),
+        max_tokens_refused(OUTPUT_CAP_16K),
         Reply::Status {
             code: 400,
             body: crate::common::fake_llm::error_body(
