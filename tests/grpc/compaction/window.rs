@@ -385,6 +385,28 @@ async fn silent_answers_without_numbers_halve_the_chunk() {
     }
 }
 
+/// A model with a 32,768-token window (told by `/props`) whose first answer is thinking
+/// only (`output` tokens of a 13,000-token prompt, then `finish`), then `then`; a server
+/// using it, and a client with the seeded session [`SID`].
+async fn thinking_first(
+    output: u64,
+    finish: Option<&'static str>,
+    then: Vec<Reply>,
+) -> (FakeLlm, TestServer, Client) {
+    let mut replies = vec![Reply::Reasoning {
+        reasoning: vec!["Let me think. ".into(); 20],
+        usage: (13_000, output),
+        finish_reason: finish,
+    }];
+    replies.extend(then);
+    let fake = FakeLlm::start(replies).await;
+    fake.serve_props(json!({"default_generation_settings": {"n_ctx": 32_768}}));
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    (fake, server, client)
+}
+
 /// A reasoning model that spends its whole `max_tokens` thinking wrote no summary, but
 /// its prompt fit: that is not "too long". Before, compactd took it for one, learned a
 /// window below prompt + max_tokens (kept for the process's life, only ever lowered) and
@@ -392,19 +414,8 @@ async fn silent_answers_without_numbers_halve_the_chunk() {
 /// compaction failed `too_long` after its splits.
 #[tokio::test]
 async fn a_model_that_reasons_its_max_tokens_away_teaches_no_window() {
-    let fake = FakeLlm::start(vec![
-        Reply::Reasoning {
-            reasoning: vec!["Let me think. ".into(); 20],
-            usage: (13_000, 8_192),
-            finish_reason: Some("length"),
-        },
-        Reply::text(["a summary"]),
-    ])
-    .await;
-    fake.serve_props(json!({"default_generation_settings": {"n_ctx": 32_768}}));
-    let server = server_with_llm(&fake).await;
-    let mut client = server.client().await;
-    seed_session(&mut client, SID).await;
+    let (fake, _server, mut client) =
+        thinking_first(8_192, Some("length"), vec![Reply::text(["a summary"])]).await;
     let events = compact(&mut client, SID).await;
     let f = failure(&events);
     assert_ne!(f.kind, "too_long", "{f:?}");
@@ -435,19 +446,8 @@ async fn a_model_that_reasons_its_max_tokens_away_teaches_no_window() {
 /// smaller.
 #[tokio::test]
 async fn a_stream_cut_while_the_model_reasons_is_retried_and_teaches_no_window() {
-    let fake = FakeLlm::start(vec![
-        Reply::Reasoning {
-            reasoning: vec!["Let me think. ".into(); 20],
-            usage: (13_000, 100),
-            finish_reason: None,
-        },
-        Reply::text(["a summary"]),
-    ])
-    .await;
-    fake.serve_props(json!({"default_generation_settings": {"n_ctx": 32_768}}));
-    let server = server_with_llm(&fake).await;
-    let mut client = server.client().await;
-    seed_session(&mut client, SID).await;
+    let (fake, _server, mut client) =
+        thinking_first(100, None, vec![Reply::text(["a summary"])]).await;
     let events = compact(&mut client, SID).await;
     compacted(&events);
     let requests = fake.requests();
@@ -460,16 +460,7 @@ async fn a_stream_cut_while_the_model_reasons_is_retried_and_teaches_no_window()
 
     // Cut where its usage says it thought its whole max_tokens away: the advice of a
     // `length` finish, not a retry of a request that would do the same.
-    let fake = FakeLlm::start(vec![Reply::Reasoning {
-        reasoning: vec!["Let me think. ".into(); 20],
-        usage: (13_000, 8_192),
-        finish_reason: None,
-    }])
-    .await;
-    fake.serve_props(json!({"default_generation_settings": {"n_ctx": 32_768}}));
-    let server = server_with_llm(&fake).await;
-    let mut client = server.client().await;
-    seed_session(&mut client, SID).await;
+    let (fake, _server, mut client) = thinking_first(8_192, None, vec![]).await;
     let f = failure(&compact(&mut client, SID).await).clone();
     assert!(f.reason.contains("wrote no summary"), "{}", f.reason);
     assert_eq!(fake.requests().len(), 1, "not retried");
