@@ -114,3 +114,50 @@ def test_events_no_one_reads_are_kept_bounded(client: Client, sid: str) -> None:
         first = s.next_event(timeout=1)
         assert first is not None and first.seq == 1_000_000 + 2 * LATE_EVENTS_KEPT + 1
         s.open(sid)  # the stream goes on
+
+
+def test_submit_waits_for_room_while_the_server_is_stopped() -> None:
+    """A host submitting faster than a stopped server reads holds at most MAX_UNSENT
+    updates in the client; once the server runs again, every one of them is acked."""
+    import signal
+    import threading
+    import time
+
+    from compactd_client.stream import MAX_UNSENT
+    from compactd_server import Server
+
+    total = MAX_UNSENT + 300
+    srv = Server()
+    try:
+        with Client(srv.addr, timeout=30) as c, c.stream() as s:
+            sid = "backpressure"
+            s.open(sid)
+            s.upsert_message(sid, b.user_message("m1"))
+            srv.proc.send_signal(signal.SIGSTOP)
+            futures = []
+
+            def host() -> None:
+                for i in range(total):
+                    text = f"{i:06d}" + "x" * (64 << 10)  # fills gRPC's windows quickly
+                    futures.append(s.submit(sid, upsert_part=b.text_part("m1", f"p{i}", text)))
+
+            t = threading.Thread(target=host, daemon=True)
+            t.start()
+            # The host blocks once the outbox is full; wait for it to stop moving.
+            last, still = -1, 0
+            while still < 10:
+                time.sleep(0.1)
+                n = len(futures)
+                still = still + 1 if n == last else 0
+                last = n
+            assert t.is_alive() and len(futures) < total, "submit() never waited"
+            assert s.unsent == MAX_UNSENT
+            srv.proc.send_signal(signal.SIGCONT)
+            t.join(30)
+            assert not t.is_alive() and len(futures) == total
+            acked = [f.result(30) for f in futures]
+            assert [r.seq for r in acked] == list(range(3, total + 3))
+            assert s.unsent == 0
+    finally:
+        srv.proc.send_signal(signal.SIGCONT)
+        srv.stop()

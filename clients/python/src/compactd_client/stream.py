@@ -14,6 +14,12 @@ A background thread reads the server's events and routes each by ``seq``:
 ``compactd_client``) and the stream goes on; it may ``submit()`` updates but not wait for
 them (their acks are read by the thread it holds), so the stream's waiting methods raise
 ``RuntimeError`` there. A future the host cancelled is left as it is when its ack comes.
+
+Backpressure: at most ``MAX_UNSENT`` updates wait to be written (gRPC writes them as
+the server reads); past that, ``submit()`` waits for room, as the asyncio stream's
+``write`` does, so a host that outpaces a slow or stopped server holds a bounded
+number of updates. On the reader thread (``on_event``) it never waits: that thread
+must go on reading for room to come.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections import deque
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
@@ -49,6 +56,10 @@ _log = logging.getLogger("compactd_client")
 #: Events :meth:`SessionStream.next_event` keeps for a host that reads none (no
 #: ``on_event``): past it the oldest are dropped, so a long stream's memory stays bounded.
 LATE_EVENTS_KEPT = 1024
+
+#: Updates submitted and not yet written, past which ``submit()`` waits (the server reads
+#: at most 256 ahead of its acks; a few hundred more keep a burst flowing).
+MAX_UNSENT = 512
 
 
 def _keep(q: Any, item: Any, full: type = queue.Full, empty: type = queue.Empty) -> None:
@@ -101,8 +112,10 @@ class SessionStream:
         metadata: Any = (),
         on_event: Optional[Callable[[pb.ServerEvent], None]] = None,
     ) -> None:
-        self._outbox: "queue.Queue[Any]" = queue.Queue()
+        self._outbox: "deque[Any]" = deque()
         self._lock = threading.Lock()
+        # Signalled when the outbox gains an item or room, and when the stream ends.
+        self._changed = threading.Condition(self._lock)
         self._seq = 0
         self._pending: Dict[int, _Pending] = {}
         self._listeners: Dict[int, "queue.Queue[Any]"] = {}
@@ -143,22 +156,42 @@ class SessionStream:
     ) -> "Future[UpdateResult]":
         if len(update) != 1:
             raise TypeError("an update sets exactly one ClientUpdate field")
-        with self._lock:
-            if self._closing:
-                raise RuntimeError("the stream is closed")
-            if self._failure is not None:
-                raise self._failure
+        may_wait = threading.current_thread() is not self._reader
+        with self._changed:
+            # Waiting releases the lock: the reader goes on routing events meanwhile.
+            while True:
+                if self._closing:
+                    raise RuntimeError("the stream is closed")
+                if self._failure is not None:
+                    raise self._failure
+                if not may_wait or len(self._outbox) < MAX_UNSENT:
+                    break
+                self._changed.wait()
             self._seq += 1
             seq = self._seq
             msg = pb.ClientUpdate(seq=seq, session_id=session_id, **update)
             pending = _Pending(listener)
             self._pending[seq] = pending
-            self._outbox.put(msg)
+            self._outbox.append(msg)
+            self._changed.notify_all()
         return pending.future
+
+    @property
+    def unsent(self) -> int:
+        """Updates submitted and not yet written to the stream (at most ``MAX_UNSENT``,
+        but for those ``on_event`` submitted)."""
+        with self._lock:
+            return sum(1 for m in self._outbox if m is not _CLOSE)
 
     def _requests(self) -> Iterator[pb.ClientUpdate]:
         while True:
-            item = self._outbox.get()
+            with self._changed:
+                while not self._outbox and self._failure is None:
+                    self._changed.wait()
+                if not self._outbox:
+                    return  # the stream ended: nothing more is read
+                item = self._outbox.popleft()
+                self._changed.notify_all()  # room for a waiting submit()
             if item is _CLOSE:
                 return
             yield item
@@ -179,10 +212,11 @@ class SessionStream:
             self._call.cancel()
         if failure is None:
             failure = CompactdError(grpc.StatusCode.CANCELLED, "the stream ended")
-        with self._lock:
+        with self._changed:
             self._failure = failure
             pending, self._pending = self._pending, {}
             listeners, self._listeners = self._listeners, {}
+            self._changed.notify_all()  # a waiting submit() raises, the writer ends
         for seq, p in pending.items():
             err = stream_ended(failure, seq)
             _settle(p.future, error=err)
@@ -245,11 +279,12 @@ class SessionStream:
     def close(self, timeout: float = 10.0) -> None:
         """Half-closes the stream once every sent update is answered, then waits for the
         server to end it (a running compaction of this stream is cancelled)."""
-        with self._lock:
+        with self._changed:
             if self._closing:
                 return
             self._closing = True
-        self._outbox.put(_CLOSE)
+            self._outbox.append(_CLOSE)
+            self._changed.notify_all()
         if threading.current_thread() is self._reader:
             return  # from on_event: the reader ends the stream once the server does
         self._reader.join(timeout)
