@@ -63,6 +63,12 @@ impl RequestLog {
         }
     }
 
+    /// The message the newest request was recorded on (0 before any): a report stored on
+    /// an older message describes a request the session is past.
+    pub(crate) fn newest_message(&self) -> usize {
+        self.sent.0
+    }
+
     /// Requests since the cache was last found expired (this one included).
     pub(crate) fn warm_streak(&self) -> u64 {
         self.warm

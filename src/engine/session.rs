@@ -1038,9 +1038,7 @@ impl Session {
             (Some(_), _) => self.recompute_boundary(),
             (None, None) => {}
         }
-        if usage {
-            self.usage_reported(tokens.unwrap_or_default(), summary);
-        }
+        let usage = usage && self.usage_reported(tokens.unwrap_or_default(), summary, Some(idx));
         if finished && self.messages[idx].info.role == Role::Assistant {
             let t = &self.messages[idx].info.time;
             self.requests.finished(t.completed.unwrap_or(t.created));
@@ -1093,9 +1091,7 @@ impl Session {
         if let Some(parent) = completed {
             self.summary_completed(parent, idx);
         }
-        if usage {
-            self.usage_reported(tokens.unwrap_or_default(), summary);
-        }
+        let usage = usage && self.usage_reported(tokens.unwrap_or_default(), summary, Some(idx));
         Applied {
             created: true,
             finished,
@@ -1233,12 +1229,11 @@ impl Session {
         } else if is_compaction && !was_compaction {
             self.compaction_part_added(idx);
         }
-        if let Some(tokens) = step_usage {
-            self.usage_reported(tokens, self.messages[idx].info.is_summary());
-        }
+        let summary = self.messages[idx].info.is_summary();
+        let reported = step_usage.is_some_and(|t| self.usage_reported(t, summary, Some(idx)));
         Ok(Applied {
             created,
-            usage_reported: step_usage.is_some(),
+            usage_reported: reported,
             ..Applied::default()
         })
     }
@@ -1312,15 +1307,20 @@ impl Session {
                     format!("message {id} is a user message; usage belongs to assistant messages"),
                 ));
             }
+            // The same report again (a retried call) is no news: after a compaction it
+            // would make the summarized context's size the baseline again.
+            let again = info.tokens == Some(tokens);
             info.tokens = Some(tokens);
             let summary = info.is_summary();
             self.touch(idx);
-            self.usage_reported(tokens, summary);
-        } else {
-            self.usage_reported(tokens, false);
+            let reported = !again && self.usage_reported(tokens, summary, Some(idx));
+            return Ok(Applied {
+                usage_reported: reported,
+                ..Applied::default()
+            });
         }
         Ok(Applied {
-            usage_reported: true,
+            usage_reported: self.usage_reported(tokens, false, None),
             ..Applied::default()
         })
     }
@@ -1350,18 +1350,26 @@ impl Session {
         self.totals.request_started(anchor);
     }
 
-    /// A provider report arrived (`of_summary`: on a summary message, so it reports a
-    /// compaction request, whose prompt is the summarized head, not the session's: the
-    /// next request is estimated whole, O(context), on such reports only).
-    fn usage_reported(&mut self, tokens: TokenUsage, of_summary: bool) {
+    /// A provider report arrived, stored on message `at` (`None`: a report of the latest
+    /// request, on no message). Returns whether it is the new baseline of the next
+    /// request. It is not when it is on a message older than the newest request's (a
+    /// late or retried report of a request the session is past: after a compaction, the
+    /// summarized context's size), nor when it is on a summary message (`of_summary`: a
+    /// compaction request's, whose prompt is the summarized head, not the session's; the
+    /// baseline stays until the compaction completes and the context starts afresh, so
+    /// a compaction that fails leaves the overflow seen).
+    fn usage_reported(&mut self, tokens: TokenUsage, of_summary: bool, at: Option<usize>) -> bool {
+        if at.is_some_and(|i| i < self.requests.newest_message()) {
+            return false;
+        }
         if of_summary {
-            let context = self.context_tokens();
-            self.totals.summary_reported(context);
-            return;
+            self.totals.summary_reported();
+            return false;
         }
         let prompt = prompt_tokens(&tokens, self.settings.cache_counting);
         let reasoning = Anchor::of(&tokens, self.settings.cache_counting).reasoning;
         self.totals.usage_reported(tokens, prompt, reasoning);
+        true
     }
 
     /// What the usage reports taught about this session's estimates.

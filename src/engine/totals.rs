@@ -403,11 +403,13 @@ impl Totals {
     }
 
     /// A summary message reported its usage: a compaction request's (the summarized
-    /// head, to another model perhaps), no base for the session's next request. That
-    /// request is estimated whole, `context` tokens, as after a committed compaction; and
-    /// its report checks no prediction.
-    pub(crate) fn summary_reported(&mut self, context: u64) {
-        self.compaction_committed(context);
+    /// head, to another model perhaps), no base for the session's next request. The last
+    /// report stays the baseline (the context is the same until the compaction completes,
+    /// which starts it afresh, `compaction_committed`); the compaction request is over,
+    /// and the next request's report checks no prediction. O(1).
+    pub(crate) fn summary_reported(&mut self) {
+        self.usage.requesting = false;
+        self.usage.at_request = None;
         self.usage.last_of_summary = true;
     }
 

@@ -1061,3 +1061,119 @@ fn a_recount_while_a_request_runs_stays_in_the_prediction_after_its_report() {
     let c = s.check_overflow(Trigger::Request);
     assert_eq!(c.predicted, s.context_tokens() + 1, "{c:?}");
 }
+
+// ---- reports of requests the session is past ------------------------------------------
+
+fn report_on(message_id: &str, input: u64) -> Update {
+    Update::ReportUsage {
+        message_id: Some(message_id.into()),
+        tokens: usage(input, 0, 0),
+    }
+}
+
+fn no_prune() -> Session {
+    new_session(
+        SessionOverrides {
+            prune: Some(false),
+            ..Default::default()
+        },
+        lim(200_000, 0, 32_000),
+    )
+}
+
+/// A host compaction leaves a small context; a report of a1 (from before it) sent again,
+/// as a retried call or a changed one, is stored but is no baseline. Before, the retried
+/// report made the summarized 160,000 tokens the baseline: a false overflow, and another
+/// compaction right after the first.
+#[test]
+fn a_report_of_a_message_before_a_compaction_is_no_baseline() {
+    let mut s = no_prune();
+    for u in parse("user u1 text:t1=10\nassistant a1 unfinished bash:p1=100000") {
+        apply(&mut s, u);
+    }
+    apply(&mut s, report_on("a1", 160_000));
+    assert!(s.check_overflow(Trigger::Request).overflow);
+    for u in parse("user u2 compaction:c1\nassistant s1 summary text:sum=500\nuser u3 text:t3=10") {
+        apply(&mut s, u);
+    }
+    let after = s.check_overflow(Trigger::Request);
+    assert!(!after.overflow);
+    for report in [160_000, 160_001] {
+        let r = step(&mut s, report_on("a1", report), &config(), NOW).expect("applies");
+        assert!(!r.applied.usage_reported, "{report}: no news");
+        assert_eq!(r.events, vec![]);
+        let c = s.check_overflow(Trigger::Request);
+        assert_eq!(
+            (c.used, c.predicted, c.overflow),
+            (after.used, after.predicted, false)
+        );
+        assert_eq!(
+            s.messages()[1].info.tokens,
+            Some(usage(report, 0, 0)),
+            "stored"
+        );
+    }
+}
+
+/// A late report of an older request (on its message, or as the message's tokens) does
+/// not lower the baseline a newer report set, nor check the prediction of the request in
+/// flight. Before, the prediction fell from 60,000 to 10,001 (an overflow seen too late),
+/// and a late report during a2's request taught the calibration a factor of 0.67.
+#[test]
+fn a_late_report_of_an_older_request_is_no_baseline() {
+    let mut s = no_prune();
+    for u in parse("user u1 text:t1=10\nassistant a1 unfinished text:x1=10") {
+        apply(&mut s, u);
+    }
+    apply(&mut s, report_on("a1", 10_000));
+    for u in parse("user u2 text:t2=50000\nassistant a2 unfinished") {
+        apply(&mut s, u);
+    }
+    // While a2's request runs, a1's report arrives again, changed.
+    let calibration = *s.calibration();
+    apply(&mut s, report_on("a1", 10_010));
+    assert_eq!(s.calibration(), &calibration, "nothing learned");
+    apply(&mut s, report_on("a2", 60_000));
+    let before = s.check_overflow(Trigger::Request);
+    assert_eq!((before.used, before.predicted), (60_000, 60_000));
+    apply(&mut s, report_on("a1", 10_001));
+    let mut a1 = assistant("a1", "u1");
+    a1.tokens = Some(usage(10_002, 0, 0));
+    apply(&mut s, Update::UpsertMessage(a1));
+    let c = s.check_overflow(Trigger::Request);
+    assert_eq!((c.used, c.predicted), (before.used, before.predicted));
+}
+
+/// A compaction whose summary reported its request's usage and then failed leaves the
+/// session as it was: the overflow is still seen. Before, the summary's report reset the
+/// baseline (used 0, the whole context estimated, uncalibrated) and the overflow was
+/// forgotten until the next report.
+#[test]
+fn a_failed_compaction_after_its_summary_reported_keeps_the_overflow() {
+    let mut s = no_prune();
+    for u in parse("user u1 text:t1=10\nassistant a1 unfinished bash:p1=100000") {
+        apply(&mut s, u);
+    }
+    apply(&mut s, report_on("a1", 160_000));
+    let before = s.check_overflow(Trigger::Request);
+    assert!(before.overflow);
+    let mut s1 = summary("s1", "u2");
+    s1.finish.clear();
+    for u in [
+        Update::UpsertMessage(user("u2")),
+        Update::UpsertPart(compaction("u2", "c1")),
+        Update::UpsertMessage(s1.clone()),
+        Update::UpsertPart(text("s1", "sum", "summary so far")),
+        Update::UpsertPart(step_finish("s1", "f1", usage(160_020, 0, 40))),
+    ] {
+        apply(&mut s, u);
+    }
+    s1.error = Some(MessageError {
+        name: "APIError".into(),
+        data: serde_json::Value::Null,
+    });
+    apply(&mut s, Update::UpsertMessage(s1));
+    let c = s.check_overflow(Trigger::Request);
+    assert!(c.overflow, "{c:?}");
+    assert_eq!(c.used, 160_000);
+}
