@@ -10,29 +10,34 @@ use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 pub const REDACTED: &str = "[redacted]";
 
 /// `url` without credentials: userinfo and every query value replaced (keys kept, so a
-/// reader sees what was set). A value that is not a URL (no `scheme://`) is unchanged.
+/// reader sees what was set). The userinfo ends at the last `@`: a password may hold `/`,
+/// `?` or `#` unencoded (base64 keys do), which a URL parser takes for the authority's
+/// end. A value without `scheme://` is read the same way (a mistyped URL still carries
+/// its credentials). An `@` in a path or query redacts more than the userinfo: shown
+/// short, never leaked.
 pub fn url(url: &str) -> String {
-    if !url.contains("://") {
-        return url.to_string();
-    }
-    let (base, fragment) = match url.split_once('#') {
+    let (scheme, rest) = match url.find("://") {
+        Some(at) => url.split_at(at + 3),
+        None => ("", url),
+    };
+    let (userinfo, rest) = match rest.rfind('@') {
+        Some(at) => (true, &rest[at + 1..]),
+        None => (false, rest),
+    };
+    let (base, fragment) = match rest.split_once('#') {
         Some((b, f)) => (b, Some(f)),
-        None => (url, None),
+        None => (rest, None),
     };
     let (base, query) = match base.split_once('?') {
         Some((b, q)) => (b, Some(q)),
         None => (base, None),
     };
-    let mut out = match base.split_once("://") {
-        Some((scheme, rest)) => {
-            let authority_end = rest.find('/').unwrap_or(rest.len());
-            match rest[..authority_end].rfind('@') {
-                Some(at) => format!("{scheme}://{REDACTED}@{}", &rest[at + 1..]),
-                None => base.to_string(),
-            }
-        }
-        None => base.to_string(),
-    };
+    let mut out = scheme.to_string();
+    if userinfo {
+        out.push_str(REDACTED);
+        out.push('@');
+    }
+    out.push_str(base);
     if let Some(q) = query {
         let pairs: Vec<String> = q
             .split('&')
@@ -61,16 +66,18 @@ pub fn url(url: &str) -> String {
 /// refusal is read by.
 pub fn url_secrets(url: &str) -> Vec<String> {
     let mut forms: Vec<String> = Vec::new();
-    let Some((_, rest)) = url.split_once("://") else {
-        return forms;
-    };
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
     let decode = |s: &str| {
         percent_encoding::percent_decode_str(s)
             .decode_utf8_lossy()
             .into_owned()
     };
-    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
-    if let Some((userinfo, _)) = authority.rsplit_once('@') {
+    // As in [`url`]: the userinfo ends at the last `@`, whatever it holds.
+    let (userinfo, rest) = match rest.rsplit_once('@') {
+        Some((userinfo, rest)) => (Some(userinfo), rest),
+        None => (None, rest),
+    };
+    if let Some(userinfo) = userinfo {
         let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
         if !password.is_empty() {
             forms.extend([
@@ -146,7 +153,42 @@ mod tests {
             url("http://h/v1?sk-bare#frag"),
             "http://h/v1?[redacted]#frag"
         );
-        assert_eq!(url("what? no url"), "what? no url");
+        assert_eq!(url("no url"), "no url");
+    }
+
+    /// A password holding `/` or `#` unencoded (base64 keys do), or a URL without its
+    /// scheme, kept the password whole before.
+    #[test]
+    fn the_userinfo_ends_at_the_last_at_whatever_it_holds() {
+        for (given, shown) in [
+            (
+                "https://apikey:Ab3/xY9+Zq==@gw.example.com/v1",
+                "https://[redacted]@gw.example.com/v1",
+            ),
+            (
+                "https://u:p#ssw0rdSECRET@gw.example.com/v1",
+                "https://[redacted]@gw.example.com/v1",
+            ),
+            (
+                "https://u:pa?ss=SECRET@gw.example.com/v1?k=v",
+                "https://[redacted]@gw.example.com/v1?k=[redacted]",
+            ),
+            (
+                "bob:SECRETpw@gw.example.com/v1",
+                "[redacted]@gw.example.com/v1",
+            ),
+        ] {
+            assert_eq!(url(given), shown);
+            let secrets = url_secrets(given);
+            let mut echoed = format!("refused {given}");
+            for s in &secrets {
+                echoed = text(&echoed, s);
+            }
+            assert!(
+                !echoed.contains("SECRET") && !echoed.contains("Ab3/xY9"),
+                "{echoed}"
+            );
+        }
     }
 
     #[test]
