@@ -181,7 +181,7 @@ pub async fn context(
     session_id: &str,
     format: super::pb::ContextFormat,
 ) -> Pending<ContextReply> {
-    on_session(hub, session_id, "", build_context(hub, format)).await
+    on_session(hub, session_id, "", build_context(hub, format, 0)).await
 }
 
 /// Runs prune, or reports what it would do.
@@ -218,11 +218,13 @@ pub async fn recall(hub: &Arc<Hub>, session_id: &str, key: RecallKey) -> Pending
 /// mailbox (or answered), so the caller may queue the next one before this one completes.
 /// `counted_ahead`: its long texts were counted by [`count_ahead`] (not counted again; if
 /// that count failed, or an update between changed the tokenizer, the actor counts them).
+/// `held`: the bytes the update itself holds in flight until it is answered.
 pub async fn submit(
     hub: &Arc<Hub>,
     session_id: &str,
     op: Op,
     counted_ahead: bool,
+    held: u64,
 ) -> Pending<Reply> {
     let prefix = op.kind();
     match op {
@@ -239,7 +241,7 @@ pub async fn submit(
             .await
         }
         Op::Context(format) => {
-            let job = build_context(hub, format);
+            let job = build_context(hub, format, held);
             on_session(hub, session_id, prefix, move |s, c| {
                 job(s, c).map(Reply::Context)
             })
@@ -438,16 +440,19 @@ fn step(
 
 /// Builds the context inside the actor. The view is held until the reply is sent (a
 /// stream's replies wait in order behind a slow client), so its bytes are reserved in
-/// flight; past the in-flight share the request is `RESOURCE_EXHAUSTED`.
+/// flight; past the in-flight share the request is `RESOURCE_EXHAUSTED`, unless nothing
+/// else is in flight (but the request's own `own` bytes): a session whose context is
+/// larger than the share can still be read back, alone, as GetSession's reply can.
 fn build_context(
     hub: &Arc<Hub>,
     format: super::pb::ContextFormat,
+    own: u64,
 ) -> impl FnOnce(&mut Tx<'_>, &EngineConfig) -> Result<ContextReply, Rejection> + Send + 'static {
     let ledger = hub.store.ledger().clone();
     move |s, _| {
         let (session, cache) = s.with_cache();
         let body = ContextBody::of(session, cache, format);
-        let held = ledger.reserve(body.held_bytes(), "contexts")?;
+        let held = ledger.reserve_or_alone_beside(body.held_bytes(), "contexts", own)?;
         Ok(ContextReply {
             body,
             session_messages: s.messages().len(),

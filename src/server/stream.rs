@@ -304,7 +304,7 @@ impl Reader {
             Ok(op) => {
                 let kind = op.kind();
                 let span = tracing::debug_span!("update", seq, session_id = %session_id, kind);
-                let pending = ops::submit(&self.hub, &session_id, op, counted_ahead)
+                let pending = ops::submit(&self.hub, &session_id, op, counted_ahead, _held.bytes())
                     .instrument(span)
                     .await;
                 (kind, pending, None)

@@ -128,6 +128,17 @@ impl Ledger {
         self.reserve_within(bytes, what, Some(0))
     }
 
+    /// [`Self::reserve_or_alone`] for a request that holds `own` bytes in flight itself
+    /// (a Stream update being answered): alone means nothing in flight but those.
+    pub fn reserve_or_alone_beside(
+        self: &Arc<Self>,
+        bytes: u64,
+        what: &'static str,
+        own: u64,
+    ) -> Result<Reservation, StoreError> {
+        self.reserve_within(bytes, what, Some(own))
+    }
+
     /// Reserves `bytes`, past the ceiling too while no more than `alone` bytes are in
     /// flight (the caller's own, when it grows a reservation of that size).
     fn reserve_within(

@@ -496,6 +496,76 @@ async fn contexts_and_events_in_flight_stay_within_their_share_and_every_seq_is_
     assert_eq!(get_session(&mut c, "big").await, before);
 }
 
+/// A context larger than the in-flight share is still read back when nothing else is in
+/// flight, as GetSession's reply is, over unary and over Stream. Before, every shape was
+/// refused for good ("0 bytes are in flight"): the session took updates, and its host
+/// could never fetch what to send.
+#[tokio::test]
+async fn a_context_larger_than_the_in_flight_share_is_sent_alone() {
+    let store = Store::new(EngineConfig::default()).with_limits(Limits {
+        memory_budget: 8 << 20,
+        ..Limits::default()
+    });
+    let ledger = store.ledger().clone();
+    let server = start_server_on(store, ServerOptions::default()).await;
+    let mut c = server.client().await;
+    open_session(&mut c, session("big")).await;
+    put_message(&mut c, "big", user_msg("u0")).await;
+    for i in 0..4 {
+        let text = output_of("big", 300_000);
+        put_part(&mut c, "big", text_part("u0", &format!("t{i}"), &text)).await;
+    }
+    for format in [
+        pb::ContextFormat::Unspecified,
+        pb::ContextFormat::Native,
+        pb::ContextFormat::OpenaiJson,
+    ] {
+        let reply = c
+            .get_context(pb::GetContextRequest {
+                session_id: "big".into(),
+                format: format as i32,
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{format:?}: {e:?}"))
+            .into_inner();
+        assert!(
+            prost::Message::encoded_len(&reply) > 1 << 20,
+            "{format:?}: past the share"
+        );
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<pb::ClientUpdate>(1);
+    let mut events = c
+        .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("stream")
+        .into_inner();
+    tx.send(pb::ClientUpdate {
+        seq: 1,
+        session_id: "big".into(),
+        update: Some(pb::client_update::Update::GetContext(
+            pb::ContextOptions::default(),
+        )),
+    })
+    .await
+    .expect("queued");
+    let ev = events.next().await.expect("an event").expect("ok");
+    assert!(
+        matches!(ev.event, Some(pb::server_event::Event::Context(_))),
+        "{:?}",
+        ev.event
+            .map(|e| format!("{e:?}").chars().take(300).collect::<String>())
+    );
+    drop(tx);
+    while events.next().await.is_some() {}
+    for _ in 0..500 {
+        if ledger.in_flight() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(ledger.in_flight(), 0, "given back once sent");
+}
+
 #[tokio::test]
 async fn a_request_that_would_amplify_when_decoded_is_refused_before_decoding() {
     let server = start_server().await;
