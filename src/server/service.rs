@@ -205,7 +205,9 @@ impl pb::sessions_server::Sessions for SessionsService {
         let id = info.id.clone();
         let pending = ops::open(&self.hub, info).await;
         let created = self.answer(&id, "open", pending).await?.created;
-        Ok(Response::new(self.summary(&id, created).await?))
+        // The summary carries the title (bounded by --max-update-bytes only): held in
+        // flight until the client reads it, as every reply of a session's size.
+        self.held_until_sent(self.summary(&id, created).await?, "sessions")
     }
 
     async fn upsert_message(
@@ -350,7 +352,9 @@ impl pb::sessions_server::Sessions for SessionsService {
                 }),
         );
         sessions.sort_by(|a, b| a.id.cmp(&b.id));
-        Ok(Response::new(pb::ListSessionsResponse { sessions }))
+        // Every session's title: as large as the sessions make it, so held in flight
+        // until read (an unread listing is dropped after the slow-reader grace).
+        self.held_until_sent(pb::ListSessionsResponse { sessions }, "session lists")
     }
 
     async fn delete_session(

@@ -406,6 +406,49 @@ async fn an_unread_unary_reply_stays_counted_in_flight_until_its_stream_ends() {
     }
 }
 
+/// A session's title is bounded by `--max-update-bytes` only, and ListSessions carries
+/// every title, OpenSession's reply its session's: left unread, they stay counted in
+/// flight too. Before, they were not held (the review saw 40 unread listings of a
+/// 12 MiB title take RSS from 78 to 595 MB under a 128 MB budget, for good).
+#[tokio::test]
+async fn unread_listings_and_open_replies_stay_counted_in_flight() {
+    use prost::Message as _;
+    let bin = Binary::start(&["--metrics-listen", "127.0.0.1:0"], &[]);
+    let metrics = bin.metrics.clone().expect("metrics address");
+    let mut c = pb::sessions_client::SessionsClient::connect(format!("http://{}", bin.addr))
+        .await
+        .expect("connect");
+    let titled = pb::SessionInfo {
+        title: "0123456789abcdef".repeat(64 << 10),
+        ..session("titled")
+    };
+    open_session(&mut c, titled.clone()).await;
+    assert_eq!(in_flight_until(&metrics, |b| b == 0.0).await, 0.0);
+    let open = pb::OpenSessionRequest {
+        session: Some(titled),
+    };
+    let calls = [
+        (
+            "ListSessions",
+            pb::ListSessionsRequest::default().encode_to_vec(),
+        ),
+        ("OpenSession", open.encode_to_vec()),
+    ];
+    for (rpc, request) in calls {
+        let (mut send, recv) =
+            unread_reply(&bin.addr, &format!("/compactd.v1.Sessions/{rpc}"), request).await;
+        let held = in_flight_until(&metrics, |b| b >= 1_000_000.0).await;
+        assert!(
+            held >= 1_000_000.0,
+            "{rpc}: the unread 1 MiB reply is counted in flight: {held}"
+        );
+        send.send_reset(h2::Reason::CANCEL);
+        drop(recv);
+        let after = in_flight_until(&metrics, |b| b == 0.0).await;
+        assert_eq!(after, 0.0, "{rpc}: given back once its stream is reset");
+    }
+}
+
 /// A client that reads none of its replies cannot keep everyone's updates refused. With a
 /// 48 MiB budget (6 MiB in flight), two unread GetContext replies of a 1 MiB text (2 MiB
 /// each held) leave no room for a 2.5 MB update; after `--slow-reader-grace-secs` the replies are dropped (their bytes
