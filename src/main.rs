@@ -123,7 +123,7 @@ fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
             auth,
             idle_ttl: (args.session_idle_ttl_secs > 0)
                 .then(|| std::time::Duration::from_secs(args.session_idle_ttl_secs)),
-            slow_reader_grace: std::time::Duration::from_secs(args.slow_reader_grace_secs.max(1)),
+            slow_reader_grace: std::time::Duration::from_secs(args.slow_reader_grace_secs),
             tls,
         };
         let metrics_stop = tokio_util::sync::CancellationToken::new();

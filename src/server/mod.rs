@@ -102,7 +102,8 @@ pub struct ServerOptions {
     /// Sessions untouched this long are evicted (None: never).
     pub idle_ttl: Option<Duration>,
     /// How long a `Stream` client may leave its event buffer full before the stream is
-    /// closed with `RESOURCE_EXHAUSTED`, and a unary reply unread before it is dropped.
+    /// closed with `RESOURCE_EXHAUSTED`, and a unary reply unread before it is dropped
+    /// (used within 1 s to a day, [`hub::bounded_grace`]).
     pub slow_reader_grace: Duration,
     /// TLS (and, with a client CA, mutual TLS); plaintext when None.
     pub tls: Option<tonic::transport::ServerTlsConfig>,
@@ -181,7 +182,8 @@ where
     let transport_max = options.max_update_bytes.saturating_add(TRANSPORT_SLACK);
     codec::set_max_update_bytes(options.max_update_bytes);
     let mut hub = Hub::new(store, options.compaction.clone());
-    hub.slow_reader_grace = options.slow_reader_grace;
+    let slow_reader_grace = hub::bounded_grace(options.slow_reader_grace);
+    hub.slow_reader_grace = slow_reader_grace;
     let hub = Arc::new(hub);
     let drain_hub = hub.clone();
     if let Some(ttl) = options.idle_ttl {
@@ -244,7 +246,6 @@ where
         .map_err(|e| ServeError::Reflection(e.to_string()))?;
 
     let token = options.auth.token.clone();
-    let slow_reader_grace = options.slow_reader_grace;
     let max_update_bytes = options.max_update_bytes;
     let guard = |on: bool| auth::interceptor(token.clone().filter(|_| on));
     let health = tonic::service::interceptor::InterceptedService::new(

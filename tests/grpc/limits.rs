@@ -374,6 +374,68 @@ async fn a_stream_client_that_stops_reading_is_disconnected_and_its_session_kept
     assert_eq!(get_session(&mut c, "slow").await.messages.len(), 2);
 }
 
+/// A huge `--slow-reader-grace-secs` means "never give up on a slow reader". Before, a
+/// full event buffer computed `now + grace`, which overflowed: the stream's writer
+/// panicked and the client got a clean end (status OK) with answers missing.
+#[tokio::test]
+async fn a_huge_slow_reader_grace_waits_for_the_client_and_answers_every_update() {
+    let server = start_server_with_options(ServerOptions {
+        slow_reader_grace: Duration::from_secs(u64::MAX),
+        ..Default::default()
+    })
+    .await;
+    let mut c = server.client().await;
+    open_session(&mut c, session("slow")).await;
+    put_message(&mut c, "slow", user_msg("u0")).await;
+    put_part(
+        &mut c,
+        "slow",
+        text_part("u0", "big", &output_of("big", 12_000)),
+    )
+    .await;
+    let (tx, rx) = tokio::sync::mpsc::channel::<pb::ClientUpdate>(64);
+    let mut events = c
+        .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("stream")
+        .into_inner();
+    const ASKED: u64 = 2_000;
+    let sender = tokio::spawn(async move {
+        for i in 0..ASKED {
+            let update = pb::ClientUpdate {
+                seq: i + 1,
+                session_id: "slow".into(),
+                update: Some(pb::client_update::Update::GetContext(
+                    pb::ContextOptions::default(),
+                )),
+            };
+            if tx.send(update).await.is_err() {
+                break;
+            }
+        }
+    });
+    // Not reading while the buffer fills past its 1,024 events.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let mut answered = 0u64;
+    let end = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(ev) = events.next().await {
+            match ev {
+                Ok(e) if matches!(e.event, Some(pb::server_event::Event::Context(_))) => {
+                    answered += 1
+                }
+                Ok(_) => {}
+                Err(status) => return Some(status),
+            }
+        }
+        None
+    })
+    .await
+    .expect("every answer within 60 s");
+    sender.await.expect("sent");
+    assert!(end.is_none(), "{end:?}");
+    assert_eq!(answered, ASKED);
+}
+
 #[tokio::test]
 async fn contexts_and_events_in_flight_stay_within_their_share_and_every_seq_is_answered() {
     // An 8 MiB budget: bytes in flight may take 1 MiB; each context is ~200 kB, and the
