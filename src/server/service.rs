@@ -185,7 +185,7 @@ impl pb::sessions_server::Sessions for SessionsService {
             .unwrap_or_default();
         let inbound = request.into_inner();
         let events = super::stream::run(self.hub.clone(), inbound, self.max_update_bytes, peer);
-        Ok(Response::new(super::drain::until_closed(
+        Ok(Response::new(super::drain::after_closed(
             events,
             self.hub.closing(),
         )))

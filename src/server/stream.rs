@@ -211,6 +211,8 @@ impl Reader {
     async fn run(self, mut inbound: Streaming<pb::ClientUpdate>) {
         let mut ahead: VecDeque<Read> = VecDeque::new();
         let mut reading = true;
+        // The drain: no update is read past it; those read are queued and answered.
+        let closing = self.hub.closing();
         loop {
             while ahead.front_mut().is_some_and(Read::is_ready) {
                 let Some(read) = ahead.pop_front() else { break };
@@ -222,6 +224,7 @@ impl Reader {
                     return; // the writer stopped: the client went away
                 }
             }
+            reading &= !closing.is_cancelled();
             if !reading && ahead.is_empty() {
                 return;
             }
@@ -235,6 +238,7 @@ impl Reader {
                 // A failed count only means the actor counts the texts itself.
                 // Once done, the front reads as ready on the next turn.
                 _ = async { if let Some(c) = front { c.done().await; } }, if waiting => {}
+                () = closing.cancelled(), if reading => reading = false,
                 message = inbound.message(), if more => {
                     match message {
                         Ok(Some(update)) => {

@@ -239,3 +239,93 @@ fn stdin_closing_shuts_the_server_down_cleanly() {
         log.join("\n")
     );
 }
+
+/// SIGTERM while a Stream has answers waiting for its client: the server stops reading
+/// updates, answers every update it read, and only then ends the stream with
+/// UNAVAILABLE, so every update applied was acknowledged and the client knows exactly
+/// what to send again. Before, the drain cut the stream at once: the review saw 49 acks
+/// for 60 parts stored on disk, and a report_usage cannot safely be sent twice.
+#[tokio::test]
+async fn sigterm_answers_every_update_read_before_the_stream_ends() {
+    let dir = tempfile::tempdir().expect("data dir");
+    let data = dir.path().to_str().expect("utf-8").to_string();
+    let mut bin = Binary::start(&["--data-dir", &data], &[]);
+    let mut client = pb::sessions_client::SessionsClient::connect(format!("http://{}", bin.addr))
+        .await
+        .expect("connect");
+    open_session(&mut client, session(SID)).await;
+    put_message(&mut client, SID, user_msg("u0")).await;
+    let (tx, rx) = tokio::sync::mpsc::channel::<pb::ClientUpdate>(256);
+    let mut events = client
+        .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("stream")
+        .into_inner();
+    let mut seq = 0;
+    let mut part_of_seq = std::collections::HashMap::new();
+    for i in 0..60 {
+        seq += 1;
+        let id = format!("p{i}");
+        part_of_seq.insert(seq, id.clone());
+        let text = output_of(&id, 4_000);
+        let part = text_part("u0", &id, &text);
+        let update = pb::client_update::Update::UpsertPart(part);
+        tx.send(pb::ClientUpdate {
+            seq,
+            session_id: SID.into(),
+            update: Some(update),
+        })
+        .await
+        .expect("queued");
+        seq += 1;
+        tx.send(pb::ClientUpdate {
+            seq,
+            session_id: SID.into(),
+            update: Some(pb::client_update::Update::GetContext(
+                pb::ContextOptions::default(),
+            )),
+        })
+        .await
+        .expect("queued");
+    }
+    // Unread for a while: answers wait in the server's buffer and HTTP/2's windows.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    bin.sigterm();
+    let mut acked = Vec::new();
+    let end = loop {
+        match tokio::time::timeout(Duration::from_secs(10), events.next()).await {
+            Ok(Some(Ok(ev))) => {
+                if matches!(ev.event, Some(pb::server_event::Event::Ack(_))) {
+                    acked.push(ev.seq);
+                }
+            }
+            Ok(Some(Err(status))) => break status,
+            Ok(None) => panic!("the stream ended without a status"),
+            Err(_) => panic!("no event within 10 s"),
+        }
+    };
+    assert_eq!(end.code(), tonic::Code::Unavailable, "{end:?}");
+    assert!(bin.wait_exit().await.success());
+    assert_eq!(
+        acked,
+        (1..=acked.len() as u64).collect::<Vec<_>>(),
+        "acks in order, none skipped"
+    );
+
+    // What is on disk is exactly what was acknowledged.
+    let bin = Binary::start(&["--data-dir", &data], &[]);
+    let mut client = pb::sessions_client::SessionsClient::connect(format!("http://{}", bin.addr))
+        .await
+        .expect("connect");
+    let stored: Vec<String> = get_session(&mut client, SID).await.messages[0]
+        .parts
+        .iter()
+        .map(|p| p.id.clone())
+        .collect();
+    let acked_parts: Vec<String> = acked
+        .iter()
+        .filter_map(|s| part_of_seq.get(s).cloned())
+        .collect();
+    assert_eq!(stored, acked_parts);
+    drop(tx);
+}
