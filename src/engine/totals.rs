@@ -251,7 +251,11 @@ impl Totals {
         }
         if let Some(o) = old {
             if sent {
-                self.usage.since_by.add(o.class, -signed(o.unwritten));
+                // Replaced, it leaves what it added (what the model wrote of it is in a
+                // report's output); deleted, it leaves whole: a request under way was
+                // sent with it, as its report will count, and the next one is not.
+                let left = if new.is_some() { o.unwritten } else { o.tokens };
+                self.usage.since_by.add(o.class, -signed(left));
                 self.move_tokens(o.class, o.tokens, 0);
             } else {
                 self.tokens = self.tokens.saturating_sub(o.tokens);
@@ -475,7 +479,11 @@ mod tests {
         );
         assert_eq!((t.tokens(), t.parts(), t.compacted()), (70, 1, 1));
         t.part_changed(Some(figures(70, 20, true)), None, true);
-        assert_eq!(t, Totals::new(100));
+        // Deleted, it leaves whole: what the model wrote of it (50) is in the report's
+        // output of the request under way, and the next request does not hold it.
+        let mut expected = Totals::new(100);
+        expected.usage.since_by.add(Class::ToolOutput, -50);
+        assert_eq!(t, expected);
     }
 
     #[test]

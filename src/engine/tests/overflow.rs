@@ -1177,3 +1177,36 @@ fn a_failed_compaction_after_its_summary_reported_keeps_the_overflow() {
     assert!(c.overflow, "{c:?}");
     assert_eq!(c.used, 160_000);
 }
+
+/// A part an earlier request sent (here the model's own answer, counted in that
+/// report's output) deleted while the next request runs: that request's report holds it,
+/// the request after it does not. Before, only what the model had not written left the
+/// prediction (nothing, for the model's text): predicted 6,010 for a context of ~20.
+#[test]
+fn a_part_deleted_while_a_request_runs_leaves_the_prediction_after_its_report() {
+    let mut s = no_prune();
+    for u in parse("user u1 text:t1=10\nassistant a1 unfinished text:x1=5000") {
+        apply(&mut s, u);
+    }
+    apply(
+        &mut s,
+        Update::ReportUsage {
+            message_id: Some("a1".into()),
+            tokens: usage(1_000, 0, 5_000),
+        },
+    );
+    for u in parse("user u2 text:t2=10\nassistant a2 unfinished") {
+        apply(&mut s, u);
+    }
+    apply(
+        &mut s,
+        Update::DeletePart {
+            message_id: "a1".into(),
+            part_id: "x1".into(),
+        },
+    );
+    // a2's request was sent with x1: its report counts it.
+    apply(&mut s, report_on("a2", 6_010));
+    let c = s.check_overflow(Trigger::Request);
+    assert_eq!(c.predicted, 6_010 - 5_000, "{c:?}");
+}
