@@ -1480,6 +1480,9 @@ impl Session {
     /// Re-derives the context total after the settings changed (placeholder, strategies);
     /// `estimates`: the tokenizer changed, so every part is counted again first.
     fn recount_all(&mut self, estimates: bool) {
+        // What the next request sends moves by the context's change only: messages a
+        // compaction summarized (or an errored one) are counted, and sent by no request.
+        let context_before = self.context_tokens();
         let mut total = 0u64;
         let mut by_msg = TokenIndex::default();
         for mi in 0..self.messages.len() {
@@ -1502,7 +1505,9 @@ impl Session {
             total = total.saturating_add(msg_total);
         }
         self.by_msg = by_msg;
-        self.totals.recounted(total);
+        let context_after = self.context_tokens();
+        self.totals
+            .recounted(total, (context_before, context_after));
     }
 
     /// A summary (at `summary`) completed: its parent opens the context if it holds a

@@ -428,14 +428,17 @@ impl Totals {
         };
     }
 
-    /// Every part was re-rendered (the settings changed): the context holds `total` tokens.
-    pub(crate) fn recounted(&mut self, total: u64) {
+    /// Every part was re-rendered (the settings changed): the session holds `total`
+    /// tokens, and the context went from `context.0` to `context.1` (what the next
+    /// request sends moves by that alone).
+    pub(crate) fn recounted(&mut self, total: u64, context: (u64, u64)) {
+        let moved = signed(context.1).saturating_sub(signed(context.0));
         // A request in flight was sent before the recount: its report will not hold it.
         if self.usage.requesting {
-            let moved = signed(total).saturating_sub(signed(self.tokens));
             self.usage.since_by.add(Class::Prose, moved);
         }
-        self.move_tokens(Class::Prose, self.tokens, total);
+        self.usage.delta_by.add(Class::Prose, moved);
+        self.tokens = total;
     }
 
     fn move_tokens(&mut self, class: Class, old: u64, new: u64) {

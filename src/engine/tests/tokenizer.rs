@@ -293,3 +293,52 @@ fn a_call_sent_as_it_runs_totals_as_one_sent_done() {
     assert_eq!(resent.total_tokens(), once.total_tokens());
     assert!(once.total_tokens() > session(&[]).total_tokens());
 }
+
+/// A tokenizer change after a compaction re-counts the summarized build log too, but
+/// the next request does not send it: the prediction moves by the context's change only.
+/// Before, it moved by the whole session's (526 -> 57,685 in the review, the context
+/// going 526 -> 267).
+#[test]
+fn a_tokenizer_change_after_a_compaction_moves_the_prediction_by_the_context_only() {
+    let mut s = new_session(counting(Tokenizer::Chars4), limits());
+    for u in parse("user u1 text:t1=10\nassistant a1") {
+        apply(&mut s, u);
+    }
+    apply(
+        &mut s,
+        Update::UpsertPart(tool("a1", "build", "bash", &build_log(3, 3_000))),
+    );
+    for u in parse("user u2 compaction:c1\nassistant s1 summary text:sum=100\nuser u3 text:t3=10") {
+        apply(&mut s, u);
+    }
+    let c0 = s.context_tokens();
+    apply(
+        &mut s,
+        Update::ReportUsage {
+            message_id: None,
+            tokens: TokenUsage {
+                input: c0,
+                ..TokenUsage::default()
+            },
+        },
+    );
+    let p0 = s.check_overflow(Trigger::Request).predicted;
+    let configure = Update::Configure(SessionInfo {
+        id: s.info().id.clone(),
+        limits: s.info().limits,
+        config: counting(Tokenizer::O200k),
+        ..Default::default()
+    });
+    let whole_before = s.total_tokens();
+    apply(&mut s, configure);
+    assert!(
+        s.total_tokens().abs_diff(whole_before) > 10_000,
+        "the log counts differently"
+    );
+    let c1 = s.context_tokens();
+    let p1 = s.check_overflow(Trigger::Request).predicted;
+    assert_eq!(
+        i64::try_from(p1).unwrap() - i64::try_from(p0).unwrap(),
+        i64::try_from(c1).unwrap() - i64::try_from(c0).unwrap()
+    );
+}
