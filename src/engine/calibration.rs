@@ -203,6 +203,10 @@ impl ByClass {
 pub const PRIOR_REQUESTS: f64 = 2.0;
 /// Weight each earlier report keeps when a new one arrives (about the last 20 count).
 pub const DECAY: f64 = 0.95;
+/// Tokens a request may carry beyond every estimate of what was added (each message's
+/// framing, a tool call's wrapper, a provider's reminder): a report that added less than
+/// about this teaches the factors little, as its ratio is mostly these.
+pub const UNSEEN_PER_REQUEST: f64 = 256.0;
 /// Smallest factor applied.
 pub const MIN_FACTOR: f64 = 0.25;
 /// Largest factor applied.
@@ -297,7 +301,10 @@ impl Calibration {
         }
         let a = actual_added as f64;
         let size: f64 = e.iter().map(|v| v.abs()).sum();
-        let w = 1.0 / size.max(1.0).powi(2);
+        // Each report weighs as one request in ratio space (1 / size²), less when what
+        // was added is small beside the tokens every request carries that no estimate
+        // sees (framing, a provider's own additions): their ratio is mostly that.
+        let w = 1.0 / (size * size + UNSEEN_PER_REQUEST * UNSEEN_PER_REQUEST);
         let (mut gram, mut moment) = (self.gram, self.moment);
         for i in 0..N {
             moment[i] = moment[i] * DECAY + w * e[i] * a;
@@ -442,17 +449,31 @@ mod tests {
 
     #[test]
     fn one_request_weighs_half_as_much_as_the_prior() {
-        let mut c = Calibration::default();
         // One request of tool output that counted 2.5× its estimate: the prior (1.0,
-        // worth two requests) and this request (2.5) average to 1.5, whatever its size.
-        c.observe(&by(10, 0, 0), 25);
-        assert!((c.factors()[0] - 1.5).abs() < 0.01, "{:?}", c.factors());
+        // worth two requests) and this request (2.5) average to 1.5.
         let mut big = Calibration::default();
         big.observe(&by(100_000, 0, 0), 250_000);
         assert!((big.factors()[0] - 1.5).abs() < 0.01, "{:?}", big.factors());
         // A prior from other sessions of the model moves the start.
-        c.set_prior([2.0, 1.0, 1.0, 1.0, 1.0]);
-        assert!((c.factors()[0] - 2.166).abs() < 0.01, "{:?}", c.factors());
+        big.set_prior([2.0, 1.0, 1.0, 1.0, 1.0]);
+        assert!(
+            (big.factors()[0] - 2.166).abs() < 0.01,
+            "{:?}",
+            big.factors()
+        );
+    }
+
+    #[test]
+    fn a_request_that_added_little_weighs_little() {
+        // 10 tokens estimated, 25 counted: the 15 more are as likely framing as the
+        // tokenizer's error, and weigh as about 1/655 of a request.
+        let mut c = Calibration::default();
+        c.observe(&by(10, 0, 0), 25);
+        assert!((c.factors()[0] - 1.0).abs() < 0.01, "{:?}", c.factors());
+        // At 256 tokens added, half a request.
+        let mut c = Calibration::default();
+        c.observe(&by(256, 0, 0), 640);
+        assert!((c.factors()[0] - 1.3).abs() < 0.01, "{:?}", c.factors());
     }
 
     #[test]
