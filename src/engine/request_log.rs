@@ -25,6 +25,12 @@ pub(crate) struct RequestLog {
     /// Steps the newest assistant message has started (its first step is the request
     /// that created it).
     steps: u32,
+    /// A compaction reordered the context since the last request ([B, S, tail…]): the
+    /// next request shares no cached prefix past the system prompt, so nothing counts as
+    /// sent and the cache counts as cold until a request starts. (Written only when set:
+    /// snapshots of format 3 stay as they were.)
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    reordered: bool,
 }
 
 impl RequestLog {
@@ -32,6 +38,7 @@ impl RequestLog {
     /// `msg`; `at` is its host timestamp when known.
     pub(crate) fn started(&mut self, msg: usize, parts: usize, at: Option<i64>, ttl_ms: i64) {
         self.steps = 0;
+        self.reordered = false;
         self.sent = (msg, parts);
         self.count = self.count.saturating_add(1);
         let cold = match (self.last_at, at) {
@@ -57,6 +64,7 @@ impl RequestLog {
         }
         self.steps = self.steps.saturating_add(1);
         if self.steps > 1 {
+            self.reordered = false;
             self.count = self.count.saturating_add(1);
             self.warm = self.warm.saturating_add(1);
             self.sent = (msg, part);
@@ -79,15 +87,25 @@ impl RequestLog {
         self.last_at = Some(self.last_at.map_or(at, |t| t.max(at)));
     }
 
-    /// True when the part at (`msg`, `pi`) was part of a request already.
+    /// True when the part at (`msg`, `pi`) was part of a request already, in the order
+    /// the context has now (none after a compaction reordered it).
     pub(crate) fn is_sent(&self, msg: usize, pi: usize) -> bool {
-        msg < self.sent.0 || (msg == self.sent.0 && pi < self.sent.1)
+        !self.reordered && (msg < self.sent.0 || (msg == self.sent.0 && pi < self.sent.1))
     }
 
-    /// True when a request at `at` would find the cache expired.
+    /// True when a request at `at` would find the cache expired, or find nothing of the
+    /// context's new order in it (a compaction since the last request).
     pub(crate) fn cold_at(&self, at: i64, ttl_ms: i64) -> bool {
-        self.last_at
-            .is_some_and(|last| at.saturating_sub(last) > ttl_ms)
+        self.reordered
+            || self
+                .last_at
+                .is_some_and(|last| at.saturating_sub(last) > ttl_ms)
+    }
+
+    /// A compaction moved the context's start: until the next request, nothing of it is
+    /// cached.
+    pub(crate) fn context_reordered(&mut self) {
+        self.reordered = true;
     }
 
     /// Where what the last request sent ends: every message before `.0`, and the first

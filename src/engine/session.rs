@@ -758,9 +758,11 @@ impl Session {
         self.tracker.hold(held);
     }
 
-    /// A compaction committed: the next request is the new context.
+    /// A compaction committed: the next request is the new context, in a new order, so
+    /// nothing of it is cached (held decisions apply free of cache cost until it is sent).
     pub(crate) fn compaction_committed(&mut self, tokens_after: u64) {
         self.totals.compaction_committed(tokens_after);
+        self.requests.context_reordered();
     }
 
     /// Changes how the part at (`msg`, `pi`) renders and moves the running figures with

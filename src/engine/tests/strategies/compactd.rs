@@ -331,6 +331,56 @@ fn a_small_saving_on_a_cached_part_is_held_and_fresh_parts_still_change() {
     assert!(marked(&events).contains(&"a1-p0".to_string()), "{events:?}");
 }
 
+/// A host compaction that keeps a tail reorders the prompt ([B, S, tail…]): nothing
+/// after the system prompt is cached for the next request, so a decision held to spare
+/// the cache costs nothing until that request is sent, and applies at the next user
+/// message. Before, the scheduler went on weighing the old prefix: held (tail 10,206),
+/// read again at every request, or paid for later as a real rewrite.
+#[test]
+fn after_a_compaction_held_decisions_apply_before_the_next_request() {
+    let limits = ModelLimits {
+        context: 200_000,
+        input: 0,
+        output: 32_000,
+    };
+    let mut s = session(
+        only(
+            &[St::MaskObservations, St::CapLargeOutputs],
+            3,
+            CacheModel::ANTHROPIC,
+        ),
+        limits,
+    );
+    turn(&mut s, 1, T0, &[("bash", 400)]);
+    turn(&mut s, 2, T0 + 1_000, &[("bash", 40_000)]);
+    turn(&mut s, 3, T0 + 2_000, &[("bash", 600_000), ("bash", 100)]);
+    assert_eq!(strategy_of(&s, "a1-p0"), None, "held");
+    assert_eq!(s.clone().schedule(T0 + 2_020).why, Why::Held);
+    // The host compacts, keeping u1 on as its tail.
+    let mut c = user("c1");
+    c.time.created = T0 + 3_000;
+    go(&mut s, Update::UpsertMessage(c), T0 + 3_000);
+    let mut part = compaction("c1", "c1-p");
+    if let PartKind::Compaction(cp) = &mut part.kind {
+        cp.tail_start_id = "u1".into();
+    }
+    go(&mut s, Update::UpsertPart(part), T0 + 3_000);
+    let mut summary = summary("s1", "c1");
+    summary.time.created = T0 + 3_001;
+    go(&mut s, Update::UpsertMessage(summary.clone()), T0 + 3_001);
+    go(
+        &mut s,
+        Update::UpsertPart(text("s1", "s1-t", "What happened so far.")),
+        T0 + 3_002,
+    );
+    assert!(s.build_context().boundary_message_id.is_some(), "compacted");
+    let d = s.clone().schedule(T0 + 3_020);
+    assert_ne!(d.why, Why::Held, "{d:?}");
+    // The next user message (within the TTL) applies what was held.
+    user_says(&mut s, 4, T0 + 3_030);
+    assert_eq!(strategy_of(&s, "a1-p0"), Some(St::MaskObservations));
+}
+
 #[test]
 fn a_saving_that_pays_for_the_rewrite_applies_at_once() {
     let mut s = session(
