@@ -114,13 +114,18 @@ impl Session {
     }
 
     /// Summarized messages holding a pinned part, ascending: they are carried, with only
-    /// their pinned parts, right after the summary. Empty without a compaction.
+    /// their pinned parts, right after the summary. So is an earlier compaction's pair
+    /// inside the tail (a second compaction's tail may start before the first's), which
+    /// the order skips. Empty without a compaction. O(pins).
     pub(crate) fn carried(&self) -> Vec<usize> {
         let Some(b) = self.boundary() else {
             return Vec::new();
         };
-        let mut held = self.pins().holders_below(self.context_from());
-        held.retain(|&i| i != b.start && i != b.summary);
+        let from = self.context_from();
+        let mut held = self.pins().holders_below(usize::MAX);
+        held.retain(|&i| {
+            i != b.start && i != b.summary && (i < from || self.is_compaction_pair(i))
+        });
         held
     }
 

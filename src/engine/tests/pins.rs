@@ -332,3 +332,45 @@ fn pinning_a_marked_part_restores_it_and_unpinning_lets_the_next_run_mark_it() {
 
 /// The text a cleared output reads as.
 const PLACEHOLDER_TEXT: &str = crate::config::PLACEHOLDER;
+
+/// A second compaction whose tail starts before the first's boundary skips the first
+/// compaction's pair from the order; a pin on that pair's summary is carried all the
+/// same. Before, "First summary." left every shape of the context.
+#[test]
+fn a_pinned_earlier_summary_inside_a_later_tail_is_carried() {
+    let mut s = session(
+        "user u1 text:t1=10
+         assistant a1 text:x1=40
+         user u2 text:t2=10
+         assistant a2 text:x2=40
+         user u3 text:t3=10
+         assistant a3 text:x3=50",
+    );
+    compact_keeping(&mut s, 2, "First summary.", "c1");
+    let first = s
+        .messages()
+        .iter()
+        .find(|m| m.info.summary)
+        .expect("a summary")
+        .info
+        .id
+        .clone();
+    apply(&mut s, pin(&first, None, true));
+    for u in parse("user u4 text:t4=10\nassistant a4 text:x4=20") {
+        apply(&mut s, u);
+    }
+    compact_keeping(&mut s, 2, "Second summary.", "c2");
+    assert!(s.context_openai().json.contains("Second summary."));
+    assert!(
+        s.context_openai().json.contains("First summary."),
+        "{}",
+        s.context_openai().json
+    );
+    assert!(
+        s.build_context()
+            .messages
+            .iter()
+            .any(|m| m.info.id == first)
+    );
+    assert_consistent(&mut s, "after the second compaction");
+}
