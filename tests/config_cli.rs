@@ -312,6 +312,35 @@ fn a_blank_auth_token_stops_the_start() {
     assert!(err.contains("env COMPACTD_AUTH_TOKEN"), "{err}");
 }
 
+/// A token no client can send (a file of two lines) stops the start, naming the flag and
+/// where, never the token. Before, the server started with it and answered every call
+/// UNAUTHENTICATED, whichever line a client sent.
+#[test]
+fn a_token_file_of_two_lines_stops_the_start() {
+    let file = config_file("two-line-token", "first-token-AAAA\nsecond-token-BBBB\n");
+    let path = file.to_str().expect("utf-8");
+    // Started by mistake, it would exit at once: its stdin is closed.
+    let serve = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--durability",
+        "memory",
+        "--exit-on-stdin-eof",
+        "--auth-token-file",
+        path,
+    ];
+    let (ok, _, err) = compactd(&serve, &[]);
+    assert!(!ok, "started: {err}");
+    assert!(
+        err.contains("--auth-token-file") && err.contains("control character at byte 16"),
+        "{err}"
+    );
+    assert!(!err.contains("AAAA") && !err.contains("BBBB"), "{err}");
+    let (ok, _, err) = compactd(&["config", "print", "--auth-token", "a\u{7}b"], &[]);
+    assert!(!ok && err.contains("--auth-token (flag)"), "{err}");
+}
+
 /// The overflow and counting settings a preset may set are optional flags, so a
 /// setting not given has no value of its own; `config print` still says what applies,
 /// the default or the preset's. Before, it said only "threshold is not set".

@@ -254,10 +254,16 @@ impl ServeArgs {
         let Some(t) = &self.auth_token else {
             return Ok(None);
         };
-        crate::server::BearerToken::new(t).map(Some).ok_or(ConfigError {
-            flag: "auth-token",
-            message: "is empty: give the token, or leave --auth-token (COMPACTD_AUTH_TOKEN) unset to serve without authentication".into(),
-        })
+        crate::server::BearerToken::new(t)
+            .map(Some)
+            .map_err(|why| ConfigError {
+                flag: "auth-token",
+                message: if t.trim().is_empty() {
+                    "is empty: give the token, or leave --auth-token (COMPACTD_AUTH_TOKEN) unset to serve without authentication".into()
+                } else {
+                    why
+                },
+            })
     }
 
     /// The authentication settings (reads the token file).
@@ -265,10 +271,12 @@ impl ServeArgs {
         let token = match (&self.auth_token_file, &self.auth_token) {
             (Some(path), _) => {
                 let text = read_text("auth-token-file", path)?;
-                Some(crate::server::BearerToken::new(&text).ok_or(ConfigError {
-                    flag: "auth-token-file",
-                    message: format!("{} is empty", path.display()),
-                })?)
+                Some(
+                    crate::server::BearerToken::new(&text).map_err(|why| ConfigError {
+                        flag: "auth-token-file",
+                        message: format!("{}: the token {why}", path.display()),
+                    })?,
+                )
             }
             (None, Some(_)) => self.inline_token()?,
             (None, None) => None,

@@ -13,9 +13,25 @@ pub struct BearerToken(Arc<[u8]>);
 
 impl BearerToken {
     /// A token (surrounding whitespace, such as a file's newline, is not part of it).
-    pub fn new(token: &str) -> Option<BearerToken> {
+    /// Refused when empty, or when no client could send it (a control character inside:
+    /// a file of two lines), which would leave every call UNAUTHENTICATED; the error says
+    /// where, never what.
+    pub fn new(token: &str) -> Result<BearerToken, String> {
         let token = token.trim();
-        (!token.is_empty()).then(|| BearerToken(format!("Bearer {token}").into_bytes().into()))
+        if token.is_empty() {
+            return Err("is empty".into());
+        }
+        // What a header value may hold: tab, and every byte from space up but DEL.
+        if let Some(at) = token
+            .bytes()
+            .position(|b| (b < b' ' && b != b'\t') || b == 0x7f)
+        {
+            return Err(format!(
+                "holds a control character at byte {at} (a second line?): no client can send \
+                 it; a token is one line of visible characters"
+            ));
+        }
+        Ok(BearerToken(format!("Bearer {token}").into_bytes().into()))
     }
 
     /// True when `header` is exactly `Bearer <token>`, compared in constant time.
@@ -76,7 +92,10 @@ mod tests {
         assert!(!t.accepts(b"Bearer s3cre"));
         assert!(!t.accepts(b"bearer s3cret"));
         assert!(!t.accepts(b""));
-        assert!(BearerToken::new("  ").is_none());
+        assert!(BearerToken::new("  ").is_err());
+        let two_lines = BearerToken::new("first-token\nsecond-token\n").map(drop);
+        let err = two_lines.expect_err("refused");
+        assert!(err.contains("byte 11") && !err.contains("token\n"), "{err}");
         assert!(!format!("{t:?}").contains("s3cret"));
     }
 }

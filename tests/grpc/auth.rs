@@ -46,7 +46,7 @@ async fn health_status(channel: Channel) -> Result<i32, tonic::Status> {
 async fn over_tcp_only_the_right_token_gets_in_and_health_stays_open() {
     let server = start_server_with_options(ServerOptions {
         auth: AuthConfig {
-            token: BearerToken::new(TOKEN),
+            token: BearerToken::new(TOKEN).ok(),
             ..Default::default()
         },
         ..Default::default()
@@ -91,7 +91,7 @@ async fn over_tcp_only_the_right_token_gets_in_and_health_stays_open() {
 async fn health_can_require_the_token_too() {
     let server = start_server_with_options(ServerOptions {
         auth: AuthConfig {
-            token: BearerToken::new(TOKEN),
+            token: BearerToken::new(TOKEN).ok(),
             protect_health: true,
             ..Default::default()
         },
