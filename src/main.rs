@@ -186,10 +186,13 @@ fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
             }
             #[cfg(unix)]
             cli::ListenAddr::Unix(path) => {
-                let listener = bind_unix(path, uds_mode)?;
+                let (listener, ours) = bind_unix(path, uds_mode)?;
                 started(format!("unix:{}", path.display()));
                 server::serve_unix(listener, store, options, shutdown_signal(stdin_eof)).await?;
-                let _ = std::fs::remove_file(path);
+                // Only our own socket: another server may have bound the path since.
+                if socket_id(path) == Some(ours) {
+                    let _ = std::fs::remove_file(path);
+                }
             }
             #[cfg(not(unix))]
             cli::ListenAddr::Unix(_) => anyhow::bail!("--listen unix: needs a Unix system"),
@@ -203,9 +206,14 @@ fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
 }
 
 /// Binds a Unix socket at `path` with file mode `mode`, replacing a stale socket file
-/// (but never another kind of file).
+/// (one nothing answers on), but never a live one (a second server would take the path
+/// from the first, which then keeps its sessions out of reach) nor another kind of
+/// file. Returns the listener and the socket file's identity, to remove only our own.
 #[cfg(unix)]
-fn bind_unix(path: &std::path::Path, mode: u32) -> anyhow::Result<tokio::net::UnixListener> {
+fn bind_unix(
+    path: &std::path::Path,
+    mode: u32,
+) -> anyhow::Result<(tokio::net::UnixListener, (u64, u64))> {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         anyhow::ensure!(
@@ -213,6 +221,22 @@ fn bind_unix(path: &std::path::Path, mode: u32) -> anyhow::Result<tokio::net::Un
             "--listen unix:{}: exists and is not a socket",
             path.display()
         );
+        match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => anyhow::bail!(
+                "--listen unix:{}: another process is listening on it (a compactd already \
+                 running?); stop it or choose another path",
+                path.display()
+            ),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!(
+                        "--listen unix:{}: cannot tell whether it is in use",
+                        path.display()
+                    )
+                });
+            }
+        }
         std::fs::remove_file(path)
             .with_context(|| format!("removing stale socket {}", path.display()))?;
     }
@@ -220,7 +244,18 @@ fn bind_unix(path: &std::path::Path, mode: u32) -> anyhow::Result<tokio::net::Un
         .with_context(|| format!("--listen unix:{}: cannot bind", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         .with_context(|| format!("setting mode {mode:o} on {}", path.display()))?;
-    Ok(listener)
+    let ours = socket_id(path)
+        .with_context(|| format!("--listen unix:{}: the socket is gone", path.display()))?;
+    Ok((listener, ours))
+}
+
+/// The device and inode of the file at `path`, if any.
+#[cfg(unix)]
+fn socket_id(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
 }
 
 /// Resolves on SIGINT or SIGTERM (Kubernetes sends SIGTERM), or with `stdin_eof` when

@@ -169,3 +169,46 @@ async fn over_a_unix_socket_with_a_token_file() {
     assert!(!sock.exists(), "the socket file is removed on exit");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A second server on a live Unix socket is refused instead of taking the path (the
+/// first would keep its sessions out of reach, and its exit would delete the second's
+/// socket); a stale socket (its server killed) is still replaced, and removed on exit.
+#[tokio::test]
+async fn a_live_unix_socket_is_not_taken_over_and_a_stale_one_is_replaced() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let sock = dir.path().join("compactd.sock");
+    let listen = format!("unix:{}", sock.display());
+    let args = ["--listen", listen.as_str(), "--durability", "memory"];
+    let first = Binary::start(&args, &[]);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_compactd"))
+        .arg("serve")
+        .args(args)
+        // Started by mistake, it exits at once (its stdin is closed).
+        .arg("--exit-on-stdin-eof")
+        .env_remove("COMPACTD_LISTEN")
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a second server started: {err}");
+    assert!(err.contains("another process is listening"), "{err}");
+    std::os::unix::net::UnixStream::connect(&sock).expect("the first still answers");
+
+    // Killed without its cleanup: the socket file stays, stale.
+    std::process::Command::new("kill")
+        .args(["-KILL", &first.pid().to_string()])
+        .status()
+        .expect("kill");
+    drop(first);
+    for _ in 0..100 {
+        if std::os::unix::net::UnixStream::connect(&sock).is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(sock.exists(), "the stale socket file stays");
+    let mut again = Binary::start(&args, &[]);
+    std::os::unix::net::UnixStream::connect(&sock).expect("the new server answers");
+    again.sigterm();
+    assert!(again.wait_exit().await.success());
+    assert!(!sock.exists(), "its own socket is removed on exit");
+}
