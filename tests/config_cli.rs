@@ -341,6 +341,26 @@ fn a_token_file_of_two_lines_stops_the_start() {
     assert!(!ok && err.contains("--auth-token (flag)"), "{err}");
 }
 
+/// A COMPACTD_LOG that is no filter is said, not passed over: logging falls back to
+/// info with a warning naming it. Before, the fallback was silent.
+#[test]
+fn an_invalid_log_filter_is_named_in_a_warning() {
+    let serve = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--durability",
+        "memory",
+        "--exit-on-stdin-eof",
+    ];
+    let (ok, _, err) = compactd(&serve, &[("COMPACTD_LOG", "compactd=lots")]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("COMPACTD_LOG is not a valid filter") && err.contains("compactd=lots"),
+        "{err}"
+    );
+}
+
 /// The overflow and counting settings a preset may set are optional flags, so a
 /// setting not given has no value of its own; `config print` still says what applies,
 /// the default or the preset's. Before, it said only "threshold is not set".

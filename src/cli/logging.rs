@@ -32,7 +32,10 @@ pub fn init(format: LogFormat) {
 /// [`init`] with another default filter (`replay` says only what went wrong: `warn`).
 pub fn init_with(format: LogFormat, default: &str) {
     let spec = std::env::var("COMPACTD_LOG").unwrap_or_else(|_| default.into());
-    let mut filter = EnvFilter::try_new(&spec).unwrap_or_else(|_| EnvFilter::new("info"));
+    let (mut filter, refused) = match EnvFilter::try_new(&spec) {
+        Ok(f) => (f, None),
+        Err(e) => (EnvFilter::new("info"), Some(e)),
+    };
     let levels = QUIET_TARGETS
         .iter()
         .map(|t| (t, "off"))
@@ -53,6 +56,10 @@ pub fn init_with(format: LogFormat, default: &str) {
         LogFormat::Pretty => builder
             .fmt_fields(tracing_subscriber::fmt::format::debug_fn(write_field).delimited(" "))
             .init(),
+    }
+    // Said once the subscriber is up: a mistyped filter must not pass unnoticed.
+    if let Some(e) = refused {
+        tracing::warn!(COMPACTD_LOG = %spec, error = %e, "COMPACTD_LOG is not a valid filter; logging at info");
     }
 }
 
