@@ -10,20 +10,15 @@ use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 pub const REDACTED: &str = "[redacted]";
 
 /// `url` without credentials: userinfo and every query value replaced (keys kept, so a
-/// reader sees what was set). The userinfo ends at the last `@`: a password may hold `/`,
-/// `?` or `#` unencoded (base64 keys do), which a URL parser takes for the authority's
-/// end. A value without `scheme://` is read the same way (a mistyped URL still carries
-/// its credentials). An `@` in a path or query redacts more than the userinfo: shown
-/// short, never leaked.
+/// reader sees what was set). A value without `scheme://` is read the same way (a
+/// mistyped URL still carries its credentials). See [`split_userinfo`] for where the
+/// userinfo ends when a password holds `/`, `?` or `#` unencoded.
 pub fn url(url: &str) -> String {
     let (scheme, rest) = match url.find("://") {
         Some(at) => url.split_at(at + 3),
         None => ("", url),
     };
-    let (userinfo, rest) = match rest.rfind('@') {
-        Some(at) => (true, &rest[at + 1..]),
-        None => (false, rest),
-    };
+    let (userinfo, rest) = split_userinfo(rest);
     let (base, fragment) = match rest.split_once('#') {
         Some((b, f)) => (b, Some(f)),
         None => (rest, None),
@@ -33,7 +28,7 @@ pub fn url(url: &str) -> String {
         None => (base, None),
     };
     let mut out = scheme.to_string();
-    if userinfo {
+    if userinfo.is_some() {
         out.push_str(REDACTED);
         out.push('@');
     }
@@ -57,6 +52,48 @@ pub fn url(url: &str) -> String {
     out
 }
 
+/// Splits what follows `scheme://` into its userinfo (if any) and the rest (host, path,
+/// query, fragment). As a URL reads: the authority ends at the first `/`, `?` or `#`, and
+/// an `@` in it ends the userinfo (an `@` in a path or query is no userinfo's). But when
+/// that authority is no host (`user:pa/ss@host` reads as host `user`, port `pa`: a
+/// password holding `/`, `?` or `#` unencoded, as base64 keys do), the userinfo ends at
+/// the first `@` that a host follows.
+fn split_userinfo(rest: &str) -> (Option<&str>, &str) {
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    if let Some(at) = rest[..end].rfind('@') {
+        return (Some(&rest[..at]), &rest[at + 1..]);
+    }
+    if is_host(&rest[..end]) {
+        return (None, rest);
+    }
+    let mut from = 0;
+    while let Some(i) = rest[from..].find('@') {
+        let at = from + i;
+        let after = &rest[at + 1..];
+        if is_host(&after[..after.find(['/', '?', '#']).unwrap_or(after.len())]) {
+            return (Some(&rest[..at]), after);
+        }
+        from = at + 1;
+    }
+    (None, rest)
+}
+
+/// True when `s` reads as `host[:port]`: a name or address (`[v6]` included) and digits.
+fn is_host(s: &str) -> bool {
+    let (host, port) = match s.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((addr, tail)) => (addr, tail.strip_prefix(':').unwrap_or(tail)),
+            None => return false,
+        },
+        None => s.rsplit_once(':').unwrap_or((s, "")),
+    };
+    !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._~%:".contains(&b))
+        && port.bytes().all(|b| b.is_ascii_digit())
+}
+
 /// The secrets a URL carries, for [`text`] to remove from what an endpoint says: the
 /// userinfo (`user:password`, whose base64 is the Basic auth header reqwest sends, as
 /// written and percent-decoded) and the password alone; a user without a password when it
@@ -72,11 +109,7 @@ pub fn url_secrets(url: &str) -> Vec<String> {
             .decode_utf8_lossy()
             .into_owned()
     };
-    // As in [`url`]: the userinfo ends at the last `@`, whatever it holds.
-    let (userinfo, rest) = match rest.rsplit_once('@') {
-        Some((userinfo, rest)) => (Some(userinfo), rest),
-        None => (None, rest),
-    };
+    let (userinfo, rest) = split_userinfo(rest);
     if let Some(userinfo) = userinfo {
         let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
         if !password.is_empty() {
@@ -159,7 +192,7 @@ mod tests {
     /// A password holding `/` or `#` unencoded (base64 keys do), or a URL without its
     /// scheme, kept the password whole before.
     #[test]
-    fn the_userinfo_ends_at_the_last_at_whatever_it_holds() {
+    fn a_password_holding_url_delimiters_is_redacted_whole() {
         for (given, shown) in [
             (
                 "https://apikey:Ab3/xY9+Zq==@gw.example.com/v1",
@@ -189,6 +222,29 @@ mod tests {
                 "{echoed}"
             );
         }
+    }
+
+    /// An `@` in a query or path is no userinfo's: the host stays shown and the query's
+    /// values are redacted (found in review of the version above, which took everything
+    /// before the last `@` for userinfo and showed the query after it).
+    #[test]
+    fn an_at_in_a_query_or_path_is_no_userinfo() {
+        let given = "https://gw.example.com/v1?email=ops@example.com&key=SECRETKEY";
+        assert_eq!(
+            url(given),
+            "https://gw.example.com/v1?email=[redacted]&key=[redacted]"
+        );
+        assert!(url_secrets(given).iter().any(|s| s == "SECRETKEY"));
+        let cloudflare = "https://api.cloudflare.com/client/v4/accounts/abc/ai/run/@cf/meta/llama";
+        assert_eq!(url(cloudflare), cloudflare);
+        assert_eq!(
+            url("http://[::1]:8080/v1?k=v@x"),
+            "http://[::1]:8080/v1?k=[redacted]"
+        );
+        assert_eq!(
+            url("https://u:p@ss@gw.example.com:8443/v1"),
+            "https://[redacted]@gw.example.com:8443/v1"
+        );
     }
 
     #[test]
