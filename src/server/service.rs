@@ -196,7 +196,7 @@ impl pb::sessions_server::Sessions for SessionsService {
         request: Request<pb::OpenSessionRequest>,
     ) -> Result<Response<pb::SessionSummary>, Status> {
         let req = request.into_inner();
-        let _held = self.check_size(&req)?;
+        let held = self.check_size(&req)?;
         let Some(info) = req.session else {
             return Err(Rejection::invalid("session", "required").into());
         };
@@ -205,8 +205,10 @@ impl pb::sessions_server::Sessions for SessionsService {
         let id = info.id.clone();
         let pending = ops::open(&self.hub, info).await;
         let created = self.answer(&id, "open", pending).await?.created;
-        // The summary carries the title (bounded by --max-update-bytes only): held in
-        // flight until the client reads it, as every reply of a session's size.
+        // The request is applied: its bytes are the session's now. The summary carries
+        // the title (bounded by --max-update-bytes only): held in flight until the
+        // client reads it, as every reply of a session's size (alone past the share).
+        drop(held);
         self.held_until_sent(self.summary(&id, created).await?, "sessions")
     }
 

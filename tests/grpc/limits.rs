@@ -374,6 +374,43 @@ async fn a_stream_client_that_stops_reading_is_disconnected_and_its_session_kept
     assert_eq!(get_session(&mut c, "slow").await.messages.len(), 2);
 }
 
+/// An OpenSession whose title is past half the in-flight share: its reply (the title
+/// again) goes out alone, as the request's own bytes are the session's once it is
+/// applied. Found in review of the held reply: the request's reservation, still held,
+/// made the reply's "alone" impossible, so the session was created and every open of
+/// it refused.
+#[tokio::test]
+async fn an_open_with_a_title_past_half_the_share_is_answered() {
+    let store = Store::new(EngineConfig::default()).with_limits(Limits {
+        memory_budget: 48 << 20,
+        ..Limits::default()
+    });
+    let ledger = store.ledger().clone();
+    let server = start_server_on(store, ServerOptions::default()).await;
+    let mut c = server.client().await;
+    let titled = pb::SessionInfo {
+        title: "t".repeat(4 << 20),
+        ..session("titled")
+    };
+    for _ in 0..2 {
+        let summary = c
+            .open_session(pb::OpenSessionRequest {
+                session: Some(titled.clone()),
+            })
+            .await
+            .expect("answered")
+            .into_inner();
+        assert_eq!(summary.title.len(), 4 << 20);
+    }
+    for _ in 0..500 {
+        if ledger.in_flight() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(ledger.in_flight(), 0);
+}
+
 /// A huge `--slow-reader-grace-secs` means "never give up on a slow reader". Before, a
 /// full event buffer computed `now + grace`, which overflowed: the stream's writer
 /// panicked and the client got a clean end (status OK) with answers missing.
