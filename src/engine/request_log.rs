@@ -102,6 +102,11 @@ impl RequestLog {
                 .is_some_and(|last| at.saturating_sub(last) > ttl_ms)
     }
 
+    /// True from a compaction until the next request starts.
+    pub(crate) fn is_reordered(&self) -> bool {
+        self.reordered
+    }
+
     /// A compaction moved the context's start: until the next request, nothing of it is
     /// cached.
     pub(crate) fn context_reordered(&mut self) {

@@ -1356,12 +1356,18 @@ impl Session {
     /// request, on no message). Returns whether it is the new baseline of the next
     /// request. It is not when it is on a message older than the newest request's (a
     /// late or retried report of a request the session is past: after a compaction, the
-    /// summarized context's size), nor when it is on a summary message (`of_summary`: a
+    /// summarized context's size), or on no message while no request has started since
+    /// a compaction, nor when it is on a summary message (`of_summary`: a
     /// compaction request's, whose prompt is the summarized head, not the session's; the
     /// baseline stays until the compaction completes and the context starts afresh, so
     /// a compaction that fails leaves the overflow seen).
     fn usage_reported(&mut self, tokens: TokenUsage, of_summary: bool, at: Option<usize>) -> bool {
         if at.is_some_and(|i| i < self.requests.newest_message()) {
+            return false;
+        }
+        // On no message, it reports the latest request; with none since a compaction,
+        // that request was the old context's (or the compaction's own).
+        if at.is_none() && self.requests.is_reordered() {
             return false;
         }
         if of_summary {

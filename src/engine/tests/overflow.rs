@@ -1113,6 +1113,17 @@ fn a_report_of_a_message_before_a_compaction_is_no_baseline() {
             "stored"
         );
     }
+    // Retried on no message (found in review): no request has started since the
+    // compaction, so it can only be an old one's.
+    let r = step(&mut s, report_usage(usage(160_000, 0, 0)), &config(), NOW).expect("applies");
+    assert!(!r.applied.usage_reported);
+    assert!(!s.check_overflow(Trigger::Request).overflow);
+    // Once the next request starts, a report on no message is its own.
+    let mut a3 = assistant("a3", "u3");
+    a3.finish.clear();
+    apply(&mut s, Update::UpsertMessage(a3));
+    apply(&mut s, report_usage(usage(2_000, 0, 0)));
+    assert_eq!(s.check_overflow(Trigger::Request).used, 2_000);
 }
 
 /// A late report of an older request (on its message, or as the message's tokens) does
