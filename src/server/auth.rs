@@ -21,14 +21,16 @@ impl BearerToken {
         if token.is_empty() {
             return Err("is empty".into());
         }
-        // What a header value may hold: tab, and every byte from space up but DEL.
-        if let Some(at) = token
-            .bytes()
-            .position(|b| (b < b' ' && b != b'\t') || b == 0x7f)
-        {
+        // What gRPC metadata carries: printable ASCII, space to `~`.
+        if let Some(at) = token.bytes().position(|b| !(b' '..=b'~').contains(&b)) {
+            let what = if token.as_bytes()[at].is_ascii() {
+                "a control character"
+            } else {
+                "a byte outside ASCII"
+            };
             return Err(format!(
-                "holds a control character at byte {at} (a second line?): no client can send \
-                 it; a token is one line of visible characters"
+                "holds {what} at byte {at} (a second line?): no client can send it; a token \
+                 is one line of printable ASCII"
             ));
         }
         Ok(BearerToken(format!("Bearer {token}").into_bytes().into()))
@@ -96,6 +98,10 @@ mod tests {
         let two_lines = BearerToken::new("first-token\nsecond-token\n").map(drop);
         let err = two_lines.expect_err("refused");
         assert!(err.contains("byte 11") && !err.contains("token\n"), "{err}");
+        let err = BearerToken::new("tok-é-tok")
+            .map(drop)
+            .expect_err("refused");
+        assert!(err.contains("outside ASCII at byte 4"), "{err}");
         assert!(!format!("{t:?}").contains("s3cret"));
     }
 }
