@@ -23,7 +23,13 @@
 //! `serde_json::Value`) to the new one. The committed fixtures
 //! `src/engine/tests/data/snapshot_v<N>.json` are decoded by tests and their context
 //! checked: they fail when the engine's internals change without a bump and a migration.
-//! Keep the old fixtures; add one per format.
+//! Keep the old fixtures; add one per format. Two changes are not a new format: a field
+//! written only when set, whose absence reads as it did before the field existed
+//! (`last_of_summary`, `RequestLog::reordered`), since every older document decodes to
+//! what it meant; and a change of behaviour that leaves the scenario's session
+//! elsewhere (a figure learned otherwise, a decision taken earlier), which regenerates
+//! the current format's fixture and keeps the one it replaces as written
+//! (`snapshot_v3_*.json`), still decoded by a test.
 
 use std::cell::Cell;
 use std::fmt;

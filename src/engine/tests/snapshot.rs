@@ -716,6 +716,36 @@ const FIXTURE_V2: &str = include_str!("data/snapshot_v2.json");
 /// fixture was written under, so the session it migrates to.
 const FIXTURE_V3_MASKED_EARLY: &str = include_str!("data/snapshot_v3_masked_early.json");
 const FIXTURE_V1: &str = include_str!("data/snapshot_v1.json");
+/// The format 3 fixture as the binaries before stop 58 wrote it: calibrated with every
+/// report weighing alike, and without `reordered` (a field written only when set).
+const FIXTURE_V3_BEFORE_58: &str = include_str!("data/snapshot_v3_before_58.json");
+
+/// A format 3 document an older binary wrote still decodes, reads the fields added
+/// since as they were before them, and goes on through the rest of the scenario with
+/// its figures equal to a recount.
+#[test]
+fn an_older_format_3_fixture_still_decodes_and_goes_on() {
+    let mut restored = decode_session(FIXTURE_V3_BEFORE_58.as_bytes())
+        .unwrap_or_else(|e| panic!("the older format 3 fixture no longer decodes: {e}"));
+    assert!(!FIXTURE_V3_BEFORE_58.contains("reordered"));
+    assert!(
+        !restored.request_log().is_reordered(),
+        "absent reads as before"
+    );
+    assert!(restored.build_context().boundary_message_id.is_some());
+    let (changes, at) = fixture_scenario();
+    at_scale(FIXTURE_SCALE, || {
+        for c in &changes[at..] {
+            // Whatever each change's outcome under today's rules: never a panic.
+            let _ = restored.perform(c.clone(), &rich_config());
+        }
+    });
+    assert_eq!(restored.held_bytes(), restored.held_bytes_from_scratch());
+    assert_eq!(
+        restored.total_tokens(),
+        rendered_tokens_from_scratch(&restored)
+    );
+}
 
 #[test]
 fn snapshot_fixture_v3_decodes_to_the_same_context() {
