@@ -9,16 +9,30 @@ use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 /// What a removed secret reads as.
 pub const REDACTED: &str = "[redacted]";
 
-/// `url` without credentials: userinfo and every query value replaced (keys kept, so a
-/// reader sees what was set). A value without `scheme://` is read the same way (a
-/// mistyped URL still carries its credentials). See [`split_userinfo`] for where the
-/// userinfo ends when a password holds `/`, `?` or `#` unencoded.
+/// `url` without credentials: userinfo, and every query and fragment value, replaced
+/// (keys kept, so a reader sees what was set). Safety first where a URL is ambiguous: a
+/// password may hold `/`, `?`, `#` or `@` unencoded (base64 keys hold `/`), which a URL
+/// parser takes for the authority's end, so everything before the last `@` is taken for
+/// userinfo (an `@` in a path or query hides more than needed: shown short, never
+/// leaked), and when that hidden part held a `?` or `#`, what follows the `@` is still
+/// query or fragment and its values are hidden too. A value without `scheme://` is read
+/// the same way (a mistyped URL still carries its credentials).
 pub fn url(url: &str) -> String {
-    let (scheme, rest) = match url.find("://") {
-        Some(at) => url.split_at(at + 3),
-        None => ("", url),
+    let (scheme, rest) = split_scheme(url);
+    let mut out = scheme.to_string();
+    let rest = match rest.rfind('@') {
+        Some(at) => {
+            out.push_str(REDACTED);
+            out.push('@');
+            let (hidden, after) = (&rest[..at], &rest[at + 1..]);
+            if hidden.contains(['?', '#']) {
+                out.push_str(&pairs_redacted(after));
+                return out;
+            }
+            after
+        }
+        None => rest,
     };
-    let (userinfo, rest) = split_userinfo(rest);
     let (base, fragment) = match rest.split_once('#') {
         Some((b, f)) => (b, Some(f)),
         None => (rest, None),
@@ -27,71 +41,46 @@ pub fn url(url: &str) -> String {
         Some((b, q)) => (b, Some(q)),
         None => (base, None),
     };
-    let mut out = scheme.to_string();
-    if userinfo.is_some() {
-        out.push_str(REDACTED);
-        out.push('@');
-    }
     out.push_str(base);
     if let Some(q) = query {
-        let pairs: Vec<String> = q
-            .split('&')
-            .map(|pair| match pair.split_once('=') {
-                Some((k, _)) => format!("{k}={REDACTED}"),
-                None if pair.is_empty() => String::new(),
-                None => REDACTED.to_string(),
-            })
-            .collect();
         out.push('?');
-        out.push_str(&pairs.join("&"));
+        out.push_str(&pairs_redacted(q));
     }
     if let Some(f) = fragment {
         out.push('#');
-        out.push_str(f);
+        out.push_str(&pairs_redacted(f));
     }
     out
 }
 
-/// Splits what follows `scheme://` into its userinfo (if any) and the rest (host, path,
-/// query, fragment). As a URL reads: the authority ends at the first `/`, `?` or `#`, and
-/// an `@` in it ends the userinfo (an `@` in a path or query is no userinfo's). But when
-/// that authority is no host (`user:pa/ss@host` reads as host `user`, port `pa`: a
-/// password holding `/`, `?` or `#` unencoded, as base64 keys do), the userinfo ends at
-/// the first `@` that a host follows.
-fn split_userinfo(rest: &str) -> (Option<&str>, &str) {
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    if let Some(at) = rest[..end].rfind('@') {
-        return (Some(&rest[..at]), &rest[at + 1..]);
-    }
-    if is_host(&rest[..end]) {
-        return (None, rest);
-    }
-    let mut from = 0;
-    while let Some(i) = rest[from..].find('@') {
-        let at = from + i;
-        let after = &rest[at + 1..];
-        if is_host(&after[..after.find(['/', '?', '#']).unwrap_or(after.len())]) {
-            return (Some(&rest[..at]), after);
+/// `scheme://` and what follows it; no scheme (`""`) unless `url` starts with a scheme's
+/// name (a letter, then letters, digits, `+`, `-` or `.`) right before `://`: a `://`
+/// later on (a callback URL in a query) is no scheme.
+fn split_scheme(url: &str) -> (&str, &str) {
+    match url.find("://") {
+        Some(at)
+            if url[..at].starts_with(|c: char| c.is_ascii_alphabetic())
+                && url[..at]
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b)) =>
+        {
+            url.split_at(at + 3)
         }
-        from = at + 1;
+        _ => ("", url),
     }
-    (None, rest)
 }
 
-/// True when `s` reads as `host[:port]`: a name or address (`[v6]` included) and digits.
-fn is_host(s: &str) -> bool {
-    let (host, port) = match s.strip_prefix('[') {
-        Some(v6) => match v6.split_once(']') {
-            Some((addr, tail)) => (addr, tail.strip_prefix(':').unwrap_or(tail)),
-            None => return false,
-        },
-        None => s.rsplit_once(':').unwrap_or((s, "")),
-    };
-    !host.is_empty()
-        && host
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-._~%:".contains(&b))
-        && port.bytes().all(|b| b.is_ascii_digit())
+/// `k=v&k2=v2` (or bare items) with every value replaced.
+fn pairs_redacted(pairs: &str) -> String {
+    pairs
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((k, _)) => format!("{k}={REDACTED}"),
+            None if pair.is_empty() => String::new(),
+            None => REDACTED.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("&")
 }
 
 /// The secrets a URL carries, for [`text`] to remove from what an endpoint says: the
@@ -103,14 +92,16 @@ fn is_host(s: &str) -> bool {
 /// refusal is read by.
 pub fn url_secrets(url: &str) -> Vec<String> {
     let mut forms: Vec<String> = Vec::new();
-    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let (_, rest) = split_scheme(url);
     let decode = |s: &str| {
         percent_encoding::percent_decode_str(s)
             .decode_utf8_lossy()
             .into_owned()
     };
-    let (userinfo, rest) = split_userinfo(rest);
-    if let Some(userinfo) = userinfo {
+    // Every reading of the userinfo a URL may have (up to the last `@`, as `url` hides
+    // it, and up to each earlier `@`): removing a form that was no secret costs nothing.
+    for (at, _) in rest.match_indices('@') {
+        let userinfo = &rest[..at];
         let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
         if !password.is_empty() {
             forms.extend([
@@ -123,11 +114,12 @@ pub fn url_secrets(url: &str) -> Vec<String> {
             forms.extend([format!("{}:", decode(user)), user.to_string(), decode(user)]);
         }
     }
-    let query = rest.split_once('?').map_or("", |(_, q)| q);
-    let query = query.split_once('#').map_or(query, |(q, _)| q);
-    for pair in query.split('&') {
-        let value = pair.split_once('=').map_or(pair, |(_, v)| v);
-        forms.extend([value.to_string(), decode(value)]);
+    // Every value after the first `?` or `#`, wherever it stands.
+    if let Some(at) = rest.find(['?', '#']) {
+        for pair in rest[at + 1..].split(['&', '?', '#']) {
+            let value = pair.split_once('=').map_or(pair, |(_, v)| v);
+            forms.extend([value.to_string(), decode(value)]);
+        }
     }
     let mut secrets: Vec<String> = Vec::new();
     for form in forms {
@@ -184,7 +176,7 @@ mod tests {
         assert_eq!(url("http://127.0.0.1:8080/v1"), "http://127.0.0.1:8080/v1");
         assert_eq!(
             url("http://h/v1?sk-bare#frag"),
-            "http://h/v1?[redacted]#frag"
+            "http://h/v1?[redacted]#[redacted]"
         );
         assert_eq!(url("no url"), "no url");
     }
@@ -200,7 +192,7 @@ mod tests {
             ),
             (
                 "https://u:p#ssw0rdSECRET@gw.example.com/v1",
-                "https://[redacted]@gw.example.com/v1",
+                "https://[redacted]@[redacted]",
             ),
             (
                 "https://u:pa?ss=SECRET@gw.example.com/v1?k=v",
@@ -224,26 +216,61 @@ mod tests {
         }
     }
 
-    /// An `@` in a query or path is no userinfo's: the host stays shown and the query's
-    /// values are redacted (found in review of the version above, which took everything
-    /// before the last `@` for userinfo and showed the query after it).
+    /// What a URL may hide its secrets in, read safety first: everything before the last
+    /// `@`, every query and fragment value, and a query that runs on past the `@`. Found
+    /// in reviews of two earlier versions: one showed the query after an `@` in it
+    /// (`email=ops@example.com&key=...`), the next took a user or password holding `/` or
+    /// a digit-only port-like prefix for a host, and a later `://` for the scheme.
     #[test]
-    fn an_at_in_a_query_or_path_is_no_userinfo() {
-        let given = "https://gw.example.com/v1?email=ops@example.com&key=SECRETKEY";
+    fn no_secret_shows_whatever_the_url_holds() {
+        for (given, shown) in [
+            (
+                "https://gw.example.com/v1?email=ops@example.com&key=SECRETKEY",
+                "https://[redacted]@[redacted]&key=[redacted]",
+            ),
+            (
+                "https://apikey:/Ab3xY9+Zq==SECRET@gw.example.com/v1",
+                "https://[redacted]@gw.example.com/v1",
+            ),
+            (
+                "https://Ab3xY9/Zq+wSECRET@gw.example.com/v1",
+                "https://[redacted]@gw.example.com/v1",
+            ),
+            ("https://u:12#SECRET@gw/v1", "https://[redacted]@[redacted]"),
+            (
+                "http://llm_proxy:4000/v1?key=SECRETKEY&user=ops@example.com",
+                "http://[redacted]@[redacted]",
+            ),
+            (
+                "bob:SECRETpw@gw.example.com/v1?cb=https://x",
+                "[redacted]@gw.example.com/v1?cb=[redacted]",
+            ),
+            (
+                "https://h/cb#access_token=SECRETTOKEN",
+                "https://h/cb#access_token=[redacted]",
+            ),
+            (
+                "https://u:p@ss/wordSECRET@host/v1",
+                "https://[redacted]@host/v1",
+            ),
+            (
+                "https://api.cloudflare.com/client/v4/ai/run/@cf/meta/llama",
+                "https://[redacted]@cf/meta/llama",
+            ),
+        ] {
+            assert_eq!(url(given), shown, "{given}");
+            let mut echoed = format!("refused {given}");
+            for s in url_secrets(given) {
+                echoed = text(&echoed, &s);
+            }
+            assert!(
+                !echoed.contains("SECRET") && !echoed.contains("Ab3xY9"),
+                "{given}: {echoed}"
+            );
+        }
         assert_eq!(
-            url(given),
-            "https://gw.example.com/v1?email=[redacted]&key=[redacted]"
-        );
-        assert!(url_secrets(given).iter().any(|s| s == "SECRETKEY"));
-        let cloudflare = "https://api.cloudflare.com/client/v4/accounts/abc/ai/run/@cf/meta/llama";
-        assert_eq!(url(cloudflare), cloudflare);
-        assert_eq!(
-            url("http://[::1]:8080/v1?k=v@x"),
+            url("http://[::1]:8080/v1?k=v"),
             "http://[::1]:8080/v1?k=[redacted]"
-        );
-        assert_eq!(
-            url("https://u:p@ss@gw.example.com:8443/v1"),
-            "https://[redacted]@gw.example.com:8443/v1"
         );
     }
 
