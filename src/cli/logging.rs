@@ -31,7 +31,12 @@ pub fn init(format: LogFormat) {
 
 /// [`init`] with another default filter (`replay` says only what went wrong: `warn`).
 pub fn init_with(format: LogFormat, default: &str) {
-    let spec = std::env::var("COMPACTD_LOG").unwrap_or_else(|_| default.into());
+    // Empty (a template that left the value blank) is unset: a filter of no directives
+    // would turn every line off without a word.
+    let spec = std::env::var("COMPACTD_LOG")
+        .ok()
+        .filter(|s| !s.trim().trim_matches(',').trim().is_empty())
+        .unwrap_or_else(|| default.into());
     let (mut filter, refused) = match EnvFilter::try_new(&spec) {
         Ok(f) => (f, None),
         Err(e) => (EnvFilter::new("info"), Some(e)),
