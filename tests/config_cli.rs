@@ -312,6 +312,17 @@ fn a_blank_auth_token_stops_the_start() {
     assert!(err.contains("env COMPACTD_AUTH_TOKEN"), "{err}");
 }
 
+/// `serve` on an ephemeral port, in memory, ending at once: its stdin is closed (so a
+/// start that should have been refused fails the test instead of hanging it).
+const SERVE_ONCE: [&str; 6] = [
+    "serve",
+    "--listen",
+    "127.0.0.1:0",
+    "--durability",
+    "memory",
+    "--exit-on-stdin-eof",
+];
+
 /// A token no client can send (a file of two lines) stops the start, naming the flag and
 /// where, never the token. Before, the server started with it and answered every call
 /// UNAUTHENTICATED, whichever line a client sent.
@@ -319,17 +330,7 @@ fn a_blank_auth_token_stops_the_start() {
 fn a_token_file_of_two_lines_stops_the_start() {
     let file = config_file("two-line-token", "first-token-AAAA\nsecond-token-BBBB\n");
     let path = file.to_str().expect("utf-8");
-    // Started by mistake, it would exit at once: its stdin is closed.
-    let serve = [
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--durability",
-        "memory",
-        "--exit-on-stdin-eof",
-        "--auth-token-file",
-        path,
-    ];
+    let serve = [&SERVE_ONCE[..], &["--auth-token-file", path]].concat();
     let (ok, _, err) = compactd(&serve, &[]);
     assert!(!ok, "started: {err}");
     assert!(
@@ -345,14 +346,7 @@ fn a_token_file_of_two_lines_stops_the_start() {
 /// info with a warning naming it. Before, the fallback was silent.
 #[test]
 fn an_invalid_log_filter_is_named_in_a_warning() {
-    let serve = [
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--durability",
-        "memory",
-        "--exit-on-stdin-eof",
-    ];
+    let serve = SERVE_ONCE;
     let (ok, _, err) = compactd(&serve, &[("COMPACTD_LOG", "compactd=lots")]);
     assert!(ok, "{err}");
     assert!(

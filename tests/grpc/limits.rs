@@ -282,33 +282,27 @@ async fn idle_sessions_are_evicted_with_an_event_and_busy_ones_stay() {
     get_context(&mut c, "busy").await;
 }
 
-#[tokio::test]
-async fn a_stream_client_that_stops_reading_is_disconnected_and_its_session_kept() {
-    let server = start_server_with_options(ServerOptions {
-        slow_reader_grace: Duration::from_millis(300),
-        ..Default::default()
-    })
-    .await;
-    let mut c = server.client().await;
-    open_session(&mut c, session("slow")).await;
-    // A ~12 KB context: each answer to a context request is that big.
-    put_message(&mut c, "slow", user_msg("u0")).await;
-    put_part(
-        &mut c,
-        "slow",
-        text_part("u0", "big", &output_of("big", 12_000)),
-    )
-    .await;
+/// Session "slow" with a ~12 KB context (each answer to a context request is that big),
+/// and a Stream asking for it `asked` times, none of it read for 1.5 s. Returns the
+/// stream's events and the task sending (it blocks once the server stops reading).
+async fn contexts_asked_unread(
+    c: &mut Client,
+    asked: u64,
+) -> (
+    tonic::Streaming<pb::ServerEvent>,
+    tokio::task::JoinHandle<()>,
+) {
+    open_session(c, session("slow")).await;
+    put_message(c, "slow", user_msg("u0")).await;
+    put_part(c, "slow", text_part("u0", "big", &output_of("big", 12_000))).await;
     let (tx, rx) = tokio::sync::mpsc::channel::<pb::ClientUpdate>(64);
-    let mut events = c
+    let events = c
         .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
         .await
         .expect("stream")
         .into_inner();
-    // Ask for far more than the event buffer and the HTTP/2 windows hold, reading
-    // nothing back. The sender blocks once the server stops reading from this stream.
     let sender = tokio::spawn(async move {
-        for i in 0..5_000u64 {
+        for i in 0..asked {
             let update = pb::ClientUpdate {
                 seq: i + 1,
                 session_id: "slow".into(),
@@ -322,6 +316,20 @@ async fn a_stream_client_that_stops_reading_is_disconnected_and_its_session_kept
         }
     });
     tokio::time::sleep(Duration::from_millis(1_500)).await;
+    (events, sender)
+}
+
+#[tokio::test]
+async fn a_stream_client_that_stops_reading_is_disconnected_and_its_session_kept() {
+    let server = start_server_with_options(ServerOptions {
+        slow_reader_grace: Duration::from_millis(300),
+        ..Default::default()
+    })
+    .await;
+    let mut c = server.client().await;
+    // Ask for far more than the event buffer and the HTTP/2 windows hold, reading
+    // nothing back. The sender blocks once the server stops reading from this stream.
+    let (mut events, sender) = contexts_asked_unread(&mut c, 5_000).await;
 
     // Another client is not held up meanwhile.
     let mut other = server.client().await;
@@ -422,37 +430,9 @@ async fn a_huge_slow_reader_grace_waits_for_the_client_and_answers_every_update(
     })
     .await;
     let mut c = server.client().await;
-    open_session(&mut c, session("slow")).await;
-    put_message(&mut c, "slow", user_msg("u0")).await;
-    put_part(
-        &mut c,
-        "slow",
-        text_part("u0", "big", &output_of("big", 12_000)),
-    )
-    .await;
-    let (tx, rx) = tokio::sync::mpsc::channel::<pb::ClientUpdate>(64);
-    let mut events = c
-        .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .expect("stream")
-        .into_inner();
     const ASKED: u64 = 2_000;
-    let sender = tokio::spawn(async move {
-        for i in 0..ASKED {
-            let update = pb::ClientUpdate {
-                seq: i + 1,
-                session_id: "slow".into(),
-                update: Some(pb::client_update::Update::GetContext(
-                    pb::ContextOptions::default(),
-                )),
-            };
-            if tx.send(update).await.is_err() {
-                break;
-            }
-        }
-    });
     // Not reading while the buffer fills past its 1,024 events.
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let (mut events, sender) = contexts_asked_unread(&mut c, ASKED).await;
     let mut answered = 0u64;
     let end = tokio::time::timeout(Duration::from_secs(60), async {
         while let Some(ev) = events.next().await {

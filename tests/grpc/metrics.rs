@@ -363,6 +363,22 @@ async fn big_session(bin: &Binary) -> Client {
     c
 }
 
+/// Calls `rpc` with `request` and reads nothing: its reply of at least 1 MB stays
+/// counted in flight until the client resets the stream, then is given back.
+async fn held_until_reset(bin: &Binary, metrics: &str, rpc: &str, request: Vec<u8>) {
+    let (mut send, recv) =
+        unread_reply(&bin.addr, &format!("/compactd.v1.Sessions/{rpc}"), request).await;
+    let held = in_flight_until(metrics, |b| b >= 1_000_000.0).await;
+    assert!(
+        held >= 1_000_000.0,
+        "{rpc}: the unread 1 MiB reply is counted in flight: {held}"
+    );
+    send.send_reset(h2::Reason::CANCEL);
+    drop(recv);
+    let after = in_flight_until(metrics, |b| b == 0.0).await;
+    assert_eq!(after, 0.0, "{rpc}: given back once its stream is reset");
+}
+
 /// A unary reply the client does not read stays in the server's HTTP/2 send buffer: its
 /// bytes stay counted in flight (against `--memory-budget`) until the stream ends, for
 /// GetContext, GetSession and Recall. Before, they were given back when the handler
@@ -392,17 +408,7 @@ async fn an_unread_unary_reply_stays_counted_in_flight_until_its_stream_ends() {
         ("Recall", recall.encode_to_vec()),
     ];
     for (rpc, request) in calls {
-        let (mut send, recv) =
-            unread_reply(&bin.addr, &format!("/compactd.v1.Sessions/{rpc}"), request).await;
-        let held = in_flight_until(&metrics, |b| b >= 1_000_000.0).await;
-        assert!(
-            held >= 1_000_000.0,
-            "{rpc}: the unread 1 MiB reply is counted in flight: {held}"
-        );
-        send.send_reset(h2::Reason::CANCEL);
-        drop(recv);
-        let after = in_flight_until(&metrics, |b| b == 0.0).await;
-        assert_eq!(after, 0.0, "{rpc}: given back once its stream is reset");
+        held_until_reset(&bin, &metrics, rpc, request).await;
     }
 }
 
@@ -435,17 +441,7 @@ async fn unread_listings_and_open_replies_stay_counted_in_flight() {
         ("OpenSession", open.encode_to_vec()),
     ];
     for (rpc, request) in calls {
-        let (mut send, recv) =
-            unread_reply(&bin.addr, &format!("/compactd.v1.Sessions/{rpc}"), request).await;
-        let held = in_flight_until(&metrics, |b| b >= 1_000_000.0).await;
-        assert!(
-            held >= 1_000_000.0,
-            "{rpc}: the unread 1 MiB reply is counted in flight: {held}"
-        );
-        send.send_reset(h2::Reason::CANCEL);
-        drop(recv);
-        let after = in_flight_until(&metrics, |b| b == 0.0).await;
-        assert_eq!(after, 0.0, "{rpc}: given back once its stream is reset");
+        held_until_reset(&bin, &metrics, rpc, request).await;
     }
 }
 

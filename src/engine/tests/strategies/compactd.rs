@@ -290,8 +290,9 @@ fn a_recalls_result_is_neither_capped_nor_masked() {
     );
 }
 
-#[test]
-fn a_small_saving_on_a_cached_part_is_held_and_fresh_parts_still_change() {
+/// Masking (keep 3) and capping under Anthropic's prices, a 200k window, after two
+/// turns: a1's 400-token output, then a2's 40,000.
+fn two_turns_under_anthropic_prices() -> Session {
     let limits = ModelLimits {
         context: 200_000,
         input: 0,
@@ -307,6 +308,12 @@ fn a_small_saving_on_a_cached_part_is_held_and_fresh_parts_still_change() {
     );
     turn(&mut s, 1, T0, &[("bash", 400)]);
     turn(&mut s, 2, T0 + 1_000, &[("bash", 40_000)]);
+    s
+}
+
+#[test]
+fn a_small_saving_on_a_cached_part_is_held_and_fresh_parts_still_change() {
+    let mut s = two_turns_under_anthropic_prices();
     // a3's outputs are new: capping a3-p0 costs nothing; masking a1-p0 saves 100 tokens
     // but rewrites the 10,000 cached after it.
     let events = turn(&mut s, 3, T0 + 2_000, &[("bash", 600_000), ("bash", 100)]);
@@ -338,21 +345,7 @@ fn a_small_saving_on_a_cached_part_is_held_and_fresh_parts_still_change() {
 /// read again at every request, or paid for later as a real rewrite.
 #[test]
 fn after_a_compaction_held_decisions_apply_before_the_next_request() {
-    let limits = ModelLimits {
-        context: 200_000,
-        input: 0,
-        output: 32_000,
-    };
-    let mut s = session(
-        only(
-            &[St::MaskObservations, St::CapLargeOutputs],
-            3,
-            CacheModel::ANTHROPIC,
-        ),
-        limits,
-    );
-    turn(&mut s, 1, T0, &[("bash", 400)]);
-    turn(&mut s, 2, T0 + 1_000, &[("bash", 40_000)]);
+    let mut s = two_turns_under_anthropic_prices();
     turn(&mut s, 3, T0 + 2_000, &[("bash", 600_000), ("bash", 100)]);
     assert_eq!(strategy_of(&s, "a1-p0"), None, "held");
     assert_eq!(s.clone().schedule(T0 + 2_020).why, Why::Held);
