@@ -71,16 +71,42 @@ fn split_scheme(url: &str) -> (&str, &str) {
 }
 
 /// `k=v&k2=v2` (or bare items) with every value replaced.
+/// The items are split at `&`, `?` and `#` (kept), so a value before a second `?` is
+/// never shown as a key; an item shows its key only when it reads as `name=value` (see
+/// [`as_pair`]), else it is hidden whole.
 fn pairs_redacted(pairs: &str) -> String {
-    pairs
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some((k, _)) => format!("{k}={REDACTED}"),
-            None if pair.is_empty() => String::new(),
-            None => REDACTED.to_string(),
-        })
-        .collect::<Vec<_>>()
-        .join("&")
+    let mut out = String::with_capacity(pairs.len());
+    let mut rest = pairs;
+    loop {
+        let end = rest.find(['&', '?', '#']).unwrap_or(rest.len());
+        let item = &rest[..end];
+        match as_pair(item) {
+            Some((k, _)) => {
+                out.push_str(k);
+                out.push('=');
+                out.push_str(REDACTED);
+            }
+            None if item.is_empty() => {}
+            None => out.push_str(REDACTED),
+        }
+        let Some(sep) = rest[end..].chars().next() else {
+            return out;
+        };
+        out.push(sep);
+        rest = &rest[end + 1..];
+    }
+}
+
+/// `item` as `(name, value)` when it reads as a parameter: a name of at most 64 letters,
+/// digits, `_`, `-`, `.`, `[` or `]`, then `=` and a value that is not more `=` (base64
+/// padding: `c2stbGl2ZQ==` is a bare token, not the key `c2stbGl2ZQ`).
+fn as_pair(item: &str) -> Option<(&str, &str)> {
+    let (k, v) = item.split_once('=')?;
+    let name = !k.is_empty()
+        && k.len() <= 64
+        && k.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.[]".contains(&b));
+    (name && !v.starts_with('=')).then_some((k, v))
 }
 
 /// The secrets a URL carries, for [`text`] to remove from what an endpoint says: the
@@ -99,8 +125,11 @@ pub fn url_secrets(url: &str) -> Vec<String> {
             .into_owned()
     };
     // Every reading of the userinfo a URL may have (up to the last `@`, as `url` hides
-    // it, and up to each earlier `@`): removing a form that was no secret costs nothing.
-    for (at, _) in rest.match_indices('@') {
+    // it, and up to the earlier ones, at most `READINGS` of them, as each is a form as
+    // long as what precedes it): removing a form that was no secret costs nothing.
+    let ats: Vec<usize> = rest.match_indices('@').map(|(at, _)| at).collect();
+    let earliest = ats.iter().take(READINGS);
+    for &at in earliest.chain(ats.last().filter(|_| ats.len() > READINGS)) {
         let userinfo = &rest[..at];
         let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
         if !password.is_empty() {
@@ -114,11 +143,14 @@ pub fn url_secrets(url: &str) -> Vec<String> {
             forms.extend([format!("{}:", decode(user)), user.to_string(), decode(user)]);
         }
     }
-    // Every value after the first `?` or `#`, wherever it stands.
+    // Every item after the first `?` or `#`, wherever it stands: its value when it reads
+    // as `name=value`, and the whole item (a bare or padded token) either way.
     if let Some(at) = rest.find(['?', '#']) {
-        for pair in rest[at + 1..].split(['&', '?', '#']) {
-            let value = pair.split_once('=').map_or(pair, |(_, v)| v);
-            forms.extend([value.to_string(), decode(value)]);
+        for item in rest[at + 1..].split(['&', '?', '#']) {
+            if let Some((_, value)) = as_pair(item) {
+                forms.extend([value.to_string(), decode(value)]);
+            }
+            forms.extend([item.to_string(), decode(item)]);
         }
     }
     let mut secrets: Vec<String> = Vec::new();
@@ -133,6 +165,9 @@ pub fn url_secrets(url: &str) -> Vec<String> {
     secrets
 }
 
+/// Readings of a URL's userinfo [`url_secrets`] lists, up to its first `@`s (and its
+/// last): a URL holding thousands of `@` must not make thousands of forms as long as it.
+const READINGS: usize = 8;
 /// Shortest URL secret removed from text (see [`url_secrets`]).
 pub const MIN_SHOWN_SECRET: usize = 6;
 /// Shortest user name taken for a token when the URL has no password.
@@ -196,7 +231,7 @@ mod tests {
             ),
             (
                 "https://u:pa?ss=SECRET@gw.example.com/v1?k=v",
-                "https://[redacted]@gw.example.com/v1?k=[redacted]",
+                "https://[redacted]@[redacted]?k=[redacted]",
             ),
             (
                 "bob:SECRETpw@gw.example.com/v1",
@@ -272,6 +307,35 @@ mod tests {
             url("http://[::1]:8080/v1?k=v"),
             "http://[::1]:8080/v1?k=[redacted]"
         );
+        // A value before a second `?` or `#`, and a padded base64 token (found in review
+        // of the version above, which showed them as keys).
+        for (given, shown) in [
+            (
+                "https://gw/v1?sk-live-SECRETab?api-version=2024",
+                "https://gw/v1?[redacted]?api-version=[redacted]",
+            ),
+            (
+                "https://h/cb#SECRETTOKEN#x=1",
+                "https://h/cb#[redacted]#x=[redacted]",
+            ),
+            (
+                "https://gw/v1?c2stbGl2ZS0xMjM0NTY3OA==",
+                "https://gw/v1?[redacted]",
+            ),
+        ] {
+            assert_eq!(url(given), shown, "{given}");
+            let mut echoed = format!("refused {given}");
+            for s in url_secrets(given) {
+                echoed = text(&echoed, &s);
+            }
+            assert!(
+                !echoed.contains("SECRET") && !echoed.contains("c2stbGl2"),
+                "{given}: {echoed}"
+            );
+        }
+        // Thousands of `@` make a bounded number of forms.
+        let many = format!("https://u:{}@gw/v1", "p@".repeat(20_000));
+        assert!(url_secrets(&many).len() <= 4 * (READINGS + 1) + 2);
     }
 
     #[test]
@@ -279,11 +343,13 @@ mod tests {
         assert_eq!(
             url_secrets("https://bob:p%40ss-word@h.example/v1?api-key=sk-12345678&v=2024"),
             [
+                "api-key=sk-12345678",
                 "bob:p%40ss-word",
                 "bob:p@ss-word",
                 "p%40ss-word",
                 "sk-12345678",
-                "p@ss-word"
+                "p@ss-word",
+                "v=2024"
             ]
         );
         assert!(url_secrets("http://127.0.0.1:8080/v1").is_empty());
