@@ -35,7 +35,7 @@ pub fn init_with(format: LogFormat, default: &str) {
     // would turn every line off without a word.
     let spec = std::env::var("COMPACTD_LOG")
         .ok()
-        .filter(|s| !s.trim().trim_matches(',').trim().is_empty())
+        .filter(|s| !s.split(',').all(|directive| directive.trim().is_empty()))
         .unwrap_or_else(|| default.into());
     let (mut filter, refused) = match EnvFilter::try_new(&spec) {
         Ok(f) => (f, None),
