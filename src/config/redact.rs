@@ -98,22 +98,23 @@ fn pairs_redacted(pairs: &str) -> String {
 }
 
 /// `item` as `(name, value)` when it reads as a parameter: a name of at most 64 letters,
-/// digits, `_`, `-`, `.`, `[` or `]`, then `=` and a value that is not more `=` (base64
-/// padding: `c2stbGl2ZQ==` is a bare token, not the key `c2stbGl2ZQ`).
+/// digits, `_`, `-`, `.`, `[` or `]`, then `=` and a value, neither empty nor more `=`
+/// (base64 padding: `c2stbGl2ZQ==` and `c2stbGl2ZS0=` are bare tokens, not keys).
 fn as_pair(item: &str) -> Option<(&str, &str)> {
     let (k, v) = item.split_once('=')?;
     let name = !k.is_empty()
         && k.len() <= 64
         && k.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"_-.[]".contains(&b));
-    (name && !v.starts_with('=')).then_some((k, v))
+    (name && !v.is_empty() && !v.starts_with('=')).then_some((k, v))
 }
 
 /// The secrets a URL carries, for [`text`] to remove from what an endpoint says: the
 /// userinfo (`user:password`, whose base64 is the Basic auth header reqwest sends, as
-/// written and percent-decoded) and the password alone; a user without a password when it
-/// is long enough to be a token (`https://sk-...@gateway/v1`, sent as `user:`); and every
-/// query value. Forms under [`MIN_SHOWN_SECRET`] bytes are left out: a one-letter password
+/// written and percent-decoded) and the password alone; a user without a password (a
+/// token, `https://sk-...@gateway/v1`, sent as `user:`); and every query and fragment
+/// item and value (at most [`ITEMS`]). Forms under [`MIN_SHOWN_SECRET`] bytes are left
+/// out: a one-letter password
 /// would turn every such letter of an error into `[redacted]`, and break the numbers a
 /// refusal is read by.
 pub fn url_secrets(url: &str) -> Vec<String> {
@@ -139,23 +140,24 @@ pub fn url_secrets(url: &str) -> Vec<String> {
                 password.to_string(),
                 decode(password),
             ]);
-        } else if user.len() >= MIN_TOKEN {
+        } else {
             forms.extend([format!("{}:", decode(user)), user.to_string(), decode(user)]);
         }
     }
     // Every item after the first `?` or `#`, wherever it stands: its value when it reads
     // as `name=value`, and the whole item (a bare or padded token) either way.
     if let Some(at) = rest.find(['?', '#']) {
-        for item in rest[at + 1..].split(['&', '?', '#']) {
+        for item in rest[at + 1..].split(['&', '?', '#']).take(ITEMS) {
             if let Some((_, value)) = as_pair(item) {
                 forms.extend([value.to_string(), decode(value)]);
             }
             forms.extend([item.to_string(), decode(item)]);
         }
     }
+    let mut seen = std::collections::HashSet::new();
     let mut secrets: Vec<String> = Vec::new();
     for form in forms {
-        if form.len() >= MIN_SHOWN_SECRET && !secrets.contains(&form) {
+        if form.len() >= MIN_SHOWN_SECRET && seen.insert(form.clone()) {
             secrets.push(form);
         }
     }
@@ -165,13 +167,14 @@ pub fn url_secrets(url: &str) -> Vec<String> {
     secrets
 }
 
+/// Query and fragment items [`url_secrets`] lists: a URL of thousands of items must not
+/// make every endpoint error scrubbed thousands of times (`url` hides every item).
+const ITEMS: usize = 64;
 /// Readings of a URL's userinfo [`url_secrets`] lists, up to its first `@`s (and its
 /// last): a URL holding thousands of `@` must not make thousands of forms as long as it.
 const READINGS: usize = 8;
 /// Shortest URL secret removed from text (see [`url_secrets`]).
 pub const MIN_SHOWN_SECRET: usize = 6;
-/// Shortest user name taken for a token when the URL has no password.
-const MIN_TOKEN: usize = 8;
 
 /// `text` with `secret` removed in every form it is sent or echoed in: as is (which
 /// covers `Bearer <secret>`), base64 (standard and URL-safe), and base64 of `:secret`.
@@ -322,6 +325,8 @@ mod tests {
                 "https://gw/v1?c2stbGl2ZS0xMjM0NTY3OA==",
                 "https://gw/v1?[redacted]",
             ),
+            // One `=` of padding, or an empty value (found in the next review).
+            ("https://gw/v1?c2stbGl2ZSECRET=", "https://gw/v1?[redacted]"),
         ] {
             assert_eq!(url(given), shown, "{given}");
             let mut echoed = format!("refused {given}");
@@ -333,9 +338,13 @@ mod tests {
                 "{given}: {echoed}"
             );
         }
-        // Thousands of `@` make a bounded number of forms.
+        // Thousands of `@`, or of query items, make a bounded number of forms.
         let many = format!("https://u:{}@gw/v1", "p@".repeat(20_000));
         assert!(url_secrets(&many).len() <= 4 * (READINGS + 1) + 2);
+        let items = format!("https://gw/v1?{}", "aaaaa1&".repeat(20_000));
+        assert!(url_secrets(&items).len() <= 4 * ITEMS);
+        // A token given as the user, down to the shortest secret listed.
+        assert!(url_secrets("https://sk-abc@gw/v1").contains(&"sk-abc".to_string()));
     }
 
     #[test]
