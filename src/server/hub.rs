@@ -172,11 +172,11 @@ const CANCEL_GRACE: Duration = Duration::from_secs(2);
 /// Default of [`Hub::slow_reader_grace`].
 pub const DEFAULT_SLOW_READER_GRACE: Duration = Duration::from_secs(10);
 
-/// The grace the server uses for a configured one: at least a second, and at most a day
-/// (a huge value means "never give up on a slow reader"; a day is as good, and a
-/// deadline of `now + grace` must not overflow the clock).
+/// The grace the server uses for a configured one: at most a day (a huge value means
+/// "never give up on a slow reader"; a day is as good, and a deadline of `now + grace`
+/// must not overflow the clock). The command line's floor of a second is `main.rs`'s.
 pub fn bounded_grace(configured: Duration) -> Duration {
-    configured.clamp(Duration::from_secs(1), Duration::from_secs(86_400))
+    configured.min(Duration::from_secs(86_400))
 }
 
 /// Shared server state.

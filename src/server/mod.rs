@@ -103,7 +103,7 @@ pub struct ServerOptions {
     pub idle_ttl: Option<Duration>,
     /// How long a `Stream` client may leave its event buffer full before the stream is
     /// closed with `RESOURCE_EXHAUSTED`, and a unary reply unread before it is dropped
-    /// (used within 1 s to a day, [`hub::bounded_grace`]).
+    /// (at most a day is used, [`hub::bounded_grace`]).
     pub slow_reader_grace: Duration,
     /// TLS (and, with a client CA, mutual TLS); plaintext when None.
     pub tls: Option<tonic::transport::ServerTlsConfig>,
