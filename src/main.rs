@@ -123,7 +123,7 @@ fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
             auth,
             idle_ttl: (args.session_idle_ttl_secs > 0)
                 .then(|| std::time::Duration::from_secs(args.session_idle_ttl_secs)),
-            slow_reader_grace: std::time::Duration::from_secs(args.slow_reader_grace_secs),
+            slow_reader_grace: std::time::Duration::from_secs(args.slow_reader_grace_secs.max(1)),
             tls,
         };
         let metrics_stop = tokio_util::sync::CancellationToken::new();
@@ -175,20 +175,22 @@ fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
                 env!("CARGO_PKG_VERSION")
             );
         };
-        let stdin_eof = args.exit_on_stdin_eof;
+        // The signals are caught from here on, before the start line says the server is
+        // up: a SIGTERM right after it drains, where the default action would kill.
+        let shutdown = shutdown_signal(args.exit_on_stdin_eof);
         match &args.listen {
             cli::ListenAddr::Tcp(addr) => {
                 let listener = tokio::net::TcpListener::bind(addr)
                     .await
                     .with_context(|| format!("--listen {addr}: cannot bind"))?;
                 started(listener.local_addr()?.to_string());
-                server::serve(listener, store, options, shutdown_signal(stdin_eof)).await?;
+                server::serve(listener, store, options, shutdown).await?;
             }
             #[cfg(unix)]
             cli::ListenAddr::Unix(path) => {
                 let (listener, ours) = bind_unix(path, uds_mode)?;
                 started(format!("unix:{}", path.display()));
-                server::serve_unix(listener, store, options, shutdown_signal(stdin_eof)).await?;
+                server::serve_unix(listener, store, options, shutdown).await?;
                 // Only our own socket: another server may have bound the path since.
                 if socket_id(path) == Some(ours) {
                     let _ = std::fs::remove_file(path);
@@ -260,24 +262,47 @@ fn socket_id(path: &std::path::Path) -> Option<(u64, u64)> {
 
 /// Resolves on SIGINT or SIGTERM (Kubernetes sends SIGTERM), or with `stdin_eof` when
 /// stdin reaches its end (the parent holding its pipe exited), logging which it was.
-async fn shutdown_signal(stdin_eof: bool) {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            tracing::info!(signal = "SIGINT", "shutting down");
-        }
-    };
+fn shutdown_signal(stdin_eof: bool) -> impl std::future::Future<Output = ()> {
+    // Registered now, not when first polled: from this call on, SIGINT and SIGTERM are
+    // caught (the serve future that polls this starts after the start line).
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-                tracing::info!(signal = "SIGTERM", "shutting down");
+    let (int, term) = {
+        use tokio::signal::unix::{SignalKind, signal};
+        let caught = |kind: SignalKind, name: &'static str| {
+            let registered = signal(kind).ok();
+            async move {
+                match registered {
+                    Some(mut s) => {
+                        s.recv().await;
+                        tracing::info!(signal = name, "shutting down");
+                    }
+                    None => std::future::pending::<()>().await,
+                }
             }
-            Err(_) => std::future::pending::<()>().await,
-        }
+        };
+        (
+            caught(SignalKind::interrupt(), "SIGINT"),
+            caught(SignalKind::terminate(), "SIGTERM"),
+        )
     };
     #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
+    let (int, term) = (
+        async {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                tracing::info!(signal = "SIGINT", "shutting down");
+            }
+        },
+        std::future::pending::<()>(),
+    );
+    shutdown_on(stdin_eof, int, term)
+}
+
+/// Waits for the first of `int`, `term` and (with `stdin_eof`) stdin's end.
+async fn shutdown_on(
+    stdin_eof: bool,
+    int: impl std::future::Future<Output = ()>,
+    term: impl std::future::Future<Output = ()>,
+) {
     let parent = async {
         if !stdin_eof {
             return std::future::pending::<()>().await;
@@ -304,7 +329,7 @@ async fn shutdown_signal(stdin_eof: bool) {
         }
     };
     tokio::select! {
-        _ = ctrl_c => {},
+        _ = int => {},
         _ = term => {},
         _ = parent => {},
     }

@@ -329,3 +329,17 @@ async fn sigterm_answers_every_update_read_before_the_stream_ends() {
     assert_eq!(stored, acked_parts);
     drop(tx);
 }
+
+/// A SIGTERM right after the start line drains and exits 0: the signals are caught
+/// before the line says the server is up. Before, they were registered when the serve
+/// future first ran, and a SIGTERM in between killed the process undrained (seen as a
+/// failed exit in CI).
+#[tokio::test]
+async fn a_sigterm_right_after_the_start_line_drains_and_exits_0() {
+    for _ in 0..5 {
+        let mut bin = Binary::start(&["--durability", "memory"], &[]);
+        bin.sigterm();
+        let status = bin.wait_exit().await;
+        assert!(status.success(), "{status:?}");
+    }
+}
