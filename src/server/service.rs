@@ -386,9 +386,10 @@ impl pb::sessions_server::Sessions for SessionsService {
         let mut req = request.into_inner();
         let held = self.check_size(&req)?;
         let document = import::document(&mut req)?;
-        Ok(Response::new(
-            self.importer.import(req, document, held).await?,
-        ))
+        // The document's bytes are given back once it is a session; its summary (the
+        // title, bounded by the document only) is held until read, as OpenSession's.
+        let summary = self.importer.import(req, document, held).await?;
+        self.held_until_sent(summary, "sessions")
     }
 
     async fn import_session_chunked(
@@ -396,9 +397,8 @@ impl pb::sessions_server::Sessions for SessionsService {
         request: Request<Streaming<pb::ImportSessionChunk>>,
     ) -> Result<Response<pb::SessionSummary>, Status> {
         let (req, document, held) = self.importer.collect(request.into_inner()).await?;
-        Ok(Response::new(
-            self.importer.import(req, document, held).await?,
-        ))
+        let summary = self.importer.import(req, document, held).await?;
+        self.held_until_sent(summary, "sessions")
     }
 
     async fn pin(

@@ -412,10 +412,16 @@ async fn an_unread_unary_reply_stays_counted_in_flight_until_its_stream_ends() {
     }
 }
 
+/// A 1 MiB title, past the threshold `held_until_reset` waits for.
+fn titled_text() -> String {
+    "0123456789abcdef".repeat(64 << 10)
+}
+
 /// A session's title is bounded by `--max-update-bytes` only, and ListSessions carries
-/// every title, OpenSession's reply its session's: left unread, they stay counted in
-/// flight too. Before, they were not held (the review saw 40 unread listings of a
-/// 12 MiB title take RSS from 78 to 595 MB under a 128 MB budget, for good).
+/// every title, OpenSession's and ImportSession's replies their session's: left unread,
+/// they stay counted in flight too. Before, they were not held (the review saw 40 unread
+/// listings of a 12 MiB title take RSS from 78 to 595 MB under a 128 MB budget, for
+/// good; an import's reply was not held until stop 59).
 #[tokio::test]
 async fn unread_listings_and_open_replies_stay_counted_in_flight() {
     use prost::Message as _;
@@ -425,7 +431,7 @@ async fn unread_listings_and_open_replies_stay_counted_in_flight() {
         .await
         .expect("connect");
     let titled = pb::SessionInfo {
-        title: "0123456789abcdef".repeat(64 << 10),
+        title: titled_text(),
         ..session("titled")
     };
     open_session(&mut c, titled.clone()).await;
@@ -433,12 +439,22 @@ async fn unread_listings_and_open_replies_stay_counted_in_flight() {
     let open = pb::OpenSessionRequest {
         session: Some(titled),
     };
+    // An import's reply is the imported session's summary, its title in it.
+    let export = serde_json::json!({
+        "info": {"id": "imported", "title": titled_text(), "time": {"created": 1}},
+        "messages": [],
+    });
+    let import = pb::ImportSessionRequest {
+        export_json: export.to_string(),
+        ..Default::default()
+    };
     let calls = [
         (
             "ListSessions",
             pb::ListSessionsRequest::default().encode_to_vec(),
         ),
         ("OpenSession", open.encode_to_vec()),
+        ("ImportSession", import.encode_to_vec()),
     ];
     for (rpc, request) in calls {
         held_until_reset(&bin, &metrics, rpc, request).await;
