@@ -23,6 +23,8 @@ use super::anchors;
 use super::context::Keep;
 use super::error::ApplyError;
 use super::footprint::ByteLimit;
+use super::prune::PruneReport;
+use super::request_log::Scope;
 use super::session::{Generation, Session};
 use super::update::Update;
 use crate::config::EngineConfig;
@@ -247,6 +249,9 @@ pub struct Committed {
     pub tokens_after: u64,
     /// Tokens of the summary message (model text plus anchors).
     pub summary_tokens: u64,
+    /// What the commit applied of the decisions the cache-aware scheduler held (none
+    /// when it changed nothing), for the host to hear of as an automatic prune.
+    pub pruned: Option<PruneReport>,
 }
 
 impl Session {
@@ -581,6 +586,13 @@ impl Session {
             .try_for_each(|u| self.apply(u, config).map(drop));
         self.set_byte_limit(limit);
         applied?;
+        // Nothing of the reordered context is cached: what the scheduler held to spare
+        // the cache applies free of cost now. After an automatic compaction no host
+        // message follows to apply it (the cold-cache rule) before the request that
+        // continues. Under a flat cache model nothing is held.
+        let pruned = (self.settings().prune && !self.settings().cache_model.is_flat())
+            .then(|| self.prune_scoped(now_ms, Scope::All))
+            .filter(PruneReport::changed);
         let tokens_after = self.context_tokens();
         // The last report described the old context: the next request is the new one.
         self.compaction_committed(tokens_after);
@@ -593,6 +605,7 @@ impl Session {
             tokens_before: plan.tokens_before,
             tokens_after,
             summary_tokens,
+            pruned,
         })
     }
 

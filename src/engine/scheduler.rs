@@ -12,7 +12,8 @@
 //!   many as have run since the cache was last found cold (a Lindy estimate), but no more
 //!   than fit before the threshold at the session's average growth per request; or
 //! - (b) the cache is cold anyway: a new user message arrives more than the TTL after the
-//!   last request (host timestamps); or
+//!   last request (host timestamps), or a compaction reordered the context (applied in
+//!   `Session::commit_compaction`, before the request that continues); or
 //! - (c) an overflow is near: the next request is predicted at the threshold
 //!   ([`FLUSH_AT`]), where a compaction is the alternative. When it stays there even
 //!   without every part no request has sent yet, nothing is weighed (no trial run).

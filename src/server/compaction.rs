@@ -17,10 +17,11 @@ use super::clock::now_ms;
 use super::hub::{Claim, Hub, Running};
 use super::pb;
 use super::pb::compaction_event::Event as Ce;
+use super::reply;
 use super::status::Rejection;
 use crate::engine::{
-    CommitIds, CompactionError, CompactionPlan, CompactionRequest, ContextView, SummaryOutcome,
-    usable_input,
+    CommitIds, CompactionError, CompactionPlan, CompactionRequest, ContextView, Event, PruneReport,
+    SummaryOutcome, usable_input,
 };
 use crate::store::StoreError;
 use crate::summarize::{Progress, SummarizeError, Summarizer, SummaryRequest, Window, chunk};
@@ -294,6 +295,7 @@ impl Job {
     async fn run(mut self) {
         let began = Instant::now();
         let outcome = self.summarize().await;
+        let mut held_applied = None;
         let result = match outcome {
             // Cancelled once the summary was written (its session deleted or replaced,
             // CancelCompaction, the drain's deadline): a cancelled compaction commits
@@ -301,7 +303,10 @@ impl Job {
             Ok(_) if self.link.running.cancel.is_cancelled() => {
                 Err(spent(failed(&SummarizeError::Cancelled), &self.link.paid))
             }
-            Ok(summary) => self.commit(summary, began).await,
+            Ok(summary) => self.commit(summary, began).await.map(|(done, pruned)| {
+                held_applied = pruned;
+                done
+            }),
             Err(e) => Err(spent(failed(&e), &self.link.paid)),
         };
         let paused = match &result {
@@ -336,6 +341,14 @@ impl Job {
             }
         };
         link.emit(ev).await;
+        // What the commit applied of the held decisions, heard of after the compaction
+        // as any automatic prune (the commit is durable: the store answered).
+        if let Some(report) = held_applied {
+            crate::telemetry::pruned(&report, "auto");
+            if let Some(e) = reply::bus_event(&Event::Pruned(report)) {
+                link.hub.publish(&link.session_id, e);
+            }
+        }
         // The slot is freed as the job drops (`Link::_claim`), after its last event.
     }
 
@@ -385,7 +398,7 @@ impl Job {
         &self,
         summary: chunk::Summary,
         began: Instant,
-    ) -> Result<pb::SessionCompacted, pb::CompactionFailed> {
+    ) -> Result<(pb::SessionCompacted, Option<PruneReport>), pb::CompactionFailed> {
         let link = &self.link;
         let handle = link
             .hub
@@ -426,7 +439,7 @@ impl Job {
             let retryable = matches!(e, CompactionError::Stale(_));
             spent(fail(kind, e.to_string(), retryable), &paid)
         })?;
-        Ok(pb::SessionCompacted {
+        let compacted = pb::SessionCompacted {
             user_message_id: done.user_message_id,
             summary_message_id: done.summary_message_id,
             tokens_before: done.tokens_before,
@@ -438,7 +451,8 @@ impl Job {
             auto: self.plan.request.auto,
             chunks: summary.chunks,
             dropped_chars: summary.dropped_chars,
-        })
+        };
+        Ok((compacted, done.pruned))
     }
 }
 

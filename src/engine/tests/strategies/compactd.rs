@@ -374,6 +374,69 @@ fn after_a_compaction_held_decisions_apply_before_the_next_request() {
     assert_eq!(strategy_of(&s, "a1-p0"), Some(St::MaskObservations));
 }
 
+/// compactd's own automatic compaction writes the message that continues the session
+/// itself: no host message follows to apply what is held before that request, the first
+/// on the reordered context, of which nothing is cached. The commit applies it. Before,
+/// the held masking of a1-p0 (in the verbatim tail) went out with the continuing request
+/// and was weighed afresh against the cache that request wrote.
+#[test]
+fn compactds_own_compaction_applies_what_is_held_in_its_commit() {
+    let limits = ModelLimits {
+        context: 200_000,
+        input: 0,
+        output: 32_000,
+    };
+    let mut s = session(
+        only(
+            &[St::MaskObservations, St::CapLargeOutputs],
+            3,
+            CacheModel::ANTHROPIC,
+        ),
+        limits,
+    );
+    turn(&mut s, 0, T0 - 1_000, &[("bash", 100)]);
+    turn(&mut s, 1, T0, &[("bash", 400)]);
+    turn(&mut s, 2, T0 + 1_000, &[("bash", 40_000)]);
+    turn(&mut s, 3, T0 + 2_000, &[("bash", 600_000), ("bash", 100)]);
+    assert_eq!(strategy_of(&s, "a1-p0"), None, "held");
+    assert_eq!(s.clone().schedule(T0 + 2_020).why, Why::Held);
+    let tail = crate::engine::TailOptions {
+        turns: 3,
+        max_tokens: 1_000_000,
+    };
+    let plan = s
+        .plan_compaction(crate::engine::CompactionRequest {
+            tail,
+            auto: true,
+            overflow: true,
+        })
+        .expect("plan");
+    let outcome = crate::engine::SummaryOutcome {
+        text: "What happened so far.".into(),
+        ..Default::default()
+    };
+    let ids = crate::engine::CommitIds {
+        prefix: "cmp1".into(),
+    };
+    let done = s
+        .commit_compaction(&plan, &outcome, &ids, T0 + 3_000, &chars4())
+        .expect("commit");
+    let ids_now = super::super::compaction::context_ids(&s);
+    assert_eq!(
+        ids_now[..2],
+        [
+            done.user_message_id.clone(),
+            done.summary_message_id.clone()
+        ]
+    );
+    assert_eq!(strategy_of(&s, "a1-p0"), Some(St::MaskObservations));
+    assert_eq!(
+        done.tokens_after,
+        s.context_tokens(),
+        "after what it applied"
+    );
+}
+
 #[test]
 fn a_saving_that_pays_for_the_rewrite_applies_at_once() {
     let mut s = session(
