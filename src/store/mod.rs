@@ -471,7 +471,7 @@ impl Store {
         match self.admit(bytes, freed) {
             Err(StoreError::OverBudget { .. }) if self.backend.is_some() => {
                 let target = watermark(self.limits.memory_budget, LOW_WATER).saturating_sub(bytes);
-                make_room(&self.shared, &self.ledger, target).await;
+                make_room(&self.shared, &self.ledger, target, false).await;
                 self.admit(bytes, freed)
             }
             other => other,
@@ -937,14 +937,19 @@ fn watermark(budget: u64, per_mille: u64) -> u64 {
 }
 
 /// Sends the least recently used sessions cold until the store counts at most `target`
-/// bytes (or nothing more can go).
-async fn make_room(shared: &Shared, ledger: &Ledger, target: u64) {
+/// bytes (or nothing more can go). With `spare_newest`, the most recently used session
+/// stays: after its own job, sending it cold frees room for no one, and its next update
+/// would load it whole again.
+async fn make_room(shared: &Shared, ledger: &Ledger, target: u64, spare_newest: bool) {
     if ledger.counted() <= target {
         return;
     }
     let mut handles: Vec<SessionHandle> = shared.read().hot.values().cloned().collect();
-    handles.retain(|h| !h.is_waiting());
     handles.sort_by_key(SessionHandle::last_used);
+    if spare_newest {
+        handles.pop();
+    }
+    handles.retain(|h| !h.is_waiting());
     for h in handles {
         if ledger.counted() <= target {
             break;
@@ -975,7 +980,7 @@ fn pressure(shared: &Arc<Shared>, ledger: &Arc<Ledger>) {
                 let woken = notify.notified();
                 {
                     let Some(shared) = weak.upgrade() else { return };
-                    make_room(&shared, &ledger, watermark(budget, LOW_WATER)).await;
+                    make_room(&shared, &ledger, watermark(budget, LOW_WATER), true).await;
                 }
                 passes.notify_waiters();
                 woken.await;
