@@ -332,7 +332,8 @@ impl pb::sessions_server::Sessions for SessionsService {
         // Queue every request first, then collect: one slow session does not serialize the rest.
         let mut pending = Vec::new();
         for h in self.store.list() {
-            if let Ok(rx) = h.submit(|s, _| convert::summary_to_pb(s, false)).await {
+            // A look, not a use: listing keeps no session in memory past its idle TTL.
+            if let Ok(rx) = h.look(|s, _| convert::summary_to_pb(s, false)).await {
                 pending.push(rx);
             }
         }

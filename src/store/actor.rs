@@ -51,6 +51,9 @@ pub(super) type Job = Box<dyn FnOnce(&mut Tx<'_>, &EngineConfig) -> Deliver + Se
 pub(super) enum Msg {
     /// Run a job.
     Job(Job),
+    /// Run a job that only reads: it is no use of the session (its idle TTL and its
+    /// place in the evictor's order stay as they were).
+    Look(Job),
     /// Leave memory for disk now (memory pressure); answers true when it left.
     Evict(oneshot::Sender<bool>),
     /// Write everything pending; answers once it is durable.
@@ -132,6 +135,7 @@ impl std::fmt::Debug for Msg {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Msg::Job(_) => "Job",
+            Msg::Look(_) => "Look",
             Msg::Evict(_) => "Evict",
             Msg::Flush(_) => "Flush",
         })
@@ -279,12 +283,39 @@ impl SessionHandle {
         self.try_submit(f).await.map_err(|(e, _)| e)
     }
 
+    /// [`Self::submit`] for a job that only reads (a listing's summary): it does not
+    /// count as use, so a session looked at more often than its idle TTL still leaves
+    /// one TTL after its last use.
+    pub async fn look<R, F>(
+        &self,
+        f: F,
+    ) -> Result<oneshot::Receiver<Result<R, StoreError>>, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Tx<'_>, &EngineConfig) -> R + Send + 'static,
+    {
+        self.queue(f, Msg::Look).await.map_err(|(e, _)| e)
+    }
+
     /// [`Self::submit`], handing `f` back when it was not queued. `NotFound` then means the
     /// actor left memory for disk after the caller got this handle: the session is cold,
     /// and the caller can load it back (`Store::get`) and queue `f` there.
     pub async fn try_submit<R, F>(
         &self,
         f: F,
+    ) -> Result<oneshot::Receiver<Result<R, StoreError>>, (StoreError, F)>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Tx<'_>, &EngineConfig) -> R + Send + 'static,
+    {
+        self.queue(f, Msg::Job).await
+    }
+
+    /// Queues `f` as the message `kind` makes of it.
+    async fn queue<R, F>(
+        &self,
+        f: F,
+        kind: fn(Job) -> Msg,
     ) -> Result<oneshot::Receiver<Result<R, StoreError>>, (StoreError, F)>
     where
         R: Send + 'static,
@@ -314,7 +345,7 @@ impl SessionHandle {
         });
         // Before the send: a handle running a job inline sees it queued.
         self.state.queued.fetch_add(1, Ordering::AcqRel);
-        permit.send(Msg::Job(job));
+        permit.send(kind(job));
         Ok(rx)
     }
 
@@ -666,8 +697,16 @@ impl Actor {
                         .store(millis_since(self.me.clock), Ordering::Relaxed);
                 }
                 other => {
+                    let looked = matches!(other, Msg::Look(_));
                     if self.control(other).await {
                         return self.stopped();
+                    }
+                    if self.recovering {
+                        self.recover().await;
+                    }
+                    if looked {
+                        // No use: the idle clock runs on from the last job.
+                        defer = ttl.map(|ttl| ttl.saturating_sub(self.idle_for()));
                     }
                 }
             }
@@ -688,7 +727,7 @@ impl Actor {
     /// Handles an `Evict` or `Flush`; true when the actor left.
     async fn control(&mut self, msg: Msg) -> bool {
         match msg {
-            Msg::Job(job) => {
+            Msg::Job(job) | Msg::Look(job) => {
                 self.run_job(job);
                 false
             }

@@ -55,6 +55,33 @@ async fn sessions_used_within_the_ttl_are_kept() {
     assert_eq!(store.len(), 1);
 }
 
+/// Looking at a session (ListSessions' summary of it) is not using it: a session looked
+/// at more often than its TTL still leaves one TTL after its last use. Before, each
+/// listing counted as use (a dashboard polling faster than the TTL kept every session in
+/// memory, and a session just listed ranked as recently used under memory pressure).
+#[tokio::test]
+async fn a_session_only_looked_at_leaves_a_ttl_after_its_last_use() {
+    let store = store();
+    let mut evictions = store.evict_idle_after(Duration::from_millis(200));
+    let (handle, _) = store.open(info("s")).await.expect("open");
+    handle.call(|_, _| ()).await.expect("used");
+    let used = tokio::time::Instant::now();
+    let looking = async {
+        loop {
+            if let Ok(rx) = handle.look(|s, _| s.messages().len()).await {
+                let _ = rx.await;
+            }
+            tokio::time::sleep(Duration::from_millis(40)).await;
+        }
+    };
+    let evicted = tokio::select! {
+        e = next_eviction(&mut evictions) => e,
+        () = looking => unreachable!("looks forever"),
+    };
+    assert_eq!(evicted.session_id, "s");
+    assert!(used.elapsed() < Duration::from_secs(1), "{evicted:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[expect(
     clippy::await_holding_lock,
