@@ -308,7 +308,8 @@ pub enum ServeError {
 }
 
 /// The health service name that reports the durable store: `SERVING` while its commits
-/// succeed, `NOT_SERVING` while they fail (updates are then refused; reads still work).
+/// succeed, `NOT_SERVING` after a group commit failed, until one succeeds (a signal for
+/// operators; updates are refused only as the commit that carried them was).
 pub const STORE_HEALTH_SERVICE: &str = "compactd.store";
 
 /// Follows the backend's state into the health service until the server closes.

@@ -169,7 +169,9 @@ pub type Committed = oneshot::Receiver<Result<(), BackendError>>;
 pub enum BackendState {
     /// The last commit succeeded.
     Ok,
-    /// The last commit failed with this error (updates are refused until one succeeds).
+    /// The last group commit failed with this error. Nothing is refused for it: under
+    /// `sync` the updates that commit carried were; under `interval` updates are still
+    /// acknowledged (held in memory) and written again. Any session's later commit clears it.
     Failing(String),
 }
 

@@ -480,7 +480,8 @@ impl Store {
 
     /// From now on, a session whose actor receives no job for `ttl` evicts itself, and
     /// each eviction is announced on the returned receiver. Dropping the receiver stops
-    /// the evictions of memory-only sessions (the server drops it when it closes).
+    /// idle evictions (the server drops it when it closes); memory pressure still sends
+    /// durable sessions cold.
     /// Sessions already idle start their clock at their next job. Replaces an earlier
     /// call's TTL and receiver.
     pub fn evict_idle_after(&self, ttl: Duration) -> mpsc::UnboundedReceiver<Evicted> {
