@@ -1306,6 +1306,17 @@ impl Actor {
             // Before writing anything out: an orphan has nothing to go cold as.
             return Leave::Orphan;
         }
+        // Under `interval`, a disk that refused this session's last write is not tried
+        // again before its wait is over (memory pressure asks after every job). A close
+        // flushes through `Msg::Flush` whatever the wait.
+        if self
+            .journal
+            .as_ref()
+            .and_then(|j| j.retry_at)
+            .is_some_and(|at| at > tokio::time::Instant::now())
+        {
+            return Leave::Unsaved;
+        }
         if let Some(j) = self.journal.as_mut()
             && j.d.log_bytes > 0
         {

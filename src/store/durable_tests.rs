@@ -825,6 +825,54 @@ async fn under_interval_a_disk_that_stays_full_is_tried_less_and_less_often() {
     assert_eq!(on_disk(d.path(), "s").await, held);
 }
 
+/// Under `interval`, memory pressure does not write a session whole onto a disk that
+/// refused it during its wait: each pass would otherwise try every other session, twice,
+/// after every job (the review measured 92 failed whole writes and 0.6-2 s an update).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_interval_memory_pressure_waits_out_a_full_disk() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let d = tempfile::tempdir().expect("dir");
+    let backend = Arc::new(Faulty::open(d.path(), None));
+    let budget: u64 = 4 << 20;
+    let store = Store::new(EngineConfig::default())
+        .with_limits(Limits {
+            memory_budget: budget,
+            ..Limits::default()
+        })
+        .with_backend(backend.clone())
+        .expect("listed");
+    let mut handles = Vec::new();
+    for i in 0..4 {
+        let (h, _) = store.open(info(&format!("s{i}"))).await.expect("open");
+        for t in 0..3 {
+            feed(&h, turn(t, 3, 100_000)).await;
+        }
+        h.flush().await.expect("written");
+        handles.push(h);
+    }
+    backend.fail_all.store(true, SeqCst);
+    // Each session's next write fails once; from then on each waits for its retry.
+    for h in &handles {
+        feed(h, turn(9, 1, 13)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut t = 10;
+    while store.ledger().counted() <= budget / 1000 * 900 {
+        assert!(t < 40, "never past the high-water mark");
+        feed(&handles[0], turn(t, 1, 60_000)).await;
+        t += 1;
+    }
+    let before = backend.writes();
+    for _ in 0..10 {
+        feed(&handles[0], turn(t, 1, 13)).await;
+        t += 1;
+    }
+    let tried = backend.writes() - before;
+    // Each session retries on its own clock (0.25 s, 0.5 s, ...): a few writes, not
+    // three sessions twice after each of ten jobs.
+    assert!(tried <= 8, "{tried} writes tried during 10 jobs");
+}
+
 /// A stored session far past what it may hold once loaded (a limit lowered since it
 /// was written) is refused from its size on disk, without reading it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
