@@ -36,6 +36,7 @@ use super::window::usable_input;
 use crate::config::{EngineConfig, Settings, Strategy};
 use crate::domain::{
     FastMap, FastSet, MessageInfo, Part, PartKind, Role, SessionInfo, StrategyMark, TokenUsage,
+    ToolStatus,
 };
 use crate::tokens::{Counting, TokenCounter};
 
@@ -1139,10 +1140,14 @@ impl Session {
         };
         let is_step_start = matches!(part.kind, PartKind::StepStart { .. });
         let assistant = self.messages[idx].info.role == Role::Assistant;
+        // A finished call sent again as another call (an error after all, another
+        // input): what its earlier version decided no longer holds.
+        let retracted = existing.and_then(|i| retracted_call(&parts[i].part, &part));
         // A strategy's mark is compactd's decision: a host re-sending the part (which
-        // knows nothing of marks) keeps it.
+        // knows nothing of marks) keeps it, unless the call it was made on changed.
         if let Some(i) = existing
             && part.mark.is_none()
+            && retracted.is_none()
         {
             part.mark = parts[i].part.mark.clone();
         }
@@ -1203,6 +1208,14 @@ impl Session {
         if created && is_step_start {
             self.requests
                 .step_started(idx, at, self.settings.cache_model.ttl_ms);
+        }
+        if let Some(call_id) = retracted {
+            // Rebuilt at the next commit (such re-sends are rare); the calls its earlier
+            // version superseded get their content back (one scan).
+            self.tracker.invalidate();
+            if !call_id.is_empty() {
+                self.unmark_superseded_by(&FastSet::from_iter([call_id]));
+            }
         }
         self.tracker
             .on_part(&self.messages, idx, at, &self.settings);
@@ -1610,4 +1623,27 @@ fn has_compaction_part(m: &Message) -> bool {
         && m.parts
             .iter()
             .any(|p| matches!(p.part.kind, PartKind::Compaction(_)))
+}
+
+/// The call id of `old` when `new` replaces it as another call: `old` was a finished
+/// tool call (completed or failed), and `new` is not the same call with the same outcome
+/// (its status, input, tool or call id differ, or it is no tool call). What the
+/// strategies decided on `old` (and on the calls it superseded) no longer holds.
+fn retracted_call(old: &Part, new: &Part) -> Option<String> {
+    let PartKind::Tool(o) = &old.kind else {
+        return None;
+    };
+    if !matches!(o.state.status, ToolStatus::Completed | ToolStatus::Error) {
+        return None;
+    }
+    let same = match &new.kind {
+        PartKind::Tool(n) => {
+            n.state.status == o.state.status
+                && n.call_id == o.call_id
+                && n.tool == o.tool
+                && n.state.input == o.state.input
+        }
+        _ => false,
+    };
+    (!same).then(|| o.call_id.clone())
 }

@@ -635,6 +635,58 @@ fn rule_a_supersede_is_undone_when_the_newer_call_is_deleted() {
     assert_eq!(state(shown(&sc.s.build_context(), "r1")).output, body);
 }
 
+/// A finished call sent again changed (an error after all, or another input) takes back
+/// what its earlier version decided: the session decides as if it had always been so.
+/// Before, r1 stayed superseded by a read that failed, and r2 kept its supersede of x.rs
+/// after its input became y.rs; a later read of x.rs then superseded r2, the only copy
+/// of y.rs.
+#[test]
+fn rule_a_call_sent_again_changed_takes_back_what_it_decided() {
+    let body = file_body(60);
+    let y_body = format!("y.rs\n{}", file_body(50));
+    // A: the newer read turns out an error.
+    let mut sc = Script::new();
+    sc.user("u1", "Read x.rs.")
+        .assistant("a1", vec![read("a1", "r1", "src/x.rs", &body)])
+        .user("u2", "Again.")
+        .assistant("a2", vec![read("a2", "r2", "src/x.rs", &body)]);
+    sc.commit();
+    expect_marks(&sc.s, &[("r1", St::AggressiveFilePrune, "r2")]);
+    let mut failed_read = failed(
+        "a2",
+        "r2",
+        "read",
+        json!({ "filePath": "src/x.rs" }),
+        "Error: EACCES src/x.rs",
+    );
+    failed_read.id = "r2".into();
+    put(&mut sc.s, Update::UpsertPart(failed_read));
+    sc.commit();
+    let mut imported = import(&final_messages(&sc.s), SessionOverrides::default());
+    commit(&mut imported, NOW);
+    assert_eq!(marks(&sc.s), marks(&imported), "an error after all");
+    assert_eq!(state(shown(&sc.s.build_context(), "r1")).output, body);
+
+    // B: the newer read's input changes; then x.rs is read once more.
+    let mut sc = Script::new();
+    sc.user("u1", "Read x.rs.")
+        .assistant("a1", vec![read("a1", "r1", "src/x.rs", &body)])
+        .user("u2", "Again.")
+        .assistant("a2", vec![read("a2", "r2", "src/x.rs", &body)]);
+    sc.commit();
+    put(
+        &mut sc.s,
+        Update::UpsertPart(read("a2", "r2", "src/y.rs", &y_body)),
+    );
+    sc.user("u3", "Once more.")
+        .assistant("a3", vec![read("a3", "r3", "src/x.rs", &body)]);
+    sc.commit();
+    let mut imported = import(&final_messages(&sc.s), SessionOverrides::default());
+    commit(&mut imported, NOW);
+    assert_eq!(marks(&sc.s), marks(&imported), "another input");
+    assert_eq!(state(shown(&sc.s.build_context(), "r2")).output, y_body);
+}
+
 #[test]
 
 fn rule_rebuild_a_late_retry_gives_the_same_decision_live_and_imported() {
