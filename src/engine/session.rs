@@ -1572,9 +1572,15 @@ impl Session {
     fn recompute_boundary(&mut self) {
         let before = self.boundary.map(|b| (b.start, b.summary));
         self.find_boundary();
-        if self.boundary.map(|b| (b.start, b.summary)) != before {
+        let after = self.boundary.map(|b| (b.start, b.summary));
+        if after != before {
             let context = self.context_tokens();
             self.compaction_committed(context);
+        }
+        // Undone (or moved back): messages the strategies left alone while they were
+        // summarized are in the context again. Rebuilt at the next commit (rare).
+        if before.is_some_and(|(b, _)| after.is_none_or(|(a, _)| a < b)) {
+            self.tracker.invalidate();
         }
     }
 

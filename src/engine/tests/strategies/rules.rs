@@ -687,6 +687,42 @@ fn rule_a_call_sent_again_changed_takes_back_what_it_decided() {
     assert_eq!(state(shown(&sc.s.build_context(), "r2")).output, y_body);
 }
 
+/// A compaction undone (its summary sent again unfinished) brings back into the context
+/// the messages it had summarized, and the strategies decide on them as if it had never
+/// been. Before, the supersede of r1 dropped while r1 was summarized stayed lost: r1 read
+/// verbatim beside r2's newer read of the same file.
+#[test]
+fn rule_a_compaction_undone_brings_back_its_decisions() {
+    let body = file_body(60);
+    let mut sc = Script::new();
+    sc.user("u1", "Read x.rs.")
+        .assistant("a1", vec![read("a1", "r1", "src/x.rs", &body)]);
+    put(&mut sc.s, Update::UpsertMessage(user("b1")));
+    put(&mut sc.s, Update::UpsertPart(compaction("b1", "b1_c")));
+    let mut s1 = summary("s1", "b1");
+    put(&mut sc.s, Update::UpsertMessage(s1.clone()));
+    put(
+        &mut sc.s,
+        Update::UpsertPart(text("s1", "s1_t", "x.rs was read.")),
+    );
+    assert!(
+        sc.s.build_context().boundary_message_id.is_some(),
+        "compacted"
+    );
+    sc.user("u2", "Again.")
+        .assistant("a2", vec![read("a2", "r2", "src/x.rs", &body)]);
+    sc.commit();
+    expect_no_marks(&sc.s);
+    s1.finish.clear();
+    put(&mut sc.s, Update::UpsertMessage(s1));
+    assert!(sc.s.build_context().boundary_message_id.is_none(), "undone");
+    sc.commit();
+    let mut imported = import(&final_messages(&sc.s), SessionOverrides::default());
+    commit(&mut imported, NOW);
+    assert_eq!(marks(&sc.s), marks(&imported));
+    expect_marks(&sc.s, &[("r1", St::AggressiveFilePrune, "r2")]);
+}
+
 #[test]
 
 fn rule_rebuild_a_late_retry_gives_the_same_decision_live_and_imported() {
