@@ -1116,7 +1116,8 @@ impl Session {
         };
         let mut part = part;
         // A pinned part reads verbatim: a mark or prune stamp sent with it is dropped.
-        if self.pins.covers(idx, &part.id) {
+        let pinned = self.pins.covers(idx, &part.id);
+        if pinned {
             part.mark = None;
             if let PartKind::Tool(t) = &mut part.kind {
                 t.state.time.compacted = None;
@@ -1150,6 +1151,18 @@ impl Session {
             && retracted.is_none()
         {
             part.mark = parts[i].part.mark.clone();
+        }
+        // So is prune's stamp (OpenCode's own hosts send theirs): an output cleared and
+        // sent again as it was first sent stays cleared. Prune's scan stops at the newest
+        // part it cleared, so it would never clear this one again.
+        if let Some(i) = existing
+            && retracted.is_none()
+            && !pinned
+            && let (PartKind::Tool(new), PartKind::Tool(old)) =
+                (&mut part.kind, &parts[i].part.kind)
+            && new.state.time.compacted.is_none()
+        {
+            new.state.time.compacted = old.state.time.compacted;
         }
         let reduced = self.reduced_tokens(&part, &est);
         let bytes = part_bytes(&part);

@@ -227,6 +227,39 @@ fn a_single_output_above_protect_is_pruned() {
     );
 }
 
+/// A host sending a cleared output again as it first sent it (it knows nothing of
+/// compactd's prune) does not bring it back: the stamp stays, as a strategy's mark does.
+/// Before, the part read verbatim again for good (prune's scan stops at the newest part
+/// it cleared, so it never went back to it).
+#[test]
+fn a_cleared_output_sent_again_stays_cleared() {
+    let mut s = session("user u1\nassistant a1\nuser u2\nuser u3");
+    let output = chars(160_004);
+    apply(
+        &mut s,
+        Update::UpsertPart(tool("a1", "p1", "read", &output)),
+    );
+    let r = s.prune(PruneMode::Commit, NOW);
+    assert_eq!(part_ids(&r), ["p1"]);
+    let cleared = s.build_context();
+    apply(
+        &mut s,
+        Update::UpsertPart(tool("a1", "p1", "read", &output)),
+    );
+    let now = s.build_context();
+    assert!(
+        now == cleared,
+        "still cleared: {} tokens, {} before",
+        now.tokens,
+        cleared.tokens
+    );
+    assert!(matches!(
+        &find(&s, "p1").kind,
+        PartKind::Tool(t) if t.state.time.compacted == Some(NOW)
+    ));
+    assert_eq!(s.total_tokens(), rendered_tokens_from_scratch(&s));
+}
+
 #[test]
 fn stops_at_summary_message() {
     check_prune(
