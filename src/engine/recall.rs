@@ -51,7 +51,8 @@ pub enum Reduction {
     Cleared,
     /// A newer call superseded it (a note names the newer call).
     Superseded,
-    /// An attached file reads as a breadcrumb.
+    /// It reads as a placeholder naming it: an output masked by observation masking, or
+    /// an attached file's breadcrumb.
     Masked,
     /// An old error or user code block was cut short.
     Truncated,
@@ -159,17 +160,34 @@ impl Session {
         })
     }
 
-    /// The newest part `key` names, with its message position.
+    /// The part `key` names, with its message position: by part id the newest; by call
+    /// id the newest the context hides (shortened or summarized), else the newest. Call
+    /// ids may repeat (providers that number calls per response), and the agent recalls
+    /// what it cannot read.
     fn find_part(&self, key: &RecallKey) -> Option<(usize, &StoredPart)> {
-        let matches = |p: &StoredPart| match key {
-            RecallKey::PartId(id) => p.part.id == *id,
-            RecallKey::CallId(id) => matches!(&p.part.kind, PartKind::Tool(t) if t.call_id == *id),
-        };
-        self.messages()
+        let mut found = self
+            .messages()
             .iter()
             .enumerate()
             .rev()
-            .find_map(|(i, m)| m.parts.iter().rev().find(|p| matches(p)).map(|p| (i, p)))
+            .flat_map(|(i, m)| m.parts.iter().rev().map(move |p| (i, p)));
+        match key {
+            RecallKey::PartId(id) => found.find(|(_, p)| p.part.id == *id),
+            RecallKey::CallId(id) => {
+                let mut newest = None;
+                for (i, p) in found {
+                    if !matches!(&p.part.kind, PartKind::Tool(t) if t.call_id == *id) {
+                        continue;
+                    }
+                    let pinned = self.is_pinned(i, &p.part.id);
+                    if (!self.in_context(i) && !pinned) || self.reduction_of(p).is_some() {
+                        return Some((i, p));
+                    }
+                    newest.get_or_insert((i, p));
+                }
+                newest
+            }
+        }
     }
 
     /// How prune or a strategy shortens the part in the context, if at all.
@@ -177,7 +195,7 @@ impl Session {
         // A superseded part reads as its strategy made it even once prune clears it too.
         match active_mark(&stored.part, self.settings()) {
             Some(st) if st.supersedes() => Some(Reduction::Superseded),
-            Some(Strategy::PruneFiles) => Some(Reduction::Masked),
+            Some(Strategy::PruneFiles | Strategy::MaskObservations) => Some(Reduction::Masked),
             Some(_) => Some(Reduction::Truncated),
             None => is_compacted(&stored.part).then_some(Reduction::Cleared),
         }

@@ -61,6 +61,32 @@ fn a_cleared_output_is_recalled_whole_by_call_id_and_by_part_id() {
     assert_eq!(p3.context_tokens, p3.tokens);
 }
 
+/// A provider that numbers calls per response reuses call ids across turns. Recalled by
+/// such an id, the part the context hides comes back (the newest of them), not the one
+/// the agent can already read. Before, the newest part with the id always came back:
+/// p1 and p2, cleared and naming `call_0`, could not be reached with the tool's only
+/// parameter.
+#[test]
+fn a_reused_call_id_recalls_the_part_the_context_hides() {
+    let mut s = session(SESSION);
+    for id in ["p1", "p2", "p3"] {
+        let mut p = find(&s, id);
+        if let PartKind::Tool(t) = &mut p.kind {
+            t.call_id = "call_0".into();
+        }
+        apply(&mut s, Update::UpsertPart(p));
+    }
+    assert!(s.prune(PruneMode::Commit, NOW).committed);
+    let r = s.recall(&call_id("call_0")).expect("recalled");
+    assert_eq!(
+        (r.part_id.as_str(), r.reduction),
+        ("p2", Some(Reduction::Cleared))
+    );
+    // By part id, each is reached as before.
+    let p3 = s.recall(&part_id("p3")).expect("p3");
+    assert_eq!(p3.reduction, None);
+}
+
 #[test]
 fn unknown_ids_recall_nothing_and_text_parts_recall_their_text() {
     let s = session(SESSION);

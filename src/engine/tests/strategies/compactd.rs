@@ -437,6 +437,25 @@ fn compactds_own_compaction_applies_what_is_held_in_its_commit() {
     );
 }
 
+/// An output masked by observation masking recalls as `masked` (it reads as a
+/// placeholder naming the call), not as cut short. Before, `truncated`.
+#[test]
+fn a_masked_output_recalls_as_masked() {
+    let mut s = session(
+        only(&[St::MaskObservations], 1, CacheModel::NONE),
+        ModelLimits::default(),
+    );
+    turn(&mut s, 1, T0, &[("bash", 2_000)]);
+    turn(&mut s, 2, T0 + 1_000, &[("bash", 2_000)]);
+    turn(&mut s, 3, T0 + 2_000, &[("bash", 2_000)]);
+    assert_eq!(strategy_of(&s, "a1-p0"), Some(St::MaskObservations));
+    let r = s
+        .recall(&RecallKey::PartId("a1-p0".into()))
+        .expect("recalled");
+    assert_eq!(r.reduction, Some(crate::engine::Reduction::Masked));
+    assert!(r.context_tokens < r.tokens, "{r:?}");
+}
+
 #[test]
 fn a_saving_that_pays_for_the_rewrite_applies_at_once() {
     let mut s = session(

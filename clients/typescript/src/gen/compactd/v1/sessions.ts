@@ -549,7 +549,7 @@ export interface Recalled {
     | undefined;
   /**
    * How the context shortens the part now: "" (it reads verbatim), "cleared" (prune's
-   * placeholder), "superseded", "masked" (a file breadcrumb), "truncated", or
+   * placeholder), "superseded", "masked" (a placeholder naming it), "truncated", or
    * "summarized" (a compaction replaced its message).
    */
   reduction: string;
