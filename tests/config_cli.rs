@@ -117,6 +117,59 @@ fn a_higher_layer_wins_over_a_file_setting_it_excludes() {
     assert!(err.contains("cannot be used with --no-strategies"), "{err}");
 }
 
+/// A token given inline by a higher layer wins over a token file from the config file
+/// (and the other way round), as any setting does: rotating a token through the
+/// environment must not leave the file's old token the one served. Before, a token
+/// file always won, from whatever layer.
+#[test]
+fn a_secret_from_a_higher_layer_wins_over_the_file_s_secret_file() {
+    let token = config_file("token", "tokenAAAAAAAAAAAA\n");
+    let key = config_file("key", "sk-FILE-KEY-AAAA\n");
+    let file = config_file(
+        "secret-files.toml",
+        &format!(
+            "auth_token_file = {:?}\nllm_api_key_file = {:?}\n",
+            token.to_str().expect("utf-8"),
+            key.to_str().expect("utf-8")
+        ),
+    );
+    let (ok, out, err) = compactd(
+        &[
+            "config",
+            "print",
+            "--config",
+            file.to_str().expect("utf-8"),
+            "--llm-api-key",
+            "sk-FLAG-KEY-BBBB",
+        ],
+        &[("COMPACTD_AUTH_TOKEN", "tokenBBBBBBBBBBB")],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(
+        line(&out, "auth_token"),
+        "auth_token = \"[redacted]\"  # env COMPACTD_AUTH_TOKEN"
+    );
+    assert!(
+        out.contains("# auth_token_file is not set  # default"),
+        "the file's token file is overridden:\n{out}"
+    );
+    assert!(
+        out.contains("# llm_api_key_file is not set  # default"),
+        "the file's key file is overridden:\n{out}"
+    );
+    // The other way round: a token file from the environment beats the file's token.
+    let file = config_file("inline-token.toml", "auth_token = \"tokenCCCCCCCCCCCC\"\n");
+    let (ok, out, err) = compactd(
+        &["config", "print", "--config", file.to_str().expect("utf-8")],
+        &[("COMPACTD_AUTH_TOKEN_FILE", token.to_str().expect("utf-8"))],
+    );
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("# auth_token is not set  # default"),
+        "the file's token is overridden:\n{out}"
+    );
+}
+
 #[test]
 fn the_printed_configuration_is_itself_a_valid_config_file_without_secrets() {
     let file = config_file(

@@ -279,9 +279,14 @@ fn file_flags(
     Ok(out)
 }
 
-/// Settings that exclude each other (by argument id); `cli::EngineArgs::strategy_set`
-/// refuses both set in one layer.
-const EXCLUSIVE: &[(&str, &str)] = &[("strategies", "no_strategies")];
+/// Settings that exclude each other (by argument id): a higher layer's one overrides the
+/// file's other. `cli::EngineArgs::strategy_set` refuses both strategy settings set in
+/// one layer; a secret and its file set in one layer read the file.
+const EXCLUSIVE: &[(&str, &str)] = &[
+    ("strategies", "no_strategies"),
+    ("auth_token", "auth_token_file"),
+    ("llm_api_key", "llm_api_key_file"),
+];
 
 /// Ids of the arguments that cannot be used with `id`.
 fn excluded_by(id: &str) -> impl Iterator<Item = &'static str> + '_ {
