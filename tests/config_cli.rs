@@ -170,6 +170,33 @@ fn a_secret_from_a_higher_layer_wins_over_the_file_s_secret_file() {
     );
 }
 
+/// Only the URL is read as one: a text or a path holding `@` or `?` prints as given, so
+/// the printed file, used as a config, keeps it. Before, every value went through the
+/// URL redaction (`placeholder = "[redacted]@[redacted]?x=[redacted]"`).
+#[test]
+fn config_print_shows_texts_and_paths_as_given() {
+    let (ok, out, err) = compactd(
+        &[
+            "config",
+            "print",
+            "--placeholder",
+            "see #3 or ask me@host?x=1",
+            "--data-dir",
+            "/var/lib/compactd@prod",
+        ],
+        &[],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(
+        line(&out, "placeholder"),
+        "placeholder = \"see #3 or ask me@host?x=1\"  # flag"
+    );
+    assert_eq!(
+        line(&out, "data_dir"),
+        "data_dir = \"/var/lib/compactd@prod\"  # flag"
+    );
+}
+
 #[test]
 fn the_printed_configuration_is_itself_a_valid_config_file_without_secrets() {
     let file = config_file(

@@ -362,7 +362,13 @@ pub fn print_config(l: &Layered) -> String {
         let raw = l.values.get(long).cloned().unwrap_or_default();
         let source = l.source_of(long);
         let secret = (long.contains("api-key") || long == "auth-token") && !long.ends_with("file");
-        let raw: Vec<String> = raw.iter().map(|v| crate::config::redact::url(v)).collect();
+        // The one URL may carry credentials; any other value (a text, a path) is shown as
+        // given, so the printed file keeps it.
+        let raw: Vec<String> = if long == "llm-base-url" {
+            raw.iter().map(|v| crate::config::redact::url(v)).collect()
+        } else {
+            raw
+        };
         let value = if secret {
             if raw.iter().all(|v| v.is_empty()) {
                 out.push_str(&format!("# {key} is not set  # {source}\n"));
