@@ -75,11 +75,22 @@ impl ModeErrors {
         };
         ModeFigures {
             requests: abs.len(),
-            median_abs_pct: percentile(&abs, 0.5),
+            median_abs_pct: median(&abs),
             p95_abs_pct: percentile(&abs, 0.95),
             worst_under_pct: under(false),
             worst_under_pct_large: under(true),
         }
+    }
+}
+
+/// The median of sorted values: the mean of the middle two for an even count (0 for
+/// none).
+fn median(sorted: &[f64]) -> f64 {
+    let n = sorted.len();
+    match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => sorted[n / 2],
+        _ => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
     }
 }
 
@@ -215,8 +226,11 @@ fn samples(
         let assistant = minfo.role == Role::Assistant;
         let mut first = minfo.clone();
         if assistant {
+            // As a live host opens it: unfinished, and with no usage yet (the message's
+            // own is its last step's, reported as the message finishes).
             first.finish.clear();
             first.time.completed = None;
+            first.tokens = None;
         }
         feed(Update::UpsertMessage(first), &mut session);
         for p in parts {
@@ -289,3 +303,7 @@ fn excluded_requests(export: &Export) -> std::collections::HashSet<usize> {
     }
     out
 }
+
+#[cfg(test)]
+#[path = "prediction_tests.rs"]
+mod tests;

@@ -221,8 +221,11 @@ pub fn replay_with(
         let assistant = minfo.role == Role::Assistant;
         let mut first = minfo.clone();
         if assistant {
+            // As a live host opens it: unfinished, and with no usage yet (the message's
+            // own is its last step's, reported as the message finishes).
             first.finish.clear();
             first.time.completed = None;
+            first.tokens = None;
         }
         feed(Update::UpsertMessage(first));
         for p in parts {
