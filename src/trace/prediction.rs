@@ -7,6 +7,8 @@
 //! A request is left out when the original run pruned or compacted between it and the
 //! previous request (the recorded prompt then describes a context the replay does not
 //! have), and so is the first request of a session (nothing reported yet to build on).
+//! The original run's prunes are applied where its stamps say, so what such a request
+//! reports teaches the calibration nothing false.
 //! Modes: `chars4`, `o200k`, `cl100k` (the estimate as each tokenizer counts it, with no
 //! correction: what the model wrote comes back whole, its reasoning until a user message
 //! starts a new turn) and `calibrated` (what overflow detection uses: the session's own
@@ -212,7 +214,26 @@ fn samples(
     }
     let mut out = Vec::new();
     let mut last = 0u64;
+    // The original run's prunes, seen where it saw them: each stamped output is written
+    // whole with its message, then again stamped before the first message created
+    // after its stamp. So the report of the request that followed the prune (left out
+    // of the figures) does not teach the calibration a context the replay lacks.
+    let mut stamped: Vec<(i64, crate::domain::Part)> = export
+        .messages
+        .iter()
+        .flat_map(|(_, parts)| parts)
+        .filter_map(|p| match &p.kind {
+            PartKind::Tool(t) => t.state.time.compacted.map(|at| (at, p.clone())),
+            _ => None,
+        })
+        .collect();
+    stamped.sort_by_key(|(at, _)| *at);
+    let mut stamps = stamped.into_iter().peekable();
     for (position, (minfo, parts)) in export.messages.iter().enumerate() {
+        while let Some((_, part)) = stamps.next_if(|(at, _)| *at < minfo.time.created) {
+            // A stamp older than its own message finds no part: left out.
+            let _ = session.apply(Update::UpsertPart(part), &cfg);
+        }
         let mut feed = |update: Update, session: &mut Session| {
             // Exports are well formed; an update the engine refuses is skipped.
             let _ = session.apply(update, &cfg);
