@@ -22,23 +22,28 @@ pub(super) struct Bounded {
     open: Arc<Semaphore>,
     idle: Duration,
     lifetime: Duration,
+    answer_within: Duration,
 }
 
 impl Bounded {
     /// `listener`, with at most `max` connections open at once (at least one, at most
     /// the semaphore's maximum), each closed after `idle` without a byte read or written,
-    /// or `lifetime` after it was accepted.
+    /// `lifetime` after it was accepted, or `answer_within` after the first byte of a
+    /// request with nothing written back (a request head sent a byte at a time, which
+    /// keeps the connection from being idle, holds its place no longer).
     pub(super) fn new(
         listener: TcpListener,
         max: usize,
         idle: Duration,
         lifetime: Duration,
+        answer_within: Duration,
     ) -> Bounded {
         Bounded {
             inner: listener,
             open: Arc::new(Semaphore::new(max.clamp(1, Semaphore::MAX_PERMITS))),
             idle,
             lifetime,
+            answer_within,
         }
     }
 }
@@ -59,6 +64,9 @@ impl axum::serve::Listener for Bounded {
             idle: self.idle,
             stalls: Box::pin(tokio::time::sleep(self.idle)),
             ends: Box::pin(tokio::time::sleep(self.lifetime)),
+            answer_within: self.answer_within,
+            asking: false,
+            unanswered: Box::pin(tokio::time::sleep(self.answer_within)),
         };
         (limited, addr)
     }
@@ -80,6 +88,11 @@ pub(super) struct Limited {
     /// Reset on every byte moved.
     stalls: Pin<Box<Sleep>>,
     ends: Pin<Box<Sleep>>,
+    answer_within: Duration,
+    /// Bytes were read since the last write: a request is coming or waits for its answer.
+    asking: bool,
+    /// Set when `asking` starts.
+    unanswered: Pin<Box<Sleep>>,
 }
 
 impl Limited {
@@ -88,6 +101,8 @@ impl Limited {
     fn expired(&mut self, cx: &mut Context<'_>, reading: bool) -> Option<io::Error> {
         let why = if reading && self.ends.as_mut().poll(cx).is_ready() {
             "metrics connection open past its lifetime"
+        } else if self.asking && self.unanswered.as_mut().poll(cx).is_ready() {
+            "metrics request not answered in time (sent too slowly)"
         } else if self.stalls.as_mut().poll(cx).is_ready() {
             "metrics connection idle too long"
         } else {
@@ -99,12 +114,33 @@ impl Limited {
     /// Bytes moved: the idle time starts again (an idle time too long to add to now
     /// never ends).
     fn moved(&mut self) {
-        let now = tokio::time::Instant::now();
-        let again = now
-            .checked_add(self.idle)
-            .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30));
+        let again = after(self.idle);
         self.stalls.as_mut().reset(again);
     }
+
+    /// Bytes read: the first since the last write starts the time the request has to
+    /// arrive whole and be answered.
+    fn read_some(&mut self) {
+        self.moved();
+        if !self.asking {
+            self.asking = true;
+            let by = after(self.answer_within);
+            self.unanswered.as_mut().reset(by);
+        }
+    }
+
+    /// Bytes written: the request is being answered.
+    fn wrote_some(&mut self) {
+        self.moved();
+        self.asking = false;
+    }
+}
+
+/// `d` from now (a time too far to add never comes).
+fn after(d: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(d)
+        .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30))
 }
 
 impl AsyncRead for Limited {
@@ -119,7 +155,7 @@ impl AsyncRead for Limited {
         let before = buf.filled().len();
         let read = Pin::new(&mut self.io).poll_read(cx, buf);
         if matches!(read, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.moved();
+            self.read_some();
         }
         read
     }
@@ -136,7 +172,7 @@ impl AsyncWrite for Limited {
         }
         let written = Pin::new(&mut self.io).poll_write(cx, buf);
         if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
-            self.moved();
+            self.wrote_some();
         }
         written
     }
@@ -162,7 +198,7 @@ impl AsyncWrite for Limited {
         }
         let written = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
         if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
-            self.moved();
+            self.wrote_some();
         }
         written
     }
@@ -196,10 +232,23 @@ mod tests {
         }
     }
 
-    /// An endpoint answering "ok" at `/` behind two places with these times.
+    /// An endpoint answering "ok" at `/` behind two places with these times (requests
+    /// answered within 10 s).
     async fn serve(
         idle: Duration,
         lifetime: Duration,
+    ) -> (
+        std::net::SocketAddr,
+        tokio::task::JoinHandle<std::io::Result<()>>,
+    ) {
+        serve_within(idle, lifetime, Duration::from_secs(10)).await
+    }
+
+    /// [`serve`], requests answered within `answer_within`.
+    async fn serve_within(
+        idle: Duration,
+        lifetime: Duration,
+        answer_within: Duration,
     ) -> (
         std::net::SocketAddr,
         tokio::task::JoinHandle<std::io::Result<()>>,
@@ -209,7 +258,7 @@ mod tests {
             .expect("a port");
         let addr = listener.local_addr().expect("its address");
         let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
-        let bounded = Bounded::new(listener, 2, idle, lifetime);
+        let bounded = Bounded::new(listener, 2, idle, lifetime, answer_within);
         (
             addr,
             tokio::spawn(async move { axum::serve(bounded, app).await }),
@@ -278,6 +327,47 @@ mod tests {
             began.elapsed() >= Duration::from_millis(1_900),
             "closed as idle, not at its lifetime"
         );
+        served.abort();
+    }
+
+    /// Clients sending a request head a byte at a time (never idle) take every place:
+    /// each is closed when its request is not whole and answered in time, and a scrape
+    /// waiting behind them is served. Before, they held their places for the lifetime
+    /// (a scrape waited 57 s in the review, Prometheus gives up after 10).
+    #[tokio::test]
+    async fn requests_sent_a_byte_at_a_time_do_not_hold_the_places() {
+        let (addr, served) = serve_within(
+            Duration::from_millis(1_000),
+            Duration::from_secs(3600),
+            Duration::from_millis(500),
+        )
+        .await;
+        let drip = |mut s: TcpStream| async move {
+            let _ = s.write_all(b"GET / HTTP/1.1\r\n").await;
+            for _ in 0..100 {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                if s.write_all(b"X").await.is_err() {
+                    break;
+                }
+            }
+        };
+        let mut drips = Vec::new();
+        for _ in 0..2 {
+            let s = TcpStream::connect(addr).await.expect("connects");
+            drips.push(tokio::spawn(drip(s)));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut scrape = TcpStream::connect(addr).await.expect("queued");
+        scrape
+            .write_all(b"GET / HTTP/1.1\r\nHost: metrics\r\nConnection: close\r\n\r\n")
+            .await
+            .expect("written");
+        let (reply, _) = read_within(&mut scrape, Duration::from_secs(3)).await;
+        let reply = String::from_utf8_lossy(&reply);
+        assert!(reply.starts_with("HTTP/1.1 200"), "not served: {reply:?}");
+        for d in drips {
+            d.abort();
+        }
         served.abort();
     }
 }

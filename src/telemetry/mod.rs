@@ -56,17 +56,22 @@ pub struct EndpointLimits {
     pub connection_idle: Duration,
     /// How long a connection lives at most.
     pub connection_lifetime: Duration,
+    /// How long a request may take from its first byte to the first byte of its
+    /// answer (a scraper sends its request in one packet; one sent a byte at a time is
+    /// closed rather than hold a place).
+    pub answer_within: Duration,
 }
 
 impl Default for EndpointLimits {
-    /// Upkeep every 5 s; 64 connections, each closed after 5 s without a byte moved or
-    /// 60 s in all (a scrape takes milliseconds; Prometheus scrapes every 15 to 60 s).
+    /// Upkeep every 5 s; 64 connections, each closed after 5 s without a byte moved, 2 s
+    /// after a request's first byte unanswered, or 60 s in all (a scrape takes milliseconds; Prometheus scrapes every 15 to 60 s).
     fn default() -> EndpointLimits {
         EndpointLimits {
             upkeep_every: UPKEEP_EVERY,
             max_connections: 64,
             connection_idle: Duration::from_secs(5),
             connection_lifetime: Duration::from_secs(60),
+            answer_within: Duration::from_secs(2),
         }
     }
 }
@@ -454,6 +459,7 @@ pub async fn serve(
         limits.max_connections,
         limits.connection_idle,
         limits.connection_lifetime,
+        limits.answer_within,
     );
     let upkeep = async move {
         let mut every = tokio::time::interval(limits.upkeep_every);
