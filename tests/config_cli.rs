@@ -197,6 +197,33 @@ fn config_print_shows_texts_and_paths_as_given() {
     );
 }
 
+/// A requirement one layer meets for another: the TLS pair in the file, the client CA
+/// from the environment. Before, the first reading of the command line (without the
+/// file) refused it: "required arguments were not provided: --tls-key --tls-cert".
+#[test]
+fn a_tls_pair_in_the_file_takes_a_client_ca_from_the_environment() {
+    let file = config_file(
+        "tls-pair.toml",
+        "tls_cert = \"/etc/compactd/tls.crt\"\ntls_key = \"/etc/compactd/tls.key\"\n",
+    );
+    let (ok, out, err) = compactd(
+        &["config", "print", "--config", file.to_str().expect("utf-8")],
+        &[("COMPACTD_TLS_CLIENT_CA", "/etc/compactd/ca.crt")],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(
+        line(&out, "tls_client_ca"),
+        "tls_client_ca = \"/etc/compactd/ca.crt\"  # env COMPACTD_TLS_CLIENT_CA"
+    );
+    // Unmet by every layer, it is still refused.
+    let (ok, _, err) = compactd(
+        &["config", "print"],
+        &[("COMPACTD_TLS_CLIENT_CA", "/etc/compactd/ca.crt")],
+    );
+    assert!(!ok);
+    assert!(err.contains("--tls-cert"), "{err}");
+}
+
 #[test]
 fn the_printed_configuration_is_itself_a_valid_config_file_without_secrets() {
     let file = config_file(

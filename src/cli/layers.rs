@@ -79,9 +79,16 @@ impl fmt::Display for LayerError {
 
 /// Parses `argv` with the configuration file applied under env and flags.
 pub fn parse_layered(argv: Vec<OsString>) -> Result<Layered, LayerError> {
-    let first = Cli::command()
-        .try_get_matches_from(&argv)
-        .map_err(|e| LayerError::Clap(annotate_env(e)))?;
+    let first = match Cli::command().try_get_matches_from(&argv) {
+        Ok(m) => m,
+        // A requirement the file may meet (the TLS pair there, the client CA here): read
+        // what is given; the full parse below checks it with the file's values.
+        Err(e) if e.kind() == clap::error::ErrorKind::MissingRequiredArgument => Cli::command()
+            .ignore_errors(true)
+            .try_get_matches_from(&argv)
+            .map_err(|_| LayerError::Clap(annotate_env(e)))?,
+        Err(e) => return Err(LayerError::Clap(annotate_env(e))),
+    };
     let Some((sub, serve)) = serve_matches(&first) else {
         let cli = Cli::from_arg_matches(&first).map_err(LayerError::Clap)?;
         return Ok(Layered {
