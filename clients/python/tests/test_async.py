@@ -135,3 +135,106 @@ def test_subscribe_and_refusals(server, sid: str) -> None:
             assert "--llm-base-url" in e.value.message
 
     run(main())
+
+
+def _big_part(i: int):
+    """A text part of 64 KiB: a few fill gRPC's windows toward a stopped server."""
+    return b.text_part("m1", f"p{i}", f"{i:06d}" + "x" * (64 << 10))
+
+
+def test_a_cancelled_send_leaves_the_stream_open() -> None:
+    # A caller whose wait is cancelled (wait_for timing out while the server does not
+    # read) cancelled the write itself, and grpcio then cancelled the whole call: every
+    # update in flight failed CANCELLED and the stream was dead.
+    import signal
+
+    from compactd_client.stream import MAX_UNSENT
+    from compactd_server import Server
+
+    srv = Server()
+
+    async def main() -> None:
+        sid = "cancelled-send"
+        async with AsyncClient(srv.addr, timeout=30) as c:
+            async with await c.stream() as s:
+                await s.open(sid)
+                await s.upsert_message(sid, b.user_message("m1"))
+                srv.proc.send_signal(signal.SIGSTOP)
+                earlier = []
+                with pytest.raises(asyncio.TimeoutError):
+                    for i in range(MAX_UNSENT + 300):
+                        earlier.append(await asyncio.wait_for(s.submit(sid, upsert_part=_big_part(i)), 2))
+                with pytest.raises(asyncio.TimeoutError):
+                    await asyncio.wait_for(s.send(sid, upsert_part=_big_part(10_000)), 1)
+                assert s.unsent == MAX_UNSENT  # the rest were written, the server reads none
+                srv.proc.send_signal(signal.SIGCONT)
+                acked = await asyncio.wait_for(asyncio.gather(*earlier), 30)
+                assert [r.seq for r in acked] == list(range(3, len(earlier) + 3))
+                assert s.unsent == 0
+                after = await asyncio.wait_for(s.upsert_part(sid, b.text_part("m1", "after", "x")), 30)
+                assert after.created
+                ids = [p.id for p in (await s.get_context(sid, pb.CONTEXT_FORMAT_NATIVE)).messages[0].parts]
+                assert ids[: len(earlier)] == [f"p{i}" for i in range(len(earlier))]
+                assert ids[-1] == "after"
+
+    try:
+        run(main())
+    finally:
+        srv.proc.send_signal(signal.SIGCONT)
+        srv.stop()
+
+
+def test_close_is_bounded_while_a_write_waits() -> None:
+    # close(timeout) waited for the write lock, held by a write the stopped server never
+    # made room for, before its timeout began: it waited as long as the server slept.
+    import signal
+    import time
+
+    from compactd_client import CompactdError
+    from compactd_client.stream import MAX_UNSENT
+    from compactd_server import Server
+
+    srv = Server()
+
+    async def main() -> None:
+        sid = "bounded-close"
+        async with AsyncClient(srv.addr, timeout=30) as c:
+            s = await c.stream()
+            await s.open(sid)
+            await s.upsert_message(sid, b.user_message("m1"))
+            srv.proc.send_signal(signal.SIGSTOP)
+            futures = []
+
+            async def host() -> None:
+                for i in range(MAX_UNSENT + 300):
+                    futures.append(await s.submit(sid, upsert_part=_big_part(i)))
+
+            task = asyncio.ensure_future(host())
+            # Until the writes stop moving: the server reads nothing more.
+            last, still = -1, 0
+            while still < 10:
+                await asyncio.sleep(0.1)
+                still = still + 1 if len(futures) == last else 0
+                last = len(futures)
+            began = time.monotonic()
+            try:
+                await asyncio.wait_for(s.close(1.0), 8)
+            except asyncio.TimeoutError:
+                pass  # took says so
+            finally:
+                took = time.monotonic() - began
+                srv.proc.send_signal(signal.SIGCONT)
+            assert took < 4, took
+            # The host's waiting submit and every update left unanswered fail, not hang.
+            with pytest.raises(RuntimeError, match="closed"):
+                await asyncio.wait_for(task, 5)
+            for f in futures:
+                with pytest.raises(CompactdError) as e:
+                    await asyncio.wait_for(f, 5)
+                assert e.value.stream_ended
+
+    try:
+        run(main())
+    finally:
+        srv.proc.send_signal(signal.SIGCONT)
+        srv.stop()

@@ -3,17 +3,21 @@ stream (where the field sits under the update's oneof name and the stream stays 
 
 from __future__ import annotations
 
+import asyncio
+import traceback
 from typing import Callable
 
 import grpc
 import pytest
 
 from compactd_client import (
+    AsyncClient,
     Client,
     CompactdError,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    ResourceExhausted,
     builders as b,
     pb,
 )
@@ -140,3 +144,133 @@ def test_updates_left_unanswered_when_the_stream_ends_say_their_outcome_is_unkno
         with pytest.raises(NotFound) as e:
             s.upsert_part("no-such-session", b.text_part("u1", "p", "x"))
         assert not e.value.stream_ended
+
+
+def _depth(err: BaseException) -> int:
+    return len(traceback.extract_tb(err.__traceback__))
+
+
+def _assert_says_the_stream_ended(err: CompactdError, first: CompactdError) -> None:
+    """An update sent after the stream ended: a fresh error, flagged, naming the failure."""
+    assert err is not first, "the stream's stored error raised again"
+    assert err.stream_ended and err.seq is None, err
+    assert err.code_name == "RESOURCE_EXHAUSTED", err  # the stream's code
+    assert "the stream ended" in err.message and "not sent" in err.message, err
+    assert "max_update_bytes (65536 bytes)" in err.message, err  # the original failure
+
+
+def test_updates_after_the_stream_ended_raise_a_new_error_saying_so(small_updates) -> None:
+    # Every update sent after a failure raised the stream's stored error itself: no
+    # stream_ended, no seq, as if that update had been refused for its own size (a host
+    # skipping refused updates dropped all of them), its traceback growing on each raise.
+    sid = "after-the-end"
+    with Client(small_updates.addr, timeout=10) as c, c.stream() as s:
+        s.open(sid)
+        s.upsert_message(sid, b.user_message("u1"))
+        with pytest.raises(CompactdError) as e:
+            s.upsert_part(sid, b.text_part("u1", "p-big", "x" * 200_000))
+        first = e.value
+        assert first.stream_ended and first.seq == 3
+        depths = set()
+        for i in range(100):
+            with pytest.raises(CompactdError) as e:
+                s.upsert_part(sid, b.text_part("u1", f"p{i}", "y" * 100_000))
+            _assert_says_the_stream_ended(e.value, first)
+            depths.add(_depth(e.value))
+            with pytest.raises(CompactdError) as e:
+                s.submit(sid, upsert_part=b.text_part("u1", f"q{i}", "small"))
+            _assert_says_the_stream_ended(e.value, first)
+        assert len(depths) == 1, sorted(depths)
+
+
+def test_async_updates_after_the_stream_ended_raise_a_new_error_saying_so(small_updates) -> None:
+    async def main() -> None:
+        sid = "after-the-end-async"
+        async with AsyncClient(small_updates.addr, timeout=10) as c:
+            s = await c.stream()
+            await s.open(sid)
+            await s.upsert_message(sid, b.user_message("u1"))
+            with pytest.raises(CompactdError) as e:
+                await s.upsert_part(sid, b.text_part("u1", "p-big", "x" * 200_000))
+            first = e.value
+            assert first.stream_ended and first.seq == 3
+            depths = set()
+            for i in range(100):
+                with pytest.raises(CompactdError) as e:
+                    await s.upsert_part(sid, b.text_part("u1", f"p{i}", "y" * 100_000))
+                _assert_says_the_stream_ended(e.value, first)
+                depths.add(_depth(e.value))
+                with pytest.raises(CompactdError) as e:
+                    await s.submit(sid, upsert_part=b.text_part("u1", f"q{i}", "small"))
+                _assert_says_the_stream_ended(e.value, first)
+            assert len(depths) == 1, sorted(depths)
+            await s.close()
+
+    asyncio.run(main())
+
+
+def _text_for(sid: str, seq: int, part_id: str, size: int) -> str:
+    """Text that makes the part's ClientUpdate (seq ``seq``) encode to ``size`` bytes."""
+    n = size
+    while pb.ClientUpdate(seq=seq, session_id=sid, upsert_part=b.text_part("u1", part_id, "z" * n)).ByteSize() > size:
+        n -= 1
+    return "z" * n
+
+
+def _assert_refused_alone(err: CompactdError) -> None:
+    assert isinstance(err, ResourceExhausted) and not err.stream_ended and err.seq is None, err
+    assert "max_update_bytes" in err.message and "65536" in err.message, err
+
+
+def test_an_update_over_max_update_bytes_is_refused_alone(small_updates) -> None:
+    # The server refuses an update far past its --max-update-bytes at the transport, which
+    # ends the whole stream (every session on it); the client checks the size first.
+    sid = "over-the-limit"
+    edge = _text_for(sid, 3, "p-edge", 65536)
+    with Client(small_updates.addr, timeout=10, max_update_bytes=65536) as c, c.stream() as s:
+        s.open(sid)
+        s.upsert_message(sid, b.user_message("u1"))
+        with pytest.raises(CompactdError) as e:
+            s.upsert_part(sid, b.text_part("u1", "p-big", "x" * 200_000))
+        _assert_refused_alone(e.value)
+        with pytest.raises(CompactdError) as e:
+            s.submit(sid, upsert_part=b.text_part("u1", "p-edge", edge + "z"))  # one byte over
+        _assert_refused_alone(e.value)
+        at_limit = s.upsert_part(sid, b.text_part("u1", "p-edge", edge))  # exactly the limit
+        assert (at_limit.seq, at_limit.created) == (3, True)
+        after = s.upsert_part(sid, b.text_part("u1", "p-after", "small"))
+        assert (after.seq, after.created) == (4, True)
+        parts = [p.id for p in c.get_session(sid).messages[0].parts]
+        assert parts == ["p-edge", "p-after"]
+
+
+def test_async_an_update_over_max_update_bytes_is_refused_alone(small_updates) -> None:
+    async def main() -> None:
+        sid = "over-the-limit-async"
+        edge = _text_for(sid, 3, "p-edge", 65536)
+        async with AsyncClient(small_updates.addr, timeout=10, max_update_bytes=65536) as c:
+            async with await c.stream() as s:
+                await s.open(sid)
+                await s.upsert_message(sid, b.user_message("u1"))
+                with pytest.raises(CompactdError) as e:
+                    await s.upsert_part(sid, b.text_part("u1", "p-big", "x" * 200_000))
+                _assert_refused_alone(e.value)
+                with pytest.raises(CompactdError) as e:
+                    await s.submit(sid, upsert_part=b.text_part("u1", "p-edge", edge + "z"))
+                _assert_refused_alone(e.value)
+                at_limit = await s.upsert_part(sid, b.text_part("u1", "p-edge", edge))
+                assert (at_limit.seq, at_limit.created) == (3, True)
+                after = await s.upsert_part(sid, b.text_part("u1", "p-after", "small"))
+                assert (after.seq, after.created) == (4, True)
+            parts = [p.id for p in (await c.get_session(sid)).messages[0].parts]
+            assert parts == ["p-edge", "p-after"]
+
+    asyncio.run(main())
+
+
+def test_the_default_max_update_bytes_is_the_servers_default() -> None:
+    from compactd_client.stream import DEFAULT_MAX_UPDATE_BYTES
+
+    assert DEFAULT_MAX_UPDATE_BYTES == 16 * 1024 * 1024
+    with Client("127.0.0.1:1") as c:
+        assert c._max_update_bytes == DEFAULT_MAX_UPDATE_BYTES

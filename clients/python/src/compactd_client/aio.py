@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+from collections import deque
 from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
@@ -14,8 +15,16 @@ import grpc.aio
 from . import builders, pb
 from .client import DEFAULT_TIMEOUT, auth_metadata, channel_options
 from .compaction import AsyncCompaction
-from .errors import CompactdError, error_from_event, error_from_rpc, make_error, split_field, stream_ended
-from .stream import LATE_EVENTS_KEPT
+from .errors import (
+    CompactdError,
+    after_stream_end,
+    error_from_event,
+    error_from_rpc,
+    make_error,
+    split_field,
+    stream_ended,
+)
+from .stream import DEFAULT_MAX_UPDATE_BYTES, LATE_EVENTS_KEPT, MAX_UNSENT, check_update_size, update_size
 from .stream import _keep as _keep_bounded
 from .results import (
     LimitsLike,
@@ -35,6 +44,7 @@ from .results import (
 
 __all__ = ["AsyncClient", "AsyncSessionStream", "AsyncSubscription"]
 
+_CLOSE = object()
 _END = object()
 
 _log = logging.getLogger("compactd_client")
@@ -88,16 +98,26 @@ class _Pending:
 class AsyncSessionStream:
     """One ``Stream`` call under asyncio. Create it with ``await client.stream()``; use
     ``async with`` or :meth:`close`. Routing by ``seq`` is as in the blocking
-    :class:`~compactd_client.SessionStream`."""
+    :class:`~compactd_client.SessionStream`.
+
+    Updates are written by the stream's own writer task, in seq order, from a queue of at
+    most ``MAX_UNSENT`` (past it, ``submit()`` waits for room): a caller cancelled while it
+    waits (``asyncio.wait_for`` on a slow server) cancels only its own wait, where a
+    cancelled write would make grpcio cancel the whole call.
+    """
 
     def __init__(
         self,
         stub: pb.SessionsStub,
         metadata: Any = (),
         on_event: Optional[Callable[[pb.ServerEvent], None]] = None,
+        max_update_bytes: Optional[int] = DEFAULT_MAX_UPDATE_BYTES,
     ) -> None:
+        self._max_update_bytes = max_update_bytes
         self._call = stub.Stream(metadata=metadata)
-        self._write_lock = asyncio.Lock()
+        self._outbox: "deque[Any]" = deque()
+        # Signalled when the outbox gains an item or room, and when the stream ends.
+        self._changed = asyncio.Condition()
         self._seq = 0
         self._pending: Dict[int, _Pending] = {}
         self._listeners: Dict[int, "asyncio.Queue[Any]"] = {}
@@ -106,11 +126,14 @@ class AsyncSessionStream:
         self._failure: Optional[CompactdError] = None
         self._closing = False
         self._reader = asyncio.ensure_future(self._read())
+        self._writer = asyncio.ensure_future(self._write())
 
     # Sending.
 
     async def submit(self, session_id: str, **update: Any) -> "asyncio.Future[UpdateResult]":
-        """Writes one update; returns a future resolved on its ack or error."""
+        """Queues one update for writing (waiting for room past ``MAX_UNSENT``); returns
+        a future resolved on its ack or error. Cancelled while it waits, the update is
+        not sent."""
         return await self._submit(session_id, update, None)
 
     async def send(self, session_id: str, **update: Any) -> UpdateResult:
@@ -122,24 +145,53 @@ class AsyncSessionStream:
     ) -> "asyncio.Future[UpdateResult]":
         if len(update) != 1:
             raise TypeError("an update sets exactly one ClientUpdate field")
-        async with self._write_lock:  # seqs go out in the order they were assigned
-            if self._closing:
-                raise RuntimeError("the stream is closed")
-            if self._failure is not None:
-                raise self._failure
-            self._seq += 1
-            seq = self._seq
+        msg = pb.ClientUpdate(session_id=session_id, **update)
+        unsequenced = msg.ByteSize() if self._max_update_bytes is not None else 0
+        async with self._changed:
+            # Waiting releases the lock; cancelled there, nothing is queued or numbered.
+            while True:
+                if self._closing:
+                    raise RuntimeError("the stream is closed")
+                if self._failure is not None:
+                    raise after_stream_end(self._failure) from None
+                if len(self._outbox) < MAX_UNSENT:
+                    break
+                await self._changed.wait()
+            seq = self._seq + 1
+            check_update_size(msg, update_size(unsequenced, seq), self._max_update_bytes)
+            self._seq = msg.seq = seq  # queued in seq order, written in queue order
             pending = _Pending(listener)
             self._pending[seq] = pending
-            try:
-                await self._call.write(pb.ClientUpdate(seq=seq, session_id=session_id, **update))
-            except grpc.RpcError as e:
-                self._pending.pop(seq, None)
-                raise error_from_rpc(e) from None
-            except asyncio.InvalidStateError:
-                self._pending.pop(seq, None)
-                raise self._failure or RuntimeError("the stream is closed") from None
+            self._outbox.append(msg)
+            self._changed.notify_all()
         return pending.future
+
+    @property
+    def unsent(self) -> int:
+        """Updates queued and not yet written to the stream (at most ``MAX_UNSENT``)."""
+        return sum(1 for m in self._outbox if m is not _CLOSE)
+
+    async def _write(self) -> None:
+        """The writer task: writes the queued updates, then half-closes after
+        :meth:`close`; ends when the stream does (the reader reports why)."""
+        try:
+            while True:
+                async with self._changed:
+                    while not self._outbox:
+                        if self._failure is not None:
+                            return
+                        await self._changed.wait()
+                    item = self._outbox.popleft()
+                    self._changed.notify_all()  # room for a waiting submit()
+                if item is _CLOSE:
+                    await self._call.done_writing()
+                    return
+                await self._call.write(item)
+        except (grpc.RpcError, asyncio.InvalidStateError):
+            pass  # the call has ended: its reader fails the updates left unanswered
+        except Exception:  # a bug here must not leave every update unsent and waiting
+            _log.exception("compactd stream writer failed")
+            self._call.cancel()
 
     # Receiving.
 
@@ -160,6 +212,7 @@ class AsyncSessionStream:
         if failure is None:
             failure = CompactdError(grpc.StatusCode.CANCELLED, "the stream ended")
         self._failure = failure
+        self._outbox.clear()  # never written: their updates fail below, with the rest
         pending, self._pending = self._pending, {}
         listeners, self._listeners = self._listeners, {}
         for seq, p in pending.items():
@@ -171,6 +224,8 @@ class AsyncSessionStream:
         for q in listeners.values():
             q.put_nowait(failure)
         _keep(self._late, _END)
+        async with self._changed:
+            self._changed.notify_all()  # a waiting submit() raises, the writer ends
 
     def _dispatch(self, ev: pb.ServerEvent) -> None:
         kind = ev.WhichOneof("event")
@@ -222,21 +277,23 @@ class AsyncSessionStream:
     # Closing.
 
     async def close(self, timeout: float = 10.0) -> None:
-        """Half-closes the stream and waits for the server to end it."""
-        async with self._write_lock:
-            if self._closing:
-                return
-            self._closing = True
-            if self._failure is None:
-                try:
-                    await self._call.done_writing()
-                except (grpc.RpcError, asyncio.InvalidStateError):
-                    pass
+        """Half-closes the stream once the queued updates are written, and waits for the
+        server to end it: ``timeout`` seconds in all (a server that does not read them
+        included), then the call is cancelled and the updates left unanswered fail."""
+        if self._closing:
+            return
+        self._closing = True  # from here, submit() refuses and a waiting one raises
+        async with self._changed:  # held by no one across a wait: taken at once
+            self._outbox.append(_CLOSE)
+            self._changed.notify_all()
         try:
             await asyncio.wait_for(asyncio.shield(self._reader), timeout)
         except asyncio.TimeoutError:
             self._call.cancel()
             await self._reader
+        if not self._writer.done():  # a write the cancelled call left waiting
+            self._writer.cancel()
+        await asyncio.gather(self._writer, return_exceptions=True)
 
     async def __aenter__(self) -> "AsyncSessionStream":
         return self
@@ -356,6 +413,7 @@ class AsyncClient:
         timeout: Optional[float] = DEFAULT_TIMEOUT,
         channel: Optional[grpc.aio.Channel] = None,
         options: Optional[Sequence[Tuple[str, Any]]] = None,
+        max_update_bytes: Optional[int] = DEFAULT_MAX_UPDATE_BYTES,
     ) -> None:
         # Checked first: a refused token opens no channel.
         self._md = auth_metadata(token)
@@ -368,6 +426,7 @@ class AsyncClient:
             self._channel, self._own = grpc.aio.insecure_channel(target, opts), True
         self.stub = pb.SessionsStub(self._channel)
         self._timeout = timeout
+        self._max_update_bytes = max_update_bytes
 
     def with_timeout(self, timeout: Optional[float]) -> "AsyncClient":
         """This client with another deadline for its unary calls (seconds; None: none),
@@ -408,7 +467,9 @@ class AsyncClient:
         self, on_event: Optional[Callable[[pb.ServerEvent], None]] = None
     ) -> AsyncSessionStream:
         """Opens the bidirectional ``Stream`` (see :class:`AsyncSessionStream`)."""
-        return AsyncSessionStream(self.stub, self._md, on_event=on_event)
+        return AsyncSessionStream(
+            self.stub, self._md, on_event=on_event, max_update_bytes=self._max_update_bytes
+        )
 
     async def open_session(
         self,

@@ -25,7 +25,7 @@ from .results import (
     recall_request,
     recall_tool_dict,
 )
-from .stream import SessionStream
+from .stream import DEFAULT_MAX_UPDATE_BYTES, SessionStream
 
 __all__ = ["Client", "Subscription", "channel_options"]
 
@@ -108,6 +108,10 @@ class Client:
             client; None: none, and a server that stops answering holds the call
             forever).
         channel: an existing channel to use instead of opening one (``target`` ignored).
+        max_update_bytes: the largest update a stream sends (default 16 MiB, compactd's
+            default ``--max-update-bytes``; set it to the server's). One larger raises
+            ResourceExhausted and is not sent: the server would end the whole stream on
+            it. None: no check.
     """
 
     def __init__(
@@ -119,6 +123,7 @@ class Client:
         timeout: Optional[float] = DEFAULT_TIMEOUT,
         channel: Optional[grpc.Channel] = None,
         options: Optional[Sequence[Tuple[str, Any]]] = None,
+        max_update_bytes: Optional[int] = DEFAULT_MAX_UPDATE_BYTES,
     ) -> None:
         # Checked first: a refused token opens no channel.
         self._md = auth_metadata(token)
@@ -131,6 +136,7 @@ class Client:
             self._channel, self._own = grpc.insecure_channel(target, opts), True
         self.stub = pb.SessionsStub(self._channel)
         self._timeout = timeout
+        self._max_update_bytes = max_update_bytes
 
     # Plumbing.
 
@@ -178,7 +184,9 @@ class Client:
         events of an automatic compaction); without it they queue for
         :meth:`SessionStream.next_event`.
         """
-        return SessionStream(self.stub, self._md, on_event=on_event)
+        return SessionStream(
+            self.stub, self._md, on_event=on_event, max_update_bytes=self._max_update_bytes
+        )
 
     # Sessions.
 

@@ -54,7 +54,8 @@ class CompactdError(Exception):
         seq: the stream update's ``seq`` for errors from ``Stream``, else ``None``.
         stream_ended: True when the stream ended before this update's ack or error: the
             code is the stream's, not a refusal of this update, and whether it was applied
-            is unknown (``get_session`` shows the session).
+            is unknown (``get_session`` shows the session); or, with ``seq`` None, when
+            the stream had ended before this update was sent (it was not).
     """
 
     def __init__(
@@ -155,6 +156,21 @@ def stream_ended(failure: CompactdError, seq: int) -> CompactdError:
         f"shows the session): {failure.message}",
         failure.field,
         seq,
+    )
+    err.stream_ended = True
+    return err
+
+
+def after_stream_end(failure: CompactdError) -> CompactdError:
+    """The error of an update sent after its stream ended with ``failure``: a new one
+    per update (raising the stream's own error again would read as this update's
+    refusal, and grow that error's traceback on every raise), with the stream's code,
+    ``stream_ended`` set, no seq (the update was not sent) and the failure named."""
+    where = f" [{failure.field}]" if failure.field else ""
+    err = make_error(
+        failure.code,
+        "the stream ended earlier, so this update was not sent (open a new stream); it "
+        f"ended with {failure.code_name}{where}: {failure.message}",
     )
     err.stream_ended = True
     return err

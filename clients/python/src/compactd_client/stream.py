@@ -17,9 +17,13 @@ them (their acks are read by the thread it holds), so the stream's waiting metho
 
 Backpressure: at most ``MAX_UNSENT`` updates wait to be written (gRPC writes them as
 the server reads); past that, ``submit()`` waits for room, as the asyncio stream's
-``write`` does, so a host that outpaces a slow or stopped server holds a bounded
+``submit()`` does, so a host that outpaces a slow or stopped server holds a bounded
 number of updates. On the reader thread (``on_event``) it never waits: that thread
 must go on reading for room to come.
+
+An update whose encoded size is over ``max_update_bytes`` raises ResourceExhausted and is
+not sent (compactd would end the whole stream on one far past its limit). Once the stream
+has ended, each update raises a new error with ``stream_ended`` set and no seq.
 """
 
 from __future__ import annotations
@@ -35,7 +39,14 @@ import grpc
 
 from . import builders, pb
 from .compaction import Compaction
-from .errors import CompactdError, error_from_event, error_from_rpc, stream_ended
+from .errors import (
+    CompactdError,
+    after_stream_end,
+    error_from_event,
+    error_from_rpc,
+    make_error,
+    stream_ended,
+)
 from .results import (
     LimitsLike,
     ModelLike,
@@ -61,6 +72,10 @@ LATE_EVENTS_KEPT = 1024
 #: at most 256 ahead of its acks; a few hundred more keep a burst flowing).
 MAX_UNSENT = 512
 
+#: compactd's default ``--max-update-bytes``: the largest update the stream sends. The
+#: server ends the whole stream on one much past its limit; the client refuses it alone.
+DEFAULT_MAX_UPDATE_BYTES = 16 * 1024 * 1024
+
 
 def _keep(q: Any, item: Any, full: type = queue.Full, empty: type = queue.Empty) -> None:
     """Puts ``item`` on the bounded ``q``, dropping the oldest entry when it is full
@@ -74,6 +89,27 @@ def _keep(q: Any, item: Any, full: type = queue.Full, empty: type = queue.Empty)
                 q.get_nowait()
             except empty:
                 pass
+
+
+def update_size(unsequenced: int, seq: int) -> int:
+    """The encoded size of a ``ClientUpdate`` that is ``unsequenced`` bytes without its
+    seq, once ``seq`` is set (field 1: one tag byte and the varint). Measured before the
+    seq is known, outside the stream's lock: ``ByteSize()`` encodes the whole update."""
+    return unsequenced + 1 + max(1, (seq.bit_length() + 6) // 7)
+
+
+def check_update_size(msg: pb.ClientUpdate, size: int, limit: Optional[int]) -> None:
+    """Raises ResourceExhausted for an update of ``size`` encoded bytes over ``limit``
+    (``max_update_bytes``; None: no limit), before it is written: compactd would end the
+    whole stream on it, so it alone is refused and the stream goes on."""
+    if limit is None or size <= limit:
+        return
+    raise make_error(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        f"an update of {size} bytes ({msg.WhichOneof('update')}) is over max_update_bytes "
+        f"({limit} bytes), so it was not sent and the stream goes on: send large content "
+        "in smaller parts, or raise max_update_bytes with the server's --max-update-bytes",
+    )
 
 
 def _settle(future: "Future[Any]", result: Any = None, error: Optional[BaseException] = None) -> None:
@@ -111,7 +147,9 @@ class SessionStream:
         stub: pb.SessionsStub,
         metadata: Any = (),
         on_event: Optional[Callable[[pb.ServerEvent], None]] = None,
+        max_update_bytes: Optional[int] = DEFAULT_MAX_UPDATE_BYTES,
     ) -> None:
+        self._max_update_bytes = max_update_bytes
         self._outbox: "deque[Any]" = deque()
         self._lock = threading.Lock()
         # Signalled when the outbox gains an item or room, and when the stream ends.
@@ -156,6 +194,8 @@ class SessionStream:
     ) -> "Future[UpdateResult]":
         if len(update) != 1:
             raise TypeError("an update sets exactly one ClientUpdate field")
+        msg = pb.ClientUpdate(session_id=session_id, **update)
+        unsequenced = msg.ByteSize() if self._max_update_bytes is not None else 0
         may_wait = threading.current_thread() is not self._reader
         with self._changed:
             # Waiting releases the lock: the reader goes on routing events meanwhile.
@@ -163,13 +203,13 @@ class SessionStream:
                 if self._closing:
                     raise RuntimeError("the stream is closed")
                 if self._failure is not None:
-                    raise self._failure
+                    raise after_stream_end(self._failure) from None
                 if not may_wait or len(self._outbox) < MAX_UNSENT:
                     break
                 self._changed.wait()
-            self._seq += 1
-            seq = self._seq
-            msg = pb.ClientUpdate(seq=seq, session_id=session_id, **update)
+            seq = self._seq + 1
+            check_update_size(msg, update_size(unsequenced, seq), self._max_update_bytes)
+            self._seq = msg.seq = seq
             pending = _Pending(listener)
             self._pending[seq] = pending
             self._outbox.append(msg)
