@@ -51,8 +51,12 @@ pub fn lane_config(lane: &str, config: &EngineConfig) -> EngineConfig {
 pub struct LaneRecord {
     /// Lane name.
     pub name: String,
-    /// Per request: the prompt, part by part (the fixed prefix not included).
-    pub prompts: Vec<Vec<Piece>>,
+    /// Per request: the prompt, part by part (the fixed prefix not included), as a change
+    /// of the request before: its first `.0` pieces, then `.1` (the cache model compares
+    /// a prompt with the previous one only, so this is all a replay needs to keep).
+    pub prompts: Vec<(usize, Vec<Piece>)>,
+    /// The last request's prompt whole, what the next one is kept as a change of.
+    last: Vec<Piece>,
     /// Per request: when it was sent (the host's timestamp, ms).
     pub times: Vec<i64>,
     /// Per request: references the lane's prompt did not hold.
@@ -155,31 +159,42 @@ impl LaneRecord {
             }
         }
         let dangling = refs.dangling(msg, &|id| verbatim.contains(id), &rendered);
-        self.prompts.push(pieces);
+        let shared = self
+            .last
+            .iter()
+            .zip(&pieces)
+            .take_while(|(a, b)| a == b)
+            .count();
+        self.prompts.push((shared, pieces[shared..].to_vec()));
+        self.last = pieces;
         self.times.push(at_ms);
         self.dangling.push(dangling);
     }
 
     /// Tokens of the last request's prompt (the fixed prefix not included).
     pub fn last_prompt_tokens(&self) -> u64 {
-        self.prompts.last().map_or(0, |p| {
-            p.iter().fold(0u64, |a, x| a.saturating_add(x.tokens))
-        })
+        self.last
+            .iter()
+            .fold(0u64, |a, x| a.saturating_add(x.tokens))
     }
 
     /// Every request charged under `model`, in order, with `prefix` tokens of fixed
     /// prompt (system prompt, tool definitions) leading each.
     fn charged(&self, model: CacheModel, prefix: u64) -> impl Iterator<Item = RequestCost> + '_ {
         let mut meter = CacheMeter::new(model);
-        self.prompts.iter().enumerate().map(move |(i, prompt)| {
-            let mut pieces = Vec::with_capacity(prompt.len() + 1);
-            pieces.push(Piece {
-                key: 0,
-                tokens: prefix,
-            });
-            pieces.extend_from_slice(prompt);
-            meter.charge(pieces, self.times.get(i).copied().unwrap_or(0))
-        })
+        // The fixed prefix, then the prompt rebuilt request by request from its changes.
+        let mut pieces = vec![Piece {
+            key: 0,
+            tokens: prefix,
+        }];
+        self.prompts
+            .iter()
+            .enumerate()
+            .map(move |(i, (shared, rest))| {
+                pieces.truncate(shared.saturating_add(1));
+                pieces.extend_from_slice(rest);
+                meter.charge(pieces.clone(), self.times.get(i).copied().unwrap_or(0))
+            })
     }
 
     /// The lane's figures under `model` with `prefix` tokens of fixed prompt; `references`
@@ -199,8 +214,71 @@ impl LaneRecord {
         f
     }
 
+    /// Pieces held for all the requests (what the record's memory grows with).
+    pub fn stored_pieces(&self) -> usize {
+        self.prompts.iter().map(|(_, rest)| rest.len()).sum()
+    }
+
     /// Per request: its cost under `model` (for the chart).
     pub fn costs(&self, model: CacheModel, prefix: u64) -> Vec<f64> {
         self.charged(model, prefix).map(|c| c.cost).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use crate::domain::ModelLimits;
+    use crate::trace::{from_value, replay::replay};
+
+    /// `turns` user/assistant turns of one text part each.
+    fn turns(turns: usize) -> crate::trace::Export {
+        let mut messages = Vec::new();
+        for n in 0..turns {
+            let at = 1_000 * (n as i64 + 1);
+            for (role, id) in [("user", format!("u{n}")), ("assistant", format!("a{n}"))] {
+                let mut info = json!({"id": id, "sessionID": "ses_t", "role": role,
+                    "time": {"created": at, "completed": at + 1}});
+                if role == "assistant" {
+                    info["finish"] = json!("stop");
+                    info["parentID"] = json!(format!("u{n}"));
+                }
+                let text = json!({"id": format!("{id}_t"), "type": "text", "text": format!("turn {n} of {role}")});
+                messages.push(json!({"info": info, "parts": [text]}));
+            }
+        }
+        from_value(
+            json!({"info": {"id": "ses_t", "title": "t", "time": {"created": 1}},
+            "messages": messages}),
+        )
+        .expect("a valid export")
+    }
+
+    /// A lane keeps of each request only what changed since the one before (the cache
+    /// model compares a prompt with the previous one alone): what a replay holds grows
+    /// with the session, not with its square. Before, every request's whole prompt was
+    /// kept in every lane (a 1.4 MB export took 824 MB).
+    #[test]
+    fn a_lane_keeps_each_request_as_a_change_of_the_one_before() {
+        let report = replay(
+            &turns(300),
+            ModelLimits::default(),
+            &crate::config::EngineConfig::default(),
+        );
+        for lane in &report.lanes {
+            assert!(
+                lane.times.len() >= 299,
+                "{}: {} requests",
+                lane.name,
+                lane.times.len()
+            );
+            assert!(
+                lane.stored_pieces() <= 4 * 600,
+                "{}: {} pieces kept for 600 parts",
+                lane.name,
+                lane.stored_pieces()
+            );
+        }
     }
 }
