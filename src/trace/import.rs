@@ -628,14 +628,34 @@ fn token_usage(v: Value) -> Option<TokenUsage> {
         Some(Value::Object(mut c)) => (uint(&mut c, "read"), uint(&mut c, "write")),
         _ => (0, 0),
     };
+    let total = t
+        .remove("total")
+        .and_then(|v| v.as_f64())
+        .map(|f| f.max(0.0) as u64);
+    let (input, output, reasoning) = (
+        uint(&mut t, "input"),
+        uint(&mut t, "output"),
+        uint(&mut t, "reasoning"),
+    );
+    // compactd counts reasoning within the output. OpenCode 1.18 writes the output less
+    // the reasoning, with the provider's total (reasoning within): a total that holds
+    // both says so. OpenCode 1.2's total holds input, cache and output only.
+    let apart = reasoning > 0
+        && total.is_some_and(|total| {
+            [input, read, write, output, reasoning]
+                .into_iter()
+                .try_fold(0u64, u64::checked_add)
+                .is_some_and(|sum| total >= sum)
+        });
     Some(TokenUsage {
-        total: t
-            .remove("total")
-            .and_then(|v| v.as_f64())
-            .map(|f| f.max(0.0) as u64),
-        input: uint(&mut t, "input"),
-        output: uint(&mut t, "output"),
-        reasoning: uint(&mut t, "reasoning"),
+        total,
+        input,
+        output: if apart {
+            output.saturating_add(reasoning)
+        } else {
+            output
+        },
+        reasoning,
         cache_read: read,
         cache_write: write,
     })

@@ -324,3 +324,35 @@ fn a_usage_report_that_is_not_an_object_is_refused() {
         .expect("null and objects are taken");
     assert_eq!(export.messages[0].0.tokens, None);
 }
+
+/// compactd counts reasoning within `output` (a total less the output is the prompt).
+/// OpenCode 1.18 writes `output` less the reasoning, with the provider's total (reasoning
+/// within): the two are added up, on messages and step-finish parts alike. OpenCode 1.2
+/// kept reasoning within `output` (its total holds input, cache and output only, as in
+/// tests/data/traces): taken as given. Before, a 1.18 export's prompt read long by the
+/// reasoning.
+#[test]
+fn reasoning_reported_apart_from_the_output_is_counted_within_it() {
+    let doc = |tokens: &str| {
+        format!(
+            r#"{{"info":{{"id":"s"}},"messages":[{{"info":{{"id":"m0","role":"assistant","tokens":{tokens}}},"parts":[{{"id":"p0","type":"step-finish","tokens":{tokens}}}]}}]}}"#
+        )
+    };
+    let apart = r#"{"total":15000,"input":4000,"output":1000,"reasoning":4000,"cache":{"read":6000,"write":0}}"#;
+    let within = r#"{"total":15459,"input":15338,"output":121,"reasoning":101,"cache":{"read":0,"write":0}}"#;
+    for (tokens, output) in [(apart, 5_000), (within, 121)] {
+        let export = parse_export(&doc(tokens)).expect("valid");
+        let (info, parts) = &export.messages[0];
+        let usage = info.tokens.expect("reported");
+        assert_eq!(usage.output, output, "{tokens}");
+        assert_eq!(
+            usage.total.map(|t| t - usage.output),
+            Some(usage.input + usage.cache_read),
+            "the prompt: {tokens}"
+        );
+        match &parts[0].kind {
+            PartKind::StepFinish(s) => assert_eq!(s.tokens.map(|t| t.output), Some(output)),
+            other => panic!("{other:?}"),
+        }
+    }
+}
