@@ -27,14 +27,25 @@ const optInt = (v: any): number | undefined => (typeof v === "number" && Number.
 const struct = (v: any): Obj | undefined => (v && typeof v === "object" && !Array.isArray(v) ? json(v) : undefined)
 const extraOf = (o: Obj): Obj | undefined => (Object.keys(o).length ? json(o) : undefined)
 
+/**
+ * OpenCode's `tokens` -> compactd's TokenUsage. compactd counts reasoning within `output`
+ * (and reads a provider total less `output` as the prompt). OpenCode 1.18's getUsage
+ * stores `output` less the reasoning, reported apart, with the provider's total (reasoning
+ * within): its total holds input, cache, output and reasoning, and the two are added up.
+ * Older versions (1.2) kept reasoning within `output` (their total holds no more than
+ * input, cache and output): taken as given.
+ */
 export function tokenUsage(v: any): DeepPartial<TokenUsage> | undefined {
   if (!v || typeof v !== "object") return undefined
   const cache = v.cache ?? {}
+  const [input, output, reasoning] = [uint(v.input), uint(v.output), uint(v.reasoning)]
+  const [read, write] = [uint(cache.read), uint(cache.write)]
+  const apart = reasoning > 0 && typeof v.total === "number" && uint(v.total) >= input + read + write + output + reasoning
   const t: DeepPartial<TokenUsage> = {
-    input: uint(v.input),
-    output: uint(v.output),
-    reasoning: uint(v.reasoning),
-    cache: { read: uint(cache.read), write: uint(cache.write) },
+    input,
+    output: apart ? output + reasoning : output,
+    reasoning,
+    cache: { read, write },
   }
   if (typeof v.total === "number") t.total = uint(v.total)
   return t

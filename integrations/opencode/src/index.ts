@@ -137,8 +137,14 @@ const CompactdPlugin: Plugin = async (input, options) => {
         log.warn(`chat.params: ${(e as Error).message}`)
       }
     },
+    "experimental.session.compacting": async (inp: Obj) => {
+      mirror.onCompacting(inp?.sessionID)
+    },
     "experimental.chat.messages.transform": async (_inp, output: Obj) => {
       if (!Array.isArray(output?.messages) || output.messages.length === 0) return
+      // OpenCode's own compaction runs this hook too, over the messages it summarizes (its
+      // summarizer has no tools: compactd's pointers to compactd_recall would mislead it).
+      if (mirror.isCompactionInput(output.messages as WithParts[])) return
       try {
         const replaced = await mirror.transform(output.messages as WithParts[])
         if (replaced && settings.replaceMessages) output.messages.splice(0, output.messages.length, ...replaced)
@@ -193,10 +199,31 @@ class Mirror {
     private readonly opencode: any,
   ) {}
 
+  /** Sessions OpenCode is compacting: the next transform of each is its compaction's input. */
+  private readonly compacting = new Set<string>()
+
   close() {
     this.closing = true
     this.watcher?.cancel()
     this.stream?.cancel()
+  }
+
+  /**
+   * OpenCode fires `experimental.session.compacting` right before it runs the transform
+   * over a copy of the messages it summarizes: the session's next transform is that one.
+   * The mark also goes when the compaction ends (its transform may not come: nothing to
+   * summarize), so it never holds back a model request's context.
+   */
+  onCompacting(sessionID: unknown) {
+    if (typeof sessionID === "string" && sessionID) this.compacting.add(sessionID)
+  }
+
+  /** Whether `messages` are the input of OpenCode's compaction (once per compaction). */
+  isCompactionInput(messages: WithParts[]): boolean {
+    const sessionID = messages[0]?.info?.sessionID
+    if (!sessionID || !this.compacting.delete(sessionID)) return false
+    this.log.info(`session ${sessionID}: OpenCode is compacting; its summarizer gets OpenCode's own ${messages.length} messages`)
+    return true
   }
 
   /** The session's state, created when first met; it becomes the most recently used. */
@@ -278,13 +305,18 @@ class Mirror {
   }
 
   /** (Re)opens the session when its model or limits changed. Sends at once (updates after it
-   * must follow it on the stream); limits not known yet are looked up and sent by a reopen. */
+   * must follow it on the stream); limits not known yet are looked up and sent by a reopen
+   * (a lookup that fails is not: the session stays open without them until one succeeds). */
   private open(s: SessionState) {
     let limits: Obj | undefined
     if (s.model) {
       const key = `${s.model.providerID}/${s.model.modelID}`
       if (this.limitsKnown.has(key)) limits = this.limitsKnown.get(key)
-      else void this.limitsOf(s.model).then(() => this.open(s))
+      else {
+        void this.limitsOf(s.model).then(() => {
+          if (this.limitsKnown.has(key)) this.open(s)
+        })
+      }
     }
     const info = this.sessionInfo(s, limits)
     const key = JSON.stringify(info)
@@ -294,29 +326,44 @@ class Mirror {
   }
 
   private readonly limitsKnown = new Map<string, Obj | undefined>()
+  /** Lookups of a model's limits that failed: when the next may start, and the wait before it. */
+  private readonly limitsRetry = new Map<string, { at: number; wait: number }>()
 
+  /**
+   * The model's limits from OpenCode's provider list (one lookup at a time per model). A
+   * failed lookup is tried again on a later call once its wait is over (1 s, doubling to
+   * 30 s while it keeps failing); until then the answer is "unknown" at once.
+   */
   private limitsOf(model: { providerID: string; modelID: string }): Promise<Obj | undefined> {
     const key = `${model.providerID}/${model.modelID}`
     let p = this.limitsCache.get(key)
-    if (!p) {
-      p = (async () => {
-        try {
-          const res = await this.opencode.config.providers()
-          const data = res?.data ?? res
-          const provider = (data?.providers ?? []).find((x: Obj) => x.id === model.providerID)
-          const limit = provider?.models?.[model.modelID]?.limit
-          if (!limit) this.log.warn(`no limits known for ${key}: compactd will not detect overflow`)
-          this.limitsKnown.set(key, limit)
-          return limit
-        } catch (e) {
-          this.log.warn(`reading OpenCode's providers failed: ${(e as Error).message}`)
-          this.limitsCache.delete(key)
-          return undefined
-        }
-      })()
-      this.limitsCache.set(key, p)
-    }
+    if (p) return p
+    if (Date.now() < (this.limitsRetry.get(key)?.at ?? 0)) return Promise.resolve(undefined)
+    // Dropped once it settles unless it found the limits (never before it is cached: a
+    // providers() that throws at once fails the lookup before this line returns).
+    p = this.lookUpLimits(model, key).finally(() => {
+      if (!this.limitsKnown.has(key)) this.limitsCache.delete(key)
+    })
+    this.limitsCache.set(key, p)
     return p
+  }
+
+  private async lookUpLimits(model: { providerID: string; modelID: string }, key: string): Promise<Obj | undefined> {
+    try {
+      const res = await this.opencode.config.providers()
+      const data = res?.data ?? res
+      const provider = (data?.providers ?? []).find((x: Obj) => x.id === model.providerID)
+      const limit = provider?.models?.[model.modelID]?.limit
+      if (!limit) this.log.warn(`no limits known for ${key}: compactd will not detect overflow`)
+      this.limitsKnown.set(key, limit)
+      this.limitsRetry.delete(key)
+      return limit
+    } catch (e) {
+      const wait = Math.min(2 * (this.limitsRetry.get(key)?.wait ?? 500), 30_000)
+      this.limitsRetry.set(key, { at: Date.now() + wait, wait })
+      this.log.warn(`reading OpenCode's providers failed (${key} has no limits until a lookup succeeds; next one in ${wait / 1000} s at the earliest): ${(e as Error).message}`)
+      return undefined
+    }
   }
 
   onModel(sessionID: string, model: Obj) {
@@ -426,13 +473,20 @@ class Mirror {
         // Forwarded whether or not the plugin still holds the session's state (an idle
         // one past maxSessions was forgotten, but compactd still holds the session).
         this.sessions.delete(id)
+        this.compacting.delete(id)
         this.client.deleteSession(id).catch((e) => {
           if (e?.codeName !== "NOT_FOUND") this.log.warn(`DeleteSession ${id}: ${e.message}`)
         })
         return
       }
       case "session.compacted":
+        this.compacting.delete(props.sessionID)
         this.log.info(`OpenCode compacted session ${props.sessionID}`)
+        return
+      case "session.idle":
+      case "session.error":
+        // A compaction that failed or was stopped before its transform.
+        this.compacting.delete(props.sessionID)
         return
     }
   }

@@ -27,6 +27,24 @@ test("message info: typed fields, the rest in extra", () => {
   assert.deepEqual(a.extra, { path: { cwd: "/r", root: "/r" } })
 })
 
+test("usage with reasoning: compactd's output counts it, OpenCode's does not", () => {
+  // OpenCode 1.18.33's getUsage stores output = the provider's output less its reasoning,
+  // reasoning apart, total as the provider gave it (reasoning within). compactd takes
+  // reasoning within output, and the prompt a total reports as total - output.
+  const tokens = { total: 15000, input: 4000, output: 1000, reasoning: 4000, cache: { read: 6000, write: 0 } }
+  const a = toMessageInfo({ ...assistant, tokens })
+  assert.deepEqual(a.tokens, { total: 15000, input: 4000, output: 5000, reasoning: 4000, cache: { read: 6000, write: 0 } })
+  assert.equal(a.tokens.total - a.tokens.output, tokens.input + tokens.cache.read, "the prompt compactd reads")
+  const step = toPart({ id: "prt_9", sessionID: "ses", messageID: "msg_2", type: "step-finish", reason: "stop", cost: 0, tokens })
+  assert.equal(step.stepFinish.tokens.output, 5000)
+  // OpenCode 1.2 kept reasoning within output (its total = input + cache + output, as in
+  // tests/data/traces): taken as given, or the prompt would read short by the reasoning.
+  const old = { total: 15459, input: 15338, output: 121, reasoning: 101, cache: { read: 0, write: 0 } }
+  const b = toMessageInfo({ ...assistant, tokens: old })
+  assert.equal(b.tokens.output, 121)
+  assert.equal(b.tokens.total - b.tokens.output, old.input, "the prompt compactd reads")
+})
+
 test("parts: every OpenCode kind maps; unknown kinds are skipped", () => {
   const p = toPart(tool)
   assert.equal(p.messageId, "msg_2")

@@ -216,6 +216,12 @@ test("OpenCode's own compaction (the default): mirrored, and compactd's context 
   assert.ok(after.length >= 1, diag)
   for (const q of after) assert.equal(toolResult(q, "call_s00_0"), undefined)
   assert.deepEqual(main.map((q) => q.step), [0, 1, 2, 3, 4, 5, 6, 7])
+  // OpenCode's summarizer (no tools) read OpenCode's own messages: the transform OpenCode
+  // runs over them after experimental.session.compacting was left alone, and every model
+  // request got compactd's context.
+  const compactions = r.exported.messages.filter((m) => m.parts.some((p) => p.type === "compaction")).length
+  assert.equal((pluginLog.match(/OpenCode is compacting; its summarizer gets OpenCode's own/g) ?? []).length, compactions, diag)
+  assert.equal((pluginLog.match(/sending compactd's context/g) ?? []).length, main.length, diag)
 })
 
 test("compactd unreachable at start: the plugin stands aside, OpenCode runs as without it", async () => {

@@ -5,6 +5,7 @@ import assert from "node:assert/strict"
 import { spawn } from "node:child_process"
 import { createServer as createHttpServer } from "node:http"
 import { existsSync } from "node:fs"
+import { Worker } from "node:worker_threads"
 import { CompactdClient } from "@compactd/client"
 import { freePort, startCompactd } from "./compactd.mjs"
 import plugin from "../dist/index.js"
@@ -277,6 +278,139 @@ test("after a model switch the request is checked against the new model's limits
     const info = (await client.getSession(ses)).info
     assert.equal(info.model.modelId, "small")
     assert.equal(info.limits.context, 8000)
+  } finally {
+    await hooks.dispose()
+  }
+})
+
+/** Session `ses`: one user turn of `calls` steps, each a bash call with a 200-line log. */
+function toolTurn(ses, calls) {
+  const out = [{
+    info: { id: "msg_01", sessionID: ses, role: "user", time: { created: 1 }, agent: "build", model: MODEL },
+    parts: [{ id: "prt_01", sessionID: ses, messageID: "msg_01", type: "text", text: "build it" }],
+  }]
+  for (let i = 1; i <= calls; i++) {
+    const id = `msg_${String(i + 1).padStart(2, "0")}`
+    out.push({
+      info: {
+        id, sessionID: ses, role: "assistant", parentID: "msg_01", time: { created: 10 * i, completed: 10 * i + 1 },
+        modelID: MODEL.modelID, providerID: MODEL.providerID, mode: "build", agent: "build", cost: 0, finish: "tool-calls",
+        tokens: { input: 1000 * i, output: 10, reasoning: 0, cache: { read: 0, write: 0 } },
+      },
+      parts: [{
+        id: `prt_${id}`, sessionID: ses, messageID: id, type: "tool", callID: `call_${i}`, tool: "bash",
+        state: { status: "completed", input: { command: `make step${i}` }, output: `step ${i}: compiling\n`.repeat(200), title: "make", metadata: {}, time: { start: 10 * i, end: 10 * i + 1 } },
+      }],
+    })
+  }
+  return out
+}
+
+const hidden = (messages) => messages.flatMap((m) => m.parts).filter((p) => /hidden to save context/.test(p.state?.output ?? ""))
+
+test("the compaction input is left as OpenCode built it", async () => {
+  // OpenCode's compaction fires experimental.session.compacting, then runs the transform
+  // over a copy of the messages it summarizes, with no tools: compactd's pointers to
+  // compactd_recall must not reach its summarizer.
+  const ses = "ses_compaction_input"
+  const all = toolTurn(ses, 4)
+  const hooks = await hooksFor(() => all, { recall: true, session: { mask_keep: 1, cache_model: "none" } })
+  const request = async () => {
+    const output = { messages: [...all] }
+    await hooks["experimental.chat.messages.transform"]({}, output)
+    return output.messages
+  }
+  const compacting = () => hooks["experimental.session.compacting"]?.({ sessionID: ses }, { context: [], prompt: undefined })
+  try {
+    // Mirrored as it happens (compactd's strategies decide on live updates).
+    for (const m of all) {
+      await hooks.event({ event: { type: "message.updated", properties: { info: m.info } } })
+      for (const part of m.parts) await hooks.event({ event: { type: "message.part.updated", properties: { part } } })
+    }
+    assert.ok(hidden(await request()).length > 0, "a model request gets compactd's context, outputs hidden")
+    await compacting()
+    const head = structuredClone(all)
+    const input = { messages: head }
+    await hooks["experimental.chat.messages.transform"]({}, input)
+    assert.deepEqual(hidden(input.messages), [], "no output hidden in the compaction's input")
+    assert.equal(input.messages.length, all.length)
+    input.messages.forEach((m, i) => assert.equal(m, head[i], `message ${i} is OpenCode's own`))
+    assert.deepEqual(input.messages, all)
+    // Once: the next model request gets compactd's context again.
+    assert.ok(hidden(await request()).length > 0, "the request after the compaction")
+    // A compaction whose transform never came (nothing to summarize): its end clears the mark.
+    await compacting()
+    await hooks["experimental.chat.messages.transform"]({}, { messages: [] })
+    await hooks.event({ event: { type: "session.compacted", properties: { sessionID: ses } } })
+    assert.ok(hidden(await request()).length > 0, "the request after a compaction without input")
+  } finally {
+    await hooks.dispose()
+  }
+})
+
+// The plugin in a worker thread, its OpenCode client's providers() failing as `kind` says
+// ("later": rejects after 1 ms; "at once": a rejected promise; "throwing": throws), after
+// one user message: counts, in shared memory (readable while the worker's event loop is
+// starved), its providers() calls and the ticks of a 10 ms timer, 500 ms long.
+const LOOKUP_WORKER = `
+const { workerData } = require("node:worker_threads")
+const counts = new Int32Array(workerData.shared)
+const providers = () => {
+  Atomics.add(counts, 0, 1)
+  const error = new Error("providers unavailable")
+  if (workerData.kind === "throwing") throw error
+  if (workerData.kind === "at once") return Promise.reject(error)
+  return new Promise((_, reject) => setTimeout(() => reject(error), 1))
+}
+;(async () => {
+  const { default: plugin } = await import(workerData.plugin)
+  const opencode = { app: { log: async () => ({}) }, session: { messages: async () => ({ data: [] }) }, config: { providers } }
+  const hooks = await plugin({ client: opencode }, { address: workerData.address, recall: false })
+  setInterval(() => Atomics.add(counts, 1, 1), 10)
+  Atomics.store(counts, 2, 1)
+  await hooks.event({ event: { type: "message.updated", properties: { info: workerData.info } } })
+})()
+`
+
+async function lookupsOf(kind, info) {
+  const shared = new SharedArrayBuffer(12)
+  const counts = new Int32Array(shared)
+  const plugin = new URL("../dist/index.js", import.meta.url).href
+  const worker = new Worker(LOOKUP_WORKER, { eval: true, workerData: { shared, kind, info, address, plugin } })
+  worker.on("error", () => {})
+  try {
+    await until(`the plugin started (${kind})`, () => Atomics.load(counts, 2) === 1, 15000)
+    await new Promise((resolve) => setTimeout(resolve, 500))
+    return { calls: Atomics.load(counts, 0), ticks: Atomics.load(counts, 1) }
+  } finally {
+    await worker.terminate()
+  }
+}
+
+test("a failing lookup of the model's limits is not retried in a loop", async () => {
+  // The plugin runs inside OpenCode's process: a lookup retried at once, again and again,
+  // would take OpenCode's event loop.
+  for (const kind of ["later", "at once", "throwing"]) {
+    const { calls, ticks } = await lookupsOf(kind, history(`ses_no_providers_${kind.replace(" ", "_")}`, 1)[0].info)
+    assert.ok(calls <= 2, `${kind}: ${calls} lookups in 500 ms`)
+    assert.ok(ticks >= 10, `${kind}: the event loop ran a 10 ms timer ${ticks} times in 500 ms`)
+  }
+  // Meanwhile the session is opened without limits, and its requests get compactd's context.
+  const ses = "ses_no_providers"
+  const all = history(ses, 1).slice(0, 1)
+  let calls = 0
+  const failing = () => (calls++, new Promise((_, reject) => setTimeout(() => reject(new Error("providers unavailable")), 1)))
+  const hooks = await hooksFor(() => all, {}, failing)
+  try {
+    await hooks.event({ event: { type: "message.updated", properties: { info: all[0].info } } })
+    await hooks.event({ event: { type: "message.part.updated", properties: { part: all[0].parts[0] } } })
+    const output = { messages: [...all] }
+    await hooks["experimental.chat.messages.transform"]({}, output)
+    assert.ok(calls <= 2, `${calls} lookups`)
+    assert.notEqual(output.messages[0], all[0], "compactd's context is sent")
+    const held = await client.getSession(ses)
+    assert.deepEqual(held.messages.map((m) => m.info.id), [all[0].info.id])
+    assert.ok(!held.info.limits?.context, `opened without limits: ${JSON.stringify(held.info.limits)}`)
   } finally {
     await hooks.dispose()
   }
