@@ -215,6 +215,10 @@ fn a_tls_pair_in_the_file_takes_a_client_ca_from_the_environment() {
         line(&out, "tls_client_ca"),
         "tls_client_ca = \"/etc/compactd/ca.crt\"  # env COMPACTD_TLS_CLIENT_CA"
     );
+    // Another command's requirement is refused at once, as before: `replay` needs files.
+    let (ok, _, err) = compactd(&["replay"], &[]);
+    assert!(!ok, "replay ran with no files");
+    assert!(err.contains("required"), "{err}");
     // Unmet by every layer, it is still refused.
     let (ok, _, err) = compactd(
         &["config", "print"],

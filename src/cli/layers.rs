@@ -81,12 +81,18 @@ impl fmt::Display for LayerError {
 pub fn parse_layered(argv: Vec<OsString>) -> Result<Layered, LayerError> {
     let first = match Cli::command().try_get_matches_from(&argv) {
         Ok(m) => m,
-        // A requirement the file may meet (the TLS pair there, the client CA here): read
-        // what is given; the full parse below checks it with the file's values.
-        Err(e) if e.kind() == clap::error::ErrorKind::MissingRequiredArgument => Cli::command()
-            .ignore_errors(true)
-            .try_get_matches_from(&argv)
-            .map_err(|_| LayerError::Clap(annotate_env(e)))?,
+        // A requirement of `serve`'s the file may meet (the TLS pair there, the client CA
+        // here): read what is given; the full parse below checks it with the file's
+        // values. Any other command's (replay's files) stands.
+        Err(e) if e.kind() == clap::error::ErrorKind::MissingRequiredArgument => {
+            match Cli::command()
+                .ignore_errors(true)
+                .try_get_matches_from(&argv)
+            {
+                Ok(m) if serve_matches(&m).is_some() => m,
+                _ => return Err(LayerError::Clap(annotate_env(e))),
+            }
+        }
         Err(e) => return Err(LayerError::Clap(annotate_env(e))),
     };
     let Some((sub, serve)) = serve_matches(&first) else {
