@@ -157,6 +157,17 @@ fn a_secret_from_a_higher_layer_wins_over_the_file_s_secret_file() {
         out.contains("# llm_api_key_file is not set  # default"),
         "the file's key file is overridden:\n{out}"
     );
+    // An empty value from a higher layer (a template's `COMPACTD_LLM_API_KEY=`) sets
+    // nothing: the file's key file stands.
+    let (ok, out, err) = compactd(
+        &["config", "print", "--config", file.to_str().expect("utf-8")],
+        &[("COMPACTD_LLM_API_KEY", "")],
+    );
+    assert!(ok, "{err}");
+    assert!(
+        line(&out, "llm_api_key_file").ends_with(&format!("# file {}", file.display())),
+        "an empty key cancelled the file's key file:\n{out}"
+    );
     // The other way round: a token file from the environment beats the file's token.
     let file = config_file("inline-token.toml", "auth_token = \"tokenCCCCCCCCCCCC\"\n");
     let (ok, out, err) = compactd(

@@ -253,13 +253,19 @@ fn file_flags(
         }
         // A higher layer set a setting this one excludes (`strategies` against
         // `no_strategies`): the higher layer wins, not a conflict error.
-        // (A switch excludes only when on: COMPACTD_NO_STRATEGIES=false excludes nothing.)
+        // (A switch excludes only when on: COMPACTD_NO_STRATEGIES=false excludes nothing;
+        // a value only when not empty: a template's COMPACTD_LLM_API_KEY= sets no key.)
         let on = |id: &str| {
             higher(id)
                 && cmd.get_arguments().any(|a| {
                     a.get_id() == id
-                        && (!matches!(a.get_action(), ArgAction::SetTrue)
-                            || serve.get_one::<bool>(id).copied().unwrap_or(false))
+                        && if matches!(a.get_action(), ArgAction::SetTrue) {
+                            serve.get_one::<bool>(id).copied().unwrap_or(false)
+                        } else {
+                            serve
+                                .get_raw(id)
+                                .is_some_and(|mut values| values.any(|v| !v.is_empty()))
+                        }
                 })
         };
         if excluded_by(id).any(on) {
