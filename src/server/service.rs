@@ -114,6 +114,20 @@ impl SessionsService {
         held_reply::hold(&mut response, held);
         Ok(response)
     }
+
+    /// [`Self::held_until_sent`] for the reply to a change already made (an import that
+    /// created or replaced its session): held when the in-flight share has room, else
+    /// sent unheld. A refusal now would read as the import's, whose retry would then
+    /// find the session there (ALREADY_EXISTS). The document it follows was held and
+    /// given back just before, so this is rare: traffic that took the room meanwhile.
+    fn held_if_room<T: prost::Message>(&self, reply: T, what: &'static str) -> Response<T> {
+        let bytes = u64::try_from(reply.encoded_len()).unwrap_or(u64::MAX);
+        let mut response = Response::new(reply);
+        if let Ok(held) = self.store.ledger().reserve_or_alone(bytes, what) {
+            held_reply::hold(&mut response, held);
+        }
+        response
+    }
 }
 
 /// Outbound stream of `Compact`.
@@ -390,7 +404,7 @@ impl pb::sessions_server::Sessions for SessionsService {
         // The document's bytes are given back once it is a session; its summary (the
         // title, bounded by the document only) is held until read, as OpenSession's.
         let summary = self.importer.import(req, document, held).await?;
-        self.held_until_sent(summary, "sessions")
+        Ok(self.held_if_room(summary, "sessions"))
     }
 
     async fn import_session_chunked(
@@ -399,7 +413,7 @@ impl pb::sessions_server::Sessions for SessionsService {
     ) -> Result<Response<pb::SessionSummary>, Status> {
         let (req, document, held) = self.importer.collect(request.into_inner()).await?;
         let summary = self.importer.import(req, document, held).await?;
-        self.held_until_sent(summary, "sessions")
+        Ok(self.held_if_room(summary, "sessions"))
     }
 
     async fn pin(
