@@ -1153,7 +1153,7 @@ impl Session {
             part.mark = parts[i].part.mark.clone();
         }
         // So is prune's stamp (OpenCode's own hosts send theirs): an output cleared and
-        // sent again as it was first sent stays cleared. Prune's scan stops at the newest
+        // sent again as it was first sent stays cleared (another output is another). Prune's scan stops at the newest
         // part it cleared, so it would never clear this one again.
         if let Some(i) = existing
             && retracted.is_none()
@@ -1161,6 +1161,7 @@ impl Session {
             && let (PartKind::Tool(new), PartKind::Tool(old)) =
                 (&mut part.kind, &parts[i].part.kind)
             && new.state.time.compacted.is_none()
+            && new.state.output == old.state.output
         {
             new.state.time.compacted = old.state.time.compacted;
         }

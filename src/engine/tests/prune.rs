@@ -258,6 +258,14 @@ fn a_cleared_output_sent_again_stays_cleared() {
         PartKind::Tool(t) if t.state.time.compacted == Some(NOW)
     ));
     assert_eq!(s.total_tokens(), rendered_tokens_from_scratch(&s));
+    // Sent again with another output, it is another output: the stamp was for the old.
+    let other = chars(1_000);
+    apply(&mut s, Update::UpsertPart(tool("a1", "p1", "read", &other)));
+    assert!(matches!(
+        &find(&s, "p1").kind,
+        PartKind::Tool(t) if t.state.time.compacted.is_none() && t.state.output == other
+    ));
+    assert_eq!(s.total_tokens(), rendered_tokens_from_scratch(&s));
 }
 
 #[test]
