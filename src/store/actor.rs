@@ -672,6 +672,11 @@ impl Actor {
             match msg {
                 Msg::Job(job) => {
                     self.make_room().await;
+                    // Used from now: a job that takes the store past the high-water mark
+                    // wakes the evictor, which spares the session used last (this one).
+                    self.me
+                        .used
+                        .store(millis_since(self.me.clock), Ordering::Relaxed);
                     self.run_job(job);
                     // Run what else is queued before looking at the batch again.
                     for _ in 1..JOBS_PER_TURN {
