@@ -239,6 +239,18 @@ pub fn replay_with(
             Event::Overflow(c) => c.crossed,
             _ => None,
         });
+        let needed = events
+            .iter()
+            .any(|e| matches!(e, Event::CompactionNeeded(_)));
+        let compaction = match (&mut compactor, needed) {
+            (Some(compact), true) => {
+                let (row, pruned) = run_compaction(&mut live, compact, config, now, rows.len());
+                // What the commit applied of the held decisions counts as this step's.
+                events.extend(pruned.map(Event::Pruned));
+                Some(row)
+            }
+            _ => None,
+        };
         let (mut pruned_parts, mut pruned_tokens) = (0, 0);
         let mut strategies = StrategyRun::default();
         for e in &events {
@@ -253,15 +265,6 @@ pub fn replay_with(
                 strategies.parts.extend(r.strategies.parts.iter().cloned());
             }
         }
-        let needed = events
-            .iter()
-            .any(|e| matches!(e, Event::CompactionNeeded(_)));
-        let compaction = match (&mut compactor, needed) {
-            (Some(compact), true) => {
-                Some(run_compaction(&mut live, compact, config, now, rows.len()))
-            }
-            _ => None,
-        };
         let compacted = compaction.as_ref().is_some_and(|c| c.error.is_none());
         compacted_once |= compacted;
         lanes[3].compactions += usize::from(compacted);
@@ -503,7 +506,7 @@ fn run_compaction(
     config: &EngineConfig,
     now: i64,
     step: usize,
-) -> CompactionRow {
+) -> (CompactionRow, Option<crate::engine::PruneReport>) {
     let tail = TailOptions {
         turns: 2,
         max_tokens: default_tail_tokens(usable_input(&live.info().limits)),
@@ -528,16 +531,22 @@ fn run_compaction(
         });
     live.record_compaction(true, result.is_ok());
     match result {
-        Ok(done) => CompactionRow {
-            tokens_before: before,
-            tokens_after: done.tokens_after,
-            error: None,
-        },
-        Err(e) => CompactionRow {
-            tokens_before: before,
-            tokens_after: before,
-            error: Some(e),
-        },
+        Ok(done) => (
+            CompactionRow {
+                tokens_before: before,
+                tokens_after: done.tokens_after,
+                error: None,
+            },
+            done.pruned,
+        ),
+        Err(e) => (
+            CompactionRow {
+                tokens_before: before,
+                tokens_after: before,
+                error: Some(e),
+            },
+            None,
+        ),
     }
 }
 
