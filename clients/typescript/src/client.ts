@@ -11,7 +11,7 @@ import { CompactdError } from "./errors.js";
 import { collectCompaction, updateResult, type CompactionResult, type UpdateResult } from "./results.js";
 export { collectCompaction, updateResult, type CompactionResult, type UpdateResult };
 import { AsyncQueue } from "./queue.js";
-import { SessionStream } from "./stream.js";
+import { DEFAULT_MAX_UPDATE_BYTES, SessionStream } from "./stream.js";
 import type { CallOptions, DeepPartial, JsonValue, OpenAIChatMessage, OpenAITool } from "./types.js";
 import {
   CompactOptions,
@@ -78,6 +78,13 @@ export interface ClientOptionsInit {
    * outside the server's few slots for large requests. Default 960 KiB; 0 never chunks.
    */
   importChunkBytes?: number;
+  /**
+   * The largest update a `stream()` sends, measured encoded (default 16 MiB, compactd's
+   * default `--max-update-bytes`: set it to the server's). A larger one is refused alone
+   * (RESOURCE_EXHAUSTED, naming maxUpdateBytes) and the stream goes on, where compactd would
+   * end the whole stream, every session on it. `null`: no check.
+   */
+  maxUpdateBytes?: number | null;
   /** Extra grpc-js channel options (keepalive, ...), applied last. */
   channelOptions?: Partial<ClientOptions>;
   /** Ready-made channel credentials (wins over `tls`). */
@@ -96,10 +103,19 @@ export interface RecallToolDefinition {
 }
 
 
+/**
+ * Events a `Subscribe` or `Compact` call reads ahead of the host's iteration, past which it
+ * reads no more until the host takes one: a host that stops iterating leaves them with
+ * compactd, whose slow-reader protection then ends the call (RESOURCE_EXHAUSTED).
+ */
+export const MAX_UNREAD_EVENTS = 256;
+
 /** A server stream as an async iterator; `cancel()` (or `break`) ends the call. */
 export interface ServerStream<T> extends AsyncIterableIterator<T> {
   /** Resolves when the server has accepted the call (its response headers arrived). */
   readonly ready: Promise<void>;
+  /** Events read and not yet taken by the iteration: at most {@link MAX_UNREAD_EVENTS}. */
+  readonly buffered: number;
   /** Ends the call (the iterator then ends without an error). */
   cancel(): void;
 }
@@ -183,6 +199,7 @@ export class CompactdClient {
   readonly #token?: string;
   private readonly deadlineMs: number;
   private readonly importChunkBytes: number;
+  private readonly maxUpdateBytes: number | null;
 
   constructor(options: ClientOptionsInit = {}) {
     this.address = options.address ?? envVar("COMPACTD_ADDR") ?? DEFAULT_ADDRESS;
@@ -191,6 +208,10 @@ export class CompactdClient {
     this.importChunkBytes = options.importChunkBytes ?? DEFAULT_IMPORT_CHUNK_BYTES;
     if (!Number.isSafeInteger(this.importChunkBytes) || this.importChunkBytes < 0) {
       throw new RangeError(`importChunkBytes must be a whole number of bytes >= 0, not ${String(options.importChunkBytes)}`);
+    }
+    this.maxUpdateBytes = options.maxUpdateBytes === undefined ? DEFAULT_MAX_UPDATE_BYTES : options.maxUpdateBytes;
+    if (this.maxUpdateBytes !== null && (!Number.isSafeInteger(this.maxUpdateBytes) || this.maxUpdateBytes <= 0)) {
+      throw new RangeError(`maxUpdateBytes must be a whole number of bytes > 0, or null, not ${String(options.maxUpdateBytes)}`);
     }
     const max = options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
     let creds = options.credentials;
@@ -276,7 +297,15 @@ export class CompactdClient {
       cancelled = true;
       call.cancel();
     };
-    const queue = new AsyncQueue<T>(cancel);
+    // Past MAX_UNREAD_EVENTS untaken the call is paused (grpc-js then reads no further,
+    // and HTTP/2 flow control holds the rest at compactd); a take resumes it.
+    let paused = false;
+    const queue: AsyncQueue<T> = new AsyncQueue<T>(cancel, () => {
+      if (paused && queue.size < MAX_UNREAD_EVENTS) {
+        paused = false;
+        call.resume();
+      }
+    });
     let readyResolve!: () => void;
     let readyReject!: (e: unknown) => void;
     const ready = new Promise<void>((res, rej) => {
@@ -285,7 +314,13 @@ export class CompactdClient {
     });
     ready.catch(() => undefined); // no unhandled rejection when nobody waits for it
     call.on("metadata", () => readyResolve());
-    call.on("data", (item: T) => queue.push(item));
+    call.on("data", (item: T) => {
+      queue.push(item);
+      if (!paused && queue.size >= MAX_UNREAD_EVENTS) {
+        paused = true;
+        call.pause();
+      }
+    });
     call.on("error", (err: ServiceError) => {
       const e = CompactdError.fromStatus(err);
       readyReject(e);
@@ -310,6 +345,7 @@ export class CompactdClient {
     }
     const it = queue as unknown as ServerStream<T>;
     Object.defineProperty(it, "ready", { value: ready });
+    Object.defineProperty(it, "buffered", { get: () => queue.size });
     Object.defineProperty(it, "cancel", {
       value: () => {
         cancel();
@@ -338,7 +374,7 @@ export class CompactdClient {
       this.metadata(),
       this.callOptions(opts, false),
     );
-    const s = new SessionStream(call);
+    const s = new SessionStream(call, { maxUpdateBytes: this.maxUpdateBytes });
     if (opts?.signal) {
       const signal = opts.signal;
       const onAbort = () => s.cancel();

@@ -66,7 +66,8 @@ export class CompactdError extends Error {
   /**
    * True for a stream update left unanswered when the stream ended: the code is the
    * stream's, not a refusal of this update, and whether it was applied is unknown
-   * (`getSession` shows the session).
+   * (`getSession` shows the session). Also for one sent after its stream ended (then
+   * without a seq: it was not sent).
    */
   readonly streamEnded: boolean;
 
@@ -105,6 +106,22 @@ export class CompactdError extends Error {
       seq,
       sessionId,
       events,
+      metadata: ended.metadata,
+      cause: ended,
+      streamEnded: true,
+    });
+  }
+
+  /**
+   * The error of a stream update sent after its stream ended with `ended`: a new one per
+   * update (the stream's own error again would read as this update's refusal), with the
+   * stream's code, `streamEnded` set, no seq (the update was not sent) and the failure named.
+   */
+  static afterStreamEnd(ended: CompactdError): CompactdError {
+    const where = ended.field ? ` [${ended.field}]` : "";
+    return new CompactdError({
+      code: ended.code,
+      details: `the stream ended earlier, so this update was not sent (open a new stream); it ended with ${ended.codeName}${where}: ${ended.details}`,
       metadata: ended.metadata,
       cause: ended,
       streamEnded: true,

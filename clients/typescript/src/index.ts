@@ -1,5 +1,6 @@
 export {
   CompactdClient,
+  MAX_UNREAD_EVENTS,
   collectCompaction,
   updateResult,
   type ClientOptionsInit,
@@ -11,7 +12,16 @@ export {
   type SessionInit,
   type UpdateResult,
 } from "./client.js";
-export { SessionStream, type StreamCompaction, type StreamEvents, type UpdateBody } from "./stream.js";
+export {
+  DEFAULT_MAX_UPDATE_BYTES,
+  MAX_UNSENT,
+  SessionStream,
+  type SubmittedUpdate,
+  type SessionStreamOptions,
+  type StreamCompaction,
+  type StreamEvents,
+  type UpdateBody,
+} from "./stream.js";
 export { CompactdError, codeName, codeNumber, toCompactdError, type CodeName } from "./errors.js";
 export type { CallOptions, DeepPartial, JsonValue, OpenAIChatMessage, OpenAITool } from "./types.js";
 export * from "./gen/compactd/v1/sessions.js";

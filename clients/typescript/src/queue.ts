@@ -1,13 +1,24 @@
-/** An unbounded async queue: producers push, one consumer iterates; end() or fail() closes it. */
+/**
+ * An async queue: producers push, one consumer iterates; end() or fail() closes it. It holds
+ * whatever is pushed: a producer that must stay bounded watches `size` and `onTake`.
+ */
 export class AsyncQueue<T> implements AsyncIterableIterator<T> {
   private items: T[] = [];
   private waiters: Array<{ resolve: (r: IteratorResult<T>) => void; reject: (e: unknown) => void }> = [];
   private done = false;
   private error: unknown = undefined;
   private onReturn?: () => void;
+  private onTake?: () => void;
 
-  constructor(onReturn?: () => void) {
+  /** `onReturn`: the consumer stopped (`return()`, a `break`); `onTake`: it took an item. */
+  constructor(onReturn?: () => void, onTake?: () => void) {
     this.onReturn = onReturn;
+    this.onTake = onTake;
+  }
+
+  /** Items pushed and not yet taken. */
+  get size(): number {
+    return this.items.length;
   }
 
   push(item: T): void {
@@ -35,7 +46,11 @@ export class AsyncQueue<T> implements AsyncIterableIterator<T> {
   }
 
   next(): Promise<IteratorResult<T>> {
-    if (this.items.length > 0) return Promise.resolve({ value: this.items.shift()!, done: false });
+    if (this.items.length > 0) {
+      const value = this.items.shift()!;
+      this.onTake?.();
+      return Promise.resolve({ value, done: false });
+    }
     if (this.done) {
       if (this.error !== undefined) {
         const e = this.error;

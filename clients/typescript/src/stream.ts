@@ -15,6 +15,27 @@ import {
 } from "./gen/compactd/v1/sessions.js";
 import type { MessageInfo, Part, SessionInfo, TokenUsage } from "./gen/compactd/v1/session.js";
 
+/**
+ * compactd's default `--max-update-bytes`: the largest update a stream sends unless the
+ * client's `maxUpdateBytes` says otherwise. compactd ends the whole stream on an update much
+ * past its limit; the client refuses that update alone.
+ */
+export const DEFAULT_MAX_UPDATE_BYTES = 16 * 1024 * 1024;
+
+/**
+ * Updates handed to the gRPC call and not yet written out (gRPC writes them as compactd
+ * reads), past which the next ones wait in the stream, in order, for room: a host that
+ * outpaces a slow or stopped compactd does not fill grpc-js' write buffer without end.
+ * (compactd reads at most 256 ahead of its acks; a few hundred more keep a burst flowing.)
+ */
+export const MAX_UNSENT = 512;
+
+/** Options of a {@link SessionStream} (from the client's options). */
+export interface SessionStreamOptions {
+  /** The largest encoded update sent (default {@link DEFAULT_MAX_UPDATE_BYTES}); null: no check. */
+  maxUpdateBytes?: number | null;
+}
+
 /** The body of one update: exactly one of the `ClientUpdate` oneof fields. */
 export type UpdateBody = Omit<DeepPartial<ClientUpdate>, "seq" | "sessionId">;
 
@@ -34,12 +55,31 @@ export interface StreamEvents {
   close: (err: CompactdError | undefined) => void;
 }
 
+/** An update numbered and encoded, waiting for room to be written. */
+interface Outgoing {
+  encoded: Buffer;
+  /** Called once it is handed to the call (or never will be: the stream ended). */
+  onHanded?: () => void;
+}
+
+/** An update handed to the stream: its seq, and its result (resolved on its ack). */
+export interface SubmittedUpdate {
+  seq: number;
+  result: Promise<UpdateResult>;
+}
+
 interface Pending {
   seq: number;
   sessionId: string;
   events: ServerEvent[];
   resolve: (r: UpdateResult) => void;
   reject: (e: CompactdError) => void;
+}
+
+/** The update's kind as the .proto names it ("upsert_part"), from its body's one field. */
+function updateKind(body: UpdateBody): string {
+  const key = Object.keys(body).find((k) => (body as Record<string, unknown>)[k] !== undefined) ?? "update";
+  return key.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`);
 }
 
 /** A compaction started on the stream: the ack, then its events. */
@@ -52,7 +92,9 @@ export interface StreamCompaction extends AsyncIterableIterator<CompactionEvent>
 
 /**
  * The main bidirectional stream. Sends are never blocked on earlier acks (compactd answers
- * in order); each send resolves with its events when its ack arrives.
+ * in order); each send resolves with its events when its ack arrives. At most
+ * {@link MAX_UNSENT} updates are handed to the call and not yet written out; later ones
+ * wait in the stream, in order, for room (`submit()` waits with them).
  */
 export class SessionStream {
   private nextSeq = 1;
@@ -62,15 +104,25 @@ export class SessionStream {
   private ended: CompactdError | null | undefined = undefined; // undefined: open; null: clean end
   /** `end()` was called: no more updates (a write after it would break the call). */
   private halfClosed = false;
+  /** The call was half-closed (after `end()`, once every waiting update was written). */
+  private writesEnded = false;
+  /** Updates numbered and waiting for room, in seq order (`waitingHead` is the next). */
+  private waitingList: Array<Outgoing | undefined> = [];
+  private waitingHead = 0;
+  /** Updates handed to the call whose write has not completed. */
+  private handed = 0;
   /** Resolves when the stream is over: undefined for a clean end, else the error it ended with. */
   readonly closed: Promise<CompactdError | undefined>;
   private closedResolve!: (e: CompactdError | undefined) => void;
 
   /** The underlying grpc-js call (it takes each `ClientUpdate` encoded). */
   readonly call: ClientDuplexStream<Buffer, ServerEvent>;
+  /** The largest encoded update sent; null: no check. */
+  readonly maxUpdateBytes: number | null;
 
-  constructor(call: ClientDuplexStream<Buffer, ServerEvent>) {
+  constructor(call: ClientDuplexStream<Buffer, ServerEvent>, options: SessionStreamOptions = {}) {
     this.call = call;
+    this.maxUpdateBytes = options.maxUpdateBytes === undefined ? DEFAULT_MAX_UPDATE_BYTES : options.maxUpdateBytes;
     this.closed = new Promise((r) => (this.closedResolve = r));
     call.on("data", (e: ServerEvent) => this.onEvent(e));
     call.on("error", (err: ServiceError) => this.finish(CompactdError.fromStatus(err)));
@@ -146,6 +198,10 @@ export class SessionStream {
       new CompactdError({ code: Status.UNAVAILABLE, details: "the stream ended before this update's ack" });
     for (const p of this.pending.values()) p.reject(CompactdError.streamEnded(reason, p.seq, p.sessionId, p.events));
     this.pending.clear();
+    const never = this.waitingList.slice(this.waitingHead);
+    this.waitingList = [];
+    this.waitingHead = 0;
+    for (const w of never) w?.onHanded?.(); // a waiting submit() returns: its result rejects
     for (const q of this.compactions.values()) {
       if (err) q.fail(err);
       else q.end();
@@ -160,45 +216,147 @@ export class SessionStream {
     return this.ended !== undefined || this.halfClosed;
   }
 
-  /** Updates sent whose ack or error has not arrived yet. */
+  /** Updates sent whose ack or error has not arrived yet (those waiting for room included). */
   get inFlight(): number {
     return this.pending.size;
+  }
+
+  /** Updates handed to the call and not yet written out: at most {@link MAX_UNSENT}. */
+  get unsent(): number {
+    return this.handed;
+  }
+
+  /** Updates numbered and waiting in the stream for room to be written (past {@link MAX_UNSENT} unsent). */
+  get waiting(): number {
+    return this.waitingList.length - this.waitingHead;
   }
 
   /**
    * Sends one update with the next seq. Resolves with its events when the ack arrives;
    * rejects with a CompactdError (code, field, seq) on its `error` event, or when the stream
-   * ends first.
+   * ends first. Never waits to be numbered: past {@link MAX_UNSENT} unsent, the update waits
+   * in the stream for room (a host sending faster than compactd reads holds each of those
+   * updates until then: `submit()` lets it wait instead).
    */
   send(sessionId: string, body: UpdateBody): Promise<UpdateResult> {
     return this.sendWithSeq(sessionId, body).result;
   }
 
-  private sendWithSeq(sessionId: string, body: UpdateBody): { seq: number; result: Promise<UpdateResult> } {
+  /**
+   * Sends one update like `send`, but resolves once it is handed to the call: at once while
+   * fewer than {@link MAX_UNSENT} are unsent, else when room comes (or the stream ends: its
+   * result then rejects). A host that awaits each `submit` holds at most MAX_UNSENT updates
+   * in the stream, however slowly compactd reads. Rejects at once for an update refused
+   * before it is numbered (one that cannot be encoded, over `maxUpdateBytes`, or sent after
+   * the stream ended).
+   */
+  submit(sessionId: string, body: UpdateBody): Promise<SubmittedUpdate> {
+    return new Promise((resolve, reject) => {
+      let handed = false;
+      let sent: SubmittedUpdate | undefined;
+      const onHanded = () => {
+        handed = true;
+        if (sent) resolve(sent);
+      };
+      const out = this.sendWithSeq(sessionId, body, onHanded);
+      if (out.refused) {
+        out.result.catch(() => undefined); // the refusal is submit's own
+        reject(out.refused);
+        return;
+      }
+      sent = { seq: out.seq, result: out.result };
+      if (handed) resolve(sent);
+    });
+  }
+
+  private sendWithSeq(
+    sessionId: string,
+    body: UpdateBody,
+    onHanded?: () => void,
+  ): { seq: number; result: Promise<UpdateResult>; refused?: CompactdError } {
+    const seq = this.nextSeq;
+    const refuse = (err: CompactdError) => ({ seq, result: Promise.reject(err), refused: err });
     if (this.ended !== undefined || this.halfClosed) {
       // After end(), a write would destroy the call and reject the updates still in flight.
-      const err = this.ended ?? new CompactdError({ code: Status.UNAVAILABLE, details: "the stream is closed" });
-      return { seq: this.nextSeq++, result: Promise.reject(err) };
+      // After a failure, a new error per update says the stream ended (not sent, no seq).
+      return refuse(
+        this.ended
+          ? CompactdError.afterStreamEnd(this.ended)
+          : new CompactdError({ code: Status.UNAVAILABLE, details: "the stream is closed" }),
+      );
     }
-    const seq = this.nextSeq;
     let encoded: Buffer;
     try {
       encoded = Buffer.from(ClientUpdate.encode(ClientUpdate.fromPartial({ ...body, seq, sessionId })).finish());
     } catch (e) {
       // Refused here, alone (a fractional or negative count, a wrong type): written, it
       // would have ended the call and every update in flight. No seq is spent on it.
-      const err = new CompactdError({
-        code: Status.INVALID_ARGUMENT,
-        details: `the update cannot be encoded: ${(e as Error).message}`,
-      });
-      return { seq, result: Promise.reject(err) };
+      return refuse(
+        new CompactdError({ code: Status.INVALID_ARGUMENT, details: `the update cannot be encoded: ${(e as Error).message}` }),
+      );
     }
+    const tooLarge = this.checkSize(encoded, body);
+    if (tooLarge) return refuse(tooLarge);
     this.nextSeq++;
     const result = new Promise<UpdateResult>((resolve, reject) => {
       this.pending.set(seq, { seq, sessionId, events: [], resolve, reject });
     });
-    this.call.write(encoded);
+    this.waitingList.push({ encoded, onHanded });
+    this.pump();
     return { seq, result };
+  }
+
+  /**
+   * Hands waiting updates to the call, in order, while fewer than MAX_UNSENT are unsent;
+   * each write's completion makes room for the next. (grpc-js' write() asks to wait from
+   * 16 buffered on: the count here is the stream's own, so a burst keeps flowing.) After
+   * `end()`, half-closes the call once none waits.
+   */
+  private pump(): void {
+    while (this.ended === undefined && this.handed < MAX_UNSENT && this.waiting > 0) {
+      const out = this.takeWaiting();
+      this.handed++;
+      this.call.write(out.encoded, (err?: Error | null) => {
+        this.handed--;
+        if (!err) this.pump(); // a failed write: the call is over, its 'error' ends the stream
+      });
+      out.onHanded?.();
+    }
+    if (this.halfClosed && !this.writesEnded && this.ended === undefined && this.waiting === 0) {
+      this.writesEnded = true;
+      this.call.end();
+    }
+  }
+
+  /** The next waiting update, no longer held by the list (which is compacted as it empties). */
+  private takeWaiting(): Outgoing {
+    const out = this.waitingList[this.waitingHead]!;
+    this.waitingList[this.waitingHead++] = undefined;
+    if (this.waitingHead === this.waitingList.length) {
+      this.waitingList = [];
+      this.waitingHead = 0;
+    } else if (this.waitingHead >= 1024 && this.waitingHead * 2 >= this.waitingList.length) {
+      this.waitingList = this.waitingList.slice(this.waitingHead);
+      this.waitingHead = 0;
+    }
+    return out;
+  }
+
+  /**
+   * The refusal of an update of `encoded.length` bytes over `maxUpdateBytes` (undefined when
+   * it fits): written, compactd would end the whole stream on it, every session on it; so
+   * it alone is refused (no seq is spent on it) and the stream goes on.
+   */
+  private checkSize(encoded: Buffer, body: UpdateBody): CompactdError | undefined {
+    const limit = this.maxUpdateBytes;
+    if (limit === null || encoded.length <= limit) return undefined;
+    return new CompactdError({
+      code: Status.RESOURCE_EXHAUSTED,
+      details:
+        `an update of ${encoded.length} bytes (${updateKind(body)}) is over maxUpdateBytes (${limit} bytes), ` +
+        "so it was not sent and the stream goes on: send large content in smaller parts, or raise " +
+        "maxUpdateBytes with the server's --max-update-bytes",
+    });
   }
 
   /** Opens or reconfigures a session (`session.id` defaults to `sessionId`). */
@@ -288,11 +446,14 @@ export class SessionStream {
     return this.send(sessionId, { cancelCompaction: {} });
   }
 
-  /** Half-closes: no more updates; the stream ends once compactd has answered those sent. */
+  /**
+   * Half-closes: no more updates; the call is half-closed once the updates waiting for room
+   * are written, and the stream ends once compactd has answered those sent.
+   */
   end(): Promise<CompactdError | undefined> {
     if (this.ended === undefined && !this.halfClosed) {
       this.halfClosed = true;
-      this.call.end();
+      this.pump();
     }
     return this.closed;
   }

@@ -2,7 +2,7 @@
 import assert from "node:assert/strict";
 import { getEventListeners } from "node:events";
 import { after, before, describe, test } from "node:test";
-import { CompactdClient, CompactdError, type ServerEvent, type OverflowCheck, type PruneReport } from "@compactd/client";
+import { ClientUpdate, CompactdClient, CompactdError, type ServerEvent, type OverflowCheck, type PruneReport } from "@compactd/client";
 import { assistantMsg, logOf, startCompactd, textPart, toolPart, userMsg, type Compactd } from "./harness.js";
 
 describe("Stream", () => {
@@ -269,5 +269,125 @@ describe("Stream", () => {
     await assert.rejects(dead.listSessions(), (e: unknown) => e instanceof CompactdError && e.codeName === "UNAVAILABLE");
     await assert.rejects(dead.waitForReady(200), (e: unknown) => e instanceof CompactdError && e.codeName === "UNAVAILABLE");
     dead.close();
+  });
+});
+
+describe("Stream against a server with a small --max-update-bytes", () => {
+  const CAP = 65536;
+  let server: Compactd;
+  before(async () => {
+    server = await startCompactd(["--max-update-bytes", String(CAP)]);
+  });
+  after(async () => server.stop());
+
+  /** Text that makes the part's ClientUpdate (seq `seq`) encode to exactly `size` bytes. */
+  function textFor(sid: string, seq: number, partId: string, size: number): string {
+    const encoded = (n: number) =>
+      ClientUpdate.encode(ClientUpdate.fromPartial({ seq, sessionId: sid, upsertPart: textPart("u1", partId, "z".repeat(n)) })).finish().length;
+    let n = size;
+    while (encoded(n) > size) n--;
+    assert.equal(encoded(n), size);
+    return "z".repeat(n);
+  }
+
+  function assertRefusedAlone(err: unknown): true {
+    assert.ok(err instanceof CompactdError, String(err));
+    assert.equal(err.codeName, "RESOURCE_EXHAUSTED", err.message);
+    assert.equal(err.streamEnded, false, err.message);
+    assert.equal(err.seq, undefined, err.message);
+    assert.match(err.message, /maxUpdateBytes/);
+    assert.match(err.message, new RegExp(`${CAP}`));
+    return true;
+  }
+
+  test("an update over maxUpdateBytes is refused alone; the stream goes on", async () => {
+    // compactd refuses an update far past its --max-update-bytes at the transport, which ends
+    // the whole stream (every session on it): the client checks the encoded size first.
+    const options = { deadlineMs: 10_000, maxUpdateBytes: CAP };
+    const c = server.client(options);
+    const s = c.stream();
+    const sid = "over-the-limit";
+    const edge = textFor(sid, 3, "p-edge", CAP);
+    await s.open({ id: sid });
+    await s.upsertMessage(sid, userMsg("u1"));
+    await assert.rejects(s.upsertPart(sid, textPart("u1", "p-big", "x".repeat(200_000))), assertRefusedAlone);
+    await assert.rejects(s.upsertPart(sid, textPart("u1", "p-edge", edge + "z")), assertRefusedAlone); // one byte over
+    const atLimit = await s.upsertPart(sid, textPart("u1", "p-edge", edge)); // exactly the limit
+    assert.deepEqual([atLimit.seq, atLimit.created], [3, true]);
+    const later = await s.upsertPart(sid, textPart("u1", "p-after", "small"));
+    assert.deepEqual([later.seq, later.created], [4, true]);
+    assert.equal(s.isClosed, false);
+    const held = await c.getSession(sid);
+    assert.deepEqual(held.messages[0]!.parts.map((p) => p.id), ["p-edge", "p-after"]);
+    assert.equal(await s.end(), undefined, "a clean end");
+  });
+
+  test("updates sent after the stream failed reject with a new error saying so", async () => {
+    // Each one rejected with the stream's own stored error: no streamEnded, no seq, so it
+    // read as that update's own refusal (a host skipping RESOURCE_EXHAUSTED refusals
+    // dropped every later update).
+    const options = { deadlineMs: 10_000, maxUpdateBytes: null };
+    const s = server.client(options).stream();
+    const sid = "after-the-end";
+    await s.open({ id: sid });
+    await s.upsertMessage(sid, userMsg("u1"));
+    let first: CompactdError | undefined;
+    await assert.rejects(s.upsertPart(sid, textPart("u1", "p-big", "x".repeat(200_000))), (err: unknown) => {
+      assert.ok(err instanceof CompactdError);
+      assert.equal(err.streamEnded, true);
+      assert.equal(err.seq, 3);
+      first = err;
+      return true;
+    });
+    const failure = await s.closed;
+    assert.ok(failure instanceof CompactdError);
+    assert.equal(failure.codeName, "RESOURCE_EXHAUSTED");
+    const seen = new Set<unknown>([first, failure]);
+    for (let i = 0; i < 20; i++) {
+      for (const later of [() => s.upsertPart(sid, textPart("u1", `p${i}`, "small")), () => s.checkOverflow(sid)]) {
+        await assert.rejects(later(), (err: unknown) => {
+          assert.ok(err instanceof CompactdError, String(err));
+          assert.ok(!seen.has(err), "a new error for each update, not the stream's own");
+          seen.add(err);
+          assert.equal(err.streamEnded, true, err.message);
+          assert.equal(err.seq, undefined, err.message);
+          assert.equal(err.codeName, "RESOURCE_EXHAUSTED", "the stream's code");
+          assert.match(err.message, /the stream ended/);
+          assert.match(err.message, /not sent/);
+          assert.match(err.message, /max_update_bytes \(65536 bytes\)/, "the original failure");
+          assert.equal(err.cause, failure);
+          return true;
+        });
+      }
+    }
+  });
+
+  test("maxUpdateBytes defaults to compactd's default, 16 MiB, and null turns the check off", async () => {
+    const c = server.client();
+    const s = c.stream();
+    await s.open({ id: "default-limit" });
+    await assert.rejects(s.send("default-limit", { upsertPart: textPart("u1", "p", "x".repeat(16 * 2 ** 20)) }), (err: unknown) => {
+      assert.ok(err instanceof CompactdError);
+      assert.equal(err.codeName, "RESOURCE_EXHAUSTED");
+      assert.equal(err.streamEnded, false);
+      assert.match(err.message, /maxUpdateBytes \(16777216 bytes\)/);
+      return true;
+    });
+    assert.equal(s.isClosed, false);
+    await s.end();
+    for (const bad of [0, -1, 1.5, Number.NaN]) {
+      assert.throws(() => new CompactdClient({ address: server.addr, maxUpdateBytes: bad }), RangeError);
+    }
+    const options = { deadlineMs: 10_000, maxUpdateBytes: null };
+    const unchecked = server.client(options).stream();
+    await unchecked.open({ id: "no-limit" });
+    await unchecked.upsertMessage("no-limit", userMsg("u1"));
+    // Unchecked, the update goes out and compactd ends the stream on it.
+    await assert.rejects(unchecked.upsertPart("no-limit", textPart("u1", "p", "x".repeat(200_000))), (err: unknown) => {
+      assert.ok(err instanceof CompactdError);
+      assert.equal(err.codeName, "RESOURCE_EXHAUSTED");
+      assert.equal(err.streamEnded, true);
+      return true;
+    });
   });
 });
