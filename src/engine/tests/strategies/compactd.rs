@@ -290,22 +290,27 @@ fn a_recalls_result_is_neither_capped_nor_masked() {
     );
 }
 
-/// Masking (keep 3) and capping under Anthropic's prices, a 200k window, after two
-/// turns: a1's 400-token output, then a2's 40,000.
-fn two_turns_under_anthropic_prices() -> Session {
+/// Masking (keep 3) and capping under Anthropic's prices, a 200k window, nothing yet.
+fn masking_under_anthropic_prices() -> Session {
     let limits = ModelLimits {
         context: 200_000,
         input: 0,
         output: 32_000,
     };
-    let mut s = session(
+    session(
         only(
             &[St::MaskObservations, St::CapLargeOutputs],
             3,
             CacheModel::ANTHROPIC,
         ),
         limits,
-    );
+    )
+}
+
+/// [`masking_under_anthropic_prices`] after two turns: a1's 400-token output, then
+/// a2's 40,000.
+fn two_turns_under_anthropic_prices() -> Session {
+    let mut s = masking_under_anthropic_prices();
     turn(&mut s, 1, T0, &[("bash", 400)]);
     turn(&mut s, 2, T0 + 1_000, &[("bash", 40_000)]);
     s
@@ -381,19 +386,7 @@ fn after_a_compaction_held_decisions_apply_before_the_next_request() {
 /// and was weighed afresh against the cache that request wrote.
 #[test]
 fn compactds_own_compaction_applies_what_is_held_in_its_commit() {
-    let limits = ModelLimits {
-        context: 200_000,
-        input: 0,
-        output: 32_000,
-    };
-    let mut s = session(
-        only(
-            &[St::MaskObservations, St::CapLargeOutputs],
-            3,
-            CacheModel::ANTHROPIC,
-        ),
-        limits,
-    );
+    let mut s = masking_under_anthropic_prices();
     turn(&mut s, 0, T0 - 1_000, &[("bash", 100)]);
     turn(&mut s, 1, T0, &[("bash", 400)]);
     turn(&mut s, 2, T0 + 1_000, &[("bash", 40_000)]);

@@ -611,17 +611,23 @@ fn rule_rebuild_live_and_import_end_with_the_same_marks_and_context() {
     assert_eq!(lived.total_tokens(), imported.total_tokens());
 }
 
+/// Two turns reading `path` (r1, r2), committed: r1 is superseded by r2.
+fn read_twice(path: &str, body: &str) -> Script {
+    let mut sc = Script::new();
+    sc.user("u1", "Read it.")
+        .assistant("a1", vec![read("a1", "r1", path, body)])
+        .user("u2", "Again.")
+        .assistant("a2", vec![read("a2", "r2", path, body)]);
+    sc.commit();
+    sc
+}
+
 #[test]
 
 fn rule_a_supersede_is_undone_when_the_newer_call_is_deleted() {
     // E.g. the user reverts the turn that read the file again: the host deletes its parts.
     let body = file_body(60);
-    let mut sc = Script::new();
-    sc.user("u1", "Read a.rs.")
-        .assistant("a1", vec![read("a1", "r1", "src/a.rs", &body)])
-        .user("u2", "Again.")
-        .assistant("a2", vec![read("a2", "r2", "src/a.rs", &body)]);
-    sc.commit();
+    let mut sc = read_twice("src/a.rs", &body);
     expect_marks(&sc.s, &[("r1", St::AggressiveFilePrune, "r2")]);
     put(
         &mut sc.s,
@@ -645,12 +651,7 @@ fn rule_a_call_sent_again_changed_takes_back_what_it_decided() {
     let body = file_body(60);
     let y_body = format!("y.rs\n{}", file_body(50));
     // A: the newer read turns out an error.
-    let mut sc = Script::new();
-    sc.user("u1", "Read x.rs.")
-        .assistant("a1", vec![read("a1", "r1", "src/x.rs", &body)])
-        .user("u2", "Again.")
-        .assistant("a2", vec![read("a2", "r2", "src/x.rs", &body)]);
-    sc.commit();
+    let mut sc = read_twice("src/x.rs", &body);
     expect_marks(&sc.s, &[("r1", St::AggressiveFilePrune, "r2")]);
     let mut failed_read = failed(
         "a2",
@@ -668,12 +669,7 @@ fn rule_a_call_sent_again_changed_takes_back_what_it_decided() {
     assert_eq!(state(shown(&sc.s.build_context(), "r1")).output, body);
 
     // B: the newer read's input changes; then x.rs is read once more.
-    let mut sc = Script::new();
-    sc.user("u1", "Read x.rs.")
-        .assistant("a1", vec![read("a1", "r1", "src/x.rs", &body)])
-        .user("u2", "Again.")
-        .assistant("a2", vec![read("a2", "r2", "src/x.rs", &body)]);
-    sc.commit();
+    let mut sc = read_twice("src/x.rs", &body);
     put(
         &mut sc.s,
         Update::UpsertPart(read("a2", "r2", "src/y.rs", &y_body)),
