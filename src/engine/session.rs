@@ -1160,6 +1160,7 @@ impl Session {
             && !pinned
             && let (PartKind::Tool(new), PartKind::Tool(old)) =
                 (&mut part.kind, &parts[i].part.kind)
+            && old.state.time.compacted.is_some()
             && new.state.time.compacted.is_none()
             && new.state.output == old.state.output
         {
