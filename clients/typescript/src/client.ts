@@ -321,14 +321,31 @@ export class CompactdClient {
         call.pause();
       }
     });
+    // How the call ended, delivered once every event it received was: a paused call still
+    // holds events in its own buffer when its status comes (they flow once a take resumes
+    // it, then 'end'), and ending the queue first would drop them (a Compact's last ones:
+    // its outcome).
+    let outcome: { error?: CompactdError } | undefined;
+    let drained = false;
+    const settle = () => {
+      if (!outcome || !(drained || (!paused && call.readableLength === 0))) return;
+      if (outcome.error) queue.fail(outcome.error);
+      else queue.end();
+    };
     call.on("error", (err: ServiceError) => {
       const e = CompactdError.fromStatus(err);
       readyReject(e);
-      if (cancelled && err.code === Status.CANCELLED) queue.end();
-      else queue.fail(e);
+      outcome ??= cancelled && err.code === Status.CANCELLED ? {} : { error: e };
+      settle();
     });
     call.on("end", () => {
-      // 'end' comes before 'error' for a failed call; wait for the status.
+      // 'end' comes before 'error' for a failed call: the status settles it then.
+      drained = true;
+      settle();
+    });
+    call.on("close", () => {
+      drained = true;
+      settle();
     });
     const onAbort = () => cancel();
     call.on("status", (st) => {
@@ -336,7 +353,8 @@ export class CompactdClient {
       opts?.signal?.removeEventListener("abort", onAbort);
       if (st.code === Status.OK) {
         readyResolve();
-        queue.end();
+        outcome ??= {};
+        settle();
       }
     });
     if (opts?.signal) {

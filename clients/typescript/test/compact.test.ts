@@ -49,6 +49,26 @@ describe("Compact and Subscribe", () => {
     await s.end();
   });
 
+  test("a Compact read late gets every event, its outcome last", async () => {
+    // More deltas than the call reads ahead (it pauses past 256): the call ends while
+    // events still wait in its paused buffer. Before, its end emptied the queue first and
+    // those events, the outcome among them, were dropped.
+    const sid = "cmp-late";
+    await seeded(sid);
+    fake.script = [{ chunks: ["## Objective\n", ...Array.from({ length: 599 }, (_, i) => `d${i} `)] }];
+    const run = c.compact(sid);
+    await new Promise((r) => setTimeout(r, 1_500));
+    const events: CompactionEvent[] = [];
+    for await (const e of run) {
+      events.push(e);
+      // Slow enough for the call to pause and resume again and again.
+      if (events.length % 50 === 0) await new Promise((r) => setTimeout(r, 20));
+    }
+    const deltas = events.filter((e) => e.delta).length;
+    assert.equal(deltas, 600, `deltas read: ${deltas} of ${events.length} events`);
+    assert.ok(events.at(-1)?.compacted, `the last of ${events.length}: ${JSON.stringify(events.at(-1))}`);
+  });
+
   test("Compact streams started, the summary deltas, then compacted; Subscribe sees the same", async () => {
     const sid = "cmp-1";
     await seeded(sid);
