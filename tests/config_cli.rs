@@ -168,6 +168,25 @@ fn a_secret_from_a_higher_layer_wins_over_the_file_s_secret_file() {
         line(&out, "llm_api_key_file").ends_with(&format!("# file {}", file.display())),
         "an empty key cancelled the file's key file:\n{out}"
     );
+    // A blank inline token beside the file's token file: the file's is served, and
+    // config print says so as serve does (it refused the blank one).
+    let (ok, out, err) = compactd(
+        &["config", "print", "--config", file.to_str().expect("utf-8")],
+        &[("COMPACTD_AUTH_TOKEN", "")],
+    );
+    assert!(ok, "{err}");
+    assert!(
+        line(&out, "auth_token_file").ends_with(&format!("# file {}", file.display())),
+        "{out}"
+    );
+    // An empty strategy list is a value (exactly none): it still overrides the file's
+    // no_strategies, with no conflict.
+    let none = config_file("no-strategies.toml", "no_strategies = true\n");
+    let (ok, _, err) = compactd(
+        &["config", "print", "--config", none.to_str().expect("utf-8")],
+        &[("COMPACTD_STRATEGIES", "")],
+    );
+    assert!(ok, "{err}");
     // The other way round: a token file from the environment beats the file's token.
     let file = config_file("inline-token.toml", "auth_token = \"tokenCCCCCCCCCCCC\"\n");
     let (ok, out, err) = compactd(

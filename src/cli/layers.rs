@@ -254,7 +254,8 @@ fn file_flags(
         // A higher layer set a setting this one excludes (`strategies` against
         // `no_strategies`): the higher layer wins, not a conflict error.
         // (A switch excludes only when on: COMPACTD_NO_STRATEGIES=false excludes nothing;
-        // a value only when not empty: a template's COMPACTD_LLM_API_KEY= sets no key.)
+        // a secret only when not empty: a template's COMPACTD_LLM_API_KEY= sets no key.
+        // An empty `strategies` is a value: exactly none.)
         let on = |id: &str| {
             higher(id)
                 && cmd.get_arguments().any(|a| {
@@ -262,9 +263,10 @@ fn file_flags(
                         && if matches!(a.get_action(), ArgAction::SetTrue) {
                             serve.get_one::<bool>(id).copied().unwrap_or(false)
                         } else {
-                            serve
-                                .get_raw(id)
-                                .is_some_and(|mut values| values.any(|v| !v.is_empty()))
+                            id == "strategies"
+                                || serve
+                                    .get_raw(id)
+                                    .is_some_and(|mut values| values.any(|v| !v.is_empty()))
                         }
                 })
         };

@@ -250,8 +250,14 @@ impl ServeArgs {
     /// reading a file, so `config print` refuses it as `serve` does. Blank is a mistake
     /// (`--auth-token "$TOKEN"` with the variable unset), not a wish to serve without
     /// authentication.
+    /// A token file, when given, is what `serve` reads (`auth`): the inline one is not
+    /// checked then.
     pub fn inline_token(&self) -> Result<Option<crate::server::BearerToken>, ConfigError> {
-        let Some(t) = &self.auth_token else {
+        let Some(t) = self
+            .auth_token
+            .as_ref()
+            .filter(|_| self.auth_token_file.is_none())
+        else {
             return Ok(None);
         };
         crate::server::BearerToken::new(t)
