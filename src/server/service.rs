@@ -104,15 +104,18 @@ impl SessionsService {
         reply: T,
         what: &'static str,
     ) -> Result<Response<T>, Status> {
+        let held = self.reserve_reply(&reply, what).map_err(Rejection::from)?;
+        Ok(held_response(reply, Some(held)))
+    }
+
+    /// The in-flight reservation of `reply`'s encoded bytes (alone past the share).
+    fn reserve_reply<T: prost::Message>(
+        &self,
+        reply: &T,
+        what: &'static str,
+    ) -> Result<crate::store::Reservation, crate::store::StoreError> {
         let bytes = u64::try_from(reply.encoded_len()).unwrap_or(u64::MAX);
-        let held = self
-            .store
-            .ledger()
-            .reserve_or_alone(bytes, what)
-            .map_err(Rejection::from)?;
-        let mut response = Response::new(reply);
-        held_reply::hold(&mut response, held);
-        Ok(response)
+        self.store.ledger().reserve_or_alone(bytes, what)
     }
 
     /// [`Self::held_until_sent`] for the reply to a change already made (an import that
@@ -121,13 +124,18 @@ impl SessionsService {
     /// find the session there (ALREADY_EXISTS). The document it follows was held and
     /// given back just before, so this is rare: traffic that took the room meanwhile.
     fn held_if_room<T: prost::Message>(&self, reply: T, what: &'static str) -> Response<T> {
-        let bytes = u64::try_from(reply.encoded_len()).unwrap_or(u64::MAX);
-        let mut response = Response::new(reply);
-        if let Ok(held) = self.store.ledger().reserve_or_alone(bytes, what) {
-            held_reply::hold(&mut response, held);
-        }
-        response
+        let held = self.reserve_reply(&reply, what).ok();
+        held_response(reply, held)
     }
+}
+
+/// `reply` as a response, its bytes held in flight until sent when `held` is given.
+fn held_response<T>(reply: T, held: Option<crate::store::Reservation>) -> Response<T> {
+    let mut response = Response::new(reply);
+    if let Some(held) = held {
+        held_reply::hold(&mut response, held);
+    }
+    response
 }
 
 /// Outbound stream of `Compact`.
