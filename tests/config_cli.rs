@@ -108,10 +108,23 @@ fn a_higher_layer_wins_over_a_file_setting_it_excludes() {
         line(&out, "strategies"),
         format!("strategies = \"pruneToolInputs\"  # file {path}")
     );
-    // Within one layer it still is a conflict, named as such.
-    let (ok, _, err) = compactd(
+    // The flag wins over the environment likewise.
+    let (ok, out, err) = compactd(
         &["config", "print", "--no-strategies"],
         &[("COMPACTD_STRATEGIES", "pruneToolInputs")],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(line(&out, "no_strategies"), "no_strategies = true  # flag");
+    // Within one layer it still is a conflict, named as such.
+    let (ok, _, err) = compactd(
+        &[
+            "config",
+            "print",
+            "--no-strategies",
+            "--strategies",
+            "pruneToolInputs",
+        ],
+        &[],
     );
     assert!(!ok);
     assert!(err.contains("cannot be used with --no-strategies"), "{err}");
@@ -197,6 +210,61 @@ fn a_secret_from_a_higher_layer_wins_over_the_file_s_secret_file() {
     assert!(
         out.contains("# auth_token is not set  # default"),
         "the file's token is overridden:\n{out}"
+    );
+}
+
+/// Flags are above the environment for settings that exclude each other too: a flag's
+/// token beats a token file from the environment, a flag's strategy list beats
+/// `COMPACTD_NO_STRATEGIES`. Before, clap saw both and the file (or the conflict error)
+/// won: the token a deploy passed on the command line was not the one served.
+#[test]
+fn a_flag_wins_over_an_environment_setting_it_excludes() {
+    let token = config_file("env-token", "tokenAAAAAAAAAAAA\n");
+    let key = config_file("env-key", "sk-FILE-KEY-AAAA\n");
+    let (ok, out, err) = compactd(
+        &[
+            "config",
+            "print",
+            "--auth-token",
+            "tokenBBBBBBBBBBB",
+            "--llm-api-key",
+            "sk-FLAG-KEY-BBBB",
+            "--strategies",
+            "pruneToolInputs",
+        ],
+        &[
+            ("COMPACTD_AUTH_TOKEN_FILE", token.to_str().expect("utf-8")),
+            ("COMPACTD_LLM_API_KEY_FILE", key.to_str().expect("utf-8")),
+            ("COMPACTD_NO_STRATEGIES", "true"),
+        ],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(
+        line(&out, "auth_token"),
+        "auth_token = \"[redacted]\"  # flag"
+    );
+    assert!(
+        out.contains("# auth_token_file is not set  # default"),
+        "the environment's token file is overridden:\n{out}"
+    );
+    assert_eq!(
+        line(&out, "llm_api_key"),
+        "llm_api_key = \"[redacted]\"  # flag"
+    );
+    assert!(
+        out.contains("# llm_api_key_file is not set  # default"),
+        "the environment's key file is overridden:\n{out}"
+    );
+    assert!(line(&out, "strategies").ends_with("# flag"), "{out}");
+    // Both in one layer still read the file, and an empty flag excludes nothing.
+    let (ok, out, err) = compactd(
+        &["config", "print", "--auth-token", ""],
+        &[("COMPACTD_AUTH_TOKEN_FILE", token.to_str().expect("utf-8"))],
+    );
+    assert!(ok, "{err}");
+    assert!(
+        line(&out, "auth_token_file").ends_with("# env COMPACTD_AUTH_TOKEN_FILE"),
+        "{out}"
     );
 }
 

@@ -108,6 +108,19 @@ pub fn parse_layered(argv: Vec<OsString>) -> Result<Layered, LayerError> {
     if let Some(path) = &file {
         extras = file_flags(path, serve, &sub)?;
     }
+    // A flag overrides the environment's setting it excludes (`--auth-token` against
+    // `COMPACTD_AUTH_TOKEN_FILE`): the full parse does not read that variable.
+    let unread_env: Vec<&str> = EXCLUSIVE
+        .iter()
+        .flat_map(|&(a, b)| [(a, b), (b, a)])
+        .filter(|&(given, other)| {
+            serve.value_source(given) == Some(ValueSource::CommandLine)
+                && sets(serve, &sub, given)
+                && serve.value_source(other) == Some(ValueSource::EnvVariable)
+        })
+        .map(|(_, other)| other)
+        .collect();
+    let command = || command_without_env(&sub, &unread_env);
     let mut full = argv.clone();
     let at = insert_position(&argv, &sub);
     for (flag, args) in extras.iter().rev() {
@@ -116,7 +129,7 @@ pub fn parse_layered(argv: Vec<OsString>) -> Result<Layered, LayerError> {
             full.insert(at, OsString::from(a));
         }
     }
-    let matches = match Cli::command().try_get_matches_from(&full) {
+    let matches = match command().try_get_matches_from(&full) {
         Ok(m) => m,
         Err(e) => {
             // Name the file key that broke it, when one did.
@@ -124,7 +137,7 @@ pub fn parse_layered(argv: Vec<OsString>) -> Result<Layered, LayerError> {
             for (flag, args) in &extras {
                 let mut probe: Vec<OsString> = argv[..at].to_vec();
                 probe.extend(args.iter().map(OsString::from));
-                if let Err(one) = Cli::command().try_get_matches_from(&probe) {
+                if let Err(one) = command().try_get_matches_from(&probe) {
                     return Err(LayerError::File(format!(
                         "{}: key `{}`: {}",
                         path.display(),
@@ -253,24 +266,7 @@ fn file_flags(
         }
         // A higher layer set a setting this one excludes (`strategies` against
         // `no_strategies`): the higher layer wins, not a conflict error.
-        // (A switch excludes only when on: COMPACTD_NO_STRATEGIES=false excludes nothing;
-        // a secret only when not empty: a template's COMPACTD_LLM_API_KEY= sets no key.
-        // An empty `strategies` is a value: exactly none.)
-        let on = |id: &str| {
-            higher(id)
-                && cmd.get_arguments().any(|a| {
-                    a.get_id() == id
-                        && if matches!(a.get_action(), ArgAction::SetTrue) {
-                            serve.get_one::<bool>(id).copied().unwrap_or(false)
-                        } else {
-                            id == "strategies"
-                                || serve
-                                    .get_raw(id)
-                                    .is_some_and(|mut values| values.any(|v| !v.is_empty()))
-                        }
-                })
-        };
-        if excluded_by(id).any(on) {
+        if excluded_by(id).any(|other| higher(other) && sets(serve, sub, other)) {
             continue;
         }
         let bad = |what: &str| LayerError::File(format!("{}: key `{key}`: {what}", path.display()));
@@ -308,6 +304,47 @@ const EXCLUSIVE: &[(&str, &str)] = &[
     ("auth_token", "auth_token_file"),
     ("llm_api_key", "llm_api_key_file"),
 ];
+
+/// Whether `id`'s value, from whichever layer, sets something that excludes the other of
+/// its pair. A switch excludes only when on (COMPACTD_NO_STRATEGIES=false excludes
+/// nothing); a secret only when not empty (a template's COMPACTD_LLM_API_KEY= sets no
+/// key). An empty `strategies` is a value: exactly none.
+fn sets(serve: &ArgMatches, sub: &[&str], id: &str) -> bool {
+    serve_command(sub).get_arguments().any(|a| {
+        a.get_id() == id
+            && if matches!(a.get_action(), ArgAction::SetTrue) {
+                serve.get_one::<bool>(id).copied().unwrap_or(false)
+            } else {
+                id == "strategies"
+                    || serve
+                        .get_raw(id)
+                        .is_some_and(|mut values| values.any(|v| !v.is_empty()))
+            }
+    })
+}
+
+/// The whole command, with the arguments `ids` of the subcommand `sub` reading no
+/// environment variable.
+fn command_without_env(sub: &[&str], ids: &[&str]) -> clap::Command {
+    fn unread(cmd: clap::Command, sub: &[&str], ids: &[&str]) -> clap::Command {
+        match sub.split_first() {
+            // `mut_subcommand` panics on an unknown name: only names the command has.
+            Some((name, rest)) if cmd.find_subcommand(name).is_some() => {
+                cmd.mut_subcommand(*name, |s| unread(s, rest, ids))
+            }
+            Some(_) => cmd,
+            None => ids.iter().fold(cmd, |cmd, id| {
+                // Likewise `mut_arg`.
+                if cmd.get_arguments().any(|a| a.get_id() == *id) {
+                    cmd.mut_arg(*id, |a| a.env(None::<&str>))
+                } else {
+                    cmd
+                }
+            }),
+        }
+    }
+    unread(Cli::command(), sub, ids)
+}
 
 /// Ids of the arguments that cannot be used with `id`.
 fn excluded_by(id: &str) -> impl Iterator<Item = &'static str> + '_ {
