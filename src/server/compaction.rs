@@ -33,7 +33,14 @@ pub struct Sink {
     tx: mpsc::Sender<pb::CompactionEvent>,
     /// The caller owns the compaction: when it stops listening, the compaction stops.
     cancel_on_drop: bool,
+    /// Where the outcome waits when the owner took no event for the slow-reader grace
+    /// (see [`until_outcome`]).
+    outcome: Outcome,
 }
+
+/// The outcome of a compaction whose `Compact` caller read too slowly to be handed it:
+/// the call ends with it once it has read what came before.
+type Outcome = Arc<std::sync::Mutex<Option<pb::CompactionEvent>>>;
 
 impl Sink {
     /// A sink whose closing cancels the compaction (the `Compact` RPC).
@@ -41,6 +48,7 @@ impl Sink {
         Sink {
             tx,
             cancel_on_drop: true,
+            outcome: Outcome::default(),
         }
     }
 
@@ -49,8 +57,47 @@ impl Sink {
         Sink {
             tx,
             cancel_on_drop: false,
+            outcome: Outcome::default(),
         }
     }
+
+    /// A `Compact` call's events from `rx`, the receiver of this (owning) sink's
+    /// channel, up to and including its outcome. Its sink dropped for a slow reader, the
+    /// call reads what was sent, then the outcome when the compaction had reached one
+    /// (it was not cancelled then: a commit is not undone), else a status saying it was
+    /// cancelled.
+    pub fn until_outcome(
+        &self,
+        rx: mpsc::Receiver<pb::CompactionEvent>,
+    ) -> impl tokio_stream::Stream<Item = Result<pb::CompactionEvent, tonic::Status>> + Send + 'static
+    {
+        let outcome = self.outcome.clone();
+        futures::stream::unfold((rx, false), move |(mut rx, ended)| {
+            let outcome = outcome.clone();
+            async move {
+                if ended {
+                    return None;
+                }
+                let e = match rx.recv().await {
+                    Some(e) => e,
+                    None => {
+                        let kept = outcome.lock().unwrap_or_else(|e| e.into_inner()).take();
+                        return Some((kept.ok_or_else(slow_reader_cancelled), (rx, true)));
+                    }
+                };
+                let last = matches!(e.event, Some(Ce::Compacted(_) | Ce::Failed(_)));
+                Some((Ok(e), (rx, last)))
+            }
+        })
+    }
+}
+
+/// A `Compact` call's end when its compaction was cancelled for its slow reading.
+fn slow_reader_cancelled() -> tonic::Status {
+    tonic::Status::resource_exhausted(
+        "the compaction ended without its outcome reaching this call: its events were not \
+         read for the slow-reader grace (--slow-reader-grace-secs), so it was cancelled",
+    )
 }
 
 /// What the caller asked for.
@@ -423,10 +470,37 @@ impl Job {
         outcome.cost = paid.cost;
         let usage = outcome.usage;
         let cost = outcome.cost;
+        let (cancel, me) = (link.running.cancel.clone(), handle.clone());
         let committed = handle
-            .call(move |s, _| s.commit_compaction(plan, outcome, ids, now_ms()))
+            .call(move |s, _| {
+                // Asked where the commit lands, as it lands: a cancel acknowledged
+                // meanwhile (CancelCompaction, the drain's deadline, a delete or a
+                // replacement that cancelled it) commits nothing, nor does a session
+                // deleted or replaced while this job waited its turn (before its cancel).
+                if cancel.is_cancelled() {
+                    return Err(true);
+                }
+                if !me.in_store() {
+                    return Err(false);
+                }
+                Ok(s.commit_compaction(plan, outcome, ids, now_ms()))
+            })
             .await
-            .map_err(|e| spent(unreachable_session(&e), &paid))?;
+            .map_err(|e| spent(unreachable_session(&e), &paid))?
+            .map_err(|cancelled| {
+                let f = match cancelled {
+                    true => failed(&SummarizeError::Cancelled),
+                    false => fail(
+                        "session_gone",
+                        format!(
+                            "session {} was deleted or replaced while its summary was written",
+                            link.session_id
+                        ),
+                        false,
+                    ),
+                };
+                spent(f, &paid)
+            })?;
         let done = committed.map_err(|e| {
             let kind = match e {
                 CompactionError::EmptySummary => "empty_summary",
@@ -562,12 +636,14 @@ impl Link {
     /// busy answering updates: it is waited on, until the compaction is cancelled and a
     /// grace has passed.
     async fn emit(&mut self, ev: Ce) {
+        let last = matches!(ev, Ce::Compacted(_) | Ce::Failed(_));
         let e = event(&self.session_id, &self.running.id, ev);
         self.hub.publish(
             &self.session_id,
             pb::session_event::Event::Compaction(e.clone()),
         );
         let Some(sink) = &self.sink else { return };
+        let ev_last = last.then(|| e.clone());
         let grace = self.hub.slow_reader_grace;
         let cancel = &self.running.cancel;
         let given_up = async {
@@ -585,8 +661,14 @@ impl Link {
             }
         };
         if !sent {
-            if sink.cancel_on_drop {
-                self.running.cancel.cancel();
+            match ev_last {
+                // Nothing is left to cancel: the outcome waits for the owner to read
+                // up to it (`Sink::until_outcome`).
+                Some(e) if sink.cancel_on_drop => {
+                    *sink.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                }
+                _ if sink.cancel_on_drop => self.running.cancel.cancel(),
+                _ => {}
             }
             self.sink = None;
         }

@@ -533,3 +533,118 @@ async fn a_summary_refused_at_commit_still_reports_what_it_cost() {
         other => panic!("expected a failure, got {other:?}"),
     }
 }
+
+/// A compaction of [`SID`] whose summary is written and whose commit waits in the
+/// session's mailbox behind a job that blocks until the sender returned is used (or
+/// dropped): its events, and the sender.
+async fn a_commit_waiting_its_turn() -> (
+    Arc<Hub>,
+    mpsc::Receiver<pb::CompactionEvent>,
+    std::sync::mpsc::Sender<()>,
+) {
+    let gated = Gated::new("summary");
+    let hub = hub_with_session(gated.clone()).await;
+    let (tx, events) = mpsc::channel(64);
+    start(
+        &hub,
+        SID,
+        Options::default(),
+        Some(Sink::listening(tx)),
+        None,
+    )
+    .await
+    .expect("the compaction starts");
+    gated.asked.notified().await;
+    let old = hub.store.get(SID).await.expect("the session");
+    let (unblock, blocked) = std::sync::mpsc::channel::<()>();
+    let _busy = old
+        .submit(move |_, _| {
+            let _ = blocked.recv();
+        })
+        .await
+        .expect("queued");
+    gated.release();
+    // The commit queues behind the blocking job.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    (hub, events, unblock)
+}
+
+/// A session deleted while the commit waited its turn: the summary commits nothing and
+/// no `session.compacted` follows the delete. Before, the commit ran on the deleted
+/// session's actor (its generation unchanged) and the compaction reported success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_summary_whose_session_is_deleted_while_its_commit_waits_commits_nothing() {
+    let (hub, mut events, unblock) = a_commit_waiting_its_turn().await;
+    assert!(
+        hub.store.remove(SID).await.expect("deleted"),
+        "there was a session"
+    );
+    let _ = unblock.send(());
+    match outcome(&mut events).await {
+        Ce::Failed(f) => assert_eq!(f.kind, "session_gone", "{f:?}"),
+        other => panic!("a deleted session's compaction must not commit: {other:?}"),
+    }
+}
+
+/// CancelCompaction acknowledged while the commit waited its turn: "a cancelled
+/// compaction commits nothing". Before, only a cancel before the summary was written
+/// stopped it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compaction_cancelled_while_its_commit_waits_commits_nothing() {
+    let (hub, mut events, unblock) = a_commit_waiting_its_turn().await;
+    assert!(hub.cancel(SID).is_some(), "a compaction was running");
+    let _ = unblock.send(());
+    match outcome(&mut events).await {
+        Ce::Failed(f) => assert_eq!(f.kind, "cancelled", "{f:?}"),
+        other => panic!("a cancelled compaction must not commit: {other:?}"),
+    }
+    let handle = hub.store.get(SID).await.expect("the session");
+    let summaries = handle
+        .call(|s, _| s.messages().iter().filter(|m| m.info.is_summary()).count())
+        .await
+        .expect("the actor answers");
+    assert_eq!(summaries, 0, "the session holds no summary");
+}
+
+/// A `Compact` caller slow to take the last event of a compaction that committed reads
+/// it once it has read what came before. Before, the job gave up on it after the grace
+/// and the call ended with "so it was cancelled", though the summary was committed: a
+/// client retrying that compacted twice.
+#[tokio::test]
+async fn a_slow_compact_caller_still_reads_the_outcome_of_a_committed_compaction() {
+    use tokio_stream::StreamExt;
+    let hub = hub_with(
+        Fake {
+            deltas: 3,
+            ..Fake::answering("summary")
+        },
+        std::time::Duration::from_millis(300),
+    )
+    .await;
+    let (tx, rx) = mpsc::channel(3);
+    let sink = Sink::owning(tx);
+    let events = sink.until_outcome(rx);
+    start(&hub, SID, Options::default(), Some(sink), None)
+        .await
+        .expect("started");
+    // The three deltas fill the channel; the outcome waits past the grace.
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let read: Vec<_> = events.collect().await;
+    assert_eq!(read.len(), 4, "three deltas, then the outcome: {read:?}");
+    assert!(
+        matches!(
+            read.last(),
+            Some(Ok(pb::CompactionEvent {
+                event: Some(Ce::Compacted(_)),
+                ..
+            }))
+        ),
+        "{read:?}"
+    );
+    let handle = hub.store.get(SID).await.expect("the session");
+    let summaries = handle
+        .call(|s, _| s.messages().iter().filter(|m| m.info.is_summary()).count())
+        .await
+        .expect("the actor answers");
+    assert_eq!(summaries, 1, "the summary is committed");
+}

@@ -160,19 +160,19 @@ impl pb::sessions_server::Sessions for SessionsService {
         let (tx, rx) = mpsc::channel(256);
         let options = compaction::Options::try_from(req.options.unwrap_or_default())
             .map_err(|r| Status::from(r.within("options")))?;
-        let started = compaction::start(
-            &self.hub,
-            &req.session_id,
-            options,
-            Some(Sink::owning(tx.clone())),
-            None,
-        )
-        .await
-        .map_err(|r| r.within_payload("options"))?;
+        let sink = Sink::owning(tx.clone());
+        let events = sink.until_outcome(rx);
+        // The job waits for `started` to be first in the channel.
+        let (go, gone) = tokio::sync::oneshot::channel();
+        let started =
+            compaction::start(&self.hub, &req.session_id, options, Some(sink), Some(gone))
+                .await
+                .map_err(|r| r.within_payload("options"))?;
         // The receiver is ours until we return it; this send cannot fail.
         let _ = tx.send(started).await;
         drop(tx);
-        Ok(Response::new(Box::pin(until_outcome(rx))))
+        let _ = go.send(());
+        Ok(Response::new(Box::pin(events)))
     }
 
     async fn subscribe(
@@ -461,33 +461,4 @@ impl pb::sessions_server::Sessions for SessionsService {
 /// session, and would be echoed whole in the NOT_FOUND).
 fn require_session(id: &str) -> Result<(), Status> {
     crate::domain::check_id("session_id", id).map_err(|e| Status::from(Rejection::from(e)))
-}
-
-/// A `Compact` call's events, ending with the compaction's outcome (`compacted` or
-/// `failed`). The job drops a caller that took no event for the slow-reader grace (it
-/// cancels the compaction); such a caller, reading on, finds the call ended with
-/// RESOURCE_EXHAUSTED, never a clean end without an outcome.
-fn until_outcome(
-    rx: mpsc::Receiver<pb::CompactionEvent>,
-) -> impl Stream<Item = Result<pb::CompactionEvent, Status>> + Send + 'static {
-    futures::stream::unfold((rx, false), |(mut rx, ended)| async move {
-        if ended {
-            return None;
-        }
-        match rx.recv().await {
-            Some(e) => {
-                use pb::compaction_event::Event as Ce;
-                let outcome = matches!(e.event, Some(Ce::Compacted(_) | Ce::Failed(_)));
-                Some((Ok(e), (rx, outcome)))
-            }
-            None => Some((
-                Err(Status::resource_exhausted(
-                    "the compaction ended without its outcome reaching this call: its events \
-                     were not read for the slow-reader grace (--slow-reader-grace-secs), so it \
-                     was cancelled",
-                )),
-                (rx, true),
-            )),
-        }
-    })
 }

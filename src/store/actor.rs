@@ -179,6 +179,21 @@ impl SessionHandle {
         self.tx.is_closed()
     }
 
+    /// True while the store's map holds this actor: false once its session was deleted
+    /// or replaced (or left memory). Asked from within a job that must not land on a
+    /// session its id no longer names (a compaction's commit): a delete or a
+    /// replacement made after the answer is ordered after the job. Takes the map's read
+    /// lock; no one holding the map's lock waits for a session's (only tries it).
+    pub fn in_store(&self) -> bool {
+        self.state.store.upgrade().is_some_and(|store| {
+            store
+                .read()
+                .hot
+                .get(&*self.state.id)
+                .is_some_and(|h| Arc::ptr_eq(&h.state, &self.state))
+        })
+    }
+
     /// True when this handle and `other` address the same actor.
     #[cfg(test)]
     pub(super) fn same(&self, other: &SessionHandle) -> bool {
