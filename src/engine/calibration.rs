@@ -18,7 +18,9 @@
 //! the same model learned) that weighs as [`PRIOR_REQUESTS`] requests against the
 //! session's decayed evidence.
 //! Factors stay within [`MIN_FACTOR`, `MAX_FACTOR`], except reasoning's, within 0 and 1: a
-//! reported count, not an estimate, of which the next request carries some or none.
+//! reported count, not an estimate, of which the next request carries some or none. A
+//! report no factors within those bounds could explain, give or take a few requests'
+//! unseen tokens, is not learned from.
 //! Pure arithmetic, O(1) per report.
 
 use serde::{Deserialize, Serialize};
@@ -207,6 +209,9 @@ pub const DECAY: f64 = 0.95;
 /// framing, a tool call's wrapper, a provider's reminder): a report that added less than
 /// about this teaches the factors little, as its ratio is mostly these.
 pub const UNSEEN_PER_REQUEST: f64 = 256.0;
+/// Tokens past what factors within their bounds allow that a report may still be off by
+/// and be learned from: a few requests' worth of what no estimate sees.
+pub const UNEXPLAINED_SLACK: f64 = 4.0 * UNSEEN_PER_REQUEST;
 /// Smallest factor applied.
 pub const MIN_FACTOR: f64 = 0.25;
 /// Largest factor applied.
@@ -293,13 +298,18 @@ impl Calibration {
     }
 
     /// Learns from one report: `added` was estimated, `actual_added` is what the provider
-    /// counted on top of the anchor.
+    /// counted on top of the anchor. A report no factors within their bounds could
+    /// explain teaches nothing (one such figure would otherwise pin a factor at its bound
+    /// for dozens of reports, and other sessions of the model start from it).
     pub fn observe(&mut self, added: &ByClass, actual_added: i64) {
         let e = added.as_f64();
         if e.iter().all(|v| *v == 0.0) {
             return;
         }
         let a = actual_added as f64;
+        if !explainable(&e, a) {
+            return;
+        }
         let size: f64 = e.iter().map(|v| v.abs()).sum();
         // Each report weighs as one request in ratio space (1 / size²), less when what
         // was added is small beside the tokens every request carries that no estimate
@@ -407,13 +417,33 @@ impl ModelPriors {
 /// Every factor within its class's bounds (a non-finite one is 1.0).
 fn clamp_all(mut f: Factors) -> Factors {
     for (v, class) in f.iter_mut().zip(Class::ALL) {
-        let (lo, hi) = match class {
-            Class::Reasoning => (0.0, 1.0),
-            _ => (MIN_FACTOR, MAX_FACTOR),
-        };
+        let (lo, hi) = bounds(class);
         *v = if v.is_finite() { v.clamp(lo, hi) } else { 1.0 };
     }
     f
+}
+
+/// The range a class's factor is kept within.
+fn bounds(class: Class) -> (f64, f64) {
+    match class {
+        Class::Reasoning => (0.0, 1.0),
+        _ => (MIN_FACTOR, MAX_FACTOR),
+    }
+}
+
+/// Whether factors within their bounds could explain a request that added `actual`
+/// tokens where `e` was estimated, give or take [`UNEXPLAINED_SLACK`]: a report outside
+/// says nothing of the tokenizer (a client's bad figure, a context compactd did not see,
+/// such as a provider's reset cache counting or another system prompt).
+fn explainable(e: &[f64; N], actual: f64) -> bool {
+    let (mut lo, mut hi) = (0.0, 0.0);
+    for (v, class) in e.iter().zip(Class::ALL) {
+        let (min, max) = bounds(class);
+        let (a, b) = (v * min, v * max);
+        lo += a.min(b);
+        hi += a.max(b);
+    }
+    actual >= lo - UNEXPLAINED_SLACK && actual <= hi + UNEXPLAINED_SLACK
 }
 
 #[cfg(test)]
@@ -482,7 +512,21 @@ mod tests {
         for _ in 0..10 {
             c.observe(&by(5_000, 0, 0), 1_000_000_000);
         }
-        assert_eq!(c.factors()[0], MAX_FACTOR);
+        assert_eq!(
+            c.factors()[0],
+            1.0,
+            "no factor in bounds explains it: not learned"
+        );
+        assert_eq!(c.observations(), 0);
+        // Just past the largest factor, within the slack: learned, and kept in bounds.
+        for _ in 0..40 {
+            c.observe(&by(5_000, 0, 0), 21_000);
+        }
+        assert!(
+            (3.5..=MAX_FACTOR).contains(&c.factors()[0]),
+            "{:?}",
+            c.factors()
+        );
         c.observe(&by(i64::MAX, i64::MIN, 0), i64::MIN);
         assert!(c.factors().iter().all(|f| f.is_finite()));
         assert!(

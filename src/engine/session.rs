@@ -1338,8 +1338,10 @@ impl Session {
                 ));
             }
             // The same report again (a retried call) is no news: after a compaction it
-            // would make the summarized context's size the baseline again.
-            let again = info.tokens == Some(tokens);
+            // would make the summarized context's size the baseline again. Nor is an
+            // empty one (all zero, as an upsert's or a step-finish's is): it would make a
+            // prompt of 0 the baseline and forget the whole context.
+            let again = info.tokens == Some(tokens) || tokens.is_empty();
             info.tokens = Some(tokens);
             let summary = info.is_summary();
             self.touch(idx);
@@ -1350,7 +1352,7 @@ impl Session {
             });
         }
         Ok(Applied {
-            usage_reported: self.usage_reported(tokens, false, None),
+            usage_reported: !tokens.is_empty() && self.usage_reported(tokens, false, None),
             ..Applied::default()
         })
     }

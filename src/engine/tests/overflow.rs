@@ -1262,3 +1262,70 @@ fn one_noisy_small_step_does_not_swing_the_calibration() {
         }
     }
 }
+
+/// A session anchored at 100,000 tokens by a report on a1, whose next request (a2, in
+/// flight) adds a 2,000-token prose turn.
+fn anchored_with_a_turn_in_flight() -> Session {
+    let mut s = no_prune();
+    for u in parse("user u1 text:t1=10\nassistant a1 unfinished") {
+        apply(&mut s, u);
+    }
+    apply(&mut s, report_on("a1", 100_000));
+    for u in parse("user u2 text:t2=2000\nassistant a2 unfinished") {
+        apply(&mut s, u);
+    }
+    s
+}
+
+/// An empty `ReportUsage` (all zero) says nothing, as an empty usage on an upserted
+/// message or a step-finish says nothing. Before, it became the baseline: the prediction
+/// fell to 0 and the whole context was forgotten until the next real report.
+#[test]
+fn an_empty_usage_report_is_no_baseline() {
+    let mut s = anchored_with_a_turn_in_flight();
+    let before = s.check_overflow(Trigger::Request);
+    assert!(before.predicted > 100_000, "{before:?}");
+    for (message_id, what) in [(Some("a2".to_string()), "on a2"), (None, "on no message")] {
+        let r = step(
+            &mut s,
+            Update::ReportUsage {
+                message_id,
+                tokens: TokenUsage::default(),
+            },
+            &config(),
+            NOW,
+        )
+        .expect("applies");
+        assert!(!r.applied.usage_reported, "{what}: no news");
+        let after = s.check_overflow(Trigger::Request);
+        assert_eq!(
+            (after.used, after.predicted),
+            (before.used, before.predicted),
+            "{what}"
+        );
+    }
+}
+
+/// A report no factors within the calibration's bounds could explain (a prompt of
+/// 10,000,000 or of 5 tokens after 2,000 tokens of prose on a 100,000-token anchor: a
+/// client's bad figure, or a context compactd never saw) teaches the calibration
+/// nothing. Before, the prose factor went to 4.0 (or 0.25) and stayed near it for dozens
+/// of reports, and other sessions of the model started from it.
+#[test]
+fn a_report_no_factor_could_explain_teaches_the_calibration_nothing() {
+    for (reported, what) in [
+        (10_000_000, "far above"),
+        (5, "far below"),
+        (u64::MAX, "u64::MAX"),
+    ] {
+        let mut s = anchored_with_a_turn_in_flight();
+        let before = s.calibration().factors();
+        apply(&mut s, report_on("a2", reported));
+        assert_eq!(s.calibration().factors(), before, "{what}");
+    }
+    // A report the bounds allow still teaches: 2,000 tokens of prose counted as 3,000.
+    let mut s = anchored_with_a_turn_in_flight();
+    apply(&mut s, report_on("a2", 103_000));
+    let prose = s.calibration().factors()[2];
+    assert!(prose > 1.05, "learned from a plausible report: {prose}");
+}
