@@ -24,6 +24,12 @@ pub const MAX_GLOBS: usize = 256;
 /// client cannot make one entry hold megabytes.
 pub const MAX_MODEL_NAME: usize = 256;
 
+/// Most names a tool list may hold (`protected_tools`, `strategy_protected_tools`,
+/// `snapshot_tools`): every tool part is looked up in them, on prune's scan too.
+pub const MAX_TOOL_NAMES: usize = 256;
+/// Longest name in a tool list.
+pub const MAX_TOOL_NAME: usize = 256;
+
 /// A setting out of range, named by its key (`threshold`, `protected_file_globs`, ...).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error("{key}: {message}")]
@@ -87,6 +93,30 @@ fn text(key: &'static str, v: &str, max: usize) -> Result<(), InvalidSetting> {
         return Err(invalid(key, "must not be empty"));
     }
     prompt(key, v, max)
+}
+
+/// A list of tool names: at most [`MAX_TOOL_NAMES`] of [`MAX_TOOL_NAME`] bytes each.
+fn tool_names(key: &'static str, names: &[String]) -> Result<(), InvalidSetting> {
+    if names.len() > MAX_TOOL_NAMES {
+        return Err(invalid(
+            key,
+            format!("{} names; at most {MAX_TOOL_NAMES}", names.len()),
+        ));
+    }
+    if let Some((i, name)) = names
+        .iter()
+        .enumerate()
+        .find(|(_, n)| n.len() > MAX_TOOL_NAME)
+    {
+        return Err(invalid(
+            key,
+            format!(
+                "name {i} is {} bytes long; at most {MAX_TOOL_NAME}",
+                name.len()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A text that may be anything up to `max` bytes.
@@ -195,6 +225,9 @@ impl EngineConfig {
         mask_keep(self.mask_keep)?;
         output_cap(self.output_cap)?;
         cache_model(&self.cache_model)?;
+        tool_names("protected_tools", &self.protected_tools)?;
+        tool_names("strategy_protected_tools", &self.strategy_protected_tools)?;
+        tool_names("snapshot_tools", &self.snapshot_tools)?;
         protected_globs(&self.protected_file_globs).map(drop)
     }
 }
@@ -237,6 +270,15 @@ impl SessionOverrides {
         }
         if let Some(m) = &self.cache_model {
             cache_model(m)?;
+        }
+        for (key, list) in [
+            ("protected_tools", &self.protected_tools),
+            ("strategy_protected_tools", &self.strategy_protected_tools),
+            ("snapshot_tools", &self.snapshot_tools),
+        ] {
+            if let Some(list) = list {
+                tool_names(key, list)?;
+            }
         }
         Ok(())
     }
@@ -303,6 +345,18 @@ mod tests {
                 }),
                 ..Default::default()
             },
+            SessionOverrides {
+                protected_tools: Some(vec!["x".into(); MAX_TOOL_NAMES + 1]),
+                ..Default::default()
+            },
+            SessionOverrides {
+                strategy_protected_tools: Some(vec!["t".repeat(MAX_TOOL_NAME + 1)]),
+                ..Default::default()
+            },
+            SessionOverrides {
+                snapshot_tools: Some(vec!["x".into(); 1_000_000]),
+                ..Default::default()
+            },
         ];
         let keys: Vec<&str> = bad
             .iter()
@@ -321,7 +375,10 @@ mod tests {
                 "protected_file_globs",
                 "mask_keep",
                 "output_cap",
-                "cache_model"
+                "cache_model",
+                "protected_tools",
+                "strategy_protected_tools",
+                "snapshot_tools"
             ]
         );
     }
@@ -338,5 +395,10 @@ mod tests {
             ..EngineConfig::default()
         };
         assert_eq!(c.validate().expect_err("invalid").key, "placeholder");
+        let c = EngineConfig {
+            protected_tools: vec!["x".into(); MAX_TOOL_NAMES + 1],
+            ..EngineConfig::default()
+        };
+        assert_eq!(c.validate().expect_err("invalid").key, "protected_tools");
     }
 }
