@@ -109,20 +109,31 @@ impl FromStr for CacheModel {
             "none" => return Ok(CacheModel::NONE),
             _ => {}
         }
-        let unknown = || format!("unknown cache model {s:?} (known: {})", CacheModel::NAMES);
+        // Errors show its beginning only: a client sends it.
+        let shown = super::shown::clipped(s);
+        let unknown = || {
+            format!(
+                "unknown cache model {shown:?} (known: {})",
+                CacheModel::NAMES
+            )
+        };
         let rest = s.strip_prefix("custom:").ok_or_else(unknown)?;
-        let fields: Vec<&str> = rest.split(':').collect();
+        // At most one field past the three: a text of colons is not split whole.
+        let fields: Vec<&str> = rest.splitn(4, ':').collect();
         let [read, write, ttl] = fields.as_slice() else {
             return Err(unknown());
         };
         let num = |v: &str, what: &str| {
-            v.trim()
-                .parse::<f64>()
-                .map_err(|_| format!("cache model {s:?}: {what} {v:?} is not a number"))
+            v.trim().parse::<f64>().map_err(|_| {
+                let v = super::shown::clipped(v);
+                format!("cache model {shown:?}: {what} {v:?} is not a number")
+            })
         };
         let ttl_s = num(ttl, "TTL")?;
         if !(0.0..=86_400.0).contains(&ttl_s) {
-            return Err(format!("cache model {s:?}: TTL must be 0 to 86400 seconds"));
+            return Err(format!(
+                "cache model {shown:?}: TTL must be 0 to 86400 seconds"
+            ));
         }
         let model = CacheModel {
             read: num(read, "read price")?,
@@ -131,7 +142,7 @@ impl FromStr for CacheModel {
         };
         model
             .check()
-            .map_err(|e| format!("cache model {s:?}: {e}"))?;
+            .map_err(|e| format!("cache model {shown:?}: {e}"))?;
         Ok(model)
     }
 }

@@ -66,6 +66,7 @@ use crate::tokens::Tokenizer;
 mod cache;
 pub mod float;
 pub mod redact;
+pub mod shown;
 mod strategy;
 mod validate;
 pub use cache::CacheModel;

@@ -157,7 +157,7 @@ impl fmt::Display for Strategy {
     }
 }
 
-/// An unknown strategy or preset name.
+/// An unknown strategy or preset name (its beginning: [`super::shown::clipped`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown strategy {0:?} (known: {known})", known = known_names())]
 pub struct UnknownStrategy(pub String);
@@ -187,7 +187,7 @@ impl FromStr for Strategy {
         Strategy::ALL
             .into_iter()
             .find(|st| st.name().eq_ignore_ascii_case(&wanted))
-            .ok_or_else(|| UnknownStrategy(s.to_string()))
+            .ok_or_else(|| UnknownStrategy(super::shown::clipped(s).into_owned()))
     }
 }
 
@@ -322,8 +322,9 @@ impl FromStr for StrategyPreset {
             "compact" => Ok(StrategyPreset::Compact),
             "balanced" => Ok(StrategyPreset::Balanced),
             "verbose" => Ok(StrategyPreset::Verbose),
-            other => Err(format!(
-                "unknown strategy preset {other:?} (compactd, compact, balanced, verbose)"
+            _ => Err(format!(
+                "unknown strategy preset {:?} (compactd, compact, balanced, verbose)",
+                super::shown::clipped(s.trim())
             )),
         }
     }

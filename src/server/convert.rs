@@ -13,6 +13,7 @@ use serde_json::{Map, Number, Value};
 
 use super::pb;
 use super::status::Rejection;
+use crate::config::shown::clipped;
 use crate::config::{
     CacheCounting, CacheModel, InvalidSetting, OverflowPreset, SessionOverrides, Strategy,
     StrategyPreset,
@@ -141,7 +142,11 @@ pub fn session_from_pb(s: pb::SessionInfo, fallback_id: &str) -> Result<SessionI
     if !fallback_id.is_empty() && id != fallback_id {
         return Err(Rejection::invalid(
             "id",
-            format!("{id:?} differs from the update's session_id {fallback_id:?}"),
+            format!(
+                "{:?} differs from the update's session_id {:?}",
+                clipped(&id),
+                clipped(fallback_id)
+            ),
         ));
     }
     let config = match s.config {
@@ -212,13 +217,13 @@ fn convert_overrides(c: pb::SessionConfig) -> Result<SessionOverrides, Rejection
                 .map_err(|e| Rejection::invalid("cache_model", e))?,
         ),
     };
-    let tokenizer = match c.tokenizer.trim() {
-        "" => None,
-        name => Some(
-            name.parse::<Tokenizer>()
-                .map_err(|e| Rejection::invalid("tokenizer", e.to_string()))?,
-        ),
-    };
+    let tokenizer =
+        match c.tokenizer.trim() {
+            "" => None,
+            name => Some(name.parse::<Tokenizer>().map_err(|e| {
+                Rejection::invalid("tokenizer", format!("{:?}: {e}", clipped(name)))
+            })?),
+        };
     let preset = match pb::OverflowPreset::try_from(c.preset) {
         Ok(pb::OverflowPreset::Unspecified) => None,
         Ok(pb::OverflowPreset::Compactd) => Some(OverflowPreset::Compactd),
@@ -380,7 +385,10 @@ pub fn message_from_pb(m: pb::MessageInfo) -> Result<MessageInfo, Rejection> {
     let role = Role::parse(&m.role).ok_or_else(|| {
         Rejection::invalid(
             "role",
-            format!("unknown role {:?}; expected user or assistant", m.role),
+            format!(
+                "unknown role {:?}; expected user or assistant",
+                clipped(&m.role)
+            ),
         )
     })?;
     let time = m.time.unwrap_or_default();
@@ -555,7 +563,7 @@ fn tool_from_pb(t: pb::ToolPart) -> Result<ToolPart, Rejection> {
             "state.status",
             format!(
                 "unknown status {:?}; expected pending, running, completed or error",
-                st.status
+                clipped(&st.status)
             ),
         )
     })?;

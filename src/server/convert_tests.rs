@@ -405,3 +405,68 @@ fn a_compaction_requests_prompts_and_model_are_bounded_like_a_sessions() {
     let len = prost::Message::encoded_len(&fits);
     assert!(decode_update(fits, len, 16 << 20).is_ok());
 }
+
+/// A refusal quotes the beginning of what it refuses, never all of it: a megabyte of
+/// control characters as a role, a status, a strategy or preset name, a cache model, a
+/// tokenizer or a session id came back whole and escaped (about 9 bytes on the wire per
+/// byte sent), past what clients read of a trailer.
+#[test]
+fn a_refusal_quotes_only_the_beginning_of_a_long_value() {
+    let big = "\u{1}".repeat(1 << 20);
+    let mut open = session(pb::SessionConfig::default());
+    open.id = big.clone();
+    let cases: Vec<(&str, Outcome, &str)> = vec![
+        (
+            "role",
+            message_from_pb(message("m1", &big)).map(drop),
+            "role",
+        ),
+        (
+            "status",
+            part(tool("c1", "read", &big)),
+            "tool.state.status",
+        ),
+        (
+            "strategy",
+            info(session(pb::SessionConfig {
+                strategies: HashMap::from([(big.clone(), true)]),
+                ..Default::default()
+            })),
+            "config.strategies",
+        ),
+        (
+            "preset",
+            info(session(pb::SessionConfig {
+                strategy_preset: big.clone(),
+                ..Default::default()
+            })),
+            "config.strategy_preset",
+        ),
+        (
+            "cache model",
+            info(session(pb::SessionConfig {
+                cache_model: format!("custom:{big}:1:1"),
+                ..Default::default()
+            })),
+            "config.cache_model",
+        ),
+        (
+            "tokenizer",
+            info(session(pb::SessionConfig {
+                tokenizer: big.clone(),
+                ..Default::default()
+            })),
+            "config.tokenizer",
+        ),
+        (
+            "session id against the update's",
+            session_from_pb(open, "s").map(drop),
+            "id",
+        ),
+    ];
+    for (what, outcome, field) in cases {
+        let r = outcome.expect_err(what);
+        assert_eq!(r.field, field, "{what}");
+        assert!(r.message.len() < 1024, "{what}: {} bytes", r.message.len());
+    }
+}

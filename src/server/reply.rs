@@ -236,6 +236,11 @@ pub fn to_server_events(
     kind: &str,
     outcome: Result<Reply, Rejection>,
 ) -> Vec<pb::ServerEvent> {
+    // An id past the bound was refused for it: not echoed (a client may send megabytes).
+    let session_id = match session_id.len() {
+        n if n > crate::domain::MAX_ID_BYTES => "",
+        _ => session_id,
+    };
     let wrap = |event| pb::ServerEvent {
         seq,
         session_id: session_id.to_string(),

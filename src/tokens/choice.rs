@@ -130,9 +130,11 @@ impl fmt::Display for Tokenizer {
     }
 }
 
-/// A tokenizer name that is not one of [`Tokenizer::ALL`].
+/// A tokenizer name that is not one of [`Tokenizer::ALL`]. Its message leaves the name
+/// out (a client may send megabytes of it): a flag's error shows it, the wire its
+/// beginning.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown tokenizer {0:?} (expected auto, o200k, cl100k or chars4)")]
+#[error("unknown tokenizer (expected auto, o200k, cl100k or chars4)")]
 pub struct UnknownTokenizer(pub String);
 
 impl FromStr for Tokenizer {

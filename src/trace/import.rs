@@ -14,6 +14,7 @@ use serde_json::{Map, Value};
 use thiserror::Error;
 
 use super::bounded_value::{Bounded, Budget};
+use crate::config::shown::clipped;
 use crate::domain::HeapSize;
 use crate::engine::ByteLimit;
 
@@ -553,7 +554,7 @@ fn message_info(mut o: Map<String, Value>, path: &str) -> Result<MessageInfo, Im
     let role = Role::parse(&role_s).ok_or_else(|| {
         err(
             &format!("{path}.role"),
-            format!("unknown role {role_s:?} (user|assistant)"),
+            format!("unknown role {:?} (user|assistant)", clipped(&role_s)),
         )
     })?;
     let mut info = MessageInfo::new(id, role);
@@ -781,7 +782,10 @@ fn tool_part(o: &mut Map<String, Value>, path: &str) -> Result<ToolPart, ImportE
     let status = ToolStatus::parse(&status_s).ok_or_else(|| {
         err(
             &format!("{path}.state.status"),
-            format!("unknown status {status_s:?} (pending|running|completed|error)"),
+            format!(
+                "unknown status {:?} (pending|running|completed|error)",
+                clipped(&status_s)
+            ),
         )
     })?;
     let mut state = ToolState::new(status);
