@@ -27,10 +27,30 @@ use crate::store::StoreError;
 use crate::summarize::{Progress, SummarizeError, Summarizer, SummaryRequest, Window, chunk};
 use crate::tokens::Tokenizer;
 
+/// One item a compaction hands its caller: an event and, with `compacted`, what its
+/// commit applied of the held decisions (an automatic prune, heard of right after it).
+#[derive(Debug)]
+pub struct Handed {
+    /// The event.
+    pub event: pb::CompactionEvent,
+    /// The prune that follows it: a `Stream` sends it as `pruned`; a `Compact` call has
+    /// no place for it (`Subscribe` has it).
+    pub pruned: Option<Box<pb::PruneReport>>,
+}
+
+impl From<pb::CompactionEvent> for Handed {
+    fn from(event: pb::CompactionEvent) -> Handed {
+        Handed {
+            event,
+            pruned: None,
+        }
+    }
+}
+
 /// Where a compaction's events go besides the bus.
 #[derive(Debug, Clone)]
 pub struct Sink {
-    tx: mpsc::Sender<pb::CompactionEvent>,
+    tx: mpsc::Sender<Handed>,
     /// The caller owns the compaction: when it stops listening, the compaction stops.
     cancel_on_drop: bool,
     /// Where the outcome waits when the owner took no event for the slow-reader grace
@@ -44,7 +64,7 @@ type Outcome = Arc<std::sync::Mutex<Option<pb::CompactionEvent>>>;
 
 impl Sink {
     /// A sink whose closing cancels the compaction (the `Compact` RPC).
-    pub fn owning(tx: mpsc::Sender<pb::CompactionEvent>) -> Sink {
+    pub fn owning(tx: mpsc::Sender<Handed>) -> Sink {
         Sink {
             tx,
             cancel_on_drop: true,
@@ -53,7 +73,7 @@ impl Sink {
     }
 
     /// A sink that only listens (the main stream).
-    pub fn listening(tx: mpsc::Sender<pb::CompactionEvent>) -> Sink {
+    pub fn listening(tx: mpsc::Sender<Handed>) -> Sink {
         Sink {
             tx,
             cancel_on_drop: false,
@@ -68,7 +88,7 @@ impl Sink {
     /// cancelled.
     pub fn until_outcome(
         &self,
-        rx: mpsc::Receiver<pb::CompactionEvent>,
+        rx: mpsc::Receiver<Handed>,
     ) -> impl tokio_stream::Stream<Item = Result<pb::CompactionEvent, tonic::Status>> + Send + 'static
     {
         let outcome = self.outcome.clone();
@@ -79,7 +99,7 @@ impl Sink {
                     return None;
                 }
                 let e = match rx.recv().await {
-                    Some(e) => e,
+                    Some(handed) => handed.event,
                     None => {
                         let kept = outcome.lock().unwrap_or_else(|e| e.into_inner()).take();
                         return Some((kept.ok_or_else(slow_reader_cancelled), (rx, true)));
@@ -387,9 +407,16 @@ impl Job {
                 Ce::Failed(f)
             }
         };
-        link.emit(ev).await;
         // What the commit applied of the held decisions, heard of after the compaction
-        // as any automatic prune (the commit is durable: the store answered).
+        // as any automatic prune (the commit is durable: the store answered): by the
+        // caller's sink with the outcome, on the bus right after it.
+        link.emit_with(
+            ev,
+            held_applied
+                .as_ref()
+                .map(|r| Box::new(super::convert::prune_to_pb(r))),
+        )
+        .await;
         if let Some(report) = held_applied {
             crate::telemetry::pruned(&report, "auto");
             if let Some(e) = reply::bus_event(&Event::Pruned(report)) {
@@ -636,6 +663,11 @@ impl Link {
     /// busy answering updates: it is waited on, until the compaction is cancelled and a
     /// grace has passed.
     async fn emit(&mut self, ev: Ce) {
+        self.emit_with(ev, None).await;
+    }
+
+    /// [`Self::emit`], handing the caller's sink the prune that follows the event.
+    async fn emit_with(&mut self, ev: Ce, pruned: Option<Box<pb::PruneReport>>) {
         let last = matches!(ev, Ce::Compacted(_) | Ce::Failed(_));
         let e = event(&self.session_id, &self.running.id, ev);
         self.hub.publish(
@@ -654,7 +686,7 @@ impl Link {
         };
         let sent = tokio::select! {
             biased;
-            sent = sink.tx.send(e) => sent.is_ok(),
+            sent = sink.tx.send(Handed { event: e, pruned }) => sent.is_ok(),
             () = given_up => {
                 tracing::warn!(session_id = %self.session_id, compaction_id = %self.running.id, grace_secs = grace.as_secs(), "the caller took no compaction event for the slow-reader grace; its events are dropped");
                 false

@@ -306,9 +306,13 @@ async fn encoded(hub: &Hub) -> Vec<u8> {
 }
 
 /// The compaction's last event on `events`: compacted or failed.
-async fn outcome(events: &mut mpsc::Receiver<pb::CompactionEvent>) -> Ce {
+async fn outcome(events: &mut mpsc::Receiver<Handed>) -> Ce {
     loop {
-        let e = events.recv().await.expect("the compaction reports its end");
+        let e = events
+            .recv()
+            .await
+            .expect("the compaction reports its end")
+            .event;
         match e.event {
             Some(ev @ (Ce::Compacted(_) | Ce::Failed(_))) => return ev,
             _ => continue,
@@ -500,7 +504,11 @@ async fn a_stream_busy_elsewhere_still_gets_every_event_of_its_compaction() {
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     let mut deltas = 0;
     loop {
-        let e = events.recv().await.expect("every event, then the end");
+        let e = events
+            .recv()
+            .await
+            .expect("every event, then the end")
+            .event;
         match e.event {
             Some(Ce::Delta(_)) => deltas += 1,
             Some(Ce::Compacted(_)) => break,
@@ -539,7 +547,7 @@ async fn a_summary_refused_at_commit_still_reports_what_it_cost() {
 /// dropped): its events, and the sender.
 async fn a_commit_waiting_its_turn() -> (
     Arc<Hub>,
-    mpsc::Receiver<pb::CompactionEvent>,
+    mpsc::Receiver<Handed>,
     std::sync::mpsc::Sender<()>,
 ) {
     let gated = Gated::new("summary");

@@ -169,7 +169,7 @@ impl pb::sessions_server::Sessions for SessionsService {
                 .await
                 .map_err(|r| r.within_payload("options"))?;
         // The receiver is ours until we return it; this send cannot fail.
-        let _ = tx.send(started).await;
+        let _ = tx.send(started.into()).await;
         drop(tx);
         let _ = go.send(());
         Ok(Response::new(Box::pin(events)))

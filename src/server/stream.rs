@@ -29,7 +29,7 @@ use tokio_stream::Stream;
 use tonic::{Status, Streaming};
 use tracing::Instrument;
 
-use super::compaction::{self, Sink};
+use super::compaction::{self, Handed, Sink};
 use super::counting;
 use super::hub::Hub;
 use super::ops::{self, Pending};
@@ -100,7 +100,7 @@ pub fn run(
     let (out_tx, out_rx) = mpsc::channel::<Buffered>(EVENT_BUFFER);
     let (end_tx, end_rx) = oneshot::channel::<Status>();
     // Events of compactions started from this stream, after their start was acked.
-    let (cmp_tx, cmp_rx) = mpsc::channel::<pb::CompactionEvent>(EVENT_BUFFER);
+    let (cmp_tx, cmp_rx) = mpsc::channel::<Handed>(EVENT_BUFFER);
     let (slot_tx, slot_rx) = mpsc::channel::<Slot>(IN_FLIGHT);
     let span = tracing::info_span!("stream", %peer);
     let reader = Reader {
@@ -170,7 +170,7 @@ struct Reader {
     max_update_bytes: usize,
     slots: mpsc::Sender<Slot>,
     /// Where manual compactions started here send their events.
-    compactions: mpsc::Sender<pb::CompactionEvent>,
+    compactions: mpsc::Sender<Handed>,
 }
 
 /// What the reader read and has not queued yet, in arrival order.
@@ -336,7 +336,7 @@ struct Writer {
     grace: Duration,
     /// Sink for automatic compactions; dropped when no more updates come, so the channel
     /// closes once the last compaction ends.
-    auto: Option<mpsc::Sender<pb::CompactionEvent>>,
+    auto: Option<mpsc::Sender<Handed>>,
     /// Compaction id → seq of the update that started it.
     started_by: HashMap<String, u64>,
 }
@@ -346,14 +346,14 @@ enum Input {
     /// The next update in arrival order (None: the reader is done).
     Slot(Option<Slot>),
     /// A compaction event (None: every compaction and the reader are done).
-    Compaction(Option<pb::CompactionEvent>),
+    Compaction(Option<Handed>),
 }
 
 impl Writer {
     async fn run(
         mut self,
         mut slots: mpsc::Receiver<Slot>,
-        mut compactions: mpsc::Receiver<pb::CompactionEvent>,
+        mut compactions: mpsc::Receiver<Handed>,
     ) {
         let (mut slots_open, mut compactions_open) = (true, true);
         while slots_open || compactions_open {
@@ -446,8 +446,10 @@ impl Writer {
         .await
     }
 
-    /// Sends a compaction event under the seq of the update that started the compaction.
-    async fn forward(&mut self, ev: pb::CompactionEvent) -> ControlFlow<()> {
+    /// Sends a compaction event under the seq of the update that started the compaction,
+    /// then the prune its commit applied, under the same seq.
+    async fn forward(&mut self, handed: Handed) -> ControlFlow<()> {
+        let Handed { event: ev, pruned } = handed;
         let done = matches!(
             ev.event,
             Some(
@@ -459,12 +461,24 @@ impl Writer {
         } else {
             self.started_by.get(&ev.compaction_id).copied()
         };
+        let session_id = ev.session_id.clone();
         self.deliver(pb::ServerEvent {
             seq: seq.unwrap_or(0),
-            session_id: ev.session_id.clone(),
+            session_id: session_id.clone(),
             event: Some(Ev::Compaction(ev)),
         })
-        .await
+        .await?;
+        match pruned {
+            Some(report) => {
+                self.deliver(pb::ServerEvent {
+                    seq: seq.unwrap_or(0),
+                    session_id,
+                    event: Some(Ev::Pruned(*report)),
+                })
+                .await
+            }
+            None => ControlFlow::Continue(()),
+        }
     }
 
     async fn deliver(&mut self, event: pb::ServerEvent) -> ControlFlow<()> {

@@ -292,3 +292,91 @@ async fn the_cost_is_the_reported_usage_at_the_configured_prices() {
     };
     assert_eq!(watched.cost, done.cost);
 }
+
+/// One finished assistant step `msg` answering `user`, with `read` outputs of the given
+/// sizes; returns the finishing update's events.
+async fn read_step(
+    s: &mut EventStream,
+    sid: &str,
+    user: &str,
+    msg: &str,
+    outputs: &[(&str, usize)],
+) -> Vec<pb::ServerEvent> {
+    s.expect_ack(sid, upsert_message(assistant_msg(msg, user)))
+        .await;
+    for (id, chars) in outputs {
+        let part = tool_part(msg, id, "read", &output_of(id, *chars));
+        s.expect_ack(sid, upsert_part(part)).await;
+    }
+    s.request(sid, upsert_message(finished(assistant_msg(msg, user))))
+        .await
+}
+
+/// What a compaction's commit applies of the decisions the cache-aware scheduler held
+/// (masking `t1`, whose saving did not pay for the cache rewrite) reaches the Stream
+/// that ran the compaction, as a `pruned` event right after `compacted`, under its seq,
+/// as it reaches a watcher. Before, only `Subscribe` heard of it: the host's view of
+/// which outputs are cleared drifted.
+#[tokio::test]
+async fn the_prune_a_commit_applies_reaches_the_stream_that_compacted() {
+    let fake = FakeLlm::start(vec![Reply::text(["the first turn, summarized"])]).await;
+    // compactd's own strategies and cache model (the defaults), not ACP's.
+    let server = start_server_with(
+        compactd::server::ServerOptions {
+            compaction: compaction_config(llm_config(&fake)),
+            ..Default::default()
+        },
+        compactd::config::EngineConfig::default(),
+    )
+    .await;
+    let mut s = server.stream().await;
+    let sid = "held-at-commit";
+    let config = pb::SessionConfig {
+        mask_keep: Some(2),
+        cache_model: "anthropic".into(),
+        ..Default::default()
+    };
+    s.expect_ack(sid, open(session_with_config(sid, 200_000, 20_000, config)))
+        .await;
+    // A first turn, to summarize; then one whose newest outputs push t1 out of the
+    // newest two while the ~10,000 tokens after it are cached: masking it is held (the
+    // turn stays within the 15,000 tokens a compaction keeps).
+    for (user, text) in [("u0", "look around"), ("u1", "read both files")] {
+        s.expect_ack(sid, upsert_message(user_msg(user))).await;
+        s.expect_ack(
+            sid,
+            upsert_part(text_part(user, &format!("{user}-t"), text)),
+        )
+        .await;
+        if user == "u0" {
+            read_step(&mut s, sid, "u0", "a0", &[("t0", 4_000)]).await;
+        }
+    }
+    read_step(&mut s, sid, "u1", "a1", &[("t1", 2_000)]).await;
+    read_step(&mut s, sid, "u1", "a2", &[("t2", 40_000)]).await;
+    let a3 = read_step(&mut s, sid, "u1", "a3", &[("t3", 200)]).await;
+    assert_eq!(kinds(&a3), ["ack"], "masking t1 is held: {a3:?}");
+
+    let seq = s
+        .send(
+            sid,
+            pb::client_update::Update::Compact(pb::CompactOptions {
+                tail_turns: Some(1),
+                ..Default::default()
+            }),
+        )
+        .await;
+    assert_eq!(kinds(&s.reply(seq).await), ["compaction", "ack"]);
+    let events = follow(&mut s, seq).await;
+    assert_eq!(names(&events).last(), Some(&"compacted"), "{events:?}");
+    // A guard (not a speed assertion): a missing event fails instead of hanging.
+    let next = tokio::time::timeout(std::time::Duration::from_secs(20), s.next_event())
+        .await
+        .unwrap_or_else(|_| panic!("no event followed {events:?}"));
+    assert_eq!(next.seq, seq, "{next:?}");
+    let Some(pb::server_event::Event::Pruned(report)) = &next.event else {
+        panic!("expected the commit's prune, got {next:?}")
+    };
+    let marked: Vec<&str> = report.marked.iter().map(|m| m.part_id.as_str()).collect();
+    assert!(marked.contains(&"t1"), "{report:?}");
+}
