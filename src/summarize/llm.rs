@@ -5,8 +5,10 @@
 //!
 //! Responses are read as raw JSON (async-openai's "bring your own types") so servers that
 //! omit optional fields still work; a stream counts as complete only when a choice reports
-//! a `finish_reason`. A stream with no answer at all, and a refusal for length, are "too
-//! long" (`too_long.rs`): never retried as they were, they teach the window instead.
+//! a `finish_reason`. A refusal for length, and a stream with no answer at all whose
+//! one-token probe says so, are "too long" (`too_long.rs`): never retried as they were,
+//! they teach the window instead (an empty stream whose probe is answered, or fails for a
+//! reason worth a retry, is retried as any failed attempt).
 //! Client errors are mapped in `errors.rs`. One request may bring only so much text
 //! ([`summary_cap`]); past it compactd stops reading and fails the request.
 
@@ -33,6 +35,7 @@ use crate::domain::{ModelRef, TokenUsage};
 use crate::engine::SummaryOutcome;
 use errors::{request_error, stream_error};
 use finish::{Finish, stopped};
+use too_long::{Probed, Silence};
 
 /// Longest wait between retries.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(8);
@@ -91,7 +94,7 @@ enum Failed {
     /// HTTP 200 with no answer: no content and no finish reason, or a finish for length
     /// with no content. llama.cpp's Python server answers a prompt longer than its context
     /// with an empty stream.
-    Silent(&'static str),
+    Silent(Silence),
 }
 
 impl From<SummarizeError> for Failed {
@@ -274,9 +277,10 @@ impl OpenAiSummarizer {
                     .into(),
                 retryable: true,
             })),
-            None if !*started => Some(Failed::Silent(
-                "the endpoint answered with an empty stream",
-            )),
+            None if !*started => Some(Failed::Silent(Silence {
+                what: "the endpoint answered with an empty stream",
+                length: false,
+            })),
             // The model wrote tokens, all of them thinking: the prompt fit, so this is no
             // "too long" to learn a window from or to cut the head for.
             Some(Finish::Length)
@@ -288,9 +292,10 @@ impl OpenAiSummarizer {
             {
                 Some(reasoned_away(max_tokens).into())
             }
-            Some(Finish::Length) if !*started => Some(Failed::Silent(
-                "the endpoint stopped for length before writing anything",
-            )),
+            Some(Finish::Length) if !*started => Some(Failed::Silent(Silence {
+                what: "the endpoint stopped for length before writing anything",
+                length: true,
+            })),
             None => Some(
                 SummarizeError::Broken("the stream ended before the model finished".into()).into(),
             ),
@@ -351,7 +356,7 @@ impl OpenAiSummarizer {
         let mut capped = false;
         loop {
             let mut started = false;
-            let (result, seen) =
+            let (result, mut seen) =
                 retry_after::scoped(self.attempt(&body, &progress, &mut started)).await;
             let e = match result {
                 Ok(outcome) => {
@@ -380,8 +385,16 @@ impl OpenAiSummarizer {
                         retryable: false,
                     });
                 }
-                Err(Failed::Silent(what)) => {
-                    return Err(self.silent(&request, &body, what, &progress).await);
+                // Asked again for one token: "too long", or a failure of the request (its
+                // probe's), retried as any other.
+                Err(Failed::Silent(silence)) => {
+                    match self.silent(&request, &body, silence, &progress).await {
+                        Probed::TooLong(e) => return Err(e),
+                        Probed::Failed(e, probed) => {
+                            seen = probed;
+                            e
+                        }
+                    }
                 }
                 // Read as it came (a refusal's numbers), scrubbed where it comes out: the
                 // logs, the `retrying` event, the failure.

@@ -2,7 +2,9 @@
 //! (`--llm-context-tokens`, which always wins), what the endpoint tells when asked
 //! (`discover.rs`: llama.cpp's `/props`, `/v1/models`), and what its refusals for length
 //! teach. [`Windows`] keeps it for the process's life: one small map behind a mutex in the
-//! summarizer.
+//! summarizer. A window compactd only guessed (below what a signal without numbers
+//! refused, [`WindowSource::Shrunk`]) is kept for [`SHRUNK_ANSWERS`] answered requests,
+//! then tested again.
 //!
 //! Also kept per endpoint and model: how many of the endpoint's tokens one token compactd
 //! counts is (the ratio), learned from the endpoint's own numbers (a refusal, a usage
@@ -27,6 +29,15 @@ pub const MAX_PLAUSIBLE_WINDOW: u64 = 100_000_000;
 /// goes below this: one odd answer to a short request must not leave every later
 /// compaction with no room (the chunk budget still halves per refusal).
 pub const MIN_SHRUNK_WINDOW: u64 = 2_048;
+/// Requests answered while a guessed window ([`WindowSource::Shrunk`]) is kept, after which
+/// it is forgotten and what was known before it (the window the endpoint told or a refusal
+/// named, or none) sizes the requests again. A guess is no word of the endpoint's: the
+/// answers under it say nothing of a larger window, so it is tested again every so often.
+/// When it was right, the first request sized past it is refused once more and the window
+/// is learned again, at the cost of that one request (and its probe) per this many
+/// answers; when it was wrong (an odd answer taken for "too long"), it does not shrink
+/// every later compaction for the process's life.
+pub const SHRUNK_ANSWERS: u32 = 16;
 /// Bounds of the learned ratio of endpoint tokens per counted token: no public tokenizer
 /// cuts text four times finer than o200k, and below 1.0 compactd keeps its own count.
 pub const RATIO_BOUNDS: (f64, f64) = (1.0, 4.0);
@@ -97,7 +108,11 @@ pub const RATIO_KEPT: usize = 8;
 /// What is known per endpoint and model.
 #[derive(Debug, Clone, Copy)]
 struct Known {
+    /// The window the endpoint told or a refusal named (never [`WindowSource::Shrunk`]).
     window: Option<(u64, WindowSource)>,
+    /// A window guessed below it (or below nothing known), and the answers left before it
+    /// is forgotten ([`SHRUNK_ANSWERS`]).
+    guess: Option<(u64, u32)>,
     /// The latest ratios the endpoint's numbers taught, oldest overwritten first (0.0:
     /// none yet).
     ratios: [f64; RATIO_KEPT],
@@ -114,6 +129,15 @@ struct Known {
 }
 
 impl Known {
+    /// The window in use: the guess when one is kept below what is known.
+    fn window(&self) -> Option<(u64, WindowSource)> {
+        match (self.window, self.guess) {
+            (Some((known, source)), Some((guess, _))) if known <= guess => Some((known, source)),
+            (_, Some((guess, _))) => Some((guess, WindowSource::Shrunk)),
+            (known, None) => known,
+        }
+    }
+
     /// Endpoint tokens per counted token: the largest of the latest ratios learned.
     fn ratio(&self) -> f64 {
         self.ratios.iter().copied().fold(RATIO_BOUNDS.0, f64::max)
@@ -131,6 +155,7 @@ impl Default for Known {
     fn default() -> Self {
         Known {
             window: None,
+            guess: None,
             ratios: [0.0; RATIO_KEPT],
             next_ratio: 0,
             asked: false,
@@ -172,7 +197,7 @@ impl Windows {
     pub fn get(&self, base_url: &str, model: &str) -> Option<Window> {
         let known = self.read(base_url, model);
         let ratio = known.ratio();
-        match (self.configured, known.window) {
+        match (self.configured, known.window()) {
             // The configured window is a ceiling: a refusal naming a smaller one is the
             // endpoint's own word for this model, and so is what was learned below it
             // since.
@@ -207,7 +232,8 @@ impl Windows {
     pub fn told(&self, base_url: &str, model: &str, told: Option<(u64, WindowSource)>) {
         self.with(base_url, model, |k| {
             k.asked = true;
-            // A window learned meanwhile from a refusal is the better figure.
+            // A window learned meanwhile from a refusal is the better figure (a guess is
+            // kept beside the one told, and used while it is the lower).
             if k.window.is_none() {
                 k.window = told;
             }
@@ -216,8 +242,8 @@ impl Windows {
 
     /// Learns from a refusal for length (or an empty stream) of a request compactd counted
     /// at `counted` tokens and that asked for `max_tokens`: the window it names, else one
-    /// below what was sent; and the ratio when it names its count of the prompt. Returns
-    /// what is known afterwards.
+    /// below what was sent (a guess, kept for [`SHRUNK_ANSWERS`] answers); and the ratio
+    /// when it names its count of the prompt. Returns what is known afterwards.
     pub fn refused(
         &self,
         base_url: &str,
@@ -233,6 +259,7 @@ impl Windows {
             match refusal.window.filter(|w| plausible(*w)) {
                 Some(w) => {
                     k.window = Some((w, WindowSource::Refusal));
+                    k.guess = None;
                     k.named = true;
                 }
                 None => {
@@ -241,9 +268,9 @@ impl Windows {
                         .unwrap_or_else(|| scale(counted, k.ratio()))
                         .saturating_add(max_tokens.unwrap_or(0));
                     let below = sent.saturating_sub(1).max(MIN_SHRUNK_WINDOW);
-                    let lower = k.window.is_none_or(|(w, _)| below < w);
+                    let lower = k.window().is_none_or(|(w, _)| below < w);
                     if lower {
-                        k.window = Some((below, WindowSource::Shrunk));
+                        k.guess = Some((below, SHRUNK_ANSWERS));
                     }
                 }
             }
@@ -260,6 +287,19 @@ impl Windows {
         self.with(base_url, model, |k| {
             k.learn_ratio(ratio(prompt_tokens, counted));
         });
+    }
+
+    /// Counts one request `base_url` + `model` answered: a guessed window is forgotten
+    /// after [`SHRUNK_ANSWERS`] of them. Keeps no entry for a pair nothing is known of.
+    pub fn answered(&self, base_url: &str, model: &str) {
+        let mut map = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(k) = map.get_mut(&(base_url.to_string(), model.to_string())) else {
+            return;
+        };
+        if let Some((tokens, left)) = k.guess {
+            let left = left.saturating_sub(1);
+            k.guess = (left > 0).then_some((tokens, left));
+        }
     }
 
     /// The answer-token cap a refusal taught for `base_url` + `model`, if any.

@@ -5,7 +5,10 @@
 //! before evaluating anything. Either way the summarizer learns the window (or one below
 //! what was sent) and the ratio of the endpoint's tokens to its own count, and answers
 //! [`SummarizeError::TooLong`]: the chunker then cuts the request smaller, and the same
-//! request is never sent again.
+//! request is never sent again. A probe that is answered shows the prompt fits: the empty
+//! stream was a stream that failed on the way, retried as such, and teaches no window; a
+//! probe that fails for a reason worth a retry (a 429, a 5xx) is that failure, retried
+//! after its `Retry-After`, and teaches nothing either.
 //!
 //! Usage reports of answered requests teach the ratio too, and tell a prompt the endpoint
 //! truncated to fit its window without saying so (Ollama): "too long" as well.
@@ -21,8 +24,29 @@ use crate::summarize::budget::{
     MESSAGES_PER_REQUEST, TEMPLATE_TOKENS_PER_MESSAGE, TEMPLATE_TOKENS_PER_REQUEST,
 };
 use crate::summarize::output_cap::OutputCap;
+use crate::summarize::retry_after::{self, Seen};
 use crate::summarize::window::{self, Refusal};
 use crate::summarize::{Progress, SummarizeError, SummaryRequest};
+
+/// An answer with nothing in it: what it was, for the reason shown.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Silence {
+    /// What came ("an empty stream").
+    pub what: &'static str,
+    /// The endpoint said it stopped for length (a finish for length before any text): a
+    /// sign of length even when the prompt alone fits; an empty stream is none then.
+    pub length: bool,
+}
+
+/// What the probe of a silent answer made of it.
+#[derive(Debug)]
+pub(super) enum Probed {
+    /// "Too long": the chunker cuts the head smaller; never sent again as it was.
+    TooLong(SummarizeError),
+    /// The request failed as this error says (retried when it is worth it, as any
+    /// attempt's failure), with what the HTTP layer saw of the probe (its `Retry-After`).
+    Failed(SummarizeError, Seen),
+}
 
 /// Requests compactd counted at fewer tokens than this teach no ratio: the chat template's
 /// own tokens would weigh too much in the endpoint's count.
@@ -43,15 +67,20 @@ impl OpenAiSummarizer {
         SummarizeError::TooLong(why)
     }
 
-    /// An answer with nothing in it (`what`): asks the same messages once without streaming
-    /// and for one token, learns from that answer, and returns the error the chunker acts on.
+    /// An answer with nothing in it (`what`; `length`: the endpoint said it stopped for
+    /// length): asks the same messages once without streaming and for one token, and says
+    /// what that answer makes of it. Only a refusal of the probe for length, or a stop for
+    /// length whose prompt alone fits, is "too long" and teaches a window; an empty stream
+    /// whose prompt fits is a stream that failed on the way, and a probe that failed for a
+    /// reason worth a retry is that failure: both retried as such, teaching no window.
     pub(super) async fn silent(
         &self,
         request: &SummaryRequest,
         body: &Value,
-        what: &'static str,
+        silence: Silence,
         progress: &mpsc::Sender<Progress>,
-    ) -> SummarizeError {
+    ) -> Probed {
+        let what = silence.what;
         let mut probe = body.clone();
         probe["stream"] = Value::Bool(false);
         // One token, in the field the model takes (one that refused `max_tokens` takes
@@ -70,25 +99,40 @@ impl OpenAiSummarizer {
         if let Some(fields) = probe.as_object_mut() {
             fields.remove("stream_options");
         }
-        let mut asked = self.ask(&probe).await;
+        // Scoped as an attempt is: a 429/503's `Retry-After` is the retry loop's to honour.
+        let (mut asked, mut seen) = retry_after::scoped(self.ask(&probe)).await;
         if matches!(&asked, Err(SummarizeError::Request { status: None, .. })) {
             // llama-cpp-python closes the connection its empty answer came on, and the
             // pooled connection may be taken before that is seen: the probe never reached
             // the server. Once more, on a new connection.
-            asked = self.ask(&probe).await;
+            (asked, seen) = retry_after::scoped(self.ask(&probe)).await;
         }
         let why = match asked {
-            Err(e) => match e {
-                SummarizeError::TooLong(message) => {
-                    // The probe itself was refused: it asked for one token.
-                    self.learn(request, &probe, window::refusal(&message));
-                    format!("{what}; asked again without streaming, it refused: {message}")
-                }
-                other => {
-                    self.learn(request, body, Refusal::default());
-                    format!("{what} (asked again without streaming: {other})")
-                }
-            },
+            Err(SummarizeError::TooLong(message)) => {
+                // The probe itself was refused: it asked for one token.
+                self.learn(request, &probe, window::refusal(&message));
+                format!("{what}; asked again without streaming, it refused: {message}")
+            }
+            Err(e) if e.retryable() => {
+                // Nothing said of length: the request failed as the probe did.
+                let e = match e {
+                    SummarizeError::Request {
+                        status,
+                        message,
+                        retryable,
+                    } => SummarizeError::Request {
+                        status,
+                        message: format!("{what}; asked again without streaming: {message}"),
+                        retryable,
+                    },
+                    other => other,
+                };
+                return Probed::Failed(e, seen);
+            }
+            Err(e) => {
+                // Unexplained: cut smaller, as for "too long", but nothing learned.
+                format!("{what} (asked again without streaming: {e})")
+            }
             Ok(answer) => {
                 // The probe read the whole prompt: paid for.
                 let usage = &answer["usage"];
@@ -99,9 +143,26 @@ impl OpenAiSummarizer {
                     ..Default::default()
                 });
                 self.void(progress, spent).await;
-                // The prompt fits without the answer's room: a window below prompt plus
-                // answer, when an answer was asked for; the ratio either way.
                 let prompt_tokens = answer["usage"]["prompt_tokens"].as_u64();
+                if !silence.length {
+                    // The prompt fits and nothing said "length": the empty stream failed on
+                    // the way. Only the ratio is learned.
+                    if let (Some(counted), Some(prompt)) = (request.counted_tokens, prompt_tokens) {
+                        self.ratio_from(request, counted, prompt);
+                    }
+                    let e = SummarizeError::Request {
+                        status: None,
+                        message: format!(
+                            "{what}, though the prompt fits (asked again without streaming, \
+                             it was answered)"
+                        ),
+                        retryable: true,
+                    };
+                    return Probed::Failed(e, Seen::default());
+                }
+                // Stopped for length, though the prompt fits without the answer's room: a
+                // window below prompt plus answer, when an answer was asked for (a guess);
+                // the ratio either way.
                 if sent_max_tokens(body).is_some() {
                     self.learn(
                         request,
@@ -121,7 +182,7 @@ impl OpenAiSummarizer {
         };
         let why = self.scrub_text(why);
         tracing::warn!(model = self.model_of(request.model.as_deref()), counted_tokens = request.counted_tokens, max_tokens = request.max_tokens, reason = %why, "compaction request answered with nothing; it will be cut smaller");
-        SummarizeError::TooLong(why)
+        Probed::TooLong(SummarizeError::TooLong(why))
     }
 
     /// An answer to a prompt the endpoint read under half of: it dropped what did not fit
@@ -168,8 +229,14 @@ impl OpenAiSummarizer {
             .map_err(|e| request_error(e, false))
     }
 
-    /// Learns the ratio from an answered request's usage report.
+    /// Learns the ratio from an answered request's usage report, and counts the answer
+    /// towards forgetting a guessed window (`window::SHRUNK_ANSWERS`).
     pub(super) fn observe(&self, request: &SummaryRequest, outcome: &SummaryOutcome) {
+        let model = self.model_of(request.model.as_deref());
+        let base = &self.config.base_url;
+        let before = self.windows.get(base, model);
+        self.windows.answered(base, model);
+        log_learned(base, model, before, self.windows.get(base, model));
         if let (Some(counted), Some(usage)) = (request.counted_tokens, outcome.usage) {
             self.ratio_from(request, counted, usage.input);
         }

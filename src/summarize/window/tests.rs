@@ -287,3 +287,68 @@ fn a_refused_max_tokens_field_stays_omitted() {
     w.cap_output("u", "m", OutputCap::At(8_192));
     assert_eq!(w.output_cap("u", "m"), Some(OutputCap::Omit));
 }
+
+/// A window compactd guessed (one below what a signal without numbers refused) is not
+/// the endpoint's word: after [`SHRUNK_ANSWERS`] answered requests it is forgotten, and
+/// what was known before it (told, named by a refusal, or nothing) is used again. Before,
+/// it was kept for the process's life, only ever lowered: a 32,768-token window told by
+/// `/props` stayed at a third of that after one odd answer.
+#[test]
+fn a_guessed_window_is_forgotten_after_answers_what_was_known_before_returns() {
+    let w = Windows::new(None);
+    w.told(URL, "m", Some((32_768, WindowSource::Props)));
+    let guessed = w
+        .refused(URL, "m", Refusal::default(), 3_000, Some(8_192))
+        .expect("known");
+    assert_eq!(
+        (guessed.tokens, guessed.source),
+        (11_191, WindowSource::Shrunk)
+    );
+    for _ in 1..SHRUNK_ANSWERS {
+        w.answered(URL, "m");
+    }
+    assert_eq!(w.get(URL, "m"), Some(guessed), "kept until the last answer");
+    w.answered(URL, "m");
+    let now = w.get(URL, "m").expect("known");
+    assert_eq!((now.tokens, now.source), (32_768, WindowSource::Props));
+    w.answered(URL, "m");
+    assert_eq!(w.get(URL, "m").map(|k| k.tokens), Some(32_768));
+
+    // Below a window a refusal named: that one again. Nothing known before: nothing.
+    let named = Refusal {
+        window: Some(8_192),
+        prompt_tokens: None,
+    };
+    w.refused(URL, "m", named, 3_000, None);
+    w.refused(URL, "m", Refusal::default(), 3_000, Some(1_000));
+    assert_eq!(w.get(URL, "m").map(|k| k.tokens), Some(3_999));
+    // A lower guess starts the count again.
+    for _ in 1..SHRUNK_ANSWERS {
+        w.answered(URL, "m");
+    }
+    w.refused(URL, "m", Refusal::default(), 2_000, Some(1_000));
+    w.answered(URL, "m");
+    assert_eq!(w.get(URL, "m").map(|k| k.tokens), Some(2_999));
+    for _ in 1..SHRUNK_ANSWERS {
+        w.answered(URL, "m");
+    }
+    let now = w.get(URL, "m").expect("known");
+    assert_eq!((now.tokens, now.source), (8_192, WindowSource::Refusal));
+    w.refused(URL, "other", Refusal::default(), 9_000, Some(1_000));
+    for _ in 0..SHRUNK_ANSWERS {
+        w.answered(URL, "other");
+    }
+    assert_eq!(w.get(URL, "other"), None);
+    // A discovery answer that comes while a guess is kept is used once it is forgotten.
+    w.refused(URL, "late", Refusal::default(), 9_000, Some(1_000));
+    w.told(URL, "late", Some((65_536, WindowSource::Models)));
+    assert_eq!(w.get(URL, "late").map(|k| k.tokens), Some(9_999));
+    for _ in 0..SHRUNK_ANSWERS {
+        w.answered(URL, "late");
+    }
+    assert_eq!(w.get(URL, "late").map(|k| k.tokens), Some(65_536));
+    // Answers for a model nothing is known of keep nothing.
+    let before = w.known.lock().expect("lock").len();
+    w.answered(URL, "unknown");
+    assert_eq!(w.known.lock().expect("lock").len(), before);
+}

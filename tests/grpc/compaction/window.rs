@@ -3,7 +3,7 @@
 //! empty stream, overridden by `--llm-context-tokens`. A "too long" answer cuts the head
 //! smaller at once and never leads to the same request again.
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::common::compaction::*;
 use crate::common::fake_llm::{FakeLlm, RecordedRequest, Reply};
@@ -348,11 +348,25 @@ async fn the_probe_of_a_silent_answer_asks_in_the_field_the_model_takes() {
     assert_eq!(probe.body["max_completion_tokens"], 1);
 }
 
+/// A bare refusal for length, without numbers (OpenAI's `context_length_exceeded`).
+fn refused_without_numbers() -> Reply {
+    Reply::Status {
+        code: 400,
+        body: crate::common::fake_llm::error_body(
+            crate::common::fake_llm::CONTEXT_TOO_LONG_MESSAGE,
+            "invalid_request_error",
+            Some("messages"),
+            Some("context_length_exceeded"),
+        ),
+        retry_after: None,
+    }
+}
+
 #[tokio::test]
 async fn silent_answers_without_numbers_halve_the_chunk() {
     for (silent, probe_answer) in [
-        // An empty stream, and a probe that fails otherwise.
-        (Reply::Empty, Reply::status(500)),
+        // An empty stream, and a probe refused for length without numbers.
+        (Reply::Empty, refused_without_numbers()),
         // A finish for length with nothing written, and a probe that fits.
         (
             Reply::text(Vec::<String>::new()).with_finish_reason(Some("length")),
@@ -464,6 +478,126 @@ async fn a_stream_cut_while_the_model_reasons_is_retried_and_teaches_no_window()
     let f = failure(&compact(&mut client, SID).await).clone();
     assert!(f.reason.contains("wrote no summary"), "{}", f.reason);
     assert_eq!(fake.requests().len(), 1, "not retried");
+}
+
+/// The window `/props` tells in the tests of an empty stream's probe.
+const PROPS_N_CTX: u64 = 32_768;
+
+/// A model with a [`PROPS_N_CTX`] window (told by `/props`) whose first answer is an empty
+/// stream, its one-token probe answered with `probe`, then `then`; a server using it, and
+/// a client with the seeded session [`SID`].
+async fn empty_first(probe: Reply, then: Vec<Reply>) -> (FakeLlm, TestServer, Client) {
+    let mut replies = vec![Reply::Empty, probe];
+    replies.extend(then);
+    let fake = FakeLlm::start(replies).await;
+    fake.serve_props(json!({"default_generation_settings": {"n_ctx": PROPS_N_CTX}}));
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    (fake, server, client)
+}
+
+/// The `retrying` events of one compaction.
+fn retries(
+    events: &[compactd::server::pb::CompactionEvent],
+) -> Vec<compactd::server::pb::CompactionRetrying> {
+    use compactd::server::pb::compaction_event::Event as Ce;
+    events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Some(Ce::Retrying(r)) => Some(r.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Compacts a second seeded session and returns the `max_tokens` of its first request.
+async fn next_compaction_max_tokens(fake: &FakeLlm, client: &mut Client) -> Value {
+    let before = fake.request_count();
+    seed_session(client, "cmp-2").await;
+    compacted(&compact(client, "cmp-2").await);
+    fake.requests()[before].body["max_tokens"].clone()
+}
+
+/// An empty stream whose one-token probe is answered was no sign of length: the prompt
+/// fits. It is retried as the stream broken on the way it is, and teaches no window.
+/// Before, it taught one below prompt + max_tokens (the 32,768 tokens `/props` told became
+/// 8,191), kept for the process's life: every later compaction on that endpoint asked for
+/// a quarter of the room, and cut its head for a quarter of the window.
+#[tokio::test]
+async fn an_empty_stream_whose_probe_is_answered_is_retried_and_teaches_no_window() {
+    let (fake, _server, mut client) = empty_first(
+        Reply::text(["x"]),
+        vec![Reply::text(["a summary"]), Reply::text(["another summary"])],
+    )
+    .await;
+    let events = compact(&mut client, SID).await;
+    assert_eq!(compacted(&events).chunks, 1, "{events:?}");
+    assert_eq!(retries(&events).len(), 1, "{events:?}");
+    let requests = fake.requests();
+    assert_eq!(requests.len(), 3, "{requests:?}");
+    assert_eq!(requests[0].body["max_tokens"], PROPS_N_CTX / 4);
+    assert_eq!(requests[1].body["stream"], false, "the probe");
+    assert_eq!(
+        requests[2].body, requests[0].body,
+        "the same request, again"
+    );
+
+    assert_eq!(
+        next_compaction_max_tokens(&fake, &mut client).await,
+        PROPS_N_CTX / 4,
+        "sized for the window /props told"
+    );
+}
+
+/// An empty stream whose probe fails for a reason worth a retry (a 429, a 5xx) says
+/// nothing of length: that failure is the request's, retried after the wait its
+/// `Retry-After` asks and within the retry budget, and no window is learned. Before, it
+/// was "too long": the head was cut smaller, a window below what was sent kept for the
+/// process's life, and the server's `Retry-After` ignored.
+#[tokio::test]
+async fn an_empty_stream_whose_probe_fails_retryably_is_retried_as_that_failure() {
+    let (fake, _server, mut client) = empty_first(
+        Reply::rate_limited(1),
+        vec![Reply::text(["a summary"]), Reply::text(["another summary"])],
+    )
+    .await;
+    let events = compact(&mut client, SID).await;
+    assert_eq!(compacted(&events).chunks, 1, "{events:?}");
+    let retried = retries(&events);
+    assert_eq!(retried.len(), 1, "{events:?}");
+    assert_eq!(
+        retried[0].delay_ms, 1000,
+        "the probe's Retry-After: 1 is honoured"
+    );
+    assert!(retried[0].reason.contains("429"), "{}", retried[0].reason);
+    let requests = fake.requests();
+    assert_eq!(requests.len(), 3, "{requests:?}");
+    assert_eq!(
+        requests[2].body, requests[0].body,
+        "the same request, again"
+    );
+    assert_eq!(
+        next_compaction_max_tokens(&fake, &mut client).await,
+        PROPS_N_CTX / 4,
+        "no window learned"
+    );
+
+    // Within the retry budget (3): then the compaction fails as the probe did.
+    let mut replies = Vec::new();
+    for _ in 0..4 {
+        replies.extend([Reply::Empty, Reply::status(503)]);
+    }
+    let fake = FakeLlm::start(replies).await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    let events = compact(&mut client, SID).await;
+    let f = failure(&events);
+    assert_eq!((f.kind.as_str(), f.retryable), ("request", true), "{f:?}");
+    assert!(f.reason.contains("503"), "{}", f.reason);
+    assert_eq!(retries(&events).len(), 3, "{events:?}");
+    assert_eq!(fake.request_count(), 8, "four requests, each probed");
 }
 
 #[tokio::test]
@@ -588,16 +722,7 @@ async fn a_bare_refusal_learns_from_the_max_tokens_sent() {
     use compactd::summarize::{OpenAiSummarizer, Summarizer};
     let fake = FakeLlm::start(vec![
         max_tokens_refused(OUTPUT_CAP_16K),
-        Reply::Status {
-            code: 400,
-            body: crate::common::fake_llm::error_body(
-                crate::common::fake_llm::CONTEXT_TOO_LONG_MESSAGE,
-                "invalid_request_error",
-                Some("messages"),
-                Some("context_length_exceeded"),
-            ),
-            retry_after: None,
-        },
+        refused_without_numbers(),
     ])
     .await;
     let summarizer = OpenAiSummarizer::new(llm_config(&fake));
