@@ -4,7 +4,10 @@
 //! `window.rs`; this file only makes the two bounded requests.
 //!
 //! Never fails: an endpoint that does not answer, or says nothing useful, leaves the window
-//! unknown (compactd then learns it from the first refusal). The key goes only into the
+//! unknown (compactd then learns it from the first refusal). A 5xx or a 429 is no answer:
+//! llama.cpp's server answers 503 "Loading model" while it starts, and tells its window once
+//! loaded, so such an endpoint is asked again before the next compaction, as one that
+//! could not be reached. The key goes only into the
 //! `Authorization` header; URLs in logs are redacted and errors carry no URL.
 
 use std::time::Duration;
@@ -29,7 +32,8 @@ pub enum Answer {
     Told(u64, WindowSource),
     /// It answered, without a window (not asked again).
     Silent,
-    /// It could not be reached (asked again next time).
+    /// It could not be reached, or answered only with a 5xx or a 429 (asked again next
+    /// time).
     Unreachable,
 }
 
@@ -72,8 +76,9 @@ pub async fn ask(
     }
 }
 
-/// `GET url`: `None` when unreachable, `Some(None)` when it answered with no JSON worth
-/// reading (an error status, another format, too long).
+/// `GET url`: `None` when unreachable or answered with a 5xx or a 429 (it may answer
+/// later: a server still loading its model), `Some(None)` when it answered with no JSON
+/// worth reading (another error status, another format, too long).
 async fn get_json(
     http: &reqwest::Client,
     url: reqwest::Url,
@@ -92,6 +97,10 @@ async fn get_json(
         }
     };
     let status = response.status();
+    if status.is_server_error() || status == reqwest::StatusCode::TOO_MANY_REQUESTS {
+        tracing::debug!(url = %shown, status = status.as_u16(), "window discovery: not answered now; asked again next time");
+        return None;
+    }
     if !status.is_success() {
         tracing::debug!(url = %shown, status = status.as_u16(), "window discovery: not served here");
         return Some(None);

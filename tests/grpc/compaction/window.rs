@@ -94,6 +94,151 @@ async fn the_window_is_learned_from_a_vllm_model_list() {
     );
 }
 
+/// llama-server while it loads its model, in front of `fake`: `/props` and `/v1/models`
+/// answer 503 "Loading model" until the first chat request, which finds the model loaded
+/// (it is forwarded to `fake`, as every chat request); from then on `/props` tells
+/// `n_ctx`.
+struct LoadingServer {
+    addr: std::net::SocketAddr,
+    state: std::sync::Arc<Loading>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+struct Loading {
+    upstream: String,
+    n_ctx: u64,
+    loaded: std::sync::atomic::AtomicBool,
+    props_asked: std::sync::atomic::AtomicUsize,
+    http: reqwest::Client,
+}
+
+impl LoadingServer {
+    async fn start(fake: &FakeLlm, n_ctx: u64) -> LoadingServer {
+        use axum::routing::{get, post};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1:0");
+        let addr = listener.local_addr().expect("local addr");
+        let state = std::sync::Arc::new(Loading {
+            upstream: fake.base_url(),
+            n_ctx,
+            loaded: Default::default(),
+            props_asked: Default::default(),
+            http: reqwest::Client::new(),
+        });
+        let app = axum::Router::new()
+            .route("/props", get(loading_props))
+            .route("/v1/models", get(loading_models))
+            .route("/v1/chat/completions", post(loading_chat))
+            .with_state(state.clone());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        LoadingServer { addr, state, task }
+    }
+
+    fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    fn props_asked(&self) -> usize {
+        self.state
+            .props_asked
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for LoadingServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+type LoadingState = axum::extract::State<std::sync::Arc<Loading>>;
+
+/// llama-server's answer on any route while its model loads.
+fn still_loading() -> axum::response::Response {
+    use axum::response::IntoResponse;
+    (
+        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        json!({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}})
+            .to_string(),
+    )
+        .into_response()
+}
+
+async fn loading_props(axum::extract::State(s): LoadingState) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    use std::sync::atomic::Ordering;
+    s.props_asked.fetch_add(1, Ordering::SeqCst);
+    if !s.loaded.load(Ordering::SeqCst) {
+        return still_loading();
+    }
+    axum::Json(json!({"default_generation_settings": {"n_ctx": s.n_ctx}})).into_response()
+}
+
+async fn loading_models(axum::extract::State(s): LoadingState) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if !s.loaded.load(std::sync::atomic::Ordering::SeqCst) {
+        return still_loading();
+    }
+    axum::http::StatusCode::NOT_FOUND.into_response()
+}
+
+async fn loading_chat(
+    axum::extract::State(s): LoadingState,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> axum::response::Response {
+    s.loaded.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut request = s
+        .http
+        .post(format!("{}/chat/completions", s.upstream))
+        .header("content-type", "application/json")
+        .body(body);
+    if let Some(auth) = headers.get("authorization") {
+        request = request.header("authorization", auth.as_bytes());
+    }
+    let answer = request.send().await.expect("the fake answers");
+    let mut response = axum::response::Response::builder().status(answer.status().as_u16());
+    if let Some(kind) = answer.headers().get("content-type") {
+        response = response.header("content-type", kind.as_bytes());
+    }
+    response
+        .body(axum::body::Body::from_stream(answer.bytes_stream()))
+        .expect("a response")
+}
+
+/// A server still loading its model answers the discovery requests 503 (llama-server's
+/// "Loading model"): that is no answer, and the next compaction asks again. Before, a
+/// 5xx or 429 counted as an answer without a window and the endpoint was never asked
+/// again: every compaction of the process sent requests with no `max_tokens` and learned
+/// the window only from refusals.
+#[tokio::test]
+async fn a_server_still_loading_is_asked_for_its_window_again() {
+    let fake = FakeLlm::start(vec![Reply::text(["a summary"])]).await;
+    let loading = LoadingServer::start(&fake, PROPS_N_CTX).await;
+    let server = server_with(&fake, |c| c.base_url = loading.base_url()).await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    compacted(&compact(&mut client, SID).await);
+    assert_eq!(loading.props_asked(), 1);
+    let first = fake.requests();
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert!(first[0].body.get("max_tokens").is_none(), "no window yet");
+
+    assert_eq!(
+        next_compaction_max_tokens(&fake, &mut client).await,
+        PROPS_N_CTX / 4,
+        "sized for the window /props told once loaded"
+    );
+    assert_eq!(loading.props_asked(), 2, "asked again");
+    seed_session(&mut client, "cmp-3").await;
+    compacted(&compact(&mut client, "cmp-3").await);
+    assert_eq!(loading.props_asked(), 2, "told: not asked again");
+}
+
 #[tokio::test]
 async fn a_refusal_with_numbers_sets_the_window_and_the_rest_fits() {
     // A tokenizer 30% finer than o200k; the endpoint tells nothing before it refuses.
