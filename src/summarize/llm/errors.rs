@@ -62,6 +62,16 @@ pub(super) fn request_error(e: OpenAIError, started: bool) -> SummarizeError {
     }
 }
 
+/// Whether `e` failed a request before any response came: its connection could not be
+/// made, or it closed (or was reset) before a response's head, as a pooled connection the
+/// server had closed does. Such a request was never answered, so sending it again asks
+/// nothing twice. Not a response whose body broke or ran past its bound (a response
+/// came: the endpoint read the request), nor a timeout.
+pub(super) fn unanswered(e: &OpenAIError) -> bool {
+    matches!(e, OpenAIError::Reqwest(e)
+        if e.status().is_none() && !e.is_timeout() && (e.is_connect() || e.is_request()))
+}
+
 /// The failure an error chunk in the middle of a stream reports (`{"error": {...}}`, as
 /// OpenAI, vLLM and SGLang send): a refusal for length in any server's wording; once text
 /// arrived, a broken stream; before, a failed request worth a retry (the endpoint failed

@@ -16,7 +16,7 @@
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use super::errors::request_error;
+use super::errors::{request_error, unanswered};
 use super::{OpenAiSummarizer, log_learned};
 use crate::domain::TokenUsage;
 use crate::engine::SummaryOutcome;
@@ -47,6 +47,10 @@ pub(super) enum Probed {
     /// attempt's failure), with what the HTTP layer saw of the probe (its `Retry-After`).
     Failed(SummarizeError, Seen),
 }
+
+/// Whether a request failed before any response came (`errors::unanswered`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Unanswered(bool);
 
 /// Requests compactd counted at fewer tokens than this teach no ratio: the chat template's
 /// own tokens would weigh too much in the endpoint's count.
@@ -101,12 +105,23 @@ impl OpenAiSummarizer {
         }
         // Scoped as an attempt is: a 429/503's `Retry-After` is the retry loop's to honour.
         let (mut asked, mut seen) = retry_after::scoped(self.ask(&probe)).await;
-        if matches!(&asked, Err(SummarizeError::Request { status: None, .. })) {
+        if matches!(&asked, Err((_, Unanswered(true)))) {
             // llama-cpp-python closes the connection its empty answer came on, and the
-            // pooled connection may be taken before that is seen: the probe never reached
-            // the server. Once more, on a new connection.
+            // pooled connection may be taken before that is seen: the probe got no
+            // response. Once more, on a new connection. Never after a response, whose
+            // body broke or ran too long: the endpoint read the probe.
             (asked, seen) = retry_after::scoped(self.ask(&probe)).await;
         }
+        let asked = asked.map_err(|(e, _)| e);
+        // What the HTTP layer cut short says more than the error async-openai made of it.
+        let asked = match (asked, seen.cut.take()) {
+            (Err(_), Some(cut)) => Err(SummarizeError::Request {
+                status: None,
+                message: cut,
+                retryable: false,
+            }),
+            (asked, _) => asked,
+        };
         let why = match asked {
             Err(SummarizeError::TooLong(message)) => {
                 // The probe itself was refused: it asked for one token.
@@ -220,13 +235,16 @@ impl OpenAiSummarizer {
     }
 
     /// One request that is not streamed; errors mapped, as they came (the caller reads
-    /// them, then scrubs what it shows).
-    async fn ask(&self, body: &Value) -> Result<Value, SummarizeError> {
+    /// them, then scrubs what it shows), with whether it got no response at all.
+    async fn ask(&self, body: &Value) -> Result<Value, (SummarizeError, Unanswered)> {
         self.client
             .chat()
             .create_byot::<&Value, Value>(body)
             .await
-            .map_err(|e| request_error(e, false))
+            .map_err(|e| {
+                let never = Unanswered(unanswered(&e));
+                (request_error(e, false), never)
+            })
     }
 
     /// Learns the ratio from an answered request's usage report, and counts the answer

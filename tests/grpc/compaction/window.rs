@@ -745,6 +745,156 @@ async fn an_empty_stream_whose_probe_fails_retryably_is_retried_as_that_failure(
     assert_eq!(fake.request_count(), 8, "four requests, each probed");
 }
 
+/// The probe of an empty stream is sent again, as it was, only when it got no response:
+/// not when its answer's body broke on the way (here cut; or past the 64 MiB compactd
+/// reads of an answer), since the endpoint read it and would answer the same way. The
+/// empty stream stays unexplained: the head is cut smaller, and no window is learned.
+/// Before, any error without a status sent the same probe again.
+#[tokio::test]
+async fn a_probe_whose_answer_broke_is_not_sent_again() {
+    let fake = FakeLlm::start(vec![
+        Reply::Empty,
+        Reply::disconnect_after(Vec::<String>::new()),
+        Reply::text(["first part"]),
+        Reply::text(["second part"]),
+        Reply::text(["third part"]),
+    ])
+    .await;
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    let done = compacted(&compact(&mut client, SID).await).clone();
+    let requests = fake.requests();
+    assert_no_repeat(&requests);
+    assert_eq!(requests[1].body["stream"], false, "the probe");
+    assert!(requests[2].is_stream(), "{}", requests[2].body);
+    assert!(
+        requests[2].prompt_chars() < requests[0].prompt_chars(),
+        "cut smaller"
+    );
+    assert!(done.chunks >= 2, "{done:?}");
+}
+
+/// A bare HTTP/1.1 endpoint on 127.0.0.1:0 that answers the requests it reads, in order
+/// over all its connections, with `answers`: a response written as it is (the connection
+/// kept for the next request), or `None`: the connection closed, once the request is
+/// read, with no response. Returns its base URL and the bodies it read.
+async fn scripted_http(
+    answers: Vec<Option<String>>,
+) -> (String, std::sync::Arc<std::sync::Mutex<Vec<Value>>>) {
+    use std::sync::{Arc, Mutex};
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind 127.0.0.1:0");
+    let addr = listener.local_addr().expect("local addr");
+    let bodies = Arc::new(Mutex::new(Vec::new()));
+    let answers = Arc::new(Mutex::new(answers.into_iter()));
+    let seen = bodies.clone();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let (answers, seen) = (answers.clone(), seen.clone());
+            tokio::spawn(async move {
+                while let Some(body) = read_request(&mut socket).await {
+                    seen.lock().expect("lock").push(body);
+                    let next = answers.lock().expect("lock").next().flatten();
+                    let Some(answer) = next else { return };
+                    if socket.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (format!("http://{addr}/v1"), bodies)
+}
+
+/// One HTTP/1.1 request's JSON body (`Null` when not JSON); `None` once the connection ends.
+async fn read_request(socket: &mut tokio::net::TcpStream) -> Option<Value> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    let head_end = loop {
+        if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+        let n = socket.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    while buf.len() < head_end + length {
+        let n = socket.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    Some(serde_json::from_slice(&buf[head_end..head_end + length]).unwrap_or(Value::Null))
+}
+
+/// An HTTP/1.1 200 response of `kind` with `body`.
+fn http_ok(kind: &str, body: &str) -> String {
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// The probe is still sent again when its connection closed before any response: the
+/// connection an empty answer came on, closed by the server (llama-cpp-python) after
+/// the client took it back for the next request.
+#[tokio::test]
+async fn a_probe_whose_connection_closed_before_an_answer_is_sent_again() {
+    use compactd::summarize::{OpenAiSummarizer, Summarizer, SummaryRequest};
+    let answered = json!({
+        "id": "p", "object": "chat.completion", "created": 0, "model": "fake-model",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "x"}, "finish_reason": "stop"}],
+    });
+    let chunk = json!({
+        "id": "s", "object": "chat.completion.chunk", "created": 0, "model": "fake-model",
+        "choices": [{"index": 0, "delta": {"content": "a summary"}, "finish_reason": "stop"}],
+    });
+    let (base_url, bodies) = scripted_http(vec![
+        Some(http_ok("text/event-stream", "")),
+        None,
+        Some(http_ok("application/json", &answered.to_string())),
+        Some(http_ok(
+            "text/event-stream",
+            &format!("data: {chunk}\n\ndata: [DONE]\n\n"),
+        )),
+    ])
+    .await;
+    let mut config = compactd::summarize::LlmConfig::new(base_url, "fake-model");
+    config.retry_base = std::time::Duration::from_millis(5);
+    config.timeout = std::time::Duration::from_secs(20);
+    let summarizer = OpenAiSummarizer::new(config);
+    let (tx, _rx) = tokio::sync::mpsc::channel(64);
+    let request = SummaryRequest {
+        messages: vec![json!({"role": "user", "content": "summarize this"})],
+        model: None,
+        max_tokens: Some(1_000),
+        counted_tokens: Some(10),
+    };
+    let outcome = summarizer
+        .summarize(request, tx, tokio_util::sync::CancellationToken::new())
+        .await
+        .expect("summarized");
+    assert_eq!(outcome.text, "a summary");
+    let bodies = bodies.lock().expect("lock").clone();
+    assert_eq!(bodies.len(), 4, "{bodies:?}");
+    assert_eq!(bodies[1]["stream"], false, "the probe");
+    assert_eq!(bodies[2], bodies[1], "sent again, as it was");
+    assert_eq!(bodies[3], bodies[0], "then the request itself, again");
+}
+
 #[tokio::test]
 async fn the_configured_window_wins_over_what_the_endpoint_says() {
     let window = spec(100, Overflow::Refuse);
