@@ -7,8 +7,9 @@
 //! omit optional fields still work; a stream counts as complete only when a choice reports
 //! a `finish_reason`. A refusal for length, and a stream with no answer at all whose
 //! one-token probe says so, are "too long" (`too_long.rs`): never retried as they were,
-//! they teach the window instead (an empty stream whose probe is answered, or fails for a
-//! reason worth a retry, is retried as any failed attempt).
+//! they teach the window instead (an empty stream whose probe fails for a reason worth a
+//! retry, or is answered while prompt and answer fit a window the endpoint or the
+//! operator gave, is retried as any failed attempt).
 //! Client errors are mapped in `errors.rs`. One request may bring only so much text
 //! ([`summary_cap`]); past it compactd stops reading and fails the request.
 

@@ -189,7 +189,7 @@ pub enum SummarizeError {
     #[error("malformed LLM stream: {0}")]
     Malformed(String),
     /// The request is longer than the model's context window (a refusal for length, or an
-    /// empty stream); compactd cuts the head into smaller chunks and never sends the same
+    /// empty stream whose one-token probe says so); compactd cuts the head into smaller chunks and never sends the same
     /// request again.
     #[error("the request exceeds the model's context window: {0}")]
     TooLong(String),

@@ -5,10 +5,13 @@
 //! before evaluating anything. Either way the summarizer learns the window (or one below
 //! what was sent) and the ratio of the endpoint's tokens to its own count, and answers
 //! [`SummarizeError::TooLong`]: the chunker then cuts the request smaller, and the same
-//! request is never sent again. A probe that is answered shows the prompt fits: the empty
-//! stream was a stream that failed on the way, retried as such, and teaches no window; a
-//! probe that fails for a reason worth a retry (a 429, a 5xx) is that failure, retried
-//! after its `Retry-After`, and teaches nothing either.
+//! request is never sent again. A probe that is answered shows the prompt fits: when the
+//! prompt and the answer's room also fit the window the endpoint told (or a refusal named,
+//! or the operator set), the empty stream was a stream that failed on the way, retried as
+//! such, and teaches no window; with none known, it is how llama.cpp's servers refuse a
+//! prompt that fits without the answer's room, and a guess below it is learned. A probe
+//! that fails for a reason worth a retry (a 429, a 5xx) is that failure, retried after its
+//! `Retry-After`, and teaches nothing either.
 //!
 //! Usage reports of answered requests teach the ratio too, and tell a prompt the endpoint
 //! truncated to fit its window without saying so (Ollama): "too long" as well.
@@ -159,9 +162,13 @@ impl OpenAiSummarizer {
                 });
                 self.void(progress, spent).await;
                 let prompt_tokens = answer["usage"]["prompt_tokens"].as_u64();
-                if !silence.length {
-                    // The prompt fits and nothing said "length": the empty stream failed on
-                    // the way. Only the ratio is learned.
+                if !silence.length && self.fits_what_is_known(request, body, prompt_tokens) {
+                    // Nothing said "length", and the prompt with the answer's room fits the
+                    // window the endpoint told (or a refusal named, or the operator set):
+                    // the empty stream failed on the way. Only the ratio is learned. (With
+                    // no such window, an empty stream whose probe is answered is how
+                    // llama.cpp's servers refuse a prompt that fits without the answer's
+                    // room: a guess below it is learned, as below.)
                     if let (Some(counted), Some(prompt)) = (request.counted_tokens, prompt_tokens) {
                         self.ratio_from(request, counted, prompt);
                     }
@@ -232,6 +239,26 @@ impl OpenAiSummarizer {
         );
         tracing::warn!(model = self.model_of(request.model.as_deref()), counted_tokens = counted, max_tokens = request.max_tokens, reason = %why, "compaction request truncated by the endpoint; its answer is dropped and the head cut smaller");
         Some(SummarizeError::TooLong(why))
+    }
+
+    /// Whether a request the endpoint counted at `prompt_tokens` (its probe's report),
+    /// with the answer's room `body` asked for, fits the window known for it from the
+    /// endpoint's or the operator's word (not a guess).
+    fn fits_what_is_known(
+        &self,
+        request: &SummaryRequest,
+        body: &Value,
+        prompt_tokens: Option<u64>,
+    ) -> bool {
+        let model = self.model_of(request.model.as_deref());
+        let Some(known) = self.windows.get(&self.config.base_url, model) else {
+            return false;
+        };
+        let Some(prompt) = prompt_tokens else {
+            return false;
+        };
+        known.source != window::WindowSource::Shrunk
+            && prompt.saturating_add(sent_max_tokens(body).unwrap_or(0)) <= known.tokens
     }
 
     /// One request that is not streamed; errors mapped, as they came (the caller reads
