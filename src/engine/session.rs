@@ -1260,7 +1260,12 @@ impl Session {
             self.compaction_part_added(idx);
         }
         let summary = self.messages[idx].info.is_summary();
-        let reported = step_usage.is_some_and(|t| self.usage_reported(t, summary, Some(idx)));
+        // A step-finish before the newest request's step-start reports an earlier step:
+        // sent again (changed), it is stored but is no baseline.
+        let (newest, from) = self.requests.sent();
+        let earlier_step = idx == newest && at < from;
+        let reported =
+            !earlier_step && step_usage.is_some_and(|t| self.usage_reported(t, summary, Some(idx)));
         Ok(Applied {
             created,
             usage_reported: reported,

@@ -1329,3 +1329,40 @@ fn a_report_no_factor_could_explain_teaches_the_calibration_nothing() {
     let prose = s.calibration().factors()[2];
     assert!(prose > 1.05, "learned from a plausible report: {prose}");
 }
+
+/// A step-finish of an earlier step of the newest message, sent again changed (a host
+/// re-sending the message's parts with a corrected figure), is stored but is no
+/// baseline: the newest step's report is. Before, the prediction fell from 70,500 to
+/// 20,301, and with a step in flight the calibration learned a -50,000 addition.
+#[test]
+fn a_changed_report_of_an_earlier_step_is_no_baseline() {
+    let mut s = first_step_with_a_bash_result();
+    for u in [
+        Update::UpsertPart(step_start("a1", "s2")),
+        Update::UpsertPart(step_finish("a1", "f2", usage(70_400, 100, 0))),
+    ] {
+        apply(&mut s, u);
+    }
+    let c = s.check_overflow(Trigger::Request);
+    assert_eq!((c.used, c.predicted), (70_500, 70_500));
+    let r = step(
+        &mut s,
+        Update::UpsertPart(step_finish("a1", "f1", usage(20_001, 300, 0))),
+        &config(),
+        NOW,
+    )
+    .expect("applies");
+    assert!(!r.applied.usage_reported, "an earlier step's report");
+    let c = s.check_overflow(Trigger::Request);
+    assert_eq!((c.used, c.predicted), (70_500, 70_500));
+    // The newest step's own report, changed, still is news.
+    let r = step(
+        &mut s,
+        Update::UpsertPart(step_finish("a1", "f2", usage(70_500, 100, 0))),
+        &config(),
+        NOW,
+    )
+    .expect("applies");
+    assert!(r.applied.usage_reported);
+    assert_eq!(s.check_overflow(Trigger::Request).used, 70_600);
+}
