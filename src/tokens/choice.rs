@@ -176,7 +176,10 @@ mod tests {
         for t in Tokenizer::ALL {
             assert_eq!(t.as_str().parse::<Tokenizer>(), Ok(t));
         }
+        // The name is left out of the message (a flag's error shows it, the wire its
+        // beginning): a client may send megabytes of it.
         let e = "bpe".parse::<Tokenizer>().unwrap_err();
-        assert!(e.to_string().contains("\"bpe\""), "{e}");
+        assert!(e.to_string().starts_with("unknown tokenizer"), "{e}");
+        assert!(!e.to_string().contains("bpe"), "{e}");
     }
 }
