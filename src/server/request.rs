@@ -6,8 +6,9 @@ use super::compaction;
 use super::convert;
 use super::pb;
 use super::status::Rejection;
-use crate::domain::{SessionInfo, check_id};
+use crate::domain::{HeapSize, SessionInfo, check_id};
 use crate::engine::{RecallKey, Update};
+use crate::store::{Ledger, Reservation};
 
 /// Default largest update accepted (`max_update_bytes`).
 pub const DEFAULT_MAX_UPDATE_BYTES: usize = 16 * 1024 * 1024;
@@ -49,6 +50,40 @@ impl Op {
             Op::CancelCompaction => "cancel_compaction",
         }
     }
+}
+
+/// Heap bytes of what an op holds once decoded: its strings about as on the wire, its
+/// JSON trees (a tool's input, `extra`, metadata) as much as 40 times more (`[null, …]`
+/// is 2 bytes an element on the wire, a `serde_json::Value` each decoded). Strings are
+/// counted by capacity, JSON by walking it: no more work than the decoding did.
+pub fn decoded_bytes(op: &Op) -> u64 {
+    let bytes = match op {
+        Op::Open(info) => info.heap_bytes(),
+        Op::Apply(u) => match &**u {
+            Update::UpsertPart(p) => p.heap_bytes(),
+            Update::UpsertMessage(m) => m.heap_bytes(),
+            Update::Configure(info) => info.heap_bytes(),
+            _ => 0,
+        },
+        _ => 0,
+    };
+    u64::try_from(bytes).unwrap_or(u64::MAX)
+}
+
+/// Counts a request's decoded bytes in flight where they pass the `held` wire bytes: it
+/// waits decoded in its session's mailbox, and a stream may hold hundreds. Refused
+/// (`RESOURCE_EXHAUSTED`) when they do not fit the in-flight share.
+pub fn hold_decoded(
+    held: &mut Reservation,
+    ledger: &std::sync::Arc<Ledger>,
+    decoded: impl TryInto<u64>,
+) -> Result<(), Rejection> {
+    let decoded = decoded.try_into().unwrap_or(u64::MAX);
+    if decoded <= held.bytes() {
+        return Ok(());
+    }
+    held.resize(ledger, decoded, "updates")
+        .map_err(Rejection::from)
 }
 
 /// Rejects an update larger than `max` bytes, naming the limit.
@@ -169,4 +204,82 @@ pub fn usage_update(r: pb::UsageReport) -> Result<Update, Rejection> {
 pub fn context_format(v: i32) -> Result<pb::ContextFormat, Rejection> {
     pb::ContextFormat::try_from(v)
         .map_err(|_| Rejection::invalid("format", format!("unknown context format {v}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use prost::Message as _;
+    use prost_types::value::Kind;
+
+    use super::*;
+
+    /// An update whose tool input is `{"a": [null × n]}`: 2 bytes an element on the wire.
+    fn nulls(n: usize) -> pb::ClientUpdate {
+        let null = prost_types::Value {
+            kind: Some(Kind::NullValue(0)),
+        };
+        let input = prost_types::Struct {
+            fields: [(
+                "a".to_string(),
+                prost_types::Value {
+                    kind: Some(Kind::ListValue(prost_types::ListValue {
+                        values: vec![null; n],
+                    })),
+                },
+            )]
+            .into(),
+        };
+        pb::ClientUpdate {
+            seq: 1,
+            session_id: "s".into(),
+            update: Some(pb::client_update::Update::UpsertPart(pb::Part {
+                id: "p1".into(),
+                message_id: "m1".into(),
+                kind: Some(pb::part::Kind::Tool(pb::ToolPart {
+                    call_id: "c1".into(),
+                    tool: "read".into(),
+                    state: Some(pb::ToolState {
+                        status: "running".into(),
+                        input: Some(input),
+                        ..Default::default()
+                    }),
+                    metadata: None,
+                })),
+                extra: None,
+                mark: None,
+            })),
+        }
+    }
+
+    /// A JSON tree decodes to many times its wire size: what waits decoded in a session's
+    /// mailbox is counted as decoded, and refused past the in-flight share. Before, 240 KB
+    /// was counted for about 10 MB held, and a stream could hold hundreds of such updates.
+    #[test]
+    fn an_update_is_counted_in_flight_as_decoded() {
+        let update = nulls(120_000);
+        let wire = update.encoded_len();
+        let op = decode_update(update, wire, DEFAULT_MAX_UPDATE_BYTES).expect("decodes");
+        let decoded = decoded_bytes(&op);
+        let wire = u64::try_from(wire).expect("fits");
+        assert!(
+            decoded > 16 * wire,
+            "{decoded} decoded for {wire} on the wire"
+        );
+
+        let ledger = Arc::new(Ledger::new(1 << 30));
+        let mut held = ledger.reserve(wire, "updates").expect("room");
+        hold_decoded(&mut held, &ledger, decoded).expect("room");
+        assert_eq!(ledger.in_flight(), decoded);
+        drop(held);
+        assert_eq!(ledger.in_flight(), 0);
+
+        // A budget whose in-flight share the wire bytes fit, the decoded ones not.
+        let ledger = Arc::new(Ledger::new(32 << 20));
+        assert!(ledger.in_flight_limit() > wire && ledger.in_flight_limit() < decoded);
+        let mut held = ledger.reserve(wire, "updates").expect("the wire bytes fit");
+        let refused = hold_decoded(&mut held, &ledger, decoded).expect_err("past the share");
+        assert_eq!(refused.code, tonic::Code::ResourceExhausted, "{refused:?}");
+    }
 }

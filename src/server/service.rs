@@ -17,9 +17,10 @@ use super::ops;
 use super::pb;
 use super::reply::{self, Reply};
 use super::request::{
-    check_size, context_format, delete_update, pin_update, recall_key, usage_update,
+    self, check_size, context_format, delete_update, pin_update, recall_key, usage_update,
 };
 use super::status::Rejection;
+use crate::domain::HeapSize;
 use crate::engine::Update;
 use crate::store::{Reservation, Store};
 
@@ -218,12 +219,13 @@ impl pb::sessions_server::Sessions for SessionsService {
         request: Request<pb::OpenSessionRequest>,
     ) -> Result<Response<pb::SessionSummary>, Status> {
         let req = request.into_inner();
-        let held = self.check_size(&req)?;
+        let mut held = self.check_size(&req)?;
         let Some(info) = req.session else {
             return Err(Rejection::invalid("session", "required").into());
         };
         let info =
             convert::session_from_pb(info, "").map_err(|r| Status::from(r.within("session")))?;
+        request::hold_decoded(&mut held, self.store.ledger(), info.heap_bytes())?;
         let id = info.id.clone();
         let pending = ops::open(&self.hub, info).await;
         let created = self.answer(&id, "open", pending).await?.created;
@@ -239,12 +241,13 @@ impl pb::sessions_server::Sessions for SessionsService {
         request: Request<pb::UpsertMessageRequest>,
     ) -> Result<Response<pb::UpdateResponse>, Status> {
         let req = request.into_inner();
-        let _held = self.check_size(&req)?;
+        let mut held = self.check_size(&req)?;
         require_session(&req.session_id)?;
         let Some(m) = req.message else {
             return Err(Rejection::invalid("message", "required").into());
         };
         let info = convert::message_from_pb(m).map_err(|r| Status::from(r.within("message")))?;
+        request::hold_decoded(&mut held, self.store.ledger(), info.heap_bytes())?;
         self.update(&req.session_id, Update::UpsertMessage(info))
             .await
     }
@@ -254,12 +257,13 @@ impl pb::sessions_server::Sessions for SessionsService {
         request: Request<pb::UpsertPartRequest>,
     ) -> Result<Response<pb::UpdateResponse>, Status> {
         let req = request.into_inner();
-        let _held = self.check_size(&req)?;
+        let mut held = self.check_size(&req)?;
         require_session(&req.session_id)?;
         let Some(p) = req.part else {
             return Err(Rejection::invalid("part", "required").into());
         };
         let part = convert::part_from_pb(p).map_err(|r| Status::from(r.within("part")))?;
+        request::hold_decoded(&mut held, self.store.ledger(), part.heap_bytes())?;
         self.update(&req.session_id, Update::UpsertPart(part)).await
     }
 

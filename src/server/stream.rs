@@ -263,11 +263,16 @@ impl Reader {
         let (seq, session_id) = (update.seq, update.session_id.clone());
         let len = update.encoded_len();
         let bytes = u64::try_from(len).unwrap_or(u64::MAX);
-        let (op, held) = match self.hub.store.ledger().reserve(bytes, "updates") {
-            Ok(held) => (
-                request::decode_update(update, len, self.max_update_bytes),
-                held,
-            ),
+        let ledger = self.hub.store.ledger();
+        let (op, held) = match ledger.reserve(bytes, "updates") {
+            Ok(mut held) => {
+                let op =
+                    request::decode_update(update, len, self.max_update_bytes).and_then(|op| {
+                        let decoded = request::decoded_bytes(&op);
+                        request::hold_decoded(&mut held, ledger, decoded).map(|()| op)
+                    });
+                (op, held)
+            }
             Err(e) => (Err(Rejection::from(e)), Reservation::default()),
         };
         let counting = op
