@@ -3,7 +3,9 @@
 //! it at message boundaries into chunks the window holds and fold them oldest first into a
 //! running summary. A "too long" answer (a refusal, an empty stream) re-cuts what is left
 //! at once: to what the endpoint's numbers allow, else to half the refused chunk, so the
-//! same request is never sent twice.
+//! same request is never sent twice. A previous summary rides along as the running summary
+//! while it leaves room for the transcript; one too long for that is summarized as the
+//! head's oldest text instead, chunked like the rest.
 //!
 //! Policy only: the caller sends each request through a [`Requester`] (the server streams
 //! the last one to its clients; the replay just waits), so the server and `compactd replay`
@@ -48,7 +50,8 @@ pub trait Requester {
 /// How to ask for a head's summary.
 #[derive(Debug, Clone, Copy)]
 pub struct Options<'a> {
-    /// The summary of an earlier compaction, folded in instead of summarized again.
+    /// The summary of an earlier compaction, folded in instead of summarized again; one too
+    /// long to leave the transcript room beside it is summarized as the head's oldest text.
     pub previous_summary: Option<&'a str>,
     /// The prompts (already merged with any per-session or per-request overrides).
     pub prompts: &'a PromptConfig,
@@ -92,8 +95,8 @@ pub async fn summarize_head(
 /// [`summarize_head`] on the head's transcript, one block per message, and each block's
 /// counted tokens.
 async fn summarize_blocks(
-    blocks: &[String],
-    tokens: &[u64],
+    head_blocks: &[String],
+    head_tokens: &[u64],
     head: Options<'_>,
     requester: &mut impl Requester,
 ) -> Result<Summary, SummarizeError> {
@@ -107,9 +110,31 @@ async fn summarize_blocks(
     let mut cap = u64::MAX;
     let mut splits = 0;
     let mut next = 0;
+    // The previous summary's pieces before the head's blocks, once it became transcript.
+    let mut joined: Option<(Vec<String>, Vec<u64>)> = None;
     loop {
+        let (blocks, tokens) = match &joined {
+            Some((blocks, tokens)) => (blocks.as_slice(), tokens.as_slice()),
+            None => (head_blocks, head_tokens),
+        };
         let remaining: u64 = tokens[next..].iter().fold(0, |a, t| a.saturating_add(*t));
-        let fits = room(window, fixed, fold.running_tokens, remaining, cap)?;
+        let fits = match room(window, fixed, fold.running_tokens, remaining, cap) {
+            Ok(fits) => fits,
+            // Nothing answered yet, and the previous summary is what leaves no room: it
+            // becomes the transcript's oldest text, folded like any other (the window is
+            // checked again without it).
+            Err(e) => match fold.demote() {
+                Some(previous) => {
+                    let (mut pieces, mut counted) = previous_blocks(&previous, counter);
+                    pieces.extend_from_slice(&blocks[next..]);
+                    counted.extend_from_slice(&tokens[next..]);
+                    joined = Some((pieces, counted));
+                    next = 0;
+                    continue;
+                }
+                None => return Err(e),
+            },
+        };
         let chunk = take_chunk(&blocks[next..], &tokens[next..], fits, counter);
         let last = next + chunk.blocks == blocks.len();
         let messages = prompt::build_messages_for(
@@ -276,6 +301,66 @@ fn newest_part(
     (best.0, best.1, counted)
 }
 
+/// Target size of one piece of a previous summary summarized as transcript, in counted
+/// tokens: half the smallest chunk, so whole pieces fill any chunk though text tokenizes
+/// unevenly.
+const PREVIOUS_PIECE_TOKENS: u64 = MIN_CHUNK_TOKENS / 2;
+
+/// A previous summary as transcript blocks (the transcript's `--- summary ---` block, cut
+/// into pieces of about [`PREVIOUS_PIECE_TOKENS`] at line ends or spaces where it can be)
+/// and each piece's counted tokens. A piece is cut by characters in proportion to the
+/// summary's tokens, and cut again shorter where the text is denser than that, so none is
+/// longer than the smallest chunk: whole pieces fill any chunk, and nothing is dropped.
+fn previous_blocks(previous: &str, counter: &dyn TokenCounter) -> (Vec<String>, Vec<u64>) {
+    let text = format!("--- summary ---\n{previous}\n\n");
+    let total = counter.count(&text).max(1);
+    let per_piece = u128::from(PREVIOUS_PIECE_TOKENS);
+    let usual = usize::try_from((text.len() as u128).saturating_mul(per_piece) / u128::from(total))
+        .unwrap_or(usize::MAX)
+        .max(1);
+    let mut max_chars = usual;
+    let mut pieces = Vec::new();
+    let mut tokens = Vec::new();
+    let mut rest = text.as_str();
+    while !rest.is_empty() {
+        let piece = rest.get(..cut_at(rest, max_chars)).unwrap_or(rest);
+        let counted = counter.count(piece);
+        // Denser text than the summary's average: the same stretch in a shorter piece (each
+        // retry halves it, so this ends).
+        if counted > MIN_CHUNK_TOKENS && max_chars > 1 {
+            max_chars /= 2;
+            continue;
+        }
+        pieces.push(piece.to_string());
+        tokens.push(counted);
+        rest = rest.get(piece.len()..).unwrap_or_default();
+        // Sparser again: back towards the usual length.
+        if counted < PREVIOUS_PIECE_TOKENS / 2 {
+            max_chars = max_chars.saturating_mul(2).min(usual);
+        }
+    }
+    (pieces, tokens)
+}
+
+/// Bytes of `text` its next piece takes, at most about `max_chars`: after the last line end
+/// in that span, else the last space, when one is in its second half; else at a character
+/// boundary. Never zero for a non-empty `text`.
+fn cut_at(text: &str, max_chars: usize) -> usize {
+    if text.len() <= max_chars {
+        return text.len();
+    }
+    let mut end = max_chars;
+    while !text.is_char_boundary(end) {
+        end = end.saturating_add(1);
+    }
+    let span = &text[..end];
+    let half = end / 2;
+    span.rfind('\n')
+        .filter(|&i| i >= half)
+        .or_else(|| span.rfind(' ').filter(|&i| i >= half))
+        .map_or(end, |i| i.saturating_add(1))
+}
+
 /// The running summary and the sums over every answered request.
 struct Fold {
     running: Option<String>,
@@ -300,6 +385,16 @@ impl Fold {
             dropped: 0,
             last: None,
         }
+    }
+
+    /// The previous summary, taken out of the running summary, while no request has been
+    /// answered (after one, the running summary is an answer).
+    fn demote(&mut self) -> Option<String> {
+        if self.requests > 0 {
+            return None;
+        }
+        self.running_tokens = 0;
+        self.running.take()
     }
 
     /// One answered request; its answer is the running summary from now on. Usage sums

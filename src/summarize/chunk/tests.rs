@@ -419,3 +419,131 @@ async fn an_empty_head_is_still_one_request() {
     assert_eq!(s.chunks, 1);
     assert_eq!(r.sent.len(), 1);
 }
+
+/// The transcript a request carried, without the running summary it folded.
+fn transcript(body: &[Value]) -> &str {
+    let text = body[1]["content"].as_str().unwrap_or_default();
+    text.split_once("=== Newer conversation ===\n")
+        .map_or(text, |(_, newer)| newer)
+}
+
+#[tokio::test]
+async fn a_previous_summary_that_fits_is_folded_as_the_running_summary() {
+    let prompts = PromptConfig::default();
+    let previous = "word ".repeat(1_000);
+    let mut r = Scripted {
+        window: window(8_192),
+        ..Scripted::default()
+    };
+    let head = blocks(4, 1_000);
+    let tokens = count_all(counter(), &head);
+    let head_options = Options {
+        previous_summary: Some(&previous),
+        ..options(&prompts)
+    };
+    let s = summarize_blocks(&head, &tokens, head_options, &mut r)
+        .await
+        .expect("summary");
+    assert_eq!((s.chunks, s.dropped_chars), (1, 0));
+    let body = r.bodies[0][1]["content"].as_str().unwrap_or_default();
+    assert!(
+        body.starts_with(&format!(
+            "=== Summary of the earlier conversation ===\n{previous}\n\n"
+        )),
+        "{}",
+        &body[..80]
+    );
+    assert_eq!(tags(&r.bodies[0]), [0, 1, 2, 3]);
+    let ask = r.bodies[0][2]["content"].as_str().unwrap_or_default();
+    assert!(ask.contains(prompt::FOLD_INSTRUCTION));
+}
+
+#[tokio::test]
+async fn a_previous_summary_too_long_for_the_window_is_summarized_as_the_oldest_text() {
+    // 37,500 counted tokens of previous summary: more than an 8k window holds beside the
+    // prompt and the answer, so as the running summary it left no room at all.
+    let prompts = PromptConfig::default();
+    let previous = "word ".repeat(30_000);
+    let mut r = Scripted {
+        window: window(8_192),
+        ..Scripted::default()
+    };
+    let head = blocks(4, 1_000);
+    let tokens = count_all(counter(), &head);
+    let head_options = Options {
+        previous_summary: Some(&previous),
+        ..options(&prompts)
+    };
+    let s = summarize_blocks(&head, &tokens, head_options, &mut r)
+        .await
+        .expect("summary");
+    assert_eq!(s.dropped_chars, 0, "nothing of it dropped");
+    assert!(s.chunks > 1, "{}", s.chunks);
+    assert_eq!(s.chunks as usize, r.sent.len());
+    let budget = Budget::new(window(8_192).expect("window"));
+    for sent in &r.sent {
+        let max_tokens = sent.max_tokens.expect("sized");
+        let counted = sent.counted.expect("counted");
+        assert!(
+            budget.endpoint_tokens(counted) + max_tokens <= 8_192,
+            "prompt {counted} + answer {max_tokens} fit"
+        );
+    }
+    // The first request opens with it as the conversation's oldest text, not as a
+    // summary to fold; every word of it reaches a request once, before the head's
+    // messages, which follow in order.
+    let first = r.bodies[0][1]["content"].as_str().unwrap_or_default();
+    assert!(
+        first.starts_with("--- summary ---\nword word"),
+        "{}",
+        &first[..40]
+    );
+    let carried: String = r.bodies.iter().map(|b| transcript(b)).collect();
+    assert_eq!(carried.matches("word").count(), 30_000);
+    let head_at = carried.find("<0>").expect("the head was sent");
+    assert!(carried[..head_at].ends_with("word \n\n"));
+    let sent_tags: Vec<usize> = r.bodies.iter().flat_map(|b| tags(b)).collect();
+    assert_eq!(sent_tags, [0, 1, 2, 3]);
+    // Later requests fold the answers as usual; only the last is the summary.
+    let second = r.bodies[1][1]["content"].as_str().unwrap_or_default();
+    assert!(second.starts_with("=== Summary of the earlier conversation ===\nsummary 1"));
+    assert_eq!(r.sent.iter().filter(|s| s.last).count(), 1);
+    assert!(r.sent.last().expect("sent").last);
+    assert_eq!(s.outcome.text, format!("summary {}", s.chunks));
+}
+
+#[test]
+fn a_previous_summary_is_cut_into_pieces_no_chunk_is_too_small_for() {
+    // Multi-byte text without spaces or line ends for long stretches (cut at character
+    // boundaries), then words (cut after a space).
+    let previous = format!("{}\n{}", "é".repeat(3_000), "mot ".repeat(2_000));
+    let (pieces, tokens) = previous_blocks(&previous, counter());
+    assert_eq!(
+        pieces.concat(),
+        format!("--- summary ---\n{previous}\n\n"),
+        "nothing lost or reordered"
+    );
+    assert_eq!(tokens, count_all(counter(), &pieces));
+    assert!(pieces.len() > 10, "{}", pieces.len());
+    assert!(tokens.iter().all(|&t| t <= MIN_CHUNK_TOKENS), "{tokens:?}");
+    assert!(
+        pieces
+            .iter()
+            .rev()
+            .skip(1)
+            .take(5)
+            .all(|p| p.ends_with(' '))
+    );
+
+    // A real tokenizer packs a run of spaces 128 to a token and numbers two bytes to one:
+    // cut by the summary's average, the numbers would come in pieces of thousands.
+    let o200k = Counting::O200k.counter();
+    let numbers: String = (0..2_000)
+        .map(|i| format!("{},", i * 7_919 % 100_003))
+        .collect();
+    let previous = format!("{}\n{numbers}", " ".repeat(200_000));
+    let (pieces, tokens) = previous_blocks(&previous, o200k);
+    assert_eq!(pieces.concat(), format!("--- summary ---\n{previous}\n\n"));
+    assert!(tokens.iter().all(|&t| t <= MIN_CHUNK_TOKENS), "{tokens:?}");
+    assert_eq!(tokens, count_all(o200k, &pieces));
+}

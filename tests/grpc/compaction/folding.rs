@@ -6,7 +6,7 @@ use compactd::server::pb::compaction_event::Event as Ce;
 
 use crate::common::compaction::*;
 use crate::common::fake_llm::{FakeLlm, Reply};
-use crate::common::fake_window::{Overflow, WindowSpec};
+use crate::common::fake_window::{Overflow, Verdict, WindowSpec};
 use crate::common::*;
 
 #[tokio::test]
@@ -181,5 +181,106 @@ async fn a_chunked_compaction_that_fails_part_way_reports_what_it_spent() {
         (usage.input, usage.output, usage.total),
         (3_500, 50, Some(3_550)),
         "{failed:?}"
+    );
+}
+
+/// A roomy session (200k window) whose head is about 10,000 tokens of log-like text: ten
+/// turns with 4 kB outputs.
+async fn seed_longer_session(client: &mut Client, sid: &str) {
+    open_session(client, session_with_limits(sid, 200_000, 20_000)).await;
+    for i in 0..10 {
+        let (u, a) = (format!("u{i}"), format!("a{i}"));
+        put_message(client, sid, user_msg(&u)).await;
+        put_part(
+            client,
+            sid,
+            text_part(&u, &format!("{u}t"), &format!("user turn {i}")),
+        )
+        .await;
+        put_message(client, sid, finished(assistant_msg(&a, &u))).await;
+        put_part(
+            client,
+            sid,
+            tool_part(&a, &format!("{a}r"), "read", &log_of(&a, 4_000)),
+        )
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn a_previous_summary_longer_than_the_next_models_window_is_summarized_again() {
+    // The first summary was written by a model with a 128k window (a per-request model);
+    // the next compaction runs on the 8k default model, whose window that summary leaves
+    // no room (about 7,000 tokens of it, beside the prompt and a 2,048-token answer).
+    // Before, every later compaction failed "leaves no room" without sending anything.
+    const LAST_LINE: &str = "FIRST-SUMMARY-ENDS-HERE";
+    let first_summary = format!("FIRST-SUMMARY\n{}\n{LAST_LINE}", log_of("earlier", 28_000));
+    let window = WindowSpec {
+        n_ctx: 8_192,
+        percent: 100,
+        overflow: Overflow::Refuse,
+    };
+    let fake = FakeLlm::start(vec![
+        Reply::text([first_summary.clone()]),
+        Reply::Window(window),
+    ])
+    .await;
+    fake.serve_models(serde_json::json!({"object": "list", "data": [
+        {"id": "big-model", "max_model_len": 131_072},
+        {"id": "fake-model", "max_model_len": 8_192},
+    ]}));
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_longer_session(&mut client, SID).await;
+    let first = compact_with(
+        &mut client,
+        SID,
+        pb::CompactOptions {
+            model: "big-model".into(),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("first Compact");
+    compacted(&first);
+
+    let second = compact_with(
+        &mut client,
+        SID,
+        pb::CompactOptions {
+            tail_turns: Some(0),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("second Compact");
+    let done = compacted(&second);
+    assert_eq!(done.dropped_chars, 0, "{done:?}");
+    let requests = &fake.requests()[1..];
+    assert!(requests.len() >= 2, "folded in chunks: {}", requests.len());
+    assert_eq!(done.chunks as usize, requests.len(), "none was refused");
+    for r in requests {
+        assert_eq!(r.body["model"], "fake-model");
+        assert!(matches!(window.judge(&r.body), Verdict::Fits(_)));
+    }
+    // The previous summary is the transcript's oldest text, each part of it sent once.
+    let first_chunk = &requests[0].message_texts()[1];
+    assert!(
+        first_chunk.starts_with("--- summary ---\nFIRST-SUMMARY\n"),
+        "{}",
+        &first_chunk[..80]
+    );
+    let sent: String = requests
+        .iter()
+        .map(|r| r.message_texts()[1].clone())
+        .collect();
+    assert_eq!(sent.matches("FIRST-SUMMARY\n").count(), 1);
+    assert_eq!(sent.matches(LAST_LINE).count(), 1);
+    assert!(sent.contains("user turn 9"));
+    let ctx = get_context(&mut client, SID).await;
+    // The fake numbers its answers from the first compaction's on.
+    assert_eq!(
+        text_of(&ctx.messages[1]),
+        format!("summary #{}", fake.request_count())
     );
 }
