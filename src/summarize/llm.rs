@@ -137,22 +137,7 @@ impl OpenAiSummarizer {
     /// (cut to [`errors::MAX_MESSAGE_BYTES`], after the key is redacted so no cut can leave
     /// part of it behind).
     fn scrub(&self, e: SummarizeError) -> SummarizeError {
-        let clean = |m: String| self.scrub_text(m);
-        match e {
-            SummarizeError::Request {
-                status,
-                message,
-                retryable,
-            } => SummarizeError::Request {
-                status,
-                message: clean(message),
-                retryable,
-            },
-            SummarizeError::Broken(m) => SummarizeError::Broken(clean(m)),
-            SummarizeError::Malformed(m) => SummarizeError::Malformed(clean(m)),
-            SummarizeError::TooLong(m) => SummarizeError::TooLong(clean(m)),
-            other => other,
-        }
+        e.map_text(|m| self.scrub_text(m))
     }
 
     /// [`Self::scrub`] for one text: the key and the base URL's credentials removed (in

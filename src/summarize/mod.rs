@@ -202,6 +202,26 @@ pub enum SummarizeError {
 }
 
 impl SummarizeError {
+    /// The same error with its text (the endpoint's words, a reason) mapped by `f`: to
+    /// scrub it of secrets, or to say where it came from.
+    pub fn map_text(self, f: impl FnOnce(String) -> String) -> SummarizeError {
+        match self {
+            SummarizeError::Request {
+                status,
+                message,
+                retryable,
+            } => SummarizeError::Request {
+                status,
+                message: f(message),
+                retryable,
+            },
+            SummarizeError::Broken(m) => SummarizeError::Broken(f(m)),
+            SummarizeError::Malformed(m) => SummarizeError::Malformed(f(m)),
+            SummarizeError::TooLong(m) => SummarizeError::TooLong(f(m)),
+            other => other,
+        }
+    }
+
     /// Whether trying the same compaction again later may succeed.
     pub fn retryable(&self) -> bool {
         match self {

@@ -106,6 +106,11 @@ pub fn log_of(tag: &str, chars: usize) -> String {
 /// A head of ~20 kB of log-like text in a roomy session (200k window): ten turns with 2 kB
 /// outputs, the last two kept verbatim by a compaction.
 pub async fn seed_long_session(client: &mut Client, sid: &str) {
+    seed_turns_of(client, sid, 2_000).await;
+}
+
+/// [`seed_long_session`] with outputs of `output_chars`.
+pub async fn seed_turns_of(client: &mut Client, sid: &str, output_chars: usize) {
     open_session(client, session_with_limits(sid, 200_000, 20_000)).await;
     for i in 0..10 {
         let (u, a) = (format!("u{i}"), format!("a{i}"));
@@ -120,7 +125,7 @@ pub async fn seed_long_session(client: &mut Client, sid: &str) {
         put_part(
             client,
             sid,
-            tool_part(&a, &format!("{a}r"), "read", &log_of(&a, 2_000)),
+            tool_part(&a, &format!("{a}r"), "read", &log_of(&a, output_chars)),
         )
         .await;
     }

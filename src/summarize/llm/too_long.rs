@@ -133,18 +133,7 @@ impl OpenAiSummarizer {
             }
             Err(e) if e.retryable() => {
                 // Nothing said of length: the request failed as the probe did.
-                let e = match e {
-                    SummarizeError::Request {
-                        status,
-                        message,
-                        retryable,
-                    } => SummarizeError::Request {
-                        status,
-                        message: format!("{what}; asked again without streaming: {message}"),
-                        retryable,
-                    },
-                    other => other,
-                };
+                let e = e.map_text(|m| format!("{what}; asked again without streaming: {m}"));
                 return Probed::Failed(e, seen);
             }
             Err(e) => {

@@ -184,29 +184,6 @@ async fn a_chunked_compaction_that_fails_part_way_reports_what_it_spent() {
     );
 }
 
-/// A roomy session (200k window) whose head is about 10,000 tokens of log-like text: ten
-/// turns with 4 kB outputs.
-async fn seed_longer_session(client: &mut Client, sid: &str) {
-    open_session(client, session_with_limits(sid, 200_000, 20_000)).await;
-    for i in 0..10 {
-        let (u, a) = (format!("u{i}"), format!("a{i}"));
-        put_message(client, sid, user_msg(&u)).await;
-        put_part(
-            client,
-            sid,
-            text_part(&u, &format!("{u}t"), &format!("user turn {i}")),
-        )
-        .await;
-        put_message(client, sid, finished(assistant_msg(&a, &u))).await;
-        put_part(
-            client,
-            sid,
-            tool_part(&a, &format!("{a}r"), "read", &log_of(&a, 4_000)),
-        )
-        .await;
-    }
-}
-
 #[tokio::test]
 async fn a_previous_summary_longer_than_the_next_models_window_is_summarized_again() {
     // The first summary was written by a model with a 128k window (a per-request model);
@@ -231,7 +208,8 @@ async fn a_previous_summary_longer_than_the_next_models_window_is_summarized_aga
     ]}));
     let server = server_with_llm(&fake).await;
     let mut client = server.client().await;
-    seed_longer_session(&mut client, SID).await;
+    // A head of about 10,000 tokens: ten turns with 4 kB outputs.
+    seed_turns_of(&mut client, SID, 4_000).await;
     let first = compact_with(
         &mut client,
         SID,
@@ -276,7 +254,7 @@ async fn a_previous_summary_longer_than_the_next_models_window_is_summarized_aga
         .collect();
     assert_eq!(sent.matches("FIRST-SUMMARY\n").count(), 1);
     assert_eq!(sent.matches(LAST_LINE).count(), 1);
-    assert!(sent.contains("user turn 9"));
+    assert!(sent.contains("turn 9"));
     let ctx = get_context(&mut client, SID).await;
     // The fake numbers its answers from the first compaction's on.
     assert_eq!(
