@@ -54,7 +54,7 @@ pub struct Sink {
     /// The caller owns the compaction: when it stops listening, the compaction stops.
     cancel_on_drop: bool,
     /// Where the outcome waits when the owner took no event for the slow-reader grace
-    /// (see [`until_outcome`]).
+    /// (see [`Sink::until_outcome`]).
     outcome: Outcome,
 }
 
