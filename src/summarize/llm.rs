@@ -340,6 +340,7 @@ impl OpenAiSummarizer {
         let mut body = self.body(&request);
         let mut attempt: u32 = 1;
         let mut capped = false;
+        let mut retried_fitting = false;
         loop {
             let mut started = false;
             let (result, mut seen) =
@@ -374,7 +375,9 @@ impl OpenAiSummarizer {
                 // Asked again for one token: "too long", or a failure of the request (its
                 // probe's), retried as any other.
                 Err(Failed::Silent(silence)) => {
-                    match self.silent(&request, &body, silence, &progress).await {
+                    let silent =
+                        self.silent(&request, &body, silence, &progress, &mut retried_fitting);
+                    match silent.await {
                         Probed::TooLong(e) => return Err(e),
                         Probed::Failed(e, probed) => {
                             seen = probed;

@@ -80,12 +80,16 @@ impl OpenAiSummarizer {
     /// length whose prompt alone fits, is "too long" and teaches a window; an empty stream
     /// whose prompt fits is a stream that failed on the way, and a probe that failed for a
     /// reason worth a retry is that failure: both retried as such, teaching no window.
+    /// `retried_fitting`: whether an empty stream whose prompt fits the known window was
+    /// already retried once for this request (set when it is): a second one is "too long"
+    /// after all, as the known window may be wrong (a configured 32k on an 8k server).
     pub(super) async fn silent(
         &self,
         request: &SummaryRequest,
         body: &Value,
         silence: Silence,
         progress: &mpsc::Sender<Progress>,
+        retried_fitting: &mut bool,
     ) -> Probed {
         let what = silence.what;
         let mut probe = body.clone();
@@ -151,7 +155,11 @@ impl OpenAiSummarizer {
                 });
                 self.void(progress, spent).await;
                 let prompt_tokens = answer["usage"]["prompt_tokens"].as_u64();
-                if !silence.length && self.fits_what_is_known(request, body, prompt_tokens) {
+                if !silence.length
+                    && !*retried_fitting
+                    && self.fits_what_is_known(request, body, prompt_tokens)
+                {
+                    *retried_fitting = true;
                     // Nothing said "length", and the prompt with the answer's room fits the
                     // window the endpoint told (or a refusal named, or the operator set):
                     // the empty stream failed on the way. Only the ratio is learned. (With

@@ -695,6 +695,29 @@ async fn an_empty_stream_whose_probe_is_answered_is_retried_and_teaches_no_windo
     );
 }
 
+/// The retry an empty stream gets when its prompt fits the known window is one: a second
+/// empty stream for the same request is "too long" after all (the known window may be
+/// wrong: a configured 32k on an 8k server that answers prompt + `max_tokens` past its
+/// window with an empty stream), and the head is cut smaller. Before, the identical
+/// request was sent again at every retry.
+#[tokio::test]
+async fn a_second_empty_stream_for_the_same_request_is_too_long() {
+    let (fake, _server, mut client) = empty_first(
+        Reply::text(["x"]),
+        vec![Reply::Empty, Reply::text(["x"]), Reply::text(["a summary"])],
+    )
+    .await;
+    let events = compact(&mut client, SID).await;
+    assert!(names(&events).last() == Some(&"compacted"), "{events:?}");
+    let requests = fake.requests();
+    assert!(requests.len() >= 5, "{requests:?}");
+    assert_eq!(
+        requests[2].body, requests[0].body,
+        "retried once, as it was"
+    );
+    assert_ne!(requests[4].body, requests[0].body, "then cut smaller");
+}
+
 /// An empty stream whose probe fails for a reason worth a retry (a 429, a 5xx) says
 /// nothing of length: that failure is the request's, retried after the wait its
 /// `Retry-After` asks and within the retry budget, and no window is learned. Before, it
