@@ -767,10 +767,15 @@ fn unreachable_session(e: &StoreError) -> pb::CompactionFailed {
 
 /// True when a failure counts toward the session's breaker: only a compaction that
 /// failed of itself. A cancelled one (CancelCompaction, the drain's deadline, its session
-/// deleted or replaced), a stale one (its session replaced) or one the store could not
-/// commit (a full disk, the memory budget) says nothing of the session's compactions.
+/// deleted or replaced), a stale one (its session replaced), one whose session is gone
+/// (its failure would land on a session created again under the id) or one the store
+/// could not commit (a full disk, the memory budget) says nothing of the session's
+/// compactions.
 fn counts_for_breaker(f: &pb::CompactionFailed) -> bool {
-    !matches!(f.kind.as_str(), "cancelled" | "stale" | "storage")
+    !matches!(
+        f.kind.as_str(),
+        "cancelled" | "stale" | "storage" | "session_gone"
+    )
 }
 
 fn fail(kind: &str, reason: String, retryable: bool) -> pb::CompactionFailed {

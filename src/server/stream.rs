@@ -399,9 +399,13 @@ impl Writer {
             kind,
             pending,
             go,
-            _held,
+            _held: held,
         } = queued;
         let mut outcome = pending.outcome(&session_id).await;
+        // Applied (or refused): what the update held is the session's now, or gone. Not
+        // counted again while its reply waits for a slow reader (a JSON tree is counted
+        // at its decoded size: many times its wire bytes).
+        drop(held);
         // A context's bytes were reserved when it was built; its event takes the
         // reservation over, so the actor building the next contexts cannot starve it.
         let mut carried = match &mut outcome {
