@@ -1260,10 +1260,11 @@ impl Session {
             self.compaction_part_added(idx);
         }
         let summary = self.messages[idx].info.is_summary();
-        // A step-finish before the newest request's step-start reports an earlier step:
-        // sent again (changed), it is stored but is no baseline.
+        // A step-finish sent again (changed) before the newest request's step-start
+        // reports an earlier step: stored, no baseline. (Only one sent again: a new part
+        // goes last, and a delete of earlier parts does not move the request's mark.)
         let (newest, from) = self.requests.sent();
-        let earlier_step = idx == newest && at < from;
+        let earlier_step = !created && idx == newest && at < from;
         let reported =
             !earlier_step && step_usage.is_some_and(|t| self.usage_reported(t, summary, Some(idx)));
         Ok(Applied {
