@@ -386,6 +386,12 @@ fn bad_settings_stop_the_start_naming_the_key_and_its_source() {
         "{err}"
     );
 
+    // The tool lists' bound names the flag (the fuzz test found the key's own spelling).
+    let long = "t".repeat(300);
+    let (ok, _, err) = compactd(&["serve", "--strategy-protected-tools", &long], &[]);
+    assert!(!ok);
+    assert!(err.contains("--strategy-protected-tools (flag)"), "{err}");
+
     let range = config_file("range.toml", "threshold = 1.5\n");
     let (ok, _, err) = compactd(&["serve", "--config", range.to_str().expect("utf-8")], &[]);
     assert!(!ok);

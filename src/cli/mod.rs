@@ -682,6 +682,9 @@ fn flag_of(key: &'static str) -> &'static str {
         "mask_keep" => "mask-keep",
         "output_cap" => "output-cap",
         "cache_model" => "cache-model",
+        "protected_tools" => "protected-tools",
+        "strategy_protected_tools" => "strategy-protected-tools",
+        "snapshot_tools" => "snapshot-tools",
         other => other,
     }
 }
