@@ -702,7 +702,8 @@ export interface CompactionFailed {
    * "too_long", "cancelled", "empty_summary", "not_smaller", "nothing_to_compact",
    * "commit", "stale" (the session was replaced, by an import or a delete and re-create,
    * even with the same message ids, or was loaded back from disk, while the summary was
-   * written: nothing was committed), "session_gone" (deleted meanwhile), "storage" (the
+   * written: nothing was committed), "session_gone" (deleted, or replaced while its commit
+   * waited its turn: nothing was committed; not counted toward pausing), "storage" (the
    * store could not load or write the session: a full disk, the memory budget; worth
    * trying again, and not counted toward pausing automatic compaction).
    */
@@ -7525,7 +7526,9 @@ export const SessionsService = {
   /**
    * Summarizes the session now (like OpenCode's `/compact`), streaming the summary as it
    * is written and ending with `compacted` (the `session.compacted` event) or `failed`.
-   * Dropping the call cancels the compaction and the LLM request.
+   * Dropping the call cancels the compaction and the LLM request; so does taking no event
+   * for the slow-reader grace, unless the compaction has reached its outcome: the call
+   * then ends with it once the caller has read what came before.
    */
   compact: {
     path: "/compactd.v1.Sessions/Compact" as const,
@@ -7614,7 +7617,9 @@ export interface SessionsServer extends UntypedServiceImplementation {
   /**
    * Summarizes the session now (like OpenCode's `/compact`), streaming the summary as it
    * is written and ending with `compacted` (the `session.compacted` event) or `failed`.
-   * Dropping the call cancels the compaction and the LLM request.
+   * Dropping the call cancels the compaction and the LLM request; so does taking no event
+   * for the slow-reader grace, unless the compaction has reached its outcome: the call
+   * then ends with it once the caller has read what came before.
    */
   compact: handleServerStreamingCall<CompactRequest, CompactionEvent>;
   /**
@@ -7905,7 +7910,9 @@ export interface SessionsClient extends Client {
   /**
    * Summarizes the session now (like OpenCode's `/compact`), streaming the summary as it
    * is written and ending with `compacted` (the `session.compacted` event) or `failed`.
-   * Dropping the call cancels the compaction and the LLM request.
+   * Dropping the call cancels the compaction and the LLM request; so does taking no event
+   * for the slow-reader grace, unless the compaction has reached its outcome: the call
+   * then ends with it once the caller has read what came before.
    */
   compact(request: CompactRequest, options?: Partial<CallOptions>): ClientReadableStream<CompactionEvent>;
   compact(
