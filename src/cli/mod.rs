@@ -13,6 +13,7 @@ mod allocator;
 pub mod bench;
 mod layers;
 pub mod logging;
+mod tls;
 
 pub use allocator::JEMALLOC_CONF;
 pub use layers::{LayerError, Layered, Source, parse_layered, print_config};
@@ -294,22 +295,18 @@ impl ServeArgs {
         })
     }
 
-    /// The TLS settings (reads the PEM files), or None for plaintext.
+    /// The TLS settings (reads and checks the PEM files), or None for plaintext. Checked
+    /// here, before the server says it is up: each refusal names its flag and file.
     pub fn tls(&self) -> Result<Option<tonic::transport::ServerTlsConfig>, ConfigError> {
         let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
             return Ok(None);
         };
-        let read = |flag, path| read_text(flag, path).map(String::into_bytes);
-        let identity =
-            tonic::transport::Identity::from_pem(read("tls-cert", cert)?, read("tls-key", key)?);
-        let mut tls = tonic::transport::ServerTlsConfig::new().identity(identity);
-        if let Some(ca) = &self.tls_client_ca {
-            tls = tls.client_ca_root(tonic::transport::Certificate::from_pem(read(
-                "tls-client-ca",
-                ca,
-            )?));
+        let identity = tls::identity(cert, key)?;
+        let tls = tonic::transport::ServerTlsConfig::new().identity(identity);
+        match &self.tls_client_ca {
+            Some(ca) => tls::with_client_ca(tls, ca).map(Some),
+            None => Ok(Some(tls)),
         }
-        Ok(Some(tls))
     }
 
     /// The Unix socket's file mode.
