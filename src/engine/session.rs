@@ -677,6 +677,15 @@ impl Session {
         let bytes = pin_bytes(part_id);
         if pinned {
             self.check_growth("", 0, bytes)?;
+        }
+        // Of a summarized message, the parts a pin carries are sent after the summary:
+        // those the change starts or stops covering join or leave the next request.
+        let summarized = self.messages[msg].is_sent() && !self.in_context(msg);
+        let covered_before: Vec<bool> = match summarized {
+            true => self.covered_parts(msg),
+            false => Vec::new(),
+        };
+        if pinned {
             self.pins.insert(msg, part_id);
             self.totals.bytes_changed(0, bytes);
         } else {
@@ -685,10 +694,36 @@ impl Session {
             // The decisions a pin made the last commits skip are queued again.
             self.tracker.invalidate();
         }
+        if summarized {
+            let assistant = self.messages[msg].info.role == Role::Assistant;
+            let moved: Vec<PartFigures> = self.messages[msg]
+                .parts
+                .iter()
+                .zip(covered_before)
+                .filter(|(p, before)| self.pins.covers(msg, &p.part.id) != *before)
+                .map(|(p, _)| self.figures_of(p, assistant))
+                .collect();
+            self.totals.sending_changed(moved.into_iter(), pinned);
+        }
         self.prune.touch(msg);
         // Which parts a carried message sends follows its pins.
         self.touch(msg);
         Ok(true)
+    }
+
+    /// Which parts of message `msg` a pin covers, in order.
+    fn covered_parts(&self, msg: usize) -> Vec<bool> {
+        self.messages[msg]
+            .parts
+            .iter()
+            .map(|p| self.pins.covers(msg, &p.part.id))
+            .collect()
+    }
+
+    /// True when the next request holds part `part_id` of message `msg`: its message is
+    /// sent, and in the context or (summarized) carried by a pin.
+    fn sends_part(&self, msg: usize, part_id: &str) -> bool {
+        self.messages[msg].is_sent() && (self.in_context(msg) || self.pins.covers(msg, part_id))
     }
 
     /// The most bytes the session may hold after the next update.
@@ -828,11 +863,10 @@ impl Session {
         stored.reduced = reduced;
         let (new, now_compacted) = (stored.context_tokens(), stored.is_compacted());
         let class = class_of(&stored.part);
-        // A change of a part no request sends (its message errored), or a reduction of one
-        // the context does not send (prune reaching into the messages a compaction
-        // summarized, stored before its pair), makes no request smaller: the session's
-        // total moves, the usage figures do not.
-        let sent = self.messages[msg].is_sent() && (!reduction || self.in_context(msg));
+        // A change of a part no request sends (its message errored, or a compaction
+        // summarized it and no pin carries it) changes no request: the session's total
+        // moves, the usage figures do not.
+        let sent = self.sends_part(msg, &self.messages[msg].parts[pi].part.id);
         self.totals.rendering_changed(
             class,
             (old, new),
@@ -1202,6 +1236,8 @@ impl Session {
         });
         let new_figures = self.figures_of(&new, assistant);
         let was_sent = self.messages[idx].is_sent();
+        // A part of a summarized message moves the next request only when a pin carries it.
+        let carried = self.in_context(idx) || self.pins.covers(idx, &new.part.id);
         if created && is_step_start {
             self.request_started(); // the model is being called again
         }
@@ -1246,7 +1282,7 @@ impl Session {
         self.by_msg
             .moved(idx, old_figures.map_or(0, |f| f.tokens), new_figures.tokens);
         self.totals
-            .part_changed(old_figures, Some(new_figures), was_sent);
+            .part_changed(old_figures, Some(new_figures), was_sent && carried);
         // An aborted message is sent once it holds content.
         if was_sent != self.messages[idx].is_sent() {
             self.sending_changed(idx);
@@ -1291,7 +1327,8 @@ impl Session {
             ));
         };
         self.touch(idx);
-        let was_sent = self.messages[idx].is_sent();
+        let was_sent = self.messages[idx].is_sent() && self.sends_part(idx, part_id);
+        let message_was_sent = self.messages[idx].is_sent();
         let old = self.messages[idx].parts.remove(i);
         self.part_index
             .removed(idx, part_id, i, &self.messages[idx].parts);
@@ -1299,7 +1336,7 @@ impl Session {
         let figures = self.figures_of(&old, assistant);
         self.totals.part_changed(Some(figures), None, was_sent);
         self.by_msg.moved(idx, figures.tokens, 0);
-        if was_sent != self.messages[idx].is_sent() {
+        if message_was_sent != self.messages[idx].is_sent() {
             self.sending_changed(idx);
         }
         // The part's own pin goes with it (a message pin stays: it covers later parts).
@@ -1483,9 +1520,12 @@ impl Session {
         self.tracker.invalidate();
         let now = self.messages[idx].is_sent();
         let assistant = self.messages[idx].info.role == Role::Assistant;
+        // Of a summarized message, only the parts a pin carries are in any request.
+        let carried = self.in_context(idx);
         let figures: Vec<PartFigures> = self.messages[idx]
             .parts
             .iter()
+            .filter(|p| carried || self.pins.covers(idx, &p.part.id))
             .map(|p| self.figures_of(p, assistant))
             .collect();
         self.totals.sending_changed(figures.into_iter(), now);

@@ -998,6 +998,67 @@ fn prune_reaching_summarized_outputs_does_not_lower_the_prediction() {
     assert_eq!(s.total_tokens(), rendered_tokens_from_scratch(&s));
 }
 
+/// After a compaction (and before any report), the prediction is the context: a change
+/// the context does not send moves neither. Found in review: an upsert or delete of a
+/// part of a summarized message moved the prediction (the OpenCode plugin mirrors
+/// OpenCode's own prune stamping summarized outputs: 3,000 tokens less predicted), and
+/// a pin on one, which carries the part after the summary, left it where it was.
+#[test]
+fn the_prediction_follows_the_context_through_changes_to_summarized_messages() {
+    let mut s = session(FIXTURE);
+    compact_keeping(&mut s, 2, "summary", "cmp1");
+    let check = |s: &mut Session, what: &str| {
+        let c = s.check_overflow(Trigger::Request);
+        assert_eq!(c.predicted, s.context_tokens(), "{what}: {c:?}");
+        assert_eq!(s.total_tokens(), rendered_tokens_from_scratch(s), "{what}");
+    };
+    check(&mut s, "compacted");
+    // The host stamps a summarized output as cleared (OpenCode's prune).
+    let mut p1 = find(&s, "p1");
+    state_mut(&mut p1).time.compacted = Some(NOW);
+    apply(&mut s, Update::UpsertPart(p1.clone()));
+    check(&mut s, "summarized output stamped");
+    state_mut(&mut p1).time.compacted = None;
+    apply(&mut s, Update::UpsertPart(p1));
+    check(&mut s, "summarized output restored");
+    // A part written into, and deleted from, a summarized message.
+    apply(
+        &mut s,
+        Update::UpsertPart(text("u1", "late", &chars(4_000))),
+    );
+    check(&mut s, "text added to a summarized message");
+    apply(
+        &mut s,
+        Update::DeletePart {
+            message_id: "u1".into(),
+            part_id: "late".into(),
+        },
+    );
+    check(&mut s, "text deleted from a summarized message");
+    // Pinned, the summarized part is carried after the summary: the context grows.
+    let pin = |message: &str, part: Option<&str>, pinned: bool| Update::Pin {
+        message_id: message.into(),
+        part_id: part.map(Into::into),
+        pinned,
+    };
+    let before = s.context_tokens();
+    apply(&mut s, pin("a1", Some("p1"), true));
+    assert!(s.context_tokens() > before + 2_000, "p1 is carried");
+    check(&mut s, "summarized part pinned");
+    // A carried part's edits are sent.
+    let mut p1 = find(&s, "p1");
+    state_mut(&mut p1).output = chars(8_000);
+    apply(&mut s, Update::UpsertPart(p1));
+    check(&mut s, "carried part edited");
+    apply(&mut s, pin("a1", None, true));
+    check(&mut s, "summarized message pinned");
+    apply(&mut s, pin("a1", Some("p1"), false));
+    check(&mut s, "part unpinned, its message still pinned");
+    apply(&mut s, pin("a1", None, false));
+    assert_eq!(s.context_tokens(), before, "nothing carried");
+    check(&mut s, "summarized message unpinned");
+}
+
 // ---- automatic compaction -------------------------------------------------------------
 
 /// A session with a 20k window (usable 16k, threshold 14,720) and three user turns.
