@@ -1597,6 +1597,15 @@ impl Session {
     /// A summary (at `summary`) completed: its parent opens the context if it holds a
     /// compaction part and is newer than the current boundary. O(1).
     fn summary_completed(&mut self, parent: String, summary: usize) {
+        // Of two summaries of one compaction, the later one answers it (as a recount
+        // finds it), whichever completed first.
+        if self
+            .completed_parents
+            .get(&parent)
+            .is_some_and(|&known| known > summary)
+        {
+            return;
+        }
         if let Some(p) = self.position(&parent) {
             self.offer_boundary(p, summary);
         }
@@ -1617,7 +1626,9 @@ impl Session {
     /// compaction.
     fn offer_boundary(&mut self, start: usize, summary: usize) {
         if has_compaction_part(&self.messages[start])
-            && self.boundary.is_none_or(|b| start > b.start)
+            && self
+                .boundary
+                .is_none_or(|b| start > b.start || (start == b.start && summary > b.summary))
         {
             self.boundary = Some(Boundary { start, summary });
             let after = self.context_tokens();

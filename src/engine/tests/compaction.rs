@@ -1059,6 +1059,58 @@ fn the_prediction_follows_the_context_through_changes_to_summarized_messages() {
     check(&mut s, "summarized message unpinned");
 }
 
+/// Two summaries of one compaction (a host that ran it twice): the context opens at the
+/// later one, as a recount (`find_boundary`, seed 02's newest-first walk) finds it.
+/// Found in review: the boundary kept the first to complete, a recount took the later,
+/// so any unrelated recount (a compaction part added and deleted elsewhere) switched the
+/// summary sent and reset the usage figures.
+#[test]
+fn a_second_summary_of_one_compaction_opens_the_context_as_a_recount_does() {
+    let mut s = session(FIXTURE);
+    apply(&mut s, Update::UpsertMessage(user("c1")));
+    apply(&mut s, Update::UpsertPart(compaction("c1", "cp1")));
+    for id in ["s1", "s2"] {
+        apply(&mut s, Update::UpsertMessage(summary(id, "c1")));
+        apply(
+            &mut s,
+            Update::UpsertPart(text(id, &format!("{id}t"), &chars(400))),
+        );
+    }
+    let live = context_ids(&s);
+    assert!(live.contains(&"s2".to_string()), "{live:?}");
+    assert_eq!(
+        s.check_overflow(Trigger::Request).predicted,
+        s.context_tokens()
+    );
+    // A recount (a compaction part added and deleted on another user message) agrees.
+    apply(&mut s, Update::UpsertPart(compaction("u3", "cpx")));
+    apply(
+        &mut s,
+        Update::DeletePart {
+            message_id: "u3".into(),
+            part_id: "cpx".into(),
+        },
+    );
+    assert_eq!(context_ids(&s), live);
+    // Completing in the other order gives the same context.
+    let mut t = session(FIXTURE);
+    apply(&mut t, Update::UpsertMessage(user("c1")));
+    apply(&mut t, Update::UpsertPart(compaction("c1", "cp1")));
+    for id in ["s1", "s2"] {
+        let mut m = summary(id, "c1");
+        m.finish.clear();
+        apply(&mut t, Update::UpsertMessage(m));
+        apply(
+            &mut t,
+            Update::UpsertPart(text(id, &format!("{id}t"), &chars(400))),
+        );
+    }
+    for id in ["s2", "s1"] {
+        apply(&mut t, Update::UpsertMessage(summary(id, "c1")));
+    }
+    assert_eq!(context_ids(&t), live);
+}
+
 // ---- automatic compaction -------------------------------------------------------------
 
 /// A session with a 20k window (usable 16k, threshold 14,720) and three user turns.
