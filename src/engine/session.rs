@@ -1236,6 +1236,10 @@ impl Session {
         });
         let new_figures = self.figures_of(&new, assistant);
         let was_sent = self.messages[idx].is_sent();
+        // The boundary's own compaction part sent again: its tail may start elsewhere.
+        let tail_before =
+            (is_compaction && was_compaction && self.boundary.is_some_and(|b| b.start == idx))
+                .then(|| self.context_from());
         // A part of a summarized message moves the next request only when a pin carries it.
         let carried = self.in_context(idx) || self.pins.covers(idx, &new.part.id);
         if created && is_step_start {
@@ -1294,6 +1298,12 @@ impl Session {
             self.recompute_boundary();
         } else if is_compaction && !was_compaction {
             self.compaction_part_added(idx);
+        } else if tail_before.is_some_and(|from| from != self.context_from()) {
+            // Messages entered or left the context: the last report no longer describes
+            // it, and those entering were left alone by the strategies while summarized.
+            let context = self.context_tokens();
+            self.compaction_committed(context);
+            self.tracker.invalidate();
         }
         let summary = self.messages[idx].info.is_summary();
         // A step-finish sent again (changed) before the newest request's step-start

@@ -1111,6 +1111,34 @@ fn a_second_summary_of_one_compaction_opens_the_context_as_a_recount_does() {
     assert_eq!(context_ids(&t), live);
 }
 
+/// The boundary's compaction part sent again with another tail: messages enter or leave
+/// the context, and the prediction follows (found in review: it stayed on the old
+/// context until the next report: 279 predicted for a context of 68).
+#[test]
+fn a_compaction_part_sent_again_with_another_tail_moves_the_prediction() {
+    let mut s = session(FIXTURE);
+    compact_keeping(&mut s, 2, "summary", "cmp1");
+    let compaction_part = |s: &Session| {
+        s.messages()
+            .iter()
+            .flat_map(|m| &m.parts)
+            .find(|p| matches!(p.part.kind, PartKind::Compaction(_)))
+            .map(|p| p.part.clone())
+            .expect("a compaction part")
+    };
+    let before = context_ids(&s);
+    for (tail, what) in [("u3", "tail shortened"), ("u1", "tail lengthened")] {
+        let mut part = compaction_part(&s);
+        if let PartKind::Compaction(c) = &mut part.kind {
+            c.tail_start_id = tail.into();
+        }
+        apply(&mut s, Update::UpsertPart(part));
+        assert_ne!(context_ids(&s), before, "{what}");
+        let c = s.check_overflow(Trigger::Request);
+        assert_eq!(c.predicted, s.context_tokens(), "{what}: {c:?}");
+    }
+}
+
 // ---- automatic compaction -------------------------------------------------------------
 
 /// A session with a 20k window (usable 16k, threshold 14,720) and three user turns.
