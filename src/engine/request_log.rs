@@ -119,6 +119,14 @@ impl RequestLog {
         self.sent
     }
 
+    /// Part `pi` of message `msg` was deleted: the parts after it move down one, and so
+    /// does the newest request's mark when the part was before it.
+    pub(crate) fn part_removed(&mut self, msg: usize, pi: usize) {
+        if msg == self.sent.0 && pi < self.sent.1 {
+            self.sent.1 -= 1;
+        }
+    }
+
     /// Requests so far.
     pub(crate) fn count(&self) -> u64 {
         self.count

@@ -1308,7 +1308,7 @@ impl Session {
         let summary = self.messages[idx].info.is_summary();
         // A step-finish sent again (changed) before the newest request's step-start
         // reports an earlier step: stored, no baseline. (Only one sent again: a new part
-        // goes last, and a delete of earlier parts does not move the request's mark.)
+        // goes last, and a delete of earlier parts moves the request's mark with them.)
         let (newest, from) = self.requests.sent();
         let earlier_step = !created && idx == newest && at < from;
         let reported =
@@ -1340,6 +1340,7 @@ impl Session {
         let was_sent = self.messages[idx].is_sent() && self.sends_part(idx, part_id);
         let message_was_sent = self.messages[idx].is_sent();
         let old = self.messages[idx].parts.remove(i);
+        self.requests.part_removed(idx, i);
         self.part_index
             .removed(idx, part_id, i, &self.messages[idx].parts);
         let assistant = self.messages[idx].info.role == Role::Assistant;

@@ -1367,8 +1367,8 @@ fn a_changed_report_of_an_earlier_step_is_no_baseline() {
     assert_eq!(s.check_overflow(Trigger::Request).used, 70_600);
 }
 
-/// The newest step's first report, after earlier parts of its message were deleted (the
-/// request's mark still counts them), is news. Found in review of the rule above.
+/// The newest step's first report, after earlier parts of its message were deleted, is
+/// news. Found in review of the rule above.
 #[test]
 fn a_new_report_after_earlier_parts_were_deleted_is_the_baseline() {
     let mut s = first_step_with_a_bash_result();
@@ -1391,4 +1391,39 @@ fn a_new_report_after_earlier_parts_were_deleted_is_the_baseline() {
     .expect("applies");
     assert!(r.applied.usage_reported, "the newest step's report");
     assert_eq!(s.check_overflow(Trigger::Request).used, 30_100);
+}
+
+/// The newest step's report sent again changed, after earlier parts of its message were
+/// deleted, is still news: the request's mark moves back with the parts before it. Found
+/// in review: the mark stayed at the old position, so the report (now before it) read as
+/// an earlier step's and was dropped.
+#[test]
+fn the_newest_steps_report_sent_again_after_earlier_parts_were_deleted_is_news() {
+    let mut s = first_step_with_a_bash_result();
+    apply(&mut s, Update::UpsertPart(step_start("a1", "s2")));
+    for part in ["p1", "f1"] {
+        apply(
+            &mut s,
+            Update::DeletePart {
+                message_id: "a1".into(),
+                part_id: part.into(),
+            },
+        );
+    }
+    apply(
+        &mut s,
+        Update::UpsertPart(step_finish("a1", "f2", usage(30_000, 100, 0))),
+    );
+    let r = step(
+        &mut s,
+        Update::UpsertPart(step_finish("a1", "f2", usage(31_000, 100, 0))),
+        &config(),
+        NOW,
+    )
+    .expect("applies");
+    assert!(
+        r.applied.usage_reported,
+        "the newest step's report, changed"
+    );
+    assert_eq!(s.check_overflow(Trigger::Request).used, 31_100);
 }
