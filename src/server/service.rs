@@ -22,7 +22,7 @@ use super::request::{
 use super::status::Rejection;
 use crate::domain::HeapSize;
 use crate::engine::Update;
-use crate::store::{Reservation, Store};
+use crate::store::{Reservation, Store, StoreError};
 
 pub use super::stream::EventStream;
 
@@ -186,7 +186,10 @@ impl pb::sessions_server::Sessions for SessionsService {
         let only = request.into_inner().session_id;
         if !only.is_empty() {
             require_session(&only)?;
-            self.store.get(&only).await.map_err(Rejection::from)?;
+            // Watching needs nothing of the session: a cold one stays on disk.
+            if !self.store.holds(&only) {
+                return Err(Rejection::from(StoreError::NotFound(only)).into());
+            }
         }
         let events = super::watch::run(&self.hub, only);
         Ok(Response::new(super::drain::until_closed(

@@ -513,6 +513,13 @@ impl Store {
         self.read().hot.get(id).cloned()
     }
 
+    /// True when the store holds `id`, in memory or on disk; never loads it. For a caller
+    /// that only needs to know the session exists (a `Subscribe` naming it).
+    pub fn holds(&self, id: &str) -> bool {
+        let map = self.read();
+        map.hot.contains_key(id) || map.cold.contains(id)
+    }
+
     /// Loads a cold session (once, however many callers ask at the same time).
     async fn load(&self, id: &str) -> Result<SessionHandle, StoreError> {
         let gate = {

@@ -371,3 +371,43 @@ async fn a_session_sent_cold_after_a_part_delete_loads_back() {
     );
     let _ = sigterm(server).await;
 }
+
+/// `Subscribe` naming a cold session watches it where it is: on disk. Found in review:
+/// it loaded the session only to check it exists, so a dashboard watching idle sessions
+/// kept each in memory (and, under pressure, pushed others out or was refused). An id
+/// the store does not hold is still NOT_FOUND.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribing_to_a_cold_session_leaves_it_cold() {
+    let data = data_dir("cold-watch");
+    let server = start_on(data.path(), "sync", &["--session-idle-ttl-secs", "1"], &[]);
+    let mut c = connect(&server.addr).await;
+    let sid = "cold-watch";
+    open_session(&mut c, session_with_limits(sid, 200_000, 32_000)).await;
+    let mut watch = subscribe(&mut c, sid).await;
+    put_message(&mut c, sid, user_msg("u1")).await;
+    put_part(&mut c, sid, text_part("u1", "u1-t", "go on")).await;
+    loop {
+        let e = tokio::time::timeout(Duration::from_secs(20), watch.message())
+            .await
+            .expect("an event within 20 s")
+            .expect("the watch stream")
+            .expect("still open");
+        if matches!(e.event, Some(pb::session_event::Event::Evicted(_))) {
+            break;
+        }
+    }
+    let _second = subscribe(&mut c, sid).await;
+    let listed = list(&mut c).await;
+    assert!(
+        listed.iter().any(|s| s.id == sid && s.cold),
+        "{sid} stays cold while watched: {listed:?}"
+    );
+    let unknown = c
+        .subscribe(pb::SubscribeRequest {
+            session_id: "never-opened".into(),
+        })
+        .await
+        .map(|_| ());
+    assert_status(unknown, tonic::Code::NotFound, "never-opened");
+    let _ = sigterm(server).await;
+}
