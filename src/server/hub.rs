@@ -286,6 +286,16 @@ impl Hub {
         }));
     }
 
+    /// Tells the watchers of `session_id` that it was deleted: they end with `NOT_FOUND`.
+    /// It travels on the bus as an event with no content, after the session's earlier
+    /// events, and is never sent to a client (`watch.rs`).
+    pub fn gone(&self, session_id: &str) {
+        let _ = self.bus.send(Arc::new(pb::SessionEvent {
+            session_id: session_id.to_string(),
+            event: None,
+        }));
+    }
+
     /// Claims the session's compaction slot, held until the returned [`Claim`] drops;
     /// refused while draining or when another compaction holds it (named in the error).
     pub fn claim(self: &Arc<Self>, session_id: &str) -> Result<Claim, Refused> {

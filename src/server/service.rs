@@ -186,12 +186,13 @@ impl pb::sessions_server::Sessions for SessionsService {
         let only = request.into_inner().session_id;
         if !only.is_empty() {
             require_session(&only)?;
-            // Watching needs nothing of the session: a cold one stays on disk.
-            if !self.store.holds(&only) {
-                return Err(Rejection::from(StoreError::NotFound(only)).into());
-            }
         }
-        let events = super::watch::run(&self.hub, only);
+        // Following the bus before the check: a delete after it reaches this watcher.
+        let events = super::watch::run(&self.hub, only.clone());
+        // Watching needs nothing of the session: a cold one stays on disk.
+        if !only.is_empty() && !self.store.holds(&only) {
+            return Err(Rejection::from(StoreError::NotFound(only)).into());
+        }
         Ok(Response::new(super::drain::until_closed(
             events,
             self.hub.closing(),
@@ -403,6 +404,7 @@ impl pb::sessions_server::Sessions for SessionsService {
         if !removed {
             return Err(Rejection::from(crate::store::StoreError::NotFound(req.session_id)).into());
         }
+        self.hub.gone(&req.session_id);
         let now = ops::generation_held(&self.hub, &req.session_id).await;
         ops::cancel_replaced(&self.hub, &req.session_id, now, "session deleted");
         tracing::info!(session_id = %req.session_id, "session deleted");

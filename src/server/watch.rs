@@ -68,6 +68,17 @@ pub fn run(hub: &Arc<Hub>, only: String) -> WatchStream {
                     return;
                 }
             };
+            if event.event.is_none() {
+                // The session was deleted (`Hub::gone`): its own watchers end, after what
+                // they were sent before; a watcher of every session reads on.
+                if !only.is_empty() && event.session_id == only {
+                    let _ = end_tx.send(Status::not_found(format!(
+                        "session {only} was deleted; subscribe again once it is opened again"
+                    )));
+                    return;
+                }
+                continue;
+            }
             if !only.is_empty() && event.session_id != only {
                 continue;
             }

@@ -731,3 +731,31 @@ async fn requests_over_max_update_bytes_are_resource_exhausted() {
     let ev = put_part(&mut c, sid, tool_part("a1", "t1", "read", "small")).await;
     assert!(ack(&ev).created);
 }
+
+/// A watcher of one session ends with NOT_FOUND when the session is deleted, after the
+/// events sent before; a watcher of every session reads on. Found in review: it stayed
+/// open for good (counted in `compactd_watchers`), and a session opened again under the
+/// id streamed its unrelated events into it.
+#[tokio::test]
+async fn a_watcher_of_a_deleted_session_is_told() {
+    let server = start_server().await;
+    let mut c = server.client().await;
+    open_session(&mut c, session("w-del")).await;
+    open_session(&mut c, session("w-other")).await;
+    let mut one = subscribe(&mut c, "w-del").await;
+    let mut all = subscribe(&mut c, "").await;
+    c.delete_session(pb::DeleteSessionRequest {
+        session_id: "w-del".into(),
+    })
+    .await
+    .expect("DeleteSession");
+    let end = tokio::time::timeout(std::time::Duration::from_secs(5), one.message())
+        .await
+        .expect("the watcher is told within 5 s");
+    let status = end.expect_err("ends with a status");
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    assert!(status.message().contains("w-del"), "{status:?}");
+    // The watcher of every session saw nothing of the marker and is still open.
+    let quiet = tokio::time::timeout(std::time::Duration::from_millis(300), all.message()).await;
+    assert!(quiet.is_err(), "no event for the delete: {quiet:?}");
+}
