@@ -74,11 +74,6 @@ impl<T> Pending<T> {
     }
 }
 
-/// Opens (or reconfigures) a session; rejections name fields under `session`.
-pub async fn open(hub: &Arc<Hub>, info: SessionInfo) -> Pending<Opened> {
-    open_as(hub, info, "session", std::convert::identity).await
-}
-
 /// Applies an update; rejections name fields under the request's payload field
 /// (`part.message_id`).
 pub async fn apply(hub: &Arc<Hub>, session_id: &str, update: Update) -> Pending<StepReport> {
@@ -316,24 +311,68 @@ async fn open_as<R: Send + 'static>(
     prefix: &'static str,
     wrap: impl FnOnce(Opened) -> R + Send + 'static,
 ) -> Pending<R> {
+    let id = info.id.clone();
+    match made(hub, info.clone(), prefix).await {
+        Ok((_, true)) => Pending::ready(Ok(wrap(Opened { created: true })), prefix),
+        Ok((handle, false)) => {
+            queue(hub, &id, &handle, prefix, move |s, _| {
+                configure(s, info).map(|()| wrap(Opened { created: false }))
+            })
+            .await
+        }
+        Err(pending) => pending,
+    }
+}
+
+/// Opens (or reconfigures) a session and answers its summary (OpenSession's reply;
+/// rejections name fields under `session`): read by the job that reconfigured it, or
+/// through the handle of the session the open created, never by looking its id up
+/// again. A delete between the open and a second look-up made an open that was applied
+/// answer NOT_FOUND.
+pub async fn open_summary(hub: &Arc<Hub>, info: SessionInfo) -> Pending<super::pb::SessionSummary> {
+    const PREFIX: &str = "session";
+    let id = info.id.clone();
+    match made(hub, info.clone(), PREFIX).await {
+        Ok((handle, true)) => {
+            queue(hub, &id, &handle, PREFIX, |s, _| {
+                Ok(super::convert::summary_to_pb(s, true))
+            })
+            .await
+        }
+        Ok((handle, false)) => {
+            queue(hub, &id, &handle, PREFIX, move |s, _| {
+                configure(s, info).map(|()| super::convert::summary_to_pb(s, false))
+            })
+            .await
+        }
+        Err(pending) => pending,
+    }
+}
+
+/// The session `info` opens, and whether the open created it (else it is to be
+/// reconfigured); a refusal as the caller's answer.
+async fn made<R>(
+    hub: &Hub,
+    info: SessionInfo,
+    prefix: &'static str,
+) -> Result<(SessionHandle, bool), Pending<R>> {
     if let Some(m) = &info.config.compaction_model
         && let Err(r) = hub.compaction.check_model("config.compaction_model", m)
     {
-        return Pending::ready(Err(r), prefix);
+        return Err(Pending::ready(Err(r), prefix));
     }
-    let handle = match hub.store.open(info.clone()).await {
-        Ok((_, true)) => return Pending::ready(Ok(wrap(Opened { created: true })), prefix),
-        Ok((handle, false)) => handle,
-        Err(e) => return Pending::ready(Err(e.into()), prefix),
-    };
-    let id = info.id.clone();
-    queue(hub, &id, &handle, prefix, move |s, _| {
-        let update = Update::Configure(info);
-        crate::telemetry::update(update.kind(), || s.step(update, now_ms()))
-            .map(|_| wrap(Opened { created: false }))
-            .map_err(Rejection::from)
-    })
-    .await
+    hub.store
+        .open(info)
+        .await
+        .map_err(|e| Pending::ready(Err(e.into()), prefix))
+}
+
+/// Reconfigures an open session with `info` (the actor's side of an open that found it).
+fn configure(s: &mut Tx<'_>, info: SessionInfo) -> Result<(), Rejection> {
+    let update = Update::Configure(info);
+    crate::telemetry::update(update.kind(), || s.step(update, now_ms()))
+        .map(|_| ())
+        .map_err(Rejection::from)
 }
 
 /// Queues `job` on the session's actor.

@@ -80,10 +80,6 @@ impl SessionsService {
         Ok(Response::new(pb::UpdateResponse { events }))
     }
 
-    async fn summary(&self, session_id: &str, created: bool) -> Result<pb::SessionSummary, Status> {
-        Ok(ops::summary(&self.store, session_id, created).await?)
-    }
-
     /// Refuses a request over `max_update_bytes`; otherwise counts its bytes in flight
     /// until the returned reservation is dropped (when the call ends).
     fn check_size<T: prost::Message>(&self, req: &T) -> Result<Reservation, Status> {
@@ -120,10 +116,12 @@ impl SessionsService {
     }
 
     /// [`Self::held_until_sent`] for the reply to a change already made (an import that
-    /// created or replaced its session): held when the in-flight share has room, else
-    /// sent unheld. A refusal now would read as the import's, whose retry would then
-    /// find the session there (ALREADY_EXISTS). The document it follows was held and
-    /// given back just before, so this is rare: traffic that took the room meanwhile.
+    /// created or replaced its session, an open that created or reconfigured it): held
+    /// when the in-flight share has room, else sent unheld. A refusal now would read as
+    /// the change's, whose retry would then find the session there (an import's
+    /// ALREADY_EXISTS, an open's `created: false`, so a host that sends the history only
+    /// to a session it created would skip it). The request it follows was held and given
+    /// back just before, so this is rare: traffic that took the room meanwhile.
     fn held_if_room<T: prost::Message>(&self, reply: T, what: &'static str) -> Response<T> {
         let held = self.reserve_reply(&reply, what).ok();
         held_response(reply, held)
@@ -231,13 +229,14 @@ impl pb::sessions_server::Sessions for SessionsService {
             convert::session_from_pb(info, "").map_err(|r| Status::from(r.within("session")))?;
         request::hold_decoded(&mut held, self.store.ledger(), info.heap_bytes())?;
         let id = info.id.clone();
-        let pending = ops::open(&self.hub, info).await;
-        let created = self.answer(&id, "open", pending).await?.created;
+        let pending = ops::open_summary(&self.hub, info).await;
+        let summary = self.answer(&id, "open", pending).await?;
         // The request is applied: its bytes are the session's now. The summary carries
         // the title (bounded by --max-update-bytes only): held in flight until the
-        // client reads it, as every reply of a session's size (alone past the share).
+        // client reads it when the share has room, else sent unheld, as an import's:
+        // the open is made, and a refusal now would tell the client it was not.
         drop(held);
-        self.held_until_sent(self.summary(&id, created).await?, "sessions")
+        Ok(self.held_if_room(summary, "sessions"))
     }
 
     async fn upsert_message(

@@ -780,3 +780,56 @@ async fn a_replacing_import_may_use_what_the_replaced_session_holds() {
         .into_inner();
     assert_eq!(again.held_bytes, h);
 }
+
+/// An OpenSession that creates its session is answered with its outcome, though the
+/// in-flight share has no room left for the summary it replies with. Before, the open was
+/// applied and then refused RESOURCE_EXHAUSTED (the summary held with `reserve_or_alone`
+/// while something else was in flight): the session existed, its retry answered
+/// `created: false`, and a host that pushes history only on `created` skipped it.
+#[tokio::test]
+async fn an_applied_open_is_answered_though_the_share_has_no_room_for_its_summary() {
+    use prost::Message;
+    let store = Store::new(EngineConfig::default()).with_limits(Limits {
+        memory_budget: 1 << 20,
+        ..Limits::default()
+    });
+    let ledger = store.ledger().clone();
+    let server = start_server_on(store, ServerOptions::default()).await;
+    let mut c = server.client().await;
+    let request = |id: &str| pb::OpenSessionRequest {
+        session: Some(session(id)),
+    };
+    // The reply to an open like the one below, measured on another id of the same length.
+    let probe = c
+        .open_session(request("probe"))
+        .await
+        .expect("opened")
+        .into_inner();
+    assert!(probe.created);
+    let reply = probe.encoded_len() as u64;
+    let asked = request("fresh").encoded_len() as u64;
+    assert!(reply > asked, "reply {reply} asked {asked}");
+    for _ in 0..500 {
+        if ledger.in_flight() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(ledger.in_flight(), 0);
+    // Something else in flight leaves room for the request, not for its reply.
+    let other = ledger
+        .reserve(ledger.in_flight_limit() - asked, "test")
+        .expect("room");
+    let opened = c.open_session(request("fresh")).await;
+    let summary = opened.expect("the open was applied: answered").into_inner();
+    assert!(summary.created);
+    assert_eq!(summary.id, "fresh");
+    drop(other);
+    // Opened once: the next open finds it.
+    let again = c
+        .open_session(request("fresh"))
+        .await
+        .expect("opened")
+        .into_inner();
+    assert!(!again.created);
+}
