@@ -52,8 +52,11 @@ impl<T> Buffer<T> {
     }
 
     /// The body's next item: an event, then (once given up on) the status, then the end.
+    /// The status is read under the receiver's lock (taken first, as [`Self::abandon`]
+    /// does), so a buffer found closed and empty has its status set if it was given up.
     pub fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Option<Result<T, Status>>> {
-        match self.receiver().poll_recv(cx) {
+        let mut rx = self.receiver();
+        match rx.poll_recv(cx) {
             Poll::Ready(Some(item)) => {
                 self.taken.fetch_add(1, Ordering::Relaxed);
                 Poll::Ready(Some(Ok(item)))
@@ -66,6 +69,10 @@ impl<T> Buffer<T> {
     /// Gives the buffer up: closes it (the writer's next send fails), drops every event
     /// in it (their bytes given back), and makes `status(first)` the body's end, `first`
     /// being the smallest `seq_of` an event dropped (None: there was none).
+    ///
+    /// The status is set before the receiver's lock is let go (the poll takes the same
+    /// two locks in the same order): a poll that finds the buffer closed and empty finds
+    /// the status too, and never ends the call OK with its events dropped.
     pub fn abandon(&self, seq_of: impl Fn(&T) -> u64, status: impl FnOnce(Option<u64>) -> Status) {
         let mut rx = self.receiver();
         rx.close();
@@ -74,8 +81,8 @@ impl<T> Buffer<T> {
             let seq = seq_of(&item);
             first = Some(first.map_or(seq, |f| f.min(seq)));
         }
-        drop(rx);
         *self.ended() = Some(status(first));
+        drop(rx);
     }
 }
 
@@ -135,6 +142,42 @@ mod tests {
         assert!(watching.is_finished(), "given up after the grace");
         assert!(tx.try_send(11).is_err(), "closed to the writer");
         match next(&buffer) {
+            Poll::Ready(Some(Err(s))) => assert_eq!(s.message(), "from Some(7)"),
+            other => panic!("expected the status, got {other:?}"),
+        }
+        assert!(matches!(next(&buffer), Poll::Ready(None)));
+    }
+
+    /// A body polled while its buffer is given up on sees its events or the status, never
+    /// a closed, emptied buffer without it. Before, `abandon` set the status only after
+    /// letting go of the receiver it had closed and emptied: a poll in between (the body
+    /// on another worker) took that for the writer's end, and the call ended with
+    /// grpc-status OK though its events were dropped. The poll here is made at that
+    /// point, from the status callback, on another thread as the body's would be.
+    #[test]
+    fn a_body_polled_while_its_buffer_is_given_up_on_never_ends_without_the_status() {
+        let (tx, rx) = mpsc::channel(8);
+        let buffer = Buffer::new(rx);
+        tx.try_send(7).expect("room");
+        let (polled, was_polled) = std::sync::mpsc::channel();
+        let body = buffer.clone();
+        let mut poller = None;
+        buffer.abandon(
+            |s| *s,
+            |first| {
+                poller = Some(std::thread::spawn(move || {
+                    let seen = next(&body);
+                    let _ = polled.send(());
+                    seen
+                }));
+                // The poll's chance to run before the status is set: it either waits for
+                // `abandon` to finish, or sees the buffer as it is now.
+                let _ = was_polled.recv_timeout(Duration::from_millis(500));
+                Status::resource_exhausted(format!("from {first:?}"))
+            },
+        );
+        let seen = poller.expect("the status was asked for").join();
+        match seen.expect("the poll ran") {
             Poll::Ready(Some(Err(s))) => assert_eq!(s.message(), "from Some(7)"),
             other => panic!("expected the status, got {other:?}"),
         }
