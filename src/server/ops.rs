@@ -181,7 +181,7 @@ pub async fn context(
 
 /// Runs prune, or reports what it would do.
 pub async fn prune(hub: &Arc<Hub>, session_id: &str, dry_run: bool) -> Pending<PruneReport> {
-    on_session(hub, session_id, "", run_prune(dry_run)).await
+    on_session(hub, session_id, "", run_prune(hub, session_id, dry_run)).await
 }
 
 /// Runs the overflow check.
@@ -243,7 +243,7 @@ pub async fn submit(
             .await
         }
         Op::Prune { dry_run } => {
-            let job = run_prune(dry_run);
+            let job = run_prune(hub, session_id, dry_run);
             on_session(hub, session_id, prefix, move |s, c| {
                 job(s, c).map(Reply::Pruned)
             })
@@ -500,9 +500,16 @@ fn build_context(
     }
 }
 
+/// A prune on request (the unary `Prune`, a Stream's `prune` update). One that changed
+/// the session is published to Subscribe watchers as a `pruned` event once durable, as
+/// an automatic one is ([`step`]); a dry run, or a run that found nothing, is not.
 fn run_prune(
+    hub: &Arc<Hub>,
+    session_id: &str,
     dry_run: bool,
 ) -> impl FnOnce(&mut Tx<'_>, &EngineConfig) -> Result<PruneReport, Rejection> + Send + 'static {
+    let hub = hub.clone();
+    let sid = session_id.to_string();
     move |s, _| {
         let mode = if dry_run {
             PruneMode::DryRun
@@ -512,6 +519,11 @@ fn run_prune(
         let report = s.prune(mode, now_ms());
         let counted = report.clone();
         s.when_durable(move || crate::telemetry::pruned(&counted, "request"));
+        if report.changed() {
+            let event =
+                super::pb::session_event::Event::Pruned(super::convert::prune_to_pb(&report));
+            s.when_durable(move || hub.publish(&sid, event));
+        }
         Ok(report)
     }
 }

@@ -467,3 +467,60 @@ async fn a_finished_turn_over_the_threshold_reports_overflow_then_pruned_then_ac
     );
     assert_expected_report(pruned(&events)[0]);
 }
+
+/// A prune on request that changes the session, by the unary `Prune` or the Stream's
+/// `prune` update, is published to Subscribe watchers as a `pruned` event, as an
+/// automatic one is; a dry run, and a prune that finds nothing, publish nothing. Before,
+/// only automatic prunes were published: a watcher never heard of a manual one. The bus
+/// keeps the order of the calls, so each event seen first after a dry run or a prune
+/// that found nothing shows that these published nothing.
+#[tokio::test]
+async fn a_prune_on_request_is_published_to_watchers_and_a_dry_run_is_not() {
+    use crate::common::compaction::next_watched;
+    use pb::session_event::Event as Se;
+    let server = start_acp_server().await;
+    let mut c = server.client().await;
+    let (unary, streamed, last) = ("p-watch-unary", "p-watch-stream", "p-watch-last");
+    for sid in [unary, streamed, last] {
+        build_prunable(&mut c, session(sid)).await;
+    }
+    let mut watch = subscribe(&mut c, "").await;
+    let mut next_pruned = async |sid: &str| {
+        let e = next_watched(&mut watch).await.expect("an event");
+        assert_eq!(e.session_id, sid, "{e:?}");
+        let Some(Se::Pruned(r)) = e.event else {
+            panic!("a pruned event: {e:?}")
+        };
+        r
+    };
+
+    // The unary Prune: its dry run publishes nothing, its commit the report it answers.
+    let dry = prune(&mut c, unary, true).await;
+    assert!(dry.dry_run && !dry.committed);
+    let real = prune(&mut c, unary, false).await;
+    assert!(real.committed);
+    assert_eq!(next_pruned(unary).await, real);
+    let again = prune(&mut c, unary, false).await;
+    assert!(!again.committed && again.parts.is_empty(), "{again:?}");
+
+    // The Stream's prune update, the same (its own events stay a prune_report).
+    let mut s = server.stream().await;
+    let mut reports = Vec::new();
+    for dry_run in [true, false, false] {
+        let events = s
+            .request(streamed, Update::Prune(pb::PruneOptions { dry_run }))
+            .await;
+        assert_eq!(kinds(&events), ["prune_report", "ack"]);
+        let Some(Event::PruneReport(r)) = &events[0].event else {
+            unreachable!()
+        };
+        reports.push(r.clone());
+    }
+    assert!(reports[1].committed && !reports[2].committed, "{reports:?}");
+    assert_eq!(next_pruned(streamed).await, reports[1]);
+
+    // The prune that found nothing published nothing: the next event is another's.
+    let other = prune(&mut c, last, false).await;
+    assert!(other.committed);
+    assert_eq!(next_pruned(last).await, other);
+}
