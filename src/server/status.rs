@@ -98,12 +98,14 @@ impl From<StoreError> for Rejection {
             StoreError::Storage(BackendError::Full(_)) => Code::ResourceExhausted,
             StoreError::Storage(BackendError::Corrupt { .. }) => Code::DataLoss,
             StoreError::Storage(BackendError::Io(_) | BackendError::Closed) => Code::Unavailable,
+            // Shutting down: the client sends it again (to this server's successor).
+            StoreError::Closing => Code::Unavailable,
         };
         let field = match e {
             // Not the session's fault: the server is holding too much for everyone.
             StoreError::InFlightOverBudget { .. } => "",
             StoreError::Storage(BackendError::Corrupt { .. }) => "session_id",
-            StoreError::Storage(_) => "",
+            StoreError::Storage(_) | StoreError::Closing => "",
             _ => "session_id",
         };
         Rejection {

@@ -129,6 +129,8 @@ struct State {
     inline: bool,
     /// Weak: a dropped store ends its actors (their senders go with its map).
     store: Weak<Shared>,
+    /// The store's closing flag: once raised, no job is queued (checked under `gate`).
+    closing: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Msg {
@@ -346,6 +348,12 @@ impl SessionHandle {
         if *evicted {
             return Err((StoreError::NotFound(self.state.id.to_string()), f));
         }
+        // Under the gate too: the close takes the gate after raising the flag and before
+        // its flush, so a job let through here is in the mailbox ahead of that flush.
+        // (Only a durable store closes; its sessions never run a job inline.)
+        if self.state.closing.load(Ordering::Acquire) {
+            return Err((StoreError::Closing, f));
+        }
         let (tx, rx) = oneshot::channel();
         let job: Job = Box::new(move |s, config| {
             let r = f(s, config);
@@ -384,8 +392,10 @@ impl SessionHandle {
         rx.await.unwrap_or(true)
     }
 
-    /// Waits until every change made so far is durable.
+    /// Waits until every change made so far is durable, including those of a job being
+    /// queued now (its queueing holds the gate until it is in the mailbox).
     pub(super) async fn flush(&self) -> Result<(), StoreError> {
+        drop(lock(&self.state.gate));
         let (tx, rx) = oneshot::channel();
         if self.tx.send(Msg::Flush(tx)).await.is_err() {
             return Ok(());
@@ -547,6 +557,7 @@ pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
         queued: AtomicU64::new(0),
         inline: journal.is_none(),
         store: Arc::downgrade(shared),
+        closing: shared.closing.clone(),
         cell: Mutex::new(Some(Locked {
             session,
             cache: ContextCache::default(),

@@ -480,8 +480,9 @@ async fn a_logged_change_that_no_longer_applies_is_left_out_and_the_session_load
         let store = durable(d.path(), Limits::default(), 0);
         let (h, _) = store.open(info("s")).await.expect("open");
         feed(&h, turn(0, 1, 100)).await;
+        let held = observed(&h).await;
         store.close().await;
-        observed(&h).await
+        held
     };
     let conn = rusqlite::Connection::open(d.path().join(DB_FILE)).expect("open");
     let (incarnation, last): (i64, i64) = conn
@@ -526,8 +527,9 @@ async fn parts_logged_under_a_higher_parts_limit_come_back_after_it_is_lowered()
         let (h, _) = store.open(info("s")).await.expect("open");
         feed(&h, vec![Update::Configure(info("s"))]).await;
         feed(&h, turn(0, 3, 100)).await;
+        let held = observed(&h).await;
         store.close().await;
-        observed(&h).await
+        held
     };
     let lowered = EngineConfig {
         max_parts_per_message: 2,
@@ -767,9 +769,10 @@ async fn under_interval_a_session_does_not_go_cold_before_its_first_write_is_kno
     store.close().await;
 }
 
-/// Under `interval`, a change made after the store closed cannot be written (the backend
-/// answers `Closed` at once): the actor gives up on it instead of trying again at once,
-/// batch after batch, at full speed.
+/// Under `interval`, a change made after the backend closed cannot be written (the
+/// backend answers `Closed` at once): the actor gives up on it instead of trying again at
+/// once, batch after batch, at full speed. (The store's own close refuses such a change
+/// before it runs: `once_the_store_is_closing_changes_are_refused_...`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_interval_a_closed_store_is_not_written_again_and_again() {
     let d = tempfile::tempdir().expect("dir");
@@ -777,7 +780,8 @@ async fn under_interval_a_closed_store_is_not_written_again_and_again() {
     let store = store_over(backend.clone());
     let (h, _) = store.open(info("s")).await.expect("open");
     feed(&h, turn(0, 1, 1_000)).await;
-    store.close().await;
+    h.flush().await.expect("written");
+    backend.close();
     let after = turn(1, 1, 1_000);
     let updates = after.len();
     feed(&h, after).await;

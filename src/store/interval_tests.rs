@@ -61,3 +61,48 @@ async fn a_change_that_waited_for_the_batch_before_it_is_on_disk_within_its_inte
     );
     store.close().await;
 }
+
+/// A connection still open after the drain may send once the close has begun. Under
+/// `interval` such a change was acknowledged at once and never written (its batch met the
+/// closed backend): the session came back without it after a restart, as did a session
+/// deleted then. Once the close begins the store refuses changes, new sessions and
+/// deletes, and the disk holds exactly what was acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_the_store_is_closing_changes_are_refused_and_what_was_acknowledged_is_on_disk() {
+    let dir = tempfile::tempdir().expect("dir");
+    let acked = {
+        let backend = Sqlite::open(
+            dir.path(),
+            Durability::Interval(Duration::from_millis(100)),
+            None,
+            0,
+        )
+        .expect("open");
+        let store = Store::new(EngineConfig::default())
+            .with_backend(Arc::new(backend))
+            .expect("listed");
+        let (h, _) = store.open(info("s")).await.expect("open");
+        feed(&h, turn(0, 1, 200)).await;
+        let acked = super::durable_tests::observed(&h).await;
+        store.close().await;
+        let late = turn(1, 1, 200).remove(0);
+        let sent = h
+            .call(move |s, _| s.step(late, super::durable_tests::NOW))
+            .await;
+        assert!(
+            matches!(sent, Err(StoreError::Closing)),
+            "an update after the close began: {sent:?}"
+        );
+        assert!(matches!(
+            store.open(info("t")).await,
+            Err(StoreError::Closing)
+        ));
+        assert_eq!(store.remove("s").await, Err(StoreError::Closing));
+        acked
+    };
+    let store = super::durable_tests::durable(dir.path(), Limits::default(), 0);
+    let h = store.get("s").await.expect("on disk");
+    assert_eq!(super::durable_tests::observed(&h).await, acked);
+    assert!(matches!(store.get("t").await, Err(StoreError::NotFound(_))));
+    store.close().await;
+}

@@ -129,6 +129,12 @@ pub enum StoreError {
     /// The durable store could not read or write (disk full, I/O error, unreadable row).
     #[error("{0}")]
     Storage(BackendError),
+    /// The store is closing (the server is shutting down) and takes no more changes: what
+    /// it acknowledged is being written, and a change taken now might not be.
+    #[error(
+        "the session store is closing (the server is shutting down); nothing was applied: send it again"
+    )]
+    Closing,
 }
 
 /// What the store holds at most; 0 means no limit.
@@ -283,6 +289,10 @@ struct Shared {
     /// What sessions of each model learned about their token estimates: a new session
     /// of the model starts from it.
     priors: Mutex<ModelPriors>,
+    /// Raised (under the map lock) when [`Store::close`] begins: from then on no job is
+    /// queued and no session is created, loaded or deleted, so nothing is acknowledged
+    /// that the close's final writes do not carry. Each actor holds it too.
+    closing: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -428,6 +438,11 @@ impl Store {
             .map_or(Durability::Memory, |b| b.durability())
     }
 
+    /// True once [`Store::close`] has begun (a durable store only): changes are refused.
+    fn is_closing(&self) -> bool {
+        self.shared.closing.load(Ordering::Acquire)
+    }
+
     /// The limits this store enforces.
     pub fn limits(&self) -> Limits {
         self.limits
@@ -543,6 +558,9 @@ impl Store {
         if let Some(h) = self.read().hot.get(id) {
             return Ok(h.clone());
         }
+        if self.is_closing() {
+            return Err(StoreError::Closing);
+        }
         let Some(backend) = self.backend.clone() else {
             return Err(StoreError::NotFound(id.to_string()));
         };
@@ -605,6 +623,10 @@ impl Store {
         self.admit_evicting(r.session.held_bytes(), 0).await?;
         let durable = self.durable(r.incarnation, r.seq, r.log_bytes, r.snapshot_bytes);
         let mut map = self.write();
+        if self.is_closing() {
+            // The close has listed the sessions it writes: this one would not be among them.
+            return Err(StoreError::Closing);
+        }
         let resume = map.resume.remove(id);
         if !map.cold.remove(id) {
             // Deleted (or replaced) while it was being read.
@@ -689,13 +711,17 @@ impl Store {
     /// Under `Durability::Sync`, returns where the write's result lands: the caller
     /// answers with it, and if it failed the actor has put back what the map held before
     /// (nothing was acknowledged). Under `Interval` the session is acknowledged at once:
-    /// if the write fails, its actor writes the session whole again.
+    /// if the write fails, its actor writes the session whole again. Refused once the
+    /// store is closing (checked under the map lock, where [`Store::close`] raises it).
     fn place(
         &self,
         map: &mut Map,
         session: Session,
         snapshot: Option<Vec<u8>>,
     ) -> Result<(SessionHandle, Option<Written>), StoreError> {
+        if self.is_closing() {
+            return Err(StoreError::Closing);
+        }
         let id = session.info().id.clone();
         let incarnation = self.next_incarnation()?;
         let mut written = None;
@@ -807,10 +833,15 @@ impl Store {
     /// `Durability::Sync`). Jobs already queued still run; its actor then stops. False
     /// when there was no such session. Under `Sync` a delete the disk refused puts the
     /// session back as it was (unless its id was taken meanwhile) and is an error: the
-    /// session still exists, in memory and after a restart alike.
+    /// session still exists, in memory and after a restart alike. Refused once the store
+    /// is closing.
     pub async fn remove(&self, id: &str) -> Result<bool, StoreError> {
         let (removed, committed, ticket) = {
             let mut map = self.write();
+            if self.is_closing() {
+                // Under `interval` it would be acknowledged and never written.
+                return Err(StoreError::Closing);
+            }
             let removed = Removed {
                 hot: map.hot.remove(id),
                 cold: map.cold.remove(id),
@@ -882,11 +913,20 @@ impl Store {
     }
 
     /// Waits until every change of every session in memory is durable (shutdown under
-    /// `Durability::Interval`), then stops the backend's writer.
+    /// `Durability::Interval`), then stops the backend's writer. From its start the store
+    /// refuses (with [`StoreError::Closing`]) every job and every new, loaded or deleted
+    /// session: connections still open may still send, and what it acknowledged then
+    /// would never be written.
     pub async fn close(&self) {
         let Some(backend) = &self.backend else {
             return;
         };
+        {
+            // Under the map lock, as sessions are created, loaded and deleted: each is
+            // either in the list below (or in `deleting`) or refused.
+            let _map = self.write();
+            self.shared.closing.store(true, Ordering::Release);
+        }
         for h in self.list() {
             if let Err(e) = h.flush().await {
                 tracing::error!(session_id = h.id(), error = %e, "session not written at shutdown");
