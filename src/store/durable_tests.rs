@@ -188,6 +188,47 @@ async fn the_log_is_cut_by_snapshots_as_it_grows() {
     );
 }
 
+/// An imported session's `Create` is a whole snapshot: its log may grow to that
+/// snapshot's size before the next one is due, as after any snapshot. Before, the actor
+/// counted the import's snapshot as 0 bytes, so 4 MiB of log after a 10 MB import wrote
+/// the whole session again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_imported_session_is_not_snapshotted_again_before_its_log_reaches_its_size() {
+    let d = tempfile::tempdir().expect("dir");
+    let store = durable(d.path(), Limits::default(), 0);
+    let config = EngineConfig::default();
+    let mut imported = Session::new(info("s"), &config);
+    // About 10 MB of tool output.
+    for t in 0..80 {
+        for u in turn(t, 4, 30_000) {
+            imported.apply(u, &config).expect("applied");
+        }
+    }
+    let h = store.insert(imported, false).await.expect("imported");
+    let backend = store.backend().expect("durable").clone();
+    let created = backend
+        .load("s")
+        .expect("read")
+        .expect("stored")
+        .snapshot
+        .len();
+    // About 5 MB of log: past the 4 MiB floor, well short of the snapshot's size.
+    for t in 80..120 {
+        feed(&h, turn(t, 4, 30_000)).await;
+    }
+    let stored = backend.load("s").expect("read").expect("stored");
+    let log: usize = stored.log.iter().map(|(_, c)| c.len()).sum();
+    assert_eq!(
+        stored.snapshot_seq, 0,
+        "the session was written whole again ({log} bytes of log after it)"
+    );
+    assert!(
+        (actor::SNAPSHOT_MIN_LOG_BYTES as usize) < log && log < created,
+        "the log ({log} bytes) is past the floor and short of the snapshot ({created} bytes)"
+    );
+    store.close().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_session_goes_cold_and_loads_back_on_its_next_use() {
     let d = tempfile::tempdir().expect("dir");

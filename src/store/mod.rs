@@ -725,6 +725,9 @@ impl Store {
         let id = session.info().id.clone();
         let incarnation = self.next_incarnation()?;
         let mut written = None;
+        // The `Create` is a whole snapshot: the log may grow to its size before the next
+        // one is due, as after any snapshot.
+        let snapshot_bytes = snapshot.as_ref().map_or(0, |s| s.len() as u64);
         let created = match (&self.backend, snapshot) {
             (Some(b), Some(snapshot)) => {
                 let committed = b.write(vec![Write::Create {
@@ -754,7 +757,7 @@ impl Store {
             _ => None,
         };
         let durable = self
-            .durable(incarnation, 0, 0, 0)
+            .durable(incarnation, 0, 0, snapshot_bytes)
             .map(|d| actor::Durable { created, ..d });
         let handle = self.spawn(session, durable);
         map.cold.remove(&id);
