@@ -131,3 +131,90 @@ async fn a_cold_session_is_loaded_once_by_callers_that_overlap() {
     let h = store.get("x").await.expect("held");
     assert_eq!(observed(&h).await, changed, "the change is kept");
 }
+
+/// SQLite whose loads take a while and count how many run at once.
+struct SlowLoads {
+    inner: Arc<dyn Backend>,
+    now: AtomicUsize,
+    most: AtomicUsize,
+}
+
+impl std::fmt::Debug for SlowLoads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SlowLoads")
+    }
+}
+
+impl Backend for SlowLoads {
+    fn sessions(&self) -> Result<Vec<String>, BackendError> {
+        self.inner.sessions()
+    }
+    fn last_incarnation(&self) -> Result<u64, BackendError> {
+        self.inner.last_incarnation()
+    }
+    fn load(&self, id: &str) -> Result<Option<Stored>, BackendError> {
+        let now = self.now.fetch_add(1, SeqCst) + 1;
+        self.most.fetch_max(now, SeqCst);
+        std::thread::sleep(Duration::from_millis(40));
+        let stored = self.inner.load(id);
+        self.now.fetch_sub(1, SeqCst);
+        stored
+    }
+    fn write(&self, writes: Vec<Write>) -> Committed {
+        self.inner.write(writes)
+    }
+    fn state(&self) -> BackendState {
+        self.inner.state()
+    }
+    fn durability(&self) -> Durability {
+        self.inner.durability()
+    }
+    fn disk_bytes(&self) -> u64 {
+        self.inner.disk_bytes()
+    }
+    fn close(&self) {
+        self.inner.close()
+    }
+}
+
+/// Every host reconnecting after a restart asks for its cold session at once: at most
+/// MAX_CONCURRENT_LOADS are read and decoded side by side (each outside the budget until
+/// admitted), the others wait their turn and load after. Found in review: all of them
+/// loaded at once (ten 50 MB sessions, about 1 GB, past the pod's memory limit: a crash
+/// loop, as every host reconnects again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cold_sessions_asked_for_at_once_load_a_few_at_a_time() {
+    let d = tempfile::tempdir().expect("dir");
+    let ids: Vec<String> = (0..8).map(|i| format!("s{i}")).collect();
+    {
+        let store = durable(d.path(), Limits::default(), 0);
+        for id in &ids {
+            let (h, _) = store.open(info(id)).await.expect("open");
+            feed(&h, turn(0, 1, 100)).await;
+        }
+        store.close().await;
+    }
+    let sqlite = Sqlite::open(d.path(), Durability::Sync, None, 0).expect("open");
+    let backend = Arc::new(SlowLoads {
+        inner: Arc::new(sqlite),
+        now: AtomicUsize::new(0),
+        most: AtomicUsize::new(0),
+    });
+    let store = Arc::new(store_over(backend.clone()));
+    let gets: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            let (store, id) = (store.clone(), id.clone());
+            tokio::spawn(async move { store.get(&id).await.map(drop) })
+        })
+        .collect();
+    for g in gets {
+        g.await.expect("joined").expect("loaded");
+    }
+    assert_eq!(store.hot_len(), ids.len(), "every session loaded");
+    let most = backend.most.load(SeqCst);
+    assert!(
+        (1..=MAX_CONCURRENT_LOADS).contains(&most),
+        "{most} loads at once"
+    );
+}

@@ -156,6 +156,12 @@ pub struct Limits {
 /// what the session holds.
 pub const LOAD_EXPANSION: u64 = 6;
 
+/// Cold sessions read from disk at once. A load holds the snapshot's text and the session
+/// decoded from it before the budget admits the session (and sends others cold to make
+/// room): every session's host reconnecting after a restart loaded them all side by side,
+/// outside the budget (ten 50 MB sessions: about 1 GB at once, past a pod's limit).
+pub const MAX_CONCURRENT_LOADS: usize = 2;
+
 /// Why a stored session was not read back.
 enum LoadError {
     /// Its snapshot alone is past [`LOAD_EXPANSION`] times the binding limit.
@@ -369,6 +375,9 @@ pub struct Store {
     incarnations: AtomicU64,
     /// One lock per session being loaded from disk, so it is loaded once.
     loading: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Loads from disk under way at once, at most [`MAX_CONCURRENT_LOADS`]: each holds its
+    /// snapshot's text and the session decoded from it before the budget admits it.
+    loads: tokio::sync::Semaphore,
     /// The store's clock for "least recently used".
     clock: Instant,
 }
@@ -390,6 +399,7 @@ impl Store {
             backend: None,
             incarnations: AtomicU64::new(0),
             loading: Mutex::default(),
+            loads: tokio::sync::Semaphore::new(MAX_CONCURRENT_LOADS),
             clock: Instant::now(),
         }
     }
@@ -567,6 +577,8 @@ impl Store {
         if !self.read().cold.contains(id) {
             return Err(StoreError::NotFound(id.to_string()));
         }
+        // Held until the session is admitted (or the load failed); never closed.
+        let _turn = self.loads.acquire().await.ok();
         let began = Instant::now();
         let (config, key) = (self.config.clone(), id.to_string());
         let ceiling = self.limits.load_ceiling();
