@@ -358,31 +358,36 @@ impl pb::sessions_server::Sessions for SessionsService {
         &self,
         _request: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
-        // Queue every request first, then collect: one slow session does not serialize the rest.
-        let mut pending = Vec::new();
-        for h in self.store.list() {
-            // A look, not a use: listing keeps no session in memory past its idle TTL.
-            if let Ok(rx) = h.look(|s, _| convert::summary_to_pb(s, false)).await {
-                pending.push(rx);
-            }
-        }
-        let mut sessions = Vec::with_capacity(pending.len());
-        for rx in pending {
-            if let Ok(Ok(s)) = rx.await {
-                sessions.push(s);
-            }
-        }
+        // Both sides read at one moment: a session sent cold (or loaded) while the
+        // summaries are built is listed once, not twice or not at all.
+        let (hot, cold) = self.store.listing();
         // Cold sessions by id only: listing must not load every session into memory.
-        sessions.extend(
-            self.store
-                .cold_ids()
-                .into_iter()
-                .map(|id| pb::SessionSummary {
-                    id,
-                    cold: true,
-                    ..Default::default()
-                }),
-        );
+        let cold_summary = |id: String| pb::SessionSummary {
+            id,
+            cold: true,
+            ..Default::default()
+        };
+        // Queue every request first, then collect: one slow session does not serialize the rest.
+        let mut pending = Vec::with_capacity(hot.len());
+        for h in hot {
+            // A look, not a use: listing keeps no session in memory past its idle TTL.
+            let rx = h.look(|s, _| convert::summary_to_pb(s, false)).await.ok();
+            pending.push((h.id().to_string(), rx));
+        }
+        let mut sessions = Vec::with_capacity(pending.len().saturating_add(cold.len()));
+        for (id, rx) in pending {
+            match rx {
+                Some(rx) => match rx.await {
+                    Ok(Ok(s)) => sessions.push(s),
+                    // Sent cold before its turn (a deleted one is gone from disk too).
+                    _ if self.store.holds(&id) => sessions.push(cold_summary(id)),
+                    _ => {}
+                },
+                None if self.store.holds(&id) => sessions.push(cold_summary(id)),
+                None => {}
+            }
+        }
+        sessions.extend(cold.into_iter().map(cold_summary));
         sessions.sort_by(|a, b| a.id.cmp(&b.id));
         // Every session's title: as large as the sessions make it, so held in flight
         // until read (an unread listing is dropped after the slow-reader grace).

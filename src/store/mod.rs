@@ -906,6 +906,16 @@ impl Store {
         self.read().hot.values().cloned().collect()
     }
 
+    /// The sessions in memory and the ids of those only on disk, read at one moment: a
+    /// session sent cold or loaded meanwhile is in exactly one of them (a listing).
+    pub fn listing(&self) -> (Vec<SessionHandle>, Vec<String>) {
+        let map = self.read();
+        (
+            map.hot.values().cloned().collect(),
+            map.cold.iter().cloned().collect(),
+        )
+    }
+
     /// Ids of the sessions only on disk, in no particular order.
     pub fn cold_ids(&self) -> Vec<String> {
         self.read().cold.iter().cloned().collect()
