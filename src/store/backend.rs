@@ -235,6 +235,10 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     fn durability(&self) -> Durability;
     /// Bytes the backend's files take on disk (for metrics and the closing report).
     fn disk_bytes(&self) -> u64;
+    /// From now on, commits what is queued at once instead of gathering for the interval
+    /// (the store is closing: its final writes must land within the shutdown's grace, not
+    /// up to an interval later).
+    fn hurry(&self) {}
     /// Writes everything queued and stops the writer; later writes fail with `Closed`.
     fn close(&self);
 }

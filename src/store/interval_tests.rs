@@ -106,3 +106,35 @@ async fn once_the_store_is_closing_changes_are_refused_and_what_was_acknowledged
     assert!(matches!(store.get("t").await, Err(StoreError::NotFound(_))));
     store.close().await;
 }
+
+/// The store's close under a long interval writes what it acknowledged at once. Found in
+/// review: its final flush waited out the writer's interval (up to 60 s, past the 30 s
+/// Kubernetes gives a stopping pod; a SIGKILL then lost the acknowledged changes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_under_a_long_interval_writes_at_once() {
+    const INTERVAL: Duration = Duration::from_secs(60);
+    let dir = tempfile::tempdir().expect("dir");
+    let backend = Sqlite::open(dir.path(), Durability::Interval(INTERVAL), None, 0).expect("open");
+    let store = Store::new(EngineConfig::default())
+        .with_backend(Arc::new(backend))
+        .expect("listed");
+    let (h, _) = store.open(info("s")).await.expect("open");
+    let updates = turn(0, 1, 200);
+    let last = i64::try_from(updates.len()).expect("few");
+    feed(&h, updates).await;
+    drop(h);
+    let began = Instant::now();
+    tokio::time::timeout(Duration::from_secs(20), store.close())
+        .await
+        .expect("closed within 20 s");
+    assert!(
+        began.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        began.elapsed()
+    );
+    assert_eq!(
+        durable_seq(dir.path(), "s"),
+        last,
+        "what was acknowledged is on disk"
+    );
+}

@@ -952,6 +952,9 @@ impl Store {
             let _map = self.write();
             self.shared.closing.store(true, Ordering::Release);
         }
+        // The final writes land now, not up to an interval from now (past the grace
+        // Kubernetes gives a stopping pod: 30 s by default, against intervals up to 60 s).
+        backend.hurry();
         for h in self.list() {
             if let Err(e) = h.flush().await {
                 tracing::error!(session_id = h.id(), error = %e, "session not written at shutdown");

@@ -14,6 +14,7 @@
 use std::fs::File;
 use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -58,6 +59,8 @@ pub struct Sqlite {
     writer: Mutex<Option<JoinHandle<()>>>,
     /// Stops the checkpointer when dropped.
     checkpoints: Mutex<Option<(Sender<()>, JoinHandle<()>)>>,
+    /// Raised by [`Backend::hurry`]: the writer stops gathering for the interval.
+    hurry: Arc<AtomicBool>,
     /// The data dir's lock, held until the backend is closed (see [`lock_data_dir`]).
     lock: Mutex<Option<File>>,
 }
@@ -181,11 +184,12 @@ impl Sqlite {
         };
         let (tx, rx) = mpsc::channel();
         let state = Arc::new(Mutex::new(BackendState::Ok));
+        let hurry = Arc::new(AtomicBool::new(false));
         let writer = {
-            let state = state.clone();
+            let (state, hurry) = (state.clone(), hurry.clone());
             std::thread::Builder::new()
                 .name("compactd-store".into())
-                .spawn(move || run_writer(writer_conn, rx, durability, state, observer))
+                .spawn(move || run_writer(writer_conn, rx, durability, (state, hurry), observer))
                 .map_err(|e| BackendError::Io(format!("cannot start the store writer: {e}")))?
         };
         Ok(Sqlite {
@@ -197,6 +201,7 @@ impl Sqlite {
             state,
             writer: Mutex::new(Some(writer)),
             checkpoints: Mutex::new(Some(checkpoints)),
+            hurry,
         })
     }
 
@@ -339,9 +344,11 @@ fn run_writer(
     mut conn: Connection,
     rx: Receiver<Request>,
     durability: Durability,
-    state: Arc<Mutex<BackendState>>,
+    (state, hurry): (Arc<Mutex<BackendState>>, Arc<AtomicBool>),
     observer: Option<Observer>,
 ) {
+    // Once hurried (the store is closing), what is queued is committed at once.
+    let hurried = || hurry.load(Ordering::Acquire);
     while let Ok(first) = rx.recv() {
         let mut bytes: usize = first.writes.iter().map(Write::bytes).sum();
         // Under `interval`, within the interval of the oldest change acknowledged.
@@ -350,7 +357,7 @@ fn run_writer(
             since.checked_add(d).unwrap_or(since)
         };
         let mut deadline = match durability {
-            Durability::Interval(d) => Some(due(&first, d)),
+            Durability::Interval(d) if !hurried() => Some(due(&first, d)),
             _ => None,
         };
         let mut batch = vec![first];
@@ -365,6 +372,9 @@ fn run_writer(
             bytes = bytes.saturating_add(next.writes.iter().map(Write::bytes).sum());
             if let (Some(at), Durability::Interval(d)) = (deadline, durability) {
                 deadline = Some(at.min(due(&next, d)));
+            }
+            if hurried() {
+                deadline = None;
             }
             batch.push(next);
         }
@@ -644,6 +654,12 @@ impl Backend for Sqlite {
             }
         }
         total
+    }
+
+    fn hurry(&self) {
+        self.hurry.store(true, Ordering::Release);
+        // Wakes a writer gathering for the interval (an empty request, its answer unread).
+        drop(self.queue_request(Vec::new(), None));
     }
 
     fn close(&self) {
