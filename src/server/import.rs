@@ -393,7 +393,8 @@ impl Importer {
         }
         let (messages, parts) = (session.messages().len(), session.part_count());
         let generation = session.generation();
-        self.store
+        let handle = self
+            .store
             .insert(session, req.replace)
             .await
             .map_err(Rejection::from)?;
@@ -407,7 +408,7 @@ impl Importer {
             );
         }
         tracing::info!(session_id = %id, messages, parts, "session imported");
-        Ok(ops::summary(&self.store, &id, true).await?)
+        Ok(ops::summary_of(&self.hub, &handle, true).await?)
     }
 }
 

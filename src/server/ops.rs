@@ -532,14 +532,19 @@ fn overflow_check(s: &mut Tx<'_>, _: &EngineConfig) -> Result<OverflowCheck, Rej
     Ok(s.check_overflow(Trigger::Request))
 }
 
-/// A session's summary (OpenSession's and an import's reply).
-pub async fn summary(
-    store: &crate::store::Store,
-    session_id: &str,
+/// The summary of the session behind `handle` (one an import just placed): read through
+/// its handle, never by looking the id up again, which a delete in between would answer
+/// NOT_FOUND, or a session re-created under the id with its own summary.
+pub async fn summary_of(
+    hub: &Hub,
+    handle: &SessionHandle,
     created: bool,
 ) -> Result<super::pb::SessionSummary, Rejection> {
-    let handle = store.get(session_id).await?;
-    Ok(handle
-        .call(move |s, _| super::convert::summary_to_pb(s, created))
-        .await?)
+    let id = handle.id().to_string();
+    queue(hub, &id, handle, "session", move |s, _| {
+        Ok(super::convert::summary_to_pb(s, created))
+    })
+    .await
+    .outcome(&id)
+    .await
 }
