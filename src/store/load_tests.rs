@@ -218,3 +218,54 @@ async fn cold_sessions_asked_for_at_once_load_a_few_at_a_time() {
         "{most} loads at once"
     );
 }
+
+/// SQLite whose loads panic (a stored row the decoder chokes on).
+#[derive(Debug)]
+struct PanickingLoads(Arc<dyn Backend>);
+
+impl Backend for PanickingLoads {
+    fn sessions(&self) -> Result<Vec<String>, BackendError> {
+        self.0.sessions()
+    }
+    fn last_incarnation(&self) -> Result<u64, BackendError> {
+        self.0.last_incarnation()
+    }
+    fn load(&self, _id: &str) -> Result<Option<Stored>, BackendError> {
+        panic!("injected: a row the decoder chokes on")
+    }
+    fn write(&self, writes: Vec<Write>) -> Committed {
+        self.0.write(writes)
+    }
+    fn state(&self) -> BackendState {
+        self.0.state()
+    }
+    fn durability(&self) -> Durability {
+        self.0.durability()
+    }
+    fn disk_bytes(&self) -> u64 {
+        self.0.disk_bytes()
+    }
+    fn close(&self) {
+        self.0.close()
+    }
+}
+
+/// A stored session whose reading back panics is unreadable (DATA_LOSS to the client),
+/// not the disk unavailable: a retry would panic again. Found in review: the panic was
+/// reported as an I/O error (UNAVAILABLE), which tells the client to retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_whose_loading_panics_reads_as_corrupt() {
+    let d = tempfile::tempdir().expect("dir");
+    {
+        let store = durable(d.path(), Limits::default(), 0);
+        let (h, _) = store.open(info("x")).await.expect("open");
+        feed(&h, turn(0, 1, 100)).await;
+        store.close().await;
+    }
+    let sqlite = Sqlite::open(d.path(), Durability::Sync, None, 0).expect("open");
+    let store = store_over(Arc::new(PanickingLoads(Arc::new(sqlite))));
+    match store.get("x").await.map(drop) {
+        Err(StoreError::Storage(BackendError::Corrupt { id, .. })) => assert_eq!(id, "x"),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+}

@@ -595,7 +595,19 @@ impl Store {
                 .transpose()?)
         })
         .await
-        .map_err(|e| BackendError::Io(format!("loading session {id}: {e}")).into())
+        .map_err(|e| {
+            let e = if e.is_panic() {
+                // The stored rows made reading them back panic: they are unreadable (as a
+                // damaged row is), not the disk unavailable (a retry would panic again).
+                BackendError::Corrupt {
+                    id: id.to_string(),
+                    reason: "reading it back failed (a panic while decoding it)".into(),
+                }
+            } else {
+                BackendError::Io(format!("loading session {id}: {e}"))
+            };
+            e.into()
+        })
         .and_then(|r| r);
         let outcome = match loaded {
             Ok(Some(r)) => self.admit_loaded(id, r).await,
