@@ -138,3 +138,54 @@ async fn closing_under_a_long_interval_writes_at_once() {
         "what was acknowledged is on disk"
     );
 }
+
+/// A panic in the writer (here: in the metrics observer it reports each commit to)
+/// leaves it writing. Found in review: the writer thread died, every later write was
+/// answered `Closed`, which the sessions took for the store closing: changes acknowledged
+/// under `interval` were dropped for good, and health stayed SERVING.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_in_the_writer_leaves_it_writing() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const INTERVAL: Duration = Duration::from_millis(50);
+    let dir = tempfile::tempdir().expect("dir");
+    let panicked = Arc::new(AtomicBool::new(false));
+    let once = panicked.clone();
+    let observer: Observer = Arc::new(move |e: &StoreEvent| {
+        if matches!(e, StoreEvent::Commit { .. }) && !once.swap(true, Ordering::SeqCst) {
+            panic!("injected: the observer of the first commit panics");
+        }
+    });
+    let backend = Sqlite::open(
+        dir.path(),
+        Durability::Interval(INTERVAL),
+        Some(observer),
+        0,
+    )
+    .expect("open");
+    let store = Store::new(EngineConfig::default())
+        .with_backend(Arc::new(backend))
+        .expect("listed");
+    let (h, _) = store.open(info("s")).await.expect("open");
+    let updates = turn(0, 1, 200);
+    let last = i64::try_from(updates.len()).expect("few");
+    feed(&h, updates).await;
+    let path = dir.path().to_path_buf();
+    let written = tokio::task::spawn_blocking(move || {
+        let began = Instant::now();
+        while durable_seq(&path, "s") < last {
+            if began.elapsed() > Duration::from_secs(20) {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        true
+    })
+    .await
+    .expect("polled");
+    assert!(panicked.load(Ordering::SeqCst), "the observer panicked");
+    assert!(
+        written,
+        "the acknowledged changes reached the disk after the panic: {} of {last}",
+        durable_seq(dir.path(), "s")
+    );
+}

@@ -378,29 +378,33 @@ fn run_writer(
             }
             batch.push(next);
         }
+        // A panic here (a bug, in this code or the metrics it reports to) fails this
+        // batch and the writer goes on: a dead writer would answer every later write
+        // `Closed`, which the sessions take for the store closing (acknowledged changes
+        // dropped under `interval`, health still SERVING).
         let began = Instant::now();
-        let result = commit(&mut conn, &batch);
+        let committed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            commit_batch(&mut conn, &batch)
+        }));
+        let (group_ok, results) = committed.unwrap_or_else(|_| {
+            tracing::error!(requests = batch.len(), "the session store's writer panicked while committing; its writes are refused and written again");
+            let failed = BackendError::Io(
+                "the session store's writer failed while committing (a panic)".into(),
+            );
+            (false, vec![Err(failed); batch.len()])
+        });
         if let Some(o) = &observer {
-            o(&StoreEvent::Commit {
+            let event = StoreEvent::Commit {
                 requests: batch.len(),
                 bytes: bytes as u64,
                 took: began.elapsed(),
-                ok: result.is_ok(),
-            });
-        }
-        // One request's failure (a snapshot past the disk limit, a constraint) must not
-        // fail the sessions it was batched with: after a failed group commit each request
-        // is committed again on its own, and only the ones that fail again fail.
-        let results: Vec<Result<(), BackendError>> = match result {
-            Err((e, true)) if batch.len() > 1 => {
-                tracing::warn!(error = %e, requests = batch.len(), "session store group commit failed: committing each request alone");
-                batch
-                    .iter()
-                    .map(|r| commit(&mut conn, std::slice::from_ref(r)).map_err(|(e, _)| e))
-                    .collect()
+                ok: group_ok,
+            };
+            // What was committed stays committed, and reported so, whatever the observer does.
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| o(&event))).is_err() {
+                tracing::error!("the session store's commit observer panicked");
             }
-            result => vec![result.map_err(|(e, _)| e); batch.len()],
-        };
+        }
         {
             let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
             *s = match results.iter().find_map(|r| r.as_ref().err()) {
@@ -416,6 +420,26 @@ fn run_writer(
             let _ = r.done.send(result);
         }
     }
+}
+
+/// Commits `batch`: whether the group commit went through, and one result per request.
+/// One request's failure (a snapshot past the disk limit, a constraint) must not fail the
+/// sessions it was batched with: after a failed group commit each request is committed
+/// again on its own, and only the ones that fail again fail.
+fn commit_batch(conn: &mut Connection, batch: &[Request]) -> (bool, Vec<Result<(), BackendError>>) {
+    let result = commit(conn, batch);
+    let group_ok = result.is_ok();
+    let results = match result {
+        Err((e, true)) if batch.len() > 1 => {
+            tracing::warn!(error = %e, requests = batch.len(), "session store group commit failed: committing each request alone");
+            batch
+                .iter()
+                .map(|r| commit(conn, std::slice::from_ref(r)).map_err(|(e, _)| e))
+                .collect()
+        }
+        result => vec![result.map_err(|(e, _)| e); batch.len()],
+    };
+    (group_ok, results)
 }
 
 /// Commits `batch` in one transaction. A failure is tagged with whether one request may
