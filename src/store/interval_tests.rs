@@ -28,20 +28,31 @@ fn durable_seq(dir: &std::path::Path, id: &str) -> i64 {
     snapshot.max(logged)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_change_that_waited_for_the_batch_before_it_is_on_disk_within_its_interval() {
-    const INTERVAL: Duration = Duration::from_secs(3);
-    let dir = tempfile::tempdir().expect("dir");
-    let backend = Sqlite::open(dir.path(), Durability::Interval(INTERVAL), None, 0).expect("open");
+/// A store over SQLite at `interval` in `dir` (its commits reported to `observer`), with
+/// session "s" opened and fed one turn: the store and the seq of its last change.
+async fn fed_at(
+    dir: &std::path::Path,
+    interval: Duration,
+    observer: Option<Observer>,
+) -> (Store, i64) {
+    let backend = Sqlite::open(dir, Durability::Interval(interval), observer, 0).expect("open");
     let store = Store::new(EngineConfig::default())
         .with_backend(Arc::new(backend))
         .expect("listed");
-    // The session's row goes out at once and the writer holds it for the interval; the
-    // changes acknowledged meanwhile wait for it.
     let (h, _) = store.open(info("s")).await.expect("open");
     let updates = turn(0, 1, 200);
     let last = i64::try_from(updates.len()).expect("few");
     feed(&h, updates).await;
+    (store, last)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_that_waited_for_the_batch_before_it_is_on_disk_within_its_interval() {
+    const INTERVAL: Duration = Duration::from_secs(3);
+    let dir = tempfile::tempdir().expect("dir");
+    // The session's row goes out at once and the writer holds it for the interval; the
+    // changes acknowledged meanwhile wait for it.
+    let (store, last) = fed_at(dir.path(), INTERVAL, None).await;
     let acked = Instant::now();
     let path = dir.path().to_path_buf();
     let on_disk = tokio::task::spawn_blocking(move || {
@@ -112,17 +123,8 @@ async fn once_the_store_is_closing_changes_are_refused_and_what_was_acknowledged
 /// Kubernetes gives a stopping pod; a SIGKILL then lost the acknowledged changes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closing_under_a_long_interval_writes_at_once() {
-    const INTERVAL: Duration = Duration::from_secs(60);
     let dir = tempfile::tempdir().expect("dir");
-    let backend = Sqlite::open(dir.path(), Durability::Interval(INTERVAL), None, 0).expect("open");
-    let store = Store::new(EngineConfig::default())
-        .with_backend(Arc::new(backend))
-        .expect("listed");
-    let (h, _) = store.open(info("s")).await.expect("open");
-    let updates = turn(0, 1, 200);
-    let last = i64::try_from(updates.len()).expect("few");
-    feed(&h, updates).await;
-    drop(h);
+    let (store, last) = fed_at(dir.path(), Duration::from_secs(60), None).await;
     let began = Instant::now();
     tokio::time::timeout(Duration::from_secs(20), store.close())
         .await
@@ -146,7 +148,6 @@ async fn closing_under_a_long_interval_writes_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panic_in_the_writer_leaves_it_writing() {
     use std::sync::atomic::{AtomicBool, Ordering};
-    const INTERVAL: Duration = Duration::from_millis(50);
     let dir = tempfile::tempdir().expect("dir");
     let panicked = Arc::new(AtomicBool::new(false));
     let once = panicked.clone();
@@ -155,20 +156,7 @@ async fn a_panic_in_the_writer_leaves_it_writing() {
             panic!("injected: the observer of the first commit panics");
         }
     });
-    let backend = Sqlite::open(
-        dir.path(),
-        Durability::Interval(INTERVAL),
-        Some(observer),
-        0,
-    )
-    .expect("open");
-    let store = Store::new(EngineConfig::default())
-        .with_backend(Arc::new(backend))
-        .expect("listed");
-    let (h, _) = store.open(info("s")).await.expect("open");
-    let updates = turn(0, 1, 200);
-    let last = i64::try_from(updates.len()).expect("few");
-    feed(&h, updates).await;
+    let (_store, last) = fed_at(dir.path(), Duration::from_millis(50), Some(observer)).await;
     let path = dir.path().to_path_buf();
     let written = tokio::task::spawn_blocking(move || {
         let began = Instant::now();

@@ -132,20 +132,22 @@ async fn a_cold_session_is_loaded_once_by_callers_that_overlap() {
     assert_eq!(observed(&h).await, changed, "the change is kept");
 }
 
-/// SQLite whose loads take a while and count how many run at once.
-struct SlowLoads {
+/// SQLite whose loads go through `hook` (given the inner backend and the id).
+struct OnLoad<F> {
     inner: Arc<dyn Backend>,
-    now: AtomicUsize,
-    most: AtomicUsize,
+    hook: F,
 }
 
-impl std::fmt::Debug for SlowLoads {
+impl<F> std::fmt::Debug for OnLoad<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SlowLoads")
+        f.write_str("OnLoad")
     }
 }
 
-impl Backend for SlowLoads {
+impl<F> Backend for OnLoad<F>
+where
+    F: Fn(&dyn Backend, &str) -> Result<Option<Stored>, BackendError> + Send + Sync + 'static,
+{
     fn sessions(&self) -> Result<Vec<String>, BackendError> {
         self.inner.sessions()
     }
@@ -153,12 +155,7 @@ impl Backend for SlowLoads {
         self.inner.last_incarnation()
     }
     fn load(&self, id: &str) -> Result<Option<Stored>, BackendError> {
-        let now = self.now.fetch_add(1, SeqCst) + 1;
-        self.most.fetch_max(now, SeqCst);
-        std::thread::sleep(Duration::from_millis(40));
-        let stored = self.inner.load(id);
-        self.now.fetch_sub(1, SeqCst);
-        stored
+        (self.hook)(self.inner.as_ref(), id)
     }
     fn write(&self, writes: Vec<Write>) -> Committed {
         self.inner.write(writes)
@@ -177,6 +174,27 @@ impl Backend for SlowLoads {
     }
 }
 
+/// A store over the sessions `ids` written (one turn each) in `dir`, read back through
+/// `hook`.
+async fn stored_then_read_through<F>(dir: &std::path::Path, ids: &[String], hook: F) -> Store
+where
+    F: Fn(&dyn Backend, &str) -> Result<Option<Stored>, BackendError> + Send + Sync + 'static,
+{
+    {
+        let store = durable(dir, Limits::default(), 0);
+        for id in ids {
+            let (h, _) = store.open(info(id)).await.expect("open");
+            feed(&h, turn(0, 1, 100)).await;
+        }
+        store.close().await;
+    }
+    let sqlite = Sqlite::open(dir, Durability::Sync, None, 0).expect("open");
+    store_over(Arc::new(OnLoad {
+        inner: Arc::new(sqlite),
+        hook,
+    }))
+}
+
 /// Every host reconnecting after a restart asks for its cold session at once: at most
 /// MAX_CONCURRENT_LOADS are read and decoded side by side (each outside the budget until
 /// admitted), the others wait their turn and load after. Found in review: all of them
@@ -186,21 +204,18 @@ impl Backend for SlowLoads {
 async fn cold_sessions_asked_for_at_once_load_a_few_at_a_time() {
     let d = tempfile::tempdir().expect("dir");
     let ids: Vec<String> = (0..8).map(|i| format!("s{i}")).collect();
-    {
-        let store = durable(d.path(), Limits::default(), 0);
-        for id in &ids {
-            let (h, _) = store.open(info(id)).await.expect("open");
-            feed(&h, turn(0, 1, 100)).await;
-        }
-        store.close().await;
-    }
-    let sqlite = Sqlite::open(d.path(), Durability::Sync, None, 0).expect("open");
-    let backend = Arc::new(SlowLoads {
-        inner: Arc::new(sqlite),
-        now: AtomicUsize::new(0),
-        most: AtomicUsize::new(0),
-    });
-    let store = Arc::new(store_over(backend.clone()));
+    let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (counted, highest) = (now.clone(), most.clone());
+    let store = stored_then_read_through(d.path(), &ids, move |inner, id| {
+        let running = counted.fetch_add(1, SeqCst) + 1;
+        highest.fetch_max(running, SeqCst);
+        std::thread::sleep(Duration::from_millis(40));
+        let stored = inner.load(id);
+        counted.fetch_sub(1, SeqCst);
+        stored
+    })
+    .await;
+    let store = Arc::new(store);
     let gets: Vec<_> = ids
         .iter()
         .map(|id| {
@@ -212,42 +227,11 @@ async fn cold_sessions_asked_for_at_once_load_a_few_at_a_time() {
         g.await.expect("joined").expect("loaded");
     }
     assert_eq!(store.hot_len(), ids.len(), "every session loaded");
-    let most = backend.most.load(SeqCst);
+    let most = most.load(SeqCst);
     assert!(
         (1..=MAX_CONCURRENT_LOADS).contains(&most),
         "{most} loads at once"
     );
-}
-
-/// SQLite whose loads panic (a stored row the decoder chokes on).
-#[derive(Debug)]
-struct PanickingLoads(Arc<dyn Backend>);
-
-impl Backend for PanickingLoads {
-    fn sessions(&self) -> Result<Vec<String>, BackendError> {
-        self.0.sessions()
-    }
-    fn last_incarnation(&self) -> Result<u64, BackendError> {
-        self.0.last_incarnation()
-    }
-    fn load(&self, _id: &str) -> Result<Option<Stored>, BackendError> {
-        panic!("injected: a row the decoder chokes on")
-    }
-    fn write(&self, writes: Vec<Write>) -> Committed {
-        self.0.write(writes)
-    }
-    fn state(&self) -> BackendState {
-        self.0.state()
-    }
-    fn durability(&self) -> Durability {
-        self.0.durability()
-    }
-    fn disk_bytes(&self) -> u64 {
-        self.0.disk_bytes()
-    }
-    fn close(&self) {
-        self.0.close()
-    }
 }
 
 /// A stored session whose reading back panics is unreadable (DATA_LOSS to the client),
@@ -256,14 +240,10 @@ impl Backend for PanickingLoads {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_whose_loading_panics_reads_as_corrupt() {
     let d = tempfile::tempdir().expect("dir");
-    {
-        let store = durable(d.path(), Limits::default(), 0);
-        let (h, _) = store.open(info("x")).await.expect("open");
-        feed(&h, turn(0, 1, 100)).await;
-        store.close().await;
-    }
-    let sqlite = Sqlite::open(d.path(), Durability::Sync, None, 0).expect("open");
-    let store = store_over(Arc::new(PanickingLoads(Arc::new(sqlite))));
+    let store = stored_then_read_through(d.path(), &["x".to_string()], |_, _| {
+        panic!("injected: a row the decoder chokes on")
+    })
+    .await;
     match store.get("x").await.map(drop) {
         Err(StoreError::Storage(BackendError::Corrupt { id, .. })) => assert_eq!(id, "x"),
         other => panic!("expected Corrupt, got {other:?}"),
