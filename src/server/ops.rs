@@ -333,12 +333,7 @@ pub async fn open_summary(hub: &Arc<Hub>, info: SessionInfo) -> Pending<super::p
     const PREFIX: &str = "session";
     let id = info.id.clone();
     match made(hub, info.clone(), PREFIX).await {
-        Ok((handle, true)) => {
-            queue(hub, &id, &handle, PREFIX, |s, _| {
-                Ok(super::convert::summary_to_pb(s, true))
-            })
-            .await
-        }
+        Ok((handle, true)) => Pending::ready(summary_of(hub, &handle, true).await, PREFIX),
         Ok((handle, false)) => {
             queue(hub, &id, &handle, PREFIX, move |s, _| {
                 configure(s, info).map(|()| super::convert::summary_to_pb(s, false))
@@ -532,19 +527,23 @@ fn overflow_check(s: &mut Tx<'_>, _: &EngineConfig) -> Result<OverflowCheck, Rej
     Ok(s.check_overflow(Trigger::Request))
 }
 
-/// The summary of the session behind `handle` (one an import just placed): read through
-/// its handle, never by looking the id up again, which a delete in between would answer
-/// NOT_FOUND, or a session re-created under the id with its own summary.
+/// The summary of the session behind `handle` (one an open created or an import placed):
+/// read through its handle, not by looking the id up again, which a delete in between
+/// would answer NOT_FOUND, or a session re-created under the id with its own summary.
+/// Only a session sent cold meanwhile is looked up again (and loaded). A read: a closing
+/// store still answers it, as the session it describes is among those it writes.
 pub async fn summary_of(
     hub: &Hub,
     handle: &SessionHandle,
     created: bool,
 ) -> Result<super::pb::SessionSummary, Rejection> {
-    let id = handle.id().to_string();
-    queue(hub, &id, handle, "session", move |s, _| {
-        Ok(super::convert::summary_to_pb(s, created))
-    })
-    .await
-    .outcome(&id)
-    .await
+    let read = move |s: &mut Tx<'_>, _: &EngineConfig| super::convert::summary_to_pb(s, created);
+    let rx = match handle.look(read).await {
+        Err(StoreError::NotFound(id)) => hub.store.get(&id).await?.look(read).await?,
+        other => other?,
+    };
+    let id = handle.id();
+    rx.await
+        .map_err(|_| Rejection::from(StoreError::Closed(id.to_string())))?
+        .map_err(Rejection::from)
 }

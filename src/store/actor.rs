@@ -311,7 +311,7 @@ impl SessionHandle {
         R: Send + 'static,
         F: FnOnce(&mut Tx<'_>, &EngineConfig) -> R + Send + 'static,
     {
-        self.queue(f, Msg::Look).await.map_err(|(e, _)| e)
+        self.queue(f, Msg::Look, true).await.map_err(|(e, _)| e)
     }
 
     /// [`Self::submit`], handing `f` back when it was not queued. `NotFound` then means the
@@ -325,14 +325,16 @@ impl SessionHandle {
         R: Send + 'static,
         F: FnOnce(&mut Tx<'_>, &EngineConfig) -> R + Send + 'static,
     {
-        self.queue(f, Msg::Job).await
+        self.queue(f, Msg::Job, false).await
     }
 
-    /// Queues `f` as the message `kind` makes of it.
+    /// Queues `f` as the message `kind` makes of it; `reads` when it changes nothing (a
+    /// closing store still answers it: it acknowledges nothing the close must write).
     async fn queue<R, F>(
         &self,
         f: F,
         kind: fn(Job) -> Msg,
+        reads: bool,
     ) -> Result<oneshot::Receiver<Result<R, StoreError>>, (StoreError, F)>
     where
         R: Send + 'static,
@@ -351,7 +353,7 @@ impl SessionHandle {
         // Under the gate too: the close takes the gate after raising the flag and before
         // its flush, so a job let through here is in the mailbox ahead of that flush.
         // (Only a durable store closes; its sessions never run a job inline.)
-        if self.state.closing.load(Ordering::Acquire) {
+        if !reads && self.state.closing.load(Ordering::Acquire) {
             return Err((StoreError::Closing, f));
         }
         let (tx, rx) = oneshot::channel();

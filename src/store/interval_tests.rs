@@ -109,6 +109,16 @@ async fn once_the_store_is_closing_changes_are_refused_and_what_was_acknowledged
             Err(StoreError::Closing)
         ));
         assert_eq!(store.remove("s").await, Err(StoreError::Closing));
+        // A read changes nothing the close must write: still answered (the summary of
+        // an open or an import that went through just before, a listing).
+        let looked = h
+            .look(|s, _| s.build_context().messages.len())
+            .await
+            .expect("a read is queued");
+        assert!(
+            matches!(looked.await, Ok(Ok(_))),
+            "a read after the close began"
+        );
         acked
     };
     let store = super::durable_tests::durable(dir.path(), Limits::default(), 0);
