@@ -249,3 +249,40 @@ async fn a_session_whose_loading_panics_reads_as_corrupt() {
         other => panic!("expected Corrupt, got {other:?}"),
     }
 }
+
+/// A caller that gives up on a load (a client's deadline) while the disk is read does not
+/// free its turn for another load beside the one still decoding. Found in review of the
+/// limit above: the turn belonged to the caller, so retries after deadlines decoded more
+/// sessions at once than the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_load_whose_caller_gave_up_keeps_its_turn_until_it_ends() {
+    let d = tempfile::tempdir().expect("dir");
+    let ids: Vec<String> = (0..4).map(|i| format!("s{i}")).collect();
+    let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (counted, highest) = (now.clone(), most.clone());
+    let store = stored_then_read_through(d.path(), &ids, move |inner, id| {
+        let running = counted.fetch_add(1, SeqCst) + 1;
+        highest.fetch_max(running, SeqCst);
+        std::thread::sleep(Duration::from_millis(300));
+        let stored = inner.load(id);
+        counted.fetch_sub(1, SeqCst);
+        stored
+    })
+    .await;
+    let store = Arc::new(store);
+    let get = |id: &str| {
+        let (store, id) = (store.clone(), id.to_string());
+        tokio::spawn(async move { store.get(&id).await.map(drop) })
+    };
+    let (a, b) = (get(&ids[0]), get(&ids[1]));
+    while now.load(SeqCst) < 2 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    a.abort();
+    b.abort();
+    let (c, e) = (get(&ids[2]), get(&ids[3]));
+    c.await.expect("joined").expect("loaded");
+    e.await.expect("joined").expect("loaded");
+    let most = most.load(SeqCst);
+    assert!(most <= MAX_CONCURRENT_LOADS, "{most} loads at once");
+}

@@ -156,10 +156,12 @@ pub struct Limits {
 /// what the session holds.
 pub const LOAD_EXPANSION: u64 = 6;
 
-/// Cold sessions read from disk at once. A load holds the snapshot's text and the session
-/// decoded from it before the budget admits the session (and sends others cold to make
-/// room): every session's host reconnecting after a restart loaded them all side by side,
-/// outside the budget (ten 50 MB sessions: about 1 GB at once, past a pod's limit).
+/// Cold sessions read and decoded from disk at once. A load holds the snapshot's text and
+/// the session decoded from it outside the budget until the budget admits the session
+/// (and sends others cold to make room): every session's host reconnecting after a
+/// restart loaded them all side by side (ten 50 MB sessions: about 1 GB at once, past a
+/// pod's limit). The admission itself (evicting others, perhaps waiting on their writes)
+/// runs after the turn is given back.
 pub const MAX_CONCURRENT_LOADS: usize = 2;
 
 /// Why a stored session was not read back.
@@ -377,7 +379,7 @@ pub struct Store {
     loading: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Loads from disk under way at once, at most [`MAX_CONCURRENT_LOADS`]: each holds its
     /// snapshot's text and the session decoded from it before the budget admits it.
-    loads: tokio::sync::Semaphore,
+    loads: Arc<tokio::sync::Semaphore>,
     /// The store's clock for "least recently used".
     clock: Instant,
 }
@@ -399,7 +401,7 @@ impl Store {
             backend: None,
             incarnations: AtomicU64::new(0),
             loading: Mutex::default(),
-            loads: tokio::sync::Semaphore::new(MAX_CONCURRENT_LOADS),
+            loads: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_LOADS)),
             clock: Instant::now(),
         }
     }
@@ -577,12 +579,15 @@ impl Store {
         if !self.read().cold.contains(id) {
             return Err(StoreError::NotFound(id.to_string()));
         }
-        // Held until the session is admitted (or the load failed); never closed.
-        let _turn = self.loads.acquire().await.ok();
+        // Held by the read and decode themselves (never closed): a caller that gives up
+        // while they run (a client's deadline) does not free the turn for another load
+        // beside the one still decoding.
+        let turn = self.loads.clone().acquire_owned().await.ok();
         let began = Instant::now();
         let (config, key) = (self.config.clone(), id.to_string());
         let ceiling = self.limits.load_ceiling();
         let loaded = tokio::task::spawn_blocking(move || {
+            let _turn = turn;
             if let Some((name, limit)) = ceiling
                 && let Some(bytes) = backend.snapshot_bytes(&key)
                 && bytes / LOAD_EXPANSION > limit
