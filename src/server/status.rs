@@ -100,6 +100,7 @@ impl From<StoreError> for Rejection {
             StoreError::Storage(BackendError::Io(_) | BackendError::Closed) => Code::Unavailable,
             // Shutting down: the client sends it again (to this server's successor).
             StoreError::Closing => Code::Unavailable,
+            StoreError::LoadPanicked(_) => Code::Internal,
         };
         let field = match e {
             // Not the session's fault: the server is holding too much for everyone.

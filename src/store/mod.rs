@@ -129,6 +129,12 @@ pub enum StoreError {
     /// The durable store could not read or write (disk full, I/O error, unreadable row).
     #[error("{0}")]
     Storage(BackendError),
+    /// Reading a stored session back panicked: a bug in compactd, not the disk or the
+    /// rows known damaged (kept as they are, for a build that reads them).
+    #[error(
+        "session {0} could not be read back: compactd failed while decoding it (a bug; the stored session is kept as it is)"
+    )]
+    LoadPanicked(String),
     /// The store is closing (the server is shutting down) and takes no more changes: what
     /// it acknowledged is being written, and a change taken now might not be.
     #[error(
@@ -173,6 +179,8 @@ enum LoadError {
         limit: u64,
     },
     Backend(BackendError),
+    /// Reading or decoding it panicked (a bug: its rows are kept as they are).
+    Panicked,
 }
 
 impl From<BackendError> for LoadError {
@@ -600,18 +608,11 @@ impl Store {
                 .transpose()?)
         })
         .await
-        .map_err(|e| {
-            let e = if e.is_panic() {
-                // The stored rows made reading them back panic: they are unreadable (as a
-                // damaged row is), not the disk unavailable (a retry would panic again).
-                BackendError::Corrupt {
-                    id: id.to_string(),
-                    reason: "reading it back failed (a panic while decoding it)".into(),
-                }
-            } else {
-                BackendError::Io(format!("loading session {id}: {e}"))
-            };
-            e.into()
+        .map_err(|e| match e.is_panic() {
+            // Not the disk unavailable (a retry would panic again), nor the rows known
+            // damaged (a host might replace a session a fixed build reads): a bug.
+            true => LoadError::Panicked,
+            false => BackendError::Io(format!("loading session {id}: {e}")).into(),
         })
         .and_then(|r| r);
         let outcome = match loaded {
@@ -635,6 +636,13 @@ impl Store {
             Err(LoadError::Backend(e)) => {
                 tracing::error!(session_id = id, error = %e, "cannot load the session from disk");
                 Err(StoreError::Storage(e))
+            }
+            Err(LoadError::Panicked) => {
+                tracing::error!(
+                    session_id = id,
+                    "loading the session from disk panicked; its rows are kept"
+                );
+                Err(StoreError::LoadPanicked(id.to_string()))
             }
         };
         self.shared.observe(&StoreEvent::Loaded {

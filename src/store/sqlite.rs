@@ -593,7 +593,9 @@ impl Backend for Sqlite {
             reason,
         };
         // One read transaction: the snapshot and its log tail are from the same commit.
-        conn.execute_batch("BEGIN").map_err(db)?;
+        // Ended when dropped, however the read ends (a panic included): left open, every
+        // later read of the shared connection would fail at its BEGIN.
+        let tx = conn.unchecked_transaction().map_err(db)?;
         let read = (|| {
             let row = conn
                 .prepare_cached(
@@ -648,7 +650,7 @@ impl Backend for Sqlite {
                 log,
             }))
         })();
-        let _ = conn.execute_batch("COMMIT");
+        drop(tx);
         read
     }
 
