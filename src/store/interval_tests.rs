@@ -82,18 +82,8 @@ async fn a_change_that_waited_for_the_batch_before_it_is_on_disk_within_its_inte
 async fn once_the_store_is_closing_changes_are_refused_and_what_was_acknowledged_is_on_disk() {
     let dir = tempfile::tempdir().expect("dir");
     let acked = {
-        let backend = Sqlite::open(
-            dir.path(),
-            Durability::Interval(Duration::from_millis(100)),
-            None,
-            0,
-        )
-        .expect("open");
-        let store = Store::new(EngineConfig::default())
-            .with_backend(Arc::new(backend))
-            .expect("listed");
-        let (h, _) = store.open(info("s")).await.expect("open");
-        feed(&h, turn(0, 1, 200)).await;
+        let (store, _) = fed_at(dir.path(), Duration::from_millis(100), None).await;
+        let h = store.get("s").await.expect("held");
         let acked = super::durable_tests::observed(&h).await;
         store.close().await;
         let late = turn(1, 1, 200).remove(0);

@@ -195,6 +195,32 @@ where
     }))
 }
 
+/// Loads running now, and the most that ran at once.
+#[derive(Default)]
+struct Counts {
+    now: AtomicUsize,
+    most: AtomicUsize,
+}
+
+impl Counts {
+    /// A load hook taking `each` per load, counted here.
+    fn hook(
+        self: &Arc<Self>,
+        each: Duration,
+    ) -> impl Fn(&dyn Backend, &str) -> Result<Option<Stored>, BackendError> + Send + Sync + 'static
+    {
+        let c = self.clone();
+        move |inner: &dyn Backend, id: &str| {
+            let running = c.now.fetch_add(1, SeqCst) + 1;
+            c.most.fetch_max(running, SeqCst);
+            std::thread::sleep(each);
+            let stored = inner.load(id);
+            c.now.fetch_sub(1, SeqCst);
+            stored
+        }
+    }
+}
+
 /// Every host reconnecting after a restart asks for its cold session at once: at most
 /// MAX_CONCURRENT_LOADS are read and decoded side by side (each outside the budget until
 /// admitted), the others wait their turn and load after. Found in review: all of them
@@ -204,17 +230,9 @@ where
 async fn cold_sessions_asked_for_at_once_load_a_few_at_a_time() {
     let d = tempfile::tempdir().expect("dir");
     let ids: Vec<String> = (0..8).map(|i| format!("s{i}")).collect();
-    let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let (counted, highest) = (now.clone(), most.clone());
-    let store = stored_then_read_through(d.path(), &ids, move |inner, id| {
-        let running = counted.fetch_add(1, SeqCst) + 1;
-        highest.fetch_max(running, SeqCst);
-        std::thread::sleep(Duration::from_millis(40));
-        let stored = inner.load(id);
-        counted.fetch_sub(1, SeqCst);
-        stored
-    })
-    .await;
+    let counts = Arc::new(Counts::default());
+    let store =
+        stored_then_read_through(d.path(), &ids, counts.hook(Duration::from_millis(40))).await;
     let store = Arc::new(store);
     let gets: Vec<_> = ids
         .iter()
@@ -227,7 +245,7 @@ async fn cold_sessions_asked_for_at_once_load_a_few_at_a_time() {
         g.await.expect("joined").expect("loaded");
     }
     assert_eq!(store.hot_len(), ids.len(), "every session loaded");
-    let most = most.load(SeqCst);
+    let most = counts.most.load(SeqCst);
     assert!(
         (1..=MAX_CONCURRENT_LOADS).contains(&most),
         "{most} loads at once"
@@ -259,24 +277,16 @@ async fn a_session_whose_loading_panics_is_an_internal_error() {
 async fn a_load_whose_caller_gave_up_keeps_its_turn_until_it_ends() {
     let d = tempfile::tempdir().expect("dir");
     let ids: Vec<String> = (0..4).map(|i| format!("s{i}")).collect();
-    let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let (counted, highest) = (now.clone(), most.clone());
-    let store = stored_then_read_through(d.path(), &ids, move |inner, id| {
-        let running = counted.fetch_add(1, SeqCst) + 1;
-        highest.fetch_max(running, SeqCst);
-        std::thread::sleep(Duration::from_millis(300));
-        let stored = inner.load(id);
-        counted.fetch_sub(1, SeqCst);
-        stored
-    })
-    .await;
+    let counts = Arc::new(Counts::default());
+    let store =
+        stored_then_read_through(d.path(), &ids, counts.hook(Duration::from_millis(300))).await;
     let store = Arc::new(store);
     let get = |id: &str| {
         let (store, id) = (store.clone(), id.to_string());
         tokio::spawn(async move { store.get(&id).await.map(drop) })
     };
     let (a, b) = (get(&ids[0]), get(&ids[1]));
-    while now.load(SeqCst) < 2 {
+    while counts.now.load(SeqCst) < 2 {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     a.abort();
@@ -284,6 +294,6 @@ async fn a_load_whose_caller_gave_up_keeps_its_turn_until_it_ends() {
     let (c, e) = (get(&ids[2]), get(&ids[3]));
     c.await.expect("joined").expect("loaded");
     e.await.expect("joined").expect("loaded");
-    let most = most.load(SeqCst);
+    let most = counts.most.load(SeqCst);
     assert!(most <= MAX_CONCURRENT_LOADS, "{most} loads at once");
 }

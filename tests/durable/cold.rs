@@ -338,16 +338,7 @@ async fn a_session_sent_cold_after_a_part_delete_loads_back() {
     .await
     .expect("DeletePart");
     let before = read_state(&mut c, sid).await.expect("the session");
-    loop {
-        let e = tokio::time::timeout(Duration::from_secs(20), watch.message())
-            .await
-            .expect("an event within 20 s")
-            .expect("the watch stream")
-            .expect("still open");
-        if matches!(e.event, Some(pb::session_event::Event::Evicted(_))) {
-            break;
-        }
-    }
+    until_evicted(&mut watch).await;
     let listed = list(&mut c).await;
     assert!(
         listed.iter().any(|s| s.id == sid && s.cold),
@@ -386,16 +377,7 @@ async fn subscribing_to_a_cold_session_leaves_it_cold() {
     let mut watch = subscribe(&mut c, sid).await;
     put_message(&mut c, sid, user_msg("u1")).await;
     put_part(&mut c, sid, text_part("u1", "u1-t", "go on")).await;
-    loop {
-        let e = tokio::time::timeout(Duration::from_secs(20), watch.message())
-            .await
-            .expect("an event within 20 s")
-            .expect("the watch stream")
-            .expect("still open");
-        if matches!(e.event, Some(pb::session_event::Event::Evicted(_))) {
-            break;
-        }
-    }
+    until_evicted(&mut watch).await;
     let _second = subscribe(&mut c, sid).await;
     let listed = list(&mut c).await;
     assert!(
@@ -410,4 +392,18 @@ async fn subscribing_to_a_cold_session_leaves_it_cold() {
         .map(|_| ());
     assert_status(unknown, tonic::Code::NotFound, "never-opened");
     let _ = sigterm(server).await;
+}
+
+/// Reads the watch stream until its session's `evicted` event (within 20 s an event).
+async fn until_evicted(watch: &mut tonic::Streaming<pb::SessionEvent>) {
+    loop {
+        let e = tokio::time::timeout(Duration::from_secs(20), watch.message())
+            .await
+            .expect("an event within 20 s")
+            .expect("the watch stream")
+            .expect("still open");
+        if matches!(e.event, Some(pb::session_event::Event::Evicted(_))) {
+            return;
+        }
+    }
 }

@@ -1367,21 +1367,26 @@ fn a_changed_report_of_an_earlier_step_is_no_baseline() {
     assert_eq!(s.check_overflow(Trigger::Request).used, 70_600);
 }
 
+/// Deletes `parts` of message `message`.
+fn delete_parts(s: &mut Session, message: &str, parts: &[&str]) {
+    for part in parts {
+        apply(
+            s,
+            Update::DeletePart {
+                message_id: message.into(),
+                part_id: (*part).into(),
+            },
+        );
+    }
+}
+
 /// The newest step's first report, after earlier parts of its message were deleted, is
 /// news. Found in review of the rule above.
 #[test]
 fn a_new_report_after_earlier_parts_were_deleted_is_the_baseline() {
     let mut s = first_step_with_a_bash_result();
     apply(&mut s, Update::UpsertPart(step_start("a1", "s2")));
-    for part in ["p1", "f1"] {
-        apply(
-            &mut s,
-            Update::DeletePart {
-                message_id: "a1".into(),
-                part_id: part.into(),
-            },
-        );
-    }
+    delete_parts(&mut s, "a1", &["p1", "f1"]);
     let r = step(
         &mut s,
         Update::UpsertPart(step_finish("a1", "f2", usage(30_000, 100, 0))),
@@ -1401,15 +1406,7 @@ fn a_new_report_after_earlier_parts_were_deleted_is_the_baseline() {
 fn the_newest_steps_report_sent_again_after_earlier_parts_were_deleted_is_news() {
     let mut s = first_step_with_a_bash_result();
     apply(&mut s, Update::UpsertPart(step_start("a1", "s2")));
-    for part in ["p1", "f1"] {
-        apply(
-            &mut s,
-            Update::DeletePart {
-                message_id: "a1".into(),
-                part_id: part.into(),
-            },
-        );
-    }
+    delete_parts(&mut s, "a1", &["p1", "f1"]);
     apply(
         &mut s,
         Update::UpsertPart(step_finish("a1", "f2", usage(30_000, 100, 0))),
