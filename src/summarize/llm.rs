@@ -180,15 +180,16 @@ impl OpenAiSummarizer {
         output_cap::refusal(message.strip_prefix("400: ").unwrap_or(message), sent)
     }
 
-    /// One attempt: open the stream, forward deltas, collect text, usage and finish reason.
-    /// Text past [`summary_cap`] fails the attempt; returning drops the stream, which
-    /// closes the connection, so nothing more is read.
+    /// One attempt: open the stream, forward deltas, collect text, usage and finish reason
+    /// (true: it finished for length, the answer cut). Text past [`summary_cap`] fails the
+    /// attempt; returning drops the stream, which closes the connection, so nothing more
+    /// is read.
     async fn attempt(
         &self,
         body: &Value,
         progress: &mpsc::Sender<Progress>,
         started: &mut bool,
-    ) -> Result<SummaryOutcome, Failed> {
+    ) -> Result<(SummaryOutcome, bool), Failed> {
         let max_tokens = body["max_tokens"].as_u64();
         let cap = summary_cap(max_tokens);
         let mut stream = self
@@ -243,6 +244,7 @@ impl OpenAiSummarizer {
                 }
             }
         }
+        let cut = finished == Some(Finish::Length);
         let failure = match finished {
             // Thinking, then the stream ended unfinished (a gateway's cut): the prompt was
             // read, so this is a stream failed on the way, no empty answer to probe.
@@ -298,7 +300,7 @@ impl OpenAiSummarizer {
             self.void(progress, usage).await;
             return Err(failure);
         }
-        Ok(SummaryOutcome {
+        let outcome = SummaryOutcome {
             text,
             usage,
             cost: self.cost(usage),
@@ -306,7 +308,8 @@ impl OpenAiSummarizer {
                 provider_id: "openai-compatible".into(),
                 model_id: body["model"].as_str().unwrap_or_default().to_string(),
             }),
-        })
+        };
+        Ok((outcome, cut))
     }
 
     /// What `usage` cost at the configured prices.
@@ -346,8 +349,11 @@ impl OpenAiSummarizer {
             let (result, mut seen) =
                 retry_after::scoped(self.attempt(&body, &progress, &mut started)).await;
             let e = match result {
-                Ok(outcome) => {
-                    if let Some(too_long) = self.truncated(&request, &body, &outcome) {
+                Ok((outcome, cut)) => {
+                    let too_long = self
+                        .truncated(&request, &body, &outcome)
+                        .or_else(|| self.ran_out(&request, &body, &outcome, cut));
+                    if let Some(too_long) = too_long {
                         // Paid for all the same.
                         self.void(&progress, outcome.usage).await;
                         // Its deltas went out already: say they are void.

@@ -635,6 +635,11 @@ async fn chat_completions(
                 Reply::text([format!("summary #{number} of what was kept")])
                     .with_usage(Some((kept, 3)))
             }
+            Verdict::RanOut(prompt, written) => {
+                Reply::text([format!("summary #{number}, cut where the window")])
+                    .with_usage(Some((prompt, written)))
+                    .with_finish_reason(Some("length"))
+            }
         },
         other => other,
     };

@@ -36,6 +36,10 @@ pub enum Overflow {
     /// and the last kept, and the rest is answered as usual, its usage counting only what
     /// was kept.
     Truncate,
+    /// llama.cpp's server: a prompt that alone fills the window is refused with the
+    /// numbers; one that fits is answered until prompt and answer fill the window, the
+    /// answer then stopped for length short of its `max_tokens`.
+    RunOut,
 }
 
 /// The fake's judgement of one request.
@@ -50,6 +54,9 @@ pub enum Verdict {
     /// Answered after dropping the messages between the first and the last; the fake
     /// read this many tokens.
     Truncated(u64),
+    /// Answered until the window filled: the fake read this many prompt tokens and wrote
+    /// this many answer tokens, fewer than `max_tokens` asked.
+    RanOut(u64, u64),
 }
 
 impl WindowSpec {
@@ -99,6 +106,10 @@ impl WindowSpec {
                         0
                     };
                 Verdict::Truncated(kept)
+            }
+            Overflow::RunOut if prompt >= self.n_ctx => refusal,
+            Overflow::RunOut if prompt + completion > self.n_ctx => {
+                Verdict::RanOut(prompt, self.n_ctx - prompt)
             }
             _ => Verdict::Fits(prompt),
         }

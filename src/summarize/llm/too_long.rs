@@ -14,7 +14,9 @@
 //! `Retry-After`, and teaches nothing either.
 //!
 //! Usage reports of answered requests teach the ratio too, and tell a prompt the endpoint
-//! truncated to fit its window without saying so (Ollama): "too long" as well.
+//! truncated to fit its window without saying so (Ollama), or an answer it stopped for
+//! length short of its `max_tokens` because the window ran out (llama.cpp): "too long" as
+//! well.
 
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -50,6 +52,10 @@ pub(super) enum Probed {
     /// attempt's failure), with what the HTTP layer saw of the probe (its `Retry-After`).
     Failed(SummarizeError, Seen),
 }
+
+/// Answer tokens short of the `max_tokens` asked that still read as a cut at
+/// `max_tokens` (an endpoint may count the end of the answer apart).
+const MAX_TOKENS_SLACK: u64 = 4;
 
 /// Whether a request failed before any response came (`errors::unanswered`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -235,6 +241,45 @@ impl OpenAiSummarizer {
             },
         );
         tracing::warn!(model = self.model_of(request.model.as_deref()), counted_tokens = counted, max_tokens = request.max_tokens, reason = %why, "compaction request truncated by the endpoint; its answer is dropped and the head cut smaller");
+        Some(SummarizeError::TooLong(why))
+    }
+
+    /// An answer the endpoint stopped for length (`cut`) well before the `max_tokens` asked:
+    /// its window ran out, the prompt counting more to it than compactd planned for
+    /// (llama.cpp's server answers until prompt and answer fill the window). The summary
+    /// is cut mid-way, so it is dropped; the window is what the prompt and the answer
+    /// filled, and the chunker cuts the head smaller. A cut at `max_tokens` itself (the
+    /// answer's whole room written) stays a summary, as before.
+    pub(super) fn ran_out(
+        &self,
+        request: &SummaryRequest,
+        body: &Value,
+        outcome: &SummaryOutcome,
+        cut: bool,
+    ) -> Option<SummarizeError> {
+        let asked = sent_max_tokens(body)?;
+        let usage = outcome.usage?;
+        if !cut || usage.input == 0 || usage.output == 0 {
+            return None;
+        }
+        if usage.output.saturating_add(MAX_TOKENS_SLACK) >= asked {
+            return None;
+        }
+        let filled = usage.input.saturating_add(usage.output);
+        let why = format!(
+            "the endpoint stopped for length after {} answer tokens of the {asked} asked: \
+             its window ran out at {filled} tokens ({} of them the prompt)",
+            usage.output, usage.input
+        );
+        self.learn(
+            request,
+            body,
+            Refusal {
+                window: Some(filled),
+                prompt_tokens: Some(usage.input),
+            },
+        );
+        tracing::warn!(model = self.model_of(request.model.as_deref()), counted_tokens = request.counted_tokens, max_tokens = asked, reason = %why, "compaction answer cut by the endpoint's window; it is dropped and the head cut smaller");
         Some(SummarizeError::TooLong(why))
     }
 

@@ -393,6 +393,60 @@ async fn a_prompt_the_endpoint_truncated_is_too_long_not_a_summary() {
     assert_eq!(streamed, format!("summary #{}", requests.len()));
 }
 
+#[tokio::test]
+async fn an_answer_cut_where_the_window_ran_out_is_too_long_not_a_summary() {
+    // llama.cpp's server: it tells its window, but its tokenizer counts the prompt finer
+    // than compactd's, so prompt and `max_tokens` overrun it; it answers until the window
+    // is full and stops for length, short of the `max_tokens` asked.
+    let window = spec(160, Overflow::RunOut);
+    let fake = FakeLlm::start(vec![Reply::Window(window)]).await;
+    fake.serve_props(json!({"default_generation_settings": {"n_ctx": N_CTX, "params": {}}}));
+    let server = server_with_llm(&fake).await;
+    let mut client = server.client().await;
+    seed_long_session(&mut client, SID).await;
+    let events = compact(&mut client, SID).await;
+    let done = compacted(&events);
+
+    let requests = fake.requests();
+    assert!(
+        matches!(window.judge(&requests[0].body), Verdict::RanOut(..)),
+        "the first request overruns the window: {:?}",
+        window.judge(&requests[0].body)
+    );
+    for r in &requests[1..] {
+        assert!(
+            matches!(window.judge(&r.body), Verdict::Fits(_)),
+            "once the window ran out every request fits: {:?}",
+            window.judge(&r.body)
+        );
+    }
+    assert_eq!(
+        done.chunks as usize,
+        requests.len() - 1,
+        "the cut answer is not a chunk"
+    );
+    assert_no_repeat(&requests);
+    assert!(
+        !requests
+            .iter()
+            .any(|r| r.body.to_string().contains("cut where the window")),
+        "the cut answer is folded into no later request"
+    );
+    use compactd::server::pb::compaction_event::Event as Ce;
+    let last_retry = events
+        .iter()
+        .rposition(|e| matches!(e.event, Some(Ce::Retrying(_))))
+        .expect("a retrying event voids the cut answer's deltas");
+    let streamed: String = events[last_retry..]
+        .iter()
+        .filter_map(|e| match &e.event {
+            Some(Ce::Delta(d)) => Some(d.text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(streamed, format!("summary #{}", requests.len()));
+}
+
 /// OpenAI's refusal of 32,000 answer tokens from a model that writes at most 16,384
 /// (gpt-4o-mini).
 const OUTPUT_CAP_16K: &str = "max_tokens is too large: 32000. This model supports at most 16384 completion tokens, whereas you provided 32000.";
