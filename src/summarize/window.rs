@@ -386,22 +386,40 @@ pub fn from_models(body: &Value, model: &str) -> Option<u64> {
 }
 
 /// The numbers in a refusal for length (its message, or its whole body), in the wordings
-/// of OpenAI, vLLM, llama-cpp-python and llama.cpp's server.
+/// of OpenAI, vLLM, llama-cpp-python, llama.cpp's server, Anthropic's and Gemini's
+/// OpenAI-compatible APIs and Hugging Face's TGI.
 pub fn refusal(text: &str) -> Refusal {
     let lower = text.to_ascii_lowercase();
     let window = [
         "maximum context length is",
         "available context size (",
         "\"n_ctx\":",
+        // Gemini: "... exceeds the maximum number of tokens allowed (1048576)".
+        "tokens allowed",
+        // TGI: "`inputs` tokens + `max_new_tokens` must be <= 4096. Given: ...".
+        "must be <=",
     ]
     .into_iter()
-    .find_map(|needle| number_after(&lower, needle));
+    .find_map(|needle| number_after(&lower, needle))
+    // Anthropic: "prompt is too long: 213462 tokens > 200000 maximum".
+    .or_else(|| number_before(&lower, " maximum"))
+    // Anthropic: "input length and `max_tokens` exceed context limit: 188059 + 20000 >
+    // 200000".
+    .or_else(|| {
+        let after = lower.find("context limit:")?;
+        let rest = &lower[after..];
+        number_after(rest, ">")
+    });
     let prompt_tokens = number_before(&lower, " in the messages").or_else(|| {
         [
             "your messages resulted in",
             "your request has",
             "request (",
             "\"n_prompt_tokens\":",
+            "prompt is too long:",
+            "context limit:",
+            "input token count",
+            "given:",
         ]
         .into_iter()
         .find_map(|needle| number_after(&lower, needle))
@@ -420,8 +438,12 @@ pub fn reads_too_long(text: &str) -> bool {
         "context length",
         "context window",
         "context size",
+        "context limit",
         "exceed_context_size",
         "too many tokens",
+        "prompt is too long",
+        "maximum number of tokens allowed",
+        "`inputs` tokens + `max_new_tokens`",
     ]
     .iter()
     .any(|n| lower.contains(n))
@@ -439,10 +461,11 @@ fn plausible(window: u64) -> bool {
     (MIN_PLAUSIBLE_WINDOW..=MAX_PLAUSIBLE_WINDOW).contains(&window)
 }
 
-/// The number right after `needle` (spaces and quotes skipped), at most 12 digits.
+/// The number right after `needle` (spaces, quotes and an opening parenthesis skipped),
+/// at most 12 digits.
 fn number_after(text: &str, needle: &str) -> Option<u64> {
     let start = text.find(needle)? + needle.len();
-    let rest = text[start..].trim_start_matches([' ', '"']);
+    let rest = text[start..].trim_start_matches([' ', '"', '(']);
     let digits = &rest[..rest
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(rest.len())];

@@ -104,8 +104,10 @@ fn refusal(status: u16, e: &async_openai::error::ApiError) -> Option<String> {
         // "Payload too large", in any words: a proxy's body limit (nginx's default is
         // 1 MB) is a window like the model's, and a smaller request passes it.
         413 => Some(e.message.clone()),
-        400 if e.code.as_deref() == Some("context_length_exceeded")
-            || window::reads_too_long(&e.message) =>
+        // TGI refuses with 422 (a validation error).
+        400 | 422
+            if e.code.as_deref() == Some("context_length_exceeded")
+                || window::reads_too_long(&e.message) =>
         {
             Some(e.message.clone())
         }

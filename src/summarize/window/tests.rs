@@ -66,6 +66,26 @@ fn refusals_name_the_window_and_the_prompt_in_every_known_wording() {
             Some(9_100),
         ),
         (
+            "prompt is too long: 213462 tokens > 200000 maximum",
+            Some(200_000),
+            Some(213_462),
+        ),
+        (
+            "input length and `max_tokens` exceed context limit: 188059 + 20000 > 200000, decrease input length or `max_tokens` and try again",
+            Some(200_000),
+            Some(188_059),
+        ),
+        (
+            "The input token count (1200000) exceeds the maximum number of tokens allowed (1048576).",
+            Some(1_048_576),
+            Some(1_200_000),
+        ),
+        (
+            "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens and 200 `max_new_tokens`",
+            Some(4_096),
+            Some(4_000),
+        ),
+        (
             "the request exceeds the available context size, try increasing it",
             None,
             None,
