@@ -48,6 +48,12 @@ pub(super) fn request_error(e: OpenAIError, started: bool) -> SummarizeError {
             message: e.to_string(),
             retryable: true,
         },
+        // Once text arrived, a line that is no chunk ends the stream broken whatever it
+        // says: read as "too long", the head would be cut again after the answer's deltas
+        // went out, with nothing to say they are void.
+        OpenAIError::JSONDeserialize(e, _) if started => {
+            SummarizeError::Broken(format!("a line of the stream is no chunk: {e}"))
+        }
         // llama.cpp's server sends `"code": 400` as a number, which async-openai's error
         // type cannot read: its refusal for length arrives here, as the raw body.
         OpenAIError::JSONDeserialize(_, body) if window::reads_too_long(&body) => {
@@ -253,6 +259,25 @@ mod tests {
                 SummarizeError::Request { status: Some(s), .. } if s == status
             ));
         }
+    }
+
+    #[test]
+    fn a_line_that_is_no_chunk_is_too_long_only_before_the_answer_began() {
+        let line = "Error: context length exceeded";
+        let unreadable = || {
+            let e = serde_json::from_str::<serde_json::Value>(line)
+                .err()
+                .map(|e| OpenAIError::JSONDeserialize(e, line.to_string()));
+            e.expect("not JSON")
+        };
+        assert!(matches!(
+            request_error(unreadable(), false),
+            SummarizeError::TooLong(_)
+        ));
+        assert!(matches!(
+            request_error(unreadable(), true),
+            SummarizeError::Broken(_)
+        ));
     }
 
     #[test]
