@@ -277,7 +277,10 @@ fn take_chunk(blocks: &[String], tokens: &[u64], room: u64, counter: &dyn TokenC
 }
 
 /// The newest part of `block` (counted at `tokens`) that fits `room`: cut by characters in
-/// proportion, then recounted, shrinking until it fits (bounded).
+/// proportion, then recounted, shrinking until it fits. Always fits (at worst only the
+/// marker of what was dropped is left): a part over `room` would be refused again as it
+/// was. Each cut keeps at most three quarters of the last, so the counts cost at most
+/// four times the first.
 fn newest_part(
     block: &str,
     tokens: u64,
@@ -288,17 +291,18 @@ fn newest_part(
     let mut max_chars =
         usize::try_from((block.len() as u128).saturating_mul(share) / u128::from(tokens.max(1)))
             .unwrap_or(usize::MAX);
-    let mut best = prompt::keep_newest(block, max_chars);
-    for _ in 0..8 {
-        let counted = counter.count(&best.0);
-        if counted <= room {
-            return (best.0, best.1, counted);
+    loop {
+        let (text, dropped) = prompt::keep_newest(block, max_chars);
+        let counted = counter.count(&text);
+        if counted <= room || max_chars == 0 {
+            return (text, dropped, counted);
         }
-        max_chars = max_chars / 4 * 3;
-        best = prompt::keep_newest(block, max_chars);
+        // In proportion to what this count says, and by a quarter at least.
+        let proportional =
+            usize::try_from((max_chars as u128).saturating_mul(share) / u128::from(counted.max(1)))
+                .unwrap_or(usize::MAX);
+        max_chars = proportional.min(max_chars / 4 * 3);
     }
-    let counted = counter.count(&best.0);
-    (best.0, best.1, counted)
 }
 
 /// Target size of one piece of a previous summary summarized as transcript, in counted

@@ -547,3 +547,35 @@ fn a_previous_summary_is_cut_into_pieces_no_chunk_is_too_small_for() {
     assert!(tokens.iter().all(|&t| t <= MIN_CHUNK_TOKENS), "{tokens:?}");
     assert_eq!(tokens, count_all(o200k, &pieces));
 }
+
+/// Counts what is not blank, one token a character: text whose blank stretches are cheap
+/// and whose end is dense, as padded output is.
+#[derive(Debug)]
+struct InkOnly;
+
+impl TokenCounter for InkOnly {
+    fn count(&self, text: &str) -> u64 {
+        text.chars().filter(|c| !c.is_whitespace()).count() as u64
+    }
+    fn name(&self) -> &'static str {
+        "ink"
+    }
+}
+
+/// A block mostly blank with a dense end: cut in proportion to the whole, the newest part
+/// still holds the whole dense end, and eight cuts by a quarter kept it over the room (the
+/// same request refused again). It always fits now.
+#[test]
+fn the_newest_part_of_an_oversized_block_always_fits() {
+    let block = format!("{}{}", " ".repeat(1_000_000), "x".repeat(300));
+    let tokens = InkOnly.count(&block);
+    for room in [100, 150, 299] {
+        let (text, dropped, counted) = newest_part(&block, tokens, room, &InkOnly);
+        assert!(counted <= room, "room {room}: {counted}");
+        assert_eq!(counted, InkOnly.count(&text));
+        assert!(
+            dropped > 0 && text.ends_with('x'),
+            "the newest text is kept"
+        );
+    }
+}
