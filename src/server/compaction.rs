@@ -605,20 +605,26 @@ impl Link {
         let cancel = self.running.cancel.clone();
         request.model.clone_from(&self.model);
         let fut = summarizer.summarize(request, ptx, cancel);
-        tokio::pin!(fut);
         let owner = self.sink.clone().filter(|s| s.cancel_on_drop);
-        let result = loop {
-            tokio::select! {
-                r = &mut fut => break r,
-                Some(p) = prx.recv() => self.progress(p, stream).await,
-                // The caller hung up while the model is silent: stop the request now.
-                _ = closed(&owner), if !self.running.cancel.is_cancelled() => self.running.cancel.cancel(),
+        let stop = self.running.cancel.clone();
+        // Its progress is handed on beside the request, not in turns with it: while a slow
+        // caller is waited on, the request still reads what the endpoint sends (joining
+        // the deltas it cannot hand on), so nothing queues unread behind it. The progress
+        // ends when the request does (it drops its sender); what it sent last is handed on
+        // in order before that.
+        let pump = async {
+            loop {
+                tokio::select! {
+                    p = prx.recv() => match p {
+                        Some(p) => self.progress(p, stream).await,
+                        None => break,
+                    },
+                    // The caller hung up while the model is silent: stop the request now.
+                    () = closed(&owner), if !stop.is_cancelled() => stop.cancel(),
+                }
             }
         };
-        // Deltas sent just before the end are still queued: deliver them in order.
-        while let Ok(p) = prx.try_recv() {
-            self.progress(p, stream).await;
-        }
+        let (result, ()) = tokio::join!(fut, pump);
         crate::telemetry::compaction_request(match &result {
             Ok(_) => "answered",
             Err(e) => failure_kind(e),

@@ -88,6 +88,18 @@ impl std::fmt::Debug for OpenAiSummarizer {
     }
 }
 
+/// Hands the deltas in `unsent` on as one, when the caller has room for it; else keeps
+/// them for the next. The stream is read on meanwhile: waiting for a slow caller would
+/// leave async-openai's reader task queueing what the endpoint sends, parsed, without
+/// bound. A closed receiver means the caller stopped listening; the summary can still be
+/// committed.
+fn hand_on(progress: &mpsc::Sender<Progress>, unsent: &mut String) {
+    let handed = progress.try_send(Progress::Delta(std::mem::take(unsent)));
+    if let Err(mpsc::error::TrySendError::Full(Progress::Delta(back))) = handed {
+        *unsent = back;
+    }
+}
+
 /// How one attempt failed.
 enum Failed {
     /// As the caller sees it.
@@ -199,6 +211,8 @@ impl OpenAiSummarizer {
             .await
             .map_err(|e| request_error(e, false))?;
         let mut text = String::new();
+        // Deltas a slow caller has not taken yet, joined (never more than `text`).
+        let mut unsent = String::new();
         let mut usage = None;
         let mut finished = None;
         // A reasoning model's thinking arrives apart from the content (llama.cpp, vLLM and
@@ -235,9 +249,8 @@ impl OpenAiSummarizer {
                         return Err(overlong(cap, max_tokens).into());
                     }
                     text.push_str(delta);
-                    // A closed receiver means the caller stopped listening; keep going so
-                    // the summary can still be committed.
-                    let _ = progress.send(Progress::Delta(delta.to_string())).await;
+                    unsent.push_str(delta);
+                    hand_on(progress, &mut unsent);
                 }
                 if let Some(reason) = choice["finish_reason"].as_str() {
                     finished = Some(Finish::of(reason));
@@ -299,6 +312,9 @@ impl OpenAiSummarizer {
             // Answered and dropped: what it cost is reported all the same.
             self.void(progress, usage).await;
             return Err(failure);
+        }
+        if !unsent.is_empty() {
+            let _ = progress.send(Progress::Delta(unsent)).await;
         }
         let outcome = SummaryOutcome {
             text,

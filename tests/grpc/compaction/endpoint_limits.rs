@@ -295,3 +295,58 @@ async fn an_exhausted_quota_is_not_retried() {
     assert!(f.reason.contains("quota"), "{}", f.reason);
     assert_eq!(fake.request_count(), 1);
 }
+
+/// A caller slow to take progress does not stop the answer being read: the request reads
+/// on, joining the deltas the caller has no room for, and hands them on in order once
+/// there is room. Before, each delta waited for the caller, so the request read nothing
+/// more while async-openai's reader went on queueing what came, parsed and unbounded: the
+/// caller got one delta per piece whenever it read.
+#[tokio::test]
+async fn an_answer_is_read_on_while_the_caller_takes_no_progress() {
+    use compactd::summarize::{OpenAiSummarizer, Progress, Summarizer, SummaryRequest};
+    let pieces: Vec<String> = (0..2_000).map(|i| format!("piece {i}; ")).collect();
+    let fake = FakeLlm::start(vec![Reply::text(pieces.clone())]).await;
+    let summarizer = std::sync::Arc::new(OpenAiSummarizer::new(llm_config(&fake)));
+    let (tx, mut rx) = tokio::sync::mpsc::channel(4);
+    let request = SummaryRequest {
+        messages: vec![serde_json::json!({"role": "user", "content": "summarize this"})],
+        model: None,
+        max_tokens: Some(100_000),
+        counted_tokens: Some(10),
+    };
+    let asked = summarizer.clone();
+    let task = tokio::spawn(async move {
+        let cancel = tokio_util::sync::CancellationToken::new();
+        asked.summarize(request, tx, cancel).await
+    });
+    // The caller takes nothing until its queue is full, and a while after.
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while rx.len() < rx.max_capacity() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the first deltas came");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut deltas = Vec::new();
+    while let Some(p) = rx.recv().await {
+        if let Progress::Delta(d) = p {
+            deltas.push(d);
+        }
+    }
+    let outcome = task
+        .await
+        .expect("the task ran")
+        .expect("the summary completed");
+    assert_eq!(outcome.text, pieces.concat());
+    assert_eq!(
+        deltas.concat(),
+        outcome.text,
+        "every delta handed on, in order"
+    );
+    assert!(
+        deltas.len() < pieces.len(),
+        "what came while the caller took nothing was joined: {} deltas",
+        deltas.len()
+    );
+}
