@@ -4,11 +4,12 @@
 //! report, the prediction made when that request started with the prompt the provider
 //! reported (input + cache read + cache write).
 //!
-//! A request is left out when the original run pruned or compacted between it and the
-//! previous request (the recorded prompt then describes a context the replay does not
-//! have), and so is the first request of a session (nothing reported yet to build on).
-//! The original run's prunes are applied where its stamps say, so what such a request
-//! reports teaches the calibration nothing false.
+//! A request is left out when the original run pruned or compacted since the report its
+//! prediction builds on (the previous request that reported usage: the recorded prompt
+//! then describes a context the replay does not have), and so is the first request of a
+//! session (nothing reported yet to build on). The original run's prunes are applied
+//! where its stamps say, so what such a request reports teaches the calibration nothing
+//! false.
 //! Modes: `chars4`, `o200k`, `cl100k` (the estimate as each tokenizer counts it, with no
 //! correction: what the model wrote comes back whole, its reasoning until a user message
 //! starts a new turn) and `calibrated` (what overflow detection uses: the session's own
@@ -163,19 +164,12 @@ impl Prediction {
 /// sessions of the same model learned into this one, and what this one learned out, as
 /// the server does across sessions.
 pub fn measure(export: &Export, config: &EngineConfig, priors: &mut ModelPriors) -> Prediction {
-    let excluded = excluded_requests(export);
     let model = model_of(export).map_or("", |m| m.model_id.as_str());
     let own = config.tokenizer.resolve(model);
     let mut out = Prediction::default();
     for (i, counting) in Counting::ALL.into_iter().enumerate() {
-        let mut seen = std::collections::HashSet::new();
         let own_priors = (counting == own).then_some(&mut *priors);
-        for (position, s) in samples(export, config, counting, own_priors) {
-            // The first request of an excluded message follows the prune or compaction;
-            // the message's later steps follow its own earlier steps.
-            if seen.insert(position) && excluded.contains(&position) {
-                continue;
-            }
+        for s in samples(export, config, counting, own_priors) {
             out.modes[i].push(s.estimated, s.actual);
             if counting == own {
                 out.modes[3].push(s.calibrated, s.actual);
@@ -185,14 +179,14 @@ pub fn measure(export: &Export, config: &EngineConfig, priors: &mut ModelPriors)
     out
 }
 
-/// The checks one tokenizer's session makes, each with the position of the message whose
-/// report made it.
+/// The checks one tokenizer's session makes, less each one whose request followed a
+/// prune or compaction of the original run made after the report the check builds on.
 fn samples(
     export: &Export,
     config: &EngineConfig,
     counting: Counting,
     priors: Option<&mut ModelPriors>,
-) -> Vec<(usize, PredictionSample)> {
+) -> Vec<PredictionSample> {
     let cfg = EngineConfig {
         auto_compact: false,
         prune: false,
@@ -214,6 +208,11 @@ fn samples(
     }
     let mut out = Vec::new();
     let mut last = 0u64;
+    // Whether the original run pruned or compacted since the last report (the next
+    // check's base): the next check is then left out. Set where the replay applies the
+    // prune or feeds the compaction, cleared by the next report, whether or not it made
+    // a check (a request with no base, the one after a summary, makes none).
+    let mut disturbed = false;
     // The original run's prunes, seen where it saw them: each stamped output is written
     // whole with its message, then again stamped before the first message created
     // after its stamp. So the report of the request that followed the prune (left out
@@ -229,20 +228,31 @@ fn samples(
         .collect();
     stamped.sort_by_key(|(at, _)| *at);
     let mut stamps = stamped.into_iter().peekable();
-    for (position, (minfo, parts)) in export.messages.iter().enumerate() {
+    for (minfo, parts) in &export.messages {
         while let Some((_, part)) = stamps.next_if(|(at, _)| *at < minfo.time.created) {
             // A stamp older than its own message finds no part: left out.
-            let _ = session.apply(Update::UpsertPart(part), &cfg);
+            disturbed |= session.apply(Update::UpsertPart(part), &cfg).is_ok();
         }
+        // A summary, or the message that asks for one: the compaction's own request and
+        // the context after it are not the ones the last report described.
+        disturbed |= minfo.summary
+            || parts
+                .iter()
+                .any(|p| matches!(p.kind, PartKind::Compaction(_)));
         let mut feed = |update: Update, session: &mut Session| {
             // Exports are well formed; an update the engine refuses is skipped.
-            let _ = session.apply(update, &cfg);
+            let reported = session
+                .apply(update, &cfg)
+                .is_ok_and(|applied| applied.usage_reported);
             if let Some((n, s)) = session.prediction_sample()
                 && n > last
             {
                 last = n;
-                out.push((position, s));
+                if !disturbed {
+                    out.push(s);
+                }
             }
+            disturbed &= !reported;
         };
         let assistant = minfo.role == Role::Assistant;
         let mut first = minfo.clone();
@@ -281,48 +291,6 @@ fn model_of(export: &Export) -> Option<&crate::domain::ModelRef> {
                 .flatten()
         })
     })
-}
-
-/// Positions of the messages whose first request follows a prune or a compaction of the
-/// original run: a summary message (the compaction's own request), the assistant message
-/// after a summary or a compaction part, and the first assistant message created after a
-/// prune stamp.
-fn excluded_requests(export: &Export) -> std::collections::HashSet<usize> {
-    let mut stamps: Vec<i64> = export
-        .messages
-        .iter()
-        .flat_map(|(_, parts)| parts)
-        .filter_map(|p| match &p.kind {
-            PartKind::Tool(t) => t.state.time.compacted,
-            _ => None,
-        })
-        .collect();
-    stamps.sort_unstable();
-    let mut out = std::collections::HashSet::new();
-    let mut prev_created: Option<i64> = None;
-    let mut compaction_pending = false;
-    for (position, (minfo, parts)) in export.messages.iter().enumerate() {
-        let compaction = minfo.summary
-            || parts
-                .iter()
-                .any(|p| matches!(p.kind, PartKind::Compaction(_)));
-        if minfo.role != Role::Assistant {
-            compaction_pending |= compaction;
-            continue;
-        }
-        let created = minfo.time.created;
-        let pruned_since = prev_created.is_some_and(|prev| {
-            let from = stamps.partition_point(|t| *t <= prev);
-            stamps.get(from).is_some_and(|t| *t <= created)
-        });
-        if pruned_since || compaction_pending || compaction {
-            out.insert(position);
-        }
-        // The request after a summary follows the compaction.
-        compaction_pending = compaction;
-        prev_created = Some(created);
-    }
-    out
 }
 
 #[cfg(test)]

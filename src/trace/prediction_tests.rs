@@ -90,6 +90,11 @@ fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
 /// last; with `pruned_at`, the original run cleared the output at that time (its stamp)
 /// and the provider reported the prompts without it from then on.
 fn pruned_run(pruned_at: Option<i64>) -> Export {
+    super::super::from_value(pruned_run_doc(pruned_at)).expect("a valid export")
+}
+
+/// [`pruned_run`] as the export's JSON, for tests that add messages to it.
+fn pruned_run_doc(pruned_at: Option<i64>) -> Value {
     let text = |id: &str, n: usize| json!({"id": id, "type": "text", "text": "a".repeat(n)});
     let start = |id: &str| json!({"id": id, "type": "step-start"});
     let mut output = tool("a1_x", 40_000);
@@ -135,11 +140,10 @@ fn pruned_run(pruned_at: Option<i64>) -> Export {
             ],
         ));
     }
-    let doc = json!({
+    json!({
         "info": {"id": "ses_t", "title": "t", "time": {"created": 1, "updated": 1}},
         "messages": messages,
-    });
-    super::super::from_value(doc).expect("a valid export")
+    })
 }
 
 /// The request after the original run's prune is left out of the table, and it does
@@ -172,4 +176,84 @@ fn a_prune_of_the_original_run_does_not_teach_the_calibration() {
             && pruned.worst_under_pct <= plain.worst_under_pct + 0.5,
         "pruned {pruned:?}\nplain {plain:?}"
     );
+}
+
+/// The `calibrated` figures of `export` with the chars/4 tokenizer.
+fn calibrated(export: &Export) -> ModeFigures {
+    let config = EngineConfig {
+        tokenizer: Tokenizer::Chars4,
+        ..EngineConfig::default()
+    };
+    measure(export, &config, &mut ModelPriors::default()).modes[3].figures()
+}
+
+/// An assistant message created at `created` that failed before any usage was reported.
+fn errored(id: &str, created: i64) -> Value {
+    let mut m = message(
+        id,
+        "assistant",
+        created,
+        None,
+        vec![json!({"id": format!("{id}_s"), "type": "step-start"})],
+    );
+    m["info"]["finish"] = Value::Null;
+    m["info"]["error"] = json!({"name": "APIError", "data": {"message": "overloaded"}});
+    m
+}
+
+/// A prune between a report and an errored request (no usage) still leaves out the next
+/// request that reports: its check builds on the report before the prune. Before, the
+/// exclusion was tied to the errored message, which made no check, and was lost.
+#[test]
+fn a_prune_before_an_errored_request_leaves_out_the_next_reported_one() {
+    let with_error = |pruned_at: Option<i64>| {
+        let mut doc = pruned_run_doc(pruned_at);
+        let messages = doc["messages"].as_array_mut().expect("messages");
+        // After u3 (5,000), before a3 (6,000); the prune's stamp is at 5,000.
+        messages.insert(5, errored("e3", 5_500));
+        super::super::from_value(doc).expect("a valid export")
+    };
+    let (plain, pruned) = (
+        calibrated(&with_error(None)),
+        calibrated(&with_error(Some(5_000))),
+    );
+    assert_eq!(
+        pruned.requests + 1,
+        plain.requests,
+        "pruned {pruned:?}\nplain {plain:?}"
+    );
+}
+
+/// The request right after a summary makes no check (nothing reported of the new
+/// context), and the next step of its message is checked: it builds on that request's
+/// report. Before, the exclusion fell on the message's first check, that second step.
+#[test]
+fn the_step_after_the_first_request_after_a_summary_is_checked() {
+    let text = |id: &str, n: usize| json!({"id": id, "type": "text", "text": "a".repeat(n)});
+    let start = |id: &str| json!({"id": id, "type": "step-start"});
+    let mut summary = message(
+        "a2",
+        "assistant",
+        4_000,
+        Some(500),
+        vec![start("a2_s"), text("a2_t", 400), step_finish("a2_f", 500)],
+    );
+    summary["info"]["summary"] = json!(true);
+    let doc = json!({
+        "info": {"id": "ses_t", "title": "t", "time": {"created": 1, "updated": 1}},
+        "messages": [
+            message("u1", "user", 1_000, None, vec![text("u1_t", 400)]),
+            message("a1", "assistant", 2_000, Some(1_000), vec![
+                start("a1_s"), text("a1_t", 40), step_finish("a1_f", 1_000)]),
+            message("u2", "user", 3_000, None, vec![
+                json!({"id": "u2_c", "type": "compaction", "auto": true})]),
+            summary,
+            message("u3", "user", 5_000, None, vec![text("u3_t", 400)]),
+            message("a3", "assistant", 6_000, Some(1_210), vec![
+                start("a3_s0"), text("a3_t0", 40), step_finish("a3_f0", 1_100),
+                start("a3_s1"), text("a3_t1", 40), step_finish("a3_f1", 1_210)]),
+        ],
+    });
+    let export = super::super::from_value(doc).expect("a valid export");
+    assert_eq!(calibrated(&export).requests, 1);
 }
