@@ -210,7 +210,7 @@ pub fn replay_with(
             let update = if stale_usage {
                 without_usage(update)
             } else {
-                usage_less(update, saved_now)
+                usage_less(update, saved_now, config.cache_counting)
             };
             // Exports are well formed; an update the engine refuses is reported and skipped.
             match step(&mut live, update, config, now) {
@@ -446,18 +446,33 @@ pub fn summary_table(reports: &[(String, Report)]) -> String {
     out
 }
 
-/// The update with `saved` fewer prompt tokens in its provider usage (cache reads first,
-/// then input, then cache writes).
-fn usage_less(update: Update, saved: u64) -> Update {
-    fn less(t: &mut crate::domain::TokenUsage, saved: u64) {
+/// The update with `saved` fewer prompt tokens in its provider usage, taken from the
+/// fields `rule` counts: cache reads first, then input, then cache writes (`Separate`);
+/// input, then cache writes, with the cache reads input holds lowered alike
+/// (`Included`: input already counts them).
+fn usage_less(update: Update, saved: u64, rule: CacheCounting) -> Update {
+    fn less(t: &mut crate::domain::TokenUsage, saved: u64, rule: CacheCounting) {
         let mut left = saved;
-        for field in [&mut t.cache_read, &mut t.input, &mut t.cache_write] {
+        let mut take_from = |field: &mut u64| {
             let take = left.min(*field);
-            *field -= take;
-            left -= take;
+            *field = field.saturating_sub(take);
+            left = left.saturating_sub(take);
+            take
+        };
+        match rule {
+            CacheCounting::Separate => {
+                take_from(&mut t.cache_read);
+                take_from(&mut t.input);
+            }
+            CacheCounting::Included => {
+                // The saving is of the cached prefix first, as under `Separate`.
+                let take = take_from(&mut t.input);
+                t.cache_read = t.cache_read.saturating_sub(take).min(t.input);
+            }
         }
+        take_from(&mut t.cache_write);
         if let Some(total) = &mut t.total {
-            *total = total.saturating_sub(saved - left);
+            *total = total.saturating_sub(saved.saturating_sub(left));
         }
     }
     if saved == 0 {
@@ -466,7 +481,7 @@ fn usage_less(update: Update, saved: u64) -> Update {
     match update {
         Update::UpsertMessage(mut m) => {
             if let Some(t) = &mut m.tokens {
-                less(t, saved);
+                less(t, saved, rule);
             }
             Update::UpsertMessage(m)
         }
@@ -474,7 +489,7 @@ fn usage_less(update: Update, saved: u64) -> Update {
             if let crate::domain::PartKind::StepFinish(f) = &mut p.kind
                 && let Some(t) = &mut f.tokens
             {
-                less(t, saved);
+                less(t, saved, rule);
             }
             Update::UpsertPart(p)
         }
@@ -681,3 +696,7 @@ pub fn prediction_table(reports: &[(String, Report)]) -> String {
     debug_assert_eq!(MODES.len(), total.modes.len());
     out
 }
+
+#[cfg(test)]
+#[path = "replay_tests.rs"]
+mod tests;
