@@ -28,7 +28,7 @@ pub struct RequestCost {
     /// Cost in fresh-token units.
     pub cost: f64,
     /// The cached prefix is shorter than the previous prompt (a change or an expiry made
-    /// the provider re-write what it had cached).
+    /// the provider re-write what it had cached); never under a flat model.
     pub broke: bool,
 }
 
@@ -63,9 +63,11 @@ impl CacheMeter {
         } else {
             0
         };
-        let fresh = tokens - cached;
+        let fresh = tokens.saturating_sub(cached);
         let cost = cached as f64 * self.model.read + fresh as f64 * self.model.write;
-        let broke = self.last_at.is_some() && cached < self.previous_tokens;
+        // A flat model (`none`) holds no cache worth keeping: nothing to break.
+        let broke =
+            !self.model.is_flat() && self.last_at.is_some() && cached < self.previous_tokens;
         self.previous = prompt;
         self.previous_tokens = tokens;
         self.last_at = Some(at_ms);
@@ -150,6 +152,16 @@ mod tests {
         n.charge(vec![p(1, 1000)], 0);
         let c = n.charge(vec![p(1, 1000), p(2, 100)], 1);
         assert!((c.cost - 1100.0).abs() < 1e-9);
+    }
+
+    /// A flat model caches nothing worth keeping, so no request breaks it. Before, the
+    /// `none` model's zero TTL made every request after the first a break.
+    #[test]
+    fn no_request_breaks_a_flat_model() {
+        let mut n = CacheMeter::new(CacheModel::NONE);
+        n.charge(vec![p(1, 1000)], 0);
+        let c = n.charge(vec![p(1, 1000)], 60_000);
+        assert!(!c.broke, "{c:?}");
     }
 
     #[test]
