@@ -38,10 +38,11 @@ use tonic::transport::{Channel, Endpoint};
 use self::drive::{Compactd, Driven, Echo, Wire, drive};
 use self::prepared::Prepared;
 use self::report::{
-    ContextRow, IngestRow, Latency, LatencyRow, Rate, Report, Rss, ServerInfo, Target,
-    WorkloadInfo, bpe_bound, median_round, ratio,
+    ContextRow, IngestRow, LatencyRow, Rate, Report, Rss, ServerInfo, Target, WorkloadInfo,
+    bpe_bound, median_round, ratio,
 };
 use self::spawn::Spawned;
+use self::stats::latency;
 use self::workload::{Plan, Pool, Sizing};
 use crate::server::pb;
 use crate::store::Durability;
@@ -919,16 +920,6 @@ fn context_request(sid: &str, format: pb::ContextFormat) -> pb::GetContextReques
     pb::GetContextRequest {
         session_id: sid.into(),
         format: format.into(),
-    }
-}
-
-fn latency(samples: Vec<Duration>) -> Latency {
-    let n = samples.len();
-    let (p50_us, p99_us) = stats::p50_p99_us(samples);
-    Latency {
-        samples: n,
-        p50_us,
-        p99_us,
     }
 }
 

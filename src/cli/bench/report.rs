@@ -440,14 +440,14 @@ impl Report {
         for r in &self.latency {
             let _ = writeln!(
                 o,
-                "{:<6} {:<9} {:>8.0} {:>8.0}   {:<20} {:>8.0} {:>8.0} {:>7} {:>7}  {:<8}{}",
+                "{:<6} {:<9} {:>8} {:>8}   {:<20} {:>8} {:>8} {:>7} {:>7}  {:<8}{}",
                 size(r.part_bytes),
                 r.tokenizer,
-                r.compactd.p50_us,
-                r.compactd.p99_us,
+                us(r.compactd.p50_us),
+                us(r.compactd.p99_us),
                 r.reference,
-                r.reference_latency.p50_us,
-                r.reference_latency.p99_us,
+                us(r.reference_latency.p50_us),
+                us(r.reference_latency.p99_us),
                 r.target.ratio(r.ratio_p50),
                 r.target.ratio(r.ratio_p99),
                 r.target.label(),
@@ -457,7 +457,7 @@ impl Report {
         for c in &self.get_context {
             let _ = writeln!(
                 o,
-                "\nGETCONTEXT of a {}-token session ({} format, reply {:.2} MB; µs; both replies taken as bytes)\n{:<22} {:>8} {:>8}\n{:<22} {:>8.0} {:>8.0}\n{:<22} {:>8.0} {:>8.0}\n{:<22} {:>8} {:>8}  {:<8}{}\n{:<22} {:>8.0} {:>8.0}  (prost, on the client; not in the ratio)",
+                "\nGETCONTEXT of a {}-token session ({} format, reply {:.2} MB; µs; both replies taken as bytes)\n{:<22} {:>8} {:>8}\n{:<22} {:>8} {:>8}\n{:<22} {:>8} {:>8}\n{:<22} {:>8} {:>8}  {:<8}{}\n{:<22} {:>8} {:>8}  (prost, on the client; not in the ratio)",
                 c.tokens,
                 c.format,
                 c.reply_bytes as f64 / 1e6,
@@ -465,19 +465,19 @@ impl Report {
                 "p50",
                 "p99",
                 "compactd GetContext",
-                c.compactd.p50_us,
-                c.compactd.p99_us,
+                us(c.compactd.p50_us),
+                us(c.compactd.p99_us),
                 "echo, unary, same size",
-                c.echo.p50_us,
-                c.echo.p99_us,
+                us(c.echo.p50_us),
+                us(c.echo.p99_us),
                 "ratio",
                 c.target.ratio(c.ratio_p50),
                 c.target.ratio(c.ratio_p99),
                 c.target.label(),
                 miss(c.miss),
                 "decoding the reply",
-                c.client_decode.p50_us,
-                c.client_decode.p99_us,
+                us(c.client_decode.p50_us),
+                us(c.client_decode.p99_us),
             );
         }
         let mb = |b: Option<u64>| b.map_or("n/a".into(), |b| format!("{:.1} MB", b as f64 / 1e6));
@@ -510,6 +510,15 @@ fn cpu(us: Option<f64>) -> String {
     us.map_or_else(|| "-".into(), |us| format!("{us:.1}"))
 }
 
+/// A latency in whole µs, `n/a` when none was measured (NaN).
+fn us(us: f64) -> String {
+    if us.is_finite() {
+        format!("{us:.0}")
+    } else {
+        "n/a".into()
+    }
+}
+
 fn miss(missed: bool) -> &'static str {
     if missed { "MISS" } else { "" }
 }
@@ -539,6 +548,8 @@ mod tests {
         assert_eq!(Target::Max(2.0).ratio(2.0 + 1e-12), "2.01x");
         assert_eq!(Target::Min(0.8).ratio(0.8), "80%");
         assert_eq!(Target::Max(2.0).ratio(2.0), "2.00x");
+        assert_eq!(us(12.6), "13");
+        assert_eq!(us(f64::NAN), "n/a");
     }
 
     /// A round whose compactd sent `updates` (so each round is recognisable) at `ratio`.

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use prost::Message as _;
 
+use super::report::Latency;
 use super::workload::{self, Plan, Pool};
 use crate::server::pb::ClientUpdate;
 use crate::tokens::bpe::Bpe;
@@ -32,6 +33,22 @@ pub fn p50_p99_us(mut samples: Vec<Duration>) -> (f64, f64) {
         us(percentile(&samples, 0.50)),
         us(percentile(&samples, 0.99)),
     )
+}
+
+/// The percentiles of `samples`; NaN for none, so that a case that measured nothing
+/// misses its target (its ratio cannot be computed) instead of reading as 0 µs.
+pub fn latency(samples: Vec<Duration>) -> Latency {
+    let n = samples.len();
+    let (p50_us, p99_us) = if n == 0 {
+        (f64::NAN, f64::NAN)
+    } else {
+        p50_p99_us(samples)
+    };
+    Latency {
+        samples: n,
+        p50_us,
+        p99_us,
+    }
 }
 
 /// A process's memory now (`VmRSS`) and at its peak so far (`VmHWM`), in bytes; None
@@ -245,6 +262,23 @@ mod tests {
         assert_eq!(percentile(&samples, 0.99), ms(99));
         assert_eq!(percentile(&[ms(7)], 0.99), ms(7));
         assert_eq!(percentile(&[], 0.5), Duration::ZERO);
+    }
+
+    /// A case with no samples misses its target, and its figures print as unknown
+    /// (`null` in `--json`). Before, its p50 was 0 µs, a ratio of 0: met.
+    #[test]
+    fn no_samples_miss_the_latency_target() {
+        use super::super::LATENCY_TARGET;
+        use super::super::report::ratio;
+        let none = latency(Vec::new());
+        assert_eq!(none.samples, 0);
+        assert!(!LATENCY_TARGET.met(ratio(none.p50_us, 100.0)), "{none:?}");
+        assert!(!LATENCY_TARGET.met(ratio(none.p99_us, 100.0)), "{none:?}");
+        // What `--json` prints (serde_json writes a NaN as null).
+        let json = serde_json::to_string(&none).expect("serializes");
+        assert_eq!(json, r#"{"samples":0,"p50_us":null,"p99_us":null}"#);
+        let one = latency(vec![Duration::from_micros(7)]);
+        assert_eq!((one.p50_us, one.p99_us), (7.0, 7.0));
     }
 
     #[test]
