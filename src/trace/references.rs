@@ -122,14 +122,17 @@ impl ReferenceIndex {
                 continue;
             }
             let text = output_text(parts);
+            // In order of first appearance, each once: the set keeps the check O(1) where
+            // a message repeats its identifiers (a long output holds thousands).
             let mut mine: Vec<usize> = Vec::new();
+            let mut seen: HashSet<usize> = HashSet::new();
             for t in identifiers(&text) {
                 let next = strings.len();
                 let id = *ids.entry(t.to_string()).or_insert_with(|| {
                     strings.push(t.to_string());
                     next
                 });
-                if !mine.contains(&id) {
+                if seen.insert(id) {
                     mine.push(id);
                 }
             }
@@ -308,5 +311,39 @@ mod tests {
             0,
             "a summary that names them keeps them"
         );
+    }
+
+    /// A message that repeats its references has each once, in order of first
+    /// appearance, and another message's use of one is its own.
+    #[test]
+    fn a_repeated_reference_counts_once_per_request() {
+        let tool = serde_json::json!([{"id": "p1", "type": "tool", "callID": "c1", "tool": "grep",
+            "state": {"status": "completed", "input": {"pattern": "fn "},
+            "output": "src/a.rs: fn parse_export, fn from_value", "time": {"start": 1, "end": 2}}}]);
+        let text =
+            |id: &str, text: &str| serde_json::json!([{"id": id, "type": "text", "text": text}]);
+        let e = export(serde_json::json!([
+            msg("m1", "assistant", tool),
+            msg(
+                "m2",
+                "assistant",
+                text(
+                    "p2",
+                    "from_value, parse_export, from_value and from_value again; parse_export"
+                )
+            ),
+            msg("m3", "assistant", text("p3", "parse_export parse_export")),
+        ]));
+        let index = ReferenceIndex::build(&e);
+        let refs = |msg: usize| -> Vec<&str> {
+            index
+                .of_request(msg)
+                .iter()
+                .map(|&id| index.text(id))
+                .collect()
+        };
+        assert_eq!(refs(1), ["from_value", "parse_export"]);
+        assert_eq!(refs(2), ["parse_export"]);
+        assert_eq!(index.dangling(1, &|_| false, ""), 2);
     }
 }
