@@ -1023,6 +1023,11 @@ impl Session {
             self.prune.invalidate();
             self.tracker.invalidate();
         }
+        // New settings or a new window (another cap): what was marked under the old ones
+        // is decided again.
+        if self.tracker.is_dirty() {
+            self.settle_marks();
+        }
         Ok(Applied::default())
     }
 
@@ -1063,8 +1068,8 @@ impl Session {
         let was_sent = self.messages[idx].is_sent();
         self.messages[idx].info = info;
         self.touch(idx);
-        if was_sent != self.messages[idx].is_sent() {
-            self.sending_changed(idx);
+        if was_sent != self.messages[idx].is_sent() && !self.sending_changed(idx) {
+            self.settle_marks();
         }
         if summary_changed {
             self.prune.touch(idx);
@@ -1264,9 +1269,11 @@ impl Session {
             self.requests
                 .step_started(idx, at, self.settings.cache_model.ttl_ms);
         }
+        // Whether marks this update may have made stale are decided again at its end.
+        let mut settle = retracted.is_some();
         if let Some(call_id) = retracted {
-            // Rebuilt at the next commit (such re-sends are rare); the calls its earlier
-            // version superseded get their content back (one scan).
+            // The calls its earlier version superseded get their content back (one scan);
+            // the state is rebuilt below (such re-sends are rare).
             self.tracker.invalidate();
             if !call_id.is_empty() {
                 self.unmark_superseded_by(&FastSet::from_iter([call_id]));
@@ -1289,7 +1296,7 @@ impl Session {
             .part_changed(old_figures, Some(new_figures), was_sent && carried);
         // An aborted message is sent once it holds content.
         if was_sent != self.messages[idx].is_sent() {
-            self.sending_changed(idx);
+            settle |= !self.sending_changed(idx);
         }
         if is_tool || was_tool {
             self.prune.touch(idx);
@@ -1313,6 +1320,9 @@ impl Session {
         let earlier_step = !created && idx == newest && at < from;
         let reported =
             !earlier_step && step_usage.is_some_and(|t| self.usage_reported(t, summary, Some(idx)));
+        if settle {
+            self.settle_marks();
+        }
         Ok(Applied {
             created,
             usage_reported: reported,
@@ -1347,8 +1357,14 @@ impl Session {
         let figures = self.figures_of(&old, assistant);
         self.totals.part_changed(Some(figures), None, was_sent);
         self.by_msg.moved(idx, figures.tokens, 0);
+        // A result or a user turn gone can leave a mark no longer decided (a masked
+        // output now among the newest, an error no longer old, an inlined text with no
+        // attachment): decided again below. Other parts (an assistant's text, a step
+        // marker) only shift positions: the state is rebuilt at the next commit.
+        let mut settle = matches!(old.part.kind, PartKind::Tool(_))
+            || self.messages[idx].info.role == Role::User;
         if message_was_sent != self.messages[idx].is_sent() {
-            self.sending_changed(idx);
+            settle |= !self.sending_changed(idx);
         }
         // The part's own pin goes with it (a message pin stays: it covers later parts).
         if self.pins.remove(idx, Some(part_id)) {
@@ -1368,6 +1384,9 @@ impl Session {
         }
         if matches!(old.part.kind, PartKind::Compaction(_)) {
             self.recompute_boundary();
+        }
+        if settle {
+            self.settle_marks();
         }
         Ok(Applied::default())
     }
@@ -1526,8 +1545,10 @@ impl Session {
     /// Message `idx` became sent or not sent (an error set or cleared): its calls
     /// supersede older ones only while the context sends them. The strategies' state is
     /// rebuilt at the next commit, and a message no longer sent gives back what its calls
-    /// superseded (one scan; errors are rare).
-    fn sending_changed(&mut self, idx: usize) {
+    /// superseded (one scan; errors are rare). Returns whether the message is sent now:
+    /// when it is not, its results count no more, and the caller settles the marks
+    /// ([`Self::settle_marks`]).
+    fn sending_changed(&mut self, idx: usize) -> bool {
         self.tracker.invalidate();
         let now = self.messages[idx].is_sent();
         let assistant = self.messages[idx].info.role == Role::Assistant;
@@ -1541,7 +1562,7 @@ impl Session {
             .collect();
         self.totals.sending_changed(figures.into_iter(), now);
         if now {
-            return;
+            return true;
         }
         let calls: FastSet<String> = self.messages[idx]
             .parts
@@ -1552,6 +1573,57 @@ impl Session {
             })
             .collect();
         self.unmark_superseded_by(&calls);
+        false
+    }
+
+    /// Rebuilds the strategies' state now and takes back every active mark it no longer
+    /// decides, so the marks are what a from-scratch run (an import of the same messages)
+    /// decides: after a result or a user turn was deleted, a call sent again changed, a
+    /// message stopped being sent, or the settings or the window changed, a masked output
+    /// may be among the newest again, an error no longer old, an inlined text without its
+    /// attachment, a call protected, a cap of another size. A mark still decided stays as
+    /// it is (the requests sent it so: taking it back to mark it again would rewrite the
+    /// cached prompt for nothing); one taken back reads whole again through
+    /// [`Self::rerender`], so the figures follow, and any lesser decision on its part waits
+    /// in the queue for the next commit. O(parts), on those rare updates only.
+    /// (Supersede marks naming a call gone are taken back before, by
+    /// [`Self::unmark_superseded_by`]: the rebuilt queue may supersede the part by another
+    /// call.)
+    fn settle_marks(&mut self) {
+        if self.settings.strategies.is_empty() {
+            return; // no mark is active; a later configure that switches one on settles
+        }
+        self.tracker
+            .rebuild(&self.messages, &self.users, &self.settings);
+        let stale: Vec<(usize, usize)> = {
+            // The rebuilt queue holds every decision the messages make (the commit skips
+            // those already marked).
+            let decided: FastMap<(usize, &str, Strategy), u64> = self
+                .tracker
+                .pending()
+                .iter()
+                .map(|p| ((p.at.msg, &*p.at.part, p.strategy), p.keep))
+                .collect();
+            let mut stale = Vec::new();
+            for (mi, m) in self.messages.iter().enumerate() {
+                for (pi, p) in m.parts.iter().enumerate() {
+                    let Some(mark) = &p.part.mark else {
+                        continue;
+                    };
+                    // A mark whose strategy is off stays, unread, until it is switched
+                    // on again (a configure, which settles again).
+                    if self.settings.strategies.has(mark.strategy)
+                        && decided.get(&(mi, p.part.id.as_str(), mark.strategy)) != Some(&mark.keep)
+                    {
+                        stale.push((mi, pi));
+                    }
+                }
+            }
+            stale
+        };
+        for (mi, pi) in stale {
+            self.rerender(mi, pi, Rendering::Mark(None), false);
+        }
     }
 
     /// Removes the marks naming one of `calls` as the newer call (deleted, or in a message

@@ -290,6 +290,144 @@ fn a_recalls_result_is_neither_capped_nor_masked() {
     );
 }
 
+/// `live` committed, then an import of its final messages (with its settings and window)
+/// committed once: the marks and the context must be the same, what a from-scratch run
+/// decides.
+fn expect_as_imported(live: &mut Session, at: i64) {
+    live.prune(PruneMode::Commit, at);
+    let info = SessionInfo {
+        id: "ses_cd".into(),
+        limits: live.info().limits,
+        config: live.info().config.clone(),
+        ..Default::default()
+    };
+    let mut imported = Session::new(info, &chars4());
+    for (info, parts) in final_messages(live) {
+        go(&mut imported, Update::UpsertMessage(info), at);
+        for mut p in parts {
+            p.mark = None; // a host knows nothing of marks
+            go(&mut imported, Update::UpsertPart(p), at);
+        }
+    }
+    imported.prune(PruneMode::Commit, at);
+    assert_eq!(marks(live), marks(&imported), "marks, live and imported");
+    let (a, b) = (live.build_context(), imported.build_context());
+    assert_eq!(timeless(&a), timeless(&b));
+    assert_eq!(live.total_tokens(), rendered_tokens_from_scratch(live));
+    assert_eq!(live.total_tokens(), imported.total_tokens());
+}
+
+/// Turn `n` as [`turn`], its calls reading the files `(path, output size)`.
+fn turn_reading(s: &mut Session, n: usize, at: i64, reads: &[(&str, usize)]) {
+    user_says(s, n, at);
+    let (u, a) = (format!("u{n}"), format!("a{n}"));
+    let mut info = assistant(&a, &u);
+    info.time.created = at + 1;
+    info.finish.clear();
+    go(s, Update::UpsertMessage(info.clone()), at + 1);
+    for (i, (path, size)) in reads.iter().enumerate() {
+        let id = format!("{a}-p{i}");
+        let body = format!("HEAD-{id} {} TAIL-{id}", "o".repeat(*size));
+        go(s, Update::UpsertPart(read(&a, &id, path, &body)), at + 2);
+    }
+    info.finish = "tool-calls".into();
+    info.time.completed = Some(at + 10);
+    go(s, Update::UpsertMessage(info), at + 10);
+}
+
+/// Found in review: of the strategies' marks only a supersede was ever taken back, so a
+/// live session kept marks that a from-scratch run (an import of the same messages) no
+/// longer makes. With `mask_keep` 2, a1's 4 KB output was masked when a3's result came;
+/// the host then reverted a3 (OpenCode deletes its parts), or sent its call again still
+/// running: a1's output is among the newest two results again and reads whole.
+#[test]
+fn a_mask_is_taken_back_when_a_newer_result_goes() {
+    let gone = [
+        Update::DeletePart {
+            message_id: "a3".into(),
+            part_id: "a3-p0".into(),
+        },
+        Update::UpsertPart({
+            let input = json!({ "command": "run a3-p0" });
+            let mut p = call("a3", "a3-p0", "bash", input, "");
+            state_mut(&mut p).status = ToolStatus::Running;
+            p
+        }),
+    ];
+    for update in gone {
+        let mut s = session(
+            only(&[St::MaskObservations], 2, CacheModel::NONE),
+            ModelLimits::default(),
+        );
+        turn(&mut s, 1, T0, &[("bash", 4_000)]);
+        turn(&mut s, 2, T0 + 100, &[("bash", 400)]);
+        turn(&mut s, 3, T0 + 200, &[("bash", 400)]);
+        assert_eq!(strategy_of(&s, "a1-p0"), Some(St::MaskObservations));
+        go(&mut s, update, T0 + 300);
+        expect_as_imported(&mut s, T0 + 400);
+        assert_eq!(strategy_of(&s, "a1-p0"), None);
+        assert!(output_in(&s.build_context(), "a1-p0").ends_with("TAIL-a1-p0"));
+    }
+}
+
+/// The same after new settings: a larger `mask_keep`, the tool or the files protected, a
+/// larger window (a cap at another size). Before, every mask and cap stayed.
+#[test]
+fn marks_new_settings_no_longer_make_are_taken_back() {
+    let small = ModelLimits {
+        context: 10_000,
+        input: 0,
+        output: 2_000,
+    };
+    let config = |o: SessionOverrides| SessionInfo {
+        config: o,
+        ..Default::default()
+    };
+    let changes = [
+        config(SessionOverrides {
+            mask_keep: Some(5),
+            ..Default::default()
+        }),
+        config(SessionOverrides {
+            strategy_protected_tools: Some(vec!["read".into()]),
+            ..Default::default()
+        }),
+        config(SessionOverrides {
+            protected_file_globs: Some(vec!["src/**".into()]),
+            ..Default::default()
+        }),
+        SessionInfo {
+            limits: ModelLimits {
+                context: 20_000,
+                input: 0,
+                output: 2_000,
+            },
+            ..Default::default()
+        },
+    ];
+    for change in changes {
+        let what = format!("{change:?}");
+        let both = [St::MaskObservations, St::CapLargeOutputs];
+        let mut s = session(only(&both, 1, CacheModel::NONE), small);
+        turn_reading(&mut s, 1, T0, &[("src/a.rs", 20_000), ("src/b.rs", 2_000)]);
+        turn_reading(&mut s, 2, T0 + 100, &[("src/c.rs", 40_000)]);
+        let ids = ["a1-p0", "a1-p1", "a2-p0"];
+        let kept = |s: &Session| ids.map(|id| find(s, id).mark.map(|m| (m.strategy, m.keep)));
+        let before = kept(&s);
+        assert_eq!(
+            before.map(|m| m.map(|(st, _)| st)),
+            [
+                Some(St::MaskObservations),
+                Some(St::MaskObservations),
+                Some(St::CapLargeOutputs)
+            ]
+        );
+        go(&mut s, Update::Configure(change), T0 + 200);
+        expect_as_imported(&mut s, T0 + 300);
+        assert_ne!(kept(&s), before, "{what}");
+    }
+}
+
 /// Masking (keep 3) and capping under Anthropic's prices, a 200k window, nothing yet.
 fn masking_under_anthropic_prices() -> Session {
     let limits = ModelLimits {

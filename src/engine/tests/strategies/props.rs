@@ -26,6 +26,11 @@ enum Op {
         whole: bool,
         pinned: bool,
     },
+    /// Deletes an existing part (a host's revert).
+    Delete { pick: u16 },
+    /// New settings: masking on or off, its `mask_keep`, and the strategy-protected tools
+    /// (`protect` picks a list: the server's, `bash` and `read`, or none).
+    Configure { mask: bool, keep: u8, protect: u8 },
 }
 
 const PATHS: [&str; 3] = ["src/main.rs", "src/lib.rs", "README.md"];
@@ -94,13 +99,15 @@ fn op() -> impl Strategy<Value = Op> {
         2 => Just(Op::Commit),
         1 => (any::<u16>(), prop::bool::weighted(0.3), prop::bool::weighted(0.7))
             .prop_map(|(pick, whole, pinned)| Op::Pin { pick, whole, pinned }),
+        1 => any::<u16>().prop_map(|pick| Op::Delete { pick }),
+        1 => (any::<bool>(), 0u8..6, 0u8..3)
+            .prop_map(|(mask, keep, protect)| Op::Configure { mask, keep, protect }),
     ]
 }
 
 /// Builds a session op by op as a live host does, checking every prune run.
 struct Driver {
     s: Session,
-    o: SessionOverrides,
     next: usize,
     now: i64,
     last_user: Option<String>,
@@ -112,8 +119,7 @@ struct Driver {
 impl Driver {
     fn new(o: SessionOverrides, late: bool) -> Driver {
         Driver {
-            s: open(o.clone()),
-            o,
+            s: open(o),
             late,
             next: 0,
             now: NOW,
@@ -287,6 +293,48 @@ impl Driver {
                 prop_assert_eq!(self.s.total_tokens(), rendered_tokens_from_scratch(&self.s));
                 check_marks(&self.s)?;
             }
+            Op::Delete { pick } => {
+                let parts: Vec<(String, String)> = self
+                    .s
+                    .messages()
+                    .iter()
+                    .flat_map(|m| &m.parts)
+                    .map(|p| (p.part.message_id.clone(), p.part.id.clone()))
+                    .collect();
+                if parts.is_empty() {
+                    return Ok(());
+                }
+                let (message_id, part_id) = parts[usize::from(pick) % parts.len()].clone();
+                self.step(Update::DeletePart {
+                    message_id,
+                    part_id,
+                });
+                prop_assert_eq!(self.s.total_tokens(), rendered_tokens_from_scratch(&self.s));
+                check_marks(&self.s)?;
+            }
+            Op::Configure {
+                mask,
+                keep,
+                protect,
+            } => {
+                let tools = |list: &[&str]| Some(list.iter().map(|t| t.to_string()).collect());
+                let config = SessionOverrides {
+                    strategies: [(St::MaskObservations, mask)].into_iter().collect(),
+                    mask_keep: Some(u32::from(keep)),
+                    strategy_protected_tools: match protect {
+                        0 => tools(crate::config::STRATEGY_PROTECTED_TOOLS),
+                        1 => tools(&["bash", "read"]),
+                        _ => tools(&[]),
+                    },
+                    ..Default::default()
+                };
+                self.step(Update::Configure(SessionInfo {
+                    config,
+                    ..Default::default()
+                }));
+                prop_assert_eq!(self.s.total_tokens(), rendered_tokens_from_scratch(&self.s));
+                check_marks(&self.s)?;
+            }
         }
         Ok(())
     }
@@ -333,9 +381,9 @@ fn check_run(
     Ok(())
 }
 
-/// Every mark obeys the rules: age marks only outside the last 2 user turns and past
-/// their threshold, nothing protected is marked (but todos), a supersede names a newer
-/// call that exists.
+/// Every mark obeys the rules: nothing pinned is marked; of the active marks, age marks
+/// only outside the last 2 user turns and past their threshold, nothing protected is
+/// marked (but todos), a supersede names a newer call that exists.
 fn check_marks(s: &Session) -> Result<(), TestCaseError> {
     let msgs = s.messages();
     let mut calls: BTreeMap<String, (usize, usize)> = BTreeMap::new();
@@ -354,6 +402,9 @@ fn check_marks(s: &Session) -> Result<(), TestCaseError> {
         for (pi, p) in m.parts.iter().enumerate() {
             let Some(mark) = &p.part.mark else { continue };
             prop_assert!(!s.is_pinned(mi, &p.part.id), "pinned {} marked", p.part.id);
+            if !s.settings().strategies.has(mark.strategy) {
+                continue; // inactive: checked once its strategy is on again
+            }
             let st: St = mark.strategy;
             let threshold = match st {
                 St::PruneFiles => Some(FILE_AGE_TURNS),
@@ -363,6 +414,8 @@ fn check_marks(s: &Session) -> Result<(), TestCaseError> {
             };
             if let Some(turns) = threshold {
                 prop_assert!(newer_users >= turns.max(2), "{} aged too early", p.part.id);
+                prop_assert!(mark.superseded_by.is_empty());
+            } else if st == St::MaskObservations {
                 prop_assert!(mark.superseded_by.is_empty());
             } else {
                 prop_assert!(st.supersedes(), "{st} marks nothing");
@@ -384,6 +437,30 @@ fn check_marks(s: &Session) -> Result<(), TestCaseError> {
         }
     }
     Ok(())
+}
+
+/// [`marks`] of the strategies on.
+fn active_marks(s: &Session) -> BTreeMap<String, (String, String)> {
+    let on = s.settings().strategies;
+    marks(s)
+        .into_iter()
+        .filter(|(_, (st, _))| st.parse::<St>().is_ok_and(|st| on.has(st)))
+        .collect()
+}
+
+/// [`timeless`] without the inactive marks (those of strategies `s` has off).
+fn active_view(v: &ContextView, s: &Session) -> ContextView {
+    let mut v = timeless(v);
+    for p in v.messages.iter_mut().flat_map(|m| &mut m.parts) {
+        if p.part
+            .mark
+            .as_ref()
+            .is_some_and(|m| !s.settings().strategies.has(m.strategy))
+        {
+            p.part.mark = None;
+        }
+    }
+    v
 }
 
 fn small_prune(on: bool) -> SessionOverrides {
@@ -420,12 +497,19 @@ proptest! {
     }
 
     /// Live (prune runs interleaved) and import (all at once, one prune) agree, parts
-    /// arriving in position order (see the late-write test for the other case).
+    /// arriving in position order (see the late-write test for the other case), whatever
+    /// the host deleted and however the settings changed on the way (the import has the
+    /// final ones).
     #[test]
     fn live_and_import_end_with_the_same_marks_and_context(
         ops in prop::collection::vec(op(), 1..80),
     ) {
-        let mut d = Driver::new(SessionOverrides::default(), false);
+        let masking = SessionOverrides {
+            strategies: [(St::MaskObservations, true)].into_iter().collect(),
+            mask_keep: Some(3),
+            ..Default::default()
+        };
+        let mut d = Driver::new(masking, false);
         // An import carries no pins.
         for op in ops.iter().filter(|op| !matches!(op, Op::Pin { .. })) {
             d.run(op)?;
@@ -434,11 +518,13 @@ proptest! {
         // Default PRUNE_PROTECT/MINIMUM: OpenCode prune never commits at these sizes, so
         // the final parts carry no stamp of compactd's.
         prop_assert_eq!(d.s.compacted_count(), 0);
-        let mut imported = import(&final_messages(&d.s), d.o.clone());
+        let mut imported = import(&final_messages(&d.s), d.s.info().config.clone());
         imported.prune(PruneMode::Commit, NOW);
-        prop_assert_eq!(marks(&imported), marks(&d.s));
+        // A mark whose strategy was switched off stays on its part, unread (it applies
+        // again when switched on): only the active ones are what the session decides.
+        prop_assert_eq!(active_marks(&imported), active_marks(&d.s));
         let (a, b) = (d.s.build_context(), imported.build_context());
-        prop_assert_eq!(timeless(&a), timeless(&b));
+        prop_assert_eq!(active_view(&a, &d.s), active_view(&b, &imported));
         prop_assert_eq!(a.to_openai(), b.to_openai());
         prop_assert_eq!(d.s.total_tokens(), imported.total_tokens());
     }

@@ -641,6 +641,73 @@ fn rule_a_supersede_is_undone_when_the_newer_call_is_deleted() {
     assert_eq!(state(shown(&sc.s.build_context(), "r1")).output, body);
 }
 
+/// Age marks follow the turns as a from-scratch run counts them. The host deleting a later
+/// user message's parts (a revert) leaves that message no turn, so e1 is only two turns
+/// old; deleting an attachment's file part leaves its inlined text no attachment to stand
+/// for. Before, both marks stayed, though an import of the same messages makes neither.
+#[test]
+fn rule_age_marks_are_taken_back_when_their_turns_or_attachment_go() {
+    let inlined = format!(
+        "<path>/repo/AGENTS.md</path>\n<type>file</type>\n<content>{}",
+        "x".repeat(3000)
+    );
+    let error = stack_error("Error: Something failed", 20);
+    let deletes = [
+        (("u4", "u4_t"), &[("i1", St::PruneFiles, "")]),
+        (("u1", "f1"), &[("e1", St::TruncateOldErrors, "")]),
+    ];
+    for ((message_id, part_id), left) in deletes {
+        let mut sc = Script::new();
+        let attachment = file(
+            "u1",
+            "f1",
+            "AGENTS.md",
+            "text/plain",
+            &format!("data:text/plain,{}", "x".repeat(3000)),
+        );
+        sc.user_with(
+            "u1",
+            "Build it.",
+            vec![synthetic("u1", "i1", &inlined), attachment],
+        )
+        .assistant(
+            "a1",
+            vec![failed(
+                "a1",
+                "e1",
+                "bash",
+                json!({ "command": "npm run build" }),
+                &error,
+            )],
+        );
+        for n in 2..=4 {
+            sc.user(&format!("u{n}"), "next");
+        }
+        sc.commit();
+        expect_marks(
+            &sc.s,
+            &[
+                ("e1", St::TruncateOldErrors, ""),
+                ("i1", St::PruneFiles, ""),
+            ],
+        );
+        put(
+            &mut sc.s,
+            Update::DeletePart {
+                message_id: message_id.into(),
+                part_id: part_id.into(),
+            },
+        );
+        sc.commit();
+        expect_marks(&sc.s, left);
+        let mut imported = import(&final_messages(&sc.s), SessionOverrides::default());
+        commit(&mut imported, NOW);
+        assert_eq!(marks(&sc.s), marks(&imported), "deleting {part_id}");
+        let (a, b) = (sc.s.build_context(), imported.build_context());
+        assert_eq!(timeless(&a), timeless(&b));
+    }
+}
+
 /// A finished call sent again changed (an error after all, or another input) takes back
 /// what its earlier version decided: the session decides as if it had always been so.
 /// Before, r1 stayed superseded by a read that failed, and r2 kept its supersede of x.rs
