@@ -159,9 +159,24 @@ impl Session {
                 ..PruneReport::default()
             };
         }
+        let minimum = self.settings().prune_minimum;
+        let (pending, protected, window) = self.prune_figures();
+        if pending <= minimum && !list_held {
+            // Nothing commits and no list is wanted: the figures alone, without copying
+            // the waiting outputs (the automatic run after nearly every finished message).
+            let settings = self.settings();
+            return PruneReport {
+                tokens_saved: pending,
+                tokens_scanned: pending.saturating_add(protected),
+                reason: Some(under_minimum(window)),
+                prune_protect: settings.prune_protect,
+                prune_minimum: minimum,
+                strategies,
+                ..PruneReport::default()
+            };
+        }
         let plan = self.prune_plan();
         let settings = self.settings();
-        let minimum = settings.prune_minimum;
         let mut report = PruneReport {
             committed: false,
             dry_run: false,
@@ -178,11 +193,7 @@ impl Session {
             report.parts = plan.prune.iter().filter_map(|c| self.describe(c)).collect();
         }
         if plan.pruned <= minimum {
-            report.reason = Some(if plan.prune.is_empty() {
-                NotCommitted::NothingBeyond
-            } else {
-                NotCommitted::UnderMinimum
-            });
+            report.reason = Some(under_minimum(plan.prune.len()));
             return report;
         }
         let (mut inputs, mut own) = ((0u32, 0u64), 0i64);
@@ -252,6 +263,16 @@ impl Session {
             cleared.input_saved
         };
         (stripped, signed(old) - signed(new))
+    }
+}
+
+/// Why a run whose saving is not above PRUNE_MINIMUM commits nothing, `outputs` being how
+/// many outputs it would clear.
+fn under_minimum(outputs: usize) -> NotCommitted {
+    if outputs == 0 {
+        NotCommitted::NothingBeyond
+    } else {
+        NotCommitted::UnderMinimum
     }
 }
 

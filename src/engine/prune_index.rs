@@ -20,6 +20,12 @@ use super::stored::Message;
 use crate::config::Settings;
 use crate::domain::{PartKind, Role, ToolStatus};
 
+#[cfg(test)]
+thread_local! {
+    /// Plans [`PruneIndex::plan`] built on this thread (tests count the list copies).
+    pub(crate) static PLANS_BUILT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 /// One prunable tool output: a completed, unprotected tool part in the eligible region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Candidate {
@@ -269,8 +275,12 @@ impl PruneIndex {
         }
     }
 
-    /// The current plan (after `sync`).
+    /// The current plan (after `sync`). Copies the list of outputs to clear: a run that
+    /// cannot commit reads [`Self::pending`], [`Self::protected`] and [`Self::window_len`]
+    /// instead.
     pub fn plan(&self) -> PrunePlan {
+        #[cfg(test)]
+        PLANS_BUILT.with(|n| n.set(n.get() + 1));
         PrunePlan {
             prune: self.cands[..self.window].to_vec(),
             pruned: self.pruned,
@@ -286,6 +296,11 @@ impl PruneIndex {
     /// Tokens prune would clear now (after `sync`), without building the list.
     pub fn pending(&self) -> u64 {
         self.pruned
+    }
+
+    /// Tokens of the protected (newest) outputs scanned (after `sync`).
+    pub fn protected(&self) -> u64 {
+        self.protected
     }
 
     /// Records that `cands[..window]` were marked compacted: the newest of them is now the

@@ -757,6 +757,18 @@ impl Session {
         self.prune.pending()
     }
 
+    /// The plan's figures without its list (the window brought up to date first): the
+    /// tokens to clear, the protected tokens scanned, and how many outputs it clears.
+    pub(crate) fn prune_figures(&mut self) -> (u64, u64, usize) {
+        self.prune
+            .sync(&self.messages, &self.users, &self.settings, &self.pins);
+        (
+            self.prune.pending(),
+            self.prune.protected(),
+            self.prune.window_len(),
+        )
+    }
+
     /// The plan's outputs were cleared: only the protection window remains.
     pub(crate) fn prune_plan_committed(&mut self) {
         self.prune.committed();

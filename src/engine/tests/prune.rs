@@ -2,7 +2,7 @@
 //! literal reference scan.
 
 use super::*;
-use crate::config::{PLACEHOLDER, PROTECT_TURNS, PRUNE_MINIMUM, PRUNE_PROTECT};
+use crate::config::{CacheModel, PLACEHOLDER, PROTECT_TURNS, PRUNE_MINIMUM, PRUNE_PROTECT};
 use crate::engine::{Event, NotCommitted, PrunedPart, step};
 use crate::tokens::CHARS_PER_TOKEN;
 
@@ -676,6 +676,48 @@ fn outputs_prune_will_not_clear_are_not_held_decisions() {
     };
     let mut s = session_with(&fixture, o);
     assert_eq!(s.held_decisions(), 600);
+}
+
+/// Found in review: every automatic run copied the whole list of outputs waiting beyond
+/// the protected window before it found it could not commit (their saving not above
+/// PRUNE_MINIMUM), once per finished message. A run that cannot commit and lists nothing
+/// now reports from the window's figures, the same figures, without building the plan.
+#[test]
+fn a_run_that_cannot_commit_builds_no_plan() {
+    use crate::engine::prune_index::PLANS_BUILT;
+    use crate::engine::request_log::Scope;
+    let plans = || PLANS_BUILT.with(std::cell::Cell::get);
+    for model in [CacheModel::NONE, CacheModel::ANTHROPIC] {
+        let o = SessionOverrides {
+            cache_model: Some(model),
+            ..overrides(100, u64::MAX)
+        };
+        let mut s = new_session(o, ModelLimits::default());
+        let before = plans();
+        for i in 0..40 {
+            let (u, a) = (format!("u{i}"), format!("a{i}"));
+            step(&mut s, Update::UpsertMessage(user(&u)), &config(), NOW).unwrap();
+            let mut info = assistant(&a, &u);
+            info.finish.clear();
+            step(&mut s, Update::UpsertMessage(info.clone()), &config(), NOW).unwrap();
+            let p = tool(&a, &format!("p{i}"), "read", &chars(400));
+            step(&mut s, Update::UpsertPart(p), &config(), NOW).unwrap();
+            info.finish = "stop".into();
+            step(&mut s, Update::UpsertMessage(info), &config(), NOW).unwrap();
+        }
+        let quiet = s.prune_run(NOW, true, Scope::All, false);
+        assert_eq!(plans(), before, "{model:?}: no plan built");
+        assert!(s.prune_pending() > 0, "outputs wait beyond the window");
+        let listed = s.prune(PruneMode::Commit, NOW);
+        assert_eq!(listed.parts.len(), 37, "an explicit prune lists them");
+        assert_eq!(
+            PruneReport {
+                parts: Vec::new(),
+                ..listed
+            },
+            quiet
+        );
+    }
 }
 
 // ---- the incremental index against the reference scan --------------------------------
