@@ -238,8 +238,11 @@ impl Session {
         if !matches!(stored.part.kind, PartKind::Tool(_)) {
             return (0, 0);
         }
-        // A part a strategy already reduced had its input stripped then, not now.
-        let stripped_before = active_mark(&stored.part, self.settings()).is_some();
+        // A part a supersede already reduced had its input stripped then, not now. Only a
+        // supersede strips it (render.rs): a masked, capped or aged call still sent its
+        // input until this clearing.
+        let stripped_before =
+            active_mark(&stored.part, self.settings()).is_some_and(Strategy::supersedes);
         // Counted once, as cleared: the same figure tells what the input leaves out, so
         // the part is not rendered again without the fix (once per held output and
         // trial run of the cache scheduler).

@@ -428,6 +428,56 @@ fn marks_new_settings_no_longer_make_are_taken_back() {
     }
 }
 
+/// Found in review: when prune cleared an output a strategy had masked (or capped, or
+/// aged), the input its call stops sending was credited to prune, not to
+/// `pruneToolInputs`: only a supersede strips the input, so the masked call still sent
+/// it until prune cleared the output.
+#[test]
+fn clearing_a_masked_output_credits_its_input_to_prune_tool_inputs() {
+    let o = only(
+        &[St::MaskObservations, St::PruneToolInputs],
+        1,
+        CacheModel::NONE,
+    );
+    let mut s = session(o, ModelLimits::default());
+    user_says(&mut s, 1, T0);
+    let mut info = assistant("a1", "u1");
+    info.finish.clear();
+    go(&mut s, Update::UpsertMessage(info.clone()), T0);
+    let input = json!({ "filePath": "src/a.rs", "content": "w".repeat(4_000) });
+    let write = call("a1", "w1", "write", input, &"o".repeat(2_000));
+    go(&mut s, Update::UpsertPart(write), T0);
+    info.finish = "stop".into();
+    go(&mut s, Update::UpsertMessage(info), T0);
+    turn(&mut s, 2, T0 + 100, &[("bash", 10)]);
+    turn(&mut s, 3, T0 + 200, &[("bash", 10)]);
+    assert_eq!(strategy_of(&s, "w1"), Some(St::MaskObservations));
+    let clear = SessionOverrides {
+        prune_protect: Some(0),
+        prune_minimum: Some(0),
+        ..Default::default()
+    };
+    go(
+        &mut s,
+        Update::Configure(SessionInfo {
+            config: clear,
+            ..Default::default()
+        }),
+        T0 + 300,
+    );
+    let before = part_tokens(&s.build_context(), "w1");
+    let report = s.prune(PruneMode::Commit, T0 + 400);
+    let after = part_tokens(&s.build_context(), "w1");
+    assert!(report.committed && after < before, "{before} -> {after}");
+    assert_eq!(part_ids(&report), ["w1"]);
+    // The output reads as masked either way: the whole change is the input's.
+    assert_eq!(report.context_tokens_saved, 0);
+    assert_eq!(
+        saving(&report, St::PruneToolInputs),
+        Some((1, before - after))
+    );
+}
+
 /// Masking (keep 3) and capping under Anthropic's prices, a 200k window, nothing yet.
 fn masking_under_anthropic_prices() -> Session {
     let limits = ModelLimits {
