@@ -376,10 +376,13 @@ fn tool_rewrite<'a>(
     match st.status {
         ToolStatus::Completed => {
             // A supersede note never makes a tiny output longer, and a superseded
-            // part reads as its strategy made it even once prune clears it too.
+            // part reads as its strategy made it even once prune clears it too; a tiny
+            // one prune cleared reads as cleared, as every cleared output does.
             if let Some(text) = superseded {
                 if text.len() < st.output.len() {
                     output = Some(Cow::Owned(text));
+                } else if compacted {
+                    output = placeholder();
                 }
             } else if active == Some(Strategy::MaskObservations) {
                 // Names the call, so the model can ask for it back (prune's

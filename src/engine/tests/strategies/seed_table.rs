@@ -852,6 +852,37 @@ fn t45_compaction_awareness_prune_after_a_strategy_keeps_the_strategy_reading() 
     assert_eq!(again.before, again.after);
 }
 
+/// Found in review: a superseded output shorter than the supersede note kept reading as
+/// stored once prune cleared it too (the clearing branch was never reached for a
+/// superseded part); it reads as prune's placeholder, as every cleared output does.
+#[test]
+fn t45_compaction_awareness_a_tiny_superseded_output_cleared_by_prune_reads_cleared() {
+    let write = |msg: &str, id: &str| {
+        let input = json!({ "filePath": "src/a.rs", "content": "w".repeat(4_000) });
+        call(msg, id, "write", input, "Wrote file successfully.")
+    };
+    let mut sc = Script::with(SessionOverrides {
+        prune_protect: Some(0),
+        prune_minimum: Some(0),
+        ..Default::default()
+    });
+    sc.user("u1", "Write a.rs twice.")
+        .assistant("a1", vec![write("a1", "w1"), write("a1", "w2")])
+        .user("u2", "ok")
+        .user("u3", "ok");
+    // The note is longer than w1's output: the supersede strips only its input.
+    assert!(superseded_text("call_w2").len() > "Wrote file successfully.".len());
+    let run = sc.commit();
+    assert!(run.report.committed);
+    assert_eq!(part_ids(&run.report), ["w1", "w2"]);
+    expect_marks(&sc.s, &[("w1", St::AggressiveFilePrune, "w2")]);
+    for id in ["w1", "w2"] {
+        assert_eq!(state(shown(&run.after, id)).output, PLACEHOLDER, "{id}");
+        let call_id = format!("call_{id}");
+        assert_eq!(tool_result(&run.after.to_openai(), &call_id), PLACEHOLDER);
+    }
+}
+
 #[test]
 fn t45_compaction_awareness_parts_summarized_away_are_left_alone() {
     let body = file_body(80);
