@@ -34,13 +34,11 @@ impl OutputCap {
 /// Reads a refusal (`message`, the endpoint's words) of a request that asked for `sent`
 /// answer tokens: the cap it names (the largest figure in it below `sent`, at least
 /// [`MIN_CAP`]), [`OutputCap::Omit`]
-/// when it names the field but no such figure, None when it is about something else,
-/// and None for a refusal for length that names the field beside the prompt (Anthropic's
-/// "input length and `max_tokens` exceed context limit"): the prompt is what to cut.
+/// when it names the field but no such figure, None when it is about something else.
+/// Refusals for length (the prompt too long for the window, even one naming the field
+/// beside it, as Anthropic's "input length and `max_tokens` exceed context limit") are
+/// read before this, and never reach it.
 pub fn refusal(message: &str, sent: u64) -> Option<OutputCap> {
-    if super::window::reads_too_long(message) {
-        return None;
-    }
     let lower = message.to_ascii_lowercase();
     let names_field = [
         "max_tokens",
@@ -95,14 +93,6 @@ mod tests {
             None
         );
         assert_eq!(refusal("Invalid model 'gpt-9'", 4_096), None);
-        // Anthropic's refusal of prompt and answer together: a length, not a cap.
-        assert_eq!(
-            refusal(
-                "input length and `max_tokens` exceed context limit: 188059 + 20000 > 200000, decrease input length or `max_tokens` and try again",
-                20_000
-            ),
-            None
-        );
         // A figure no smaller than what was asked cannot be the cap: no figure, omit.
         assert_eq!(
             refusal("max_tokens must be at most 4096", 4_096),
