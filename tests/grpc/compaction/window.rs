@@ -3,6 +3,7 @@
 //! empty stream, overridden by `--llm-context-tokens`. A "too long" answer cuts the head
 //! smaller at once and never leads to the same request again.
 
+use compactd::server::pb;
 use serde_json::{Value, json};
 
 use crate::common::compaction::*;
@@ -35,6 +36,50 @@ fn assert_no_repeat(requests: &[RecordedRequest]) {
 
 fn paths(requests: &[RecordedRequest]) -> Vec<String> {
     requests.iter().map(|r| r.path.clone()).collect()
+}
+
+/// After a first answer dropped as "too long" (its text holds `marker`): every later
+/// request fits, none repeats the one before, the dropped answer is no chunk and is folded
+/// into nothing, and the deltas after the last `retrying` (which voids its own) are the
+/// summary committed.
+fn assert_first_answer_dropped(
+    window: &WindowSpec,
+    requests: &[RecordedRequest],
+    events: &[pb::CompactionEvent],
+    marker: &str,
+) {
+    for r in &requests[1..] {
+        assert!(
+            matches!(window.judge(&r.body), Verdict::Fits(_)),
+            "after the first answer every request fits: {:?}",
+            window.judge(&r.body)
+        );
+    }
+    assert_eq!(
+        compacted(events).chunks as usize,
+        requests.len() - 1,
+        "the dropped answer is not a chunk"
+    );
+    assert_no_repeat(requests);
+    assert!(
+        !requests.iter().any(|r| r.body.to_string().contains(marker)),
+        "the dropped answer is folded into no later request"
+    );
+    use compactd::server::pb::compaction_event::Event as Ce;
+    let last_retry = events
+        .iter()
+        .rposition(|e| matches!(e.event, Some(Ce::Retrying(_))))
+        .expect("a retrying event voids the dropped answer's deltas");
+    let deltas: Vec<_> = events[last_retry..]
+        .iter()
+        .filter_map(|e| match &e.event {
+            Some(Ce::Delta(d)) => Some(d.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(deltas.first().map(|d| d.index), Some(0), "{events:?}");
+    let streamed: String = deltas.iter().map(|d| d.text.as_str()).collect();
+    assert_eq!(streamed, format!("summary #{}", requests.len()));
 }
 
 /// Compacts a long session `sid` and returns its `session.compacted` chunk count.
@@ -339,25 +384,7 @@ async fn a_prompt_the_endpoint_truncated_is_too_long_not_a_summary() {
         matches!(window.judge(&requests[0].body), Verdict::Truncated(_)),
         "the whole head first"
     );
-    for r in &requests[1..] {
-        assert!(
-            matches!(window.judge(&r.body), Verdict::Fits(_)),
-            "after one truncation every request fits: {}",
-            window.prompt_tokens(&r.body)
-        );
-    }
-    assert_eq!(
-        done.chunks as usize,
-        requests.len() - 1,
-        "the truncated answer is not a chunk"
-    );
-    assert_no_repeat(&requests);
-    assert!(
-        !requests
-            .iter()
-            .any(|r| r.body.to_string().contains("of what was kept")),
-        "the truncated answer is folded into no later request"
-    );
+    assert_first_answer_dropped(&window, &requests, &events, "of what was kept");
     // Its tokens were paid for all the same: the usage reported is every answer's.
     let input: u64 = requests
         .iter()
@@ -373,24 +400,6 @@ async fn a_prompt_the_endpoint_truncated_is_too_long_not_a_summary() {
         (input, 3 * requests.len() as u64),
         "{usage:?}"
     );
-    // Its deltas had gone out: a `retrying` voids them, and the deltas after it (their
-    // indices from 0 again) are the summary committed.
-    use compactd::server::pb::compaction_event::Event as Ce;
-    let last_retry = events
-        .iter()
-        .rposition(|e| matches!(e.event, Some(Ce::Retrying(_))))
-        .expect("a retrying event");
-    let deltas: Vec<_> = events[last_retry..]
-        .iter()
-        .filter_map(|e| match &e.event {
-            Some(Ce::Delta(d)) => Some(d.clone()),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(deltas.first().map(|d| d.index), Some(0), "{events:?}");
-    let streamed: String = deltas.iter().map(|d| d.text.as_str()).collect();
-    assert!(!streamed.contains("of what was kept"), "{streamed}");
-    assert_eq!(streamed, format!("summary #{}", requests.len()));
 }
 
 #[tokio::test]
@@ -405,7 +414,6 @@ async fn an_answer_cut_where_the_window_ran_out_is_too_long_not_a_summary() {
     let mut client = server.client().await;
     seed_long_session(&mut client, SID).await;
     let events = compact(&mut client, SID).await;
-    let done = compacted(&events);
 
     let requests = fake.requests();
     assert!(
@@ -413,38 +421,7 @@ async fn an_answer_cut_where_the_window_ran_out_is_too_long_not_a_summary() {
         "the first request overruns the window: {:?}",
         window.judge(&requests[0].body)
     );
-    for r in &requests[1..] {
-        assert!(
-            matches!(window.judge(&r.body), Verdict::Fits(_)),
-            "once the window ran out every request fits: {:?}",
-            window.judge(&r.body)
-        );
-    }
-    assert_eq!(
-        done.chunks as usize,
-        requests.len() - 1,
-        "the cut answer is not a chunk"
-    );
-    assert_no_repeat(&requests);
-    assert!(
-        !requests
-            .iter()
-            .any(|r| r.body.to_string().contains("cut where the window")),
-        "the cut answer is folded into no later request"
-    );
-    use compactd::server::pb::compaction_event::Event as Ce;
-    let last_retry = events
-        .iter()
-        .rposition(|e| matches!(e.event, Some(Ce::Retrying(_))))
-        .expect("a retrying event voids the cut answer's deltas");
-    let streamed: String = events[last_retry..]
-        .iter()
-        .filter_map(|e| match &e.event {
-            Some(Ce::Delta(d)) => Some(d.text.as_str()),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(streamed, format!("summary #{}", requests.len()));
+    assert_first_answer_dropped(&window, &requests, &events, "cut where the window");
 }
 
 /// OpenAI's refusal of 32,000 answer tokens from a model that writes at most 16,384

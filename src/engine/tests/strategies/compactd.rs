@@ -55,21 +55,31 @@ fn go(s: &mut Session, u: Update, now: i64) -> Vec<Event> {
 /// Turn `n`: a user message at `at`, then an assistant message (created at `at + 1`)
 /// calling each `(tool, output size)`, finished at `at + 10`. Returns the finish's events.
 fn turn(s: &mut Session, n: usize, at: i64, outputs: &[(&str, usize)]) -> Vec<Event> {
+    turn_of(s, n, at, outputs.len(), |a, id, i| {
+        let (tool, size) = outputs[i];
+        let body = format!("HEAD-{id} {} TAIL-{id}", "o".repeat(size));
+        let input = json!({ "command": format!("run {id}") });
+        call(a, id, tool, input, &body)
+    })
+}
+
+/// Turn `n` as [`turn`], with `calls` tool parts made by `part(message, part id, index)`.
+fn turn_of(
+    s: &mut Session,
+    n: usize,
+    at: i64,
+    calls: usize,
+    part: impl Fn(&str, &str, usize) -> Part,
+) -> Vec<Event> {
     user_says(s, n, at);
     let (u, a) = (format!("u{n}"), format!("a{n}"));
     let mut info = assistant(&a, &u);
     info.time.created = at + 1;
     info.finish.clear();
     go(s, Update::UpsertMessage(info.clone()), at + 1);
-    for (i, (tool, size)) in outputs.iter().enumerate() {
+    for i in 0..calls {
         let id = format!("{a}-p{i}");
-        let body = format!("HEAD-{id} {} TAIL-{id}", "o".repeat(*size));
-        let input = json!({ "command": format!("run {id}") });
-        go(
-            s,
-            Update::UpsertPart(call(&a, &id, tool, input, &body)),
-            at + 2,
-        );
+        go(s, Update::UpsertPart(part(&a, &id, i)), at + 2);
     }
     info.finish = "tool-calls".into();
     info.time.completed = Some(at + 10);
@@ -319,20 +329,11 @@ fn expect_as_imported(live: &mut Session, at: i64) {
 
 /// Turn `n` as [`turn`], its calls reading the files `(path, output size)`.
 fn turn_reading(s: &mut Session, n: usize, at: i64, reads: &[(&str, usize)]) {
-    user_says(s, n, at);
-    let (u, a) = (format!("u{n}"), format!("a{n}"));
-    let mut info = assistant(&a, &u);
-    info.time.created = at + 1;
-    info.finish.clear();
-    go(s, Update::UpsertMessage(info.clone()), at + 1);
-    for (i, (path, size)) in reads.iter().enumerate() {
-        let id = format!("{a}-p{i}");
-        let body = format!("HEAD-{id} {} TAIL-{id}", "o".repeat(*size));
-        go(s, Update::UpsertPart(read(&a, &id, path, &body)), at + 2);
-    }
-    info.finish = "tool-calls".into();
-    info.time.completed = Some(at + 10);
-    go(s, Update::UpsertMessage(info), at + 10);
+    turn_of(s, n, at, reads.len(), |a, id, i| {
+        let (path, size) = reads[i];
+        let body = format!("HEAD-{id} {} TAIL-{id}", "o".repeat(size));
+        read(a, id, path, &body)
+    });
 }
 
 /// Found in review: of the strategies' marks only a supersede was ever taken back, so a
