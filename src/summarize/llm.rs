@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::output_cap::{self, OutputCap};
-use super::window::{self, Window, WindowSource, Windows};
+use super::window::{Window, WindowSource, Windows};
 use super::{
     LlmConfig, Progress, SummarizeError, Summarizer, SummaryRequest, discover, retry_after,
 };
@@ -188,11 +188,6 @@ impl OpenAiSummarizer {
     /// The cap a 400 (`message`, after its status) of `body` teaches when it refuses the
     /// `max_tokens` asked.
     fn output_refused(&self, body: &Value, message: &str) -> Option<OutputCap> {
-        // A refusal for length naming the field beside the prompt (Anthropic's "input
-        // length and `max_tokens` exceed context limit") is the prompt's to cut.
-        if window::reads_too_long(message) {
-            return None;
-        }
         let sent = body["max_tokens"].as_u64()?;
         output_cap::refusal(message.strip_prefix("400: ").unwrap_or(message), sent)
     }

@@ -37,7 +37,7 @@ impl OutputCap {
 /// when it names the field but no such figure, None when it is about something else.
 /// Refusals for length (the prompt too long for the window, even one naming the field
 /// beside it, as Anthropic's "input length and `max_tokens` exceed context limit") are
-/// read before this, and never reach it.
+/// read before this (`llm/errors.rs` makes them "too long"), and never reach it.
 pub fn refusal(message: &str, sent: u64) -> Option<OutputCap> {
     let lower = message.to_ascii_lowercase();
     let names_field = [
