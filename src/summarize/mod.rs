@@ -146,7 +146,8 @@ pub struct SummaryRequest {
 /// Progress while a summary streams.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Progress {
-    /// Summary text, in order; the deltas concatenate to the summary.
+    /// Summary text, in order; the deltas concatenate to the summary. Pieces the caller
+    /// has no room for yet are joined into one delta.
     Delta(String),
     /// A retryable failure before the first token; retrying after `delay`.
     Retrying {

@@ -631,7 +631,8 @@ export interface CompactionEvent {
     | undefined;
   /**
    * Summary text as it arrives; the deltas since the last `retrying` concatenate to
-   * the committed summary.
+   * the committed summary. One delta may join several of the model's pieces when the
+   * caller reads slower than the model writes.
    */
   delta?:
     | SummaryDelta
