@@ -3,8 +3,9 @@
 //! updates), then commit inside the actor and announce `session.compacted`.
 //!
 //! Every event goes to the `Subscribe` bus and to the caller's sink (the `Compact` response
-//! or the main stream). A failure at any point commits nothing: the session is exactly as
-//! it was, plus whatever updates arrived meanwhile.
+//! or the main stream); `session.compacted` goes on the bus from the commit itself, in the
+//! session's order. A failure at any point commits nothing: the session is exactly as it
+//! was, plus whatever updates arrived meanwhile.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -409,7 +410,7 @@ impl Job {
         };
         // What the commit applied of the held decisions, heard of after the compaction
         // as any automatic prune (the commit is durable: the store answered): by the
-        // caller's sink with the outcome, on the bus right after it.
+        // caller's sink with the outcome (on the bus, the commit put it right after it).
         link.emit_with(
             ev,
             held_applied
@@ -419,9 +420,6 @@ impl Job {
         .await;
         if let Some(report) = held_applied {
             crate::telemetry::pruned(&report, "auto");
-            if let Some(e) = reply::bus_event(&Event::Pruned(report)) {
-                link.hub.publish(&link.session_id, e);
-            }
         }
         // The slot is freed as the job drops (`Link::_claim`), after its last event.
     }
@@ -498,6 +496,17 @@ impl Job {
         let usage = outcome.usage;
         let cost = outcome.cost;
         let (cancel, me) = (link.running.cancel.clone(), handle.clone());
+        let announce = Announce {
+            hub: link.hub.clone(),
+            session_id: link.session_id.clone(),
+            compaction_id: link.running.id.clone(),
+            began,
+            auto: self.plan.request.auto,
+            usage: usage.as_ref().map(super::convert::usage_to_pb),
+            cost,
+            chunks: summary.chunks,
+            dropped_chars: summary.dropped_chars,
+        };
         let committed = handle
             .call(move |s, _| {
                 // Asked where the commit lands, as it lands: a cancel acknowledged
@@ -510,7 +519,8 @@ impl Job {
                 if !me.in_store() {
                     return Err(false);
                 }
-                Ok(s.commit_compaction(plan, outcome, ids, now_ms()))
+                Ok(s.commit_compaction(plan, outcome, ids, now_ms())
+                    .map(|done| announce.on_commit(s, done)))
             })
             .await
             .map_err(|e| spent(unreachable_session(&e), &paid))?
@@ -528,7 +538,7 @@ impl Job {
                 };
                 spent(f, &paid)
             })?;
-        let done = committed.map_err(|e| {
+        let (compacted, pruned) = committed.map_err(|e| {
             let kind = match e {
                 CompactionError::EmptySummary => "empty_summary",
                 CompactionError::NotSmaller { .. } => "not_smaller",
@@ -540,20 +550,65 @@ impl Job {
             let retryable = matches!(e, CompactionError::Stale(_));
             spent(fail(kind, e.to_string(), retryable), &paid)
         })?;
+        Ok((compacted, pruned))
+    }
+}
+
+/// What a commit needs to announce itself: `session.compacted`, and the prune the commit
+/// applied, go on the bus from inside the session's actor, once the commit is durable.
+/// Watchers then hear of it before any later update of the session, as of every
+/// update's events. Published after the commit returned (the job first asks the actor to
+/// record the outcome), it came after the events of updates queued meanwhile: an
+/// overflow of the compacted context read as one from before the compaction.
+struct Announce {
+    hub: Arc<Hub>,
+    session_id: String,
+    compaction_id: String,
+    began: Instant,
+    auto: bool,
+    usage: Option<pb::TokenUsage>,
+    cost: f64,
+    chunks: u32,
+    dropped_chars: u64,
+}
+
+impl Announce {
+    /// The `compacted` event of `done`, published (with its prune) once durable.
+    fn on_commit(
+        self,
+        s: &mut crate::store::Tx<'_>,
+        done: crate::engine::Committed,
+    ) -> (pb::SessionCompacted, Option<PruneReport>) {
         let compacted = pb::SessionCompacted {
             user_message_id: done.user_message_id,
             summary_message_id: done.summary_message_id,
             tokens_before: done.tokens_before,
             tokens_after: done.tokens_after,
             summary_tokens: done.summary_tokens,
-            usage: usage.as_ref().map(super::convert::usage_to_pb),
-            cost,
-            duration_ms: millis(began.elapsed()),
-            auto: self.plan.request.auto,
-            chunks: summary.chunks,
-            dropped_chars: summary.dropped_chars,
+            usage: self.usage,
+            cost: self.cost,
+            duration_ms: millis(self.began.elapsed()),
+            auto: self.auto,
+            chunks: self.chunks,
+            dropped_chars: self.dropped_chars,
         };
-        Ok((compacted, done.pruned))
+        let on_bus = event(
+            &self.session_id,
+            &self.compaction_id,
+            Ce::Compacted(compacted.clone()),
+        );
+        let pruned = done
+            .pruned
+            .as_ref()
+            .and_then(|r| reply::bus_event(&Event::Pruned(r.clone())));
+        let (hub, sid) = (self.hub, self.session_id);
+        s.when_durable(move || {
+            hub.publish(&sid, pb::session_event::Event::Compaction(on_bus));
+            if let Some(p) = pruned {
+                hub.publish(&sid, p);
+            }
+        });
+        (compacted, done.pruned)
     }
 }
 
@@ -675,11 +730,15 @@ impl Link {
     /// [`Self::emit`], handing the caller's sink the prune that follows the event.
     async fn emit_with(&mut self, ev: Ce, pruned: Option<Box<pb::PruneReport>>) {
         let last = matches!(ev, Ce::Compacted(_) | Ce::Failed(_));
+        // `compacted` is on the bus already, from its commit (`Announce`).
+        let on_bus = !matches!(ev, Ce::Compacted(_));
         let e = event(&self.session_id, &self.running.id, ev);
-        self.hub.publish(
-            &self.session_id,
-            pb::session_event::Event::Compaction(e.clone()),
-        );
+        if on_bus {
+            self.hub.publish(
+                &self.session_id,
+                pb::session_event::Event::Compaction(e.clone()),
+            );
+        }
         let Some(sink) = &self.sink else { return };
         let ev_last = last.then(|| e.clone());
         let grace = self.hub.slow_reader_grace;

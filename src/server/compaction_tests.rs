@@ -656,3 +656,79 @@ async fn a_slow_compact_caller_still_reads_the_outcome_of_a_committed_compaction
         .expect("the actor answers");
     assert_eq!(summaries, 1, "the summary is committed");
 }
+
+/// A job on the session's actor that publishes, once durable as an update's events are,
+/// whether the session held a summary when it ran (an overflow whose `reason` says it).
+async fn probe(
+    hub: &Arc<Hub>,
+    handle: &crate::store::SessionHandle,
+) -> oneshot::Receiver<Result<bool, crate::store::StoreError>> {
+    let hub = hub.clone();
+    handle
+        .submit(move |s, _| {
+            let after = s.messages().iter().any(|m| m.info.is_summary());
+            let check = pb::OverflowCheck {
+                reason: if after { "after" } else { "before" }.into(),
+                ..Default::default()
+            };
+            s.when_durable(move || hub.publish(SID, pb::session_event::Event::Overflow(check)));
+            after
+        })
+        .await
+        .expect("queued")
+}
+
+/// Watchers hear `session.compacted` before anything the session's later jobs publish,
+/// in the order the session ran them. Before, the job published it after asking the actor
+/// to record the outcome, behind the jobs queued meanwhile: an overflow of the compacted
+/// context then came first, and read as one from before the compaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchers_hear_compacted_before_what_later_jobs_publish() {
+    let gated = Gated::new("summary");
+    let hub = hub_with_session(gated.clone()).await;
+    let handle = hub.store.get(SID).await.expect("the session");
+    let mut bus = hub.bus.subscribe();
+    start(&hub, SID, Options::default(), None, None)
+        .await
+        .expect("the compaction starts");
+    gated.asked.notified().await;
+    gated.release();
+    // Keeps jobs queued behind the commit (and the job's next call) until several
+    // batches ran after it.
+    let mut after = 0;
+    for _ in 0..10_000 {
+        let mut last = None;
+        for _ in 0..16 {
+            last = Some(probe(&hub, &handle).await);
+        }
+        let ran_after = last
+            .expect("a batch")
+            .await
+            .expect("answered")
+            .expect("ran");
+        if ran_after {
+            after += 1;
+            if after == 4 {
+                break;
+            }
+        }
+    }
+    assert_eq!(after, 4, "the compaction committed");
+    let mut heard_after = 0;
+    loop {
+        let e = bus.recv().await.expect("the bus kept up");
+        match &e.event {
+            Some(pb::session_event::Event::Overflow(c)) if c.reason == "after" => heard_after += 1,
+            Some(pb::session_event::Event::Compaction(c)) => match &c.event {
+                Some(Ce::Compacted(_)) => break,
+                Some(Ce::Failed(f)) => panic!("the compaction failed: {f:?}"),
+                _ => {}
+            },
+            _ => {}
+        }
+    }
+    assert_eq!(
+        heard_after, 0,
+        "jobs run after the commit were heard before session.compacted"
+    );
+}
