@@ -22,14 +22,20 @@ describe("stream writes wait for room", () => {
     await server.stop();
   });
 
-  test("with the server stopped, at most MAX_UNSENT updates wait in the call; all are acked in order after", async () => {
+  // The first burst of 64 KiB updates a debug compactd reads takes it tens of seconds of
+  // CPU on a loaded machine (whichever of these two tests runs first pays it): each test
+  // has room for that, and the package's --test-timeout (on Node 20 a limit for the whole
+  // file) too.
+  test("with the server stopped, at most MAX_UNSENT updates wait in the call; all are acked in order after", { timeout: 180_000 }, async () => {
     // write()'s return value was ignored: with the server stopped, every update sent went
     // into grpc-js' write buffer, without bound.
     const s = c.stream();
     const sid = "backpressure";
     await s.open({ id: sid });
     await s.upsertMessage(sid, userMsg("m1"));
-    const total = 2_000;
+    // 300 past what the call may hold: a stopped server takes a few of them (about 1 MiB
+    // into the socket and its windows) and the rest wait in the stream.
+    const total = MAX_UNSENT + 300;
     server.proc.kill("SIGSTOP");
     const results: Promise<UpdateResult>[] = [];
     let ended: Promise<CompactdError | undefined> | undefined;
@@ -64,7 +70,7 @@ describe("stream writes wait for room", () => {
     assert.equal(await ended, undefined, "a clean end, after the last update's ack");
   });
 
-  test("a host awaiting submit() holds at most MAX_UNSENT updates while the server is stopped", async () => {
+  test("a host awaiting submit() holds at most MAX_UNSENT updates while the server is stopped", { timeout: 180_000 }, async () => {
     const s = c.stream();
     const sid = "submit-waits";
     await s.open({ id: sid });
