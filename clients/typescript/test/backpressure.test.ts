@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { CompactdError, MAX_UNREAD_EVENTS, MAX_UNSENT, type CompactdClient, type SessionEvent, type UpdateResult } from "@compactd/client";
-import { textPart, userMsg, startCompactd, type Compactd } from "./harness.js";
+import { textPart, userMsg, startCompactd, waitFor, type Compactd } from "./harness.js";
 
 /** Resumes a stopped server whatever the test did. */
 function resume(server: Compactd): void {
@@ -89,7 +89,9 @@ describe("stream writes wait for room", () => {
           results.push(result);
         }
       })();
-      // The host waits once the call holds MAX_UNSENT: wait for it to stop moving.
+      // The host waits once the call holds MAX_UNSENT: wait for the call to be full (a
+      // host starved for a moment is not one that waits), then for it to stop moving.
+      await waitFor(() => s.unsent === MAX_UNSENT, 20_000, "the call to hold MAX_UNSENT updates");
       let last = -1;
       for (let still = 0; still < 10; ) {
         await new Promise((r) => setTimeout(r, 50));
@@ -166,13 +168,17 @@ describe("server streams read no further ahead than the host", () => {
       await Promise.all(batch);
     }
     await s.end();
-    await new Promise((r) => setTimeout(r, 2_500)); // past the 1 s grace
+    await waitFor(() => sub.buffered >= MAX_UNREAD_EVENTS, 15_000, "the call to read ahead as far as it may");
+    // Then well past the 1 s grace: compactd drops the watcher before the host reads on.
+    await new Promise((r) => setTimeout(r, 5_000));
     assert.equal(sub.buffered, MAX_UNREAD_EVENTS, "the call read no further ahead");
     const seen: SessionEvent[] = [];
     let idle: NodeJS.Timeout | undefined;
+    // A watcher never dropped would leave the host reading on, then waiting: it gives up
+    // after 10 s without an event (a dropped one ends at once after its last event).
     const stopWhenIdle = () => {
       clearTimeout(idle);
-      idle = setTimeout(() => sub.cancel(), 2_000);
+      idle = setTimeout(() => sub.cancel(), 10_000);
     };
     stopWhenIdle();
     let failure: unknown;
@@ -205,7 +211,7 @@ describe("server streams read no further ahead than the host", () => {
     await sub.ready;
     const total = 400; // more than the call reads ahead, fewer than compactd holds for it
     for (let i = 0; i < total; i++) await c.reportUsage(sid, { tokens: { input: 15_000 + i } });
-    await new Promise((r) => setTimeout(r, 300));
+    await waitFor(() => sub.buffered >= MAX_UNREAD_EVENTS, 15_000, "the call to read ahead as far as it may");
     assert.equal(sub.buffered, MAX_UNREAD_EVENTS);
     const used: number[] = [];
     for await (const e of sub) {
