@@ -258,8 +258,9 @@ export async function startFakeLlm(script: FakeReply[]): Promise<FakeLlm> {
   return fake;
 }
 
-/** Waits until `cond()` holds (polling every 10 ms), or fails after `ms`. */
-export async function waitFor(cond: () => boolean, ms = 5_000, what = "condition"): Promise<void> {
+/** Waits until `cond()` holds (polling every 10 ms), or fails after `ms` (generous: a
+ * loaded machine runs a debug compactd slowly). */
+export async function waitFor(cond: () => boolean, ms = 15_000, what = "condition"): Promise<void> {
   const end = Date.now() + ms;
   while (!cond()) {
     if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
