@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import { getEventListeners } from "node:events";
 import { after, before, describe, test } from "node:test";
 import { ClientUpdate, CompactdClient, CompactdError, type ServerEvent, type OverflowCheck, type PruneReport } from "@compactd/client";
-import { assistantMsg, logOf, startCompactd, textPart, toolPart, userMsg, type Compactd } from "./harness.js";
+import { assistantMsg, logOf, startCompactd, textPart, toolPart, userMsg, waitFor, type Compactd } from "./harness.js";
 
 describe("Stream", () => {
   let server: Compactd;
@@ -258,7 +258,8 @@ describe("Stream", () => {
       await s.open({ id: `signal-${i}` });
       await s.end();
     }
-    await new Promise((r) => setTimeout(r, 200));
+    // Each call's listener goes once its end is processed: wait for that, not a fixed time.
+    await waitFor(() => getEventListeners(ctl.signal, "abort").length === 0, 10_000, "the abort listeners to go").catch(() => undefined);
     assert.equal(getEventListeners(ctl.signal, "abort").length, 0);
   });
 
