@@ -100,21 +100,27 @@ def test_compact_failure_and_subscribe(llm_server: Server, fake: FakeOpenAI, sid
 
 
 def test_compact_on_the_stream_and_cancel(llm_server: Server, fake: FakeOpenAI, sid: str) -> None:
-    fake.push(Reply.text("slow ", "summary", delay=0.3), Reply.text("Summary ", "two."))
+    # The first reply takes 10 s (two chunks 5 s apart): the cancel lands long before it
+    # could commit, however slowly a loaded machine runs compactd.
+    fake.push(Reply.text("slow ", "summary", delay=5), Reply.text("Summary ", "two."))
+
+    def posts() -> int:
+        return len([r for r in fake.requests if r.path.endswith("/chat/completions")])
+
     with Client(llm_server.addr) as c:
         seed(c, sid)
         with c.stream() as s:
-            posts = len([r for r in fake.requests if r.path.endswith("/chat/completions")])
+            before = posts()
             running = s.compact(sid)
             first = next(iter(running))
             assert first.WhichOneof("event") == "started"
             # Cancel once the slow reply is being streamed: `started` comes before the
             # request (and compactd's window discovery) reaches the endpoint, and a cancel
             # before it would leave the slow reply to the next compaction.
-            for _ in range(100):
-                if len([r for r in fake.requests if r.path.endswith("/chat/completions")]) > posts:
-                    break
-                threading.Event().wait(0.02)
+            deadline = time.monotonic() + 10
+            while posts() == before:
+                assert time.monotonic() < deadline, "the summary request never reached the endpoint"
+                time.sleep(0.02)
             running.cancel()
             with pytest.raises(CompactionFailed) as e:
                 running.wait()
