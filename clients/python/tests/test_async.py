@@ -161,9 +161,11 @@ def test_a_cancelled_send_leaves_the_stream_open() -> None:
                 await s.upsert_message(sid, b.user_message("m1"))
                 srv.proc.send_signal(signal.SIGSTOP)
                 earlier = []
+                # A submit waits only once MAX_UNSENT are unsent: 5 s is far longer than any
+                # of those before it takes, on a loaded machine too.
                 with pytest.raises(asyncio.TimeoutError):
                     for i in range(MAX_UNSENT + 300):
-                        earlier.append(await asyncio.wait_for(s.submit(sid, upsert_part=_big_part(i)), 2))
+                        earlier.append(await asyncio.wait_for(s.submit(sid, upsert_part=_big_part(i)), 5))
                 with pytest.raises(asyncio.TimeoutError):
                     await asyncio.wait_for(s.send(sid, upsert_part=_big_part(10_000)), 1)
                 assert s.unsent == MAX_UNSENT  # the rest were written, the server reads none
@@ -210,7 +212,12 @@ def test_close_is_bounded_while_a_write_waits() -> None:
                     futures.append(await s.submit(sid, upsert_part=_big_part(i)))
 
             task = asyncio.ensure_future(host())
-            # Until the writes stop moving: the server reads nothing more.
+            # Until the outbox is full (a host starved for a moment is not one that waits),
+            # then until the writes stop moving: the server reads nothing more.
+            deadline = time.monotonic() + 20
+            while s.unsent < MAX_UNSENT:
+                assert time.monotonic() < deadline, f"the outbox never filled: {s.unsent} unsent"
+                await asyncio.sleep(0.05)
             last, still = -1, 0
             while still < 10:
                 await asyncio.sleep(0.1)

@@ -143,7 +143,12 @@ def test_submit_waits_for_room_while_the_server_is_stopped() -> None:
 
             t = threading.Thread(target=host, daemon=True)
             t.start()
-            # The host blocks once the outbox is full; wait for it to stop moving.
+            # The host blocks once the outbox is full: wait for the outbox to fill (a host
+            # starved for a moment is not one that waits), then for it to stop moving.
+            deadline = time.monotonic() + 20
+            while s.unsent < MAX_UNSENT:
+                assert time.monotonic() < deadline, f"the outbox never filled: {s.unsent} unsent"
+                time.sleep(0.05)
             last, still = -1, 0
             while still < 10:
                 time.sleep(0.1)
