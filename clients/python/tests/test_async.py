@@ -170,7 +170,9 @@ def test_a_cancelled_send_leaves_the_stream_open() -> None:
                     await asyncio.wait_for(s.send(sid, upsert_part=_big_part(10_000)), 1)
                 assert s.unsent == MAX_UNSENT  # the rest were written, the server reads none
                 srv.proc.send_signal(signal.SIGCONT)
-                acked = await asyncio.wait_for(asyncio.gather(*earlier), 30)
+                # A debug compactd reads its first burst of 64 KiB updates slowly: 15 s for
+                # these ~520 on a loaded 2-core machine.
+                acked = await asyncio.wait_for(asyncio.gather(*earlier), 120)
                 assert [r.seq for r in acked] == list(range(3, len(earlier) + 3))
                 assert s.unsent == 0
                 after = await asyncio.wait_for(s.upsert_part(sid, b.text_part("m1", "after", "x")), 30)
