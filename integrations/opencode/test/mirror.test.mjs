@@ -211,7 +211,9 @@ test("a session deleted in OpenCode is deleted in compactd though its mirror sta
 test("a compactd that stops answering does not hold OpenCode's request", async () => {
   const ses = "ses_stalled"
   const all = history(ses, 2).slice(0, 3)
-  const hooks = await hooksFor((id) => (id === ses ? all : []), { timeoutMs: 1500 })
+  // timeoutMs bounds each wait on compactd: long enough for a debug compactd just resumed
+  // on a loaded machine to answer, short against the bound on a held request below.
+  const hooks = await hooksFor((id) => (id === ses ? all : []), { timeoutMs: 3000 })
   try {
     // One turn mirrored and answered.
     const first = { messages: all.slice(0, 1) }
@@ -231,19 +233,19 @@ test("a compactd that stops answering does not hold OpenCode's request", async (
     const started = Date.now()
     const outcome = await Promise.race([
       hooks["experimental.chat.messages.transform"]({}, output).then(() => "returned"),
-      new Promise((resolve) => setTimeout(() => resolve("hung"), 10000)),
+      new Promise((resolve) => setTimeout(() => resolve("hung"), 20000)),
     ])
     assert.equal(outcome, "returned", "the request is not held")
-    assert.ok(Date.now() - started < 5000, `returned after ${Date.now() - started} ms`)
+    assert.ok(Date.now() - started < 10000, `returned after ${Date.now() - started} ms`)
     // OpenCode's own messages go out.
     assert.deepEqual(output.messages, all)
     // compactd answers again: the next request is mirrored (the session loaded whole on
-    // a new stream) and gets compactd's context, without waiting on the lost acks.
+    // a new stream) and gets compactd's context, without waiting on the lost acks (a wait
+    // on them could only end in timeoutMs passing, and OpenCode's own messages sent: the
+    // last assertion).
     server.kill("SIGCONT")
     const next = { messages: [...all] }
-    const again = Date.now()
     await hooks["experimental.chat.messages.transform"]({}, next)
-    assert.ok(Date.now() - again < 1500, `answered after ${Date.now() - again} ms`)
     const held = await client.getSession(ses)
     assert.deepEqual(held.messages.map((m) => m.info.id), all.map((m) => m.info.id))
     assert.notEqual(next.messages[0], all[0], "compactd's context replaced OpenCode's messages")
