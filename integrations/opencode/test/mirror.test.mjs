@@ -582,7 +582,9 @@ test('with compaction "compactd", a request waits for a compaction at most compa
 test('with compaction "compactd", a compaction the watcher did not see start is waited for', async () => {
   // The watcher missed its start (it subscribed after it: a dropped watch, a restart of
   // the plugin): the plugin's own Compact is refused as already running.
-  const llm = await summaryEndpoint("We read the files and fixed nothing yet.", 1500)
+  // Each answer comes 3 s after its request (compactd asks more than once here): the
+  // compaction runs while the plugin starts, mirrors the session and asks for its own.
+  const llm = await summaryEndpoint("We read the files and fixed nothing yet.", 3000)
   const addr = `127.0.0.1:${await freePort()}`
   const own = spawn(BIN, ["serve", "--listen", addr, "--durability", "memory", "--llm-base-url", llm.url, "--llm-model", "m", "--llm-context-tokens", "32000"], { stdio: ["ignore", "ignore", "pipe"] })
   own.stderr.on("data", () => {})
@@ -602,7 +604,8 @@ test('with compaction "compactd", a compaction the watcher did not see start is 
     await probe.waitForReady(15000)
     await probe.importSession({ sessionId: ses, export: { info: { id: ses }, messages: all }, limits: { context: 8000, output: 1000 } })
     const running = probe.compact(ses).result()
-    await new Promise((r) => setTimeout(r, 200))
+    // Running once its summary request reached the endpoint.
+    await until("the summary request", () => llm.requests.length === 1, 15000)
     hooks = await plugin({ client: opencode }, { address: addr, recall: false, compaction: "compactd" })
     // The plugin follows the session from its first message (no reload, which would
     // replace the session and cancel the compaction).
