@@ -190,15 +190,17 @@ test("a session deleted in OpenCode is deleted in compactd though its mirror sta
     for (const ses of ["ses_del_a", "ses_del_b"]) {
       await hooks.event({ event: { type: "message.updated", properties: { info: history(ses, 1)[0].info } } })
       let held
-      for (let i = 0; i < 100 && !held?.messages?.length; i++) {
+      const heldBy = Date.now() + 15000
+      while (!held?.messages?.length && Date.now() < heldBy) {
         held = await client.getSession(ses).catch(() => undefined)
-        await new Promise((r) => setTimeout(r, 20))
+        if (!held?.messages?.length) await new Promise((r) => setTimeout(r, 20))
       }
       assert.ok(held?.messages?.length, `${ses} is in compactd`)
     }
     await hooks.event({ event: { type: "session.deleted", properties: { info: { id: "ses_del_a" } } } })
     let gone
-    for (let i = 0; i < 100 && !gone; i++) {
+    const goneBy = Date.now() + 15000
+    while (!gone && Date.now() < goneBy) {
       gone = await client.getSession("ses_del_a").then(() => undefined, (e) => e)
       if (!gone) await new Promise((r) => setTimeout(r, 20))
     }
