@@ -192,9 +192,13 @@ describe("Compact and Subscribe", () => {
     const sid = "cmp-4";
     await seeded(sid);
     const aborted = fake.aborted;
+    const sent = fake.requests.length;
     const s = c.stream();
     const run = await s.compact(sid);
-    await waitFor(() => fake.requests.some((r) => JSON.stringify(r.messages).includes("user turn 3")) && fake.requests.length > 0, 15_000, "the LLM request");
+    // This compaction's own request, not any request holding "user turn 3" (earlier
+    // tests' do; this one's summarizes turn 1 only), which was true at once: a cancel
+    // before the request is sent leaves none to drop.
+    await waitFor(() => fake.requests.length > sent, 15_000, "the LLM request");
     await assert.rejects(c.compact(sid).result(), (e: unknown) => {
       assert.ok(e instanceof CompactdError);
       assert.equal(e.codeName, "FAILED_PRECONDITION");
