@@ -138,7 +138,7 @@ def test_submit_waits_for_room_while_the_server_is_stopped() -> None:
 
             def host() -> None:
                 for i in range(total):
-                    text = f"{i:06d}" + "x" * (64 << 10)  # fills gRPC's windows quickly
+                    text = f"{i:06d}" + "x" * (16 << 10)  # fills gRPC's windows quickly
                     futures.append(s.submit(sid, upsert_part=b.text_part("m1", f"p{i}", text)))
 
             t = threading.Thread(target=host, daemon=True)
