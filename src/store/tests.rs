@@ -1,5 +1,9 @@
 //! The store's own guarantees: idle actors evict themselves without losing a racing
 //! update, and the byte total follows every session.
+//!
+//! The idle TTL runs on tokio's clock (the store's clock and the actors' timers are
+//! `tokio::time`): tests of it on one thread pause that clock, so a loaded machine
+//! cannot stretch the time between two steps past a TTL.
 
 use std::time::Duration;
 
@@ -26,7 +30,7 @@ async fn next_eviction(evictions: &mut mpsc::UnboundedReceiver<Evicted>) -> Evic
         .expect("the store is alive")
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_idle_session_evicts_itself_and_a_handle_taken_before_cannot_reach_it() {
     let store = store();
     let mut evictions = store.evict_idle_after(Duration::from_millis(50));
@@ -42,7 +46,7 @@ async fn an_idle_session_evicts_itself_and_a_handle_taken_before_cannot_reach_it
     assert_eq!(late, Err(StoreError::NotFound("s".into())));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn sessions_used_within_the_ttl_are_kept() {
     let store = store();
     let mut evictions = store.evict_idle_after(Duration::from_millis(200));
@@ -59,7 +63,7 @@ async fn sessions_used_within_the_ttl_are_kept() {
 /// at more often than its TTL still leaves one TTL after its last use. Before, each
 /// listing counted as use (a dashboard polling faster than the TTL kept every session in
 /// memory, and a session just listed ranked as recently used under memory pressure).
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_session_only_looked_at_leaves_a_ttl_after_its_last_use() {
     let store = store();
     let mut evictions = store.evict_idle_after(Duration::from_millis(200));
@@ -105,7 +109,7 @@ async fn an_update_queued_while_the_actor_decides_keeps_the_session() {
     assert_eq!(next_eviction(&mut evictions).await.session_id, "s");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_deleted_session_is_not_announced_as_evicted() {
     let store = store();
     let mut evictions = store.evict_idle_after(Duration::from_millis(30));
@@ -149,7 +153,7 @@ async fn the_total_follows_every_session_and_returns_to_zero() {
     assert_eq!(store.held_bytes(), b.held_bytes());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_evicted_session_gives_its_bytes_back() {
     let store = store();
     let mut evictions = store.evict_idle_after(Duration::from_millis(30));
