@@ -92,13 +92,17 @@ async fn a_session_only_looked_at_leaves_a_ttl_after_its_last_use() {
     reason = "the map lock is held on purpose while the update is queued"
 )]
 async fn an_update_queued_while_the_actor_decides_keeps_the_session() {
+    // Real time (two threads, and the map lock held by a blocked one): the TTL is long
+    // enough that the checks after the update fit in it on a loaded machine, and the lock
+    // is held for several TTLs so the actor's has run out while it is held.
+    const TTL: Duration = Duration::from_secs(1);
     let store = store();
-    let mut evictions = store.evict_idle_after(Duration::from_millis(30));
+    let mut evictions = store.evict_idle_after(TTL);
     let (handle, _) = store.open(info("s")).await.expect("open");
     let result = {
         // Holding the map lock: the actor's TTL runs out and it waits here to leave.
         let _map = store.write();
-        std::thread::sleep(Duration::from_millis(150));
+        std::thread::sleep(3 * TTL);
         // An update through a handle taken before: queued while the actor decides.
         handle.submit(|_, _| 42).await.expect("queued")
     };
