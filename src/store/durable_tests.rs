@@ -87,6 +87,20 @@ pub(super) async fn feed(h: &SessionHandle, updates: Vec<Update>) {
     }
 }
 
+/// Turns idle eviction on (`ttl`) once the session behind `h` is set up, and arms it: an
+/// actor reads the TTL when it wakes, so `h` runs one more job. A short TTL on from the
+/// open would race the setup: a step of it stretched past the TTL on a loaded machine
+/// sent the session cold under the test (its next call NOT_FOUND).
+async fn idle_eviction_from_now(
+    store: &Store,
+    h: &SessionHandle,
+    ttl: Duration,
+) -> mpsc::UnboundedReceiver<Evicted> {
+    let evictions = store.evict_idle_after(ttl);
+    h.call(|_, _| ()).await.expect("the TTL armed");
+    evictions
+}
+
 /// Session `id` as a store newly opened on `dir` loads it back (the store closed after).
 async fn on_disk(dir: &std::path::Path, id: &str) -> String {
     let store = durable(dir, Limits::default(), 0);
@@ -233,10 +247,10 @@ async fn an_imported_session_is_not_snapshotted_again_before_its_log_reaches_its
 async fn an_idle_session_goes_cold_and_loads_back_on_its_next_use() {
     let d = tempfile::tempdir().expect("dir");
     let store = durable(d.path(), Limits::default(), 0);
-    let mut evictions = store.evict_idle_after(Duration::from_millis(50));
     let (h, _) = store.open(info("s")).await.expect("open");
     feed(&h, turn(0, 2, 2_000)).await;
     let before = observed(&h).await;
+    let mut evictions = idle_eviction_from_now(&store, &h, Duration::from_millis(50)).await;
     let evicted = tokio::time::timeout(Duration::from_secs(5), evictions.recv())
         .await
         .expect("evicted in time")
@@ -244,6 +258,8 @@ async fn an_idle_session_goes_cold_and_loads_back_on_its_next_use() {
     assert_eq!((evicted.reason, evicted.cold), ("idle", true));
     assert_eq!((store.len(), store.hot_len()), (1, 0));
     assert_eq!(store.cold_ids(), vec!["s".to_string()]);
+    // Loaded back, it must not go cold again before the checks below.
+    drop(store.evict_idle_after(Duration::from_secs(3600)));
     // The old handle is refused (NOT_FOUND) like after any eviction, and hands the job
     // back; the store loads the session, and the same job is queued there (as the server
     // does for a session sent cold between its `get` and its queueing).
@@ -271,12 +287,12 @@ async fn an_idle_session_goes_cold_and_loads_back_on_its_next_use() {
 async fn a_session_loaded_back_keeps_its_generation_and_a_replacement_does_not() {
     let d = tempfile::tempdir().expect("dir");
     let store = durable(d.path(), Limits::default(), 0);
-    let mut evictions = store.evict_idle_after(Duration::from_millis(50));
     let (h, _) = store.open(info("s")).await.expect("open");
     feed(&h, turn(0, 2, 2_000)).await;
     let generation =
         |h: SessionHandle| async move { h.call(|s, _| s.generation()).await.expect("answered") };
     let first = generation(h.clone()).await;
+    let mut evictions = idle_eviction_from_now(&store, &h, Duration::from_millis(50)).await;
     tokio::time::timeout(Duration::from_secs(5), evictions.recv())
         .await
         .expect("evicted in time")
@@ -381,9 +397,9 @@ async fn a_session_alone_past_the_high_water_mark_stays_in_memory_across_updates
 async fn delete_removes_a_session_from_disk_hot_or_cold() {
     let d = tempfile::tempdir().expect("dir");
     let store = durable(d.path(), Limits::default(), 0);
-    let mut evictions = store.evict_idle_after(Duration::from_millis(50));
     let (a, _) = store.open(info("a")).await.expect("open");
     feed(&a, turn(0, 1, 100)).await;
+    let mut evictions = idle_eviction_from_now(&store, &a, Duration::from_millis(50)).await;
     tokio::time::timeout(Duration::from_secs(5), evictions.recv())
         .await
         .expect("a goes cold")
@@ -794,10 +810,11 @@ async fn under_interval_a_session_does_not_go_cold_before_its_first_write_is_kno
     let d = tempfile::tempdir().expect("dir");
     let backend = Faulty::open(d.path(), Some(Duration::from_millis(300)));
     let store = store_over(Arc::new(backend));
-    let mut evictions = store.evict_idle_after(Duration::from_millis(50));
     let (h, created) = store.open(info("s")).await.expect("acknowledged at once");
     assert!(created);
     let before = observed(&h).await;
+    // Idle for 50 ms from here, well before the `Create` fails (300 ms after the open).
+    let mut evictions = idle_eviction_from_now(&store, &h, Duration::from_millis(50)).await;
     drop(h);
     let evicted = tokio::time::timeout(Duration::from_secs(10), evictions.recv())
         .await
@@ -926,9 +943,9 @@ async fn a_stored_session_far_past_the_limit_is_refused_unread() {
     {
         // Sent cold: written whole as its snapshot.
         let store = durable(d.path(), Limits::default(), 0);
-        let mut evictions = store.evict_idle_after(Duration::from_millis(50));
         let (h, _) = store.open(info("big")).await.expect("open");
         feed(&h, turn(0, 4, 50_000)).await;
+        let mut evictions = idle_eviction_from_now(&store, &h, Duration::from_millis(50)).await;
         drop(h);
         tokio::time::timeout(Duration::from_secs(5), evictions.recv())
             .await
