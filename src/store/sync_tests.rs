@@ -190,7 +190,10 @@ async fn a_refused_delete_whose_caller_went_away_leaves_the_session_as_it_was() 
     let backend = Arc::new(Faulty::sync(d.path(), None));
     let store = store_over(backend.clone());
     let held = session_s(&store).await;
-    backend.fail_after_ms.store(200, SeqCst);
+    // The refusal comes long after the caller gives up, however late the runtime runs
+    // it: with 200 ms, a worker stalled 180 ms past the caller's deadline found both
+    // ready and the delete answered first.
+    backend.fail_after_ms.store(1_000, SeqCst);
     backend.fail_all.store(true, SeqCst);
     let gone = tokio::time::timeout(Duration::from_millis(20), store.remove("s")).await;
     assert!(gone.is_err(), "the caller gave up first");
@@ -210,14 +213,17 @@ async fn a_refused_delete_whose_caller_went_away_leaves_the_session_as_it_was() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_delete_does_not_put_back_a_session_whose_actor_ended() {
     let d = tempfile::tempdir().expect("dir");
-    let backend = Arc::new(Faulty::sync(d.path(), Some(Duration::from_millis(50))));
+    // The delete must go out before the `Create` fails (1 s after it went out), and be
+    // refused after (2 s after it went out). With 50 ms for the first, a loaded machine
+    // let the `Create` fail before the delete: the session was gone, nothing to refuse.
+    let backend = Arc::new(Faulty::sync(d.path(), Some(Duration::from_secs(1))));
     let store = Arc::new(store_over(backend.clone()));
     let opening = tokio::spawn({
         let store = store.clone();
         async move { store.open(info("s")).await.map(drop) }
     });
     until("the new session is in the map", || store.hot_len() == 1).await;
-    backend.fail_after_ms.store(200, SeqCst);
+    backend.fail_after_ms.store(2_000, SeqCst);
     backend.fail_all.store(true, SeqCst);
     assert!(store.remove("s").await.is_err(), "the delete was refused");
     assert!(
