@@ -320,23 +320,29 @@ async fn unread_call(
     (send, response.into_body())
 }
 
-/// The binary with metrics on and a slow-reader grace of 1 s.
+/// The slow-reader grace of the tests that wait for unread replies or events to be
+/// dropped: short next to the default (10 s), long enough that what they check while the
+/// replies are still held (scrapes, a refused update) fits in it on a slow, loaded machine
+/// (with 1 s a scrape could come after the drop).
+const SHORT_GRACE_SECS: &str = "5";
+
+/// The binary with metrics on and a slow-reader grace of [`SHORT_GRACE_SECS`].
 fn with_metrics_and_a_short_grace() -> Binary {
     Binary::start(
         &[
             "--metrics-listen",
             "127.0.0.1:0",
             "--slow-reader-grace-secs",
-            "1",
+            SHORT_GRACE_SECS,
         ],
         &[],
     )
 }
 
-/// Waits up to 10 s for `compactd_bytes_in_flight` to satisfy `ok`; returns the last
-/// value read.
+/// Waits up to 30 s (several graces) for `compactd_bytes_in_flight` to satisfy `ok`;
+/// returns the last value read.
 async fn in_flight_until(metrics: &str, ok: impl Fn(f64) -> bool) -> f64 {
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
         let now = metric(&scrape(metrics).await, "compactd_bytes_in_flight");
         if ok(now) || tokio::time::Instant::now() >= deadline {
@@ -477,7 +483,7 @@ async fn replies_left_unread_for_the_grace_are_dropped_and_free_the_share() {
             "--memory-budget",
             "50331648",
             "--slow-reader-grace-secs",
-            "1",
+            SHORT_GRACE_SECS,
         ],
         &[],
     );
