@@ -64,10 +64,13 @@ async fn health(addr: &str) -> ServingStatus {
 
 #[tokio::test]
 async fn sigterm_lets_the_running_compaction_finish_then_closes_streams_and_exits_0() {
-    // A summary that takes ~1.2 s to stream.
-    let chunks: Vec<String> = (0..12).map(|i| format!("part {i}. ")).collect();
-    let fake = FakeLlm::start(vec![Reply::slow(chunks, Duration::from_millis(100))]).await;
-    let mut bin = start(&fake, 10);
+    // A summary that takes ~10 s to stream: everything checked below between the SIGTERM
+    // and its end (health polls, two refused calls, a scrape) must happen while it still
+    // runs, on a slow, loaded machine too (1.2 s was not always enough). The binary's
+    // summary deadline (120 s by default) and the drain deadline (60 s) leave it room.
+    let chunks: Vec<String> = (0..40).map(|i| format!("part {i}. ")).collect();
+    let fake = FakeLlm::start(vec![Reply::slow(chunks, Duration::from_millis(250))]).await;
+    let mut bin = start(&fake, 60);
     let addr = bin.addr.clone();
     let mut client = pb::sessions_client::SessionsClient::connect(format!("http://{addr}"))
         .await
@@ -95,13 +98,11 @@ async fn sigterm_lets_the_running_compaction_finish_then_closes_streams_and_exit
 
     bin.sigterm();
     // Health turns NOT_SERVING while the compaction still runs.
-    let mut status = ServingStatus::Serving;
-    for _ in 0..40 {
-        status = health(&addr).await;
-        if status == ServingStatus::NotServing {
-            break;
-        }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut status = health(&addr).await;
+    while status != ServingStatus::NotServing && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(25)).await;
+        status = health(&addr).await;
     }
     assert_eq!(status, ServingStatus::NotServing);
     // New streams and compactions are refused.
