@@ -305,7 +305,11 @@ async fn a_chunked_import_that_pauses_past_the_grace_is_refused_and_given_back()
 
 #[tokio::test]
 async fn a_chunked_import_that_trickles_is_refused() {
-    let server = tight(Duration::from_millis(300)).await;
+    // A chunk every 200 ms, far under the rate; the grace (3 s) is far longer than a gap
+    // between two chunks, even on a loaded machine, so the rate rule is what refuses it
+    // (3 s of grace, then ~1 s more at 100 bytes a chunk: about chunk 20 of 41), not the
+    // pause rule.
+    let server = tight(Duration::from_secs(3)).await;
     let mut c = server.client().await;
     let doc = padded("s", 4 << 10);
     let pieces: Vec<Vec<u8>> = doc.chunks(100).map(<[u8]>::to_vec).collect();
