@@ -278,7 +278,9 @@ async fn one_import_may_send_half_the_in_flight_share_and_several_no_more_than_a
 
 #[tokio::test]
 async fn a_chunked_import_that_pauses_past_the_grace_is_refused_and_given_back() {
-    let server = tight(Duration::from_millis(300)).await;
+    // A grace far longer than a stall of a loaded machine between two chunks sent at once
+    // (with 300 ms, the import below that must go through could be refused for one).
+    let server = tight(Duration::from_secs(2)).await;
     let mut c = server.client().await;
     let began = std::time::Instant::now();
     let status = paused(&c, "s", padded("s", 250 << 10))
@@ -288,10 +290,11 @@ async fn a_chunked_import_that_pauses_past_the_grace_is_refused_and_given_back()
     assert!(
         status
             .message()
-            .contains("no chunk of the import for 300 ms"),
+            .contains("no chunk of the import for 2000 ms"),
         "{status:?}"
     );
-    assert!(began.elapsed() < Duration::from_secs(10), "{status:?}");
+    // Ended by the grace, not left waiting for the client.
+    assert!(began.elapsed() < Duration::from_secs(30), "{status:?}");
     let summary = c
         .import_session_chunked(tokio_stream::iter(chunks(
             request("t"),
