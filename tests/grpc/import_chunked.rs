@@ -4,7 +4,9 @@
 
 use compactd::server::ServerOptions;
 use compactd::server::pb;
+use compactd::store::Ledger;
 use compactd::store::Limits;
+use std::sync::Arc;
 use std::time::Duration;
 use tonic::Code;
 
@@ -189,24 +191,39 @@ async fn a_malformed_chunked_import_names_its_field_and_leaves_the_session_as_it
 /// most 256 KiB (a request at most 64 KiB, so the share binds); and a slow-reader grace
 /// of `grace`.
 async fn tight(grace: Duration) -> TestServer {
+    tight_with_ledger(grace).await.0
+}
+
+/// [`tight`], and its store's ledger (to see what the imports hold in flight).
+async fn tight_with_ledger(grace: Duration) -> (TestServer, Arc<Ledger>) {
     let limits = Limits {
         memory_budget: 4 << 20,
         ..Limits::default()
     };
-    serve(limits, SMALL_CAP, grace).await
+    serve_with_ledger(limits, SMALL_CAP, grace).await
 }
 
 /// A server whose store holds to `limits`, taking requests up to `max_update_bytes`, with
 /// a slow-reader grace of `grace`.
 async fn serve(limits: Limits, max_update_bytes: usize, grace: Duration) -> TestServer {
+    serve_with_ledger(limits, max_update_bytes, grace).await.0
+}
+
+/// [`serve`], and its store's ledger.
+async fn serve_with_ledger(
+    limits: Limits,
+    max_update_bytes: usize,
+    grace: Duration,
+) -> (TestServer, Arc<Ledger>) {
     let store =
         compactd::store::Store::new(chars4_unless_named(Default::default())).with_limits(limits);
+    let ledger = store.ledger().clone();
     let options = ServerOptions {
         slow_reader_grace: grace,
         max_update_bytes,
         ..ServerOptions::default()
     };
-    start_server_on(store, options).await
+    (start_server_on(store, options).await, ledger)
 }
 
 /// `doc` in pieces of 32 KiB, under the tight server's request cap.
@@ -237,7 +254,7 @@ fn paused(c: &Client, id: &str, first: Vec<u8>) -> tokio::task::JoinHandle<tonic
 
 #[tokio::test]
 async fn one_import_may_send_half_the_in_flight_share_and_several_no_more_than_all_of_it() {
-    let server = tight(Duration::from_secs(3)).await;
+    let (server, ledger) = tight_with_ledger(Duration::from_secs(5)).await;
     let mut c = server.client().await;
     let call = chunks(request("s"), vec![vec![b' '; 32 << 10]; 10]);
     let status = assert_status(
@@ -246,10 +263,20 @@ async fn one_import_may_send_half_the_in_flight_share_and_several_no_more_than_a
         "over the 262144 bytes one import may send (half the in-flight share of memory_budget",
     );
     assert!(status.message().starts_with("export_json"), "{status:?}");
-    // Two imports of 200 KiB hold 400 KiB while they pause: a third finds no room.
+    // Two imports of 200 KiB hold 400 KiB while they pause: a third finds no room. Each
+    // holds at least what it received and only grows until it is refused for its pause,
+    // so once 400 KiB are held the 112 KiB left of the 512 KiB share cannot take a third.
     let a = paused(&c, "a", padded("a", 200 << 10));
     let b = paused(&c, "b", padded("b", 200 << 10));
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while ledger.in_flight() < 400 << 10 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the two paused imports hold 400 KiB within 20 s: {}",
+            ledger.in_flight()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let third = c
         .import_session_chunked(tokio_stream::iter(chunks(
             request("c"),
