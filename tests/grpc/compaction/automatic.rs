@@ -241,9 +241,11 @@ async fn a_compaction_that_leaves_the_context_over_waits_two_finished_messages()
 
 #[tokio::test]
 async fn after_an_automatic_compaction_the_context_has_the_documented_order() {
+    // ~6 s of summary: the four updates of another stream are acked while it streams, on
+    // a loaded machine too (2 x 300 ms was not always enough).
     let fake = FakeLlm::start(vec![Reply::slow(
         ["auto ", "summary"],
-        Duration::from_millis(300),
+        Duration::from_secs(3),
     )])
     .await;
     let server = server_with_llm(&fake).await;

@@ -13,9 +13,11 @@ use crate::common::*;
 
 #[tokio::test]
 async fn one_compaction_at_a_time_and_updates_keep_flowing() {
+    // ~6 s of summary: the refused second Compact, a new stream and three acks all come
+    // while it streams, on a loaded machine too (3 x 150 ms was not always enough).
     let fake = FakeLlm::start(vec![Reply::slow(
         ["slow ", "summary ", "text"],
-        Duration::from_millis(150),
+        Duration::from_secs(2),
     )])
     .await;
     let server = server_with_llm(&fake).await;

@@ -79,10 +79,13 @@ async fn a_stream_cut_after_tokens_is_not_retried_and_changes_nothing() {
 
 #[tokio::test]
 async fn a_timeout_while_tokens_are_streaming_fails_and_changes_nothing() {
-    // A token every 250 ms, twenty of them; the whole summary may take 600 ms.
+    // A token every second, twenty of them; the whole summary may take 5 s: the first
+    // token comes 4 s before the deadline and the last would come 15 s after it, so a
+    // loaded machine sees both some tokens and the cut (with 250 ms and 600 ms, a slow
+    // start could leave no token before the deadline).
     let chunks: Vec<String> = (0..20).map(|i| format!("t{i} ")).collect();
-    let fake = FakeLlm::start(vec![Reply::slow(chunks, Duration::from_millis(250))]).await;
-    let server = server_with(&fake, |c| c.timeout = Duration::from_millis(600)).await;
+    let fake = FakeLlm::start(vec![Reply::slow(chunks, Duration::from_secs(1))]).await;
+    let server = server_with(&fake, |c| c.timeout = Duration::from_secs(5)).await;
     let mut client = server.client().await;
     seed_session(&mut client, SID).await;
     let before = get_session(&mut client, SID).await;
