@@ -354,8 +354,13 @@ async fn the_wire_format_is_openais_frame_by_frame() {
 
 #[tokio::test]
 async fn slow_deltas_arrive_one_by_one_over_time() {
+    // Not the gaps between arrivals: the client and the fake share a runtime, so a pause
+    // of the machine can deliver two deltas together. What a pause cannot do is make the
+    // stream end sooner than its delays allow, or merge two chunks into one.
     let delay = Duration::from_millis(40);
-    let fake = FakeLlm::start(vec![Reply::slow(["a", "b", "c"], delay)]).await;
+    let scripted = ["a", "b", "c"];
+    let fake = FakeLlm::start(vec![Reply::slow(scripted, delay)]).await;
+    let asked = Instant::now();
     let mut stream = client(&fake)
         .chat()
         .create_stream(request("hi", None))
@@ -364,20 +369,29 @@ async fn slow_deltas_arrive_one_by_one_over_time() {
     let mut arrivals = Vec::new();
     while let Some(item) = stream.next().await {
         let chunk = item.expect("a chunk");
-        let content = chunk.choices.first().and_then(|c| c.delta.content.clone());
-        if let Some(c) = content.filter(|c| !c.is_empty()) {
+        let contents: Vec<String> = chunk
+            .choices
+            .iter()
+            .filter_map(|c| c.delta.content.clone())
+            .filter(|c| !c.is_empty())
+            .collect();
+        assert!(
+            contents.len() <= 1,
+            "one delta per chunk, not several: {contents:?}"
+        );
+        if let Some(c) = contents.into_iter().next() {
             arrivals.push((c, Instant::now()));
         }
     }
     let texts: Vec<&str> = arrivals.iter().map(|(c, _)| c.as_str()).collect();
-    assert_eq!(texts, ["a", "b", "c"]);
-    for pair in arrivals.windows(2) {
-        let gap = pair[1].1 - pair[0].1;
-        assert!(
-            gap >= delay / 2,
-            "deltas were not flushed separately: {gap:?}"
-        );
-    }
+    assert_eq!(texts, scripted, "each scripted delta in a chunk of its own");
+    // The fake sleeps `delay` before each delta: the last cannot come before them all.
+    let last = arrivals.last().expect("deltas").1 - asked;
+    let floor = delay * u32::try_from(scripted.len() - 1).expect("few");
+    assert!(
+        last >= floor,
+        "the deltas were not paced: the last came {last:?} after the request"
+    );
 }
 
 #[tokio::test]
