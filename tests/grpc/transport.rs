@@ -23,8 +23,14 @@ async fn the_server_advertises_its_stream_limit_and_receive_window() {
         .handshake::<_, tonic::codegen::Bytes>(tcp)
         .await
         .expect("h2 handshake");
-    // Drive the connection until the server's SETTINGS have arrived.
-    let _ = tokio::time::timeout(Duration::from_millis(300), &mut conn).await;
+    // Drive the connection until the server's SETTINGS have arrived (until then h2
+    // reports its own default), at most 10 s.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while conn.max_concurrent_send_streams() != MAX_CONCURRENT_STREAMS as usize
+        && tokio::time::Instant::now() < deadline
+    {
+        let _ = tokio::time::timeout(Duration::from_millis(50), &mut conn).await;
+    }
     assert_eq!(
         conn.max_concurrent_send_streams(),
         MAX_CONCURRENT_STREAMS as usize
