@@ -1,11 +1,12 @@
 //! Limits: each returns RESOURCE_EXHAUSTED naming the limit and its value, and leaves the
 //! server and the other sessions working; idle sessions are evicted with an event.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use compactd::config::EngineConfig;
 use compactd::server::{ServerOptions, pb};
-use compactd::store::{Limits, Store};
+use compactd::store::{Ledger, Limits, Store};
 use tokio_stream::StreamExt;
 
 use crate::common::*;
@@ -282,11 +283,45 @@ async fn idle_sessions_are_evicted_with_an_event_and_busy_ones_stay() {
     get_context(&mut c, "busy").await;
 }
 
+/// A server with the default engine config and `grace`, and its store's ledger (to see
+/// what its streams hold in flight).
+async fn server_with_grace(grace: Duration) -> (TestServer, Arc<Ledger>) {
+    let store = Store::new(chars4_unless_named(EngineConfig::default()));
+    let ledger = store.ledger().clone();
+    let options = ServerOptions {
+        slow_reader_grace: grace,
+        ..Default::default()
+    };
+    (start_server_on(store, options).await, ledger)
+}
+
+/// In-flight bytes that show a stream's event buffer filling for a client that reads
+/// nothing: ~330 of its 1,024 answers of ~12 KB. Far more than the writer can buffer
+/// between two turns of the connection that takes events while HTTP/2's windows are
+/// open, and far less than the full buffer.
+const BUFFER_FILLING: u64 = 4 << 20;
+
+/// Waits up to 30 s for `ledger`'s in-flight bytes to satisfy `ok`; panics naming `what`
+/// otherwise.
+async fn in_flight_until(ledger: &Ledger, what: &str, ok: impl Fn(u64) -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !ok(ledger.in_flight()) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what} within 30 s: {} bytes in flight",
+            ledger.in_flight()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Session "slow" with a ~12 KB context (each answer to a context request is that big),
-/// and a Stream asking for it `asked` times, none of it read for 1.5 s. Returns the
+/// and a Stream asking for it `asked` times, none of it read; returns once the answers
+/// fill the server's event buffer ([`BUFFER_FILLING`] in flight on `ledger`). Returns the
 /// stream's events and the task sending (it blocks once the server stops reading).
 async fn contexts_asked_unread(
     c: &mut Client,
+    ledger: &Ledger,
     asked: u64,
 ) -> (
     tonic::Streaming<pb::ServerEvent>,
@@ -315,26 +350,35 @@ async fn contexts_asked_unread(
             }
         }
     });
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    in_flight_until(ledger, "the unread answers fill the event buffer", |b| {
+        b >= BUFFER_FILLING
+    })
+    .await;
     (events, sender)
 }
 
 #[tokio::test]
 async fn a_stream_client_that_stops_reading_is_disconnected_and_its_session_kept() {
-    let server = start_server_with_options(ServerOptions {
-        slow_reader_grace: Duration::from_millis(300),
-        ..Default::default()
-    })
-    .await;
+    // A grace long enough that the buffer is seen filling before it is dropped, on a
+    // loaded machine too.
+    let (server, ledger) = server_with_grace(Duration::from_secs(3)).await;
     let mut c = server.client().await;
     // Ask for far more than the event buffer and the HTTP/2 windows hold, reading
     // nothing back. The sender blocks once the server stops reading from this stream.
-    let (mut events, sender) = contexts_asked_unread(&mut c, 5_000).await;
+    let (mut events, sender) = contexts_asked_unread(&mut c, &ledger, 5_000).await;
 
     // Another client is not held up meanwhile.
     let mut other = server.client().await;
     open_session(&mut other, session("other")).await;
     put_message(&mut other, "other", user_msg("x")).await;
+
+    // After the grace the buffered answers are dropped and their bytes given back (the
+    // stream ended, nothing more is read from it): only then may the client read, or it
+    // would take them all.
+    in_flight_until(&ledger, "the unread answers dropped after the grace", |b| {
+        b == 0
+    })
+    .await;
 
     // Reading now: what HTTP/2 held, then the closing status.
     let (mut acked, mut last_seq) = (0u64, 0u64);
@@ -424,15 +468,11 @@ async fn an_open_with_a_title_past_half_the_share_is_answered() {
 /// panicked and the client got a clean end (status OK) with answers missing.
 #[tokio::test]
 async fn a_huge_slow_reader_grace_waits_for_the_client_and_answers_every_update() {
-    let server = start_server_with_options(ServerOptions {
-        slow_reader_grace: Duration::from_secs(u64::MAX),
-        ..Default::default()
-    })
-    .await;
+    let (server, ledger) = server_with_grace(Duration::from_secs(u64::MAX)).await;
     let mut c = server.client().await;
     const ASKED: u64 = 2_000;
-    // Not reading while the buffer fills past its 1,024 events.
-    let (mut events, sender) = contexts_asked_unread(&mut c, ASKED).await;
+    // Not reading while the buffer fills towards its 1,024 events.
+    let (mut events, sender) = contexts_asked_unread(&mut c, &ledger, ASKED).await;
     let mut answered = 0u64;
     let end = tokio::time::timeout(Duration::from_secs(60), async {
         while let Some(ev) = events.next().await {

@@ -626,13 +626,15 @@ async fn a_compact_call_given_up_on_ends_with_an_error_not_a_clean_end() {
     use prost::Message as _;
     // 3,000 deltas of 1 KB: far more than the call's channel and HTTP/2 windows hold.
     let fake = FakeLlm::start(vec![Reply::text(vec!["x".repeat(1_000); 3_000])]).await;
-    let server = start_server_with(
+    let store = compactd::store::Store::new(chars4_unless_named(acp_config()));
+    let ledger = store.ledger().clone();
+    let server = start_server_on(
+        store,
         ServerOptions {
             compaction: compaction_config(llm_config(&fake)),
             slow_reader_grace: std::time::Duration::from_millis(300),
             ..Default::default()
         },
-        acp_config(),
     )
     .await;
     let mut client = server.client().await;
@@ -648,7 +650,19 @@ async fn a_compact_call_given_up_on_ends_with_an_error_not_a_clean_end() {
         vec![request],
     )
     .await;
-    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+    // The compaction holds its prompt in flight from its start (before the call's
+    // headers) to its end, and cannot end while its caller reads nothing but by being
+    // given up on: once nothing is in flight, it was. Reading before would take its events
+    // and let it finish.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    while ledger.in_flight() != 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the compaction was not given up on within 30 s: {} bytes in flight",
+            ledger.in_flight()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     let trailers = tokio::time::timeout(std::time::Duration::from_secs(10), async {
         while let Some(chunk) = recv.data().await {
             let Ok(chunk) = chunk else { return None };
