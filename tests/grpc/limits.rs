@@ -240,8 +240,11 @@ async fn max_parts_per_message_refuses_one_more_and_keeps_the_session() {
 
 #[tokio::test]
 async fn idle_sessions_are_evicted_with_an_event_and_busy_ones_stay() {
+    // A TTL far longer than a stall of a loaded machine between two uses of `busy` 60 ms
+    // apart (with 400 ms, one stall could evict it too).
+    const TTL: Duration = Duration::from_secs(2);
     let server = start_server_with_options(ServerOptions {
-        idle_ttl: Some(Duration::from_millis(400)),
+        idle_ttl: Some(TTL),
         ..Default::default()
     })
     .await;
@@ -255,16 +258,19 @@ async fn idle_sessions_are_evicted_with_an_event_and_busy_ones_stay() {
         .into_inner();
     open_session(&mut c, session("idle")).await;
     open_session(&mut c, session("busy")).await;
-    // Keep `busy` in use for longer than the TTL.
-    for _ in 0..12 {
-        get_context(&mut c, "busy").await;
-        tokio::time::sleep(Duration::from_millis(60)).await;
-    }
-    let evicted = tokio::time::timeout(Duration::from_secs(5), async {
+    // Keep `busy` in use until an eviction comes (past the TTL), at most 20 s.
+    let evicted = tokio::time::timeout(Duration::from_secs(20), async {
         loop {
-            let e = watch.next().await.expect("event").expect("ok");
-            if let Some(pb::session_event::Event::Evicted(ev)) = e.event {
-                break (e.session_id, ev);
+            tokio::select! {
+                e = watch.next() => {
+                    let e = e.expect("event").expect("ok");
+                    if let Some(pb::session_event::Event::Evicted(ev)) = e.event {
+                        break (e.session_id, ev);
+                    }
+                }
+                () = tokio::time::sleep(Duration::from_millis(60)) => {
+                    get_context(&mut c, "busy").await;
+                }
             }
         }
     })
@@ -272,7 +278,11 @@ async fn idle_sessions_are_evicted_with_an_event_and_busy_ones_stay() {
     .expect("an eviction event");
     assert_eq!(evicted.0, "idle");
     assert_eq!(evicted.1.reason, "idle");
-    assert!(evicted.1.idle_ms >= 400, "{:?}", evicted.1);
+    assert!(
+        u128::from(evicted.1.idle_ms) >= TTL.as_millis(),
+        "{:?}",
+        evicted.1
+    );
     let gone = c
         .get_context(pb::GetContextRequest {
             session_id: "idle".into(),
