@@ -62,37 +62,65 @@ fn gguf() -> String {
     path
 }
 
-/// Starts the server and waits until it accepts connections (an external process has no
+/// Starts the server and waits until it answers as itself (an external process has no
 /// other readiness signal; the wait is bounded). Returns its root URL (no `/v1`).
+///
+/// Its port is picked free and let go before the server binds it seconds later (once the
+/// model is loaded), so another listener may take it meanwhile (this binary's other tests
+/// bind ports all the time): the server then exits, and a fresh port is tried. A listener
+/// that took it is not mistaken for the server, which is known by its model.
 async fn start_llama() -> (LlamaServer, String) {
-    let port = StdListener::bind("127.0.0.1:0")
-        .expect("free port")
-        .local_addr()
-        .expect("addr")
-        .port();
-    let child = Command::new("python3")
-        .args([
-            "-m",
-            "llama_cpp.server",
-            "--model",
-            &gguf(),
-            "--host",
-            "127.0.0.1",
-        ])
-        .args(["--port", &port.to_string(), "--n_ctx", &N_CTX.to_string()])
-        .stdout(Stdio::null())
-        .stderr(server_log())
-        .spawn()
-        .expect("llama_cpp.server starts (pip install 'llama-cpp-python[server]')");
-    let server = LlamaServer(child);
-    let root = format!("http://127.0.0.1:{port}");
+    const ATTEMPTS: usize = 3;
+    for attempt in 1..=ATTEMPTS {
+        let port = StdListener::bind("127.0.0.1:0")
+            .expect("free port")
+            .local_addr()
+            .expect("addr")
+            .port();
+        let child = Command::new("python3")
+            .args([
+                "-m",
+                "llama_cpp.server",
+                "--model",
+                &gguf(),
+                "--host",
+                "127.0.0.1",
+            ])
+            .args(["--port", &port.to_string(), "--n_ctx", &N_CTX.to_string()])
+            .stdout(Stdio::null())
+            .stderr(server_log())
+            .spawn()
+            .expect("llama_cpp.server starts (pip install 'llama-cpp-python[server]')");
+        let mut server = LlamaServer(child);
+        let root = format!("http://127.0.0.1:{port}");
+        match ready(&mut server, &root).await {
+            Ok(()) => return (server, root),
+            Err(status) => eprintln!(
+                "llama.cpp server on port {port} exited before it answered ({status}), \
+                 attempt {attempt} of {ATTEMPTS}: its port was taken; trying another"
+            ),
+        }
+    }
+    panic!("llama.cpp server did not start in {ATTEMPTS} attempts");
+}
+
+/// Waits, at most 120 s, until `server` answers `GET /v1/models` at `root` naming its
+/// model; the exit status if it exits first.
+async fn ready(server: &mut LlamaServer, root: &str) -> Result<(), std::process::ExitStatus> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .expect("HTTP client");
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let up = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok();
-        if up {
-            break;
+        if let Some(status) = server.0.try_wait().expect("wait") {
+            return Err(status);
+        }
+        if let Ok(r) = http.get(format!("{root}/v1/models")).send().await
+            && r.status().is_success()
+            && r.text().await.is_ok_and(|body| body.contains("SmolLM2"))
+        {
+            return Ok(());
         }
         assert!(
             Instant::now() < deadline,
@@ -100,7 +128,6 @@ async fn start_llama() -> (LlamaServer, String) {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    (server, root)
 }
 
 /// Where the llama.cpp server's own log goes: the file `COMPACTD_E2E_LLM_LOG` names, for
