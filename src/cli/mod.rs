@@ -423,7 +423,8 @@ pub struct ServeArgs {
     #[arg(long, env = "COMPACTD_METRICS_LISTEN", value_name = "HOST:PORT")]
     pub metrics_listen: Option<SocketAddr>,
     /// On SIGTERM/SIGINT, seconds running compactions get to finish before the streams
-    /// close (health turns NOT_SERVING at once).
+    /// close (health turns NOT_SERVING at once); connections then get what is left of it
+    /// (at least 3 s) to take the answers they are owed.
     #[arg(long, env = "COMPACTD_DRAIN_TIMEOUT_SECS", default_value_t = 20)]
     pub drain_timeout_secs: u64,
     /// Shut down, as on SIGTERM, when stdin reaches its end: a parent that starts compactd

@@ -215,10 +215,11 @@ where
 
     let reporter = health_reporter.clone();
     let deadline = options.drain_timeout;
-    let drained = Arc::new(tokio::sync::Notify::new());
-    let drained_tx = drained.clone();
+    // Once drained: how long connections may stay open before the server returns anyway.
+    let (drained_tx, drained) = tokio::sync::oneshot::channel::<Duration>();
     let shutdown = async move {
         shutdown.await;
+        let began = tokio::time::Instant::now();
         tracing::info!(deadline_secs = deadline.as_secs(), "draining");
         reporter
             .set_not_serving::<pb::sessions_server::SessionsServer<SessionsService>>()
@@ -227,11 +228,13 @@ where
             .set_service_status("", tonic_health::ServingStatus::NotServing)
             .await;
         let cancelled = drain_hub.drain(deadline).await;
+        let linger = linger_after(deadline, began.elapsed());
         tracing::info!(
             cancelled_compactions = cancelled,
+            linger_ms = u64::try_from(linger.as_millis()).unwrap_or(u64::MAX),
             "drained; closing connections"
         );
-        drained_tx.notify_one();
+        let _ = drained_tx.send(linger);
     };
 
     let reflection_v1 = tonic_reflection::server::Builder::configure()
@@ -278,23 +281,39 @@ where
         .add_service(reflection_v1alpha)
         .add_service(sessions)
         .serve_with_incoming_shutdown(incoming, shutdown);
-    // After the drain, connections get a few seconds to close; a client that never
-    // answers the GOAWAY must not hold the exit past Kubernetes' grace period.
+    // After the drain, connections get the rest of the drain's time to close (streams
+    // deliver the answers they owe); a client that never answers the GOAWAY must not
+    // hold the exit past Kubernetes' grace period.
     let linger = async {
-        drained.notified().await;
-        tokio::time::sleep(CONNECTION_LINGER).await;
+        match drained.await {
+            Ok(linger) => tokio::time::sleep(linger).await,
+            Err(_) => std::future::pending::<()>().await,
+        }
     };
     tokio::select! {
         r = server => r.map_err(ServeError::Transport),
         _ = linger => {
-            tracing::warn!(linger_secs = CONNECTION_LINGER.as_secs(), "connections still open after the drain; exiting anyway");
+            tracing::warn!("connections still open after the drain's time; exiting anyway");
             Ok(())
         }
     }
 }
 
-/// How long connections may stay open after a drain before the server returns anyway.
+/// The least time connections get to close after a drain (what a drain whose
+/// compactions took all of `--drain-timeout-secs` leaves them).
 const CONNECTION_LINGER: Duration = Duration::from_secs(3);
+
+/// How long connections may stay open once a drain that began `elapsed` ago is done:
+/// what is left of the drain's `deadline` (a stream still delivering the answers it owes
+/// a slow client gets it), and at least [`CONNECTION_LINGER`]. Before, it was always
+/// 3 s: a client reading a few megabytes of answers slowly lost their end, the status
+/// among them, to the exit.
+fn linger_after(deadline: Duration, elapsed: Duration) -> Duration {
+    deadline
+        .min(Duration::from_secs(86_400))
+        .saturating_sub(elapsed)
+        .max(CONNECTION_LINGER)
+}
 
 /// Why the server stopped with an error.
 #[derive(Debug, thiserror::Error)]
