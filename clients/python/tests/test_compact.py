@@ -266,3 +266,50 @@ def test_a_retry_voids_the_deltas_streamed_before_it() -> None:
     ]:
         state._record(ev)
     assert state.summary == "the real summary"
+
+
+def _posts(fake: FakeOpenAI) -> int:
+    return len([r for r in fake.requests if r.path.endswith("/chat/completions")])
+
+
+def _until_posted(fake: FakeOpenAI, before: int) -> None:
+    deadline = time.monotonic() + 10
+    while _posts(fake) == before:
+        assert time.monotonic() < deadline, "the summary request never reached the endpoint"
+        time.sleep(0.02)
+
+
+def test_a_cancelled_compact_call_fails_as_cancelled(llm_server: Server, fake: FakeOpenAI, sid: str) -> None:
+    # As a compaction cancelled on a stream ends. Before, the call ended without an
+    # outcome and wait() raised RuntimeError, which no `except CompactionFailed` caught.
+    fake.push(Reply.text("slow ", "summary", delay=5))
+    with Client(llm_server.addr) as c:
+        seed(c, sid)
+        before = _posts(fake)
+        running = c.compact(sid)
+        assert next(iter(running)).WhichOneof("event") == "started"
+        _until_posted(fake, before)
+        running.cancel()
+        with pytest.raises(CompactionFailed) as e:
+            running.wait()
+        assert e.value.kind == "cancelled"
+        assert c.get_context(sid).boundary_message_id == ""
+
+
+def test_cancelling_an_ended_compaction_leaves_the_next_one_running(
+    llm_server: Server, fake: FakeOpenAI, sid: str
+) -> None:
+    # cancel_compaction stops whatever compaction the session runs: a stream compaction
+    # that already ended must not send it. Before, it stopped the next one.
+    fake.push(Reply.text("First summary."), Reply.text("second ", "summary", delay=2))
+    with Client(llm_server.addr) as c:
+        seed(c, sid)
+        with c.stream() as s:
+            first = s.compact(sid)
+            first.wait()
+            before = _posts(fake)
+            second = c.compact(sid, tail_turns=1)
+            assert next(iter(second)).WhichOneof("event") == "started"
+            _until_posted(fake, before)
+            first.cancel()
+            assert second.wait().summary_message_id

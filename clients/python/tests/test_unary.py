@@ -197,3 +197,16 @@ def test_subscribe_all_sessions(client: Client, sid: str) -> None:
     first = next(ev for ev in sub if ev.session_id == sid)
     sub.cancel()
     assert first.session_id == sid and first.overflow.overflow
+
+
+def test_options_of_ones_own_keep_the_larger_message_limits(server, sid: str) -> None:
+    # Before, any `options` replaced the client's defaults: a session past gRPC's 4 MiB
+    # then failed on the client with RESOURCE_EXHAUSTED.
+    with Client(server.addr, timeout=30, options=[("grpc.primary_user_agent", "host/1.0")]) as c:
+        c.open_session(sid)
+        c.upsert_message(sid, b.user_message("u1"))
+        for n in range(5):
+            c.upsert_part(sid, b.text_part("u1", f"t{n}", f"{n}" + "x" * (1 << 20)))
+        held = c.get_session(sid)
+        assert sum(len(p.text.text) for p in held.messages[0].parts) > 5 << 20
+        c.delete_session(sid)

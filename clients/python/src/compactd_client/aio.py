@@ -13,8 +13,8 @@ import grpc
 import grpc.aio
 
 from . import builders, pb
-from .client import DEFAULT_TIMEOUT, auth_metadata, channel_options
-from .compaction import AsyncCompaction
+from .client import DEFAULT_TIMEOUT, auth_metadata, with_channel_defaults
+from .compaction import AsyncCompaction, cancelled_here
 from .errors import (
     CompactdError,
     after_stream_end,
@@ -227,6 +227,13 @@ class AsyncSessionStream:
         async with self._changed:
             self._changed.notify_all()  # a waiting submit() raises, the writer ends
 
+    def _follows(self, listener: "asyncio.Queue[Any]") -> bool:
+        """True while the compaction whose events go to ``listener`` has not ended (its
+        ack, or its outcome, still to come)."""
+        return any(q is listener for q in self._listeners.values()) or any(
+            p.listener is listener for p in self._pending.values()
+        )
+
     def _dispatch(self, ev: pb.ServerEvent) -> None:
         kind = ev.WhichOneof("event")
         p = self._pending.get(ev.seq)
@@ -391,6 +398,8 @@ class AsyncSessionStream:
                 yield item
 
         async def cancel() -> None:
+            if not self._follows(events):
+                return  # over: a cancel now would stop the session's next compaction
             try:
                 await self.send(session_id, cancel_compaction=pb.CancelCompaction())
             except CompactdError as e:
@@ -417,7 +426,7 @@ class AsyncClient:
     ) -> None:
         # Checked first: a refused token opens no channel.
         self._md = auth_metadata(token)
-        opts = list(options) if options is not None else channel_options()
+        opts = with_channel_defaults(options)
         if channel is not None:
             self._channel, self._own = channel, False
         elif credentials is not None:
@@ -617,8 +626,10 @@ class AsyncClient:
             except asyncio.CancelledError:
                 if not cancelled:
                     raise
+                yield cancelled_here(session_id)
             except grpc.RpcError as e:
                 if cancelled and e.code() == grpc.StatusCode.CANCELLED:
+                    yield cancelled_here(session_id)
                     return
                 raise error_from_rpc(e) from None
 

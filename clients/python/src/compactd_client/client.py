@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 import grpc
 
 from . import builders, pb
-from .compaction import Compaction
+from .compaction import Compaction, cancelled_here
 from .errors import CompactdError, error_from_rpc
 from .results import (
     LimitsLike,
@@ -27,7 +27,7 @@ from .results import (
 )
 from .stream import DEFAULT_MAX_UPDATE_BYTES, SessionStream
 
-__all__ = ["Client", "Subscription", "channel_options"]
+__all__ = ["Client", "Subscription", "channel_options", "with_channel_defaults"]
 
 # gRPC's default receive limit is 4 MiB; a long session read with GetSession is larger.
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -43,6 +43,15 @@ def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> List[
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
     ]
+
+
+def with_channel_defaults(options: Optional[Sequence[Tuple[str, Any]]]) -> List[Tuple[str, Any]]:
+    """``options`` over :func:`channel_options`: a caller's own option (a keepalive, a
+    proxy) keeps the larger message limits unless it sets them itself. Before, any
+    ``options`` replaced them, and a context past gRPC's 4 MiB failed on the client."""
+    merged = dict(channel_options())
+    merged.update(options or ())
+    return list(merged.items())
 
 
 def auth_metadata(token: Optional[str]) -> Tuple[Tuple[str, str], ...]:
@@ -108,6 +117,8 @@ class Client:
             client; None: none, and a server that stops answering holds the call
             forever).
         channel: an existing channel to use instead of opening one (``target`` ignored).
+        options: gRPC channel options, over :func:`channel_options` (an option given
+            here wins; the larger message limits stay unless set here).
         max_update_bytes: the largest update a stream sends (default 16 MiB, compactd's
             default ``--max-update-bytes``; set it to the server's). One larger raises
             ResourceExhausted and is not sent: the server would end the whole stream on
@@ -127,7 +138,7 @@ class Client:
     ) -> None:
         # Checked first: a refused token opens no channel.
         self._md = auth_metadata(token)
-        opts = list(options) if options is not None else channel_options()
+        opts = with_channel_defaults(options)
         if channel is not None:
             self._channel, self._own = channel, False
         elif credentials is not None:
@@ -348,6 +359,7 @@ class Client:
                 yield from call
             except grpc.RpcError as e:
                 if cancelled and e.code() == grpc.StatusCode.CANCELLED:
+                    yield cancelled_here(session_id)
                     return
                 raise error_from_rpc(e) from None
 

@@ -13,7 +13,20 @@ from typing import AsyncIterator, Awaitable, Callable, Iterator, List, Optional
 from . import pb
 from .errors import CompactionFailed
 
-__all__ = ["Compaction", "AsyncCompaction"]
+__all__ = ["Compaction", "AsyncCompaction", "cancelled_here"]
+
+
+def cancelled_here(session_id: str) -> pb.CompactionEvent:
+    """The outcome of a ``Compact`` call this client cancelled: ``failed`` with kind
+    ``cancelled``, as a compaction cancelled on a stream ends (the call ends without one,
+    and ``wait()`` raised ``RuntimeError`` instead of ``CompactionFailed``)."""
+    return pb.CompactionEvent(
+        session_id=session_id,
+        failed=pb.CompactionFailed(
+            kind="cancelled",
+            reason="cancelled by this client; a commit that raced the cancel is not reported",
+        ),
+    )
 
 
 class _State:
@@ -79,7 +92,9 @@ class Compaction(_State):
                 return
 
     def deltas(self) -> Iterator[str]:
-        """The summary text as it arrives, delta by delta."""
+        """The summary text as it arrives, delta by delta. A ``retrying`` event voids
+        what came before it (the answer was dropped and is asked again): the text
+        committed is ``summary`` once ``wait()`` returned."""
         for ev in self:
             if ev.WhichOneof("event") == "delta":
                 yield ev.delta.text
@@ -115,7 +130,9 @@ class AsyncCompaction(_State):
                 return
 
     async def deltas(self) -> AsyncIterator[str]:
-        """The summary text as it arrives, delta by delta."""
+        """The summary text as it arrives, delta by delta. A ``retrying`` event voids
+        what came before it (the answer was dropped and is asked again): the text
+        committed is ``summary`` once ``wait()`` returned."""
         async for ev in self:
             if ev.WhichOneof("event") == "delta":
                 yield ev.delta.text

@@ -216,6 +216,14 @@ class SessionStream:
             self._changed.notify_all()
         return pending.future
 
+    def _follows(self, listener: "queue.Queue[Any]") -> bool:
+        """True while the compaction whose events go to ``listener`` has not ended (its
+        ack, or its outcome, still to come)."""
+        with self._lock:
+            return any(q is listener for q in self._listeners.values()) or any(
+                p.listener is listener for p in self._pending.values()
+            )
+
     @property
     def unsent(self) -> int:
         """Updates submitted and not yet written to the stream (at most ``MAX_UNSENT``,
@@ -427,6 +435,8 @@ class SessionStream:
                 yield item
 
         def cancel() -> None:
+            if not self._follows(events):
+                return  # over: a cancel now would stop the session's next compaction
             try:
                 self.send(session_id, cancel_compaction=pb.CancelCompaction())
             except CompactdError as e:
