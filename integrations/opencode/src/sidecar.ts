@@ -1,6 +1,7 @@
 // Starts compactd (`compactd serve` on a free local port) or connects to a running one.
 import { spawn, type ChildProcess } from "node:child_process"
 import { createServer } from "node:net"
+import { randomBytes } from "node:crypto"
 import { mkdtempSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -41,6 +42,20 @@ export async function startSidecar(s: PluginSettings, log: Log): Promise<Sidecar
     log.info(`connected to compactd at ${s.address}`)
     return { client, address: s.address, stop: () => client.close() }
   }
+  return startOwn(ownSettings(s), log)
+}
+
+/**
+ * `s` for a sidecar the plugin starts: it always requires a token, the user's or, without
+ * one, a random one made for this process and known only to it and the sidecar. Without a
+ * token any local user or process could read every mirrored session (every file the agent
+ * read) and change what the model is sent, over 127.0.0.1.
+ */
+function ownSettings(s: PluginSettings): PluginSettings {
+  return s.token?.trim() ? s : { ...s, token: randomBytes(32).toString("base64url") }
+}
+
+async function startOwn(s: PluginSettings, log: Log): Promise<Sidecar> {
   // A port picked now could be taken before compactd binds it: try a few.
   let lastError: unknown
   for (let attempt = 0; attempt < 3; attempt++) {
@@ -128,7 +143,9 @@ export async function startSidecar(s: PluginSettings, log: Log): Promise<Sidecar
  */
 function sidecarEnv(s: PluginSettings): NodeJS.ProcessEnv {
   const env: NodeJS.ProcessEnv = { ...process.env }
-  // Blank: no token, as the client reads it (compactd refuses a blank one at start).
+  // An inherited token file would win over the token given here, which the client sends.
+  delete env.COMPACTD_AUTH_TOKEN_FILE
+  // Always set here (`ownSettings`); blank: no token, as the client reads it.
   if (s.token?.trim()) env.COMPACTD_AUTH_TOKEN = s.token
   if (s.llmBaseUrl) env.COMPACTD_LLM_BASE_URL = s.llmBaseUrl
   return env

@@ -127,6 +127,35 @@ test("the sidecar started with a token requires it, and no secret is on its comm
   }
 })
 
+test("the sidecar started without a token still requires one, made for this process", async () => {
+  // Before, a sidecar started without a configured token served every local user and
+  // process on 127.0.0.1: any of them could read every mirrored session and change what
+  // the model is sent.
+  const { CompactdClient } = await import("@compactd/client")
+  const log = { debug() {}, info() {}, warn() {}, error() {} }
+  const before = process.env.COMPACTD_AUTH_TOKEN_FILE
+  // An inherited token file must not win over the token the plugin's client sends.
+  process.env.COMPACTD_AUTH_TOKEN_FILE = "/nonexistent/compactd-token"
+  let sidecar
+  try {
+    sidecar = await startSidecar(resolveSettings({ binary: BIN, timeoutMs: 15000 }), log)
+  } finally {
+    if (before === undefined) delete process.env.COMPACTD_AUTH_TOKEN_FILE
+    else process.env.COMPACTD_AUTH_TOKEN_FILE = before
+  }
+  try {
+    await sidecar.client.openSession({ id: "ses_own_token" })
+    const stranger = new CompactdClient({ address: sidecar.address, deadlineMs: 5000 })
+    try {
+      await assert.rejects(stranger.getSession("ses_own_token"), (e) => e.code === 16 /* UNAUTHENTICATED */)
+    } finally {
+      stranger.close()
+    }
+  } finally {
+    sidecar.stop()
+  }
+})
+
 test("OpenCode keeps its own compaction when compactd's summarizer cannot be confirmed", async () => {
   // compaction "compactd" turns OpenCode's auto compaction off only when compactd says it
   // can summarize (its probe answers NOT_FOUND). Any other answer (here UNAUTHENTICATED, a
