@@ -450,9 +450,14 @@ class Mirror {
         const s = this.known(part.sessionID)
         if (s?.status !== "ready") return
         // Text still streaming is sent when it appears (compactd keeps parts in arrival
-        // order) and once it is whole, not at every delta.
+        // order) and once it is whole, not at every delta. So is a tool still running:
+        // OpenCode publishes a running command's part at every chunk it prints (the output
+        // so far, in its metadata); sent each time, they queued without bound in OpenCode's
+        // process while compactd was slow or stopped. Its finished part comes before the
+        // next request.
         const streaming = (part.type === "text" || part.type === "reasoning") && part.time && part.time.end === undefined
-        if (streaming && s.sent.has(`p:${part.id}`)) return
+        const running = part.type === "tool" && (part.state?.status === "pending" || part.state?.status === "running")
+        if ((streaming || running) && s.sent.has(`p:${part.id}`)) return
         this.partUpdate(s, part)
         return
       }

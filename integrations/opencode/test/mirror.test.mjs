@@ -684,6 +684,50 @@ test('with compaction "compactd", a session loaded again keeps compactd\'s summa
   }
 })
 
+test("a running tool is sent once, then its finished part", async () => {
+  // OpenCode publishes a running bash tool's part at every chunk it prints (the output so
+  // far, in its metadata). Each was sent: while compactd was slow or stopped they queued
+  // without bound in OpenCode's process.
+  const metricsPort = await freePort()
+  const own = await startCompactd(BIN, "running", ["--metrics-listen", `127.0.0.1:${metricsPort}`])
+  const upserts = async () => {
+    const text = await (await fetch(`http://127.0.0.1:${metricsPort}/metrics`)).text()
+    const line = text.split("\n").find((l) => l.startsWith("compactd_updates_total{") && l.includes('kind="upsert_part"') && l.includes('result="ok"'))
+    return line ? Number(line.trim().split(/\s+/).pop()) : 0
+  }
+  const ses = "ses_running_tool"
+  const [u1, a1] = history(ses, 1)
+  const tool = (state) => ({ id: "prt_tool", sessionID: ses, messageID: a1.info.id, type: "tool", callID: "call_1", tool: "bash", state })
+  const done = tool({ status: "completed", input: { command: "make" }, output: "built in 3 s\n", title: "make", metadata: {}, time: { start: 1, end: 2 } })
+  const all = [u1, { info: a1.info, parts: [done] }]
+  const hooks = await hooksFor(() => all, { address: own.address })
+  try {
+    await hooks.event({ event: { type: "message.updated", properties: { info: u1.info } } })
+    await hooks.event({ event: { type: "message.part.updated", properties: { part: u1.parts[0] } } })
+    await hooks["experimental.chat.messages.transform"]({}, { messages: [u1] })
+    const before = await upserts()
+    const working = { ...a1.info, time: { created: a1.info.time.created } }
+    delete working.finish
+    await hooks.event({ event: { type: "message.updated", properties: { info: working } } })
+    for (let i = 1; i <= 100; i++) {
+      const state = { status: "running", input: { command: "make" }, title: "make", metadata: { output: "compiling\n".repeat(i) }, time: { start: 1 } }
+      await hooks.event({ event: { type: "message.part.updated", properties: { part: tool(state) } } })
+    }
+    await hooks.event({ event: { type: "message.part.updated", properties: { part: done } } })
+    await hooks.event({ event: { type: "message.updated", properties: { info: a1.info } } })
+    const output = { messages: [...all] }
+    await hooks["experimental.chat.messages.transform"]({}, output)
+    const sent = (await upserts()) - before
+    assert.ok(sent >= 2 && sent <= 3, `${sent} part updates reached compactd`)
+    const held = await own.client.getSession(ses)
+    assert.match(JSON.stringify(held.messages.at(-1)), /built in 3 s/, "the finished part")
+  } finally {
+    await hooks.dispose()
+    own.client.close()
+    own.server.kill("SIGTERM")
+  }
+})
+
 test("a session longer than compactd's max_update_bytes is loaded whole, in chunks", async () => {
   // A long session's history (about 6 MB) past what one request to this compactd may hold
   // (5 MiB): ImportSession alone would refuse it, and the session would go unmanaged.
