@@ -87,6 +87,13 @@ const CompactdPlugin: Plugin = async (input, options) => {
     log.error(`compactd plugin disabled: compactd is not available: ${(e as Error).message}`)
     return {}
   }
+  // compactd's summary reaches the model only in the context the plugin sends: without
+  // replaceMessages, OpenCode's compaction turned off would leave nothing to compact the
+  // session (OpenCode's history grows until the provider refuses it).
+  if (settings.compaction === "compactd" && !settings.replaceMessages) {
+    log.warn(`compaction "compactd" needs replaceMessages (compactd's summary reaches the model only in its context): OpenCode keeps compacting, as with compaction "opencode"`)
+    settings = { ...settings, compaction: "opencode" }
+  }
   // OpenCode's own compaction is turned off only when compactd can summarize: without a
   // summarizer, a session that outgrows its window would stop the turn. Such a compactd is
   // used as with compaction "opencode" (it follows OpenCode's compactions).

@@ -185,3 +185,36 @@ test("OpenCode keeps its own compaction when compactd's summarizer cannot be con
     sidecar.stop()
   }
 })
+
+test('compaction "compactd" without replaceMessages leaves OpenCode its own compaction', async () => {
+  // compactd's summary reaches the model only in the context the plugin sends. Before,
+  // OpenCode's compaction was turned off all the same: nothing compacted the session.
+  const { default: plugin } = await import("../dist/index.js")
+  const log = { debug() {}, info() {}, warn() {}, error() {} }
+  const sidecar = await startSidecar(
+    resolveSettings({ binary: BIN, token: "replace-token-1", llmBaseUrl: "http://127.0.0.1:9/v1", llmModel: "m", timeoutMs: 15000 }),
+    log,
+  )
+  const opencode = {
+    app: { log: async () => ({}) },
+    session: { messages: async () => ({ data: [] }) },
+    config: { providers: async () => ({}) },
+  }
+  const autoWith = async (replaceMessages) => {
+    const hooks = await plugin({ client: opencode }, { address: sidecar.address, token: "replace-token-1", recall: false, compaction: "compactd", replaceMessages, timeoutMs: 5000 })
+    try {
+      const config = { compaction: { prune: true } }
+      await hooks.config?.(config)
+      return config.compaction.auto
+    } finally {
+      await hooks.dispose?.()
+    }
+  }
+  try {
+    // This compactd can summarize: with replaceMessages, OpenCode's compaction is off.
+    assert.equal(await autoWith(true), false)
+    assert.notEqual(await autoWith(false), false)
+  } finally {
+    sidecar.stop()
+  }
+})
