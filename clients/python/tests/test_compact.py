@@ -313,3 +313,48 @@ def test_cancelling_an_ended_compaction_leaves_the_next_one_running(
             _until_posted(fake, before)
             first.cancel()
             assert second.wait().summary_message_id
+
+
+def test_closing_a_stream_cancels_its_running_compaction(llm_server: Server, fake: FakeOpenAI, sid: str) -> None:
+    # compactd keeps a stream open until the compactions it started end. Before, close()
+    # waited its whole timeout (the slow reply ended first) and the compaction committed,
+    # though close() says it is cancelled.
+    fake.push(Reply.text("slow ", "summary", delay=3))
+    with Client(llm_server.addr) as c:
+        seed(c, sid)
+        before = _posts(fake)
+        with c.stream() as s:
+            running = s.compact(sid)
+            assert next(iter(running)).WhichOneof("event") == "started"
+            _until_posted(fake, before)
+        with pytest.raises(CompactionFailed) as e:
+            running.wait()
+        assert e.value.kind == "cancelled"
+        assert c.get_context(sid).boundary_message_id == ""
+
+
+def test_closing_an_async_stream_cancels_its_running_compaction(
+    llm_server: Server, fake: FakeOpenAI, sid: str
+) -> None:
+    fake.push(Reply.text("slow ", "summary", delay=3))
+    with Client(llm_server.addr) as c:
+        seed(c, sid)
+    before = _posts(fake)
+
+    async def main() -> None:
+        async with AsyncClient(llm_server.addr) as c:
+            async with await c.stream() as s:
+                running = await s.compact(sid)
+                async for ev in running:
+                    assert ev.WhichOneof("event") == "started"
+                    break
+                deadline = time.monotonic() + 10
+                while _posts(fake) == before:
+                    assert time.monotonic() < deadline, "the summary request never reached the endpoint"
+                    await asyncio.sleep(0.02)
+            with pytest.raises(CompactionFailed) as e:
+                await running.wait()
+            assert e.value.kind == "cancelled"
+            assert (await c.get_context(sid)).boundary_message_id == ""
+
+    asyncio.run(main())

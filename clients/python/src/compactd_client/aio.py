@@ -121,6 +121,8 @@ class AsyncSessionStream:
         self._seq = 0
         self._pending: Dict[int, _Pending] = {}
         self._listeners: Dict[int, "asyncio.Queue[Any]"] = {}
+        # The session of each compaction started here (by its events' queue), for close().
+        self._compacting: Dict["asyncio.Queue[Any]", str] = {}
         self._late: "asyncio.Queue[Any]" = asyncio.Queue(maxsize=LATE_EVENTS_KEPT)
         self._on_event = on_event
         self._failure: Optional[CompactdError] = None
@@ -291,6 +293,18 @@ class AsyncSessionStream:
             return
         self._closing = True  # from here, submit() refuses and a waiting one raises
         async with self._changed:  # held by no one across a wait: taken at once
+            # compactd keeps a stream open until the compactions it started end: each is
+            # cancelled first (else close() waited its whole timeout, and the compaction
+            # went on to commit).
+            for sid in dict.fromkeys(s for q, s in self._compacting.items() if self._follows(q)):
+                self._seq += 1
+                pending = _Pending(None)
+                # Its answer is nobody's: retrieved, so asyncio logs no unread exception.
+                pending.future.add_done_callback(lambda f: f.cancelled() or f.exception())
+                self._pending[self._seq] = pending
+                self._outbox.append(
+                    pb.ClientUpdate(seq=self._seq, session_id=sid, cancel_compaction=pb.CancelCompaction())
+                )
             self._outbox.append(_CLOSE)
             self._changed.notify_all()
         try:
@@ -388,6 +402,8 @@ class AsyncSessionStream:
         returns its events. ``await cancel()`` sends a ``cancel_compaction`` update."""
         events: "asyncio.Queue[Any]" = asyncio.Queue()
         opts = compact_options(instructions, prompt, system, template, model, tail_turns)
+        self._compacting = {q: sid for q, sid in self._compacting.items() if self._follows(q)}
+        self._compacting[events] = session_id
         await (await self._submit(session_id, {"compact": opts}, events))
 
         async def source() -> AsyncIterator[pb.CompactionEvent]:

@@ -157,6 +157,8 @@ class SessionStream:
         self._seq = 0
         self._pending: Dict[int, _Pending] = {}
         self._listeners: Dict[int, "queue.Queue[Any]"] = {}
+        # The session of each compaction started here (by its events' queue), for close().
+        self._compacting: Dict["queue.Queue[Any]", str] = {}
         self._late: "queue.Queue[Any]" = queue.Queue(maxsize=LATE_EVENTS_KEPT)
         self._on_event = on_event
         self._failure: Optional[CompactdError] = None
@@ -220,9 +222,12 @@ class SessionStream:
         """True while the compaction whose events go to ``listener`` has not ended (its
         ack, or its outcome, still to come)."""
         with self._lock:
-            return any(q is listener for q in self._listeners.values()) or any(
-                p.listener is listener for p in self._pending.values()
-            )
+            return self._follows_locked(listener)
+
+    def _follows_locked(self, listener: "queue.Queue[Any]") -> bool:
+        return any(q is listener for q in self._listeners.values()) or any(
+            p.listener is listener for p in self._pending.values()
+        )
 
     @property
     def unsent(self) -> int:
@@ -330,6 +335,15 @@ class SessionStream:
         with self._changed:
             if self._closing:
                 return
+            # compactd keeps a stream open until the compactions it started end: each is
+            # cancelled first. Before, close() waited its whole timeout, cancelled the
+            # call, and the compaction went on to commit.
+            for sid in dict.fromkeys(s for q, s in self._compacting.items() if self._follows_locked(q)):
+                self._seq += 1
+                self._pending[self._seq] = _Pending(None)
+                self._outbox.append(
+                    pb.ClientUpdate(seq=self._seq, session_id=sid, cancel_compaction=pb.CancelCompaction())
+                )
             self._closing = True
             self._outbox.append(_CLOSE)
             self._changed.notify_all()
@@ -422,6 +436,9 @@ class SessionStream:
         self._not_on_reader("compact")
         events: "queue.Queue[Any]" = queue.Queue()
         opts = compact_options(instructions, prompt, system, template, model, tail_turns)
+        with self._lock:
+            self._compacting = {q: sid for q, sid in self._compacting.items() if self._follows_locked(q)}
+            self._compacting[events] = session_id
         self._submit(session_id, {"compact": opts}, events).result(timeout)
 
         def source() -> Iterator[pb.CompactionEvent]:
