@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
-from compactd_client import AsyncClient, Client, CompactionFailed, builders as b, pb
+from compactd_client import AsyncClient, Client, Compaction, CompactionFailed, builders as b, pb
 from compactd_server import Server
 from fake_openai import FakeOpenAI, Reply
 
@@ -279,21 +279,32 @@ def _until_posted(fake: FakeOpenAI, before: int) -> None:
         time.sleep(0.02)
 
 
+def _asked(fake: FakeOpenAI, start: Callable[[], Compaction]) -> Compaction:
+    """The compaction ``start`` begins, once its summary request reached the endpoint."""
+    before = _posts(fake)
+    running = start()
+    assert next(iter(running)).WhichOneof("event") == "started"
+    _until_posted(fake, before)
+    return running
+
+
+def _ends_cancelled(c: Client, sid: str, running: Compaction) -> None:
+    """``running`` ends failed/cancelled, and the session holds no summary."""
+    with pytest.raises(CompactionFailed) as e:
+        running.wait()
+    assert e.value.kind == "cancelled"
+    assert c.get_context(sid).boundary_message_id == ""
+
+
 def test_a_cancelled_compact_call_fails_as_cancelled(llm_server: Server, fake: FakeOpenAI, sid: str) -> None:
     # As a compaction cancelled on a stream ends. Before, the call ended without an
     # outcome and wait() raised RuntimeError, which no `except CompactionFailed` caught.
     fake.push(Reply.text("slow ", "summary", delay=5))
     with Client(llm_server.addr) as c:
         seed(c, sid)
-        before = _posts(fake)
-        running = c.compact(sid)
-        assert next(iter(running)).WhichOneof("event") == "started"
-        _until_posted(fake, before)
+        running = _asked(fake, lambda: c.compact(sid))
         running.cancel()
-        with pytest.raises(CompactionFailed) as e:
-            running.wait()
-        assert e.value.kind == "cancelled"
-        assert c.get_context(sid).boundary_message_id == ""
+        _ends_cancelled(c, sid, running)
 
 
 def test_cancelling_an_ended_compaction_leaves_the_next_one_running(
@@ -307,10 +318,7 @@ def test_cancelling_an_ended_compaction_leaves_the_next_one_running(
         with c.stream() as s:
             first = s.compact(sid)
             first.wait()
-            before = _posts(fake)
-            second = c.compact(sid, tail_turns=1)
-            assert next(iter(second)).WhichOneof("event") == "started"
-            _until_posted(fake, before)
+            second = _asked(fake, lambda: c.compact(sid, tail_turns=1))
             first.cancel()
             assert second.wait().summary_message_id
 
@@ -322,15 +330,9 @@ def test_closing_a_stream_cancels_its_running_compaction(llm_server: Server, fak
     fake.push(Reply.text("slow ", "summary", delay=3))
     with Client(llm_server.addr) as c:
         seed(c, sid)
-        before = _posts(fake)
         with c.stream() as s:
-            running = s.compact(sid)
-            assert next(iter(running)).WhichOneof("event") == "started"
-            _until_posted(fake, before)
-        with pytest.raises(CompactionFailed) as e:
-            running.wait()
-        assert e.value.kind == "cancelled"
-        assert c.get_context(sid).boundary_message_id == ""
+            running = _asked(fake, lambda: s.compact(sid))
+        _ends_cancelled(c, sid, running)
 
 
 def test_closing_an_async_stream_cancels_its_running_compaction(
