@@ -172,10 +172,11 @@ const CANCEL_GRACE: Duration = Duration::from_secs(2);
 /// Default of [`Hub::slow_reader_grace`].
 pub const DEFAULT_SLOW_READER_GRACE: Duration = Duration::from_secs(10);
 
-/// The grace the server uses for a configured one: at most a day (a huge value means
-/// "never give up on a slow reader"; a day is as good, and a deadline of `now + grace`
-/// must not overflow the clock). The command line's floor of a second is `main.rs`'s.
-pub fn bounded_grace(configured: Duration) -> Duration {
+/// The wait the server uses for a configured one (the slow-reader grace, the drain's
+/// deadline): at most a day (a huge value means "wait as long as it takes"; a day is as
+/// good, and a deadline of `now + wait` must not overflow the clock). The command line's
+/// floor of a second for the grace is `main.rs`'s.
+pub fn bounded_wait(configured: Duration) -> Duration {
     configured.min(Duration::from_secs(86_400))
 }
 
@@ -251,8 +252,7 @@ impl Hub {
                 "draining: waiting for running compactions"
             );
         }
-        // A huge configured deadline means "wait as long as it takes" (a day is plenty).
-        let deadline = deadline.min(Duration::from_secs(86_400));
+        let deadline = bounded_wait(deadline);
         let mut cancelled = 0;
         if tokio::time::timeout(deadline, self.compactions.wait())
             .await

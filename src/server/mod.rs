@@ -103,7 +103,7 @@ pub struct ServerOptions {
     pub idle_ttl: Option<Duration>,
     /// How long a `Stream` client may leave its event buffer full before the stream is
     /// closed with `RESOURCE_EXHAUSTED`, and a unary reply unread before it is dropped
-    /// (at most a day is used, [`hub::bounded_grace`]).
+    /// (at most a day is used, [`hub::bounded_wait`]).
     pub slow_reader_grace: Duration,
     /// TLS (and, with a client CA, mutual TLS); plaintext when None.
     pub tls: Option<tonic::transport::ServerTlsConfig>,
@@ -182,7 +182,7 @@ where
     let transport_max = options.max_update_bytes.saturating_add(TRANSPORT_SLACK);
     codec::set_max_update_bytes(options.max_update_bytes);
     let mut hub = Hub::new(store, options.compaction.clone());
-    let slow_reader_grace = hub::bounded_grace(options.slow_reader_grace);
+    let slow_reader_grace = hub::bounded_wait(options.slow_reader_grace);
     hub.slow_reader_grace = slow_reader_grace;
     let hub = Arc::new(hub);
     let drain_hub = hub.clone();
@@ -309,8 +309,7 @@ const CONNECTION_LINGER: Duration = Duration::from_secs(3);
 /// 3 s: a client reading a few megabytes of answers slowly lost their end, the status
 /// among them, to the exit.
 fn linger_after(deadline: Duration, elapsed: Duration) -> Duration {
-    deadline
-        .min(Duration::from_secs(86_400))
+    hub::bounded_wait(deadline)
         .saturating_sub(elapsed)
         .max(CONNECTION_LINGER)
 }
