@@ -97,8 +97,20 @@ test("a token the client refuses leaves no sidecar behind", async () => {
   assert.deepEqual(children().filter((p) => !before.includes(p)), [], "no compactd started")
 })
 
-test("the sidecar started with a token requires it, and no secret is on its command line", async () => {
+/** The plugin's own client (it carries the token) opens session `ses`; any other local
+ * client without the token is refused: the sidecar is not open to every user. */
+async function onlyItsClientIsServed(sidecar, ses) {
   const { CompactdClient } = await import("@compactd/client")
+  await sidecar.client.openSession({ id: ses })
+  const stranger = new CompactdClient({ address: sidecar.address, deadlineMs: 5000 })
+  try {
+    await assert.rejects(stranger.getSession(ses), (e) => e.code === 16 /* UNAUTHENTICATED */)
+  } finally {
+    stranger.close()
+  }
+}
+
+test("the sidecar started with a token requires it, and no secret is on its command line", async () => {
   const log = { debug() {}, info() {}, warn() {}, error() {} }
   const token = "plugin-token-5f1e9c"
   const llmBaseUrl = "http://user:url-secret-77@127.0.0.1:9/v1"
@@ -107,15 +119,7 @@ test("the sidecar started with a token requires it, and no secret is on its comm
     log,
   )
   try {
-    // The plugin's own client carries the token.
-    await sidecar.client.openSession({ id: "ses_auth" })
-    // Any other local client without it is refused: the sidecar is not open to every user.
-    const stranger = new CompactdClient({ address: sidecar.address, deadlineMs: 5000 })
-    try {
-      await assert.rejects(stranger.getSession("ses_auth"), (e) => e.code === 16 /* UNAUTHENTICATED */)
-    } finally {
-      stranger.close()
-    }
+    await onlyItsClientIsServed(sidecar, "ses_auth")
     // Other local users read a process's command line (`ps`); only its owner reads its
     // environment.
     const { readFileSync } = await import("node:fs")
@@ -131,7 +135,6 @@ test("the sidecar started without a token still requires one, made for this proc
   // Before, a sidecar started without a configured token served every local user and
   // process on 127.0.0.1: any of them could read every mirrored session and change what
   // the model is sent.
-  const { CompactdClient } = await import("@compactd/client")
   const log = { debug() {}, info() {}, warn() {}, error() {} }
   const before = process.env.COMPACTD_AUTH_TOKEN_FILE
   // An inherited token file must not win over the token the plugin's client sends.
@@ -144,43 +147,46 @@ test("the sidecar started without a token still requires one, made for this proc
     else process.env.COMPACTD_AUTH_TOKEN_FILE = before
   }
   try {
-    await sidecar.client.openSession({ id: "ses_own_token" })
-    const stranger = new CompactdClient({ address: sidecar.address, deadlineMs: 5000 })
-    try {
-      await assert.rejects(stranger.getSession("ses_own_token"), (e) => e.code === 16 /* UNAUTHENTICATED */)
-    } finally {
-      stranger.close()
-    }
+    await onlyItsClientIsServed(sidecar, "ses_own_token")
   } finally {
     sidecar.stop()
   }
 })
 
-test("OpenCode keeps its own compaction when compactd's summarizer cannot be confirmed", async () => {
-  // compaction "compactd" turns OpenCode's auto compaction off only when compactd says it
-  // can summarize (its probe answers NOT_FOUND). Any other answer (here UNAUTHENTICATED, a
-  // wrong token) used to count as yes: then nothing compacted at all.
-  const { default: plugin } = await import("../dist/index.js")
+/** A sidecar that can summarize (an LLM endpoint configured; never asked here), with `token`. */
+function summarizingSidecar(token) {
   const log = { debug() {}, info() {}, warn() {}, error() {} }
-  const sidecar = await startSidecar(
-    resolveSettings({ binary: BIN, token: "right-token-1", llmBaseUrl: "http://127.0.0.1:9/v1", llmModel: "m", timeoutMs: 15000 }),
-    log,
-  )
+  return startSidecar(resolveSettings({ binary: BIN, token, llmBaseUrl: "http://127.0.0.1:9/v1", llmModel: "m", timeoutMs: 15000 }), log)
+}
+
+/** `config.compaction.auto` once a plugin with `options` (compaction "compactd") configured
+ * OpenCode, and what it logged. */
+async function autoCompaction(sidecar, options) {
+  const { default: plugin } = await import("../dist/index.js")
   const logs = []
   const opencode = {
     app: { log: async ({ body }) => logs.push(`${body.level} ${body.message}`) },
     session: { messages: async () => ({ data: [] }) },
     config: { providers: async () => ({}) },
   }
+  const hooks = await plugin({ client: opencode }, { address: sidecar.address, recall: false, compaction: "compactd", timeoutMs: 5000, ...options })
   try {
-    const hooks = await plugin({ client: opencode }, { address: sidecar.address, token: "wrong-token-2", recall: false, compaction: "compactd", timeoutMs: 5000 })
-    try {
-      const config = { compaction: { prune: true } }
-      await hooks.config?.(config)
-      assert.notEqual(config.compaction.auto, false, `${JSON.stringify(config)}\n${logs.join("\n")}`)
-    } finally {
-      await hooks.dispose?.()
-    }
+    const config = { compaction: { prune: true } }
+    await hooks.config?.(config)
+    return { auto: config.compaction.auto, logs }
+  } finally {
+    await hooks.dispose?.()
+  }
+}
+
+test("OpenCode keeps its own compaction when compactd's summarizer cannot be confirmed", async () => {
+  // compaction "compactd" turns OpenCode's auto compaction off only when compactd says it
+  // can summarize (its probe answers NOT_FOUND). Any other answer (here UNAUTHENTICATED, a
+  // wrong token) used to count as yes: then nothing compacted at all.
+  const sidecar = await summarizingSidecar("right-token-1")
+  try {
+    const { auto, logs } = await autoCompaction(sidecar, { token: "wrong-token-2" })
+    assert.notEqual(auto, false, logs.join("\n"))
   } finally {
     sidecar.stop()
   }
@@ -189,31 +195,13 @@ test("OpenCode keeps its own compaction when compactd's summarizer cannot be con
 test('compaction "compactd" without replaceMessages leaves OpenCode its own compaction', async () => {
   // compactd's summary reaches the model only in the context the plugin sends. Before,
   // OpenCode's compaction was turned off all the same: nothing compacted the session.
-  const { default: plugin } = await import("../dist/index.js")
-  const log = { debug() {}, info() {}, warn() {}, error() {} }
-  const sidecar = await startSidecar(
-    resolveSettings({ binary: BIN, token: "replace-token-1", llmBaseUrl: "http://127.0.0.1:9/v1", llmModel: "m", timeoutMs: 15000 }),
-    log,
-  )
-  const opencode = {
-    app: { log: async () => ({}) },
-    session: { messages: async () => ({ data: [] }) },
-    config: { providers: async () => ({}) },
-  }
-  const autoWith = async (replaceMessages) => {
-    const hooks = await plugin({ client: opencode }, { address: sidecar.address, token: "replace-token-1", recall: false, compaction: "compactd", replaceMessages, timeoutMs: 5000 })
-    try {
-      const config = { compaction: { prune: true } }
-      await hooks.config?.(config)
-      return config.compaction.auto
-    } finally {
-      await hooks.dispose?.()
-    }
-  }
+  const sidecar = await summarizingSidecar("replace-token-1")
   try {
     // This compactd can summarize: with replaceMessages, OpenCode's compaction is off.
-    assert.equal(await autoWith(true), false)
-    assert.notEqual(await autoWith(false), false)
+    const on = await autoCompaction(sidecar, { token: "replace-token-1", replaceMessages: true })
+    assert.equal(on.auto, false, on.logs.join("\n"))
+    const off = await autoCompaction(sidecar, { token: "replace-token-1", replaceMessages: false })
+    assert.notEqual(off.auto, false, off.logs.join("\n"))
   } finally {
     sidecar.stop()
   }
