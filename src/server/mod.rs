@@ -29,7 +29,9 @@
 //! (a unary reply's bytes counted in flight until it is sent), `counting.rs`
 //! (the threads that count long texts off the runtime), `import.rs` (ImportSession and
 //! its chunked twin for documents past `max_update_bytes`), `clock.rs` (the wall clock),
-//! `auth.rs`, `transport.rs` (HTTP/2 settings), `codec.rs` (the guard that
+//! `auth.rs`, `transport.rs` (HTTP/2 settings), `lingering_close.rs` (a closed
+//! connection reads until its client closes, so its last answers are not lost to a
+//! TCP reset), `codec.rs` (the guard that
 //! refuses amplifying requests before decoding, and the encoder that sizes each reply),
 //! `outbound.rs` (a stream's event buffer, given up on when its client takes nothing),
 //! `too_large.rs` (tonic's refusal of an update past the transport cap, said as compactd says it),
@@ -51,6 +53,7 @@ mod fuzz_tests;
 mod held_reply;
 pub mod hub;
 mod import;
+mod lingering_close;
 pub mod list_value;
 mod ops;
 mod outbound;
@@ -82,6 +85,7 @@ pub use request::DEFAULT_MAX_UPDATE_BYTES;
 pub use service::SessionsService;
 
 use crate::store::Store;
+use lingering_close::LingeringClose;
 
 /// Transport-level cap beyond `max_update_bytes`: an update a little over the limit gets
 /// compactd's own `RESOURCE_EXHAUSTED` naming it; the transport never buffers more than
@@ -280,7 +284,10 @@ where
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(sessions)
-        .serve_with_incoming_shutdown(incoming, shutdown);
+        .serve_with_incoming_shutdown(
+            tokio_stream::StreamExt::map(incoming, |io| io.map(LingeringClose::new)),
+            shutdown,
+        );
     // After the drain, connections get the rest of the drain's time to close (streams
     // deliver the answers they owe); a client that never answers the GOAWAY must not
     // hold the exit past Kubernetes' grace period.
