@@ -361,3 +361,47 @@ async fn a_sigterm_right_after_the_start_line_drains_and_exits_0() {
         assert!(status.success(), "{status:?}");
     }
 }
+
+/// A watcher of a session whose compaction the drain waited for hears that compaction
+/// end (`compacted`) before its own `UNAVAILABLE`: the drain lets compactions finish so
+/// their summaries are not lost, and a host learns of one from its watcher, so watchers
+/// must be closed after the compactions, not when the drain begins.
+#[tokio::test]
+async fn a_watcher_hears_the_compaction_the_drain_waited_for() {
+    let chunks: Vec<String> = (0..8).map(|i| format!("part {i}. ")).collect();
+    let fake = FakeLlm::start(vec![Reply::slow(chunks, Duration::from_millis(250))]).await;
+    let mut bin = start(&fake, 60);
+    let mut client = pb::sessions_client::SessionsClient::connect(format!("http://{}", bin.addr))
+        .await
+        .expect("connect");
+    seed(&mut client).await;
+    let mut watcher = subscribe(&mut client, SID).await;
+    let mut compact = client
+        .compact(pb::CompactRequest {
+            session_id: SID.into(),
+            options: None,
+        })
+        .await
+        .expect("compact")
+        .into_inner();
+    let first = compact.next().await.expect("an event").expect("ok");
+    assert!(matches!(first.event, Some(Ce::Started(_))), "{first:?}");
+    bin.sigterm();
+
+    let mut compacted = false;
+    let end = loop {
+        match tokio::time::timeout(Duration::from_secs(30), watcher.next()).await {
+            Ok(Some(Ok(ev))) => {
+                if let Some(pb::session_event::Event::Compaction(c)) = ev.event {
+                    compacted |= matches!(c.event, Some(Ce::Compacted(_)));
+                }
+            }
+            Ok(Some(Err(status))) => break status,
+            Ok(None) => panic!("the watcher ended without a status"),
+            Err(_) => panic!("no watcher event within 30 s"),
+        }
+    };
+    assert!(compacted, "the watcher heard the compaction end: {end:?}");
+    assert_eq!(end.code(), tonic::Code::Unavailable, "{end:?}");
+    assert!(bin.wait_exit().await.success());
+}
