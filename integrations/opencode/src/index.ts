@@ -155,8 +155,9 @@ const CompactdPlugin: Plugin = async (input, options) => {
       try {
         const replaced = await mirror.transform(output.messages as WithParts[])
         if (replaced && settings.replaceMessages) output.messages.splice(0, output.messages.length, ...replaced)
+        mirror.contextReplaced()
       } catch (e) {
-        log.error(`context not replaced (OpenCode's own messages are sent): ${(e as Error).message}`)
+        mirror.contextNotReplaced(e as Error)
       }
     },
   }
@@ -198,6 +199,8 @@ class Mirror {
   private readonly limitsCache = new Map<string, Promise<Obj | undefined>>()
   private watcher: { cancel(): void } | null = null
   private closing = false
+  /** Whether the last context compactd was asked for failed (its toast was shown). */
+  private unreplaced = false
 
   constructor(
     private readonly client: CompactdClient,
@@ -708,7 +711,11 @@ class Mirror {
             this.log.info(`compactd compacted session ${ev.sessionId}: ${c.compacted.tokensBefore} -> ${c.compacted.tokensAfter} tokens`)
             this.toast(`compactd summarized the session (${c.compacted.tokensBefore} -> ${c.compacted.tokensAfter} tokens)`, "info")
           } else {
-            this.log.warn(`compactd compaction of session ${ev.sessionId} failed (${c.failed!.kind}): ${c.failed!.reason}`)
+            const { kind, reason } = c.failed!
+            this.log.warn(`compactd compaction of session ${ev.sessionId} failed (${kind}): ${reason}`)
+            // Shown, not only logged: with compaction "compactd" nothing else summarizes the
+            // session. A cancelled one was ended on purpose (a reload, a shutdown).
+            if (kind !== "cancelled") this.toast(`compactd could not summarize the session (${kind}): ${brief(reason)}`, "warning")
           }
           running.get(ev.sessionId)?.()
           running.delete(ev.sessionId)
@@ -730,6 +737,22 @@ class Mirror {
   /** A compaction not done within `compactionWaitMs`: the request goes out without it. */
   private late(s: SessionState) {
     this.log.warn(`session ${s.id}: compaction not done within ${this.settings.compactionWaitMs} ms; the request goes out without it (the compaction goes on)`)
+  }
+
+  /**
+   * A request whose context compactd could not build goes out with OpenCode's own
+   * messages: shown once (each failing request logs it), again only after a success.
+   */
+  contextNotReplaced(e: Error) {
+    this.log.error(`context not replaced (OpenCode's own messages are sent): ${e.message}`)
+    if (this.unreplaced) return
+    this.unreplaced = true
+    this.toast(`compactd could not build the context; OpenCode's own messages are sent: ${brief(e.message)}`, "error")
+  }
+
+  /** The context was built again: the next failure is shown. */
+  contextReplaced() {
+    this.unreplaced = false
   }
 
   private toast(message: string, variant: "info" | "warning" | "error") {
@@ -847,6 +870,11 @@ async function within<T>(p: Promise<T>, ms: number): Promise<T | "late"> {
   } finally {
     clearTimeout(timer)
   }
+}
+
+/** `text` short enough for a toast (a reason can quote a long provider error). */
+function brief(text: string, max = 200): string {
+  return text.length <= max ? text : `${text.slice(0, max - 1)}…`
 }
 
 export default CompactdPlugin

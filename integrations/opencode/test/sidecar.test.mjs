@@ -206,3 +206,60 @@ test('compaction "compactd" without replaceMessages leaves OpenCode its own comp
     sidecar.stop()
   }
 })
+
+/** OpenCode's side for session `ses`: one user turn of ~9,000 tokens on a model with a
+ * window of 8,000 (over compactd's threshold from its first request), and the toasts the
+ * plugin shows. */
+function overflowingOpenCode(ses) {
+  const model = { providerID: "p", modelID: "small" }
+  const turn = [{
+    info: { id: "msg_01", sessionID: ses, role: "user", time: { created: 1 }, agent: "build", model },
+    parts: [{ id: "prt_01", sessionID: ses, messageID: "msg_01", type: "text", text: "word ".repeat(9000) }],
+  }]
+  const toasts = []
+  const opencode = {
+    app: { log: async () => ({}) },
+    session: { messages: async () => ({ data: turn }) },
+    config: { providers: async () => ({ data: { providers: [{ id: "p", models: { small: { limit: { context: 8000, output: 1000 } } } }] } }) },
+    tui: { showToast: async ({ body }) => void toasts.push(body) },
+  }
+  return { turn, toasts, opencode }
+}
+
+test("a compaction that fails is shown to the user, not only logged", async () => {
+  // With compaction "compactd" OpenCode's own compaction is off: a summary compactd cannot
+  // make (here its LLM endpoint refuses connections) leaves the session over its window.
+  // Before, the failure was only logged, where an OpenCode user does not look.
+  const token = "toast-token-1"
+  const sidecar = await summarizingSidecar(token)
+  const { default: plugin } = await import("../dist/index.js")
+  const { turn, toasts, opencode } = overflowingOpenCode("ses_failed_toast")
+  const hooks = await plugin({ client: opencode }, { address: sidecar.address, token, recall: false, compaction: "compactd", compactionWaitMs: 1000, timeoutMs: 5000 })
+  try {
+    await hooks["experimental.chat.messages.transform"]({}, { messages: [...turn] })
+    await until("a warning naming the failed compaction", async () =>
+      toasts.some((t) => t.variant === "warning" && /could not summarize the session/.test(t.message)), 30000)
+    assert.ok(!toasts.some((t) => /summarized the session/.test(t.message)), JSON.stringify(toasts))
+  } finally {
+    await hooks.dispose?.()
+    sidecar.stop()
+  }
+})
+
+test("a context compactd cannot build is shown once, not at every request", async () => {
+  // The request goes out with OpenCode's own messages (uncompacted) while compactd is
+  // gone: the user is told once; each further failing request is only logged.
+  const token = "toast-token-2"
+  const sidecar = await summarizingSidecar(token)
+  const { default: plugin } = await import("../dist/index.js")
+  const { turn, toasts, opencode } = overflowingOpenCode("ses_unreplaced_toast")
+  const hooks = await plugin({ client: opencode }, { address: sidecar.address, token, recall: false, compaction: "opencode", timeoutMs: 3000 })
+  try {
+    sidecar.stop()
+    for (let i = 0; i < 2; i++) await hooks["experimental.chat.messages.transform"]({}, { messages: [...turn] })
+    const shown = toasts.filter((t) => t.variant === "error" && /could not build the context/.test(t.message))
+    assert.equal(shown.length, 1, JSON.stringify(toasts))
+  } finally {
+    await hooks.dispose?.()
+  }
+})
