@@ -702,7 +702,11 @@ class Mirror {
       for await (const ev of sub) {
         const c = ev.compaction
         if (!c) continue
-        const s = this.session(ev.sessionId)
+        // Only this OpenCode's sessions: a compactd can serve other hosts too, whose
+        // compactions are not this user's news (nor states to keep). A session forgotten
+        // since is no longer waited on; a request finds its compaction by asking.
+        const s = this.sessions.get(ev.sessionId)
+        if (!s) continue
         if (c.started) {
           this.log.info(`compactd compaction ${c.compactionId} of session ${ev.sessionId} started (${c.started.auto ? "automatic" : "manual"}, ~${c.started.tokensBefore} tokens)`)
           s.compaction = new Promise<void>((resolve) => running.set(ev.sessionId, resolve))

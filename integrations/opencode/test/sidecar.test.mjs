@@ -217,13 +217,14 @@ function overflowingOpenCode(ses) {
     parts: [{ id: "prt_01", sessionID: ses, messageID: "msg_01", type: "text", text: "word ".repeat(9000) }],
   }]
   const toasts = []
+  const logs = []
   const opencode = {
-    app: { log: async () => ({}) },
+    app: { log: async ({ body }) => void logs.push(`${body.level} ${body.message}`) },
     session: { messages: async () => ({ data: turn }) },
     config: { providers: async () => ({ data: { providers: [{ id: "p", models: { small: { limit: { context: 8000, output: 1000 } } } }] } }) },
     tui: { showToast: async ({ body }) => void toasts.push(body) },
   }
-  return { turn, toasts, opencode }
+  return { turn, toasts, logs, opencode }
 }
 
 test("a compaction that fails is shown to the user, not only logged", async () => {
@@ -261,5 +262,42 @@ test("a context compactd cannot build is shown once, not at every request", asyn
     assert.equal(shown.length, 1, JSON.stringify(toasts))
   } finally {
     await hooks.dispose?.()
+  }
+})
+
+test("compactions of sessions this OpenCode does not hold are not shown", async () => {
+  // A compactd can serve other hosts too (a shared `address`): their compactions are not
+  // this user's news. Before, each was shown here (and a state kept for it).
+  const token = "toast-token-3"
+  const sidecar = await summarizingSidecar(token)
+  const { default: plugin } = await import("../dist/index.js")
+  const { turn, toasts, logs, opencode } = overflowingOpenCode("ses_own_toast")
+  const hooks = await plugin({ client: opencode }, { address: sidecar.address, token, recall: false, compaction: "compactd", compactionWaitMs: 1000, timeoutMs: 5000 })
+  const failures = () => toasts.filter((t) => /could not summarize/.test(t.message)).length
+  const failed = (ses) => logs.filter((l) => l.includes(`compaction of session ${ses} failed`)).length
+  try {
+    // This OpenCode's session fails to compact: shown (the plugin's watcher is following).
+    await hooks["experimental.chat.messages.transform"]({}, { messages: [...turn] })
+    await until("the own session's failure shown", async () => failures() === 1 && failed("ses_own_toast") === 1, 30000)
+    // Another host's session, compacted by that host, fails too.
+    const other = sidecar.client
+    await other.openSession({ id: "ses_other_host" })
+    await other.upsertMessage("ses_other_host", { id: "msg_1", role: "user", time: { created: 1 } })
+    await other.upsertPart("ses_other_host", { id: "prt_1", messageId: "msg_1", text: { text: "word ".repeat(2000) } })
+    const result = await other.compact("ses_other_host", {}).result()
+    assert.ok(result.failed, JSON.stringify(result))
+    // The own session's next turn fails again. The watcher reads compactd's events in
+    // order, so once this one is logged the other host's was read before it.
+    turn.push({
+      info: { id: "msg_02", sessionID: "ses_own_toast", role: "user", time: { created: 2 }, agent: "build", model: turn[0].info.model },
+      parts: [{ id: "prt_02", sessionID: "ses_own_toast", messageID: "msg_02", type: "text", text: "go on" }],
+    })
+    await hooks["experimental.chat.messages.transform"]({}, { messages: [...turn] })
+    await until("the own session's second failure", async () => failed("ses_own_toast") === 2, 30000)
+    assert.equal(failed("ses_other_host"), 0, logs.join("\n"))
+    assert.equal(failures(), 2, JSON.stringify(toasts))
+  } finally {
+    await hooks.dispose?.()
+    sidecar.stop()
   }
 })
