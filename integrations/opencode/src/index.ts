@@ -139,7 +139,7 @@ const CompactdPlugin: Plugin = async (input, options) => {
     },
     "chat.params": async (inp: Obj) => {
       try {
-        mirror.onModel(inp.sessionID, inp.model)
+        mirror.onModel(inp.sessionID, inp.model, inp.message)
       } catch (e) {
         log.warn(`chat.params: ${(e as Error).message}`)
       }
@@ -376,13 +376,18 @@ class Mirror {
     }
   }
 
-  onModel(sessionID: string, model: Obj) {
+  onModel(sessionID: string, model: Obj, message?: Obj) {
     if (!sessionID || !model) return
     const ref = { providerID: String(model.providerID ?? ""), modelID: String(model.id ?? model.modelID ?? "") }
     if (model.limit) {
       this.limitsCache.set(`${ref.providerID}/${ref.modelID}`, Promise.resolve(model.limit))
       this.limitsKnown.set(`${ref.providerID}/${ref.modelID}`, model.limit)
     }
+    // OpenCode's turns go to their user message's model. A request on another model is a
+    // side request of the same session (its title, its summary, on OpenCode's small
+    // model): the session's model and limits stay the turn's.
+    const turn = message?.model
+    if (turn && (String(turn.providerID) !== ref.providerID || String(turn.modelID) !== ref.modelID)) return
     const s = this.session(sessionID)
     s.model = ref
     if (s.status === "ready") this.open(s)

@@ -287,6 +287,42 @@ test("after a model switch the request is checked against the new model's limits
   }
 })
 
+test("OpenCode's title request on its small model leaves the session on the user's model", async () => {
+  // OpenCode names a new session with its small model, through the same chat.params hook
+  // and the same session id, while the first turn runs. Before, that request set the
+  // session's model and limits to the small model's: compactd judged the turn against a
+  // window it is not sent to (here 8,000 tokens for a 200,000-token model).
+  const ses = "ses_title"
+  const all = history(ses, 1).slice(0, 1)
+  const hooks = await hooksFor(() => all)
+  try {
+    for (const e of [
+      { type: "message.updated", properties: { info: all[0].info } },
+      { type: "message.part.updated", properties: { part: all[0].parts[0] } },
+    ]) await hooks.event({ event: e })
+    await hooks["experimental.chat.messages.transform"]({}, { messages: [...all] })
+    const limit = (id) => PROVIDERS.data.providers[0].models[id].limit
+    await hooks["chat.params"]({ sessionID: ses, agent: "build", model: { providerID: "p", id: "m", limit: limit("m") }, message: all[0].info })
+    await hooks["chat.params"]({ sessionID: ses, agent: "title", model: { providerID: "p", id: "small", limit: limit("small") }, message: all[0].info })
+    // The turn's answer streams in (compactd checks it against the session's limits).
+    const answer = history(ses, 1)[1]
+    await hooks.event({ event: { type: "message.updated", properties: { info: answer.info } } })
+    await hooks.event({ event: { type: "message.part.updated", properties: { part: answer.parts[0] } } })
+    let held
+    const by = Date.now() + 15000
+    while ((held?.messages?.length ?? 0) < 2 && Date.now() < by) {
+      held = await client.getSession(ses)
+      if (held.messages.length < 2) await new Promise((r) => setTimeout(r, 20))
+    }
+    assert.equal(held.messages.length, 2, "the answer reached compactd")
+    const info = held.info
+    assert.equal(info.model.modelId, "m")
+    assert.equal(info.limits.context, 200000)
+  } finally {
+    await hooks.dispose()
+  }
+})
+
 /** Session `ses`: one user turn of `calls` steps, each a bash call with a 200-line log. */
 function toolTurn(ses, calls) {
   const out = [{
