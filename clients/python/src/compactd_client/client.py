@@ -37,11 +37,28 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 DEFAULT_TIMEOUT = 30.0
 
 
+# While calls are open, the channel pings every KEEPALIVE_MS and gives the server
+# KEEPALIVE_TIMEOUT_MS to answer: a call with no deadline (a Subscribe, a compaction)
+# to a compactd that stopped answering without closing the connection (hung, stopped,
+# across a network partition) ends UNAVAILABLE within ~30 s instead of when TCP gives up.
+KEEPALIVE_MS = 20_000
+KEEPALIVE_TIMEOUT_MS = 10_000
+
+
 def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> List[Tuple[str, Any]]:
-    """Channel options the clients use: larger message limits than gRPC's 4 MiB."""
+    """Channel options the clients use: larger message limits than gRPC's 4 MiB, and
+    keepalive pings while calls are open (a silent server ends them)."""
     return [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        # gRPC core (1.85 here) times a keepalive ping out after ping_timeout_ms (a
+        # minute by default), whatever keepalive_timeout_ms says.
+        ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        # gRPC core stops pinging after two pings on a call that sends nothing (a
+        # Subscribe): 0 keeps pinging for as long as the call is open.
+        ("grpc.http2.max_pings_without_data", 0),
     ]
 
 
