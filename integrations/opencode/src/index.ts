@@ -45,6 +45,18 @@ interface SessionState {
   /** The user turn (its message id) in which a compaction the plugin asked for failed: not
    *  asked for again before the next turn. */
   failedIn?: string
+  /** The user turn in which compactd refused to load the session whole, and why: not
+   *  loaded again before the next turn. */
+  refused?: { turn?: string; reason: string }
+}
+
+/** Codes of failures a retry may not meet again (compactd down or slow, a call cut): any
+ * other is a refusal of the request itself, which the same request would meet again. */
+const TRANSIENT = new Set(["UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "ABORTED", "UNKNOWN", "INTERNAL"])
+
+/** The id of the last user message: the user turn `messages` belong to. */
+function userTurn(messages: WithParts[]): string | undefined {
+  return [...messages].reverse().find((m) => m.info?.role === "user")?.info?.id
 }
 
 const digest = (v: unknown) => createHash("sha1").update(JSON.stringify(v)).digest("base64")
@@ -538,6 +550,28 @@ class Mirror {
   }
 
   /**
+   * `importSession`, tried at most once per user turn once compactd refused it (the
+   * session past its limits, a message it rejects, a wrong token): the same history would
+   * be refused again, and each try reads the whole session from OpenCode and sends it.
+   * Before, every request of the turn (every step) paid that in full. A failure to reach
+   * compactd is tried again at the next request, as before.
+   */
+  private async load(s: SessionState, messages: WithParts[]) {
+    const turn = userTurn(messages)
+    if (s.refused && s.refused.turn === turn) {
+      throw new Error(`compactd refused to load session ${s.id} in this user turn (${s.refused.reason}); it is tried again at the next turn`)
+    }
+    try {
+      await this.importSession(s, messages)
+      s.refused = undefined
+    } catch (e) {
+      const code = (e as Obj)?.codeName
+      if (typeof code === "string" && !TRANSIENT.has(code)) s.refused = { turn, reason: (e as Error).message }
+      throw e
+    }
+  }
+
+  /**
    * Loads OpenCode's whole session into compactd (replacing what it held). With compaction
    * "compactd", the compactions compactd committed stay: OpenCode's history lacks their
    * messages, and without them the summarized head would be sent (and summarized) again.
@@ -590,7 +624,7 @@ class Mirror {
     const sessionID = messages[0]?.info?.sessionID
     if (!sessionID) return null
     const s = this.session(sessionID)
-    if (s.status !== "ready") await this.importSession(s, messages)
+    if (s.status !== "ready") await this.load(s, messages)
     // compactd keeps parts in arrival order: if events came out of OpenCode's order, load
     // the session whole rather than send a context in another order.
     for (const m of messages) {
@@ -633,7 +667,7 @@ class Mirror {
         }
       }
     }
-    if (s.status !== "ready") await this.importSession(s, messages)
+    if (s.status !== "ready") await this.load(s, messages)
     // Reconcile: anything the events missed (or that changed since) is sent now.
     for (const m of messages) {
       this.messageUpdate(s, m.info, true)
@@ -652,12 +686,9 @@ class Mirror {
     await this.acked(s)
     if (s.status !== "ready") {
       // An update was rejected: load the whole session once more, then go on.
-      await this.importSession(s, messages)
+      await this.load(s, messages)
     }
-    if (this.settings.compaction === "compactd") {
-      const turn = [...messages].reverse().find((m) => m.info?.role === "user")?.info?.id
-      await this.compactIfNeeded(s, turn)
-    }
+    if (this.settings.compaction === "compactd") await this.compactIfNeeded(s, userTurn(messages))
     const ctx = await this.client.getContext(sessionID, "native")
     const known = new Map(messages.map((m) => [m.info.id, m]))
     // OpenCode messages not in this request (one OpenCode created after building it, such

@@ -785,3 +785,39 @@ test("a session longer than compactd's max_update_bytes is loaded whole, in chun
     capped.server.kill("SIGTERM")
   }
 })
+
+test("a session compactd refuses to load is not read and sent again before the next user turn", async () => {
+  // This compactd holds at most 100,000 bytes per session; the session is ~400 KB. Each
+  // load reads OpenCode's whole session and sends it: before, every request of the turn
+  // (each step of an agent loop) paid that again, to be refused again.
+  const capped = await startCompactd(BIN, "refused", ["--max-session-bytes", "100000"])
+  const ses = "ses_refused"
+  const all = history(ses, 4)
+  for (const m of all) if (m.info.role === "assistant") m.parts[0].text = "a line of build output\n".repeat(4000)
+  let reads = 0
+  const hooks = await hooksFor(() => (reads++, all), { address: capped.address })
+  try {
+    const request = async (messages) => {
+      const output = { messages: [...messages] }
+      await hooks["experimental.chat.messages.transform"]({}, output)
+      return output.messages
+    }
+    // Refused: OpenCode's own messages go out.
+    assert.deepEqual(await request(all), all)
+    assert.equal(reads, 1)
+    // The turn's next steps: not read, not sent.
+    assert.deepEqual(await request(all), all)
+    assert.deepEqual(await request(all), all)
+    assert.equal(reads, 1, "no load again in the same turn")
+    // The next user turn tries again.
+    const next = history(ses, 5).slice(8, 9)
+    assert.equal(next[0].info.role, "user")
+    all.push(...next)
+    assert.deepEqual(await request(all), all)
+    assert.equal(reads, 2, "loaded again at the next turn")
+  } finally {
+    await hooks.dispose()
+    capped.client.close()
+    capped.server.kill("SIGTERM")
+  }
+})
