@@ -504,11 +504,16 @@ class Mirror {
         if (!id) return
         // Forwarded whether or not the plugin still holds the session's state (an idle
         // one past maxSessions was forgotten, but compactd still holds the session).
+        // After the updates sent on the stream are answered: the delete is a call of its
+        // own, and one that came first would be undone by them (the session made again).
+        const sent = Promise.allSettled([...(this.sessions.get(id)?.pending ?? [])])
         this.sessions.delete(id)
         this.compacting.delete(id)
-        this.client.deleteSession(id).catch((e) => {
-          if (e?.codeName !== "NOT_FOUND") this.log.warn(`DeleteSession ${id}: ${e.message}`)
-        })
+        void sent
+          .then(() => this.client.deleteSession(id))
+          .catch((e) => {
+            if (e?.codeName !== "NOT_FOUND") this.log.warn(`DeleteSession ${id}: ${e.message}`)
+          })
         return
       }
       case "session.compacted":

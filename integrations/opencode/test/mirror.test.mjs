@@ -821,3 +821,32 @@ test("a session compactd refuses to load is not read and sent again before the n
     capped.server.kill("SIGTERM")
   }
 })
+
+test("a session deleted right after its first message stays deleted in compactd", async () => {
+  // The first message opens the session on the plugin's stream; the delete is a call of
+  // its own. Before, the delete could reach compactd before the stream's updates, which
+  // then made the session again: it stayed in compactd (and on its disk) for good.
+  const hooks = await hooksFor(() => [])
+  try {
+    for (let i = 0; i < 5; i++) {
+      const ses = `ses_gone_${i}`
+      await hooks.event({ event: { type: "message.updated", properties: { info: history(ses, 1)[0].info } } })
+      await hooks.event({ event: { type: "session.deleted", properties: { info: { id: ses } } } })
+    }
+    // Every update sent before is applied once a later session's update is (one stream,
+    // in order).
+    const marker = history("ses_gone_marker", 1)[0].info
+    await hooks.event({ event: { type: "message.updated", properties: { info: marker } } })
+    const by = Date.now() + 15000
+    let left = []
+    for (;;) {
+      const listed = (await client.listSessions()).map((s) => s.id)
+      left = listed.filter((id) => id.startsWith("ses_gone_") && id !== "ses_gone_marker")
+      if (listed.includes("ses_gone_marker") && left.length === 0) break
+      assert.ok(Date.now() < by, `still in compactd after 15 s: ${left.join(", ")}`)
+      await new Promise((r) => setTimeout(r, 50))
+    }
+  } finally {
+    await hooks.dispose()
+  }
+})
