@@ -297,3 +297,137 @@ async fn a_load_whose_caller_gave_up_keeps_its_turn_until_it_ends() {
     let most = counts.most.load(SeqCst);
     assert!(most <= MAX_CONCURRENT_LOADS, "{most} loads at once");
 }
+
+/// A load that read the session, then saw its id deleted, created again and sent cold
+/// before it was admitted, does not install the copy it read (the deleted incarnation):
+/// it reads the id again. Before, the deleted session was served, and an update
+/// acknowledged on it under `sync` was written to no row (lost at the restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_load_overtaken_by_a_delete_and_re_creation_serves_the_new_session() {
+    let dir = tempfile::tempdir().expect("dir");
+    let ids = ["x".to_string()];
+    // The first read (of the first incarnation) waits until `release` opens.
+    let release = Arc::new(Gate::default());
+    let reads = Arc::new(AtomicUsize::new(0));
+    let (gate, count) = (release.clone(), reads.clone());
+    let store = stored_then_read_through(dir.path(), &ids, move |inner, id| {
+        let stored = inner.load(id);
+        if count.fetch_add(1, SeqCst) == 0 {
+            gate.wait();
+        }
+        stored
+    })
+    .await;
+    let store = Arc::new(store);
+    let loader = {
+        let store = store.clone();
+        tokio::spawn(async move { store.get("x").await })
+    };
+    while reads.load(SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // The first incarnation is read; now the id is deleted, created again and sent cold.
+    assert!(store.remove("x").await.expect("deleted"));
+    let (again, created) = store.open(info("x")).await.expect("created again");
+    assert!(created);
+    feed(&again, turn(5, 1, 100)).await;
+    let new_session = observed(&again).await;
+    assert!(again.evict().await, "sent cold");
+    drop(again);
+    release.open();
+    let served = loader.await.expect("joined").expect("loaded");
+    assert_eq!(
+        observed(&served).await,
+        new_session,
+        "the session the id names now"
+    );
+    assert_eq!(reads.load(SeqCst), 2, "read again");
+    // An update acknowledged on it is on disk.
+    feed(&served, turn(9, 1, 100)).await;
+    let acked = observed(&served).await;
+    store.close().await;
+    drop(served);
+    drop(store);
+    let store = durable(dir.path(), Limits::default(), 0);
+    let h = store.get("x").await.expect("loaded from disk");
+    assert_eq!(
+        observed(&h).await,
+        acked,
+        "acknowledged under sync, so on disk"
+    );
+    store.close().await;
+}
+
+/// A gate a backend's load waits at until the test opens it.
+#[derive(Default)]
+struct Gate(Mutex<bool>, Condvar);
+
+impl Gate {
+    fn wait(&self) {
+        let mut open = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        while !*open {
+            open = self.1.wait(open).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn open(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.1.notify_all();
+    }
+}
+
+/// A load whose read found the session deleted, with the id created again and sent cold
+/// before the load ended, leaves the new session reachable. Before, the load took the id
+/// out of the cold sessions: the new session was out of reach until a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_load_that_found_nothing_leaves_a_re_created_session_reachable() {
+    let dir = tempfile::tempdir().expect("dir");
+    let ids = ["x".to_string()];
+    let (before_read, after_read) = (Arc::new(Gate::default()), Arc::new(Gate::default()));
+    let (entered, read) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let store = {
+        let (before, after) = (before_read.clone(), after_read.clone());
+        let (entered, read) = (entered.clone(), read.clone());
+        stored_then_read_through(dir.path(), &ids, move |inner, id| {
+            let first = entered.fetch_add(1, SeqCst) == 0;
+            if first {
+                before.wait();
+            }
+            let stored = inner.load(id);
+            if first {
+                read.store(1, SeqCst);
+                after.wait();
+            }
+            stored
+        })
+        .await
+    };
+    let store = Arc::new(store);
+    let loader = {
+        let store = store.clone();
+        tokio::spawn(async move { store.get("x").await })
+    };
+    while entered.load(SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // Deleted before the read: it finds nothing.
+    assert!(store.remove("x").await.expect("deleted"));
+    before_read.open();
+    while read.load(SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // Created again and sent cold before the load ends.
+    let (again, created) = store.open(info("x")).await.expect("created again");
+    assert!(created);
+    feed(&again, turn(5, 1, 100)).await;
+    let new_session = observed(&again).await;
+    assert!(again.evict().await, "sent cold");
+    drop(again);
+    after_read.open();
+    let served = loader.await.expect("joined").expect("the new session");
+    assert_eq!(observed(&served).await, new_session);
+    drop(served);
+    let h = store.get("x").await.expect("still reachable");
+    assert_eq!(observed(&h).await, new_session);
+    store.close().await;
+}

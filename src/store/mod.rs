@@ -23,6 +23,7 @@ mod backend;
 mod deleting;
 mod ledger;
 mod locked;
+mod reading;
 mod restore;
 mod sqlite;
 mod tx;
@@ -287,7 +288,46 @@ struct Map {
     /// Ids deleted under `interval` whose delete is not known written, each with the
     /// ticket of the task that writes it (`deleting.rs`).
     deleting: FastMap<String, u64>,
+    /// Ids being read from disk, each true once the id was deleted or created again
+    /// since the read began: the copy read is stale (`reading.rs`).
+    reading: FastMap<String, bool>,
 }
+
+impl Map {
+    /// The id was deleted or created again: a read of it in flight is stale.
+    fn overtake_reading(&mut self, id: &str) {
+        if let Some(stale) = self.reading.get_mut(id) {
+            *stale = true;
+        }
+    }
+
+    /// Whether the read of `id` in flight was overtaken (or is not registered).
+    fn read_is_stale(&self, id: &str) -> bool {
+        self.reading.get(id).copied().unwrap_or(true)
+    }
+
+    /// What a stale read of `id` answers instead: the session the id names now (read
+    /// again when it is cold, as after a re-creation sent cold), or none.
+    fn instead_of_stale(&self, id: &str) -> Result<Admitted, StoreError> {
+        match self.hot.get(id) {
+            Some(h) => Ok(Admitted::Handle(h.clone())),
+            None if self.cold.contains(id) => Ok(Admitted::ReadAgain),
+            None => Err(StoreError::NotFound(id.to_string())),
+        }
+    }
+}
+
+/// What a load's admission found.
+enum Admitted {
+    /// The session the id names, hot.
+    Handle(SessionHandle),
+    /// The copy read was stale and the id is cold again: read it again.
+    ReadAgain,
+}
+
+/// Reads of one id a load makes before it gives up, each overtaken by the id's deletion
+/// or re-creation (and its eviction) while it ran.
+const MAX_READS: usize = 4;
 
 /// What the store's actors share with it: the map of handles and the idle policy.
 #[derive(Default)]
@@ -575,8 +615,22 @@ impl Store {
     }
 
     async fn load_locked(&self, id: &str) -> Result<SessionHandle, StoreError> {
+        for _ in 0..MAX_READS {
+            match self.read_once(id).await? {
+                Admitted::Handle(h) => return Ok(h),
+                Admitted::ReadAgain => continue,
+            }
+        }
+        Err(StoreError::Storage(BackendError::Io(format!(
+            "session {id} was deleted or created again during each of {MAX_READS} reads \
+             from disk; try again"
+        ))))
+    }
+
+    /// One read of a cold session from disk, and its admission.
+    async fn read_once(&self, id: &str) -> Result<Admitted, StoreError> {
         if let Some(h) = self.read().hot.get(id) {
-            return Ok(h.clone());
+            return Ok(Admitted::Handle(h.clone()));
         }
         if self.is_closing() {
             return Err(StoreError::Closing);
@@ -591,6 +645,7 @@ impl Store {
         // while they run (a client's deadline) does not free the turn for another load
         // beside the one still decoding.
         let turn = self.loads.clone().acquire_owned().await.ok();
+        let _reading = reading::Reading::start(&self.shared, id);
         let began = Instant::now();
         let (config, key) = (self.config.clone(), id.to_string());
         let ceiling = self.limits.load_ceiling();
@@ -629,9 +684,15 @@ impl Store {
             }
             Ok(None) => {
                 let mut map = self.write();
-                map.cold.remove(id);
-                map.resume.remove(id);
-                Err(StoreError::NotFound(id.to_string()))
+                if map.read_is_stale(id) {
+                    // Deleted while it was read, and maybe created again since (and sent
+                    // cold): that session is not gone.
+                    map.instead_of_stale(id)
+                } else {
+                    map.cold.remove(id);
+                    map.resume.remove(id);
+                    Err(StoreError::NotFound(id.to_string()))
+                }
             }
             Err(LoadError::Backend(e)) => {
                 tracing::error!(session_id = id, error = %e, "cannot load the session from disk");
@@ -652,11 +713,7 @@ impl Store {
         outcome
     }
 
-    async fn admit_loaded(
-        &self,
-        id: &str,
-        r: restore::Restored,
-    ) -> Result<SessionHandle, StoreError> {
+    async fn admit_loaded(&self, id: &str, r: restore::Restored) -> Result<Admitted, StoreError> {
         self.admit_evicting(r.session.held_bytes(), 0).await?;
         let durable = self.durable(r.incarnation, r.seq, r.log_bytes, r.snapshot_bytes);
         let mut map = self.write();
@@ -664,11 +721,16 @@ impl Store {
             // The close has listed the sessions it writes: this one would not be among them.
             return Err(StoreError::Closing);
         }
+        if map.read_is_stale(id) {
+            // Deleted or created again while it was read: the copy read is not the
+            // session the id names now (which may be cold again: read that one).
+            return map.instead_of_stale(id);
+        }
         let resume = map.resume.remove(id);
         if !map.cold.remove(id) {
             // Deleted (or replaced) while it was being read.
             return match map.hot.get(id) {
-                Some(h) => Ok(h.clone()),
+                Some(h) => Ok(Admitted::Handle(h.clone())),
                 None => Err(StoreError::NotFound(id.to_string())),
             };
         }
@@ -680,7 +742,7 @@ impl Store {
         }
         let handle = self.spawn(session, durable);
         map.hot.insert(id.to_string(), handle.clone());
-        Ok(handle)
+        Ok(Admitted::Handle(handle))
     }
 
     fn durable(
@@ -799,6 +861,7 @@ impl Store {
         let handle = self.spawn(session, durable);
         map.cold.remove(&id);
         map.resume.remove(&id);
+        map.overtake_reading(&id);
         map.hot.insert(id, handle.clone());
         Ok((handle, written))
     }
@@ -890,6 +953,7 @@ impl Store {
             if removed.hot.is_none() && !removed.cold {
                 return Ok(false);
             }
+            map.overtake_reading(id);
             let committed = self
                 .backend
                 .as_ref()
