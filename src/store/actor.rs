@@ -1222,7 +1222,14 @@ impl Actor {
         let backend = j.d.backend.clone();
         let id = self.me.id.to_string();
         let config = self.config.clone();
+        // A turn among the store's loads: every session with a batch in flight reloads
+        // when the disk fills, each beside its copy in memory.
+        let turn = match self.me.store.upgrade() {
+            Some(store) => store.loads.take().await,
+            None => None,
+        };
         let loaded = tokio::task::spawn_blocking(move || {
+            let _turn = turn;
             let stored = backend.load(&id)?;
             stored
                 .map(|s| restore::restore(&id, s, &config))

@@ -349,6 +349,29 @@ struct Shared {
     /// queued and no session is created, loaded or deleted, so nothing is acknowledged
     /// that the close's final writes do not carry. Each actor holds it too.
     closing: Arc<AtomicBool>,
+    /// Reads of sessions from disk under way at once: loads, and an actor's reload after
+    /// a commit failed under `sync`.
+    loads: LoadTurns,
+}
+
+/// Turns for reading sessions from disk, at most [`MAX_CONCURRENT_LOADS`] at once: each
+/// read holds its snapshot's text and the session decoded from it before anything
+/// counts them. Reloads after failed commits take them too: a full disk fails every
+/// session with a batch in flight at once, and each reload holds a second copy of its
+/// session beside the one it replaces.
+struct LoadTurns(Arc<tokio::sync::Semaphore>);
+
+impl Default for LoadTurns {
+    fn default() -> Self {
+        LoadTurns(Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_LOADS)))
+    }
+}
+
+impl LoadTurns {
+    /// Waits for a turn (None only if the semaphore were closed, which it never is).
+    async fn take(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.0.clone().acquire_owned().await.ok()
+    }
 }
 
 impl std::fmt::Debug for Shared {
@@ -425,9 +448,6 @@ pub struct Store {
     incarnations: AtomicU64,
     /// One lock per session being loaded from disk, so it is loaded once.
     loading: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    /// Loads from disk under way at once, at most [`MAX_CONCURRENT_LOADS`]: each holds its
-    /// snapshot's text and the session decoded from it before the budget admits it.
-    loads: Arc<tokio::sync::Semaphore>,
     /// The store's clock for "least recently used".
     clock: Instant,
 }
@@ -449,7 +469,6 @@ impl Store {
             backend: None,
             incarnations: AtomicU64::new(0),
             loading: Mutex::default(),
-            loads: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_LOADS)),
             clock: Instant::now(),
         }
     }
@@ -644,7 +663,7 @@ impl Store {
         // Held by the read and decode themselves (never closed): a caller that gives up
         // while they run (a client's deadline) does not free the turn for another load
         // beside the one still decoding.
-        let turn = self.loads.clone().acquire_owned().await.ok();
+        let turn = self.shared.loads.take().await;
         let _reading = reading::Reading::start(&self.shared, id);
         let began = Instant::now();
         let (config, key) = (self.config.clone(), id.to_string());
@@ -1194,6 +1213,10 @@ mod tests;
 #[cfg(test)]
 #[path = "durable_tests.rs"]
 pub(crate) mod durable_tests;
+
+#[cfg(test)]
+#[path = "reload_tests.rs"]
+mod reload_tests;
 
 #[cfg(test)]
 #[path = "sync_tests.rs"]
