@@ -478,6 +478,12 @@ struct Journal {
     /// session (encoded again) every interval by every session.
     failures: u32,
     retry_at: Option<tokio::time::Instant>,
+    /// Failed tries to go cold in a row, and when the next may be tried (both
+    /// durabilities): under memory pressure on a failing disk, each try writes the
+    /// session whole and, under `sync`, reloads it when that fails; asked after every
+    /// job, the same session was tried again and again.
+    leave_failures: u32,
+    leave_retry_at: Option<tokio::time::Instant>,
 }
 
 /// The wait after the first failed commit under `interval`, doubled after each next one
@@ -546,6 +552,8 @@ pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
             recreate: false,
             failures: 0,
             retry_at: None,
+            leave_failures: 0,
+            leave_retry_at: None,
         }
     });
     let state = Arc::new(State {
@@ -1054,6 +1062,8 @@ impl Actor {
         if result.is_ok() {
             j.failures = 0;
             j.retry_at = None;
+            j.leave_failures = 0;
+            j.leave_retry_at = None;
         } else if !j.waits {
             // Acknowledged already (interval): written again, after a wait that grows.
             j.failures = j.failures.saturating_add(1);
@@ -1349,12 +1359,12 @@ impl Actor {
         // Under `interval`, a disk that refused this session's last write is not tried
         // again before its wait is over (memory pressure asks after every job). A close
         // flushes through `Msg::Flush` whatever the wait.
-        if self
-            .journal
-            .as_ref()
-            .and_then(|j| j.retry_at)
-            .is_some_and(|at| at > tokio::time::Instant::now())
-        {
+        // Nor, under either durability, is a session whose last try to go cold failed
+        // tried again before its own wait is over.
+        let now = tokio::time::Instant::now();
+        if self.journal.as_ref().is_some_and(|j| {
+            j.retry_at.is_some_and(|at| at > now) || j.leave_retry_at.is_some_and(|at| at > now)
+        }) {
             return Leave::Unsaved;
         }
         if let Some(j) = self.journal.as_mut()
@@ -1366,6 +1376,11 @@ impl Actor {
             }
         }
         if self.flush().await.is_err() {
+            if let Some(j) = self.journal.as_mut() {
+                j.leave_failures = j.leave_failures.saturating_add(1);
+                j.leave_retry_at =
+                    Some(tokio::time::Instant::now() + retry_delay(j.leave_failures));
+            }
             return Leave::Unsaved;
         }
         {
