@@ -991,6 +991,13 @@ impl Store {
                 let settled = tokio::spawn(async move {
                     let result = rx.await.unwrap_or(Err(BackendError::Closed));
                     if result.is_err() {
+                        // A session created under the id meanwhile, its first write still
+                        // in flight, may be refused too: then the id is free again, and
+                        // what the delete took out must come back (else the session on
+                        // disk is out of reach, and the next open overwrites it).
+                        while let Some(creating) = creating(&shared, &owned) {
+                            let _ = creating.flush().await;
+                        }
                         put_back(&shared, &owned, removed);
                     }
                     result
@@ -1185,6 +1192,16 @@ struct Removed {
 /// meanwhile (a session created under it: the refused delete no longer concerns it). A
 /// session whose actor ended meanwhile (its own first write failed too) is put back as
 /// the disk's copy, as its actor would have left it: loaded on next use, or not found.
+/// The session placed under `id` whose first write (its `Create`) is still in flight.
+fn creating(shared: &Shared, id: &str) -> Option<SessionHandle> {
+    shared
+        .read()
+        .hot
+        .get(id)
+        .filter(|h| h.is_creating())
+        .cloned()
+}
+
 fn put_back(shared: &Shared, id: &str, removed: Removed) {
     let mut map = shared.write();
     if map.hot.contains_key(id) || map.cold.contains(id) {

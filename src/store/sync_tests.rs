@@ -235,3 +235,44 @@ async fn a_refused_delete_does_not_put_back_a_session_whose_actor_ended() {
     assert!(created, "nothing was written under it");
     feed(&h, turn(0, 1, 100)).await;
 }
+
+/// A delete and a new session under the same id, both refused by the disk: the session
+/// the delete took out comes back (the disk still holds it). Before, the refused delete
+/// found the id taken by the new session (its write still in flight) and put nothing
+/// back; then the new session was refused too and left: the stored session was out of
+/// reach (NOT_FOUND) though the client was told the delete failed, and the next open
+/// would have written an empty session over it (20 of 20 runs in the review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_delete_racing_a_refused_create_keeps_the_session() {
+    for _ in 0..5 {
+        let dir = tempfile::tempdir().expect("dir");
+        let faulty = Arc::new(Faulty::sync(dir.path(), None));
+        let store = Arc::new(store_over(faulty.clone()));
+        let kept = session_s(&store).await;
+        // Every write fails, 500 ms after it was asked for: the new session is placed
+        // before the delete is refused.
+        faulty.fail_after_ms.store(500, SeqCst);
+        faulty.fail_all.store(true, SeqCst);
+        let delete = {
+            let store = store.clone();
+            tokio::spawn(async move { store.remove("s").await })
+        };
+        until("the delete took the session out", || {
+            store.hot("s").is_none()
+        })
+        .await;
+        assert!(
+            store.open(info("s")).await.is_err(),
+            "the create is refused"
+        );
+        assert!(
+            delete.await.expect("joined").is_err(),
+            "the delete is refused"
+        );
+        assert!(store.holds("s"), "the session is still there");
+        faulty.fail_all.store(false, SeqCst);
+        let h = store.get("s").await.expect("reachable");
+        assert_eq!(observed(&h).await, kept);
+        store.close().await;
+    }
+}
