@@ -7,7 +7,7 @@ import {
   type ClientOptions,
   type ServiceError,
 } from "@grpc/grpc-js";
-import { CompactdError } from "./errors.js";
+import { CompactdError, toCompactdError } from "./errors.js";
 import { collectCompaction, updateResult, type CompactionResult, type UpdateResult } from "./results.js";
 export { collectCompaction, updateResult, type CompactionResult, type UpdateResult };
 import { AsyncQueue } from "./queue.js";
@@ -153,6 +153,9 @@ const DEFAULT_ADDRESS = "127.0.0.1:50051";
 const DEFAULT_DEADLINE_MS = 30_000;
 const DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024;
 const DEFAULT_IMPORT_CHUNK_BYTES = 960 * 1024;
+/** The details of the CANCELLED error of calls `close()` ended, and of calls made after it. */
+const CLOSED_IN_FLIGHT = "the client was closed (close()) while this call was open";
+const CLOSED_BEFORE = "the client is closed (close() was called): no call can be made on it; make a new CompactdClient";
 
 type Service = typeof SessionsService;
 type UnaryName = {
@@ -164,6 +167,11 @@ type UnaryName = {
 }[keyof Service];
 type ReqOf<K extends keyof Service> = Parameters<Service[K]["requestSerialize"]>[0];
 type ResOf<K extends keyof Service> = ReturnType<Service[K]["responseDeserialize"]>;
+
+/** A call this client started and has not seen end: `close()` aborts it with its error. */
+interface OpenCall {
+  abort(err: CompactdError): void;
+}
 
 function envVar(name: string): string | undefined {
   const p = (globalThis as { process?: { env?: Record<string, string | undefined> } }).process;
@@ -200,6 +208,9 @@ export class CompactdClient {
   private readonly deadlineMs: number;
   private readonly importChunkBytes: number;
   private readonly maxUpdateBytes: number | null;
+  /** Calls started and not yet over: `close()` cancels them (the channel's own close does not). */
+  readonly #open = new Set<OpenCall>();
+  #closed = false;
 
   constructor(options: ClientOptionsInit = {}) {
     this.address = options.address ?? envVar("COMPACTD_ADDR") ?? DEFAULT_ADDRESS;
@@ -228,19 +239,75 @@ export class CompactdClient {
     });
   }
 
-  /** Waits until the channel is connected (or rejects with DEADLINE_EXCEEDED / UNAVAILABLE). */
+  /**
+   * Waits until the channel is connected (or rejects with DEADLINE_EXCEEDED / UNAVAILABLE;
+   * CANCELLED once the client is closed).
+   */
   waitForReady(timeoutMs = 10_000): Promise<void> {
     return new Promise((resolve, reject) => {
+      if (this.#closed) {
+        reject(this.closedError());
+        return;
+      }
       this.raw.waitForReady(Date.now() + timeoutMs, (err) => {
-        if (err) reject(new CompactdError({ code: Status.UNAVAILABLE, details: `compactd at ${this.address} not ready: ${err.message}`, cause: err }));
-        else resolve();
+        if (!err) resolve();
+        else if (this.#closed) reject(this.closedError(err));
+        else reject(new CompactdError({ code: Status.UNAVAILABLE, details: `compactd at ${this.address} not ready: ${err.message}`, cause: err }));
       });
     });
   }
 
-  /** Closes the channel. Calls in flight fail with CANCELLED or UNAVAILABLE. */
+  /**
+   * Closes the client: every call it has open ends at once with a {@link CompactdError}
+   * CANCELLED ("the client was closed"): a unary call rejects, a `subscribe()` or
+   * `compact()` iteration throws (and `result()` rejects), a `stream()` ends (its updates
+   * in flight reject, `closed` resolves with the error). Then the channel closes, and a
+   * process holds nothing open for it. (grpc-js' own `Channel.close()` fails only calls
+   * not yet on a connection: a subscription went on, and kept the process alive.) For a
+   * graceful end, `await stream.end()` first. After `close()`, unary methods reject, and
+   * `stream()`, `subscribe()` and `compact()` throw, the same CANCELLED error: make a new
+   * client. Calling it again does nothing.
+   */
   close(): void {
+    if (!this.#closed) {
+      this.#closed = true;
+      const open = [...this.#open];
+      this.#open.clear();
+      const err = new CompactdError({ code: Status.CANCELLED, details: CLOSED_IN_FLIGHT });
+      for (const call of open) call.abort(err);
+    }
     this.raw.close();
+  }
+
+  /** True once `close()` was called. */
+  get isClosed(): boolean {
+    return this.#closed;
+  }
+
+  /** The error of a call made after `close()`. */
+  private closedError(cause?: unknown): CompactdError {
+    return new CompactdError({ code: Status.CANCELLED, details: CLOSED_BEFORE, cause });
+  }
+
+  /**
+   * Starts a grpc-js call: after `close()` (or a `raw.close()`) it throws the client's
+   * CANCELLED error, and whatever else it throws as a CompactdError (grpc-js throws plain
+   * Errors, "Channel has been shut down").
+   */
+  private startCall<C>(start: () => C): C {
+    if (this.#closed) throw this.closedError();
+    try {
+      return start();
+    } catch (e) {
+      if (e instanceof Error && /shut ?down|closed/i.test(e.message)) throw this.closedError(e);
+      throw toCompactdError(e);
+    }
+  }
+
+  /** Tracks an open call (close() aborts it); returns the function that stops tracking it, for its end. */
+  private track(call: OpenCall): () => void {
+    this.#open.add(call);
+    return () => void this.#open.delete(call);
   }
 
   /** Metadata carrying the bearer token (exposed for calls made through `raw`). */
@@ -259,23 +326,41 @@ export class CompactdClient {
   private unary<K extends UnaryName>(name: K, request: ReqOf<K>, opts?: CallOptions): Promise<ResOf<K>> {
     const def = SessionsService[name];
     return new Promise<ResOf<K>>((resolve, reject) => {
+      if (this.#closed) {
+        reject(this.closedError());
+        return;
+      }
       if (opts?.signal?.aborted) {
         reject(new CompactdError({ code: Status.CANCELLED, details: "aborted before the call" }));
         return;
       }
-      const call = this.raw.makeUnaryRequest(
-        def.path,
-        def.requestSerialize as (v: ReqOf<K>) => Buffer,
-        def.responseDeserialize as (b: Buffer) => ResOf<K>,
-        request,
-        this.metadata(),
-        this.callOptions(opts, true),
-        (err: ServiceError | null, res?: ResOf<K>) => {
-          opts?.signal?.removeEventListener("abort", onAbort);
-          if (err) reject(CompactdError.fromStatus(err));
-          else resolve(res as ResOf<K>);
-        },
+      let over = false;
+      let abortedWith: CompactdError | undefined;
+      let untrack = () => undefined as void;
+      const call = this.startCall(() =>
+        this.raw.makeUnaryRequest(
+          def.path,
+          def.requestSerialize as (v: ReqOf<K>) => Buffer,
+          def.responseDeserialize as (b: Buffer) => ResOf<K>,
+          request,
+          this.metadata(),
+          this.callOptions(opts, true),
+          (err: ServiceError | null, res?: ResOf<K>) => {
+            over = true;
+            untrack();
+            opts?.signal?.removeEventListener("abort", onAbort);
+            if (err) reject(abortedWith ?? CompactdError.fromStatus(err));
+            else resolve(res as ResOf<K>);
+          },
+        ),
       );
+      if (over) return;
+      untrack = this.track({
+        abort: (e) => {
+          abortedWith = e;
+          call.cancel();
+        },
+      });
       const onAbort = () => call.cancel();
       opts?.signal?.addEventListener("abort", onAbort, { once: true });
     });
@@ -283,15 +368,26 @@ export class CompactdClient {
 
   private serverStream<K extends "compact" | "subscribe", T>(name: K, request: ReqOf<K>, opts?: CallOptions): ServerStream<T> {
     const def = SessionsService[name];
-    const call = this.raw.makeServerStreamRequest(
-      def.path,
-      def.requestSerialize as (v: ReqOf<K>) => Buffer,
-      def.responseDeserialize as (b: Buffer) => T,
-      request,
-      this.metadata(),
-      this.callOptions(opts, false),
+    const call = this.startCall(() =>
+      this.raw.makeServerStreamRequest(
+        def.path,
+        def.requestSerialize as (v: ReqOf<K>) => Buffer,
+        def.responseDeserialize as (b: Buffer) => T,
+        request,
+        this.metadata(),
+        this.callOptions(opts, false),
+      ),
     );
     let cancelled = false;
+    // close() ends the call with its own error (a cancel() by the host ends it cleanly).
+    let abortedWith: CompactdError | undefined;
+    const untrack = this.track({
+      abort: (e) => {
+        if (cancelled || abortedWith) return;
+        abortedWith = e;
+        call.cancel();
+      },
+    });
     const cancel = () => {
       if (cancelled) return;
       cancelled = true;
@@ -333,7 +429,7 @@ export class CompactdClient {
       else queue.end();
     };
     call.on("error", (err: ServiceError) => {
-      const e = CompactdError.fromStatus(err);
+      const e = abortedWith ?? CompactdError.fromStatus(err);
       readyReject(e);
       outcome ??= cancelled && err.code === Status.CANCELLED ? {} : { error: e };
       settle();
@@ -351,6 +447,7 @@ export class CompactdClient {
     call.on("status", (st) => {
       // The call is over: a signal shared by many calls keeps no listener of this one.
       opts?.signal?.removeEventListener("abort", onAbort);
+      untrack();
       if (st.code === Status.OK) {
         readyResolve();
         outcome ??= {};
@@ -385,14 +482,18 @@ export class CompactdClient {
     // Updates are encoded by the stream before they are written (`SessionStream.send`):
     // grpc-js would encode inside the call and cancel the whole call on a value that does
     // not encode.
-    const call = this.raw.makeBidiStreamRequest(
-      def.path,
-      (encoded: Buffer) => encoded,
-      def.responseDeserialize,
-      this.metadata(),
-      this.callOptions(opts, false),
+    const call = this.startCall(() =>
+      this.raw.makeBidiStreamRequest(
+        def.path,
+        (encoded: Buffer) => encoded,
+        def.responseDeserialize,
+        this.metadata(),
+        this.callOptions(opts, false),
+      ),
     );
     const s = new SessionStream(call, { maxUpdateBytes: this.maxUpdateBytes });
+    const untrack = this.track({ abort: (e) => s.abort(e) });
+    void s.closed.then(untrack);
     if (opts?.signal) {
       const signal = opts.signal;
       const onAbort = () => s.cancel();
@@ -460,24 +561,40 @@ export class CompactdClient {
   private importChunked(request: ImportSessionRequest, doc: Buffer, size: number, opts?: CallOptions): Promise<SessionSummary> {
     const def = SessionsService.importSessionChunked;
     return new Promise<SessionSummary>((resolve, reject) => {
+      if (this.#closed) {
+        reject(this.closedError());
+        return;
+      }
       if (opts?.signal?.aborted) {
         reject(new CompactdError({ code: Status.CANCELLED, details: "aborted before the call" }));
         return;
       }
       let ended = false;
-      const call = this.raw.makeClientStreamRequest(
-        def.path,
-        def.requestSerialize,
-        def.responseDeserialize,
-        this.metadata(),
-        this.callOptions(opts, true),
-        (err: ServiceError | null, res?: SessionSummary) => {
-          ended = true;
-          opts?.signal?.removeEventListener("abort", onAbort);
-          if (err) reject(CompactdError.fromStatus(err));
-          else resolve(res as SessionSummary);
-        },
+      let abortedWith: CompactdError | undefined;
+      let untrack = () => undefined as void;
+      const call = this.startCall(() =>
+        this.raw.makeClientStreamRequest(
+          def.path,
+          def.requestSerialize,
+          def.responseDeserialize,
+          this.metadata(),
+          this.callOptions(opts, true),
+          (err: ServiceError | null, res?: SessionSummary) => {
+            ended = true;
+            untrack();
+            opts?.signal?.removeEventListener("abort", onAbort);
+            if (err) reject(abortedWith ?? CompactdError.fromStatus(err));
+            else resolve(res as SessionSummary);
+          },
+        ),
       );
+      if (ended) return;
+      untrack = this.track({
+        abort: (e) => {
+          abortedWith = e;
+          call.cancel();
+        },
+      });
       const onAbort = () => call.cancel();
       opts?.signal?.addEventListener("abort", onAbort, { once: true });
       let at = 0;

@@ -462,4 +462,15 @@ export class SessionStream {
   cancel(): void {
     if (this.ended === undefined) this.call.cancel();
   }
+
+  /**
+   * Ends the stream at once with `err` (its client's `close()` uses it): updates in flight
+   * and waiting reject with it (`streamEnded`), its compactions' iterations throw it, and
+   * the call is cancelled. Nothing when the stream is already over.
+   */
+  abort(err: CompactdError): void {
+    if (this.ended !== undefined) return;
+    this.finish(err);
+    this.call.cancel();
+  }
 }
