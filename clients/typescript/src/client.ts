@@ -8,7 +8,7 @@ import {
   type ServiceError,
 } from "@grpc/grpc-js";
 import { CompactdError, toCompactdError } from "./errors.js";
-import { collectCompaction, updateResult, type CompactionResult, type UpdateResult } from "./results.js";
+import { cancelledHere, collectCompaction, updateResult, type CompactionResult, type UpdateResult } from "./results.js";
 export { collectCompaction, updateResult, type CompactionResult, type UpdateResult };
 import { AsyncQueue } from "./queue.js";
 import { DEFAULT_MAX_UPDATE_BYTES, SessionStream } from "./stream.js";
@@ -116,7 +116,11 @@ export interface ServerStream<T> extends AsyncIterableIterator<T> {
   readonly ready: Promise<void>;
   /** Events read and not yet taken by the iteration: at most {@link MAX_UNREAD_EVENTS}. */
   readonly buffered: number;
-  /** Ends the call (the iterator then ends without an error). */
+  /**
+   * Ends the call: the iterator ends without an error once the call's end is in, after
+   * the events that arrived before it (a Compact's then ends with `failed`, kind
+   * "cancelled", unless its outcome was among them).
+   */
   cancel(): void;
 }
 
@@ -366,7 +370,17 @@ export class CompactdClient {
     });
   }
 
-  private serverStream<K extends "compact" | "subscribe", T>(name: K, request: ReqOf<K>, opts?: CallOptions): ServerStream<T> {
+  /**
+   * A server-streaming call as a {@link ServerStream}. `hooks.observe` sees every item as
+   * it arrives; `hooks.cancelledEnd` gives the item that ends a call the caller cancelled
+   * (`cancel()`, the signal), if any, pushed after every item that arrived before it.
+   */
+  private serverStream<K extends "compact" | "subscribe", T>(
+    name: K,
+    request: ReqOf<K>,
+    opts?: CallOptions,
+    hooks?: { observe?(item: T): void; cancelledEnd?(): T | undefined },
+  ): ServerStream<T> {
     const def = SessionsService[name];
     const call = this.startCall(() =>
       this.raw.makeServerStreamRequest(
@@ -411,6 +425,7 @@ export class CompactdClient {
     ready.catch(() => undefined); // no unhandled rejection when nobody waits for it
     call.on("metadata", () => readyResolve());
     call.on("data", (item: T) => {
+      hooks?.observe?.(item);
       queue.push(item);
       if (!paused && queue.size >= MAX_UNREAD_EVENTS) {
         paused = true;
@@ -423,10 +438,17 @@ export class CompactdClient {
     // its outcome).
     let outcome: { error?: CompactdError } | undefined;
     let drained = false;
+    let settled = false;
     const settle = () => {
-      if (!outcome || !(drained || (!paused && call.readableLength === 0))) return;
-      if (outcome.error) queue.fail(outcome.error);
-      else queue.end();
+      if (settled || !outcome || !(drained || (!paused && call.readableLength === 0))) return;
+      settled = true;
+      if (outcome.error) {
+        queue.fail(outcome.error);
+        return;
+      }
+      const last = cancelled ? hooks?.cancelledEnd?.() : undefined;
+      if (last !== undefined) queue.push(last);
+      queue.end();
     };
     call.on("error", (err: ServiceError) => {
       const e = abortedWith ?? CompactdError.fromStatus(err);
@@ -461,12 +483,9 @@ export class CompactdClient {
     const it = queue as unknown as ServerStream<T>;
     Object.defineProperty(it, "ready", { value: ready });
     Object.defineProperty(it, "buffered", { get: () => queue.size });
-    Object.defineProperty(it, "cancel", {
-      value: () => {
-        cancel();
-        queue.end();
-      },
-    });
+    // The iteration ends once the call's end is in: after what arrived before the cancel
+    // (a Compact's outcome among it, which ending the queue here dropped).
+    Object.defineProperty(it, "cancel", { value: cancel });
     return it;
   }
 
@@ -715,13 +734,25 @@ export class CompactdClient {
   /**
    * Summarizes the session now. Iterate the run for `started`, `delta`, `retrying` and the
    * final `compacted` or `failed`; or `await run.result()`. `cancel()` (or `break`, or the
-   * signal) cancels the compaction and its LLM request.
+   * signal) cancels the compaction and its LLM request. A run cancelled by `cancel()` or
+   * the signal ends with `failed` of kind "cancelled" (not retryable; made by the client,
+   * as the call ends without an outcome), so `result().failed.kind` is "cancelled"; an
+   * outcome that arrived before the cancel is kept instead. (A `break` just ends.)
    */
   compact(sessionId: string, options: DeepPartial<CompactOptions> = {}, opts?: CallOptions): CompactionRun {
+    let compactionId = "";
+    let ended = false;
     const s = this.serverStream<"compact", CompactionEvent>(
       "compact",
       CompactRequest.fromPartial({ sessionId, options: CompactOptions.fromPartial(options) }),
       opts,
+      {
+        observe: (e) => {
+          compactionId ||= e.compactionId;
+          if (e.compacted || e.failed) ended = true;
+        },
+        cancelledEnd: () => (ended ? undefined : cancelledHere(sessionId, compactionId)),
+      },
     );
     Object.defineProperty(s, "result", { value: () => collectCompaction(s) });
     return s as CompactionRun;

@@ -30,6 +30,26 @@ export interface CompactionResult {
   events: CompactionEvent[];
 }
 
+/**
+ * The outcome of a `Compact` call the caller cancelled (`cancel()`, its abort signal) before
+ * `compacted` or `failed` arrived: `failed` with kind "cancelled", as a compaction cancelled
+ * on a stream ends (the call itself ends without one). Not retryable, as compactd's own.
+ */
+export function cancelledHere(sessionId: string, compactionId = ""): CompactionEvent {
+  return {
+    sessionId,
+    compactionId,
+    failed: {
+      kind: "cancelled",
+      reason: "cancelled by this client; a commit that raced the cancel is not reported",
+      retryable: false,
+      autoCompactionPaused: false,
+      usage: undefined,
+      cost: 0,
+    },
+  } as CompactionEvent;
+}
+
 /** Summarizes an UpdateResponse (or the events of one stream update) as an UpdateResult. */
 export function updateResult(seq: number, events: ServerEvent[]): UpdateResult {
   const ack = events.find((e) => e.ack !== undefined)?.ack;

@@ -31,7 +31,10 @@ export interface OpenAITool {
 export interface CallOptions {
   /** Deadline of this call in milliseconds (unary default: the client's `deadlineMs`; streams: none). */
   deadlineMs?: number;
-  /** Cancels the call (a unary call then rejects with CANCELLED; a stream ends). */
+  /**
+   * Cancels the call (a unary call then rejects with CANCELLED; a stream ends; a `compact()`
+   * run ends with `failed` of kind "cancelled" unless its outcome arrived first).
+   */
   signal?: AbortSignal;
 }
 

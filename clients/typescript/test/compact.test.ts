@@ -242,6 +242,70 @@ describe("Compact and Subscribe", () => {
     assert.equal(r?.summary, "after cancel");
   });
 
+  /** Starts a compaction of `sid` that hangs at the LLM, and waits for `started` and its request. */
+  async function hanging(sid: string, opts?: { signal?: AbortSignal }) {
+    fake.script = [{ chunks: [], hang: true }];
+    await seeded(sid);
+    const aborted = fake.aborted;
+    const sent = fake.requests.length;
+    const run = c.compact(sid, {}, opts);
+    const first = await run.next();
+    assert.ok(first.value?.started, JSON.stringify(first.value));
+    await waitFor(() => fake.requests.length > sent, 15_000, "the LLM request");
+    return { run, aborted, started: first.value as CompactionEvent };
+  }
+
+  /** The compaction's result, or a failure after 15 s (generous: it is due at once). */
+  async function resultWithin(run: ReturnType<CompactdClient["compact"]>) {
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const late = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error("result() still pending after 15 s")), 15_000)));
+    try {
+      return await Promise.race([run.result(), late]);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  test("a compact() run cancelled after started ends failed, kind cancelled", async () => {
+    const sid = "cmp-cancel";
+    const { run, aborted, started } = await hanging(sid);
+    run.cancel();
+    const r = await resultWithin(run);
+    assert.equal(r.compacted, undefined);
+    assert.equal(r.failed?.kind, "cancelled", JSON.stringify(r));
+    assert.equal(r.failed?.retryable, false);
+    assert.match(r.failed?.reason ?? "", /cancelled by this client/);
+    assert.equal(r.compactionId, started.compactionId);
+    const last = r.events.at(-1)!;
+    assert.equal(last.sessionId, sid);
+    assert.equal(last.compactionId, started.compactionId, "the iteration's last event is the failure");
+    await waitFor(() => fake.aborted > aborted, 15_000, "the LLM request to be dropped");
+  });
+
+  test("a compact() run cancelled by its abort signal ends failed, kind cancelled", async () => {
+    const ac = new AbortController();
+    const { run, aborted } = await hanging("cmp-abort", { signal: ac.signal });
+    ac.abort();
+    const r = await resultWithin(run);
+    assert.equal(r.compacted, undefined);
+    assert.equal(r.failed?.kind, "cancelled", JSON.stringify(r));
+    await waitFor(() => fake.aborted > aborted, 15_000, "the LLM request to be dropped");
+  });
+
+  test("a compact() run's outcome that arrived before its cancel is kept", async () => {
+    const sid = "cmp-cancel-late";
+    await seeded(sid);
+    fake.script = [{ chunks: ["## Objective\n", "Kept."] }];
+    const run = c.compact(sid);
+    // started, two deltas, compacted: all read by the call, none taken yet.
+    await waitFor(() => run.buffered >= 4, 15_000, "the compaction's four events");
+    run.cancel();
+    const r = await resultWithin(run);
+    assert.ok(r.compacted, JSON.stringify(r));
+    assert.equal(r.failed, undefined);
+    assert.equal(r.summary, "## Objective\nKept.");
+  });
+
   test("a deadline on Compact ends the call with DEADLINE_EXCEEDED", async () => {
     fake.script = [{ chunks: [], hang: true }];
     const sid = "cmp-6";
