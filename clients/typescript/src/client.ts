@@ -85,7 +85,11 @@ export interface ClientOptionsInit {
    * end the whole stream, every session on it. `null`: no check.
    */
   maxUpdateBytes?: number | null;
-  /** Extra grpc-js channel options (keepalive, ...), applied last. */
+  /**
+   * Extra grpc-js channel options, applied last (over the defaults: the message limits, and
+   * keepalive pings every 20 s while calls are open, 10 s to answer: `grpc.keepalive_time_ms`
+   * 20000, `grpc.keepalive_timeout_ms` 10000; `grpc.keepalive_time_ms: -1` turns them off).
+   */
   channelOptions?: Partial<ClientOptions>;
   /** Ready-made channel credentials (wins over `tls`). */
   credentials?: ChannelCredentials;
@@ -157,6 +161,17 @@ const DEFAULT_ADDRESS = "127.0.0.1:50051";
 const DEFAULT_DEADLINE_MS = 30_000;
 const DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024;
 const DEFAULT_IMPORT_CHUNK_BYTES = 960 * 1024;
+/**
+ * While calls are open, the channel pings compactd every KEEPALIVE_MS and gives it
+ * KEEPALIVE_TIMEOUT_MS to answer: a call with no deadline (a subscribe(), a compact(), a
+ * stream()) to a compactd that stopped answering without closing the connection (hung,
+ * stopped, across a network partition) fails UNAVAILABLE within ~30 s instead of waiting
+ * for TCP to give up (never, for a call that sends nothing). No pings without calls
+ * (grpc-js' `grpc.keepalive_permit_without_calls` stays off): an idle client costs
+ * compactd nothing. The Python client's defaults too.
+ */
+const KEEPALIVE_MS = 20_000;
+const KEEPALIVE_TIMEOUT_MS = 10_000;
 /** The details of the CANCELLED error of calls `close()` ended, and of calls made after it. */
 const CLOSED_IN_FLIGHT = "the client was closed (close()) while this call was open";
 const CLOSED_BEFORE = "the client is closed (close() was called): no call can be made on it; make a new CompactdClient";
@@ -239,6 +254,8 @@ export class CompactdClient {
     this.raw = new SessionsClient(this.address, creds, {
       "grpc.max_receive_message_length": max,
       "grpc.max_send_message_length": max,
+      "grpc.keepalive_time_ms": KEEPALIVE_MS,
+      "grpc.keepalive_timeout_ms": KEEPALIVE_TIMEOUT_MS,
       ...options.channelOptions,
     });
   }
