@@ -1,4 +1,5 @@
 import {
+  connectivityState,
   credentials as grpcCredentials,
   Metadata,
   status as Status,
@@ -261,8 +262,12 @@ export class CompactdClient {
   }
 
   /**
-   * Waits until the channel is connected (or rejects with DEADLINE_EXCEEDED / UNAVAILABLE;
-   * CANCELLED once the client is closed).
+   * Waits until the channel is connected; it waits through failed attempts, as gRPC's
+   * wait-for-ready does. At `timeoutMs` it rejects with UNAVAILABLE when the channel's
+   * attempts were failing (TRANSIENT_FAILURE: refused, unreachable; the same code its calls
+   * get), else DEADLINE_EXCEEDED (an attempt still under way: a server that accepts and
+   * never speaks HTTP/2, a slow network); the details name the channel's state. CANCELLED
+   * once the client is closed.
    */
   waitForReady(timeoutMs = 10_000): Promise<void> {
     return new Promise((resolve, reject) => {
@@ -273,7 +278,24 @@ export class CompactdClient {
       this.raw.waitForReady(Date.now() + timeoutMs, (err) => {
         if (!err) resolve();
         else if (this.#closed) reject(this.closedError(err));
-        else reject(new CompactdError({ code: Status.UNAVAILABLE, details: `compactd at ${this.address} not ready: ${err.message}`, cause: err }));
+        else {
+          let state = "unknown";
+          try {
+            state = connectivityState[this.raw.getChannel().getConnectivityState(false)] ?? state;
+          } catch {
+            // closed meanwhile: the state is unknown
+          }
+          const failing = state === "TRANSIENT_FAILURE";
+          reject(
+            new CompactdError({
+              code: failing ? Status.UNAVAILABLE : Status.DEADLINE_EXCEEDED,
+              details:
+                `compactd at ${this.address} not ready within ${timeoutMs} ms ` +
+                `(channel ${state}${failing ? ": its connection attempts are failing" : ""}): ${err.message}`,
+              cause: err,
+            }),
+          );
+        }
       });
     });
   }

@@ -1,5 +1,6 @@
 // Connection options: bearer token, Unix socket, address from the environment.
 import assert from "node:assert/strict";
+import { createServer, type AddressInfo, type Socket } from "node:net";
 import { join } from "node:path";
 import { inspect } from "node:util";
 import { after, before, describe, test } from "node:test";
@@ -99,5 +100,56 @@ describe("Unix socket (--listen unix:/path)", () => {
     const ctx = await s.getContext("uds", "openai");
     assert.deepEqual(ctx.openaiMessages, [{ role: "user", content: "over a socket" }]);
     await s.end();
+  });
+});
+
+describe("waitForReady", () => {
+  test("a server that never speaks HTTP/2: DEADLINE_EXCEEDED at the timeout", async () => {
+    // A TCP listener that accepts and stays silent: the connection never becomes ready.
+    const sockets = new Set<Socket>();
+    const silent = createServer((sock) => sockets.add(sock));
+    await new Promise<void>((r) => silent.listen(0, "127.0.0.1", r));
+    const c = new CompactdClient({ address: `127.0.0.1:${(silent.address() as AddressInfo).port}` });
+    try {
+      await assert.rejects(c.waitForReady(300), (e: unknown) => {
+        assert.ok(e instanceof CompactdError, String(e));
+        assert.equal(e.codeName, "DEADLINE_EXCEEDED", e.message);
+        assert.match(e.details, /not ready within 300 ms/);
+        return true;
+      });
+    } finally {
+      c.close();
+      for (const sock of sockets) sock.destroy();
+      await new Promise((r) => silent.close(r));
+    }
+  });
+
+  test("a refused address: UNAVAILABLE at the timeout, naming the failing attempts", async () => {
+    // A port just freed: connecting is refused, again and again until the timeout (a
+    // refusal takes a moment: 2 s is plenty for the first).
+    const probe = createServer();
+    await new Promise<void>((r) => probe.listen(0, "127.0.0.1", r));
+    const port = (probe.address() as AddressInfo).port;
+    await new Promise((r) => probe.close(r));
+    const c = new CompactdClient({ address: `127.0.0.1:${port}` });
+    try {
+      await assert.rejects(c.waitForReady(2_000), (e: unknown) => {
+        assert.ok(e instanceof CompactdError, String(e));
+        assert.equal(e.codeName, "UNAVAILABLE", e.message);
+        assert.match(e.details, /TRANSIENT_FAILURE: its connection attempts are failing/);
+        return true;
+      });
+    } finally {
+      c.close();
+    }
+  });
+
+  test("a running compactd: ready", async () => {
+    const server = await startCompactd();
+    try {
+      await server.client().waitForReady(20_000);
+    } finally {
+      await server.stop();
+    }
   });
 });
