@@ -65,8 +65,13 @@ export interface ClientOptionsInit {
    * mutual TLS). Plaintext by default, as compactd serves without `--tls-cert`.
    */
   tls?: boolean | { rootCerts?: Buffer; privateKey?: Buffer; certChain?: Buffer };
-  /** Deadline of each unary call in milliseconds (default 30000). Streams have none unless given per call. */
-  deadlineMs?: number;
+  /**
+   * Deadline of each unary call in milliseconds (default 30000): more than 0, or `null` (or
+   * `Infinity`) for none. Streams have none unless given per call. 0 or less throws a
+   * RangeError (per call it is an already expired deadline: a client whose every call
+   * failed at once is a mistake).
+   */
+  deadlineMs?: number | null;
   /**
    * Largest message sent or received, in bytes (default 512 MiB). gRPC libraries default to a
    * 4 MiB receive limit, which a large `GetSession` or `GetContext` exceeds.
@@ -225,7 +230,8 @@ export class CompactdClient {
   readonly address: string;
   /** Private at run time too (`#`): printing or inspecting the client never shows it. */
   readonly #token?: string;
-  private readonly deadlineMs: number;
+  /** The unary calls' deadline in ms; null: none. */
+  private readonly deadlineMs: number | null;
   private readonly importChunkBytes: number;
   private readonly maxUpdateBytes: number | null;
   /** Calls started and not yet over: `close()` cancels them (the channel's own close does not). */
@@ -235,7 +241,11 @@ export class CompactdClient {
   constructor(options: ClientOptionsInit = {}) {
     this.address = options.address ?? envVar("COMPACTD_ADDR") ?? DEFAULT_ADDRESS;
     this.#token = bearerToken(options.token ?? envVar("COMPACTD_AUTH_TOKEN"));
-    this.deadlineMs = options.deadlineMs ?? DEFAULT_DEADLINE_MS;
+    const deadlineMs = options.deadlineMs === undefined ? DEFAULT_DEADLINE_MS : options.deadlineMs;
+    if (deadlineMs !== null && !(typeof deadlineMs === "number" && deadlineMs > 0)) {
+      throw new RangeError(`deadlineMs must be a number of milliseconds > 0, or null (or Infinity) for no deadline, not ${String(options.deadlineMs)}`);
+    }
+    this.deadlineMs = deadlineMs === Infinity ? null : deadlineMs;
     this.importChunkBytes = options.importChunkBytes ?? DEFAULT_IMPORT_CHUNK_BYTES;
     if (!Number.isSafeInteger(this.importChunkBytes) || this.importChunkBytes < 0) {
       throw new RangeError(`importChunkBytes must be a whole number of bytes >= 0, not ${String(options.importChunkBytes)}`);
@@ -342,6 +352,7 @@ export class CompactdClient {
     try {
       return start();
     } catch (e) {
+      if (e instanceof CompactdError) throw e;
       if (e instanceof Error && /shut ?down|closed/i.test(e.message)) throw this.closedError(e);
       throw toCompactdError(e);
     }
@@ -360,10 +371,23 @@ export class CompactdClient {
     return md;
   }
 
-  /** grpc-js call options for a call: the deadline. */
+  /**
+   * grpc-js call options for a call: the deadline. `deadlineMs` 0 or less is a deadline
+   * already past (the call fails DEADLINE_EXCEEDED at once: a caller's budget that ran out
+   * must not become a call without one); `null` or `Infinity` is none; absent, a unary
+   * call takes the client's. Throws a CompactdError INVALID_ARGUMENT for anything else (NaN).
+   */
   private callOptions(opts: CallOptions | undefined, unary: boolean): Partial<GrpcCallOptions> {
-    const ms = opts?.deadlineMs ?? (unary ? this.deadlineMs : undefined);
-    return ms === undefined || ms <= 0 ? {} : { deadline: Date.now() + ms };
+    const given = opts?.deadlineMs;
+    const ms = given === undefined ? (unary ? this.deadlineMs : null) : given;
+    if (ms === null || ms === Infinity) return {};
+    if (typeof ms !== "number" || Number.isNaN(ms)) {
+      throw new CompactdError({
+        code: Status.INVALID_ARGUMENT,
+        details: `deadlineMs must be a number of milliseconds (0 or less: already expired), or null (or Infinity) for none, not ${String(given)}`,
+      });
+    }
+    return { deadline: Date.now() + ms };
   }
 
   private unary<K extends UnaryName>(name: K, request: ReqOf<K>, opts?: CallOptions): Promise<ResOf<K>> {

@@ -29,8 +29,13 @@ export interface OpenAITool {
 
 /** Per-call options of every RPC. */
 export interface CallOptions {
-  /** Deadline of this call in milliseconds (unary default: the client's `deadlineMs`; streams: none). */
-  deadlineMs?: number;
+  /**
+   * Deadline of this call in milliseconds (unary default: the client's `deadlineMs`;
+   * streams: none). 0 or less is a deadline already past: the call fails DEADLINE_EXCEEDED
+   * at once (a remaining budget that ran out). `null` (or `Infinity`): no deadline, the
+   * client's default for unary calls included.
+   */
+  deadlineMs?: number | null;
   /**
    * Cancels the call (a unary call then rejects with CANCELLED; a stream ends; a `compact()`
    * run ends with `failed` of kind "cancelled" unless its outcome arrived first).

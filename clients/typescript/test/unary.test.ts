@@ -253,6 +253,66 @@ describe("unary RPCs", () => {
     await rejects(small.getSession(sid), "RESOURCE_EXHAUSTED", "");
   });
 
+  test("deadlineMs 0 or less is a deadline already past; null and Infinity are none", async () => {
+    // A TCP server that accepts and never speaks HTTP/2: only a deadline (or a cancel)
+    // ends a call to it. Before, 0 or less meant no deadline: the call waited forever.
+    const sockets = new Set<Socket>();
+    const silent = createServer((sock) => sockets.add(sock));
+    await new Promise<void>((r) => silent.listen(0, "127.0.0.1", r));
+    const address = `127.0.0.1:${(silent.address() as AddressInfo).port}`;
+    const mute = new CompactdClient({ address, deadlineMs: 300 });
+    /** `p` settled within 10 s (generous: it is due at once), else a failure naming `what`. */
+    const within10s = async (p: Promise<unknown>, what: string) => {
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      const late = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`${what}: still pending after 10 s`)), 10_000)));
+      try {
+        return await Promise.race([p, late]);
+      } finally {
+        clearTimeout(timer);
+      }
+    };
+    /** Still pending 1 s on: no deadline ended it (the client's 300 ms would have). */
+    const pendingAfter1s = async (p: Promise<unknown>, what: string) => {
+      const settled = await Promise.race([p.then(() => "resolved", (e: unknown) => `rejected: ${String(e)}`), new Promise((r) => setTimeout(() => r("pending"), 1_000))]);
+      assert.equal(settled, "pending", what);
+    };
+    try {
+      await within10s(rejects(mute.listSessions({ deadlineMs: 0 }), "DEADLINE_EXCEEDED", ""), "deadlineMs 0");
+      await within10s(rejects(mute.getRecallTool({ deadlineMs: -5_000 }), "DEADLINE_EXCEEDED", ""), "deadlineMs -5000");
+      // Streams too: a Subscribe, a Compact, the main stream.
+      const sub = mute.subscribe("", { deadlineMs: 0 });
+      await within10s(rejects(sub.next(), "DEADLINE_EXCEEDED", ""), "a Subscribe with deadlineMs 0");
+      await within10s(rejects(mute.compact("s", {}, { deadlineMs: -1 }).result(), "DEADLINE_EXCEEDED", ""), "a Compact with deadlineMs -1");
+      const s = mute.stream({ deadlineMs: 0 });
+      const ended = await within10s(s.closed, "a stream with deadlineMs 0");
+      assert.equal((ended as CompactdError | undefined)?.codeName, "DEADLINE_EXCEEDED");
+      // No deadline: the client's default does not apply; the signal ends the call.
+      for (const none of [null, Infinity]) {
+        const ac = new AbortController();
+        const call = rejects(mute.listSessions({ deadlineMs: none, signal: ac.signal }), "CANCELLED", "");
+        await pendingAfter1s(call, `deadlineMs ${none}`);
+        ac.abort();
+        await within10s(call, `deadlineMs ${none}, aborted`);
+      }
+      await rejects(mute.listSessions({ deadlineMs: NaN }), "INVALID_ARGUMENT", "", /deadlineMs/);
+      // A client without a unary deadline: null (or Infinity); 0 or less is refused.
+      const unbounded = new CompactdClient({ address, deadlineMs: null });
+      const ac = new AbortController();
+      const call = rejects(unbounded.listSessions({ signal: ac.signal }), "CANCELLED", "");
+      await pendingAfter1s(call, "a client with deadlineMs null");
+      ac.abort();
+      await within10s(call, "a client with deadlineMs null, aborted");
+      unbounded.close();
+      for (const bad of [0, -1, NaN]) {
+        assert.throws(() => new CompactdClient({ address, deadlineMs: bad }), (e: unknown) => e instanceof RangeError && /null/.test(e.message));
+      }
+    } finally {
+      mute.close();
+      for (const sock of sockets) sock.destroy();
+      await new Promise((r) => silent.close(r));
+    }
+  });
+
   test("deadlines and cancellation", async () => {
     // A TCP server that accepts and never speaks HTTP/2: the call waits until its deadline.
     const sockets = new Set<Socket>();
