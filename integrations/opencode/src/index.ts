@@ -48,6 +48,9 @@ interface SessionState {
   /** The user turn in which compactd refused to load the session whole, and why: not
    *  loaded again before the next turn. */
   refused?: { turn?: string; reason: string }
+  /** OpenCode deleted the session: nothing more is sent for this state (a reopen that
+   *  waited for the model's limits would make the session again in compactd). */
+  deleted?: boolean
 }
 
 /** Codes of failures a retry may not meet again (compactd down or slow, a call cut): any
@@ -304,6 +307,7 @@ class Mirror {
 
   /** Sends one update; failures are logged and make the session reload before its next request. */
   private send(s: SessionState, body: Obj, what: string): Promise<unknown> {
+    if (s.deleted) return Promise.resolve()
     if (this.settings.debug) this.log.debug(`-> ${s.id} ${what}`)
     const p: Promise<unknown> = this.getStream()
       .send(s.id, body)
@@ -506,7 +510,9 @@ class Mirror {
         // one past maxSessions was forgotten, but compactd still holds the session).
         // After the updates sent on the stream are answered: the delete is a call of its
         // own, and one that came first would be undone by them (the session made again).
-        const sent = Promise.allSettled([...(this.sessions.get(id)?.pending ?? [])])
+        const gone = this.sessions.get(id)
+        const sent = Promise.allSettled([...(gone?.pending ?? [])])
+        if (gone) gone.deleted = true
         this.sessions.delete(id)
         this.compacting.delete(id)
         void sent
