@@ -133,9 +133,9 @@ async fn a_cold_session_is_loaded_once_by_callers_that_overlap() {
 }
 
 /// SQLite whose loads go through `hook` (given the inner backend and the id).
-struct OnLoad<F> {
-    inner: Arc<dyn Backend>,
-    hook: F,
+pub(super) struct OnLoad<F> {
+    pub(super) inner: Arc<dyn Backend>,
+    pub(super) hook: F,
 }
 
 impl<F> std::fmt::Debug for OnLoad<F> {
@@ -195,22 +195,27 @@ where
     }))
 }
 
-/// Loads running now, and the most that ran at once.
+/// Loads in all, running now, and the most that ran at once.
 #[derive(Default)]
-struct Counts {
+pub(super) struct Counts {
+    pub(super) total: AtomicUsize,
     now: AtomicUsize,
-    most: AtomicUsize,
+    pub(super) most: AtomicUsize,
 }
 
 impl Counts {
     /// A load hook taking `each` per load, counted here.
-    fn hook(
+    pub(super) fn hook(
         self: &Arc<Self>,
         each: Duration,
-    ) -> impl Fn(&dyn Backend, &str) -> Result<Option<Stored>, BackendError> + Send + Sync + 'static
-    {
+    ) -> impl Fn(&dyn Backend, &str) -> Result<Option<Stored>, BackendError>
+    + Send
+    + Sync
+    + 'static
+    + use<> {
         let c = self.clone();
         move |inner: &dyn Backend, id: &str| {
+            c.total.fetch_add(1, SeqCst);
             let running = c.now.fetch_add(1, SeqCst) + 1;
             c.most.fetch_max(running, SeqCst);
             std::thread::sleep(each);
@@ -319,21 +324,10 @@ async fn a_load_overtaken_by_a_delete_and_re_creation_serves_the_new_session() {
     })
     .await;
     let store = Arc::new(store);
-    let loader = {
-        let store = store.clone();
-        tokio::spawn(async move { store.get("x").await })
-    };
-    while reads.load(SeqCst) == 0 {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    let loader = get_x_once_read(&store, &reads).await;
     // The first incarnation is read; now the id is deleted, created again and sent cold.
     assert!(store.remove("x").await.expect("deleted"));
-    let (again, created) = store.open(info("x")).await.expect("created again");
-    assert!(created);
-    feed(&again, turn(5, 1, 100)).await;
-    let new_session = observed(&again).await;
-    assert!(again.evict().await, "sent cold");
-    drop(again);
+    let new_session = created_again_and_sent_cold(&store).await;
     release.open();
     let served = loader.await.expect("joined").expect("loaded");
     assert_eq!(
@@ -356,6 +350,36 @@ async fn a_load_overtaken_by_a_delete_and_re_creation_serves_the_new_session() {
         "acknowledged under sync, so on disk"
     );
     store.close().await;
+}
+
+/// Waits until `count` is past 0.
+async fn until_counted(count: &AtomicUsize) {
+    while count.load(SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// `store.get("x")` on a task of its own, returned once its read is counted in `reads`.
+async fn get_x_once_read(
+    store: &Arc<Store>,
+    reads: &AtomicUsize,
+) -> tokio::task::JoinHandle<Result<SessionHandle, StoreError>> {
+    let loader = {
+        let store = store.clone();
+        tokio::spawn(async move { store.get("x").await })
+    };
+    until_counted(reads).await;
+    loader
+}
+
+/// Creates session "x" again (a turn in it), sends it cold, and returns what it holds.
+async fn created_again_and_sent_cold(store: &Store) -> String {
+    let (again, created) = store.open(info("x")).await.expect("created again");
+    assert!(created);
+    feed(&again, turn(5, 1, 100)).await;
+    let held = observed(&again).await;
+    assert!(again.evict().await, "sent cold");
+    held
 }
 
 /// A gate a backend's load waits at until the test opens it.
@@ -403,26 +427,13 @@ async fn a_load_that_found_nothing_leaves_a_re_created_session_reachable() {
         .await
     };
     let store = Arc::new(store);
-    let loader = {
-        let store = store.clone();
-        tokio::spawn(async move { store.get("x").await })
-    };
-    while entered.load(SeqCst) == 0 {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    let loader = get_x_once_read(&store, &entered).await;
     // Deleted before the read: it finds nothing.
     assert!(store.remove("x").await.expect("deleted"));
     before_read.open();
-    while read.load(SeqCst) == 0 {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    until_counted(&read).await;
     // Created again and sent cold before the load ends.
-    let (again, created) = store.open(info("x")).await.expect("created again");
-    assert!(created);
-    feed(&again, turn(5, 1, 100)).await;
-    let new_session = observed(&again).await;
-    assert!(again.evict().await, "sent cold");
-    drop(again);
+    let new_session = created_again_and_sent_cold(&store).await;
     after_read.open();
     let served = loader.await.expect("joined").expect("the new session");
     assert_eq!(observed(&served).await, new_session);

@@ -4,67 +4,19 @@
 //! memory pressure on a failing disk does not send the same session cold (a whole write,
 //! failed, then a reload) after every job.
 
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
-use super::backend::{Committed, Stored};
-use super::durable_tests::{Faulty, NOW, feed, info, store_over, turn};
+use super::durable_tests::{Faulty, NOW, feed, info, turn};
+use super::load_tests::{Counts, OnLoad};
 use super::*;
 
-/// `Faulty`, whose loads take `pause` and are counted: in all, how many run now, the
-/// most at once.
-#[derive(Debug)]
-struct CountedLoads {
-    inner: Arc<Faulty>,
-    pause: Duration,
-    total: AtomicUsize,
-    now: AtomicUsize,
-    most: AtomicUsize,
-}
-
-impl CountedLoads {
-    fn over(inner: Arc<Faulty>, pause: Duration) -> Arc<CountedLoads> {
-        Arc::new(CountedLoads {
-            inner,
-            pause,
-            total: AtomicUsize::new(0),
-            now: AtomicUsize::new(0),
-            most: AtomicUsize::new(0),
-        })
-    }
-}
-
-impl Backend for CountedLoads {
-    fn sessions(&self) -> Result<Vec<String>, BackendError> {
-        self.inner.sessions()
-    }
-    fn last_incarnation(&self) -> Result<u64, BackendError> {
-        self.inner.last_incarnation()
-    }
-    fn load(&self, id: &str) -> Result<Option<Stored>, BackendError> {
-        self.total.fetch_add(1, SeqCst);
-        let running = self.now.fetch_add(1, SeqCst).saturating_add(1);
-        self.most.fetch_max(running, SeqCst);
-        std::thread::sleep(self.pause);
-        let stored = self.inner.load(id);
-        self.now.fetch_sub(1, SeqCst);
-        stored
-    }
-    fn write(&self, writes: Vec<Write>) -> Committed {
-        self.inner.write(writes)
-    }
-    fn state(&self) -> BackendState {
-        self.inner.state()
-    }
-    fn durability(&self) -> Durability {
-        self.inner.durability()
-    }
-    fn disk_bytes(&self) -> u64 {
-        self.inner.disk_bytes()
-    }
-    fn close(&self) {
-        self.inner.close()
-    }
+/// A backend over `faulty` whose loads take `pause` each, counted in `counts`.
+fn counted(faulty: Arc<Faulty>, counts: Arc<Counts>, pause: Duration) -> Arc<dyn Backend> {
+    Arc::new(OnLoad {
+        inner: faulty,
+        hook: counts.hook(pause),
+    })
 }
 
 /// Eight sessions' updates refused by a failing disk at once: each actor reloads its
@@ -74,8 +26,11 @@ impl Backend for CountedLoads {
 async fn reloads_after_failed_commits_take_turns_with_loads() {
     let dir = tempfile::tempdir().expect("dir");
     let faulty = Arc::new(Faulty::sync(dir.path(), None));
-    let backend = CountedLoads::over(faulty.clone(), Duration::from_millis(150));
-    let store = store_over(backend.clone());
+    let counts = Arc::new(Counts::default());
+    let pause = Duration::from_millis(150);
+    let store = Store::new(EngineConfig::default())
+        .with_backend(counted(faulty.clone(), counts.clone(), pause))
+        .expect("listed");
     let mut handles = Vec::new();
     for i in 0..8 {
         let (h, _) = store.open(info(&format!("s{i}"))).await.expect("open");
@@ -96,7 +51,7 @@ async fn reloads_after_failed_commits_take_turns_with_loads() {
     for r in refused {
         assert!(r.await.expect("joined").is_err(), "the update is refused");
     }
-    let most = backend.most.load(SeqCst);
+    let most = counts.most.load(SeqCst);
     assert!(most >= 1, "the sessions were reloaded");
     assert!(
         most <= MAX_CONCURRENT_LOADS,
@@ -122,14 +77,14 @@ async fn reloads_after_failed_commits_take_turns_with_loads() {
 async fn under_sync_memory_pressure_waits_out_a_full_disk() {
     let dir = tempfile::tempdir().expect("dir");
     let faulty = Arc::new(Faulty::sync(dir.path(), None));
-    let backend = CountedLoads::over(faulty.clone(), Duration::ZERO);
+    let counts = Arc::new(Counts::default());
     let budget: u64 = 4 << 20;
     let store = Store::new(EngineConfig::default())
         .with_limits(Limits {
             memory_budget: budget,
             ..Limits::default()
         })
-        .with_backend(backend.clone())
+        .with_backend(counted(faulty.clone(), counts.clone(), Duration::ZERO))
         .expect("listed");
     let mut handles = Vec::new();
     for i in 0..4 {
@@ -153,13 +108,13 @@ async fn under_sync_memory_pressure_waits_out_a_full_disk() {
         .ledger()
         .reserve(need, "test")
         .expect("within the share");
-    let (writes, reloads) = (faulty.writes(), backend.total.load(SeqCst));
+    let (writes, reloads) = (faulty.writes(), counts.total.load(SeqCst));
     for _ in 0..10 {
         handles[0].call(|_, _| ()).await.expect("a read is served");
     }
     let (writes, reloads) = (
         faulty.writes() - writes,
-        backend.total.load(SeqCst) - reloads,
+        counts.total.load(SeqCst) - reloads,
     );
     // Each session tries on its own clock (0.25 s, 0.5 s, ...): a try or two each, not
     // one after every job.

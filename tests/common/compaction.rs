@@ -170,6 +170,22 @@ pub async fn compact_with(
     Ok(events)
 }
 
+/// Starts `Compact` with default options and reads its first event, `started`: the
+/// compaction is running when this returns; the rest of its events follow on the stream.
+pub async fn started_compaction(client: &mut Client, sid: &str) -> Streaming<pb::CompactionEvent> {
+    let mut events = client
+        .compact(pb::CompactRequest {
+            session_id: sid.into(),
+            options: None,
+        })
+        .await
+        .expect("compact")
+        .into_inner();
+    let first = events.next().await.expect("an event").expect("ok");
+    assert!(matches!(first.event, Some(Ce::Started(_))), "{first:?}");
+    events
+}
+
 /// Runs `Compact` with default options to its end; the call itself must succeed.
 pub async fn compact(client: &mut Client, sid: &str) -> Vec<pb::CompactionEvent> {
     compact_with(client, sid, pb::CompactOptions::default())

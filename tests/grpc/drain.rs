@@ -10,6 +10,7 @@ use tokio_stream::StreamExt;
 use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::common::binary::Binary;
+use crate::common::compaction::started_compaction;
 use crate::common::fake_llm::{FakeLlm, Reply};
 use crate::common::metrics::{metric, scrape};
 use crate::common::*;
@@ -85,16 +86,7 @@ async fn sigterm_lets_the_running_compaction_finish_then_closes_streams_and_exit
         .await
         .expect("stream")
         .into_inner();
-    let mut compact = client
-        .compact(pb::CompactRequest {
-            session_id: SID.into(),
-            options: None,
-        })
-        .await
-        .expect("compact")
-        .into_inner();
-    let first = compact.next().await.expect("an event").expect("ok");
-    assert!(matches!(first.event, Some(Ce::Started(_))), "{first:?}");
+    let mut compact = started_compaction(&mut client, SID).await;
 
     bin.sigterm();
     // Health turns NOT_SERVING while the compaction still runs.
@@ -165,16 +157,7 @@ async fn a_compaction_still_running_at_the_deadline_is_cancelled_and_the_process
         .await
         .expect("connect");
     seed(&mut client).await;
-    let mut compact = client
-        .compact(pb::CompactRequest {
-            session_id: SID.into(),
-            options: None,
-        })
-        .await
-        .expect("compact")
-        .into_inner();
-    let first = compact.next().await.expect("an event").expect("ok");
-    assert!(matches!(first.event, Some(Ce::Started(_))));
+    let mut compact = started_compaction(&mut client, SID).await;
     bin.sigterm();
     let mut last = None;
     while let Some(Ok(e)) = compact.next().await {
@@ -376,16 +359,8 @@ async fn a_watcher_hears_the_compaction_the_drain_waited_for() {
         .expect("connect");
     seed(&mut client).await;
     let mut watcher = subscribe(&mut client, SID).await;
-    let mut compact = client
-        .compact(pb::CompactRequest {
-            session_id: SID.into(),
-            options: None,
-        })
-        .await
-        .expect("compact")
-        .into_inner();
-    let first = compact.next().await.expect("an event").expect("ok");
-    assert!(matches!(first.event, Some(Ce::Started(_))), "{first:?}");
+    // Held open to the end: the compaction runs on.
+    let _compact = started_compaction(&mut client, SID).await;
     bin.sigterm();
 
     let mut compacted = false;

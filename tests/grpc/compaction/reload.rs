@@ -161,16 +161,7 @@ async fn a_refused_reload_leaves_a_running_compaction_running() {
         .import_session(host_import(SID))
         .await
         .expect("ImportSession");
-    let mut running = client
-        .compact(pb::CompactRequest {
-            session_id: SID.into(),
-            options: None,
-        })
-        .await
-        .expect("compact")
-        .into_inner();
-    let first = running.next().await.expect("an event").expect("ok");
-    assert!(matches!(first.event, Some(Ce::Started(_))), "{first:?}");
+    let mut running = started_compaction(&mut client, SID).await;
 
     // The host's history with a message of more parts than a message may hold: read
     // whole, refused as it is built.
