@@ -1188,10 +1188,6 @@ struct Removed {
     resume: Option<(u64, Generation)>,
 }
 
-/// Puts back what [`Store::remove`] took out of the map, unless the id was taken
-/// meanwhile (a session created under it: the refused delete no longer concerns it). A
-/// session whose actor ended meanwhile (its own first write failed too) is put back as
-/// the disk's copy, as its actor would have left it: loaded on next use, or not found.
 /// The session placed under `id` whose first write (its `Create`) is still in flight.
 fn creating(shared: &Shared, id: &str) -> Option<SessionHandle> {
     shared
@@ -1202,6 +1198,11 @@ fn creating(shared: &Shared, id: &str) -> Option<SessionHandle> {
         .cloned()
 }
 
+/// Puts back what [`Store::remove`] took out of the map, unless the id was taken
+/// meanwhile (a session created under it and written: the refused delete no longer
+/// concerns it; the caller waits for such a session's first write first). A
+/// session whose actor ended meanwhile (its own first write failed too) is put back as
+/// the disk's copy, as its actor would have left it: loaded on next use, or not found.
 fn put_back(shared: &Shared, id: &str, removed: Removed) {
     let mut map = shared.write();
     if map.hot.contains_key(id) || map.cold.contains(id) {
