@@ -1,7 +1,7 @@
 import { status as Status, type ClientDuplexStream, type ServiceError, type StatusObject } from "@grpc/grpc-js";
 import { CompactdError } from "./errors.js";
 import { AsyncQueue } from "./queue.js";
-import { collectCompaction, updateResult, type CompactionResult, type UpdateResult } from "./results.js";
+import { cancelledHere, collectCompaction, updateResult, type CompactionResult, type UpdateResult } from "./results.js";
 import type { DeepPartial } from "./types.js";
 import {
   ClientUpdate,
@@ -74,7 +74,32 @@ interface Pending {
   events: ServerEvent[];
   resolve: (r: UpdateResult) => void;
   reject: (e: CompactdError) => void;
+  /** Sent by the stream itself (a compaction's cancel): its error is no `updateError`. */
+  internal?: boolean;
 }
+
+/** A compaction started on the stream, from its `compact` update until its outcome. */
+interface Running {
+  seq: number;
+  sessionId: string;
+  /** Its events, for the caller (closed once the caller stops iterating). */
+  queue: AsyncQueue<CompactionEvent>;
+  /** The `compact` update's ack arrived: it runs. */
+  acked: boolean;
+  /** A `cancel_compaction` is due: sent once it is acked. */
+  cancelWanted: boolean;
+  /** Its `cancel_compaction` was numbered (and handed to the call once `cancelHanded`). */
+  cancelSent: boolean;
+  cancelHanded: boolean;
+  cancelSeq: number;
+  /** The caller cancelled it (`cancel()`, a `break`): its result ends failed, kind "cancelled". */
+  cancelledHere: boolean;
+  compactionId: string;
+}
+
+/** How long a cancelled stream waits for compactd to answer the cancels of its compactions
+ * before the call itself is cancelled. */
+const CANCEL_DRAIN_MS = 10_000;
 
 /** The update's kind as the .proto names it ("upsert_part"), from its body's one field. */
 function updateKind(body: UpdateBody): string {
@@ -86,8 +111,21 @@ function updateKind(body: UpdateBody): string {
 export interface StreamCompaction extends AsyncIterableIterator<CompactionEvent> {
   /** The ack of the `compact` update. */
   readonly ack: UpdateResult;
-  /** Consumes the remaining events and returns how the compaction ended. */
+  /**
+   * Consumes the remaining events and returns how the compaction ended. A compaction the
+   * caller cancelled (`cancel()`, a `break`) before its outcome arrived ends with `failed`
+   * of kind "cancelled" (made by the client when the iteration ended without an outcome).
+   */
   result(): Promise<CompactionResult>;
+  /**
+   * Cancels this compaction (and its LLM request): sends `cancel_compaction` for its
+   * session on the stream, only while the compaction has not ended (once its outcome
+   * arrived, nothing: a `cancel_compaction` then would stop the session's next compaction).
+   * The iteration goes on to compactd's `failed` (kind "cancelled"), or to an outcome
+   * that raced the cancel. Breaking out of (or returning from) the iteration before the
+   * outcome cancels it too.
+   */
+  cancel(): void;
 }
 
 /**
@@ -99,7 +137,11 @@ export interface StreamCompaction extends AsyncIterableIterator<CompactionEvent>
 export class SessionStream {
   private nextSeq = 1;
   private readonly pending = new Map<number, Pending>();
-  private readonly compactions = new Map<number, AsyncQueue<CompactionEvent>>();
+  /** Compactions started on the stream and not yet ended, by the seq of their `compact`. */
+  private readonly compactions = new Map<number, Running>();
+  /** After `cancel()`: the compactions whose cancel (or ack) compactd has still to answer,
+   * and the seqs of those cancels. The call is cancelled once none is left. */
+  private draining: { compacts: Map<number, Running>; cancels: Set<number>; timer: ReturnType<typeof setTimeout> } | undefined;
   private readonly listeners = new Map<keyof StreamEvents, Set<(...args: never[]) => void>>();
   private ended: CompactdError | null | undefined = undefined; // undefined: open; null: clean end
   /** `end()` was called: no more updates (a write after it would break the call). */
@@ -125,9 +167,13 @@ export class SessionStream {
     this.maxUpdateBytes = options.maxUpdateBytes === undefined ? DEFAULT_MAX_UPDATE_BYTES : options.maxUpdateBytes;
     this.closed = new Promise((r) => (this.closedResolve = r));
     call.on("data", (e: ServerEvent) => this.onEvent(e));
-    call.on("error", (err: ServiceError) => this.finish(CompactdError.fromStatus(err)));
+    call.on("error", (err: ServiceError) => {
+      this.finish(CompactdError.fromStatus(err));
+      this.stopDraining();
+    });
     call.on("status", (st: StatusObject) => {
       if (st.code === Status.OK) this.finish(null);
+      this.stopDraining();
     });
   }
 
@@ -161,6 +207,10 @@ export class SessionStream {
   }
 
   private onEvent(e: ServerEvent): void {
+    if (this.ended !== undefined) {
+      this.onDrainEvent(e);
+      return;
+    }
     const p = this.pending.get(e.seq);
     if (p && e.sessionId === "") e.sessionId = p.sessionId;
     this.emit("event", e);
@@ -168,11 +218,12 @@ export class SessionStream {
     if (e.pruned) this.emit("pruned", e.pruned, e);
     if (e.compaction) {
       this.emit("compaction", e.compaction, e);
-      const q = this.compactions.get(e.seq);
-      if (q) {
-        q.push(e.compaction);
+      const r = this.compactions.get(e.seq);
+      if (r) {
+        if (e.compaction.compactionId) r.compactionId = e.compaction.compactionId;
+        r.queue.push(e.compaction);
         if (e.compaction.compacted || e.compaction.failed) {
-          q.end();
+          r.queue.end();
           this.compactions.delete(e.seq);
         }
       }
@@ -181,13 +232,79 @@ export class SessionStream {
     p.events.push(e);
     if (e.ack) {
       this.pending.delete(e.seq);
+      const r = this.compactions.get(e.seq);
+      if (r) {
+        r.acked = true;
+        if (r.cancelWanted) this.stopCompaction(r);
+      }
       p.resolve(updateResult(e.seq, p.events));
+      if (r && this.halfClosed) this.pump(); // end() waited for this ack to half-close
     } else if (e.error) {
       this.pending.delete(e.seq);
+      const refused = this.compactions.get(e.seq);
+      if (refused) {
+        this.compactions.delete(e.seq); // refused: no compaction runs
+        refused.queue.end();
+      }
       const err = CompactdError.fromEvent(e.error, e.seq, p.sessionId, p.events);
-      this.emit("updateError", err, e);
+      if (!p.internal) this.emit("updateError", err, e);
       p.reject(err);
+      if (refused && this.halfClosed) this.pump();
     }
+  }
+
+  /**
+   * Sends `cancel_compaction` for a compaction of this stream that has not ended: at once
+   * when it runs (its `compact` acked), else once its ack arrives (compactd answers in
+   * order: sent before it, the cancel would stop another client's compaction when compactd
+   * refuses this one). Nothing for one that ended (its outcome arrived, or the stream is
+   * over): a cancel then would stop the session's next compaction.
+   */
+  private stopCompaction(r: Running): void {
+    if (this.compactions.get(r.seq) !== r || r.cancelSent || this.ended !== undefined || this.writesEnded) return;
+    if (!r.acked) {
+      r.cancelWanted = true;
+      return;
+    }
+    r.cancelSent = true;
+    const out = this.sendWithSeq(r.sessionId, { cancelCompaction: {} }, () => (r.cancelHanded = true), true);
+    r.cancelSeq = out.seq;
+    // NOT_FOUND: it ended meanwhile; any other failure ends the stream, which reports it.
+    out.result.catch(() => undefined);
+  }
+
+  /** After `cancel()`: follows the answers to the cancels of its compactions. */
+  private onDrainEvent(e: ServerEvent): void {
+    const d = this.draining;
+    if (!d) return;
+    const r = d.compacts.get(e.seq);
+    if (r && (e.compaction?.compacted || e.compaction?.failed)) d.compacts.delete(e.seq);
+    else if (r && e.error) d.compacts.delete(e.seq); // refused: none runs
+    else if (r && e.ack) {
+      d.compacts.delete(e.seq);
+      this.writeCancel(r.sessionId);
+    }
+    if (d.cancels.has(e.seq) && (e.ack || e.error)) d.cancels.delete(e.seq);
+    if (d.compacts.size === 0 && d.cancels.size === 0) this.stopDraining();
+  }
+
+  /** Writes a `cancel_compaction` straight to the call (after `cancel()`: nothing else is written). */
+  private writeCancel(sessionId: string): void {
+    const d = this.draining!;
+    const seq = this.nextSeq++;
+    d.cancels.add(seq);
+    const encoded = Buffer.from(ClientUpdate.encode(ClientUpdate.fromPartial({ seq, sessionId, cancelCompaction: {} })).finish());
+    this.call.write(encoded, (err?: Error | null) => {
+      if (err) this.stopDraining();
+    });
+  }
+
+  private stopDraining(): void {
+    const d = this.draining;
+    if (!d) return;
+    this.draining = undefined;
+    clearTimeout(d.timer);
+    this.call.cancel();
   }
 
   private finish(err: CompactdError | null): void {
@@ -202,9 +319,9 @@ export class SessionStream {
     this.waitingList = [];
     this.waitingHead = 0;
     for (const w of never) w?.onHanded?.(); // a waiting submit() returns: its result rejects
-    for (const q of this.compactions.values()) {
-      if (err) q.fail(err);
-      else q.end();
+    for (const r of this.compactions.values()) {
+      if (err) r.queue.fail(err);
+      else r.queue.end();
     }
     this.compactions.clear();
     this.emit("close", err ?? undefined);
@@ -273,10 +390,12 @@ export class SessionStream {
     sessionId: string,
     body: UpdateBody,
     onHanded?: () => void,
+    internal = false,
   ): { seq: number; result: Promise<UpdateResult>; refused?: CompactdError } {
     const seq = this.nextSeq;
     const refuse = (err: CompactdError) => ({ seq, result: Promise.reject(err), refused: err });
-    if (this.ended !== undefined || this.halfClosed) {
+    // The stream's own cancels go out after end() too, until the call is half-closed.
+    if (this.ended !== undefined || (this.halfClosed && !internal) || this.writesEnded) {
       // After end(), a write would destroy the call and reject the updates still in flight.
       // After a failure, a new error per update says the stream ended (not sent, no seq).
       return refuse(
@@ -299,7 +418,7 @@ export class SessionStream {
     if (tooLarge) return refuse(tooLarge);
     this.nextSeq++;
     const result = new Promise<UpdateResult>((resolve, reject) => {
-      this.pending.set(seq, { seq, sessionId, events: [], resolve, reject });
+      this.pending.set(seq, { seq, sessionId, events: [], resolve, reject, internal });
     });
     this.waitingList.push({ encoded, onHanded });
     this.pump();
@@ -322,10 +441,16 @@ export class SessionStream {
       });
       out.onHanded?.();
     }
-    if (this.halfClosed && !this.writesEnded && this.ended === undefined && this.waiting === 0) {
+    if (this.halfClosed && !this.writesEnded && this.ended === undefined && this.waiting === 0 && !this.awaitingCompactAck()) {
       this.writesEnded = true;
       this.call.end();
     }
+  }
+
+  /** A compaction of this stream waits for its ack (after `end()`, its cancel is then sent). */
+  private awaitingCompactAck(): boolean {
+    for (const r of this.compactions.values()) if (!r.acked) return true;
+    return false;
   }
 
   /** The next waiting update, no longer held by the list (which is compacted as it empties). */
@@ -418,26 +543,58 @@ export class SessionStream {
    * Starts a manual compaction on this stream. Resolves after the ack with an iterator of
    * the compaction's events (they follow the ack, with the same seq), ending at `compacted`
    * or `failed`. Rejects like any update (FAILED_PRECONDITION when one is running, ...).
+   * compactd does not tie the compaction to the stream: `cancel()` on it, or a `break` out
+   * of its iteration before the outcome, sends `cancel_compaction` for it (nothing once it
+   * ended), and the stream's `end()` and `cancel()` cancel those still running.
    */
   async compact(sessionId: string, options: DeepPartial<CompactOptions> = {}): Promise<StreamCompaction> {
     const seq = this.nextSeq; // the seq sendWithSeq will take: register before any event can arrive
-    const q: AsyncQueue<CompactionEvent> = new AsyncQueue<CompactionEvent>(() => {
-      if (this.compactions.get(seq) === q) this.compactions.delete(seq);
-    });
-    this.compactions.set(seq, q);
+    const stop = () => {
+      const r = this.compactions.get(seq);
+      if (r?.queue !== q) return; // over (or another compaction under a reused seq)
+      r.cancelledHere = true;
+      this.stopCompaction(r);
+    };
+    // A break (return()) before the outcome cancels the compaction: its events would go nowhere.
+    const q: AsyncQueue<CompactionEvent> = new AsyncQueue<CompactionEvent>(stop);
+    const running: Running = {
+      seq,
+      sessionId,
+      queue: q,
+      acked: false,
+      cancelWanted: false,
+      cancelSent: false,
+      cancelHanded: false,
+      cancelSeq: 0,
+      cancelledHere: false,
+      compactionId: "",
+    };
+    this.compactions.set(seq, running);
     let ack: UpdateResult;
     try {
       const sent = this.sendWithSeq(sessionId, { compact: options });
       ack = await sent.result;
     } catch (err) {
-      // Only its own queue: an update refused before it was sent spends no seq, so a
+      // Only its own entry: an update refused before it was sent spends no seq, so a
       // compaction sent meanwhile may have registered under the same one.
-      if (this.compactions.get(seq) === q) this.compactions.delete(seq);
+      if (this.compactions.get(seq) === running) this.compactions.delete(seq);
       throw err;
     }
+    const result = async (): Promise<CompactionResult> => {
+      const r = await collectCompaction(q);
+      if (running.cancelledHere && !r.compacted && !r.failed) {
+        // The caller stopped iterating before the outcome: as client.compact() cancelled.
+        const end = cancelledHere(sessionId, r.compactionId || running.compactionId);
+        r.compactionId ||= end.compactionId;
+        r.events.push(end);
+        r.failed = end.failed;
+      }
+      return r;
+    };
     const it = q as unknown as StreamCompaction;
     Object.defineProperty(it, "ack", { value: ack });
-    Object.defineProperty(it, "result", { value: () => collectCompaction(q) });
+    Object.defineProperty(it, "result", { value: result });
+    Object.defineProperty(it, "cancel", { value: stop });
     return it;
   }
 
@@ -448,19 +605,47 @@ export class SessionStream {
 
   /**
    * Half-closes: no more updates; the call is half-closed once the updates waiting for room
-   * are written, and the stream ends once compactd has answered those sent.
+   * are written, and the stream ends once compactd has answered those sent. Compactions
+   * started on the stream and still running are cancelled first (`cancel_compaction`;
+   * compactd would keep the stream open until they commit): they end `failed`, kind
+   * "cancelled" (or with an outcome that raced the cancel).
    */
   end(): Promise<CompactdError | undefined> {
     if (this.ended === undefined && !this.halfClosed) {
+      for (const r of this.compactions.values()) this.stopCompaction(r);
       this.halfClosed = true;
       this.pump();
     }
     return this.closed;
   }
 
-  /** Cancels the stream at once; updates in flight reject with CANCELLED. */
+  /**
+   * Cancels the stream at once; updates in flight reject with CANCELLED, and so do the
+   * iterations of its compactions. Compactions started on the stream and still running are
+   * cancelled: compactd would commit them, so `cancel_compaction` is sent for each before
+   * the call is cancelled (once compactd answered them, within 10 s).
+   */
   cancel(): void {
-    if (this.ended === undefined) this.call.cancel();
+    if (this.ended !== undefined) return;
+    const compacts = new Map<number, Running>();
+    const now: Running[] = [];
+    const cancels = new Set<number>();
+    for (const r of this.compactions.values()) {
+      if (r.cancelHanded) cancels.add(r.cancelSeq); // its answer is awaited before the call ends
+      else if (this.writesEnded) continue;
+      else if (!r.acked) compacts.set(r.seq, r); // its cancel once its ack arrives
+      else now.push(r); // a cancel numbered, still waiting, is dropped below
+    }
+    if (compacts.size === 0 && now.length === 0 && cancels.size === 0) {
+      this.call.cancel();
+      return;
+    }
+    this.draining = { compacts, cancels, timer: setTimeout(() => this.stopDraining(), CANCEL_DRAIN_MS) };
+    this.draining.timer.unref?.();
+    this.finish(new CompactdError({ code: Status.CANCELLED, details: "Cancelled on client" }));
+    for (const r of now) this.writeCancel(r.sessionId);
+    const d = this.draining as typeof this.draining | undefined;
+    if (d && d.compacts.size === 0 && d.cancels.size === 0) this.stopDraining();
   }
 
   /**
