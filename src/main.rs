@@ -147,6 +147,7 @@ fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
                 }
                 compactd::telemetry::memory(
                     sampled.held_bytes(),
+                    sampled.ledger().journaled(),
                     sampled.ledger().in_flight(),
                     sampled.ledger().cached(),
                     sampled.limits().memory_budget,

@@ -34,6 +34,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::backend::{Backend, BackendError, Committed, StoreEvent, Write};
+use super::ledger::JournalBytes;
 use super::locked::{Counted, Locked, Published};
 use super::tx::Tx;
 use super::{Evicted, Ledger, Limits, Shared, StoreError, restore};
@@ -463,6 +464,10 @@ struct Journal {
     unsent_since: Option<std::time::Instant>,
     /// The batch being committed and the results waiting for it.
     outstanding: Option<(Committed, Vec<Deliver>)>,
+    /// The bytes of that batch's changes (see [`Journal::send`]).
+    outstanding_bytes: u64,
+    /// `unsent_bytes` and `outstanding_bytes`, counted against the memory budget.
+    counted: JournalBytes,
     /// A commit failed under `Interval`: the next batch carries a full snapshot.
     resync: bool,
     /// The batch in flight is the session written whole as a new row (its `Create`).
@@ -501,6 +506,35 @@ pub(super) fn retry_delay(failures: u32) -> std::time::Duration {
 impl Journal {
     fn idle(&self) -> bool {
         self.unsent.is_empty() && self.outstanding.is_none()
+    }
+
+    /// Moves the budget's count of the journal to what it holds now (after each change
+    /// to `unsent` or `outstanding`).
+    fn account(&mut self) {
+        if self.outstanding.is_none() {
+            self.outstanding_bytes = 0;
+        }
+        let now = self.unsent_bytes.saturating_add(self.outstanding_bytes);
+        self.counted.set(now);
+    }
+
+    /// Sends `writes` as the batch being committed, with the results waiting for it.
+    /// Its changes stay counted until it is durable. A snapshot in it (the session
+    /// written whole) is not: it lives only while the batch commits, and going cold
+    /// writes one to free the session's memory, which counting it would refuse updates
+    /// for (the evictor sends one session cold at a time).
+    fn send(&mut self, writes: Vec<Write>, waiting: Vec<Deliver>) {
+        self.outstanding_bytes = writes
+            .iter()
+            .filter(|w| matches!(w, Write::Append { .. }))
+            .map(|w| w.bytes() as u64)
+            .sum();
+        let rx = match self.unsent_since.take() {
+            Some(since) => self.d.backend.write_since(writes, since),
+            None => self.d.backend.write(writes),
+        };
+        self.outstanding = Some((rx, waiting));
+        self.account();
     }
 }
 
@@ -547,6 +581,8 @@ pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
             unsent_since: None,
             creating: outstanding.is_some(),
             outstanding,
+            outstanding_bytes: 0,
+            counted: JournalBytes::new(ledger.clone()),
             replaced,
             resync: false,
             recreate: false,
@@ -952,6 +988,7 @@ impl Actor {
                         change,
                     });
                 }
+                j.account();
                 if j.waits && !(j.idle() && j.waiting.is_empty()) {
                     j.waiting.push(deliver);
                 } else {
@@ -1013,12 +1050,8 @@ impl Actor {
                 incarnation: j.d.incarnation,
                 snapshot,
             }];
-            let rx = match j.unsent_since.take() {
-                Some(since) => j.d.backend.write_since(create, since),
-                None => j.d.backend.write(create),
-            };
+            j.send(create, waiting);
             drop(map);
-            j.outstanding = Some((rx, waiting));
             return;
         }
         if j.unsent.is_empty() && !j.resync {
@@ -1042,11 +1075,7 @@ impl Actor {
         let writes = std::mem::take(&mut j.unsent);
         j.unsent_bytes = 0;
         let waiting = std::mem::take(&mut j.waiting);
-        let rx = match j.unsent_since.take() {
-            Some(since) => j.d.backend.write_since(writes, since),
-            None => j.d.backend.write(writes),
-        };
-        j.outstanding = Some((rx, waiting));
+        j.send(writes, waiting);
     }
 
     /// The batch in flight is durable, or failed.
@@ -1057,6 +1086,7 @@ impl Actor {
         let Some((_, delivers)) = j.outstanding.take() else {
             return;
         };
+        j.account();
         let replaced = j.replaced.take();
         let created = j.creating;
         if result.is_ok() {
@@ -1131,6 +1161,9 @@ impl Actor {
                     d(Ok(()));
                 }
             }
+        }
+        if let Some(j) = self.journal.as_mut() {
+            j.account();
         }
         if created {
             // Only now: a failed one has put back what the map held (a replacement waits

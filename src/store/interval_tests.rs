@@ -184,3 +184,66 @@ async fn a_panic_in_the_writer_leaves_it_writing() {
         durable_seq(dir.path(), "s")
     );
 }
+
+/// The changes acknowledged and not yet on disk count against the memory budget: until
+/// its batch is written, a session holds each change twice, applied and encoded. Found in
+/// review: neither the changes waiting for the next batch (up to 32 MiB per session) nor
+/// the batch being committed were counted, so under a long interval (or a slow disk) the
+/// sessions filled the budget and their unwritten changes as much again beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_waiting_for_the_disk_count_against_the_budget() {
+    use crate::domain::PartKind;
+    use crate::engine::Update;
+    let dir = tempfile::tempdir().expect("dir");
+    let budget: u64 = 4 << 20;
+    // Nothing after the session's row is written within the test: the writer holds
+    // that row for the interval.
+    let interval = Durability::Interval(Duration::from_secs(60));
+    let backend = Sqlite::open(dir.path(), interval, None, 0).expect("open");
+    let store = Store::new(EngineConfig::default())
+        .with_limits(Limits {
+            memory_budget: budget,
+            ..Limits::default()
+        })
+        .with_backend(Arc::new(backend))
+        .expect("listed");
+    let (h, _) = store.open(info("s")).await.expect("open");
+    // Outputs of 100 KB until the budget refuses one.
+    let mut acked: u64 = 0;
+    let mut refused = false;
+    'turns: for t in 0..100 {
+        for u in turn(t, 3, 100_000) {
+            let bytes = match &u {
+                Update::UpsertPart(p) => match &p.kind {
+                    PartKind::Tool(tool) => tool.state.output.len() as u64,
+                    _ => 0,
+                },
+                _ => 0,
+            };
+            let stepped = h
+                .call(move |s, _| s.step(u, super::durable_tests::NOW))
+                .await
+                .expect("served");
+            if stepped.is_err() {
+                refused = true;
+                break 'turns;
+            }
+            acked += bytes;
+        }
+    }
+    assert!(refused, "the budget never refused an update");
+    let ledger = store.ledger().clone();
+    assert!(
+        ledger.journaled() >= acked,
+        "every output acknowledged waits for the disk, encoded: {} counted for {acked}",
+        ledger.journaled()
+    );
+    assert!(
+        ledger.held() + acked <= budget,
+        "the session ({} bytes) and its unwritten outputs ({acked}) are over the budget {budget}",
+        ledger.held()
+    );
+    store.close().await;
+    drop(h);
+    assert_eq!(ledger.journaled(), 0, "written: nothing waits any more");
+}

@@ -9,6 +9,14 @@
 //! budget), and full sessions never starve reads.
 //! A [`Reservation`] gives its bytes back when it is dropped, however its holder ends.
 //!
+//! A durable session's changes acknowledged and not yet on disk are held twice: applied
+//! to the session, and encoded in its journal (waiting for the next batch, or in the
+//! batch being committed). Those encoded bytes count too ([`Ledger::journaled`]): under
+//! `interval`, or a disk slower than the updates, they would otherwise grow beside full
+//! sessions, up to 32 MiB per session, however small the budget. A session's snapshot
+//! (written whole) does not: it lives while one batch commits, and going cold writes one
+//! to free the session's memory.
+//!
 //! Part of what sessions hold is their rendered context, kept between GetContext calls
 //! (`engine::ContextCache`). It is counted with the sessions, and also on its own: all
 //! of it together may take at most a [`CACHE_SHARE`]th of the budget, past which an actor
@@ -34,6 +42,8 @@ pub struct Ledger {
     in_flight: AtomicU64,
     /// Of `held`, the bytes of the sessions' rendered contexts.
     cached: AtomicU64,
+    /// Bytes of durable sessions' encoded changes not yet on disk ([`JournalBytes`]).
+    journaled: AtomicU64,
     /// `memory_budget` (0: no budget, reservations always succeed).
     budget: u64,
 }
@@ -75,9 +85,18 @@ impl Ledger {
         self.budget
     }
 
-    /// What counts against the budget: sessions plus in-flight bytes.
+    /// Bytes of durable sessions' changes waiting to be written (encoded, beside the
+    /// sessions that hold them applied).
+    pub fn journaled(&self) -> u64 {
+        self.journaled.load(Ordering::Relaxed)
+    }
+
+    /// What counts against the budget: sessions, their changes waiting to be written,
+    /// and in-flight bytes.
     pub fn counted(&self) -> u64 {
-        self.held().saturating_add(self.in_flight())
+        self.held()
+            .saturating_add(self.journaled())
+            .saturating_add(self.in_flight())
     }
 
     /// The ceiling of in-flight bytes (`u64::MAX` without a budget).
@@ -175,6 +194,42 @@ impl Ledger {
                 Err(seen) => now = seen,
             }
         }
+    }
+}
+
+/// One durable session's journal bytes in a [`Ledger`], moved to what the journal holds
+/// after each change to it and given back on drop. Never refused: the changes were
+/// acknowledged already (the budget refuses the next update instead).
+#[derive(Debug)]
+pub(super) struct JournalBytes {
+    ledger: Arc<Ledger>,
+    bytes: u64,
+}
+
+impl JournalBytes {
+    /// Nothing counted yet in `ledger`.
+    pub fn new(ledger: Arc<Ledger>) -> JournalBytes {
+        JournalBytes { ledger, bytes: 0 }
+    }
+
+    /// Counts `bytes` from now on in place of what was counted before.
+    pub fn set(&mut self, bytes: u64) {
+        if bytes > self.bytes {
+            self.ledger
+                .journaled
+                .fetch_add(bytes - self.bytes, Ordering::Relaxed);
+        } else {
+            self.ledger
+                .journaled
+                .fetch_sub(self.bytes - bytes, Ordering::Relaxed);
+        }
+        self.bytes = bytes;
+    }
+}
+
+impl Drop for JournalBytes {
+    fn drop(&mut self) {
+        self.set(0);
     }
 }
 

@@ -108,7 +108,12 @@ fn describe() {
     describe_gauge!(
         "compactd_bytes_held",
         metrics::Unit::Bytes,
-        "Bytes all sessions hold (--memory-budget counts these plus compactd_bytes_in_flight)."
+        "Bytes all sessions hold (--memory-budget counts these plus compactd_bytes_journaled and compactd_bytes_in_flight)."
+    );
+    describe_gauge!(
+        "compactd_bytes_journaled",
+        metrics::Unit::Bytes,
+        "Bytes of durable sessions' acknowledged changes not yet on disk, encoded beside the sessions that hold them (counted against --memory-budget)."
     );
     describe_gauge!(
         "compactd_bytes_in_flight",
@@ -245,8 +250,9 @@ pub fn sessions(n: usize) {
 
 /// The store's memory figures, read at each scrape (they move with every update, so
 /// they are sampled rather than pushed).
-pub fn memory(held: u64, in_flight: u64, cached: u64, budget: u64) {
+pub fn memory(held: u64, journaled: u64, in_flight: u64, cached: u64, budget: u64) {
     gauge!("compactd_bytes_held").set(held as f64);
+    gauge!("compactd_bytes_journaled").set(journaled as f64);
     gauge!("compactd_bytes_in_flight").set(in_flight as f64);
     gauge!("compactd_bytes_cached").set(cached as f64);
     gauge!("compactd_memory_budget_bytes").set(budget as f64);
