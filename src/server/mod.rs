@@ -29,7 +29,9 @@
 //! (a unary reply's bytes counted in flight until it is sent), `counting.rs`
 //! (the threads that count long texts off the runtime), `import.rs` (ImportSession and
 //! its chunked twin for documents past `max_update_bytes`), `clock.rs` (the wall clock),
-//! `auth.rs`, `transport.rs` (HTTP/2 settings), `lingering_close.rs` (a closed
+//! `auth.rs`, `transport.rs` (HTTP/2 settings), `accept.rs` (what the listener lets in:
+//! a cap on connections, a deadline for their first bytes, failed accepts waited out),
+//! `lingering_close.rs` (a closed
 //! connection reads until its client closes, so its last answers are not lost to a
 //! TCP reset), `codec.rs` (the guard that
 //! refuses amplifying requests before decoding, and the encoder that sizes each reply),
@@ -39,6 +41,7 @@
 //! `list_value.rs` (the `ListValue` that carries them), `context_message.rs` (the
 //! `Context` that carries the other shapes' cached chunks) and `pb.rs` (generated).
 
+mod accept;
 pub mod auth;
 mod clock;
 pub mod codec;
@@ -270,6 +273,8 @@ where
     let sessions = tonic::service::interceptor::InterceptedService::new(sessions, guard(true));
     let mut builder = transport::configure(tonic::transport::Server::builder());
     if let Some(tls) = options.tls.clone() {
+        // A handshake that does not finish is dropped (its connection's slot freed).
+        let tls = tls.timeout(accept::FIRST_BYTES_DEADLINE);
         builder = builder.tls_config(tls).map_err(ServeError::Transport)?;
     }
     let server = builder
@@ -285,7 +290,10 @@ where
         .add_service(reflection_v1alpha)
         .add_service(sessions)
         .serve_with_incoming_shutdown(
-            tokio_stream::StreamExt::map(incoming, |io| io.map(LingeringClose::new)),
+            tokio_stream::StreamExt::map(
+                accept::Admission::new(Box::pin(incoming), accept::MAX_CONNECTIONS),
+                |io| io.map(LingeringClose::new),
+            ),
             shutdown,
         );
     // After the drain, connections get the rest of the drain's time to close (streams

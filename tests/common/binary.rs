@@ -44,6 +44,15 @@ impl Binary {
         Binary::spawn(cmd, "json", args, env)
     }
 
+    /// Like [`Binary::start`] with at most `n` open file descriptors (`prlimit
+    /// --nofile`), standing in for a container's descriptor limit.
+    pub fn start_nofile(n: u64, args: &[&str], env: &[(&str, &str)]) -> Binary {
+        let cap = format!("--nofile={n}");
+        let mut cmd = Command::new("prlimit");
+        cmd.args([cap.as_str(), "--", env!("CARGO_BIN_EXE_compactd")]);
+        Binary::spawn(cmd, "json", args, env)
+    }
+
     fn start_with(format: &str, args: &[&str], env: &[(&str, &str)]) -> Binary {
         Binary::spawn(
             Command::new(env!("CARGO_BIN_EXE_compactd")),

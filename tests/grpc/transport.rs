@@ -157,3 +157,54 @@ async fn a_connection_the_transport_drops_is_logged_with_its_cause() {
         "{line}"
     );
 }
+
+/// Connections that send nothing are closed once the first bytes' deadline passes, and at
+/// the descriptor limit the server waits instead of spinning: once the silent connections
+/// are gone, a new client is served, and the log stays short. Found in review: silent
+/// connections stayed open for good, and at the limit the accept loop retried at once,
+/// logging every failure (4 million lines in 35 s) while no client got in.
+#[tokio::test]
+async fn silent_connections_are_closed_and_the_descriptor_limit_is_waited_out() {
+    use std::io::Read;
+    let bin = crate::common::binary::Binary::start_nofile(96, &["--durability", "memory"], &[]);
+    // More than the descriptors left: the rest wait in the listener's backlog.
+    let silent: Vec<std::net::TcpStream> = (0..100)
+        .map(|_| std::net::TcpStream::connect(&bin.addr).expect("connect"))
+        .collect();
+    let closed = tokio::task::spawn_blocking(move || {
+        let began = std::time::Instant::now();
+        for mut s in silent {
+            s.set_read_timeout(Some(Duration::from_secs(45)))
+                .expect("timeout");
+            // The server's own preface (its SETTINGS) comes first, then the end.
+            let mut buf = [0u8; 1024];
+            loop {
+                match s.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(_) => continue,
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+                    Err(e) => panic!(
+                        "a silent connection still open after {:?}: {e}",
+                        began.elapsed()
+                    ),
+                }
+            }
+        }
+        began.elapsed()
+    })
+    .await
+    .expect("read");
+    // Two rounds of the 10 s deadline at most (those past the limit wait for the first).
+    assert!(closed < Duration::from_secs(40), "closed after {closed:?}");
+    let listed = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut c = pb::sessions_client::SessionsClient::connect(format!("http://{}", bin.addr))
+            .await
+            .expect("connect");
+        c.list_sessions(pb::ListSessionsRequest::default()).await
+    })
+    .await
+    .expect("answered in time");
+    assert!(listed.is_ok(), "{listed:?}");
+    let log = bin.log_so_far();
+    assert!(log.len() < 100_000, "{} bytes of log", log.len());
+}
