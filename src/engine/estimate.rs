@@ -128,7 +128,7 @@ fn sent_as(f: &crate::domain::FilePart) -> FileSent {
 }
 
 /// The texts [`estimate`] counts of `part` that may be long (tool input and output, text,
-/// reasoning, a file's data): the server counts those of a new part on a blocking thread
+/// reasoning, a file's data or name, a subtask's prompt and description): the server counts those of a new part on a blocking thread
 /// first, so the count [`estimate`] takes on the session's actor is a cache hit.
 pub fn counted_texts(part: &Part) -> Vec<std::borrow::Cow<'_, str>> {
     use std::borrow::Cow;
@@ -145,8 +145,15 @@ pub fn counted_texts(part: &Part) -> Vec<std::borrow::Cow<'_, str>> {
             }
             out
         }
-        PartKind::File(f) if sent_as(f) == FileSent::Data => vec![Cow::Borrowed(f.url.as_str())],
-        PartKind::Subtask(s) => vec![Cow::Borrowed(s.prompt.as_str())],
+        PartKind::File(f) => match sent_as(f) {
+            FileSent::Data => vec![Cow::Borrowed(f.url.as_str())],
+            FileSent::Name => vec![Cow::Borrowed(f.filename.as_str())],
+            FileSent::Nothing | FileSent::Image => Vec::new(),
+        },
+        PartKind::Subtask(s) => vec![
+            Cow::Borrowed(s.prompt.as_str()),
+            Cow::Borrowed(s.description.as_str()),
+        ],
         _ => Vec::new(),
     }
 }

@@ -1022,6 +1022,7 @@ impl Session {
         let new = session_bytes(&next, &settings);
         self.check_growth("", old, new)?;
         self.totals.bytes_changed(old, new);
+        let key_before = self.prior_key();
         self.info = next;
         self.tracker
             .set_cap_chars(output_cap_chars(&self.info, &settings));
@@ -1029,11 +1030,27 @@ impl Session {
         let counting = counting_for(&self.info, &settings);
         let recount = counting != self.counting;
         self.counting = counting;
-        if settings != self.settings || recount {
+        let changed = settings != self.settings;
+        if recount {
+            // Another measure of the same content: the provider counts what it counted,
+            // so the prediction stays (the figures since the last report are kept as
+            // they were measured), under the settings the content was rendered with.
+            self.recount_all(true, false);
+        }
+        if changed {
+            // Other settings render the content differently: the next request sends the
+            // context's change.
             self.settings = settings;
-            self.recount_all(recount);
+            self.recount_all(false, true);
+        }
+        if recount || changed {
             self.prune.invalidate();
             self.tracker.invalidate();
+        }
+        if self.prior_key() != key_before {
+            // What the reports taught was about the old model's (or tokenizer's) counts:
+            // the session learns the new one's from its prior.
+            self.totals.reset_calibration();
         }
         // New settings or a new window (another cap): what was marked under the old ones
         // is decided again.
@@ -1500,6 +1517,12 @@ impl Session {
         self.totals.calibration()
     }
 
+    /// How many times a new model or tokenizer reset the calibration (the store then
+    /// starts it from that key's prior).
+    pub fn calibration_resets(&self) -> u32 {
+        self.totals.calibration_resets()
+    }
+
     /// Starts the calibration from what other sessions of the same model learned.
     pub fn set_calibration_prior(&mut self, prior: Factors) {
         self.totals.set_calibration_prior(prior);
@@ -1658,7 +1681,10 @@ impl Session {
 
     /// Re-derives the context total after the settings changed (placeholder, strategies);
     /// `estimates`: the tokenizer changed, so every part is counted again first.
-    fn recount_all(&mut self, estimates: bool) {
+    /// Counts every part again: `estimates` (the counting changed) or only what the
+    /// settings render. With `moves`, what the next request sends moves by the context's
+    /// change; without, the same content was only measured again.
+    fn recount_all(&mut self, estimates: bool, moves: bool) {
         // What the next request sends moves by the context's change only: messages a
         // compaction summarized (or an errored one) are counted, and sent by no request.
         let context_before = self.context_tokens();
@@ -1686,7 +1712,7 @@ impl Session {
         self.by_msg = by_msg;
         let context_after = self.context_tokens();
         self.totals
-            .recounted(total, (context_before, context_after));
+            .recounted(total, moves.then_some((context_before, context_after)));
     }
 
     /// A summary (at `summary`) completed: its parent opens the context if it holds a

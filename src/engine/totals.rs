@@ -155,6 +155,10 @@ pub(crate) struct Totals {
     /// The last report's check of the prediction, numbered (replay reads it; not stored).
     #[serde(skip)]
     sample: Option<(u64, PredictionSample)>,
+    /// Resets of the calibration (another model or tokenizer) since the session was
+    /// built (not stored: the store compares it between jobs).
+    #[serde(skip)]
+    calibration_resets: u32,
 }
 
 /// `n` as a signed token figure (contexts are far below 2^63 tokens; saturates).
@@ -209,6 +213,18 @@ impl Totals {
     /// Where the calibration starts from (what other sessions of the model learned).
     pub(crate) fn set_calibration_prior(&mut self, prior: super::calibration::Factors) {
         self.calibration.set_prior(prior);
+    }
+
+    /// Forgets what the reports taught (another model or tokenizer), counting the reset
+    /// so the store gives the session the new key's prior.
+    pub(crate) fn reset_calibration(&mut self) {
+        self.calibration = Calibration::default();
+        self.calibration_resets = self.calibration_resets.wrapping_add(1);
+    }
+
+    /// How many times the calibration was reset.
+    pub(crate) fn calibration_resets(&self) -> u32 {
+        self.calibration_resets
     }
 
     /// The last report's check of the prediction made when its request started.
@@ -428,17 +444,21 @@ impl Totals {
         };
     }
 
-    /// Every part was re-rendered (the settings changed): the session holds `total`
-    /// tokens, and the context went from `context.0` to `context.1` (what the next
-    /// request sends moves by that alone).
-    pub(crate) fn recounted(&mut self, total: u64, context: (u64, u64)) {
+    /// Every part was counted again: the session holds `total` tokens, and (when the
+    /// settings changed what is sent) the context went from `context.0` to `context.1`:
+    /// what the next request sends moves by that alone. None: the same content measured
+    /// by another tokenizer, which moves nothing the provider counts.
+    pub(crate) fn recounted(&mut self, total: u64, context: Option<(u64, u64)>) {
+        self.tokens = total;
+        let Some(context) = context else {
+            return;
+        };
         let moved = signed(context.1).saturating_sub(signed(context.0));
         // A request in flight was sent before the recount: its report will not hold it.
         if self.usage.requesting {
             self.usage.since_by.add(Class::Prose, moved);
         }
         self.usage.delta_by.add(Class::Prose, moved);
-        self.tokens = total;
     }
 
     fn move_tokens(&mut self, class: Class, old: u64, new: u64) {

@@ -563,6 +563,7 @@ pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
     let (tx, rx) = mpsc::channel::<Msg>(mailbox);
     let id: Box<str> = Box::from(session.info().id.as_str());
     let last = session.held_bytes();
+    let session_resets = session.calibration_resets();
     ledger.add_held(last);
     let journal = durable.map(|mut d| {
         let (outstanding, replaced) = match d.created.take() {
@@ -617,6 +618,7 @@ pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
                 cached: 0,
             },
             shared_at: 0,
+            calibrated_as: session_resets,
         })),
     });
     let handle = SessionHandle {

@@ -26,6 +26,8 @@ pub(super) struct Locked {
     pub counted: Counted,
     /// The calibration's observations when it was last shared with the model's priors.
     pub shared_at: u32,
+    /// The session's calibration resets when it was last given its key's prior.
+    pub calibrated_as: u32,
 }
 
 impl std::fmt::Debug for Locked {
@@ -137,8 +139,20 @@ impl Locked {
     }
 
     /// Gives the model's priors what a usage report just taught (a check per job; the
-    /// lock only when the calibration learned something).
+    /// lock only when the calibration learned something), and a session whose model or
+    /// tokenizer changed the new key's prior.
     fn share_calibration(&mut self, store: &Weak<Shared>) {
+        let resets = self.session.calibration_resets();
+        if resets != self.calibrated_as {
+            // Another model or tokenizer: the session starts from what its sessions
+            // learned, and shares what it learns under its new key.
+            self.calibrated_as = resets;
+            self.shared_at = 0;
+            if let (Some(key), Some(store)) = (self.session.prior_key(), store.upgrade()) {
+                let prior = store.priors().prior(&key);
+                self.session.set_calibration_prior(prior);
+            }
+        }
         let seen = self.session.calibration().observations();
         if seen == self.shared_at {
             return;

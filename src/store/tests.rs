@@ -174,28 +174,104 @@ async fn an_evicted_session_gives_its_bytes_back() {
     assert_eq!(store.held_bytes(), 0);
 }
 
+/// `id` of `model_id` (provider "anthropic").
+fn of_model(id: &str, model_id: &str) -> SessionInfo {
+    SessionInfo {
+        model: Some(crate::domain::ModelRef {
+            provider_id: "anthropic".into(),
+            model_id: model_id.into(),
+        }),
+        ..info(id)
+    }
+}
+
+/// The session's calibration factors.
+async fn factors(h: &SessionHandle) -> crate::engine::calibration::Factors {
+    h.call(|tx, _| tx.calibration().factors())
+        .await
+        .expect("served")
+}
+
 /// A session of a model whose sessions already taught the store something starts from it.
 #[tokio::test]
 async fn a_new_session_starts_from_what_sessions_of_its_model_learned() {
+    let store = store();
+    let (first, _) = store
+        .open(of_model("a", "claude-sonnet-4-5"))
+        .await
+        .expect("open");
+    // Requests whose provider counted 1.6× what o200k estimates of the tool output.
+    reports_counting_tool_output_more(&first, "m", 6).await;
+    let learned = factors(&first).await;
+    assert!(learned[0] > 1.2, "{learned:?}");
+    let (second, _) = store
+        .open(of_model("b", "claude-sonnet-4-5"))
+        .await
+        .expect("open");
+    assert_eq!(factors(&second).await, learned);
+    // Another model starts from 1.0.
+    let (other, _) = store.open(info("c")).await.expect("open");
+    assert_eq!(factors(&other).await, crate::engine::calibration::NEUTRAL);
+}
+
+/// A session switched to another model starts that model's calibration from its prior,
+/// and what it learns after goes under the new model only. Found in review: it kept the
+/// old model's factors (a ~1.6x tool-output correction applied to the new model's
+/// counts) and, at its next report, shared them as the new model's, so every new session
+/// of that model over-predicted by about half.
+#[tokio::test]
+async fn a_session_that_changes_model_learns_the_new_one_from_its_prior() {
+    let store = store();
+    let (first, _) = store
+        .open(of_model("a", "claude-sonnet-4-5"))
+        .await
+        .expect("open");
+    reports_counting_tool_output_more(&first, "m", 6).await;
+    let learned = factors(&first).await;
+    assert!(learned[0] > 1.2, "{learned:?}");
+    let switch = crate::engine::Update::Configure(of_model("a", "claude-opus-4-1"));
+    first
+        .call(move |tx, _| tx.step(switch, 0).map(|_| ()))
+        .await
+        .expect("served")
+        .expect("switched");
+    assert_eq!(
+        factors(&first).await,
+        crate::engine::calibration::NEUTRAL,
+        "the new model's prior (nothing learned of it yet)"
+    );
+    reports_counting_tool_output_more(&first, "n", 6).await;
+    let (fresh, _) = store
+        .open(of_model("b", "claude-opus-4-1"))
+        .await
+        .expect("open");
+    assert_eq!(factors(&fresh).await, factors(&first).await);
+    // The old model's sessions still start from what was learned of it.
+    let (old, _) = store
+        .open(of_model("c", "claude-sonnet-4-5"))
+        .await
+        .expect("open");
+    assert_eq!(factors(&old).await, learned);
+}
+
+/// `n` requests on `h` whose provider counted 1.6x what the session estimates of each
+/// new tool output (its messages named `{prefix}{i}`).
+async fn reports_counting_tool_output_more(h: &SessionHandle, prefix: &str, n: u64) {
     use crate::domain::{
-        MessageInfo, ModelRef, Part, PartKind, Role, TokenUsage, ToolPart, ToolState, ToolStatus,
+        MessageInfo, Part, PartKind, Role, TokenUsage, ToolPart, ToolState, ToolStatus,
     };
     use crate::engine::Update;
-    let with_model = |id: &str| SessionInfo {
-        model: Some(ModelRef {
-            provider_id: "anthropic".into(),
-            model_id: "claude-sonnet-4-5".into(),
-        }),
-        ..info(id)
-    };
-    let store = store();
-    let (first, _) = store.open(with_model("a")).await.expect("open");
-    // Requests whose provider counted 1.6× what o200k estimates of the tool output.
-    let mut reported = 10_000u64;
-    for i in 0..6u64 {
-        let id = format!("m{i}");
-        let output = format!("line {i}: {}\n", "compiling crate_x v0.1.0 ... ok").repeat(200);
-        let estimate = crate::tokens::Counting::O200k.counter().count(&output);
+    let mut reported = h
+        .call(|tx, _| tx.context_tokens())
+        .await
+        .expect("served")
+        .saturating_add(10_000);
+    for i in 0..n {
+        let id = format!("{prefix}{i}");
+        let output =
+            format!("{prefix} line {i}: {}\n", "compiling crate_x v0.1.0 ... ok").repeat(200);
+        let counting = h.call(|tx, _| tx.counting()).await.expect("served");
+        let estimate = counting.counter().count(&output);
         let steps = vec![
             Update::UpsertMessage(MessageInfo::new(&id, Role::Assistant)),
             Update::UpsertPart(Part {
@@ -224,31 +300,12 @@ async fn a_new_session_starts_from_what_sessions_of_its_model_learned() {
         ];
         reported += estimate * 16 / 10;
         for u in steps {
-            first
-                .call(move |tx, _| tx.step(u, 0).map(|_| ()))
+            h.call(move |tx, _| tx.step(u, 0).map(|_| ()))
                 .await
                 .expect("served")
                 .expect("applied");
         }
     }
-    let learned = first
-        .call(|tx, _| tx.calibration().factors())
-        .await
-        .expect("served");
-    assert!(learned[0] > 1.2, "{learned:?}");
-    let (second, _) = store.open(with_model("b")).await.expect("open");
-    let start = second
-        .call(|tx, _| tx.calibration().factors())
-        .await
-        .expect("served");
-    assert_eq!(start, learned);
-    // Another model starts from 1.0.
-    let (other, _) = store.open(info("c")).await.expect("open");
-    let neutral = other
-        .call(|tx, _| tx.calibration().factors())
-        .await
-        .expect("served");
-    assert_eq!(neutral, crate::engine::calibration::NEUTRAL);
 }
 
 /// A session with one message holding `bytes` of text, opened in `store`.
