@@ -155,7 +155,8 @@ impl Importer {
     }
 
     /// Gathers an ImportSessionChunked call: its request (first chunk, checked at once)
-    /// and its document (every chunk's bytes, joined), counted in flight as they arrive.
+    /// and its document (every chunk's bytes, joined), counted in flight as they arrive
+    /// (by the buffer's capacity) and, once joined, by the document's length.
     /// Refused: a document past the store's import limit or the in-flight share, an empty
     /// chunk after the first, and a client that sends no chunk for the slow-reader grace
     /// or falls under [`MIN_UPLOAD_BYTES_PER_SEC`]: what it sent would otherwise pin the
@@ -267,6 +268,15 @@ impl Importer {
             )
             .into());
         }
+        // Collected: from here on the document is counted by its length, not by the
+        // capacity its buffer grew to (up to twice it), which the parse would count twice.
+        text.shrink_to_fit();
+        held.resize(
+            ledger,
+            u64::try_from(text.len()).unwrap_or(u64::MAX),
+            "an imported document",
+        )
+        .map_err(Rejection::from)?;
         let text = String::from_utf8(text).map_err(|e| {
             Status::from(Rejection::invalid(
                 "export_json",
@@ -298,11 +308,12 @@ impl Importer {
             .map_err(|_| Status::unavailable("compactd is closing"))?;
 
         let root = document.root();
+        // A text is counted by its length; an object (no text to measure) by the request
+        // that carried it.
         let document_bytes = match &document {
             Document::Text(t) => u64::try_from(t.len()).unwrap_or(u64::MAX),
-            Document::Object(_) => 0,
-        }
-        .max(held.bytes());
+            Document::Object(_) => held.bytes(),
+        };
         // Built no further than the limit it will be held to: the first message past it
         // ends the parse. Taken once, before a replaced session is read for its
         // compactions (reading a cold one would count it twice). The document's own

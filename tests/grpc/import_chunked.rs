@@ -467,3 +467,57 @@ async fn a_chunked_import_may_always_send_what_one_importsession_may() {
     );
     assert!(status.message().starts_with("export_json"), "{status:?}");
 }
+
+#[tokio::test]
+async fn a_collected_document_is_counted_by_its_length_not_by_the_buffer_it_grew_in() {
+    // A budget of 32 MiB: an in-flight share of 4 MiB, of which one import may send 2 MiB.
+    // A document of 1,781,075 bytes sent in 200 KiB chunks grows its buffer to 2 MiB;
+    // counted by that capacity its parse needs 4 MiB, which the 200 KiB another import
+    // holds leaves no room for. Counted by its length it needs 3,562,150 bytes: room.
+    const CHUNK: usize = 200 << 10;
+    const DOCUMENT: usize = 1_781_075;
+    let limits = Limits {
+        memory_budget: 32 << 20,
+        ..Limits::default()
+    };
+    let (server, ledger) = serve_with_ledger(limits, 256 << 10, Duration::from_secs(30)).await;
+    let mut c = server.client().await;
+    let holder = {
+        let mut c = c.clone();
+        let stream = tokio_stream::StreamExt::chain(
+            tokio_stream::iter(chunks(request("h"), vec![padded("h", CHUNK)])),
+            futures::stream::pending::<pb::ImportSessionChunk>(),
+        );
+        tokio::spawn(async move { c.import_session_chunked(stream).await })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while ledger.in_flight() < CHUNK as u64 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the paused import holds its chunk within 20 s: {}",
+            ledger.in_flight()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        ledger.in_flight(),
+        CHUNK as u64,
+        "the paused import's chunk"
+    );
+    let pieces: Vec<Vec<u8>> = padded("s", DOCUMENT)
+        .chunks(CHUNK)
+        .map(<[u8]>::to_vec)
+        .collect();
+    let summary = c
+        .import_session_chunked(tokio_stream::iter(chunks(request("s"), pieces)))
+        .await
+        .expect("twice the document's length fits beside the paused import")
+        .into_inner();
+    assert_eq!(summary.id, "s");
+    assert_eq!(
+        ledger.in_flight(),
+        CHUNK as u64,
+        "all but the paused chunk given back"
+    );
+    holder.abort();
+}
