@@ -734,7 +734,8 @@ fn part(mut o: Map<String, Value>, message_id: &str, path: &str) -> Result<Part,
             command: string(&mut o, "command"),
         }),
         "retry" => PartKind::Retry(RetryPart {
-            attempt: uint(&mut o, "attempt") as u32,
+            // Held within its type, as every number here is (not cut to its low bits).
+            attempt: u32::try_from(uint(&mut o, "attempt")).unwrap_or(u32::MAX),
             error: o.remove("error"),
             created: match o.remove("time") {
                 Some(Value::Object(mut t)) => int(&mut t, "created"),

@@ -356,3 +356,27 @@ fn reasoning_reported_apart_from_the_output_is_counted_within_it() {
         }
     }
 }
+
+/// A retry's `attempt` past `u32` is held at the largest attempt, as every other number
+/// of the document is held within its type: cut to 32 bits, 4,294,967,297 read as 1.
+#[test]
+fn a_retry_attempt_past_u32_is_held_at_the_largest() {
+    let doc = |attempt: &str| {
+        format!(
+            r#"{{"info":{{"id":"s"}},"messages":[{{"info":{{"id":"m0","role":"assistant"}},"parts":[{{"id":"p0","type":"retry","attempt":{attempt}}}]}}]}}"#
+        )
+    };
+    for (attempt, read) in [
+        ("4294967297", u32::MAX),
+        ("1e30", u32::MAX),
+        ("4294967295", u32::MAX),
+        ("3", 3),
+        ("-2", 0),
+    ] {
+        let export = parse_export(&doc(attempt)).expect("valid");
+        match &export.messages[0].1[0].kind {
+            PartKind::Retry(r) => assert_eq!(r.attempt, read, "{attempt}"),
+            other => panic!("{other:?}"),
+        }
+    }
+}
