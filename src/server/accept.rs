@@ -21,6 +21,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_stream::Stream;
 use tonic::transport::server::Connected;
 
+use super::lingering_close::forward_writes;
+
 /// Connections open at once; the next waits in the listener's backlog until one closes.
 /// A host holds one or two; this leaves many hosts room on one compactd while keeping
 /// descriptors for the store and the metrics endpoint under a default limit of 1,024.
@@ -205,29 +207,7 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Admitted<IO> {
 }
 
 impl<IO: AsyncWrite + Unpin> AsyncWrite for Admitted<IO> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
+    forward_writes!();
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.io).poll_shutdown(cx)

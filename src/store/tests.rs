@@ -192,22 +192,27 @@ async fn factors(h: &SessionHandle) -> crate::engine::calibration::Factors {
         .expect("served")
 }
 
+/// Session `id` of `model_id`, opened in `store`.
+async fn opened(store: &Store, id: &str, model_id: &str) -> SessionHandle {
+    store.open(of_model(id, model_id)).await.expect("open").0
+}
+
+/// Session "a" of claude-sonnet-4-5, taught by its reports that its provider counts
+/// 1.6x what it estimates of tool output; and the factors it learned.
+async fn taught(store: &Store) -> (SessionHandle, crate::engine::calibration::Factors) {
+    let first = opened(store, "a", "claude-sonnet-4-5").await;
+    reports_counting_tool_output_more(&first, "m", 6).await;
+    let learned = factors(&first).await;
+    assert!(learned[0] > 1.2, "{learned:?}");
+    (first, learned)
+}
+
 /// A session of a model whose sessions already taught the store something starts from it.
 #[tokio::test]
 async fn a_new_session_starts_from_what_sessions_of_its_model_learned() {
     let store = store();
-    let (first, _) = store
-        .open(of_model("a", "claude-sonnet-4-5"))
-        .await
-        .expect("open");
-    // Requests whose provider counted 1.6× what o200k estimates of the tool output.
-    reports_counting_tool_output_more(&first, "m", 6).await;
-    let learned = factors(&first).await;
-    assert!(learned[0] > 1.2, "{learned:?}");
-    let (second, _) = store
-        .open(of_model("b", "claude-sonnet-4-5"))
-        .await
-        .expect("open");
+    let (_first, learned) = taught(&store).await;
+    let second = opened(&store, "b", "claude-sonnet-4-5").await;
     assert_eq!(factors(&second).await, learned);
     // Another model starts from 1.0.
     let (other, _) = store.open(info("c")).await.expect("open");
@@ -222,13 +227,7 @@ async fn a_new_session_starts_from_what_sessions_of_its_model_learned() {
 #[tokio::test]
 async fn a_session_that_changes_model_learns_the_new_one_from_its_prior() {
     let store = store();
-    let (first, _) = store
-        .open(of_model("a", "claude-sonnet-4-5"))
-        .await
-        .expect("open");
-    reports_counting_tool_output_more(&first, "m", 6).await;
-    let learned = factors(&first).await;
-    assert!(learned[0] > 1.2, "{learned:?}");
+    let (first, learned) = taught(&store).await;
     let switch = crate::engine::Update::Configure(of_model("a", "claude-opus-4-1"));
     first
         .call(move |tx, _| tx.step(switch, 0).map(|_| ()))
@@ -241,16 +240,10 @@ async fn a_session_that_changes_model_learns_the_new_one_from_its_prior() {
         "the new model's prior (nothing learned of it yet)"
     );
     reports_counting_tool_output_more(&first, "n", 6).await;
-    let (fresh, _) = store
-        .open(of_model("b", "claude-opus-4-1"))
-        .await
-        .expect("open");
+    let fresh = opened(&store, "b", "claude-opus-4-1").await;
     assert_eq!(factors(&fresh).await, factors(&first).await);
     // The old model's sessions still start from what was learned of it.
-    let (old, _) = store
-        .open(of_model("c", "claude-sonnet-4-5"))
-        .await
-        .expect("open");
+    let old = opened(&store, "c", "claude-sonnet-4-5").await;
     assert_eq!(factors(&old).await, learned);
 }
 
