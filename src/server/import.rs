@@ -300,6 +300,8 @@ impl Importer {
         let (overrides, limits) = settings(self, &req)?;
         let store = self.store.clone();
         let id_override = req.session_id;
+        // Optional: it stands in for the document's own id, which is then not checked.
+        crate::domain::check_optional_id("session_id", &id_override).map_err(Rejection::from)?;
         let turn = self
             .imports
             .clone()
@@ -338,17 +340,12 @@ impl Importer {
         // Parsing a multi-megabyte export is CPU work: keep it off the async workers.
         let (mut export, mut held, turn) = tokio::task::spawn_blocking(move || {
             let parsed = match document {
-                Document::Text(t) => trace::parse_export_limited(&t, byte_limit),
-                Document::Object(v) => trace::from_value_limited(v, byte_limit),
+                Document::Text(t) => trace::parse_export_limited(&t, byte_limit, &id_override),
+                Document::Object(v) => trace::from_value_limited(v, byte_limit, &id_override),
             };
-            let checked = parsed.map_err(|e| limited(e, root)).and_then(|mut export| {
-                if !id_override.is_empty() {
-                    export.info.id = id_override;
-                }
-                crate::domain::check_id("session_id", &export.info.id)?;
-                Ok(export)
-            });
-            checked.map(|export| (export, held, turn))
+            parsed
+                .map_err(|e| limited(e, root))
+                .map(|export| (export, held, turn))
         })
         .await
         .map_err(|e| Status::internal(format!("import task failed: {e}")))??;

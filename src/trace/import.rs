@@ -99,12 +99,12 @@ pub(super) fn json_field(field: &str, part: bool) -> String {
 
 /// Parses an export document.
 pub fn parse_export(json: &str) -> Result<Export, ImportError> {
-    parse_export_limited(json, ByteLimit::NONE).map_err(LimitedError::into_import_error)
+    parse_export_limited(json, ByteLimit::NONE, "").map_err(LimitedError::into_import_error)
 }
 
 /// Maps an already parsed export document.
 pub fn from_value(doc: Value) -> Result<Export, ImportError> {
-    from_value_limited(doc, ByteLimit::NONE).map_err(LimitedError::into_import_error)
+    from_value_limited(doc, ByteLimit::NONE, "").map_err(LimitedError::into_import_error)
 }
 
 /// Why a limited import stopped.
@@ -142,7 +142,14 @@ impl LimitedError {
 
 /// Maps an already parsed export document, refusing at the first message that takes what
 /// it built past `limit` (the domain values' bytes, a lower bound of the session's).
-pub fn from_value_limited(doc: Value, limit: ByteLimit) -> Result<Export, LimitedError> {
+/// A `session_id` that is not empty is the session's id in place of the document's
+/// `info.id`, which is then neither required nor checked: the given id is checked in its
+/// place (under `info.id`; a caller that names it otherwise checks it first).
+pub fn from_value_limited(
+    doc: Value,
+    limit: ByteLimit,
+    session_id: &str,
+) -> Result<Export, LimitedError> {
     let Value::Object(doc) = doc else {
         return Err(err("$", "expected an object with `info` and `messages`").into());
     };
@@ -171,7 +178,7 @@ pub fn from_value_limited(doc: Value, limit: ByteLimit) -> Result<Export, Limite
             }
         }
     }
-    finish(info, todos, messages, rest)
+    finish(info, todos, messages, rest, session_id)
 }
 
 /// The refusal of a document whose JSON at `path` took what is read past `limit`.
@@ -188,12 +195,14 @@ fn not_an_array() -> ImportError {
     err("messages", "missing or not an array")
 }
 
-/// The export from its top-level fields, once the document is read.
+/// The export from its top-level fields, once the document is read (`session_id`, when
+/// not empty, in place of the document's own id).
 fn finish(
     info: Option<Map<String, Value>>,
     todos: Option<Value>,
     messages: Option<Builder>,
     rest: Map<String, Value>,
+    session_id: &str,
 ) -> Result<Export, LimitedError> {
     let Some(info) = info else {
         return Err(err("info", "missing or not an object").into());
@@ -201,13 +210,18 @@ fn finish(
     let Some(builder) = messages else {
         return Err(not_an_array().into());
     };
-    builder.finish(info, todos, rest)
+    builder.finish(info, todos, rest, session_id)
 }
 
 /// Parses an export document as it is read, refusing at the first message that takes
 /// what it built past `limit`: neither the whole JSON tree nor an over-limit session is
-/// ever built. Only one message's JSON tree is held at a time.
-pub fn parse_export_limited(json: &str, limit: ByteLimit) -> Result<Export, LimitedError> {
+/// ever built. Only one message's JSON tree is held at a time. A `session_id` that is not
+/// empty stands in for the document's `info.id`, as in [`from_value_limited`].
+pub fn parse_export_limited(
+    json: &str,
+    limit: ByteLimit,
+    session_id: &str,
+) -> Result<Export, LimitedError> {
     let stop = std::cell::RefCell::new(None);
     let budget = Budget::new(limit.bytes);
     let mut de = serde_json::Deserializer::from_str(json);
@@ -223,7 +237,7 @@ pub fn parse_export_limited(json: &str, limit: ByteLimit) -> Result<Export, Limi
     }
     let (info, todos, messages, rest) =
         parsed.map_err(|e| LimitedError::from(err("$", format!("not JSON: {e}"))))?;
-    finish(info, todos, messages, rest)
+    finish(info, todos, messages, rest, session_id)
 }
 
 /// The top-level fields of a document being read: `info`, `todos`, the messages (already
@@ -454,8 +468,9 @@ impl Builder {
         info: Map<String, Value>,
         todos: Option<Value>,
         rest: Map<String, Value>,
+        session_id: &str,
     ) -> Result<Export, LimitedError> {
-        let mut info = session_info(info)?;
+        let mut info = session_info(info, session_id)?;
         if let Some(todos) = todos {
             info.todos = todo_list(todos, "todos")?;
         }
@@ -510,11 +525,15 @@ fn message(m: Value, i: usize) -> Result<(MessageInfo, Vec<Part>), ImportError> 
     Ok((minfo, ps))
 }
 
-fn session_info(mut o: Map<String, Value>) -> Result<SessionInfo, ImportError> {
-    let id = string(&mut o, "id");
-    if id.is_empty() {
-        return Err(err("info.id", "missing"));
-    }
+/// The session's info; its id is `session_id` when that is not empty (the document's own
+/// then neither required nor kept), else the document's `info.id`.
+fn session_info(mut o: Map<String, Value>, session_id: &str) -> Result<SessionInfo, ImportError> {
+    let own = string(&mut o, "id");
+    let id = match session_id {
+        "" if own.is_empty() => return Err(err("info.id", "missing")),
+        "" => own,
+        given => given.to_string(),
+    };
     let title = string(&mut o, "title");
     Ok(SessionInfo {
         id,

@@ -35,7 +35,7 @@ fn limit(bytes: u64) -> ByteLimit {
 fn within_the_limit_it_reads_as_the_unlimited_parse_in_any_field_order() {
     for info_last in [false, true] {
         let json = document(20, info_last);
-        let limited = parse_export_limited(&json, limit(10 << 20)).expect("within");
+        let limited = parse_export_limited(&json, limit(10 << 20), "").expect("within");
         assert_eq!(limited, parse_export(&json).expect("valid"));
         assert_eq!(limited.messages.len(), 20);
         assert_eq!(limited.info.id, "s");
@@ -46,7 +46,7 @@ fn within_the_limit_it_reads_as_the_unlimited_parse_in_any_field_order() {
 #[test]
 fn past_the_limit_it_stops_at_the_first_message_over() {
     let json = document(10_000, false);
-    let e = parse_export_limited(&json, limit(50_000)).expect_err("over");
+    let e = parse_export_limited(&json, limit(50_000), "").expect_err("over");
     let LimitedError::TooLarge { path, bytes, .. } = &e else {
         panic!("{e:?}");
     };
@@ -61,7 +61,7 @@ fn past_the_limit_it_stops_at_the_first_message_over() {
     assert!(e.to_string().contains("max_session_bytes"), "{e}");
     // The Value form stops at the same message.
     let doc: Value = serde_json::from_str(&json).expect("json");
-    let e2 = from_value_limited(doc, limit(50_000)).expect_err("over");
+    let e2 = from_value_limited(doc, limit(50_000), "").expect_err("over");
     assert_eq!(e, e2);
 }
 
@@ -70,22 +70,24 @@ fn invalid_documents_still_name_their_path() {
     let e = parse_export_limited(
         r#"{"info": {"id": "s"}, "messages": [{"info": 3}]}"#,
         limit(1 << 20),
+        "",
     )
     .expect_err("invalid");
     assert_eq!(
         e,
         LimitedError::Invalid(err("messages[0].info", "missing or not an object"))
     );
-    let e = parse_export_limited(r#"{"messages": []}"#, limit(1 << 20)).expect_err("no info");
+    let e = parse_export_limited(r#"{"messages": []}"#, limit(1 << 20), "").expect_err("no info");
     assert!(
         matches!(e, LimitedError::Invalid(ImportError { ref path, .. }) if path == "info"),
         "{e:?}"
     );
-    assert!(parse_export_limited("[1,2]", limit(1 << 20)).is_err());
+    assert!(parse_export_limited("[1,2]", limit(1 << 20), "").is_err());
     assert!(
         parse_export_limited(
             r#"{"info": {"id": "s"}, "messages": []} trailing"#,
-            limit(1 << 20)
+            limit(1 << 20),
+            ""
         )
         .is_err()
     );
@@ -197,7 +199,7 @@ fn small_values_are_refused_past_the_limit_before_they_are_built() {
             ),
         ),
     ] {
-        match parse_export_limited(&json, mib) {
+        match parse_export_limited(&json, mib, "") {
             Err(LimitedError::TooLarge { path, .. }) => assert_eq!(path, field),
             other => panic!("{field}: {other:?}"),
         }
@@ -207,7 +209,7 @@ fn small_values_are_refused_past_the_limit_before_they_are_built() {
         r#"{{"info":{{"id":"s"}},"messages":[{{"info":{{"id":"m0","role":"user"}},"parts":[]}},{{"info":{{"id":"m1","role":"user","x":{}}},"parts":[]}}]}}"#,
         zeros(1_000_000)
     );
-    match parse_export_limited(&json, mib) {
+    match parse_export_limited(&json, mib, "") {
         Err(LimitedError::TooLarge { path, .. }) => assert_eq!(path, "messages[1]"),
         other => panic!("{other:?}"),
     }
@@ -217,17 +219,17 @@ fn small_values_are_refused_past_the_limit_before_they_are_built() {
     let todos = zeros(6_000);
     let json = format!(r#"{{"info":{{"id":"s"}},"messages":[],"todos":{todos}}}"#);
     let small = limit(500_000);
-    match parse_export_limited(&json, small) {
+    match parse_export_limited(&json, small, "") {
         Err(LimitedError::TooLarge { path, .. }) => assert_eq!(path, "todos"),
         other => panic!("{other:?}"),
     }
     let doc: Value = serde_json::from_str(&json).expect("json");
-    match from_value_limited(doc, small) {
+    match from_value_limited(doc, small, "") {
         Err(LimitedError::TooLarge { path, .. }) => assert_eq!(path, "info"),
         other => panic!("{other:?}"),
     }
     // Within the limit, all of it reads as before.
-    let export = parse_export_limited(&json, limit(10 << 20)).expect("within");
+    let export = parse_export_limited(&json, limit(10 << 20), "").expect("within");
     assert_eq!(export.info.todos.len(), 6_001);
     // Todos after the messages are read within what the fields before them left: here
     // their JSON fits, and the messages built plus the todos built do not.
@@ -236,11 +238,11 @@ fn small_values_are_refused_past_the_limit_before_they_are_built() {
         r#"{{"info":{{"id":"s"}},"messages":[{{"info":{{"id":"m0","role":"user"}},"parts":[{{"id":"p0","type":"text","text":"{text}"}}]}}],"todos":{}}}"#,
         zeros(2_500)
     );
-    match parse_export_limited(&json, small) {
+    match parse_export_limited(&json, small, "") {
         Err(LimitedError::TooLarge { path, .. }) => assert_eq!(path, "info"),
         other => panic!("{other:?}"),
     }
-    assert!(parse_export_limited(&json, limit(1 << 20)).is_ok());
+    assert!(parse_export_limited(&json, limit(1 << 20), "").is_ok());
 }
 
 /// A key given twice inside a message is refused as well: the last of the two would
@@ -248,7 +250,7 @@ fn small_values_are_refused_past_the_limit_before_they_are_built() {
 #[test]
 fn a_key_given_twice_inside_a_message_is_refused() {
     let json = r#"{"info":{"id":"s"},"messages":[{"info":{"id":"m0","role":"user"},"parts":[{"id":"a","type":"text","text":"A"}],"parts":[]}]}"#;
-    match parse_export_limited(json, limit(1 << 20)) {
+    match parse_export_limited(json, limit(1 << 20), "") {
         Err(LimitedError::Invalid(e)) => {
             assert!(e.message.contains(r#"key "parts" given twice"#), "{e:?}")
         }
@@ -292,7 +294,7 @@ fn a_top_level_field_given_twice_is_refused() {
         (r#"{"info":{"id":"s"},"messages":[],"x":1,"x":2}"#, "x"),
     ] {
         assert_eq!(
-            parse_export_limited(json, limit(1 << 20)),
+            parse_export_limited(json, limit(1 << 20), ""),
             Err(LimitedError::Invalid(err(
                 field,
                 "given twice in the document"
@@ -316,11 +318,11 @@ fn a_usage_report_that_is_not_an_object_is_refused() {
         (doc("null", "[1]"), "messages[0].parts[0].tokens"),
     ] {
         assert_eq!(
-            parse_export_limited(&json, limit(1 << 20)),
+            parse_export_limited(&json, limit(1 << 20), ""),
             Err(LimitedError::Invalid(err(path, "not an object"))),
         );
     }
-    let export = parse_export_limited(&doc("null", r#"{"input":5}"#), limit(1 << 20))
+    let export = parse_export_limited(&doc("null", r#"{"input":5}"#), limit(1 << 20), "")
         .expect("null and objects are taken");
     assert_eq!(export.messages[0].0.tokens, None);
 }
@@ -378,5 +380,34 @@ fn a_retry_attempt_past_u32_is_held_at_the_largest() {
             PartKind::Retry(r) => assert_eq!(r.attempt, read, "{attempt}"),
             other => panic!("{other:?}"),
         }
+    }
+}
+
+/// A `session_id` given stands in for the document's `info.id`: a document without one,
+/// or with one past the id bound, reads under the given id (the document's own is not
+/// kept). Before, the document's id was required and checked before the given one
+/// replaced it.
+#[test]
+fn a_given_session_id_stands_in_for_the_documents_own() {
+    let long = "i".repeat(300);
+    for json in [
+        r#"{"info": {"title": "t"}, "messages": []}"#.to_string(),
+        format!(r#"{{"info": {{"id": "{long}", "title": "t"}}, "messages": []}}"#),
+    ] {
+        let doc: Value = serde_json::from_str(&json).expect("JSON");
+        for export in [
+            parse_export_limited(&json, limit(1 << 20), "given").expect("text"),
+            from_value_limited(doc, limit(1 << 20), "given").expect("object"),
+        ] {
+            assert_eq!(export.info.id, "given", "{json}");
+            assert_eq!(export.info.title, "t", "{json}");
+            assert!(export.info.extra.is_empty(), "{json}");
+        }
+        // Without one, the document's own id is required and bounded.
+        let own = parse_export_limited(&json, limit(1 << 20), "").expect_err("its own id");
+        assert!(
+            matches!(&own, LimitedError::Invalid(ImportError { path, .. }) if path == "info.id"),
+            "{own:?}"
+        );
     }
 }

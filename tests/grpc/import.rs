@@ -303,6 +303,67 @@ async fn an_export_sent_as_an_object_imports_like_the_text() {
     );
 }
 
+/// `session_id` is the session's id instead of the document's `info.id`: the document's
+/// own is then neither required nor checked (it was, before the override applied: a
+/// document without one, or with one over the id bound, was refused), and the given id is
+/// checked in its place, as text or object alike.
+#[tokio::test]
+async fn a_session_id_stands_in_for_the_documents_own() {
+    let server = start_server().await;
+    let mut c = server.client().await;
+    let long = "i".repeat(300);
+    let no_id = r#"{"info": {}, "messages": []}"#.to_string();
+    let long_id = format!(r#"{{"info": {{"id": "{long}"}}, "messages": []}}"#);
+    let text = |json: &str, id: &str| pb::ImportSessionRequest {
+        export_json: json.to_string(),
+        session_id: id.into(),
+        ..Default::default()
+    };
+    let object = |json: &str, id: &str| pb::ImportSessionRequest {
+        export: Some(json_to_struct(&serde_json::from_str(json).expect("JSON"))),
+        session_id: id.into(),
+        ..Default::default()
+    };
+    for (what, req, id) in [
+        ("no id, as text", text(&no_id, "given"), "given"),
+        ("a long id, as text", text(&long_id, "ok"), "ok"),
+        (
+            "no id, as an object",
+            object(&no_id, "given-object"),
+            "given-object",
+        ),
+        (
+            "a long id, as an object",
+            object(&long_id, "ok-object"),
+            "ok-object",
+        ),
+    ] {
+        let summary = c
+            .import_session(req)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e:?}"))
+            .into_inner();
+        assert_eq!(summary.id, id, "{what}");
+        let info = get_session(&mut c, id).await.info.expect("info");
+        assert_eq!(info.id, id, "{what}");
+        assert_eq!(
+            info.extra, None,
+            "{what}: the document's own id is not kept"
+        );
+    }
+    // Without one the document's id is required and bounded; a given one is bounded too.
+    for (req, needle) in [
+        (text(&no_id, ""), "export_json.info.id: missing"),
+        (text(&long_id, ""), "export_json.info.id: 300 bytes long"),
+        (object(&no_id, ""), "export.info.id: missing"),
+        (text(&no_id, &long), "session_id: 300 bytes long"),
+        (object(&no_id, &long), "session_id: 300 bytes long"),
+    ] {
+        let status = assert_status(c.import_session(req).await, Code::InvalidArgument, needle);
+        assert!(status.message().starts_with(needle), "{status:?}");
+    }
+}
+
 /// OpenAI messages with each tool call's `arguments` string parsed into JSON.
 fn normalize_arguments(mut messages: Value) -> Value {
     for m in messages.as_array_mut().unwrap() {

@@ -768,15 +768,16 @@ async fn an_imported_document_is_not_counted_beside_the_session_it_became() {
         ..Default::default()
     };
     let d = import("i").export_json.len() as u64;
-    // The session the document becomes, measured alone.
+    // The session the document becomes, measured alone (under an id as long as "i": the
+    // id is part of what the session holds).
     let h = c
-        .import_session(import("probe"))
+        .import_session(import("p"))
         .await
         .expect("fits alone")
         .into_inner()
         .held_bytes;
     c.delete_session(pb::DeleteSessionRequest {
-        session_id: "probe".into(),
+        session_id: "p".into(),
     })
     .await
     .expect("delete");
