@@ -3,7 +3,12 @@
 //! The document is `{"info": Session.Info, "messages": [{"info": Message, "parts": [..]}],
 //! "todos"?: [..]}` (field list in `tests/data/traces/README.md`). Each object is taken apart
 //! field by field: known fields are typed, every other field is kept in `extra`, so a newer
-//! OpenCode build's additions survive a round trip instead of being rejected.
+//! OpenCode build's additions survive a round trip instead of being rejected. These nested
+//! values keep what is left of them under their own key: a `time`'s unknown keys (or a
+//! `time` that is not an object), the entries of `files` and `attachments` that are not of
+//! their type, a `model` that is not an object (or its unknown keys). The document's own
+//! fields beside `info` and `messages` go in the session's `extra`, a message's beside
+//! `info` and `parts` in its info's (one its info also has is refused: one would be lost).
 //!
 //! A user message's `summary` is OpenCode's UI summary object and lands in `extra`; only an
 //! assistant's boolean `summary` is the compaction flag.
@@ -505,9 +510,21 @@ fn message(m: Value, i: usize) -> Result<(MessageInfo, Vec<Part>), ImportError> 
     let Some(Value::Object(minfo)) = m.remove("info") else {
         return Err(err(&format!("{path}.info"), "missing or not an object"));
     };
-    let minfo = message_info(minfo, &format!("{path}.info"))?;
+    let mut minfo = message_info(minfo, &format!("{path}.info"))?;
+    let parts = m.remove("parts");
+    // The message's own fields beside `info` and `parts` are kept in its info's `extra`
+    // (as the document's own fields are in the session's), never over one of the info's.
+    for (key, value) in m {
+        if minfo.extra.contains_key(&key) {
+            return Err(err(
+                &format!("{path}.{key}"),
+                "also a field of the message's info, unknown to the import: one of the two would be lost",
+            ));
+        }
+        minfo.extra.insert(key, value);
+    }
     checked(minfo.validate(), &format!("{path}.info"), false)?;
-    let parts = match m.remove("parts") {
+    let parts = match parts {
         Some(Value::Array(a)) => a,
         None => Vec::new(),
         Some(_) => return Err(err(&format!("{path}.parts"), "not an array")),
@@ -578,14 +595,11 @@ fn message_info(mut o: Map<String, Value>, path: &str) -> Result<MessageInfo, Im
     })?;
     let mut info = MessageInfo::new(id, role);
     info.parent_id = string(&mut o, "parentID");
-    if let Some(Value::Object(mut t)) = o.remove("time") {
-        info.time = MessageTime {
-            created: int(&mut t, "created"),
-            completed: opt_int(&mut t, "completed"),
-        };
-        if !t.is_empty() {
-            o.insert("time".into(), Value::Object(t));
-        }
+    if let Some(time) = object_at(&mut o, "time", |t| MessageTime {
+        created: int(t, "created"),
+        completed: opt_int(t, "completed"),
+    }) {
+        info.time = time;
     }
     match o.remove("summary") {
         Some(Value::Bool(b)) => info.summary = b,
@@ -611,13 +625,15 @@ fn message_info(mut o: Map<String, Value>, path: &str) -> Result<MessageInfo, Im
             data: other,
         }),
     };
-    // User messages carry `model {providerID, modelID}`; assistants carry them flat.
-    info.model = match o.remove("model") {
-        Some(Value::Object(mut m)) => Some(ModelRef {
-            provider_id: string(&mut m, "providerID"),
-            model_id: string(&mut m, "modelID"),
-        }),
-        _ => {
+    // User messages carry `model {providerID, modelID}`; assistants carry them flat. A
+    // `model` that is not an object, or its other keys, are kept in `extra`; without a
+    // `model` object the flat fields are read.
+    info.model = match object_at(&mut o, "model", |m| ModelRef {
+        provider_id: string(m, "providerID"),
+        model_id: string(m, "modelID"),
+    }) {
+        Some(model) => Some(model),
+        None => {
             let provider_id = string(&mut o, "providerID");
             let model_id = string(&mut o, "modelID");
             (!provider_id.is_empty() || !model_id.is_empty()).then_some(ModelRef {
@@ -727,13 +743,10 @@ fn part(mut o: Map<String, Value>, message_id: &str, path: &str) -> Result<Part,
         },
         "patch" => PartKind::Patch(PatchPart {
             hash: string(&mut o, "hash"),
-            files: match o.remove("files") {
-                Some(Value::Array(a)) => a
-                    .into_iter()
-                    .filter_map(|v| v.as_str().map(str::to_string))
-                    .collect(),
-                _ => Vec::new(),
-            },
+            files: entries_at(&mut o, "files", |v| match v {
+                Value::String(s) => Ok(s),
+                other => Err(other),
+            }),
         }),
         "agent" => PartKind::Agent(AgentPart {
             name: string(&mut o, "name"),
@@ -756,10 +769,7 @@ fn part(mut o: Map<String, Value>, message_id: &str, path: &str) -> Result<Part,
             // Held within its type, as every number here is (not cut to its low bits).
             attempt: u32::try_from(uint(&mut o, "attempt")).unwrap_or(u32::MAX),
             error: o.remove("error"),
-            created: match o.remove("time") {
-                Some(Value::Object(mut t)) => int(&mut t, "created"),
-                _ => 0,
-            },
+            created: object_at(&mut o, "time", |t| int(t, "created")).unwrap_or(0),
         }),
         "compaction" => PartKind::Compaction(CompactionPart {
             auto: boolean(&mut o, "auto"),
@@ -817,22 +827,17 @@ fn tool_part(o: &mut Map<String, Value>, path: &str) -> Result<ToolPart, ImportE
     state.title = string(&mut st, "title");
     state.raw = string(&mut st, "raw");
     state.metadata = st.remove("metadata");
-    if let Some(Value::Object(mut t)) = st.remove("time") {
-        state.time = ToolTime {
-            start: int(&mut t, "start"),
-            end: opt_int(&mut t, "end"),
-            compacted: opt_int(&mut t, "compacted"),
-        };
+    if let Some(time) = object_at(&mut st, "time", |t| ToolTime {
+        start: int(t, "start"),
+        end: opt_int(t, "end"),
+        compacted: opt_int(t, "compacted"),
+    }) {
+        state.time = time;
     }
-    if let Some(Value::Array(a)) = st.remove("attachments") {
-        state.attachments = a
-            .into_iter()
-            .filter_map(|v| match v {
-                Value::Object(mut f) => Some(file_part(&mut f)),
-                _ => None,
-            })
-            .collect();
-    }
+    state.attachments = entries_at(&mut st, "attachments", |v| match v {
+        Value::Object(mut f) => Ok(file_part(&mut f)),
+        other => Err(other),
+    });
     if !st.is_empty() {
         o.insert("state".into(), Value::Object(st));
     }
@@ -855,13 +860,59 @@ fn file_part(o: &mut Map<String, Value>) -> FilePart {
 }
 
 fn part_time(o: &mut Map<String, Value>) -> Option<PartTime> {
-    match o.remove("time") {
-        Some(Value::Object(mut t)) => Some(PartTime {
-            start: int(&mut t, "start"),
-            end: opt_int(&mut t, "end"),
-        }),
-        _ => None,
+    object_at(o, "time", |t| PartTime {
+        start: int(t, "start"),
+        end: opt_int(t, "end"),
+    })
+}
+
+/// The object under `key`, read by `read` (which takes the fields it knows out of it);
+/// `None` when there is none or it is not an object. What `read` leaves, or a value that
+/// is not an object, goes back under `key`, so it is kept in `extra`.
+fn object_at<T>(o: &mut Extra, key: &str, read: impl FnOnce(&mut Extra) -> T) -> Option<T> {
+    match o.remove(key)? {
+        Value::Object(mut fields) => {
+            let typed = read(&mut fields);
+            if !fields.is_empty() {
+                o.insert(key.to_string(), Value::Object(fields));
+            }
+            Some(typed)
+        }
+        other => {
+            o.insert(key.to_string(), other);
+            None
+        }
     }
+}
+
+/// The entries of the array under `key` that `read` takes (`Err` hands an entry back);
+/// the others, in order, or a value that is not an array, go back under `key`, so they
+/// are kept in `extra`.
+fn entries_at<T>(
+    o: &mut Extra,
+    key: &str,
+    mut read: impl FnMut(Value) -> Result<T, Value>,
+) -> Vec<T> {
+    let entries = match o.remove(key) {
+        Some(Value::Array(entries)) => entries,
+        Some(other) => {
+            o.insert(key.to_string(), other);
+            return Vec::new();
+        }
+        None => return Vec::new(),
+    };
+    let mut typed = Vec::with_capacity(entries.len());
+    let mut rest = Vec::new();
+    for entry in entries {
+        match read(entry) {
+            Ok(t) => typed.push(t),
+            Err(other) => rest.push(other),
+        }
+    }
+    if !rest.is_empty() {
+        o.insert(key.to_string(), Value::Array(rest));
+    }
+    typed
 }
 
 fn string(o: &mut Extra, key: &str) -> String {

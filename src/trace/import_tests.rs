@@ -411,3 +411,92 @@ fn a_given_session_id_stands_in_for_the_documents_own() {
         );
     }
 }
+
+/// What the import does not model is kept in `extra` under its own key, wherever it sits:
+/// a `model` that is not an object, a message's own fields beside `info` and `parts`,
+/// entries of `patch.files` that are not strings, unknown keys of a part's `time`, of a
+/// retry's `time` and of a tool state's `time`, attachments that are not objects. Before,
+/// each was dropped without a word.
+#[test]
+fn what_the_import_does_not_model_is_kept_under_its_key() {
+    let doc = serde_json::json!({
+        "info": {"id": "s"},
+        "messages": [
+            {
+                "info": {"id": "m0", "role": "user", "model": "gpt-4o"},
+                "parts": [],
+                "revert": {"messageID": "m0"},
+            },
+            {
+                "info": {"id": "m1", "role": "assistant", "parentID": "m0"},
+                "parts": [
+                    {"id": "p0", "type": "text", "text": "t", "time": {"start": 1, "end": 2, "paused": true}},
+                    {"id": "p1", "type": "patch", "hash": "h", "files": ["a.rs", 3, {"b": 1}]},
+                    {"id": "p2", "type": "retry", "attempt": 2, "time": {"created": 5, "zone": "utc"}},
+                    {"id": "p3", "type": "tool", "callID": "c", "tool": "read", "state": {
+                        "status": "completed", "input": {}, "output": "o",
+                        "time": {"start": 1, "end": 2, "queued": 0},
+                        "attachments": [{"mime": "text/plain", "url": "u"}, "not-a-file", 7],
+                    }},
+                ],
+            },
+        ],
+    });
+    for export in [
+        parse_export(&doc.to_string()).expect("text"),
+        from_value(doc.clone()).expect("object"),
+    ] {
+        let (user, _) = &export.messages[0];
+        assert_eq!(user.model, None);
+        assert_eq!(user.extra.get("model"), Some(&serde_json::json!("gpt-4o")));
+        assert_eq!(
+            user.extra.get("revert"),
+            Some(&serde_json::json!({"messageID": "m0"}))
+        );
+        let parts = &export.messages[1].1;
+        let extra = |j: usize, key: &str| parts[j].extra.get(key).cloned();
+        match &parts[0].kind {
+            PartKind::Text(t) => assert_eq!(
+                t.time,
+                Some(PartTime {
+                    start: 1,
+                    end: Some(2)
+                })
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(extra(0, "time"), Some(serde_json::json!({"paused": true})));
+        match &parts[1].kind {
+            PartKind::Patch(p) => assert_eq!(p.files, ["a.rs"]),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(extra(1, "files"), Some(serde_json::json!([3, {"b": 1}])));
+        match &parts[2].kind {
+            PartKind::Retry(r) => assert_eq!((r.attempt, r.created), (2, 5)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(extra(2, "time"), Some(serde_json::json!({"zone": "utc"})));
+        match &parts[3].kind {
+            PartKind::Tool(t) => {
+                assert_eq!((t.state.time.start, t.state.time.end), (1, Some(2)));
+                assert_eq!(t.state.attachments.len(), 1);
+                assert_eq!(t.state.attachments[0].url, "u");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            extra(3, "state"),
+            Some(serde_json::json!({"time": {"queued": 0}, "attachments": ["not-a-file", 7]}))
+        );
+    }
+    // A message's own field that its info also has unknown to the import: one would be
+    // lost, so the document is refused naming it.
+    let twice = r#"{"info":{"id":"s"},"messages":[{"info":{"id":"m0","role":"user","revert":1},"revert":2}]}"#;
+    assert_eq!(
+        parse_export(twice),
+        Err(err(
+            "messages[0].revert",
+            "also a field of the message's info, unknown to the import: one of the two would be lost"
+        ))
+    );
+}
