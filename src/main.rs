@@ -211,45 +211,139 @@ fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
 /// Binds a Unix socket at `path` with file mode `mode`, replacing a stale socket file
 /// (one nothing answers on), but never a live one (a second server would take the path
 /// from the first, which then keeps its sessions out of reach) nor another kind of
-/// file. Returns the listener and the socket file's identity, to remove only our own.
+/// file. The socket is bound in a private directory beside `path` ([`Staging`]), given
+/// its mode there, and only then linked at `path`: bound at `path` itself it would be
+/// connectable there with the umask's mode (0777 under umask 000) until the chmod, a
+/// connection made meanwhile staying served, and the chmod would follow a symlink put in
+/// its place. Linked rather than renamed, so a socket another server bound at `path`
+/// meanwhile stops this start, as `bind` would, instead of being replaced. Returns the
+/// listener and the socket file's identity, to remove only our own.
 #[cfg(unix)]
 fn bind_unix(
     path: &std::path::Path,
     mode: u32,
 ) -> anyhow::Result<(tokio::net::UnixListener, (u64, u64))> {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let flag = || format!("--listen unix:{}", path.display());
+    // Bound elsewhere and linked, a path too long for a socket address would be taken,
+    // and no client could connect to it.
+    std::os::unix::net::SocketAddr::from_pathname(path)
+        .with_context(|| format!("{}: cannot bind", flag()))?;
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         anyhow::ensure!(
             meta.file_type().is_socket(),
-            "--listen unix:{}: exists and is not a socket",
-            path.display()
+            "{}: exists and is not a socket",
+            flag()
         );
         match std::os::unix::net::UnixStream::connect(path) {
             Ok(_) => anyhow::bail!(
-                "--listen unix:{}: another process is listening on it (a compactd already \
-                 running?); stop it or choose another path",
-                path.display()
+                "{}: another process is listening on it (a compactd already running?); \
+                 stop it or choose another path",
+                flag()
             ),
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
             Err(e) => {
-                return Err(e).with_context(|| {
-                    format!(
-                        "--listen unix:{}: cannot tell whether it is in use",
-                        path.display()
-                    )
-                });
+                return Err(e)
+                    .with_context(|| format!("{}: cannot tell whether it is in use", flag()));
             }
         }
         std::fs::remove_file(path)
-            .with_context(|| format!("removing stale socket {}", path.display()))?;
+            .with_context(|| format!("{}: removing the stale socket", flag()))?;
     }
-    let listener = tokio::net::UnixListener::bind(path)
-        .with_context(|| format!("--listen unix:{}: cannot bind", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .with_context(|| format!("setting mode {mode:o} on {}", path.display()))?;
-    let ours = socket_id(path)
-        .with_context(|| format!("--listen unix:{}: the socket is gone", path.display()))?;
+    let staging = Staging::beside(path).with_context(|| {
+        format!(
+            "{}: cannot make a private directory beside it to bind in",
+            flag()
+        )
+    })?;
+    let staged = staging.socket();
+    let listener = tokio::net::UnixListener::bind(&staged)
+        .with_context(|| format!("{}: cannot bind (at {})", flag(), staged.display()))?;
+    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("{}: setting mode {mode:o} on the socket", flag()))?;
+    std::fs::hard_link(&staged, path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::AlreadyExists => anyhow::anyhow!(
+            "{}: another process bound it meanwhile (a compactd starting beside this one?); \
+             stop it or choose another path",
+            flag()
+        ),
+        _ => anyhow::Error::new(e).context(format!("{}: cannot put the socket in place", flag())),
+    })?;
+    if let Err(e) = staging.remove() {
+        tracing::warn!(error = %e, "cannot remove the directory the Unix socket was bound in");
+    }
+    let ours = socket_id(path).with_context(|| format!("{}: the socket is gone", flag()))?;
     Ok((listener, ours))
+}
+
+/// The private directory (mode 0700, `.compactd-<pid>-<n>` beside the socket's path)
+/// where [`bind_unix`] binds the socket and sets its mode, out of anyone else's reach.
+/// Removed with the socket's name in it when dropped, so every way out of `bind_unix`
+/// leaves nothing behind.
+#[cfg(unix)]
+struct Staging {
+    dir: std::path::PathBuf,
+    /// Whether it is gone already.
+    removed: bool,
+}
+
+#[cfg(unix)]
+impl Staging {
+    /// Makes the directory in `path`'s own directory (a name already taken, a leftover of
+    /// a killed process whose id this one has now, is skipped).
+    fn beside(path: &std::path::Path) -> std::io::Result<Staging> {
+        use std::os::unix::fs::DirBuilderExt;
+        let parent = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => std::path::Path::new("."),
+        };
+        for n in 0..16 {
+            let dir = parent.join(format!(".compactd-{}-{n}", std::process::id()));
+            match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+                Ok(()) => {
+                    return Ok(Staging {
+                        dir,
+                        removed: false,
+                    });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            "every name tried is taken (.compactd-<pid>-0 to -15)",
+        ))
+    }
+
+    /// Where the socket is bound: a short name, so the path stays within a socket address.
+    fn socket(&self) -> std::path::PathBuf {
+        self.dir.join("s")
+    }
+
+    /// Removes the socket's name in the directory (the socket stays where it was linked)
+    /// and the directory.
+    fn remove(mut self) -> std::io::Result<()> {
+        self.clean()
+    }
+
+    fn clean(&mut self) -> std::io::Result<()> {
+        if std::mem::replace(&mut self.removed, true) {
+            return Ok(());
+        }
+        match std::fs::remove_file(self.socket()) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        std::fs::remove_dir(&self.dir)
+    }
+}
+
+#[cfg(unix)]
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let _ = self.clean();
+    }
 }
 
 /// The device and inode of the file at `path`, if any.

@@ -53,6 +53,19 @@ impl Binary {
         Binary::spawn(cmd, "json", args, env)
     }
 
+    /// Like [`Binary::start`] under the file-creation mask `umask` (octal, as `sh`'s
+    /// `umask` takes it): a shell sets it and execs the server.
+    #[cfg(unix)]
+    pub fn start_under_umask(umask: &str, args: &[&str], env: &[(&str, &str)]) -> Binary {
+        let mut cmd = Command::new("sh");
+        cmd.args([
+            "-c",
+            &format!("umask {umask} && exec \"$0\" \"$@\""),
+            env!("CARGO_BIN_EXE_compactd"),
+        ]);
+        Binary::spawn(cmd, "json", args, env)
+    }
+
     fn start_with(format: &str, args: &[&str], env: &[(&str, &str)]) -> Binary {
         Binary::spawn(
             Command::new(env!("CARGO_BIN_EXE_compactd")),
