@@ -458,6 +458,9 @@ fn replay(args: ReplayArgs) -> anyhow::Result<()> {
 
 fn write_replay(args: &ReplayArgs, out: &mut impl std::io::Write) -> anyhow::Result<()> {
     let config = args.engine.to_config()?;
+    if let Some(url) = &args.summarize_with {
+        cli::check_llm_base_url("summarize-with", url, "COMPACTD_LLM_API_KEY")?;
+    }
     let mut reports = Vec::new();
     // What each model's sessions taught, carried from file to file as the server carries
     // it from session to session.

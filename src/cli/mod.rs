@@ -517,16 +517,11 @@ impl LlmArgs {
         let summarizer: Option<Arc<dyn Summarizer>> = match &self.llm_base_url {
             None => None,
             Some(url) => {
-                if !(url.starts_with("http://") || url.starts_with("https://")) {
-                    return Err(ConfigError {
-                        flag: "llm-base-url",
-                        // The URL may carry credentials (`https://user:key@host`).
-                        message: format!(
-                            "{:?} is not an http(s) URL",
-                            crate::config::redact::url(url)
-                        ),
-                    });
-                }
+                check_llm_base_url(
+                    "llm-base-url",
+                    url,
+                    "--llm-api-key-file, COMPACTD_LLM_API_KEY or --llm-api-key",
+                )?;
                 let Some(model) = self.llm_model.clone().filter(|m| !m.is_empty()) else {
                     return Err(ConfigError {
                         flag: "llm-model",
@@ -685,6 +680,60 @@ fn flag_of(key: &'static str) -> &'static str {
         "snapshot_tools" => "snapshot-tools",
         other => other,
     }
+}
+
+/// Refuses, naming `flag`, a compaction endpoint's base URL the summarizer cannot use as
+/// given: not `http://` or `https://` with a host, or with a query, a fragment or
+/// credentials (the error says the key goes in `key_from`). async-openai appends each
+/// request's path (`/chat/completions`) to the URL's text, so a query or fragment would
+/// come before it (`/v1?api-version=X/chat/completions`), and its bearer header (the key,
+/// or none) stands in for the URL's `user:password@`. The URL is shown as
+/// [`crate::config::redact::url`] shows it: never its credentials, nor a query's or
+/// fragment's values.
+pub fn check_llm_base_url(
+    flag: &'static str,
+    url: &str,
+    key_from: &str,
+) -> Result<(), ConfigError> {
+    let refused = |why: &str| ConfigError {
+        flag,
+        message: format!("{:?} {why}", crate::config::redact::url(url)),
+    };
+    let key = format!("an API key goes in {key_from}, sent as `Authorization: Bearer <key>`");
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return Err(refused("is not an http(s) URL"));
+    }
+    let parsed = match reqwest::Url::parse(url) {
+        Ok(u) if u.host().is_some() => u,
+        Ok(_) => return Err(refused("is not an http(s) URL")),
+        // A password holding `/`, `?` or `#` unencoded ends the authority early.
+        Err(e) if url.contains('@') => {
+            return Err(refused(&format!(
+                "is not an http(s) URL ({e}), and credentials do not belong in it: {key}"
+            )));
+        }
+        Err(e) => return Err(refused(&format!("is not an http(s) URL ({e})"))),
+    };
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err(refused(&format!(
+            "carries credentials (`user:password@`), which compactd would not send: {key}"
+        )));
+    }
+    if parsed.query().is_some() {
+        return Err(refused(&format!(
+            "has a query (`?...`): the request's path (/chat/completions) is added \
+             after the base URL's text, so it would land inside the query; give the base URL \
+             alone; {key}"
+        )));
+    }
+    if parsed.fragment().is_some() {
+        return Err(refused(&format!(
+            "has a fragment (`#...`): the request's path (/chat/completions) is added \
+             after the base URL's text, so it would land inside the fragment; give the base URL \
+             alone; {key}"
+        )));
+    }
+    Ok(())
 }
 
 /// A file a flag names, read whole; the error names the flag and the file.
@@ -927,5 +976,57 @@ mod tests {
         let mut args = base.to_vec();
         args.extend(["--llm-api-key", " sk-é\tok \n"]);
         llm_args(&args).to_config().expect("valid");
+    }
+
+    /// A base URL with a query, a fragment or credentials is refused at start naming
+    /// --llm-base-url and saying how to pass a key, its secrets never shown. Before, each
+    /// was taken and every compaction failed: async-openai appends `/chat/completions` to
+    /// the URL's text (`POST /v1?api-version=2024-10-21/chat/completions`), and sends its
+    /// bearer header (`Bearer ` without a key) in place of the URL's credentials.
+    #[test]
+    fn a_base_url_with_a_query_a_fragment_or_credentials_is_refused() {
+        for (url, why) in [
+            (
+                "https://llm.example/v1?api-version=2024-10-21&api-key=sk-SECRET1",
+                "a query",
+            ),
+            ("https://llm.example/v1?", "a query"),
+            ("https://llm.example/v1#sk-SECRET2", "a fragment"),
+            ("https://bob:pw-SECRET3@llm.example/v1", "credentials"),
+            ("https://sk-SECRET4@llm.example/v1", "credentials"),
+            ("https://bob:pw/SECRET5?x@llm.example/v1", "credentials"),
+        ] {
+            let err = llm_args(&["--llm-base-url", url, "--llm-model", "m"])
+                .to_config()
+                .expect_err(url);
+            let shown = err.to_string();
+            assert_eq!(err.flag, "llm-base-url", "{shown}");
+            assert!(shown.contains(why), "{url}: {shown}");
+            assert!(shown.contains("--llm-api-key"), "{url}: {shown}");
+            assert!(!shown.contains("SECRET"), "{url}: {shown}");
+        }
+        for url in [
+            "ftp://llm.example/v1",
+            "llm.example/v1",
+            "HTTPS://llm.example/v1",
+            "http://",
+            "http://:8080/v1",
+        ] {
+            let err = llm_args(&["--llm-base-url", url, "--llm-model", "m"])
+                .to_config()
+                .expect_err(url);
+            assert_eq!(err.flag, "llm-base-url", "{err}");
+            assert!(err.message.contains("not an http(s) URL"), "{err}");
+        }
+        for url in [
+            "http://127.0.0.1:8080/v1",
+            "https://api.openai.com/v1/",
+            "http://[::1]:8000/v1",
+            "https://gateway.example/openai/v1",
+        ] {
+            llm_args(&["--llm-base-url", url, "--llm-model", "m"])
+                .to_config()
+                .expect(url);
+        }
     }
 }

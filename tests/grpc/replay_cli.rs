@@ -485,3 +485,28 @@ fn a_refused_update_is_reported_with_its_file() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `--summarize-with` is checked as `--llm-base-url` is, before any file is read: a query
+/// is refused naming the flag, its value not shown. Before, it was taken, and every
+/// compaction request went to `/v1?key=.../chat/completions`.
+#[test]
+fn a_summarize_with_url_with_a_query_is_refused_unquoted() {
+    let trace = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/traces/opencode-kind-meadow.json"
+    );
+    let out = replay_clean(&[
+        trace,
+        "--summarize-with",
+        "http://127.0.0.1:9/v1?key=sk-SECRET-42",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(out.stdout.is_empty(), "a file was replayed first");
+    assert!(
+        err.contains("--summarize-with: \"http://127.0.0.1:9/v1?key=[redacted]\" has a query"),
+        "{err}"
+    );
+    assert!(err.contains("COMPACTD_LLM_API_KEY"), "{err}");
+    assert!(!err.contains("SECRET"), "{err}");
+}

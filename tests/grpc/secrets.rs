@@ -9,6 +9,7 @@ use compactd::server::pb::compaction_event::Event as Ce;
 use tokio_stream::StreamExt;
 
 use crate::common::binary::Binary;
+use crate::common::compaction::{SID, compact, failure, seed_session, server_with};
 use crate::common::fake_llm::{FakeLlm, Reply, error_body};
 use crate::common::*;
 
@@ -216,26 +217,15 @@ async fn a_5xx_body_echoing_the_headers_leaks_the_key_nowhere() {
         // The echo reached compactd: the 502 is reported, its body redacted.
         assert!(log.contains("LLM request failed: 502"), "{log}");
         assert_absent(&log, &events, &[KEY, b64.trim_end_matches('=')]);
-        // The key in the endpoint's query too (as Azure-style gateways take it): the
-        // start line and the error naming the URL must not carry it.
-        let url = format!("{}?api-key={KEY}", fake.base_url());
-        let (log, events) = failing_compaction_at(url, level).await;
-        assert!(log.contains("api-key=[redacted]"), "{log}");
-        for (what, text) in [("log", &log), ("events", &events)] {
-            assert!(
-                !text.contains(KEY),
-                "{level:?}: the key in the URL reached the {what}:\n{text}"
-            );
-        }
     }
 }
 
-/// Credentials in the base URL are a secret like the key: reqwest sends them as Basic
-/// auth, and an endpoint that echoes its request's headers or the password must not get
-/// them into the log or the events. Before, only the API key was redacted from what an
-/// endpoint said.
+/// Credentials in the base URL are a secret like the key: an endpoint that echoes its
+/// request's headers or the password must not get them into the events. compactd's own
+/// start refuses such a URL (`--llm-base-url`), but a library user's `LlmConfig` may
+/// carry one. Before, only the API key was redacted from what an endpoint said.
 #[tokio::test]
-async fn credentials_in_the_base_url_echoed_by_the_endpoint_leak_nowhere() {
+async fn credentials_in_a_configured_base_url_echoed_by_the_endpoint_leak_nowhere() {
     use base64::Engine as _;
     const PASSWORD: &str = "pw-DO-NOT-LEAK-77d2";
     let basic = base64::engine::general_purpose::STANDARD.encode(format!("bob:{PASSWORD}"));
@@ -246,13 +236,29 @@ async fn credentials_in_the_base_url_echoed_by_the_endpoint_leak_nowhere() {
     let url = fake
         .base_url()
         .replacen("http://", &format!("http://bob:{PASSWORD}@"), 1);
-    let (log, events) = failing_compaction_at(url, Some("debug")).await;
-    assert!(log.contains("LLM request failed: 502"), "{log}");
-    assert_absent(&log, &events, &[PASSWORD, basic.trim_end_matches('=')]);
+    let server = server_with(&fake, |c| {
+        c.base_url = url;
+        c.max_retries = 1;
+    })
+    .await;
+    let mut client = server.client().await;
+    seed_session(&mut client, SID).await;
+    let events = compact(&mut client, SID).await;
+    assert!(
+        failure(&events).reason.contains("LLM request failed: 502"),
+        "{events:?}"
+    );
+    assert_absent(
+        "",
+        &format!("{events:?}"),
+        &[PASSWORD, basic.trim_end_matches('=')],
+    );
 }
 
+/// A key in the base URL (credentials, an Azure-style `?api-key=`) is redacted by config
+/// print, and the start refuses the URL naming the flag, the key nowhere in its error.
 #[test]
-fn a_key_in_the_base_url_is_redacted_at_start_and_in_config_print() {
+fn a_key_in_the_base_url_is_redacted_by_config_print_and_refused_at_start() {
     let url = format!("https://user:{KEY}@llm.example.com/v1?api-key={KEY}&api-version=2024");
     let print = Command::new(env!("CARGO_BIN_EXE_compactd"))
         .args([
@@ -273,13 +279,26 @@ fn a_key_in_the_base_url_is_redacted_at_start_and_in_config_print() {
     );
     assert!(!text.contains(KEY), "the key reached config print:\n{text}");
 
-    let bin = Binary::start(&["--llm-base-url", &url, "--llm-model", "m"], &[]);
-    let log = bin.finish();
-    assert!(
-        log.contains("llm.example.com"),
-        "the start line names the endpoint: {log}"
-    );
-    assert!(!log.contains(KEY), "the key reached the start log:\n{log}");
+    for url in [
+        url.clone(),
+        format!("https://llm.example.com/v1?api-key={KEY}"),
+    ] {
+        let mut serve = Command::new(env!("CARGO_BIN_EXE_compactd"));
+        serve
+            .args(["serve", "--listen", "127.0.0.1:0", "--durability", "memory"])
+            .args(["--llm-base-url", &url, "--llm-model", "m"])
+            // Started by mistake, it exits at once (its stdin is closed).
+            .arg("--exit-on-stdin-eof");
+        for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("COMPACTD_")) {
+            serve.env_remove(k);
+        }
+        let start = serve.output().expect("serve");
+        let err = String::from_utf8_lossy(&start.stderr);
+        assert!(!start.status.success(), "started: {err}");
+        assert!(err.contains("--llm-base-url (flag): \"https://"), "{err}");
+        assert!(err.contains("llm.example.com"), "{err}");
+        assert!(!err.contains(KEY), "the key reached the error:\n{err}");
+    }
 }
 
 /// A refusal for length quoting the key where a 1,000-character cut of the endpoint's
