@@ -582,8 +582,11 @@ fn llm_compactor(
     cfg.context_tokens = match std::env::var("COMPACTD_LLM_CONTEXT_TOKENS") {
         Ok(v) if !v.trim().is_empty() => Some(
             v.trim()
-                .parse()
-                .with_context(|| format!("COMPACTD_LLM_CONTEXT_TOKENS={v:?}"))?,
+                .parse::<std::num::NonZeroU64>()
+                .with_context(|| {
+                    format!("COMPACTD_LLM_CONTEXT_TOKENS={v:?}: a window, 1 token or more")
+                })?
+                .get(),
         ),
         _ => None,
     };

@@ -514,6 +514,15 @@ pub struct LlmArgs {
 impl LlmArgs {
     /// Validates the flags and builds the compaction settings (reads the key file).
     pub fn to_config(&self) -> Result<CompactionConfig, ConfigError> {
+        if self.llm_context_tokens == Some(0) {
+            return Err(ConfigError {
+                flag: "llm-context-tokens",
+                message: "0 tokens is no window (every compaction would be too long): give \
+                          the compaction model's context window, or leave it unset for \
+                          compactd to ask the endpoint"
+                    .into(),
+            });
+        }
         let summarizer: Option<Arc<dyn Summarizer>> = match &self.llm_base_url {
             None => None,
             Some(url) => {
@@ -530,10 +539,14 @@ impl LlmArgs {
                 };
                 let mut cfg = LlmConfig::new(url.clone(), model);
                 cfg.api_key = match (&self.llm_api_key_file, &self.llm_api_key) {
-                    (Some(path), _) => Some(api_key(
-                        "llm-api-key-file",
-                        read_text("llm-api-key-file", path)?,
-                    )?),
+                    (Some(path), _) => Some(
+                        api_key("llm-api-key-file", read_text("llm-api-key-file", path)?).map_err(
+                            |e| ConfigError {
+                                message: format!("{}: {}", path.display(), e.message),
+                                ..e
+                            },
+                        )?,
+                    ),
                     (None, Some(k)) if !k.is_empty() => Some(api_key("llm-api-key", k.clone())?),
                     _ => None,
                 };
@@ -744,9 +757,18 @@ fn read_text(flag: &'static str, path: &std::path::Path) -> Result<String, Confi
     })
 }
 
-/// The key given with `flag`, refused naming the flag (never quoting the key).
+/// The key given with `flag`, refused naming the flag (never quoting the key); a blank
+/// one is told how to go without a key.
 fn api_key(flag: &'static str, key: String) -> Result<ApiKey, ConfigError> {
-    ApiKey::new(key).map_err(|message| ConfigError { flag, message })
+    let blank = key.trim().is_empty();
+    ApiKey::new(key).map_err(|why| ConfigError {
+        flag,
+        message: if blank {
+            format!("{why}: give the key, or leave --{flag} unset for an endpoint without keys")
+        } else {
+            why
+        },
+    })
 }
 
 fn non_empty(list: &[String]) -> Vec<String> {
@@ -1028,5 +1050,71 @@ mod tests {
                 .to_config()
                 .expect(url);
         }
+    }
+
+    /// The flags that name the test endpoint, `extra` after them.
+    fn with_endpoint<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+        let mut args = vec![
+            "--llm-base-url",
+            "http://127.0.0.1:1/v1",
+            "--llm-model",
+            "m",
+        ];
+        args.extend_from_slice(extra);
+        args
+    }
+
+    /// A key file that holds no key (empty, or only white space: the key is trimmed) is
+    /// refused at start naming the flag and the file, as an empty --auth-token-file is.
+    /// Before, it was taken and every request went out with `Bearer ` (a Secret mounted
+    /// empty, for one).
+    #[test]
+    fn a_blank_api_key_file_is_refused_at_start() {
+        let file = std::env::temp_dir().join(format!("compactd-blank-{}", std::process::id()));
+        let path = file.to_str().expect("utf-8").to_string();
+        for text in ["", "\n", " \t\r\n"] {
+            std::fs::write(&file, text).expect("write");
+            let err = llm_args(&with_endpoint(&["--llm-api-key-file", &path]))
+                .to_config()
+                .expect_err("a blank key file");
+            assert_eq!(err.flag, "llm-api-key-file", "{text:?}: {err}");
+            assert!(err.message.contains("empty"), "{text:?}: {err}");
+            assert!(err.message.contains(&path), "{text:?}: {err}");
+        }
+        std::fs::remove_file(&file).ok();
+    }
+
+    /// A key of only white space is refused at start naming --llm-api-key. Before, it was
+    /// taken (trimmed to nothing) and sent as `Bearer `. An empty value stays no key (a
+    /// template's `COMPACTD_LLM_API_KEY=`, as layers.rs reads it).
+    #[test]
+    fn a_blank_api_key_is_refused_at_start_and_an_empty_one_is_none() {
+        for key in [" ", "\t\n"] {
+            let err = llm_args(&with_endpoint(&["--llm-api-key", key]))
+                .to_config()
+                .expect_err("a blank key");
+            assert_eq!(err.flag, "llm-api-key", "{key:?}: {err}");
+            assert!(err.message.contains("empty"), "{key:?}: {err}");
+        }
+        let cfg = llm_args(&with_endpoint(&["--llm-api-key", ""]))
+            .to_config()
+            .expect("an empty value: no key");
+        assert!(format!("{cfg:?}").contains("api_key: None"), "{cfg:?}");
+    }
+
+    /// `--llm-context-tokens 0` is refused at start naming the flag (0 has no meaning: an
+    /// unset window is the one asked of the endpoint). Before, it was taken and every
+    /// Compact failed `too_long`, retryable.
+    #[test]
+    fn a_zero_window_is_refused_at_start() {
+        for args in [with_endpoint(&[]), Vec::new()] {
+            let mut args = args;
+            args.extend(["--llm-context-tokens", "0"]);
+            let err = llm_args(&args).to_config().expect_err("a window of 0");
+            assert_eq!(err.flag, "llm-context-tokens", "{err}");
+        }
+        llm_args(&with_endpoint(&["--llm-context-tokens", "8192"]))
+            .to_config()
+            .expect("a window");
     }
 }

@@ -38,10 +38,14 @@ pub struct ApiKey(String);
 
 impl ApiKey {
     /// Wraps a key (a key file's trailing newline and surrounding spaces are trimmed).
-    /// Refused when it cannot be sent as a header value (a control character: a key file
+    /// Refused when nothing is left of it (it would go out as `Bearer `, the header of no
+    /// key), or when it cannot be sent as a header value (a control character: a key file
     /// of two lines): the error says where, never what.
     pub fn new(key: impl Into<String>) -> Result<ApiKey, String> {
         let key = key.into().trim().to_string();
+        if key.is_empty() {
+            return Err("the API key is empty (or only white space)".into());
+        }
         // What `http::HeaderValue` takes: tab, and every byte from space up but DEL.
         match key
             .bytes()
