@@ -184,10 +184,12 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Admitted<IO> {
             return Pin::new(&mut this.io).poll_read(cx, buf);
         };
         let before = buf.filled().len();
+        // A read with no room returns no bytes without the connection having ended.
+        let room = buf.remaining() > 0;
         match Pin::new(&mut this.io).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
                 *seen = seen.saturating_add(buf.filled().len().saturating_sub(before));
-                if *seen >= FIRST_BYTES || buf.filled().len() == before {
+                if *seen >= FIRST_BYTES || (room && buf.filled().len() == before) {
                     // Started, or closed by the client (end of file): no deadline.
                     this.first = None;
                 }
@@ -261,6 +263,24 @@ mod tests {
             quiet.is_err(),
             "a started connection is not timed out: {quiet:?}"
         );
+    }
+
+    /// A read into a full buffer returns no bytes without the connection having ended:
+    /// the deadline must still hold for the first bytes after it.
+    #[tokio::test(start_paused = true)]
+    async fn a_read_into_a_full_buffer_keeps_the_deadline() {
+        let (server, _client) = tokio::io::duplex(64);
+        let mut silent = admitted(server);
+        let began = tokio::time::Instant::now();
+        let mut full: [u8; 0] = [];
+        assert_eq!(silent.read(&mut full).await.expect("empty read"), 0);
+        let mut buf = [0u8; 64];
+        let read = tokio::time::timeout(FIRST_BYTES_DEADLINE * 2, silent.read(&mut buf)).await;
+        let e = read
+            .expect("the deadline still holds")
+            .expect_err("timed out");
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+        assert_eq!(began.elapsed(), FIRST_BYTES_DEADLINE);
     }
 
     /// At most `max` connections are admitted; the next one once one of them is gone.
