@@ -117,6 +117,8 @@ impl CompactionPlan {
 struct HeldIds {
     generation: Generation,
     head: Vec<String>,
+    /// What the host had last changed of each head message ([`super::stored::Message::edit`]).
+    edits: Vec<u64>,
     tail_start: Option<String>,
 }
 
@@ -296,6 +298,7 @@ impl Session {
         let held = HeldIds {
             generation: self.generation(),
             head: head.iter().filter_map(|&i| self.id_at(i)).collect(),
+            edits: head.iter().map(|&i| self.edit_of(i)).collect(),
             tail_start: tail_start.and_then(|i| self.id_at(i)),
         };
         Ok(CompactionPlan {
@@ -372,6 +375,19 @@ impl Session {
             return Err(CompactionError::Stale(
                 "it was replaced under the same id".into(),
             ));
+        }
+        // A summarized message the host wrote to meanwhile: the summary holds it as it
+        // was, and the commit would send the change to no later request.
+        let edits = held.map(|h| h.edits.iter().zip(&plan.head));
+        if let Some((_, &i)) = edits
+            .into_iter()
+            .flatten()
+            .find(|&(&edit, &i)| edit != self.edit_of(i))
+        {
+            return Err(CompactionError::Stale(format!(
+                "message {} changed after the summary began",
+                self.id_at(i).unwrap_or_default()
+            )));
         }
         Ok(())
     }

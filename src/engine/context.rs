@@ -175,6 +175,7 @@ impl Session {
             .sent(slots, Copying::Whole)
             .map(|(msg, parts)| Message {
                 rev: 0, // a copy for the view: never cached
+                edit: 0,
                 info: msg.info.clone(),
                 parts: parts
                     .into_iter()

@@ -952,6 +952,19 @@ impl Session {
         }
     }
 
+    /// Records that the host changed what message `msg` holds (see [`Message::edit`]).
+    fn edited(&mut self, msg: usize) {
+        if let Some(m) = self.messages.get_mut(msg) {
+            m.edit = Revision::next();
+        }
+    }
+
+    /// What the host last changed of message `msg` (see [`Message::edit`]); 0 past the
+    /// messages.
+    pub(crate) fn edit_of(&self, msg: usize) -> u64 {
+        self.messages.get(msg).map_or(0, |m| m.edit)
+    }
+
     /// The revision of message `msg` (see [`Message::rev`]); 0 past the messages.
     pub(crate) fn revision(&self, msg: usize) -> u64 {
         self.messages.get(msg).map_or(0, |m| m.rev)
@@ -1097,6 +1110,9 @@ impl Session {
         let was_sent = self.messages[idx].is_sent();
         self.messages[idx].info = info;
         self.touch(idx);
+        if was_sent != self.messages[idx].is_sent() {
+            self.edited(idx);
+        }
         if was_sent != self.messages[idx].is_sent() && !self.sending_changed(idx) {
             self.settle_marks();
         }
@@ -1154,6 +1170,7 @@ impl Session {
             info,
             parts: Vec::new(),
             rev: Revision::next(),
+            edit: 0,
         });
         if user {
             self.tracker
@@ -1280,6 +1297,7 @@ impl Session {
             self.request_started(); // the model is being called again
         }
         self.touch(idx);
+        self.edited(idx);
         let at = match existing {
             Some(i) => {
                 self.messages[idx].parts[i] = new;
@@ -1376,6 +1394,7 @@ impl Session {
             ));
         };
         self.touch(idx);
+        self.edited(idx);
         let was_sent = self.messages[idx].is_sent() && self.sends_part(idx, part_id);
         let message_was_sent = self.messages[idx].is_sent();
         let old = self.messages[idx].parts.remove(i);

@@ -21,6 +21,12 @@ pub struct Message {
     /// takes a new one.
     #[serde(skip)]
     pub(crate) rev: u64,
+    /// A value no other message state in this process has held, taken whenever the host
+    /// changes what the message holds (a part written or deleted, the message sent or not
+    /// sent); the engine's own marks and pins leave it. A compaction's commit compares it
+    /// with the plan's, so a summary never hides what it was not written from. Not stored.
+    #[serde(skip)]
+    pub(crate) edit: u64,
 }
 
 impl Message {

@@ -301,6 +301,61 @@ fn messages_arriving_while_the_summary_is_written_stay_after_it() {
     assert_eq!(context_ids(&s), ["cmp1_user", "cmp1_summary", "u4", "a4"]);
 }
 
+/// A summarized message written to while its summary was written (a part added, a
+/// part deleted, a tool finishing): the summary holds the message as it was, and the
+/// commit would hide the change from every later request. The commit is stale (the
+/// compaction is retried on what the session holds) and changes nothing.
+#[test]
+fn a_summarized_message_changed_while_the_summary_was_written_makes_the_commit_stale() {
+    let everything = TailOptions {
+        turns: 0,
+        max_tokens: 0,
+    };
+    let edits: [(&str, Update); 2] = [
+        ("a part added", parse("assistant a3 text:t9=400").remove(1)),
+        (
+            "a part deleted",
+            Update::DeletePart {
+                message_id: "a1".into(),
+                part_id: "p1".into(),
+            },
+        ),
+    ];
+    for (what, edit) in edits {
+        let mut s = session(FIXTURE);
+        let plan = s.plan_compaction(req(everything, true)).expect("plan");
+        apply(&mut s, edit.clone());
+        let mut before = session(FIXTURE);
+        apply(&mut before, edit);
+        let err = s.commit_compaction(
+            &plan,
+            &outcome("summary of u1..a3"),
+            &ids(1),
+            NOW,
+            &config(),
+        );
+        assert!(
+            matches!(err, Err(CompactionError::Stale(_))),
+            "{what}: {err:?}"
+        );
+        super::snapshot::assert_same(&s, &before, "a stale commit changes nothing");
+    }
+    // A mark the engine sets on a summarized message (prune clearing p1) is not the
+    // host's content: the commit still holds.
+    let mut s = session_with(
+        FIXTURE,
+        SessionOverrides {
+            prune_protect: Some(100),
+            prune_minimum: Some(0),
+            ..Default::default()
+        },
+    );
+    let plan = s.plan_compaction(req(TAIL, true)).expect("plan");
+    let report = s.prune(PruneMode::Commit, NOW);
+    assert!(report.parts.iter().any(|p| p.part_id == "p1"), "{report:?}");
+    commit(&mut s, &plan, "summary", true, 1);
+}
+
 #[test]
 fn a_second_compaction_folds_the_first_summary() {
     let mut s = session(FIXTURE);
