@@ -15,6 +15,7 @@ use std::path::PathBuf;
 
 use compactd::config::EngineConfig;
 use compactd::domain::{ModelLimits, Part, PartKind};
+use compactd::engine::{PruneMode, Update};
 use compactd::store::{DEFAULT_MAX_SESSION_BYTES, DEFAULT_MEMORY_BUDGET, Limits, Store};
 use compactd::trace::{Export, load, parse_export};
 use counting_alloc::allocated;
@@ -65,8 +66,12 @@ fn mib(b: usize) -> f64 {
     b as f64 / (1024.0 * 1024.0)
 }
 
+/// The tests compare the process's allocations with the store's figures: one at a time.
+static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_real_sessions_fit_the_default_budget_and_the_count_matches_the_allocator() {
+    let _alone = ALONE.lock().await;
     let n: usize = std::env::var("COMPACTD_MEMORY_SESSIONS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -202,5 +207,74 @@ async fn a_thousand_real_sessions_fit_the_default_budget_and_the_count_matches_t
         store.held_bytes(),
         0,
         "bytes still counted after every delete"
+    );
+}
+
+/// The strategies' keys copy client text (a search's other input fields as JSON, where a
+/// control character takes six bytes): a session of such calls must still be counted at
+/// what it allocates, so the limits hold.
+#[test]
+fn searches_with_escaped_input_are_counted_at_what_they_allocate() {
+    let _alone = ALONE.blocking_lock();
+    let config = EngineConfig::default();
+    compactd::tokens::warm_up(config.tokenizer.resolve(""));
+    let (_, json) = traces()
+        .into_iter()
+        .find(|(name, _)| name == "opencode-jolly-eagle")
+        .expect("the trace");
+    let export = parse_export(&json).expect("trace parses");
+    let template = export
+        .messages
+        .iter()
+        .flat_map(|(_, parts)| parts)
+        .find(|p| matches!(p.kind, PartKind::Tool(_)))
+        .expect("a tool part")
+        .clone();
+    let message_id = export
+        .messages
+        .iter()
+        .rev()
+        .find(|(m, _)| m.role == compactd::domain::Role::Assistant)
+        .expect("an assistant message")
+        .0
+        .id
+        .clone();
+    let limits = ModelLimits {
+        context: 200_000,
+        input: 0,
+        output: 32_000,
+    };
+    let mut session = load(export, limits, Default::default(), &config).expect("loads");
+    // A commit builds the strategies' state a load leaves to the first one.
+    session.prune(PruneMode::Commit, 0);
+    let (held_before, start) = (session.held_bytes(), allocated());
+    // Written as a host writes them: each call as an update.
+    for i in 0..16 {
+        let mut p = template.clone();
+        p.id = format!("prt_escaped_{i}");
+        p.message_id = message_id.clone();
+        if let PartKind::Tool(t) = &mut p.kind {
+            t.tool = if i % 2 == 0 { "grep" } else { "webfetch" }.into();
+            t.call_id = format!("call_escaped_{i}");
+            t.state.status = compactd::domain::ToolStatus::Completed;
+            t.state.input = serde_json::json!({
+                "pattern": format!("p{i}"),
+                "url": format!("https://example.com/{i}"),
+                "path": "/",
+                "z": "\u{1}".repeat(128 * 1024),
+            });
+            t.state.output = "x".into();
+        }
+        session
+            .apply(Update::UpsertPart(p), &config)
+            .expect("the call is written");
+    }
+    let counted = session.held_bytes() - held_before;
+    let real = allocated() - start;
+    let ratio = counted as f64 / real as f64;
+    println!("16 calls with escaped input: counted {counted}, allocated {real} ({ratio:.2})");
+    assert!(
+        (0.8..=1.2).contains(&ratio),
+        "counted {counted} vs allocated {real} ({ratio:.2})"
     );
 }

@@ -12,6 +12,14 @@ use serde_json::Value;
 
 use crate::engine::json_str::{Sink, write_str, write_value};
 
+/// A 128-bit hash of `text`, stable across processes and toolchains (the call hash's):
+/// what the tracker holds in place of a key too long to keep as text.
+pub(crate) fn text_hash(text: &str) -> u128 {
+    let mut hashed = Buffered::default();
+    hashed.put(text.as_bytes());
+    hashed.finish()
+}
+
 /// 128-bit hash of tool + canonical input (two independent 64-bit halves).
 pub fn call_hash(tool: &str, input: &Value) -> u128 {
     let mut hashed = Buffered::default();

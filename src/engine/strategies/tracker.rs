@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use super::file_masking::{inlined_breadcrumb, is_inlined_file};
 use super::files::file_paths;
 use super::masking::Masking;
-use super::retries::call_hash;
+use super::retries::{call_hash, text_hash};
 use super::searches::search_key;
 use super::snapshots::snapshot_key;
 use super::source_urls::url_key;
@@ -67,6 +67,17 @@ struct Holder {
 /// Decisions a turn typically queues: up to this many, the queue's set and list keep their
 /// capacity from one commit to the next.
 const KEPT_QUEUE: usize = 64;
+
+/// Longest key (and file path) the tracker holds as text; a longer one is held as its
+/// hash. Keys copy client text (a search's other input fields as JSON, where one control
+/// character becomes six bytes; a patch's paths), which the part's byte count does not
+/// cover beyond its index allowance.
+const MAX_KEY_BYTES: usize = 256;
+
+/// Most paths one call is tracked by for `aggressiveFilePrune`: a call naming more (a
+/// patch of thousands of files) is neither superseded by path nor supersedes by path,
+/// since each path costs a key and a holder.
+const MAX_CALL_PATHS: usize = 64;
 
 /// Age strategies and the user turns a message must be older than.
 const AGED: [(Strategy, usize); 3] = [
@@ -389,10 +400,16 @@ impl Tracker {
         if let Some(hash) = hash.filter(|_| on(Strategy::PruneRetryParts)) {
             self.succeeded_call(hash, &holder);
         }
-        if paths.len() > 1 && on(Strategy::AggressiveFilePrune) {
+        let by_path = on(Strategy::AggressiveFilePrune) && paths.len() <= MAX_CALL_PATHS;
+        let file_keys: Vec<String> = if by_path {
+            paths.iter().map(|p| bounded(p.clone())).collect()
+        } else {
+            Vec::new()
+        };
+        if file_keys.len() > 1 {
             self.remaining
                 .entry(holder.at.clone())
-                .or_insert_with(|| paths.clone());
+                .or_insert_with(|| file_keys.clone());
         }
         // Each key the call holds, in this order; keys are built only for strategies on.
         let mut offer = |st: Strategy, key: &dyn Fn() -> Option<String>| {
@@ -415,7 +432,7 @@ impl Tracker {
         offer(Strategy::SupersedeSearches, &|| {
             search_key(&t.tool, &t.state.input)
         });
-        for p in &paths {
+        for p in &file_keys {
             offer(Strategy::AggressiveFilePrune, &|| {
                 Some(prefixed("file:", p))
             });
@@ -428,6 +445,12 @@ impl Tracker {
     /// `h` holds `key` now, unless a newer holder already does (then `h` is the stale one).
     fn offer(&mut self, st: Strategy, key: String, h: Holder) {
         use std::collections::hash_map::Entry;
+        // A file key's path is bounded already (`remaining` holds it as the key does).
+        let key = if st == Strategy::AggressiveFilePrune {
+            key
+        } else {
+            bounded(key)
+        };
         // One lookup, and the key's copy (a file path) only when a holder goes stale.
         let mut held = match self.latest.entry((st, key)) {
             Entry::Vacant(v) => {
@@ -540,6 +563,16 @@ fn compile_globs(patterns: &[String]) -> GlobSet {
 }
 
 /// `prefix` then `rest`, in one allocation (keys are built for every tool call).
+/// `text` itself when it is at most [`MAX_KEY_BYTES`], else `#` and its hash in 32 hex
+/// digits: equal texts still give equal keys, and a key costs what its index allowance
+/// counts.
+fn bounded(text: String) -> String {
+    if text.len() <= MAX_KEY_BYTES {
+        return text;
+    }
+    format!("#{:032x}", text_hash(&text))
+}
+
 fn prefixed(prefix: &str, rest: &str) -> String {
     let mut key = String::with_capacity(prefix.len() + rest.len());
     key.push_str(prefix);
