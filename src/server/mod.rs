@@ -42,6 +42,7 @@
 //! `Context` that carries the other shapes' cached chunks) and `pb.rs` (generated).
 
 mod accept;
+mod arriving;
 pub mod auth;
 mod clock;
 pub mod codec;
@@ -257,6 +258,8 @@ where
 
     let token = options.auth.token.clone();
     let max_update_bytes = options.max_update_bytes;
+    // Each request message still arriving is counted in flight (`arriving.rs`).
+    let arriving_ledger = hub.store.ledger().clone();
     let guard = |on: bool| auth::interceptor(token.clone().filter(|_| on));
     let health = tonic::service::interceptor::InterceptedService::new(
         health,
@@ -279,6 +282,12 @@ where
     }
     let server = builder
         .trace_fn(|req| tracing::info_span!("rpc", rpc = %req.uri().path()))
+        .layer(tower::util::MapRequestLayer::new(
+            move |r: http::Request<tonic::body::Body>| {
+                let ledger = arriving_ledger.clone();
+                r.map(|b| tonic::body::Body::new(arriving::ArrivingBody::new(b, ledger)))
+            },
+        ))
         .layer(tower::util::MapResponseLayer::new(
             move |mut r: http::Response<_>| {
                 too_large::headers(r.headers_mut(), max_update_bytes);

@@ -136,6 +136,14 @@ impl Ledger {
         self.reserve_within(bytes, what, None)
     }
 
+    /// Counts `bytes` in flight without a ceiling: what is small and already arriving
+    /// (a request message being collected) is counted, so the limits see it, but never
+    /// refused.
+    pub fn count(self: &Arc<Self>, bytes: u64, what: &'static str) -> Reservation {
+        self.reserve_within(bytes, what, Some(u64::MAX))
+            .unwrap_or_default()
+    }
+
     /// [`Self::reserve`], but past the ceiling too when nothing else is in flight: one
     /// reply larger than the in-flight share (a whole session read back) can still be
     /// sent, alone, while any number of them cannot pile up.

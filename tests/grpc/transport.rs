@@ -208,3 +208,87 @@ async fn silent_connections_are_closed_and_the_descriptor_limit_is_waited_out() 
     let log = bin.log_so_far();
     assert!(log.len() < 100_000, "{} bytes of log", log.len());
 }
+
+/// Opens a raw HTTP/2 connection to `addr` (the `h2` crate, below tonic), driven on a task.
+async fn raw_h2(addr: std::net::SocketAddr) -> h2::client::SendRequest<tonic::codegen::Bytes> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (client, conn) = h2::client::Builder::new()
+        .max_send_buffer_size(64 << 20)
+        .handshake::<_, tonic::codegen::Bytes>(tcp)
+        .await
+        .expect("h2 handshake");
+    tokio::spawn(conn);
+    client.ready().await.expect("ready")
+}
+
+/// Starts a unary call on `client` and sends a message header announcing `announced`
+/// bytes, then `sent` of them, never ending the request.
+async fn unfinished_call(
+    client: &mut h2::client::SendRequest<tonic::codegen::Bytes>,
+    addr: std::net::SocketAddr,
+    announced: u32,
+    sent: usize,
+) -> (
+    h2::client::ResponseFuture,
+    h2::SendStream<tonic::codegen::Bytes>,
+) {
+    let request = http::Request::post(format!("http://{addr}/compactd.v1.Sessions/UpsertPart"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .expect("request");
+    let (response, mut send) = client.send_request(request, false).expect("send");
+    let mut data = vec![0u8];
+    data.extend_from_slice(&announced.to_be_bytes());
+    data.resize(5 + sent, b'x');
+    send.reserve_capacity(data.len());
+    send.send_data(data.into(), false).expect("data");
+    (response, send)
+}
+
+/// A message still arriving is counted in flight from its header on: a client that
+/// announces large messages and never finishes them is refused once the in-flight share
+/// is taken, rather than making compactd hold what no limit counts.
+#[tokio::test]
+async fn unfinished_request_messages_count_against_the_in_flight_share() {
+    // A 16 MiB budget: 2 MiB in flight.
+    let server = start_server_with_limits(compactd::store::Limits {
+        memory_budget: 16 << 20,
+        ..Default::default()
+    })
+    .await;
+    let mut h2 = raw_h2(server.addr).await;
+    // 1.5 MiB announced, 64 KiB of it sent: held.
+    let (mut first, _first_send) = unfinished_call(&mut h2, server.addr, 3 << 19, 64 << 10).await;
+    // Another 1.5 MiB cannot be: refused at its header, while the first still waits.
+    let (second, _second_send) = unfinished_call(&mut h2, server.addr, 3 << 19, 1 << 10).await;
+    let answered = tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("the second call is answered while the first is unfinished")
+        .expect("a response");
+    let status = answered
+        .headers()
+        .get("grpc-status")
+        .map(|v| v.to_str().unwrap_or_default().to_string());
+    let message = answered
+        .headers()
+        .get("grpc-message")
+        .map(|v| v.to_str().unwrap_or_default().to_string())
+        .unwrap_or_default();
+    assert_eq!(
+        status.as_deref(),
+        Some("8"),
+        "RESOURCE_EXHAUSTED: {message}"
+    );
+    assert!(message.contains("memory_budget"), "{message}");
+    // The first is still waiting for the rest of its message.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), &mut first)
+            .await
+            .is_err(),
+        "the first call was answered before its message was whole"
+    );
+    // Small calls are served beside it.
+    let mut c = server.client().await;
+    open_session(&mut c, session("beside")).await;
+}
