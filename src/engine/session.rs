@@ -1461,12 +1461,16 @@ impl Session {
             // The same report again (a retried call) is no news: after a compaction it
             // would make the summarized context's size the baseline again. Nor is an
             // empty one (all zero, as an upsert's or a step-finish's is): it would make a
-            // prompt of 0 the baseline and forget the whole context.
-            let again = info.tokens == Some(tokens) || tokens.is_empty();
+            // prompt of 0 the baseline and forget the whole context. Neither is stored:
+            // zeros over the message's usage would make the host's next upsert of the
+            // message, with its real tokens, read as a new report.
+            if info.tokens == Some(tokens) || tokens.is_empty() {
+                return Ok(Applied::default());
+            }
             info.tokens = Some(tokens);
             let summary = info.is_summary();
             self.touch(idx);
-            let reported = !again && self.usage_reported(tokens, summary, Some(idx));
+            let reported = self.usage_reported(tokens, summary, Some(idx));
             return Ok(Applied {
                 usage_reported: reported,
                 ..Applied::default()

@@ -1306,6 +1306,44 @@ fn an_empty_usage_report_is_no_baseline() {
     }
 }
 
+/// An empty `ReportUsage` on a message leaves the usage stored there as it was: it says
+/// nothing, so it overwrites nothing. Before, a2's 190,000 tokens were replaced by zeros
+/// (as GetSession and a snapshot show them), and the host's next UpsertMessage of a2 with
+/// its real tokens counted as a new report: the overflow was announced a second time.
+#[test]
+fn an_empty_usage_report_leaves_the_stored_usage() {
+    let mut s = anchored_with_a_turn_in_flight();
+    let r = step(&mut s, report_on("a2", 190_000), &config(), NOW).expect("applies");
+    assert_eq!(overflow_events(&r).len(), 1, "the report is an overflow");
+    let a2 = s.position("a2").expect("a2");
+    let stored = s.messages()[a2].info.clone();
+    assert_eq!(stored.tokens, Some(usage(190_000, 0, 0)));
+    let r = step(
+        &mut s,
+        Update::ReportUsage {
+            message_id: Some("a2".into()),
+            tokens: TokenUsage::default(),
+        },
+        &config(),
+        NOW,
+    )
+    .expect("applies");
+    assert!(!r.applied.usage_reported, "no news");
+    let kept = s.messages()[a2].info.tokens;
+    let r = step(
+        &mut s,
+        Update::UpsertMessage(stored.clone()),
+        &config(),
+        NOW,
+    )
+    .expect("applies");
+    // (tokens after the empty report, the upsert a report, its overflow events)
+    assert_eq!(
+        (kept, r.applied.usage_reported, overflow_events(&r).len()),
+        (stored.tokens, false, 0)
+    );
+}
+
 /// A report no factors within the calibration's bounds could explain (a prompt of
 /// 10,000,000 or of 5 tokens after 2,000 tokens of prose on a 100,000-token anchor: a
 /// client's bad figure, or a context compactd never saw) teaches the calibration
