@@ -202,13 +202,35 @@ fn convert_overrides(c: pb::SessionConfig) -> Result<SessionOverrides, Rejection
                 .map_err(|e| Rejection::invalid("strategy_preset", e))?,
         ),
     };
-    let mut strategies = BTreeMap::new();
+    // Each strategy by one key: the map arrives in no order, so of two spellings of one
+    // strategy (`maskObservations`, `mask_observations`) neither may win by chance. Two
+    // are refused even with the same value: one rule, and a host's mistake shown.
+    let mut strategies: BTreeMap<Strategy, (&str, bool)> = BTreeMap::new();
     for (name, on) in &c.strategies {
         let st = name
             .parse::<Strategy>()
             .map_err(|e| Rejection::invalid("strategies", e.to_string()))?;
-        strategies.insert(st, *on);
+        if let Some((other, _)) = strategies.insert(st, (name, *on)) {
+            let (a, b) = if other < name.as_str() {
+                (other, name.as_str())
+            } else {
+                (name.as_str(), other)
+            };
+            return Err(Rejection::invalid(
+                "strategies",
+                format!(
+                    "{:?} and {:?} both name strategy {}; send one key per strategy",
+                    clipped(a),
+                    clipped(b),
+                    st.name()
+                ),
+            ));
+        }
     }
+    let strategies = strategies
+        .into_iter()
+        .map(|(st, (_, on))| (st, on))
+        .collect();
     let protected_file_globs = c.protected_file_globs.map(|l| l.values);
     let cache_model = match c.cache_model.trim() {
         "" => None,

@@ -470,3 +470,43 @@ fn a_refusal_quotes_only_the_beginning_of_a_long_value() {
         assert!(r.message.len() < 1024, "{what}: {} bytes", r.message.len());
     }
 }
+
+/// Two keys of `strategies` naming one strategy (ACP's name and its snake_case twin, or
+/// the same name in another case) are refused, naming both: the map arrives in no order,
+/// so which one won was chance. Before, `{"maskObservations": true, "mask_observations":
+/// false}` was accepted, on or off from one decode to the next.
+#[test]
+fn two_spellings_of_one_strategy_are_refused_naming_both() {
+    for (a, b) in [
+        ("maskObservations", "mask_observations"),
+        ("maskObservations", "MASKOBSERVATIONS"),
+    ] {
+        for values in [(true, false), (true, true)] {
+            let r = info(session(pb::SessionConfig {
+                strategies: HashMap::from([(a.to_string(), values.0), (b.to_string(), values.1)]),
+                ..Default::default()
+            }))
+            .expect_err("two spellings");
+            assert_eq!(
+                (r.code, r.field.as_str()),
+                (Code::InvalidArgument, "config.strategies"),
+                "{a} and {b}"
+            );
+            assert!(
+                r.message.contains(a) && r.message.contains(b),
+                "{a} and {b}: {}",
+                r.message
+            );
+        }
+    }
+    // One spelling each of two strategies is fine.
+    let o = overrides_from_pb(pb::SessionConfig {
+        strategies: HashMap::from([
+            ("maskObservations".to_string(), false),
+            ("cap_large_outputs".to_string(), true),
+        ]),
+        ..Default::default()
+    })
+    .expect("valid");
+    assert_eq!(o.strategies.len(), 2);
+}
