@@ -75,8 +75,8 @@ pub use strategy::{
 };
 pub use validate::{
     InvalidSetting, MAX_AUTO_CONTINUE, MAX_GLOB, MAX_GLOBS, MAX_MASK_KEEP, MAX_MODEL_NAME,
-    MAX_PLACEHOLDER, MAX_PROMPT, MAX_PROTECT_TURNS, compaction_text, model_name, protected_globs,
-    protected_globs_lenient,
+    MAX_PLACEHOLDER, MAX_PROMPT, MAX_PROTECT_TURNS, compaction_text, compaction_text_given,
+    model_name, protected_globs, protected_globs_lenient,
 };
 
 /// How cached prompt tokens are counted when `tokens.total` is absent.

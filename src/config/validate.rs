@@ -133,6 +133,13 @@ pub fn compaction_text(key: &'static str, v: &str) -> Result<(), InvalidSetting>
     prompt(key, v, MAX_PROMPT)
 }
 
+/// Whether a compaction prompt, system prompt or template is given: one of only white
+/// space is not, and the setting is inherited (the session's, then the server's). The one
+/// rule for both places they are sent, a session's config and a compaction request.
+pub fn compaction_text_given(v: &str) -> bool {
+    !v.trim().is_empty()
+}
+
 /// A model or provider name: at most [`MAX_MODEL_NAME`] bytes. Public: the session's
 /// model and a compaction request's model are held to the same rule.
 pub fn model_name(key: &'static str, v: &str) -> Result<(), InvalidSetting> {

@@ -126,11 +126,11 @@ fn slow_reader_cancelled() -> tonic::Status {
 pub struct Options {
     /// Appended to the prompt.
     pub instructions: String,
-    /// Replaces the summary prompt.
+    /// Replaces the summary prompt (empty: the session's, else the server's).
     pub prompt: String,
-    /// Replaces the compaction agent's system prompt.
+    /// Replaces the compaction agent's system prompt (empty: inherited as `prompt`).
     pub system: String,
-    /// Replaces the summary template.
+    /// Replaces the summary template (empty: inherited as `prompt`).
     pub template: String,
     /// Model for this compaction (wins over the session's `compaction_model`).
     pub model: String,
@@ -158,22 +158,31 @@ impl TryFrom<pb::CompactOptions> for Options {
     type Error = Rejection;
 
     /// A request's own prompts and model, held to the rules a session's are (they stay
-    /// in memory for the whole compaction); the field is named within the options.
+    /// in memory for the whole compaction); the field is named within the options. A
+    /// blank prompt, system prompt or template is not given, as in a session's config.
     fn try_from(o: pb::CompactOptions) -> Result<Self, Rejection> {
+        let given = |v: String| {
+            if crate::config::compaction_text_given(&v) {
+                v
+            } else {
+                String::new()
+            }
+        };
+        let (prompt, system, template) = (given(o.prompt), given(o.system), given(o.template));
         for (key, v) in [
             ("instructions", &o.instructions),
-            ("prompt", &o.prompt),
-            ("system", &o.system),
-            ("template", &o.template),
+            ("prompt", &prompt),
+            ("system", &system),
+            ("template", &template),
         ] {
             crate::config::compaction_text(key, v)?;
         }
         crate::config::model_name("model", &o.model)?;
         Ok(Options {
             instructions: o.instructions,
-            prompt: o.prompt,
-            system: o.system,
-            template: o.template,
+            prompt,
+            system,
+            template,
             model: o.model,
             tail_turns: o.tail_turns,
             auto: false,

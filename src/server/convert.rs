@@ -16,7 +16,7 @@ use super::status::Rejection;
 use crate::config::shown::clipped;
 use crate::config::{
     CacheCounting, CacheModel, InvalidSetting, OverflowPreset, SessionOverrides, Strategy,
-    StrategyPreset,
+    StrategyPreset, compaction_text_given,
 };
 use crate::domain::{
     AgentPart, CompactionPart, FilePart, InvalidField, MessageError, MessageInfo, MessageTime,
@@ -276,10 +276,10 @@ fn convert_overrides(c: pb::SessionConfig) -> Result<SessionOverrides, Rejection
         snapshot_tools: c.snapshot_tools.map(|l| l.values),
         placeholder: c.placeholder,
         auto_continue: c.auto_continue,
-        // An empty prompt on the wire means "inherit".
-        compaction_system: c.compaction_system.filter(|v| !v.trim().is_empty()),
-        compaction_prompt: c.compaction_prompt.filter(|v| !v.trim().is_empty()),
-        compaction_template: c.compaction_template.filter(|v| !v.trim().is_empty()),
+        // A blank prompt on the wire means "inherit".
+        compaction_system: c.compaction_system.filter(|v| compaction_text_given(v)),
+        compaction_prompt: c.compaction_prompt.filter(|v| compaction_text_given(v)),
+        compaction_template: c.compaction_template.filter(|v| compaction_text_given(v)),
         mask_keep: c.mask_keep,
         output_cap: c.output_cap,
         cache_model,

@@ -510,3 +510,48 @@ fn two_spellings_of_one_strategy_are_refused_naming_both() {
     .expect("valid");
     assert_eq!(o.strategies.len(), 2);
 }
+
+/// A blank (white space only) prompt, system prompt or template in `CompactOptions` is
+/// not given: the session's or the server's is used, as a blank one in `SessionConfig`.
+/// Before, `prompt: " "` replaced the server's prompt, and the summarizer was asked with
+/// no instruction.
+#[test]
+fn a_blank_compaction_prompt_inherits_as_a_sessions_does() {
+    use crate::server::request::{Op, decode_update};
+    let u = pb::ClientUpdate {
+        seq: 1,
+        session_id: "s".into(),
+        update: Some(pb::client_update::Update::Compact(pb::CompactOptions {
+            prompt: " ".into(),
+            system: "\n\t".into(),
+            template: "  \r\n".into(),
+            instructions: "focus on the failing test".into(),
+            ..Default::default()
+        })),
+    };
+    let len = prost::Message::encoded_len(&u);
+    let Ok(Op::Compact(o)) = decode_update(u, len, 16 << 20) else {
+        panic!("a compact update");
+    };
+    assert_eq!(
+        (o.prompt.as_str(), o.system.as_str(), o.template.as_str()),
+        ("", "", "")
+    );
+    assert_eq!(o.instructions, "focus on the failing test");
+    // And in a session's config, the same texts inherit.
+    let s = overrides_from_pb(pb::SessionConfig {
+        compaction_prompt: Some(" ".into()),
+        compaction_system: Some("\n\t".into()),
+        compaction_template: Some("  \r\n".into()),
+        ..Default::default()
+    })
+    .expect("valid");
+    assert_eq!(
+        (
+            s.compaction_prompt,
+            s.compaction_system,
+            s.compaction_template
+        ),
+        (None, None, None)
+    );
+}
