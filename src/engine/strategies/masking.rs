@@ -10,11 +10,13 @@
 //!
 //! The state is a list of results in arrival order and how far masking has reached, so
 //! each new result costs O(1). (A rebuild feeds them in position order: a step whose
-//! calls completed out of order may be masked differently after one.)
+//! calls completed out of order may be masked differently after one.) A result is known
+//! by its message and part id: part ids are scoped to their message, and a host may
+//! number each message's parts from `p0`.
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Serialize, Serializer};
 
 use super::PartRef;
 use crate::domain::FastSet;
@@ -23,15 +25,30 @@ use crate::domain::FastSet;
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Masking {
     results: Vec<(PartRef, bool)>,
-    #[serde(with = "crate::engine::sorted::set")]
-    seen: FastSet<Arc<str>>,
+    /// The results in `results`, to tell a re-sent one. Derived: rebuilt from `results`
+    /// when a snapshot is restored ([`Masking::restored`]). It is still written as the
+    /// part ids older builds kept (the same format 3 document), and not read back.
+    #[serde(serialize_with = "part_ids", skip_deserializing)]
+    seen: FastSet<PartRef>,
     queued: usize,
+}
+
+/// `seen` as builds before it was keyed by message wrote it: each part id once, sorted.
+fn part_ids<S: Serializer>(seen: &FastSet<PartRef>, s: S) -> Result<S::Ok, S::Error> {
+    let ids: BTreeSet<&str> = seen.iter().map(|at| &*at.part).collect();
+    s.collect_seq(ids)
 }
 
 impl Masking {
     /// True when every result is below message `len` and the queued count is in range.
     pub(crate) fn fits(&self, len: usize) -> bool {
         self.queued <= self.results.len() && self.results.iter().all(|(at, _)| at.msg < len)
+    }
+
+    /// After decoding: rebuilds what is derived from `results` (not read from a
+    /// snapshot). Once per restore, O(results).
+    pub(crate) fn restored(&mut self) {
+        self.seen = self.results.iter().map(|(at, _)| at.clone()).collect();
     }
 
     /// A tool result (completed or failed) at `at`; `protected` ones count toward the
@@ -44,7 +61,7 @@ impl Masking {
         keep: u32,
         mut mask: impl FnMut(PartRef),
     ) {
-        if !self.seen.insert(at.part.clone()) {
+        if !self.seen.insert(at.clone()) {
             return; // a re-sent result is not a new one
         }
         let newest = at.msg;
@@ -129,6 +146,8 @@ fn push_size(out: &mut String, bytes: usize) {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     fn at(i: usize) -> PartRef {
@@ -153,6 +172,36 @@ mod tests {
         assert_eq!(masked(&mut m, at(2), false, 2), vec![at(0)]);
         assert!(masked(&mut m, at(2), false, 2).is_empty(), "re-sent");
         assert_eq!(masked(&mut m, at(3), false, 2), vec![at(1)]);
+    }
+
+    /// Part ids are scoped to their message: `p0` of message 1 is not `p0` of message 0
+    /// sent again.
+    #[test]
+    fn the_same_part_id_in_another_message_is_another_result() {
+        let p0 = |msg| PartRef {
+            msg,
+            part: Arc::from("p0"),
+        };
+        let mut m = Masking::default();
+        assert!(masked(&mut m, p0(0), false, 1).is_empty());
+        assert_eq!(masked(&mut m, p0(1), false, 1), vec![p0(0)]);
+        assert!(masked(&mut m, p0(1), false, 1).is_empty(), "re-sent");
+    }
+
+    /// A snapshot writes `seen` as the part ids older builds read, and a restore
+    /// rebuilds it from the list: a re-sent result is still no new one.
+    #[test]
+    fn a_restored_list_knows_the_results_it_holds() {
+        let mut m = Masking::default();
+        for i in 0..3 {
+            masked(&mut m, at(i), false, 1);
+        }
+        let stored = serde_json::to_value(&m).expect("serializes");
+        assert_eq!(stored["seen"], serde_json::json!(["p0", "p1", "p2"]));
+        let mut back: Masking = serde_json::from_value(stored).expect("deserializes");
+        back.restored();
+        assert!(masked(&mut back, at(2), false, 1).is_empty(), "re-sent");
+        assert_eq!(masked(&mut back, at(3), false, 1), vec![at(2)]);
     }
 
     #[test]

@@ -167,10 +167,12 @@ impl Tracker {
     }
 
     /// After decoding: compiles the protected file globs again from `s` (they are not
-    /// stored). While the state is clean they are always `s`'s: a settings change marks it
-    /// dirty, and the rebuild compiles them.
+    /// stored) and rebuilds what masking derives from its list. While the state is clean
+    /// the globs are always `s`'s: a settings change marks it dirty, and the rebuild
+    /// compiles them.
     pub(crate) fn restored(&mut self, s: &Settings) {
         self.globs = compile_globs(&s.protected_file_globs);
+        self.masking.restored();
     }
 
     /// True when every message position the state holds is below `len` (a restored

@@ -1028,3 +1028,41 @@ fn no_more_than_max_held_decisions_wait() {
         );
     }
 }
+
+/// Part ids are scoped to their message: a host that numbers each message's parts from
+/// `p0` has its results masked as one whose ids are unique. Before, masking took a result
+/// whose id it had seen in any message as a re-sent one: only a1's `p0` was ever counted,
+/// and nothing was masked.
+#[test]
+fn masking_counts_results_by_message_and_part_id() {
+    let mut s = session(
+        only(&[St::MaskObservations], 1, CacheModel::NONE),
+        ModelLimits::default(),
+    );
+    let p0_turn = |s: &mut Session, n: usize| {
+        turn_of(s, n, T0 + 10 * n as i64, 1, |a, _, _| {
+            let input = json!({ "command": format!("run {a}") });
+            call(a, "p0", "bash", input, &"o".repeat(4_000))
+        });
+    };
+    for n in 1..=3 {
+        p0_turn(&mut s, n);
+    }
+    let marks = |s: &Session| {
+        s.messages()
+            .iter()
+            .filter(|m| m.info.role == Role::Assistant)
+            .map(|m| m.parts[0].part.mark.as_ref().map(|m| m.strategy))
+            .collect::<Vec<_>>()
+    };
+    let masked = Some(St::MaskObservations);
+    assert_eq!(marks(&s), [masked, masked, None]);
+    assert_eq!(s.total_tokens(), rendered_tokens_from_scratch(&s));
+    // A snapshot keeps what masking counted: restored, the next turn masks as live.
+    let mut restored =
+        crate::engine::decode_session(&crate::engine::encode_session(&s)).expect("decodes");
+    p0_turn(&mut s, 4);
+    p0_turn(&mut restored, 4);
+    assert_eq!(marks(&s), [masked, masked, masked, None]);
+    assert_eq!(marks(&restored), marks(&s));
+}
