@@ -31,6 +31,9 @@ pub struct Masking {
     #[serde(serialize_with = "part_ids", skip_deserializing)]
     seen: FastSet<PartRef>,
     queued: usize,
+    /// The newest message position with a result: its results wait. Derived, as `seen`.
+    #[serde(skip)]
+    newest: usize,
 }
 
 /// `seen` as builds before it was keyed by message wrote it: each part id once, sorted.
@@ -49,6 +52,7 @@ impl Masking {
     /// snapshot). Once per restore, O(results).
     pub(crate) fn restored(&mut self) {
         self.seen = self.results.iter().map(|(at, _)| at.clone()).collect();
+        self.newest = self.results.iter().map(|(at, _)| at.msg).max().unwrap_or(0);
     }
 
     /// A tool result (completed or failed) at `at`; `protected` ones count toward the
@@ -64,7 +68,10 @@ impl Masking {
         if !self.seen.insert(at.clone()) {
             return; // a re-sent result is not a new one
         }
-        let newest = at.msg;
+        // Not the message of this result: a result of an older message can arrive after
+        // a newer message's (a call that completed late), whose results still wait.
+        self.newest = self.newest.max(at.msg);
+        let newest = self.newest;
         self.results.push((at, protected));
         let keep = usize::try_from(keep).unwrap_or(usize::MAX);
         while self.results.len().saturating_sub(self.queued) > keep {
@@ -186,6 +193,33 @@ mod tests {
         assert!(masked(&mut m, p0(0), false, 1).is_empty());
         assert_eq!(masked(&mut m, p0(1), false, 1), vec![p0(0)]);
         assert!(masked(&mut m, p0(1), false, 1).is_empty(), "re-sent");
+    }
+
+    /// The results that wait are the newest message's with results, not those of the
+    /// message whose result came last: message 1's late result leaves message 2's
+    /// waiting, live and after a restore.
+    #[test]
+    fn a_late_result_of_an_older_message_leaves_the_newest_ones_waiting() {
+        let q = |i: usize| PartRef {
+            msg: 2,
+            part: Arc::from(format!("q{i}")),
+        };
+        for restore in [false, true] {
+            let mut m = Masking::default();
+            for i in 0..3 {
+                assert!(masked(&mut m, q(i), false, 2).is_empty());
+            }
+            if restore {
+                let stored = serde_json::to_value(&m).expect("serializes");
+                m = serde_json::from_value(stored).expect("deserializes");
+                m.restored();
+            }
+            assert!(
+                masked(&mut m, at(1), false, 2).is_empty(),
+                "late ({restore})"
+            );
+            assert_eq!(masked(&mut m, at(3), false, 2), vec![q(0), q(1), q(2)]);
+        }
     }
 
     /// A snapshot writes `seen` as the part ids older builds read, and a restore

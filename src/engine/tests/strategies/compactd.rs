@@ -1066,3 +1066,55 @@ fn masking_counts_results_by_message_and_part_id() {
     assert_eq!(marks(&s), [masked, masked, masked, None]);
     assert_eq!(marks(&restored), marks(&s));
 }
+
+/// The results that wait are those of the newest message with results, whatever order
+/// they arrive in. a2's three results complete while a1's `task` call still runs; a1's
+/// result arrives last. Before, masking took the message of the result that just
+/// arrived (a1) for the newest and masked a2's q0 and q1 at once, before any request had
+/// sent them (a rebuild, which feeds the results in position order, masks neither).
+/// (The late call is a protected tool, as a sub-agent's `task` often is: a rebuild masks
+/// a late unprotected result, which it cannot tell from one the model has seen.)
+#[test]
+fn masking_waits_for_the_newest_message_with_results_when_an_older_result_arrives_late() {
+    let mut o = only(&[St::MaskObservations], 2, CacheModel::NONE);
+    o.strategy_protected_tools = Some(vec!["task".into()]);
+    let mut s = session(o, ModelLimits::default());
+    user_says(&mut s, 1, T0);
+    let body = |id: &str| format!("HEAD-{id} {} TAIL-{id}", "o".repeat(4_000));
+    let mut a1 = assistant("a1", "u1");
+    a1.time.created = T0 + 1;
+    a1.finish.clear();
+    go(&mut s, Update::UpsertMessage(a1.clone()), T0 + 1);
+    let mut task = call("a1", "a1-p0", "task", json!({ "prompt": "look" }), "");
+    state_mut(&mut task).status = ToolStatus::Running;
+    go(&mut s, Update::UpsertPart(task.clone()), T0 + 2);
+    let mut a2 = assistant("a2", "u1");
+    a2.time.created = T0 + 3;
+    a2.finish.clear();
+    go(&mut s, Update::UpsertMessage(a2.clone()), T0 + 3);
+    for q in ["a2-q0", "a2-q1", "a2-q2"] {
+        let input = json!({ "command": format!("run {q}") });
+        go(
+            &mut s,
+            Update::UpsertPart(call("a2", q, "bash", input, &body(q))),
+            T0 + 4,
+        );
+    }
+    // a1's call completes late.
+    let state = state_mut(&mut task);
+    state.status = ToolStatus::Completed;
+    state.output = body("a1-p0");
+    go(&mut s, Update::UpsertPart(task), T0 + 5);
+    a1.finish = "tool-calls".into();
+    a1.time.completed = Some(T0 + 6);
+    go(&mut s, Update::UpsertMessage(a1), T0 + 6);
+    a2.finish = "tool-calls".into();
+    a2.time.completed = Some(T0 + 7);
+    go(&mut s, Update::UpsertMessage(a2), T0 + 7);
+    assert_eq!(
+        ["a1-p0", "a2-q0", "a2-q1", "a2-q2"].map(|id| strategy_of(&s, id)),
+        [None, None, None, None],
+        "nothing masked before a request sent it"
+    );
+    expect_as_imported(&mut s, T0 + 8);
+}
