@@ -1287,6 +1287,15 @@ impl Session {
         });
         let new_figures = self.figures_of(&new, assistant);
         let was_sent = self.messages[idx].is_sent();
+        // A compaction request that names its tail is no turn of the age strategies: one
+        // whose part names it later (OpenCode writes the part, then adds the tail) or no
+        // longer was counted as one, and the ages it moved on are decided again below.
+        let names_tail = |p: Option<&StoredPart>| {
+            p.is_some_and(
+                |p| matches!(&p.part.kind, PartKind::Compaction(c) if !c.tail_start_id.is_empty()),
+            )
+        };
+        let turn_changed = !assistant && names_tail(old) != names_tail(Some(&new));
         // The boundary's own compaction part sent again: its tail may start elsewhere.
         let tail_before =
             (is_compaction && was_compaction && self.boundary.is_some_and(|b| b.start == idx))
@@ -1317,7 +1326,7 @@ impl Session {
                 .step_started(idx, at, self.settings.cache_model.ttl_ms);
         }
         // Whether marks this update may have made stale are decided again at its end.
-        let mut settle = retracted.is_some();
+        let mut settle = retracted.is_some() || turn_changed;
         if let Some(call_id) = retracted {
             // The calls its earlier version superseded get their content back (one scan);
             // the state is rebuilt below (such re-sends are rare).
