@@ -140,6 +140,17 @@ impl Part {
                 if t.tool.is_empty() {
                     return Err(invalid("tool.tool", "required: the tool name"));
                 }
+                // A name, not a payload: copied into every report, mark and placeholder
+                // that names the call (a dry-run prune lists it once per output).
+                if t.tool.len() > MAX_ID_BYTES {
+                    return Err(invalid(
+                        "tool.tool",
+                        format!(
+                            "{} bytes long; tool names are at most {MAX_ID_BYTES} bytes",
+                            t.tool.len()
+                        ),
+                    ));
+                }
                 // The id of the call in the provider's `tool_calls` and in placeholders.
                 check_id("tool.call_id", &t.call_id)?;
                 check_json("tool.state.input", &t.state.input)?;
@@ -223,6 +234,21 @@ mod tests {
             tool(&"c".repeat(MAX_ID_BYTES), json!({})).validate(),
             Ok(())
         );
+    }
+
+    #[test]
+    fn a_tool_name_is_bounded_like_an_id() {
+        let mut part = tool("c1", json!({}));
+        if let PartKind::Tool(t) = &mut part.kind {
+            t.tool = "t".repeat(MAX_ID_BYTES);
+        }
+        assert_eq!(part.validate(), Ok(()));
+        if let PartKind::Tool(t) = &mut part.kind {
+            t.tool.push('t');
+        }
+        let err = part.validate().expect_err("too long");
+        assert_eq!(err.field, "tool.tool");
+        assert!(err.message.contains("257 bytes"), "{err}");
     }
 
     #[test]

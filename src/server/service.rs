@@ -77,7 +77,14 @@ impl SessionsService {
             tokio::spawn(async move { compaction::start_automatic(&hub, &sid, None).await });
         }
         let events = reply::to_server_events(0, session_id, kind, Ok(Reply::Stepped(report)));
-        Ok(Response::new(pb::UpdateResponse { events }))
+        // Its events may carry a prune's list: a large reply is held until read when the
+        // share has room (the update is applied; a refusal now would read as the
+        // update's). An ordinary one (an ack) is not worth a watchdog per call.
+        let reply = pb::UpdateResponse { events };
+        if prost::Message::encoded_len(&reply) < HELD_UPDATE_REPLY {
+            return Ok(Response::new(reply));
+        }
+        Ok(self.held_if_room(reply, "update replies"))
     }
 
     /// Refuses a request over `max_update_bytes`; otherwise counts its bytes in flight
@@ -127,6 +134,9 @@ impl SessionsService {
         held_response(reply, held)
     }
 }
+
+/// Bytes from which a unary update's reply is held in flight until read.
+const HELD_UPDATE_REPLY: usize = 64 << 10;
 
 /// `reply` as a response, its bytes held in flight until sent when `held` is given.
 fn held_response<T>(reply: T, held: Option<crate::store::Reservation>) -> Response<T> {
@@ -316,7 +326,15 @@ impl pb::sessions_server::Sessions for SessionsService {
         require_session(&req.session_id)?;
         let pending = ops::prune(&self.hub, &req.session_id, req.dry_run).await;
         let report = self.answer(&req.session_id, "prune", pending).await?;
-        Ok(Response::new(convert::prune_to_pb(&report)))
+        // A report lists every output it cleared (a dry run every candidate): held in
+        // flight until read, as every large reply. A dry run changed nothing and is
+        // refused past the share; a commit's reply follows a change already made.
+        let report = convert::prune_to_pb(&report);
+        if req.dry_run {
+            self.held_until_sent(report, "prune reports")
+        } else {
+            Ok(self.held_if_room(report, "prune reports"))
+        }
     }
 
     async fn check_overflow(

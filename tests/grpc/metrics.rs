@@ -418,6 +418,43 @@ async fn an_unread_unary_reply_stays_counted_in_flight_until_its_stream_ends() {
     }
 }
 
+/// A Prune report lists every output it cleared, a dry run every candidate (each with
+/// its message, part and call ids and its tool name): left unread, it stays counted in
+/// flight until its stream ends. Before, a Prune reply was never held, and a dry run,
+/// which changes nothing, could be repeated without end.
+#[tokio::test]
+async fn an_unread_prune_report_stays_counted_in_flight() {
+    use prost::Message as _;
+    let bin = Binary::start(&["--metrics-listen", "127.0.0.1:0"], &[]);
+    let metrics = bin.metrics.clone().expect("metrics address");
+    let mut c = pb::sessions_client::SessionsClient::connect(format!("http://{}", bin.addr))
+        .await
+        .expect("connect");
+    let config = pb::SessionConfig {
+        prune_protect: Some(0),
+        ..Default::default()
+    };
+    open_session(&mut c, session_with_config("pr", 2_000_000, 20_000, config)).await;
+    put_message(&mut c, "pr", user_msg("u1")).await;
+    put_message(&mut c, "pr", assistant_msg("a1", "u1")).await;
+    // 1,600 outputs, each listed with about 770 bytes of ids and name: a 1.2 MB report.
+    let tool = "t".repeat(250);
+    for i in 0..1_600 {
+        let id = format!("{i:0>250}");
+        put_part(&mut c, "pr", tool_part("a1", &id, &tool, "output")).await;
+    }
+    for u in ["u2", "u3"] {
+        put_message(&mut c, "pr", user_msg(u)).await;
+        put_part(&mut c, "pr", text_part(u, &format!("{u}-t"), "Next.")).await;
+    }
+    assert_eq!(in_flight_until(&metrics, |b| b == 0.0).await, 0.0);
+    let dry = pb::PruneRequest {
+        session_id: "pr".into(),
+        dry_run: true,
+    };
+    held_until_reset(&bin, &metrics, "Prune", dry.encode_to_vec()).await;
+}
+
 /// A 1 MiB title, past the threshold `held_until_reset` waits for.
 fn titled_text() -> String {
     "0123456789abcdef".repeat(64 << 10)
