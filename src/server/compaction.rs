@@ -281,14 +281,24 @@ pub async fn start(
             *field = v;
         }
     }
-    let model = Some(options.model.clone())
-        .filter(|m| !m.is_empty())
-        .or(session.compaction_model);
-    // Checked at use too: the allow-list may have changed since the session was opened.
-    // The field is named within the options; each entry point names where they sit.
-    if let Some(m) = &model {
-        hub.compaction.check_model("model", m)?;
-    }
+    // The request's model is checked against the allow-list (the field is named within
+    // the options; each entry point names where they sit). The session's was checked
+    // when it was set, but the operator may have changed the list since (a restart on
+    // the same data): then the server's model compacts it, as for a session that names
+    // none, rather than every compaction of it, automatic ones too, failing on a field
+    // the request never set.
+    let model = if options.model.is_empty() {
+        session.compaction_model.filter(|m| {
+            let allowed = hub.compaction.check_model("model", m);
+            if let Err(refused) = &allowed {
+                tracing::warn!(session_id, model = %m, reason = %refused.message, "the session's compaction_model is no longer allowed: the server's model compacts it");
+            }
+            allowed.is_ok()
+        })
+    } else {
+        hub.compaction.check_model("model", &options.model)?;
+        Some(options.model.clone())
+    };
     // The head copied out of the session and the prompts built from it are held until
     // the compaction ends: counted in flight (about 4 bytes per token, twice).
     let prompt = hub.store.ledger().reserve(

@@ -735,3 +735,79 @@ async fn watchers_hear_compacted_before_what_later_jobs_publish() {
         "jobs run after the commit were heard before session.compacted"
     );
 }
+
+/// A summarizer that answers at once and keeps the model each request named.
+#[derive(Debug, Default)]
+struct Recording {
+    models: std::sync::Mutex<Vec<Option<String>>>,
+}
+
+#[tonic::async_trait]
+impl Summarizer for Recording {
+    async fn summarize(
+        &self,
+        request: SummaryRequest,
+        _progress: mpsc::Sender<Progress>,
+        _cancel: CancellationToken,
+    ) -> Result<SummaryOutcome, SummarizeError> {
+        if let Ok(mut models) = self.models.lock() {
+            models.push(request.model);
+        }
+        Ok(SummaryOutcome {
+            text: "summary".into(),
+            usage: None,
+            cost: 0.0,
+            model: None,
+        })
+    }
+
+    fn model(&self) -> &str {
+        "fake"
+    }
+
+    async fn window(&self, _model: Option<&str>) -> Option<Window> {
+        None
+    }
+}
+
+#[tokio::test]
+async fn a_session_model_the_allow_list_no_longer_holds_gives_way_to_the_servers() {
+    // Set when "old" was allowed; the server now allows only "new" (a restart on the same
+    // data). Before, every compaction of the session, automatic ones too, failed with
+    // PERMISSION_DENIED naming options.model, a field the request never set.
+    let store = Arc::new(Store::new(EngineConfig::default()));
+    let mut info = SessionInfo {
+        id: SID.into(),
+        ..Default::default()
+    };
+    info.config.compaction_model = Some("old".into());
+    let (handle, _) = store.open(info).await.expect("open");
+    handle
+        .call(|s, _| turns().into_iter().try_for_each(|u| s.step(u, 1).map(drop)))
+        .await
+        .expect("the actor answers")
+        .expect("the turns apply");
+    let recording = Arc::new(Recording::default());
+    let compaction = CompactionConfig {
+        summarizer: Some(recording.clone()),
+        allowed_models: vec!["new".into()],
+        ..Default::default()
+    };
+    let hub = Arc::new(Hub::new(store, compaction));
+    let (tx, mut events) = mpsc::channel(64);
+    start(&hub, SID, Options::default(), Some(Sink::owning(tx)), None)
+        .await
+        .expect("started");
+    match outcome(&mut events).await {
+        Ce::Compacted(_) => {}
+        other => panic!("expected the compaction to succeed, got {other:?}"),
+    }
+    let models = recording
+        .models
+        .lock()
+        .map(|m| m.clone())
+        .unwrap_or_default();
+    assert_eq!(models, [None], "the server's model, not the session's");
+    // A request's own model is still held to the list: settings.rs
+    // models_outside_the_operators_allow_list_are_refused.
+}
