@@ -1691,6 +1691,17 @@ impl Session {
         for (mi, pi) in stale {
             self.rerender(mi, pi, Rendering::Mark(None), false);
         }
+        // Decisions already applied (the part holds that mark) wait for nothing: left in
+        // the queue they would count as held, and past MAX_HELD force a rewrite of the
+        // cached prefix that does not pay.
+        let (messages, index) = (&self.messages, &self.part_index);
+        self.tracker.retain_pending(|p| {
+            let applied = messages.get(p.at.msg).and_then(|m| {
+                let pi = index.find(p.at.msg, &p.at.part, &m.parts)?;
+                m.parts.get(pi)?.part.mark.as_ref()
+            });
+            !applied.is_some_and(|mark| mark.strategy == p.strategy && mark.keep == p.keep)
+        });
     }
 
     /// Removes the marks naming one of `calls` as the newer call (deleted, or in a message

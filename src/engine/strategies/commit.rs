@@ -124,20 +124,22 @@ impl Session {
             let Some(pi) = self.part_position(p.at.msg, &p.at.part) else {
                 continue; // deleted since
             };
-            if scope == Scope::Fresh && self.request_log().is_sent(p.at.msg, pi) {
-                held.push(p); // the provider cached this part: the scheduler holds it
-                continue;
-            }
             let stored = &self.messages()[p.at.msg].parts[pi];
             if stored.is_compacted() {
                 continue; // compaction awareness: never processed twice
             }
             // One mark per part. A supersede (the part is stale) outranks masking (the part
             // is old), which outranks a shortening, so the order decisions arrive in does
-            // not matter; a mark whose strategy is off no longer counts.
+            // not matter; a mark whose strategy is off no longer counts. Checked before a
+            // decision is held: one already applied (a rebuild queues every decision the
+            // history makes) changes nothing, and held it would count toward MAX_HELD.
             match active_mark(&stored.part, self.settings()) {
                 Some(current) if current.rank() >= p.strategy.rank() => continue,
                 _ => {}
+            }
+            if scope == Scope::Fresh && self.request_log().is_sent(p.at.msg, pi) {
+                held.push(p); // the provider cached this part: the scheduler holds it
+                continue;
             }
             if let PartKind::Tool(t) = &stored.part.kind
                 && self.settings().is_strategy_protected(&t.tool)

@@ -215,6 +215,18 @@ impl Tracker {
         }
     }
 
+    /// Keeps only the pending decisions `keep` accepts (those not yet applied).
+    pub fn retain_pending(&mut self, mut keep: impl FnMut(&Pending) -> bool) {
+        let queued = &mut self.queued;
+        self.pending.retain(|p| {
+            let kept = keep(p);
+            if !kept {
+                queued.remove(&(p.at.clone(), p.strategy));
+            }
+            kept
+        });
+    }
+
     /// Takes the pending decisions for a commit.
     pub fn take_pending(&mut self) -> Vec<Pending> {
         // `clear()` walks the whole capacity, which a rebuild over a long history leaves

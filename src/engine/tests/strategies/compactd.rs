@@ -1118,3 +1118,34 @@ fn masking_waits_for_the_newest_message_with_results_when_an_older_result_arrive
     );
     expect_as_imported(&mut s, T0 + 8);
 }
+
+#[test]
+fn decisions_already_applied_do_not_count_as_held_after_a_rebuild() {
+    // Each user message finds the cache cold, so the masks held on sent parts apply.
+    // A failed step then settles the marks (a rebuild, which queues every decision the
+    // history makes). Before, those already applied stayed queued: past MAX_HELD the next
+    // finished message applied everything at once (`TooMany`), a rewrite that did not pay.
+    use crate::engine::scheduler::MAX_HELD;
+    let mut s = session(
+        only(&[St::MaskObservations], 1, CacheModel::ANTHROPIC),
+        ModelLimits::default(),
+    );
+    let gap = TTL + 1_000;
+    let n = MAX_HELD + 20;
+    for i in 1..=n {
+        turn(&mut s, i, T0 + i as i64 * gap, &[("bash", 2_000)]);
+    }
+    assert!(s.tracker_pending() <= 1, "{}", s.tracker_pending());
+    let at = T0 + (n as i64 + 1) * gap;
+    let mut bad = assistant("ax", &format!("u{n}"));
+    bad.finish.clear();
+    bad.time.created = at;
+    go(&mut s, Update::UpsertMessage(bad.clone()), at);
+    bad.error = Some(crate::domain::MessageError {
+        name: "APIError".into(),
+        data: json!({ "message": "overloaded" }),
+    });
+    go(&mut s, Update::UpsertMessage(bad), at);
+    assert!(s.tracker_pending() <= 1, "{}", s.tracker_pending());
+    assert_ne!(s.schedule(at).why, Why::TooMany);
+}
