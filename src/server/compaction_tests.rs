@@ -24,6 +24,8 @@ struct Fake {
     text: Option<String>,
     deltas: usize,
     billed: bool,
+    /// The model each request named.
+    models: std::sync::Mutex<Vec<Option<String>>>,
 }
 
 impl Fake {
@@ -45,10 +47,13 @@ impl Fake {
 impl Summarizer for Fake {
     async fn summarize(
         &self,
-        _request: SummaryRequest,
+        request: SummaryRequest,
         progress: mpsc::Sender<Progress>,
         cancel: CancellationToken,
     ) -> Result<SummaryOutcome, SummarizeError> {
+        if let Ok(mut models) = self.models.lock() {
+            models.push(request.model);
+        }
         for n in 0..self.deltas {
             let _ = progress.send(Progress::Delta(format!("delta {n} "))).await;
         }
@@ -123,12 +128,7 @@ async fn hub_over(
         id: SID.into(),
         ..Default::default()
     };
-    let (handle, _) = store.open(info).await.expect("open");
-    handle
-        .call(|s, _| turns().into_iter().try_for_each(|u| s.step(u, 1).map(drop)))
-        .await
-        .expect("the actor answers")
-        .expect("the turns apply");
+    open_with_turns(&store, info).await;
     let compaction = CompactionConfig {
         summarizer: Some(Arc::new(fake)),
         ..Default::default()
@@ -136,6 +136,16 @@ async fn hub_over(
     let mut hub = Hub::new(store, compaction);
     hub.slow_reader_grace = grace;
     Arc::new(hub)
+}
+
+/// Opens `info`'s session in `store` and writes [`turns`] to it.
+async fn open_with_turns(store: &Store, info: SessionInfo) {
+    let (handle, _) = store.open(info).await.expect("open");
+    handle
+        .call(|s, _| turns().into_iter().try_for_each(|u| s.step(u, 1).map(drop)))
+        .await
+        .expect("the actor answers")
+        .expect("the turns apply");
 }
 
 /// On tokio's paused clock: the slow-reader grace is a `tokio::time::sleep`, and in real
@@ -736,40 +746,6 @@ async fn watchers_hear_compacted_before_what_later_jobs_publish() {
     );
 }
 
-/// A summarizer that answers at once and keeps the model each request named.
-#[derive(Debug, Default)]
-struct Recording {
-    models: std::sync::Mutex<Vec<Option<String>>>,
-}
-
-#[tonic::async_trait]
-impl Summarizer for Recording {
-    async fn summarize(
-        &self,
-        request: SummaryRequest,
-        _progress: mpsc::Sender<Progress>,
-        _cancel: CancellationToken,
-    ) -> Result<SummaryOutcome, SummarizeError> {
-        if let Ok(mut models) = self.models.lock() {
-            models.push(request.model);
-        }
-        Ok(SummaryOutcome {
-            text: "summary".into(),
-            usage: None,
-            cost: 0.0,
-            model: None,
-        })
-    }
-
-    fn model(&self) -> &str {
-        "fake"
-    }
-
-    async fn window(&self, _model: Option<&str>) -> Option<Window> {
-        None
-    }
-}
-
 #[tokio::test]
 async fn a_session_model_the_allow_list_no_longer_holds_gives_way_to_the_servers() {
     // Set when "old" was allowed; the server now allows only "new" (a restart on the same
@@ -781,13 +757,8 @@ async fn a_session_model_the_allow_list_no_longer_holds_gives_way_to_the_servers
         ..Default::default()
     };
     info.config.compaction_model = Some("old".into());
-    let (handle, _) = store.open(info).await.expect("open");
-    handle
-        .call(|s, _| turns().into_iter().try_for_each(|u| s.step(u, 1).map(drop)))
-        .await
-        .expect("the actor answers")
-        .expect("the turns apply");
-    let recording = Arc::new(Recording::default());
+    open_with_turns(&store, info).await;
+    let recording = Arc::new(Fake::answering("summary"));
     let compaction = CompactionConfig {
         summarizer: Some(recording.clone()),
         allowed_models: vec!["new".into()],

@@ -66,6 +66,18 @@ pub(super) fn context_ids(s: &Session) -> Vec<String> {
         .collect()
 }
 
+/// [`FIXTURE`] with prune protecting only the newest 100 tokens and no minimum saving.
+fn fixture_pruning_past_100_tokens() -> Session {
+    session_with(
+        FIXTURE,
+        SessionOverrides {
+            prune_protect: Some(100),
+            prune_minimum: Some(0),
+            ..Default::default()
+        },
+    )
+}
+
 fn ids_of(s: &Session, positions: &[usize]) -> Vec<String> {
     positions
         .iter()
@@ -342,14 +354,7 @@ fn a_summarized_message_changed_while_the_summary_was_written_makes_the_commit_s
     }
     // A mark the engine sets on a summarized message (prune clearing p1) is not the
     // host's content: the commit still holds.
-    let mut s = session_with(
-        FIXTURE,
-        SessionOverrides {
-            prune_protect: Some(100),
-            prune_minimum: Some(0),
-            ..Default::default()
-        },
-    );
+    let mut s = fixture_pruning_past_100_tokens();
     let plan = s.plan_compaction(req(TAIL, true)).expect("plan");
     let report = s.prune(PruneMode::Commit, NOW);
     assert!(report.parts.iter().any(|p| p.part_id == "p1"), "{report:?}");
@@ -1027,14 +1032,7 @@ fn prune_reaching_summarized_outputs_does_not_lower_the_prediction() {
     // turns OpenCode's prune scan (kept literal) starts before the pair and reaches the
     // summarized messages. Clearing an output no request sends must not make the next
     // request look smaller.
-    let mut s = session_with(
-        FIXTURE,
-        SessionOverrides {
-            prune_protect: Some(100),
-            prune_minimum: Some(0),
-            ..Default::default()
-        },
-    );
+    let mut s = fixture_pruning_past_100_tokens();
     compact_keeping(&mut s, 2, "summary", "cmp1");
     let before = s.check_overflow(Trigger::Request);
     assert_eq!(before.predicted, s.context_tokens());

@@ -1099,11 +1099,11 @@ fn rule_claude_codes_searches_and_fetches_key_by_every_field() {
     expect_no_marks(&sc.s);
 }
 
-#[test]
-fn rule_a_hosts_compaction_with_a_tail_ages_live_as_a_rebuild_does() {
-    // The OpenCode plugin forwards OpenCode's compaction as it happens: the request
-    // message first (no part yet), then its compaction part naming the tail, then the
-    // summary. Before its part, the request looked like the newest user turn.
+/// Three turns, each with a screenshot (`f0`..`f2`), then a compaction as a host forwards
+/// it: the request message, its compaction part as each of `tails` in turn (the last
+/// names the tail, `u1`), then the summary. Marks none of the kept tail's files, live and
+/// after a rebuild.
+fn compaction_keeping_u1_marks_nothing(tails: &[&str]) {
     let mut sc = Script::new();
     for t in 0..3 {
         let (u, a) = (format!("u{t}"), format!("a{t}"));
@@ -1121,20 +1121,22 @@ fn rule_a_hosts_compaction_with_a_tail_ages_live_as_a_rebuild_does() {
         .assistant(&a, vec![text(&a, &format!("{a}_t"), "Checking.")]);
     }
     put(&mut sc.s, Update::UpsertMessage(user("req")));
-    put(
-        &mut sc.s,
-        Update::UpsertPart(Part {
-            id: "req_c".into(),
-            message_id: "req".into(),
-            kind: PartKind::Compaction(crate::domain::CompactionPart {
-                auto: false,
-                overflow: false,
-                tail_start_id: "u1".into(),
+    for tail in tails {
+        put(
+            &mut sc.s,
+            Update::UpsertPart(Part {
+                id: "req_c".into(),
+                message_id: "req".into(),
+                kind: PartKind::Compaction(crate::domain::CompactionPart {
+                    auto: false,
+                    overflow: false,
+                    tail_start_id: (*tail).into(),
+                }),
+                mark: None,
+                extra: Default::default(),
             }),
-            mark: None,
-            extra: Default::default(),
-        }),
-    );
+        );
+    }
     let mut summary = assistant("sum", "req");
     summary.summary = true;
     summary.mode = "compaction".into();
@@ -1154,55 +1156,18 @@ fn rule_a_hosts_compaction_with_a_tail_ages_live_as_a_rebuild_does() {
 }
 
 #[test]
+fn rule_a_hosts_compaction_with_a_tail_ages_live_as_a_rebuild_does() {
+    // The OpenCode plugin forwards OpenCode's compaction as it happens: the request
+    // message first (no part yet), then its compaction part naming the tail, then the
+    // summary. Before its part, the request looked like the newest user turn.
+    compaction_keeping_u1_marks_nothing(&["u1"]);
+}
+
+#[test]
 fn rule_a_compaction_part_that_names_its_tail_later_ages_live_as_a_rebuild_does() {
     // OpenCode writes the request's compaction part first without a tail, then updates
     // it with `tail_start_id` (before the summary is marked finished). Counted as a turn
     // while it named none, the request moved the ages on by one; once it names its tail
     // it is no turn, and the ages must move back (as a rebuild counts them).
-    let mut sc = Script::new();
-    for t in 0..3 {
-        let (u, a) = (format!("u{t}"), format!("a{t}"));
-        sc.user_with(
-            &u,
-            "Why does it render like this?",
-            vec![file(
-                &u,
-                &format!("f{t}"),
-                "shot.png",
-                "image/png",
-                &png(8_192),
-            )],
-        )
-        .assistant(&a, vec![text(&a, &format!("{a}_t"), "Checking.")]);
-    }
-    put(&mut sc.s, Update::UpsertMessage(user("req")));
-    let compaction = |tail: &str| Part {
-        id: "req_c".into(),
-        message_id: "req".into(),
-        kind: PartKind::Compaction(crate::domain::CompactionPart {
-            auto: false,
-            overflow: false,
-            tail_start_id: tail.into(),
-        }),
-        mark: None,
-        extra: Default::default(),
-    };
-    put(&mut sc.s, Update::UpsertPart(compaction("")));
-    put(&mut sc.s, Update::UpsertPart(compaction("u1")));
-    let mut summary = assistant("sum", "req");
-    summary.summary = true;
-    summary.mode = "compaction".into();
-    put(&mut sc.s, Update::UpsertMessage(summary.clone()));
-    put(
-        &mut sc.s,
-        Update::UpsertPart(text("sum", "sum_t", "Looked at the page.")),
-    );
-    summary.finish = "stop".into();
-    put(&mut sc.s, Update::UpsertMessage(summary));
-    sc.commit();
-    // Sent: [req, sum, u1, a1, u2, a2]: u1 and u2 are the last two turns.
-    expect_no_marks(&sc.s);
-    rebuild_by_a_settings_change(&mut sc.s);
-    sc.commit();
-    expect_no_marks(&sc.s);
+    compaction_keeping_u1_marks_nothing(&["", "u1"]);
 }
