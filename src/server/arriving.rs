@@ -35,6 +35,8 @@ const HEADER: usize = 5;
 pub struct ArrivingBody<B> {
     inner: B,
     ledger: Arc<Ledger>,
+    /// How it holds a message (see [`Holding`]).
+    holding: Holding,
     /// The header being read, and how much of it is in.
     header: [u8; HEADER],
     header_in: usize,
@@ -44,12 +46,36 @@ pub struct ArrivingBody<B> {
     held: Reservation,
 }
 
+/// How a body holds its messages in the ledger.
+#[derive(Debug, Clone, Copy)]
+pub struct Holding {
+    /// The largest message the transport takes: one announced longer is refused by tonic
+    /// at its header and held here at this, never at what it announced.
+    pub max: u64,
+    /// Whether a large message is refused past the share. A `Stream`'s is only counted:
+    /// refused here it would end the stream and every session on it, where the update's
+    /// own reservation refuses that one update with an error event.
+    pub refuse: bool,
+}
+
+impl Holding {
+    /// How a request to `path` (its URI path) with the transport's largest message `max`
+    /// holds its messages.
+    pub fn of(path: &str, max: u64) -> Holding {
+        Holding {
+            max,
+            refuse: path != "/compactd.v1.Sessions/Stream",
+        }
+    }
+}
+
 impl<B> ArrivingBody<B> {
     /// Wraps `inner`, counting what arrives of it in `ledger`.
-    pub fn new(inner: B, ledger: Arc<Ledger>) -> ArrivingBody<B> {
+    pub fn new(inner: B, ledger: Arc<Ledger>, holding: Holding) -> ArrivingBody<B> {
         ArrivingBody {
             inner,
             ledger,
+            holding,
             header: [0; HEADER],
             header_in: 0,
             left: 0,
@@ -98,8 +124,11 @@ impl<B> ArrivingBody<B> {
         if self.left == 0 {
             return Ok(());
         }
-        let bytes = self.left.saturating_add(HEADER as u64);
-        self.held = if self.left <= SMALL {
+        let bytes = self
+            .left
+            .min(self.holding.max)
+            .saturating_add(HEADER as u64);
+        self.held = if self.left <= SMALL || !self.holding.refuse {
             self.ledger.count(bytes, "request messages arriving")
         } else {
             self.ledger
@@ -149,6 +178,12 @@ where
 mod tests {
     use super::*;
 
+    /// A unary call's holding under a 16 MiB transport cap.
+    const UNARY: Holding = Holding {
+        max: 16 << 20,
+        refuse: true,
+    };
+
     fn framed(len: u32, payload: usize) -> Vec<u8> {
         let mut out = vec![0u8];
         out.extend_from_slice(&len.to_be_bytes());
@@ -161,7 +196,7 @@ mod tests {
     #[test]
     fn the_message_being_collected_is_held_until_its_last_byte() {
         let ledger = Arc::new(Ledger::new(64 << 20));
-        let mut body = ArrivingBody::new((), ledger.clone());
+        let mut body = ArrivingBody::new((), ledger.clone(), UNARY);
         let big = framed(1 << 20, 1 << 20);
         // The header in two pieces: nothing held until it is whole.
         body.arrived(&big[..3]).expect("room");
@@ -187,18 +222,40 @@ mod tests {
     #[test]
     fn a_large_message_past_the_share_is_refused_at_its_header() {
         let ledger = Arc::new(Ledger::new(8 << 20)); // share: 1 MiB
-        let mut first = ArrivingBody::new((), ledger.clone());
+        let mut first = ArrivingBody::new((), ledger.clone(), UNARY);
         first.arrived(&framed(900 << 10, 10)).expect("room");
-        let mut second = ArrivingBody::new((), ledger.clone());
+        let mut second = ArrivingBody::new((), ledger.clone(), UNARY);
         let refused = second
             .arrived(&framed(200 << 10, 10))
             .expect_err("past the share");
         assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
         assert!(refused.message().contains("memory_budget"), "{refused:?}");
-        let mut small = ArrivingBody::new((), ledger.clone());
+        let mut small = ArrivingBody::new((), ledger.clone(), UNARY);
         small.arrived(&framed(200, 10)).expect("counted");
         assert_eq!(ledger.in_flight(), (900 << 10) + 5 + 205);
         drop((first, small));
         assert_eq!(ledger.in_flight(), 0);
+    }
+
+    /// A header announcing more than the transport takes holds the transport's largest
+    /// (tonic refuses it), never what it announced; a `Stream`'s large message is counted,
+    /// not refused.
+    #[test]
+    fn what_is_held_is_bounded_by_the_transport_and_a_stream_is_not_refused() {
+        let ledger = Arc::new(Ledger::new(8 << 20)); // share: 1 MiB
+        // Alone, past the share, but held at the transport's largest, not at 4 GiB.
+        let mut huge = ArrivingBody::new((), ledger.clone(), UNARY);
+        huge.arrived(&framed(u32::MAX, 0)).expect("alone");
+        assert_eq!(ledger.in_flight(), (16 << 20) + 5);
+        drop(huge);
+        let stream = Holding::of("/compactd.v1.Sessions/Stream", 4 << 20);
+        assert!(!stream.refuse);
+        let mut first = ArrivingBody::new((), ledger.clone(), stream);
+        first.arrived(&framed(u32::MAX, 10)).expect("counted");
+        assert_eq!(ledger.in_flight(), (4 << 20) + 5);
+        let mut second = ArrivingBody::new((), ledger.clone(), stream);
+        second.arrived(&framed(200 << 10, 10)).expect("counted");
+        assert_eq!(ledger.in_flight(), (4 << 20) + 5 + (200 << 10) + 5);
+        assert!(Holding::of("/compactd.v1.Sessions/UpsertPart", 1).refuse);
     }
 }

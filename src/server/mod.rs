@@ -260,6 +260,7 @@ where
     let max_update_bytes = options.max_update_bytes;
     // Each request message still arriving is counted in flight (`arriving.rs`).
     let arriving_ledger = hub.store.ledger().clone();
+    let arriving_max = u64::try_from(transport_max).unwrap_or(u64::MAX);
     let guard = |on: bool| auth::interceptor(token.clone().filter(|_| on));
     let health = tonic::service::interceptor::InterceptedService::new(
         health,
@@ -285,7 +286,8 @@ where
         .layer(tower::util::MapRequestLayer::new(
             move |r: http::Request<tonic::body::Body>| {
                 let ledger = arriving_ledger.clone();
-                r.map(|b| tonic::body::Body::new(arriving::ArrivingBody::new(b, ledger)))
+                let holding = arriving::Holding::of(r.uri().path(), arriving_max);
+                r.map(|b| tonic::body::Body::new(arriving::ArrivingBody::new(b, ledger, holding)))
             },
         ))
         .layer(tower::util::MapResponseLayer::new(
