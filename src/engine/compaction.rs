@@ -117,8 +117,10 @@ impl CompactionPlan {
 struct HeldIds {
     generation: Generation,
     head: Vec<String>,
-    /// What the host had last changed of each head message ([`super::stored::Message::edit`]).
+    /// What the host had last changed of each head message ([`super::stored::Message::edit`]),
+    /// in the build of the messages `edit_epoch` names.
     edits: Vec<u64>,
+    edit_epoch: u64,
     tail_start: Option<String>,
 }
 
@@ -299,6 +301,7 @@ impl Session {
             generation: self.generation(),
             head: head.iter().filter_map(|&i| self.id_at(i)).collect(),
             edits: head.iter().map(|&i| self.edit_of(i)).collect(),
+            edit_epoch: self.edit_epoch(),
             tail_start: tail_start.and_then(|i| self.id_at(i)),
         };
         Ok(CompactionPlan {
@@ -377,8 +380,12 @@ impl Session {
             ));
         }
         // A summarized message the host wrote to meanwhile: the summary holds it as it
-        // was, and the commit would send the change to no later request.
-        let edits = held.map(|h| h.edits.iter().zip(&plan.head));
+        // was, and the commit would send the change to no later request. Comparable only
+        // within one build of the messages: one the store reloaded as the same value (sent
+        // cold, rebuilt by its actor) has new edits and is checked by ids as before.
+        let edits = held
+            .filter(|h| h.edit_epoch == self.edit_epoch())
+            .map(|h| h.edits.iter().zip(&plan.head));
         if let Some((_, &i)) = edits
             .into_iter()
             .flatten()

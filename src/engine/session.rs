@@ -159,6 +159,11 @@ pub struct Session {
     /// the same value; new for a session created, imported or loaded anew): a compaction
     /// planned on another value is stale.
     generation: Generation,
+    /// Which build of the session's messages this is: new when it is created, imported
+    /// or loaded (a load replays its log, and nothing stores `Message::edit`), kept by a
+    /// copy. A session the store resumes as its old generation is another build: a
+    /// compaction planned before compares the head's edits only within one build.
+    edit_epoch: u64,
     /// True while [`Session::replay`] performs a logged change: what was admitted once is
     /// not refused again by an admission limit the server's flags have lowered since.
     pub(super) replaying: bool,
@@ -214,6 +219,7 @@ impl Clone for Session {
             requests,
             part_index,
             generation,
+            edit_epoch,
             replaying: _,
         } = self;
         let mut messages = messages.clone();
@@ -240,6 +246,7 @@ impl Clone for Session {
             requests: *requests,
             part_index: part_index.clone(),
             generation: *generation,
+            edit_epoch: *edit_epoch,
             replaying: false,
         }
     }
@@ -310,6 +317,7 @@ impl Serialize for Session {
             requests,
             part_index: _,
             generation: _,
+            edit_epoch: _,
             replaying: _,
         } = self;
         let mut parents: Vec<(&String, &usize)> = completed_parents.iter().collect();
@@ -365,6 +373,7 @@ impl Session {
             requests: RequestLog::default(),
             part_index: PartIndex::default(),
             generation: Generation::next(),
+            edit_epoch: Revision::next(),
             replaying: false,
         }
     }
@@ -463,6 +472,7 @@ impl Session {
             requests,
             part_index,
             generation: Generation::next(),
+            edit_epoch: Revision::next(),
             replaying: false,
         })
     }
@@ -779,6 +789,7 @@ impl Session {
         if self.tracker.is_dirty() {
             self.tracker
                 .rebuild(&self.messages, &self.users, &self.settings);
+            self.drop_applied_decisions();
         }
         if take {
             self.tracker.take_pending()
@@ -963,6 +974,11 @@ impl Session {
     /// messages.
     pub(crate) fn edit_of(&self, msg: usize) -> u64 {
         self.messages.get(msg).map_or(0, |m| m.edit)
+    }
+
+    /// Which build of the messages this is (see the field): edits compare only within one.
+    pub(crate) fn edit_epoch(&self) -> u64 {
+        self.edit_epoch
     }
 
     /// The revision of message `msg` (see [`Message::rev`]); 0 past the messages.
@@ -1296,6 +1312,10 @@ impl Session {
             )
         };
         let turn_changed = !assistant && names_tail(old) != names_tail(Some(&new));
+        // A part sent again as stored (its mark and prune's stamp carried over above) is
+        // no change of what the message holds.
+        let content_changed =
+            old.is_none_or(|o| o.part.kind != new.part.kind || o.part.extra != new.part.extra);
         // The boundary's own compaction part sent again: its tail may start elsewhere.
         let tail_before =
             (is_compaction && was_compaction && self.boundary.is_some_and(|b| b.start == idx))
@@ -1306,7 +1326,9 @@ impl Session {
             self.request_started(); // the model is being called again
         }
         self.touch(idx);
-        self.edited(idx);
+        if content_changed {
+            self.edited(idx);
+        }
         let at = match existing {
             Some(i) => {
                 self.messages[idx].parts[i] = new;
@@ -1691,9 +1713,14 @@ impl Session {
         for (mi, pi) in stale {
             self.rerender(mi, pi, Rendering::Mark(None), false);
         }
-        // Decisions already applied (the part holds that mark) wait for nothing: left in
-        // the queue they would count as held, and past MAX_HELD force a rewrite of the
-        // cached prefix that does not pay.
+        self.drop_applied_decisions();
+    }
+
+    /// Drops from the strategies' queue, after a rebuild (which queues every decision the
+    /// history makes), the decisions already applied (the part holds that mark): they
+    /// wait for nothing, and left queued they would count as held and, past MAX_HELD,
+    /// force a rewrite of the cached prefix that does not pay.
+    fn drop_applied_decisions(&mut self) {
         let (messages, index) = (&self.messages, &self.part_index);
         self.tracker.retain_pending(|p| {
             let applied = messages.get(p.at.msg).and_then(|m| {

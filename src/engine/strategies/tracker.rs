@@ -172,6 +172,21 @@ impl Tracker {
     /// compiles them.
     pub(crate) fn restored(&mut self, s: &Settings) {
         self.globs = compile_globs(&s.protected_file_globs);
+        // A snapshot written before keys were bounded holds long keys as text, which no
+        // new call's key (a hash) meets: rebuilt at the next commit, as a settings change.
+        // (A file key is `file:` and a path bounded on its own.)
+        let long = |k: &String| k.len() > MAX_KEY_BYTES;
+        let long_key = |(st, k): &(Strategy, String)| match st {
+            Strategy::AggressiveFilePrune => k
+                .get("file:".len()..)
+                .is_some_and(|p| p.len() > MAX_KEY_BYTES),
+            _ => long(k),
+        };
+        if self.latest.keys().any(long_key)
+            || (self.remaining.values()).any(|p| p.len() > MAX_CALL_PATHS || p.iter().any(long))
+        {
+            self.invalidate();
+        }
         self.masking.restored();
     }
 
@@ -609,6 +624,36 @@ fn call_key(hash: u128) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A tracker read back from a snapshot written before keys were bounded (a key or a
+    /// path over 256 bytes held as text) is rebuilt, so new calls' hashed keys meet it.
+    #[test]
+    fn a_restored_state_with_unbounded_keys_is_rebuilt() {
+        let s = Settings::default();
+        let holder = Holder {
+            at: PartRef {
+                msg: 0,
+                part: Arc::from("p"),
+            },
+            order: (0, 0),
+            call: Arc::from("c"),
+            protected: false,
+        };
+        for long in [MAX_KEY_BYTES, MAX_KEY_BYTES + 1] {
+            let mut t = Tracker::new(&s);
+            let key = prefixed("file:", &"a".repeat(long));
+            t.latest
+                .insert((Strategy::AggressiveFilePrune, key), holder.clone());
+            let stored = serde_json::to_value(&t).expect("serializes");
+            let mut back: Tracker = serde_json::from_value(stored).expect("deserializes");
+            back.restored(&s);
+            assert_eq!(
+                back.is_dirty(),
+                long > MAX_KEY_BYTES,
+                "a path of {long} bytes"
+            );
+        }
+    }
 
     #[test]
     fn call_keys_are_the_formatted_bytes_snapshots_hold() {

@@ -361,6 +361,35 @@ fn a_summarized_message_changed_while_the_summary_was_written_makes_the_commit_s
     commit(&mut s, &plan, "summary", true, 1);
 }
 
+/// A session the store sends cold (or its actor rebuilds) and loads back as the same
+/// value holds new edit values: a compaction planned before still commits on it, as
+/// before edits were compared. And a part sent again as it is stored is no change.
+#[test]
+fn a_reloaded_session_and_a_part_sent_again_unchanged_leave_the_commit_standing() {
+    let everything = TailOptions {
+        turns: 0,
+        max_tokens: 0,
+    };
+    let planned = session(FIXTURE);
+    let plan = planned
+        .plan_compaction(req(everything, true))
+        .expect("plan");
+    let bytes = crate::engine::encode_session(&planned);
+    let mut loaded = crate::engine::decode_session(&bytes).expect("decodes");
+    loaded.resume_generation(planned.generation());
+    let ids_one = ids(1);
+    loaded
+        .commit_compaction(&plan, &outcome("summary"), &ids_one, NOW, &config())
+        .expect("commits on the reloaded value");
+
+    let mut s = session(FIXTURE);
+    let plan = s.plan_compaction(req(everything, true)).expect("plan");
+    let again = parse("assistant a1 read:p1=3000").remove(1);
+    apply(&mut s, again);
+    s.commit_compaction(&plan, &outcome("summary"), &ids(1), NOW, &config())
+        .expect("a part sent again unchanged changes nothing");
+}
+
 #[test]
 fn a_second_compaction_folds_the_first_summary() {
     let mut s = session(FIXTURE);

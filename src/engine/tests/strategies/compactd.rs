@@ -1148,4 +1148,19 @@ fn decisions_already_applied_do_not_count_as_held_after_a_rebuild() {
     go(&mut s, Update::UpsertMessage(bad), at);
     assert!(s.tracker_pending() <= 1, "{}", s.tracker_pending());
     assert_ne!(s.schedule(at).why, Why::TooMany);
+    // A change that leaves the state to be rebuilt at the next run (an assistant's text
+    // deleted), then a dry-run prune: the rebuild drops the applied decisions too.
+    let last = format!("a{n}");
+    go(&mut s, Update::UpsertPart(text(&last, "note", "Done.")), at);
+    go(
+        &mut s,
+        Update::DeletePart {
+            message_id: last,
+            part_id: "note".into(),
+        },
+        at,
+    );
+    s.prune(crate::engine::PruneMode::DryRun, at);
+    assert!(s.tracker_pending() <= 1, "{}", s.tracker_pending());
+    assert_ne!(s.schedule(at).why, Why::TooMany);
 }
