@@ -137,9 +137,9 @@ async function startOwn(s: PluginSettings, log: Log): Promise<Sidecar> {
 /**
  * The sidecar's environment: OpenCode's, with the plugin's token (so the sidecar requires
  * the token its client sends: without it any local user could read and change every
- * mirrored session) and summarizer URL (which may carry credentials). Both go through the
- * environment, which only the process's owner can read, never the command line, which
- * every local user can (`ps`).
+ * mirrored session) and summarizer URL. Both go through the environment, as the
+ * summarizer's key inherited from OpenCode's does: only the process's owner can read it,
+ * never the command line, which every local user can (`ps`).
  */
 function sidecarEnv(s: PluginSettings): NodeJS.ProcessEnv {
   const env: NodeJS.ProcessEnv = { ...process.env }

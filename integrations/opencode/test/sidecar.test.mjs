@@ -113,11 +113,20 @@ async function onlyItsClientIsServed(sidecar, ses) {
 test("the sidecar started with a token requires it, and no secret is on its command line", async () => {
   const log = { debug() {}, info() {}, warn() {}, error() {} }
   const token = "plugin-token-5f1e9c"
-  const llmBaseUrl = "http://user:url-secret-77@127.0.0.1:9/v1"
-  const sidecar = await startSidecar(
-    resolveSettings({ binary: BIN, token, llmBaseUrl, llmModel: "any-model", timeoutMs: 15000 }),
-    log,
-  )
+  // The summarizer's key reaches the sidecar from OpenCode's environment (compactd refuses
+  // credentials in the URL since they would never be sent).
+  const keyBefore = process.env.COMPACTD_LLM_API_KEY
+  process.env.COMPACTD_LLM_API_KEY = "key-secret-77"
+  let sidecar
+  try {
+    sidecar = await startSidecar(
+      resolveSettings({ binary: BIN, token, llmBaseUrl: "http://127.0.0.1:9/v1", llmModel: "any-model", timeoutMs: 15000 }),
+      log,
+    )
+  } finally {
+    if (keyBefore === undefined) delete process.env.COMPACTD_LLM_API_KEY
+    else process.env.COMPACTD_LLM_API_KEY = keyBefore
+  }
   try {
     await onlyItsClientIsServed(sidecar, "ses_auth")
     // Other local users read a process's command line (`ps`); only its owner reads its
@@ -125,7 +134,9 @@ test("the sidecar started with a token requires it, and no secret is on its comm
     const { readFileSync } = await import("node:fs")
     const argv = readFileSync(`/proc/${sidecar.child.pid}/cmdline`, "utf8")
     assert.ok(!argv.includes(token), argv)
-    assert.ok(!argv.includes("url-secret-77"), argv)
+    assert.ok(!argv.includes("key-secret-77"), argv)
+    const environ = readFileSync(`/proc/${sidecar.child.pid}/environ`, "utf8")
+    assert.ok(environ.includes("COMPACTD_LLM_API_KEY=key-secret-77"), "the key is in its environment")
   } finally {
     sidecar.stop()
   }
