@@ -312,3 +312,11 @@ pub struct CompactionPart {
     /// First message of the verbatim tail kept after the summary.
     pub tail_start_id: String,
 }
+
+impl PartKind {
+    /// Whether this is a compaction request that keeps a verbatim tail: such a request is
+    /// no turn of the age strategies (the one rule for the live path and a rebuild).
+    pub fn names_a_tail(&self) -> bool {
+        matches!(self, PartKind::Compaction(c) if !c.tail_start_id.is_empty())
+    }
+}

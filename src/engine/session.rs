@@ -1306,12 +1306,8 @@ impl Session {
         // A compaction request that names its tail is no turn of the age strategies: one
         // whose part names it later (OpenCode writes the part, then adds the tail) or no
         // longer was counted as one, and the ages it moved on are decided again below.
-        let names_tail = |p: Option<&StoredPart>| {
-            p.is_some_and(
-                |p| matches!(&p.part.kind, PartKind::Compaction(c) if !c.tail_start_id.is_empty()),
-            )
-        };
-        let turn_changed = !assistant && names_tail(old) != names_tail(Some(&new));
+        let turn_changed = !assistant
+            && old.is_some_and(|o| o.part.kind.names_a_tail()) != new.part.kind.names_a_tail();
         // A part sent again as stored (its mark and prune's stamp carried over above) is
         // no change of what the message holds.
         let content_changed =

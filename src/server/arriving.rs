@@ -64,7 +64,10 @@ impl Holding {
     pub fn of(path: &str, max: u64) -> Holding {
         Holding {
             max,
-            refuse: path != "/compactd.v1.Sessions/Stream",
+            refuse: path
+                .strip_prefix('/')
+                .and_then(|p| p.strip_prefix(super::pb::sessions_server::SERVICE_NAME))
+                != Some("/Stream"),
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod compaction;
 pub mod fake_llm;
 pub mod fake_window;
 pub mod metrics;
+pub mod raw_h2;
 pub mod recording_proxy;
 use std::net::SocketAddr;
 use std::path::PathBuf;

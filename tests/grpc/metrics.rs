@@ -290,28 +290,18 @@ async fn unread_call(
     path: &str,
     messages: Vec<Vec<u8>>,
 ) -> (h2::SendStream<tonic::codegen::Bytes>, h2::RecvStream) {
-    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let (client, conn) = h2::client::Builder::new()
-        .initial_window_size(65_535)
-        .initial_connection_window_size(65_535)
-        .handshake::<_, tonic::codegen::Bytes>(tcp)
-        .await
-        .expect("h2 handshake");
-    tokio::spawn(conn);
-    let mut client = client.ready().await.expect("ready");
-    let head = http::Request::post(format!("http://{addr}{path}"))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .expect("request");
-    let (response, mut send) = client.send_request(head, false).expect("send");
-    let mut framed = Vec::new();
-    for message in messages {
-        framed.push(0u8);
-        framed.extend_from_slice(&u32::try_from(message.len()).expect("small").to_be_bytes());
-        framed.extend_from_slice(&message);
-    }
-    send.send_data(framed.into(), true).expect("body");
+    let mut client = raw_h2::connect(
+        addr,
+        h2::client::Builder::new()
+            .initial_window_size(65_535)
+            .initial_connection_window_size(65_535),
+    )
+    .await;
+    let (response, mut send) = client
+        .send_request(raw_h2::grpc_head(addr, path), false)
+        .expect("send");
+    send.send_data(raw_h2::framed(&messages).into(), true)
+        .expect("body");
     let response = tokio::time::timeout(std::time::Duration::from_secs(10), response)
         .await
         .expect("headers in time")

@@ -37,14 +37,7 @@ async fn the_server_advertises_its_stream_limit_and_receive_window() {
     );
     tokio::spawn(conn);
     let mut client = client.ready().await.expect("ready");
-    let request = http::Request::post(format!(
-        "http://{}/compactd.v1.Sessions/Stream",
-        server.addr
-    ))
-    .header("content-type", "application/grpc")
-    .header("te", "trailers")
-    .body(())
-    .expect("request");
+    let request = raw_h2::grpc_head(&server.addr.to_string(), "/compactd.v1.Sessions/Stream");
     let (_response, mut send) = client.send_request(request, false).expect("send");
     // Ask for far more than the window: what is granted is the server's stream window
     // (the connection window, 4 MiB, is larger).
@@ -209,18 +202,6 @@ async fn silent_connections_are_closed_and_the_descriptor_limit_is_waited_out() 
     assert!(log.len() < 100_000, "{} bytes of log", log.len());
 }
 
-/// Opens a raw HTTP/2 connection to `addr` (the `h2` crate, below tonic), driven on a task.
-async fn raw_h2(addr: std::net::SocketAddr) -> h2::client::SendRequest<tonic::codegen::Bytes> {
-    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let (client, conn) = h2::client::Builder::new()
-        .max_send_buffer_size(64 << 20)
-        .handshake::<_, tonic::codegen::Bytes>(tcp)
-        .await
-        .expect("h2 handshake");
-    tokio::spawn(conn);
-    client.ready().await.expect("ready")
-}
-
 /// Starts a unary call on `client` and sends a message header announcing `announced`
 /// bytes, then `sent` of them, never ending the request.
 async fn unfinished_call(
@@ -232,11 +213,7 @@ async fn unfinished_call(
     h2::client::ResponseFuture,
     h2::SendStream<tonic::codegen::Bytes>,
 ) {
-    let request = http::Request::post(format!("http://{addr}/compactd.v1.Sessions/UpsertPart"))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .expect("request");
+    let request = raw_h2::grpc_head(&addr.to_string(), "/compactd.v1.Sessions/UpsertPart");
     let (response, mut send) = client.send_request(request, false).expect("send");
     let mut data = vec![0u8];
     data.extend_from_slice(&announced.to_be_bytes());
@@ -257,7 +234,11 @@ async fn unfinished_request_messages_count_against_the_in_flight_share() {
         ..Default::default()
     })
     .await;
-    let mut h2 = raw_h2(server.addr).await;
+    let mut h2 = raw_h2::connect(
+        &server.addr.to_string(),
+        h2::client::Builder::new().max_send_buffer_size(64 << 20),
+    )
+    .await;
     // 1.5 MiB announced, 64 KiB of it sent: held.
     let (mut first, _first_send) = unfinished_call(&mut h2, server.addr, 3 << 19, 64 << 10).await;
     // Another 1.5 MiB cannot be: refused at its header, while the first still waits.

@@ -143,9 +143,7 @@ fn turn_start(messages: &[Message], users: &[usize], turns: usize) -> Option<usi
 
 /// Whether `m` is a compaction's request that keeps a verbatim tail.
 fn keeps_a_tail(m: &Message) -> bool {
-    m.parts
-        .iter()
-        .any(|p| matches!(&p.part.kind, PartKind::Compaction(c) if !c.tail_start_id.is_empty()))
+    m.parts.iter().any(|p| p.part.kind.names_a_tail())
 }
 
 impl Tracker {
