@@ -461,6 +461,64 @@ async fn a_delete_leaves_a_compaction_of_the_session_created_again_meanwhile_run
     }
 }
 
+/// An ImportSession{replace} whose caller stops waiting while the new session is written
+/// (its deadline, a hang-up): the replace lands, and the replaced session's compaction is
+/// cancelled all the same. Before, the import was dropped at the write's wait: the
+/// compaction ran on, paid for, until its commit found itself stale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_whose_caller_stopped_waiting_still_cancels_the_replaced_compaction() {
+    use crate::server::abandoned_tests::SlowWrites;
+    use crate::store::Write;
+    let dir = tempfile::tempdir().expect("dir");
+    let (store, mut began) = SlowWrites::store(dir.path(), |w| matches!(w, Write::Create { .. }));
+    let gated = Gated::new("summary of the replaced conversation");
+    let hub = hub_over(
+        store,
+        gated.clone(),
+        crate::server::hub::DEFAULT_SLOW_READER_GRACE,
+    )
+    .await;
+    let (tx, mut events) = mpsc::channel(64);
+    start(
+        &hub,
+        SID,
+        Options::default(),
+        Some(Sink::listening(tx)),
+        None,
+    )
+    .await
+    .expect("the compaction starts");
+    gated.asked.notified().await;
+    let importer = super::super::import::Importer::new(hub.clone(), 4 << 20);
+    let mut req = pb::ImportSessionRequest {
+        export_json: std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/session.json"
+        ))
+        .expect("example"),
+        session_id: SID.into(),
+        replace: true,
+        ..Default::default()
+    };
+    let document = super::super::import::document(&mut req).expect("a document");
+    // The caller stops waiting once the new session is being written.
+    let created = *began.borrow();
+    tokio::select! {
+        done = importer.import(req, document, crate::store::Reservation::default()) => {
+            panic!("the import cannot land before its write: {done:?}")
+        }
+        began = began.wait_for(|n| *n > created) => drop(began.expect("the store is up")),
+    }
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(10), outcome(&mut events))
+        .await
+        .expect("the replaced session's compaction is cancelled, not left running");
+    match ended {
+        Ce::Failed(f) => assert_eq!(f.kind, "cancelled", "{f:?}"),
+        other => panic!("the replaced session's summary cannot commit: {other:?}"),
+    }
+    gated.release();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_the_disk_refuses_is_a_storage_failure_worth_retrying() {
     use std::sync::atomic::Ordering::SeqCst;

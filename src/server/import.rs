@@ -401,21 +401,31 @@ impl Importer {
         }
         let (messages, parts) = (session.messages().len(), session.part_count());
         let generation = session.generation();
-        let handle = self
-            .store
-            .insert(session, req.replace)
+        // On a task of its own, as a delete: a caller that stops waiting while the
+        // session is written must not leave a replace landed with the replaced session's
+        // compaction still running (and paid for) until it finds itself stale.
+        let (hub, replace, sid) = (self.hub.clone(), req.replace, id.clone());
+        let placing = tokio::spawn(async move {
+            let handle = hub
+                .store
+                .insert(session, replace)
+                .await
+                .map_err(Rejection::from)?;
+            if replace {
+                // Not a compaction of the imported session, started while it was written.
+                ops::cancel_replaced(
+                    &hub,
+                    &sid,
+                    Some(generation),
+                    "session replaced by an import",
+                );
+            }
+            tracing::info!(session_id = %sid, messages, parts, "session imported");
+            Ok::<_, Rejection>(handle)
+        });
+        let handle = placing
             .await
-            .map_err(Rejection::from)?;
-        if req.replace {
-            // Not a compaction of the imported session, started while it was written.
-            ops::cancel_replaced(
-                &self.hub,
-                &id,
-                Some(generation),
-                "session replaced by an import",
-            );
-        }
-        tracing::info!(session_id = %id, messages, parts, "session imported");
+            .map_err(|e| Status::internal(format!("import task failed: {e}")))??;
         Ok(ops::summary_of(&self.hub, &handle, true).await?)
     }
 }

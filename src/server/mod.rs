@@ -41,6 +41,8 @@
 //! `list_value.rs` (the `ListValue` that carries them), `context_message.rs` (the
 //! `Context` that carries the other shapes' cached chunks) and `pb.rs` (generated).
 
+#[cfg(test)]
+mod abandoned_tests;
 mod accept;
 mod arriving;
 pub mod auth;

@@ -418,18 +418,25 @@ impl pb::sessions_server::Sessions for SessionsService {
     ) -> Result<Response<pb::DeleteSessionResponse>, Status> {
         let req = request.into_inner();
         require_session(&req.session_id)?;
-        let removed = self
-            .store
-            .remove(&req.session_id)
+        // On a task of its own: a caller that stops waiting (its deadline, a hang-up)
+        // while the delete is written must not leave it half done, landed on disk with
+        // its watchers never told and its compaction still paid for.
+        let hub = self.hub.clone();
+        let deleting = tokio::spawn(async move {
+            let id = req.session_id;
+            let removed = hub.store.remove(&id).await.map_err(Rejection::from)?;
+            if !removed {
+                return Err(Rejection::from(crate::store::StoreError::NotFound(id)));
+            }
+            hub.gone(&id);
+            let now = ops::generation_held(&hub, &id).await;
+            ops::cancel_replaced(&hub, &id, now, "session deleted");
+            tracing::info!(session_id = %id, "session deleted");
+            Ok(())
+        });
+        deleting
             .await
-            .map_err(Rejection::from)?;
-        if !removed {
-            return Err(Rejection::from(crate::store::StoreError::NotFound(req.session_id)).into());
-        }
-        self.hub.gone(&req.session_id);
-        let now = ops::generation_held(&self.hub, &req.session_id).await;
-        ops::cancel_replaced(&self.hub, &req.session_id, now, "session deleted");
-        tracing::info!(session_id = %req.session_id, "session deleted");
+            .map_err(|e| Status::internal(format!("delete task failed: {e}")))??;
         Ok(Response::new(pb::DeleteSessionResponse { deleted: true }))
     }
 
