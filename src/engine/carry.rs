@@ -13,10 +13,16 @@
 //! that diverged (a message removed, a revert, an order changed, a message the summary
 //! never saw where it would hide it) ends the carrying there: a summary is never kept over
 //! messages it did not see or that are gone.
+//!
+//! The host's pins (compactd's own state too, set by the Pin call) are kept the same way:
+//! [`Trail::repin`] sets each again on the imported session, by message and part id, where
+//! the export still holds what it pinned.
 
 use super::compaction::{CommitMessage, commit_message};
 use super::session::Session;
 use super::stored::Message;
+use super::update::Update;
+use crate::config::EngineConfig;
 use crate::domain::{FastMap, FastSet, MessageInfo, Part, PartKind};
 
 /// One message of an export: its info and its parts, in order.
@@ -27,6 +33,8 @@ pub type ExportMessage = (MessageInfo, Vec<Part>);
 #[derive(Debug, Clone, Default)]
 pub struct Trail {
     entries: Vec<Entry>,
+    /// The replaced session's pins: message id, part id (`None`: the whole message).
+    pins: Vec<(String, Option<String>)>,
 }
 
 #[derive(Debug, Clone)]
@@ -58,7 +66,15 @@ impl Session {
                     .map(|(kind, prefix)| (kind, prefix.to_string(), exported(m))),
             })
             .collect();
-        Trail { entries }
+        let pins = self
+            .pins()
+            .each()
+            .filter_map(|(m, part)| {
+                let id = self.messages().get(m)?.info.id.clone();
+                Some((id, part.map(str::to_string)))
+            })
+            .collect();
+        Trail { entries, pins }
     }
 }
 
@@ -81,7 +97,7 @@ impl Trail {
     /// never held (one before the compaction's verbatim tail). A compaction is carried
     /// only whole (its request and its finished summary; the continue only with them).
     /// Returns how many messages were put in.
-    pub fn carry_into(self, messages: &mut Vec<ExportMessage>) -> usize {
+    pub fn carry_into(&mut self, messages: &mut Vec<ExportMessage>) -> usize {
         let at: FastMap<&str, usize> = messages
             .iter()
             .enumerate()
@@ -92,7 +108,7 @@ impl Trail {
         // skipped over (a message the replaced session did not hold).
         let mut next = 0usize;
         let mut first_unseen: Option<usize> = None;
-        for entry in self.entries {
+        for entry in std::mem::take(&mut self.entries) {
             match (at.get(entry.id.as_str()), entry.made) {
                 (Some(&i), _) if i >= next => {
                     if i > next {
@@ -126,6 +142,24 @@ impl Trail {
             messages.insert(c.before, c.message);
         }
         n
+    }
+
+    /// Sets the replaced session's pins on `session` (the import built), each where it
+    /// still holds the message and part; a pin it cannot hold (its message or part gone,
+    /// a limit) is left off. Returns how many were set.
+    pub fn repin(self, session: &mut Session, config: &EngineConfig) -> usize {
+        let mut set = 0usize;
+        for (message_id, part_id) in self.pins {
+            let pin = Update::Pin {
+                message_id,
+                part_id,
+                pinned: true,
+            };
+            if session.apply(pin, config).is_ok() {
+                set = set.saturating_add(1);
+            }
+        }
+        set
     }
 }
 

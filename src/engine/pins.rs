@@ -78,6 +78,16 @@ impl Pins {
         self.messages.iter().chain(self.parts.keys()).copied()
     }
 
+    /// Every pin: the message's position, and the part's id (`None`: the whole message).
+    pub(crate) fn each(&self) -> impl Iterator<Item = (usize, Option<&str>)> + '_ {
+        let messages = self.messages.iter().map(|&m| (m, None));
+        let parts = self
+            .parts
+            .iter()
+            .flat_map(|(&m, ids)| ids.iter().map(move |id| (m, Some(id.as_str()))));
+        messages.chain(parts)
+    }
+
     /// True when nothing is pinned.
     pub(crate) fn is_empty(&self) -> bool {
         self.messages.is_empty() && self.parts.is_empty()

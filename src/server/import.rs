@@ -365,12 +365,22 @@ impl Importer {
             .as_ref()
             .map(|t| t.commit_ids().into_iter().map(str::to_string).collect());
         let session = tokio::task::spawn_blocking(move || -> Result<_, Rejection> {
-            let carried = trail.map_or(0, |t| t.carry_into(&mut export.messages));
+            let mut trail = trail;
+            let carried = trail
+                .as_mut()
+                .map_or(0, |t| t.carry_into(&mut export.messages));
             if carried > 0 {
                 tracing::info!(session_id = %export.info.id, carried, "import keeps the replaced session's compactions");
             }
             let session = trace::load_within(export, limits, overrides, store.config(), byte_limit)
-                .map_err(|e| Rejection::from(e).within(root));
+                .map_err(|e| Rejection::from(e).within(root))
+                .map(|mut session| {
+                    let pinned = trail.map_or(0, |t| t.repin(&mut session, store.config()));
+                    if pinned > 0 {
+                        tracing::info!(session_id = %session.info().id, pinned, "import keeps the replaced session's pins");
+                    }
+                    session
+                });
             // Let go only once the build has ended, whether or not its caller still waits.
             drop((held, turn));
             session

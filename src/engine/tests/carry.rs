@@ -266,3 +266,53 @@ fn a_synthetic_host_message_after_a_summary_is_not_taken_for_the_continue() {
     assert_eq!(s.compaction_trail().carry_into(&mut export), 2);
     assert!(!ids(&export).contains(&"ush"));
 }
+
+/// A pin is compactd's own state too: a reload that keeps the compactions keeps the pins
+/// on what the export still holds. Before, the pinned part of the summarized head fell
+/// out of the context after the reload (no pin carried it past the summary).
+#[test]
+fn a_reload_keeps_the_pins_on_what_the_export_still_holds() {
+    let mut s = session(FIXTURE);
+    let pin = |message_id: &str, part_id: Option<&str>| Update::Pin {
+        message_id: message_id.into(),
+        part_id: part_id.map(str::to_string),
+        pinned: true,
+    };
+    apply(&mut s, pin("a1", Some("p1")));
+    apply(&mut s, pin("u3", None));
+    let plan = s.plan_compaction(req(TAIL, true)).expect("plan");
+    commit(&mut s, &plan, "We fixed the parser; next: tests.", true, 1);
+    assert!(context_ids(&s).contains(&"a1".to_string()), "the pin carries a1");
+
+    let mut export = host_export(&s);
+    let mut trail = s.compaction_trail();
+    assert_eq!(trail.carry_into(&mut export), 3);
+    let mut reloaded = load(&export);
+    let pinned = trail.repin(&mut reloaded, &config());
+    assert_eq!(context_ids(&reloaded), context_ids(&s));
+    assert_eq!(reloaded.context_tokens(), s.context_tokens());
+    assert!(reloaded.is_pinned(1, "p1"));
+    assert_eq!(pinned, 2);
+}
+
+#[test]
+fn a_pin_on_what_the_export_no_longer_holds_is_left_off() {
+    let mut s = session(FIXTURE);
+    apply(
+        &mut s,
+        Update::Pin {
+            message_id: "a2".into(),
+            part_id: Some("p2".into()),
+            pinned: true,
+        },
+    );
+    let mut export = host_export(&s);
+    for (_, parts) in export.iter_mut() {
+        parts.retain(|p| p.id != "p2");
+    }
+    let mut trail = s.compaction_trail();
+    trail.carry_into(&mut export);
+    let mut reloaded = load(&export);
+    assert_eq!(trail.repin(&mut reloaded, &config()), 0);
+    assert_eq!(reloaded.pins(), &Default::default());
+}
