@@ -43,10 +43,16 @@ impl Session {
     /// The protected outputs a summary carries on: those the previous summary carried
     /// (`carried`), then those of the messages summarized (`head`, positions), each output
     /// once (a skill loaded again is carried once; the copy is replaced like any part).
+    /// Left out: a message the context does not send (its output never reached the
+    /// model), and a pinned part, which the context carries after the summary already.
     pub(super) fn protected_section(&self, head: &[usize], carried: &str) -> String {
         let mut section = carried.to_string();
         let mut seen: FastSet<&str> = FastSet::default();
-        for m in head.iter().filter_map(|&i| self.messages().get(i)) {
+        let sent = head
+            .iter()
+            .filter_map(|&i| self.messages().get(i).map(|m| (i, m)))
+            .filter(|(_, m)| m.is_sent());
+        for (i, m) in sent {
             for p in &m.parts {
                 let PartKind::Tool(t) = &p.part.kind else {
                     continue;
@@ -54,6 +60,7 @@ impl Session {
                 let output = t.state.output.as_str();
                 if !self.settings().is_protected_tool(&t.tool)
                     || output.is_empty()
+                    || self.is_pinned(i, &p.part.id)
                     || !seen.insert(output)
                     || carries(carried, &t.tool, output)
                 {

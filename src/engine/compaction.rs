@@ -13,7 +13,8 @@
 //!   context starts at that boundary and prune stops at the summary.
 //! - Pinned parts of the head are summarized with it and also carried verbatim after the
 //!   summary (`context.rs`): they are not what the summary replaces, so the summary must
-//!   be smaller than the head without them.
+//!   be smaller than the head without them. A pinned protected output is carried that
+//!   way alone, not in the summary's text too, so it is sent and subtracted once.
 //!
 //! Nothing here reads a clock or makes ids: both come in as arguments.
 
@@ -442,9 +443,10 @@ impl Session {
         m.parts.iter().map(|p| p.context_tokens()).sum()
     }
 
-    /// Context tokens of the pinned parts of message `i` (carried past a compaction).
+    /// Context tokens of the pinned parts of message `i` (carried past a compaction):
+    /// none for one the context does not send, as [`Self::message_tokens`] counts it.
     fn pinned_tokens(&self, i: usize) -> u64 {
-        if self.pins().is_empty() {
+        if self.pins().is_empty() || !self.messages()[i].is_sent() {
             return 0;
         }
         self.messages()[i]

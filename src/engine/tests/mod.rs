@@ -24,6 +24,7 @@ mod context_cache;
 mod memory;
 mod overflow;
 mod pins;
+mod pins_compaction;
 mod props;
 mod prune;
 mod recall;

@@ -1,0 +1,134 @@
+//! Pins through compaction: a pinned part is carried once (after the summary, in its
+//! message) and counted once in what the summary replaces; what the context never sends
+//! takes nothing from it.
+
+use super::*;
+use crate::engine::{
+    CommitIds, Committed, CompactionError, CompactionPlan, CompactionRequest, SummaryOutcome,
+    TailOptions,
+};
+
+/// A skill output too large to summarize in a head of 110 tokens of text.
+fn skill_output() -> String {
+    format!("# Deploy skill\n{}", chars(12_000))
+}
+
+fn pin(message_id: &str, part_id: Option<&str>) -> Update {
+    Update::Pin {
+        message_id: message_id.into(),
+        part_id: part_id.map(str::to_string),
+        pinned: true,
+    }
+}
+
+/// An automatic compaction keeping the last `turns` turns.
+fn request(turns: u32) -> CompactionRequest {
+    CompactionRequest {
+        tail: TailOptions {
+            turns,
+            max_tokens: 15_000,
+        },
+        auto: true,
+        overflow: true,
+    }
+}
+
+fn commit(
+    s: &mut Session,
+    plan: &CompactionPlan,
+    text: &str,
+    prefix: &str,
+) -> Result<Committed, CompactionError> {
+    let outcome = SummaryOutcome {
+        text: text.into(),
+        usage: None,
+        cost: 0.0,
+        model: None,
+    };
+    let ids = CommitIds {
+        prefix: prefix.into(),
+    };
+    s.commit_compaction(plan, &outcome, &ids, NOW, &config())
+}
+
+/// Context tokens of message `i` as stored.
+fn tokens_of(s: &Session, i: usize) -> u64 {
+    s.messages()[i]
+        .parts
+        .iter()
+        .map(|p| p.context_tokens())
+        .sum()
+}
+
+/// Before, the pinned skill output was both subtracted as pinned and as a protected
+/// output the summary carries: `replaced_tokens` saturated at 0, every summary failed
+/// `NotSmaller`, and a commit that passed sent the output twice.
+#[test]
+fn a_pinned_protected_output_is_carried_once_and_counted_once() {
+    let mut s = session("user u1 text:t1=10\nassistant a1 text:x1=100");
+    apply(
+        &mut s,
+        Update::UpsertPart(tool("a1", "k1", "skill", &skill_output())),
+    );
+    for u in parse(
+        "user u2 text:t2=10
+         assistant a2 text:x2=10
+         user u3 text:t3=10
+         assistant a3 text:x3=10",
+    ) {
+        apply(&mut s, u);
+    }
+    apply(&mut s, pin("a1", Some("k1")));
+    let plan = s.plan_compaction(request(2)).expect("plan");
+    assert_eq!(plan.head, [0, 1]);
+    let skill = s.messages()[1].parts[1].context_tokens();
+    assert!(skill > 3_000);
+    assert_eq!(plan.replaced_tokens, plan.head_tokens - skill);
+
+    let done = commit(&mut s, &plan, &chars(4 * 50), "c1");
+    assert!(done.is_ok(), "{done:?}");
+    let json = s.context_openai().json;
+    assert_eq!(json.matches("# Deploy skill").count(), 1, "{json}");
+    assert!(!json.contains("Protected tool outputs"), "{json}");
+
+    // A later compaction of everything carries it once still, by the pin alone.
+    let plan = s.plan_compaction(request(0)).expect("second plan");
+    assert_eq!(plan.carried_outputs, "");
+    let done = commit(&mut s, &plan, "Deployed.", "c2");
+    assert!(done.is_ok(), "{done:?}");
+    let json = s.context_openai().json;
+    assert_eq!(json.matches("# Deploy skill").count(), 1, "{json}");
+}
+
+/// Before, a pinned part and a protected output of an errored assistant message (which
+/// the context never sends, so the head counts none of it) were subtracted from what the
+/// summary replaces, and the output was carried into a context that never held it.
+#[test]
+fn an_unsent_message_takes_nothing_from_what_the_summary_replaces() {
+    let mut s = session(
+        "user u1 text:t1=500
+         assistant a1 text:x1=100 error=APIError",
+    );
+    apply(
+        &mut s,
+        Update::UpsertPart(tool("a1", "k1", "skill", &skill_output())),
+    );
+    for u in parse(
+        "user u2 text:t2=10
+         assistant a2 text:x2=10
+         user u3 text:t3=10
+         assistant a3 text:x3=10",
+    ) {
+        apply(&mut s, u);
+    }
+    apply(&mut s, pin("a1", Some("x1")));
+    let plan = s.plan_compaction(request(2)).expect("plan");
+    assert_eq!(plan.head, [0, 1]);
+    assert_eq!(plan.head_tokens, tokens_of(&s, 0));
+    assert_eq!(plan.replaced_tokens, plan.head_tokens);
+
+    let done = commit(&mut s, &plan, &chars(4 * 100), "c1");
+    assert!(done.is_ok(), "{done:?}");
+    let json = s.context_openai().json;
+    assert!(!json.contains("# Deploy skill"), "{json}");
+}
