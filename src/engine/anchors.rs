@@ -45,8 +45,19 @@ impl Session {
     /// once (a skill loaded again is carried once; the copy is replaced like any part).
     /// Left out: a message the context does not send (its output never reached the
     /// model), and a pinned part, which the context carries after the summary already.
-    pub(super) fn protected_section(&self, head: &[usize], carried: &str) -> String {
-        let mut section = carried.to_string();
+    /// Without `carry_on`, `carried` stays in the context in its own summary (pinned):
+    /// its outputs are not carried on, only not carried a second time.
+    pub(super) fn protected_section(
+        &self,
+        head: &[usize],
+        carried: &str,
+        carry_on: bool,
+    ) -> String {
+        let mut section = if carry_on {
+            carried.to_string()
+        } else {
+            String::new()
+        };
         let mut seen: FastSet<&str> = FastSet::default();
         let sent = head
             .iter()
@@ -72,9 +83,24 @@ impl Session {
         section
     }
 
+    /// True when the context carries summary `i`'s text whole after the next compaction
+    /// too: the message is sent and a pin holds each of its text parts (a pinned earlier
+    /// summary is carried after the later one, `context.rs`).
+    pub(super) fn text_pinned(&self, i: usize) -> bool {
+        let Some(m) = self.messages().get(i) else {
+            return false;
+        };
+        let mut texts = m.parts.iter().filter(|p| match &p.part.kind {
+            PartKind::Text(t) => !t.ignored,
+            _ => false,
+        });
+        m.is_sent() && texts.all(|p| self.is_pinned(i, &p.part.id))
+    }
+
     /// Text compactd appends after the model's summary, verbatim: the session's todo list,
-    /// then the protected outputs ([`Self::protected_section`]).
-    pub fn anchors(&self, head: &[usize], carried: &str) -> String {
+    /// then the protected outputs ([`Self::protected_section`]; `carry_on` false when a
+    /// pin keeps the previous summary, `carried`'s source, in the context).
+    pub fn anchors(&self, head: &[usize], carried: &str, carry_on: bool) -> String {
         let mut out = String::new();
         if !self.info().todos.is_empty() {
             out.push_str(TODO_HEADING);
@@ -86,7 +112,7 @@ impl Session {
                 out.push('\n');
             }
         }
-        let protected = self.protected_section(head, carried);
+        let protected = self.protected_section(head, carried, carry_on);
         if !protected.is_empty() {
             if !out.is_empty() {
                 out.push('\n');

@@ -79,11 +79,16 @@ pub struct CompactionPlan {
     /// the head's own (empty in a plan logged before they were carried on).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub carried_outputs: String,
+    /// True when the previous summary's text is pinned, so the context keeps carrying it
+    /// with its outputs: `carried_outputs` are then only kept from being carried twice.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub carried_by_pin: bool,
     /// Estimated tokens of the head (what the model summarizes).
     pub head_tokens: u64,
     /// Estimated tokens the summary replaces: the head without its pinned parts (they
-    /// stay), plus the previous compaction's two messages when a summary is folded in,
-    /// less the protected outputs the summary message carries on verbatim.
+    /// stay), plus the previous compaction's two messages when a summary is folded in
+    /// (without their pinned parts either), less the protected outputs the summary
+    /// message carries on verbatim.
     pub replaced_tokens: u64,
     /// Estimated tokens of the whole context when the compaction began.
     pub tokens_before: u64,
@@ -269,6 +274,7 @@ impl Session {
         let tokens_before = self.context_tokens();
         let mut previous_summary = None;
         let mut carried_outputs = String::new();
+        let mut carried_by_pin = false;
         let mut previous_tokens = 0;
         if let Some(b) = self.boundary() {
             let text = self.text_of(b.summary);
@@ -281,8 +287,12 @@ impl Session {
                 (text.as_str(), "")
             };
             carried_outputs = carried.to_string();
+            carried_by_pin = !carried.is_empty() && self.text_pinned(b.summary);
             previous_summary = Some(summary.to_string());
-            previous_tokens = self.message_tokens(b.start) + self.message_tokens(b.summary);
+            // A pinned part of the pair stays in the context after the commit.
+            previous_tokens = self
+                .unpinned_tokens(b.start)
+                .saturating_add(self.unpinned_tokens(b.summary));
             order.retain(|&i| i != b.start && i != b.summary);
         }
         let tail_start = self.tail_start(&order, request.tail);
@@ -297,7 +307,8 @@ impl Session {
         let pinned_tokens: u64 = head.iter().map(|&i| self.pinned_tokens(i)).sum();
         // What the summary message carries verbatim (todos, protected outputs, their
         // headings) is not replaced by the model's text.
-        let kept_tokens = self.counter().count(&self.anchors(&head, &carried_outputs));
+        let anchors = self.anchors(&head, &carried_outputs, !carried_by_pin);
+        let kept_tokens = self.counter().count(&anchors);
         let held = HeldIds {
             generation: self.generation(),
             head: head.iter().filter_map(|&i| self.id_at(i)).collect(),
@@ -315,6 +326,7 @@ impl Session {
             covers: self.messages().len(),
             previous_summary,
             carried_outputs,
+            carried_by_pin,
             head_tokens,
             tokens_before,
             request,
@@ -457,6 +469,12 @@ impl Session {
             .sum()
     }
 
+    /// Context tokens of message `i` less its pinned parts: what leaves the context when
+    /// a compaction summarizes it.
+    fn unpinned_tokens(&self, i: usize) -> u64 {
+        self.message_tokens(i).saturating_sub(self.pinned_tokens(i))
+    }
+
     /// Text parts of a message, joined (the summary text of a summary message).
     pub(super) fn text_of(&self, i: usize) -> String {
         let texts: Vec<&str> = self.messages()[i]
@@ -497,7 +515,10 @@ impl Session {
             });
         }
         let (auto, overflow) = (plan.request.auto, plan.request.overflow);
-        let anchors = self.anchors(&plan.head, &plan.carried_outputs);
+        // Outputs a pin unset meanwhile would carry no longer: carried on after all.
+        let still_pinned = self.boundary().is_some_and(|b| self.text_pinned(b.summary));
+        let carry_on = !(plan.carried_by_pin && still_pinned);
+        let anchors = self.anchors(&plan.head, &plan.carried_outputs, carry_on);
         let text = if anchors.is_empty() {
             model_text.to_string()
         } else {

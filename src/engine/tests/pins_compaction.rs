@@ -132,3 +132,87 @@ fn an_unsent_message_takes_nothing_from_what_the_summary_replaces() {
     let json = s.context_openai().json;
     assert!(!json.contains("# Deploy skill"), "{json}");
 }
+
+/// Before, a pinned earlier summary counted in full as replaced though the context
+/// carries it on: `replaced_tokens` held its 300 tokens, so a summary that grew the
+/// context passed, and its protected output was carried on into the new summary's text
+/// as well (sent twice, and a copy of it loaded again in the head too).
+#[test]
+fn a_pinned_summary_is_not_replaced_and_its_outputs_are_not_carried_on() {
+    let skill = "# Deploy skill\nrun it";
+    let mut s = session("user u1 text:t1=10\nassistant a1 text:x1=400");
+    apply(&mut s, Update::UpsertPart(tool("a1", "k1", "skill", skill)));
+    for u in parse(
+        "user u2 text:t2=10
+         assistant a2 text:x2=40
+         user u3 text:t3=10
+         assistant a3 text:x3=10",
+    ) {
+        apply(&mut s, u);
+    }
+    // The same skill loaded again, in what the second compaction summarizes.
+    apply(&mut s, Update::UpsertPart(tool("a3", "k2", "skill", skill)));
+    let plan = s.plan_compaction(request(2)).expect("plan");
+    assert!(commit(&mut s, &plan, &chars(4 * 300), "c1").is_ok());
+    apply(&mut s, pin("c1_summary", None));
+    for u in parse("user u4 text:t4=10\nassistant a4 text:x4=10") {
+        apply(&mut s, u);
+    }
+
+    let plan = s.plan_compaction(request(2)).expect("second plan");
+    let c1_user = s.position("c1_user").expect("c1's request");
+    assert!(plan.head_tokens < 100, "{}", plan.head_tokens);
+    // What leaves the context: the head and c1's request; c1's summary stays.
+    assert_eq!(
+        plan.replaced_tokens,
+        plan.head_tokens + tokens_of(&s, c1_user)
+    );
+    let grows = commit(&mut s, &plan, &chars(4 * 100), "c2");
+    assert!(
+        matches!(grows, Err(CompactionError::NotSmaller { .. })),
+        "{grows:?}"
+    );
+    assert!(commit(&mut s, &plan, "Second.", "c2").is_ok());
+    let json = s.context_openai().json;
+    assert_eq!(json.matches("# Deploy skill").count(), 1, "{json}");
+    assert_eq!(json.matches("Protected tool outputs").count(), 1, "{json}");
+}
+
+/// A pin on the earlier summary lifted while the summary was written: its outputs are
+/// carried on after all, since the earlier summary leaves the context.
+#[test]
+fn outputs_of_a_summary_unpinned_meanwhile_are_carried_on() {
+    let mut s = session("user u1 text:t1=10\nassistant a1 text:x1=400");
+    apply(
+        &mut s,
+        Update::UpsertPart(tool("a1", "k1", "skill", "# Deploy skill\nrun it")),
+    );
+    for u in parse(
+        "user u2 text:t2=10
+         assistant a2 text:x2=40
+         user u3 text:t3=10
+         assistant a3 text:x3=10",
+    ) {
+        apply(&mut s, u);
+    }
+    let plan = s.plan_compaction(request(2)).expect("plan");
+    assert!(commit(&mut s, &plan, "First.", "c1").is_ok());
+    apply(&mut s, pin("c1_summary", None));
+    for u in parse("user u4 text:t4=10\nassistant a4 text:x4=10") {
+        apply(&mut s, u);
+    }
+    let plan = s.plan_compaction(request(2)).expect("second plan");
+    assert!(plan.carried_by_pin);
+    apply(
+        &mut s,
+        Update::Pin {
+            message_id: "c1_summary".into(),
+            part_id: None,
+            pinned: false,
+        },
+    );
+    assert!(commit(&mut s, &plan, "Second.", "c2").is_ok());
+    let json = s.context_openai().json;
+    assert_eq!(json.matches("# Deploy skill").count(), 1, "{json}");
+    assert!(!json.contains("First."), "{json}");
+}
