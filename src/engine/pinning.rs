@@ -4,6 +4,7 @@
 //! [`Session::rerender`], so they read verbatim; an unpin lets the next run decide about
 //! them again.
 
+use super::anchors::{carries, split_carried};
 use super::error::ApplyError;
 use super::session::{Rendering, Session};
 use super::update::Applied;
@@ -32,10 +33,64 @@ impl Session {
                 format!("part {id} does not exist in message {message_id}"),
             ));
         }
+        if !pinned && let Some(lost) = self.unpin_would_drop(msg, part_id) {
+            return Err(ApplyError::precondition(
+                "pinned",
+                format!(
+                    "part {lost} of message {message_id} is a protected tool output that only \
+                     this pin keeps in the context (the summary holding it left it to the \
+                     pin): unpinning it would drop it"
+                ),
+            ));
+        }
         if self.set_pin(msg, part_id, pinned)? && pinned {
             self.restore(msg, part_id);
         }
         Ok(Applied::default())
+    }
+
+    /// The id of a part that removing this pin would drop from the context for good: a
+    /// protected tool output of a summarized message, or the text of an earlier summary
+    /// holding protected outputs, carried by the pin alone (a later summary leaves what a
+    /// pin carries to the pin, `anchors.rs`) and covered by no other pin.
+    fn unpin_would_drop(&self, msg: usize, part_id: Option<&str>) -> Option<String> {
+        let b = self.boundary()?;
+        if self.in_context(msg) || !self.messages()[msg].is_sent() {
+            return None;
+        }
+        let summary = self.text_of(b.summary);
+        let (_, carried) = split_carried(&summary);
+        // Still covered once this pin goes: the message's pin, or the part's own.
+        let keeps = |id: &str| match part_id {
+            Some(_) => self.pins().holds(msg, None),
+            None => self.pins().holds(msg, Some(id)),
+        };
+        let goes = |id: &str| part_id.is_none_or(|want| want == id) && !keeps(id);
+        // An earlier summary a pin keeps whole: the later one left its outputs to it.
+        let earlier = self.text_of(msg);
+        let (_, earlier_carried) = split_carried(&earlier);
+        if !earlier_carried.is_empty() && !carried.contains(earlier_carried) {
+            let text = self.messages()[msg].parts.iter().find(|p| {
+                matches!(&p.part.kind, PartKind::Text(t) if !t.ignored)
+                    && self.pins().holds(msg, part_id)
+                    && goes(&p.part.id)
+            });
+            if let Some(p) = text {
+                return Some(p.part.id.clone());
+            }
+        }
+        self.messages()[msg].parts.iter().find_map(|p| {
+            let PartKind::Tool(t) = &p.part.kind else {
+                return None;
+            };
+            let id = p.part.id.as_str();
+            let lost = self.pins().holds(msg, part_id)
+                && goes(id)
+                && self.settings().is_protected_tool(&t.tool)
+                && !t.state.output.is_empty()
+                && !carries(carried, &t.tool, &t.state.output);
+            lost.then(|| id.to_string())
+        })
     }
 
     /// Removes every mark and prune stamp from the parts of message `msg` (only the part

@@ -4,8 +4,8 @@
 
 use super::*;
 use crate::engine::{
-    CommitIds, Committed, CompactionError, CompactionPlan, CompactionRequest, SummaryOutcome,
-    TailOptions,
+    CommitIds, Committed, CompactionError, CompactionPlan, CompactionRequest, ErrorKind,
+    SummaryOutcome, TailOptions,
 };
 
 /// A skill output too large to summarize in a head of 110 tokens of text.
@@ -90,6 +90,7 @@ fn a_pinned_protected_output_is_carried_once_and_counted_once() {
     let json = s.context_openai().json;
     assert_eq!(json.matches("# Deploy skill").count(), 1, "{json}");
     assert!(!json.contains("Protected tool outputs"), "{json}");
+    assert_unpin_refused(&mut s, "a1", Some("k1"), "k1");
 
     // A later compaction of everything carries it once still, by the pin alone.
     let plan = s.plan_compaction(request(0)).expect("second plan");
@@ -176,6 +177,65 @@ fn a_pinned_summary_is_not_replaced_and_its_outputs_are_not_carried_on() {
     let json = s.context_openai().json;
     assert_eq!(json.matches("# Deploy skill").count(), 1, "{json}");
     assert_eq!(json.matches("Protected tool outputs").count(), 1, "{json}");
+    assert_unpin_refused(&mut s, "c1_summary", None, "c1_summary_text");
+}
+
+/// Unpinning `part_id` of `message_id` is refused naming `lost` and `pinned`, and leaves
+/// the session as it was: the pin alone carries a protected output there (a summary left
+/// it to the pin), so the unpin would drop it from the context for good.
+fn assert_unpin_refused(s: &mut Session, message_id: &str, part_id: Option<&str>, lost: &str) {
+    let before = s.context_openai().json;
+    let refused = s.apply(
+        Update::Pin {
+            message_id: message_id.into(),
+            part_id: part_id.map(str::to_string),
+            pinned: false,
+        },
+        &config(),
+    );
+    let e = refused.expect_err("the unpin would drop a protected output");
+    assert_eq!(e.kind, ErrorKind::FailedPrecondition, "{e}");
+    assert_eq!(e.field, "pinned", "{e}");
+    assert!(e.message.contains(lost), "{e}");
+    assert_eq!(s.context_openai().json, before);
+}
+
+/// What a summary summarized whole (no protected output), or a protected output the
+/// summary holds itself, unpins as before.
+#[test]
+fn an_unpin_that_drops_no_protected_output_is_applied() {
+    let mut s = session("user u1 text:t1=400\nassistant a1 text:x1=100");
+    apply(
+        &mut s,
+        Update::UpsertPart(tool("a1", "k1", "skill", "# Deploy skill\nrun it")),
+    );
+    for u in parse(
+        "user u2 text:t2=10
+         assistant a2 text:x2=10
+         user u3 text:t3=10
+         assistant a3 text:x3=10",
+    ) {
+        apply(&mut s, u);
+    }
+    apply(&mut s, pin("a1", Some("x1")));
+    let plan = s.plan_compaction(request(2)).expect("plan");
+    let done = commit(&mut s, &plan, "First.", "c1");
+    assert!(done.is_ok(), "{done:?}");
+    // The skill output is in the summary's own text: pinning it and unpinning it again
+    // drops nothing.
+    apply(&mut s, pin("a1", Some("k1")));
+    for part in ["k1", "x1"] {
+        apply(
+            &mut s,
+            Update::Pin {
+                message_id: "a1".into(),
+                part_id: Some(part.into()),
+                pinned: false,
+            },
+        );
+    }
+    let json = s.context_openai().json;
+    assert_eq!(json.matches("# Deploy skill").count(), 1, "{json}");
 }
 
 /// A pin on the earlier summary lifted while the summary was written: its outputs are
