@@ -208,11 +208,11 @@ async fn a_start_dropped_while_planning_frees_the_slot() {
 
 /// The next compaction failure announced on `bus`.
 async fn next_failure(
-    bus: &mut tokio::sync::broadcast::Receiver<Arc<pb::SessionEvent>>,
+    bus: &mut tokio::sync::broadcast::Receiver<Arc<crate::server::hub::Published>>,
 ) -> pb::CompactionFailed {
     loop {
         let event = bus.recv().await.expect("the bus is open");
-        if let Some(pb::session_event::Event::Compaction(c)) = &event.event
+        if let Some(pb::session_event::Event::Compaction(c)) = &event.session_event.event
             && let Some(Ce::Failed(f)) = &c.event
         {
             return f.clone();
@@ -788,7 +788,7 @@ async fn watchers_hear_compacted_before_what_later_jobs_publish() {
     let mut heard_after = 0;
     loop {
         let e = bus.recv().await.expect("the bus kept up");
-        match &e.event {
+        match &e.session_event.event {
             Some(pb::session_event::Event::Overflow(c)) if c.reason == "after" => heard_after += 1,
             Some(pb::session_event::Event::Compaction(c)) => match &c.event {
                 Some(Ce::Compacted(_)) => break,

@@ -15,11 +15,23 @@ use super::counting::CountPool;
 use super::pb;
 use super::status::Rejection;
 use crate::engine::{Generation, TailOptions};
-use crate::store::Store;
+use crate::store::{Reservation, Store};
 use crate::summarize::{PromptConfig, Summarizer};
 
 /// Events buffered for watchers; a watcher further behind than this is dropped.
 pub const BUS_CAPACITY: usize = 4096;
+
+/// An event on the bus, its encoded bytes counted in flight for as long as it lives: the
+/// bus keeps an event until the last watcher took it, and a watcher waiting for room
+/// keeps every event published after its own (a `pruned` event lists every part it
+/// cleared), so the bus alone could hold [`BUS_CAPACITY`] large events.
+#[derive(Debug)]
+pub struct Published {
+    /// The event as watchers send it (`event: None`: the session was deleted).
+    pub session_event: pb::SessionEvent,
+    /// Its encoded bytes in the ledger; never refused (the session's change is made).
+    pub(crate) counted: Reservation,
+}
 
 /// Compaction settings of the server.
 #[derive(Debug, Clone)]
@@ -186,7 +198,7 @@ pub struct Hub {
     /// Sessions.
     pub store: Arc<Store>,
     /// Every session event, for `Subscribe`.
-    pub bus: broadcast::Sender<Arc<pb::SessionEvent>>,
+    pub bus: broadcast::Sender<Arc<Published>>,
     /// Compaction settings.
     pub compaction: CompactionConfig,
     /// How long a `Stream` may leave its event buffer full before it is closed.
@@ -280,19 +292,31 @@ impl Hub {
 
     /// Sends an event to the watchers (none listening is fine).
     pub fn publish(&self, session_id: &str, event: pb::session_event::Event) {
-        let _ = self.bus.send(Arc::new(pb::SessionEvent {
-            session_id: session_id.to_string(),
-            event: Some(event),
-        }));
+        self.send(session_id, Some(event));
     }
 
     /// Tells the watchers of `session_id` that it was deleted: they end with `NOT_FOUND`.
     /// It travels on the bus as an event with no content, after the session's earlier
     /// events, and is never sent to a client (`watch.rs`).
     pub fn gone(&self, session_id: &str) {
-        let _ = self.bus.send(Arc::new(pb::SessionEvent {
+        self.send(session_id, None);
+    }
+
+    /// Puts an event on the bus, counted in flight ([`Published`]); with no watcher it is
+    /// neither built nor counted (the bus would refuse it).
+    fn send(&self, session_id: &str, event: Option<pb::session_event::Event>) {
+        if self.bus.receiver_count() == 0 {
+            return;
+        }
+        let session_event = pb::SessionEvent {
             session_id: session_id.to_string(),
-            event: None,
+            event,
+        };
+        let bytes = u64::try_from(prost::Message::encoded_len(&session_event)).unwrap_or(u64::MAX);
+        let counted = self.store.ledger().count(bytes, "events");
+        let _ = self.bus.send(Arc::new(Published {
+            session_event,
+            counted,
         }));
     }
 

@@ -5,8 +5,14 @@
 //! every event buffered holds a reservation in the store's ledger until the response body
 //! takes it, so it counts against `memory_budget`; a watcher whose buffer is full is
 //! dropped at once (it never makes the bus wait); and one that leaves events untaken for
-//! the slow-reader grace has them dropped, its call ended `RESOURCE_EXHAUSTED`. An event
-//! that finds no room in flight waits for it as long (ended the same way after).
+//! the slow-reader grace has them dropped, its call ended `RESOURCE_EXHAUSTED`.
+//!
+//! The bus counts each event from its publication (`hub::Published`). A watcher that
+//! takes an event no one else holds any more (it was the last to read it) takes it over
+//! with its count: no copy, nothing more to reserve. One that must copy it (another
+//! watcher has yet to read it) reserves the copy, and an event that finds no room in
+//! flight waits for it as long as the grace (ended the same way after); meanwhile the
+//! bus keeps what is published after it, counted.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -17,7 +23,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_stream::{Stream, StreamExt};
 use tonic::Status;
 
-use super::hub::{BUS_CAPACITY, Hub};
+use super::hub::{BUS_CAPACITY, Hub, Published};
 use super::outbound::{self, Buffer};
 use super::pb;
 use crate::store::Reservation;
@@ -57,7 +63,7 @@ pub fn run(hub: &Arc<Hub>, only: String) -> WatchStream {
                 () = tx.closed() => return,
                 received = bus.recv() => received,
             };
-            let event = match received {
+            let published = match received {
                 Ok(e) => e,
                 Err(broadcast::error::RecvError::Closed) => return,
                 Err(broadcast::error::RecvError::Lagged(n)) => {
@@ -68,6 +74,7 @@ pub fn run(hub: &Arc<Hub>, only: String) -> WatchStream {
                     return;
                 }
             };
+            let event = &published.session_event;
             if event.event.is_none() {
                 // The session was deleted (`Hub::gone`): its own watchers end, after what
                 // they were sent before; a watcher of every session reads on.
@@ -82,24 +89,34 @@ pub fn run(hub: &Arc<Hub>, only: String) -> WatchStream {
             if !only.is_empty() && event.session_id != only {
                 continue;
             }
-            let bytes = u64::try_from(event.encoded_len()).unwrap_or(u64::MAX);
-            let room = tokio::select! {
-                biased;
-                () = tx.closed() => return, // the watcher hung up while waiting
-                room = reserve_within(&ledger, bytes, grace) => room,
-            };
-            let held = match room {
-                Ok(held) => held,
-                Err(e) => {
-                    crate::telemetry::rejected(tonic::Code::ResourceExhausted);
-                    let _ = end_tx.send(Status::resource_exhausted(format!(
-                        "{e}; watcher dropped, subscribe again"
-                    )));
-                    return;
+            let item = match Arc::try_unwrap(published) {
+                // The last copy: taken over, counted as the bus counted it.
+                Ok(Published {
+                    session_event,
+                    counted,
+                }) => (session_event, counted),
+                Err(shared) => {
+                    let event = &shared.session_event;
+                    let bytes = u64::try_from(event.encoded_len()).unwrap_or(u64::MAX);
+                    let room = tokio::select! {
+                        biased;
+                        () = tx.closed() => return, // the watcher hung up while waiting
+                        room = reserve_within(&ledger, bytes, grace) => room,
+                    };
+                    match room {
+                        Ok(held) => (event.clone(), held),
+                        Err(e) => {
+                            crate::telemetry::rejected(tonic::Code::ResourceExhausted);
+                            let _ = end_tx.send(Status::resource_exhausted(format!(
+                                "{e}; watcher dropped, subscribe again"
+                            )));
+                            return;
+                        }
+                    }
                 }
             };
             // A full buffer means the watcher is not reading: drop it, never wait.
-            match tx.try_send(((*event).clone(), held)) {
+            match tx.try_send(item) {
                 Ok(()) => {}
                 Err(mpsc::error::TrySendError::Full(_)) => {
                     let status =
@@ -163,10 +180,13 @@ mod tests {
     use crate::server::hub::CompactionConfig;
     use crate::store::{Limits, Store};
 
-    /// A hub over an 8 MiB budget with a slow-reader grace of `grace`, one watcher of it,
-    /// and a reservation (another reply) holding the whole in-flight share while an event
-    /// is published.
-    fn watcher_without_room(grace: Duration) -> (Arc<Hub>, WatchStream, Reservation) {
+    /// A second reader of the bus that reads nothing: a watcher must copy every event.
+    type Other = broadcast::Receiver<Arc<Published>>;
+
+    /// A hub over an 8 MiB budget with a slow-reader grace of `grace`, one watcher of it
+    /// and another reader of its bus (so the watcher copies the event), and a reservation
+    /// (another reply) holding the whole in-flight share while an event is published.
+    fn watcher_without_room(grace: Duration) -> (Arc<Hub>, WatchStream, Reservation, Other) {
         let limits = Limits {
             memory_budget: 8 << 20,
             ..Limits::default()
@@ -176,13 +196,14 @@ mod tests {
         hub.slow_reader_grace = grace;
         let hub = Arc::new(hub);
         let events = run(&hub, String::new());
+        let other = hub.bus.subscribe();
         let share = store.ledger().in_flight_limit();
         let held = store.ledger().reserve(share, "replies").expect("the share");
         hub.publish(
             "s",
             pb::session_event::Event::Overflow(pb::OverflowCheck::default()),
         );
-        (hub, events, held)
+        (hub, events, held, other)
     }
 
     /// A watcher whose event finds the in-flight share full for a moment (a large reply
@@ -191,7 +212,7 @@ mod tests {
     #[tokio::test]
     async fn a_moment_without_room_in_flight_delays_the_event_not_the_watcher() {
         let grace = crate::server::hub::DEFAULT_SLOW_READER_GRACE;
-        let (_hub, mut events, held) = watcher_without_room(grace);
+        let (_hub, mut events, held, _other) = watcher_without_room(grace);
         tokio::time::sleep(Duration::from_millis(100)).await;
         drop(held);
         let event = tokio::time::timeout(Duration::from_secs(5), events.next())
@@ -203,16 +224,60 @@ mod tests {
         assert_eq!(event.session_id, "s");
     }
 
+    /// A `pruned` event of about 1 MB published while a watcher waits for room (another
+    /// client's unread reply holds the in-flight share) is counted in flight from its
+    /// publication: the bus keeps it, and every event published after it, until the
+    /// watcher takes it. Then the watcher, its last reader, takes it over with its count
+    /// (no copy), and it is given back once the client read it. Before, the bus's events
+    /// were counted nowhere: in flight stayed at the share.
+    #[tokio::test]
+    async fn an_event_the_bus_keeps_is_counted_in_flight_until_read() {
+        let (hub, mut events, held, other) = watcher_without_room(Duration::from_secs(60));
+        let ledger = hub.store.ledger().clone();
+        let share = held.bytes();
+        let part = pb::PrunedPart {
+            part_id: "p".repeat(1_000),
+            ..Default::default()
+        };
+        let report = pb::PruneReport {
+            parts: vec![part; 1_000],
+            ..Default::default()
+        };
+        hub.publish("s", pb::session_event::Event::Pruned(report));
+        let counted = ledger.in_flight();
+        assert!(
+            counted >= share + 1_000_000,
+            "the event is counted at once: {counted} in flight beside a share of {share}"
+        );
+        // The other reader leaves, and the reply holding the share is read.
+        drop((other, held));
+        for kind in ["overflow", "pruned"] {
+            let event = tokio::time::timeout(Duration::from_secs(5), events.next())
+                .await
+                .unwrap_or_else(|_| panic!("the {kind} event within 5 s"));
+            assert!(matches!(event, Some(Ok(_))), "{kind}: {event:?}");
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while ledger.in_flight() != 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "still {} bytes in flight 5 s after both events were read",
+                ledger.in_flight()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// A watcher that hangs up while its event waits for room ends then, not at the end
     /// of the grace: its task stops counting in `compactd_watchers` at once.
     #[tokio::test]
     async fn a_watcher_that_hangs_up_while_waiting_for_room_ends_at_once() {
-        let (hub, events, _held) = watcher_without_room(Duration::from_secs(60));
+        let (hub, events, _held, _other) = watcher_without_room(Duration::from_secs(60));
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert_eq!(hub.bus.receiver_count(), 1, "the watcher waits for room");
+        assert_eq!(hub.bus.receiver_count(), 2, "the watcher waits for room");
         drop(events);
         let ended = tokio::time::timeout(Duration::from_secs(5), async {
-            while hub.bus.receiver_count() > 0 {
+            while hub.bus.receiver_count() > 1 {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         })
