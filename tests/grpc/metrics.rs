@@ -642,6 +642,77 @@ async fn stream_events_left_untaken_for_the_grace_are_dropped_and_free_the_share
     );
 }
 
+/// A `Stream` client that asks for two large contexts and reads nothing cannot hold them
+/// outside the budget: what the response body has not handed to HTTP/2 yet (all but a
+/// couple of 64 KiB pieces) stays counted in flight, and once no piece moved for
+/// `--slow-reader-grace-secs` it is dropped (the call still open) and the client reading
+/// on finds the call ended RESOURCE_EXHAUSTED after what HTTP/2 had taken. Before, tonic
+/// handed each event to hyper whole: HTTP/2's send buffer kept the first, hyper the
+/// second, the stream's own buffer was empty, so in flight fell to 0 at once and nothing
+/// ever freed them while the client answered pings (six such streams held 2.4 GB of a
+/// 200 MB context past a 2 GiB budget).
+#[tokio::test]
+async fn stream_events_handed_to_http2_unread_stay_counted_until_the_grace() {
+    use prost::Message as _;
+    let bin = with_metrics_and_a_short_grace();
+    let metrics = bin.metrics.clone().expect("metrics address");
+    let _c = big_session(&bin).await;
+    assert_eq!(in_flight_until(&metrics, |b| b == 0.0).await, 0.0);
+    let updates = (1..=2u64)
+        .map(|seq| {
+            pb::ClientUpdate {
+                seq,
+                session_id: "big".into(),
+                update: Some(pb::client_update::Update::GetContext(
+                    pb::ContextOptions::default(),
+                )),
+            }
+            .encode_to_vec()
+        })
+        .collect();
+    let (_send, mut recv) = unread_call(&bin.addr, "/compactd.v1.Sessions/Stream", updates).await;
+    let held = in_flight_until(&metrics, |b| b >= 1_000_000.0).await;
+    assert!(
+        held >= 1_000_000.0,
+        "the unread contexts are counted: {held}"
+    );
+    // A fifth of the grace later, once both contexts reached the response body.
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let still = metric(&scrape(&metrics).await, "compactd_bytes_in_flight");
+    assert!(
+        still >= 1_000_000.0,
+        "what HTTP/2 has not taken stays counted: {still}"
+    );
+    let after = in_flight_until(&metrics, |b| b == 0.0).await;
+    assert_eq!(
+        after, 0.0,
+        "given back after the grace, the call still open"
+    );
+    // Reading on: what HTTP/2 had taken, then the call's end.
+    let mut read = 0usize;
+    let end = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while let Some(chunk) = recv.data().await {
+            let Ok(chunk) = chunk else { return None };
+            read += chunk.len();
+            let _ = recv.flow_control().release_capacity(chunk.len());
+        }
+        recv.trailers().await.ok().flatten()
+    })
+    .await
+    .expect("the call ends");
+    let trailers = end.expect("trailers with a status");
+    let status = tonic::Status::from_header_map(&trailers).expect("a status");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().contains("seq 1 and later"),
+        "names the seq of the event cut short: {status:?}"
+    );
+    assert!(
+        read < 1_000_000,
+        "only what HTTP/2 had taken arrives: {read}"
+    );
+}
+
 /// A `Compact` caller that reads none of its events for the grace is given up on (its
 /// compaction cancelled, so nothing else waits on it); reading on, it finds the call
 /// ended RESOURCE_EXHAUSTED. Before, the call ended cleanly (grpc-status 0) without the
