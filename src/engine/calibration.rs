@@ -278,6 +278,12 @@ impl Calibration {
         self.observations
     }
 
+    /// Where the factors are pulled toward: the store gives a session its model's prior
+    /// only when it is not this one already.
+    pub fn prior(&self) -> Factors {
+        self.prior
+    }
+
     /// Starts from `prior` (what other sessions of the model learned) where this session
     /// has learned nothing yet of its own.
     pub fn set_prior(&mut self, prior: Factors) {

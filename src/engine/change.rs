@@ -1,9 +1,10 @@
 //! The changes a session goes through, as values: what the durable store logs between two
 //! snapshots and replays, through [`Session::perform`], to rebuild a session exactly.
 //!
-//! These four are every mutation the server makes ([`crate::engine::step`] for each
-//! update, a committed prune, the outcome of a compaction, its commit), and `perform` is
-//! the one place they are dispatched, so the live path and the replay cannot drift apart.
+//! These five are every mutation the server makes ([`crate::engine::step`] for each
+//! update, a committed prune, the outcome of a compaction, its commit, the calibration
+//! prior the store gives a session of a model), and `perform` is the one place they are
+//! dispatched, so the live path and the replay cannot drift apart.
 //! Everything a change depends on comes in with it (the host time `now_ms`, the
 //! summary, the ids): replaying the same changes in order on the same state gives the
 //! same session, provided the same [`EngineConfig`] (a `Configure` update resolves the
@@ -17,6 +18,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::calibration::Factors;
 use super::compaction::{CommitIds, Committed, CompactionError, CompactionPlan, SummaryOutcome};
 use super::error::ApplyError;
 use super::prune::{PruneMode, PruneReport};
@@ -66,6 +68,14 @@ pub enum Change {
         /// Host time of the commit.
         now_ms: i64,
     },
+    /// Where the calibration starts from, what sessions of the session's model taught
+    /// the store (which the log does not hold): `session.set_calibration_prior(factors)`.
+    /// Logged when a new model or tokenizer took the session's calibration back to
+    /// NEUTRAL, so a rebuild predicts with the prior the live session had.
+    CalibrationPrior {
+        /// The prior's factors.
+        factors: Factors,
+    },
 }
 
 impl Change {
@@ -76,6 +86,7 @@ impl Change {
             Change::Prune { .. } => "prune",
             Change::RecordCompaction { .. } => "record_compaction",
             Change::CommitCompaction { .. } => "commit_compaction",
+            Change::CalibrationPrior { .. } => "calibration_prior",
         }
     }
 }
@@ -92,6 +103,8 @@ pub enum Performed {
     RecordCompaction(bool),
     /// What the commit recorded, or why it was refused.
     CommitCompaction(Result<Committed, CompactionError>),
+    /// The prior is set.
+    CalibrationPrior,
 }
 
 impl Performed {
@@ -102,7 +115,9 @@ impl Performed {
     pub fn changed(&self) -> bool {
         match self {
             Performed::Step(r) => r.is_ok(),
-            Performed::Prune(_) | Performed::RecordCompaction(_) => true,
+            Performed::Prune(_) | Performed::RecordCompaction(_) | Performed::CalibrationPrior => {
+                true
+            }
             Performed::CommitCompaction(r) => r.is_ok(),
         }
     }
@@ -120,7 +135,7 @@ impl Session {
         performed
     }
 
-    /// Performs `change`: the one place the four mutations are dispatched, live and on
+    /// Performs `change`: the one place the five mutations are dispatched, live and on
     /// replay alike. A store encodes the change before performing it (the change is
     /// consumed) and logs it when [`Performed::changed`].
     pub fn perform(&mut self, change: Change, config: &EngineConfig) -> Performed {
@@ -138,6 +153,10 @@ impl Session {
             } => Performed::CommitCompaction(
                 self.commit_compaction(&plan, &outcome, &ids, now_ms, config),
             ),
+            Change::CalibrationPrior { factors } => {
+                self.set_calibration_prior(factors);
+                Performed::CalibrationPrior
+            }
         }
     }
 }

@@ -1233,13 +1233,10 @@ impl Actor {
         })
         .await;
         match rebuilt {
-            Ok(Ok(mut r)) if r.incarnation == incarnation && r.seq == expected => {
+            Ok(Ok(r)) if r.incarnation == incarnation && r.seq == expected => {
                 if let Some(locked) = lock_cell(&self.me).as_mut() {
                     // The same value as before the job: a compaction planned on it commits.
-                    r.session.resume_generation(locked.session.generation());
-                    locked.session = r.session;
-                    locked.cache.clear();
-                    locked.account(&self.me.published);
+                    locked.rebuilt(r.session, &self.me.published);
                 }
                 tracing::warn!("the session was rebuilt from the disk after a panic");
             }
@@ -1282,17 +1279,14 @@ impl Actor {
         })
         .await;
         match loaded {
-            Ok(Ok(Some(mut r))) if r.incarnation == j.d.incarnation => {
+            Ok(Ok(Some(r))) if r.incarnation == j.d.incarnation => {
                 j.d.seq = r.seq;
                 j.d.log_bytes = r.log_bytes;
                 j.d.snapshot_bytes = r.snapshot_bytes;
                 if let Some(locked) = lock_cell(&self.me).as_mut() {
                     // The same session, short of the refused change: a compaction running
                     // on it still commits.
-                    r.session.resume_generation(locked.session.generation());
-                    locked.session = r.session;
-                    locked.cache.clear();
-                    locked.account(&self.me.published);
+                    locked.rebuilt(r.session, &self.me.published);
                 }
             }
             other => {

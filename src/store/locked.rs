@@ -13,7 +13,7 @@ use std::sync::{Arc, Weak};
 use super::tx::Tx;
 use super::{Ledger, Limits, Shared, over_high_water};
 use crate::config::EngineConfig;
-use crate::engine::{ContextCache, Session};
+use crate::engine::{Change, ContextCache, Session};
 use crate::tokens::Counting;
 
 /// The session and everything a job changes beside it.
@@ -103,7 +103,11 @@ impl Locked {
             .set_byte_limit(self.limits.byte_limit(own, total));
         let r = {
             let mut tx = Tx::new(&mut self.session, &mut self.cache, &self.config, log);
-            job(&mut tx, &self.config)
+            let r = job(&mut tx, &self.config);
+            // In the job's transaction: the prior is logged in the same batch as the
+            // `Configure` that called for it.
+            give_prior(&mut tx, &mut self.calibrated_as, &mut self.shared_at, store);
+            r
         };
         self.account(published);
         self.share_calibration(store);
@@ -138,21 +142,21 @@ impl Locked {
         }
     }
 
+    /// Puts `rebuilt`, the session as the disk has it, in place of the one in memory
+    /// (after a panicking job or a refused commit): the same value, so a compaction
+    /// planned on it still commits. Its calibration resets are counted from its own
+    /// build, so a `Configure` replayed is not taken for a new one.
+    pub fn rebuilt(&mut self, mut rebuilt: Session, published: &Published) {
+        rebuilt.resume_generation(self.session.generation());
+        self.calibrated_as = rebuilt.calibration_resets();
+        self.session = rebuilt;
+        self.cache.clear();
+        self.account(published);
+    }
+
     /// Gives the model's priors what a usage report just taught (a check per job; the
-    /// lock only when the calibration learned something), and a session whose model or
-    /// tokenizer changed the new key's prior.
+    /// lock only when the calibration learned something).
     fn share_calibration(&mut self, store: &Weak<Shared>) {
-        let resets = self.session.calibration_resets();
-        if resets != self.calibrated_as {
-            // Another model or tokenizer: the session starts from what its sessions
-            // learned, and shares what it learns under its new key.
-            self.calibrated_as = resets;
-            self.shared_at = 0;
-            if let (Some(key), Some(store)) = (self.session.prior_key(), store.upgrade()) {
-                let prior = store.priors().prior(&key);
-                self.session.set_calibration_prior(prior);
-            }
-        }
         let seen = self.session.calibration().observations();
         if seen == self.shared_at {
             return;
@@ -161,6 +165,22 @@ impl Locked {
         if let (Some(key), Some(store)) = (self.session.prior_key(), store.upgrade()) {
             store.learned(&key, self.session.calibration());
         }
+    }
+}
+
+/// Gives a session whose model or tokenizer the job changed (its calibration back at
+/// NEUTRAL) what sessions of the new key taught the store, as a logged change: a session
+/// rebuilt from the disk replays it after the `Configure`, and starts from the same prior.
+fn give_prior(tx: &mut Tx<'_>, calibrated_as: &mut u32, shared_at: &mut u32, store: &Weak<Shared>) {
+    let resets = tx.calibration_resets();
+    if resets == *calibrated_as {
+        return;
+    }
+    // It shares what it learns under its new key from now on.
+    *calibrated_as = resets;
+    *shared_at = 0;
+    if let Some(factors) = store.upgrade().and_then(|s| s.prior_for(tx)) {
+        tx.perform(Change::CalibrationPrior { factors });
     }
 }
 

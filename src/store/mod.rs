@@ -40,7 +40,7 @@ use tokio::time::Instant;
 use crate::config::EngineConfig;
 use crate::domain::{FastMap, FastSet, SessionInfo};
 use crate::engine::Generation;
-use crate::engine::calibration::ModelPriors;
+use crate::engine::calibration::{Factors, ModelPriors};
 use crate::engine::encode_session;
 use crate::engine::{ByteLimit, Session};
 
@@ -393,6 +393,24 @@ impl Shared {
     /// The per-model calibration priors (a poisoned lock still holds valid factors).
     fn priors(&self) -> std::sync::MutexGuard<'_, ModelPriors> {
         self.priors.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The prior `session` is to start from, when it is not the one it has: what
+    /// sessions of its model (and tokenizer) taught the store. The one place that decides
+    /// it, for a new or imported session (set before its first snapshot) and for one a
+    /// `Configure` gave another model (logged, `Locked::run`).
+    pub(super) fn prior_for(&self, session: &Session) -> Option<Factors> {
+        let key = session.prior_key()?;
+        let prior = self.priors().prior(&key);
+        (prior != session.calibration().prior()).then_some(prior)
+    }
+
+    /// Starts a session not yet written from its model's prior ([`Self::prior_for`]):
+    /// its first snapshot, the `Create`, then holds it.
+    fn start_from_prior(&self, session: &mut Session) {
+        if let Some(prior) = self.prior_for(session) {
+            session.set_calibration_prior(prior);
+        }
     }
 
     /// Takes what a session learned about its model's token estimates.
@@ -792,10 +810,7 @@ impl Store {
             Err(e) => return Err(e),
         }
         let mut session = Session::new(info, &self.config);
-        if let Some(key) = session.prior_key() {
-            let prior = self.shared.priors().prior(&key);
-            session.set_calibration_prior(prior);
-        }
+        self.shared.start_from_prior(&mut session);
         self.admit_evicting(session.held_bytes(), 0).await?;
         let id = session.info().id.clone();
         let created = {
@@ -899,13 +914,15 @@ impl Store {
             })
     }
 
-    /// Adds a fully built session (from an import). Fails when the id is taken (in
-    /// memory or on disk) unless `replace` is set.
+    /// Adds a fully built session (from an import), started from its model's prior as
+    /// an opened one is. Fails when the id is taken (in memory or on disk) unless
+    /// `replace` is set.
     pub async fn insert(
         &self,
-        session: Session,
+        mut session: Session,
         replace: bool,
     ) -> Result<SessionHandle, StoreError> {
+        self.shared.start_from_prior(&mut session);
         let id = session.info().id.clone();
         let freed = {
             let map = self.read();

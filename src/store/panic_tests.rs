@@ -6,8 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::durable_tests::{durable, feed, info, observed, turn};
+use super::tests::{factors, of_model, taught};
 use super::*;
 use crate::engine::Update;
+use crate::engine::calibration::Factors;
 use crate::store::sqlite::Sqlite;
 
 /// A job that changes the session, then panics, as a bug in the engine would.
@@ -106,4 +108,76 @@ async fn a_session_in_memory_whose_job_panics_on_its_actor_opens_afresh() {
     assert!(created, "a new session: memory held the only copy");
     let messages = again.call(|s, _| s.messages().len()).await.expect("served");
     assert_eq!(messages, 0);
+}
+
+/// Session `id` as [`info`] has it, of the model [`taught`] taught the store.
+fn of_taught_model(id: &str) -> crate::domain::SessionInfo {
+    crate::domain::SessionInfo {
+        model: of_model(id, "claude-sonnet-4-5").model,
+        ..info(id)
+    }
+}
+
+/// Session "b", opened with no model and then told the model [`taught`] taught the store
+/// (as the OpenCode plugin does once it learns it): it starts from that model's prior.
+async fn told_its_model_after_opening(store: &Store) -> (SessionHandle, Factors) {
+    let (_taught, learned) = taught(store).await;
+    let (b, _) = store.open(info("b")).await.expect("open");
+    let told = Update::Configure(of_taught_model("b"));
+    b.call(move |tx, _| tx.step(told, 0).map(|_| ()))
+        .await
+        .expect("served")
+        .expect("configured");
+    assert_eq!(factors(&b).await, learned, "live: the model's prior");
+    (b, learned)
+}
+
+/// The prior a session was given when a `Configure` named its model is part of what
+/// the disk holds of it. Found in review: the store set it outside the log, so a session
+/// rebuilt after a panicking job replayed the `Configure` and went back to NEUTRAL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_rebuilt_after_a_panic_keeps_the_prior_its_model_gave_it() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = durable(dir.path(), Limits::default(), 0);
+    let (b, learned) = told_its_model_after_opening(&store).await;
+    panic_in(&b).await;
+    let (again, created) = store.open(info("b")).await.expect("reachable");
+    assert!(!created);
+    assert_eq!(factors(&again).await, learned, "rebuilt as it was");
+    store.close().await;
+}
+
+/// The same across a restart: the reopened store has learned nothing of the model, and
+/// the session still predicts with the prior it was given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_loaded_after_a_restart_keeps_the_prior_its_model_gave_it() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = durable(dir.path(), Limits::default(), 0);
+    let (_b, learned) = told_its_model_after_opening(&store).await;
+    store.close().await;
+    let reopened = durable(dir.path(), Limits::default(), 0);
+    let h = reopened.get("b").await.expect("on disk");
+    assert_eq!(factors(&h).await, learned);
+    reopened.close().await;
+}
+
+/// An imported session of a model starts from its prior, as one opened does, and keeps
+/// it across a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_imported_session_starts_from_its_models_prior() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = durable(dir.path(), Limits::default(), 0);
+    let (_taught, learned) = taught(&store).await;
+    let config = EngineConfig::default();
+    let mut imported = Session::new(of_taught_model("i"), &config);
+    for u in turn(0, 2, 1_000) {
+        imported.apply(u, &config).expect("applied");
+    }
+    let h = store.insert(imported, false).await.expect("imported");
+    assert_eq!(factors(&h).await, learned);
+    store.close().await;
+    let reopened = durable(dir.path(), Limits::default(), 0);
+    let h = reopened.get("i").await.expect("on disk");
+    assert_eq!(factors(&h).await, learned);
+    reopened.close().await;
 }

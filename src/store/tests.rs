@@ -175,7 +175,7 @@ async fn an_evicted_session_gives_its_bytes_back() {
 }
 
 /// `id` of `model_id` (provider "anthropic").
-fn of_model(id: &str, model_id: &str) -> SessionInfo {
+pub(super) fn of_model(id: &str, model_id: &str) -> SessionInfo {
     SessionInfo {
         model: Some(crate::domain::ModelRef {
             provider_id: "anthropic".into(),
@@ -186,7 +186,7 @@ fn of_model(id: &str, model_id: &str) -> SessionInfo {
 }
 
 /// The session's calibration factors.
-async fn factors(h: &SessionHandle) -> crate::engine::calibration::Factors {
+pub(super) async fn factors(h: &SessionHandle) -> crate::engine::calibration::Factors {
     h.call(|tx, _| tx.calibration().factors())
         .await
         .expect("served")
@@ -199,7 +199,7 @@ async fn opened(store: &Store, id: &str, model_id: &str) -> SessionHandle {
 
 /// Session "a" of claude-sonnet-4-5, taught by its reports that its provider counts
 /// 1.6x what it estimates of tool output; and the factors it learned.
-async fn taught(store: &Store) -> (SessionHandle, crate::engine::calibration::Factors) {
+pub(super) async fn taught(store: &Store) -> (SessionHandle, crate::engine::calibration::Factors) {
     let first = opened(store, "a", "claude-sonnet-4-5").await;
     reports_counting_tool_output_more(&first, "m", 6).await;
     let learned = factors(&first).await;

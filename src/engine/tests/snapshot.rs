@@ -424,6 +424,14 @@ fn scenario() -> Vec<Change> {
             _ => push(&mut live, Change::Prune { now_ms: t + 8 }),
         }
     }
+    // The prior the store gives a session its model's sessions taught (after the
+    // fixture's point, which it leaves as it was).
+    push(
+        &mut live,
+        Change::CalibrationPrior {
+            factors: [1.6, 0.9, 1.1, 1.0, 0.5],
+        },
+    );
     changes
 }
 
