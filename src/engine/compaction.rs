@@ -123,9 +123,9 @@ impl CompactionPlan {
 struct HeldIds {
     generation: Generation,
     head: Vec<String>,
-    /// What the host had last changed of each head message ([`super::stored::Message::edit`]),
-    /// in the build of the messages `edit_epoch` names.
+    /// What the host had last changed of each head message ([`super::stored::Message::edit`]).
     edits: Vec<u64>,
+    /// The session's edit clock when planned: every later edit's stamp is larger.
     edit_epoch: u64,
     tail_start: Option<String>,
 }
@@ -393,16 +393,13 @@ impl Session {
             ));
         }
         // A summarized message the host wrote to meanwhile: the summary holds it as it
-        // was, and the commit would send the change to no later request. Comparable only
-        // within one build of the messages: one the store reloaded as the same value (sent
-        // cold, rebuilt by its actor) has new edits and is checked by ids as before.
-        let edits = held
-            .filter(|h| h.edit_epoch == self.edit_epoch())
-            .map(|h| h.edits.iter().zip(&plan.head));
-        if let Some((_, &i)) = edits
-            .into_iter()
-            .flatten()
-            .find(|&(&edit, &i)| edit != self.edit_of(i))
+        // was, and the commit would send the change to no later request. A session the
+        // store loaded back as the same value (sent cold, rebuilt by its actor) was given
+        // back what it knew of its edits, and one whose stamp that forgot counts as
+        // changed unless nothing forgotten came after the plan.
+        if let Some(h) = held
+            && let Some((_, &i)) = (h.edits.iter().zip(&plan.head))
+                .find(|&(&edit, &i)| self.changed_since(i, edit, h.edit_epoch))
         {
             return Err(CompactionError::Stale(format!(
                 "message {} changed after the summary began",

@@ -17,6 +17,7 @@ mod change;
 mod compaction;
 mod context;
 mod context_cache;
+mod edits;
 mod error;
 mod estimate;
 mod footprint;
@@ -54,6 +55,7 @@ pub use compaction::{
 };
 pub use context::{ContextView, NativeContext, OpenAiContext};
 pub use context_cache::ContextCache;
+pub use edits::RECENT_EDITS;
 pub use error::{ApplyError, ErrorKind};
 pub use estimate::{PartEstimate, counted_texts, estimate};
 pub use footprint::ByteLimit;
@@ -68,7 +70,7 @@ pub use recall::{
     recall_tool_json,
 };
 pub(crate) use render::Reading;
-pub use session::{Generation, Session};
+pub use session::{Generation, Resume, Session};
 pub use snapshot::{
     Document, SNAPSHOT_FORMAT, SnapshotError, decode_change, decode_session, encode_change,
     encode_session,

@@ -17,6 +17,7 @@ use super::auto::AutoState;
 use super::calibration::{
     Anchor, Calibration, Class, Factors, PredictionSample, prompt_tokens, tool_class,
 };
+use super::edits::Edits;
 use super::error::ApplyError;
 use super::estimate::{PartEstimate, estimate, estimate_over};
 use super::footprint::{
@@ -159,11 +160,11 @@ pub struct Session {
     /// the same value; new for a session created, imported or loaded anew): a compaction
     /// planned on another value is stale.
     generation: Generation,
-    /// Which build of the session's messages this is: new when it is created, imported
-    /// or loaded (a load replays its log, and nothing stores `Message::edit`), kept by a
-    /// copy. A session the store resumes as its old generation is another build: a
-    /// compaction planned before compares the head's edits only within one build.
-    edit_epoch: u64,
+    /// The host's edits beyond each message's stamp: the edit clock, the latest edited
+    /// messages (`edits.rs`). Not stored (nor is `Message::edit`): kept by a copy, and
+    /// by a session the store loads back as the same value ([`Session::resume`],
+    /// [`Session::resume_from`]), so a compaction planned before still sees a change.
+    edits: Edits,
     /// True while [`Session::replay`] performs a logged change: what was admitted once is
     /// not refused again by an admission limit the server's flags have lowered since.
     pub(super) replaying: bool,
@@ -186,6 +187,16 @@ impl Generation {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         Generation(NEXT.fetch_add(1, Ordering::Relaxed))
     }
+}
+
+/// What the store keeps of a session it sends cold, so that loading it back gives the
+/// same value ([`Session::to_resume`], [`Session::resume`]): its [`Generation`] and,
+/// bounded, the host's edits of its messages (a compaction planned before sees them).
+/// Small and `Copy`: kept for every cold session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resume {
+    generation: Generation,
+    edits: Edits,
 }
 
 impl std::fmt::Display for Generation {
@@ -219,7 +230,7 @@ impl Clone for Session {
             requests,
             part_index,
             generation,
-            edit_epoch,
+            edits,
             replaying: _,
         } = self;
         let mut messages = messages.clone();
@@ -246,7 +257,7 @@ impl Clone for Session {
             requests: *requests,
             part_index: part_index.clone(),
             generation: *generation,
-            edit_epoch: *edit_epoch,
+            edits: *edits,
             replaying: false,
         }
     }
@@ -317,7 +328,7 @@ impl Serialize for Session {
             requests,
             part_index: _,
             generation: _,
-            edit_epoch: _,
+            edits: _,
             replaying: _,
         } = self;
         let mut parents: Vec<(&String, &usize)> = completed_parents.iter().collect();
@@ -373,7 +384,7 @@ impl Session {
             requests: RequestLog::default(),
             part_index: PartIndex::default(),
             generation: Generation::next(),
-            edit_epoch: Revision::next(),
+            edits: Edits::default(),
             replaying: false,
         }
     }
@@ -472,7 +483,7 @@ impl Session {
             requests,
             part_index,
             generation: Generation::next(),
-            edit_epoch: Revision::next(),
+            edits: Edits::default(),
             replaying: false,
         })
     }
@@ -553,9 +564,61 @@ impl Session {
     /// Takes `generation` back: a session loaded from disk in the process that sent it
     /// there (evicted for memory or idleness), or rebuilt from it by its actor (after a
     /// refused commit or a panicking job), is the value it was, so a compaction planned
-    /// before still commits on it.
+    /// before still commits on it. Without the edits ([`Session::resume`] carries them)
+    /// an edit made before is not known: only those made since are compared.
     pub fn resume_generation(&mut self, generation: Generation) {
         self.generation = generation;
+    }
+
+    /// What the store keeps beside a session it sends cold to load it back as this value
+    /// ([`Session::resume`]): its generation and, bounded, its edits.
+    pub fn to_resume(&self) -> Resume {
+        Resume {
+            generation: self.generation,
+            edits: self.edits.carried(),
+        }
+    }
+
+    /// Takes back what [`Session::to_resume`] kept of the value this session was loaded
+    /// as: its generation, the stamps of its latest edits and a bound on the others', so
+    /// a compaction planned before it went cold sees what the host changed meanwhile.
+    pub fn resume(&mut self, from: Resume) {
+        self.generation = from.generation;
+        let messages = &mut self.messages;
+        // A message its log changed again as it loaded (none for a session that went
+        // cold: it wrote a snapshot first) keeps that newer stamp.
+        let carried = from
+            .edits
+            .retain(|msg| messages.get(msg).is_some_and(|m| m.edit == 0));
+        for &(msg, stamp) in carried.recent() {
+            if let Some(m) = messages.get_mut(msg) {
+                m.edit = stamp;
+            }
+        }
+        self.edits = carried.then(&self.edits);
+    }
+
+    /// Takes the place of `old`, the same session in memory, as a copy the store rebuilt
+    /// from the disk (after a panicking job or a refused commit): its generation, and
+    /// each message's edit stamp where the message holds what `old`'s does (one the
+    /// rebuild changed, a change undone, counts as edited). O(the session's content),
+    /// as the rebuild.
+    pub fn resume_from(&mut self, old: &Session) {
+        self.generation = old.generation;
+        let mut changed = Vec::new();
+        for (i, m) in self.messages.iter_mut().enumerate() {
+            match old.messages.get(i) {
+                Some(o) if o.same_content(m) => m.edit = o.edit,
+                _ => changed.push(i),
+            }
+        }
+        let len = self.messages.len();
+        self.edits = old
+            .edits
+            .retain(|msg| msg < len && changed.binary_search(&msg).is_err());
+        for i in changed {
+            self.edited(i);
+        }
     }
 
     /// The settings the session runs with.
@@ -967,6 +1030,7 @@ impl Session {
     fn edited(&mut self, msg: usize) {
         if let Some(m) = self.messages.get_mut(msg) {
             m.edit = Revision::next();
+            self.edits.record(msg, m.edit);
         }
     }
 
@@ -976,9 +1040,22 @@ impl Session {
         self.messages.get(msg).map_or(0, |m| m.edit)
     }
 
-    /// Which build of the messages this is (see the field): edits compare only within one.
+    /// The session's edit clock: the stamp of the host's latest edit of any message. A
+    /// compaction's plan records it (as its `edit_epoch`): every edit after the plan has
+    /// a larger stamp.
     pub(crate) fn edit_epoch(&self) -> u64 {
-        self.edit_epoch
+        self.edits.clock()
+    }
+
+    /// Whether the host changed message `msg` since a plan read it with stamp `stamp`,
+    /// the edit clock then `clock`. A message whose stamp a reload forgot (0) changed no
+    /// later than a bound: unchanged if that is no later than the plan, changed (for all
+    /// that is known) if not.
+    pub(crate) fn changed_since(&self, msg: usize, stamp: u64, clock: u64) -> bool {
+        match self.edit_of(msg) {
+            0 => self.edits.unknown_upto() > clock,
+            now => now != stamp,
+        }
     }
 
     /// The revision of message `msg` (see [`Message::rev`]); 0 past the messages.

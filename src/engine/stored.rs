@@ -24,7 +24,8 @@ pub struct Message {
     /// A value no other message state in this process has held, taken whenever the host
     /// changes what the message holds (a part written or deleted, the message sent or not
     /// sent); the engine's own marks and pins leave it. A compaction's commit compares it
-    /// with the plan's, so a summary never hides what it was not written from. Not stored.
+    /// with the plan's, so a summary never hides what it was not written from. Not stored:
+    /// 0 in a loaded message, which the store's resume gives back (`edits.rs`).
     #[serde(skip)]
     pub(crate) edit: u64,
 }
@@ -47,6 +48,18 @@ impl Message {
                     PartKind::StepStart { .. } | PartKind::Reasoning(_)
                 )
             })
+    }
+
+    /// Whether `other` holds what this message holds: the same info and parts (a part's
+    /// estimate and byte figures aside), whatever either's stamps.
+    pub(crate) fn same_content(&self, other: &Message) -> bool {
+        self.info == other.info
+            && self.parts.len() == other.parts.len()
+            && self
+                .parts
+                .iter()
+                .zip(&other.parts)
+                .all(|(a, b)| a.part == b.part)
     }
 }
 

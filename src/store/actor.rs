@@ -1437,9 +1437,8 @@ impl Actor {
             if let Some(j) = &self.journal {
                 map.cold.insert(id.to_string());
                 if let Some(locked) = cell.as_ref() {
-                    let generation = locked.session.generation();
-                    map.resume
-                        .insert(id.to_string(), (j.d.incarnation, generation));
+                    let resume = locked.session.to_resume();
+                    map.resume.insert(id.to_string(), (j.d.incarnation, resume));
                 }
             }
             drop(cell);

@@ -313,6 +313,94 @@ async fn a_session_loaded_back_keeps_its_generation_and_a_replacement_does_not()
     assert_ne!(generation(h).await, first, "imported over: another value");
 }
 
+/// Two turns fed to `h`, and a compaction of everything they hold planned on it.
+pub(super) async fn planned_after_two_turns(h: &SessionHandle) -> crate::engine::CompactionPlan {
+    use crate::engine::{CompactionRequest, TailOptions};
+    feed(h, turn(0, 2, 2_000)).await;
+    feed(h, turn(1, 1, 2_000)).await;
+    let request = CompactionRequest {
+        tail: TailOptions {
+            turns: 0,
+            max_tokens: 0,
+        },
+        auto: false,
+        overflow: false,
+    };
+    h.call(move |s, _| s.plan_compaction(request))
+        .await
+        .expect("served")
+        .expect("planned")
+}
+
+/// What committing `plan` on `h`, with a summary, answers.
+pub(super) async fn commit_planned(
+    h: &SessionHandle,
+    plan: crate::engine::CompactionPlan,
+) -> Result<crate::engine::Committed, crate::engine::CompactionError> {
+    let outcome = crate::engine::SummaryOutcome {
+        text: "what happened".into(),
+        usage: None,
+        cost: 0.0,
+        model: None,
+    };
+    let ids = crate::engine::CommitIds {
+        prefix: "cmp1".into(),
+    };
+    h.call(move |tx, _| tx.commit_compaction(plan, outcome, ids, NOW))
+        .await
+        .expect("served")
+}
+
+/// A compaction planned on session "s", then `meanwhile` on it (none: the host wrote
+/// nothing), then the session sent cold and loaded back, as it may be while the summary
+/// is written; what its commit answers.
+async fn committed_after_going_cold(
+    meanwhile: Option<Update>,
+) -> Result<crate::engine::Committed, crate::engine::CompactionError> {
+    let d = tempfile::tempdir().expect("dir");
+    let store = durable(d.path(), Limits::default(), 0);
+    let (h, _) = store.open(info("s")).await.expect("open");
+    let plan = planned_after_two_turns(&h).await;
+    if let Some(u) = meanwhile {
+        feed(&h, vec![u]).await;
+    }
+    let mut evictions = idle_eviction_from_now(&store, &h, Duration::from_millis(50)).await;
+    tokio::time::timeout(Duration::from_secs(5), evictions.recv())
+        .await
+        .expect("evicted in time")
+        .expect("announced");
+    assert_eq!(store.cold_ids(), vec!["s".to_string()]);
+    drop(store.evict_idle_after(Duration::from_secs(3600)));
+    let h = store.get("s").await.expect("loaded");
+    let r = commit_planned(&h, plan).await;
+    store.close().await;
+    r
+}
+
+/// A summarized message the host changed while the summary was written, the session
+/// sent cold meanwhile: the commit is stale, as it is without the eviction. Found in
+/// review: the load took the edits as unknown, and the commit hid the host's change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_summarized_message_changed_before_the_session_went_cold_makes_the_commit_stale() {
+    let deleted = Update::DeletePart {
+        message_id: "a0".into(),
+        part_id: "a0-0".into(),
+    };
+    let r = committed_after_going_cold(Some(deleted)).await;
+    assert!(
+        matches!(r, Err(crate::engine::CompactionError::Stale(_))),
+        "{r:?}"
+    );
+    // Nothing changed, or only new messages written: the summary commits.
+    committed_after_going_cold(None)
+        .await
+        .expect("the same value, nothing summarized changed");
+    let newer = turn(2, 1, 500).remove(0);
+    committed_after_going_cold(Some(newer))
+        .await
+        .expect("a new message changes no summarized one");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_pressure_sends_sessions_cold_instead_of_refusing_them() {
     let d = tempfile::tempdir().expect("dir");

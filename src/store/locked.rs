@@ -144,10 +144,11 @@ impl Locked {
 
     /// Puts `rebuilt`, the session as the disk has it, in place of the one in memory
     /// (after a panicking job or a refused commit): the same value, so a compaction
-    /// planned on it still commits. Its calibration resets are counted from its own
-    /// build, so a `Configure` replayed is not taken for a new one.
+    /// planned on it still commits, and with its messages' edits (one the host changed
+    /// meanwhile makes that commit stale). Its calibration resets are counted from its
+    /// own build, so a `Configure` replayed is not taken for a new one.
     pub fn rebuilt(&mut self, mut rebuilt: Session, published: &Published) {
-        rebuilt.resume_generation(self.session.generation());
+        rebuilt.resume_from(&self.session);
         self.calibrated_as = rebuilt.calibration_resets();
         self.session = rebuilt;
         self.cache.clear();

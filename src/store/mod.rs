@@ -39,7 +39,7 @@ use tokio::time::Instant;
 
 use crate::config::EngineConfig;
 use crate::domain::{FastMap, FastSet, SessionInfo};
-use crate::engine::Generation;
+use crate::engine::Resume;
 use crate::engine::calibration::{Factors, ModelPriors};
 use crate::engine::encode_session;
 use crate::engine::{ByteLimit, Session};
@@ -282,9 +282,11 @@ struct Map {
     hot: FastMap<String, SessionHandle>,
     cold: FastSet<String>,
     /// Of the cold sessions this process sent cold, the incarnation each was stored under
-    /// and its [`Generation`]: loaded back as the same incarnation, it is the same value
-    /// (a compaction planned before the eviction still commits).
-    resume: FastMap<String, (u64, Generation)>,
+    /// and what makes it the same value when loaded back as that incarnation
+    /// ([`Resume`]: its [`Generation`](crate::engine::Generation), so a
+    /// compaction planned before the eviction still commits; and, bounded, the host's
+    /// edits, so one the host changed a summarized message of meanwhile does not).
+    resume: FastMap<String, (u64, Resume)>,
     /// Ids deleted under `interval` whose delete is not known written, each with the
     /// ticket of the task that writes it (`deleting.rs`).
     deleting: FastMap<String, u64>,
@@ -772,10 +774,10 @@ impl Store {
             };
         }
         let mut session = r.session;
-        if let Some((incarnation, generation)) = resume
+        if let Some((incarnation, resume)) = resume
             && incarnation == r.incarnation
         {
-            session.resume_generation(generation);
+            session.resume(resume);
         }
         let handle = self.spawn(session, durable);
         map.hot.insert(id.to_string(), handle.clone());
@@ -1202,7 +1204,7 @@ fn pressure(shared: &Arc<Shared>, ledger: &Arc<Ledger>) {
 struct Removed {
     hot: Option<SessionHandle>,
     cold: bool,
-    resume: Option<(u64, Generation)>,
+    resume: Option<(u64, Resume)>,
 }
 
 /// The session placed under `id` whose first write (its `Create`) is still in flight.

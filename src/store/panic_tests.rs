@@ -5,7 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::durable_tests::{durable, feed, info, observed, turn};
+use super::durable_tests::{
+    commit_planned, durable, feed, info, observed, planned_after_two_turns, turn,
+};
 use super::tests::{factors, of_model, taught};
 use super::*;
 use crate::engine::Update;
@@ -180,4 +182,43 @@ async fn an_imported_session_starts_from_its_models_prior() {
     let h = reopened.get("i").await.expect("on disk");
     assert_eq!(factors(&h).await, learned);
     reopened.close().await;
+}
+
+/// A compaction planned on a durable session, then `meanwhile` on it, then a job that
+/// panics (the actor rebuilds the session from the disk): what its commit answers.
+async fn committed_after_a_panic(
+    meanwhile: Option<Update>,
+) -> Result<crate::engine::Committed, crate::engine::CompactionError> {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = durable(dir.path(), Limits::default(), 0);
+    let (h, _) = store.open(info("s")).await.expect("open");
+    let plan = planned_after_two_turns(&h).await;
+    if let Some(u) = meanwhile {
+        feed(&h, vec![u]).await;
+    }
+    panic_in(&h).await;
+    let (h, created) = store.open(info("s")).await.expect("reachable");
+    assert!(!created);
+    let r = commit_planned(&h, plan).await;
+    store.close().await;
+    r
+}
+
+/// A summarized message the host changed while the summary was written, then a job that
+/// panicked: the rebuilt session still knows the change, and the commit is stale. Found
+/// in review: the rebuild gave every message a new, unknown edit, and the commit hid it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_summarized_message_changed_before_a_panic_makes_the_commit_stale() {
+    let deleted = Update::DeletePart {
+        message_id: "a0".into(),
+        part_id: "a0-0".into(),
+    };
+    let r = committed_after_a_panic(Some(deleted)).await;
+    assert!(
+        matches!(r, Err(crate::engine::CompactionError::Stale(_))),
+        "{r:?}"
+    );
+    committed_after_a_panic(None)
+        .await
+        .expect("rebuilt as it was: the summary commits");
 }

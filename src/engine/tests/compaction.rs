@@ -390,6 +390,99 @@ fn a_reloaded_session_and_a_part_sent_again_unchanged_leave_the_commit_standing(
         .expect("a part sent again unchanged changes nothing");
 }
 
+/// A summarized message the host changed while the summary was written, and the session
+/// then sent cold and loaded back as the same value (or rebuilt by its actor): the change
+/// is still seen, and the commit is stale. Found in review: the load gave the session a
+/// new edit epoch, and edits were compared only within one, so the commit went through
+/// and hid the host's change.
+#[test]
+fn a_summarized_message_changed_before_a_reload_makes_the_commit_stale() {
+    let everything = TailOptions {
+        turns: 0,
+        max_tokens: 0,
+    };
+    let mut s = session(FIXTURE);
+    let plan = s.plan_compaction(req(everything, true)).expect("plan");
+    apply(
+        &mut s,
+        Update::DeletePart {
+            message_id: "a1".into(),
+            part_id: "p1".into(),
+        },
+    );
+    let err = sent_cold_and_back(&s).commit_compaction(
+        &plan,
+        &outcome("summary"),
+        &ids(1),
+        NOW,
+        &config(),
+    );
+    assert!(matches!(err, Err(CompactionError::Stale(_))), "{err:?}");
+    // Rebuilt by its actor from the disk's copy, the same.
+    let mut rebuilt = round_trip(&s);
+    rebuilt.resume_from(&s);
+    let err = rebuilt.commit_compaction(&plan, &outcome("summary"), &ids(1), NOW, &config());
+    assert!(matches!(err, Err(CompactionError::Stale(_))), "{err:?}");
+}
+
+/// `s` encoded and decoded, as the store writes and reads it.
+fn round_trip(s: &Session) -> Session {
+    crate::engine::decode_session(&crate::engine::encode_session(s)).expect("decodes")
+}
+
+/// `s` as the store sends it cold and loads it back as the same value.
+fn sent_cold_and_back(s: &Session) -> Session {
+    let mut loaded = round_trip(s);
+    loaded.resume(s.to_resume());
+    loaded
+}
+
+/// What the edits carried across a reload keep: a compaction planned before commits
+/// when the host only wrote new messages meanwhile (up to [`crate::engine::RECENT_EDITS`]
+/// of them before the reload), and is stale, for all the session still knows, past that.
+#[test]
+fn across_a_reload_new_messages_leave_the_commit_standing_up_to_a_bound() {
+    let everything = TailOptions {
+        turns: 0,
+        max_tokens: 0,
+    };
+    let written = |n: usize| {
+        let mut s = session(FIXTURE);
+        let plan = s.plan_compaction(req(everything, true)).expect("plan");
+        for k in 0..n {
+            for u in parse(&format!("user n{k} text:n{k}t=10")) {
+                apply(&mut s, u);
+            }
+        }
+        (s, plan)
+    };
+    let (s, plan) = written(crate::engine::RECENT_EDITS);
+    let mut loaded = sent_cold_and_back(&s);
+    loaded
+        .commit_compaction(&plan, &outcome("summary"), &ids(1), NOW, &config())
+        .expect("new messages change no summarized one");
+    // Written after the reload: known exactly, however many.
+    let (s, plan) = written(0);
+    let mut loaded = sent_cold_and_back(&s);
+    for k in 0..2 * crate::engine::RECENT_EDITS {
+        for u in parse(&format!("user m{k} text:m{k}t=10")) {
+            apply(&mut loaded, u);
+        }
+    }
+    loaded
+        .commit_compaction(&plan, &outcome("summary"), &ids(1), NOW, &config())
+        .expect("what was written since the reload is known");
+    let (s, plan) = written(crate::engine::RECENT_EDITS + 1);
+    let err = sent_cold_and_back(&s).commit_compaction(
+        &plan,
+        &outcome("summary"),
+        &ids(1),
+        NOW,
+        &config(),
+    );
+    assert!(matches!(err, Err(CompactionError::Stale(_))), "{err:?}");
+}
+
 #[test]
 fn a_second_compaction_folds_the_first_summary() {
     let mut s = session(FIXTURE);
