@@ -33,12 +33,17 @@ impl Session {
                 format!("part {id} does not exist in message {message_id}"),
             ));
         }
-        if !pinned && let Some(lost) = self.unpin_would_drop(msg, part_id) {
+        // Not on replay: an unpin the log holds was admitted once (as an older build's
+        // summary may hold what this one's would not).
+        if !pinned
+            && !self.replaying
+            && let Some(lost) = self.unpin_would_drop(msg, part_id)
+        {
             return Err(ApplyError::precondition(
                 "pinned",
                 format!(
-                    "part {lost} of message {message_id} is a protected tool output that only \
-                     this pin keeps in the context (the summary holding it left it to the \
+                    "part {lost} of message {message_id} holds protected tool output that only \
+                     this pin keeps in the context (the summary after it left it to the \
                      pin): unpinning it would drop it"
                 ),
             ));

@@ -51,7 +51,9 @@ impl Message {
     }
 
     /// Whether `other` holds what this message holds: the same info and parts (a part's
-    /// estimate and byte figures aside), whatever either's stamps.
+    /// estimate and byte figures aside), whatever either's stamps. The engine's own
+    /// marks and prune stamps are no content (they take no edit live either): a rebuild
+    /// that lacks those of a refused batch holds what the host wrote.
     pub(crate) fn same_content(&self, other: &Message) -> bool {
         self.info == other.info
             && self.parts.len() == other.parts.len()
@@ -59,7 +61,26 @@ impl Message {
                 .parts
                 .iter()
                 .zip(&other.parts)
-                .all(|(a, b)| a.part == b.part)
+                .all(|(a, b)| same_written(&a.part, &b.part))
+    }
+}
+
+/// Whether two parts hold what the host wrote alike: their strategy marks and prune
+/// stamps aside (a copy is made only when the stamps differ, on a rebuild).
+fn same_written(a: &crate::domain::Part, b: &crate::domain::Part) -> bool {
+    use crate::domain::PartKind;
+    if a.id != b.id || a.message_id != b.message_id || a.extra != b.extra {
+        return false;
+    }
+    match (&a.kind, &b.kind) {
+        (PartKind::Tool(x), PartKind::Tool(y))
+            if x.state.time.compacted != y.state.time.compacted =>
+        {
+            let mut y = y.clone();
+            y.state.time.compacted = x.state.time.compacted;
+            **x == *y
+        }
+        (x, y) => x == y,
     }
 }
 

@@ -24,8 +24,9 @@
 //! keep one event whole in HTTP/2's send buffer and a second in hyper, past the events'
 //! own buffer (`outbound.rs`) and so counted nowhere. A frame larger than a piece is
 //! counted in flight ([`crate::store::Ledger::count`]: its event's reservation was just
-//! given back) for what of it is not handed on yet; a smaller one goes on as it is. An
-//! idle stream has nothing left to hand on and is never given up on; one whose frame
+//! given back) whole until its last piece is handed on (the frame is one allocation); a
+//! smaller one goes on as it is. An idle stream has nothing left to hand on and is never
+//! given up on; one whose frame
 //! moved no piece for the grace is ended with the status the call's handler chose (a
 //! trailer, after the part of the event HTTP/2 holds: tonic's clients read the status),
 //! its frame and its events still buffered dropped.
@@ -169,8 +170,10 @@ impl Reply {
         let n = self.rest.len().min(CHUNK);
         let piece = Bytes::copy_from_slice(&self.rest[..n]);
         let _ = self.rest.split_to(n);
-        if let Some(events) = &mut self.events {
-            events.counted.shrink(self.rest.len() as u64);
+        // `rest` is a view of the whole frame tonic encoded: the frame stays allocated,
+        // and counted, until its last piece is handed on.
+        if let Some(events) = self.events.as_mut().filter(|_| self.rest.is_empty()) {
+            events.counted.shrink(0);
         }
         self.pieces = self.pieces.wrapping_add(1);
         piece
@@ -467,7 +470,7 @@ mod tests {
         assert!(next(&mut body).await.is_none(), "the call's own end");
     }
 
-    /// An event larger than a piece is counted in flight for what of it is not handed on;
+    /// An event larger than a piece is counted in flight whole until its last piece goes;
     /// left so for the grace, it is dropped (its count given back and the events behind
     /// it with the call's source of events), and the call ends with the status it chose,
     /// as a trailer after the pieces HTTP/2 took.
@@ -477,10 +480,11 @@ mod tests {
         let grace = Duration::from_secs(10);
         let (tx, mut body) = events(&ledger, grace);
         tx.send(Bytes::from(data(CHUNK * 4))).await.expect("open");
-        for left in [3, 2] {
+        for _ in 0..3 {
             let piece = next(&mut body).await.expect("a piece").expect("data");
             assert_eq!(piece.into_data().map(|d| d.len()).ok(), Some(CHUNK));
-            assert_eq!(ledger.in_flight(), (CHUNK * left) as u64);
+            // The frame is one allocation: counted whole until its last piece goes.
+            assert_eq!(ledger.in_flight(), (CHUNK * 4) as u64);
         }
         tokio::time::sleep(grace * 5 / 2).await;
         assert_eq!(ledger.in_flight(), 0, "given back after the grace");

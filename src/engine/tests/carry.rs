@@ -282,7 +282,10 @@ fn a_reload_keeps_the_pins_on_what_the_export_still_holds() {
     apply(&mut s, pin("u3", None));
     let plan = s.plan_compaction(req(TAIL, true)).expect("plan");
     commit(&mut s, &plan, "We fixed the parser; next: tests.", true, 1);
-    assert!(context_ids(&s).contains(&"a1".to_string()), "the pin carries a1");
+    assert!(
+        context_ids(&s).contains(&"a1".to_string()),
+        "the pin carries a1"
+    );
 
     let mut export = host_export(&s);
     let mut trail = s.compaction_trail();

@@ -425,6 +425,28 @@ fn a_summarized_message_changed_before_a_reload_makes_the_commit_stale() {
     assert!(matches!(err, Err(CompactionError::Stale(_))), "{err:?}");
 }
 
+/// A rebuild (a refused commit's reload) that lacks only compactd's own prune stamps of a
+/// summarized message holds what the host wrote: the commit stands. Found in review:
+/// the rebuild compared whole parts, stamps included, and made the summary stale.
+#[test]
+fn a_rebuild_without_the_engines_own_stamps_leaves_the_commit_standing() {
+    let everything = TailOptions {
+        turns: 0,
+        max_tokens: 0,
+    };
+    let mut s = fixture_pruning_past_100_tokens();
+    let plan = s.plan_compaction(req(everything, true)).expect("plan");
+    let on_disk = round_trip(&s);
+    let report = s.prune(PruneMode::Commit, NOW);
+    assert!(report.committed && !report.parts.is_empty(), "{report:?}");
+    // The prune's batch refused: the actor rebuilds the session as the disk holds it.
+    let mut rebuilt = on_disk;
+    rebuilt.resume_from(&s);
+    rebuilt
+        .commit_compaction(&plan, &outcome("summary"), &ids(1), NOW, &config())
+        .expect("no summarized message changed but for compactd's own stamps");
+}
+
 /// `s` encoded and decoded, as the store writes and reads it.
 fn round_trip(s: &Session) -> Session {
     crate::engine::decode_session(&crate::engine::encode_session(s)).expect("decodes")

@@ -198,6 +198,22 @@ fn assert_unpin_refused(s: &mut Session, message_id: &str, part_id: Option<&str>
     assert_eq!(e.field, "pinned", "{e}");
     assert!(e.message.contains(lost), "{e}");
     assert_eq!(s.context_openai().json, before);
+    // Replayed from a log (an older build admitted it), the same unpin is applied: what
+    // was admitted once is not refused again.
+    let mut replayed = s.clone();
+    let unpin = Update::Pin {
+        message_id: message_id.into(),
+        part_id: part_id.map(str::to_string),
+        pinned: false,
+    };
+    let performed = replayed.replay(
+        crate::engine::Change::Step {
+            update: unpin,
+            now_ms: NOW,
+        },
+        &config(),
+    );
+    assert!(performed.changed(), "{performed:?}");
 }
 
 /// What a summary summarized whole (no protected output), or a protected output the
