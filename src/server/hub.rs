@@ -29,8 +29,9 @@ pub const BUS_CAPACITY: usize = 4096;
 pub struct Published {
     /// The event as watchers send it (`event: None`: the session was deleted).
     pub session_event: pb::SessionEvent,
-    /// Its encoded bytes in the ledger; never refused (the session's change is made).
-    pub(crate) counted: Reservation,
+    /// Its encoded bytes in the ledger, given back when the last holder (the bus, a
+    /// watcher's buffer) drops it; never refused (the session's change is made).
+    pub(crate) _counted: Reservation,
 }
 
 /// Compaction settings of the server.
@@ -316,7 +317,7 @@ impl Hub {
         let counted = self.store.ledger().count(bytes, "events");
         let _ = self.bus.send(Arc::new(Published {
             session_event,
-            counted,
+            _counted: counted,
         }));
     }
 

@@ -7,18 +7,16 @@
 //! dropped at once (it never makes the bus wait); and one that leaves events untaken for
 //! the slow-reader grace has them dropped, its call ended `RESOURCE_EXHAUSTED`.
 //!
-//! The bus counts each event from its publication (`hub::Published`). A watcher that
-//! takes an event no one else holds any more (it was the last to read it) takes it over
-//! with its count: no copy, nothing more to reserve. One that must copy it (another
-//! watcher has yet to read it) reserves the copy, and an event that finds no room in
-//! flight waits for it as long as the grace (ended the same way after); meanwhile the
-//! bus keeps what is published after it, counted.
+//! The bus counts each event from its publication (`hub::Published`) for as long as it
+//! lives, and watchers buffer the event itself, shared: however many watchers hold it,
+//! one copy is counted once. A watcher never waits for room in flight (the change the
+//! event reports is made), and its copy is made only as the response body takes it, to
+//! encode it at once, when other watchers still hold it.
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use prost::Message as _;
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_stream::{Stream, StreamExt};
 use tonic::Status;
@@ -26,7 +24,6 @@ use tonic::Status;
 use super::hub::{BUS_CAPACITY, Hub, Published};
 use super::outbound::{self, Buffer};
 use super::pb;
-use crate::store::Reservation;
 
 /// Events of `Subscribe`.
 pub type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::SessionEvent, Status>> + Send>>;
@@ -34,8 +31,8 @@ pub type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::SessionEvent, Status
 /// Events buffered per watcher before it counts as not reading.
 const WATCH_BUFFER: usize = 256;
 
-/// An event waiting for the watcher, with its bytes' reservation.
-type Buffered = (pb::SessionEvent, Reservation);
+/// An event waiting for the watcher: the bus's, shared and counted ([`Published`]).
+type Buffered = Arc<Published>;
 
 /// Starts following the bus for one watcher (`only`: one session's events; empty: all).
 pub fn run(hub: &Arc<Hub>, only: String) -> WatchStream {
@@ -51,7 +48,6 @@ pub fn run(hub: &Arc<Hub>, only: String) -> WatchStream {
         grace,
         move |b: &Buffer<Buffered>| b.abandon(|_| 0, |_| not_taking(grace)),
     ));
-    let ledger = hub.store.ledger().clone();
     let watching = crate::telemetry::Watching::start();
     tokio::spawn(async move {
         let _watching = watching;
@@ -89,34 +85,8 @@ pub fn run(hub: &Arc<Hub>, only: String) -> WatchStream {
             if !only.is_empty() && event.session_id != only {
                 continue;
             }
-            let item = match Arc::try_unwrap(published) {
-                // The last copy: taken over, counted as the bus counted it.
-                Ok(Published {
-                    session_event,
-                    counted,
-                }) => (session_event, counted),
-                Err(shared) => {
-                    let event = &shared.session_event;
-                    let bytes = u64::try_from(event.encoded_len()).unwrap_or(u64::MAX);
-                    let room = tokio::select! {
-                        biased;
-                        () = tx.closed() => return, // the watcher hung up while waiting
-                        room = reserve_within(&ledger, bytes, grace) => room,
-                    };
-                    match room {
-                        Ok(held) => (event.clone(), held),
-                        Err(e) => {
-                            crate::telemetry::rejected(tonic::Code::ResourceExhausted);
-                            let _ = end_tx.send(Status::resource_exhausted(format!(
-                                "{e}; watcher dropped, subscribe again"
-                            )));
-                            return;
-                        }
-                    }
-                }
-            };
             // A full buffer means the watcher is not reading: drop it, never wait.
-            match tx.try_send(item) {
+            match tx.try_send(published) {
                 Ok(()) => {}
                 Err(mpsc::error::TrySendError::Full(_)) => {
                     let status =
@@ -130,32 +100,17 @@ pub fn run(hub: &Arc<Hub>, only: String) -> WatchStream {
     });
     // Events already buffered are delivered first; then the closing status, if any.
     let end = futures::stream::once(async move { end_rx.await.ok() }).filter_map(|s| s);
-    let events = futures::stream::poll_fn(move |cx| buffer.poll_next(cx))
-        .map(|item| item.map(|(event, _held)| event));
+    let events =
+        futures::stream::poll_fn(move |cx| buffer.poll_next(cx)).map(|item| item.map(owned));
     Box::pin(events.chain(end.map(Err)))
 }
 
-/// How long a watcher waits between tries for room in flight.
-const ROOM_RETRY: Duration = Duration::from_millis(10);
-
-/// Reserves an event's bytes in flight, waiting up to `grace` for room: the share may be
-/// full for a moment (a large reply another client has yet to read), which is no reason
-/// to end this watcher. The bus keeps its events meanwhile (a watcher that falls too far
-/// behind ends as lagging).
-async fn reserve_within(
-    ledger: &Arc<crate::store::Ledger>,
-    bytes: u64,
-    grace: Duration,
-) -> Result<Reservation, crate::store::StoreError> {
-    let deadline = tokio::time::Instant::now() + grace;
-    loop {
-        match ledger.reserve(bytes, "events") {
-            Ok(held) => return Ok(held),
-            // Larger than the whole share: no wait makes room for it.
-            Err(e) if bytes > ledger.in_flight_limit() => return Err(e),
-            Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
-            Err(_) => tokio::time::sleep(ROOM_RETRY).await,
-        }
+/// The event `p` carries, to encode: taken when this watcher holds it last (its count
+/// given back as it goes), else copied (the others still hold the counted one).
+fn owned(p: Arc<Published>) -> pb::SessionEvent {
+    match Arc::try_unwrap(p) {
+        Ok(p) => p.session_event,
+        Err(shared) => shared.session_event.clone(),
     }
 }
 
@@ -180,111 +135,111 @@ mod tests {
     use crate::server::hub::CompactionConfig;
     use crate::store::{Limits, Store};
 
-    /// A second reader of the bus that reads nothing: a watcher must copy every event.
-    type Other = broadcast::Receiver<Arc<Published>>;
-
-    /// A hub over an 8 MiB budget with a slow-reader grace of `grace`, one watcher of it
-    /// and another reader of its bus (so the watcher copies the event), and a reservation
-    /// (another reply) holding the whole in-flight share while an event is published.
-    fn watcher_without_room(grace: Duration) -> (Arc<Hub>, WatchStream, Reservation, Other) {
+    /// A hub over an 8 MiB budget (a 1 MiB share in flight) with a slow-reader grace of
+    /// 60 s.
+    fn hub() -> Arc<Hub> {
         let limits = Limits {
             memory_budget: 8 << 20,
             ..Limits::default()
         };
         let store = Arc::new(Store::new(EngineConfig::default()).with_limits(limits));
-        let mut hub = Hub::new(store.clone(), CompactionConfig::default());
-        hub.slow_reader_grace = grace;
-        let hub = Arc::new(hub);
-        let events = run(&hub, String::new());
-        let other = hub.bus.subscribe();
-        let share = store.ledger().in_flight_limit();
-        let held = store.ledger().reserve(share, "replies").expect("the share");
-        hub.publish(
-            "s",
-            pb::session_event::Event::Overflow(pb::OverflowCheck::default()),
-        );
-        (hub, events, held, other)
+        let mut hub = Hub::new(store, CompactionConfig::default());
+        hub.slow_reader_grace = Duration::from_secs(60);
+        Arc::new(hub)
     }
 
-    /// A watcher whose event finds the in-flight share full for a moment (a large reply
-    /// another client has not read yet) waits for room, within the grace, and delivers
-    /// it. Before, the watcher ended at once, RESOURCE_EXHAUSTED, whoever filled the share.
-    #[tokio::test]
-    async fn a_moment_without_room_in_flight_delays_the_event_not_the_watcher() {
-        let grace = crate::server::hub::DEFAULT_SLOW_READER_GRACE;
-        let (_hub, mut events, held, _other) = watcher_without_room(grace);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        drop(held);
-        let event = tokio::time::timeout(Duration::from_secs(5), events.next())
-            .await
-            .expect("an event within the grace");
-        let event = event
-            .expect("the watcher is open")
-            .expect("an event, not a status");
-        assert_eq!(event.session_id, "s");
-    }
-
-    /// A `pruned` event of about 1 MB published while a watcher waits for room (another
-    /// client's unread reply holds the in-flight share) is counted in flight from its
-    /// publication: the bus keeps it, and every event published after it, until the
-    /// watcher takes it. Then the watcher, its last reader, takes it over with its count
-    /// (no copy), and it is given back once the client read it. Before, the bus's events
-    /// were counted nowhere: in flight stayed at the share.
-    #[tokio::test]
-    async fn an_event_the_bus_keeps_is_counted_in_flight_until_read() {
-        let (hub, mut events, held, other) = watcher_without_room(Duration::from_secs(60));
-        let ledger = hub.store.ledger().clone();
-        let share = held.bytes();
+    /// A `pruned` event of about `bytes` for session "s".
+    fn pruned(bytes: usize) -> pb::session_event::Event {
         let part = pb::PrunedPart {
             part_id: "p".repeat(1_000),
             ..Default::default()
         };
-        let report = pb::PruneReport {
-            parts: vec![part; 1_000],
+        pb::session_event::Event::Pruned(pb::PruneReport {
+            parts: vec![part; bytes / 1_000],
             ..Default::default()
-        };
-        hub.publish("s", pb::session_event::Event::Pruned(report));
-        let counted = ledger.in_flight();
-        assert!(
-            counted >= share + 1_000_000,
-            "the event is counted at once: {counted} in flight beside a share of {share}"
-        );
-        // The other reader leaves, and the reply holding the share is read.
-        drop((other, held));
-        for kind in ["overflow", "pruned"] {
-            let event = tokio::time::timeout(Duration::from_secs(5), events.next())
-                .await
-                .unwrap_or_else(|_| panic!("the {kind} event within 5 s"));
-            assert!(matches!(event, Some(Ok(_))), "{kind}: {event:?}");
-        }
+        })
+    }
+
+    /// The next event of `events` within 5 s.
+    async fn next(events: &mut WatchStream) -> pb::SessionEvent {
+        tokio::time::timeout(Duration::from_secs(5), events.next())
+            .await
+            .expect("an event within 5 s")
+            .expect("the watcher is open")
+            .expect("an event, not a status")
+    }
+
+    /// Waits (5 s at most) until nothing is in flight.
+    async fn nothing_in_flight(hub: &Hub) {
+        let ledger = hub.store.ledger();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         while ledger.in_flight() != 0 {
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "still {} bytes in flight 5 s after both events were read",
+                "still {} bytes in flight after every event was read",
                 ledger.in_flight()
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 
-    /// A watcher that hangs up while its event waits for room ends then, not at the end
-    /// of the grace: its task stops counting in `compactd_watchers` at once.
+    /// An event published while the in-flight share is full (a large reply another
+    /// client has not read yet) is delivered at once: counted when published, it waits
+    /// for no room. Before the bus counted, a watcher ended at once whoever filled the
+    /// share; then it waited for room.
     #[tokio::test]
-    async fn a_watcher_that_hangs_up_while_waiting_for_room_ends_at_once() {
-        let (hub, events, _held, _other) = watcher_without_room(Duration::from_secs(60));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert_eq!(hub.bus.receiver_count(), 2, "the watcher waits for room");
-        drop(events);
-        let ended = tokio::time::timeout(Duration::from_secs(5), async {
-            while hub.bus.receiver_count() > 1 {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-        .await;
-        assert!(
-            ended.is_ok(),
-            "the watcher's task ended within 5 s of a 60 s grace"
+    async fn an_event_published_while_the_share_is_full_is_delivered() {
+        let hub = hub();
+        let mut events = run(&hub, String::new());
+        let ledger = hub.store.ledger();
+        let _held = ledger
+            .reserve(ledger.in_flight_limit(), "replies")
+            .expect("the share");
+        hub.publish(
+            "s",
+            pb::session_event::Event::Overflow(pb::OverflowCheck::default()),
         );
+        assert_eq!(next(&mut events).await.session_id, "s");
+    }
+
+    /// A `pruned` event of about 1 MB is counted in flight from its publication while the
+    /// bus keeps it (a reader has yet to take it), and given back once every holder let
+    /// it go. Before, the bus's events were counted nowhere.
+    #[tokio::test]
+    async fn an_event_the_bus_keeps_is_counted_in_flight_until_read() {
+        let hub = hub();
+        let mut events = run(&hub, String::new());
+        let other = hub.bus.subscribe();
+        let ledger = hub.store.ledger().clone();
+        hub.publish("s", pruned(1_000_000));
+        let counted = ledger.in_flight();
+        assert!(counted >= 1_000_000, "counted at once: {counted}");
+        assert!(next(&mut events).await.event.is_some());
+        assert!(ledger.in_flight() >= 1_000_000, "the other reader holds it");
+        drop(other);
+        nothing_in_flight(&hub).await;
+    }
+
+    /// Two watchers of a large event share one counted copy, and both get it at once.
+    /// Before (found in review), each waited for room for a copy of its own while holding
+    /// the bus's, so with the event near the share neither could ever take it over and
+    /// both were dropped at the end of the grace.
+    #[tokio::test]
+    async fn two_watchers_of_a_large_event_share_one_counted_copy() {
+        let hub = hub();
+        let mut first = run(&hub, "s".into());
+        let mut second = run(&hub, "s".into());
+        let ledger = hub.store.ledger().clone();
+        hub.publish("s", pruned(600_000));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let counted = ledger.in_flight();
+        assert!(
+            (600_000..1_200_000).contains(&counted),
+            "counted once, not per watcher: {counted}"
+        );
+        for events in [&mut first, &mut second] {
+            assert!(next(events).await.event.is_some());
+        }
+        nothing_in_flight(&hub).await;
     }
 }
