@@ -136,10 +136,19 @@ async fn a_delete_whose_caller_stopped_waiting_still_ends_its_watchers() {
         began = began.wait_for(|n| *n > 0) => drop(began.expect("the store is up")),
     }
     let ended = tokio::time::timeout(Duration::from_secs(10), async {
-        while let Some(Ok(_)) = watcher.next().await {}
+        loop {
+            match watcher.next().await {
+                Some(Ok(_)) => continue,
+                end => break end,
+            }
+        }
     })
-    .await;
-    assert!(ended.is_ok(), "the watcher was never told of the delete");
+    .await
+    .expect("the watcher was never told of the delete");
+    let status = ended
+        .expect("a status ends the watcher")
+        .expect_err("not an event");
+    assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
     let gone = client
         .get_session(pb::GetSessionRequest {
             session_id: "s".into(),
