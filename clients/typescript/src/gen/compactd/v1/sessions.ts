@@ -499,6 +499,8 @@ export interface ImportSessionRequest {
    * is built (an export refused there leaves it be) and is cancelled once it is; one that
    * committed meanwhile fails the import with ABORTED (import again: it is kept then). A
    * replaced session that cannot be read (damaged on disk) is replaced with nothing kept.
+   * The replaced session's pins (compactd's own state too) are kept with them, each on the
+   * message and part the export still holds under its id.
    */
   keepCompactions: boolean;
 }
@@ -519,7 +521,11 @@ export interface PinRequest {
   messageId: string;
   /** The part to pin; empty pins the whole message (every part it holds, now and later). */
   partId: string;
-  /** True pins (the default when absent), false unpins. */
+  /**
+   * True pins (the default when absent), false unpins. An unpin that would drop a protected
+   * tool output from the context for good (a summarized part whose summary left it to the
+   * pin, or an earlier summary's carried outputs) is FAILED_PRECONDITION naming `pinned`.
+   */
   pinned?: boolean | undefined;
 }
 
