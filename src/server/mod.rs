@@ -26,8 +26,7 @@
 //!
 //! Then the edges: `convert.rs` (protobuf ↔ domain), `status.rs` (errors → codes),
 //! `drain.rs` (closing streams), `evict.rs` (idle evictions announced), `held_reply.rs`
-//! (a unary reply's bytes, and a stream's large events, counted in flight until sent),
-//! `counting.rs`
+//! (a unary reply's bytes counted in flight until it is sent), `counting.rs`
 //! (the threads that count long texts off the runtime), `import.rs` (ImportSession and
 //! its chunked twin for documents past `max_update_bytes`), `clock.rs` (the wall clock),
 //! `auth.rs`, `transport.rs` (HTTP/2 settings), `accept.rs` (what the listener lets in:

@@ -201,11 +201,10 @@ impl pb::sessions_server::Sessions for SessionsService {
         if !only.is_empty() && !self.store.holds(&only) {
             return Err(Rejection::from(StoreError::NotFound(only)).into());
         }
-        let mut response = Response::new(super::drain::until_closed(events, self.hub.closing()));
-        held_reply::hold_events(&mut response, self.store.ledger().clone(), |grace, _| {
-            super::watch::not_taking(grace)
-        });
-        Ok(response)
+        Ok(Response::new(super::drain::until_closed(
+            events,
+            self.hub.closing(),
+        )))
     }
 
     async fn stream(
@@ -221,13 +220,10 @@ impl pb::sessions_server::Sessions for SessionsService {
             .unwrap_or_default();
         let inbound = request.into_inner();
         let events = super::stream::run(self.hub.clone(), inbound, self.max_update_bytes, peer);
-        let mut response = Response::new(super::drain::after_closed(events, self.hub.closing()));
-        held_reply::hold_events(
-            &mut response,
-            self.store.ledger().clone(),
-            super::stream::cut_short,
-        );
-        Ok(response)
+        Ok(Response::new(super::drain::after_closed(
+            events,
+            self.hub.closing(),
+        )))
     }
 
     async fn open_session(

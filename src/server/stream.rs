@@ -146,61 +146,22 @@ pub fn run(
     ))
 }
 
-/// The status a stream ends with when its client took none of its buffered events (or no
-/// piece of the one being sent, `first` unknown) for `grace`: they were dropped, from
-/// seq `first` on.
-pub(super) fn not_taking(first: Option<u64>, grace: Duration) -> Status {
+/// The status a stream ends with when its client took none of its buffered events for
+/// `grace`: they were dropped, from seq `first` on.
+fn not_taking(first: Option<u64>, grace: Duration) -> Status {
     tracing::warn!(
         grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX),
         dropped_from_seq = first,
         "client took none of its buffered events; dropping them and closing the stream"
     );
     crate::telemetry::rejected(tonic::Code::ResourceExhausted);
-    let from = first.map_or_else(
-        || " Events not yet sent were dropped: the updates compactd had read were applied as usual (GetSession shows each session's state before you resend).".to_string(),
-        |seq| format!(" Events of seq {seq} and later were not all sent: the updates compactd had read were applied as usual (GetSession shows each session's state before you resend)."),
-    );
+    let from = first.map_or_else(String::new, |seq| {
+        format!(" Events of seq {seq} and later were not all sent: the updates compactd had read were applied as usual (GetSession shows each session's state before you resend).")
+    });
     Status::resource_exhausted(format!(
         "client is not reading its events (took none for {} ms); stream closed and its buffered events dropped.{from}",
         grace.as_millis()
     ))
-}
-
-/// The status a stream ends with when its client took no piece of the event being sent
-/// for `grace` (`held_reply::Ending`; `head`: the start of the data frame cut short).
-pub(super) fn cut_short(grace: Duration, head: &[u8]) -> Status {
-    not_taking(first_seq(head), grace)
-}
-
-/// The seq of the first event in `frame` (gRPC-framed `ServerEvent`s, as tonic's encoder
-/// writes them), read from its first bytes: prost writes `seq` (field 1, a varint) first
-/// and leaves it out when 0. None when the frame is compressed or cut before it.
-fn first_seq(frame: &[u8]) -> Option<u64> {
-    // The flag (0: not compressed) and the message's length, then the message.
-    let (&0, framed) = frame.split_first()? else {
-        return None;
-    };
-    let message = framed.get(4..)?;
-    match message.split_first() {
-        Some((&SEQ_KEY, varint)) => read_varint(varint),
-        _ => Some(0),
-    }
-}
-
-/// `ServerEvent.seq`'s key: field 1, wire type 0 (varint).
-const SEQ_KEY: u8 = 1 << 3;
-
-/// The varint `bytes` start with (None when cut short or longer than 10 bytes).
-fn read_varint(bytes: &[u8]) -> Option<u64> {
-    let mut value = 0u64;
-    for (i, &byte) in bytes.iter().take(10).enumerate() {
-        let shift = u32::try_from(i).ok()?.checked_mul(7)?;
-        value |= u64::from(byte & 0x7f).checked_shl(shift)?;
-        if byte & 0x80 == 0 {
-            return Some(value);
-        }
-    }
-    None
 }
 
 /// Decodes updates and queues each on its session's actor, in arrival order.
@@ -636,32 +597,4 @@ fn not_reading(end: &mut Option<oneshot::Sender<Status>>, seq: u64, grace: Durat
         )));
     }
     false
-}
-
-#[cfg(test)]
-mod tests {
-    use prost::Message as _;
-
-    use super::*;
-
-    /// The seq `first_seq` reads off the head of a frame of events is the first event's,
-    /// whatever its size (0 left out by prost), and None for a compressed frame.
-    #[test]
-    fn the_first_seq_of_a_frame_is_read_off_its_head() {
-        for seq in [0, 1, 127, 128, 300, u64::MAX] {
-            let event = pb::ServerEvent {
-                seq,
-                session_id: "s".repeat(100),
-                event: None,
-            };
-            let mut frame = vec![0];
-            let len = u32::try_from(event.encoded_len()).expect("small");
-            frame.extend_from_slice(&len.to_be_bytes());
-            event.encode(&mut frame).expect("encoded");
-            let head = &frame[..super::super::held_reply::HEAD];
-            assert_eq!(first_seq(head), Some(seq), "{seq}");
-            frame[0] = 1;
-            assert_eq!(first_seq(&frame), None, "compressed");
-        }
-    }
 }

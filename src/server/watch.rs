@@ -114,9 +114,9 @@ fn owned(p: Arc<Published>) -> pb::SessionEvent {
     }
 }
 
-/// The status a watcher's call ends with when it took none of its buffered events (or
-/// no piece of the one being sent) for `grace`: they were dropped.
-pub(super) fn not_taking(grace: Duration) -> Status {
+/// The status a watcher's call ends with when it took none of its buffered events for
+/// `grace`: they were dropped.
+fn not_taking(grace: Duration) -> Status {
     tracing::warn!(
         grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX),
         "watcher took none of its buffered events; dropping them and closing the call"

@@ -266,17 +266,6 @@ impl Reservation {
         self.resize_within(ledger, bytes, what, false)
     }
 
-    /// Gives back all but `bytes` (nothing when it holds no more): a shrink, which never
-    /// fails, without a `Result` to discard.
-    pub fn shrink(&mut self, bytes: u64) {
-        if bytes < self.bytes {
-            if let Some(l) = &self.ledger {
-                l.in_flight.fetch_sub(self.bytes - bytes, Ordering::Relaxed);
-            }
-            self.bytes = bytes;
-        }
-    }
-
     /// [`Self::resize`], but past the in-flight ceiling too while this reservation is all
     /// that is in flight (as [`Ledger::reserve_or_alone`]): one import larger than the
     /// share can still be parsed, alone, while several cannot pile up.
