@@ -126,7 +126,7 @@ struct HeldIds {
     /// What the host had last changed of each head message ([`super::stored::Message::edit`]).
     edits: Vec<u64>,
     /// The session's edit clock when planned: every later edit's stamp is larger.
-    edit_epoch: u64,
+    edit_clock: u64,
     tail_start: Option<String>,
 }
 
@@ -313,7 +313,7 @@ impl Session {
             generation: self.generation(),
             head: head.iter().filter_map(|&i| self.id_at(i)).collect(),
             edits: head.iter().map(|&i| self.edit_of(i)).collect(),
-            edit_epoch: self.edit_epoch(),
+            edit_clock: self.edit_clock(),
             tail_start: tail_start.and_then(|i| self.id_at(i)),
         };
         Ok(CompactionPlan {
@@ -399,7 +399,7 @@ impl Session {
         // changed unless nothing forgotten came after the plan.
         if let Some(h) = held
             && let Some((_, &i)) = (h.edits.iter().zip(&plan.head))
-                .find(|&(&edit, &i)| self.changed_since(i, edit, h.edit_epoch))
+                .find(|&(&edit, &i)| self.changed_since(i, edit, h.edit_clock))
         {
             return Err(CompactionError::Stale(format!(
                 "message {} changed after the summary began",

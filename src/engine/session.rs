@@ -174,7 +174,7 @@ pub struct Session {
 /// every session created, imported (built anew) or loaded from disk, and a copy keeps its
 /// original's (so does a session the store sent cold and loads back in the same process,
 /// or rebuilds from the disk after a refused commit or a panicking job:
-/// [`Session::resume_generation`]). A session replaced under the same id (an import over it, a delete and
+/// [`Session::resume`], [`Session::resume_from`]). A session replaced under the same id (an import over it, a delete and
 /// re-create) is therefore another generation even when it holds the same message ids.
 /// Not stored: it names a value in this process only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -559,15 +559,6 @@ impl Session {
     /// Which session value this is (see [`Generation`]).
     pub fn generation(&self) -> Generation {
         self.generation
-    }
-
-    /// Takes `generation` back: a session loaded from disk in the process that sent it
-    /// there (evicted for memory or idleness), or rebuilt from it by its actor (after a
-    /// refused commit or a panicking job), is the value it was, so a compaction planned
-    /// before still commits on it. Without the edits ([`Session::resume`] carries them)
-    /// an edit made before is not known: only those made since are compared.
-    pub fn resume_generation(&mut self, generation: Generation) {
-        self.generation = generation;
     }
 
     /// What the store keeps beside a session it sends cold to load it back as this value
@@ -1041,9 +1032,9 @@ impl Session {
     }
 
     /// The session's edit clock: the stamp of the host's latest edit of any message. A
-    /// compaction's plan records it (as its `edit_epoch`): every edit after the plan has
+    /// compaction's plan records it (as its `edit_clock`): every edit after the plan has
     /// a larger stamp.
-    pub(crate) fn edit_epoch(&self) -> u64 {
+    pub(crate) fn edit_clock(&self) -> u64 {
         self.edits.clock()
     }
 

@@ -376,7 +376,7 @@ fn a_reloaded_session_and_a_part_sent_again_unchanged_leave_the_commit_standing(
         .expect("plan");
     let bytes = crate::engine::encode_session(&planned);
     let mut loaded = crate::engine::decode_session(&bytes).expect("decodes");
-    loaded.resume_generation(planned.generation());
+    loaded.resume(planned.to_resume());
     let ids_one = ids(1);
     loaded
         .commit_compaction(&plan, &outcome("summary"), &ids_one, NOW, &config())

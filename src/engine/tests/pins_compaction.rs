@@ -13,6 +13,23 @@ fn skill_output() -> String {
     format!("# Deploy skill\n{}", chars(12_000))
 }
 
+/// Three turns: `first` (u1 and a1), a `skill` tool part k1 on a1 with `output`, then u2,
+/// a2 (`a2_tokens` of text), u3 and a3 (10 tokens each).
+fn skill_turns(first: &str, output: &str, a2_tokens: u32) -> Session {
+    let mut s = session(first);
+    apply(
+        &mut s,
+        Update::UpsertPart(tool("a1", "k1", "skill", output)),
+    );
+    let rest = format!(
+        "user u2 text:t2=10\nassistant a2 text:x2={a2_tokens}\nuser u3 text:t3=10\nassistant a3 text:x3=10"
+    );
+    for u in parse(&rest) {
+        apply(&mut s, u);
+    }
+    s
+}
+
 fn pin(message_id: &str, part_id: Option<&str>) -> Update {
     Update::Pin {
         message_id: message_id.into(),
@@ -65,19 +82,11 @@ fn tokens_of(s: &Session, i: usize) -> u64 {
 /// `NotSmaller`, and a commit that passed sent the output twice.
 #[test]
 fn a_pinned_protected_output_is_carried_once_and_counted_once() {
-    let mut s = session("user u1 text:t1=10\nassistant a1 text:x1=100");
-    apply(
-        &mut s,
-        Update::UpsertPart(tool("a1", "k1", "skill", &skill_output())),
+    let mut s = skill_turns(
+        "user u1 text:t1=10\nassistant a1 text:x1=100",
+        &skill_output(),
+        10,
     );
-    for u in parse(
-        "user u2 text:t2=10
-         assistant a2 text:x2=10
-         user u3 text:t3=10
-         assistant a3 text:x3=10",
-    ) {
-        apply(&mut s, u);
-    }
     apply(&mut s, pin("a1", Some("k1")));
     let plan = s.plan_compaction(request(2)).expect("plan");
     assert_eq!(plan.head, [0, 1]);
@@ -106,22 +115,12 @@ fn a_pinned_protected_output_is_carried_once_and_counted_once() {
 /// summary replaces, and the output was carried into a context that never held it.
 #[test]
 fn an_unsent_message_takes_nothing_from_what_the_summary_replaces() {
-    let mut s = session(
+    let mut s = skill_turns(
         "user u1 text:t1=500
          assistant a1 text:x1=100 error=APIError",
+        &skill_output(),
+        10,
     );
-    apply(
-        &mut s,
-        Update::UpsertPart(tool("a1", "k1", "skill", &skill_output())),
-    );
-    for u in parse(
-        "user u2 text:t2=10
-         assistant a2 text:x2=10
-         user u3 text:t3=10
-         assistant a3 text:x3=10",
-    ) {
-        apply(&mut s, u);
-    }
     apply(&mut s, pin("a1", Some("x1")));
     let plan = s.plan_compaction(request(2)).expect("plan");
     assert_eq!(plan.head, [0, 1]);
@@ -141,16 +140,7 @@ fn an_unsent_message_takes_nothing_from_what_the_summary_replaces() {
 #[test]
 fn a_pinned_summary_is_not_replaced_and_its_outputs_are_not_carried_on() {
     let skill = "# Deploy skill\nrun it";
-    let mut s = session("user u1 text:t1=10\nassistant a1 text:x1=400");
-    apply(&mut s, Update::UpsertPart(tool("a1", "k1", "skill", skill)));
-    for u in parse(
-        "user u2 text:t2=10
-         assistant a2 text:x2=40
-         user u3 text:t3=10
-         assistant a3 text:x3=10",
-    ) {
-        apply(&mut s, u);
-    }
+    let mut s = skill_turns("user u1 text:t1=10\nassistant a1 text:x1=400", skill, 40);
     // The same skill loaded again, in what the second compaction summarizes.
     apply(&mut s, Update::UpsertPart(tool("a3", "k2", "skill", skill)));
     let plan = s.plan_compaction(request(2)).expect("plan");
@@ -220,19 +210,11 @@ fn assert_unpin_refused(s: &mut Session, message_id: &str, part_id: Option<&str>
 /// summary holds itself, unpins as before.
 #[test]
 fn an_unpin_that_drops_no_protected_output_is_applied() {
-    let mut s = session("user u1 text:t1=400\nassistant a1 text:x1=100");
-    apply(
-        &mut s,
-        Update::UpsertPart(tool("a1", "k1", "skill", "# Deploy skill\nrun it")),
+    let mut s = skill_turns(
+        "user u1 text:t1=400\nassistant a1 text:x1=100",
+        "# Deploy skill\nrun it",
+        10,
     );
-    for u in parse(
-        "user u2 text:t2=10
-         assistant a2 text:x2=10
-         user u3 text:t3=10
-         assistant a3 text:x3=10",
-    ) {
-        apply(&mut s, u);
-    }
     apply(&mut s, pin("a1", Some("x1")));
     let plan = s.plan_compaction(request(2)).expect("plan");
     let done = commit(&mut s, &plan, "First.", "c1");
@@ -258,19 +240,11 @@ fn an_unpin_that_drops_no_protected_output_is_applied() {
 /// carried on after all, since the earlier summary leaves the context.
 #[test]
 fn outputs_of_a_summary_unpinned_meanwhile_are_carried_on() {
-    let mut s = session("user u1 text:t1=10\nassistant a1 text:x1=400");
-    apply(
-        &mut s,
-        Update::UpsertPart(tool("a1", "k1", "skill", "# Deploy skill\nrun it")),
+    let mut s = skill_turns(
+        "user u1 text:t1=10\nassistant a1 text:x1=400",
+        "# Deploy skill\nrun it",
+        40,
     );
-    for u in parse(
-        "user u2 text:t2=10
-         assistant a2 text:x2=40
-         user u3 text:t3=10
-         assistant a3 text:x3=10",
-    ) {
-        apply(&mut s, u);
-    }
     let plan = s.plan_compaction(request(2)).expect("plan");
     assert!(commit(&mut s, &plan, "First.", "c1").is_ok());
     apply(&mut s, pin("c1_summary", None));
