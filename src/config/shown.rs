@@ -16,6 +16,24 @@ pub fn clipped(v: &str) -> Cow<'_, str> {
     }
 }
 
+/// Bytes of an error's message a client is sent at most: a backstop behind [`clipped`],
+/// so a message that quotes a client's value whole still fits the trailer clients accept.
+pub const MAX_ERROR_BYTES: usize = 2048;
+
+/// `message`, cut to [`MAX_ERROR_BYTES`] at a character boundary (ending in `…`).
+pub fn capped(mut message: String) -> String {
+    if message.len() <= MAX_ERROR_BYTES {
+        return message;
+    }
+    let mut end = MAX_ERROR_BYTES - '…'.len_utf8();
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    message.truncate(end);
+    message.push('…');
+    message
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -28,5 +46,13 @@ mod tests {
         let long = "é".repeat(SHOWN_CHARS + 1);
         assert_eq!(clipped(&long), format!("{exact}…"));
         assert!(format!("{:?}", clipped(&"\u{1}".repeat(1 << 20))).len() < 1024);
+    }
+
+    #[test]
+    fn a_long_message_is_cut_at_a_character_boundary() {
+        assert_eq!(capped("short".into()), "short");
+        let long = capped("é".repeat(MAX_ERROR_BYTES));
+        assert!(long.len() <= MAX_ERROR_BYTES, "{}", long.len());
+        assert!(long.ends_with("é…"), "{long}");
     }
 }

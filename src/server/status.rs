@@ -4,6 +4,7 @@
 use tonic::{Code, Status};
 
 use super::pb;
+use crate::config::shown::capped;
 use crate::engine::{ApplyError, ErrorKind};
 use crate::store::{BackendError, StoreError};
 use crate::telemetry::code_name;
@@ -126,11 +127,14 @@ impl From<ImportError> for Rejection {
 impl From<Rejection> for Status {
     fn from(r: Rejection) -> Status {
         crate::telemetry::rejected(r.code);
-        if r.field.is_empty() {
-            Status::new(r.code, r.message)
+        // Every path's values are clipped where quoted; the cap is the backstop for one
+        // that was not (a trailer past 8-16 KiB fails at the client as a transport error).
+        let message = if r.field.is_empty() {
+            r.message
         } else {
-            Status::new(r.code, format!("{}: {}", r.field, r.message))
-        }
+            format!("{}: {}", r.field, r.message)
+        };
+        Status::new(r.code, capped(message))
     }
 }
 
@@ -140,8 +144,8 @@ impl From<Rejection> for pb::Error {
         crate::telemetry::rejected(r.code);
         pb::Error {
             code: code_name(r.code).to_string(),
-            message: r.message,
-            field: r.field,
+            message: capped(r.message),
+            field: capped(r.field),
         }
     }
 }

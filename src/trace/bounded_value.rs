@@ -13,6 +13,8 @@ use std::mem::size_of;
 use serde::de::{DeserializeSeed, Error as _, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value};
 
+use crate::config::shown::clipped;
+
 /// What building one map entry costs beyond its key's text and its value's own node: the
 /// crate's maps keep insertion order (an `IndexMap`: an entry of hash, key and value, and
 /// an index slot in a table kept at most 7/8 full), about twice the key's `String`.
@@ -148,7 +150,10 @@ impl<'de> Visitor<'de> for Bounded<'_> {
             self.0.charge(ENTRY_BYTES.saturating_add(len(&key)))?;
             // Kept, the last of two would replace the first without a word.
             if out.contains_key(&key) {
-                return Err(A::Error::custom(format!("key {key:?} given twice")));
+                return Err(A::Error::custom(format!(
+                    "key {:?} given twice",
+                    clipped(&key)
+                )));
             }
             let value = map.next_value_seed(self)?;
             out.insert(key, value);

@@ -283,7 +283,7 @@ impl<'de> serde::de::Visitor<'de> for DocVisitor<'_> {
                 other => rest.contains_key(other),
             };
             if twice {
-                return Err(self.fail(err(&key, "given twice in the document").into()));
+                return Err(self.fail(err(&clipped(&key), "given twice in the document").into()));
             }
             match key.as_str() {
                 "info" => match self.value(&mut map, "info")? {
@@ -328,7 +328,7 @@ impl DocVisitor<'_> {
     ) -> Result<Value, A::Error> {
         map.next_value_seed(Bounded(self.budget)).map_err(|e| {
             if self.budget.passed() {
-                self.fail(past(key, self.limit))
+                self.fail(past(&clipped(key), self.limit))
             } else {
                 e
             }
@@ -517,7 +517,7 @@ fn message(m: Value, i: usize) -> Result<(MessageInfo, Vec<Part>), ImportError> 
     for (key, value) in m {
         if minfo.extra.contains_key(&key) {
             return Err(err(
-                &format!("{path}.{key}"),
+                &format!("{path}.{}", clipped(&key)),
                 "also a field of the message's info, unknown to the import: one of the two would be lost",
             ));
         }
@@ -708,7 +708,10 @@ fn part(mut o: Map<String, Value>, message_id: &str, path: &str) -> Result<Part,
     if !mid.is_empty() && mid != message_id {
         return Err(err(
             &format!("{path}.messageID"),
-            format!("names another message than {message_id:?}, which the part is listed under"),
+            format!(
+                "names another message than {:?}, which the part is listed under",
+                clipped(message_id)
+            ),
         ));
     }
     let message_id = message_id.to_string();
@@ -779,7 +782,7 @@ fn part(mut o: Map<String, Value>, message_id: &str, path: &str) -> Result<Part,
         other => {
             return Err(err(
                 &format!("{path}.type"),
-                format!("unknown part type {other:?}"),
+                format!("unknown part type {:?}", clipped(other)),
             ));
         }
     };

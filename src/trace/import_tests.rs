@@ -500,3 +500,49 @@ fn what_the_import_does_not_model_is_kept_under_its_key() {
         ))
     );
 }
+
+/// What a document names (a part type, a key given twice, a message's field clashing
+/// with its info's, a message id) is quoted clipped. Before, a 1 MiB part type came back
+/// whole in the error, 6 MiB once escaped: past what a client accepts in a trailer.
+#[test]
+fn a_long_value_a_document_names_is_quoted_clipped() {
+    let long = "\u{1}".repeat(1 << 20);
+    let part = |extra: &str| {
+        format!(
+            r#"{{"info":{{"id":"s"}},"messages":[{{"info":{{"id":"m","role":"user"}},"parts":[{{"id":"p",{extra}}}]}}]}}"#
+        )
+    };
+    let documents = [
+        (part(&format!(r#""type":"{long}""#)), 64 << 20),
+        (
+            part(&format!(r#""type":"text","text":"a","messageID":"{long}""#)),
+            64 << 20,
+        ),
+        (
+            format!(r#"{{"info":{{"id":"s"}},"messages":[],"{long}":1,"{long}":2}}"#),
+            64 << 20,
+        ),
+        (
+            format!(
+                r#"{{"info":{{"id":"s"}},"messages":[{{"info":{{"id":"m","role":"user","{long}":1}},"{long}":2,"parts":[]}}]}}"#
+            ),
+            64 << 20,
+        ),
+        (
+            format!(
+                r#"{{"info":{{"id":"s"}},"messages":[],"{long}":[{}]}}"#,
+                "1,".repeat(100_000) + "1"
+            ),
+            // Past the limit in the value of the long key.
+            2 << 20,
+        ),
+    ];
+    for (json, bytes) in documents {
+        let e = parse_export_limited(&json, limit(bytes), "").expect_err("refused");
+        let shown = match &e {
+            LimitedError::Invalid(e) => format!("{}: {}", e.path, e.message),
+            LimitedError::TooLarge { path, .. } => path.clone(),
+        };
+        assert!(shown.len() < 1024, "{} bytes: {e:?}", shown.len());
+    }
+}
