@@ -15,6 +15,10 @@ use super::{Extra, MessageInfo, Part, PartKind, SessionInfo};
 /// (a call id is also copied onto every part a newer call supersedes).
 pub const MAX_ID_BYTES: usize = 256;
 
+/// Longest session title accepted: a label, copied into every `ListSessions` reply (a
+/// 16 MiB title on a few sessions made every listing too large to send).
+pub const MAX_TITLE_BYTES: usize = 1024;
+
 /// Deepest JSON nesting accepted in a tool input, metadata or unmodelled field (`{}` is
 /// depth 1). Each JSON object level costs three protobuf message levels
 /// (`Value` → `Struct` → map entry), and a part sits about ten levels deep in a
@@ -98,9 +102,19 @@ fn check_extra(field: &str, extra: &Extra) -> Result<(), InvalidField> {
 }
 
 impl SessionInfo {
-    /// Checks the id, the model's names, the unmodelled fields and the per-session overrides.
+    /// Checks the id, the title's length, the model's names, the unmodelled fields and
+    /// the per-session overrides.
     pub fn validate(&self) -> Result<(), InvalidField> {
         check_id("id", &self.id)?;
+        if self.title.len() > MAX_TITLE_BYTES {
+            return Err(invalid(
+                "title",
+                format!(
+                    "{} bytes long; titles are at most {MAX_TITLE_BYTES} bytes",
+                    self.title.len()
+                ),
+            ));
+        }
         if let Some(m) = &self.model {
             for (field, name) in [
                 ("model.provider_id", &m.provider_id),
@@ -234,6 +248,20 @@ mod tests {
             tool(&"c".repeat(MAX_ID_BYTES), json!({})).validate(),
             Ok(())
         );
+    }
+
+    #[test]
+    fn a_session_title_is_bounded() {
+        let mut info = SessionInfo {
+            id: "s".into(),
+            title: "t".repeat(MAX_TITLE_BYTES),
+            ..Default::default()
+        };
+        assert_eq!(info.validate(), Ok(()));
+        info.title.push('t');
+        let err = info.validate().expect_err("too long");
+        assert_eq!(err.field, "title");
+        assert!(err.message.contains("1025 bytes"), "{err}");
     }
 
     #[test]

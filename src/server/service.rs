@@ -361,15 +361,27 @@ impl pb::sessions_server::Sessions for SessionsService {
             .get(&req.session_id)
             .await
             .map_err(Rejection::from)?;
-        let resp = handle
-            .call(|s, _| pb::GetSessionResponse {
-                info: Some(convert::session_to_pb(s.info())),
-                messages: s.messages().iter().map(convert::message_to_pb).collect(),
-                summary: Some(convert::summary_to_pb(s, false)),
+        let ledger = self.store.ledger().clone();
+        let (resp, held) = handle
+            .call(move |s, _| {
+                // Reserved before the copy is built, at what the session holds (about
+                // what the copy takes: its JSON expands into `Struct`s as the session's
+                // does into `Value`s), then set to the reply's bytes: readers of large
+                // sessions are refused past the share instead of each building a copy.
+                let mut held = ledger.reserve_or_alone(s.held_bytes(), "sessions")?;
+                let resp = pb::GetSessionResponse {
+                    info: Some(convert::session_to_pb(s.info())),
+                    messages: s.messages().iter().map(convert::message_to_pb).collect(),
+                    summary: Some(convert::summary_to_pb(s, false)),
+                };
+                let bytes = u64::try_from(prost::Message::encoded_len(&resp)).unwrap_or(u64::MAX);
+                held.resize_or_alone(&ledger, bytes, "sessions")?;
+                Ok::<_, StoreError>((resp, held))
             })
             .await
+            .and_then(|built| built)
             .map_err(Rejection::from)?;
-        self.held_until_sent(resp, "sessions")
+        Ok(held_response(resp, Some(held)))
     }
 
     async fn list_sessions(

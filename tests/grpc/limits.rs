@@ -436,13 +436,12 @@ async fn a_stream_client_that_stops_reading_is_disconnected_and_its_session_kept
     assert_eq!(get_session(&mut c, "slow").await.messages.len(), 2);
 }
 
-/// An OpenSession whose title is past half the in-flight share: its reply (the title
-/// again) goes out alone, as the request's own bytes are the session's once it is
-/// applied. Found in review of the held reply: the request's reservation, still held,
-/// made the reply's "alone" impossible, so the session was created and every open of
-/// it refused.
+/// An OpenSession whose title is past 1 KiB is refused naming `title`, and creates
+/// nothing. Before, a title was unbounded: one 4 MiB title past half the in-flight share
+/// made every reply carrying it (the open's, each `ListSessions`) a large one, and a
+/// few such sessions made every listing too large to send.
 #[tokio::test]
-async fn an_open_with_a_title_past_half_the_share_is_answered() {
+async fn an_open_with_a_title_past_its_limit_is_refused_and_creates_nothing() {
     let store = Store::new(EngineConfig::default()).with_limits(Limits {
         memory_budget: 48 << 20,
         ..Limits::default()
@@ -450,20 +449,33 @@ async fn an_open_with_a_title_past_half_the_share_is_answered() {
     let ledger = store.ledger().clone();
     let server = start_server_on(store, ServerOptions::default()).await;
     let mut c = server.client().await;
-    let titled = pb::SessionInfo {
-        title: "t".repeat(4 << 20),
-        ..session("titled")
+    let titled = |title: String| pb::OpenSessionRequest {
+        session: Some(pb::SessionInfo {
+            title,
+            ..session("titled")
+        }),
     };
-    for _ in 0..2 {
-        let summary = c
-            .open_session(pb::OpenSessionRequest {
-                session: Some(titled.clone()),
-            })
-            .await
-            .expect("answered")
-            .into_inner();
-        assert_eq!(summary.title.len(), 4 << 20);
-    }
+    let refused = c
+        .open_session(titled("t".repeat(4 << 20)))
+        .await
+        .expect_err("a 4 MiB title");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(
+        refused.message().starts_with("session.title: "),
+        "{refused:?}"
+    );
+    let listed = c
+        .list_sessions(pb::ListSessionsRequest {})
+        .await
+        .expect("listed")
+        .into_inner();
+    assert!(listed.sessions.is_empty(), "{listed:?}");
+    let summary = c
+        .open_session(titled("t".repeat(1024)))
+        .await
+        .expect("a title at the limit")
+        .into_inner();
+    assert_eq!(summary.title.len(), 1024);
     for _ in 0..500 {
         if ledger.in_flight() == 0 {
             break;
@@ -883,4 +895,85 @@ async fn an_applied_open_is_answered_though_the_share_has_no_room_for_its_summar
         .expect("opened")
         .into_inner();
     assert!(!again.created);
+}
+
+/// GetSession reserves before it builds its copy, at what the session holds: a session
+/// whose JSON expands (4 × 50,000 numbers: about 2.2 MiB encoded, several times that as
+/// the reply's `Value`s while it is built) is refused past the share while something
+/// else is in flight, and answered alone. Before, every reader built its whole copy first,
+/// uncounted, and only the encoded size was checked: N readers of N such sessions held
+/// N copies past the budget.
+#[tokio::test]
+async fn get_session_reserves_what_it_builds_before_building_it() {
+    let store = Store::new(EngineConfig::default()).with_limits(Limits {
+        memory_budget: 32 << 20,
+        ..Limits::default()
+    });
+    let ledger = store.ledger().clone();
+    let server = start_server_on(store, ServerOptions::default()).await;
+    let mut c = server.client().await;
+    open_session(&mut c, session("wide")).await;
+    put_message(&mut c, "wide", user_msg("u0")).await;
+    let numbers = prost_types::ListValue {
+        values: (0..50_000)
+            .map(|i| prost_types::Value {
+                kind: Some(prost_types::value::Kind::NumberValue(f64::from(i))),
+            })
+            .collect(),
+    };
+    let mut part = tool_part("u0", "k1", "read", "done");
+    if let Some(pb::part::Kind::Tool(t)) = &mut part.kind
+        && let Some(state) = &mut t.state
+        && let Some(input) = &mut state.input
+    {
+        input.fields.insert(
+            "numbers".into(),
+            prost_types::Value {
+                kind: Some(prost_types::value::Kind::ListValue(numbers)),
+            },
+        );
+    }
+    for k in ["k1", "k2", "k3", "k4"] {
+        let mut part = part.clone();
+        part.id = k.into();
+        if let Some(pb::part::Kind::Tool(t)) = &mut part.kind {
+            t.call_id = format!("call_{k}");
+        }
+        put_part(&mut c, "wide", part).await;
+    }
+    let ask = || pb::GetSessionRequest {
+        session_id: "wide".into(),
+    };
+
+    let elsewhere = ledger.reserve(1, "elsewhere").expect("room for a byte");
+    // Matched, not `expect_err`: a reply would print 200,000 numbers.
+    let Err(refused) = c.get_session(ask()).await else {
+        panic!("answered past the share, though something else is in flight");
+    };
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    assert!(refused.message().contains("sessions"), "{refused:?}");
+    drop(elsewhere);
+
+    let alone = c
+        .get_session(ask())
+        .await
+        .expect("answered alone")
+        .into_inner();
+    let (encoded, held) = (
+        prost::Message::encoded_len(&alone),
+        alone.summary.as_ref().map_or(0, |s| s.held_bytes),
+    );
+    // The reply fits the share (4 MiB) encoded; what the session holds does not.
+    assert!(encoded < 4 << 20 && held > 4 << 20, "{encoded} {held}");
+    for _ in 0..500 {
+        if ledger.in_flight() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(ledger.in_flight(), 0, "given back once sent");
 }
