@@ -228,6 +228,12 @@ pub async fn start(
     let Some(summarizer) = hub.compaction.summarizer.clone() else {
         return Err(precondition(SummarizeError::NotConfigured.to_string()));
     };
+    // A model the request names is checked first: refused before the session is loaded,
+    // claimed or planned (the field is named within the options; each entry point names
+    // where they sit).
+    if !options.model.is_empty() {
+        hub.compaction.check_model("model", &options.model)?;
+    }
     let handle = hub.store.get(session_id).await?;
     // Held by this call until the job takes it: every early return below frees it.
     let claim = hub.claim(session_id).map_err(|refused| match refused {
@@ -281,12 +287,11 @@ pub async fn start(
             *field = v;
         }
     }
-    // The request's model is checked against the allow-list (the field is named within
-    // the options; each entry point names where they sit). The session's was checked
-    // when it was set, but the operator may have changed the list since (a restart on
-    // the same data): then the server's model compacts it, as for a session that names
-    // none, rather than every compaction of it, automatic ones too, failing on a field
-    // the request never set.
+    // The request's model was checked above. The session's was checked when it was
+    // set, but the operator may have changed the allow-list since (a restart on the same
+    // data): then the server's model compacts it, as for a session that names none,
+    // rather than every compaction of it, automatic ones too, failing on a field the
+    // request never set.
     let model = if options.model.is_empty() {
         session.compaction_model.filter(|m| {
             let allowed = hub.compaction.check_model("model", m);
@@ -296,7 +301,6 @@ pub async fn start(
             allowed.is_ok()
         })
     } else {
-        hub.compaction.check_model("model", &options.model)?;
         Some(options.model.clone())
     };
     // The head copied out of the session and the prompts built from it are held until

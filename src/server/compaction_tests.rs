@@ -840,3 +840,37 @@ async fn a_session_model_the_allow_list_no_longer_holds_gives_way_to_the_servers
     // A request's own model is still held to the list: settings.rs
     // models_outside_the_operators_allow_list_are_refused.
 }
+
+/// A model the request names outside the allow-list is refused first, naming it. Before,
+/// the session was loaded, claimed and planned (its head copied out) before the model
+/// was looked at: a request for a session with nothing to compact, or one compacting
+/// already, was told that instead, and never learned its model was refused.
+#[tokio::test]
+async fn a_refused_model_is_named_before_the_session_is_looked_at() {
+    let store = Arc::new(Store::new(EngineConfig::default()));
+    let info = SessionInfo {
+        id: SID.into(),
+        ..Default::default()
+    };
+    store.open(info).await.expect("open");
+    let compaction = CompactionConfig {
+        summarizer: Some(Arc::new(Fake::answering("summary"))),
+        allowed_models: vec!["new".into()],
+        ..Default::default()
+    };
+    let hub = Arc::new(Hub::new(store, compaction));
+    // An empty session (nothing to compact) and one that does not exist.
+    for session_id in [SID, "missing"] {
+        let options = Options {
+            model: "other".into(),
+            ..Default::default()
+        };
+        let refused = start(&hub, session_id, options, None, None)
+            .await
+            .expect_err("a model outside the list");
+        assert_eq!(refused.code, tonic::Code::PermissionDenied, "{refused:?}");
+        assert_eq!(refused.field, "model", "{refused:?}");
+    }
+    // The claim was never taken: the slot is free.
+    assert!(hub.claim(SID).is_ok());
+}
