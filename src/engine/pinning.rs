@@ -12,7 +12,8 @@ use crate::domain::PartKind;
 
 impl Session {
     /// Applies [`super::Update::Pin`] (validated first); a new pin restores what it covers.
-    /// Pinning what is pinned, or unpinning what is not, changes nothing.
+    /// Pinning what is pinned, or unpinning what is not, changes nothing; unpinning a
+    /// part its message's pin covers is refused (it would stay pinned).
     pub(super) fn pin(
         &mut self,
         message_id: &str,
@@ -33,8 +34,24 @@ impl Session {
                 format!("part {id} does not exist in message {message_id}"),
             ));
         }
-        // Not on replay: an unpin the log holds was admitted once (as an older build's
-        // summary may hold what this one's would not).
+        // A part with no pin of its own that its message's pin covers stays pinned: an
+        // unpin of it would be acknowledged and change nothing. Not on replay: the log
+        // holds what was admitted once (as an older build's summary may hold what this
+        // one's would not).
+        if !pinned
+            && !self.replaying
+            && let Some(id) = part_id
+            && self.pins().holds(msg, None)
+            && !self.pins().holds(msg, Some(id))
+        {
+            return Err(ApplyError::precondition(
+                "part_id",
+                format!(
+                    "part {id} is pinned through its message {message_id}: unpin the \
+                     message (no part_id), then pin the parts to keep"
+                ),
+            ));
+        }
         if !pinned
             && !self.replaying
             && let Some(lost) = self.unpin_would_drop(msg, part_id)

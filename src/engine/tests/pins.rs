@@ -374,3 +374,27 @@ fn a_pinned_earlier_summary_inside_a_later_tail_is_carried() {
     );
     assert_consistent(&mut s, "after the second compaction");
 }
+
+/// Unpinning a part its message's pin covers is refused naming `part_id`, and the pin
+/// stands. Before, it was acknowledged and changed nothing: the part stayed pinned
+/// (Recall said so) though the host had just unpinned it. Its own pin, beside the
+/// message's, is lifted once the message's is.
+#[test]
+fn unpinning_a_part_its_message_pin_covers_is_refused() {
+    let mut s = session(PRUNABLE);
+    apply(&mut s, pin("a1", None, true));
+    apply(&mut s, pin("a1", Some("p1"), true));
+    let before = s.clone();
+    let e = s
+        .apply(pin("a1", Some("p2"), false), &config())
+        .expect_err("covered by the message's pin");
+    assert_eq!(e.kind, ErrorKind::FailedPrecondition, "{e}");
+    assert_eq!(e.field, "part_id", "{e}");
+    assert!(s.is_pinned(1, "p2"));
+    assert_eq!(s.context_openai().json, before.context_openai().json);
+    // Unpinned through the message, the part's own pin (p1) is what is left.
+    apply(&mut s, pin("a1", None, false));
+    assert!(s.is_pinned(1, "p1") && !s.is_pinned(1, "p2"));
+    apply(&mut s, pin("a1", Some("p1"), false));
+    assert!(!s.is_pinned(1, "p1"));
+}

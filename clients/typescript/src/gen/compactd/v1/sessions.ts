@@ -7492,7 +7492,8 @@ export const SessionsService = {
   /**
    * Pins a part, or a whole message, so it is never pruned or rewritten by a strategy and
    * is carried verbatim through compaction (a part already reduced reads verbatim again);
-   * `pinned: false` unpins it. NOT_FOUND names `message_id` or `part_id` when unknown.
+   * `pinned: false` unpins it. NOT_FOUND names `message_id` or `part_id` when unknown;
+   * unpinning one part of a message pinned whole is FAILED_PRECONDITION naming `part_id`.
    */
   pin: {
     path: "/compactd.v1.Sessions/Pin" as const,
@@ -7607,7 +7608,8 @@ export interface SessionsServer extends UntypedServiceImplementation {
   /**
    * Pins a part, or a whole message, so it is never pruned or rewritten by a strategy and
    * is carried verbatim through compaction (a part already reduced reads verbatim again);
-   * `pinned: false` unpins it. NOT_FOUND names `message_id` or `part_id` when unknown.
+   * `pinned: false` unpins it. NOT_FOUND names `message_id` or `part_id` when unknown;
+   * unpinning one part of a message pinned whole is FAILED_PRECONDITION naming `part_id`.
    */
   pin: handleUnaryCall<PinRequest, UpdateResponse>;
   /**
@@ -7864,7 +7866,8 @@ export interface SessionsClient extends Client {
   /**
    * Pins a part, or a whole message, so it is never pruned or rewritten by a strategy and
    * is carried verbatim through compaction (a part already reduced reads verbatim again);
-   * `pinned: false` unpins it. NOT_FOUND names `message_id` or `part_id` when unknown.
+   * `pinned: false` unpins it. NOT_FOUND names `message_id` or `part_id` when unknown;
+   * unpinning one part of a message pinned whole is FAILED_PRECONDITION naming `part_id`.
    */
   pin(request: PinRequest, callback: (error: ServiceError | null, response: UpdateResponse) => void): ClientUnaryCall;
   pin(
