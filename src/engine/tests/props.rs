@@ -327,11 +327,28 @@ impl Driver {
                     return;
                 }
                 let p = &parts[pick % parts.len()];
-                self.step(Update::Pin {
+                let update = Update::Pin {
                     message_id: p.message_id.clone(),
                     part_id: (!whole).then(|| p.id.clone()),
                     pinned,
-                });
+                };
+                // Unpinning a part only its message's pin covers is refused (it would
+                // stay pinned), and changes nothing.
+                let msg = self.s.position(&p.message_id);
+                let refused = !pinned
+                    && !whole
+                    && msg.is_some_and(|m| {
+                        self.s.pins().holds(m, None) && !self.s.pins().holds(m, Some(&p.id))
+                    });
+                if refused {
+                    let before = self.s.context_openai().json;
+                    let e = step(&mut self.s, update, &config(), self.now)
+                        .expect_err("covered by the message's pin");
+                    assert_eq!(e.field, "part_id", "{e}");
+                    assert_eq!(self.s.context_openai().json, before);
+                } else {
+                    self.step(update);
+                }
             }
         }
     }
