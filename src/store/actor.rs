@@ -1212,7 +1212,15 @@ impl Actor {
         let backend = j.d.backend.clone();
         let id = self.me.id.to_string();
         let config = self.config.clone();
+        // A turn among the store's loads, as a reload's: a bug that panics one kind of
+        // job on every session would otherwise read them all back at once, each beside
+        // its copy in memory.
+        let turn = match self.me.store.upgrade() {
+            Some(store) => store.loads.take().await,
+            None => None,
+        };
         let rebuilt = tokio::task::spawn_blocking(move || -> Result<restore::Restored, String> {
+            let _turn = turn;
             let stored = backend
                 .load(&id)
                 .map_err(|e| e.to_string())?

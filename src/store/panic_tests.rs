@@ -15,7 +15,7 @@ use crate::engine::calibration::Factors;
 use crate::store::sqlite::Sqlite;
 
 /// A job that changes the session, then panics, as a bug in the engine would.
-async fn panic_in(h: &SessionHandle) {
+pub(super) async fn panic_in(h: &SessionHandle) {
     let r = h
         .call(|s, _| -> () {
             let ghost = crate::domain::MessageInfo::new("ghost", crate::domain::Role::User);

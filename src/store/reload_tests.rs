@@ -69,6 +69,48 @@ async fn reloads_after_failed_commits_take_turns_with_loads() {
     store.close().await;
 }
 
+/// Eight sessions whose jobs panic at once (a bug one kind of update meets on every
+/// session): each actor rebuilds its session from the disk, at most
+/// [`MAX_CONCURRENT_LOADS`] at a time, and each goes on. Before, the rebuilds took no
+/// turn: all eight read and decoded at once, each beside its copy in memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rebuilds_after_panicking_jobs_take_turns_with_loads() {
+    let dir = tempfile::tempdir().expect("dir");
+    let faulty = Arc::new(Faulty::sync(dir.path(), None));
+    let counts = Arc::new(Counts::default());
+    let store = Store::new(EngineConfig::default())
+        .with_backend(counted(faulty, counts.clone(), Duration::from_millis(150)))
+        .expect("listed");
+    let mut handles = Vec::new();
+    for i in 0..8 {
+        let (h, _) = store.open(info(&format!("s{i}"))).await.expect("open");
+        feed(&h, turn(0, 1, 1000)).await;
+        handles.push(h);
+    }
+    let panicked: Vec<_> = handles
+        .iter()
+        .cloned()
+        .map(|h| tokio::spawn(async move { super::panic_tests::panic_in(&h).await }))
+        .collect();
+    for p in panicked {
+        p.await.expect("joined");
+    }
+    for h in &handles {
+        let u = turn(1, 1, 100).remove(0);
+        h.call(move |s, _| s.step(u, NOW))
+            .await
+            .expect("ran")
+            .expect("applied");
+    }
+    let most = counts.most.load(SeqCst);
+    assert!(most >= 1, "the sessions were rebuilt from the disk");
+    assert!(
+        most <= MAX_CONCURRENT_LOADS,
+        "{most} rebuilds at once, past {MAX_CONCURRENT_LOADS}"
+    );
+    store.close().await;
+}
+
 /// Memory pressure on a disk that refuses every write (`sync`): a session whose try to
 /// go cold failed (a whole write, then a reload) is not tried again before its wait is
 /// over. Before, every job woke the evictor, which tried the same session again: the
