@@ -1347,6 +1347,9 @@ impl Actor {
                 return Ok(());
             };
             if let Some((rx, _)) = j.outstanding.as_mut() {
+                // Waited for: written now, not at the end of the interval (a session going
+                // cold under memory pressure would otherwise hold its memory that long).
+                j.d.backend.expedite();
                 let r = rx.await.unwrap_or(Err(BackendError::Closed));
                 let failed = r.clone().err();
                 let waits = j.waits;

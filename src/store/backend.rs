@@ -239,6 +239,9 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// (the store is closing: its final writes must land within the shutdown's grace, not
     /// up to an interval later).
     fn hurry(&self) {}
+    /// Commits what is queued now rather than at the end of the interval, once: someone
+    /// waits for it (a session going cold to free memory, an explicit flush).
+    fn expedite(&self) {}
     /// Writes everything queued and stops the writer; later writes fail with `Closed`.
     fn close(&self);
 }

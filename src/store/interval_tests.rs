@@ -148,6 +148,29 @@ async fn closing_under_a_long_interval_writes_at_once() {
     );
 }
 
+/// A session going cold under a long interval is written at once: memory pressure
+/// waits for it. Found in review: its final snapshot (and the batch before it) waited
+/// out the writer's interval, so freeing k sessions took k intervals while updates
+/// were refused for room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn going_cold_under_a_long_interval_writes_at_once() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (store, last) = fed_at(dir.path(), Duration::from_secs(600), None).await;
+    let h = store.hot("s").expect("in memory");
+    let began = Instant::now();
+    let left = tokio::time::timeout(Duration::from_secs(60), h.evict())
+        .await
+        .expect("went cold within 60 s, not the 600 s interval");
+    assert!(left, "it left memory");
+    assert!(
+        began.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        began.elapsed()
+    );
+    assert_eq!(durable_seq(dir.path(), "s"), last, "on disk whole");
+    store.close().await;
+}
+
 /// A panic in the writer (here: in the metrics observer it reports each commit to)
 /// leaves it writing. Found in review: the writer thread died, every later write was
 /// answered `Closed`, which the sessions took for the store closing: changes acknowledged
