@@ -241,6 +241,37 @@ impl Drop for JournalBytes {
     }
 }
 
+/// Bytes counted as held ahead of the session that will hold them (one read from disk,
+/// waiting for admission): concurrent admissions see each other's, and the bytes are
+/// given back on drop (the admitted session counts its own from then on).
+#[derive(Debug)]
+pub(super) struct HeldAhead {
+    ledger: Arc<Ledger>,
+    bytes: u64,
+}
+
+impl HeldAhead {
+    /// Counts `bytes` as held until dropped.
+    pub(super) fn new(ledger: &Arc<Ledger>, bytes: u64) -> HeldAhead {
+        ledger.add_held(bytes);
+        HeldAhead {
+            ledger: ledger.clone(),
+            bytes,
+        }
+    }
+
+    /// The bytes counted.
+    pub(super) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for HeldAhead {
+    fn drop(&mut self) {
+        self.ledger.add_held(0u64.wrapping_sub(self.bytes));
+    }
+}
+
 /// Bytes reserved in a [`Ledger`], given back on drop (the default reserves nothing).
 #[derive(Debug, Default)]
 pub struct Reservation {

@@ -442,3 +442,71 @@ async fn a_load_that_found_nothing_leaves_a_re_created_session_reachable() {
     assert_eq!(observed(&h).await, new_session);
     store.close().await;
 }
+
+/// Sessions read from disk while the budget is full wait for room counted as held, so
+/// the loads waiting beside them see them. Before, a load gave its turn back once read
+/// and waited for room with its session decoded but counted nowhere: loads of many cold
+/// sessions at once (a fleet's hosts reconnecting) held them all outside the budget
+/// while the evictor worked, and each was admitted against the same figure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_read_while_the_budget_is_full_wait_counted() {
+    use super::durable_tests::Faulty;
+    let dir = tempfile::tempdir().expect("dir");
+    let faulty = Arc::new(Faulty::sync(dir.path(), None));
+    let budget: u64 = 16 << 20;
+    let store = Arc::new(
+        Store::new(EngineConfig::default())
+            .with_limits(Limits {
+                memory_budget: budget,
+                ..Limits::default()
+            })
+            .with_backend(faulty.clone())
+            .expect("listed"),
+    );
+    let mut hot = Vec::new();
+    let mut cold = Vec::new();
+    for i in 0..6 {
+        let (h, _) = store.open(info(&format!("s{i}"))).await.expect("open");
+        feed(&h, turn(0, 4, 100_000)).await;
+        h.flush().await.expect("written");
+        if i < 4 {
+            assert!(h.evict().await, "s{i} went cold");
+            cold.push(format!("s{i}"));
+        } else {
+            hot.push(h);
+        }
+    }
+    // The disk now refuses (slowly) what the hot sessions would write to go cold, and
+    // the budget has no room for one more session.
+    faulty.fail_after_ms.store(500, SeqCst);
+    faulty.fail_all.store(true, SeqCst);
+    let full = budget.saturating_sub(store.ledger().counted());
+    let _taken = store.ledger().count(full, "test");
+    let base = store.ledger().held();
+    let loads: Vec<_> = cold
+        .iter()
+        .map(|id| {
+            let (store, id) = (store.clone(), id.clone());
+            tokio::spawn(async move { store.get(&id).await.map(drop) })
+        })
+        .collect();
+    // Each session holds over 400 KB: two read and waiting are over 800 KB.
+    let mut most = 0;
+    for _ in 0..1_000 {
+        most = most.max(store.ledger().held().saturating_sub(base));
+        if most > 800_000 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(
+        most > 800_000,
+        "sessions waiting for room are counted: {most}"
+    );
+    for l in loads {
+        let _ = l.await.expect("joined");
+    }
+    faulty.fail_all.store(false, SeqCst);
+    drop(hot);
+    store.close().await;
+}

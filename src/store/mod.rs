@@ -584,7 +584,11 @@ impl Store {
     async fn admit_evicting(&self, bytes: u64, freed: u64) -> Result<(), StoreError> {
         match self.admit(bytes, freed) {
             Err(StoreError::OverBudget { .. }) if self.backend.is_some() => {
-                let target = watermark(self.limits.memory_budget, LOW_WATER).saturating_sub(bytes);
+                // Down to where admitting `bytes` (and letting `freed` go) stays under
+                // the low-water mark.
+                let target = watermark(self.limits.memory_budget, LOW_WATER)
+                    .saturating_add(freed)
+                    .saturating_sub(bytes);
                 make_room(&self.shared, &self.ledger, target, false).await;
                 self.admit(bytes, freed)
             }
@@ -753,7 +757,11 @@ impl Store {
     }
 
     async fn admit_loaded(&self, id: &str, r: restore::Restored) -> Result<Admitted, StoreError> {
-        self.admit_evicting(r.session.held_bytes(), 0).await?;
+        // Counted from now (the read gave its turn back): loads waiting here for room
+        // see each other's sessions, rather than each passing against the same figure
+        // and all landing past the budget.
+        let ahead = ledger::HeldAhead::new(&self.ledger, r.session.held_bytes());
+        self.admit_evicting(ahead.bytes(), ahead.bytes()).await?;
         let durable = self.durable(r.incarnation, r.seq, r.log_bytes, r.snapshot_bytes);
         let mut map = self.write();
         if self.is_closing() {
@@ -779,6 +787,8 @@ impl Store {
         {
             session.resume(resume);
         }
+        // The session counts its own bytes from its spawn.
+        drop(ahead);
         let handle = self.spawn(session, durable);
         map.hot.insert(id.to_string(), handle.clone());
         Ok(Admitted::Handle(handle))
