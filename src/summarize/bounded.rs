@@ -2,10 +2,12 @@
 //! async-openai (`retry_after.rs`). async-openai reads any non-2xx body whole, so the layer
 //! reads an error's body first, at most [`ERROR_BODY_BYTES`] of it, and hands async-openai
 //! a response it still reads the status and message of. An answer's body (2xx) passes
-//! through [`guard`], which fails it past [`MAX_ANSWER_BYTES`], or past [`MAX_LINE_BYTES`]
-//! in one line. What is not read never is: the response is dropped, which closes the
-//! connection. How much summary text one request may bring is `llm.rs`'s concern, how much
-//! of a message an error keeps `llm/errors.rs`'s.
+//! through [`guard`], which fails it past its limit ([`MAX_ANSWER_BYTES`] for a summary's
+//! stream, [`PROBE_ANSWER_BYTES`] and the request's size for the probe's one JSON body),
+//! past [`MAX_LINE_BYTES`] in one line, or past [`MAX_EVENT_BYTES`] in one event. What is
+//! not read never is: the response is dropped, which closes the connection. How much
+//! summary text one request may bring is `llm.rs`'s concern, how much of a message an
+//! error keeps `llm/errors.rs`'s.
 
 use std::sync::{Arc, OnceLock};
 
@@ -19,8 +21,7 @@ use reqwest::header::{CONTENT_ENCODING, CONTENT_LENGTH, TRANSFER_ENCODING};
 /// (before the key is redacted) never shows.
 pub(super) const ERROR_BODY_BYTES: usize = 64 * 1024;
 
-/// The most compactd reads of one answer's body (a summary's stream, or the probe's JSON).
-/// async-openai reads a stream ahead of compactd into an unbounded queue, so while a caller
+/// The most compactd reads of a summary's stream. async-openai reads a stream ahead of compactd into an unbounded queue, so while a caller
 /// is slow to take the summary's deltas the queue holds whatever the endpoint sends; and an
 /// event that never ends grows across its lines. 64 MiB holds a stream of over 100,000
 /// tokens at the 500 bytes of SSE the wordiest servers spend on one, more than any model
@@ -33,19 +34,35 @@ pub(super) const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
 /// quarter of a million tokens' text in one chunk.
 pub(super) const MAX_LINE_BYTES: usize = 1024 * 1024;
 
-/// `response` (a success) whose body fails once it passes [`MAX_ANSWER_BYTES`], or a line of
-/// it [`MAX_LINE_BYTES`]; why goes to `cut`, as async-openai's stream error says only that
-/// the body failed. The failure ends async-openai's reading task, which drops the response.
+/// The largest event of an answer, from its first line to the blank line that ends it.
+/// The SSE parser joins an event's `data:` lines into one text, which async-openai parses
+/// as JSON whole: short lines that each pass [`MAX_LINE_BYTES`] would otherwise make one
+/// event of the whole answer, parsed at once into a tree many times its size (`0,` is two
+/// bytes, its `serde_json::Value` 72: 60 MiB of them, over 2 GB). A real event is one chunk
+/// of a few hundred bytes; 1 MiB, as for a line, holds a quarter of a million tokens' text.
+pub(super) const MAX_EVENT_BYTES: usize = 1024 * 1024;
+
+/// The most compactd reads of the probe's answer (`llm/too_long.rs`) beside the size of the
+/// probe itself: one JSON body, read whole and parsed at once, for one token, which any
+/// server writes in a few KiB. The probe's size is allowed on top because a server may echo
+/// the prompt (llama.cpp's server run with `--verbose` adds it under `__verbose`).
+pub(super) const PROBE_ANSWER_BYTES: usize = 64 * 1024;
+
+/// `response` (a success) whose body fails once it passes `limit` bytes, a line of it
+/// [`MAX_LINE_BYTES`] or an event [`MAX_EVENT_BYTES`]; why goes to `cut`, as async-openai's
+/// stream error says only that the body failed. The failure ends async-openai's reading
+/// task, which drops the response.
 pub(super) fn guard(
     response: reqwest::Response,
     cut: Option<Arc<OnceLock<String>>>,
+    limit: usize,
 ) -> reqwest::Response {
     let status = response.status();
     let version = response.version();
     let headers = response.headers().clone();
     let body = response
         .bytes_stream()
-        .scan(Meter::default(), move |meter, chunk| {
+        .scan(Meter::new(limit), move |meter, chunk| {
             let item = match chunk {
                 // Fused: once over, nothing more is read.
                 _ if meter.over => None,
@@ -151,46 +168,81 @@ fn cut_error_body(status: reqwest::StatusCode, kept: &[u8]) -> Vec<u8> {
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Counts an answer's body as it arrives.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Meter {
+    /// The most bytes the answer may have.
+    limit: usize,
     /// Bytes so far.
     total: usize,
     /// Bytes of the line still open at the end of the last read.
     open_line: usize,
+    /// Bytes of the event still open (since the last blank line), line ends aside.
+    open_event: usize,
+    /// The last byte read was a CR: a LF right after it ends the same line.
+    after_cr: bool,
     /// A limit was passed: nothing more is read.
     over: bool,
 }
 
 impl Meter {
-    /// Counts `chunk`; why it is one too many when the answer, or a line that spans reads,
-    /// is now past its limit. A line within one read is not measured: the transport bounds
-    /// a read, and the parser takes such a line in one pass.
+    /// A meter of an answer of at most `limit` bytes.
+    fn new(limit: usize) -> Meter {
+        Meter {
+            limit,
+            total: 0,
+            open_line: 0,
+            open_event: 0,
+            after_cr: false,
+            over: false,
+        }
+    }
+
+    /// Counts `chunk`; why it is one too many when the answer, a line or an event (across
+    /// reads or within one) is now past its limit.
     fn admit(&mut self, chunk: &[u8]) -> Result<(), String> {
         self.total = self.total.saturating_add(chunk.len());
-        let is_eol = |b: &u8| *b == b'\n' || *b == b'\r';
-        let longest = match (
-            chunk.iter().position(is_eol),
-            chunk.iter().rposition(is_eol),
-        ) {
-            (Some(first), Some(last)) => {
-                let ended = self.open_line.saturating_add(first);
-                self.open_line = chunk.len().saturating_sub(last.saturating_add(1));
-                ended.max(self.open_line)
-            }
-            _ => {
-                self.open_line = self.open_line.saturating_add(chunk.len());
-                self.open_line
-            }
-        };
-        let why = if self.total > MAX_ANSWER_BYTES {
-            format!("the endpoint's answer exceeded {MAX_ANSWER_BYTES} bytes")
-        } else if longest > MAX_LINE_BYTES {
-            format!("a line of the endpoint's answer exceeded {MAX_LINE_BYTES} bytes")
+        let why = if self.total > self.limit {
+            Some(format!(
+                "the endpoint's answer exceeded {} bytes",
+                self.limit
+            ))
         } else {
-            return Ok(());
+            chunk.iter().find_map(|&b| self.step(b))
         };
+        let Some(why) = why else { return Ok(()) };
         self.over = true;
         Err(format!("{why}; compactd stopped reading it"))
+    }
+
+    /// Counts one byte; which limit it passed, if any.
+    fn step(&mut self, b: u8) -> Option<String> {
+        let lf_of_crlf = b == b'\n' && self.after_cr;
+        self.after_cr = b == b'\r';
+        if lf_of_crlf {
+            return None;
+        }
+        if b == b'\n' || b == b'\r' {
+            // A blank line ends the event.
+            if self.open_line == 0 {
+                self.open_event = 0;
+            }
+            self.open_line = 0;
+            return None;
+        }
+        self.open_line = self.open_line.saturating_add(1);
+        self.open_event = self.open_event.saturating_add(1);
+        if self.open_line > MAX_LINE_BYTES {
+            return Some(format!(
+                "a line of the endpoint's answer exceeded {MAX_LINE_BYTES} bytes"
+            ));
+        }
+        if self.open_event > MAX_EVENT_BYTES {
+            return Some(format!(
+                "an event of the endpoint's answer exceeded {MAX_EVENT_BYTES} bytes (no \
+                 stream's chunk is that large)"
+            ));
+        }
+        None
     }
 }
 
@@ -225,7 +277,7 @@ mod tests {
 
     #[test]
     fn a_line_that_spans_reads_is_measured_across_them() {
-        let mut meter = Meter::default();
+        let mut meter = Meter::new(MAX_ANSWER_BYTES);
         let half = vec![b'x'; MAX_LINE_BYTES / 2 + 1];
         assert_eq!(meter.admit(&half), Ok(()));
         // A line that ends in this read, longer than the limit with the last one.
@@ -240,7 +292,7 @@ mod tests {
         assert!(meter.over);
 
         // Lines that end keep the count low, whatever the total.
-        let mut meter = Meter::default();
+        let mut meter = Meter::new(MAX_ANSWER_BYTES);
         let frame = b"data: {\"choices\":[]}\r\n\r\n".repeat(1_000);
         for _ in 0..1_000 {
             assert_eq!(meter.admit(&frame), Ok(()));
@@ -250,7 +302,7 @@ mod tests {
 
     #[test]
     fn an_answer_past_its_limit_is_over() {
-        let mut meter = Meter::default();
+        let mut meter = Meter::new(MAX_ANSWER_BYTES);
         let read = b"data: {}\n\n".repeat(MAX_ANSWER_BYTES / 10 / 64);
         let mut reads = 0;
         let why = loop {
@@ -267,5 +319,50 @@ mod tests {
             "{why}"
         );
         assert!(meter.total > MAX_ANSWER_BYTES);
+    }
+
+    /// The SSE parser joins an event's lines into one text parsed whole: an event of short
+    /// lines is measured until the blank line that ends it, across reads, whatever its
+    /// line ends; events that end stay small whatever the answer's total.
+    #[test]
+    fn an_event_is_measured_to_the_blank_line_that_ends_it() {
+        let line = format!("data: {}\n", ",0".repeat(500));
+        let read = line.repeat(64);
+        let mut meter = Meter::new(MAX_ANSWER_BYTES);
+        let mut reads = 0;
+        let why = loop {
+            if let Err(why) = meter.admit(read.as_bytes()) {
+                break why;
+            }
+            reads += 1;
+            assert!(
+                reads * read.len() <= 2 * MAX_EVENT_BYTES,
+                "the bound was not applied"
+            );
+        };
+        assert_eq!(
+            why,
+            format!(
+                "an event of the endpoint's answer exceeded {MAX_EVENT_BYTES} bytes (no \
+                 stream's chunk is that large); compactd stopped reading it"
+            )
+        );
+        assert!(meter.open_line < MAX_LINE_BYTES);
+
+        for eol in ["\n", "\r\n", "\r"] {
+            // Events of half the bound, one after the other.
+            let mut meter = Meter::new(MAX_ANSWER_BYTES);
+            let lines = format!("{}{eol}", line.trim_end()).repeat(500);
+            let event = format!("{lines}{eol}");
+            for _ in 0..8 {
+                assert_eq!(meter.admit(event.as_bytes()), Ok(()), "{eol:?}");
+            }
+            assert_eq!(meter.open_event, 0, "{eol:?}");
+        }
+        // A CRLF split across reads ends one line, not two (no blank line between them).
+        let mut meter = Meter::new(MAX_ANSWER_BYTES);
+        assert_eq!(meter.admit(b"data: 1\r"), Ok(()));
+        assert_eq!(meter.admit(b"\ndata: 2\r\n"), Ok(()));
+        assert_eq!(meter.open_event, 14);
     }
 }

@@ -21,9 +21,11 @@ use crate::config::redact;
 /// Deadline of each discovery request: a server that is up answers these in milliseconds,
 /// and a compaction waits for them.
 pub const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(5);
-/// Longest discovery answer read: a gateway's model list (hundreds of models) is well
-/// under this; a longer one is not worth holding.
-pub const MAX_DISCOVERY_BYTES: usize = 4 << 20;
+/// Longest discovery answer read, parsed whole into a `serde_json::Value` (36 times its
+/// size for a body of small numbers). The longest lists served are a gateway's, some 400
+/// models with a description each (OpenRouter's), around 1 MiB; vLLM's and llama.cpp's are a
+/// few KiB. A longer answer is ignored (the window is then learned from the first refusal).
+pub const MAX_DISCOVERY_BYTES: usize = 2 << 20;
 
 /// What the endpoint said when asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,4 +125,53 @@ async fn get_json(
         }
     }
     Some(serde_json::from_slice(&bytes).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::summarize::fake_endpoint::{Endpoint, json_response};
+
+    /// Serves `list` at `/v1/models` (and nothing at `/props`).
+    async fn serving(list: String) -> Endpoint {
+        Endpoint::start(move |_, r| {
+            if r.path.ends_with("/models") {
+                json_response(200, &list)
+            } else {
+                json_response(404, r#"{"error":{"message":"not found"}}"#)
+            }
+        })
+        .await
+    }
+
+    /// A discovery answer is parsed whole into a `Value`: one past the bound is ignored
+    /// (before, up to 4 MiB of it was parsed), and a list as long as the longest a gateway
+    /// serves is read.
+    #[tokio::test]
+    async fn a_model_list_past_the_bound_is_ignored_and_a_gateways_is_read() {
+        let http = reqwest::Client::new();
+        // 600 entries of 1.5 KiB (OpenRouter's carry a description each): 900 KiB.
+        let entries: Vec<Value> = (0..600)
+            .map(|i| {
+                json!({"id": format!("vendor/model-{i}"), "context_length": 131_072,
+                       "description": "d".repeat(1_400)})
+            })
+            .collect();
+        let gateway = serving(json!({ "data": entries }).to_string()).await;
+        assert_eq!(
+            ask(&http, &gateway.base_url(), "vendor/model-7", None).await,
+            Answer::Told(131_072, WindowSource::Models)
+        );
+
+        // 3 MB of small numbers, parsed into 108 MB of `Value`s.
+        let numbers = vec![0; 1_500_000];
+        let padded = json!({"data": [{"id": "m", "context_length": 8_192}], "pad": numbers});
+        let padded = serving(padded.to_string()).await;
+        assert_eq!(
+            ask(&http, &padded.base_url(), "m", None).await,
+            Answer::Silent
+        );
+    }
 }

@@ -13,6 +13,8 @@
 //! Client errors are mapped in `errors.rs`. One request may bring only so much text
 //! ([`summary_cap`]); past it compactd stops reading and fails the request.
 
+#[cfg(test)]
+mod bounds_tests;
 mod errors;
 mod finish;
 mod too_long;

@@ -13,6 +13,8 @@ mod bounded;
 pub mod budget;
 pub mod chunk;
 mod discover;
+#[cfg(test)]
+mod fake_endpoint;
 mod llm;
 pub mod output_cap;
 pub mod prompt;

@@ -32,6 +32,8 @@ pub(super) struct Seen {
 struct Slot {
     hint: Cell<Option<Duration>>,
     cut: Arc<OnceLock<String>>,
+    /// The most bytes the answer's body may have (`bounded::guard`).
+    limit: usize,
 }
 
 tokio::task_local! {
@@ -40,9 +42,16 @@ tokio::task_local! {
 
 /// Runs one attempt with a fresh slot; returns its result and what the HTTP layer saw.
 pub(super) async fn scoped<T>(attempt: impl Future<Output = T>) -> (T, Seen) {
+    scoped_within(bounded::MAX_ANSWER_BYTES, attempt).await
+}
+
+/// [`scoped`] for a request whose answer's body may have at most `limit` bytes: the probe's,
+/// one JSON body that async-openai reads whole and parses at once.
+pub(super) async fn scoped_within<T>(limit: usize, attempt: impl Future<Output = T>) -> (T, Seen) {
     let slot = Slot {
         hint: Cell::new(None),
         cut: Arc::new(OnceLock::new()),
+        limit,
     };
     SLOT.scope(slot, async {
         let out = attempt.await;
@@ -79,8 +88,10 @@ pub(super) fn client(config: OpenAIConfig) -> Client<OpenAIConfig> {
                 }
             }
             if response.status().is_success() {
-                let cut = SLOT.try_with(|slot| slot.cut.clone()).ok();
-                return Ok::<_, OpenAIError>(bounded::guard(response, cut));
+                let (cut, limit) = SLOT
+                    .try_with(|slot| (Some(slot.cut.clone()), slot.limit))
+                    .unwrap_or((None, bounded::MAX_ANSWER_BYTES));
+                return Ok::<_, OpenAIError>(bounded::guard(response, cut, limit));
             }
             bounded::read_error(response).await
         }

@@ -25,6 +25,7 @@ use super::errors::{request_error, unanswered};
 use super::{OpenAiSummarizer, log_learned};
 use crate::domain::TokenUsage;
 use crate::engine::SummaryOutcome;
+use crate::summarize::bounded;
 use crate::summarize::budget::{
     MESSAGES_PER_REQUEST, TEMPLATE_TOKENS_PER_MESSAGE, TEMPLATE_TOKENS_PER_REQUEST,
 };
@@ -117,13 +118,16 @@ impl OpenAiSummarizer {
             fields.remove("stream_options");
         }
         // Scoped as an attempt is: a 429/503's `Retry-After` is the retry loop's to honour.
-        let (mut asked, mut seen) = retry_after::scoped(self.ask(&probe)).await;
+        // Its answer is one JSON body parsed whole: bounded far below a stream's.
+        let limit = bounded::PROBE_ANSWER_BYTES
+            .saturating_add(serde_json::to_vec(&probe).map_or(0, |p| p.len()));
+        let (mut asked, mut seen) = retry_after::scoped_within(limit, self.ask(&probe)).await;
         if matches!(&asked, Err((_, Unanswered(true)))) {
             // llama-cpp-python closes the connection its empty answer came on, and the
             // pooled connection may be taken before that is seen: the probe got no
             // response. Once more, on a new connection. Never after a response, whose
             // body broke or ran too long: the endpoint read the probe.
-            (asked, seen) = retry_after::scoped(self.ask(&probe)).await;
+            (asked, seen) = retry_after::scoped_within(limit, self.ask(&probe)).await;
         }
         let asked = asked.map_err(|(e, _)| e);
         // What the HTTP layer cut short says more than the error async-openai made of it.
