@@ -4,15 +4,17 @@
 //! a response it still reads the status and message of. An answer's body (2xx) passes
 //! through [`guard`], which fails it past its limit ([`MAX_ANSWER_BYTES`] for a summary's
 //! stream, [`PROBE_ANSWER_BYTES`] and the request's size for the probe's one JSON body),
-//! past [`MAX_LINE_BYTES`] in one line, or past [`MAX_EVENT_BYTES`] in one event. What is
-//! not read never is: the response is dropped, which closes the connection. How much
-//! summary text one request may bring is `llm.rs`'s concern, how much of a message an
-//! error keeps `llm/errors.rs`'s.
+//! past [`MAX_LINE_BYTES`] in one line, past [`MAX_EVENT_BYTES`] in one event, or past
+//! [`MAX_LINE_ENDS`] lines, and hands it on one line at a time. What is not read never is:
+//! the response is dropped, which closes the connection. How much summary text one request
+//! may bring is `llm.rs`'s concern, how much of a message an error keeps `llm/errors.rs`'s.
 
 use std::sync::{Arc, OnceLock};
 
 use async_openai::error::OpenAIError;
 use futures::StreamExt;
+use futures::future::Either;
+use prost::bytes::Bytes;
 use reqwest::header::{CONTENT_ENCODING, CONTENT_LENGTH, TRANSFER_ENCODING};
 
 /// The most compactd reads of an error body: any JSON error a server sends fits many times
@@ -42,6 +44,16 @@ pub(super) const MAX_LINE_BYTES: usize = 1024 * 1024;
 /// of a few hundred bytes; 1 MiB, as for a line, holds a quarter of a million tokens' text.
 pub(super) const MAX_EVENT_BYTES: usize = 1024 * 1024;
 
+/// The most line ends an answer may have. The SSE parser (eventsource-stream 0.2.3's
+/// `parse_event`) takes each line by copying what follows it in its buffer, so one read of
+/// many short lines costs the square of its length; [`guard`] hands it one line at a time,
+/// which leaves nothing to copy but costs a few allocations a line. A stream of 128K tokens,
+/// more than any model writes in one answer, is one event per token of two to four lines
+/// (`data:`, maybe `event:` and `id:`, and the blank line): 1 Mi line ends is twice that,
+/// and at the 130 bytes or more a chunk takes in OpenAI's shape, more lines than
+/// [`MAX_ANSWER_BYTES`] holds.
+pub(super) const MAX_LINE_ENDS: usize = 1 << 20;
+
 /// The most compactd reads of the probe's answer (`llm/too_long.rs`) beside the size of the
 /// probe itself: one JSON body, read whole and parsed at once, for one token, which any
 /// server writes in a few KiB. The probe's size is allowed on top because a server may echo
@@ -49,9 +61,10 @@ pub(super) const MAX_EVENT_BYTES: usize = 1024 * 1024;
 pub(super) const PROBE_ANSWER_BYTES: usize = 64 * 1024;
 
 /// `response` (a success) whose body fails once it passes `limit` bytes, a line of it
-/// [`MAX_LINE_BYTES`] or an event [`MAX_EVENT_BYTES`]; why goes to `cut`, as async-openai's
-/// stream error says only that the body failed. The failure ends async-openai's reading
-/// task, which drops the response.
+/// [`MAX_LINE_BYTES`], an event [`MAX_EVENT_BYTES`] or its lines [`MAX_LINE_ENDS`]; why goes
+/// to `cut`, as async-openai's stream error says only that the body failed. The failure ends
+/// async-openai's reading task, which drops the response. What it reads is handed on cut
+/// after each line end ([`lines`]), so the SSE parser never copies what follows a line.
 pub(super) fn guard(
     response: reqwest::Response,
     cut: Option<Arc<OnceLock<String>>>,
@@ -78,6 +91,10 @@ pub(super) fn guard(
                 }),
             };
             std::future::ready(item)
+        })
+        .flat_map(|item| match item {
+            Ok(read) => Either::Left(futures::stream::iter(lines(read).map(Ok))),
+            Err(e) => Either::Right(futures::stream::iter([Err(e)])),
         });
     let mut rebuilt = http::Response::new(reqwest::Body::wrap_stream(body));
     *rebuilt.status_mut() = status;
@@ -164,6 +181,22 @@ fn cut_error_body(status: reqwest::StatusCode, kept: &[u8]) -> Vec<u8> {
     error_object(&text)
 }
 
+/// `read` cut after each line end (CR, LF, or CRLF whole), the line still open last. Each
+/// cut is O(1) (`Bytes::split_to` shares the read's buffer).
+fn lines(mut read: Bytes) -> impl Iterator<Item = Bytes> {
+    std::iter::from_fn(move || {
+        if read.is_empty() {
+            return None;
+        }
+        let end = match read.iter().position(|b| *b == b'\n' || *b == b'\r') {
+            Some(at) if read.get(at..at.saturating_add(2)) == Some(b"\r\n") => at.saturating_add(2),
+            Some(at) => at.saturating_add(1),
+            None => read.len(),
+        };
+        Some(read.split_to(end))
+    })
+}
+
 /// A body's error, as reqwest takes it.
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -178,6 +211,8 @@ struct Meter {
     open_line: usize,
     /// Bytes of the event still open (since the last blank line), line ends aside.
     open_event: usize,
+    /// Line ends so far (a CRLF is one).
+    line_ends: usize,
     /// The last byte read was a CR: a LF right after it ends the same line.
     after_cr: bool,
     /// A limit was passed: nothing more is read.
@@ -192,13 +227,14 @@ impl Meter {
             total: 0,
             open_line: 0,
             open_event: 0,
+            line_ends: 0,
             after_cr: false,
             over: false,
         }
     }
 
-    /// Counts `chunk`; why it is one too many when the answer, a line or an event (across
-    /// reads or within one) is now past its limit.
+    /// Counts `chunk`; why it is one too many when the answer, a line, an event (across
+    /// reads or within one) or the count of lines is now past its limit.
     fn admit(&mut self, chunk: &[u8]) -> Result<(), String> {
         self.total = self.total.saturating_add(chunk.len());
         let why = if self.total > self.limit {
@@ -227,7 +263,12 @@ impl Meter {
                 self.open_event = 0;
             }
             self.open_line = 0;
-            return None;
+            self.line_ends = self.line_ends.saturating_add(1);
+            return (self.line_ends > MAX_LINE_ENDS).then(|| {
+                format!(
+                    "the endpoint's answer exceeded {MAX_LINE_ENDS} lines (no stream has that many)"
+                )
+            });
         }
         self.open_line = self.open_line.saturating_add(1);
         self.open_event = self.open_event.saturating_add(1);
@@ -294,7 +335,7 @@ mod tests {
         // Lines that end keep the count low, whatever the total.
         let mut meter = Meter::new(MAX_ANSWER_BYTES);
         let frame = b"data: {\"choices\":[]}\r\n\r\n".repeat(1_000);
-        for _ in 0..1_000 {
+        for _ in 0..100 {
             assert_eq!(meter.admit(&frame), Ok(()));
         }
         assert_eq!(meter.open_line, 0);
@@ -303,10 +344,11 @@ mod tests {
     #[test]
     fn an_answer_past_its_limit_is_over() {
         let mut meter = Meter::new(MAX_ANSWER_BYTES);
-        let read = b"data: {}\n\n".repeat(MAX_ANSWER_BYTES / 10 / 64);
+        let event = format!("data: {{\"x\":\"{}\"}}\n\n", "x".repeat(1_000));
+        let read = event.repeat(MAX_ANSWER_BYTES / event.len() / 64);
         let mut reads = 0;
         let why = loop {
-            if let Err(why) = meter.admit(&read) {
+            if let Err(why) = meter.admit(read.as_bytes()) {
                 break why;
             }
             reads += 1;
@@ -364,5 +406,68 @@ mod tests {
         assert_eq!(meter.admit(b"data: 1\r"), Ok(()));
         assert_eq!(meter.admit(b"\ndata: 2\r\n"), Ok(()));
         assert_eq!(meter.open_event, 14);
+    }
+
+    /// The SSE parser copies what follows each line in its buffer, so what the guard hands
+    /// on is cut after each line end: nothing follows. Before, a read of many lines went
+    /// on whole, and each of its lines cost a copy of the rest.
+    #[tokio::test]
+    async fn what_the_guard_hands_on_ends_at_each_line_end() {
+        let read = format!(
+            "{}{}\rdata: {{\"open",
+            "data: {}\r\n\r\n".repeat(100),
+            "\n".repeat(10_000)
+        );
+        let response = http::Response::new(reqwest::Body::from(read.clone()));
+        let guarded = guard(reqwest::Response::from(response), None, MAX_ANSWER_BYTES);
+        let mut body = guarded.bytes_stream();
+        let mut pieces = Vec::new();
+        while let Some(piece) = body.next().await {
+            pieces.push(piece.unwrap_or_default());
+        }
+        assert_eq!(pieces.concat(), read.as_bytes());
+        assert_eq!(pieces.len(), 200 + 10_000 + 2);
+        let (open, ended) = pieces.split_last().unwrap_or_else(|| panic!("no piece"));
+        assert_eq!(&open[..], b"data: {\"open");
+        for piece in ended {
+            let ends = piece
+                .iter()
+                .filter(|b| **b == b'\n' || **b == b'\r')
+                .count();
+            let whole = piece.ends_with(b"\r\n") && ends == 2;
+            assert!(
+                whole || (ends == 1 && lines(piece.clone()).count() == 1),
+                "{piece:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_answer_of_too_many_lines_is_over() {
+        let mut meter = Meter::new(MAX_ANSWER_BYTES);
+        let read = "\n".repeat(64 * 1024);
+        let mut reads = 0;
+        let why = loop {
+            if let Err(why) = meter.admit(read.as_bytes()) {
+                break why;
+            }
+            reads += 1;
+            assert!(
+                reads * read.len() <= MAX_LINE_ENDS,
+                "the bound was not applied"
+            );
+        };
+        assert_eq!(
+            why,
+            format!(
+                "the endpoint's answer exceeded {MAX_LINE_ENDS} lines (no stream has that \
+                 many); compactd stopped reading it"
+            )
+        );
+        // A CRLF is one line end, even split across reads.
+        let mut meter = Meter::new(MAX_ANSWER_BYTES);
+        assert_eq!(meter.admit(b"data: {}\r\n\r"), Ok(()));
+        assert_eq!(meter.admit(b"\n"), Ok(()));
+        assert_eq!(meter.line_ends, 2);
     }
 }

@@ -4,7 +4,7 @@
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::summarize::bounded::MAX_EVENT_BYTES;
+use crate::summarize::bounded::{MAX_EVENT_BYTES, MAX_LINE_ENDS};
 use crate::summarize::fake_endpoint::{Endpoint, config, json_response, request, sse};
 use crate::summarize::{OpenAiSummarizer, SummarizeError, Summarizer};
 
@@ -99,4 +99,26 @@ async fn the_probes_answer_is_bounded_by_what_one_token_and_the_prompt_need() {
         matches!(&answered, Err(SummarizeError::TooLong(why)) if why.contains("though the prompt alone fits")),
         "{answered:?}"
     );
+}
+
+/// A stream of blank lines in reads as large as the transport makes them: each line is
+/// empty and each event too, so only their count bounds it, and the parser, handed one line
+/// at a time, never copies the rest of a read. Before, each line cost a copy of what
+/// followed it in its read.
+#[tokio::test]
+async fn a_stream_of_blank_lines_fails_past_the_count_of_lines() {
+    let body = "\n".repeat(MAX_LINE_ENDS + 1);
+    let endpoint = Endpoint::start(move |_, _| sse(body.as_bytes())).await;
+    let summarizer = OpenAiSummarizer::new(config(&endpoint, 2));
+    match summarize(&summarizer).await {
+        Err(SummarizeError::Request {
+            message,
+            retryable: false,
+            ..
+        }) if message.starts_with(&format!(
+            "the endpoint's answer exceeded {MAX_LINE_ENDS} lines"
+        )) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(endpoint.received().len(), 1);
 }
