@@ -145,6 +145,33 @@ pub fn sse(body: &[u8]) -> Vec<u8> {
     response(200, "text/event-stream", body)
 }
 
+/// The SSE body of a whole summary: `text` in one delta, then `finish_reason` with usage
+/// `(prompt, completion)`, then `[DONE]`.
+pub fn summary_body(text: &str, finish_reason: &str, usage: (u64, u64)) -> Vec<u8> {
+    let chunk = |choices: Value, usage: Value| {
+        format!(
+            "data: {}\n\n",
+            json!({"id": "c", "object": "chat.completion.chunk", "model": "m",
+                   "choices": choices, "usage": usage})
+        )
+    };
+    let mut out = chunk(
+        json!([{"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": null}]),
+        Value::Null,
+    );
+    out.push_str(&chunk(
+        json!([{"index": 0, "delta": {}, "finish_reason": finish_reason}]),
+        Value::Null,
+    ));
+    out.push_str(&chunk(
+        json!([]),
+        json!({"prompt_tokens": usage.0, "completion_tokens": usage.1,
+               "total_tokens": usage.0 + usage.1}),
+    ));
+    out.push_str("data: [DONE]\n\n");
+    out.into_bytes()
+}
+
 /// A config for `endpoint` that retries at once (`max_retries` times) and waits at most
 /// 30 s for a summary.
 pub fn config(endpoint: &Endpoint, max_retries: u32) -> super::LlmConfig {

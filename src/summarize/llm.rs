@@ -17,6 +17,8 @@
 mod bounds_tests;
 mod errors;
 mod finish;
+#[cfg(test)]
+mod refusals_tests;
 mod too_long;
 
 use std::time::{Duration, Instant};

@@ -89,6 +89,10 @@ pub struct Refusal {
     pub window: Option<u64>,
     /// The endpoint's count of the refused prompt.
     pub prompt_tokens: Option<u64>,
+    /// A figure no request may pass that is no window of the model's (a rate limit's
+    /// tokens per minute, [`rate_limit_ceiling`]): what is guessed stays at or below it,
+    /// and is forgotten as any guess is, so it never stands for the model's window.
+    pub ceiling: Option<u64>,
 }
 
 /// One endpoint and model (the base URL as configured, the model name as sent).
@@ -242,8 +246,9 @@ impl Windows {
 
     /// Learns from a refusal for length (or an empty stream) of a request compactd counted
     /// at `counted` tokens and that asked for `max_tokens`: the window it names, else one
-    /// below what was sent (a guess, kept for [`SHRUNK_ANSWERS`] answers); and the ratio
-    /// when it names its count of the prompt. Returns what is known afterwards.
+    /// below what was sent and at most its ceiling (a guess, kept for [`SHRUNK_ANSWERS`]
+    /// answers); and the ratio when it names its count of the prompt. Returns what is known
+    /// afterwards.
     pub fn refused(
         &self,
         base_url: &str,
@@ -267,7 +272,10 @@ impl Windows {
                         .prompt_tokens
                         .unwrap_or_else(|| scale(counted, k.ratio()))
                         .saturating_add(max_tokens.unwrap_or(0));
-                    let below = sent.saturating_sub(1).max(MIN_SHRUNK_WINDOW);
+                    let below = sent
+                        .saturating_sub(1)
+                        .min(refusal.ceiling.unwrap_or(u64::MAX))
+                        .max(MIN_SHRUNK_WINDOW);
                     let lower = k.window().is_none_or(|(w, _)| below < w);
                     if lower {
                         k.guess = Some((below, SHRUNK_ANSWERS));
@@ -427,7 +435,24 @@ pub fn refusal(text: &str) -> Refusal {
     Refusal {
         window,
         prompt_tokens,
+        ceiling: rate_limit_ceiling(text),
     }
+}
+
+/// The tokens per minute a rate limit allows, when it refuses a request larger than that
+/// alone (OpenAI's 429: "Request too large for gpt-4o in organization org-x on tokens per
+/// min (TPM): Limit 30000, Requested 36278. The input or output tokens must be reduced in
+/// order to run successfully."): no wait lets it pass, a smaller request does. None for a
+/// plain rate limit ("Rate limit reached ... Limit 30000, Used 29000, Requested 2000"), which
+/// a wait lets pass.
+pub fn rate_limit_ceiling(text: &str) -> Option<u64> {
+    let lower = text.to_ascii_lowercase();
+    if !lower.contains("too large") && !lower.contains("must be reduced") {
+        return None;
+    }
+    let limit = first_number_after(&lower, "limit")?;
+    let requested = first_number_after(&lower, "requested")?;
+    (requested > limit).then_some(limit)
 }
 
 /// Whether an error text reads as a refusal for length.
@@ -470,6 +495,13 @@ fn number_after(text: &str, needle: &str) -> Option<u64> {
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(rest.len())];
     (digits.len() <= 12).then(|| digits.parse().ok()).flatten()
+}
+
+/// The number right after the first `needle` followed by one ("rate limit reached ...:
+/// limit 30000" is 30000).
+fn first_number_after(text: &str, needle: &str) -> Option<u64> {
+    text.match_indices(needle)
+        .find_map(|(at, _)| number_after(&text[at..], needle))
 }
 
 /// The number right before `needle` ("(10031 in the messages"), at most 12 digits.

@@ -103,8 +103,10 @@ pub(super) fn stream_error(error: &serde_json::Value, started: bool) -> Summariz
 
 /// The endpoint's words when `status` and `e` refuse the request because it does not fit
 /// the model's window: any 413, a 400 with OpenAI's `context_length_exceeded` or the wording
-/// other servers use, or a 5xx that says so plainly (some llama.cpp builds answer a prompt
-/// too long with 500 "Context size has been exceeded."; ggml-org/llama.cpp#19774).
+/// other servers use, a 429 for a request past the tokens a minute allows (no window, but
+/// only a smaller request passes it), or a 5xx that says so plainly (some llama.cpp builds
+/// answer a prompt too long with 500 "Context size has been exceeded.";
+/// ggml-org/llama.cpp#19774).
 fn refusal(status: u16, e: &async_openai::error::ApiError) -> Option<String> {
     match status {
         // "Payload too large", in any words: a proxy's body limit (nginx's default is
@@ -117,6 +119,9 @@ fn refusal(status: u16, e: &async_openai::error::ApiError) -> Option<String> {
         {
             Some(e.message.clone())
         }
+        // A request larger than the tokens per minute the account may send: no wait lets
+        // it pass, a smaller one does (a plain rate limit stays a retry).
+        429 if window::rate_limit_ceiling(&e.message).is_some() => Some(e.message.clone()),
         // async-openai does not parse a 5xx body: the message is the body itself.
         500..=599 if server_says_too_long(&e.message) => Some(refusal_text(&e.message)),
         _ => None,
@@ -223,7 +228,8 @@ mod tests {
             window::refusal(&text),
             window::Refusal {
                 window: Some(8_192),
-                prompt_tokens: Some(9_100)
+                prompt_tokens: Some(9_100),
+                ceiling: None
             }
         );
         assert_eq!(refusal_text("not json"), "not json");
@@ -366,7 +372,8 @@ mod tests {
             window::refusal(&why),
             window::Refusal {
                 window: Some(256),
-                prompt_tokens: Some(1_407)
+                prompt_tokens: Some(1_407),
+                ceiling: None
             }
         );
     }

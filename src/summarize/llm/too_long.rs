@@ -199,6 +199,7 @@ impl OpenAiSummarizer {
                         Refusal {
                             window: None,
                             prompt_tokens,
+                            ceiling: None,
                         },
                     );
                 } else if let (Some(counted), Some(prompt)) =
@@ -242,6 +243,7 @@ impl OpenAiSummarizer {
             Refusal {
                 window: None,
                 prompt_tokens: Some(reported),
+                ceiling: None,
             },
         );
         tracing::warn!(model = self.model_of(request.model.as_deref()), counted_tokens = counted, max_tokens = request.max_tokens, reason = %why, "compaction request truncated by the endpoint; its answer is dropped and the head cut smaller");
@@ -281,6 +283,7 @@ impl OpenAiSummarizer {
             Refusal {
                 window: Some(filled),
                 prompt_tokens: Some(usage.input),
+                ceiling: None,
             },
         );
         tracing::warn!(model = self.model_of(request.model.as_deref()), counted_tokens = request.counted_tokens, max_tokens = asked, reason = %why, "compaction answer cut by the endpoint's window; it is dropped and the head cut smaller");

@@ -100,7 +100,8 @@ fn refusals_name_the_window_and_the_prompt_in_every_known_wording() {
             refusal(text),
             Refusal {
                 window,
-                prompt_tokens: prompt
+                prompt_tokens: prompt,
+                ceiling: None
             },
             "{text}"
         );
@@ -116,7 +117,8 @@ fn refusals_name_the_window_and_the_prompt_in_every_known_wording() {
         refusal("é(7 in the messages"),
         Refusal {
             window: None,
-            prompt_tokens: Some(7)
+            prompt_tokens: Some(7),
+            ceiling: None
         }
     );
 }
@@ -144,12 +146,14 @@ fn the_configured_window_is_a_ceiling_a_refusal_naming_a_smaller_one_lowers() {
     let above = Refusal {
         window: Some(16_384),
         prompt_tokens: None,
+        ceiling: None,
     };
     let now = w.refused(URL, "m", above, 2_000, None).expect("known");
     assert_eq!((now.tokens, now.source), (6_000, WindowSource::Configured));
     let refusal = Refusal {
         window: Some(4_096),
         prompt_tokens: Some(3_000),
+        ceiling: None,
     };
     let now = w.refused(URL, "m", refusal, 2_000, None).expect("known");
     assert_eq!((now.tokens, now.source), (4_096, WindowSource::Refusal));
@@ -197,6 +201,7 @@ fn a_refusal_with_numbers_sets_the_window_and_the_ratio() {
     let refusal = Refusal {
         window: Some(8_192),
         prompt_tokens: Some(10_031),
+        ceiling: None,
     };
     let now = w.refused(URL, "m", refusal, 6_000, Some(1)).expect("known");
     assert_eq!((now.tokens, now.source), (8_192, WindowSource::Refusal));
@@ -261,6 +266,7 @@ fn the_ratio_is_the_largest_of_the_latest_and_stays_within_bounds() {
         Refusal {
             window: Some(8_192),
             prompt_tokens: Some(2_000),
+            ceiling: None,
         },
         1_000,
         None,
@@ -338,6 +344,7 @@ fn a_guessed_window_is_forgotten_after_answers_what_was_known_before_returns() {
     let named = Refusal {
         window: Some(8_192),
         prompt_tokens: None,
+        ceiling: None,
     };
     w.refused(URL, "m", named, 3_000, None);
     w.refused(URL, "m", Refusal::default(), 3_000, Some(1_000));
@@ -371,4 +378,54 @@ fn a_guessed_window_is_forgotten_after_answers_what_was_known_before_returns() {
     let before = w.known.lock().expect("lock").len();
     w.answered(URL, "unknown");
     assert_eq!(w.known.lock().expect("lock").len(), before);
+}
+
+/// A 429 for a request larger than the tokens a minute allows names that limit: a ceiling
+/// for a guess, no window (it is no figure of the model's). A plain rate limit names none.
+#[test]
+fn a_rate_limit_passed_by_one_request_is_a_ceiling_for_a_guess() {
+    let tpm = "Request too large for gpt-4o in organization org-x on tokens per min (TPM): Limit 30000, Requested 36278. The input or output tokens must be reduced in order to run successfully.";
+    assert_eq!(rate_limit_ceiling(tpm), Some(30_000));
+    assert_eq!(
+        refusal(tpm),
+        Refusal {
+            window: None,
+            prompt_tokens: None,
+            ceiling: Some(30_000)
+        }
+    );
+    for plain in [
+        "Rate limit reached for gpt-4o in organization org-x on tokens per min (TPM): Limit 30000, Used 29000, Requested 2000. Please try again in 2s.",
+        "Rate limit reached for gpt-4o in organization org-x on requests per min (RPM): Limit 3, Used 3, Requested 1. Please try again in 20s.",
+        // Too large, but nothing says it passes the limit alone.
+        "Request too large: Limit 30000, Requested 2000.",
+    ] {
+        assert_eq!(rate_limit_ceiling(plain), None, "{plain}");
+    }
+
+    // The guess is the ceiling when what was sent is above it, and is forgotten.
+    let w = Windows::new(None);
+    w.told(URL, "m", Some((128_000, WindowSource::Models)));
+    let now = w
+        .refused(URL, "m", refusal(tpm), 32_000, Some(4_000))
+        .expect("known");
+    assert_eq!((now.tokens, now.source), (30_000, WindowSource::Shrunk));
+    for _ in 0..SHRUNK_ANSWERS {
+        w.answered(URL, "m");
+    }
+    let later = w.get(URL, "m").expect("known");
+    assert_eq!(
+        (later.tokens, later.source),
+        (128_000, WindowSource::Models)
+    );
+
+    // Never over the operator's window.
+    let w = Windows::new(Some(200_000));
+    let now = w
+        .refused(URL, "m", refusal(tpm), 32_000, Some(4_000))
+        .expect("known");
+    assert_eq!(
+        (now.tokens, now.source),
+        (200_000, WindowSource::Configured)
+    );
 }
