@@ -107,7 +107,8 @@ pub(super) fn guard(
 /// longer body is replaced by its start, marked as cut, in the form async-openai expects
 /// of the status: the text as it is for a server error (async-openai does not parse
 /// those), an OpenAI error object otherwise (a cut JSON body would not parse, and the
-/// status would be lost).
+/// status would be lost). A whole client error's body is made one async-openai reads
+/// ([`readable_error`]).
 pub(super) async fn read_error(
     mut response: reqwest::Response,
 ) -> Result<reqwest::Response, OpenAIError> {
@@ -118,8 +119,8 @@ pub(super) async fn read_error(
     drop(response);
     let body = if !whole {
         cut_error_body(status, &kept)
-    } else if status.is_client_error() && !has_error_object(&kept) {
-        error_object(&String::from_utf8_lossy(&kept))
+    } else if status.is_client_error() {
+        readable_error(&kept)
     } else {
         kept
     };
@@ -152,10 +153,57 @@ async fn read_at_most(
     Ok((kept, true))
 }
 
-/// Whether `body` is JSON with an `error` object: OpenAI's shape, or llama.cpp's (whose
-/// numeric `code` async-openai cannot read; `llm/errors.rs` reads that body itself).
-fn has_error_object(body: &[u8]) -> bool {
-    serde_json::from_slice::<serde_json::Value>(body).is_ok_and(|v| v["error"].is_object())
+/// A 4xx `body` in the one shape async-openai reads, OpenAI's error object with text
+/// fields: as it is when it is one. async-openai fails on any other, reporting a malformed
+/// answer and losing the status and the endpoint's words (a 429 would not be retried, a
+/// refusal of `max_tokens` not read). llama.cpp's server sends its `code` as a number
+/// (`{"error":{"code":401,"message":"Invalid API Key","type":"authentication_error"}}`):
+/// such an object's fields become text, its message the body when it has none as text, and
+/// llama.cpp's numbers of a refusal for length (`n_prompt_tokens`, `n_ctx`, read in
+/// `window.rs`) go into the message. A body of another shape (a gateway's JSON, an HTML
+/// page, plain text) becomes the message of one ([`error_object`]).
+fn readable_error(body: &[u8]) -> Vec<u8> {
+    use serde_json::Value;
+    if serde_json::from_slice::<async_openai::error::WrappedError>(body).is_ok() {
+        return body.to_vec();
+    }
+    let text = String::from_utf8_lossy(body);
+    let Ok(Value::Object(mut whole)) = serde_json::from_slice::<Value>(body) else {
+        return error_object(&text);
+    };
+    let Some(Value::Object(error)) = whole.remove("error") else {
+        return error_object(&text);
+    };
+    let mut message = match error.get("message") {
+        Some(Value::String(message)) => message.clone(),
+        _ => text.into_owned(),
+    };
+    let numbers: serde_json::Map<String, Value> = ["n_prompt_tokens", "n_ctx"]
+        .into_iter()
+        .filter_map(|k| {
+            error
+                .get(k)
+                .and_then(Value::as_u64)
+                .map(|n| (k.into(), n.into()))
+        })
+        .collect();
+    if !numbers.is_empty() {
+        message.push(' ');
+        message.push_str(&Value::Object(numbers).to_string());
+    }
+    let as_text = |field: &str| match error.get(field) {
+        None | Some(Value::Null) => Value::Null,
+        Some(Value::String(s)) => Value::String(s.clone()),
+        Some(other) => Value::String(other.to_string()),
+    };
+    serde_json::json!({ "error": {
+        "message": message,
+        "type": as_text("type"),
+        "param": as_text("param"),
+        "code": as_text("code"),
+    }})
+    .to_string()
+    .into_bytes()
 }
 
 /// `{"error":{"message": text}}`: how a 4xx body of another shape (a gateway's JSON, an
@@ -469,5 +517,52 @@ mod tests {
         assert_eq!(meter.admit(b"data: {}\r\n\r"), Ok(()));
         assert_eq!(meter.admit(b"\n"), Ok(()));
         assert_eq!(meter.line_ends, 2);
+    }
+
+    /// What async-openai reads of a 4xx body once it is made readable.
+    fn read(body: &str) -> async_openai::error::ApiError {
+        let readable = readable_error(body.as_bytes());
+        serde_json::from_slice::<async_openai::error::WrappedError>(&readable)
+            .map(|w| w.error)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&readable)))
+    }
+
+    /// llama.cpp's error objects carry a numeric `code`, which async-openai cannot read:
+    /// its fields become text, the message stays the endpoint's words (the body when it has
+    /// none as text), and a refusal's numbers join the message. OpenAI's stays as it is.
+    #[test]
+    fn a_client_errors_body_is_made_one_async_openai_reads() {
+        let openai = r#"{"error":{"message":"Incorrect API key provided","type":"invalid_request_error","param":null,"code":"invalid_api_key"}}"#;
+        assert_eq!(readable_error(openai.as_bytes()), openai.as_bytes());
+
+        let llama = read(
+            r#"{"error":{"code":401,"message":"Invalid API Key","type":"authentication_error"}}"#,
+        );
+        assert_eq!(llama.message, "Invalid API Key");
+        assert_eq!(llama.code.as_deref(), Some("401"));
+        assert_eq!(llama.r#type.as_deref(), Some("authentication_error"));
+
+        let refusal = read(
+            r#"{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error","n_prompt_tokens":9100,"n_ctx":8192}}"#,
+        );
+        assert_eq!(
+            refusal.message,
+            r#"the request exceeds the available context size, try increasing it {"n_prompt_tokens":9100,"n_ctx":8192}"#
+        );
+
+        let no_message = r#"{"error":{"code":404,"detail":{"model":"gone"}}}"#;
+        assert_eq!(read(no_message).message, no_message);
+        let numeric_message = r#"{"error":{"message":7,"param":["a"]}}"#;
+        let odd = read(numeric_message);
+        assert_eq!(odd.message, numeric_message);
+        assert_eq!(odd.param.as_deref(), Some(r#"["a"]"#));
+        assert_eq!(
+            read("<html>Forbidden</html>").message,
+            "<html>Forbidden</html>"
+        );
+        assert_eq!(
+            read(r#"{"error":"denied"}"#).message,
+            r#"{"error":"denied"}"#
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! Client errors as [`SummarizeError`]s: which are worth a retry, which are a refusal for
-//! length (in any server's wording, including llama.cpp's body that async-openai cannot
-//! parse, and llama.cpp's 500 "Context size has been exceeded"), and the chain of causes a
-//! transport error carries.
+//! length (in any server's wording, including llama.cpp's, whose 4xx body `bounded.rs`
+//! makes readable, and llama.cpp's 500 "Context size has been exceeded"), and the chain of
+//! causes a transport error carries.
 
 use async_openai::error::OpenAIError;
 
@@ -54,8 +54,9 @@ pub(super) fn request_error(e: OpenAIError, started: bool) -> SummarizeError {
         OpenAIError::JSONDeserialize(e, _) if started => {
             SummarizeError::Broken(format!("a line of the stream is no chunk: {e}"))
         }
-        // llama.cpp's server sends `"code": 400` as a number, which async-openai's error
-        // type cannot read: its refusal for length arrives here, as the raw body.
+        // A line of the stream (or the probe's body) that is no JSON, before the answer
+        // began, and says the request is too long: a server that writes its refusal as
+        // text. (llama.cpp's 4xx error objects are made readable in `bounded.rs`.)
         OpenAIError::JSONDeserialize(_, body) if window::reads_too_long(&body) => {
             SummarizeError::TooLong(refusal_text(&body))
         }
@@ -115,6 +116,7 @@ fn refusal(status: u16, e: &async_openai::error::ApiError) -> Option<String> {
         // TGI refuses with 422 (a validation error).
         400 | 422
             if e.code.as_deref() == Some("context_length_exceeded")
+                || e.r#type.as_deref() == Some("exceed_context_size_error")
                 || window::reads_too_long(&e.message) =>
         {
             Some(e.message.clone())

@@ -81,3 +81,80 @@ async fn a_plain_rate_limit_is_still_retried() {
         assert_eq!(endpoint.received().len(), 2);
     }
 }
+
+/// llama.cpp's server sends its error's `code` as a number, which async-openai cannot read.
+/// Before, every such error became "malformed LLM stream: invalid type: integer", losing
+/// the status and the message: a 429 was not retried, a refusal of `max_tokens` not read.
+/// Now each behaves as the same error with a text `code` does.
+#[tokio::test]
+async fn an_error_with_a_numeric_code_keeps_its_status_and_message() {
+    let llama = |code: u16, message: &str, kind: &str| {
+        serde_json::json!({"error": {"code": code, "message": message, "type": kind}}).to_string()
+    };
+
+    let unauthorized = llama(401, "Invalid API Key", "authentication_error");
+    let endpoint = Endpoint::start(move |_, _| json_response(401, &unauthorized)).await;
+    let summarizer = OpenAiSummarizer::new(config(&endpoint, 3));
+    assert_eq!(
+        summarize(&summarizer, request(2_000, Some(1_000))).await,
+        Err(SummarizeError::Request {
+            status: Some(401),
+            message: "401: Invalid API Key".into(),
+            retryable: false,
+        })
+    );
+
+    let busy = llama(429, "too many requests", "rate_limit_error");
+    let endpoint = Endpoint::start(move |n, _| match n {
+        0 => json_response(429, &busy),
+        _ => sse(&summary_body("the summary", "stop", (10, 3))),
+    })
+    .await;
+    let summarizer = OpenAiSummarizer::new(config(&endpoint, 3));
+    assert_eq!(
+        summarize(&summarizer, request(2_000, Some(1_000))).await,
+        Ok("the summary".into())
+    );
+
+    let capped = llama(
+        400,
+        "max_tokens must be at most 8192",
+        "invalid_request_error",
+    );
+    let endpoint = Endpoint::start(move |n, _| match n {
+        0 => json_response(400, &capped),
+        _ => sse(&summary_body("the summary", "stop", (10, 3))),
+    })
+    .await;
+    let summarizer = OpenAiSummarizer::new(config(&endpoint, 0));
+    assert_eq!(
+        summarize(&summarizer, request(2_000, Some(32_000))).await,
+        Ok("the summary".into())
+    );
+    let sent: Vec<_> = endpoint
+        .received()
+        .iter()
+        .map(|r| r.body["max_tokens"].as_u64())
+        .collect();
+    assert_eq!(
+        sent,
+        [Some(32_000), Some(8_192)],
+        "sent again within the cap"
+    );
+
+    // A refusal for length in that shape still teaches the window it names.
+    let refusal = r#"{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error","n_prompt_tokens":9100,"n_ctx":8192}}"#;
+    let endpoint = Endpoint::start(move |_, _| json_response(400, refusal)).await;
+    let summarizer = OpenAiSummarizer::new(config(&endpoint, 3));
+    let answered = summarize(&summarizer, request(8_000, Some(1_000))).await;
+    assert!(
+        matches!(answered, Err(SummarizeError::TooLong(_))),
+        "{answered:?}"
+    );
+    let learned = summarizer.windows.get(&endpoint.base_url(), "m");
+    assert_eq!(
+        learned.map(|w| (w.tokens, w.source)),
+        Some((8_192, WindowSource::Refusal))
+    );
+    assert_eq!(endpoint.received().len(), 1);
+}
