@@ -10,8 +10,8 @@ pub(super) enum Finish {
     /// The model finished (`stop`, and any reason not named below: endpoints name the end
     /// of a turn their own way, `eos`, `end_turn`, ...).
     Done,
-    /// Cut at `max_tokens`, or where the endpoint's window ran out (`too_long::ran_out`
-    /// tells them apart).
+    /// Cut at `max_tokens`, at an output cap of the endpoint's own, or where its window ran
+    /// out (`too_long::ran_out` tells them apart).
     Length,
     /// The endpoint's content filter stopped it.
     Filtered,

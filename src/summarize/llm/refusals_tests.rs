@@ -8,7 +8,8 @@ use tokio_util::sync::CancellationToken;
 use crate::summarize::fake_endpoint::{
     Endpoint, config, json_response, request, sse, summary_body,
 };
-use crate::summarize::window::WindowSource;
+use crate::summarize::output_cap::OutputCap;
+use crate::summarize::window::{SHRUNK_ANSWERS, WindowSource};
 use crate::summarize::{OpenAiSummarizer, SummarizeError, Summarizer, SummaryRequest};
 
 /// What `summarizer` makes of `request`.
@@ -157,4 +158,91 @@ async fn an_error_with_a_numeric_code_keeps_its_status_and_message() {
         Some((8_192, WindowSource::Refusal))
     );
     assert_eq!(endpoint.received().len(), 1);
+}
+
+/// An answer the endpoint stopped for length short of its `max_tokens`, with prompt and
+/// answer far below the window known, met an output cap of the endpoint's own (llama-server
+/// run with `-n 1024`, a gateway's limit), not the window: it stays the summary, and later
+/// requests ask within that cap. Before, it was dropped as "too long" and `input + output`
+/// learned as the model's window, named: below `--llm-context-tokens`, for good.
+#[tokio::test]
+async fn an_answer_capped_well_within_the_window_is_an_output_cap() {
+    let endpoint =
+        Endpoint::start(|_, _| sse(&summary_body("capped", "length", (5_000, 1_024)))).await;
+    let mut configured = config(&endpoint, 0);
+    configured.context_tokens = Some(32_768);
+    let summarizer = OpenAiSummarizer::new(configured);
+    assert_eq!(
+        summarize(&summarizer, request(5_000, Some(8_192))).await,
+        Ok("capped".into())
+    );
+    let base = endpoint.base_url();
+    let kept = summarizer.windows.get(&base, "m");
+    assert_eq!(
+        kept.map(|w| (w.tokens, w.source)),
+        Some((32_768, WindowSource::Configured))
+    );
+    assert_eq!(
+        summarizer.windows.output_cap(&base, "m"),
+        Some(OutputCap::At(1_024))
+    );
+    assert_eq!(
+        summarize(&summarizer, request(5_000, Some(8_192))).await,
+        Ok("capped".into())
+    );
+    let asked: Vec<_> = endpoint
+        .received()
+        .iter()
+        .map(|r| r.body["max_tokens"].as_u64())
+        .collect();
+    assert_eq!(asked, [Some(8_192), Some(1_024)]);
+}
+
+/// An answer stopped for length where prompt and answer filled the window known ran out of
+/// it: "too long", and what they filled is learned as a guess that is forgotten after
+/// `SHRUNK_ANSWERS` answers, and never stands over the operator's window (the stop may
+/// have been an output cap after all). Before, it was learned as a window named by the
+/// endpoint, kept for good and over `--llm-context-tokens`.
+#[tokio::test]
+async fn an_answer_that_filled_the_window_teaches_a_guess_that_expires() {
+    let endpoint =
+        Endpoint::start(|_, _| sse(&summary_body("cut", "length", (6_900, 1_000)))).await;
+    let base = endpoint.base_url();
+    let summarizer = OpenAiSummarizer::new(config(&endpoint, 0));
+    summarizer
+        .windows
+        .told(&base, "m", Some((8_192, WindowSource::Props)));
+    let answered = summarize(&summarizer, request(6_000, Some(2_048))).await;
+    assert!(
+        matches!(&answered, Err(SummarizeError::TooLong(why)) if why.contains("ran out at 7900 tokens")),
+        "{answered:?}"
+    );
+    let guessed = summarizer.windows.get(&base, "m");
+    assert_eq!(
+        guessed.map(|w| (w.tokens, w.source)),
+        Some((7_900, WindowSource::Shrunk))
+    );
+    for _ in 0..SHRUNK_ANSWERS {
+        summarizer.windows.answered(&base, "m");
+    }
+    let later = summarizer.windows.get(&base, "m");
+    assert_eq!(
+        later.map(|w| (w.tokens, w.source)),
+        Some((8_192, WindowSource::Props))
+    );
+
+    let mut configured = config(&endpoint, 0);
+    configured.context_tokens = Some(8_192);
+    let summarizer = OpenAiSummarizer::new(configured);
+    let answered = summarize(&summarizer, request(6_000, Some(2_048))).await;
+    assert!(
+        matches!(answered, Err(SummarizeError::TooLong(_))),
+        "{answered:?}"
+    );
+    let kept = summarizer.windows.get(&base, "m");
+    assert_eq!(
+        kept.map(|w| (w.tokens, w.source)),
+        Some((8_192, WindowSource::Configured))
+    );
+    assert_eq!(summarizer.windows.output_cap(&base, "m"), None);
 }

@@ -16,7 +16,8 @@
 //! Usage reports of answered requests teach the ratio too, and tell a prompt the endpoint
 //! truncated to fit its window without saying so (Ollama), or an answer it stopped for
 //! length short of its `max_tokens` because the window ran out (llama.cpp): "too long" as
-//! well.
+//! well, teaching a guess. Stopped well within the window, the answer met an output cap of
+//! the endpoint's own instead (llama.cpp's `-n`, a gateway's), which is learned.
 
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -29,7 +30,7 @@ use crate::summarize::bounded;
 use crate::summarize::budget::{
     MESSAGES_PER_REQUEST, TEMPLATE_TOKENS_PER_MESSAGE, TEMPLATE_TOKENS_PER_REQUEST,
 };
-use crate::summarize::output_cap::OutputCap;
+use crate::summarize::output_cap::{self, OutputCap};
 use crate::summarize::retry_after::{self, Seen};
 use crate::summarize::window::{self, Refusal};
 use crate::summarize::{Progress, SummarizeError, SummaryRequest};
@@ -57,6 +58,12 @@ pub(super) enum Probed {
 /// Answer tokens short of the `max_tokens` asked that still read as a cut at
 /// `max_tokens` (an endpoint may count the end of the answer apart).
 const MAX_TOKENS_SLACK: u64 = 4;
+
+/// An answer stopped for length ran out of the window known only if prompt and answer filled
+/// it to within this part of it (1/16): a window that runs out is filled to its last token,
+/// template and counting aside. One stopped farther below met an output cap of the
+/// endpoint's own (llama.cpp's `-n`, a gateway's limit), which no smaller prompt avoids.
+const RAN_OUT_MARGIN_DIVISOR: u64 = 16;
 
 /// Whether a request failed before any response came (`errors::unanswered`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -250,12 +257,16 @@ impl OpenAiSummarizer {
         Some(SummarizeError::TooLong(why))
     }
 
-    /// An answer the endpoint stopped for length (`cut`) well before the `max_tokens` asked:
-    /// its window ran out, the prompt counting more to it than compactd planned for
-    /// (llama.cpp's server answers until prompt and answer fill the window). The summary
-    /// is cut mid-way, so it is dropped; the window is what the prompt and the answer
-    /// filled, and the chunker cuts the head smaller. A cut at `max_tokens` itself (the
-    /// answer's whole room written) stays a summary, as before.
+    /// An answer the endpoint stopped for length (`cut`) well before the `max_tokens` asked.
+    /// When prompt and answer filled the window known (to within
+    /// [`RAN_OUT_MARGIN_DIVISOR`]), or none is known, the window ran out, the prompt counting
+    /// more to it than compactd planned for (llama.cpp's server answers until prompt and
+    /// answer fill the window): the summary is cut mid-way, so it is dropped, the chunker
+    /// cuts the head smaller, and what they filled is learned as a guess (forgotten after
+    /// `window::SHRUNK_ANSWERS` answers, never over a configured window: the cut may have
+    /// been an output cap after all). Well within it, the endpoint capped the answer itself
+    /// (llama.cpp's `-n`, a gateway's limit): the answer stays a summary, as one cut at
+    /// `max_tokens` does, and later requests ask within that cap.
     pub(super) fn ran_out(
         &self,
         request: &SummaryRequest,
@@ -272,6 +283,23 @@ impl OpenAiSummarizer {
             return None;
         }
         let filled = usage.input.saturating_add(usage.output);
+        let model = self.model_of(request.model.as_deref());
+        let base = &self.config.base_url;
+        let known = self.windows.get(base, model);
+        let within = known
+            .is_some_and(|w| filled < w.tokens.saturating_sub(w.tokens / RAN_OUT_MARGIN_DIVISOR));
+        if within && usage.output >= output_cap::MIN_CAP {
+            self.windows
+                .cap_output(base, model, OutputCap::At(usage.output));
+            tracing::info!(
+                model,
+                answer_tokens = usage.output,
+                max_tokens = asked,
+                window = known.map(|w| w.tokens),
+                "the endpoint stopped the summary for length well within its window: an output cap of its own, asked within from now on"
+            );
+            return None;
+        }
         let why = format!(
             "the endpoint stopped for length after {} answer tokens of the {asked} asked: \
              its window ran out at {filled} tokens ({} of them the prompt)",
@@ -281,9 +309,9 @@ impl OpenAiSummarizer {
             request,
             body,
             Refusal {
-                window: Some(filled),
+                window: None,
                 prompt_tokens: Some(usage.input),
-                ceiling: None,
+                ceiling: Some(filled),
             },
         );
         tracing::warn!(model = self.model_of(request.model.as_deref()), counted_tokens = request.counted_tokens, max_tokens = asked, reason = %why, "compaction answer cut by the endpoint's window; it is dropped and the head cut smaller");
