@@ -161,26 +161,40 @@ async fn an_error_with_a_numeric_code_keeps_its_status_and_message() {
 }
 
 /// An answer the endpoint stopped for length short of its `max_tokens`, with prompt and
-/// answer far below the window known, met an output cap of the endpoint's own (llama-server
-/// run with `-n 1024`, a gateway's limit), not the window: it stays the summary, and later
-/// requests ask within that cap. Before, it was dropped as "too long" and `input + output`
-/// learned as the model's window, named: below `--llm-context-tokens`, for good.
+/// answer far below the window the endpoint told (its `/props`), met an output cap of the
+/// endpoint's own (llama-server run with `-n 1024`, a gateway's limit), not the window: it
+/// stays the summary, and later requests ask within that cap. Before, it was dropped as
+/// "too long" and `input + output` learned as the model's window, named, for good. Under
+/// a configured window only (the whole server's, maybe, shared by `--parallel` slots),
+/// the same stop is the window running out: the cut summary is not committed.
 #[tokio::test]
 async fn an_answer_capped_well_within_the_window_is_an_output_cap() {
     let endpoint =
         Endpoint::start(|_, _| sse(&summary_body("capped", "length", (5_000, 1_024)))).await;
     let mut configured = config(&endpoint, 0);
     configured.context_tokens = Some(32_768);
-    let summarizer = OpenAiSummarizer::new(configured);
+    let guessing = OpenAiSummarizer::new(configured);
+    assert!(
+        matches!(
+            summarize(&guessing, request(5_000, Some(8_192))).await,
+            Err(SummarizeError::TooLong(_))
+        ),
+        "a configured window does not say the stop was a cap"
+    );
+    let base = endpoint.base_url();
+    let summarizer = OpenAiSummarizer::new(config(&endpoint, 0));
+    summarizer
+        .windows
+        .told(&base, "m", Some((32_768, WindowSource::Props)));
+    let first = endpoint.received().len();
     assert_eq!(
         summarize(&summarizer, request(5_000, Some(8_192))).await,
         Ok("capped".into())
     );
-    let base = endpoint.base_url();
     let kept = summarizer.windows.get(&base, "m");
     assert_eq!(
         kept.map(|w| (w.tokens, w.source)),
-        Some((32_768, WindowSource::Configured))
+        Some((32_768, WindowSource::Props))
     );
     assert_eq!(
         summarizer.windows.output_cap(&base, "m"),
@@ -190,8 +204,7 @@ async fn an_answer_capped_well_within_the_window_is_an_output_cap() {
         summarize(&summarizer, request(5_000, Some(8_192))).await,
         Ok("capped".into())
     );
-    let asked: Vec<_> = endpoint
-        .received()
+    let asked: Vec<_> = endpoint.received()[first..]
         .iter()
         .map(|r| r.body["max_tokens"].as_u64())
         .collect();

@@ -32,7 +32,7 @@ use crate::summarize::budget::{
 };
 use crate::summarize::output_cap::{self, OutputCap};
 use crate::summarize::retry_after::{self, Seen};
-use crate::summarize::window::{self, Refusal};
+use crate::summarize::window::{self, Refusal, WindowSource};
 use crate::summarize::{Progress, SummarizeError, SummaryRequest};
 
 /// An answer with nothing in it: what it was, for the reason shown.
@@ -259,12 +259,13 @@ impl OpenAiSummarizer {
 
     /// An answer the endpoint stopped for length (`cut`) well before the `max_tokens` asked.
     /// When prompt and answer filled the window known (to within
-    /// [`RAN_OUT_MARGIN_DIVISOR`]), or none is known, the window ran out, the prompt counting
+    /// [`RAN_OUT_MARGIN_DIVISOR`]), or the endpoint told none, the window ran out, the prompt counting
     /// more to it than compactd planned for (llama.cpp's server answers until prompt and
     /// answer fill the window): the summary is cut mid-way, so it is dropped, the chunker
     /// cuts the head smaller, and what they filled is learned as a guess (forgotten after
     /// `window::SHRUNK_ANSWERS` answers, never over a configured window: the cut may have
-    /// been an output cap after all). Well within it, the endpoint capped the answer itself
+    /// been an output cap after all). Well within a window the endpoint told (`/props`, a
+    /// refusal naming it), the endpoint capped the answer itself
     /// (llama.cpp's `-n`, a gateway's limit): the answer stays a summary, as one cut at
     /// `max_tokens` does, and later requests ask within that cap.
     pub(super) fn ran_out(
@@ -286,8 +287,14 @@ impl OpenAiSummarizer {
         let model = self.model_of(request.model.as_deref());
         let base = &self.config.base_url;
         let known = self.windows.get(base, model);
-        let within = known
-            .is_some_and(|w| filled < w.tokens.saturating_sub(w.tokens / RAN_OUT_MARGIN_DIVISOR));
+        // Only a window the endpoint told for one request (its `/props`, or a refusal
+        // naming it) says the stop was not the window: a configured one may be the whole
+        // server's (`--parallel` slots share it), a listed one a gateway's figure, and a
+        // cut summary taken for an output cap would be committed.
+        let within = known.is_some_and(|w| {
+            matches!(w.source, WindowSource::Props | WindowSource::Refusal)
+                && filled < w.tokens.saturating_sub(w.tokens / RAN_OUT_MARGIN_DIVISOR)
+        });
         if within && usage.output >= output_cap::MIN_CAP {
             self.windows
                 .cap_output(base, model, OutputCap::At(usage.output));
