@@ -366,9 +366,12 @@ impl pb::sessions_server::Sessions for SessionsService {
             .call(move |s, _| {
                 // Reserved before the copy is built, at what the session holds (about
                 // what the copy takes: its JSON expands into `Struct`s as the session's
-                // does into `Value`s), then set to the reply's bytes: readers of large
-                // sessions are refused past the share instead of each building a copy.
-                let mut held = ledger.reserve_or_alone(s.held_bytes(), "sessions")?;
+                // does into `Value`s) or the whole share, then set to the reply's bytes:
+                // readers of large sessions are refused past the share instead of each
+                // building a copy, and one read alone pushes no further past it than its
+                // reply did before.
+                let estimate = s.held_bytes().min(ledger.in_flight_limit());
+                let mut held = ledger.reserve_or_alone(estimate, "sessions")?;
                 let resp = pb::GetSessionResponse {
                     info: Some(convert::session_to_pb(s.info())),
                     messages: s.messages().iter().map(convert::message_to_pb).collect(),
