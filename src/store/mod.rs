@@ -581,16 +581,19 @@ impl Store {
 
     /// [`Store::admit`], first sending cold the least recently used sessions when a
     /// durable store is over budget.
-    async fn admit_evicting(&self, bytes: u64, freed: u64) -> Result<(), StoreError> {
-        match self.admit(bytes, freed) {
+    /// `ahead`: bytes of the session counted as held already ([`ledger::HeldAhead`]).
+    async fn admit_evicting(&self, bytes: u64, freed: u64, ahead: u64) -> Result<(), StoreError> {
+        let freed_or_ahead = freed.saturating_add(ahead);
+        match self.admit(bytes, freed_or_ahead) {
             Err(StoreError::OverBudget { .. }) if self.backend.is_some() => {
-                // Down to where admitting `bytes` (and letting `freed` go) stays under
-                // the low-water mark.
+                // Down to where admitting `bytes` stays under the low-water mark, the
+                // bytes counted ahead among them. Not what a replaced session frees: the
+                // evictor may send that very session cold.
                 let target = watermark(self.limits.memory_budget, LOW_WATER)
-                    .saturating_add(freed)
+                    .saturating_add(ahead)
                     .saturating_sub(bytes);
                 make_room(&self.shared, &self.ledger, target, false).await;
-                self.admit(bytes, freed)
+                self.admit(bytes, freed_or_ahead)
             }
             other => other,
         }
@@ -761,7 +764,7 @@ impl Store {
         // see each other's sessions, rather than each passing against the same figure
         // and all landing past the budget.
         let ahead = ledger::HeldAhead::new(&self.ledger, r.session.held_bytes());
-        self.admit_evicting(ahead.bytes(), ahead.bytes()).await?;
+        self.admit_evicting(ahead.bytes(), 0, ahead.bytes()).await?;
         let durable = self.durable(r.incarnation, r.seq, r.log_bytes, r.snapshot_bytes);
         let mut map = self.write();
         if self.is_closing() {
@@ -823,7 +826,7 @@ impl Store {
         }
         let mut session = Session::new(info, &self.config);
         self.shared.start_from_prior(&mut session);
-        self.admit_evicting(session.held_bytes(), 0).await?;
+        self.admit_evicting(session.held_bytes(), 0, 0).await?;
         let id = session.info().id.clone();
         let created = {
             let mut map = self.write();
@@ -944,7 +947,7 @@ impl Store {
             }
             map.hot.get(&id).map_or(0, SessionHandle::held_bytes)
         };
-        self.admit_evicting(session.held_bytes(), freed).await?;
+        self.admit_evicting(session.held_bytes(), freed, 0).await?;
         // The snapshot of a large import is real work: off the async workers.
         let (session, snapshot) = match &self.backend {
             Some(_) => tokio::task::spawn_blocking(move || {
