@@ -46,6 +46,9 @@ struct Request {
     /// When the oldest of its changes was acknowledged (under `interval`, the writer
     /// commits within the interval of it).
     since: Option<Instant>,
+    /// Someone waits for what is queued: the writer commits it at once
+    /// ([`Backend::expedite`]).
+    urgent: bool,
 }
 
 /// SQLite behind the [`Backend`] trait.
@@ -114,13 +117,14 @@ fn lock_data_dir(dir: &Path) -> Result<File, BackendError> {
 
 impl Sqlite {
     /// Queues one request for the writer (answered `Closed` once it has stopped).
-    fn queue_request(&self, writes: Vec<Write>, since: Option<Instant>) -> Committed {
+    fn queue_request(&self, writes: Vec<Write>, since: Option<Instant>, urgent: bool) -> Committed {
         let (done, rx) = oneshot::channel();
         let queue = self.queue.read().unwrap_or_else(|e| e.into_inner());
         let request = Request {
             writes,
             done,
             since,
+            urgent,
         };
         match queue.as_ref() {
             Some(q) => {
@@ -357,7 +361,7 @@ fn run_writer(
             since.checked_add(d).unwrap_or(since)
         };
         let mut deadline = match durability {
-            Durability::Interval(d) if !hurried() => Some(due(&first, d)),
+            Durability::Interval(d) if !hurried() && !first.urgent => Some(due(&first, d)),
             _ => None,
         };
         let mut batch = vec![first];
@@ -373,7 +377,7 @@ fn run_writer(
             if let (Some(at), Durability::Interval(d)) = (deadline, durability) {
                 deadline = Some(at.min(due(&next, d)));
             }
-            if hurried() {
+            if hurried() || next.urgent {
                 deadline = None;
             }
             batch.push(next);
@@ -655,11 +659,11 @@ impl Backend for Sqlite {
     }
 
     fn write(&self, writes: Vec<Write>) -> Committed {
-        self.queue_request(writes, None)
+        self.queue_request(writes, None, false)
     }
 
     fn write_since(&self, writes: Vec<Write>, since: Instant) -> Committed {
-        self.queue_request(writes, Some(since))
+        self.queue_request(writes, Some(since), false)
     }
 
     fn state(&self) -> BackendState {
@@ -685,15 +689,14 @@ impl Backend for Sqlite {
     fn hurry(&self) {
         self.hurry.store(true, Ordering::Release);
         // Wakes a writer gathering for the interval (an empty request, its answer unread).
-        drop(self.queue_request(Vec::new(), None));
+        drop(self.queue_request(Vec::new(), None, false));
     }
 
     fn expedite(&self) {
-        // An empty request already due: the writer gathering for the interval commits
-        // what it holds at once (its answer unread).
-        if let Durability::Interval(d) = self.durability {
-            let due = Instant::now().checked_sub(d);
-            drop(self.queue_request(Vec::new(), due));
+        // An empty urgent request: the writer gathering for the interval commits what it
+        // holds at once (its answer unread).
+        if let Durability::Interval(_) = self.durability {
+            drop(self.queue_request(Vec::new(), None, true));
         }
     }
 
