@@ -253,6 +253,10 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 struct Meter {
     /// The most bytes the answer may have.
     limit: usize,
+    /// The most bytes of one line ([`MAX_LINE_BYTES`], or `limit` for one body).
+    line_limit: usize,
+    /// The most bytes of one event ([`MAX_EVENT_BYTES`], or `limit` for one body).
+    event_limit: usize,
     /// Bytes so far.
     total: usize,
     /// Bytes of the line still open at the end of the last read.
@@ -268,10 +272,15 @@ struct Meter {
 }
 
 impl Meter {
-    /// A meter of an answer of at most `limit` bytes.
+    /// A meter of an answer of at most `limit` bytes. An answer smaller than a stream's
+    /// (the probe's one JSON body, `limit` allowing for a prompt echoed back) is one line
+    /// and one event: those bounds rise to `limit` with it.
     fn new(limit: usize) -> Meter {
+        let one_body = if limit < MAX_ANSWER_BYTES { limit } else { 0 };
         Meter {
             limit,
+            line_limit: MAX_LINE_BYTES.max(one_body),
+            event_limit: MAX_EVENT_BYTES.max(one_body),
             total: 0,
             open_line: 0,
             open_event: 0,
@@ -320,15 +329,17 @@ impl Meter {
         }
         self.open_line = self.open_line.saturating_add(1);
         self.open_event = self.open_event.saturating_add(1);
-        if self.open_line > MAX_LINE_BYTES {
+        if self.open_line > self.line_limit {
             return Some(format!(
-                "a line of the endpoint's answer exceeded {MAX_LINE_BYTES} bytes"
+                "a line of the endpoint's answer exceeded {} bytes",
+                self.line_limit
             ));
         }
-        if self.open_event > MAX_EVENT_BYTES {
+        if self.open_event > self.event_limit {
             return Some(format!(
-                "an event of the endpoint's answer exceeded {MAX_EVENT_BYTES} bytes (no \
-                 stream's chunk is that large)"
+                "an event of the endpoint's answer exceeded {} bytes (no \
+                 stream's chunk is that large)",
+                self.event_limit
             ));
         }
         None
@@ -338,6 +349,25 @@ impl Meter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The probe's one JSON body may be one line as long as its limit (a server echoing a
+    /// prompt of over 1 MiB back): its line and event bounds rise with it. Found in review:
+    /// the stream's 1 MiB bounds cut such a probe, though its own limit allowed it.
+    #[test]
+    fn one_body_within_its_limit_is_not_cut_as_a_line_or_an_event() {
+        let limit = PROBE_ANSWER_BYTES + 3 * MAX_LINE_BYTES;
+        let mut probe = Meter::new(limit);
+        assert_eq!(probe.admit(&vec![b'x'; 2 * MAX_LINE_BYTES]), Ok(()));
+        assert!(
+            probe.admit(&vec![b'x'; 2 * MAX_LINE_BYTES]).is_err(),
+            "past its limit"
+        );
+        let mut stream = Meter::new(MAX_ANSWER_BYTES);
+        assert!(
+            stream.admit(&vec![b'x'; 2 * MAX_LINE_BYTES]).is_err(),
+            "a stream's line"
+        );
+    }
     use reqwest::StatusCode;
 
     #[test]
