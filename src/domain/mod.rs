@@ -20,7 +20,10 @@ pub use part::{
 };
 pub use size::HeapSize;
 pub(crate) use size::{hash_capacity_after_insert, hash_table_bytes, vec_capacity_after_push};
-pub use validate::{InvalidField, MAX_ID_BYTES, MAX_JSON_DEPTH, check_id, check_optional_id};
+pub use validate::{
+    InvalidField, MAX_ID_BYTES, MAX_JSON_DEPTH, MAX_TITLE_BYTES, check_id, check_optional_id,
+    clip_title,
+};
 
 /// JSON object holding fields compactd does not model, kept so nothing a host sent is lost.
 pub type Extra = serde_json::Map<String, serde_json::Value>;

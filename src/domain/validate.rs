@@ -19,6 +19,22 @@ pub const MAX_ID_BYTES: usize = 256;
 /// 16 MiB title on a few sessions made every listing too large to send).
 pub const MAX_TITLE_BYTES: usize = 1024;
 
+/// `title` cut to [`MAX_TITLE_BYTES`] at a character boundary (ending in `…`): how an
+/// import takes a document's longer title, a label another tool let grow, rather than
+/// refusing the whole document.
+pub fn clip_title(mut title: String) -> String {
+    if title.len() <= MAX_TITLE_BYTES {
+        return title;
+    }
+    let mut end = MAX_TITLE_BYTES - '…'.len_utf8();
+    while !title.is_char_boundary(end) {
+        end -= 1;
+    }
+    title.truncate(end);
+    title.push('…');
+    title
+}
+
 /// Deepest JSON nesting accepted in a tool input, metadata or unmodelled field (`{}` is
 /// depth 1). Each JSON object level costs three protobuf message levels
 /// (`Value` → `Struct` → map entry), and a part sits about ten levels deep in a
@@ -247,6 +263,16 @@ mod tests {
         assert_eq!(
             tool(&"c".repeat(MAX_ID_BYTES), json!({})).validate(),
             Ok(())
+        );
+    }
+
+    #[test]
+    fn an_imported_title_is_clipped_to_the_bound() {
+        assert_eq!(clip_title("short".into()), "short");
+        let clipped = clip_title("é".repeat(MAX_TITLE_BYTES));
+        assert!(
+            clipped.len() <= MAX_TITLE_BYTES && clipped.ends_with("é…"),
+            "{clipped}"
         );
     }
 

@@ -551,7 +551,8 @@ fn session_info(mut o: Map<String, Value>, session_id: &str) -> Result<SessionIn
         "" => own,
         given => given.to_string(),
     };
-    let title = string(&mut o, "title");
+    // A label another tool let grow is clipped rather than the document refused.
+    let title = crate::domain::clip_title(string(&mut o, "title"));
     Ok(SessionInfo {
         id,
         title,

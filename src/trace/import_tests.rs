@@ -546,3 +546,15 @@ fn a_long_value_a_document_names_is_quoted_clipped() {
         assert!(shown.len() < 1024, "{} bytes: {e:?}", shown.len());
     }
 }
+
+/// A document whose title passes the bound on titles (1 KiB) is imported with it clipped,
+/// not refused whole: another tool's label. Found in review: the bound refused such an
+/// export (and stopped `compactd replay` at its file).
+#[test]
+fn a_long_title_is_imported_clipped() {
+    let title = "t".repeat(5_000);
+    let json = format!(r#"{{"info":{{"id":"s","title":"{title}"}},"messages":[]}}"#);
+    let export = parse_export_limited(&json, limit(1 << 20), "").expect("imported");
+    assert!(export.info.title.len() <= crate::domain::MAX_TITLE_BYTES);
+    assert!(export.info.title.starts_with("ttt") && export.info.title.ends_with('…'));
+}
