@@ -15,7 +15,8 @@ export interface PluginSettings {
   binary: string
   /** Extra `compactd serve` arguments for the started sidecar. */
   serverArgs: string[]
-  /** Data directory of the started sidecar (default: a temporary one, removed at exit). */
+  /** Data directory of the started sidecar (default: `$XDG_DATA_HOME/opencode/compactd`,
+   * kept across restarts; ":temp:": a temporary one, removed at exit). */
   dataDir?: string
   /** Whose compaction runs: "opencode" (OpenCode's own; compactd only prunes) or "compactd". */
   compaction: "opencode" | "compactd"

@@ -1,10 +1,11 @@
-// Starts compactd (`compactd serve` on a free local port) or connects to a running one.
+// Starts compactd (`compactd serve` on a free local port, its sessions in a data directory
+// per user) or connects to a running one.
 import { spawn, type ChildProcess } from "node:child_process"
 import { createServer } from "node:net"
 import { randomBytes } from "node:crypto"
-import { mkdtempSync, rmSync } from "node:fs"
-import { tmpdir } from "node:os"
-import { join } from "node:path"
+import { chmodSync, mkdirSync, mkdtempSync, rmSync, statSync } from "node:fs"
+import { homedir, tmpdir } from "node:os"
+import { isAbsolute, join } from "node:path"
 import { CompactdClient } from "@compactd/client"
 import type { PluginSettings } from "./options.js"
 import type { Log } from "./log.js"
@@ -29,6 +30,28 @@ function freePort(): Promise<number> {
     })
   })
 }
+
+/** `dataDir` for a temporary data directory, removed when OpenCode exits. */
+export const TEMP_DATA_DIR = ":temp:"
+
+/**
+ * The started sidecar's data directory by default: one per user that outlives OpenCode
+ * (`$XDG_DATA_HOME/opencode/compactd`, else `~/.local/share/opencode/compactd`, beside
+ * OpenCode's own storage), so a session loaded again after a restart keeps compactd's
+ * summaries. Before, a temporary directory removed at every exit lost them.
+ */
+export function defaultDataDir(): string {
+  const xdg = process.env.XDG_DATA_HOME
+  return join(xdg && isAbsolute(xdg) ? xdg : join(homedir(), ".local", "share"), "opencode", "compactd")
+}
+
+/** Makes `dir` (and its parents) readable by its owner only: it holds every mirrored session. */
+function privateDir(dir: string) {
+  mkdirSync(dir, { recursive: true, mode: 0o700 })
+  if ((statSync(dir).mode & 0o077) !== 0) chmodSync(dir, 0o700)
+}
+
+const IN_USE = /in use by another compactd/
 
 /** Restarts of a sidecar that exits: 1 s, doubling to 30 s; back to 1 s once one ran a minute. */
 const RESTART_FIRST_MS = 1000
@@ -56,32 +79,53 @@ function ownSettings(s: PluginSettings): PluginSettings {
 }
 
 async function startOwn(s: PluginSettings, log: Log): Promise<Sidecar> {
+  // The data directory: the user's, or (":temp:", or one that cannot be made) a temporary
+  // one removed at exit. A directory another compactd holds (a second OpenCode of this
+  // user: compactd locks its data directory) is tried again a second later (one that was
+  // just closed may still be stopping its sidecar), then this OpenCode falls back to a
+  // temporary one: never a sidecar that cannot start.
+  let persistent: string | undefined = s.dataDir === TEMP_DATA_DIR ? undefined : s.dataDir
+  if (persistent === undefined && s.dataDir !== TEMP_DATA_DIR) {
+    try {
+      persistent = defaultDataDir()
+      privateDir(persistent)
+    } catch (e) {
+      log.warn(`cannot make compactd's data directory ${persistent}: ${(e as Error).message}; using a temporary one (summaries are not kept across restarts)`)
+      persistent = undefined
+    }
+  }
+  let waitedForLock = false
   // A port picked now could be taken before compactd binds it: try a few.
   let lastError: unknown
-  for (let attempt = 0; attempt < 3; attempt++) {
+  for (let attempt = 0; attempt < 4; attempt++) {
     const port = await freePort()
     const address = `127.0.0.1:${port}`
     // Made first: a token the client refuses fails here, before a process or a directory
     // exists to be left behind.
     const client = new CompactdClient({ address, token: s.token, deadlineMs: s.timeoutMs })
-    const ownDir = !s.dataDir
-    const dataDir = s.dataDir ?? mkdtempSync(join(tmpdir(), "opencode-compactd-"))
+    let temp = persistent === undefined
+    let dataDir = persistent ?? mkdtempSync(join(tmpdir(), "opencode-compactd-"))
     // compactd exits when its stdin (a pipe this process holds) closes: OpenCode killed
     // outright (SIGKILL, the OOM killer) runs no exit handler, and would leave it running.
-    const args = ["serve", "--listen", address, "--data-dir", dataDir, "--exit-on-stdin-eof"]
-    if (s.llmModel) args.push("--llm-model", s.llmModel)
-    args.push(...s.serverArgs)
+    const argsFor = (dir: string) => {
+      const args = ["serve", "--listen", address, "--data-dir", dir, "--exit-on-stdin-eof"]
+      if (s.llmModel) args.push("--llm-model", s.llmModel)
+      args.push(...s.serverArgs)
+      return args
+    }
+    let args = argsFor(dataDir)
     let stopping = false
     let proc = launch(s, args, log)
     const cleanup = () => {
       stopping = true
       if (proc.child.exitCode === null && proc.child.signalCode === null) proc.child.kill("SIGTERM")
-      if (ownDir) rmSync(dataDir, { recursive: true, force: true })
+      // Only a temporary directory: the user's keeps the sessions for the next start.
+      if (temp) rmSync(dataDir, { recursive: true, force: true })
     }
     process.once("exit", cleanup)
     try {
       await ready(client, proc, s.timeoutMs)
-      log.info(`started compactd (${s.binary}, pid ${proc.child.pid}) on ${address}`)
+      log.info(`started compactd (${s.binary}, pid ${proc.child.pid}) on ${address}, data in ${dataDir}${temp ? " (temporary)" : ""}`)
       // A sidecar that exits (a crash, the OOM killer) is started again on the same address
       // and data directory: the sessions it had acknowledged are on disk (durability
       // `sync` by default), the plugin's stream and watcher reconnect, and every session
@@ -96,6 +140,14 @@ async function startOwn(s: PluginSettings, log: Log): Promise<Sidecar> {
           log.warn(`compactd ${current.exited() ?? "exited"}: starting it again in ${delay} ms on ${address}`)
           const timer = setTimeout(() => {
             if (stopping) return
+            // Another compactd took the directory meanwhile (another OpenCode started while
+            // this one's was down): a temporary one, or it would never start again.
+            if (!temp && IN_USE.test(current.stderr())) {
+              log.warn(`${dataDir} is in use by another compactd: compactd starts again on a temporary data directory (removed at exit)`)
+              temp = true
+              dataDir = mkdtempSync(join(tmpdir(), "opencode-compactd-"))
+              args = argsFor(dataDir)
+            }
             proc = launch(s, args, log)
             supervise(proc)
             ready(client, proc, s.timeoutMs).then(
@@ -129,6 +181,15 @@ async function startOwn(s: PluginSettings, log: Log): Promise<Sidecar> {
       log.warn(`compactd did not start on ${address}: ${(e as Error).message}`)
       const exited = proc.exited()
       if (exited && /could not start/.test(exited)) break
+      if (!temp && IN_USE.test(proc.stderr())) {
+        if (!waitedForLock) {
+          waitedForLock = true
+          await new Promise((resolve) => setTimeout(resolve, 1000))
+        } else {
+          log.warn(`compactd's data directory ${dataDir} is in use by another compactd (another OpenCode's): this OpenCode's uses a temporary one, removed at exit (its sessions do not keep compactd's summaries across a restart)`)
+          persistent = undefined
+        }
+      }
     }
   }
   throw lastError
@@ -156,6 +217,8 @@ interface Launched {
   /** Why the process ended, once it has; its last stderr lines kept apart. */
   exited(): string | null
   stderr(): string
+  /** Settles once the process ended and its stderr was read to the end. */
+  closed: Promise<void>
 }
 
 function launch(s: PluginSettings, args: string[], log: Log): Launched {
@@ -174,7 +237,11 @@ function launch(s: PluginSettings, args: string[], log: Log): Launched {
   child.on("exit", (code, signal) => {
     exited ??= `exited with ${signal ?? code}`
   })
-  return { child, exited: () => exited, stderr: () => stderr }
+  const closed = new Promise<void>((resolve) => {
+    child.once("close", () => resolve())
+    child.once("error", () => resolve())
+  })
+  return { child, exited: () => exited, stderr: () => stderr, closed }
 }
 
 /** Waits until `client` answers, failing at once when the process exits. */
@@ -182,7 +249,11 @@ async function ready(client: CompactdClient, proc: Launched, timeoutMs: number) 
   const deadline = Date.now() + timeoutMs
   while (true) {
     const exited = proc.exited()
-    if (exited) throw new Error(`compactd ${exited}: ${proc.stderr().trim().split("\n").slice(-3).join(" | ")}`)
+    if (exited) {
+      // Its last words (why it stopped) may come after its exit.
+      await Promise.race([proc.closed, new Promise((resolve) => setTimeout(resolve, 500).unref())])
+      throw new Error(`compactd ${exited}: ${proc.stderr().trim().split("\n").slice(-3).join(" | ")}`)
+    }
     try {
       await client.waitForReady(Math.min(500, deadline - Date.now()))
       return

@@ -1,8 +1,8 @@
 // The sidecar the plugin starts (no `address`): the real binary, killed as a crash or the
 // OOM killer would. Needs COMPACTD_BIN. Run through ../test.sh.
-import { test } from "node:test"
+import { test, after } from "node:test"
 import assert from "node:assert/strict"
-import { existsSync, mkdtempSync, rmSync } from "node:fs"
+import { existsSync, mkdtempSync, rmSync, statSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { startSidecar } from "../dist/sidecar.js"
@@ -10,6 +10,12 @@ import { resolveSettings } from "../dist/options.js"
 
 const BIN = process.env.COMPACTD_BIN
 assert.ok(BIN && existsSync(BIN), `COMPACTD_BIN must name the compactd binary (got ${BIN})`)
+
+// Sidecars started without a dataDir keep their sessions in $XDG_DATA_HOME/opencode/compactd:
+// this file's, not the user's (hosts it spawns inherit it).
+const xdgDataHome = mkdtempSync(join(tmpdir(), "compactd-sidecar-xdg-"))
+process.env.XDG_DATA_HOME = xdgDataHome
+after(() => rmSync(xdgDataHome, { recursive: true, force: true }))
 
 async function until(what, check, ms) {
   const deadline = Date.now() + ms
@@ -47,6 +53,83 @@ test("a sidecar that dies is started again, with the sessions it acknowledged", 
   await new Promise((resolve) => setTimeout(resolve, 1500))
   assert.equal(sidecar.child, last, "no restart after stop()")
   rmSync(dataDir, { recursive: true, force: true })
+})
+
+test("the default data directory is the user's, kept across restarts", async () => {
+  // Before, a sidecar started without a dataDir used a temporary directory removed at
+  // every exit: compactd's summaries did not survive an OpenCode restart, and a session
+  // loaded again paid for them twice.
+  const xdg = mkdtempSync(join(tmpdir(), "compactd-xdg-"))
+  const before = process.env.XDG_DATA_HOME
+  process.env.XDG_DATA_HOME = xdg
+  const log = { debug() {}, info() {}, warn() {}, error() {} }
+  const dir = join(xdg, "opencode", "compactd")
+  try {
+    const first = await startSidecar(resolveSettings({ binary: BIN, timeoutMs: 15000 }), log)
+    try {
+      await first.client.openSession({ id: "ses_persisted" })
+      await first.client.upsertMessage("ses_persisted", { id: "msg_1", role: "user", time: { created: 1 } })
+    } finally {
+      first.stop()
+    }
+    await until("the first sidecar stopped", async () => first.child.exitCode !== null || first.child.signalCode !== null, 5000)
+    assert.ok(existsSync(join(dir, "compactd.db")), `${dir} holds compactd's database`)
+    assert.equal(statSync(dir).mode & 0o777, 0o700, "readable by its owner only")
+    // OpenCode starts again: its sidecar finds the session.
+    const second = await startSidecar(resolveSettings({ binary: BIN, timeoutMs: 15000 }), log)
+    try {
+      const held = await second.client.getSession("ses_persisted")
+      assert.deepEqual(held.messages.map((m) => m.info.id), ["msg_1"])
+    } finally {
+      second.stop()
+    }
+    assert.ok(existsSync(join(dir, "compactd.db")), "not removed at stop")
+  } finally {
+    if (before === undefined) delete process.env.XDG_DATA_HOME
+    else process.env.XDG_DATA_HOME = before
+    rmSync(xdg, { recursive: true, force: true })
+  }
+})
+
+test("a second OpenCode on the same data directory falls back to a temporary one", async () => {
+  // compactd locks its data directory: a second OpenCode of the same user must still get
+  // a sidecar (on a temporary directory, said in the log), never fail to start it.
+  const dataDir = mkdtempSync(join(tmpdir(), "compactd-shared-"))
+  const warnings = []
+  const quiet = { debug() {}, info() {}, warn() {}, error() {} }
+  const log = { debug() {}, info() {}, warn: (m) => warnings.push(m), error: (m) => warnings.push(m) }
+  const first = await startSidecar(resolveSettings({ binary: BIN, dataDir, timeoutMs: 15000 }), quiet)
+  let second
+  try {
+    second = await startSidecar(resolveSettings({ binary: BIN, dataDir, timeoutMs: 15000 }), log)
+    await second.client.openSession({ id: "ses_second" })
+    assert.ok(warnings.some((w) => /in use by another compactd.*temporary/.test(w)), warnings.join("\n"))
+    const argv = (await import("node:fs")).readFileSync(`/proc/${second.child.pid}/cmdline`, "utf8").split("\0")
+    const temp = argv[argv.indexOf("--data-dir") + 1]
+    assert.notEqual(temp, dataDir)
+    second.stop()
+    await until("the temporary directory removed", async () => !existsSync(temp), 5000)
+    // The first one's directory is left alone.
+    assert.ok(existsSync(join(dataDir, "compactd.db")))
+  } finally {
+    second?.stop()
+    first.stop()
+    rmSync(dataDir, { recursive: true, force: true })
+  }
+})
+
+test('dataDir ":temp:" is a temporary directory, removed at stop', async () => {
+  const log = { debug() {}, info() {}, warn() {}, error() {} }
+  const sidecar = await startSidecar(resolveSettings({ binary: BIN, dataDir: ":temp:", timeoutMs: 15000 }), log)
+  let dir
+  try {
+    const argv = (await import("node:fs")).readFileSync(`/proc/${sidecar.child.pid}/cmdline`, "utf8").split("\0")
+    dir = argv[argv.indexOf("--data-dir") + 1]
+    assert.ok(dir && dir !== ":temp:" && existsSync(dir), dir)
+  } finally {
+    sidecar.stop()
+  }
+  await until("the directory removed", async () => !existsSync(dir), 5000)
 })
 
 test("the sidecar goes with OpenCode, even when OpenCode is killed outright", async () => {
