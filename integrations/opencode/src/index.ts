@@ -8,7 +8,7 @@
 // - compaction: OpenCode's own (default; compactd only prunes) or compactd's (OpenCode's
 //   automatic compaction is turned off and compactd's summaries are relayed);
 // - registers compactd's `compactd_recall` tool, so the model can get a hidden output back;
-// - starts the sidecar (`compactd serve` on a free port) or connects to a given address.
+// - starts the sidecar (`compactd serve` on a private Unix socket) or connects to a given address.
 //
 // A compactd error never breaks OpenCode: the request goes out with OpenCode's own
 // messages and the error is logged.

@@ -1,7 +1,6 @@
-// Starts compactd (`compactd serve` on a free local port, its sessions in a data directory
-// per user) or connects to a running one.
+// Starts compactd (`compactd serve` on a Unix socket only this user can reach, its sessions
+// in a data directory per user) or connects to a running one.
 import { spawn, type ChildProcess } from "node:child_process"
-import { createServer } from "node:net"
 import { randomBytes } from "node:crypto"
 import { chmodSync, mkdirSync, mkdtempSync, rmSync, statSync } from "node:fs"
 import { homedir, tmpdir } from "node:os"
@@ -16,19 +15,6 @@ export interface Sidecar {
   /** The started process, when the plugin started one. */
   child?: ChildProcess
   stop(): void
-}
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = createServer()
-    srv.unref()
-    srv.on("error", reject)
-    srv.listen(0, "127.0.0.1", () => {
-      const addr = srv.address()
-      const port = typeof addr === "object" && addr ? addr.port : 0
-      srv.close(() => resolve(port))
-    })
-  })
 }
 
 /** `dataDir` for a temporary data directory, removed when OpenCode exits. */
@@ -78,6 +64,24 @@ function ownSettings(s: PluginSettings): PluginSettings {
   return s.token?.trim() ? s : { ...s, token: randomBytes(32).toString("base64url") }
 }
 
+/**
+ * A private directory (mode 0700, as mkdtemp makes it) for the sidecar's socket: in
+ * $XDG_RUNTIME_DIR when there is one, else the system's temporary directory, unless its
+ * path is too long for a socket address (108 bytes on Linux, 104 on macOS): then in /tmp.
+ */
+function socketDir(): string {
+  const runtime = process.env.XDG_RUNTIME_DIR
+  const fits = (dir: string | undefined): dir is string => !!dir && isAbsolute(dir) && Buffer.byteLength(dir) <= 60
+  if (fits(runtime)) {
+    try {
+      return mkdtempSync(join(runtime, "opencode-compactd-"))
+    } catch {
+      // not writable: the temporary directory
+    }
+  }
+  return mkdtempSync(join(fits(tmpdir()) ? tmpdir() : "/tmp", "opencode-compactd-"))
+}
+
 async function startOwn(s: PluginSettings, log: Log): Promise<Sidecar> {
   // The data directory: the user's, or (":temp:", or one that cannot be made) a temporary
   // one removed at exit. A directory another compactd holds (a second OpenCode of this
@@ -94,15 +98,26 @@ async function startOwn(s: PluginSettings, log: Log): Promise<Sidecar> {
       persistent = undefined
     }
   }
+  // Served on a Unix socket in a directory only this user can enter (and the socket itself
+  // 0600, compactd's default), never on a loopback port: a port picked free and bound by
+  // compactd later could be taken meanwhile (at start, or while a crashed sidecar waits to
+  // start again) by another local process, which would then get every session and the
+  // token, and could change what the model is sent. The path stays the same across
+  // restarts; compactd replaces a stale socket a crashed one left.
+  const sockets = socketDir()
+  const address = `unix:${join(sockets, "compactd.sock")}`
+  let client: CompactdClient
+  try {
+    // Made first: a token the client refuses fails here, before a process exists to be
+    // left behind.
+    client = new CompactdClient({ address, token: s.token, deadlineMs: s.timeoutMs })
+  } catch (e) {
+    rmSync(sockets, { recursive: true, force: true })
+    throw e
+  }
   let waitedForLock = false
-  // A port picked now could be taken before compactd binds it: try a few.
   let lastError: unknown
-  for (let attempt = 0; attempt < 4; attempt++) {
-    const port = await freePort()
-    const address = `127.0.0.1:${port}`
-    // Made first: a token the client refuses fails here, before a process or a directory
-    // exists to be left behind.
-    const client = new CompactdClient({ address, token: s.token, deadlineMs: s.timeoutMs })
+  for (let attempt = 0; attempt < 3; attempt++) {
     let temp = persistent === undefined
     let dataDir = persistent ?? mkdtempSync(join(tmpdir(), "opencode-compactd-"))
     // compactd exits when its stdin (a pipe this process holds) closes: OpenCode killed
@@ -122,11 +137,15 @@ async function startOwn(s: PluginSettings, log: Log): Promise<Sidecar> {
       // Only a temporary directory: the user's keeps the sessions for the next start.
       if (temp) rmSync(dataDir, { recursive: true, force: true })
     }
-    process.once("exit", cleanup)
+    const exit = () => {
+      cleanup()
+      rmSync(sockets, { recursive: true, force: true })
+    }
+    process.once("exit", exit)
     try {
       await ready(client, proc, s.timeoutMs)
       log.info(`started compactd (${s.binary}, pid ${proc.child.pid}) on ${address}, data in ${dataDir}${temp ? " (temporary)" : ""}`)
-      // A sidecar that exits (a crash, the OOM killer) is started again on the same address
+      // A sidecar that exits (a crash, the OOM killer) is started again on the same socket
       // and data directory: the sessions it had acknowledged are on disk (durability
       // `sync` by default), the plugin's stream and watcher reconnect, and every session
       // is loaded again before its next request. Without this, a dead sidecar would leave
@@ -161,9 +180,9 @@ async function startOwn(s: PluginSettings, log: Log): Promise<Sidecar> {
       }
       supervise(proc)
       const stop = () => {
-        process.removeListener("exit", cleanup)
+        process.removeListener("exit", exit)
         client.close()
-        cleanup()
+        exit()
       }
       return {
         client,
@@ -175,12 +194,13 @@ async function startOwn(s: PluginSettings, log: Log): Promise<Sidecar> {
       }
     } catch (e) {
       lastError = e
-      client.close()
-      process.removeListener("exit", cleanup)
+      process.removeListener("exit", exit)
       cleanup()
       log.warn(`compactd did not start on ${address}: ${(e as Error).message}`)
       const exited = proc.exited()
       if (exited && /could not start/.test(exited)) break
+      // The next one binds the same socket: this one must be gone first.
+      await Promise.race([proc.closed, new Promise((resolve) => setTimeout(resolve, 5000).unref())])
       if (!temp && IN_USE.test(proc.stderr())) {
         if (!waitedForLock) {
           waitedForLock = true
@@ -192,6 +212,8 @@ async function startOwn(s: PluginSettings, log: Log): Promise<Sidecar> {
       }
     }
   }
+  client.close()
+  rmSync(sockets, { recursive: true, force: true })
   throw lastError
 }
 

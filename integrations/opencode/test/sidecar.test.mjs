@@ -132,6 +132,38 @@ test('dataDir ":temp:" is a temporary directory, removed at stop', async () => {
   await until("the directory removed", async () => !existsSync(dir), 5000)
 })
 
+test("the started sidecar is served on a Unix socket only its user can reach, not a loopback port", async () => {
+  // Before, the plugin picked a free loopback port (bound, closed, then bound by compactd):
+  // another local process could take it in between, at start or during a restart's
+  // delay, and get every session and the token, and change what the model is sent.
+  const { dirname } = await import("node:path")
+  const { readFileSync } = await import("node:fs")
+  const log = { debug() {}, info() {}, warn() {}, error() {} }
+  const sidecar = await startSidecar(resolveSettings({ binary: BIN, dataDir: ":temp:", timeoutMs: 15000 }), log)
+  let socket
+  try {
+    assert.match(sidecar.address, /^unix:\//, sidecar.address)
+    socket = sidecar.address.slice("unix:".length)
+    const argv = readFileSync(`/proc/${sidecar.child.pid}/cmdline`, "utf8").split("\0")
+    assert.equal(argv[argv.indexOf("--listen") + 1], sidecar.address, "compactd listens there, nowhere else")
+    assert.ok(statSync(socket).isSocket())
+    assert.equal(statSync(dirname(socket)).mode & 0o777, 0o700, "its directory is the user's alone")
+    assert.equal(statSync(socket).mode & 0o077, 0, "the socket is the user's alone")
+    await onlyItsClientIsServed(sidecar, "ses_unix")
+    // A crash: started again on the same socket, the stale one replaced.
+    const first = sidecar.child.pid
+    sidecar.child.kill("SIGKILL")
+    await until("compactd back on its socket", async () => {
+      if (sidecar.child.pid === first) return false
+      await sidecar.client.getSession("ses_unix")
+      return true
+    }, 15000)
+  } finally {
+    sidecar.stop()
+  }
+  await until("the socket's directory removed at stop", async () => !existsSync(dirname(socket)), 5000)
+})
+
 test("the sidecar goes with OpenCode, even when OpenCode is killed outright", async () => {
   // OpenCode killed with SIGKILL (or by the OOM killer) runs no exit handler: the sidecar
   // must notice on its own (its stdin, a pipe OpenCode held, closes).
