@@ -51,6 +51,11 @@ interface SessionState {
   /** OpenCode deleted the session: nothing more is sent for this state (a reopen that
    *  waited for the model's limits would make the session again in compactd). */
   deleted?: boolean
+  /** With compaction "compactd", the last context sent that started with compactd's
+   *  summary: its messages before OpenCode's own (`head`), the first of OpenCode's that
+   *  followed (`tailStart`; none when it summarized them all) and the newest message of
+   *  that request (`after`). A request whose context cannot be built is sent from it. */
+  lastGood?: { head: WithParts[]; tailStart?: string; after: string }
 }
 
 /** Codes of failures a retry may not meet again (compactd down or slow, a call cut): any
@@ -172,7 +177,12 @@ const CompactdPlugin: Plugin = async (input, options) => {
         if (replaced && settings.replaceMessages) output.messages.splice(0, output.messages.length, ...replaced)
         mirror.contextReplaced()
       } catch (e) {
-        mirror.contextNotReplaced(e as Error)
+        // With compaction "compactd" OpenCode's own messages are the whole history (its
+        // compaction is off): the last summary compactd gave, and OpenCode's messages
+        // from where its tail began, keep the request compacted.
+        const kept = mirror.lastGood(output.messages as WithParts[])
+        if (kept) output.messages.splice(0, output.messages.length, ...kept.messages)
+        mirror.contextNotReplaced(e as Error, kept?.from)
       }
     },
   }
@@ -711,6 +721,12 @@ class Mirror {
     if (!out.some((m) => m.info.id === lastId) && !ctx.boundaryMessageId) {
       throw new Error(`compactd's context lacks the newest message ${lastId}; mirror out of sync`)
     }
+    if (this.settings.compaction === "compactd") {
+      const first = out.findIndex((m) => known.has(m.info.id))
+      s.lastGood = ctx.boundaryMessageId && first !== 0
+        ? { head: structuredClone(first < 0 ? out : out.slice(0, first)), tailStart: first < 0 ? undefined : out[first].info.id, after: lastId }
+        : undefined
+    }
     const reduced = ctx.messages.reduce((n, m) => n + m.parts.filter((p) => p.mark || p.tool?.state?.time?.compacted).length, 0)
     this.log.info(
       `session ${sessionID}: sending compactd's context: ${out.length} messages (OpenCode: ${messages.length}), ~${ctx.estimatedTokens} tokens, ${reduced} parts reduced${ctx.boundaryMessageId ? `, from compaction ${ctx.boundaryMessageId}` : ""}`,
@@ -791,14 +807,42 @@ class Mirror {
   }
 
   /**
-   * A request whose context compactd could not build goes out with OpenCode's own
+   * A request whose context compactd could not build goes out with compactd's last
+   * summary and OpenCode's messages from `from` on or, without one, with OpenCode's own
    * messages: shown once (each failing request logs it), again only after a success.
    */
-  contextNotReplaced(e: Error) {
-    this.log.error(`context not replaced (OpenCode's own messages are sent): ${e.message}`)
+  contextNotReplaced(e: Error, from?: string) {
+    let sent: string
+    if (from) sent = `compactd's last summary and OpenCode's messages from ${from} on are sent`
+    else if (this.settings.compaction === "compactd") {
+      sent = `OpenCode's own messages are sent, the whole history uncompacted (OpenCode's compaction is off with compaction "compactd", and there is no summary of compactd's to send instead)`
+    } else sent = "OpenCode's own messages are sent"
+    this.log.error(`context not replaced (${sent}): ${e.message}`)
     if (this.unreplaced) return
     this.unreplaced = true
-    this.toast(`compactd could not build the context; OpenCode's own messages are sent: ${brief(e.message)}`, "error")
+    this.toast(`compactd could not build the context; ${sent}: ${brief(e.message)}`, "error")
+  }
+
+  /**
+   * With compaction "compactd", the request `messages` from the session's last context
+   * that carried compactd's summary: that summary, then OpenCode's messages from where
+   * its verbatim tail began (the newest user message always among them). Null without
+   * one, or when OpenCode's messages no longer hold where it began (OpenCode compacted,
+   * or messages were reverted).
+   */
+  lastGood(messages: WithParts[]): { messages: WithParts[]; from: string } | null {
+    if (this.settings.compaction !== "compactd") return null
+    const sessionID = messages[0]?.info?.sessionID
+    const kept = sessionID ? this.sessions.get(sessionID)?.lastGood : undefined
+    if (!kept) return null
+    const ids = messages.map((m) => m.info?.id)
+    let from = kept.tailStart ? ids.indexOf(kept.tailStart) : ids.indexOf(kept.after)
+    if (from < 0) return null
+    if (!kept.tailStart) from += 1
+    const newestUser = ids.lastIndexOf(userTurn(messages))
+    if (newestUser >= 0) from = Math.min(from, newestUser)
+    if (from >= messages.length) return null
+    return { messages: [...structuredClone(kept.head), ...messages.slice(from)], from: ids[from] }
   }
 
   /** The context was built again: the next failure is shown. */

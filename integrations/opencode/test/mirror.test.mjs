@@ -720,6 +720,70 @@ test('with compaction "compactd", a session loaded again keeps compactd\'s summa
   }
 })
 
+test('with compaction "compactd", a context compactd cannot build is sent from its last summary', async () => {
+  // OpenCode's own compaction is off: its own messages are the whole, never compacted,
+  // history. Before, a request whose context could not be built (compactd gone or slow, an
+  // import refused) was sent with them: refused by the provider for its length, or paid in
+  // full.
+  const llm = await summaryEndpoint("We read the files and fixed nothing yet.")
+  const addr = `127.0.0.1:${await freePort()}`
+  const own = spawn(BIN, ["serve", "--listen", addr, "--durability", "memory", "--llm-base-url", llm.url, "--llm-model", "m", "--llm-context-tokens", "32000"], { stdio: ["ignore", "ignore", "pipe"] })
+  own.stderr.on("data", () => {})
+  const probe = new CompactdClient({ address: addr })
+  const ses = "ses_last_good"
+  const all = history(ses, 5)
+  for (const m of all) if (m.info.role === "assistant") m.parts[0].text += " " + "long answer ".repeat(400)
+  const logs = []
+  const toasts = []
+  const opencode = {
+    app: { log: async ({ body }) => logs.push(`${body.level} ${body.message}`) },
+    session: { messages: async () => ({ data: all }) },
+    config: { providers: async () => PROVIDERS },
+    tui: { showToast: async ({ body }) => void toasts.push(body) },
+  }
+  let hooks
+  const request = async (messages) => {
+    const output = { messages: [...messages] }
+    await hooks["experimental.chat.messages.transform"]({}, output)
+    return output.messages
+  }
+  const mirrored = async (messages) => {
+    for (const m of messages) {
+      await hooks.event({ event: { type: "message.updated", properties: { info: m.info } } })
+      await hooks.event({ event: { type: "message.part.updated", properties: { part: m.parts[0] } } })
+    }
+  }
+  try {
+    await probe.waitForReady(15000)
+    hooks = await plugin({ client: opencode }, { address: addr, recall: false, compaction: "compactd", timeoutMs: 3000 })
+    await mirrored(all.slice(0, 6))
+    await request(all.slice(0, 6))
+    const done = await probe.compact(ses).result()
+    assert.ok(done.compacted, `compacted: ${JSON.stringify(done)}`)
+    const summarized = await request(all.slice(0, 6))
+    assert.equal(summarized[0].info.id, done.compacted.userMessageId)
+    const tailStart = summarized.findIndex((m) => all.some((o) => o.info.id === m.info.id))
+    assert.ok(tailStart > 0, "the summary, then OpenCode's tail")
+    // compactd goes away; the session goes on with a new turn.
+    own.kill("SIGKILL")
+    await new Promise((resolve) => own.once("exit", resolve))
+    await mirrored(all.slice(6, 9))
+    const sent = await request(all.slice(0, 9))
+    const ids = sent.map((m) => m.info.id)
+    const from = all.findIndex((m) => m.info.id === summarized[tailStart].info.id)
+    assert.deepEqual(ids, [...summarized.slice(0, tailStart).map((m) => m.info.id), ...all.slice(from, 9).map((m) => m.info.id)], "compactd's last summary, then OpenCode's messages from its tail on")
+    assert.equal(ids.at(-1), all[8].info.id, "the newest user message is sent")
+    assert.ok(!ids.includes(all[0].info.id), "no summarized message is sent")
+    assert.ok(logs.some((l) => /context not replaced \(compactd's last summary and OpenCode's messages from/.test(l)), logs.join("\n"))
+    assert.equal(toasts.filter((t) => t.variant === "error").length, 1, JSON.stringify(toasts))
+  } finally {
+    await hooks?.dispose()
+    probe.close()
+    own.kill("SIGKILL")
+    llm.close()
+  }
+})
+
 test("a running tool is sent once, then its finished part", async () => {
   // OpenCode publishes a running bash tool's part at every chunk it prints (the output so
   // far, in its metadata). Each was sent: while compactd was slow or stopped they queued
