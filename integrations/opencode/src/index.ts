@@ -717,9 +717,28 @@ class Mirror {
     const context = ctx.messages.filter((m) => known.has(m.info!.id) || !s.sent.has(`m:${m.info!.id}`))
     const out = toOpenCodeMessages(context, known, sessionID)
     const lastId = messages[messages.length - 1].info.id
-    // The newest message is missing only when a compaction summarized it.
-    if (!out.some((m) => m.info.id === lastId) && !ctx.boundaryMessageId) {
+    // The newest message is missing only when compactd's newest compaction summarized it,
+    // which then kept no verbatim tail (one it kept is followed by every newer message):
+    // otherwise compactd lacks it, and its context would drop it. Before, any compaction
+    // ever made turned this check off for the rest of the session.
+    const boundary = ctx.boundaryMessageId ? ctx.messages.find((m) => m.info?.id === ctx.boundaryMessageId) : undefined
+    const tailStart = boundary?.parts.find((p) => p.compaction)?.compaction?.tailStartId
+    if (!out.some((m) => m.info.id === lastId) && (!ctx.boundaryMessageId || tailStart)) {
       throw new Error(`compactd's context lacks the newest message ${lastId}; mirror out of sync`)
+    }
+    // The newest user message is always sent. A compaction may have summarized it (a turn
+    // longer than the verbatim tail keeps only its newest steps; a tail of none keeps
+    // nothing): the request would carry the user's request only as the summary tells it,
+    // or end with the summary, an assistant message (refused by Anthropic with extended
+    // thinking). It goes back right after the summary, before the steps that followed it.
+    const turn = userTurn(messages)
+    if (turn !== undefined && !out.some((m) => m.info.id === turn)) {
+      if (!ctx.boundaryMessageId) throw new Error(`compactd's context lacks the newest user message ${turn}; mirror out of sync`)
+      const order = new Map(messages.map((m, i) => [m.info.id, i]))
+      const at = order.get(turn)!
+      const before = out.findIndex((m) => (order.get(m.info.id) ?? -1) > at)
+      out.splice(before < 0 ? out.length : before, 0, known.get(turn)!)
+      this.log.info(`session ${sessionID}: compactd's compaction summarized the newest user message ${turn}; it is sent after the summary`)
     }
     if (this.settings.compaction === "compactd") {
       const first = out.findIndex((m) => known.has(m.info.id))
@@ -922,32 +941,33 @@ class Mirror {
       return
     }
     // The next request would cross the threshold but no finished message or usage report
-    // triggered compactd's own compaction yet: compact now, keeping the last 2 user turns
-    // verbatim, or, when they are the whole context (an agent run is often one long
-    // turn), summarizing everything (tail_turns 0).
+    // triggered compactd's own compaction yet: compact now, keeping the verbatim tail
+    // (the last 2 user turns, or the newest steps of a long one). When that tail is the
+    // whole context, compactd has nothing to compact: the request goes out as it is.
+    // (Before, the plugin then compacted with a tail of none, summarizing the user's
+    // newest message too: the request ended with the summary, no user message after it.)
     this.log.info(`session ${s.id}: the next request is over the threshold (${numbers}): compacting`)
-    for (const options of [{}, { tailTurns: 0 }]) {
-      try {
-        const result = await within(this.client.compact(s.id, options).result(), until - Date.now())
-        if (result === "late") return this.late(s)
-        if (result.failed) this.log.warn(`compactd compaction failed (${result.failed.kind}): ${result.failed.reason}`)
-        s.failedIn = result.failed ? turn : undefined
-        return
-      } catch (e: any) {
-        if (s.compaction) {
-          await wait(s.compaction) // an automatic one started meanwhile
-          return
-        }
-        if (e?.codeName === "FAILED_PRECONDITION" && /already running/.test(e.message)) {
-          // One the watcher did not see start (it subscribed after, or was dropped).
-          this.log.info(`session ${s.id}: a compaction is already running; waiting for it`)
-          return this.waitUnseen(s, until)
-        }
-        if (e?.codeName === "FAILED_PRECONDITION" && /nothing to compact/.test(e.message) && !("tailTurns" in options)) continue
-        this.log.warn(`compactd compaction not run: ${e?.message}`)
-        s.failedIn = turn
+    try {
+      const result = await within(this.client.compact(s.id, {}).result(), until - Date.now())
+      if (result === "late") return this.late(s)
+      if (result.failed) this.log.warn(`compactd compaction failed (${result.failed.kind}): ${result.failed.reason}`)
+      s.failedIn = result.failed ? turn : undefined
+    } catch (e: any) {
+      if (s.compaction) {
+        await wait(s.compaction) // an automatic one started meanwhile
         return
       }
+      if (e?.codeName === "FAILED_PRECONDITION" && /already running/.test(e.message)) {
+        // One the watcher did not see start (it subscribed after, or was dropped).
+        this.log.info(`session ${s.id}: a compaction is already running; waiting for it`)
+        return this.waitUnseen(s, until)
+      }
+      if (e?.codeName === "FAILED_PRECONDITION" && /nothing to compact/.test(e.message)) {
+        this.log.info(`session ${s.id}: nothing to compact (the verbatim tail is the whole context); the request goes out as it is`)
+        return
+      }
+      this.log.warn(`compactd compaction not run: ${e?.message}`)
+      s.failedIn = turn
     }
   }
 }

@@ -187,7 +187,12 @@ test('compaction "compactd": OpenCode\'s own is off, compactd summarizes and the
   const i = main.findIndex((q) => q.body.messages.some((m) => m.role === "assistant" && contentOf(m) === "Fix tinycalc subtraction"))
   assert.ok(i > 0, `no request carries compactd's summary${diag}`)
   const after = main[i]
-  assert.ok(after.prompt_tokens < main[i - 1].prompt_tokens, "the request after the compaction is not smaller")
+  // compactd's first summary may replace little: the session is one user turn, and with
+  // nothing outside its verbatim tail (25% of the usable input) there is nothing to
+  // compact, so the first compaction is compactd's own once the tail has moved on. A later
+  // one shrinks the request, and every request fits the window (11,000 less 1,000).
+  assert.ok(main.slice(i).some((q) => q.prompt_tokens < main[main.indexOf(q) - 1].prompt_tokens), `no request after a compaction is smaller${diag}`)
+  for (const q of main) assert.ok(q.prompt_tokens <= 10000, `request ${q.step}: ${q.prompt_tokens} prompt tokens, past the window${diag}`)
   assert.equal(toolResult(after, "call_s00_0"), undefined, "a summarized output is still sent")
   // Messages OpenCode wrote after the compaction are sent after the summary.
   const next = main[i + 1]

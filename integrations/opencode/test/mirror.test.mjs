@@ -784,6 +784,77 @@ test('with compaction "compactd", a context compactd cannot build is sent from i
   }
 })
 
+test('with compaction "compactd", a session with nothing to compact goes out as it is, its user message unsummarized', async () => {
+  // The session is over its threshold, but compactd's verbatim tail (here up to 100,000
+  // tokens) is all of it: compactd has nothing to compact. Before, the plugin compacted
+  // again with a tail of none: the user's newest message was summarized and, the
+  // compaction being manual (no "Continue" message after it), the request ended with the
+  // summary, an assistant message.
+  const llm = await summaryEndpoint("The user pasted many words.")
+  const addr = `127.0.0.1:${await freePort()}`
+  const own = spawn(BIN, ["serve", "--listen", addr, "--durability", "memory", "--llm-base-url", llm.url, "--llm-model", "m", "--llm-context-tokens", "32000", "--tail-tokens", "100000"], { stdio: ["ignore", "ignore", "pipe"] })
+  own.stderr.on("data", () => {})
+  const probe = new CompactdClient({ address: addr })
+  const ses = "ses_nothing_to_compact"
+  const all = oneLongTurn(ses)
+  const logs = []
+  const opencode = { app: { log: async ({ body }) => logs.push(body.message) }, session: { messages: async () => ({ data: all }) }, config: { providers: async () => PROVIDERS } }
+  let hooks
+  try {
+    await probe.waitForReady(15000)
+    hooks = await plugin({ client: opencode }, { address: addr, recall: false, compaction: "compactd" })
+    const output = { messages: [...all] }
+    await hooks["experimental.chat.messages.transform"]({}, output)
+    assert.deepEqual(output.messages.map((m) => m.info.id), ["msg_01"], "the user's message, not a summary of it")
+    assert.equal(llm.requests.length, 0, "nothing summarized")
+    assert.ok(logs.some((l) => /nothing to compact/.test(l)), logs.join("\n"))
+  } finally {
+    await hooks?.dispose()
+    probe.close()
+    own.kill("SIGTERM")
+    llm.close()
+  }
+})
+
+test('with compaction "compactd", the newest user message is sent though a compaction summarized it', async () => {
+  // One long agent turn: the verbatim tail (3,000 tokens here) keeps only its newest
+  // steps, and the user's message is summarized with the older ones. Before, the request
+  // went out without it (a compaction turned the check for the newest message off).
+  const llm = await summaryEndpoint("We built steps 1 to 4.")
+  const addr = `127.0.0.1:${await freePort()}`
+  const own = spawn(BIN, ["serve", "--listen", addr, "--durability", "memory", "--llm-base-url", llm.url, "--llm-model", "m", "--llm-context-tokens", "32000", "--tail-tokens", "3000"], { stdio: ["ignore", "ignore", "pipe"] })
+  own.stderr.on("data", () => {})
+  const probe = new CompactdClient({ address: addr })
+  const ses = "ses_split_turn"
+  const all = toolTurn(ses, 6)
+  const opencode = { app: { log: async () => ({}) }, session: { messages: async () => ({ data: all }) }, config: { providers: async () => PROVIDERS } }
+  let hooks
+  try {
+    await probe.waitForReady(15000)
+    hooks = await plugin({ client: opencode }, { address: addr, recall: false, compaction: "compactd", session: { cache_model: "none" } })
+    for (const m of all) {
+      await hooks.event({ event: { type: "message.updated", properties: { info: m.info } } })
+      for (const part of m.parts) await hooks.event({ event: { type: "message.part.updated", properties: { part } } })
+    }
+    await hooks["experimental.chat.messages.transform"]({}, { messages: [...all] })
+    const done = await probe.compact(ses).result()
+    assert.ok(done.compacted, `compacted: ${JSON.stringify(done)}`)
+    const output = { messages: [...all] }
+    await hooks["experimental.chat.messages.transform"]({}, output)
+    const ids = output.messages.map((m) => m.info.id)
+    const kept = (await probe.getContext(ses, "native")).messages.map((m) => m.info.id).filter((id) => all.some((m) => m.info.id === id))
+    assert.ok(kept.length > 0 && !kept.includes("msg_01"), `a split turn: compactd keeps ${kept.join(", ")}`)
+    assert.equal(ids[0], done.compacted.userMessageId, "the summary first")
+    assert.deepEqual(ids.slice(2), ["msg_01", ...kept], "the user's message, then the steps kept")
+    assert.equal(output.messages[2], all[0], "OpenCode's own message")
+  } finally {
+    await hooks?.dispose()
+    probe.close()
+    own.kill("SIGTERM")
+    llm.close()
+  }
+})
+
 test("a running tool is sent once, then its finished part", async () => {
   // OpenCode publishes a running bash tool's part at every chunk it prints (the output so
   // far, in its metadata). Each was sent: while compactd was slow or stopped they queued
