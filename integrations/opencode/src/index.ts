@@ -577,13 +577,29 @@ class Mirror {
    * Before, every request of the turn (every step) paid that in full. A failure to reach
    * compactd is tried again at the next request, as before.
    */
-  private async load(s: SessionState, messages: WithParts[]) {
+  private async load(s: SessionState, messages: WithParts[], until: number) {
     const turn = userTurn(messages)
     if (s.refused && s.refused.turn === turn) {
       throw new Error(`compactd refused to load session ${s.id} in this user turn (${s.refused.reason}); it is tried again at the next turn`)
     }
+    // An import replaces the session, which cancels the compaction compactd runs for it
+    // (its summary paid for and lost): with compaction "compactd", wait for it first (until
+    // `until`, the request's compaction deadline), then load the session with it.
+    if (s.compaction) {
+      this.log.info(`session ${s.id}: waiting for compactd's running compaction before loading the session`)
+      if ((await within(s.compaction, until - Date.now())) === "late") {
+        this.log.warn(`session ${s.id}: compaction not done within ${this.settings.compactionWaitMs} ms; loading the session cancels it`)
+      }
+    }
     try {
-      await this.importSession(s, messages)
+      try {
+        await this.importSession(s, messages)
+      } catch (e) {
+        if ((e as Obj)?.codeName !== "ABORTED") throw e
+        // A compaction committed while compactd built the import: loaded again, it is kept.
+        this.log.info(`session ${s.id}: compactd compacted it while loading it (${(e as Error).message}); loading it again`)
+        await this.importSession(s, messages)
+      }
       s.refused = undefined
     } catch (e) {
       const code = (e as Obj)?.codeName
@@ -645,7 +661,9 @@ class Mirror {
     const sessionID = messages[0]?.info?.sessionID
     if (!sessionID) return null
     const s = this.session(sessionID)
-    if (s.status !== "ready") await this.load(s, messages)
+    // How long this request may wait for compactions (compaction "compactd").
+    const until = Date.now() + this.settings.compactionWaitMs
+    if (s.status !== "ready") await this.load(s, messages, until)
     // compactd keeps parts in arrival order: if events came out of OpenCode's order, load
     // the session whole rather than send a context in another order.
     for (const m of messages) {
@@ -688,7 +706,7 @@ class Mirror {
         }
       }
     }
-    if (s.status !== "ready") await this.load(s, messages)
+    if (s.status !== "ready") await this.load(s, messages, until)
     // Reconcile: anything the events missed (or that changed since) is sent now.
     for (const m of messages) {
       this.messageUpdate(s, m.info, true)
@@ -707,9 +725,9 @@ class Mirror {
     await this.acked(s)
     if (s.status !== "ready") {
       // An update was rejected: load the whole session once more, then go on.
-      await this.load(s, messages)
+      await this.load(s, messages, until)
     }
-    if (this.settings.compaction === "compactd") await this.compactIfNeeded(s, userTurn(messages))
+    if (this.settings.compaction === "compactd") await this.compactIfNeeded(s, userTurn(messages), until)
     const ctx = await this.client.getContext(sessionID, "native")
     const known = new Map(messages.map((m) => [m.info.id, m]))
     // OpenCode messages not in this request (one OpenCode created after building it, such
@@ -909,10 +927,10 @@ class Mirror {
    * request goes out with its summary. Nothing starts when compactd has no summarizer or
    * nothing to summarize; the request then goes out with the context as it is.
    */
-  private async compactIfNeeded(s: SessionState, turn: string | undefined) {
-    // At most `compactionWaitMs` in all: a compaction that takes longer (a slow endpoint,
-    // a compactd gone without closing the connection) must not hold OpenCode's request.
-    const until = Date.now() + this.settings.compactionWaitMs
+  private async compactIfNeeded(s: SessionState, turn: string | undefined, until: number) {
+    // At most `compactionWaitMs` in all (`until`, a load's wait included): a compaction
+    // that takes longer (a slow endpoint, a compactd gone without closing the connection)
+    // must not hold OpenCode's request.
     // False once the deadline has passed (said once): the request goes out as it is.
     const wait = async (p: Promise<void> | undefined) => {
       if (p && (await within(p, until - Date.now())) === "late") {

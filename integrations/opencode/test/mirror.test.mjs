@@ -855,6 +855,78 @@ test('with compaction "compactd", the newest user message is sent though a compa
   }
 })
 
+test('with compaction "compactd", a session loaded again waits for the compaction compactd runs', async () => {
+  // A load replaces the session in compactd, which cancels its running compaction. Before,
+  // a request that had to load the session (here OpenCode removed a message) did so at
+  // once: the summary being written was thrown away, and the request went without it.
+  const llm = await summaryEndpoint("We read the files and fixed nothing yet.", 2000)
+  const addr = `127.0.0.1:${await freePort()}`
+  const own = spawn(BIN, ["serve", "--listen", addr, "--durability", "memory", "--llm-base-url", llm.url, "--llm-model", "m", "--llm-context-tokens", "32000"], { stdio: ["ignore", "ignore", "pipe"] })
+  own.stderr.on("data", () => {})
+  const probe = new CompactdClient({ address: addr })
+  const ses = "ses_reload_waits"
+  const all = history(ses, 4).slice(0, 7)
+  for (const m of all) if (m.info.role === "assistant") m.parts[0].text += " " + "long answer ".repeat(400)
+  const logs = []
+  const opencode = { app: { log: async ({ body }) => logs.push(body.message) }, session: { messages: async () => ({ data: all }) }, config: { providers: async () => PROVIDERS } }
+  let hooks
+  try {
+    await probe.waitForReady(15000)
+    hooks = await plugin({ client: opencode }, { address: addr, recall: false, compaction: "compactd" })
+    for (const m of all) {
+      await hooks.event({ event: { type: "message.updated", properties: { info: m.info } } })
+      await hooks.event({ event: { type: "message.part.updated", properties: { part: m.parts[0] } } })
+    }
+    await hooks["experimental.chat.messages.transform"]({}, { messages: [...all] })
+    const running = probe.compact(ses).result()
+    await until("the plugin saw the compaction start", () => logs.some((l) => new RegExp(`compaction .* of session ${ses} started`).test(l)), 15000)
+    // OpenCode removed a message (here one it then sends again): the session is loaded whole.
+    await hooks.event({ event: { type: "message.removed", properties: { sessionID: ses, messageID: "msg_gone" } } })
+    const output = { messages: [...all] }
+    await hooks["experimental.chat.messages.transform"]({}, output)
+    const done = await running
+    assert.ok(done.compacted, `the compaction was not cancelled: ${JSON.stringify(done.failed ?? done)}`)
+    assert.equal(output.messages[0].info.id, done.compacted.userMessageId, "the request carries the summary")
+    assert.ok(logs.some((l) => /waiting for compactd's running compaction before loading/.test(l)), logs.join("\n"))
+  } finally {
+    await hooks?.dispose()
+    probe.close()
+    own.kill("SIGTERM")
+    llm.close()
+  }
+})
+
+test("an import compactd aborts (a compaction committed meanwhile) is tried again at once", async () => {
+  // compactd answers ABORTED when a compaction committed while the import was built:
+  // imported again, it is kept. Before, the request failed (OpenCode's own messages sent).
+  const ses = "ses_import_aborted"
+  const all = history(ses, 2).slice(0, 3)
+  const logs = []
+  const opencode = { app: { log: async ({ body }) => logs.push(`${body.level} ${body.message}`) }, session: { messages: async () => ({ data: all }) }, config: { providers: async () => PROVIDERS } }
+  const real = CompactdClient.prototype.importSession
+  let imports = 0
+  CompactdClient.prototype.importSession = function (init, opts) {
+    if (init.sessionId !== ses) return real.call(this, init, opts)
+    imports += 1
+    if (imports > 1) return real.call(this, init, opts)
+    const e = new Error(`session ${ses} was compacted while the import was built, which would lose that compaction: import again (keep_compactions keeps it)`)
+    return Promise.reject(Object.assign(e, { code: 10, codeName: "ABORTED" }))
+  }
+  const hooks = await plugin({ client: opencode }, { address, recall: false })
+  try {
+    const output = { messages: [...all] }
+    await hooks["experimental.chat.messages.transform"]({}, output)
+    assert.equal(imports, 2, "imported again")
+    assert.notEqual(output.messages[0], all[0], "compactd's context is sent")
+    assert.ok(!logs.some((l) => /context not replaced/.test(l)), logs.join("\n"))
+    const held = await client.getSession(ses)
+    assert.deepEqual(held.messages.map((m) => m.info.id), all.map((m) => m.info.id))
+  } finally {
+    CompactdClient.prototype.importSession = real
+    await hooks.dispose()
+  }
+})
+
 test("a running tool is sent once, then its finished part", async () => {
   // OpenCode publishes a running bash tool's part at every chunk it prints (the output so
   // far, in its metadata). Each was sent: while compactd was slow or stopped they queued
