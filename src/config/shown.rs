@@ -21,17 +21,23 @@ pub fn clipped(v: &str) -> Cow<'_, str> {
 pub const MAX_ERROR_BYTES: usize = 2048;
 
 /// `message`, cut to [`MAX_ERROR_BYTES`] at a character boundary (ending in `…`).
-pub fn capped(mut message: String) -> String {
-    if message.len() <= MAX_ERROR_BYTES {
-        return message;
+pub fn capped(message: String) -> String {
+    cut_to(message, MAX_ERROR_BYTES)
+}
+
+/// `text`, or its beginning and `…` in at most `max` bytes (cut at a character boundary):
+/// the one way a value too long for where it goes is shortened.
+pub fn cut_to(mut text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
     }
-    let mut end = MAX_ERROR_BYTES - '…'.len_utf8();
-    while !message.is_char_boundary(end) {
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !text.is_char_boundary(end) {
         end -= 1;
     }
-    message.truncate(end);
-    message.push('…');
-    message
+    text.truncate(end);
+    text.push('…');
+    text
 }
 
 #[cfg(test)]

@@ -22,17 +22,8 @@ pub const MAX_TITLE_BYTES: usize = 1024;
 /// `title` cut to [`MAX_TITLE_BYTES`] at a character boundary (ending in `…`): how an
 /// import takes a document's longer title, a label another tool let grow, rather than
 /// refusing the whole document.
-pub fn clip_title(mut title: String) -> String {
-    if title.len() <= MAX_TITLE_BYTES {
-        return title;
-    }
-    let mut end = MAX_TITLE_BYTES - '…'.len_utf8();
-    while !title.is_char_boundary(end) {
-        end -= 1;
-    }
-    title.truncate(end);
-    title.push('…');
-    title
+pub fn clip_title(title: String) -> String {
+    crate::config::shown::cut_to(title, MAX_TITLE_BYTES)
 }
 
 /// Deepest JSON nesting accepted in a tool input, metadata or unmodelled field (`{}` is

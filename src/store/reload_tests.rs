@@ -19,6 +19,31 @@ fn counted(faulty: Arc<Faulty>, counts: Arc<Counts>, pause: Duration) -> Arc<dyn
     })
 }
 
+/// A store over `faulty` whose loads take 150 ms each (counted in `counts`), holding
+/// eight sessions fed one turn each.
+async fn eight_sessions(faulty: Arc<Faulty>, counts: Arc<Counts>) -> (Store, Vec<SessionHandle>) {
+    let store = Store::new(EngineConfig::default())
+        .with_backend(counted(faulty, counts, Duration::from_millis(150)))
+        .expect("listed");
+    let mut handles = Vec::new();
+    for i in 0..8 {
+        let (h, _) = store.open(info(&format!("s{i}"))).await.expect("open");
+        feed(&h, turn(0, 1, 1000)).await;
+        handles.push(h);
+    }
+    (store, handles)
+}
+
+/// The sessions were read back (`what`), at most [`MAX_CONCURRENT_LOADS`] at a time.
+fn assert_took_turns(counts: &Counts, what: &str) {
+    let most = counts.most.load(SeqCst);
+    assert!(most >= 1, "no {what}");
+    assert!(
+        most <= MAX_CONCURRENT_LOADS,
+        "{most} {what} at once, past {MAX_CONCURRENT_LOADS}"
+    );
+}
+
 /// Eight sessions' updates refused by a failing disk at once: each actor reloads its
 /// session, at most [`MAX_CONCURRENT_LOADS`] at a time. Before, all eight read and
 /// decoded at once (each beside the copy it replaces, outside the budget).
@@ -27,16 +52,7 @@ async fn reloads_after_failed_commits_take_turns_with_loads() {
     let dir = tempfile::tempdir().expect("dir");
     let faulty = Arc::new(Faulty::sync(dir.path(), None));
     let counts = Arc::new(Counts::default());
-    let pause = Duration::from_millis(150);
-    let store = Store::new(EngineConfig::default())
-        .with_backend(counted(faulty.clone(), counts.clone(), pause))
-        .expect("listed");
-    let mut handles = Vec::new();
-    for i in 0..8 {
-        let (h, _) = store.open(info(&format!("s{i}"))).await.expect("open");
-        feed(&h, turn(0, 1, 1000)).await;
-        handles.push(h);
-    }
+    let (store, handles) = eight_sessions(faulty.clone(), counts.clone()).await;
     faulty.fail_all.store(true, SeqCst);
     let refused: Vec<_> = handles
         .iter()
@@ -51,12 +67,7 @@ async fn reloads_after_failed_commits_take_turns_with_loads() {
     for r in refused {
         assert!(r.await.expect("joined").is_err(), "the update is refused");
     }
-    let most = counts.most.load(SeqCst);
-    assert!(most >= 1, "the sessions were reloaded");
-    assert!(
-        most <= MAX_CONCURRENT_LOADS,
-        "{most} reloads at once, past {MAX_CONCURRENT_LOADS}"
-    );
+    assert_took_turns(&counts, "reloads");
     // Still served, as the disk has them.
     faulty.fail_all.store(false, SeqCst);
     for h in &handles {
@@ -78,15 +89,7 @@ async fn rebuilds_after_panicking_jobs_take_turns_with_loads() {
     let dir = tempfile::tempdir().expect("dir");
     let faulty = Arc::new(Faulty::sync(dir.path(), None));
     let counts = Arc::new(Counts::default());
-    let store = Store::new(EngineConfig::default())
-        .with_backend(counted(faulty, counts.clone(), Duration::from_millis(150)))
-        .expect("listed");
-    let mut handles = Vec::new();
-    for i in 0..8 {
-        let (h, _) = store.open(info(&format!("s{i}"))).await.expect("open");
-        feed(&h, turn(0, 1, 1000)).await;
-        handles.push(h);
-    }
+    let (store, handles) = eight_sessions(faulty, counts.clone()).await;
     let panicked: Vec<_> = handles
         .iter()
         .cloned()
@@ -102,12 +105,7 @@ async fn rebuilds_after_panicking_jobs_take_turns_with_loads() {
             .expect("ran")
             .expect("applied");
     }
-    let most = counts.most.load(SeqCst);
-    assert!(most >= 1, "the sessions were rebuilt from the disk");
-    assert!(
-        most <= MAX_CONCURRENT_LOADS,
-        "{most} rebuilds at once, past {MAX_CONCURRENT_LOADS}"
-    );
+    assert_took_turns(&counts, "rebuilds");
     store.close().await;
 }
 
