@@ -75,6 +75,21 @@ pub(super) fn apply(s: &mut Session, update: Update) {
         .unwrap_or_else(|e| panic!("{update:?} rejected: {e}"));
 }
 
+/// Whether `update` is an unpin of a part that only its message's pin covers, which is
+/// refused (the part would stay pinned): the property tests' random pins meet it.
+pub(super) fn unpin_of_a_part_only_its_message_pins(s: &Session, update: &Update) -> bool {
+    let Update::Pin {
+        message_id,
+        part_id: Some(part_id),
+        pinned: false,
+    } = update
+    else {
+        return false;
+    };
+    s.position(message_id)
+        .is_some_and(|m| s.pins().holds(m, None) && !s.pins().holds(m, Some(part_id)))
+}
+
 /// A session built from a fixture with default settings.
 pub(super) fn session(fixture: &str) -> Session {
     session_with(fixture, SessionOverrides::default())

@@ -334,13 +334,7 @@ impl Driver {
                 };
                 // Unpinning a part only its message's pin covers is refused (it would
                 // stay pinned), and changes nothing.
-                let msg = self.s.position(&p.message_id);
-                let refused = !pinned
-                    && !whole
-                    && msg.is_some_and(|m| {
-                        self.s.pins().holds(m, None) && !self.s.pins().holds(m, Some(&p.id))
-                    });
-                if refused {
+                if unpin_of_a_part_only_its_message_pins(&self.s, &update) {
                     let before = self.s.context_openai().json;
                     let e = step(&mut self.s, update, &config(), self.now)
                         .expect_err("covered by the message's pin");

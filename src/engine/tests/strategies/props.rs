@@ -289,6 +289,15 @@ impl Driver {
                     part_id: (!whole).then(|| p.id.clone()),
                     pinned,
                 };
+                // Unpinning a part only its message's pin covers is refused (it would
+                // stay pinned), and changes nothing.
+                if unpin_of_a_part_only_its_message_pins(&self.s, &update) {
+                    let before = self.s.context_openai().json;
+                    let refused = step(&mut self.s, update, &cfg(), self.now);
+                    prop_assert!(refused.is_err(), "covered by the message's pin");
+                    prop_assert_eq!(self.s.context_openai().json, before);
+                    return Ok(());
+                }
                 self.step(update);
                 prop_assert_eq!(self.s.total_tokens(), rendered_tokens_from_scratch(&self.s));
                 check_marks(&self.s)?;
