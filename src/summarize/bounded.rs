@@ -350,6 +350,19 @@ impl Meter {
 mod tests {
     use super::*;
 
+    /// Feeds `read` to `meter` again and again until it refuses, within `at_most` bytes:
+    /// why it refused.
+    fn admitted_until_over(meter: &mut Meter, read: &str, at_most: usize) -> String {
+        let mut fed = 0usize;
+        loop {
+            if let Err(why) = meter.admit(read.as_bytes()) {
+                return why;
+            }
+            fed += read.len();
+            assert!(fed <= at_most, "the bound was not applied");
+        }
+    }
+
     /// The probe's one JSON body may be one line as long as its limit (a server echoing a
     /// prompt of over 1 MiB back): its line and event bounds rise with it. Found in review:
     /// the stream's 1 MiB bounds cut such a probe, though its own limit allowed it.
@@ -449,17 +462,7 @@ mod tests {
         let line = format!("data: {}\n", ",0".repeat(500));
         let read = line.repeat(64);
         let mut meter = Meter::new(MAX_ANSWER_BYTES);
-        let mut reads = 0;
-        let why = loop {
-            if let Err(why) = meter.admit(read.as_bytes()) {
-                break why;
-            }
-            reads += 1;
-            assert!(
-                reads * read.len() <= 2 * MAX_EVENT_BYTES,
-                "the bound was not applied"
-            );
-        };
+        let why = admitted_until_over(&mut meter, &read, 2 * MAX_EVENT_BYTES);
         assert_eq!(
             why,
             format!(
@@ -524,17 +527,7 @@ mod tests {
     fn an_answer_of_too_many_lines_is_over() {
         let mut meter = Meter::new(MAX_ANSWER_BYTES);
         let read = "\n".repeat(64 * 1024);
-        let mut reads = 0;
-        let why = loop {
-            if let Err(why) = meter.admit(read.as_bytes()) {
-                break why;
-            }
-            reads += 1;
-            assert!(
-                reads * read.len() <= MAX_LINE_ENDS,
-                "the bound was not applied"
-            );
-        };
+        let why = admitted_until_over(&mut meter, &read, MAX_LINE_ENDS);
         assert_eq!(
             why,
             format!(

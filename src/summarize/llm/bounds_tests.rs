@@ -17,6 +17,26 @@ async fn summarize(summarizer: &OpenAiSummarizer) -> Result<String, SummarizeErr
         .map(|outcome| outcome.text)
 }
 
+/// A stream answering `body` is refused, not retryable, with a reason starting `why`, and
+/// the same answer is not asked for again.
+async fn assert_refused_once(body: Vec<u8>, why: String) {
+    let endpoint = Endpoint::start(move |_, _| sse(&body)).await;
+    let summarizer = OpenAiSummarizer::new(config(&endpoint, 2));
+    match summarize(&summarizer).await {
+        Err(SummarizeError::Request {
+            message,
+            retryable: false,
+            ..
+        }) if message.starts_with(&why) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        endpoint.received().len(),
+        1,
+        "the same answer is not asked again"
+    );
+}
+
 /// One SSE event of short `data:` lines, each far under a line's bound, that the parser
 /// would join into one JSON array past an event's bound (the review's 60 MiB of them became
 /// gigabytes of `Value`s). Before, the meter passed it and async-openai parsed it whole.
@@ -28,23 +48,8 @@ async fn one_event_of_many_short_lines_is_cut_at_its_bound() {
         body.extend_from_slice(line.as_bytes());
     }
     body.extend_from_slice(b"data: ]\n\n");
-    let endpoint = Endpoint::start(move |_, _| sse(&body)).await;
-    let summarizer = OpenAiSummarizer::new(config(&endpoint, 2));
-    match summarize(&summarizer).await {
-        Err(SummarizeError::Request {
-            message,
-            retryable: false,
-            ..
-        }) if message.starts_with(&format!(
-            "an event of the endpoint's answer exceeded {MAX_EVENT_BYTES} bytes"
-        )) => {}
-        other => panic!("{other:?}"),
-    }
-    assert_eq!(
-        endpoint.received().len(),
-        1,
-        "the same answer is not asked again"
-    );
+    let why = format!("an event of the endpoint's answer exceeded {MAX_EVENT_BYTES} bytes");
+    assert_refused_once(body, why).await;
 }
 
 /// The one-token probe of an empty stream reads one JSON body parsed whole: a body of
@@ -107,18 +112,7 @@ async fn the_probes_answer_is_bounded_by_what_one_token_and_the_prompt_need() {
 /// followed it in its read.
 #[tokio::test]
 async fn a_stream_of_blank_lines_fails_past_the_count_of_lines() {
-    let body = "\n".repeat(MAX_LINE_ENDS + 1);
-    let endpoint = Endpoint::start(move |_, _| sse(body.as_bytes())).await;
-    let summarizer = OpenAiSummarizer::new(config(&endpoint, 2));
-    match summarize(&summarizer).await {
-        Err(SummarizeError::Request {
-            message,
-            retryable: false,
-            ..
-        }) if message.starts_with(&format!(
-            "the endpoint's answer exceeded {MAX_LINE_ENDS} lines"
-        )) => {}
-        other => panic!("{other:?}"),
-    }
-    assert_eq!(endpoint.received().len(), 1);
+    let body = "\n".repeat(MAX_LINE_ENDS + 1).into_bytes();
+    let why = format!("the endpoint's answer exceeded {MAX_LINE_ENDS} lines");
+    assert_refused_once(body, why).await;
 }
