@@ -12,7 +12,7 @@ import { join } from "node:path"
 import { CompactdClient } from "@compactd/client"
 import { freePort, startCompactd } from "./compactd.mjs"
 import { runSession, summarize, pkgDir } from "./run-session.mjs"
-import { startEndpoint } from "./scripted-endpoint.mjs"
+import { startEndpoint, STEP0_COMMAND } from "./scripted-endpoint.mjs"
 import { toMessageInfo, toPart, kindOf } from "../dist/convert.js"
 
 const BIN = process.env.COMPACTD_BIN
@@ -160,7 +160,7 @@ test('compaction "compactd": OpenCode\'s own is off, compactd summarizes and the
   // scripted endpoint answers a request without tools with a short text).
   const summarizerLog = join(mkdtempSync(join(tmpdir(), "summarizer-")), "requests.jsonl")
   writeFileSync(summarizerLog, "")
-  const summarizer = await startEndpoint({ log: summarizerLog })
+  const summarizer = await startEndpoint({ log: summarizerLog, numberReplies: true })
   const r = await runSession({
     mode: "compactd",
     pluginOptions: {
@@ -180,23 +180,34 @@ test('compaction "compactd": OpenCode\'s own is off, compactd summarizes and the
   assert.deepEqual(main.map((q) => q.step), [0, 1, 2, 3, 4, 5, 6, 7], diag)
   assert.match(pluginLog, /compactd compacted session/, diag)
   assert.doesNotMatch(pluginLog, / ERROR /, diag)
-  const summarized = readFileSync(summarizerLog, "utf8").trim().split("\n").filter(Boolean)
+  const summarized = readFileSync(summarizerLog, "utf8").trim().split("\n").filter(Boolean).map((l) => JSON.parse(l))
   assert.ok(summarized.length >= 1, "compactd never called its summarizer")
-  // The first request after the compaction: compactd's compaction request and summary,
-  // none of the summarized outputs.
-  const i = main.findIndex((q) => q.body.messages.some((m) => m.role === "assistant" && contentOf(m) === "Fix tinycalc subtraction"))
-  assert.ok(i > 0, `no request carries compactd's summary${diag}`)
-  const after = main[i]
+  // The summaries that cover step 0: their summarizer read its call, or folded (as the
+  // earlier conversation, or an earlier chunk) a summary that did.
+  const covering = new Set()
+  for (const s of summarized) {
+    const read = s.body.messages.map(contentOf).join("\n")
+    if (read.includes(STEP0_COMMAND) || [...covering].some((c) => read.includes(c))) covering.add(s.reply)
+  }
+  const summaryIn = (q) => q.body.messages.find((m) => m.role === "assistant" && /^Fix tinycalc subtraction \(summary \d+\)$/.test(contentOf(m)))
+  const trace = main.map((q) => `step ${q.step}: ${q.prompt_tokens} tokens, ${summaryIn(q) ? contentOf(summaryIn(q)) : "no summary"}${toolResult(q, "call_s00_0") ? ", step 0's output" : ""}`)
+  const diagAll = `\n--- main requests ---\n${trace.join("\n")}\n--- covering step 0: ${[...covering].join("; ") || "none"}${diag}`
+  const i = main.findIndex(summaryIn)
+  assert.ok(i > 0, `no request carries compactd's summary${diagAll}`)
   // compactd's first summary may replace little: the session is one user turn, and with
-  // nothing outside its verbatim tail (25% of the usable input) there is nothing to
-  // compact, so the first compaction is compactd's own once the tail has moved on. A later
-  // one shrinks the request, and every request fits the window (11,000 less 1,000).
-  assert.ok(main.slice(i).some((q) => q.prompt_tokens < main[main.indexOf(q) - 1].prompt_tokens), `no request after a compaction is smaller${diag}`)
-  for (const q of main) assert.ok(q.prompt_tokens <= 10000, `request ${q.step}: ${q.prompt_tokens} prompt tokens, past the window${diag}`)
-  assert.equal(toolResult(after, "call_s00_0"), undefined, "a summarized output is still sent")
-  // Messages OpenCode wrote after the compaction are sent after the summary.
+  // little outside its verbatim tail (25% of the usable input) the first compaction may
+  // leave step 0 in the tail; a later one, once the tail has moved on, summarizes it. A
+  // request carrying a summary of step 0 never carries step 0's output, a later compaction
+  // shrinks the request, and every request fits the window (11,000 less 1,000).
+  const afterStep0 = main.filter((q) => summaryIn(q) && covering.has(contentOf(summaryIn(q))))
+  assert.ok(afterStep0.length >= 1, `no request carries a summary of step 0${diagAll}`)
+  for (const q of afterStep0) assert.equal(toolResult(q, "call_s00_0"), undefined, `request ${q.step} carries a summary of step 0 and its output${diagAll}`)
+  assert.ok(main.slice(i).some((q) => q.prompt_tokens < main[main.indexOf(q) - 1].prompt_tokens), `no request after a compaction is smaller${diagAll}`)
+  for (const q of main) assert.ok(q.prompt_tokens <= 10000, `request ${q.step}: ${q.prompt_tokens} prompt tokens, past the window${diagAll}`)
+  // Messages OpenCode wrote after the first compaction are sent after the summary.
+  assert.ok(i + 1 < main.length, `the first compaction came before the last request${diagAll}`)
   const next = main[i + 1]
-  assert.ok(toolResult(next, `call_s0${next.step - 1}_0`), `the newest tool result is missing after the compaction${diag}`)
+  assert.ok(toolResult(next, `call_s0${next.step - 1}_0`), `the newest tool result is missing after the compaction${diagAll}`)
   // OpenCode did not compact on its own.
   assert.ok(!r.exported.messages.some((m) => m.parts.some((p) => p.type === "compaction")), "OpenCode compacted too")
 })

@@ -5,10 +5,12 @@
 // whose log is long, run the same tests again, answer. The step to play comes from the
 // newest tool result in the request (its call id names the step), so a host that
 // rewrites or drops older messages (compactd, DCP) still gets the right next step.
-// Requests without tools (OpenCode's title agent) get a short title.
+// Requests without tools (OpenCode's title agent) get a short title; with `numberReplies`
+// (a summarizer's endpoint) the title is numbered, so a summary in a later request names
+// the summarizer request that wrote it.
 //
-// Every request is recorded (one JSON line: the body, prompt tokens counted with
-// o200k_base, the cached prefix) and the stream ends with OpenAI usage (prompt,
+// Every request is recorded (one JSON line: the body, the reply's text, prompt tokens
+// counted with o200k_base, the cached prefix) and the stream ends with OpenAI usage (prompt,
 // completion, cached tokens), so OpenCode records usage like with a real provider.
 //
 //   node scripted-endpoint.mjs --log requests.jsonl [--port 0] [--workdir DIR]
@@ -32,13 +34,16 @@ export function messageTokens(m) {
   return n
 }
 
+// Step 0's command (a summarizer that read it summarized step 0).
+export const STEP0_COMMAND = "git status --short && ls -R src test"
+
 // The session. Each step is what the model "writes" after the previous step's results.
 function script(workdir, recall = false) {
   const p = (rel) => `${workdir}/${rel}`
   const steps = [
     {
       text: "I'll start by looking at the repository layout.",
-      calls: [{ name: "bash", args: { command: "git status --short && ls -R src test", description: "Show repository layout" } }],
+      calls: [{ name: "bash", args: { command: STEP0_COMMAND, description: "Show repository layout" } }],
     },
     {
       text: "Let me read the parser and its tests.",
@@ -117,9 +122,10 @@ function workdirOf(body, fallback) {
   return fallback
 }
 
-export function startEndpoint({ port = 0, log, workdir = process.cwd(), delayMs = 0, onRequest, recall = false } = {}) {
+export function startEndpoint({ port = 0, log, workdir = process.cwd(), delayMs = 0, onRequest, recall = false, numberReplies = false } = {}) {
   let previous = null // the previous main request's messages, serialized, for the cached prefix
   let requestIndex = 0
+  let untooled = 0 // requests without tools so far, for numberReplies
   let lastPlayed = -1
   const server = createServer((req, res) => {
     let raw = ""
@@ -171,7 +177,8 @@ export function startEndpoint({ port = 0, log, workdir = process.cwd(), delayMs 
         reply = steps[Math.min(step, steps.length - 1)]
         previous = { serialized, toolsJson: JSON.stringify(body.tools) }
       } else {
-        reply = { text: "Fix tinycalc subtraction", calls: [] }
+        untooled += 1
+        reply = { text: numberReplies ? `Fix tinycalc subtraction (summary ${untooled})` : "Fix tinycalc subtraction", calls: [] }
       }
       const completionText = reply.text + reply.calls.map((c) => c.name + JSON.stringify(c.args)).join("")
       const usage = {
@@ -184,7 +191,7 @@ export function startEndpoint({ port = 0, log, workdir = process.cwd(), delayMs 
       if (log) {
         appendFileSync(
           log,
-          JSON.stringify({ index, time: Date.now(), main, step, prompt_tokens: promptTokens, cached_tokens: cached, tools_tokens: toolsTokens, message_tokens: perMessage, usage, body }) + "\n",
+          JSON.stringify({ index, time: Date.now(), main, step, reply: reply.text, prompt_tokens: promptTokens, cached_tokens: cached, tools_tokens: toolsTokens, message_tokens: perMessage, usage, body }) + "\n",
         )
       }
       if (onRequest) await onRequest({ index, main, step })
