@@ -206,6 +206,54 @@ pub fn context_format(v: i32) -> Result<pb::ContextFormat, Rejection> {
         .map_err(|_| Rejection::invalid("format", format!("unknown context format {v}")))
 }
 
+/// Where a `ListSessions` page starts and how many sessions it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListPage {
+    /// The listing goes on after this id (the previous page's last).
+    pub after: Option<String>,
+    /// At most this many sessions; `None` lists them all.
+    pub size: Option<usize>,
+}
+
+/// A `ListSessions` request's page, its fields checked.
+pub fn list_page(r: pb::ListSessionsRequest) -> Result<ListPage, Rejection> {
+    let size = match usize::try_from(r.page_size) {
+        Ok(0) => None,
+        Ok(n) => Some(n),
+        Err(_) => {
+            return Err(Rejection::invalid(
+                "page_size",
+                format!("{} is negative; 0 lists every session", r.page_size),
+            ));
+        }
+    };
+    let after = match r.page_token.is_empty() {
+        true => None,
+        false => {
+            check_id("page_token", &r.page_token).map_err(Rejection::from)?;
+            Some(r.page_token)
+        }
+    };
+    Ok(ListPage { after, size })
+}
+
+/// The page of `entries` (keyed by session id, in any order) that `page` asks for, in id
+/// order, and the token of the page after it (empty when none follows).
+pub fn take_page<T>(mut entries: Vec<(String, T)>, page: &ListPage) -> (Vec<(String, T)>, String) {
+    if let Some(after) = &page.after {
+        entries.retain(|(id, _)| id > after);
+    }
+    entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let next = match page.size {
+        Some(n) if entries.len() > n => {
+            entries.truncate(n);
+            entries.last().map(|(id, _)| id.clone()).unwrap_or_default()
+        }
+        _ => String::new(),
+    };
+    (entries, next)
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -281,5 +329,73 @@ mod tests {
         let mut held = ledger.reserve(wire, "updates").expect("the wire bytes fit");
         let refused = hold_decoded(&mut held, &ledger, decoded).expect_err("past the share");
         assert_eq!(refused.code, tonic::Code::ResourceExhausted, "{refused:?}");
+    }
+
+    fn entries(ids: &[&str]) -> Vec<(String, usize)> {
+        ids.iter()
+            .enumerate()
+            .map(|(i, id)| (id.to_string(), i))
+            .collect()
+    }
+
+    /// Pages come in id order whatever the store's order, each page's token its last id;
+    /// the one that reaches the end has none.
+    #[test]
+    fn pages_go_in_id_order_after_the_token() {
+        let all = entries(&["d", "a", "c", "b", "e"]);
+        let ask = |after: Option<&str>, size| ListPage {
+            after: after.map(str::to_string),
+            size,
+        };
+        let (p, next) = take_page(all.clone(), &ask(None, Some(2)));
+        assert_eq!(
+            (p, next.as_str()),
+            (vec![("a".into(), 1), ("b".into(), 3)], "b")
+        );
+        let (p, next) = take_page(all.clone(), &ask(Some("b"), Some(3)));
+        assert_eq!(
+            p.iter().map(|e| e.0.as_str()).collect::<Vec<_>>(),
+            ["c", "d", "e"]
+        );
+        assert_eq!(next, "", "exactly what is left: the last page");
+        let (p, next) = take_page(all.clone(), &ask(Some("bb"), None));
+        assert_eq!(p.len(), 3);
+        assert_eq!(next, "");
+        assert_eq!(
+            take_page(all, &ask(Some("e"), Some(1))),
+            (vec![], String::new())
+        );
+    }
+
+    #[test]
+    fn a_page_request_names_its_bad_field() {
+        let req = |page_size, page_token: &str| pb::ListSessionsRequest {
+            page_size,
+            page_token: page_token.into(),
+        };
+        assert_eq!(
+            list_page(req(0, "")),
+            Ok(ListPage {
+                after: None,
+                size: None
+            })
+        );
+        assert_eq!(
+            list_page(req(5, "s1")),
+            Ok(ListPage {
+                after: Some("s1".into()),
+                size: Some(5)
+            })
+        );
+        let e = list_page(req(-3, "")).expect_err("negative");
+        assert_eq!(
+            (e.code, e.field.as_str()),
+            (tonic::Code::InvalidArgument, "page_size")
+        );
+        let e = list_page(req(1, &"x".repeat(257))).expect_err("too long");
+        assert_eq!(
+            (e.code, e.field.as_str()),
+            (tonic::Code::InvalidArgument, "page_token")
+        );
     }
 }

@@ -389,11 +389,19 @@ impl pb::sessions_server::Sessions for SessionsService {
 
     async fn list_sessions(
         &self,
-        _request: Request<pb::ListSessionsRequest>,
+        request: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
+        let page = request::list_page(request.into_inner()).map_err(Status::from)?;
         // Both sides read at one moment: a session sent cold (or loaded) while the
         // summaries are built is listed once, not twice or not at all.
         let (hot, cold) = self.store.listing();
+        let entries = hot
+            .into_iter()
+            .map(|h| (h.id().to_string(), Some(h)))
+            .chain(cold.into_iter().map(|id| (id, None)))
+            .collect();
+        // Only the page's sessions are looked at.
+        let (entries, next_page_token) = request::take_page(entries, &page);
         // Cold sessions by id only: listing must not load every session into memory.
         let cold_summary = |id: String| pb::SessionSummary {
             id,
@@ -401,30 +409,38 @@ impl pb::sessions_server::Sessions for SessionsService {
             ..Default::default()
         };
         // Queue every request first, then collect: one slow session does not serialize the rest.
-        let mut pending = Vec::with_capacity(hot.len());
-        for h in hot {
+        let mut pending = Vec::with_capacity(entries.len());
+        for (id, h) in entries {
             // A look, not a use: listing keeps no session in memory past its idle TTL.
-            let rx = h.look(|s, _| convert::summary_to_pb(s, false)).await.ok();
-            pending.push((h.id().to_string(), rx));
+            let rx = match h {
+                Some(h) => Some(h.look(|s, _| convert::summary_to_pb(s, false)).await.ok()),
+                None => None,
+            };
+            pending.push((id, rx));
         }
-        let mut sessions = Vec::with_capacity(pending.len().saturating_add(cold.len()));
+        let mut sessions = Vec::with_capacity(pending.len());
         for (id, rx) in pending {
             match rx {
-                Some(rx) => match rx.await {
+                None => sessions.push(cold_summary(id)),
+                Some(Some(rx)) => match rx.await {
                     Ok(Ok(s)) => sessions.push(s),
                     // Sent cold before its turn (a deleted one is gone from disk too).
                     _ if self.store.holds(&id) => sessions.push(cold_summary(id)),
                     _ => {}
                 },
-                None if self.store.holds(&id) => sessions.push(cold_summary(id)),
-                None => {}
+                Some(None) if self.store.holds(&id) => sessions.push(cold_summary(id)),
+                Some(None) => {}
             }
         }
-        sessions.extend(cold.into_iter().map(cold_summary));
-        sessions.sort_by(|a, b| a.id.cmp(&b.id));
         // Every session's title: as large as the sessions make it, so held in flight
         // until read (an unread listing is dropped after the slow-reader grace).
-        self.held_until_sent(pb::ListSessionsResponse { sessions }, "session lists")
+        self.held_until_sent(
+            pb::ListSessionsResponse {
+                sessions,
+                next_page_token,
+            },
+            "session lists",
+        )
     }
 
     async fn delete_session(

@@ -83,11 +83,38 @@ fn check_sent(state: &State, i: usize, export_json: &str) {
 }
 
 async fn list(c: &mut Client) -> Vec<pb::SessionSummary> {
-    c.list_sessions(pb::ListSessionsRequest {})
+    c.list_sessions(pb::ListSessionsRequest::default())
         .await
         .expect("ListSessions")
         .into_inner()
         .sessions
+}
+
+/// Every session's id, listed `page_size` at a time; each page's token is its last id.
+async fn paged_ids(c: &mut Client, page_size: i32) -> Vec<String> {
+    let mut ids = Vec::new();
+    let mut token = String::new();
+    loop {
+        let r = c
+            .list_sessions(pb::ListSessionsRequest {
+                page_size,
+                page_token: token,
+            })
+            .await
+            .expect("ListSessions page")
+            .into_inner();
+        assert!(r.sessions.len() <= page_size as usize, "a page too long");
+        ids.extend(r.sessions.into_iter().map(|s| s.id));
+        if r.next_page_token.is_empty() {
+            return ids;
+        }
+        assert_eq!(
+            Some(&r.next_page_token),
+            ids.last(),
+            "the token is the page's last id"
+        );
+        token = r.next_page_token;
+    }
 }
 
 /// Samples `compactd_bytes_held` every 20 ms until stopped; its largest value and the
@@ -175,6 +202,11 @@ async fn ten_times_more_sessions_than_fit_are_created_and_read_back() {
 
     let listed = list(&mut c).await;
     assert_eq!(listed.len(), total, "every session is listed");
+    assert_eq!(
+        paged_ids(&mut c, 7).await,
+        listed.iter().map(|s| s.id.clone()).collect::<Vec<_>>(),
+        "paged, hot and cold sessions are listed alike, in id order"
+    );
     let cold_before = listed.iter().filter(|s| s.cold).count();
     let held_listed: u64 = listed.iter().map(|s| s.held_bytes).sum();
     // Sessions differ in size, so `fit` is an estimate: most must be cold, all but about

@@ -603,7 +603,7 @@ async fn all_cold(addr: &str) {
         .into_inner();
     loop {
         let listed = c
-            .list_sessions(pb::ListSessionsRequest {})
+            .list_sessions(pb::ListSessionsRequest::default())
             .await
             .expect("ListSessions")
             .into_inner()

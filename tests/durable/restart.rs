@@ -156,7 +156,7 @@ async fn read_all(addr: &str, ids: &[String]) -> Vec<Encoded> {
 
 async fn list(c: &mut Client) -> Vec<pb::SessionSummary> {
     let mut sessions = c
-        .list_sessions(pb::ListSessionsRequest {})
+        .list_sessions(pb::ListSessionsRequest::default())
         .await
         .expect("ListSessions")
         .into_inner()

@@ -56,7 +56,7 @@ async fn over_tcp_only_the_right_token_gets_in_and_health_stays_open() {
 
     let mut anonymous = SessionsClient::new(channel.clone());
     let err = anonymous
-        .list_sessions(pb::ListSessionsRequest {})
+        .list_sessions(pb::ListSessionsRequest::default())
         .await
         .expect_err("no token");
     assert_eq!(err.code(), tonic::Code::Unauthenticated);
@@ -64,7 +64,7 @@ async fn over_tcp_only_the_right_token_gets_in_and_health_stays_open() {
 
     let mut wrong = with_token(channel.clone(), "tok-3f9a-SECRET-d41");
     let err = wrong
-        .list_sessions(pb::ListSessionsRequest {})
+        .list_sessions(pb::ListSessionsRequest::default())
         .await
         .expect_err("wrong token");
     assert_eq!(err.code(), tonic::Code::Unauthenticated);
@@ -77,7 +77,7 @@ async fn over_tcp_only_the_right_token_gets_in_and_health_stays_open() {
         .await
         .expect("the right token works");
     let listed = right
-        .list_sessions(pb::ListSessionsRequest {})
+        .list_sessions(pb::ListSessionsRequest::default())
         .await
         .expect("list")
         .into_inner();
@@ -149,7 +149,7 @@ async fn over_a_unix_socket_with_a_token_file() {
         .expect("connect over the socket");
 
     let err = SessionsClient::new(channel.clone())
-        .list_sessions(pb::ListSessionsRequest {})
+        .list_sessions(pb::ListSessionsRequest::default())
         .await
         .expect_err("no token");
     assert_eq!(err.code(), tonic::Code::Unauthenticated);

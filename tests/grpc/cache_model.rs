@@ -286,7 +286,7 @@ async fn the_cache_model_is_validated_and_reads_back() {
         assert!(status.message().contains(bad), "{status:?}");
     }
     let listed = c
-        .list_sessions(pb::ListSessionsRequest {})
+        .list_sessions(pb::ListSessionsRequest::default())
         .await
         .expect("ListSessions")
         .into_inner();

@@ -93,7 +93,7 @@ async fn a_hundred_clients_update_their_own_sessions_without_cross_talk() {
 
     let mut c = server.client().await;
     let list = c
-        .list_sessions(pb::ListSessionsRequest {})
+        .list_sessions(pb::ListSessionsRequest::default())
         .await
         .unwrap()
         .into_inner();

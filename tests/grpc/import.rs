@@ -114,7 +114,7 @@ async fn every_trace_imports_with_all_its_messages_and_serves_a_context() {
     }
 
     let list = c
-        .list_sessions(pb::ListSessionsRequest {})
+        .list_sessions(pb::ListSessionsRequest::default())
         .await
         .unwrap()
         .into_inner();
@@ -231,7 +231,7 @@ async fn malformed_exports_are_invalid_arguments() {
         "config.threshold",
     );
     let list = c
-        .list_sessions(pb::ListSessionsRequest {})
+        .list_sessions(pb::ListSessionsRequest::default())
         .await
         .unwrap()
         .into_inner();

@@ -138,7 +138,7 @@ async fn the_memory_budget_refuses_growth_and_new_sessions_until_memory_is_freed
     );
     assert_eq!(get_session(&mut c, "a").await, before, "nothing changed");
     let sessions = c
-        .list_sessions(pb::ListSessionsRequest {})
+        .list_sessions(pb::ListSessionsRequest::default())
         .await
         .expect("list")
         .into_inner()
@@ -200,7 +200,7 @@ async fn a_spent_memory_budget_refuses_new_sessions_and_imports() {
     assert_status(import, tonic::Code::ResourceExhausted, "memory_budget");
     // The server still answers.
     let list = c
-        .list_sessions(pb::ListSessionsRequest {})
+        .list_sessions(pb::ListSessionsRequest::default())
         .await
         .expect("list");
     assert!(list.into_inner().sessions.is_empty());
@@ -465,7 +465,7 @@ async fn an_open_with_a_title_past_its_limit_is_refused_and_creates_nothing() {
         "{refused:?}"
     );
     let listed = c
-        .list_sessions(pb::ListSessionsRequest {})
+        .list_sessions(pb::ListSessionsRequest::default())
         .await
         .expect("listed")
         .into_inner();

@@ -197,7 +197,7 @@ async fn delete(c: &mut Client, sid: &str) {
 
 async fn held(c: &mut Client) -> (Vec<String>, u64) {
     let sessions = c
-        .list_sessions(pb::ListSessionsRequest {})
+        .list_sessions(pb::ListSessionsRequest::default())
         .await
         .expect("ListSessions")
         .into_inner()

@@ -243,7 +243,7 @@ async fn unknown_strategy_names_presets_and_bad_globs_are_invalid_arguments() {
     }
     // Nothing was created.
     let listed = c
-        .list_sessions(pb::ListSessionsRequest {})
+        .list_sessions(pb::ListSessionsRequest::default())
         .await
         .expect("list")
         .into_inner();

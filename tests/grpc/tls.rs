@@ -76,7 +76,7 @@ async fn list_over_tls(
         .await
         .map_err(|e| format!("connect: {e}"))?;
     pb::sessions_client::SessionsClient::new(channel)
-        .list_sessions(pb::ListSessionsRequest {})
+        .list_sessions(pb::ListSessionsRequest::default())
         .await
         .map(|_| ())
         .map_err(|e| format!("call: {e}"))
@@ -102,7 +102,7 @@ async fn tls_handshakes_with_the_right_ca_and_refuses_plaintext_and_strangers() 
             .await
             .map_err(|e| e.to_string())?;
         pb::sessions_client::SessionsClient::new(channel)
-            .list_sessions(pb::ListSessionsRequest {})
+            .list_sessions(pb::ListSessionsRequest::default())
             .await
             .map(|_| ())
             .map_err(|e| e.to_string())

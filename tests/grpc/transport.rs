@@ -104,7 +104,7 @@ async fn the_server_settings_frame_carries_every_limit_it_sets() {
 async fn request_metadata_over_the_header_limit_is_refused_and_the_server_goes_on() {
     let server = start_server().await;
     let mut c = server.client().await;
-    let mut request = tonic::Request::new(pb::ListSessionsRequest {});
+    let mut request = tonic::Request::new(pb::ListSessionsRequest::default());
     request.metadata_mut().insert(
         "x-padding",
         "x".repeat(2 * MAX_HEADER_LIST_SIZE as usize)

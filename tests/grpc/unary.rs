@@ -211,7 +211,7 @@ async fn list_and_delete_sessions() {
     let server = start_server().await;
     let mut c = server.client().await;
     let empty = c
-        .list_sessions(pb::ListSessionsRequest {})
+        .list_sessions(pb::ListSessionsRequest::default())
         .await
         .unwrap()
         .into_inner();
@@ -222,7 +222,7 @@ async fn list_and_delete_sessions() {
     }
     put_message(&mut c, "l-b", user_msg("m1")).await;
     let list = c
-        .list_sessions(pb::ListSessionsRequest {})
+        .list_sessions(pb::ListSessionsRequest::default())
         .await
         .unwrap()
         .into_inner();
@@ -256,7 +256,7 @@ async fn list_and_delete_sessions() {
         "session_id",
     );
     let list = c
-        .list_sessions(pb::ListSessionsRequest {})
+        .list_sessions(pb::ListSessionsRequest::default())
         .await
         .unwrap()
         .into_inner();
@@ -267,6 +267,81 @@ async fn list_and_delete_sessions() {
     let s = open_session(&mut c, session("l-b")).await;
     assert!(s.created);
     assert_eq!(s.messages, 0);
+}
+
+/// One `ListSessions` page: its ids and the token of the next.
+async fn page(c: &mut Client, page_size: i32, page_token: &str) -> (Vec<String>, String) {
+    let r = c
+        .list_sessions(pb::ListSessionsRequest {
+            page_size,
+            page_token: page_token.into(),
+        })
+        .await
+        .expect("ListSessions")
+        .into_inner();
+    (
+        r.sessions.into_iter().map(|s| s.id).collect(),
+        r.next_page_token,
+    )
+}
+
+#[tokio::test]
+async fn list_sessions_pages_in_id_order() {
+    let server = start_server().await;
+    let mut c = server.client().await;
+    for id in ["p-e", "p-b", "p-d", "p-a", "p-c"] {
+        open_session(&mut c, session(id)).await;
+    }
+    let (ids, next) = page(&mut c, 2, "").await;
+    assert_eq!(
+        (ids, next.as_str()),
+        (vec!["p-a".into(), "p-b".into()], "p-b")
+    );
+    // Between pages: one session before the token and one after it are created, one
+    // after it deleted; the listing goes on after the token, listing none twice.
+    open_session(&mut c, session("p-0")).await;
+    open_session(&mut c, session("p-cc")).await;
+    c.delete_session(pb::DeleteSessionRequest {
+        session_id: "p-d".into(),
+    })
+    .await
+    .expect("DeleteSession");
+    let (ids, next) = page(&mut c, 2, &next).await;
+    assert_eq!(
+        (ids, next.as_str()),
+        (vec!["p-c".into(), "p-cc".into()], "p-cc")
+    );
+    let (ids, next) = page(&mut c, 2, &next).await;
+    assert_eq!(ids, ["p-e"]);
+    assert_eq!(next, "", "the last page has no next");
+    // A page exactly as long as what is left is the last.
+    let (ids, next) = page(&mut c, 1, "p-cc").await;
+    assert_eq!((ids, next.as_str()), (vec!["p-e".to_string()], ""));
+    // 0 lists every session, after a token too; past the last id, none.
+    let (ids, next) = page(&mut c, 0, "").await;
+    assert_eq!(ids, ["p-0", "p-a", "p-b", "p-c", "p-cc", "p-e"]);
+    assert_eq!(next, "");
+    assert_eq!(page(&mut c, 0, "p-c").await.0, ["p-cc", "p-e"]);
+    assert_eq!(page(&mut c, 3, "p-z").await, (vec![], String::new()));
+
+    assert_status(
+        c.list_sessions(pb::ListSessionsRequest {
+            page_size: -1,
+            page_token: String::new(),
+        })
+        .await,
+        Code::InvalidArgument,
+        "page_size",
+    );
+    assert_status(
+        c.list_sessions(pb::ListSessionsRequest {
+            page_size: 2,
+            page_token: "x".repeat(300),
+        })
+        .await,
+        Code::InvalidArgument,
+        "page_token",
+    );
 }
 
 #[tokio::test]
@@ -619,7 +694,7 @@ async fn unknown_sessions_and_parts_are_not_found() {
 
     assert_eq!(get_session(&mut c, sid).await, before);
     let list = c
-        .list_sessions(pb::ListSessionsRequest {})
+        .list_sessions(pb::ListSessionsRequest::default())
         .await
         .unwrap()
         .into_inner();

@@ -227,7 +227,7 @@ async fn import_bounds_every_id_and_requires_call_ids() {
     }
     // Nothing was imported by the refused requests; the untouched example imports.
     let list = c
-        .list_sessions(pb::ListSessionsRequest {})
+        .list_sessions(pb::ListSessionsRequest::default())
         .await
         .expect("ListSessions")
         .into_inner();

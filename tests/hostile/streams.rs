@@ -71,7 +71,7 @@ impl Prober {
             tokio::spawn(async move {
                 let mut client = client_on(channel);
                 while !stop.load(Ordering::Relaxed) {
-                    let call = client.list_sessions(pb::ListSessionsRequest {});
+                    let call = client.list_sessions(pb::ListSessionsRequest::default());
                     match tokio::time::timeout(Duration::from_secs(15), call).await {
                         Ok(Ok(_)) => {}
                         Ok(Err(s)) => failures.lock().unwrap().push(format!("{s:?}")),
@@ -105,7 +105,7 @@ impl Prober {
 /// One unary call on `channel` after the attack.
 async fn unary_after(channel: Channel) -> Result<(), String> {
     let mut client = client_on(channel);
-    let call = client.list_sessions(pb::ListSessionsRequest {});
+    let call = client.list_sessions(pb::ListSessionsRequest::default());
     match tokio::time::timeout(Duration::from_secs(15), call).await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(s)) => Err(format!("{s:?}")),

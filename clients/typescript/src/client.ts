@@ -601,9 +601,20 @@ export class CompactdClient {
     return this.unary("getSession", GetSessionRequest.fromPartial({ sessionId }), opts);
   }
 
-  /** One summary per session held. */
-  async listSessions(opts?: CallOptions): Promise<SessionSummary[]> {
-    return (await this.unary("listSessions", ListSessionsRequest.fromPartial({}), opts)).sessions;
+  /**
+   * One summary per session held, in id order (cold sessions give their id and `cold`),
+   * fetched `pageSize` at a time so no reply outgrows the receive limit.
+   */
+  async listSessions(opts?: CallOptions & { pageSize?: number }): Promise<SessionSummary[]> {
+    const sessions: SessionSummary[] = [];
+    let pageToken = "";
+    for (;;) {
+      const request = ListSessionsRequest.fromPartial({ pageSize: opts?.pageSize ?? 1000, pageToken });
+      const reply = await this.unary("listSessions", request, opts);
+      sessions.push(...reply.sessions);
+      if (!reply.nextPageToken) return sessions;
+      pageToken = reply.nextPageToken;
+    }
   }
 
   /** Forgets a session; true when it existed. */

@@ -131,6 +131,17 @@ describe("unary RPCs", () => {
     assert.deepEqual(session.messages.map((m) => m.info?.id), ["u1", "a1"], "rejected updates changed nothing");
   });
 
+  test("ListSessions pages through every session, in id order", async () => {
+    const ids = ["pg-e", "pg-c", "pg-a", "pg-d", "pg-b"];
+    for (const id of ids) await c.openSession({ id });
+    const paged = (await c.listSessions({ pageSize: 2 })).map((s) => s.id);
+    assert.deepEqual(paged, (await c.listSessions()).map((s) => s.id));
+    assert.deepEqual(paged.filter((id) => id.startsWith("pg-")), [...ids].sort());
+    assert.deepEqual(paged, [...paged].sort());
+    await rejects(c.listSessions({ pageSize: -1 }), "INVALID_ARGUMENT", "page_size");
+    for (const id of ids) await c.deleteSession(id);
+  });
+
   test("ImportSession, CheckOverflow, Prune (dry and real), Recall, Pin, GetSession, ListSessions, DeleteSession", async () => {
     const sum = await c.importSession({
       exportJson: EXAMPLE,

@@ -514,9 +514,18 @@ class AsyncClient:
         """The whole session: info, every message and part."""
         return await self._unary(self.stub.GetSession, pb.GetSessionRequest(session_id=session_id))
 
-    async def list_sessions(self) -> List[pb.SessionSummary]:
-        """One summary per session held."""
-        return list((await self._unary(self.stub.ListSessions, pb.ListSessionsRequest())).sessions)
+    async def list_sessions(self, *, page_size: int = 1000) -> List[pb.SessionSummary]:
+        """One summary per session held, in id order (cold sessions give their id and
+        ``cold``), fetched ``page_size`` at a time so no reply outgrows the receive limit."""
+        sessions: List[pb.SessionSummary] = []
+        token = ""
+        while True:
+            req = pb.ListSessionsRequest(page_size=page_size, page_token=token)
+            reply = await self._unary(self.stub.ListSessions, req)
+            sessions.extend(reply.sessions)
+            if not reply.next_page_token:
+                return sessions
+            token = reply.next_page_token
 
     async def delete_session(self, session_id: str) -> bool:
         """Forgets a session; True when it existed."""

@@ -447,10 +447,25 @@ export interface GetSessionResponse {
 }
 
 export interface ListSessionsRequest {
+  /**
+   * At most this many sessions, in id order; 0 lists them all (a listing of many
+   * sessions may exceed a client's receive limit: 4 MiB by default in most gRPC
+   * libraries). Negative: INVALID_ARGUMENT.
+   */
+  pageSize: number;
+  /**
+   * The previous page's `next_page_token`: the listing goes on after it. Empty: from
+   * the first session. Sessions created or deleted between pages are listed or not as
+   * their ids fall; none is listed twice.
+   */
+  pageToken: string;
 }
 
 export interface ListSessionsResponse {
+  /** In id order. */
   sessions: SessionSummary[];
+  /** Pass as `page_token` for the next page; empty when this page is the last. */
+  nextPageToken: string;
 }
 
 export interface DeleteSessionRequest {
@@ -4436,11 +4451,17 @@ export const GetSessionResponse: MessageFns<GetSessionResponse> = {
 };
 
 function createBaseListSessionsRequest(): ListSessionsRequest {
-  return {};
+  return { pageSize: 0, pageToken: "" };
 }
 
 export const ListSessionsRequest: MessageFns<ListSessionsRequest> = {
-  encode(_: ListSessionsRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+  encode(message: ListSessionsRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.pageSize !== 0) {
+      writer.uint32(8).int32(message.pageSize);
+    }
+    if (message.pageToken !== "") {
+      writer.uint32(18).string(message.pageToken);
+    }
     return writer;
   },
 
@@ -4457,6 +4478,22 @@ export const ListSessionsRequest: MessageFns<ListSessionsRequest> = {
       while (reader.pos < end) {
         const tag = reader.uint32();
         switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.pageSize = reader.int32();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.pageToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4469,32 +4506,54 @@ export const ListSessionsRequest: MessageFns<ListSessionsRequest> = {
     }
   },
 
-  fromJSON(_: any): ListSessionsRequest {
-    return {};
+  fromJSON(object: any): ListSessionsRequest {
+    return {
+      pageSize: isSet(object.pageSize)
+        ? globalThis.Number(object.pageSize)
+        : isSet(object.page_size)
+        ? globalThis.Number(object.page_size)
+        : 0,
+      pageToken: isSet(object.pageToken)
+        ? globalThis.String(object.pageToken)
+        : isSet(object.page_token)
+        ? globalThis.String(object.page_token)
+        : "",
+    };
   },
 
-  toJSON(_: ListSessionsRequest): unknown {
+  toJSON(message: ListSessionsRequest): unknown {
     const obj: any = {};
+    if (message.pageSize !== 0) {
+      obj.pageSize = Math.round(message.pageSize);
+    }
+    if (message.pageToken !== "") {
+      obj.pageToken = message.pageToken;
+    }
     return obj;
   },
 
   create(base?: DeepPartial<ListSessionsRequest>): ListSessionsRequest {
     return ListSessionsRequest.fromPartial(base ?? {});
   },
-  fromPartial(_: DeepPartial<ListSessionsRequest>): ListSessionsRequest {
+  fromPartial(object: DeepPartial<ListSessionsRequest>): ListSessionsRequest {
     const message = createBaseListSessionsRequest();
+    message.pageSize = object.pageSize ?? 0;
+    message.pageToken = object.pageToken ?? "";
     return message;
   },
 };
 
 function createBaseListSessionsResponse(): ListSessionsResponse {
-  return { sessions: [] };
+  return { sessions: [], nextPageToken: "" };
 }
 
 export const ListSessionsResponse: MessageFns<ListSessionsResponse> = {
   encode(message: ListSessionsResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     for (const v of message.sessions) {
       SessionSummary.encode(v!, writer.uint32(10).fork()).join();
+    }
+    if (message.nextPageToken !== "") {
+      writer.uint32(18).string(message.nextPageToken);
     }
     return writer;
   },
@@ -4520,6 +4579,14 @@ export const ListSessionsResponse: MessageFns<ListSessionsResponse> = {
             message.sessions.push(SessionSummary.decode(reader, reader.uint32()));
             continue;
           }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.nextPageToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4537,6 +4604,11 @@ export const ListSessionsResponse: MessageFns<ListSessionsResponse> = {
       sessions: globalThis.Array.isArray(object?.sessions)
         ? object.sessions.map((e: any) => SessionSummary.fromJSON(e))
         : [],
+      nextPageToken: isSet(object.nextPageToken)
+        ? globalThis.String(object.nextPageToken)
+        : isSet(object.next_page_token)
+        ? globalThis.String(object.next_page_token)
+        : "",
     };
   },
 
@@ -4544,6 +4616,9 @@ export const ListSessionsResponse: MessageFns<ListSessionsResponse> = {
     const obj: any = {};
     if (message.sessions?.length) {
       obj.sessions = message.sessions.map((e) => SessionSummary.toJSON(e));
+    }
+    if (message.nextPageToken !== "") {
+      obj.nextPageToken = message.nextPageToken;
     }
     return obj;
   },
@@ -4554,6 +4629,7 @@ export const ListSessionsResponse: MessageFns<ListSessionsResponse> = {
   fromPartial(object: DeepPartial<ListSessionsResponse>): ListSessionsResponse {
     const message = createBaseListSessionsResponse();
     message.sessions = object.sessions?.map((e) => SessionSummary.fromPartial(e)) || [];
+    message.nextPageToken = object.nextPageToken ?? "";
     return message;
   },
 };
