@@ -226,6 +226,8 @@ class Mirror {
   private closing = false
   /** Whether the last context compactd was asked for failed (its toast was shown). */
   private unreplaced = false
+  /** Set while compactd is not answering (`stall`): since when. */
+  private stalled: { since: number } | null = null
 
   constructor(
     private readonly client: CompactdClient,
@@ -318,6 +320,11 @@ class Mirror {
   /** Sends one update; failures are logged and make the session reload before its next request. */
   private send(s: SessionState, body: Obj, what: string): Promise<unknown> {
     if (s.deleted) return Promise.resolve()
+    if (this.stalled) {
+      // Not sent to a compactd that does not answer: the session is loaded whole later.
+      s.status = "import"
+      return Promise.resolve()
+    }
     if (this.settings.debug) this.log.debug(`-> ${s.id} ${what}`)
     const p: Promise<unknown> = this.getStream()
       .send(s.id, body)
@@ -563,7 +570,7 @@ class Mirror {
         s.status = "import"
         s.pending.clear()
         this.stream?.cancel()
-        throw new Error(`compactd did not answer updates of session ${s.id} within ${this.settings.timeoutMs} ms (${waiting} waiting)`)
+        throw Object.assign(new Error(`compactd did not answer updates of session ${s.id} within ${this.settings.timeoutMs} ms (${waiting} waiting)`), { stalled: true })
       }
     } finally {
       clearTimeout(timer)
@@ -656,8 +663,53 @@ class Mirror {
     this.log.info(`loaded session ${s.id} into compactd (${all.length} messages)`)
   }
 
-  /** Brings compactd up to date with what OpenCode is about to send, then returns compactd's context. */
+  /**
+   * Brings compactd up to date with what OpenCode is about to send, then returns compactd's
+   * context. While compactd is stalled (see `stall`) it throws at once: the request goes
+   * out as without compactd instead of waiting `timeoutMs` again.
+   */
   async transform(messages: WithParts[]): Promise<WithParts[] | null> {
+    if (this.stalled) {
+      throw new Error(
+        `compactd has not answered since ${new Date(this.stalled.since).toISOString()} (nothing within ${this.settings.timeoutMs} ms); it is asked again once it answers a probe`,
+      )
+    }
+    try {
+      return await this.build(messages)
+    } catch (e) {
+      if ((e as Obj)?.stalled === true || (e as Obj)?.codeName === "DEADLINE_EXCEEDED") this.stall()
+      throw e
+    }
+  }
+
+  /**
+   * compactd did not answer within `timeoutMs` (a stuck process, a half-open connection):
+   * until it answers a probe (one every 2 s), requests go out without asking it and
+   * updates are not sent (each session is loaded whole once it answers). Before, every
+   * request of every session waited `timeoutMs` on it, and the updates it never
+   * acknowledged piled up in memory.
+   */
+  private stall() {
+    if (this.stalled || this.closing) return
+    this.stalled = { since: Date.now() }
+    this.log.warn(`compactd did not answer within ${this.settings.timeoutMs} ms: requests go out with OpenCode's own messages until it answers again`)
+    const probe = async () => {
+      while (this.stalled && !this.closing) {
+        try {
+          await this.client.getRecallTool({ deadlineMs: this.settings.timeoutMs })
+          const since = this.stalled.since
+          this.stalled = null
+          this.log.info(`compactd answers again (after ${Date.now() - since} ms); its sessions are loaded whole at their next request`)
+          return
+        } catch {
+          await new Promise((resolve) => setTimeout(resolve, 2000).unref())
+        }
+      }
+    }
+    void probe()
+  }
+
+  private async build(messages: WithParts[]): Promise<WithParts[] | null> {
     const sessionID = messages[0]?.info?.sessionID
     if (!sessionID) return null
     const s = this.session(sessionID)

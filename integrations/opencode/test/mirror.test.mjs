@@ -241,13 +241,26 @@ test("a compactd that stops answering does not hold OpenCode's request", async (
     assert.ok(Date.now() - started < 10000, `returned after ${Date.now() - started} ms`)
     // OpenCode's own messages go out.
     assert.deepEqual(output.messages, all)
-    // compactd answers again: the next request is mirrored (the session loaded whole on
-    // a new stream) and gets compactd's context, without waiting on the lost acks (a wait
-    // on them could only end in timeoutMs passing, and OpenCode's own messages sent: the
-    // last assertion).
+    // While compactd still does not answer, the next requests do not wait on it again.
+    for (let i = 0; i < 3; i++) {
+      const again = { messages: [...all] }
+      const t0 = Date.now()
+      await hooks["experimental.chat.messages.transform"]({}, again)
+      assert.ok(Date.now() - t0 < 1000, `request ${i} waited ${Date.now() - t0} ms on a stalled compactd`)
+      assert.deepEqual(again.messages, all)
+    }
+    // compactd answers again: within a few probes a request is mirrored (the session
+    // loaded whole on a new stream) and gets compactd's context, without waiting on the
+    // lost acks (a wait on them could only end in timeoutMs passing, and OpenCode's own
+    // messages sent: the last assertion).
     server.kill("SIGCONT")
-    const next = { messages: [...all] }
-    await hooks["experimental.chat.messages.transform"]({}, next)
+    let next
+    const resumed = Date.now()
+    do {
+      await new Promise((r) => setTimeout(r, 250))
+      next = { messages: [...all] }
+      await hooks["experimental.chat.messages.transform"]({}, next)
+    } while (next.messages[0] === all[0] && Date.now() - resumed < 15000)
     const held = await client.getSession(ses)
     assert.deepEqual(held.messages.map((m) => m.info.id), all.map((m) => m.info.id))
     assert.notEqual(next.messages[0], all[0], "compactd's context replaced OpenCode's messages")
