@@ -333,14 +333,10 @@ async fn list_sessions_pages_in_id_order() {
         Code::InvalidArgument,
         "page_size",
     );
-    assert_status(
-        c.list_sessions(pb::ListSessionsRequest {
-            page_size: 2,
-            page_token: "x".repeat(300),
-        })
-        .await,
-        Code::InvalidArgument,
-        "page_token",
+    // A token is only compared with ids, whatever its length.
+    assert_eq!(
+        page(&mut c, 2, &"p-d".repeat(100)).await,
+        (vec!["p-e".to_string()], String::new())
     );
 }
 

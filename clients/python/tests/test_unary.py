@@ -143,15 +143,17 @@ def test_list_pages_through_every_session(client: Client, sid: str) -> None:
     ids = [f"{sid}-{k}" for k in "ecadb"]
     for i in ids:
         client.open_session(i)
-    paged = [s.id for s in client.list_sessions(page_size=2)]
-    assert paged == [s.id for s in client.list_sessions()]
-    assert [i for i in paged if i.startswith(sid + "-")] == sorted(ids)
-    assert paged == sorted(paged)
-    with pytest.raises(InvalidArgument) as e:
-        client.list_sessions(page_size=-1)
-    assert e.value.field == "page_size"
-    for i in ids:
-        client.delete_session(i)
+    try:
+        paged = [s.id for s in client.list_sessions(page_size=2)]
+        assert paged == [s.id for s in client.list_sessions()]
+        assert [i for i in paged if i.startswith(sid + "-")] == sorted(ids)
+        assert paged == sorted(paged)
+        with pytest.raises(InvalidArgument) as e:
+            client.list_sessions(page_size=-1)
+        assert e.value.field == "page_size"
+    finally:
+        for i in ids:
+            client.delete_session(i)
 
 
 def test_list_get_delete(client: Client, sid: str) -> None:

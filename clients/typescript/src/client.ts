@@ -603,16 +603,24 @@ export class CompactdClient {
 
   /**
    * One summary per session held, in id order (cold sessions give their id and `cold`),
-   * fetched `pageSize` at a time so no reply outgrows the receive limit.
+   * fetched `pageSize` (an integer from 1 to 2^31 - 1; 1000) at a time so no reply
+   * outgrows the receive limit. `deadlineMs` applies to each page.
    */
   async listSessions(opts?: CallOptions & { pageSize?: number }): Promise<SessionSummary[]> {
+    const pageSize = opts?.pageSize ?? 1000;
+    if (!Number.isInteger(pageSize) || pageSize < 1 || pageSize > 0x7fffffff) {
+      throw new CompactdError({ code: Status.INVALID_ARGUMENT, field: "page_size", details: `pageSize must be an integer from 1 to 2^31 - 1, not ${String(pageSize)}` });
+    }
     const sessions: SessionSummary[] = [];
     let pageToken = "";
     for (;;) {
-      const request = ListSessionsRequest.fromPartial({ pageSize: opts?.pageSize ?? 1000, pageToken });
-      const reply = await this.unary("listSessions", request, opts);
+      const reply = await this.unary("listSessions", ListSessionsRequest.fromPartial({ pageSize, pageToken }), opts);
       sessions.push(...reply.sessions);
       if (!reply.nextPageToken) return sessions;
+      // Ids compare as UTF-8 bytes on the server; a token that does not move on would loop.
+      if (Buffer.compare(Buffer.from(reply.nextPageToken), Buffer.from(pageToken)) <= 0) {
+        throw new CompactdError({ code: Status.INTERNAL, details: `ListSessions page token did not advance (${reply.nextPageToken})` });
+      }
       pageToken = reply.nextPageToken;
     }
   }

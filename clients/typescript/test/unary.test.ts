@@ -138,7 +138,7 @@ describe("unary RPCs", () => {
     assert.deepEqual(paged, (await c.listSessions()).map((s) => s.id));
     assert.deepEqual(paged.filter((id) => id.startsWith("pg-")), [...ids].sort());
     assert.deepEqual(paged, [...paged].sort());
-    await rejects(c.listSessions({ pageSize: -1 }), "INVALID_ARGUMENT", "page_size");
+    for (const pageSize of [-1, 0, 1.5, NaN, 2 ** 31]) await rejects(c.listSessions({ pageSize }), "INVALID_ARGUMENT", "page_size");
     for (const id of ids) await c.deleteSession(id);
   });
 

@@ -516,7 +516,8 @@ class AsyncClient:
 
     async def list_sessions(self, *, page_size: int = 1000) -> List[pb.SessionSummary]:
         """One summary per session held, in id order (cold sessions give their id and
-        ``cold``), fetched ``page_size`` at a time so no reply outgrows the receive limit."""
+        ``cold``), fetched ``page_size`` at a time so no reply outgrows the receive limit
+        (the call timeout applies to each page)."""
         sessions: List[pb.SessionSummary] = []
         token = ""
         while True:
@@ -525,6 +526,8 @@ class AsyncClient:
             sessions.extend(reply.sessions)
             if not reply.next_page_token:
                 return sessions
+            if reply.next_page_token <= token:
+                raise RuntimeError(f"ListSessions page token did not advance ({reply.next_page_token!r})")
             token = reply.next_page_token
 
     async def delete_session(self, session_id: str) -> bool:

@@ -243,7 +243,8 @@ class Client:
 
     def list_sessions(self, *, page_size: int = 1000) -> List[pb.SessionSummary]:
         """One summary per session held, in id order (cold sessions give their id and
-        ``cold``), fetched ``page_size`` at a time so no reply outgrows the receive limit."""
+        ``cold``), fetched ``page_size`` at a time so no reply outgrows the receive limit
+        (the call timeout applies to each page)."""
         sessions: List[pb.SessionSummary] = []
         token = ""
         while True:
@@ -252,6 +253,8 @@ class Client:
             sessions.extend(reply.sessions)
             if not reply.next_page_token:
                 return sessions
+            if reply.next_page_token <= token:
+                raise RuntimeError(f"ListSessions page token did not advance ({reply.next_page_token!r})")
             token = reply.next_page_token
 
     def delete_session(self, session_id: str) -> bool:

@@ -448,15 +448,16 @@ export interface GetSessionResponse {
 
 export interface ListSessionsRequest {
   /**
-   * At most this many sessions, in id order; 0 lists them all (a listing of many
-   * sessions may exceed a client's receive limit: 4 MiB by default in most gRPC
-   * libraries). Negative: INVALID_ARGUMENT.
+   * At most this many sessions, in id order (the ids' UTF-8 bytes compared); 0 lists
+   * them all (a listing of many sessions may exceed a client's receive limit: 4 MiB by
+   * default in most gRPC libraries). Negative: INVALID_ARGUMENT.
    */
   pageSize: number;
   /**
-   * The previous page's `next_page_token`: the listing goes on after it. Empty: from
-   * the first session. Sessions created or deleted between pages are listed or not as
-   * their ids fall; none is listed twice.
+   * The previous page's `next_page_token` (the id it ended at): the listing goes on
+   * after it. Empty: from the first session. Sessions created or deleted between pages
+   * are listed or not as their ids fall; none is listed twice. A page may hold fewer
+   * than `page_size` (sessions deleted while it was built) and still have a next one.
    */
   pageToken: string;
 }
