@@ -16,7 +16,8 @@
 //!    and encode the typed reply it returns.
 //! 3. `stream.rs`: the `Stream` RPC. A reader queues each update; a writer answers them
 //!    in arrival order and follows the compactions the stream started.
-//! 4. `request.rs`: a client request decoded into an `Op` (with `convert.rs`).
+//! 4. `request.rs`: a client request decoded into an `Op` (with `convert.rs`), and a
+//!    `ListSessions` page's fields checked and its sessions picked.
 //! 5. `ops.rs`: an op queued on its session's actor (`store`), answering the engine's
 //!    typed reply (step report, context view, prune report, overflow check).
 //! 6. `reply.rs`: a reply turned into the stream's events and ack.
