@@ -226,8 +226,13 @@ class Mirror {
   private closing = false
   /** Whether the last context compactd was asked for failed (its toast was shown). */
   private unreplaced = false
-  /** Set while compactd is not answering (`stall`): since when. */
-  private stalled: { since: number } | null = null
+  /** Set while compactd is not answering (`stall`): since when, and how long at least. */
+  private stalled: { since: number; floorMs: number } | null = null
+  /** When the last stall ended, and the floor it had (a stall soon after doubles it). */
+  private lastStall = { ended: 0, floorMs: 0 }
+  /** Sessions deleted in OpenCode whose delete compactd did not get (it was stalled or
+   * unreachable): sent again once it answers. */
+  private readonly undeleted = new Set<string>()
 
   constructor(
     private readonly client: CompactdClient,
@@ -532,11 +537,7 @@ class Mirror {
         if (gone) gone.deleted = true
         this.sessions.delete(id)
         this.compacting.delete(id)
-        void sent
-          .then(() => this.client.deleteSession(id))
-          .catch((e) => {
-            if (e?.codeName !== "NOT_FOUND") this.log.warn(`DeleteSession ${id}: ${e.message}`)
-          })
+        void sent.then(() => this.deleteInCompactd(id))
         return
       }
       case "session.compacted":
@@ -611,6 +612,7 @@ class Mirror {
     } catch (e) {
       const code = (e as Obj)?.codeName
       if (typeof code === "string" && !TRANSIENT.has(code)) s.refused = { turn, reason: (e as Error).message }
+      if (e && typeof e === "object") Object.assign(e, { loading: true })
       throw e
     }
   }
@@ -677,8 +679,29 @@ class Mirror {
     try {
       return await this.build(messages)
     } catch (e) {
-      if ((e as Obj)?.stalled === true || (e as Obj)?.codeName === "DEADLINE_EXCEEDED") this.stall()
+      // A load past its deadline is not a stall: a long session may take longer to send.
+      const late = (e as Obj)?.codeName === "DEADLINE_EXCEEDED" && !(e as Obj)?.loading
+      if ((e as Obj)?.stalled === true || late) this.stall()
       throw e
+    }
+  }
+
+  /** Deletes session `id` in compactd; kept for later when compactd is stalled or unreachable. */
+  private async deleteInCompactd(id: string) {
+    if (this.stalled) {
+      this.undeleted.add(id)
+      return
+    }
+    try {
+      await this.client.deleteSession(id)
+      this.undeleted.delete(id)
+    } catch (e: any) {
+      if (e?.codeName === "NOT_FOUND") {
+        this.undeleted.delete(id)
+        return
+      }
+      this.log.warn(`DeleteSession ${id}: ${e?.message}`)
+      if (TRANSIENT.has(e?.codeName)) this.undeleted.add(id)
     }
   }
 
@@ -687,19 +710,31 @@ class Mirror {
    * until it answers a probe (one every 2 s), requests go out without asking it and
    * updates are not sent (each session is loaded whole once it answers). Before, every
    * request of every session waited `timeoutMs` on it, and the updates it never
-   * acknowledged piled up in memory.
+   * acknowledged piled up in memory. The probe answers past a stuck disk or session too:
+   * a stall within a minute of the last one lasts at least twice as long as that one did
+   * (5 s to 2 min), so a compactd that answers probes but not updates costs one
+   * `timeoutMs` wait per such period, not one per request.
    */
   private stall() {
     if (this.stalled || this.closing) return
-    this.stalled = { since: Date.now() }
-    this.log.warn(`compactd did not answer within ${this.settings.timeoutMs} ms: requests go out with OpenCode's own messages until it answers again`)
+    const soon = Date.now() - this.lastStall.ended < 60_000
+    const floorMs = soon ? Math.min(Math.max(2 * this.lastStall.floorMs, 5000), 120_000) : 0
+    this.stalled = { since: Date.now(), floorMs }
+    this.log.warn(
+      `compactd did not answer within ${this.settings.timeoutMs} ms: requests go out with OpenCode's own messages until it answers again${floorMs ? ` (for at least ${floorMs} ms: it stalled again soon after the last time)` : ""}`,
+    )
     const probe = async () => {
       while (this.stalled && !this.closing) {
+        const { since } = this.stalled
         try {
           await this.client.getRecallTool({ deadlineMs: this.settings.timeoutMs })
-          const since = this.stalled.since
+          const left = since + floorMs - Date.now()
+          if (left > 0) await new Promise((resolve) => setTimeout(resolve, left).unref())
+          if (this.closing) return
           this.stalled = null
+          this.lastStall = { ended: Date.now(), floorMs }
           this.log.info(`compactd answers again (after ${Date.now() - since} ms); its sessions are loaded whole at their next request`)
+          for (const id of [...this.undeleted]) await this.deleteInCompactd(id)
           return
         } catch {
           await new Promise((resolve) => setTimeout(resolve, 2000).unref())

@@ -213,10 +213,15 @@ test("a session deleted in OpenCode is deleted in compactd though its mirror sta
 test("a compactd that stops answering does not hold OpenCode's request", async () => {
   const ses = "ses_stalled"
   const all = history(ses, 2).slice(0, 3)
+  // A second session, deleted in OpenCode while compactd does not answer.
+  const other = "ses_stalled_deleted"
+  const its = history(other, 1)
   // timeoutMs bounds each wait on compactd: long enough for a debug compactd just resumed
   // on a loaded machine to answer, short against the bound on a held request below.
-  const hooks = await hooksFor((id) => (id === ses ? all : []), { timeoutMs: 3000 })
+  const hooks = await hooksFor((id) => (id === ses ? all : id === other ? its : []), { timeoutMs: 3000 })
   try {
+    await hooks["experimental.chat.messages.transform"]({}, { messages: [...its] })
+    assert.equal((await client.getSession(other)).messages.length, 2)
     // One turn mirrored and answered.
     const first = { messages: all.slice(0, 1) }
     for (const e of [
@@ -242,6 +247,7 @@ test("a compactd that stops answering does not hold OpenCode's request", async (
     // OpenCode's own messages go out.
     assert.deepEqual(output.messages, all)
     // While compactd still does not answer, the next requests do not wait on it again.
+    await hooks.event({ event: { type: "session.deleted", properties: { info: { id: other } } } })
     for (let i = 0; i < 3; i++) {
       const again = { messages: [...all] }
       const t0 = Date.now()
@@ -264,6 +270,30 @@ test("a compactd that stops answering does not hold OpenCode's request", async (
     const held = await client.getSession(ses)
     assert.deepEqual(held.messages.map((m) => m.info.id), all.map((m) => m.info.id))
     assert.notEqual(next.messages[0], all[0], "compactd's context replaced OpenCode's messages")
+    // The delete compactd missed is sent once it answers.
+    let deleted = false
+    for (let i = 0; i < 40 && !deleted; i++) {
+      deleted = await client.getSession(other).then(() => false, (e) => e.codeName === "NOT_FOUND")
+      if (!deleted) await new Promise((r) => setTimeout(r, 250))
+    }
+    assert.ok(deleted, `${other}, deleted in OpenCode while compactd was stopped, is still in compactd`)
+    // Stalled again within a minute: compactd is left alone for at least 5 s, though it
+    // answers probes at once (as one whose disk or sessions, not its process, are stuck).
+    server.kill("SIGSTOP")
+    await hooks.event({ event: { type: "message.part.updated", properties: { part: { ...all[2].parts[0], text: "answer 0, edited" } } } })
+    const stalledAgain = Date.now()
+    const third = { messages: [...all] }
+    await hooks["experimental.chat.messages.transform"]({}, third)
+    assert.deepEqual(third.messages, all, "a stalled compactd's context was sent")
+    server.kill("SIGCONT")
+    let replaced
+    do {
+      await new Promise((r) => setTimeout(r, 250))
+      replaced = { messages: [...all] }
+      await hooks["experimental.chat.messages.transform"]({}, replaced)
+    } while (replaced.messages[0] === all[0] && Date.now() - stalledAgain < 20000)
+    assert.notEqual(replaced.messages[0], all[0], "compactd's context is sent again after the second stall")
+    assert.ok(Date.now() - stalledAgain >= 5000, `asked again ${Date.now() - stalledAgain} ms after the second stall began`)
   } finally {
     server.kill("SIGCONT")
     await hooks.dispose()
