@@ -86,6 +86,13 @@ fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
         anyhow::bail!("--max-update-bytes: must be above 0");
     }
     cli::logging::init(args.log_format);
+    for flag in layered.secrets_on_command_line() {
+        tracing::warn!(
+            flag,
+            "--{flag} was given on the command line, where every local user can read it (ps); \
+             give it in the environment or in --{flag}-file instead"
+        );
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

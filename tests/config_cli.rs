@@ -692,3 +692,63 @@ fn a_tls_file_that_is_not_what_its_flag_says_is_refused_before_serving() {
         );
     }
 }
+
+/// A secret given as a flag is readable by every local user (`ps`): `serve` warns, naming
+/// the flag and never the value; the same secret from the environment or a file does not.
+#[test]
+fn a_secret_on_the_command_line_is_warned_of_without_its_value() {
+    // A data dir that cannot be made ends the start right after logging began.
+    let base = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--durability",
+        "sync",
+        "--data-dir",
+        "/proc/compactd-no-such-dir",
+        "--llm-base-url",
+        "http://127.0.0.1:9/v1",
+        "--llm-model",
+        "m",
+    ];
+    let warned =
+        |out: &str, flag: &str| out.contains(&format!("--{flag} was given on the command line"));
+    let mut args = base.to_vec();
+    args.extend([
+        "--llm-api-key",
+        "sk-FLAG-SECRET",
+        "--auth-token",
+        "tok-FLAG-SECRET",
+    ]);
+    let (ok, stdout, stderr) = compactd(&args, &[]);
+    let out = format!("{stdout}{stderr}");
+    assert!(!ok, "the start must fail at the data dir: {out}");
+    assert!(
+        warned(&out, "llm-api-key") && warned(&out, "auth-token"),
+        "{out}"
+    );
+    assert!(!out.contains("FLAG-SECRET"), "a secret was shown: {out}");
+
+    let (_, stdout, stderr) = compactd(
+        &base,
+        &[
+            ("COMPACTD_LLM_API_KEY", "sk-ENV"),
+            ("COMPACTD_AUTH_TOKEN", "tok-ENV"),
+        ],
+    );
+    let out = format!("{stdout}{stderr}");
+    assert!(out.contains("/proc/compactd-no-such-dir"), "{out}");
+    assert!(!out.contains("was given on the command line"), "{out}");
+
+    let file = config_file(
+        "secrets.toml",
+        "llm_api_key = \"sk-FILE\"\nauth_token = \"tok-FILE\"\n",
+    );
+    let mut args = base.to_vec();
+    let path = file.display().to_string();
+    args.extend(["--config", &path]);
+    let (_, stdout, stderr) = compactd(&args, &[]);
+    let out = format!("{stdout}{stderr}");
+    assert!(out.contains("/proc/compactd-no-such-dir"), "{out}");
+    assert!(!out.contains("was given on the command line"), "{out}");
+}

@@ -57,6 +57,15 @@ impl Layered {
     pub fn source_of(&self, flag: &str) -> Source {
         self.sources.get(flag).cloned().unwrap_or(Source::Default)
     }
+
+    /// The secrets given as flags on the command line, which every local user can read
+    /// (`ps`, `/proc/<pid>/cmdline`): `serve` warns of each. A file's are not there.
+    pub fn secrets_on_command_line(&self) -> Vec<&'static str> {
+        ["auth-token", "llm-api-key"]
+            .into_iter()
+            .filter(|flag| self.source_of(flag) == Source::Flag)
+            .collect()
+    }
 }
 
 /// A configuration error that names the key and where it came from.
