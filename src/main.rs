@@ -175,7 +175,7 @@ fn serve(args: ServeArgs, layered: &cli::Layered) -> anyhow::Result<()> {
                 auto_compact = config.auto_compact,
                 authenticated,
                 llm = compaction.summarizer.as_ref().map_or("not configured", |s| s.model()),
-                llm_base_url = %args.llm.llm_base_url.as_deref().map(compactd::config::redact::url).unwrap_or_default(),
+                llm_base_url = %args.llm.llm_base_url.as_ref().map(|u| compactd::config::redact::url(u.expose())).unwrap_or_default(),
                 durability = %args.durability,
                 data_dir = %if args.durability == Durability::Memory { String::new() } else { args.data_dir.display().to_string() },
                 sessions_on_disk = closing.len(),

@@ -752,3 +752,34 @@ fn a_secret_on_the_command_line_is_warned_of_without_its_value() {
     assert!(out.contains("/proc/compactd-no-such-dir"), "{out}");
     assert!(!out.contains("was given on the command line"), "{out}");
 }
+
+/// `{:?}` of the parsed command line shows no secret: not the key or the token given as
+/// flags, not the base URL's credentials (a future debug log of the arguments must not
+/// leak them).
+#[test]
+fn the_parsed_command_line_debug_shows_no_secret() {
+    let argv = [
+        "compactd",
+        "serve",
+        "--llm-base-url",
+        "https://user:URL-SECRET@llm.example/v1",
+        "--llm-model",
+        "m",
+        "--llm-api-key",
+        "sk-KEY-SECRET",
+        "--auth-token",
+        "TOKEN-SECRET",
+    ]
+    .map(std::ffi::OsString::from)
+    .to_vec();
+    let layered = compactd::cli::parse_layered(argv).expect("parses");
+    let shown = format!("{layered:?} {layered:#?}");
+    for secret in ["URL-SECRET", "KEY-SECRET", "TOKEN-SECRET"] {
+        assert!(!shown.contains(secret), "{secret} in {shown}");
+    }
+    assert!(shown.contains("llm.example"), "{shown}");
+    assert_eq!(
+        layered.secrets_on_command_line(),
+        ["auth-token", "llm-api-key"]
+    );
+}

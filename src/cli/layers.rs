@@ -41,8 +41,8 @@ impl fmt::Display for Source {
     }
 }
 
-/// The parsed command line with every layer applied.
-#[derive(Debug)]
+/// The parsed command line with every layer applied. Its `Debug` redacts what
+/// `config print` does (the raw values of secrets, the base URL's credentials).
 pub struct Layered {
     /// The command, as if every setting had been given as a flag.
     pub cli: Cli,
@@ -50,6 +50,43 @@ pub struct Layered {
     pub sources: BTreeMap<String, Source>,
     /// Effective raw values of each `serve` setting by flag name (for `config print`).
     pub values: BTreeMap<String, Vec<String>>,
+}
+
+impl fmt::Debug for Layered {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let values: BTreeMap<&str, Vec<String>> = self
+            .values
+            .iter()
+            .map(|(flag, raw)| (flag.as_str(), shown(flag, raw)))
+            .collect();
+        f.debug_struct("Layered")
+            .field("cli", &self.cli)
+            .field("sources", &self.sources)
+            .field("values", &values)
+            .finish()
+    }
+}
+
+/// Whether `flag` (a long name) holds a secret whose value is never shown.
+fn is_secret_flag(flag: &str) -> bool {
+    (flag.contains("api-key") || flag == "auth-token") && !flag.ends_with("file")
+}
+
+/// The raw values of `flag` as they may be shown: a secret's hidden, the base URL's
+/// credentials redacted, any other as given.
+fn shown(flag: &str, raw: &[String]) -> Vec<String> {
+    if is_secret_flag(flag) {
+        raw.iter()
+            .map(|v| match v.is_empty() {
+                true => String::new(),
+                false => "[redacted]".into(),
+            })
+            .collect()
+    } else if flag == "llm-base-url" {
+        raw.iter().map(|v| crate::config::redact::url(v)).collect()
+    } else {
+        raw.to_vec()
+    }
 }
 
 impl Layered {
@@ -60,10 +97,11 @@ impl Layered {
 
     /// The secrets given as flags on the command line, which every local user can read
     /// (`ps`, `/proc/<pid>/cmdline`): `serve` warns of each. A file's are not there.
-    pub fn secrets_on_command_line(&self) -> Vec<&'static str> {
-        ["auth-token", "llm-api-key"]
-            .into_iter()
-            .filter(|flag| self.source_of(flag) == Source::Flag)
+    pub fn secrets_on_command_line(&self) -> Vec<&str> {
+        self.sources
+            .iter()
+            .filter(|(flag, source)| is_secret_flag(flag) && **source == Source::Flag)
+            .map(|(flag, _)| flag.as_str())
             .collect()
     }
 }
@@ -428,14 +466,10 @@ pub fn print_config(l: &Layered) -> String {
         let key = long.replace('-', "_");
         let raw = l.values.get(long).cloned().unwrap_or_default();
         let source = l.source_of(long);
-        let secret = (long.contains("api-key") || long == "auth-token") && !long.ends_with("file");
+        let secret = is_secret_flag(long);
         // The one URL may carry credentials; any other value (a text, a path) is shown as
         // given, so the printed file keeps it.
-        let raw: Vec<String> = if long == "llm-base-url" {
-            raw.iter().map(|v| crate::config::redact::url(v)).collect()
-        } else {
-            raw
-        };
+        let raw: Vec<String> = shown(long, &raw);
         let value = if secret {
             if raw.iter().all(|v| v.is_empty()) {
                 out.push_str(&format!("# {key} is not set  # {source}\n"));

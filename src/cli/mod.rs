@@ -13,10 +13,12 @@ mod allocator;
 pub mod bench;
 mod layers;
 pub mod logging;
+mod secret;
 mod tls;
 
 pub use allocator::JEMALLOC_CONF;
 pub use layers::{LayerError, Layered, Source, parse_layered, print_config};
+pub use secret::{Secret, SecretUrl};
 
 use crate::config::{
     CacheCounting, CacheModel, EngineConfig, OverflowPreset, Reserved, SessionOverrides,
@@ -257,6 +259,7 @@ impl ServeArgs {
         let Some(t) = self
             .auth_token
             .as_ref()
+            .map(Secret::expose)
             .filter(|_| self.auth_token_file.is_none())
         else {
             return Ok(None);
@@ -344,7 +347,7 @@ pub struct ServeArgs {
         hide_env_values = true,
         hide = true
     )]
-    pub auth_token: Option<String>,
+    pub auth_token: Option<Secret>,
     /// With a token: health checks need it too (by default they stay open for probes).
     #[arg(long, env = "COMPACTD_AUTH_PROTECT_HEALTH")]
     pub auth_protect_health: bool,
@@ -452,7 +455,7 @@ pub struct LlmArgs {
     /// compaction reports FAILED_PRECONDITION and everything else works. (Its value is
     /// hidden from --help: a URL may carry credentials.)
     #[arg(long, env = "COMPACTD_LLM_BASE_URL", hide_env_values = true)]
-    pub llm_base_url: Option<String>,
+    pub llm_base_url: Option<SecretUrl>,
     /// Model name sent to the endpoint.
     #[arg(long, env = "COMPACTD_LLM_MODEL")]
     pub llm_model: Option<String>,
@@ -466,7 +469,7 @@ pub struct LlmArgs {
         hide_env_values = true,
         hide = true
     )]
-    pub llm_api_key: Option<String>,
+    pub llm_api_key: Option<Secret>,
     /// Deadline of one summary request, its retries included, in seconds (per chunk when
     /// a head is summarized in chunks).
     #[arg(long, env = "COMPACTD_LLM_TIMEOUT_SECS", default_value_t = 120)]
@@ -523,7 +526,11 @@ impl LlmArgs {
                     .into(),
             });
         }
-        let summarizer: Option<Arc<dyn Summarizer>> = match &self.llm_base_url {
+        let summarizer: Option<Arc<dyn Summarizer>> = match self
+            .llm_base_url
+            .as_ref()
+            .map(SecretUrl::expose)
+        {
             None => None,
             Some(url) => {
                 check_llm_base_url(
@@ -537,7 +544,7 @@ impl LlmArgs {
                         message: "required with --llm-base-url".into(),
                     });
                 };
-                let mut cfg = LlmConfig::new(url.clone(), model);
+                let mut cfg = LlmConfig::new(url.to_string(), model);
                 cfg.api_key = match (&self.llm_api_key_file, &self.llm_api_key) {
                     (Some(path), _) => Some(
                         api_key("llm-api-key-file", read_text("llm-api-key-file", path)?).map_err(
@@ -547,7 +554,9 @@ impl LlmArgs {
                             },
                         )?,
                     ),
-                    (None, Some(k)) if !k.is_empty() => Some(api_key("llm-api-key", k.clone())?),
+                    (None, Some(k)) if !k.expose().is_empty() => {
+                        Some(api_key("llm-api-key", k.expose().to_string())?)
+                    }
                     _ => None,
                 };
                 cfg.timeout = Duration::from_secs(self.llm_timeout_secs.max(1));
