@@ -274,3 +274,18 @@ def test_the_default_max_update_bytes_is_the_servers_default() -> None:
     assert DEFAULT_MAX_UPDATE_BYTES == 16 * 1024 * 1024
     with Client("127.0.0.1:1") as c:
         assert c._max_update_bytes == DEFAULT_MAX_UPDATE_BYTES
+
+
+def test_field_prefixes_are_read_as_the_typescript_client_reads_them() -> None:
+    from compactd_client.errors import split_field
+
+    # An import's JSON path may hold any key (src/trace/import.rs names it).
+    assert split_field("export_json.$.messages[2].my-key: not a string") == (
+        "export_json.$.messages[2].my-key",
+        "not a string",
+    )
+    assert split_field("session.id: required") == ("session.id", "required")
+    assert split_field("session s1 was deleted: subscribe again") == (
+        "",
+        "session s1 was deleted: subscribe again",
+    )

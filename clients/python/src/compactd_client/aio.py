@@ -38,6 +38,8 @@ from .results import (
     open_info,
     openai_messages,
     pin_fields,
+    list_sessions_request,
+    next_page_token,
     recall_request,
     recall_tool_dict,
 )
@@ -519,16 +521,12 @@ class AsyncClient:
         ``cold``), fetched ``page_size`` at a time so no reply outgrows the receive limit
         (the call timeout applies to each page)."""
         sessions: List[pb.SessionSummary] = []
-        token = ""
-        while True:
-            req = pb.ListSessionsRequest(page_size=page_size, page_token=token)
-            reply = await self._unary(self.stub.ListSessions, req)
+        token: Optional[str] = ""
+        while token is not None:
+            reply = await self._unary(self.stub.ListSessions, list_sessions_request(page_size, token))
             sessions.extend(reply.sessions)
-            if not reply.next_page_token:
-                return sessions
-            if reply.next_page_token <= token:
-                raise RuntimeError(f"ListSessions page token did not advance ({reply.next_page_token!r})")
-            token = reply.next_page_token
+            token = next_page_token(token, reply)
+        return sessions
 
     async def delete_session(self, session_id: str) -> bool:
         """Forgets a session; True when it existed."""

@@ -22,6 +22,8 @@ from .results import (
     open_info,
     openai_messages,
     pin_fields,
+    list_sessions_request,
+    next_page_token,
     recall_request,
     recall_tool_dict,
 )
@@ -29,8 +31,10 @@ from .stream import DEFAULT_MAX_UPDATE_BYTES, SessionStream
 
 __all__ = ["Client", "Subscription", "channel_options", "with_channel_defaults"]
 
-# gRPC's default receive limit is 4 MiB; a long session read with GetSession is larger.
-DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# gRPC's default receive limit is 4 MiB; a long session read with GetSession is larger
+# (a session may hold up to compactd's max_session_bytes, 256 MiB by default). The
+# TypeScript client's default too.
+DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
 
 # Seconds a unary call may take by default (the TypeScript client's default too): a
 # server that stops answering must not hold the caller forever.
@@ -246,16 +250,12 @@ class Client:
         ``cold``), fetched ``page_size`` at a time so no reply outgrows the receive limit
         (the call timeout applies to each page)."""
         sessions: List[pb.SessionSummary] = []
-        token = ""
-        while True:
-            req = pb.ListSessionsRequest(page_size=page_size, page_token=token)
-            reply = self._unary(self.stub.ListSessions, req)
+        token: Optional[str] = ""
+        while token is not None:
+            reply = self._unary(self.stub.ListSessions, list_sessions_request(page_size, token))
             sessions.extend(reply.sessions)
-            if not reply.next_page_token:
-                return sessions
-            if reply.next_page_token <= token:
-                raise RuntimeError(f"ListSessions page token did not advance ({reply.next_page_token!r})")
-            token = reply.next_page_token
+            token = next_page_token(token, reply)
+        return sessions
 
     def delete_session(self, session_id: str) -> bool:
         """Forgets a session; True when it existed."""

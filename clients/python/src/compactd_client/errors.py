@@ -35,12 +35,11 @@ __all__ = [
     "error_from_event",
 ]
 
-# "<dotted field>: <message>", the field being identifiers, dots and [index] steps
-# ("export.messages[3].info.role", "export_json.$"). A message without a field never
-# starts so: compactd's field-less messages begin with plain words.
-_FIELD_PREFIX = re.compile(
-    r"^([A-Za-z_$][A-Za-z0-9_$]*(?:\.[A-Za-z_$][A-Za-z0-9_$]*|\[\d+\])*): (.*)$", re.S
-)
+# "<field>: <message>", the field a dotted path without spaces or colons ("session.id",
+# "export.messages[3].info.role", an import's JSON path "export_json.$.messages[2].my-key"),
+# as the TypeScript client reads it. A message without a field never starts so:
+# compactd's field-less messages begin with plain words.
+_FIELD_PREFIX = re.compile(r"^([A-Za-z_][^\s:]*): (.*)$", re.S)
 
 
 class CompactdError(Exception):

@@ -211,6 +211,23 @@ def pin_fields(message_id: str, part_id: str, pinned: bool) -> Dict[str, Any]:
     return {"message_id": message_id, "part_id": part_id, "pinned": pinned}
 
 
+def list_sessions_request(page_size: int, page_token: str) -> pb.ListSessionsRequest:
+    """One ListSessions page's request; ``page_size`` an integer from 1 to 2**31 - 1."""
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or not 1 <= page_size <= 2**31 - 1:
+        raise ValueError(f"page_size must be an integer from 1 to 2**31 - 1, not {page_size!r}")
+    return pb.ListSessionsRequest(page_size=page_size, page_token=page_token)
+
+
+def next_page_token(token: str, reply: pb.ListSessionsResponse) -> Optional[str]:
+    """The token of the page after ``reply`` (asked with ``token``); None after the last.
+    A token that does not move past the last (a broken proxy) would loop: it raises."""
+    if not reply.next_page_token:
+        return None
+    if reply.next_page_token <= token:
+        raise RuntimeError(f"ListSessions page token did not advance ({reply.next_page_token!r})")
+    return reply.next_page_token
+
+
 def recall_request(session_id: str, call_id: Optional[str], part_id: Optional[str]) -> pb.RecallRequest:
     """A Recall request by exactly one of ``call_id`` or ``part_id``."""
     if (call_id is None) == (part_id is None):
