@@ -157,6 +157,14 @@ def test_submit_waits_for_room_while_the_server_is_stopped() -> None:
                 last = n
             assert t.is_alive() and len(futures) < total, "submit() never waited"
             assert s.unsent == MAX_UNSENT
+            # send(timeout=) bounds its wait for room too (it waited for good), and the
+            # update it gave up on was not sent (no seq taken: the acks below run on).
+            from concurrent.futures import TimeoutError as FutureTimeout
+
+            began = time.monotonic()
+            with pytest.raises(FutureTimeout, match="send queue stayed full"):
+                s.send(sid, timeout=1.0, upsert_part=b.text_part("m1", "late", "x"))
+            assert time.monotonic() - began < 10
             srv.proc.send_signal(signal.SIGCONT)
             # The host ends once compactd has read all but MAX_UNSENT: a debug compactd reads
             # its first burst of 64 KiB updates slowly (30 a second on a loaded machine).

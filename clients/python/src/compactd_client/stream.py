@@ -31,8 +31,10 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import grpc
@@ -125,6 +127,11 @@ def _settle(future: "Future[Any]", result: Any = None, error: Optional[BaseExcep
         pass
 
 
+def _left(deadline: Optional[float]) -> Optional[float]:
+    """Seconds until ``deadline`` (``time.monotonic()``), 0 once past; None for none."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
 class _Pending:
     __slots__ = ("future", "events", "listener")
 
@@ -178,9 +185,12 @@ class SessionStream:
         return self._submit(session_id, update, None)
 
     def send(self, session_id: str, timeout: Optional[float] = None, **update: Any) -> UpdateResult:
-        """Sends one update and waits for its ack; raises CompactdError on its error."""
+        """Sends one update and waits for its ack; raises CompactdError on its error.
+        ``timeout`` bounds the whole wait, for room in a full send queue too
+        (``concurrent.futures.TimeoutError``; past the queue, the update may still apply)."""
         self._not_on_reader("send")
-        return self.submit(session_id, **update).result(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return self._submit(session_id, update, None, deadline).result(_left(deadline))
 
     def _not_on_reader(self, what: str) -> None:
         # The reader thread would wait for an ack only it can read: a deadlock.
@@ -192,7 +202,11 @@ class SessionStream:
             )
 
     def _submit(
-        self, session_id: str, update: Dict[str, Any], listener: Optional["queue.Queue[Any]"]
+        self,
+        session_id: str,
+        update: Dict[str, Any],
+        listener: Optional["queue.Queue[Any]"],
+        deadline: Optional[float] = None,
     ) -> "Future[UpdateResult]":
         if len(update) != 1:
             raise TypeError("an update sets exactly one ClientUpdate field")
@@ -208,7 +222,13 @@ class SessionStream:
                     raise after_stream_end(self._failure) from None
                 if not may_wait or len(self._outbox) < MAX_UNSENT:
                     break
-                self._changed.wait()
+                left = _left(deadline)
+                if left == 0:
+                    raise FutureTimeout(
+                        f"the stream's send queue stayed full ({MAX_UNSENT} updates unsent): "
+                        "this update was not sent"
+                    )
+                self._changed.wait(left)
             seq = self._seq + 1
             check_update_size(msg, update_size(unsequenced, seq), self._max_update_bytes)
             self._seq = msg.seq = seq
@@ -439,7 +459,8 @@ class SessionStream:
         with self._lock:
             self._compacting = {q: sid for q, sid in self._compacting.items() if self._follows_locked(q)}
             self._compacting[events] = session_id
-        self._submit(session_id, {"compact": opts}, events).result(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._submit(session_id, {"compact": opts}, events, deadline).result(_left(deadline))
 
         def source() -> Iterator[pb.CompactionEvent]:
             self._not_on_reader("compaction events")
