@@ -608,15 +608,24 @@ export class SessionStream {
    * are written, and the stream ends once compactd has answered those sent. Compactions
    * started on the stream and still running are cancelled first (`cancel_compaction`;
    * compactd would keep the stream open until they commit): they end `failed`, kind
-   * "cancelled" (or with an outcome that raced the cancel).
+   * "cancelled" (or with an outcome that raced the cancel). With `timeoutMs`, a stream
+   * compactd has not ended by then is cancelled (`cancel()`): a server that stopped
+   * answering (hung, behind a partition that keepalive has not caught yet) would otherwise
+   * hold the end for good.
    */
-  end(): Promise<CompactdError | undefined> {
+  end(opts?: { timeoutMs?: number }): Promise<CompactdError | undefined> {
+    const ms = opts?.timeoutMs;
+    if (ms !== undefined && !(typeof ms === "number" && ms >= 0)) {
+      return Promise.reject(new CompactdError({ code: Status.INVALID_ARGUMENT, field: "timeoutMs", details: `timeoutMs must be a number of milliseconds >= 0, not ${String(ms)}` }));
+    }
     if (this.ended === undefined && !this.halfClosed) {
       for (const r of this.compactions.values()) this.stopCompaction(r);
       this.halfClosed = true;
       this.pump();
     }
-    return this.closed;
+    if (ms === undefined || this.ended !== undefined) return this.closed;
+    const timer = setTimeout(() => this.cancel(), ms);
+    return this.closed.finally(() => clearTimeout(timer));
   }
 
   /**

@@ -113,6 +113,30 @@ describe("stream writes wait for room", () => {
     assert.equal(await s.end(), undefined);
   });
 
+  test("end({ timeoutMs }) cancels a stream the stopped server does not end", { timeout: 60_000 }, async () => {
+    const s = c.stream();
+    const sid = "end-bounded";
+    await s.open({ id: sid });
+    server.proc.kill("SIGSTOP");
+    try {
+      const unanswered = s.upsertMessage(sid, userMsg("m1"));
+      unanswered.catch(() => undefined);
+      const began = Date.now();
+      const ended = await s.end({ timeoutMs: 1000 });
+      assert.ok(Date.now() - began < 10_000, `end() took ${Date.now() - began} ms`);
+      assert.ok(ended instanceof CompactdError && ended.codeName === "CANCELLED", String(ended));
+      await assert.rejects(unanswered, (e: unknown) => e instanceof CompactdError && e.codeName === "CANCELLED");
+    } finally {
+      resume(server);
+    }
+    // A timeout that is no number of milliseconds is refused, the stream left open.
+    const t = c.stream();
+    await t.open({ id: sid });
+    await assert.rejects(t.end({ timeoutMs: NaN }), (e: unknown) => e instanceof CompactdError && e.codeName === "INVALID_ARGUMENT" && e.field === "timeoutMs");
+    await t.upsertMessage(sid, userMsg("m2"));
+    assert.equal(await t.end({ timeoutMs: 30_000 }), undefined);
+  });
+
   test("submit() rejects an update refused before it is numbered", async () => {
     const s = server.client({ maxUpdateBytes: 1024 }).stream();
     await s.open({ id: "submit-refused" });
