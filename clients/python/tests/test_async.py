@@ -248,3 +248,42 @@ def test_close_is_bounded_while_a_write_waits() -> None:
     finally:
         srv.proc.send_signal(signal.SIGCONT)
         srv.stop()
+
+
+def test_closing_the_client_ends_its_open_calls_with_cancelled() -> None:
+    # grpc.aio cancels the calls open on a channel it closes: the tasks awaiting them,
+    # never cancelled themselves, got asyncio.CancelledError (which gather, TaskGroup and
+    # `except CompactdError` read as the task's own cancellation).
+    import signal
+
+    from compactd_client import CompactdError
+    from compactd_server import Server
+
+    srv = Server()
+
+    async def main() -> None:
+        sid = "closed-under-calls"
+        c = AsyncClient(srv.addr, timeout=30)
+        await c.open_session(sid)
+        sub = await c.subscribe(sid)
+
+        async def watch() -> None:
+            async for _ in sub:
+                pass
+
+        watching = asyncio.ensure_future(watch())
+        srv.proc.send_signal(signal.SIGSTOP)
+        unanswered = asyncio.ensure_future(c.get_context(sid))
+        await asyncio.sleep(0.5)
+        await c.close()
+        for task in (unanswered, watching):
+            with pytest.raises(CompactdError) as e:
+                await asyncio.wait_for(task, 10)
+            assert e.value.code == grpc.StatusCode.CANCELLED, e.value
+            assert not task.cancelled()
+
+    try:
+        run(main())
+    finally:
+        srv.proc.send_signal(signal.SIGCONT)
+        srv.stop()

@@ -57,18 +57,33 @@ def _keep(q: "asyncio.Queue[Any]", item: Any) -> None:
     _keep_bounded(q, item, asyncio.QueueFull, asyncio.QueueEmpty)
 
 
+def _closed_error(closed: List[bool]) -> Optional[CompactdError]:
+    """What a call grpc.aio cancelled raises instead of ``asyncio.CancelledError``:
+    CompactdError CANCELLED when its client was closed and the task itself was not
+    cancelled (its owner would not expect CancelledError); None to re-raise it."""
+    task = asyncio.current_task()
+    own = task is not None and getattr(task, "cancelling", lambda: 0)() > 0
+    if closed and not own:
+        return make_error(grpc.StatusCode.CANCELLED, "the client was closed while the call was open")
+    return None
+
+
 class AsyncSubscription:
     """A ``Subscribe`` watch: ``async for event in sub`` until :meth:`cancel`."""
 
-    def __init__(self, call: grpc.aio.UnaryStreamCall) -> None:
+    def __init__(self, call: grpc.aio.UnaryStreamCall, closed: Optional[List[bool]] = None) -> None:
         self._call = call
         self._cancelled = False
+        self._closed: List[bool] = closed if closed is not None else []
 
     async def __aiter__(self) -> AsyncIterator[pb.SessionEvent]:
         try:
             async for ev in self._call:
                 yield ev
         except asyncio.CancelledError:
+            err = None if self._cancelled else _closed_error(self._closed)
+            if err is not None:
+                raise err from None
             if not self._cancelled:
                 raise
         except grpc.RpcError as e:
@@ -454,6 +469,9 @@ class AsyncClient:
         self.stub = pb.SessionsStub(self._channel)
         self._timeout = timeout
         self._max_update_bytes = max_update_bytes
+        # Set by close(), shared with with_timeout()'s copies: calls grpc.aio cancels as
+        # the channel closes raise CompactdError CANCELLED, not asyncio.CancelledError.
+        self._closed: List[bool] = []
 
     def with_timeout(self, timeout: Optional[float]) -> "AsyncClient":
         """This client with another deadline for its unary calls (seconds; None: none),
@@ -467,12 +485,19 @@ class AsyncClient:
     async def _unary(self, method: Callable, request):
         try:
             return await method(request, metadata=self._md, timeout=self._timeout)
+        except asyncio.CancelledError:
+            err = _closed_error(self._closed)
+            if err is None:
+                raise
+            raise err from None
         except grpc.RpcError as e:
             raise error_from_rpc(e) from None
 
     async def close(self) -> None:
-        """Closes the channel (when this client opened it)."""
+        """Closes the channel (when this client opened it). Calls still open on it end
+        with CompactdError CANCELLED."""
         if self._own:
+            self._closed.append(True)
             await self._channel.close()
 
     async def __aenter__(self) -> "AsyncClient":
@@ -651,7 +676,10 @@ class AsyncClient:
                     yield ev
             except asyncio.CancelledError:
                 if not cancelled:
-                    raise
+                    err = _closed_error(self._closed)
+                    if err is None:
+                        raise
+                    raise err from None
                 yield cancelled_here(session_id)
             except grpc.RpcError as e:
                 if cancelled and e.code() == grpc.StatusCode.CANCELLED:
@@ -678,4 +706,4 @@ class AsyncClient:
                     raise make_error(code, message, field)
         except grpc.RpcError as e:
             raise error_from_rpc(e) from None
-        return AsyncSubscription(call)
+        return AsyncSubscription(call, self._closed)
