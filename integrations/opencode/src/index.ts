@@ -194,6 +194,9 @@ const CompactdPlugin: Plugin = async (input, options) => {
         description: recallDescription,
         args: { call_id: z.string().describe("The call_id of the tool call whose original output you need") },
         async execute(args: { call_id: string }, ctx: { sessionID: string }) {
+          // A stalled compactd would hold the model's tool call for timeoutMs.
+          const stalled = mirror.stalledSince()
+          if (stalled !== null) return `compactd_recall failed: compactd has not answered since ${new Date(stalled).toISOString()}; try again later`
           try {
             return formatRecalled(await sidecar.client.recall(ctx.sessionID, { callId: args.call_id }))
           } catch (e) {
@@ -684,6 +687,11 @@ class Mirror {
       if ((e as Obj)?.stalled === true || late) this.stall()
       throw e
     }
+  }
+
+  /** Since when compactd has not answered (`stall`), or null while it answers. */
+  stalledSince(): number | null {
+    return this.stalled?.since ?? null
   }
 
   /** Deletes session `id` in compactd; kept for later when compactd is stalled or unreachable. */

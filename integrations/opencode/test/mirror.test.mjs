@@ -218,7 +218,7 @@ test("a compactd that stops answering does not hold OpenCode's request", async (
   const its = history(other, 1)
   // timeoutMs bounds each wait on compactd: long enough for a debug compactd just resumed
   // on a loaded machine to answer, short against the bound on a held request below.
-  const hooks = await hooksFor((id) => (id === ses ? all : id === other ? its : []), { timeoutMs: 3000 })
+  const hooks = await hooksFor((id) => (id === ses ? all : id === other ? its : []), { timeoutMs: 3000, recall: true })
   try {
     await hooks["experimental.chat.messages.transform"]({}, { messages: [...its] })
     assert.equal((await client.getSession(other)).messages.length, 2)
@@ -246,7 +246,12 @@ test("a compactd that stops answering does not hold OpenCode's request", async (
     assert.ok(Date.now() - started < 10000, `returned after ${Date.now() - started} ms`)
     // OpenCode's own messages go out.
     assert.deepEqual(output.messages, all)
-    // While compactd still does not answer, the next requests do not wait on it again.
+    // While compactd still does not answer, the next requests do not wait on it again,
+    // nor does the model's compactd_recall.
+    const t1 = Date.now()
+    const recalled = await hooks.tool.compactd_recall.execute({ call_id: "call_1" }, { sessionID: ses })
+    assert.ok(Date.now() - t1 < 1000, `compactd_recall waited ${Date.now() - t1} ms on a stalled compactd`)
+    assert.match(recalled, /^compactd_recall failed: compactd has not answered since /)
     await hooks.event({ event: { type: "session.deleted", properties: { info: { id: other } } } })
     for (let i = 0; i < 3; i++) {
       const again = { messages: [...all] }
