@@ -198,7 +198,18 @@ impl Session {
         }
         let (mut inputs, mut own) = ((0u32, 0u64), 0i64);
         for c in &plan.prune {
+            // The seed's scan may reach parts no request sends (after an automatic
+            // compaction it walks past the compaction request into what the summary
+            // replaced): they are marked as the seed marks them, and save no context.
+            let sent = self
+                .messages()
+                .get(c.msg)
+                .and_then(|m| m.parts.get(c.part))
+                .is_some_and(|p| self.sends_part(c.msg, &p.part.id));
             let (saved, total) = self.mark_compacted(c, now_ms);
+            if !sent {
+                continue;
+            }
             inputs.0 += u32::from(saved > 0);
             inputs.1 = inputs.1.saturating_add(saved);
             own = own.saturating_add(total.saturating_sub(signed(saved)));

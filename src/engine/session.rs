@@ -786,7 +786,7 @@ impl Session {
 
     /// True when the next request holds part `part_id` of message `msg`: its message is
     /// sent, and in the context or (summarized) carried by a pin.
-    fn sends_part(&self, msg: usize, part_id: &str) -> bool {
+    pub(super) fn sends_part(&self, msg: usize, part_id: &str) -> bool {
         self.messages[msg].is_sent() && (self.in_context(msg) || self.pins.covers(msg, part_id))
     }
 

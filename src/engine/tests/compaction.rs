@@ -1541,3 +1541,32 @@ fn the_auto_continue_text_comes_from_the_settings() {
     );
     assert!(!texts.iter().any(|t| t == "Continue if you have next steps"));
 }
+
+/// After an automatic compaction the seed's prune scan walks past the compaction request
+/// into what the summary replaced and clears it there too (as OpenCode does): that saves
+/// no context, and the report says only what the context saves. Before, its
+/// `context_tokens_saved` counted p1's 3,000 tokens the summary had already replaced.
+#[test]
+fn a_prune_after_a_compaction_reports_only_the_context_it_saves() {
+    let mut s = fixture_pruning_past_100_tokens();
+    let plan = s.plan_compaction(req(TAIL, true)).expect("plan");
+    commit(&mut s, &plan, "summary", true, 1);
+    assert!(
+        !context_ids(&s).contains(&"a1".to_string()),
+        "a1 is summarized"
+    );
+    let before = s.context_tokens();
+    let report = s.prune(crate::engine::PruneMode::Commit, NOW);
+    assert!(report.committed, "{report:?}");
+    let cleared: Vec<&str> = report.parts.iter().map(|p| p.part_id.as_str()).collect();
+    assert!(
+        cleared.contains(&"p1"),
+        "the seed's scan reaches p1: {cleared:?}"
+    );
+    assert_eq!(
+        report.context_tokens_saved,
+        i64::try_from(before - s.context_tokens()).expect("fits"),
+        "the context saving is what the context lost: {report:?}"
+    );
+    assert!(report.context_tokens_saved < 3_000, "{report:?}");
+}

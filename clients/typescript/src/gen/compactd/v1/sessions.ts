@@ -294,8 +294,9 @@ export interface PruneReport {
   /**
    * Context tokens prune's own clearing removed (or would remove): below `tokens_saved`
    * when a strategy had already shortened an output, negative when the placeholder is
-   * longer than the tiny outputs it replaced. With `strategy_tokens_saved`, the run's
-   * whole change, counted once.
+   * longer than the tiny outputs it replaced; parts no request sends (a compaction's
+   * summary replaced them, which OpenCode's scan still reaches and clears) count 0. With
+   * `strategy_tokens_saved`, the run's whole change, counted once.
    */
   contextTokensSaved: number;
 }
