@@ -229,8 +229,8 @@ class Mirror {
   private closing = false
   /** Whether the last context compactd was asked for failed (its toast was shown). */
   private unreplaced = false
-  /** Set while compactd is not answering (`stall`): since when, and how long at least. */
-  private stalled: { since: number; floorMs: number } | null = null
+  /** Set while compactd is not answering (`stall`): since when (ms since the epoch). */
+  private stalled: { since: number } | null = null
   /** When the last stall ended, and the floor it had (a stall soon after doubles it). */
   private lastStall = { ended: 0, floorMs: 0 }
   /** Sessions deleted in OpenCode whose delete compactd did not get (it was stalled or
@@ -727,7 +727,7 @@ class Mirror {
     if (this.stalled || this.closing) return
     const soon = Date.now() - this.lastStall.ended < 60_000
     const floorMs = soon ? Math.min(Math.max(2 * this.lastStall.floorMs, 5000), 120_000) : 0
-    this.stalled = { since: Date.now(), floorMs }
+    this.stalled = { since: Date.now() }
     this.log.warn(
       `compactd did not answer within ${this.settings.timeoutMs} ms: requests go out with OpenCode's own messages until it answers again${floorMs ? ` (for at least ${floorMs} ms: it stalled again soon after the last time)` : ""}`,
     )
