@@ -52,13 +52,16 @@ pub enum Strategy {
     MaskObservations,
     /// compactd: one output above `output_cap` of usable input reads as head + tail.
     CapLargeOutputs,
+    /// compactd: a write, edit or patch is superseded once every file it changed has
+    /// been read whole after it (seed 03's write→read supersede).
+    SupersedeWrites,
 }
 
 impl Strategy {
     /// Every strategy, in report order: ACP's (seed 03's ten, then the base layer), then
     /// compactd's own.
-    pub const ALL: [Strategy; 15] = {
-        let mut all = [Strategy::MaskObservations; 15];
+    pub const ALL: [Strategy; 16] = {
+        let mut all = [Strategy::MaskObservations; 16];
         let mut i = 0;
         while i < Strategy::ACP.len() {
             all[i] = Strategy::ACP[i];
@@ -66,6 +69,7 @@ impl Strategy {
         }
         all[13] = Strategy::MaskObservations;
         all[14] = Strategy::CapLargeOutputs;
+        all[15] = Strategy::SupersedeWrites;
         all
     };
 
@@ -104,6 +108,7 @@ impl Strategy {
             Strategy::SupersedeSearches => "supersedeSearches",
             Strategy::MaskObservations => "maskObservations",
             Strategy::CapLargeOutputs => "capLargeOutputs",
+            Strategy::SupersedeWrites => "supersedeWrites",
         }
     }
 
@@ -133,6 +138,7 @@ impl Strategy {
                 | Strategy::SupersedeDuplicates
                 | Strategy::SupersedeTodos
                 | Strategy::SupersedeSearches
+                | Strategy::SupersedeWrites
         )
     }
 
@@ -209,7 +215,8 @@ impl StrategySet {
     /// compactd's default: every strategy but `aggressiveFilePrune`. Over the ten shared
     /// traces that one strategy nearly doubled the references the agent made to content
     /// the context had hidden (an edit supersedes the read the agent is working from),
-    /// while observation masking already hides old reads by age.
+    /// while observation masking already hides old reads by age. `supersedeWrites` keeps
+    /// the seed's legacy write→read supersede, which hides only the change.
     pub fn compactd() -> StrategySet {
         StrategySet::all().with(Strategy::AggressiveFilePrune, false)
     }

@@ -38,6 +38,7 @@ mod state_queries;
 mod step_markers;
 mod todos;
 mod tracker;
+mod writes;
 
 pub use code_blocks::truncate_code_blocks;
 pub use commit::{MarkedPart, StrategyRun, StrategySaving};

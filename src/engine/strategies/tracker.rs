@@ -22,6 +22,7 @@ use super::snapshots::snapshot_key;
 use super::source_urls::url_key;
 use super::state_queries::query_key;
 use super::todos::todo_key;
+use super::writes::{FileUse, Writes, file_use};
 use super::{Strategy, truncate_code_blocks};
 use crate::config::{CODE_BLOCK_AGE_TURNS, ERROR_AGE_TURNS, FILE_AGE_TURNS, Settings};
 use crate::domain::{FastMap, FastSet, Part, PartKind, Role, ToolPart, ToolStatus};
@@ -108,6 +109,10 @@ pub struct Tracker {
     aged: [usize; 3],
     /// Tool results in order, for `maskObservations`.
     masking: Masking,
+    /// Changes waiting for a whole read of their files, for `supersedeWrites` (absent
+    /// from snapshots written before it existed, whose settings do not name it).
+    #[serde(default)]
+    writes: Writes,
     /// Characters one output may keep (`capLargeOutputs`; 0: no cap). Set by the session
     /// from its window.
     cap_chars: u64,
@@ -200,6 +205,7 @@ impl Tracker {
             && self.queued.iter().all(|(at, _)| at.msg < len)
             && self.aged.iter().all(|&a| a <= len)
             && self.masking.fits(len)
+            && self.writes.fits(len)
     }
 
     /// Forgets everything; the next commit rebuilds from the messages (settings changed).
@@ -427,6 +433,15 @@ impl Tracker {
         if let Some(hash) = hash.filter(|_| on(Strategy::PruneRetryParts)) {
             self.succeeded_call(hash, &holder);
         }
+        // `aggressiveFilePrune` supersedes every change a later read does, and more.
+        if on(Strategy::SupersedeWrites)
+            && !on(Strategy::AggressiveFilePrune)
+            && t.state.status == ToolStatus::Completed
+            && (1..=MAX_CALL_PATHS).contains(&paths.len())
+        {
+            let used = file_use(&t.tool, &t.state.input, &t.state.output);
+            self.on_file_use(used, &holder, &paths);
+        }
         let by_path = on(Strategy::AggressiveFilePrune) && paths.len() <= MAX_CALL_PATHS;
         let file_keys: Vec<String> = if by_path {
             paths.iter().map(|p| bounded(p.clone())).collect()
@@ -466,6 +481,21 @@ impl Tracker {
         }
         if let Some(hash) = hash {
             offer(Strategy::SupersedeDuplicates, &|| Some(call_key(hash)));
+        }
+    }
+
+    /// `supersedeWrites`: a change waits for reads of its files (a protected one is never
+    /// cleared: it waits for nothing); a whole read, protected or not, supersedes the
+    /// changes before it.
+    fn on_file_use(&mut self, used: FileUse, h: &Holder, paths: &[String]) {
+        let (queued, pending) = (&mut self.queued, &mut self.pending);
+        let stale = |at, by| queue(queued, pending, at, Strategy::SupersedeWrites, by, 0);
+        match (used, paths) {
+            (FileUse::Change, _) if !h.protected => {
+                self.writes.on_change(h.at.clone(), h.order, paths, stale)
+            }
+            (FileUse::WholeRead, [path]) => self.writes.on_read(path, h.order, &h.call, stale),
+            _ => {}
         }
     }
 

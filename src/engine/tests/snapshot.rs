@@ -730,6 +730,9 @@ const FIXTURE_V3_BEFORE_58: &str = include_str!("data/snapshot_v3_before_58.json
 /// The format 3 fixture as the binaries before stop 59 wrote it: a compaction's commit
 /// left the decisions the scheduler held (a prune) for a later request to apply.
 const FIXTURE_V3_BEFORE_59: &str = include_str!("data/snapshot_v3_before_59.json");
+/// The format 3 fixture as the binaries before stop 70 wrote it: the default strategies
+/// had no `supersedeWrites`, and the tracker no `writes` state.
+const FIXTURE_V3_BEFORE_70: &str = include_str!("data/snapshot_v3_before_70.json");
 
 /// A format 3 document an older binary wrote still decodes, reads the fields added
 /// since as they were before them, and goes on through the rest of the scenario with
@@ -740,6 +743,7 @@ fn an_older_format_3_fixture_still_decodes_and_goes_on() {
     for (name, fixture) in [
         ("before 58", FIXTURE_V3_BEFORE_58),
         ("before 59", FIXTURE_V3_BEFORE_59),
+        ("before 70", FIXTURE_V3_BEFORE_70),
     ] {
         let mut restored = decode_session(fixture.as_bytes())
             .unwrap_or_else(|e| panic!("the fixture {name} no longer decodes: {e}"));

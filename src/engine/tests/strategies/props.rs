@@ -29,7 +29,8 @@ enum Op {
     /// Deletes an existing part (a host's revert).
     Delete { pick: u16 },
     /// New settings: masking on or off, its `mask_keep`, and the strategy-protected tools
-    /// (`protect` picks a list: the server's, `bash` and `read`, or none).
+    /// (`protect` picks a list: the server's, `bash` and `read`, or none). The file
+    /// strategies stay the run's ([`Driver::writes`]).
     Configure { mask: bool, keep: u8, protect: u8 },
 }
 
@@ -50,6 +51,12 @@ fn pool(pick: u8, size: u16) -> (&'static str, Value, String) {
     };
     let out = "o".repeat(n);
     match pick % 18 {
+        // Every fifth a ranged read, which supersedes no write.
+        i @ 0..=2 if size.is_multiple_of(5) => (
+            "read",
+            json!({ "filePath": path(i), "offset": 10 }),
+            file_body(n / 30),
+        ),
         i @ 0..=2 => ("read", json!({ "filePath": path(i) }), file_body(n / 30)),
         i @ 3..=5 => (
             "write",
@@ -114,13 +121,19 @@ struct Driver {
     last_assistant: Option<String>,
     /// Tool calls may still land on an assistant message after a newer user message.
     late: bool,
+    /// `supersedeWrites` in place of `aggressiveFilePrune`, for the whole run: switching
+    /// between two supersede strategies that both mark a part keeps the mark made first,
+    /// which an import of the final messages need not make.
+    writes: bool,
 }
 
 impl Driver {
     fn new(o: SessionOverrides, late: bool) -> Driver {
+        let writes = o.strategies.get(&St::SupersedeWrites) == Some(&true);
         Driver {
             s: open(o),
             late,
+            writes,
             next: 0,
             now: NOW,
             last_user: None,
@@ -328,7 +341,7 @@ impl Driver {
             } => {
                 let tools = |list: &[&str]| Some(list.iter().map(|t| t.to_string()).collect());
                 let config = SessionOverrides {
-                    strategies: [(St::MaskObservations, mask)].into_iter().collect(),
+                    strategies: with_writes(self.writes, [(St::MaskObservations, mask)]),
                     mask_keep: Some(u32::from(keep)),
                     strategy_protected_tools: match protect {
                         0 => tools(crate::config::STRATEGY_PROTECTED_TOOLS),
@@ -472,15 +485,30 @@ fn active_view(v: &ContextView, s: &Session) -> ContextView {
     v
 }
 
-fn small_prune(on: bool) -> SessionOverrides {
+/// The strategy switches `list`, and with `writes` compactd's default way with files:
+/// `supersedeWrites` on, `aggressiveFilePrune` (which would cover it) off.
+fn with_writes<const N: usize>(writes: bool, list: [(St, bool); N]) -> BTreeMap<St, bool> {
+    let files = [
+        (St::SupersedeWrites, writes),
+        (St::AggressiveFilePrune, !writes),
+    ];
+    list.into_iter().chain(files).collect()
+}
+
+fn small_prune(on: bool, writes: bool) -> SessionOverrides {
+    let strategies = with_writes(writes, []);
     if on {
         SessionOverrides {
             prune_protect: Some(300),
             prune_minimum: Some(0),
+            strategies,
             ..Default::default()
         }
     } else {
-        SessionOverrides::default()
+        SessionOverrides {
+            strategies,
+            ..Default::default()
+        }
     }
 }
 
@@ -496,9 +524,10 @@ proptest! {
     #[test]
     fn strategy_runs_never_grow_the_context_or_lose_a_call(
         busy_prune in any::<bool>(),
+        writes in any::<bool>(),
         ops in prop::collection::vec(op(), 1..80),
     ) {
-        let mut d = Driver::new(small_prune(busy_prune), true);
+        let mut d = Driver::new(small_prune(busy_prune, writes), true);
         for op in &ops {
             d.run(op)?;
         }
@@ -511,10 +540,11 @@ proptest! {
     /// final ones).
     #[test]
     fn live_and_import_end_with_the_same_marks_and_context(
+        writes in any::<bool>(),
         ops in prop::collection::vec(op(), 1..80),
     ) {
         let masking = SessionOverrides {
-            strategies: [(St::MaskObservations, true)].into_iter().collect(),
+            strategies: with_writes(writes, [(St::MaskObservations, true)]),
             mask_keep: Some(3),
             ..Default::default()
         };

@@ -1171,3 +1171,112 @@ fn rule_a_compaction_part_that_names_its_tail_later_ages_live_as_a_rebuild_does(
     // it is no turn, and the ages must move back (as a rebuild counts them).
     compaction_keeping_u1_marks_nothing(&["", "u1"]);
 }
+
+/// compactd's default preset keeps seed 03's write→read supersede, which ACP keeps with
+/// `aggressiveFilePrune` off: a 40K write read back whole sends the content once (the
+/// read), not twice. A ranged read shows part of the file and supersedes nothing, and the
+/// read the agent works from is never hidden by the edit after it.
+#[test]
+fn rule_the_compactd_preset_supersedes_a_change_once_its_file_is_read_whole() {
+    let body = file_body(1_000);
+    let write = |msg: &str, id: &str, path: &str| {
+        let input = json!({ "filePath": path, "content": body });
+        call(msg, id, "write", input, "Wrote file successfully.")
+    };
+    let edit = |msg: &str, id: &str, path: &str| {
+        let input = json!({ "filePath": path, "oldString": body, "newString": "x" });
+        call(msg, id, "edit", input, "Edit applied successfully.")
+    };
+    let ranged = |msg: &str, id: &str, path: &str| {
+        let input = json!({ "filePath": path, "offset": 10, "limit": 20 });
+        call(msg, id, "read", input, &file_body(20))
+    };
+    let run = |preset: StrategyPreset| {
+        let mut sc = Script::with(SessionOverrides {
+            strategy_preset: Some(preset),
+            // The other layers stay idle: only the file strategies decide.
+            strategies: [(St::MaskObservations, false), (St::CapLargeOutputs, false)]
+                .into_iter()
+                .collect(),
+            ..Default::default()
+        });
+        sc.user("u1", "Write them.")
+            .assistant(
+                "a1",
+                vec![write("a1", "w1", "src/a.rs"), write("a1", "w2", "src/b.rs")],
+            )
+            .user("u2", "Check them.")
+            .assistant(
+                "a2",
+                vec![
+                    read("a2", "r1", "./src/a.rs", &body),
+                    ranged("a2", "r2", "src/b.rs"),
+                ],
+            )
+            .user("u3", "Now change a.")
+            .assistant("a3", vec![edit("a3", "e1", "src/a.rs")])
+            .user("u4", "Done?");
+        let before = sc.s.total_tokens();
+        sc.commit();
+        (sc, before)
+    };
+
+    let (sc, before) = run(StrategyPreset::Compactd);
+    expect_marks(&sc.s, &[("w1", St::SupersedeWrites, "r1")]);
+    // The write's content left the context (its input keeps the path); the read the edit
+    // was made against is still whole.
+    let view = sc.s.build_context();
+    let w1 = state(shown(&view, "w1"));
+    assert_eq!(w1.input, json!({ "filePath": "src/a.rs" }));
+    assert_eq!(state(shown(&view, "r1")).output, body);
+    let saved = before - sc.s.total_tokens();
+    assert!(saved >= body.len() as u64 / 4 - 10, "saved {saved}");
+
+    // Under ACP's own preset `aggressiveFilePrune` decides, and hides the read too.
+    let (sc, _) = run(StrategyPreset::Compact);
+    expect_marks(
+        &sc.s,
+        &[
+            ("w1", St::AggressiveFilePrune, "r1"),
+            ("w2", St::AggressiveFilePrune, "r2"),
+            ("r1", St::AggressiveFilePrune, "e1"),
+        ],
+    );
+}
+
+/// A read the strategies may never clear (its tool protected) still shows the file whole,
+/// so it supersedes the write before it; a write to a protected file is never cleared.
+#[test]
+fn rule_supersede_writes_a_protected_read_supersedes_a_protected_write_stays() {
+    let body = file_body(100);
+    let write = |msg: &str, id: &str, path: &str| {
+        let input = json!({ "filePath": path, "content": body });
+        call(msg, id, "write", input, "Wrote file successfully.")
+    };
+    let mut sc = Script::with(SessionOverrides {
+        strategy_preset: Some(StrategyPreset::Compactd),
+        strategies: [(St::MaskObservations, false)].into_iter().collect(),
+        strategy_protected_tools: Some(vec!["read".into()]),
+        protected_file_globs: Some(vec!["Cargo.toml".into()]),
+        ..Default::default()
+    });
+    sc.user("u1", "Write them.")
+        .assistant(
+            "a1",
+            vec![
+                write("a1", "w1", "src/a.rs"),
+                write("a1", "w2", "Cargo.toml"),
+            ],
+        )
+        .user("u2", "Check them.")
+        .assistant(
+            "a2",
+            vec![
+                read("a2", "r1", "src/a.rs", &body),
+                read("a2", "r2", "Cargo.toml", &body),
+            ],
+        )
+        .user("u3", "Done?");
+    sc.commit();
+    expect_marks(&sc.s, &[("w1", St::SupersedeWrites, "r1")]);
+}
