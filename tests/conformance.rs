@@ -100,14 +100,21 @@ fn silent_panda_prunes_exactly_what_opencode_pruned() {
     assert_eq!(ours, opencode);
 }
 
-/// OpenCode's prune alone, applied as soon as it decides: the strategies off and no prompt
-/// cache to protect (the `none` cache model).
+/// OpenCode's prune alone, as the `OPENCODE` preset resolves it: OpenCode's own counts
+/// (JavaScript length ÷ 4), applied as soon as it decides (no prompt cache to protect),
+/// the strategies off.
 fn opencode_config() -> EngineConfig {
-    EngineConfig {
+    let opencode = compactd::config::SessionOverrides {
+        preset: Some(compactd::config::OverflowPreset::OpenCode),
+        ..Default::default()
+    };
+    let config = EngineConfig {
         strategies: compactd::config::StrategySet::NONE,
-        cache_model: compactd::config::CacheModel::NONE,
-        ..EngineConfig::default()
-    }
+        ..EngineConfig::default().resolve(&opencode)
+    };
+    assert_eq!(config.tokenizer, compactd::tokens::Tokenizer::Chars4);
+    assert_eq!(config.cache_model, compactd::config::CacheModel::NONE);
+    config
 }
 
 #[test]
