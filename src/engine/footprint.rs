@@ -9,8 +9,9 @@
 use std::mem::size_of;
 
 use super::stored::StoredPart;
+use super::strategies::change_bytes;
 use crate::config::EngineConfig;
-use crate::domain::{HeapSize, MessageInfo, Part, SessionInfo, vec_capacity_after_push};
+use crate::domain::{HeapSize, MessageInfo, Part, PartKind, SessionInfo, vec_capacity_after_push};
 
 /// Index bytes per part: the prune window entry and the strategies' tracker entries (a
 /// key per file path, call hash or query, and the holders' positions).
@@ -47,9 +48,14 @@ impl Default for ByteLimit {
 }
 
 /// Heap bytes one stored part holds (its slot in the message's part vector is counted by
-/// the vector's capacity).
+/// the vector's capacity), with what the strategies may hold for it beyond
+/// [`PART_INDEX_BYTES`]: a change's entry per file it names (`supersedeWrites`).
 pub(crate) fn part_bytes(part: &Part) -> u64 {
-    (part.heap_bytes() + PART_INDEX_BYTES) as u64
+    let tracked = match &part.kind {
+        PartKind::Tool(t) => change_bytes(&t.tool, &t.state.input),
+        _ => 0,
+    };
+    (part.heap_bytes() + PART_INDEX_BYTES + tracked) as u64
 }
 
 /// Heap bytes one message's info holds, with the copy of its id in the id map (its slot

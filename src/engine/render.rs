@@ -374,6 +374,13 @@ fn tool_rewrite<'a>(
     let mut output = None;
     let mut error = None;
     match st.status {
+        ToolStatus::Completed if active == Some(Strategy::SupersedeWrites) && !compacted => {
+            // The change's own output (a patch's diagnostics) is not in the read that
+            // superseded it: it stays, and the note says where the content went.
+            if let Some(note) = superseded {
+                output = Some(Cow::Owned(format!("{}\n\n{note}", st.output)));
+            }
+        }
         ToolStatus::Completed => {
             // A supersede note never makes a tiny output longer, and a superseded
             // part reads as its strategy made it even once prune clears it too; a tiny

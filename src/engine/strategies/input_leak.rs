@@ -102,6 +102,23 @@ fn stripped_map_units(map: &Map<String, Value>) -> u64 {
     json_len::enclosed(kept, inner)
 }
 
+/// True when [`strip_input`] leaves anything of `input` out: a call whose input is all
+/// metadata (a short edit) loses nothing to this strategy.
+pub fn strips_something(input: &Value) -> bool {
+    match input {
+        Value::Object(map) => map_strips_something(map),
+        other => !small(other),
+    }
+}
+
+fn map_strips_something(map: &Map<String, Value>) -> bool {
+    map.iter().any(|(key, value)| match keeps(key, value) {
+        Keep::Same => false,
+        Keep::Stripped(inner) => map_strips_something(inner),
+        Keep::Gone | Keep::FirstLine(_) => true,
+    })
+}
+
 /// What the reduced input keeps of one entry: the one decision behind both the reduced
 /// value and its serialization.
 enum Keep<'a> {
@@ -189,6 +206,30 @@ mod tests {
         // Seed 03's example.
         let input = json!({"filePath": "test.txt", "content": "A".repeat(5000)});
         assert_eq!(strip_input(&input), json!({"filePath": "test.txt"}));
+        assert!(strips_something(&input));
+    }
+
+    /// `strips_something` says exactly whether the stripped input differs.
+    #[test]
+    fn strips_something_is_whether_the_input_changes() {
+        let long = "x".repeat(300);
+        for input in [
+            json!({"filePath": "a.rs", "oldString": "a", "newString": "b"}),
+            json!({"filePath": "a.rs", "oldString": "a\nb"}),
+            json!({"command": long}),
+            json!({"nested": {"path": "p", "content": long}}),
+            json!({"nested": {"path": "p"}}),
+            json!({"list": [long]}),
+            json!([1, 2]),
+            json!(long),
+            json!(null),
+        ] {
+            assert_eq!(
+                strips_something(&input),
+                strip_input(&input) != input,
+                "{input}"
+            );
+        }
     }
 
     #[test]

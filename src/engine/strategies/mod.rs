@@ -45,11 +45,12 @@ pub use commit::{MarkedPart, StrategyRun, StrategySaving};
 pub use errors::truncate_error;
 pub use file_masking::{breadcrumb, file_breadcrumb, inlined_breadcrumb, is_inlined_file};
 pub use files::file_paths;
-pub use input_leak::{Stripped, strip_input, stripped_units};
+pub use input_leak::{Stripped, strip_input, stripped_units, strips_something};
 pub use masking::{Masking, masked_text};
 pub use output_cap::{cap_chars, capped_text};
 pub use step_markers::is_step_marker;
 pub use tracker::{PartRef, Pending, Tracker};
+pub(crate) use writes::change_bytes;
 
 pub use crate::config::{Strategy, StrategyPreset, StrategySet, UnknownStrategy};
 

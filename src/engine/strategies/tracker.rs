@@ -1,7 +1,8 @@
 //! The state the strategies keep between updates, so no decision ever rescans the session:
 //! the newest holder of every supersede key (file path, url, state query, snapshot, todo,
 //! search, identical input), failed calls waiting for a successful retry, the calls that
-//! touch several files, and how far each age strategy has looked. Decisions wait in
+//! touch several files, changes waiting for a whole read of their files (`writes.rs`), and
+//! how far each age strategy has looked. Decisions wait in
 //! `pending` until the next prune run commits them.
 //!
 //! "Newer" is by position in the session (message, then part), not by arrival, so a
@@ -22,8 +23,8 @@ use super::snapshots::snapshot_key;
 use super::source_urls::url_key;
 use super::state_queries::query_key;
 use super::todos::todo_key;
-use super::writes::{FileUse, Writes, file_use};
-use super::{Strategy, truncate_code_blocks};
+use super::writes::{FileUse, MAX_CHANGE_PATHS, Writes, file_use};
+use super::{Strategy, strips_something, truncate_code_blocks};
 use crate::config::{CODE_BLOCK_AGE_TURNS, ERROR_AGE_TURNS, FILE_AGE_TURNS, Settings};
 use crate::domain::{FastMap, FastSet, Part, PartKind, Role, ToolPart, ToolStatus};
 use crate::engine::stored::Message;
@@ -109,9 +110,10 @@ pub struct Tracker {
     aged: [usize; 3],
     /// Tool results in order, for `maskObservations`.
     masking: Masking,
-    /// Changes waiting for a whole read of their files, for `supersedeWrites` (absent
-    /// from snapshots written before it existed, whose settings do not name it).
-    #[serde(default)]
+    /// Changes waiting for a whole read of their files, for `supersedeWrites`: written
+    /// only when it holds anything (absent from snapshots written before it existed,
+    /// whose settings do not name it).
+    #[serde(default, skip_serializing_if = "Writes::is_empty")]
     writes: Writes,
     /// Characters one output may keep (`capLargeOutputs`; 0: no cap). Set by the session
     /// from its window.
@@ -408,12 +410,12 @@ impl Tracker {
                     );
                 });
         }
-        if on(Strategy::CapLargeOutputs)
+        let capped = on(Strategy::CapLargeOutputs)
             && t.state.status == ToolStatus::Completed
             && !holder.protected
             && self.cap_chars > 0
-            && t.state.output.len() as u64 > self.cap_chars
-        {
+            && t.state.output.len() as u64 > self.cap_chars;
+        if capped {
             let cap = self.cap_chars;
             self.queue(
                 holder.at.clone(),
@@ -433,13 +435,21 @@ impl Tracker {
         if let Some(hash) = hash.filter(|_| on(Strategy::PruneRetryParts)) {
             self.succeeded_call(hash, &holder);
         }
-        // `aggressiveFilePrune` supersedes every change a later read does, and more.
+        // `aggressiveFilePrune` supersedes every change a later read does, and more; with
+        // `pruneToolInputs` off a superseded change would keep its content.
         if on(Strategy::SupersedeWrites)
+            && on(Strategy::PruneToolInputs)
             && !on(Strategy::AggressiveFilePrune)
-            && t.state.status == ToolStatus::Completed
-            && (1..=MAX_CALL_PATHS).contains(&paths.len())
+            && (1..=MAX_CHANGE_PATHS).contains(&paths.len())
         {
-            let used = file_use(&t.tool, &t.state.input, &t.state.output);
+            let st = &t.state;
+            let used = match file_use(&t.tool, &st.input, &st.output, st.metadata.as_ref()) {
+                // A read the cap shortens shows the file's head and tail only.
+                FileUse::WholeRead if capped => FileUse::Other,
+                // Nothing of it would leave the context.
+                FileUse::Change if !strips_something(&st.input) => FileUse::Other,
+                used => used,
+            };
             self.on_file_use(used, &holder, &paths);
         }
         let by_path = on(Strategy::AggressiveFilePrune) && paths.len() <= MAX_CALL_PATHS;

@@ -1228,6 +1228,11 @@ fn rule_the_compactd_preset_supersedes_a_change_once_its_file_is_read_whole() {
     let view = sc.s.build_context();
     let w1 = state(shown(&view, "w1"));
     assert_eq!(w1.input, json!({ "filePath": "src/a.rs" }));
+    // Its own output stays (a patch's diagnostics are in no read), with the note.
+    assert_eq!(
+        w1.output,
+        "Wrote file successfully.\n\n[Superseded by a newer call: call_r1]"
+    );
     assert_eq!(state(shown(&view, "r1")).output, body);
     let saved = before - sc.s.total_tokens();
     assert!(saved >= body.len() as u64 / 4 - 10, "saved {saved}");
@@ -1279,4 +1284,82 @@ fn rule_supersede_writes_a_protected_read_supersedes_a_protected_write_stays() {
         .user("u3", "Done?");
     sc.commit();
     expect_marks(&sc.s, &[("w1", St::SupersedeWrites, "r1")]);
+}
+
+/// `supersedeWrites` clears a change only when the read after it shows the whole file as
+/// the context sends it, and only when clearing takes something out: not after a read the
+/// host cut short (OpenCode's `metadata.truncated`) or the output cap shortens, not a
+/// short edit whose input is all metadata, nothing at all with `pruneToolInputs` off.
+#[test]
+fn rule_supersede_writes_needs_a_whole_read_and_something_to_strip() {
+    let body = file_body(100);
+    let write = |msg: &str, id: &str, path: &str| {
+        let input = json!({ "filePath": path, "content": body });
+        call(msg, id, "write", input, "Wrote file successfully.")
+    };
+    let short_edit = |msg: &str, id: &str, path: &str| {
+        let input = json!({ "filePath": path, "oldString": "a", "newString": "b" });
+        call(msg, id, "edit", input, "Edit applied successfully.")
+    };
+    let mut cut = read("a2", "r1", "src/a.rs", &body);
+    if let PartKind::Tool(t) = &mut cut.kind {
+        t.state.metadata = Some(json!({ "truncated": true }));
+    }
+    let run = |inputs: bool, cap: f64| {
+        let config = SessionOverrides {
+            strategy_preset: Some(StrategyPreset::Compactd),
+            strategies: [(St::MaskObservations, false), (St::PruneToolInputs, inputs)]
+                .into_iter()
+                .collect(),
+            output_cap: Some(cap),
+            ..Default::default()
+        };
+        let info = SessionInfo {
+            id: "ses_strat".into(),
+            config,
+            limits: ModelLimits {
+                context: 20_000,
+                input: 0,
+                output: 4_000,
+            },
+            ..Default::default()
+        };
+        let mut sc = Script {
+            s: Session::new(info, &cfg()),
+            last_user: String::new(),
+        };
+        sc.user("u1", "Write them.")
+            .assistant(
+                "a1",
+                vec![
+                    write("a1", "w1", "src/a.rs"),
+                    write("a1", "w2", "src/b.rs"),
+                    short_edit("a1", "e1", "src/c.rs"),
+                ],
+            )
+            .user("u2", "Check them.")
+            .assistant(
+                "a2",
+                vec![
+                    cut.clone(),
+                    read("a2", "r2", "src/b.rs", &body),
+                    read("a2", "r3", "src/c.rs", &body),
+                ],
+            )
+            .user("u3", "Done?");
+        sc.commit();
+        sc
+    };
+    // The cap (a tenth of 16,000 usable tokens: 6,400 characters) leaves r2 whole.
+    let sc = run(true, 0.1);
+    expect_marks(&sc.s, &[("w2", St::SupersedeWrites, "r2")]);
+    // A cap of 4,000 characters shortens r2 (r1 and r3 too, as marks of their own).
+    let sc = run(true, 0.025);
+    let m = marks(&sc.s);
+    assert!(
+        !m.contains_key("w1") && !m.contains_key("w2") && !m.contains_key("e1"),
+        "{m:?}"
+    );
+    let sc = run(false, 0.1);
+    assert!(marks(&sc.s).is_empty(), "{:?}", marks(&sc.s));
 }
