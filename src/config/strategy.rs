@@ -53,7 +53,7 @@ pub enum Strategy {
     /// compactd: one output above `output_cap` of usable input reads as head + tail.
     CapLargeOutputs,
     /// compactd: a write, edit or patch is superseded once every file it changed has
-    /// been read whole after it (seed 03's write→read supersede).
+    /// been read whole in a later message (seed 03's write→read supersede).
     SupersedeWrites,
 }
 

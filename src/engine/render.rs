@@ -374,11 +374,26 @@ fn tool_rewrite<'a>(
     let mut output = None;
     let mut error = None;
     match st.status {
-        ToolStatus::Completed if active == Some(Strategy::SupersedeWrites) && !compacted => {
-            // The change's own output (a patch's diagnostics) is not in the read that
-            // superseded it: it stays, and the note says where the content went.
+        // (Under `pruneToolInputs` as the settings have it, not `strip_inputs`: the output
+        // reads the same whichever way the input is counted.)
+        ToolStatus::Completed
+            if active == Some(Strategy::SupersedeWrites)
+                && s.strategies.has(Strategy::PruneToolInputs)
+                && !compacted =>
+        {
+            // What goes is the change's content, its input. An output longer than the
+            // note reads as the note, as every superseded output does (so never longer
+            // than masking or the cap would leave it); a shorter one (a write's
+            // confirmation) keeps its text with the note after it, so the model knows
+            // where the content went.
             if let Some(note) = superseded {
-                output = Some(Cow::Owned(format!("{}\n\n{note}", st.output)));
+                output = Some(Cow::Owned(
+                    if note.len() < st.output.len() || st.output.is_empty() {
+                        note
+                    } else {
+                        format!("{}\n\n{note}", st.output)
+                    },
+                ));
             }
         }
         ToolStatus::Completed => {

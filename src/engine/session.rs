@@ -29,7 +29,7 @@ use super::prune_index::{PruneIndex, PrunePlan};
 use super::render::{Rendered, is_compacted, is_reduced, rendered_tokens_as};
 use super::request_log::RequestLog;
 use super::stored::{Message, Revision, StoredPart};
-use super::strategies::{Pending, Tracker, cap_chars};
+use super::strategies::{FileUse, Pending, Tracker, cap_chars, file_use};
 use super::token_index::TokenIndex;
 use super::totals::{PartFigures, Totals, UsageState};
 use super::update::{Applied, Update};
@@ -1960,10 +1960,17 @@ fn has_compaction_part(m: &Message) -> bool {
             .any(|p| matches!(p.part.kind, PartKind::Compaction(_)))
 }
 
+/// True when `t` reads a file whole (`supersedeWrites`: what its changes wait for).
+fn reads_whole(t: &crate::domain::ToolPart) -> bool {
+    let st = &t.state;
+    file_use(&t.tool, &st.input, &st.output, st.metadata.as_ref()) == FileUse::WholeRead
+}
+
 /// The call id of `old` when `new` replaces it as another call: `old` was a finished
 /// tool call (completed or failed), and `new` is not the same call with the same outcome
-/// (its status, input, tool or call id differ, or it is no tool call). What the
-/// strategies decided on `old` (and on the calls it superseded) no longer holds.
+/// (its status, input, tool or call id differ, a read now shows the file whole where it
+/// did not or the other way round, or it is no tool call). What the strategies decided on
+/// `old` (and on the calls it superseded) no longer holds.
 fn retracted_call(old: &Part, new: &Part) -> Option<String> {
     let PartKind::Tool(o) = &old.kind else {
         return None;
@@ -1977,6 +1984,7 @@ fn retracted_call(old: &Part, new: &Part) -> Option<String> {
                 && n.call_id == o.call_id
                 && n.tool == o.tool
                 && n.state.input == o.state.input
+                && reads_whole(o) == reads_whole(n)
         }
         _ => false,
     };

@@ -50,7 +50,7 @@ pub use masking::{Masking, masked_text};
 pub use output_cap::{cap_chars, capped_text};
 pub use step_markers::is_step_marker;
 pub use tracker::{PartRef, Pending, Tracker};
-pub(crate) use writes::change_bytes;
+pub(crate) use writes::{FileUse, change_bytes, file_use};
 
 pub use crate::config::{Strategy, StrategyPreset, StrategySet, UnknownStrategy};
 

@@ -1,9 +1,10 @@
 //! `supersedeWrites` (compactd; seed 03's "write→read supersede", which ACP keeps when
 //! `aggressiveFilePrune` is off): a write, edit or patch is stale once every file it
 //! changed has been read whole after it, since the read shows what the change left. Only
-//! the change is superseded (its input then keeps only metadata, under `pruneToolInputs`);
-//! the read the agent works from stays, so unlike `aggressiveFilePrune` an edit never
-//! hides the file it was made against. A read with a range (`offset`, `limit`,
+//! the change is superseded (its input then keeps only metadata, under `pruneToolInputs`;
+//! its output reads as the supersede note, or keeps its text before the note when that is
+//! shorter); the read the agent works from stays, so unlike `aggressiveFilePrune` an edit
+//! never hides the file it was made against. A read with a range (`offset`, `limit`,
 //! `view_range`, in any case), or one cut short (OpenCode's `metadata.truncated`, or the
 //! note OpenCode or OpenHands end it with), shows part of the file and supersedes nothing.
 //!

@@ -1228,7 +1228,7 @@ fn rule_the_compactd_preset_supersedes_a_change_once_its_file_is_read_whole() {
     let view = sc.s.build_context();
     let w1 = state(shown(&view, "w1"));
     assert_eq!(w1.input, json!({ "filePath": "src/a.rs" }));
-    // Its own output stays (a patch's diagnostics are in no read), with the note.
+    // A confirmation shorter than the note keeps its text, the note after it.
     assert_eq!(
         w1.output,
         "Wrote file successfully.\n\n[Superseded by a newer call: call_r1]"
@@ -1362,4 +1362,65 @@ fn rule_supersede_writes_needs_a_whole_read_and_something_to_strip() {
     );
     let sc = run(false, 0.1);
     assert!(marks(&sc.s).is_empty(), "{:?}", marks(&sc.s));
+}
+
+/// A change's long output (a patch's diagnostics) reads as the supersede note, as every
+/// superseded output: never longer than masking made it before. And a read sent again cut
+/// short takes back the supersede it made, as an import of the messages would.
+#[test]
+fn rule_supersede_writes_never_brings_back_a_masked_output_and_follows_its_read() {
+    let body = file_body(100);
+    let diagnostics = format!("Edit applied.\n{}", stack_error("LSP errors detected", 60));
+    let edit = || {
+        let input = json!({ "filePath": "src/a.rs", "oldString": body, "newString": "x" });
+        call("a1", "e1", "edit", input, &diagnostics)
+    };
+    let mut sc = Script::with(SessionOverrides {
+        strategy_preset: Some(StrategyPreset::Compactd),
+        mask_keep: Some(1),
+        ..Default::default()
+    });
+    sc.user("u1", "Change it.")
+        .assistant("a1", vec![edit()])
+        .user("u2", "More.")
+        .assistant("a2", vec![bash("a2", "b1", "ls", &"o".repeat(2_000))])
+        .user("u3", "More.")
+        .assistant("a3", vec![bash("a3", "b2", "ls -la", &"o".repeat(2_000))]);
+    sc.commit();
+    expect_marks(
+        &sc.s,
+        &[
+            ("e1", St::MaskObservations, ""),
+            ("b1", St::MaskObservations, ""),
+        ],
+    );
+    let masked = state(shown(&sc.s.build_context(), "e1")).output.len();
+    sc.user("u4", "Check it.")
+        .assistant("a4", vec![read("a4", "r1", "src/a.rs", &body)]);
+    sc.commit();
+    assert_eq!(
+        marks(&sc.s)["e1"],
+        ("supersedeWrites".to_string(), "call_r1".to_string())
+    );
+    let view = sc.s.build_context();
+    let e1 = state(shown(&view, "e1"));
+    assert_eq!(e1.output, "[Superseded by a newer call: call_r1]");
+    assert!(e1.output.len() <= masked, "{} > {masked}", e1.output.len());
+    assert_eq!(
+        e1.input,
+        json!({ "filePath": "src/a.rs", "newString": "x" })
+    );
+
+    // The read, sent again cut short, shows part of the file: the edit is back whole
+    // (its mask too), as an import of these messages has it.
+    let mut cut = read("a4", "r1", "src/a.rs", &body);
+    if let PartKind::Tool(t) = &mut cut.kind {
+        t.state.metadata = Some(json!({ "truncated": true }));
+    }
+    put(&mut sc.s, Update::UpsertPart(cut));
+    sc.commit();
+    assert_ne!(
+        marks(&sc.s).get("e1").map(|m| m.0.as_str()),
+        Some("supersedeWrites")
+    );
 }
