@@ -480,7 +480,8 @@ struct Journal {
     recreate: bool,
     /// Failed commits in a row (under `interval`), and when the next may be tried: the
     /// next one writes the session whole, so a disk that stays full is not sent a whole
-    /// session (encoded again) every interval by every session.
+    /// session (encoded again) every interval by every session. The wait doubles, spread
+    /// by the session's id, and the try waits its turn among the store's rewrites.
     failures: u32,
     retry_at: Option<tokio::time::Instant>,
     /// Failed tries to go cold in a row, and when the next may be tried (both
@@ -489,6 +490,9 @@ struct Journal {
     /// job, the same session was tried again and again.
     leave_failures: u32,
     leave_retry_at: Option<tokio::time::Instant>,
+    /// The batch in flight writes the session whole again after failed commits: its
+    /// bytes, counted among the store's rewrites until it lands or fails.
+    rewrite: Option<super::ledger::Rewrite>,
 }
 
 /// The wait after the first failed commit under `interval`, doubled after each next one
@@ -501,6 +505,15 @@ const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 pub(super) fn retry_delay(failures: u32) -> std::time::Duration {
     let doublings = failures.saturating_sub(1).min(16);
     RETRY_FIRST.saturating_mul(1u32 << doublings).min(RETRY_MAX)
+}
+
+/// `delay` made longer by up to a half, by a fraction drawn from the session's id and
+/// its count of failures: sessions whose writes failed in one batch try again spread over
+/// the wait, not all at the same moment.
+fn spread(delay: std::time::Duration, id: &str, failures: u32) -> std::time::Duration {
+    use std::hash::BuildHasher;
+    let drawn = foldhash::fast::FixedState::with_seed(u64::from(failures)).hash_one(id) % 1024;
+    delay.saturating_add(delay.mul_f64(drawn as f64 / 2048.0))
 }
 
 impl Journal {
@@ -591,6 +604,7 @@ pub(super) fn spawn(start: Start, shared: &Arc<Shared>) -> SessionHandle {
             retry_at: None,
             leave_failures: 0,
             leave_retry_at: None,
+            rewrite: None,
         }
     });
     let state = Arc::new(State {
@@ -1019,6 +1033,22 @@ impl Actor {
         {
             return;
         }
+        // A try after failed commits writes the session whole (`recreate`, `resync`); a
+        // disk that stays full fails every session's at once, and their next tries wait
+        // their turn among the store's rewrites rather than all encode a snapshot. A
+        // flush (closing, going cold) does not wait.
+        let mut rewrite = None;
+        if !now && j.failures > 0 && (j.recreate || j.resync) {
+            let estimate = self.me.published.bytes.load(Ordering::Relaxed);
+            match self.ledger.rewrite(estimate) {
+                Some(r) => rewrite = Some(r),
+                None => {
+                    let wait = spread(RETRY_FIRST, &self.me.id, j.failures);
+                    j.retry_at = Some(tokio::time::Instant::now() + wait);
+                    return;
+                }
+            }
+        }
         if j.recreate {
             j.recreate = false;
             let Some(snapshot) = encoded(&self.me) else {
@@ -1047,6 +1077,10 @@ impl Actor {
             j.unsent_bytes = 0;
             j.creating = true;
             let waiting = std::mem::take(&mut j.waiting);
+            if let Some(r) = rewrite.as_mut() {
+                r.set(snapshot.len() as u64);
+            }
+            j.rewrite = rewrite;
             let create = vec![Write::Create {
                 id: self.me.id.to_string(),
                 incarnation: j.d.incarnation,
@@ -1067,6 +1101,10 @@ impl Actor {
             j.d.snapshot_bytes = snapshot.len() as u64;
             j.d.log_bytes = 0;
             j.resync = false;
+            if let Some(r) = rewrite.as_mut() {
+                r.set(snapshot.len() as u64);
+            }
+            j.rewrite = rewrite;
             j.unsent.push(Write::Snapshot {
                 id: self.me.id.to_string(),
                 incarnation: j.d.incarnation,
@@ -1088,6 +1126,7 @@ impl Actor {
         let Some((_, delivers)) = j.outstanding.take() else {
             return;
         };
+        j.rewrite = None;
         j.account();
         let replaced = j.replaced.take();
         let created = j.creating;
@@ -1099,7 +1138,8 @@ impl Actor {
         } else if !j.waits {
             // Acknowledged already (interval): written again, after a wait that grows.
             j.failures = j.failures.saturating_add(1);
-            j.retry_at = Some(tokio::time::Instant::now() + retry_delay(j.failures));
+            let wait = spread(retry_delay(j.failures), &self.me.id, j.failures);
+            j.retry_at = Some(tokio::time::Instant::now() + wait);
         }
         match result {
             Ok(()) => {
@@ -1418,8 +1458,8 @@ impl Actor {
         if self.flush().await.is_err() {
             if let Some(j) = self.journal.as_mut() {
                 j.leave_failures = j.leave_failures.saturating_add(1);
-                j.leave_retry_at =
-                    Some(tokio::time::Instant::now() + retry_delay(j.leave_failures));
+                let wait = spread(retry_delay(j.leave_failures), &self.me.id, j.leave_failures);
+                j.leave_retry_at = Some(tokio::time::Instant::now() + wait);
             }
             return Leave::Unsaved;
         }
@@ -1515,4 +1555,24 @@ fn encoded(state: &State) -> Option<Vec<u8>> {
     lock_cell(state)
         .as_ref()
         .map(|l| encode_session(&l.session))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sessions_failing_together_wait_spread_over_half_the_wait_again() {
+        let delay = retry_delay(3);
+        let waits: std::collections::BTreeSet<_> = (0..64)
+            .map(|i| spread(delay, &format!("session-{i}"), 3))
+            .collect();
+        assert!(waits.iter().all(|w| *w >= delay && *w < delay * 3 / 2));
+        assert!(waits.len() > 48, "{} distinct waits of 64", waits.len());
+        let (first, last) = (waits.first().copied(), waits.last().copied());
+        assert!(
+            first.zip(last).is_some_and(|(a, b)| b - a > delay / 4),
+            "{first:?}..{last:?}"
+        );
+    }
 }

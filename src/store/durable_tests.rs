@@ -738,6 +738,10 @@ pub(crate) struct Faulty {
     pub(crate) fail_after_ms: std::sync::atomic::AtomicU64,
     /// Writes tried.
     writes: std::sync::atomic::AtomicUsize,
+    /// Bytes of sessions written whole (`Create`, `Snapshot`) in writes failing now, and
+    /// the most there were at once.
+    whole_failing: Arc<std::sync::atomic::AtomicU64>,
+    pub(super) whole_failing_peak: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Faulty {
@@ -774,6 +778,8 @@ impl Faulty {
             fail_all: std::sync::atomic::AtomicBool::new(false),
             fail_after_ms: std::sync::atomic::AtomicU64::new(0),
             writes: std::sync::atomic::AtomicUsize::new(0),
+            whole_failing: Arc::default(),
+            whole_failing_peak: Arc::default(),
         }
     }
 }
@@ -797,10 +803,22 @@ impl Backend for Faulty {
         if self.fail_all.load(SeqCst) {
             let (tx, rx) = tokio::sync::oneshot::channel();
             let full = || Err(BackendError::Full("injected: the disk stays full".into()));
+            let whole: u64 = writes
+                .iter()
+                .filter(|w| matches!(w, Write::Create { .. } | Write::Snapshot { .. }))
+                .map(|w| w.bytes() as u64)
+                .sum();
+            let failing = self.whole_failing.clone();
+            let now = failing.fetch_add(whole, SeqCst) + whole;
+            self.whole_failing_peak.fetch_max(now, SeqCst);
             match self.fail_after_ms.load(SeqCst) {
-                0 => drop(tx.send(full())),
+                0 => {
+                    failing.fetch_sub(whole, SeqCst);
+                    drop(tx.send(full()));
+                }
                 ms => drop(std::thread::spawn(move || {
                     std::thread::sleep(Duration::from_millis(ms));
+                    failing.fetch_sub(whole, SeqCst);
                     let _ = tx.send(full());
                 })),
             }
@@ -973,6 +991,67 @@ async fn under_interval_a_disk_that_stays_full_is_tried_less_and_less_often() {
     store.close().await;
     drop(h);
     assert_eq!(on_disk(d.path(), "s").await, held);
+}
+
+/// Under `interval`, sessions whose writes failed in one batch each write themselves whole
+/// next, and a disk that stays full fails those tries too: they take turns among the
+/// store's rewrites (at most the in-flight share of the budget, or one alone), not all
+/// encode and queue a snapshot at once, a second copy of every failing session in memory.
+/// Found in review (stop 68's list): no bound, and every session retried at the same
+/// moment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_interval_sessions_failing_together_rewrite_themselves_in_turn() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let d = tempfile::tempdir().expect("dir");
+    let backend = Arc::new(Faulty::open(d.path(), None));
+    // A failure answers after 150 ms: tries made meanwhile overlap.
+    backend.fail_after_ms.store(150, SeqCst);
+    let budget: u64 = 4 << 20;
+    let share = budget / super::ledger::IN_FLIGHT_SHARE;
+    let store = Store::new(EngineConfig::default())
+        .with_limits(Limits {
+            memory_budget: budget,
+            ..Limits::default()
+        })
+        .with_backend(backend.clone())
+        .expect("listed");
+    let mut handles = Vec::new();
+    for i in 0..8 {
+        let (h, _) = store.open(info(&format!("s{i}"))).await.expect("open");
+        feed(&h, turn(0, 3, 100_000)).await;
+        h.flush().await.expect("written");
+        handles.push(h);
+    }
+    let one = handles[0].held_bytes();
+    assert!(
+        2 * one > share && 8 * one > 3 * share,
+        "each session ({one} bytes) is a large part of the share ({share})"
+    );
+    backend.fail_all.store(true, SeqCst);
+    for h in &handles {
+        feed(h, turn(1, 1, 13)).await;
+    }
+    // Every session's tries at writing itself whole, for a few rounds of waits.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let peak = backend.whole_failing_peak.load(SeqCst);
+    assert!(peak > 0, "no session was written whole");
+    assert!(
+        peak <= share.max(2 * one),
+        "{peak} bytes of whole sessions in flight at once; the share is {share}, a session {one}"
+    );
+    // The disk has room again: every session is written, as it is held.
+    backend.fail_all.store(false, SeqCst);
+    let mut held = Vec::new();
+    for h in &handles {
+        h.flush().await.expect("written once the disk has room");
+        held.push(observed(h).await);
+    }
+    assert_eq!(store.ledger().rewriting(), 0, "nothing rewritten in flight");
+    store.close().await;
+    drop(handles);
+    for (i, held) in held.iter().enumerate() {
+        assert_eq!(&on_disk(d.path(), &format!("s{i}")).await, held);
+    }
 }
 
 /// Under `interval`, memory pressure does not write a session whole onto a disk that

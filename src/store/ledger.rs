@@ -15,7 +15,11 @@
 //! `interval`, or a disk slower than the updates, they would otherwise grow beside full
 //! sessions, up to 32 MiB per session, however small the budget. A session's snapshot
 //! (written whole) does not: it lives while one batch commits, and going cold writes one
-//! to free the session's memory.
+//! to free the session's memory. But under `interval` a disk that stays full has every
+//! failing session's next try be the session whole, and those tries are admitted
+//! ([`Ledger::rewrite`]) only while their bytes stay within the in-flight share, or one
+//! alone: otherwise sessions that failed in one batch would all encode and queue a
+//! snapshot at once, as much again as they hold.
 //!
 //! Part of what sessions hold is their rendered context, kept between GetContext calls
 //! (`engine::ContextCache`). It is counted with the sessions, and also on its own: all
@@ -44,6 +48,8 @@ pub struct Ledger {
     cached: AtomicU64,
     /// Bytes of durable sessions' encoded changes not yet on disk ([`JournalBytes`]).
     journaled: AtomicU64,
+    /// Bytes of snapshots sent again after a failed write ([`Rewrite`]).
+    rewriting: AtomicU64,
     /// `memory_budget` (0: no budget, reservations always succeed).
     budget: u64,
 }
@@ -89,6 +95,39 @@ impl Ledger {
     /// sessions that hold them applied).
     pub fn journaled(&self) -> u64 {
         self.journaled.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of sessions being written whole again after a failed write.
+    pub fn rewriting(&self) -> u64 {
+        self.rewriting.load(Ordering::Relaxed)
+    }
+
+    /// Admits a try at writing a session of about `bytes` whole again after its writes
+    /// failed, while such tries stay within the in-flight share, or when none is in
+    /// flight (a session larger than the share still gets its turn). None: wait.
+    pub(super) fn rewrite(self: &Arc<Self>, bytes: u64) -> Option<Rewrite> {
+        let limit = self.in_flight_limit();
+        let mut now = self.rewriting.load(Ordering::Relaxed);
+        loop {
+            let after = now.saturating_add(bytes);
+            if after > limit && now > 0 {
+                return None;
+            }
+            match self.rewriting.compare_exchange_weak(
+                now,
+                after,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    return Some(Rewrite {
+                        ledger: self.clone(),
+                        bytes,
+                    });
+                }
+                Err(seen) => now = seen,
+            }
+        }
     }
 
     /// What counts against the budget: sessions, their changes waiting to be written,
@@ -236,6 +275,37 @@ impl JournalBytes {
 }
 
 impl Drop for JournalBytes {
+    fn drop(&mut self) {
+        self.set(0);
+    }
+}
+
+/// A session's snapshot sent again after failed writes, counted in
+/// [`Ledger::rewriting`] until its batch is committed or fails (dropped).
+#[derive(Debug)]
+pub(super) struct Rewrite {
+    ledger: Arc<Ledger>,
+    bytes: u64,
+}
+
+impl Rewrite {
+    /// Counts the snapshot's real size in place of the estimate admitted: never refused,
+    /// as it is encoded already.
+    pub(super) fn set(&mut self, bytes: u64) {
+        if bytes > self.bytes {
+            self.ledger
+                .rewriting
+                .fetch_add(bytes - self.bytes, Ordering::Relaxed);
+        } else {
+            self.ledger
+                .rewriting
+                .fetch_sub(self.bytes - bytes, Ordering::Relaxed);
+        }
+        self.bytes = bytes;
+    }
+}
+
+impl Drop for Rewrite {
     fn drop(&mut self) {
         self.set(0);
     }
@@ -422,5 +492,27 @@ mod tests {
         let l = Arc::new(Ledger::new(0));
         let r = l.reserve(u64::MAX / 2, "test").expect("no budget");
         assert_eq!(r.bytes(), u64::MAX / 2);
+    }
+
+    #[test]
+    fn rewrites_take_turns_within_the_share_and_never_count_against_the_budget() {
+        let l = Arc::new(Ledger::new(800));
+        let mut big = l.rewrite(150).expect("alone, past the share of 100");
+        assert!(l.rewrite(1).is_none(), "the share is spent");
+        big.set(60);
+        assert_eq!(l.rewriting(), 60, "the encoded size replaces the estimate");
+        let small = l.rewrite(40).expect("exactly the share");
+        assert!(l.rewrite(1).is_none());
+        assert_eq!(
+            l.counted(),
+            0,
+            "a snapshot in flight is not held by a session"
+        );
+        drop(big);
+        drop(small);
+        assert_eq!(l.rewriting(), 0);
+        let l = Arc::new(Ledger::new(0));
+        let _a = l.rewrite(u64::MAX / 2).expect("no budget");
+        assert!(l.rewrite(u64::MAX / 2).is_some(), "no budget, no bound");
     }
 }
