@@ -8,6 +8,8 @@ import {
   type ClientOptions,
   type ServiceError,
 } from "@grpc/grpc-js";
+import { checkSessionConfig } from "./config_keys.js";
+import { contextFormat, openaiMessagesOf, type ContextFormatName } from "./context_format.js";
 import { CompactdError, toCompactdError } from "./errors.js";
 import { cancelledHere, collectCompaction, updateResult, type CompactionResult, type UpdateResult } from "./results.js";
 export { collectCompaction, updateResult, type CompactionResult, type UpdateResult };
@@ -17,7 +19,6 @@ import type { CallOptions, DeepPartial, JsonValue, OpenAIChatMessage, OpenAITool
 import {
   CompactOptions,
   CompactRequest,
-  ContextFormat,
   DeletePartRequest,
   DeleteSessionRequest,
   GetContextRequest,
@@ -592,7 +593,8 @@ export class CompactdClient {
   // ---- sessions ------------------------------------------------------------------------
 
   /** Opens a session, or reconfigures it (title, model, limits, config, todos) when it exists. */
-  openSession(session: SessionInit, opts?: CallOptions): Promise<SessionSummary> {
+  async openSession(session: SessionInit, opts?: CallOptions): Promise<SessionSummary> {
+    checkSessionConfig(session.config, "session.config");
     return this.unary("openSession", OpenSessionRequest.fromPartial({ session }), opts);
   }
 
@@ -631,7 +633,8 @@ export class CompactdClient {
   }
 
   /** Loads an `opencode export` document (text or object) as a session. */
-  importSession(init: ImportInit, opts?: CallOptions): Promise<SessionSummary> {
+  async importSession(init: ImportInit, opts?: CallOptions): Promise<SessionSummary> {
+    checkSessionConfig(init.config);
     const request = ImportSessionRequest.fromPartial({
       exportJson: init.exportJson ?? "",
       export: init.export as { [key: string]: unknown } | undefined,
@@ -760,27 +763,14 @@ export class CompactdClient {
    * "openai_json" (only `openaiMessagesJson`, the same messages as one JSON text) or
    * "native" (only `messages`).
    */
-  getContext(
-    sessionId: string,
-    format: "both" | "openai" | "openai_json" | "native" = "both",
-    opts?: CallOptions,
-  ): Promise<Context> {
-    const f =
-      format === "openai"
-        ? ContextFormat.CONTEXT_FORMAT_OPENAI
-        : format === "openai_json"
-          ? ContextFormat.CONTEXT_FORMAT_OPENAI_JSON
-          : format === "native"
-            ? ContextFormat.CONTEXT_FORMAT_NATIVE
-            : ContextFormat.CONTEXT_FORMAT_UNSPECIFIED;
-    return this.unary("getContext", GetContextRequest.fromPartial({ sessionId, format: f }), opts);
+  getContext(sessionId: string, format: ContextFormatName = "both", opts?: CallOptions): Promise<Context> {
+    return this.unary("getContext", GetContextRequest.fromPartial({ sessionId, format: contextFormat(format) }), opts);
   }
 
   /** The context as OpenAI chat-completions `messages`, ready to send (fetched as one JSON
    * text, the cheapest shape to build and read). */
   async getOpenAIMessages(sessionId: string, opts?: CallOptions): Promise<OpenAIChatMessage[]> {
-    const ctx = await this.getContext(sessionId, "openai_json", opts);
-    return ctx.openaiMessagesJson ? (JSON.parse(ctx.openaiMessagesJson) as OpenAIChatMessage[]) : [];
+    return openaiMessagesOf(await this.getContext(sessionId, "openai_json", opts));
   }
 
   /** The context as native (OpenCode-shaped) messages with their parts. */

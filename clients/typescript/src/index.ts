@@ -22,6 +22,8 @@ export {
   type StreamEvents,
   type UpdateBody,
 } from "./stream.js";
+export { checkSessionConfig } from "./config_keys.js";
+export { contextFormat, openaiMessagesOf, type ContextFormatName } from "./context_format.js";
 export { CompactdError, codeName, codeNumber, toCompactdError, type CodeName } from "./errors.js";
 export type { CallOptions, DeepPartial, JsonValue, OpenAIChatMessage, OpenAITool } from "./types.js";
 export * from "./gen/compactd/v1/sessions.js";

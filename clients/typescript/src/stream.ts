@@ -1,11 +1,12 @@
 import { status as Status, type ClientDuplexStream, type ServiceError, type StatusObject } from "@grpc/grpc-js";
+import { checkSessionConfig } from "./config_keys.js";
+import { contextFormat, openaiMessagesOf, type ContextFormatName } from "./context_format.js";
 import { CompactdError } from "./errors.js";
 import { AsyncQueue } from "./queue.js";
 import { cancelledHere, collectCompaction, updateResult, type CompactionResult, type UpdateResult } from "./results.js";
-import type { DeepPartial } from "./types.js";
+import type { DeepPartial, OpenAIChatMessage } from "./types.js";
 import {
   ClientUpdate,
-  ContextFormat,
   type CompactOptions,
   type CompactionEvent,
   type Context,
@@ -485,7 +486,8 @@ export class SessionStream {
   }
 
   /** Opens or reconfigures a session (`session.id` defaults to `sessionId`). */
-  open(session: DeepPartial<SessionInfo> & { id: string }): Promise<UpdateResult> {
+  async open(session: DeepPartial<SessionInfo> & { id: string }): Promise<UpdateResult> {
+    checkSessionConfig(session.config, "open.config");
     return this.send(session.id, { open: session });
   }
 
@@ -509,18 +511,19 @@ export class SessionStream {
     return this.send(sessionId, { pin: target });
   }
 
-  /** The context (reply event `context`); `format` as in CompactdClient.getContext. */
-  async getContext(sessionId: string, format: "both" | "openai" | "native" = "both"): Promise<Context> {
-    const f =
-      format === "openai"
-        ? ContextFormat.CONTEXT_FORMAT_OPENAI
-        : format === "native"
-          ? ContextFormat.CONTEXT_FORMAT_NATIVE
-          : ContextFormat.CONTEXT_FORMAT_UNSPECIFIED;
-    const r = await this.send(sessionId, { getContext: { format: f } });
+  /** The context (reply event `context`), in order with the updates sent before it;
+   * `format` as in CompactdClient.getContext. */
+  async getContext(sessionId: string, format: ContextFormatName = "both"): Promise<Context> {
+    const r = await this.send(sessionId, { getContext: { format: contextFormat(format) } });
     const ctx = r.events.find((e) => e.context)?.context;
     if (!ctx) throw new CompactdError({ code: Status.INTERNAL, details: "get_context acked without a context event", seq: r.seq, sessionId });
     return ctx;
+  }
+
+  /** The context as OpenAI chat-completions `messages` (fetched as one JSON text), in order
+   * with the updates sent before it. */
+  async getOpenAIMessages(sessionId: string): Promise<OpenAIChatMessage[]> {
+    return openaiMessagesOf(await this.getContext(sessionId, "openai_json"));
   }
 
   /** Runs prune (or a dry run) and returns its report (reply event `prune_report`). */

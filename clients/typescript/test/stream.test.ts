@@ -149,6 +149,10 @@ describe("Stream", () => {
     assert.equal(openai.messages.length, 0);
     assert.deepEqual(openai.openaiMessages?.[0], { role: "user", content: "read the file" });
     assert.deepEqual(openai.openaiMessages?.[2], { role: "tool", tool_call_id: "call_a1-r", content: "FILE CONTENTS" });
+    const json = await s.getContext(sid, "openai_json");
+    assert.equal(json.openaiMessages, undefined, "openai_json carries the messages as text only");
+    assert.deepEqual(JSON.parse(json.openaiMessagesJson), openai.openaiMessages);
+    assert.deepEqual(await s.getOpenAIMessages(sid), openai.openaiMessages, "the same messages as the unary call's helper reads");
     const native = await s.getContext(sid, "native");
     assert.equal(native.openaiMessages, undefined);
     assert.deepEqual(native.messages.map((m) => m.parts.map((p) => p.id)), [["u1-t"], ["a1-r"]]);

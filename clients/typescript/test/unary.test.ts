@@ -115,6 +115,29 @@ describe("unary RPCs", () => {
     assert.equal(onlyNative.openaiMessages, undefined, "native format leaves out the OpenAI messages");
   });
 
+  test("a config key SessionConfig lacks is refused before anything is sent, naming it", async () => {
+    const s = c.stream();
+    const cases: Array<[Promise<unknown>, string, RegExp]> = [
+      [c.openSession({ id: "typo-1", config: { treshold: 0.5 } as never }), "session.config.treshold", /no field "treshold"/],
+      [c.openSession({ id: "typo-1", config: { protect_turns: 3 } as never }), "session.config.protect_turns", /write it protectTurns/],
+      [c.importSession({ exportJson: "{}", config: { autocompact: false } as never }), "config.autocompact", /its fields are autoCompact, prune/],
+      [s.open({ id: "typo-1", config: { strategie: {} } as never }), "open.config.strategie", /no field/],
+    ];
+    for (const [p, field, message] of cases) {
+      await assert.rejects(p, (err: unknown) => {
+        assert.ok(err instanceof CompactdError, String(err));
+        assert.equal(err.codeName, "INVALID_ARGUMENT");
+        assert.equal(err.field, field);
+        assert.match(err.message, message);
+        return true;
+      });
+    }
+    await s.end();
+    assert.equal((await c.listSessions()).some((x) => x.id === "typo-1"), false, "nothing was opened");
+    const ok = await c.openSession({ id: "typo-2", config: { threshold: 0.5, protectTurns: 3, strategies: { truncateOldErrors: false } } });
+    assert.equal(ok.id, "typo-2", "known fields pass");
+  });
+
   test("update RPCs reject bad input with the code and the field", async () => {
     const sid = "bad-1";
     await c.openSession({ id: sid });

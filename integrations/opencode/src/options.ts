@@ -4,6 +4,8 @@
 //   "plugin": [["file:///path/to/integrations/opencode/dist/index.js", { "binary": "/usr/local/bin/compactd" }]]
 
 /* eslint-disable @typescript-eslint/no-explicit-any */
+import { checkSessionConfig } from "@compactd/client"
+
 export interface PluginSettings {
   /** Off: the plugin does nothing. */
   enabled: boolean
@@ -75,6 +77,8 @@ export function resolveSettings(options: Record<string, any> = {}): PluginSettin
   }
   const serverArgs = o.serverArgs ?? jsonEnv("COMPACTD_OPENCODE_SERVER_ARGS") ?? []
   if (!Array.isArray(serverArgs)) throw new Error("serverArgs must be an array of strings")
+  const session = { ...(jsonEnv("COMPACTD_OPENCODE_SESSION") ?? {}), ...(o.session ?? {}) }
+  checkSession(session)
   return {
     enabled: bool(o.enabled ?? env("COMPACTD_OPENCODE_ENABLED"), true),
     address: String(o.address ?? env("COMPACTD_OPENCODE_ADDRESS") ?? ""),
@@ -87,13 +91,23 @@ export function resolveSettings(options: Record<string, any> = {}): PluginSettin
     llmModel: o.llmModel ?? env("COMPACTD_LLM_MODEL"),
     replaceMessages: bool(o.replaceMessages ?? env("COMPACTD_OPENCODE_REPLACE"), true),
     recall: bool(o.recall ?? env("COMPACTD_OPENCODE_RECALL"), true),
-    session: { ...(jsonEnv("COMPACTD_OPENCODE_SESSION") ?? {}), ...(o.session ?? {}) },
+    session,
     limits: o.limits ?? jsonEnv("COMPACTD_OPENCODE_LIMITS"),
     logFile: o.logFile ?? env("COMPACTD_OPENCODE_LOG"),
     debug: bool(o.debug ?? env("COMPACTD_OPENCODE_DEBUG"), false),
     timeoutMs: positive("timeoutMs", o.timeoutMs ?? env("COMPACTD_OPENCODE_TIMEOUT_MS") ?? 15000),
     compactionWaitMs: positive("compactionWaitMs", o.compactionWaitMs ?? env("COMPACTD_OPENCODE_COMPACTION_WAIT_MS") ?? 180_000),
     maxSessions: positive("maxSessions", o.maxSessions ?? env("COMPACTD_OPENCODE_MAX_SESSIONS") ?? 256),
+  }
+}
+
+/** A `session` key compactd's SessionConfig lacks fails the plugin's start, named, rather than
+ * every session open (the client refuses it) or, before that check, silently keeping its default. */
+function checkSession(session: Record<string, any>): void {
+  try {
+    checkSessionConfig(sessionConfig(session), "session")
+  } catch (e) {
+    throw new Error(`the session setting (or COMPACTD_OPENCODE_SESSION): ${(e as { details?: string }).details ?? String(e)}`)
   }
 }
 

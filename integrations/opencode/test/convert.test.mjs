@@ -92,6 +92,20 @@ test("session settings: snake_case or camelCase, lists and enums by short name",
   })
 })
 
+test("a session key compactd's SessionConfig lacks fails at start, named; snake_case and camelCase keys pass", () => {
+  assert.throws(() => resolveSettings({ session: { treshold: 0.8 } }), /session setting.*no field "treshold"; its fields are autoCompact/)
+  const saved = process.env.COMPACTD_OPENCODE_SESSION
+  process.env.COMPACTD_OPENCODE_SESSION = JSON.stringify({ protect_turn: 2 })
+  try {
+    assert.throws(() => resolveSettings({}), /COMPACTD_OPENCODE_SESSION.*no field "protectTurn"/)
+  } finally {
+    if (saved === undefined) delete process.env.COMPACTD_OPENCODE_SESSION
+    else process.env.COMPACTD_OPENCODE_SESSION = saved
+  }
+  const ok = resolveSettings({ session: { protect_turns: 2, maskKeep: 5, preset: "opencode" } })
+  assert.deepEqual(ok.session, { protect_turns: 2, maskKeep: 5, preset: "opencode" })
+})
+
 test("maxSessions and timeoutMs: defaults, a positive integer or a clear error", () => {
   assert.equal(resolveSettings({}).maxSessions, 256)
   assert.equal(resolveSettings({}).timeoutMs, 15000)
