@@ -625,7 +625,7 @@ impl Announce {
             .as_ref()
             .and_then(|r| reply::bus_event(&Event::Pruned(r.clone())));
         let (hub, sid) = (self.hub, self.session_id);
-        s.when_durable(move || {
+        s.announce_when_durable(move || {
             hub.publish(&sid, pb::session_event::Event::Compaction(on_bus));
             if let Some(p) = pruned {
                 hub.publish(&sid, p);

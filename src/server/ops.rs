@@ -465,7 +465,7 @@ fn step(
             }
             if let Some(b) = reply::bus_event(e) {
                 let (hub, sid) = (hub.clone(), sid.clone());
-                s.when_durable(move || hub.publish(&sid, b));
+                s.announce_when_durable(move || hub.publish(&sid, b));
             }
         }
         Ok(report)
@@ -517,7 +517,7 @@ fn run_prune(
         if report.changed() {
             let event =
                 super::pb::session_event::Event::Pruned(super::convert::prune_to_pb(&report));
-            s.when_durable(move || hub.publish(&sid, event));
+            s.announce_when_durable(move || hub.publish(&sid, event));
         }
         Ok(report)
     }

@@ -245,7 +245,7 @@ impl SessionHandle {
             locked.run(&state.published, &state.store, None, |tx, config| {
                 let r = f(tx, config);
                 run_when_durable(tx.take_when_durable());
-                r
+                (r, tx.take_announce())
             })
         }));
         // The idle TTL counts from the job's end, as for the actor's jobs.
@@ -253,7 +253,11 @@ impl SessionHandle {
             .used
             .store(millis_since(state.clock), Ordering::Relaxed);
         match ran {
-            Ok(r) => Ok(Ok(r)),
+            Ok((r, then)) => {
+                drop(cell);
+                announce(&self.state, then);
+                Ok(Ok(r))
+            }
             Err(_) => {
                 // Half changed: dropped with its bytes, here, and out of the map at once
                 // (a reopen creates the session anew, and the id no longer counts against
@@ -358,12 +362,15 @@ impl SessionHandle {
             return Err((StoreError::Closing, f));
         }
         let (tx, rx) = oneshot::channel();
+        let state = self.state.clone();
         let job: Job = Box::new(move |s, config| {
             let r = f(s, config);
             let then = s.take_when_durable();
+            let told = s.take_announce();
             Box::new(move |durable: Result<(), StoreError>| {
                 if durable.is_ok() {
                     run_when_durable(then);
+                    announce(&state, told);
                 }
                 // The caller may have gone away; the job's effect on the session stands.
                 let _ = tx.send(durable.map(|()| r));
@@ -1512,6 +1519,28 @@ impl Actor {
 /// send), after which the flag is still accurate.
 fn lock(gate: &Mutex<bool>) -> std::sync::MutexGuard<'_, bool> {
     gate.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs what a job asked to announce once durable (`Tx::announce_when_durable`), only
+/// while the store's map holds `state` under its id, and under the map's lock: a delete
+/// (or a replacement) takes the session out under the same lock before the server
+/// publishes its `gone`, so nothing the old session announces follows that. A delete the
+/// disk then refuses puts the session back without what it announced meanwhile.
+fn announce(state: &Arc<State>, then: Vec<Box<dyn FnOnce() + Send>>) {
+    if then.is_empty() {
+        return;
+    }
+    let Some(store) = state.store.upgrade() else {
+        return;
+    };
+    let map = store.read();
+    if map
+        .hot
+        .get(&*state.id)
+        .is_some_and(|h| Arc::ptr_eq(&h.state, state))
+    {
+        run_when_durable(then);
+    }
 }
 
 /// Runs what a job asked to run once durable (`Tx::when_durable`); one that panics is

@@ -407,3 +407,55 @@ async fn an_actors_span_is_not_a_child_of_the_request_that_opened_it() {
     });
     assert_eq!((name, parent), ("session", None));
 }
+
+/// What a job announces (`Tx::announce_when_durable`) reaches no one once its session is
+/// deleted: a job queued before the delete still runs after it, and its events would
+/// follow the session's `gone` on the bus, heard by a watcher of the session created
+/// again under the id. What it counts (`Tx::when_durable`) still runs. Found in review
+/// (stop 68's list).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_queued_before_a_delete_announces_nothing_after_it() {
+    use std::sync::{Arc, Mutex};
+    let store = store();
+    let (h, _) = store.open(info("s")).await.expect("open");
+    let said = Arc::new(Mutex::new(Vec::<&str>::new()));
+    let job = |said: &Arc<Mutex<Vec<&'static str>>>| {
+        let (counted, told) = (said.clone(), said.clone());
+        move |s: &mut Tx<'_>, _: &EngineConfig| {
+            s.when_durable(move || counted.lock().expect("log").push("counted"));
+            s.announce_when_durable(move || told.lock().expect("log").push("announced"));
+        }
+    };
+    // The session as it is: both run, the inline path and the actor's alike.
+    h.call(job(&said)).await.expect("ran");
+    // A job that holds the actor until the delete is done, and one queued behind it.
+    let (started, wait) = std::sync::mpsc::channel::<()>();
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    let busy = h
+        .submit(move |_, _| {
+            let _ = started.send(());
+            let _ = held.recv_timeout(Duration::from_secs(10));
+        })
+        .await
+        .expect("queued");
+    let queued = h.submit(job(&said)).await.expect("queued behind it");
+    wait.recv_timeout(Duration::from_secs(5))
+        .expect("the first job runs");
+    assert!(store.remove("s").await.expect("deleted"), "it existed");
+    release.send(()).expect("the job waits");
+    busy.await.expect("answered").expect("ran");
+    queued
+        .await
+        .expect("answered")
+        .expect("ran after the delete");
+    assert_eq!(
+        *said.lock().expect("log"),
+        ["counted", "announced", "counted"],
+        "the deleted session's job counted, announcing nothing"
+    );
+    // A session under the same id announces again.
+    let (again, created) = store.open(info("s")).await.expect("open again");
+    assert!(created);
+    again.call(job(&said)).await.expect("ran");
+    assert_eq!(said.lock().expect("log").len(), 5);
+}

@@ -22,6 +22,8 @@ pub struct Tx<'a> {
     log: Option<&'a mut Vec<Vec<u8>>>,
     /// What runs once the job's changes are durable ([`Tx::when_durable`]).
     durable: Vec<Box<dyn FnOnce() + Send>>,
+    /// What runs then only while the session is still held ([`Tx::announce_when_durable`]).
+    announce: Vec<Box<dyn FnOnce() + Send>>,
 }
 
 impl Deref for Tx<'_> {
@@ -47,6 +49,7 @@ impl<'a> Tx<'a> {
             config,
             log,
             durable: Vec::new(),
+            announce: Vec::new(),
         }
     }
 
@@ -60,6 +63,20 @@ impl<'a> Tx<'a> {
     /// What the job asked to run once durable ([`Tx::when_durable`]).
     pub(super) fn take_when_durable(&mut self) -> Vec<Box<dyn FnOnce() + Send>> {
         std::mem::take(&mut self.durable)
+    }
+
+    /// Runs `f` as [`Tx::when_durable`] does, but only while the store still holds this
+    /// session under its id, checked under the store's map lock: what watchers of the id
+    /// are told. A job queued before a delete still runs after it, and its events would
+    /// otherwise reach the bus after the session's `gone` (a watcher of a session created
+    /// again under the id would hear the old one's). `f` must not take the store's locks.
+    pub fn announce_when_durable(&mut self, f: impl FnOnce() + Send + 'static) {
+        self.announce.push(Box::new(f));
+    }
+
+    /// What the job asked to announce once durable ([`Tx::announce_when_durable`]).
+    pub(super) fn take_announce(&mut self) -> Vec<Box<dyn FnOnce() + Send>> {
+        std::mem::take(&mut self.announce)
     }
 
     /// The session with its context cache, to build a context that renders only the
