@@ -517,7 +517,7 @@ pub(super) fn retry_delay(failures: u32) -> std::time::Duration {
 /// `delay` made longer by up to a half, by a fraction drawn from the session's id and
 /// its count of failures: sessions whose writes failed in one batch try again spread over
 /// the wait, not all at the same moment.
-fn spread(delay: std::time::Duration, id: &str, failures: u32) -> std::time::Duration {
+pub(super) fn spread(delay: std::time::Duration, id: &str, failures: u32) -> std::time::Duration {
     use std::hash::BuildHasher;
     let drawn = foldhash::fast::FixedState::with_seed(u64::from(failures)).hash_one(id) % 1024;
     delay.saturating_add(delay.mul_f64(drawn as f64 / 2048.0))
@@ -536,6 +536,15 @@ impl Journal {
         }
         let now = self.unsent_bytes.saturating_add(self.outstanding_bytes);
         self.counted.set(now);
+    }
+
+    /// A rewrite admitted among the store's (`Ledger::rewrite`) is committed now, not at
+    /// the end of the writer's interval: it holds room others wait for, and under a long
+    /// interval the sessions of a disk that had filled would reach it one per interval.
+    fn hasten_rewrite(&self) {
+        if self.rewrite.is_some() {
+            self.d.backend.expedite();
+        }
     }
 
     /// Sends `writes` as the batch being committed, with the results waiting for it.
@@ -1094,6 +1103,7 @@ impl Actor {
                 snapshot,
             }];
             j.send(create, waiting);
+            j.hasten_rewrite();
             drop(map);
             return;
         }
@@ -1123,6 +1133,7 @@ impl Actor {
         j.unsent_bytes = 0;
         let waiting = std::mem::take(&mut j.waiting);
         j.send(writes, waiting);
+        j.hasten_rewrite();
     }
 
     /// The batch in flight is durable, or failed.

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::actor::retry_delay;
+use super::actor::{retry_delay, spread};
 use super::backend::{Backend, BackendError, Committed, Write};
 use super::{Map, Shared};
 
@@ -46,7 +46,7 @@ pub(super) fn follow(
                     tracing::warn!(session_id = %id, error = %e, "a deleted session's delete was not written; trying again");
                 }
             }
-            tokio::time::sleep(retry_delay(failures)).await;
+            tokio::time::sleep(spread(retry_delay(failures), &id, failures)).await;
             // Under the map lock, as a new session's first write is queued: a delete
             // queued here cannot overtake it.
             let mut map = shared.write();

@@ -764,7 +764,7 @@ impl Faulty {
         Faulty::with(dir, Durability::Sync, fail_create)
     }
 
-    fn with(
+    pub(super) fn with(
         dir: &std::path::Path,
         durability: Durability,
         fail_create: Option<Duration>,
@@ -850,6 +850,12 @@ impl Backend for Faulty {
     }
     fn disk_bytes(&self) -> u64 {
         self.inner.disk_bytes()
+    }
+    fn hurry(&self) {
+        self.inner.hurry()
+    }
+    fn expedite(&self) {
+        self.inner.expedite()
     }
     fn close(&self) {
         self.closed.store(true, std::sync::atomic::Ordering::SeqCst);

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::durable_tests::{feed, info, turn};
+use super::durable_tests::{Faulty, feed, info, turn};
 use super::sqlite::Sqlite;
 use super::*;
 
@@ -269,4 +269,62 @@ async fn changes_waiting_for_the_disk_count_against_the_budget() {
     store.close().await;
     drop(h);
     assert_eq!(ledger.journaled(), 0, "written: nothing waits any more");
+}
+
+/// Once a full disk has room again, the sessions that wait their turn to write themselves
+/// whole land within about one retry wait each, not one writer interval each: an admitted
+/// rewrite is committed at once (`Backend::expedite`), or under a long interval it would
+/// hold the room the next session waits for until the writer's interval ended. Found in
+/// review of the rewrite turns: 6 sessions under a 5 s interval took 6 intervals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_full_disk_sessions_taking_turns_land_without_waiting_an_interval_each() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let dir = tempfile::tempdir().expect("dir");
+    let interval = Duration::from_secs(5);
+    let backend = Arc::new(Faulty::with(
+        dir.path(),
+        Durability::Interval(interval),
+        None,
+    ));
+    let budget: u64 = 4 << 20;
+    let store = Store::new(EngineConfig::default())
+        .with_limits(Limits {
+            memory_budget: budget,
+            ..Limits::default()
+        })
+        .with_backend(backend.clone())
+        .expect("listed");
+    let mut handles = Vec::new();
+    let mut before = Vec::new();
+    for i in 0..6 {
+        let id = format!("s{i}");
+        let (h, _) = store.open(info(&id)).await.expect("open");
+        feed(&h, turn(0, 3, 100_000)).await;
+        h.flush().await.expect("written");
+        before.push(durable_seq(dir.path(), &id));
+        handles.push(h);
+    }
+    // Each more than half the rewrites' share: they land one at a time.
+    let share = budget / super::ledger::IN_FLIGHT_SHARE;
+    assert!(2 * handles[0].held_bytes() > share);
+    backend.fail_all.store(true, SeqCst);
+    for h in &handles {
+        feed(h, turn(1, 1, 13)).await;
+    }
+    // Two rounds of failed tries (0.25 and 0.5 s waits), then the disk has room.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    backend.fail_all.store(false, SeqCst);
+    let freed = Instant::now();
+    for (i, seq) in before.iter().enumerate() {
+        let id = format!("s{i}");
+        while durable_seq(dir.path(), &id) <= *seq {
+            assert!(
+                freed.elapsed() < 2 * interval,
+                "{id} still not on disk {:?} after the disk had room (interval {interval:?})",
+                freed.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    store.close().await;
 }

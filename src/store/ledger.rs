@@ -17,8 +17,8 @@
 //! (written whole) does not: it lives while one batch commits, and going cold writes one
 //! to free the session's memory. But under `interval` a disk that stays full has every
 //! failing session's next try be the session whole, and those tries are admitted
-//! ([`Ledger::rewrite`]) only while their bytes stay within the in-flight share, or one
-//! alone: otherwise sessions that failed in one batch would all encode and queue a
+//! ([`Ledger::rewrite`]) only while their bytes stay within the in-flight share (each
+//! weighed by its session's held size until its snapshot's is known), or one alone: otherwise sessions that failed in one batch would all encode and queue a
 //! snapshot at once, as much again as they hold.
 //!
 //! Part of what sessions hold is their rendered context, kept between GetContext calls
