@@ -25,6 +25,27 @@ pub struct ModelLimits {
     pub output: u64,
 }
 
+impl ModelLimits {
+    /// Max output tokens as OpenCode's `maxOutputTokens`: min(limit.output, 32000), or
+    /// 32000 when 0. Reserved out of the window when `input` is 0.
+    pub fn max_output(&self) -> u64 {
+        match self.output {
+            0 => crate::config::OUTPUT_TOKEN_MAX,
+            n => n.min(crate::config::OUTPUT_TOKEN_MAX),
+        }
+    }
+
+    /// Usable input: `limit.input`, else `context − max_output` (0 when the output
+    /// reserve takes the whole window, or with no window: see `context`).
+    pub fn usable_input(&self) -> u64 {
+        if self.input > 0 {
+            self.input
+        } else {
+            self.context.saturating_sub(self.max_output())
+        }
+    }
+}
+
 /// One todo item, carried verbatim (OpenCode's `todowrite` state).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Todo {

@@ -9,7 +9,7 @@
 use serde_json::Value;
 use thiserror::Error;
 
-use super::{Extra, MessageInfo, Part, PartKind, SessionInfo};
+use super::{Extra, MessageInfo, ModelLimits, Part, PartKind, SessionInfo};
 
 /// Longest id accepted (session, message, part, tool call): ids are keys, not payloads
 /// (a call id is also copied onto every part a newer call supersedes).
@@ -131,9 +131,38 @@ impl SessionInfo {
             }
         }
         check_extra("extra", &self.extra)?;
+        self.limits.validate()?;
         self.config
             .validate()
             .map_err(|e| invalid(format!("config.{}", e.key), e.message))
+    }
+}
+
+impl ModelLimits {
+    /// Refuses a window with no input left once the output is reserved (`context` at or
+    /// under min(`output`, 32000), 32000 when `output` is 0, with no `input`): every count
+    /// would be over the threshold, and every finished message would ask for a compaction
+    /// that cannot help. `context` 0 is no window (never overflows) and passes.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        if self.context == 0 || self.usable_input() > 0 {
+            return Ok(());
+        }
+        let field = if self.output == 0 {
+            "limits.context"
+        } else {
+            "limits.output"
+        };
+        Err(invalid(
+            field,
+            format!(
+                "a context of {} tokens leaves no input once {} are reserved for the answer \
+                 (limits.output {}; 32000 when 0): give limits.output as the most the model \
+                 answers, or limits.input",
+                self.context,
+                self.max_output(),
+                self.output
+            ),
+        ))
     }
 }
 
@@ -303,5 +332,35 @@ mod tests {
         assert_eq!(m.validate(), Ok(()));
         m.extra.insert("k".into(), nested(MAX_JSON_DEPTH));
         assert_eq!(m.validate().map_err(|e| e.field), Err("extra".to_string()));
+    }
+
+    #[test]
+    fn limits_must_leave_input_once_the_answer_is_reserved() {
+        let l = |context, input, output| ModelLimits {
+            context,
+            input,
+            output,
+        };
+        let field = |l: ModelLimits| l.validate().map_err(|e| e.field);
+        assert_eq!(field(l(32_000, 0, 0)), Err("limits.context".into()));
+        assert_eq!(field(l(32_001, 0, 0)), Ok(()), "one token of input");
+        assert_eq!(field(l(8_192, 0, 8_192)), Err("limits.output".into()));
+        assert_eq!(field(l(8_192, 0, 8_191)), Ok(()));
+        assert_eq!(
+            field(l(8_192, 4_096, 8_192)),
+            Ok(()),
+            "input is the usable window"
+        );
+        assert_eq!(field(l(0, 0, 0)), Ok(()), "no window");
+        assert_eq!(field(l(0, 0, u64::MAX)), Ok(()));
+        let info = SessionInfo {
+            id: "s".into(),
+            limits: l(100, 0, 0),
+            ..SessionInfo::default()
+        };
+        assert_eq!(
+            info.validate().map_err(|e| e.field),
+            Err("limits.context".into())
+        );
     }
 }

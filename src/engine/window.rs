@@ -1,23 +1,16 @@
 //! The model's window as OpenCode reads it from the limits: output reserved, input usable.
 //! A leaf of the engine: the overflow check, the output cap and compaction all size
-//! themselves from it.
+//! themselves from it. The arithmetic is `ModelLimits`' own (the domain refuses limits
+//! that leave no input with it); these are the engine's names for it.
 
-use crate::config::OUTPUT_TOKEN_MAX;
 use crate::domain::ModelLimits;
 
 /// Max output tokens as OpenCode's `maxOutputTokens`: min(limit.output, 32000), or 32000.
 pub fn max_output(limits: &ModelLimits) -> u64 {
-    match limits.output {
-        0 => OUTPUT_TOKEN_MAX,
-        n => n.min(OUTPUT_TOKEN_MAX),
-    }
+    limits.max_output()
 }
 
 /// Usable input: `limit.input`, else `context − max_output`.
 pub fn usable_input(limits: &ModelLimits) -> u64 {
-    if limits.input > 0 {
-        limits.input
-    } else {
-        limits.context.saturating_sub(max_output(limits))
-    }
+    limits.usable_input()
 }

@@ -96,6 +96,7 @@ fn settings(
             .check_model("config.compaction_model", m)?;
     }
     let limits = req.limits.map(convert::limits_from_pb).unwrap_or_default();
+    limits.validate()?;
     Ok((overrides, limits))
 }
 

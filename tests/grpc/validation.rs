@@ -74,6 +74,59 @@ async fn a_usage_report_of_u64_max_saturates_and_overflows() {
     put_part(&mut c, "big", text_part("u1", "t1", "still here")).await;
 }
 
+/// Limits that leave no input once the answer is reserved (a context at or under
+/// min(output, 32000), 32000 when output is 0) would put every count over the threshold
+/// and ask for a compaction after every message: OpenSession, a reconfiguring open and
+/// ImportSession refuse them naming the field, and the session stays as it was.
+#[tokio::test]
+async fn limits_that_leave_no_input_are_refused_naming_the_field() {
+    let server = start_server().await;
+    let mut c = server.client().await;
+    let refused = |id: &str, context, output| session_with_limits(id, context, output);
+    for (info, field) in [
+        (refused("new", 16_384, 0), "session.limits.context"),
+        (refused("new", 8_192, 8_192), "session.limits.output"),
+    ] {
+        let res = c
+            .open_session(pb::OpenSessionRequest {
+                session: Some(info),
+            })
+            .await;
+        assert_status(res, Code::InvalidArgument, field);
+    }
+    session_with_one_message(&mut c, "s").await;
+    let before = get_session(&mut c, "s").await;
+    let res = c
+        .open_session(pb::OpenSessionRequest {
+            session: Some(refused("s", 4_000, 0)),
+        })
+        .await;
+    assert_status(
+        res,
+        Code::InvalidArgument,
+        "session.limits.context: a context of 4000 tokens leaves no input",
+    );
+    assert_eq!(
+        get_session(&mut c, "s").await,
+        before,
+        "a refused reconfiguration changes nothing"
+    );
+    let mut import = example_import("imported");
+    import.limits = Some(limits(30_000, 0));
+    let res = c.import_session(import).await;
+    assert_status(res, Code::InvalidArgument, "limits.context");
+    // An input limit, an output that leaves room, or no window at all pass.
+    let mut fits = refused("small", 8_192, 1_024);
+    open_session(&mut c, fits.clone()).await;
+    fits.limits = Some(pb::ModelLimits {
+        context: 8_192,
+        input: 6_000,
+        output: 8_192,
+    });
+    open_session(&mut c, fits).await;
+    open_session(&mut c, refused("unlimited", 0, 0)).await;
+}
+
 #[tokio::test]
 async fn an_empty_call_id_is_refused_and_the_session_is_unchanged() {
     let server = start_server().await;

@@ -16,7 +16,7 @@ import { createHash, randomUUID } from "node:crypto"
 import type { Plugin, Hooks, ToolDefinition } from "@opencode-ai/plugin"
 import { z } from "zod"
 import type { CompactdClient, SessionStream, Recalled } from "@compactd/client"
-import { resolveSettings, sessionConfig, type PluginSettings } from "./options.js"
+import { leavesInput, resolveSettings, sessionConfig, type PluginSettings } from "./options.js"
 import { startSidecar, type Sidecar } from "./sidecar.js"
 import { createLog, type Log } from "./log.js"
 import { toMessageInfo, toPart, toOpenCodeMessages } from "./convert.js"
@@ -404,8 +404,12 @@ class Mirror {
       const res = await this.opencode.config.providers()
       const data = res?.data ?? res
       const provider = (data?.providers ?? []).find((x: Obj) => x.id === model.providerID)
-      const limit = provider?.models?.[model.modelID]?.limit
+      let limit = provider?.models?.[model.modelID]?.limit
       if (!limit) this.log.warn(`no limits known for ${key}: compactd will not detect overflow`)
+      else if (!leavesInput(limit)) {
+        this.log.warn(`${key}'s limits ${JSON.stringify(limit)} leave no input once the answer is reserved: compactd will not detect overflow for it (set the plugin's limits, or the model's limit.input)`)
+        limit = undefined
+      }
       this.limitsKnown.set(key, limit)
       this.limitsRetry.delete(key)
       return limit

@@ -92,13 +92,28 @@ export function resolveSettings(options: Record<string, any> = {}): PluginSettin
     replaceMessages: bool(o.replaceMessages ?? env("COMPACTD_OPENCODE_REPLACE"), true),
     recall: bool(o.recall ?? env("COMPACTD_OPENCODE_RECALL"), true),
     session,
-    limits: o.limits ?? jsonEnv("COMPACTD_OPENCODE_LIMITS"),
+    limits: checkedLimits(o.limits ?? jsonEnv("COMPACTD_OPENCODE_LIMITS")),
     logFile: o.logFile ?? env("COMPACTD_OPENCODE_LOG"),
     debug: bool(o.debug ?? env("COMPACTD_OPENCODE_DEBUG"), false),
     timeoutMs: positive("timeoutMs", o.timeoutMs ?? env("COMPACTD_OPENCODE_TIMEOUT_MS") ?? 15000),
     compactionWaitMs: positive("compactionWaitMs", o.compactionWaitMs ?? env("COMPACTD_OPENCODE_COMPACTION_WAIT_MS") ?? 180_000),
     maxSessions: positive("maxSessions", o.maxSessions ?? env("COMPACTD_OPENCODE_MAX_SESSIONS") ?? 256),
   }
+}
+
+/**
+ * Whether model limits leave compactd some input once the answer is reserved: compactd
+ * refuses limits that do not (`context` at or under min(output, 32000), 32000 when 0, with
+ * no `input`), where every count would overflow and every message ask for a compaction.
+ * compactd's rule (`ModelLimits::validate`), checked here so such a model is opened without
+ * limits, once, rather than refused and reloaded on every update.
+ */
+export function leavesInput(l: { context?: number; input?: number; output?: number }): boolean {
+  const context = l.context ?? 0
+  const input = l.input ?? 0
+  const output = l.output ?? 0
+  const reserved = output > 0 ? Math.min(output, 32_000) : 32_000
+  return context === 0 || input > 0 || context > reserved
 }
 
 /** A `session` key compactd's SessionConfig lacks fails the plugin's start, named, rather than
@@ -109,6 +124,13 @@ function checkSession(session: Record<string, any>): void {
   } catch (e) {
     throw new Error(`the session setting (or COMPACTD_OPENCODE_SESSION): ${(e as { details?: string }).details ?? String(e)}`)
   }
+}
+
+function checkedLimits(l: any): PluginSettings["limits"] {
+  if (l !== undefined && l !== null && !leavesInput(l)) {
+    throw new Error(`limits (or COMPACTD_OPENCODE_LIMITS) ${JSON.stringify(l)} leave no input once the answer is reserved (min(output, 32000), 32000 when output is 0): give output as the most the model answers, or input`)
+  }
+  return l ?? undefined
 }
 
 function positive(name: string, v: unknown): number {

@@ -2,7 +2,7 @@
 import { test } from "node:test"
 import assert from "node:assert/strict"
 import { toMessageInfo, toPart, toOpenCodeMessages, kindOf } from "../dist/convert.js"
-import { resolveSettings, sessionConfig } from "../dist/options.js"
+import { leavesInput, resolveSettings, sessionConfig } from "../dist/options.js"
 
 const user = { id: "msg_1", sessionID: "ses", role: "user", time: { created: 1 }, agent: "build", model: { providerID: "p", modelID: "m" }, summary: { diffs: [] } }
 const assistant = {
@@ -104,6 +104,18 @@ test("a session key compactd's SessionConfig lacks fails at start, named; snake_
   }
   const ok = resolveSettings({ session: { protect_turns: 2, maskKeep: 5, preset: "opencode" } })
   assert.deepEqual(ok.session, { protect_turns: 2, maskKeep: 5, preset: "opencode" })
+})
+
+test("limits that leave compactd no input are told apart (and refused as the plugin's own limits)", () => {
+  assert.equal(leavesInput({ context: 8192, output: 8192 }), false)
+  assert.equal(leavesInput({ context: 16384 }), false, "32000 reserved when output is 0")
+  assert.equal(leavesInput({ context: 8192, output: 1024 }), true)
+  assert.equal(leavesInput({ context: 8192, input: 6000, output: 8192 }), true)
+  assert.equal(leavesInput({ context: 0, output: 4096 }), true, "no window")
+  assert.equal(leavesInput({ context: 200000, output: 64000 }), true)
+  assert.throws(() => resolveSettings({ limits: { context: 8192, output: 8192 } }), /limits .* leave no input/)
+  assert.deepEqual(resolveSettings({ limits: { context: 8192, output: 1024 } }).limits, { context: 8192, output: 1024 })
+  assert.equal(resolveSettings({}).limits, undefined)
 })
 
 test("maxSessions and timeoutMs: defaults, a positive integer or a clear error", () => {

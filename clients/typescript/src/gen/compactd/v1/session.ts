@@ -150,7 +150,11 @@ export interface ModelLimits {
   context: number;
   /** Input limit. When set it is the usable input directly. */
   input: number;
-  /** Output limit; usable input is `context - min(output, 32000)` (32000 when 0). */
+  /**
+   * Output limit; usable input is `context - min(output, 32000)` (32000 when 0).
+   * Limits that leave no usable input (a context at or under that reserve, with no
+   * `input`) are refused INVALID_ARGUMENT, naming `limits.context` or `limits.output`.
+   */
   output: number;
 }
 
