@@ -259,3 +259,41 @@ async fn an_answer_that_filled_the_window_teaches_a_guess_that_expires() {
     );
     assert_eq!(summarizer.windows.output_cap(&base, "m"), None);
 }
+
+/// An answer stopped for length when no `max_tokens` was sent (no window known, as with
+/// a hosted endpoint or llama-cpp-python until its first refusal) is a summary cut
+/// mid-way by the window: "too long", so the chunker cuts the head smaller, and what
+/// prompt and answer filled is learned as a guess. Before, with nothing asked to compare
+/// the answer with, the cut summary was committed in place of the head (review).
+#[tokio::test]
+async fn an_answer_cut_for_length_with_no_max_tokens_sent_is_too_long() {
+    let endpoint =
+        Endpoint::start(|_, _| sse(&summary_body("cut mid-", "length", (6_900, 1_000)))).await;
+    let base = endpoint.base_url();
+    let summarizer = OpenAiSummarizer::new(config(&endpoint, 0));
+    let answered = summarize(&summarizer, request(6_000, None)).await;
+    assert!(
+        matches!(&answered, Err(SummarizeError::TooLong(why))
+            if why.contains("with no max_tokens sent") && why.contains("ran out at 7900 tokens")),
+        "{answered:?}"
+    );
+    assert_eq!(
+        endpoint.received()[0].body.get("max_tokens"),
+        None,
+        "none was sent"
+    );
+    let guessed = summarizer.windows.get(&base, "m");
+    assert!(
+        guessed.is_some_and(|w| w.source == WindowSource::Shrunk && w.tokens <= 7_900),
+        "a guess no larger than what was filled: {guessed:?}"
+    );
+    // A window the endpoint told, far above: its own output cap, and the summary stands.
+    let summarizer = OpenAiSummarizer::new(config(&endpoint, 0));
+    summarizer
+        .windows
+        .told(&base, "m", Some((32_768, WindowSource::Props)));
+    assert_eq!(
+        summarize(&summarizer, request(6_000, None)).await,
+        Ok("cut mid-".into())
+    );
+}

@@ -257,7 +257,8 @@ impl OpenAiSummarizer {
         Some(SummarizeError::TooLong(why))
     }
 
-    /// An answer the endpoint stopped for length (`cut`) well before the `max_tokens` asked.
+    /// An answer the endpoint stopped for length (`cut`) well before the `max_tokens` asked,
+    /// or with none asked.
     /// When prompt and answer filled the window known (to within
     /// [`RAN_OUT_MARGIN_DIVISOR`]), or the endpoint told none, the window ran out, the prompt counting
     /// more to it than compactd planned for (llama.cpp's server answers until prompt and
@@ -275,12 +276,14 @@ impl OpenAiSummarizer {
         outcome: &SummaryOutcome,
         cut: bool,
     ) -> Option<SummarizeError> {
-        let asked = sent_max_tokens(body)?;
+        // With no `max_tokens` sent (the window unknown, or the model's cap learned as
+        // one to omit), a stop for length is never the answer reaching what was asked.
+        let asked = sent_max_tokens(body);
         let usage = outcome.usage?;
         if !cut || usage.input == 0 || usage.output == 0 {
             return None;
         }
-        if usage.output.saturating_add(MAX_TOKENS_SLACK) >= asked {
+        if asked.is_some_and(|asked| usage.output.saturating_add(MAX_TOKENS_SLACK) >= asked) {
             return None;
         }
         let filled = usage.input.saturating_add(usage.output);
@@ -307,8 +310,12 @@ impl OpenAiSummarizer {
             );
             return None;
         }
+        let of_asked = match asked {
+            Some(asked) => format!("of the {asked} asked"),
+            None => "with no max_tokens sent".to_string(),
+        };
         let why = format!(
-            "the endpoint stopped for length after {} answer tokens of the {asked} asked: \
+            "the endpoint stopped for length after {} answer tokens {of_asked}: \
              its window ran out at {filled} tokens ({} of them the prompt)",
             usage.output, usage.input
         );
