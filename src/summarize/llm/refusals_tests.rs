@@ -297,3 +297,41 @@ async fn an_answer_cut_for_length_with_no_max_tokens_sent_is_too_long() {
         Ok("cut mid-".into())
     );
 }
+
+/// A gateway that answers HTTP 200 with an error object (an outage, a spent balance), to
+/// the stream and to the one-token probe alike, said why: the compaction fails with its
+/// words, and nothing of a window is learned. Before, the probe's answer counted as a
+/// completion: a made-up window was learned (kept for `SHRUNK_ANSWERS` answers) and the
+/// head cut smaller four times before failing as "too long" (review).
+#[tokio::test]
+async fn a_200_with_an_error_and_no_completion_is_the_endpoint_s_failure() {
+    let endpoint = Endpoint::start(|_, _| {
+        json_response(
+            200,
+            r#"{"error":{"message":"insufficient balance on this key"}}"#,
+        )
+    })
+    .await;
+    let base = endpoint.base_url();
+    let summarizer = OpenAiSummarizer::new(config(&endpoint, 0));
+    let answered = summarize(&summarizer, request(6_000, Some(2_048))).await;
+    match &answered {
+        Err(SummarizeError::Request { message, .. }) => {
+            assert!(
+                message.contains("insufficient balance on this key"),
+                "{message}"
+            );
+        }
+        other => panic!("expected the endpoint's failure, got {other:?}"),
+    }
+    assert_eq!(
+        summarizer.windows.get(&base, "m"),
+        None,
+        "no window learned"
+    );
+    assert_eq!(
+        endpoint.received().len(),
+        2,
+        "the stream and its probe, once each"
+    );
+}

@@ -161,6 +161,23 @@ impl OpenAiSummarizer {
                 // Unexplained: cut smaller, as for "too long", but nothing learned.
                 format!("{what} (asked again without streaming: {e})")
             }
+            Ok(answer) if !answer["choices"].is_array() => {
+                // A 200 that is no completion (a gateway's `{"error": …}` for an outage or
+                // a spent balance): the endpoint's own words, nothing of a window. Learning
+                // one from it would outlive the outage.
+                let said = answer["error"]["message"]
+                    .as_str()
+                    .or_else(|| answer["error"].as_str())
+                    .unwrap_or("no `choices` in its answer");
+                let e = SummarizeError::Request {
+                    status: None,
+                    message: format!(
+                        "{what}; asked again without streaming, the endpoint answered with no completion: {said}"
+                    ),
+                    retryable: false,
+                };
+                return Probed::Failed(e, seen);
+            }
             Ok(answer) => {
                 // The probe read the whole prompt: paid for.
                 let usage = &answer["usage"];
