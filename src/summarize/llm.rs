@@ -359,6 +359,7 @@ impl OpenAiSummarizer {
         &self,
         request: SummaryRequest,
         progress: mpsc::Sender<Progress>,
+        deadline: Option<Instant>,
     ) -> Result<SummaryOutcome, SummarizeError> {
         let mut body = self.body(&request);
         let mut attempt: u32 = 1;
@@ -453,6 +454,14 @@ impl OpenAiSummarizer {
                         .hint
                         .map_or(backoff, |h| h.max(backoff))
                         .min(MAX_HINTED_DELAY);
+                    // A wait that would outlast the compaction's deadline fails now, with
+                    // the endpoint's reason (a 429's), not later as a timeout.
+                    if deadline.is_some_and(|d| Instant::now() + delay >= d) {
+                        tracing::warn!(delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX), error = %e, "compaction request failed; its retry would wait past the deadline");
+                        return Err(e.map_text(|m| {
+                            format!("{m} (not retried: the wait asked, {} s, is past the compaction's deadline)", delay.as_secs())
+                        }));
+                    }
                     attempt += 1;
                     tracing::warn!(attempt, delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX), error = %e, "compaction request failed; retrying");
                     let _ = progress
@@ -483,7 +492,7 @@ impl Summarizer for OpenAiSummarizer {
         // Dropping the future drops the HTTP response, which closes the connection.
         let result = tokio::select! {
             _ = cancel.cancelled() => Err(SummarizeError::Cancelled),
-            r = tokio::time::timeout(timeout, self.with_retries(request, progress)) => {
+            r = tokio::time::timeout(timeout, self.with_retries(request, progress, started.checked_add(timeout))) => {
                 r.unwrap_or_else(|_| {
                     tracing::warn!(elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX), "compaction timed out");
                     Err(SummarizeError::Timeout(timeout))

@@ -335,3 +335,38 @@ async fn a_200_with_an_error_and_no_completion_is_the_endpoint_s_failure() {
         "the stream and its probe, once each"
     );
 }
+
+/// A rate limit whose `Retry-After` would outlast the compaction's deadline fails at
+/// once with the endpoint's reason, where the wait used to run into the deadline and the
+/// compaction end as a timeout ("took longer than …"), the rate limit seen only in the
+/// `retrying` events (review).
+#[tokio::test]
+async fn a_retry_wait_past_the_deadline_fails_now_with_the_endpoint_s_reason() {
+    let endpoint = Endpoint::start(|_, _| {
+        let body = r#"{"error":{"message":"rate limited, slow down","type":"requests"}}"#;
+        format!(
+            "HTTP/1.1 429 X\r\ncontent-type: application/json\r\nretry-after: 30\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes()
+    })
+    .await;
+    let mut configured = config(&endpoint, 3);
+    configured.timeout = std::time::Duration::from_secs(10);
+    let summarizer = OpenAiSummarizer::new(configured);
+    let answered = summarize(&summarizer, request(1_000, Some(512))).await;
+    match &answered {
+        Err(SummarizeError::Request {
+            status, message, ..
+        }) => {
+            assert_eq!(*status, Some(429));
+            assert!(message.contains("rate limited, slow down"), "{message}");
+            assert!(
+                message.contains("past the compaction's deadline"),
+                "{message}"
+            );
+        }
+        other => panic!("expected the rate limit, got {other:?}"),
+    }
+    assert_eq!(endpoint.received().len(), 1, "not sent again");
+}
