@@ -52,6 +52,18 @@ pub struct TokenUsage {
 }
 
 impl TokenUsage {
+    /// The cache reads to add to `input` under `rule`: all of them when `input` leaves
+    /// them out (`Separate`), none when it includes them (`Included`), unless the report
+    /// says otherwise: reads above `input` cannot be part of it (a host on Anthropic's
+    /// counts with a session left on OpenAI's rule), so they are added whatever the rule,
+    /// rather than a 180,000-token prompt read as its 50 uncached tokens.
+    pub fn cache_read_apart(&self, rule: crate::config::CacheCounting) -> u64 {
+        match rule {
+            crate::config::CacheCounting::Included if self.cache_read <= self.input => 0,
+            _ => self.cache_read,
+        }
+    }
+
     /// True when the provider reported nothing at all (all zero, no total).
     pub fn is_empty(&self) -> bool {
         self.total.unwrap_or(0) == 0

@@ -31,11 +31,9 @@ use crate::domain::{FastMap, TokenUsage};
 /// The prompt one report says the provider counted: input, cache reads (unless the
 /// input already includes them) and cache writes.
 pub fn prompt_tokens(u: &TokenUsage, rule: CacheCounting) -> u64 {
-    let read = match rule {
-        CacheCounting::Separate => u.cache_read,
-        CacheCounting::Included => 0,
-    };
-    u.input.saturating_add(read).saturating_add(u.cache_write)
+    u.input
+        .saturating_add(u.cache_read_apart(rule))
+        .saturating_add(u.cache_write)
 }
 
 /// What the next request starts from, by one report, in two parts: the prompt it counted,
@@ -455,6 +453,34 @@ fn explainable(e: &[f64; N], actual: f64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_prompt_counts_cache_reads_the_input_cannot_hold() {
+        let u = |input, cache_read| TokenUsage {
+            input,
+            cache_read,
+            cache_write: 7,
+            output: 3,
+            ..TokenUsage::default()
+        };
+        assert_eq!(
+            prompt_tokens(&u(1_000, 400), CacheCounting::Separate),
+            1_407
+        );
+        assert_eq!(
+            prompt_tokens(&u(1_000, 400), CacheCounting::Included),
+            1_007
+        );
+        // Reads above the input were counted apart, whatever the session's rule.
+        assert_eq!(
+            prompt_tokens(&u(50, 180_000), CacheCounting::Included),
+            180_057
+        );
+        assert_eq!(
+            split_anchor(&u(50, 180_000), CacheCounting::Included),
+            (180_057, 3)
+        );
+    }
 
     fn by(out: i64, code: i64, prose: i64) -> ByClass {
         let mut b = ByClass::default();

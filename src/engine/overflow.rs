@@ -88,13 +88,14 @@ pub fn used_tokens(u: &TokenUsage, rule: CacheCounting) -> (u64, &'static str) {
     if let Some(total) = u.total.filter(|t| *t > 0) {
         return (total, "total");
     }
-    let cache = match rule {
-        CacheCounting::Separate => u.cache_read,
-        CacheCounting::Included => 0,
-    };
+    let cache = u.cache_read_apart(rule);
     // Client-sent numbers: a sum past u64 saturates (and is an overflow), never wraps.
     let used = u.input.saturating_add(cache).saturating_add(u.output);
-    (used, rule.formula())
+    let formula = match cache {
+        0 => rule.formula(),
+        _ => CacheCounting::Separate.formula(),
+    };
+    (used, formula)
 }
 
 /// The pure decision from numbers: the session method below only gathers them. `delta` is

@@ -188,6 +188,16 @@ fn threshold_boundary_and_counting_rules() {
             "input+output",
             Some(Crossed::Used),
         ),
+        // Reads above `input` cannot be part of it: the report counted them apart,
+        // whatever the session's rule (before, 154,561 read as 561 and never overflowed).
+        case(
+            "cache included, but reads above input: counted apart",
+            included(),
+            usage(50, 154_000, 511),
+            154_561,
+            "input+cache.read+output",
+            Some(Crossed::Used),
+        ),
         case(
             "total preferred: just above",
             SessionOverrides::default(),
