@@ -254,8 +254,11 @@ impl SessionHandle {
             .store(millis_since(state.clock), Ordering::Relaxed);
         match ran {
             Ok((r, then)) => {
-                drop(cell);
+                // Still under the cell: the session's jobs announce in their order. (The
+                // map's lock may be taken under a cell's: no one holding the map's lock
+                // waits for a cell, they only try it.)
                 announce(&self.state, then);
+                drop(cell);
                 Ok(Ok(r))
             }
             Err(_) => {

@@ -29,6 +29,17 @@ pub(super) fn store_over<B: Backend + 'static>(backend: Arc<B>) -> Store {
         .expect("listed")
 }
 
+/// A store over `backend` whose sessions and in-flight bytes share `budget`.
+pub(super) fn budgeted_store_over<B: Backend + 'static>(backend: Arc<B>, budget: u64) -> Store {
+    Store::new(EngineConfig::default())
+        .with_limits(Limits {
+            memory_budget: budget,
+            ..Limits::default()
+        })
+        .with_backend(backend)
+        .expect("listed")
+}
+
 pub(super) fn info(id: &str) -> SessionInfo {
     SessionInfo {
         id: id.into(),
@@ -1014,13 +1025,7 @@ async fn under_interval_sessions_failing_together_rewrite_themselves_in_turn() {
     backend.fail_after_ms.store(150, SeqCst);
     let budget: u64 = 4 << 20;
     let share = budget / super::ledger::IN_FLIGHT_SHARE;
-    let store = Store::new(EngineConfig::default())
-        .with_limits(Limits {
-            memory_budget: budget,
-            ..Limits::default()
-        })
-        .with_backend(backend.clone())
-        .expect("listed");
+    let store = budgeted_store_over(backend.clone(), budget);
     let mut handles = Vec::new();
     for i in 0..8 {
         let (h, _) = store.open(info(&format!("s{i}"))).await.expect("open");
@@ -1069,13 +1074,7 @@ async fn under_interval_memory_pressure_waits_out_a_full_disk() {
     let d = tempfile::tempdir().expect("dir");
     let backend = Arc::new(Faulty::open(d.path(), None));
     let budget: u64 = 4 << 20;
-    let store = Store::new(EngineConfig::default())
-        .with_limits(Limits {
-            memory_budget: budget,
-            ..Limits::default()
-        })
-        .with_backend(backend.clone())
-        .expect("listed");
+    let store = budgeted_store_over(backend.clone(), budget);
     let mut handles = Vec::new();
     for i in 0..4 {
         let (h, _) = store.open(info(&format!("s{i}"))).await.expect("open");

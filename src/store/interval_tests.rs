@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::durable_tests::{Faulty, feed, info, turn};
+use super::durable_tests::{Faulty, budgeted_store_over, feed, info, turn};
 use super::sqlite::Sqlite;
 use super::*;
 
@@ -287,13 +287,7 @@ async fn after_a_full_disk_sessions_taking_turns_land_without_waiting_an_interva
         None,
     ));
     let budget: u64 = 4 << 20;
-    let store = Store::new(EngineConfig::default())
-        .with_limits(Limits {
-            memory_budget: budget,
-            ..Limits::default()
-        })
-        .with_backend(backend.clone())
-        .expect("listed");
+    let store = budgeted_store_over(backend.clone(), budget);
     let mut handles = Vec::new();
     let mut before = Vec::new();
     for i in 0..6 {

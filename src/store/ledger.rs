@@ -261,15 +261,7 @@ impl JournalBytes {
 
     /// Counts `bytes` from now on in place of what was counted before.
     pub fn set(&mut self, bytes: u64) {
-        if bytes > self.bytes {
-            self.ledger
-                .journaled
-                .fetch_add(bytes - self.bytes, Ordering::Relaxed);
-        } else {
-            self.ledger
-                .journaled
-                .fetch_sub(self.bytes - bytes, Ordering::Relaxed);
-        }
+        recount(&self.ledger.journaled, self.bytes, bytes);
         self.bytes = bytes;
     }
 }
@@ -277,6 +269,15 @@ impl JournalBytes {
 impl Drop for JournalBytes {
     fn drop(&mut self) {
         self.set(0);
+    }
+}
+
+/// Moves `counter` from counting `was` bytes (of its holder's) to counting `now`.
+fn recount(counter: &AtomicU64, was: u64, now: u64) {
+    if now > was {
+        counter.fetch_add(now - was, Ordering::Relaxed);
+    } else {
+        counter.fetch_sub(was - now, Ordering::Relaxed);
     }
 }
 
@@ -292,15 +293,7 @@ impl Rewrite {
     /// Counts the snapshot's real size in place of the estimate admitted: never refused,
     /// as it is encoded already.
     pub(super) fn set(&mut self, bytes: u64) {
-        if bytes > self.bytes {
-            self.ledger
-                .rewriting
-                .fetch_add(bytes - self.bytes, Ordering::Relaxed);
-        } else {
-            self.ledger
-                .rewriting
-                .fetch_sub(self.bytes - bytes, Ordering::Relaxed);
-        }
+        recount(&self.ledger.rewriting, self.bytes, bytes);
         self.bytes = bytes;
     }
 }

@@ -459,7 +459,7 @@ impl OpenAiSummarizer {
                     if deadline.is_some_and(|d| Instant::now() + delay >= d) {
                         tracing::warn!(delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX), error = %e, "compaction request failed; its retry would wait past the deadline");
                         return Err(e.map_text(|m| {
-                            format!("{m} (not retried: the wait asked, {} s, is past the compaction's deadline)", delay.as_secs())
+                            format!("{m} (not retried: the wait asked, {:.1} s, is past the request's deadline, --llm-timeout-secs)", delay.as_secs_f64())
                         }));
                     }
                     attempt += 1;

@@ -186,13 +186,7 @@ pub fn replay_with(
             if fixed_prefix.is_none()
                 && let Some(t) = minfo.tokens.filter(|t| !t.is_empty())
             {
-                let sent = match config.cache_counting {
-                    CacheCounting::Separate => t
-                        .input
-                        .saturating_add(t.cache_read)
-                        .saturating_add(t.cache_write),
-                    CacheCounting::Included => t.input.saturating_add(t.cache_write),
-                };
+                let sent = crate::engine::calibration::prompt_tokens(&t, config.cache_counting);
                 let estimated = lanes[0].last_prompt_tokens();
                 fixed_prefix = Some(sent.saturating_sub(estimated));
             }
@@ -449,7 +443,8 @@ pub fn summary_table(reports: &[(String, Report)]) -> String {
 /// The update with `saved` fewer prompt tokens in its provider usage, taken from the
 /// fields `rule` counts: cache reads first, then input, then cache writes (`Separate`);
 /// input, then cache writes, with the cache reads input holds lowered alike
-/// (`Included`: input already counts them).
+/// (`Included`: input already counts them; a report whose reads exceed its input counted
+/// them apart, `TokenUsage::cache_read_apart`, and is lowered as under `Separate`).
 fn usage_less(update: Update, saved: u64, rule: CacheCounting) -> Update {
     fn less(t: &mut crate::domain::TokenUsage, saved: u64, rule: CacheCounting) {
         let mut left = saved;
@@ -459,16 +454,13 @@ fn usage_less(update: Update, saved: u64, rule: CacheCounting) -> Update {
             left = left.saturating_sub(take);
             take
         };
-        match rule {
-            CacheCounting::Separate => {
-                take_from(&mut t.cache_read);
-                take_from(&mut t.input);
-            }
-            CacheCounting::Included => {
-                // The saving is of the cached prefix first, as under `Separate`.
-                let take = take_from(&mut t.input);
-                t.cache_read = t.cache_read.saturating_sub(take).min(t.input);
-            }
+        if rule == CacheCounting::Separate || t.cache_read_apart(rule) > 0 {
+            take_from(&mut t.cache_read);
+            take_from(&mut t.input);
+        } else {
+            // The saving is of the cached prefix first, as under `Separate`.
+            let take = take_from(&mut t.input);
+            t.cache_read = t.cache_read.saturating_sub(take).min(t.input);
         }
         take_from(&mut t.cache_write);
         if let Some(total) = &mut t.total {

@@ -33,4 +33,20 @@ fn a_saving_lowers_the_prompt_under_either_counting_rule() {
     // More than the prompt leaves none of it.
     let all = lowered(usage, 500_000, CacheCounting::Included);
     assert_eq!((all.input, all.cache_read), (0, 0));
+    // Reads above the input were counted apart (Anthropic's counts under `Included`): the
+    // saving comes off them, as under `Separate`, and the prompt reads lower by it.
+    let apart = TokenUsage {
+        input: 50,
+        cache_read: 180_000,
+        ..usage
+    };
+    let lowered_apart = lowered(apart, 30_000, CacheCounting::Included);
+    assert_eq!(
+        (lowered_apart.input, lowered_apart.cache_read),
+        (50, 150_000)
+    );
+    assert_eq!(
+        used_tokens(&lowered_apart, CacheCounting::Included).0,
+        151_050
+    );
 }

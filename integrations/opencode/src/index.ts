@@ -404,12 +404,8 @@ class Mirror {
       const res = await this.opencode.config.providers()
       const data = res?.data ?? res
       const provider = (data?.providers ?? []).find((x: Obj) => x.id === model.providerID)
-      let limit = provider?.models?.[model.modelID]?.limit
+      const limit = this.usableLimits(key, provider?.models?.[model.modelID]?.limit)
       if (!limit) this.log.warn(`no limits known for ${key}: compactd will not detect overflow`)
-      else if (!leavesInput(limit)) {
-        this.log.warn(`${key}'s limits ${JSON.stringify(limit)} leave no input once the answer is reserved: compactd will not detect overflow for it (set the plugin's limits, or the model's limit.input)`)
-        limit = undefined
-      }
       this.limitsKnown.set(key, limit)
       this.limitsRetry.delete(key)
       return limit
@@ -421,12 +417,28 @@ class Mirror {
     }
   }
 
+  /** A model's limits as compactd takes them: limits that leave no input once the answer is
+   * reserved (`leavesInput`) are left out, with a warning once per model, rather than have
+   * every open and reload of its sessions refused. */
+  private usableLimits(key: string, limit: Obj | undefined): Obj | undefined {
+    if (!limit || leavesInput(limit)) return limit
+    if (!this.unusableLimits.has(key)) {
+      this.unusableLimits.add(key)
+      this.log.warn(`${key}'s limits ${JSON.stringify(limit)} leave no input once the answer is reserved: compactd will not detect overflow for it (set the plugin's limits, or the model's limit.input)`)
+    }
+    return undefined
+  }
+
+  private readonly unusableLimits = new Set<string>()
+
   onModel(sessionID: string, model: Obj, message?: Obj) {
     if (!sessionID || !model) return
     const ref = { providerID: String(model.providerID ?? ""), modelID: String(model.id ?? model.modelID ?? "") }
     if (model.limit) {
-      this.limitsCache.set(`${ref.providerID}/${ref.modelID}`, Promise.resolve(model.limit))
-      this.limitsKnown.set(`${ref.providerID}/${ref.modelID}`, model.limit)
+      const key = `${ref.providerID}/${ref.modelID}`
+      const limit = this.usableLimits(key, model.limit)
+      this.limitsCache.set(key, Promise.resolve(limit))
+      this.limitsKnown.set(key, limit)
     }
     // OpenCode's turns go to their user message's model. A request on another model is a
     // side request of the same session (its title, its summary, on OpenCode's small

@@ -4,7 +4,9 @@ import { test, before, after } from "node:test"
 import assert from "node:assert/strict"
 import { spawn } from "node:child_process"
 import { createServer as createHttpServer } from "node:http"
-import { existsSync } from "node:fs"
+import { existsSync, mkdtempSync, readFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
 import { Worker } from "node:worker_threads"
 import { CompactdClient } from "@compactd/client"
 import { freePort, startCompactd } from "./compactd.mjs"
@@ -330,6 +332,33 @@ test("after a model switch the request is checked against the new model's limits
     const info = (await client.getSession(ses)).info
     assert.equal(info.model.modelId, "small")
     assert.equal(info.limits.context, 8000)
+  } finally {
+    await hooks.dispose()
+  }
+})
+
+test("a model whose limits leave no input is mirrored without them, not refused and reloaded", async () => {
+  const ses = "ses_nolimit"
+  const all = history(ses, 1)
+  const logFile = join(mkdtempSync(join(tmpdir(), "compactd-plugin-")), "plugin.log")
+  const hooks = await hooksFor(() => all, { logFile })
+  try {
+    for (const m of all) {
+      await hooks.event({ event: { type: "message.updated", properties: { info: m.info } } })
+      for (const part of m.parts) await hooks.event({ event: { type: "message.part.updated", properties: { part } } })
+    }
+    // Groq's listing of an 8k model: all of its window may be the answer.
+    await hooks["chat.params"]({ sessionID: ses, model: { providerID: "p", id: "m", limit: { context: 8192, output: 8192 } } })
+    await hooks["experimental.chat.messages.transform"]({}, { messages: [...all] })
+    const got = await client.getSession(ses)
+    assert.equal(got.info.model.modelId, "m")
+    assert.equal(got.info.limits?.context ?? 0, 0, "opened without the limits compactd refuses")
+    assert.equal(got.messages.length, all.length, "the session is mirrored whole")
+    // The next turn's request: nothing to reload.
+    await hooks["experimental.chat.messages.transform"]({}, { messages: [...all] })
+    const log = readFileSync(logFile, "utf8")
+    assert.doesNotMatch(log, /rejected/, log)
+    assert.equal(log.match(/leave no input once the answer is reserved/g)?.length, 1, log)
   } finally {
     await hooks.dispose()
   }

@@ -362,7 +362,7 @@ async fn a_retry_wait_past_the_deadline_fails_now_with_the_endpoint_s_reason() {
             assert_eq!(*status, Some(429));
             assert!(message.contains("rate limited, slow down"), "{message}");
             assert!(
-                message.contains("past the compaction's deadline"),
+                message.contains("30.0 s, is past the request's deadline"),
                 "{message}"
             );
         }

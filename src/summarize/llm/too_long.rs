@@ -168,6 +168,7 @@ impl OpenAiSummarizer {
                 let said = answer["error"]["message"]
                     .as_str()
                     .or_else(|| answer["error"].as_str())
+                    .or_else(|| answer["message"].as_str())
                     .unwrap_or("no `choices` in its answer");
                 let e = SummarizeError::Request {
                     status: None,

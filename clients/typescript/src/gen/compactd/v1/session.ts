@@ -33,7 +33,11 @@ export enum CacheCounting {
    * used = input + cache.read + output.
    */
   CACHE_COUNTING_SEPARATE = "CACHE_COUNTING_SEPARATE",
-  /** CACHE_COUNTING_INCLUDED - `input` already includes cached tokens (OpenAI's raw usage): used = input + output. */
+  /**
+   * CACHE_COUNTING_INCLUDED - `input` already includes cached tokens (OpenAI's raw usage): used = input + output.
+   * A report whose cache reads exceed its input counted them apart, and is read as under
+   * SEPARATE.
+   */
   CACHE_COUNTING_INCLUDED = "CACHE_COUNTING_INCLUDED",
   UNRECOGNIZED = "UNRECOGNIZED",
 }
