@@ -130,6 +130,9 @@ struct Known {
     /// A refusal named this model's window: what is learned from then on is below the
     /// endpoint's own word, and wins over a larger configured window.
     named: bool,
+    /// The last answer stopped for length that read as the window running out: its
+    /// prompt and answer tokens ([`Windows::cut_again`]).
+    last_cut: Option<(u64, u64)>,
 }
 
 impl Known {
@@ -165,6 +168,7 @@ impl Default for Known {
             asked: false,
             output: None,
             named: false,
+            last_cut: None,
         }
     }
 }
@@ -308,6 +312,27 @@ impl Windows {
             let left = left.saturating_sub(1);
             k.guess = (left > 0).then_some((tokens, left));
         }
+    }
+
+    /// Notes an answer stopped for length after `answer` tokens of a `prompt`-token request,
+    /// read as the window running out; true when the one before stopped at the same
+    /// answer length (within `slack`) after a prompt of another size. A window that runs
+    /// out leaves a smaller prompt a longer answer; a length the answer reaches whatever
+    /// the prompt is the endpoint's own output cap.
+    pub fn cut_again(
+        &self,
+        base_url: &str,
+        model: &str,
+        (prompt, answer): (u64, u64),
+        slack: u64,
+    ) -> bool {
+        self.with(base_url, model, |k| {
+            let again = k
+                .last_cut
+                .is_some_and(|(p, a)| a.abs_diff(answer) <= slack && p.abs_diff(prompt) > slack);
+            k.last_cut = Some((prompt, answer));
+            again
+        })
     }
 
     /// The answer-token cap a refusal taught for `base_url` + `model`, if any.

@@ -370,3 +370,47 @@ async fn a_retry_wait_past_the_deadline_fails_now_with_the_endpoint_s_reason() {
     }
     assert_eq!(endpoint.received().len(), 1, "not sent again");
 }
+
+/// With no window known, an endpoint whose own output cap stops every answer at the same
+/// length: the first cut reads as the window running out ("too long"), the second, after
+/// a smaller prompt, stops at the same length, which a window would not do: an output
+/// cap, learned, and that answer is the summary. Before, every compaction on such an
+/// endpoint was cut smaller four times and failed. A window that runs out (the answer
+/// growing as the prompt shrinks) stays "too long" (review of 8e5057b).
+#[tokio::test]
+async fn an_answer_stopped_twice_at_one_length_after_prompts_of_two_sizes_is_an_output_cap() {
+    let capped = Endpoint::start(|n, _| {
+        let prompt = 6_000 - 1_000 * n as u64;
+        sse(&summary_body("capped", "length", (prompt, 1_024)))
+    })
+    .await;
+    let base = capped.base_url();
+    let summarizer = OpenAiSummarizer::new(config(&capped, 0));
+    assert!(matches!(
+        summarize(&summarizer, request(5_500, None)).await,
+        Err(SummarizeError::TooLong(_))
+    ));
+    assert_eq!(
+        summarize(&summarizer, request(4_600, None)).await,
+        Ok("capped".into())
+    );
+    assert_eq!(
+        summarizer.windows.output_cap(&base, "m"),
+        Some(OutputCap::At(1_024))
+    );
+
+    let window = Endpoint::start(|n, _| {
+        let prompt = 6_000 - 1_000 * n as u64;
+        sse(&summary_body("cut", "length", (prompt, 8_192 - prompt)))
+    })
+    .await;
+    let summarizer = OpenAiSummarizer::new(config(&window, 0));
+    for counted in [5_500, 4_600] {
+        let answered = summarize(&summarizer, request(counted, None)).await;
+        assert!(
+            matches!(answered, Err(SummarizeError::TooLong(_))),
+            "{answered:?}"
+        );
+    }
+    assert_eq!(summarizer.windows.output_cap(&window.base_url(), "m"), None);
+}

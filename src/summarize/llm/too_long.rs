@@ -286,7 +286,10 @@ impl OpenAiSummarizer {
     /// been an output cap after all). Well within a window the endpoint told (`/props`, a
     /// refusal naming it), the endpoint capped the answer itself
     /// (llama.cpp's `-n`, a gateway's limit): the answer stays a summary, as one cut at
-    /// `max_tokens` does, and later requests ask within that cap.
+    /// `max_tokens` does, and later requests ask within that cap. So too, whatever the
+    /// window, when the answer stops at the same length as the last one cut after a prompt
+    /// of another size (`Windows::cut_again`): a window running out would have left the
+    /// smaller prompt a longer answer.
     pub(super) fn ran_out(
         &self,
         request: &SummaryRequest,
@@ -316,7 +319,14 @@ impl OpenAiSummarizer {
             matches!(w.source, WindowSource::Props | WindowSource::Refusal)
                 && filled < w.tokens.saturating_sub(w.tokens / RAN_OUT_MARGIN_DIVISOR)
         });
-        if within && usage.output >= output_cap::MIN_CAP {
+        // Or, whatever the window, the answer stopped at the same length as the last one
+        // cut, after a prompt of another size: the endpoint's output cap (a gateway's
+        // default), which cutting the head smaller can never get under.
+        let capped = within
+            || self
+                .windows
+                .cut_again(base, model, (usage.input, usage.output), MAX_TOKENS_SLACK);
+        if capped && usage.output >= output_cap::MIN_CAP {
             self.windows
                 .cap_output(base, model, OutputCap::At(usage.output));
             tracing::info!(
@@ -324,7 +334,7 @@ impl OpenAiSummarizer {
                 answer_tokens = usage.output,
                 max_tokens = asked,
                 window = known.map(|w| w.tokens),
-                "the endpoint stopped the summary for length well within its window: an output cap of its own, asked within from now on"
+                "the endpoint stopped the summary for length within its window, or twice at the same length: an output cap of its own, asked within from now on"
             );
             return None;
         }
