@@ -17,7 +17,7 @@ use compactd::domain::{ModelLimits, PartKind, Role};
 use compactd::engine::{
     Change, CommitIds, CompactionRequest, ContextCache, Event, Message, Performed, Session,
     SummaryOutcome, TailOptions, Trigger, Update, decode_change, decode_session,
-    default_tail_tokens, encode_change, encode_session, usable_input,
+    default_tail_tokens, encode_change, encode_session,
 };
 use compactd::trace::{self, Export};
 
@@ -97,7 +97,7 @@ fn changes_of(export: &Export) -> (Vec<Change>, Vec<Performed>) {
             let request = CompactionRequest {
                 tail: TailOptions {
                     turns: 2,
-                    max_tokens: default_tail_tokens(usable_input(&live.info().limits)),
+                    max_tokens: default_tail_tokens(live.info().limits.usable_input()),
                 },
                 auto: true,
                 overflow: true,

@@ -25,6 +25,8 @@ pub struct ModelLimits {
     pub output: u64,
 }
 
+/// The window as OpenCode reads it from the limits, the one home of that arithmetic: the
+/// overflow check, the output cap, compaction's tail and validation all size from it.
 impl ModelLimits {
     /// Max output tokens as OpenCode's `maxOutputTokens`: min(limit.output, 32000), or
     /// 32000 when 0. Reserved out of the window when `input` is 0.

@@ -156,11 +156,12 @@ impl ModelLimits {
             field,
             format!(
                 "a context of {} tokens leaves no input once {} are reserved for the answer \
-                 (limits.output {}; 32000 when 0): give limits.output as the most the model \
+                 (limits.output {}; {} when 0): give limits.output as the most the model \
                  answers, or limits.input",
                 self.context,
                 self.max_output(),
-                self.output
+                self.output,
+                crate::config::OUTPUT_TOKEN_MAX
             ),
         ))
     }

@@ -44,7 +44,6 @@ pub mod strategies;
 mod token_index;
 mod totals;
 mod update;
-mod window;
 
 pub use auto::AutoState;
 pub use carry::{ExportMessage, Trail};
@@ -62,7 +61,7 @@ pub use footprint::ByteLimit;
 pub use json_array::JsonArray;
 #[cfg(test)]
 pub(crate) use openai::json_len_hint;
-pub use overflow::{Crossed, OverflowCheck, Trigger, check, max_output, usable_input, used_tokens};
+pub use overflow::{Crossed, OverflowCheck, Trigger, check, used_tokens};
 pub use prune::{NotCommitted, PruneMode, PruneReport, PrunedPart};
 pub use prune_index::{Candidate, PruneIndex, PrunePlan, eligible_end, reference_scan};
 pub use recall::{

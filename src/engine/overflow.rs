@@ -81,8 +81,6 @@ pub struct OverflowCheck {
     pub trigger: Trigger,
 }
 
-pub use super::window::{max_output, usable_input};
-
 /// Tokens one usage report stands for, and the rule used.
 pub fn used_tokens(u: &TokenUsage, rule: CacheCounting) -> (u64, &'static str) {
     if let Some(total) = u.total.filter(|t| *t > 0) {
@@ -113,12 +111,12 @@ pub fn check(
     };
     let anchor = last.map_or(0, |u| anchor_tokens(u, s.cache_counting));
     let predicted = predict(used.max(anchor), delta);
-    let usable = usable_input(limits);
+    let usable = limits.usable_input();
     let reserved = match s.reserved {
         Reserved::Fixed(n) => n,
         // OpenCode keeps its buffer off an input limit; without one, the window less the
         // answer's room (already off `usable`) is all it keeps (`session/overflow.ts`).
-        Reserved::OpenCode if limits.input > 0 => COMPACTION_BUFFER.min(max_output(limits)),
+        Reserved::OpenCode if limits.input > 0 => COMPACTION_BUFFER.min(limits.max_output()),
         Reserved::OpenCode => 0,
     };
     let threshold = floor_ratio(usable.saturating_sub(reserved), s.ratio_clamped());

@@ -33,7 +33,6 @@ use super::strategies::{FileUse, Pending, Tracker, cap_chars, file_use};
 use super::token_index::TokenIndex;
 use super::totals::{PartFigures, Totals, UsageState};
 use super::update::{Applied, Update};
-use super::window::usable_input;
 use crate::config::{EngineConfig, Settings, Strategy};
 use crate::domain::{
     FastMap, FastSet, MessageInfo, Part, PartKind, Role, SessionInfo, StrategyMark, TokenUsage,
@@ -1949,7 +1948,7 @@ fn counting_for(info: &SessionInfo, settings: &Settings) -> Counting {
 }
 
 fn output_cap_chars(info: &SessionInfo, settings: &Settings) -> u64 {
-    cap_chars(settings.output_cap, usable_input(&info.limits))
+    cap_chars(settings.output_cap, info.limits.usable_input())
 }
 
 /// True for a user message that opens a compaction.

@@ -22,7 +22,7 @@ use super::reply;
 use super::status::Rejection;
 use crate::engine::{
     CommitIds, CompactionError, CompactionPlan, CompactionRequest, ContextView, Event, PruneReport,
-    SummaryOutcome, usable_input,
+    SummaryOutcome,
 };
 use crate::store::StoreError;
 use crate::summarize::{Progress, SummarizeError, Summarizer, SummaryRequest, Window, chunk};
@@ -252,7 +252,7 @@ pub async fn start(
     let (auto, overflow, turns) = (options.auto, options.overflow, options.tail_turns);
     let planned = handle
         .call(move |s, _| {
-            let tail = cfg.tail(turns, usable_input(&s.info().limits));
+            let tail = cfg.tail(turns, s.info().limits.usable_input());
             let plan = s.plan_compaction(CompactionRequest {
                 tail,
                 auto,

@@ -19,7 +19,7 @@ use crate::domain::{ModelLimits, Role};
 use crate::engine::strategies::{Strategy, StrategyRun};
 use crate::engine::{
     CommitIds, CompactionPlan, CompactionRequest, ContextView, Crossed, Event, Session,
-    SummaryOutcome, TailOptions, Update, default_tail_tokens, step, usable_input,
+    SummaryOutcome, TailOptions, Update, default_tail_tokens, step,
 };
 
 /// One finished assistant message.
@@ -516,7 +516,7 @@ fn run_compaction(
 ) -> (CompactionRow, Option<crate::engine::PruneReport>) {
     let tail = TailOptions {
         turns: 2,
-        max_tokens: default_tail_tokens(usable_input(&live.info().limits)),
+        max_tokens: default_tail_tokens(live.info().limits.usable_input()),
     };
     let request = CompactionRequest {
         tail,

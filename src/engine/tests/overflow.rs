@@ -3,9 +3,7 @@
 use super::*;
 use crate::config::{CacheCounting, OverflowPreset, Settings};
 use crate::domain::{StepFinishPart, TokenUsage};
-use crate::engine::{
-    Crossed, Event, OverflowCheck, Trigger, check, max_output, step, usable_input,
-};
+use crate::engine::{Crossed, Event, OverflowCheck, Trigger, check, step};
 
 fn lim(context: u64, input: u64, output: u64) -> ModelLimits {
     ModelLimits {
@@ -262,10 +260,10 @@ fn usable_input_rules() {
         ),
     ]);
     assert_eq!(
-        [0, 8_192, 32_000, 32_001, 100_000].map(|o| max_output(&lim(1, 0, o))),
+        [0, 8_192, 32_000, 32_001, 100_000].map(|o| lim(1, 0, o).max_output()),
         [32_000, 8_192, 32_000, 32_000, 32_000]
     );
-    assert_eq!(usable_input(&lim(10_000, 0, 0)), 0, "never below zero");
+    assert_eq!(lim(10_000, 0, 0).usable_input(), 0, "never below zero");
     // One token above each threshold overflows.
     for (limits, threshold) in [
         (lim(200_000, 150_000, 32_000), 138_000),
